@@ -1,0 +1,141 @@
+#pragma once
+// Functional ops. Each validates its arguments (throwing mla::Error before anything is written) and
+// dispatches on the device of its tensors: all tensors of one call must live on one device. The CPU
+// backend accepts any floating dtype for activations (bf16/f16/f32/f64; Context::precision selects
+// float32 or float64 accumulation); the CUDA backend takes bf16 activations, fp32 LSE.
+//
+// Conventions (DESIGN.md §4):
+//   * LSE is fp32, natural log. An empty key set gives out = 0 and lse = -inf.
+//   * Index -1 (any negative) = no token; slot < 0 = do not write.
+//   * Integer metadata (block tables, lengths, indices) is int32 unless stated; slots are int64 (int32 accepted).
+//   * Strides are in elements; the innermost dimension of activations must have stride 1.
+//   * Optional tensors are passed as a default-constructed TensorView {}.
+#include <cstdint>
+
+#include "mla/cache.h"
+#include "mla/tensor.h"
+#include "mla/types.h"
+
+namespace mla {
+
+// ---------------------------------------------------------------------------------------------
+// Cache write (concat_and_cache_mla, semantics §4).
+//   kv_c         [T, L]   latent (kv_c_normed), any row stride
+//   k_pe         [T, R]   rope part, any row stride
+//   slot_mapping [T']     int64 or int32; T' <= T tokens are written (kv_c may be padded); slot < 0 skipped
+// Formats: bf16 exact copy (rounded from wider inputs); fp8 e4m3_satfinite(x / scale) for latent and
+// rope alike; fp8_ds_mla per-128 tile scales (mode `ds_scale`), rope copied as bf16.
+void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorView& slot_mapping,
+                 const KVCache& cache, DsMlaScale ds_scale = DsMlaScale::amax, const Context& ctx = {});
+
+// ---------------------------------------------------------------------------------------------
+// Gather with dequantisation for chunked context (gather_and_maybe_dequant_cache, §5.1).
+//   dst          [TOT, D] bf16/f16/f32/f64, D = d_qk (full row) or d_latent (latent only)
+//   block_table  [B, max_blocks] int32
+//   cu_seq_lens  [B+1] int32: request b fills dst rows [cu[b], cu[b+1])
+//   seq_starts   [B] int32 optional: token i of request b is logical position seq_starts[b] + i (any alignment)
+// Row position p maps through block_table[b][p / page_size]; positions whose block lies outside the
+// table are never read and their dst rows are left untouched. TOT = dst.size(0); TOT = 0 is a no-op.
+// Works for every cache format (fp8: q*scale; fp8_ds_mla: q*tile_scale, rope bit copy).
+void gather_cache(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
+                  const TensorView& cu_seq_lens, const TensorView& seq_starts = {}, const Context& ctx = {});
+
+// Raw row copy without conversion (cp_gather_cache, §5.2): dst [TOT, E] has the cache tensor's dtype
+// and row width E. Same index mapping as gather_cache.
+void cp_gather_cache(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
+                     const TensorView& cu_seq_lens, const TensorView& seq_starts = {}, const Context& ctx = {});
+
+// fp8_ds_mla -> bf16 upconvert into a workspace (cp_gather_and_upconvert_fp8_kv_cache, §5.3).
+//   dst              [TOT, 576] bf16
+//   block_table      [B, max_blocks] int32
+//   workspace_starts [B] int32: request b occupies rows [starts[b], starts[b+1]) (last ends at TOT)
+//   seq_starts       [B] int32 optional logical start position per request
+void upconvert_ds_mla(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
+                      const TensorView& workspace_starts, const TensorView& seq_starts = {},
+                      const Context& ctx = {});
+
+// ---------------------------------------------------------------------------------------------
+// LSE merge of two partial attentions (merge_attn_states, §7).
+//   out, prefix, suffix      [T, H, D]; prefix and suffix share the head stride, out may differ
+//   prefix_lse, suffix_lse   [H, T] fp32 (any strides: a transposed [T, H] view is accepted)
+//   out_lse                  [H, T] fp32 optional
+//   prefill_tokens_with_context: tokens t >= this copy the suffix (and its lse); -1 = all tokens merge
+//   output_scale: 0 = none; otherwise out must be fp8_e4m3 and receives clamp(out / output_scale)
+// Edge rules [PIN]: +-inf lse is treated as -inf; both sides -inf -> out = prefix, lse = -inf; NaN propagates.
+void merge_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& prefix,
+                       const TensorView& prefix_lse, const TensorView& suffix, const TensorView& suffix_lse,
+                       int64_t prefill_tokens_with_context = -1, float output_scale = 0.0f,
+                       const Context& ctx = {});
+
+// ---------------------------------------------------------------------------------------------
+// Top-k index conversion (request-local positions -> cache slots / workspace rows, §11.3).
+//   req_id         [T] int32 request of each token (row of block_table)
+//   block_table    [R, max_blocks] int32
+//   indices        [T, topk] int32 request-local positions, < 0 invalid
+//   out            [T, topk] int32
+//   block_stride_rows: rows between consecutive blocks in the flat row view (0 -> page_size)
+//   prefill_request_ids      [T] int32 optional: >= 0 -> token reads the prefill workspace
+//   prefill_workspace_starts [P] int32 optional: out = starts[pid] + idx (no block-table bound check [PIN])
+//   valid_counts   [T] int32 optional: number of outputs >= 0 per row
+// Cache rows: blk = idx / page_size outside [0, max_blocks) -> -1, else block_table[..][blk] *
+// block_stride_rows + idx % page_size.
+void convert_topk_indices(const TensorView& req_id, const TensorView& block_table, const TensorView& indices,
+                          const TensorView& out, int64_t page_size, int64_t block_stride_rows = 0,
+                          const TensorView& prefill_request_ids = {},
+                          const TensorView& prefill_workspace_starts = {},
+                          const TensorView& valid_counts = {}, const Context& ctx = {});
+
+// ---------------------------------------------------------------------------------------------
+// Absorbed MQA decode over the paged cache (§6).
+//   q           [b, s_q, h_q, d_qk]  (d_qk = cache.d_qk; query columns pair with cache row columns)
+//   block_table [b, max_blocks] int32
+//   seq_lens    [b] int32, 0 <= seq_len <= max_blocks * page_size
+//   out         [b, s_q, h_q, d_v]   d_v <= d_latent: values are the first d_v columns of each row
+//   lse         [b, s_q, h_q] fp32 optional
+//   causal: query i of s_q (position seq_len - s_q + i) sees keys [0, seq_len - s_q + i]; else all keys.
+//   workspace: device scratch of at least mqa_decode_workspace_bytes(...) bytes (optional; CPU needs none).
+// Any page size >= 1, any h_q >= 1, any s_q >= 1. seq_len 0 (or no visible key) -> out 0, lse -inf.
+void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table,
+                const TensorView& seq_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
+                bool causal = true, const TensorView& workspace = {}, const Context& ctx = {});
+// Scratch bytes mqa_decode may use for split-KV partials with these sizes (0 on the CPU).
+std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, Device device);
+
+// ---------------------------------------------------------------------------------------------
+// MHA prefill over up-projected K/V (varlen, §9-10).
+//   q        [Tq, h, d_nope + d_rope]
+//   k_nope   [Tk, h, d_nope]
+//   k_pe     [Tk, h, d_rope]  head stride may be 0 (one rope row shared by all heads, as in MLA)
+//   v        [Tk, h, d_v]
+//   cu_seqlens_q, cu_seqlens_k [B+1] int32 (device of the tensors); max_seqlen_q/k: host bounds
+//   out      [Tq, h, d_v]
+//   lse      [h, Tq] fp32 optional (any strides)
+//   causal: bottom-right aligned: query i of a request with lengths (sq, sk) sees keys j <= sk - sq + i.
+void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,
+                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                 int64_t max_seqlen_k, const TensorView& out, const TensorView& lse, double softmax_scale,
+                 bool causal, const Context& ctx = {});
+
+// ---------------------------------------------------------------------------------------------
+// Sparse MQA over top-k rows (FlashMLA-sparse semantics, §11).
+//   q           [T, h_q, d_qk]
+//   kv          any cache format; row r = block r / page_size, offset r % page_size (a bf16 workspace
+//               [rows, 576] is passed as KVCache{ws.reshape({1, rows, 576}), bf16})
+//   indices     [T, topk] int32 rows; < 0 or >= kv.num_slots() invalid (never read); duplicates count twice
+//   topk_length [T] int32 optional: entries at positions >= topk_length[t] are invalid
+//   out         [T, h_q, d_v]
+//   lse         [T, h_q] fp32 optional; a row with no valid index gives out 0, lse -inf [PIN]
+void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
+                const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx = {});
+
+// ---------------------------------------------------------------------------------------------
+// Matrix products (row-major views with strides; the CUDA backend needs each matrix to have a unit
+// stride in one of its two dims). c = alpha * a @ b + beta * c; accumulation fp32 (fp64 in reference mode).
+//   gemm: a [m, k], b [k, n], c [m, n]
+//   bmm:  a [batch, m, k], b [batch, k, n], c [batch, m, n]
+void gemm(const TensorView& a, const TensorView& b, const TensorView& c, float alpha = 1.0f, float beta = 0.0f,
+          const Context& ctx = {});
+void bmm(const TensorView& a, const TensorView& b, const TensorView& c, float alpha = 1.0f, float beta = 0.0f,
+         const Context& ctx = {});
+
+}  // namespace mla

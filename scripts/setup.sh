@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages mla builds against (idempotent; skips what is present).
+# Needs root or sudo. The CUDA toolkit is not installed here: CUDA is used when /usr/local/cuda exists.
+set -euo pipefail
+PKGS=(build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev
+      libdlpack-dev libgtest-dev libgmock-dev libbenchmark-dev libomp-dev libopenblas-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "[setup] installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "[setup] all packages present"
+fi

@@ -1,0 +1,94 @@
+// DLPack import/export. The header comes from Debian's libdlpack-dev (<dlpack/dlpack.h>) or, on
+// machines without it, from PyTorch's copy (<ATen/dlpack.h>); CMake picks one (MLA_DLPACK_ATEN).
+#include "mla/dlpack.h"
+
+#include "core/check.h"
+
+namespace mla {
+
+namespace {
+DType dtype_from_dl(DLDataType t) {
+  MLA_CHECK(t.lanes == 1, "from_dlpack: vector dtypes (lanes={}) are not supported", t.lanes);
+  switch (t.code) {
+    case kDLFloat:
+      if (t.bits == 32) return DType::f32;
+      if (t.bits == 64) return DType::f64;
+      if (t.bits == 16) return DType::f16;
+      break;
+    case kDLBfloat:
+      if (t.bits == 16) return DType::bf16;
+      break;
+    case kDLInt:
+      if (t.bits == 32) return DType::i32;
+      if (t.bits == 64) return DType::i64;
+      break;
+    case kDLUInt:
+      if (t.bits == 8) return DType::u8;
+      break;
+    default:
+      // DLPack >= 1.0 has kDLFloat8_e4m3fn (code 10); Debian's 0.6 header does not.
+      if (t.code == 10 && t.bits == 8) return DType::fp8_e4m3;
+      break;
+  }
+  throw Error(fmt::format("from_dlpack: unsupported dtype code={} bits={}", static_cast<int>(t.code),
+                          static_cast<int>(t.bits)));
+}
+
+DLDataType dtype_to_dl(DType t) {
+  switch (t) {
+    case DType::f32: return {kDLFloat, 32, 1};
+    case DType::f64: return {kDLFloat, 64, 1};
+    case DType::f16: return {kDLFloat, 16, 1};
+    case DType::bf16: return {kDLBfloat, 16, 1};
+    case DType::i32: return {kDLInt, 32, 1};
+    case DType::i64: return {kDLInt, 64, 1};
+    case DType::u8: return {kDLUInt, 8, 1};
+    case DType::fp8_e4m3: return {static_cast<uint8_t>(10), 8, 1};
+  }
+  throw Error("to_dlpack: unknown dtype");
+}
+
+struct Holder {
+  DLManagedTensor managed{};
+  std::array<int64_t, kMaxDims> shape{}, strides{};
+  std::shared_ptr<void> owner;
+};
+}  // namespace
+
+TensorView from_dlpack(const DLTensor& t) {
+  MLA_CHECK(t.ndim >= 1 && t.ndim <= kMaxDims, "from_dlpack: rank must be 1..{}, got {}", kMaxDims, t.ndim);
+  Device dev;
+  if (t.device.device_type == kDLCPU) dev = Device::cpu();
+  else if (t.device.device_type == kDLCUDA) dev = Device::cuda(t.device.device_id);
+  else throw Error(fmt::format("from_dlpack: unsupported device type {}", static_cast<int>(t.device.device_type)));
+  const DType dt = dtype_from_dl(t.dtype);
+  void* data = static_cast<char*>(t.data) + t.byte_offset;
+  std::span<const int64_t> shape(t.shape, static_cast<std::size_t>(t.ndim));
+  if (t.strides == nullptr) return TensorView(data, dt, shape, dev);
+  return TensorView(data, dt, shape, std::span<const int64_t>(t.strides, static_cast<std::size_t>(t.ndim)), dev);
+}
+
+TensorView from_dlpack(const DLManagedTensor& t) { return from_dlpack(t.dl_tensor); }
+
+DLManagedTensor* to_dlpack(const TensorView& v, std::shared_ptr<void> owner) {
+  MLA_CHECK(v.defined(), "to_dlpack: cannot export an absent tensor");
+  auto* h = new Holder();
+  h->owner = std::move(owner);
+  for (int i = 0; i < v.ndim; ++i) {
+    h->shape[i] = v.shape[i];
+    h->strides[i] = v.stride[i];
+  }
+  DLTensor& t = h->managed.dl_tensor;
+  t.data = v.data;
+  t.device = {v.device.is_cuda() ? kDLCUDA : kDLCPU, v.device.index};
+  t.ndim = v.ndim;
+  t.dtype = dtype_to_dl(v.dtype);
+  t.shape = h->shape.data();
+  t.strides = h->strides.data();
+  t.byte_offset = 0;
+  h->managed.manager_ctx = h;
+  h->managed.deleter = [](DLManagedTensor* self) { delete static_cast<Holder*>(self->manager_ctx); };
+  return &h->managed;
+}
+
+}  // namespace mla

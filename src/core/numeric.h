@@ -1,0 +1,115 @@
+#pragma once
+// Host-side scalar conversions with the exact rounding the contract names: bf16 and f16 round to
+// nearest even; e4m3 (OCP e4m3fn) rounds to nearest even and saturates to +-448 (satfinite), NaN stays
+// NaN. Used by the CPU backend and by tests; the CUDA backend uses the hardware conversions, which
+// round the same way (tests compare both).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "mla/types.h"
+
+namespace mla::num {
+
+inline constexpr float kFp8Max = 448.0f;
+
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float f16_to_float(uint16_t h) {
+  const uint32_t sign = (h >> 15) & 1u, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  float v;
+  if (exp == 0) v = std::ldexp(static_cast<float>(man), -24);
+  else if (exp == 31) v = man ? NAN : INFINITY;
+  else v = std::ldexp(static_cast<float>(man | 0x400u), static_cast<int>(exp) - 25);
+  return sign ? -v : v;
+}
+inline uint16_t float_to_f16(float f) {
+  const uint16_t sign = std::signbit(f) ? 0x8000u : 0u;
+  if (std::isnan(f)) return 0x7e00u;
+  double a = std::fabs(static_cast<double>(f));
+  if (a >= 65520.0) return sign | 0x7c00u;  // rounds to inf
+  if (a < std::ldexp(1.0, -14)) {            // subnormal: quantum 2^-24
+    return sign | static_cast<uint16_t>(std::nearbyint(a * std::ldexp(1.0, 24)));
+  }
+  int e;
+  double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  double q = std::nearbyint(m * 2048.0);  // 11 significant bits
+  if (q == 2048.0) { q = 1024.0; ++e; }
+  const uint32_t exp_field = static_cast<uint32_t>(e - 1 + 15);
+  return sign | static_cast<uint16_t>((exp_field << 10) | (static_cast<uint32_t>(q) - 1024u));
+}
+
+inline float e4m3_to_float(uint8_t b) {
+  const uint32_t sign = b >> 7, exp = (b >> 3) & 0xfu, man = b & 0x7u;
+  float v;
+  if (exp == 0xf && man == 0x7) v = NAN;
+  else if (exp == 0) v = std::ldexp(static_cast<float>(man), -9);
+  else v = std::ldexp(static_cast<float>(man | 0x8u), static_cast<int>(exp) - 10);
+  return sign ? -v : v;
+}
+// Round to nearest even, saturate finite values and infinities to +-448, NaN -> 0x7f.
+inline uint8_t float_to_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80u : 0u;
+  const double a = std::fabs(static_cast<double>(f));
+  if (a >= 448.0) return sign | 0x7eu;
+  if (a < std::ldexp(1.0, -6)) {  // subnormal, quantum 2^-9; q == 8 is the smallest normal 0x08
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0));
+  }
+  int e;
+  double m = std::frexp(a, &e);       // m in [0.5, 1)
+  double q = std::nearbyint(m * 16.0);  // 4 significant bits
+  if (q == 16.0) { q = 8.0; ++e; }
+  const uint32_t exp_field = static_cast<uint32_t>(e - 1 + 7);
+  uint8_t bits = static_cast<uint8_t>((exp_field << 3) | (static_cast<uint32_t>(q) - 8u));
+  if ((bits & 0x7f) == 0x7f) bits = 0x7e;  // 480 is NaN's code: saturate to 448
+  return sign | bits;
+}
+// Value of e4m3 rounding as a float (quantise and back).
+inline float round_e4m3(float f) { return e4m3_to_float(float_to_e4m3(f)); }
+inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// Load / store one element of any floating (or integer) dtype as double.
+inline double load(const void* p, DType t) {
+  switch (t) {
+    case DType::f32: return *static_cast<const float*>(p);
+    case DType::f64: return *static_cast<const double*>(p);
+    case DType::bf16: return bf16_to_float(*static_cast<const uint16_t*>(p));
+    case DType::f16: return f16_to_float(*static_cast<const uint16_t*>(p));
+    case DType::fp8_e4m3: return e4m3_to_float(*static_cast<const uint8_t*>(p));
+    case DType::u8: return *static_cast<const uint8_t*>(p);
+    case DType::i32: return *static_cast<const int32_t*>(p);
+    case DType::i64: return static_cast<double>(*static_cast<const int64_t*>(p));
+  }
+  return NAN;
+}
+inline void store(void* p, DType t, double v) {
+  switch (t) {
+    case DType::f32: *static_cast<float*>(p) = static_cast<float>(v); return;
+    case DType::f64: *static_cast<double*>(p) = v; return;
+    case DType::bf16: *static_cast<uint16_t*>(p) = float_to_bf16(static_cast<float>(v)); return;
+    case DType::f16: *static_cast<uint16_t*>(p) = float_to_f16(static_cast<float>(v)); return;
+    case DType::fp8_e4m3: *static_cast<uint8_t*>(p) = float_to_e4m3(static_cast<float>(v)); return;
+    case DType::u8: *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v); return;
+    case DType::i32: *static_cast<int32_t*>(p) = static_cast<int32_t>(v); return;
+    case DType::i64: *static_cast<int64_t*>(p) = static_cast<int64_t>(v); return;
+  }
+}
+// Index load (i32 or i64) as int64.
+inline int64_t load_index(const void* p, DType t) {
+  return t == DType::i64 ? *static_cast<const int64_t*>(p) : *static_cast<const int32_t*>(p);
+}
+
+}  // namespace mla::num

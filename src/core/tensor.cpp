@@ -1,0 +1,275 @@
+#include "mla/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+#include "core/numeric.h"
+#if MLA_WITH_CUDA
+#include "cuda/runtime/device_api.h"
+#endif
+
+namespace mla {
+
+namespace {
+int norm_dim(int d, int ndim, const char* what) {
+  const int r = d < 0 ? d + ndim : d;
+  MLA_CHECK(r >= 0 && r < ndim, "{}: dim {} out of range for a {}-dim tensor", what, d, ndim);
+  return r;
+}
+void set_shape(TensorView& v, std::span<const int64_t> shape) {
+  MLA_CHECK(shape.size() >= 1 && shape.size() <= static_cast<std::size_t>(kMaxDims),
+            "tensor: rank must be 1..{}, got {}", kMaxDims, shape.size());
+  v.ndim = static_cast<int>(shape.size());
+  for (int i = 0; i < v.ndim; ++i) {
+    MLA_CHECK(shape[i] >= 0, "tensor: negative extent {} in dim {}", shape[i], i);
+    v.shape[i] = shape[i];
+  }
+}
+}  // namespace
+
+TensorView::TensorView(void* d, DType t, std::span<const int64_t> shp, Device dev) : data(d), dtype(t), device(dev) {
+  set_shape(*this, shp);
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    stride[i] = s;
+    s *= shape[i] == 0 ? 1 : shape[i];
+  }
+}
+
+TensorView::TensorView(void* d, DType t, std::span<const int64_t> shp, std::span<const int64_t> str, Device dev)
+    : data(d), dtype(t), device(dev) {
+  set_shape(*this, shp);
+  MLA_CHECK(str.size() == shp.size(), "tensor: {} strides given for {} dims", str.size(), shp.size());
+  for (int i = 0; i < ndim; ++i) stride[i] = str[i];
+}
+
+int64_t TensorView::size(int d) const { return shape[norm_dim(d, ndim, "size")]; }
+int64_t TensorView::stride_of(int d) const { return stride[norm_dim(d, ndim, "stride")]; }
+
+int64_t TensorView::numel() const {
+  if (ndim == 0) return 0;
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    if (shape[i] != 1 && stride[i] != s) return false;
+    s *= shape[i];
+  }
+  return true;
+}
+
+int64_t TensorView::span_bytes() const {
+  if (numel() == 0) return 0;
+  int64_t last = 0;
+  for (int i = 0; i < ndim; ++i) last += (shape[i] - 1) * stride[i];
+  return (last + 1) * static_cast<int64_t>(element_size());
+}
+
+void* TensorView::ptr_at(std::initializer_list<int64_t> idx) const {
+  int64_t off = 0;
+  int i = 0;
+  for (int64_t x : idx) off += x * stride[i++];
+  return static_cast<char*>(data) + off * static_cast<int64_t>(element_size());
+}
+
+TensorView TensorView::slice(int dim, int64_t start, int64_t end) const {
+  const int d = norm_dim(dim, ndim, "slice");
+  MLA_CHECK(0 <= start && start <= end && end <= shape[d], "slice: [{}, {}) out of range for dim {} of {}", start,
+            end, d, describe());
+  TensorView v = *this;
+  v.data = static_cast<char*>(data) + start * stride[d] * static_cast<int64_t>(element_size());
+  v.shape[d] = end - start;
+  return v;
+}
+
+TensorView TensorView::select(int dim, int64_t index) const {
+  const int d = norm_dim(dim, ndim, "select");
+  MLA_CHECK(ndim >= 2, "select: needs at least 2 dims, got {}", describe());
+  MLA_CHECK(0 <= index && index < shape[d], "select: index {} out of range for dim {} of {}", index, d, describe());
+  TensorView v = *this;
+  v.data = static_cast<char*>(data) + index * stride[d] * static_cast<int64_t>(element_size());
+  for (int i = d; i + 1 < ndim; ++i) {
+    v.shape[i] = shape[i + 1];
+    v.stride[i] = stride[i + 1];
+  }
+  v.ndim = ndim - 1;
+  v.shape[v.ndim] = 0;
+  v.stride[v.ndim] = 0;
+  return v;
+}
+
+TensorView TensorView::transpose(int d0, int d1) const {
+  const int a = norm_dim(d0, ndim, "transpose"), b = norm_dim(d1, ndim, "transpose");
+  TensorView v = *this;
+  std::swap(v.shape[a], v.shape[b]);
+  std::swap(v.stride[a], v.stride[b]);
+  return v;
+}
+
+TensorView TensorView::reshape(std::span<const int64_t> shp) const {
+  MLA_CHECK(is_contiguous(), "reshape: needs a contiguous view, got {}", describe());
+  TensorView v(data, dtype, shp, device);
+  MLA_CHECK(v.numel() == numel(), "reshape: {} elements cannot take shape of {} elements ({})", numel(), v.numel(),
+            v.shape_str());
+  return v;
+}
+
+TensorView TensorView::unsqueeze(int dim) const {
+  MLA_CHECK(ndim < kMaxDims, "unsqueeze: rank limit {} reached", kMaxDims);
+  const int d = dim < 0 ? dim + ndim + 1 : dim;
+  MLA_CHECK(d >= 0 && d <= ndim, "unsqueeze: dim {} out of range", dim);
+  TensorView v = *this;
+  for (int i = ndim; i > d; --i) {
+    v.shape[i] = shape[i - 1];
+    v.stride[i] = stride[i - 1];
+  }
+  v.shape[d] = 1;
+  v.stride[d] = d < ndim ? shape[d] * stride[d] : 1;
+  v.ndim = ndim + 1;
+  return v;
+}
+
+TensorView TensorView::as_dtype(DType t) const {
+  MLA_CHECK(dtype_size(t) == element_size(), "as_dtype: cannot view {} as {} (element sizes differ)", describe(),
+            to_string(t));
+  TensorView v = *this;
+  v.dtype = t;
+  return v;
+}
+
+std::string TensorView::shape_str() const {
+  std::string s = "[";
+  for (int i = 0; i < ndim; ++i) s += fmt::format("{}{}", i ? ", " : "", shape[i]);
+  return s + "]";
+}
+
+std::string TensorView::describe() const {
+  if (!defined()) return "<absent>";
+  std::string st;
+  for (int i = 0; i < ndim; ++i) st += fmt::format("{}{}", i ? ", " : "", stride[i]);
+  return fmt::format("{}{} on {} strides ({})", to_string(dtype), shape_str(), to_string(device), st);
+}
+
+// ------------------------------------------------------------------------------------------------
+
+int cuda_device_count() {
+#if MLA_WITH_CUDA
+  return cuda_rt::device_count();
+#else
+  return 0;
+#endif
+}
+
+bool built_with_cuda() { return MLA_WITH_CUDA != 0; }
+
+Tensor Tensor::empty(std::span<const int64_t> shape, DType dtype, Device device) {
+  Tensor t;
+  t.view_ = TensorView(nullptr, dtype, shape, device);
+  const std::size_t bytes = static_cast<std::size_t>(t.view_.numel()) * dtype_size(dtype);
+  if (device.is_cpu()) {
+    // 64-byte alignment: vector loads in the CPU backend and DLPack consumers like it.
+    void* p = std::aligned_alloc(64, ((bytes + 63) / 64) * 64 + 64);
+    MLA_CHECK(p != nullptr, "Tensor::empty: host allocation of {} bytes failed", bytes);
+    t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  } else {
+#if MLA_WITH_CUDA
+    void* p = cuda_rt::malloc(bytes, device.index);
+    const int dev = device.index;
+    t.storage_ = std::shared_ptr<void>(p, [dev](void* q) { cuda_rt::free(q, dev); });
+#else
+    throw Error("Tensor::empty: this build of mla has no CUDA backend (configure with MLA_WITH_CUDA=ON)");
+#endif
+  }
+  t.view_.data = t.storage_.get();
+  return t;
+}
+
+Tensor Tensor::zeros(std::span<const int64_t> shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (device.is_cpu()) {
+    std::memset(t.data(), 0, t.nbytes());
+  } else {
+#if MLA_WITH_CUDA
+    cuda_rt::memset(t.data(), device.index, 0, t.nbytes());
+#endif
+  }
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  Tensor t = empty(std::span<const int64_t>(view_.shape.data(), view_.ndim), view_.dtype, device);
+  copy(t.view(), view_);
+  return t;
+}
+
+namespace {
+// Visit every multi-index of `shape` (row-major), calling f(offset_a, offset_b) with element offsets
+// under two stride sets.
+template <class F>
+void for_each_index(const TensorView& a, const TensorView& b, F&& f) {
+  const int64_t n = a.numel();
+  if (n == 0) return;
+  std::array<int64_t, kMaxDims> idx{};
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t oa = 0, ob = 0;
+    for (int d = 0; d < a.ndim; ++d) {
+      oa += idx[d] * a.stride[d];
+      ob += idx[d] * b.stride[d];
+    }
+    f(oa, ob);
+    for (int d = a.ndim - 1; d >= 0; --d) {
+      if (++idx[d] < a.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+}  // namespace
+
+void copy(const TensorView& dst, const TensorView& src) {
+  MLA_CHECK(dst.ndim == src.ndim && dst.shape == src.shape, "copy: shapes differ: dst {} src {}", dst.describe(),
+            src.describe());
+  MLA_CHECK(dst.dtype == src.dtype, "copy: dtypes differ: dst {} src {}", dst.describe(), src.describe());
+  const std::size_t es = dst.element_size();
+  if (dst.device.is_cpu() && src.device.is_cpu()) {
+    if (dst.is_contiguous() && src.is_contiguous()) {
+      std::memcpy(dst.data, src.data, static_cast<std::size_t>(dst.numel()) * es);
+      return;
+    }
+    auto* d = static_cast<char*>(dst.data);
+    const auto* s = static_cast<const char*>(src.data);
+    for_each_index(dst, src, [&](int64_t od, int64_t os) { std::memcpy(d + od * es, s + os * es, es); });
+    return;
+  }
+#if MLA_WITH_CUDA
+  MLA_CHECK(dst.is_contiguous() && src.is_contiguous(),
+            "copy: copies involving a CUDA tensor need contiguous views: dst {} src {}", dst.describe(),
+            src.describe());
+  cuda_rt::memcpy(dst.data, dst.device, src.data, src.device, static_cast<std::size_t>(dst.numel()) * es);
+#else
+  throw Error("copy: this build of mla has no CUDA backend");
+#endif
+}
+
+void fill(const TensorView& dst, double value) {
+  if (dst.numel() == 0) return;
+  if (dst.device.is_cpu()) {
+    std::array<unsigned char, 8> bytes{};
+    num::store(bytes.data(), dst.dtype, value);
+    const std::size_t es = dst.element_size();
+    auto* d = static_cast<char*>(dst.data);
+    for_each_index(dst, dst, [&](int64_t o, int64_t) { std::memcpy(d + o * es, bytes.data(), es); });
+    return;
+  }
+  MLA_CHECK(dst.is_contiguous(), "fill: CUDA views must be contiguous, got {}", dst.describe());
+  Tensor host = Tensor::empty(std::span<const int64_t>(dst.shape.data(), dst.ndim), dst.dtype, Device::cpu());
+  fill(host.view(), value);
+  copy(dst, host.view());
+}
+
+}  // namespace mla

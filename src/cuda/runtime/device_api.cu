@@ -1,0 +1,84 @@
+#include <cuda_runtime.h>
+
+#include "cuda/runtime/device_api.h"
+#include "mla/error.h"
+
+namespace mla::cuda_rt {
+namespace {
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": CUDA error " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+struct DeviceGuard {
+  int prev = -1;
+  explicit DeviceGuard(int d) {
+    cudaGetDevice(&prev);
+    if (prev != d) check(cudaSetDevice(d), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int cur = -1;
+    cudaGetDevice(&cur);
+    if (prev >= 0 && cur != prev) cudaSetDevice(prev);
+  }
+};
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+DeviceInfo device_info(int device) {
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  DeviceInfo i;
+  i.name = p.name;
+  i.sm_count = p.multiProcessorCount;
+  i.cc_major = p.major;
+  i.cc_minor = p.minor;
+  i.total_mem = p.totalGlobalMem;
+  i.l2_bytes = static_cast<std::size_t>(p.l2CacheSize);
+  i.smem_per_block_optin = p.sharedMemPerBlockOptin;
+  return i;
+}
+
+void* malloc(std::size_t bytes, int device) {
+  DeviceGuard g(device);
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  return p;
+}
+
+void free(void* p, int device) noexcept {
+  if (!p) return;
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  cudaFree(p);
+  if (prev >= 0) cudaSetDevice(prev);
+}
+
+void memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes) {
+  if (bytes == 0) return;
+  cudaMemcpyKind kind = cudaMemcpyDefault;  // unified addressing resolves the direction
+  const int dev = dst_dev.is_cuda() ? dst_dev.index : src_dev.index;
+  DeviceGuard g(dev);
+  check(cudaMemcpy(dst, src, bytes, kind), "cudaMemcpy");
+}
+
+void memset(void* dst, int device, int value, std::size_t bytes) {
+  DeviceGuard g(device);
+  check(cudaMemset(dst, value, bytes), "cudaMemset");
+}
+
+void synchronize(int device) {
+  DeviceGuard g(device);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+void check_last(const char* what) { check(cudaGetLastError(), what); }
+
+}  // namespace mla::cuda_rt

@@ -1,0 +1,30 @@
+#pragma once
+// Host-callable CUDA runtime helpers with plain C++ signatures, so that core/ and the CLI can use
+// device memory without including CUDA headers. Only compiled when MLA_WITH_CUDA. Every call checks
+// its CUDA status and throws mla::Error with the CUDA error string.
+#include <cstddef>
+#include <string>
+
+#include "mla/types.h"
+
+namespace mla::cuda_rt {
+
+int device_count();  // 0 when no driver / no device (never throws)
+struct DeviceInfo {
+  std::string name;
+  int sm_count = 0;
+  int cc_major = 0, cc_minor = 0;
+  std::size_t total_mem = 0, l2_bytes = 0, smem_per_block_optin = 0;
+};
+DeviceInfo device_info(int device);
+
+void* malloc(std::size_t bytes, int device);
+void free(void* p, int device) noexcept;
+// Synchronous copy between any two devices (host <-> device, device <-> device).
+void memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes);
+void memset(void* dst, int device, int value, std::size_t bytes);
+void synchronize(int device);
+// Throws mla::Error if the last launch on this thread failed ("<what>: <cuda error>").
+void check_last(const char* what);
+
+}  // namespace mla::cuda_rt

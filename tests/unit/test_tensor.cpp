@@ -1,0 +1,97 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/numeric.h"
+#include "mla/cache.h"
+#include "mla/error.h"
+#include "mla/tensor.h"
+#include "support/test_util.h"
+
+namespace mla {
+namespace {
+
+TEST(Tensor, ViewsShareMemoryAndKeepStrides) {
+  Tensor t = Tensor::zeros({4, 3, 5}, DType::f32);
+  TensorView s = t.view().slice(1, 1, 3);
+  EXPECT_EQ(s.shape_str(), "[4, 2, 5]");
+  EXPECT_EQ(s.stride[0], 15);
+  EXPECT_FALSE(s.is_contiguous());
+  TensorView tr = t.view().transpose(0, 2);
+  EXPECT_EQ(tr.size(0), 5);
+  EXPECT_EQ(tr.stride_of(0), 1);
+  TensorView sel = t.view().select(0, 2);
+  EXPECT_EQ(sel.ndim, 2);
+  EXPECT_EQ(static_cast<float*>(sel.data) - static_cast<float*>(t.data()), 30);
+  EXPECT_THROW(t.view().slice(1, 2, 4), Error);
+  EXPECT_THROW(tr.reshape({60}), Error);
+  EXPECT_EQ(t.view().reshape({12, 5}).size(0), 12);
+}
+
+TEST(Tensor, CopyAndFillStrided) {
+  Tensor a = test::random_tensor({3, 4}, DType::f64);
+  Tensor b = Tensor::empty({4, 3}, DType::f64);
+  copy(b.view().transpose(0, 1), a.view());
+  auto av = test::to_doubles(a.view()), bv = test::to_doubles(b.view());
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(av[i * 4 + j], bv[j * 3 + i]);
+  fill(b.view().slice(0, 1, 2), NAN);
+  EXPECT_TRUE(std::isnan(test::to_doubles(b.view())[3]));
+  EXPECT_THROW(copy(a.view(), b.view()), Error);
+}
+
+TEST(Numeric, E4m3RoundsToNearestEvenAndSaturates) {
+  EXPECT_EQ(num::float_to_e4m3(448.f), 0x7e);
+  EXPECT_EQ(num::float_to_e4m3(1e9f), 0x7e);
+  EXPECT_EQ(num::float_to_e4m3(-1e9f), 0xfe);
+  EXPECT_EQ(num::float_to_e4m3(INFINITY), 0x7e);
+  EXPECT_EQ(num::float_to_e4m3(1.0f), 0x38);
+  EXPECT_EQ(num::float_to_e4m3(1.0625f), 0x38);  // tie between 1 and 1.125 -> even (1)
+  EXPECT_EQ(num::float_to_e4m3(1.1875f), 0x3a);  // tie between 1.125 and 1.25 -> even (1.25)
+  EXPECT_EQ(num::float_to_e4m3(std::ldexp(1.f, -9)), 0x01);  // smallest subnormal
+  EXPECT_EQ(num::float_to_e4m3(std::ldexp(1.f, -10)), 0x00);  // tie to even (0)
+  EXPECT_TRUE(std::isnan(num::e4m3_to_float(num::float_to_e4m3(NAN))));
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(num::float_to_e4m3(num::e4m3_to_float(static_cast<uint8_t>(b))), b) << b;
+  }
+}
+
+TEST(Numeric, Bf16AndF16RoundTrip) {
+  for (uint32_t h = 0; h < 65536; h += 7) {
+    const float f = num::bf16_to_float(static_cast<uint16_t>(h));
+    if (!std::isnan(f)) { EXPECT_EQ(num::float_to_bf16(f), h); }
+    const float g = num::f16_to_float(static_cast<uint16_t>(h));
+    if (!std::isnan(g)) { EXPECT_EQ(num::float_to_f16(g), h); }
+  }
+  EXPECT_EQ(num::float_to_bf16(1.0f + std::ldexp(1.f, -8)), 0x3f80);  // tie -> even
+}
+
+TEST(Cache, LayoutsAndValidation) {
+  EXPECT_EQ(cache_entry_bytes(CacheFormat::bf16), 1152);
+  EXPECT_EQ(cache_entry_bytes(CacheFormat::fp8), 576);
+  EXPECT_EQ(cache_entry_bytes(CacheFormat::fp8_ds_mla), 656);
+  auto c = allocate_cache(CacheFormat::fp8_ds_mla, 3, 16, Device::cpu());
+  EXPECT_EQ(c.cache.num_slots(), 48);
+  KVCache bad = c.cache;
+  bad.format = CacheFormat::bf16;
+  EXPECT_THROW(validate_cache(bad), Error);
+  KVCache bad_scale = allocate_cache(CacheFormat::fp8, 1, 1, Device::cpu()).cache;
+  bad_scale.scale = 0.f;
+  EXPECT_THROW(validate_cache(bad_scale), Error);
+}
+
+TEST(ModelDims, Presets) {
+  auto v3 = ModelDims::deepseek_v3(8);
+  EXPECT_EQ(v3.num_heads, 16);
+  EXPECT_EQ(v3.d_qk(), 576);
+  EXPECT_EQ(v3.d_v(), 512);
+  EXPECT_NEAR(v3.softmax_scale, std::pow(0.1 * std::log(40.0) + 1, 2) / std::sqrt(192.0), 1e-12);
+  EXPECT_EQ(ModelDims::preset("v3.2").index_topk, 2048);
+  EXPECT_EQ(ModelDims::preset("v2-lite").num_heads, 16);
+  EXPECT_THROW(ModelDims::deepseek_v3(3), Error);
+  EXPECT_THROW(ModelDims::preset("llama"), Error);
+}
+
+}  // namespace
+}  // namespace mla
