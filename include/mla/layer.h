@@ -1,0 +1,70 @@
+#pragma once
+// MlaAttention: one DeepSeek MLA attention layer (the part between RoPE and o_proj), as vLLM's
+// MLAAttention forward runs it (mla_semantics.md §2):
+//   1. write_cache(kv_c, k_pe) at slot_mapping (new tokens visible to this step)
+//   2. decode tokens:  ql = q_nope · W_UK_T (bmm) | mqa_decode([ql | q_pe], cache) | out = o_lat · W_UV
+//   3. prefill tokens: k_nope, v = kv_c · kv_b_proj | causal MHA over new tokens, then per context chunk
+//                      gather_cache -> kv_b_proj -> non-causal MHA -> merge_attn_states
+//   4. sparse mode: every token through sparse MQA over top-k rows (convert_topk_indices), fp8_ds_mla
+//                   prefills through an upconverted bf16 workspace unless the mixed-batch mode applies.
+// forward() never allocates: all scratch lives in a caller-owned workspace of workspace_bytes(plan)
+// bytes. On CUDA, a decode-only batch performs no host synchronisation and no host->device upload.
+#include <cstddef>
+
+#include "mla/cache.h"
+#include "mla/plan.h"
+#include "mla/tensor.h"
+#include "mla/types.h"
+
+namespace mla {
+
+struct LayerOptions {
+  ModelDims dims;
+  CacheFormat cache_format = CacheFormat::bf16;
+  bool sparse = false;
+  DsMlaScale ds_scale = DsMlaScale::amax;
+  Device device = Device::cpu();
+  // Activation / weight dtype: bf16 on CUDA; bf16, f32 or f64 on the CPU (f64 + Precision::reference
+  // gives the float64 oracle layer).
+  DType dtype = DType::bf16;
+};
+
+// Tensors of one step. T = plan.num_tokens (rows beyond num_actual_tokens are padding and ignored).
+struct ForwardArgs {
+  TensorView q;             // [T, h_q, P + R] query after RoPE
+  TensorView kv_c;          // [T, L] kv_c_normed
+  TensorView k_pe;          // [T, R] rope key (after RoPE)
+  TensorView slot_mapping;  // [T] int64 (int32 accepted); < 0 = not written
+  TensorView block_table;   // [num_reqs, max_blocks] int32
+  TensorView seq_lens;      // [num_reqs] int32, device copy of plan.seq_lens
+  TensorView topk_indices;  // sparse only: [T, topk] int32 request-local positions, -1 padded
+  TensorView out;           // [T, h_q * V] written for the first num_actual_tokens rows
+};
+
+class MlaAttention {
+ public:
+  // kv_b_proj_weight: [h_q * (P + V), L], the kv_b_proj Linear weight as stored in checkpoints
+  // ((out, in) = rows are per-head [P nope | V value] blocks), any float dtype, any device. Derives
+  // W_UK_T (h_q, P, L) and W_UV (h_q, L, V) on options.device in options.dtype.
+  MlaAttention(const LayerOptions& options, const TensorView& kv_b_proj_weight);
+
+  const LayerOptions& options() const { return options_; }
+  const Tensor& w_uk_t() const { return w_uk_t_; }    // (h_q, P, L)
+  const Tensor& w_uv() const { return w_uv_; }        // (h_q, L, V)
+  const Tensor& w_kv_b() const { return w_kv_b_; }    // (L, h_q * (P + V)) for the prefill up-projection
+
+  // Workspace bytes forward() needs for this plan, and an upper bound over every plan the config
+  // admits with at most max_num_tokens tokens (preallocate once; CUDA graphs).
+  std::size_t workspace_bytes(const Plan& plan) const;
+  std::size_t max_workspace_bytes(const PlannerConfig& config, int64_t max_num_tokens) const;
+
+  // Runs one step. `workspace`: u8 [>= workspace_bytes(plan)] on the layer's device.
+  void forward(const Plan& plan, const ForwardArgs& args, const KVCache& cache, const TensorView& workspace,
+               const Context& ctx = {}) const;
+
+ private:
+  LayerOptions options_;
+  Tensor w_uk_t_, w_uv_, w_kv_b_;
+};
+
+}  // namespace mla
