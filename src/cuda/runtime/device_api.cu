@@ -74,6 +74,16 @@ void memset(void* dst, int device, int value, std::size_t bytes) {
   check(cudaMemset(dst, value, bytes), "cudaMemset");
 }
 
+void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)), "cudaMemcpyAsync");
+}
+
+void memset_async(void* dst, int value, std::size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  check(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+}
+
 void synchronize(int device) {
   DeviceGuard g(device);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");

@@ -23,6 +23,10 @@ void free(void* p, int device) noexcept;
 // Synchronous copy between any two devices (host <-> device, device <-> device).
 void memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes);
 void memset(void* dst, int device, int value, std::size_t bytes);
+// Stream-ordered copy (stream = cudaStream_t). Host memory should be pinned for true asynchrony;
+// pageable host memory makes the call return only after the host buffer was staged.
+void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream);
+void memset_async(void* dst, int value, std::size_t bytes, void* stream);
 void synchronize(int device);
 // Throws mla::Error if the last launch on this thread failed ("<what>: <cuda error>").
 void check_last(const char* what);
