@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One-call GPU verification on the device machine (build there, then tests, sanitizers, benchmarks,
+# the main job). Usage: scripts/gpu_check.sh [steps...] with steps among
+#   build tests sanitize bench run   (default: all). Logs go to $OUT (when set) or ./gpu-logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG=${OUT:-gpu-logs}
+mkdir -p "$LOG"
+STEPS=${*:-build tests sanitize bench run}
+B=build-gpu
+rc=0
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$LOG/gpu.txt"
+git rev-parse --short HEAD 2>/dev/null | tee "$LOG/commit.txt"
+if has build; then
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release >"$LOG/cmake.log" 2>&1 || { tail -30 "$LOG/cmake.log"; exit 1; }
+  ninja -C $B -j16 >"$LOG/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG/build.log" | head -40; exit 1; }
+  echo "build ok"
+fi
+if has tests; then
+  (cd $B && ctest -L gpu --output-on-failure -j1 --timeout 600 >"../$LOG/gpu_tests.log" 2>&1) || rc=1
+  tail -15 "$LOG/gpu_tests.log"
+  ./$B/bin/mla_unit_tests --gtest_brief=1 >"$LOG/unit_tests.log" 2>&1 || rc=1
+  tail -3 "$LOG/unit_tests.log"
+fi
+if has sanitize; then
+  for tool in memcheck racecheck initcheck; do
+    filter=${SANITIZE_FILTER:-'*Small*:*Edge*:*Sanit*'}
+    compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests --gtest_filter="$filter" --gtest_brief=1 \
+      >"$LOG/sanitize_$tool.log" 2>&1 || rc=1
+    echo "$tool: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$LOG/sanitize_$tool.log" | tr '\n' ' ')"
+  done
+fi
+if has bench; then
+  ./$B/bin/mla bench --json "$LOG/bench.json" 2>&1 | tee "$LOG/bench.txt" || rc=1
+fi
+if has run; then
+  ./$B/bin/mla run --backend cuda 2>&1 | tail -25 | tee "$LOG/run_dense.txt"; [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  ./$B/bin/mla run --backend cuda --sparse 2>&1 | tail -25 | tee "$LOG/run_sparse.txt"; [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
+exit $rc
