@@ -1,0 +1,73 @@
+#include "ops/validate.h"
+
+#include <algorithm>
+
+#include "cpu/index_view.h"
+
+namespace mla::detail {
+
+void check_activation(const TensorView& t, bool is_output, const char* op, const char* arg) {
+  check_defined(t, op, arg);
+  if (t.device.is_cuda()) {
+    MLA_CHECK(t.dtype == DType::bf16, "{}: {} must be bf16 on CUDA, got {}", op, arg, t.describe());
+  } else {
+    check_float(t, op, arg);
+  }
+  check_inner_contiguous(t, op, arg);
+  check_strides(t, is_output, op, arg);
+}
+
+void check_i32_vector(const TensorView& t, int64_t n, const char* op, const char* arg) {
+  check_ndim(t, 1, op, arg);
+  check_dtype(t, DType::i32, op, arg);
+  if (n >= 0) check_size(t, 0, n, op, arg);
+  check_strides(t, false, op, arg);
+}
+
+void check_block_table(const TensorView& block_table, int64_t min_rows, const char* op) {
+  check_ndim(block_table, 2, op, "block_table");
+  check_dtype(block_table, DType::i32, op, "block_table");
+  MLA_CHECK(block_table.size(0) >= min_rows, "{}: block_table needs at least {} rows (one per request), got {}", op,
+            min_rows, block_table.describe());
+  check_inner_contiguous(block_table, op, "block_table");
+  check_strides(block_table, false, op, "block_table");
+}
+
+void check_cache(const KVCache& cache, Device device, const char* op) {
+  validate_cache(cache, op);
+  check_device(cache.data, device, op, "cache.data");
+}
+
+void check_values_in_range(const TensorView& t, int64_t lo, int64_t hi, const char* op, const char* arg) {
+  for (int64_t i = 0; i < t.size(0); ++i) {
+    const int64_t v = cpu::index_at(t, i);
+    MLA_CHECK(lo <= v && v <= hi, "{}: {}[{}] must lie in [{}, {}], got {}", op, arg, i, lo, hi, v);
+  }
+}
+
+void check_cu_seqlens_values(const TensorView& cu, int64_t max_total, const char* op, const char* arg) {
+  const int64_t n = cu.size(0);
+  if (n == 0) return;
+  MLA_CHECK(cpu::index_at(cu, 0) >= 0, "{}: {}[0] must be >= 0, got {}", op, arg, cpu::index_at(cu, 0));
+  for (int64_t i = 1; i < n; ++i) {
+    const int64_t a = cpu::index_at(cu, i - 1), b = cpu::index_at(cu, i);
+    MLA_CHECK(a <= b, "{}: {} must be non-decreasing, got {}[{}] = {} > {}[{}] = {}", op, arg, arg, i - 1, a, arg, i,
+              b);
+  }
+  MLA_CHECK(cpu::index_at(cu, n - 1) <= max_total, "{}: {}[{}] = {} exceeds the {} rows available", op, arg, n - 1,
+            cpu::index_at(cu, n - 1), max_total);
+}
+
+void check_block_ids(const TensorView& block_table, int64_t row, int64_t begin, int64_t end, int64_t page_size,
+                     int64_t num_blocks, const char* op) {
+  if (end <= begin) return;
+  const int64_t first = begin / page_size;
+  const int64_t last = std::min((end - 1) / page_size + 1, block_table.size(1));
+  for (int64_t j = first; j < last; ++j) {
+    const int64_t id = cpu::index_at(block_table, row, j);
+    MLA_CHECK(0 <= id && id < num_blocks, "{}: block_table[{}][{}] = {} is not a block of the cache (num_blocks {})",
+              op, row, j, id, num_blocks);
+  }
+}
+
+}  // namespace mla::detail

@@ -1,0 +1,42 @@
+#pragma once
+// Validation shared by the op front ends (cache ops, merge, top-k, attention). Structural checks
+// (shape, dtype, device, strides) apply to every device; the *_values checks read integer metadata
+// and are called only for CPU tensors, where the values are host-readable (docs/DEVELOPING.md).
+// Every check throws mla::Error naming the op and the argument, with what was expected and what came.
+#include <cstdint>
+
+#include "core/check.h"
+#include "mla/cache.h"
+#include "mla/tensor.h"
+
+namespace mla::detail {
+
+// Activations: bf16/f16/f32/f64 on the CPU, bf16 on CUDA (ops.h); unit inner stride, strides >= 0
+// (and non-overlapping when `is_output`).
+void check_activation(const TensorView& t, bool is_output, const char* op, const char* arg);
+
+// A 1-D int32 vector of `n` elements (n < 0: any length), non-negative stride.
+void check_i32_vector(const TensorView& t, int64_t n, const char* op, const char* arg);
+
+// block_table [rows, max_blocks] int32 with rows >= min_rows, unit inner stride, non-negative strides.
+void check_block_table(const TensorView& block_table, int64_t min_rows, const char* op);
+
+// The cache is well formed (validate_cache) and lives on `device`.
+void check_cache(const KVCache& cache, Device device, const char* op);
+
+// ---- value checks (CPU tensors only) -------------------------------------------------------
+
+// Every element of the 1-D index view lies in [lo, hi].
+void check_values_in_range(const TensorView& t, int64_t lo, int64_t hi, const char* op, const char* arg);
+
+// cu [B+1]: cu[0] >= 0, non-decreasing, cu[B] <= max_total (the rows available to write).
+void check_cu_seqlens_values(const TensorView& cu, int64_t max_total, const char* op, const char* arg);
+
+// The block ids that logical positions [begin, end) of request `row` map to lie in [0, num_blocks),
+// for the blocks inside the table (blocks at or beyond block_table.size(1) are skipped by the ops
+// that read only inside the table; ops that require every position inside the table check that
+// bound themselves).
+void check_block_ids(const TensorView& block_table, int64_t row, int64_t begin, int64_t end, int64_t page_size,
+                     int64_t num_blocks, const char* op);
+
+}  // namespace mla::detail
