@@ -4,9 +4,9 @@
 #include "mla/tensor.h"
 
 // DLTensor is an anonymous-struct typedef in every DLPack version, so it cannot be forward-declared.
-// MLA_DLPACK_ATEN (set by CMake) selects PyTorch's copy of the header where Debian's is absent.
-#if defined(MLA_DLPACK_ATEN) && MLA_DLPACK_ATEN
-#include <ATen/dlpack.h>
+// MLA_DLPACK_HEADER (set by CMake) names PyTorch's copy by absolute path where Debian's is absent.
+#ifdef MLA_DLPACK_HEADER
+#include MLA_DLPACK_HEADER
 #else
 #include <dlpack/dlpack.h>
 #endif
