@@ -84,6 +84,14 @@ void memset_async(void* dst, int value, std::size_t bytes, void* stream) {
   check(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
 }
 
+void memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                    std::size_t height, void* stream) {
+  if (width == 0 || height == 0) return;
+  check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault,
+                          static_cast<cudaStream_t>(stream)),
+        "cudaMemcpy2DAsync");
+}
+
 void synchronize(int device) {
   DeviceGuard g(device);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");

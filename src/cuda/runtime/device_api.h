@@ -27,6 +27,11 @@ void memset(void* dst, int device, int value, std::size_t bytes);
 // pageable host memory makes the call return only after the host buffer was staged.
 void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream);
 void memset_async(void* dst, int value, std::size_t bytes, void* stream);
+// Stream-ordered 2-D copy (cudaMemcpy2DAsync): `height` rows of `width` bytes, row r read at
+// src + r * spitch and written at dst + r * dpitch. The layer uses it to place q_pe beside the
+// absorbed query without a kernel of its own.
+void memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                    std::size_t height, void* stream);
 void synchronize(int device);
 // Throws mla::Error if the last launch on this thread failed ("<what>: <cuda error>").
 void check_last(const char* what);
