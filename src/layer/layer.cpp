@@ -1,0 +1,215 @@
+// MlaAttention: weight absorption, workspace sizing, argument validation and the forward step
+// (mla_semantics.md §2). The step itself lives in dense.cpp / sparse.cpp; the workspace layout is
+// documented in layer_internal.h.
+#include <cstdint>
+
+#include "core/numeric.h"
+#include "cpu/index_view.h"
+#include "layer/layer_internal.h"
+#include "ops/validate.h"
+
+namespace mla {
+
+using namespace layer_detail;
+
+namespace {
+
+constexpr const char* kFwd = "MlaAttention::forward";
+
+void check_options(const LayerOptions& o) {
+  o.dims.validate();
+  if (o.device.is_cuda()) {
+    MLA_CHECK(built_with_cuda(), "MlaAttention: device {} requested but this build of mla has no CUDA backend",
+              to_string(o.device));
+    MLA_CHECK(o.device.index >= 0 && o.device.index < cuda_device_count(),
+              "MlaAttention: device {} requested but {} CUDA device(s) are present", to_string(o.device),
+              cuda_device_count());
+    MLA_CHECK(o.dtype == DType::bf16, "MlaAttention: the CUDA layer computes in bf16, got dtype {}",
+              to_string(o.dtype));
+  } else {
+    MLA_CHECK(o.dtype == DType::bf16 || o.dtype == DType::f32 || o.dtype == DType::f64,
+              "MlaAttention: the CPU layer computes in bf16, f32 or f64, got dtype {}", to_string(o.dtype));
+  }
+  if (o.sparse)
+    MLA_CHECK(o.dims.index_topk > 0, "MlaAttention: sparse mode needs dims.index_topk > 0, got {}", o.dims.index_topk);
+  if (o.cache_format == CacheFormat::fp8_ds_mla)
+    MLA_CHECK(o.dims.kv_lora_rank == 512 && o.dims.qk_rope_head_dim == 64,
+              "MlaAttention: an fp8_ds_mla cache needs kv_lora_rank 512 and qk_rope_head_dim 64, got {} and {}",
+              o.dims.kv_lora_rank, o.dims.qk_rope_head_dim);
+}
+
+// A view with the layer's dtype and device, the given extents, unit inner stride.
+void check_activation_arg(const TensorView& t, const LayerOptions& o, std::initializer_list<int64_t> shape,
+                          bool is_output, const char* arg) {
+  detail::check_defined(t, kFwd, arg);
+  detail::check_ndim(t, static_cast<int>(shape.size()), kFwd, arg);
+  int dim = 0;
+  for (int64_t n : shape) detail::check_size(t, dim++, n, kFwd, arg);
+  detail::check_dtype(t, o.dtype, kFwd, arg);
+  detail::check_device(t, o.device, kFwd, arg);
+  detail::check_activation(t, is_output, kFwd, arg);
+}
+
+void check_int_arg(const TensorView& t, const LayerOptions& o, int ndim, const char* arg) {
+  detail::check_defined(t, kFwd, arg);
+  detail::check_ndim(t, ndim, kFwd, arg);
+  detail::check_device(t, o.device, kFwd, arg);
+  detail::check_strides(t, false, kFwd, arg);
+  if (ndim == 2) detail::check_inner_contiguous(t, kFwd, arg);
+}
+
+// Host-readable (CPU) integer metadata must agree with the plan and stay inside the cache, so that
+// no op fails half way through a step (DESIGN §5: nothing is written on bad input).
+void check_values(const Plan& p, const ForwardArgs& a, const KVCache& cache) {
+  const int64_t page = cache.page_size(), max_blocks = a.block_table.size(1);
+  for (int64_t r = 0; r < p.num_reqs; ++r) {
+    const int64_t len = cpu::index_at(a.seq_lens, r);
+    MLA_CHECK(len == p.seq_lens[r], "{}: seq_lens[{}] = {} but the plan was made for {}", kFwd, r, len, p.seq_lens[r]);
+    MLA_CHECK(len <= max_blocks * page,
+              "{}: request {} has seq_len {} but its block_table row covers {} blocks of {} = {} tokens", kFwd, r, len,
+              max_blocks, page, max_blocks * page);
+    detail::check_block_ids(a.block_table, r, 0, len, page, cache.num_blocks(), kFwd);
+  }
+  detail::check_values_in_range(a.slot_mapping, INT64_MIN, cache.num_slots() - 1, kFwd, "slot_mapping");
+}
+
+void validate_forward(const LayerOptions& o, const Plan& p, const StepFacts& f, const ForwardArgs& a,
+                      const KVCache& cache, const TensorView& ws, int64_t need) {
+  const Dims d = Dims::of(o);
+  validate_cache(cache, kFwd);
+  MLA_CHECK(cache.format == o.cache_format, "{}: the layer was built for a {} cache, got a {} cache", kFwd,
+            to_string(o.cache_format), to_string(cache.format));
+  detail::check_device(cache.data, o.device, kFwd, "cache.data");
+  MLA_CHECK(cache.d_qk == d.d_qk() && cache.d_rope == d.R, "{}: cache rows must be {} wide with {} rope, got {} and {}",
+            kFwd, d.d_qk(), d.R, cache.d_qk, cache.d_rope);
+  MLA_CHECK(cache.page_size() == p.config.page_size, "{}: the plan was made for page size {}, the cache has {}", kFwd,
+            p.config.page_size, cache.page_size());
+
+  const int64_t T = p.num_tokens;
+  check_activation_arg(a.q, o, {T, d.h, d.P + d.R}, false, "q [T, h, P + R]");
+  check_activation_arg(a.kv_c, o, {T, d.L}, false, "kv_c [T, L]");
+  check_activation_arg(a.k_pe, o, {T, d.R}, false, "k_pe [T, R]");
+  check_activation_arg(a.out, o, {T, d.h * d.V}, true, "out [T, h * V]");
+
+  check_int_arg(a.slot_mapping, o, 1, "slot_mapping");
+  detail::check_index(a.slot_mapping, kFwd, "slot_mapping");
+  MLA_CHECK(a.slot_mapping.size(0) >= f.t_act && a.slot_mapping.size(0) <= T,
+            "{}: slot_mapping must hold between num_actual_tokens = {} and num_tokens = {} slots, got {}", kFwd,
+            f.t_act, T, a.slot_mapping.describe());
+  check_int_arg(a.block_table, o, 2, "block_table");
+  detail::check_dtype(a.block_table, DType::i32, kFwd, "block_table");
+  detail::check_size(a.block_table, 0, p.num_reqs, kFwd, "block_table [num_reqs, max_blocks]");
+  check_int_arg(a.seq_lens, o, 1, "seq_lens");
+  detail::check_dtype(a.seq_lens, DType::i32, kFwd, "seq_lens");
+  detail::check_size(a.seq_lens, 0, p.num_reqs, kFwd, "seq_lens [num_reqs]");
+  if (o.sparse) {
+    check_int_arg(a.topk_indices, o, 2, "topk_indices");
+    detail::check_dtype(a.topk_indices, DType::i32, kFwd, "topk_indices");
+    detail::check_size(a.topk_indices, 0, T, kFwd, "topk_indices [T, topk]");
+    detail::check_size(a.topk_indices, 1, o.dims.index_topk, kFwd, "topk_indices [T, topk]");
+  } else {
+    MLA_CHECK(!a.topk_indices.defined(), "{}: topk_indices given to a dense layer: {}", kFwd,
+              a.topk_indices.describe());
+  }
+
+  detail::check_defined(ws, kFwd, "workspace");
+  detail::check_ndim(ws, 1, kFwd, "workspace");
+  detail::check_dtype(ws, DType::u8, kFwd, "workspace");
+  detail::check_device(ws, o.device, kFwd, "workspace");
+  MLA_CHECK(ws.stride[0] == 1 || ws.size(0) <= 1, "{}: workspace must be contiguous, got {}", kFwd, ws.describe());
+  MLA_CHECK(ws.size(0) >= need, "{}: this plan needs a workspace of {} bytes (workspace_bytes), got {}", kFwd, need,
+            ws.describe());
+  MLA_CHECK(need == 0 || reinterpret_cast<uintptr_t>(ws.data) % 16 == 0,
+            "{}: workspace must be 16-byte aligned, got address {}", kFwd, ws.data);
+
+  if (o.device.is_cpu()) check_values(p, a, cache);
+}
+
+// Element (i, j) of a [rows, L] weight in any float dtype, on the host.
+double weight_at(const TensorView& w, int64_t i, int64_t j) { return num::load(w.ptr_at({i, j}), w.dtype); }
+
+}  // namespace
+
+MlaAttention::MlaAttention(const LayerOptions& options, const TensorView& kv_b_proj_weight) : options_(options) {
+  check_options(options_);
+  const Dims d = Dims::of(options_);
+  const TensorView& w = kv_b_proj_weight;
+  constexpr const char* op = "MlaAttention";
+  detail::check_defined(w, op, "kv_b_proj_weight");
+  detail::check_ndim(w, 2, op, "kv_b_proj_weight [h * (P + V), L]");
+  detail::check_size(w, 0, d.h * (d.P + d.V), op, "kv_b_proj_weight [h * (P + V), L]");
+  detail::check_size(w, 1, d.L, op, "kv_b_proj_weight [h * (P + V), L]");
+  MLA_CHECK(is_floating(w.dtype), "{}: kv_b_proj_weight must be a float tensor, got {}", op, w.describe());
+
+  // Derive on the host in float64 from a host copy, round once to the layer dtype, then move.
+  Tensor staged;
+  TensorView host = w;
+  if (w.device.is_cuda()) {
+    MLA_CHECK(w.is_contiguous(), "{}: a CUDA kv_b_proj_weight must be contiguous, got {}", op, w.describe());
+    staged = Tensor::empty({w.shape[0], w.shape[1]}, w.dtype, Device::cpu());
+    copy(staged.view(), w);
+    host = staged.view();
+  }
+  const DType t = options_.dtype;
+  Tensor uk = Tensor::empty({d.h, d.P, d.L}, t), uv = Tensor::empty({d.h, d.L, d.V}, t),
+         kvb = Tensor::empty({d.L, d.h * (d.P + d.V)}, t);
+  for (int64_t n = 0; n < d.h; ++n) {
+    const int64_t row0 = n * (d.P + d.V);  // per head: P nope rows, then V value rows
+    for (int64_t l = 0; l < d.L; ++l) {
+      for (int64_t p = 0; p < d.P; ++p) num::store(uk.view().ptr_at({n, p, l}), t, weight_at(host, row0 + p, l));
+      for (int64_t v = 0; v < d.V; ++v) num::store(uv.view().ptr_at({n, l, v}), t, weight_at(host, row0 + d.P + v, l));
+    }
+  }
+  for (int64_t l = 0; l < d.L; ++l)
+    for (int64_t j = 0; j < d.h * (d.P + d.V); ++j) num::store(kvb.view().ptr_at({l, j}), t, weight_at(host, j, l));
+  if (options_.device.is_cuda()) {
+    w_uk_t_ = uk.to(options_.device);
+    w_uv_ = uv.to(options_.device);
+    w_kv_b_ = kvb.to(options_.device);
+  } else {
+    w_uk_t_ = std::move(uk);
+    w_uv_ = std::move(uv);
+    w_kv_b_ = std::move(kvb);
+  }
+}
+
+std::size_t MlaAttention::workspace_bytes(const Plan& plan) const {
+  check_config_matches(plan.config, options_, "the plan's config");
+  const StepFacts f = step_facts(plan, options_);
+  const MetaPack m = pack_metadata(plan, f, options_);
+  return static_cast<std::size_t>(make_layout(plan_shape(plan, f, m, options_), Dims::of(options_)).total);
+}
+
+std::size_t MlaAttention::max_workspace_bytes(const PlannerConfig& config, int64_t max_num_tokens) const {
+  config.validate();
+  check_config_matches(config, options_, "the planner config");
+  MLA_CHECK(max_num_tokens >= 0, "MlaAttention::max_workspace_bytes: max_num_tokens must be >= 0, got {}",
+            max_num_tokens);
+  return static_cast<std::size_t>(
+      make_layout(bound_shape(config, max_num_tokens, options_), Dims::of(options_)).total);
+}
+
+void MlaAttention::forward(const Plan& plan, const ForwardArgs& args, const KVCache& cache,
+                           const TensorView& workspace, const Context& ctx) const {
+  check_config_matches(plan.config, options_, "the plan's config");
+  StepFacts facts = step_facts(plan, options_);
+  MetaPack meta = pack_metadata(plan, facts, options_);
+  const Dims dims = Dims::of(options_);
+  const WorkspaceLayout layout = make_layout(plan_shape(plan, facts, meta, options_), dims);
+  validate_forward(options_, plan, facts, args, cache, workspace, layout.total);
+
+  const Step s{options_, *this,          plan,   args,           cache, ctx, dims, std::move(facts),
+               std::move(meta), layout, workspace.data_as<uint8_t>()};
+  // 1. New tokens enter the cache first: decode and sparse prefill read them from there (§2.1).
+  if (args.slot_mapping.size(0) > 0)
+    write_cache(args.kv_c, args.k_pe, args.slot_mapping, cache, options_.ds_scale, ctx);
+  upload_metadata(s);
+  if (options_.sparse) {
+    run_sparse(s);
+  } else {
+    run_dense_decode(s);
+    run_dense_prefill(s);
+  }
+}
+
+}  // namespace mla

@@ -1,0 +1,156 @@
+#pragma once
+// Internals of MlaAttention shared by the layer's translation units:
+//   workspace.cpp  workspace layout and the packed host metadata (sizes and contents)
+//   layer.cpp      constructor, workspace sizing, argument validation, forward() orchestration
+//   dense.cpp      dense decode (absorbed MQA) and dense prefill (MHA + chunked context)
+//   sparse.cpp     sparse top-k MQA for every token
+//   step_util.cpp  views into the workspace, strided copies, metadata upload
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "mla/layer.h"
+#include "mla/ops.h"
+
+namespace mla::layer_detail {
+
+// ---- workspace layout ----------------------------------------------------------------------------
+//
+// One u8 buffer, every region aligned to kAlign bytes relative to its start:
+//
+//   meta      int32 [meta_ints]  host-packed metadata (MetaPack); CUDA: one memcpy_async per step,
+//                                CPU: memcpy'd in place. Empty for dense decode-only batches, which
+//                                read everything from ForwardArgs (no upload, no host sync).
+//   then the step's working set, one of two phases that run one after the other on one stream and
+//   therefore share memory (the bytes reserved are the larger of the two):
+//   phase A (dense decode tokens, or every token in sparse mode)
+//     q_abs     act   [mqa_tokens, h, d_qk]   [ q_nope·W_UK_T | q_pe ]
+//     o_lat     act   [mqa_tokens, h, L]      latent attention output
+//     scratch   u8    [decode_scratch_bytes]  mqa_decode split-KV partials (0 on the CPU)
+//     indices   int32 [mqa_tokens, topk]      converted top-k rows (sparse only)
+//     upconv    bf16  [upconvert_rows, d_qk]  fp8_ds_mla prefill chunk, upconverted (sparse separate mode)
+//   phase B (dense prefill tokens)
+//     kv_new    act   [prefill_tokens, h*(P+V)]  new tokens' k_nope | v
+//     o_new     act   [staged_tokens, h, V]      new-token attention, staged for the context merge
+//     lse_new   f32   [h, staged_tokens]
+//     gathered  act   [context_rows, d_qk]       one context chunk, dequantised
+//     kv_ctx    act   [context_rows, h*(P+V)]    its k_nope | v
+//     acc[i]    act   [staged_tokens, h, V] + f32 [h, staged_tokens], i < context_accumulators:
+//               0/1 ping-pong running (out, lse) over chunks, 2 = the current chunk's partial
+inline constexpr int64_t kAlign = 256;
+
+// Everything the workspace size depends on. Each region's size is a non-decreasing function of each
+// field, so the layout of field-wise upper bounds bounds the layout of every plan (max_workspace_bytes).
+struct WorkspaceShape {
+  int64_t meta_ints = 0;
+  int64_t mqa_tokens = 0;
+  int64_t decode_scratch_bytes = 0;
+  int64_t topk = 0;
+  int64_t upconvert_rows = 0;
+  int64_t prefill_tokens = 0;
+  int64_t staged_tokens = 0;
+  int64_t context_rows = 0;
+  int64_t context_accumulators = 0;  // 0, 1 or 3
+};
+
+struct Region {
+  int64_t offset = 0, bytes = 0;
+};
+
+struct WorkspaceLayout {
+  Region meta;
+  Region q_abs, o_lat, scratch, indices, upconv;           // phase A
+  Region kv_new, o_new, lse_new, gathered, kv_ctx;         // phase B
+  std::array<Region, 3> acc_o{}, acc_lse{};                // phase B
+  int64_t total = 0;
+};
+
+// Model dimensions the layout needs, from the layer options.
+struct Dims {
+  int64_t h = 0, L = 0, R = 0, P = 0, V = 0, act_bytes = 0;
+  int64_t d_qk() const { return L + R; }
+  static Dims of(const LayerOptions& o);
+};
+
+WorkspaceLayout make_layout(const WorkspaceShape& s, const Dims& d);
+
+// ---- packed host metadata ------------------------------------------------------------------------
+// int32 vectors the kernels read on the device, packed into one region (offsets in int32 elements;
+// -1 = absent).
+struct MetaPack {
+  std::vector<int32_t> data;
+  // dense prefill
+  int64_t prefill_qsl = -1;                       // [num_prefills + 1]
+  std::vector<int64_t> chunk_cu, chunk_starts;    // per context chunk: [P + 1], [P]
+  // sparse
+  int64_t req_id = -1;                            // [num_actual_tokens]
+  int64_t prefill_ids = -1;                       // [num_actual_tokens] (separate mode)
+  int64_t workspace_starts = -1;                  // [num_prefills]      (separate mode)
+};
+
+// Facts about one plan that sizing and forward() both derive, in one place so they cannot drift.
+struct StepFacts {
+  int64_t num_decodes = 0, num_prefills = 0, num_reqs = 0;
+  int64_t t_dec = 0;  // query tokens of decode requests: [0, t_dec)
+  int64_t t_act = 0;  // actual tokens; prefill tokens are [t_dec, t_act)
+  // Dense decode: runs of consecutive decode requests with equal query length s_q >= 1 (mqa_decode
+  // takes one s_q per call; zero-length padding requests are skipped).
+  struct Run {
+    int64_t req_begin, req_end, s_q, token_begin;
+  };
+  std::vector<Run> decode_runs;
+  // Dense prefill context.
+  int64_t context_chunks = 0;         // chunks with at least one gathered row
+  int64_t max_chunk_rows = 0;
+  int64_t prefill_tokens_with_context = 0;  // prefill-local tokens [0, this) belong to requests with context
+  // Sparse.
+  bool sparse_separate = false;       // fp8_ds_mla prefills through the upconverted workspace
+  int64_t max_upconvert_rows = 0;
+};
+StepFacts step_facts(const Plan& plan, const LayerOptions& o);
+MetaPack pack_metadata(const Plan& plan, const StepFacts& f, const LayerOptions& o);
+WorkspaceShape plan_shape(const Plan& plan, const StepFacts& f, const MetaPack& m, const LayerOptions& o);
+// Field-wise upper bounds over every plan `c` admits with at most max_num_tokens tokens.
+WorkspaceShape bound_shape(const PlannerConfig& c, int64_t max_num_tokens, const LayerOptions& o);
+// Throws mla::Error unless the planner config describes the layer's model, cache format and mode.
+void check_config_matches(const PlannerConfig& c, const LayerOptions& o, const char* what);
+
+// ---- one forward step ----------------------------------------------------------------------------
+struct Step {
+  const LayerOptions& opt;
+  const MlaAttention& layer;
+  const Plan& plan;
+  const ForwardArgs& args;
+  const KVCache& cache;
+  const Context& ctx;
+  Dims dims;
+  StepFacts facts;
+  MetaPack meta;
+  WorkspaceLayout layout;
+  uint8_t* ws = nullptr;
+
+  // Contiguous view of a workspace region (rows may be fewer than the region holds).
+  TensorView view(const Region& r, DType t, std::initializer_list<int64_t> shape) const;
+  // int32 [n] view of packed metadata at element offset `at`.
+  TensorView meta_view(int64_t at, int64_t n) const;
+  // out rows [t0, t1) viewed [n, h, V].
+  TensorView out_rows(int64_t t0, int64_t t1) const;
+};
+
+// Copies the packed metadata into its region (CPU memcpy; CUDA one stream-ordered upload).
+void upload_metadata(const Step& s);
+// dst, src [n, h, w] with unit inner stride: row-wise copy (CPU loop; CUDA 2-D async copies).
+void copy_rows(const TensorView& dst, const TensorView& src, const Context& ctx);
+// [n, R] rope rows viewed [n, h, R] with head stride 0 (one rope key shared by all heads).
+TensorView broadcast_heads(const TensorView& rope, int64_t h);
+
+// q_abs rows [0, t1 - t0) = [ q[t0:t1, :, :P] · W_UK_T | q[t0:t1, :, P:] ].
+void absorb_queries(const Step& s, int64_t t0, int64_t t1, const TensorView& q_abs);
+// out rows [t0, t0 + n) = o_lat [n, h, L] · W_UV.
+void up_project(const Step& s, const TensorView& o_lat, int64_t t0);
+
+void run_dense_decode(const Step& s);
+void run_dense_prefill(const Step& s);
+void run_sparse(const Step& s);
+
+}  // namespace mla::layer_detail

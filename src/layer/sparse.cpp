@@ -1,0 +1,50 @@
+// Sparse (DSA) MLA: every token through sparse MQA over its top-k rows (mla_semantics.md §11).
+//   bf16 / fp8 cache, or fp8_ds_mla in mixed-batch mode: one sparse_mqa over the cache for all tokens.
+//   fp8_ds_mla separate mode (h >= 32): decode tokens on the cache; each prefill chunk's requests are
+//   upconverted whole (context + new tokens, already written by step 1) into a bf16 workspace and
+//   their tokens attend over it, indices converted to chunk-local workspace rows.
+#include "layer/layer_internal.h"
+
+namespace mla::layer_detail {
+
+void run_sparse(const Step& s) {
+  const Dims& d = s.dims;
+  const StepFacts& f = s.facts;
+  const int64_t t = f.t_act, topk = s.opt.dims.index_topk;
+  if (t == 0) return;
+  const double scale = s.opt.dims.softmax_scale;
+  const TensorView q_abs = s.view(s.layout.q_abs, s.opt.dtype, {t, d.h, d.d_qk()});
+  const TensorView o_lat = s.view(s.layout.o_lat, s.opt.dtype, {t, d.h, d.L});
+  const TensorView indices = s.view(s.layout.indices, DType::i32, {t, topk});
+  absorb_queries(s, 0, t, q_abs);
+
+  TensorView prefill_ids, workspace_starts;
+  if (f.sparse_separate) {
+    prefill_ids = s.meta_view(s.meta.prefill_ids, t);
+    workspace_starts = s.meta_view(s.meta.workspace_starts, f.num_prefills);
+  }
+  convert_topk_indices(s.meta_view(s.meta.req_id, t), s.args.block_table, s.args.topk_indices.slice(0, 0, t), indices,
+                       s.cache.page_size(), 0, prefill_ids, workspace_starts, {}, s.ctx);
+
+  if (!f.sparse_separate) {
+    sparse_mqa(q_abs, s.cache, indices, {}, o_lat, {}, scale, s.ctx);
+  } else {
+    if (f.t_dec > 0)
+      sparse_mqa(q_abs.slice(0, 0, f.t_dec), s.cache, indices.slice(0, 0, f.t_dec), {}, o_lat.slice(0, 0, f.t_dec), {},
+                 scale, s.ctx);
+    for (const SparsePrefillChunk& c : s.plan.sparse_chunks) {
+      if (c.token_end == c.token_begin) continue;
+      const TensorView rows = s.view(s.layout.upconv, DType::bf16, {c.total_rows, d.d_qk()});
+      upconvert_ds_mla(s.cache, rows,
+                       s.args.block_table.slice(0, f.num_decodes + c.req_begin, f.num_decodes + c.req_end),
+                       workspace_starts.slice(0, c.req_begin, c.req_end), {}, s.ctx);
+      const KVCache kv{rows.reshape({1, c.total_rows, d.d_qk()}), CacheFormat::bf16, 1.0f,
+                       static_cast<int>(d.d_qk()), static_cast<int>(d.R)};
+      sparse_mqa(q_abs.slice(0, c.token_begin, c.token_end), kv, indices.slice(0, c.token_begin, c.token_end), {},
+                 o_lat.slice(0, c.token_begin, c.token_end), {}, scale, s.ctx);
+    }
+  }
+  up_project(s, o_lat, 0);
+}
+
+}  // namespace mla::layer_detail

@@ -1,0 +1,101 @@
+// Small pieces of one forward step: workspace views, the metadata upload, row copies and the two
+// head-batched products that move between the MHA head space (P, V) and the latent space (L).
+#include <cstring>
+
+#include "core/check.h"
+#include "layer/layer_internal.h"
+#if MLA_WITH_CUDA
+#include "cuda/runtime/device_api.h"
+#endif
+
+namespace mla::layer_detail {
+
+TensorView Step::view(const Region& r, DType t, std::initializer_list<int64_t> shape) const {
+  TensorView v(ws + r.offset, t, shape, opt.device);
+  // Sizes come from the same plan as the layout; a mismatch is a bug in this file set, not bad input.
+  MLA_CHECK(v.numel() * static_cast<int64_t>(dtype_size(t)) <= r.bytes,
+            "MlaAttention: internal error: view {} exceeds its workspace region of {} bytes", v.describe(), r.bytes);
+  return v;
+}
+
+TensorView Step::meta_view(int64_t at, int64_t n) const {
+  MLA_CHECK(at >= 0 && (at + n) * 4 <= layout.meta.bytes,
+            "MlaAttention: internal error: metadata [{}, {}) outside its region of {} bytes", at, at + n,
+            layout.meta.bytes);
+  return TensorView(ws + layout.meta.offset + at * 4, DType::i32, {n}, opt.device);
+}
+
+TensorView Step::out_rows(int64_t t0, int64_t t1) const {
+  const TensorView& o = args.out;
+  const std::array<int64_t, 3> shape{t1 - t0, dims.h, dims.V}, stride{o.stride[0], dims.V, 1};
+  return TensorView(o.ptr_at({t0, 0}), o.dtype, shape, stride, o.device);
+}
+
+void upload_metadata(const Step& s) {
+  const std::size_t bytes = s.meta.data.size() * sizeof(int32_t);
+  if (bytes == 0) return;
+  uint8_t* dst = s.ws + s.layout.meta.offset;
+  if (s.opt.device.is_cpu()) {
+    std::memcpy(dst, s.meta.data.data(), bytes);
+    return;
+  }
+#if MLA_WITH_CUDA
+  // Pageable source: the call returns once the bytes are staged, so the vector may die afterwards.
+  cuda_rt::memcpy_async(dst, s.meta.data.data(), bytes, s.ctx.stream);
+#endif
+}
+
+void copy_rows(const TensorView& dst, const TensorView& src, const Context& ctx) {
+  const int64_t n = dst.shape[0], h = dst.shape[1];
+  const std::size_t es = dst.element_size(), width = static_cast<std::size_t>(dst.shape[2]) * es;
+  if (n == 0 || h == 0 || width == 0) return;
+  if (dst.device.is_cpu()) {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < h; ++j) std::memcpy(dst.ptr_at({t, j}), src.ptr_at({t, j}), width);
+    return;
+  }
+#if MLA_WITH_CUDA
+  auto bytes = [es](int64_t stride) { return static_cast<std::size_t>(stride) * es; };
+  // (token, head) rows form one pitched sequence when each view spaces tokens h head strides apart.
+  const bool flat = dst.stride[0] == h * dst.stride[1] && src.stride[0] == h * src.stride[1];
+  if (h == 1 || flat) {
+    const int64_t ds = h == 1 ? dst.stride[0] : dst.stride[1], ss = h == 1 ? src.stride[0] : src.stride[1];
+    cuda_rt::memcpy2d_async(dst.data, bytes(ds), src.data, bytes(ss), width, static_cast<std::size_t>(n * h),
+                            ctx.stream);
+  } else if (h <= n) {
+    for (int64_t j = 0; j < h; ++j)
+      cuda_rt::memcpy2d_async(dst.ptr_at({0, j}), bytes(dst.stride[0]), src.ptr_at({0, j}), bytes(src.stride[0]),
+                              width, static_cast<std::size_t>(n), ctx.stream);
+  } else {
+    for (int64_t t = 0; t < n; ++t)
+      cuda_rt::memcpy2d_async(dst.ptr_at({t, 0}), bytes(dst.stride[1]), src.ptr_at({t, 0}), bytes(src.stride[1]),
+                              width, static_cast<std::size_t>(h), ctx.stream);
+  }
+#else
+  (void)ctx;
+  throw Error("MlaAttention: CUDA tensors in a build without the CUDA backend");
+#endif
+}
+
+TensorView broadcast_heads(const TensorView& rope, int64_t h) {
+  const std::array<int64_t, 3> shape{rope.shape[0], h, rope.shape[1]}, stride{rope.stride[0], 0, 1};
+  return TensorView(rope.data, rope.dtype, shape, stride, rope.device);
+}
+
+void absorb_queries(const Step& s, int64_t t0, int64_t t1, const TensorView& q_abs) {
+  const Dims& d = s.dims;
+  const TensorView q = s.args.q.slice(0, t0, t1);
+  // (h, n, P) x (h, P, L) -> (h, n, L), written straight into the first L columns of q_abs.
+  bmm(q.slice(2, 0, d.P).transpose(0, 1), s.layer.w_uk_t(), q_abs.slice(2, 0, d.L).transpose(0, 1), 1.0f, 0.0f,
+      s.ctx);
+  copy_rows(q_abs.slice(2, d.L, d.L + d.R), q.slice(2, d.P, d.P + d.R), s.ctx);
+}
+
+void up_project(const Step& s, const TensorView& o_lat, int64_t t0) {
+  const int64_t n = o_lat.shape[0];
+  if (n == 0) return;
+  // (h, n, L) x (h, L, V) -> (h, n, V), written into out rows viewed [n, h, V].
+  bmm(o_lat.transpose(0, 1), s.layer.w_uv(), s.out_rows(t0, t0 + n).transpose(0, 1), 1.0f, 0.0f, s.ctx);
+}
+
+}  // namespace mla::layer_detail

@@ -1,0 +1,262 @@
+// MlaAttention workspace: the facts forward() derives from a plan, the packed metadata it uploads,
+// the layout of the caller's workspace (documented in layer_internal.h) and its sizes — exact per
+// plan, and an upper bound per planner config.
+#include <algorithm>
+
+#include "core/check.h"
+#include "layer/layer_internal.h"
+
+namespace mla::layer_detail {
+
+namespace {
+
+int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// A made plan is consistent by construction; these checks keep forward() from indexing past a
+// vector of a plan that was edited by hand, before anything is written.
+void check_plan_vectors(const Plan& p, const LayerOptions& o) {
+  constexpr const char* op = "MlaAttention";
+  const int64_t nr = p.num_reqs, nd = p.split.num_decodes, np = p.split.num_prefills;
+  MLA_CHECK(nr >= 0 && static_cast<int64_t>(p.query_start_loc.size()) == nr + 1 &&
+                static_cast<int64_t>(p.seq_lens.size()) == nr,
+            "{}: plan with num_reqs {} needs query_start_loc of {} and seq_lens of {} entries, got {} and {}", op, nr,
+            nr + 1, nr, p.query_start_loc.size(), p.seq_lens.size());
+  MLA_CHECK(nd >= 0 && np >= 0 && nd + np == nr,
+            "{}: plan split has {} decodes + {} prefills but the batch has {} requests", op, nd, np, nr);
+  MLA_CHECK(p.query_start_loc.back() == p.num_actual_tokens && p.num_actual_tokens <= p.num_tokens,
+            "{}: plan has query_start_loc.back() = {}, num_actual_tokens = {}, num_tokens = {}; expected the first two "
+            "equal and <= num_tokens",
+            op, p.query_start_loc.back(), p.num_actual_tokens, p.num_tokens);
+  if (np > 0) {
+    MLA_CHECK(static_cast<int64_t>(p.prefill_query_start_loc.size()) == np + 1 &&
+                  static_cast<int64_t>(p.prefill_context_lens.size()) == np,
+              "{}: plan with {} prefills needs prefill_query_start_loc of {} and prefill_context_lens of {} entries, "
+              "got {} and {}",
+              op, np, np + 1, np, p.prefill_query_start_loc.size(), p.prefill_context_lens.size());
+  }
+  if (!o.sparse) {
+    for (std::size_t c = 0; c < p.context.chunks.size(); ++c) {
+      const ContextChunk& ch = p.context.chunks[c];
+      MLA_CHECK(static_cast<int64_t>(ch.cu_seq_lens.size()) == np + 1 &&
+                    static_cast<int64_t>(ch.seq_starts.size()) == np,
+                "{}: context chunk {} needs cu_seq_lens of {} and seq_starts of {} entries (one per prefill), got {} "
+                "and {}",
+                op, c, np + 1, np, ch.cu_seq_lens.size(), ch.seq_starts.size());
+      MLA_CHECK(ch.total == ch.cu_seq_lens.back() && ch.total >= 0,
+                "{}: context chunk {} has total {} but cu_seq_lens ends at {}", op, c, ch.total, ch.cu_seq_lens.back());
+    }
+    return;
+  }
+  MLA_CHECK(static_cast<int64_t>(p.req_id_per_token.size()) >= p.num_actual_tokens,
+            "{}: sparse plan needs req_id_per_token for {} tokens, got {}", op, p.num_actual_tokens,
+            p.req_id_per_token.size());
+  if (p.sparse_chunks.empty()) return;
+  MLA_CHECK(static_cast<int64_t>(p.prefill_request_id.size()) >= p.num_actual_tokens,
+            "{}: sparse plan with prefill chunks needs prefill_request_id for {} tokens, got {}", op,
+            p.num_actual_tokens, p.prefill_request_id.size());
+  int64_t next = 0;
+  for (std::size_t c = 0; c < p.sparse_chunks.size(); ++c) {
+    const SparsePrefillChunk& ch = p.sparse_chunks[c];
+    MLA_CHECK(ch.req_begin == next && ch.req_end >= ch.req_begin && ch.req_end <= np &&
+                  static_cast<int64_t>(ch.workspace_starts.size()) == ch.req_end - ch.req_begin &&
+                  0 <= ch.token_begin && ch.token_begin <= ch.token_end && ch.token_end <= p.num_actual_tokens,
+              "{}: sparse prefill chunk {} (requests [{}, {}), tokens [{}, {}), {} starts) does not tile the {} "
+              "prefills in order",
+              op, c, ch.req_begin, ch.req_end, ch.token_begin, ch.token_end, ch.workspace_starts.size(), np);
+    next = ch.req_end;
+  }
+  MLA_CHECK(next == np, "{}: sparse prefill chunks cover {} of {} prefills", op, next, np);
+}
+
+}  // namespace
+
+Dims Dims::of(const LayerOptions& o) {
+  Dims d;
+  d.h = o.dims.num_heads;
+  d.L = o.dims.kv_lora_rank;
+  d.R = o.dims.qk_rope_head_dim;
+  d.P = o.dims.qk_nope_head_dim;
+  d.V = o.dims.v_head_dim;
+  d.act_bytes = static_cast<int64_t>(dtype_size(o.dtype));
+  return d;
+}
+
+WorkspaceLayout make_layout(const WorkspaceShape& s, const Dims& d) {
+  WorkspaceLayout l;
+  int64_t off = 0;
+  // align_up is monotone, so every offset (and the total) is monotone in every shape field.
+  auto take = [&off](int64_t bytes) {
+    const Region r{off, bytes};
+    off = align_up(off + bytes);
+    return r;
+  };
+  const int64_t a = d.act_bytes, hpv = d.h * (d.P + d.V);
+  l.meta = take(s.meta_ints * 4);
+  const int64_t phase = off;
+
+  l.q_abs = take(s.mqa_tokens * d.h * d.d_qk() * a);
+  l.o_lat = take(s.mqa_tokens * d.h * d.L * a);
+  l.scratch = take(s.decode_scratch_bytes);
+  l.indices = take(s.mqa_tokens * s.topk * 4);
+  l.upconv = take(s.upconvert_rows * d.d_qk() * 2);
+  const int64_t end_a = off;
+
+  off = phase;
+  l.kv_new = take(s.prefill_tokens * hpv * a);
+  l.o_new = take(s.staged_tokens * d.h * d.V * a);
+  l.lse_new = take(d.h * s.staged_tokens * 4);
+  l.gathered = take(s.context_rows * d.d_qk() * a);
+  l.kv_ctx = take(s.context_rows * hpv * a);
+  for (int64_t i = 0; i < s.context_accumulators; ++i) {
+    l.acc_o[i] = take(s.staged_tokens * d.h * d.V * a);
+    l.acc_lse[i] = take(d.h * s.staged_tokens * 4);
+  }
+  l.total = std::max(end_a, off);
+  return l;
+}
+
+StepFacts step_facts(const Plan& p, const LayerOptions& o) {
+  check_plan_vectors(p, o);
+  StepFacts f;
+  f.num_decodes = p.split.num_decodes;
+  f.num_prefills = p.split.num_prefills;
+  f.num_reqs = p.num_reqs;
+  f.t_dec = p.query_start_loc[f.num_decodes];
+  f.t_act = p.query_start_loc[f.num_reqs];
+  auto q_len = [&p](int64_t r) { return int64_t{p.query_start_loc[r + 1]} - p.query_start_loc[r]; };
+
+  if (o.sparse) {
+    f.sparse_separate = o.cache_format == CacheFormat::fp8_ds_mla && !p.sparse_mixed_batch && !p.sparse_chunks.empty();
+    if (f.sparse_separate)
+      for (const auto& c : p.sparse_chunks) f.max_upconvert_rows = std::max(f.max_upconvert_rows, c.total_rows);
+    return f;
+  }
+  for (int64_t r = 0; r < f.num_decodes;) {
+    const int64_t s_q = q_len(r);
+    int64_t e = r + 1;
+    if (s_q > 0) {
+      while (e < f.num_decodes && q_len(e) == s_q) ++e;
+      f.decode_runs.push_back({r, e, s_q, p.query_start_loc[r]});
+    }
+    r = e;
+  }
+  for (const auto& c : p.context.chunks) {
+    if (c.total == 0) continue;
+    ++f.context_chunks;
+    f.max_chunk_rows = std::max(f.max_chunk_rows, c.total);
+  }
+  // Tokens past the last prefill with context have none: the final merge copies them unchanged.
+  if (f.context_chunks > 0)
+    for (int64_t i = 0; i < f.num_prefills; ++i)
+      if (p.prefill_context_lens[i] > 0) f.prefill_tokens_with_context = p.prefill_query_start_loc[i + 1];
+  return f;
+}
+
+MetaPack pack_metadata(const Plan& p, const StepFacts& f, const LayerOptions& o) {
+  MetaPack m;
+  auto append = [&m](auto first, auto last) {
+    const int64_t at = static_cast<int64_t>(m.data.size());
+    m.data.insert(m.data.end(), first, last);
+    return at;
+  };
+  if (o.sparse) {
+    m.req_id = append(p.req_id_per_token.begin(), p.req_id_per_token.begin() + f.t_act);
+    if (f.sparse_separate) {
+      m.prefill_ids = append(p.prefill_request_id.begin(), p.prefill_request_id.begin() + f.t_act);
+      m.workspace_starts = static_cast<int64_t>(m.data.size());
+      for (const auto& c : p.sparse_chunks) append(c.workspace_starts.begin(), c.workspace_starts.end());
+    }
+    return m;
+  }
+  if (f.num_prefills == 0) return m;  // decode-only: nothing to upload
+  m.prefill_qsl = append(p.prefill_query_start_loc.begin(), p.prefill_query_start_loc.end());
+  for (const auto& c : p.context.chunks) {
+    const bool used = c.total > 0;
+    m.chunk_cu.push_back(used ? append(c.cu_seq_lens.begin(), c.cu_seq_lens.end()) : -1);
+    m.chunk_starts.push_back(used ? append(c.seq_starts.begin(), c.seq_starts.end()) : -1);
+  }
+  return m;
+}
+
+WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const MetaPack& m, const LayerOptions& o) {
+  WorkspaceShape s;
+  s.meta_ints = static_cast<int64_t>(m.data.size());
+  if (o.sparse) {
+    s.mqa_tokens = f.t_act;
+    s.topk = o.dims.index_topk;
+    s.upconvert_rows = f.max_upconvert_rows;
+    return s;
+  }
+  s.mqa_tokens = f.t_dec;
+  for (const auto& r : f.decode_runs)
+    s.decode_scratch_bytes = std::max<int64_t>(
+        s.decode_scratch_bytes, static_cast<int64_t>(mqa_decode_workspace_bytes(
+                                    r.req_end - r.req_begin, r.s_q, o.dims.num_heads, p.max_decode_seq_len, o.device)));
+  if (f.num_prefills > 0) s.prefill_tokens = f.t_act - f.t_dec;
+  if (f.context_chunks > 0) s.staged_tokens = s.prefill_tokens;
+  s.context_rows = f.max_chunk_rows;
+  s.context_accumulators = f.context_chunks == 0 ? 0 : f.context_chunks == 1 ? 1 : 3;
+  return s;
+}
+
+WorkspaceShape bound_shape(const PlannerConfig& c, int64_t n, const LayerOptions& o) {
+  WorkspaceShape s;
+  if (n == 0) return s;
+  const int64_t max_prefills = std::min(n, c.max_num_seqs);
+  if (o.sparse) {
+    s.mqa_tokens = n;
+    s.topk = o.dims.index_topk;
+    s.meta_ints = 2 * n + max_prefills;
+    const bool separate_possible =
+        o.cache_format == CacheFormat::fp8_ds_mla && !sparse_use_mixed_batch(o.dims.num_heads);
+    if (separate_possible)
+      s.upconvert_rows = c.sparse_workspace_rows > 0 ? c.sparse_workspace_rows
+                                                     : sparse_prefill_workspace_rows(c.max_model_len);
+    return s;
+  }
+  s.mqa_tokens = n;
+  s.prefill_tokens = n;
+  s.staged_tokens = n;
+  s.context_accumulators = 3;
+  const int64_t ws_rows = c.context_workspace_rows > 0
+                              ? c.context_workspace_rows
+                              : chunked_prefill_workspace_rows(c.max_model_len, c.max_num_seqs, c.page_size, 0);
+  // A chunk gives each of the k prefills with context ws_rows / k rows (page-rounded), so it never
+  // exceeds ws_rows; the chunk count is largest when k is.
+  s.context_rows = ws_rows;
+  int64_t max_chunks = 0;
+  const int64_t max_context = c.max_model_len - 1;  // a prefill schedules >= 1 new token
+  for (int64_t k = 1; k <= max_prefills && max_context > 0; ++k) {
+    int64_t chunk = ws_rows / k / c.page_size * c.page_size;
+    if (chunk == 0) chunk = ws_rows / k;  // planner without page rounding
+    if (chunk == 0) break;                // the planner refuses this many prefills with context
+    max_chunks = std::max(max_chunks, (max_context + chunk - 1) / chunk);
+  }
+  s.meta_ints = (max_prefills + 1) + max_chunks * (2 * max_prefills + 1);
+  // Decode runs: b requests of s_q <= decode_threshold tokens each, b * s_q <= n.
+  const int64_t max_sq = std::min(n, c.decode_threshold);
+  for (int64_t s_q = 1; s_q <= max_sq; ++s_q)
+    for (int64_t b = 1; b <= std::min(c.max_num_seqs, n / s_q); ++b)
+      s.decode_scratch_bytes = std::max<int64_t>(
+          s.decode_scratch_bytes,
+          static_cast<int64_t>(mqa_decode_workspace_bytes(b, s_q, o.dims.num_heads, c.max_model_len, o.device)));
+  return s;
+}
+
+void check_config_matches(const PlannerConfig& c, const LayerOptions& o, const char* what) {
+  const ModelDims& a = c.dims;
+  const ModelDims& b = o.dims;
+  MLA_CHECK(a.kv_lora_rank == b.kv_lora_rank && a.qk_rope_head_dim == b.qk_rope_head_dim &&
+                a.qk_nope_head_dim == b.qk_nope_head_dim && a.v_head_dim == b.v_head_dim &&
+                a.num_heads == b.num_heads,
+            "MlaAttention: {} dims (L={} R={} P={} V={} heads={}) differ from the layer's (L={} R={} P={} V={} heads={})",
+            what, a.kv_lora_rank, a.qk_rope_head_dim, a.qk_nope_head_dim, a.v_head_dim, a.num_heads, b.kv_lora_rank,
+            b.qk_rope_head_dim, b.qk_nope_head_dim, b.v_head_dim, b.num_heads);
+  MLA_CHECK(c.cache_format == o.cache_format && c.sparse == o.sparse,
+            "MlaAttention: {} is for a {} {} cache, the layer for a {} {} cache", what, c.sparse ? "sparse" : "dense",
+            to_string(c.cache_format), o.sparse ? "sparse" : "dense", to_string(o.cache_format));
+  MLA_CHECK(!o.sparse || a.index_topk == b.index_topk, "MlaAttention: {} has index_topk {}, the layer {}", what,
+            a.index_topk, b.index_topk);
+}
+
+}  // namespace mla::layer_detail
