@@ -1,0 +1,188 @@
+// CPU cache write and gathers (semantics §3-§5). Arguments were validated by the front ends in
+// src/ops/cache_ops.cpp; here every slot and block id is known to be inside the cache.
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "core/numeric.h"
+#include "cpu/cache_row.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/index_view.h"
+
+namespace mla::cpu {
+namespace {
+
+// Address of element (row, col) of a 2-D view.
+inline const char* elem_ptr(const TensorView& t, int64_t row, int64_t col) {
+  return static_cast<const char*>(t.data) + (row * t.stride[0] + col * t.stride[1]) * static_cast<int64_t>(t.element_size());
+}
+
+// bf16 bits of one input element, correctly rounded. bf16 inputs are copied bit-exactly. An f64
+// value is first rounded to float *to odd* (truncate, then set the last bit if anything was lost):
+// float keeps 16 more bits than bf16, so the final round-to-nearest-even sees the same tie/no-tie
+// decision as a direct double -> bf16 rounding (plain double -> float -> bf16 could round twice).
+inline uint16_t bf16_bits(const char* p, DType t) {
+  if (t == DType::bf16) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return h;
+  }
+  const double d = num::load(p, t);
+  float f = static_cast<float>(d);
+  if (std::isfinite(f) && static_cast<double>(f) != d) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if (std::fabs(static_cast<double>(f)) > std::fabs(d)) --u;  // magnitude toward zero, sign bit unchanged
+    u |= 1u;
+    std::memcpy(&f, &u, 4);
+  }
+  return num::float_to_bf16(f);
+}
+
+inline float load_f(const char* p, DType t) { return static_cast<float>(num::load(p, t)); }
+
+// fp8_ds_mla tile scale (§3.3). amax: vLLM's writer; pow2: FlashMLA's UE8M0 reference quantiser.
+inline float ds_tile_scale(float amax, DsMlaScale mode) {
+  if (mode == DsMlaScale::amax) return std::fmax(amax / num::kFp8Max, FLT_MIN);
+  const float s = std::fmax(amax / num::kFp8Max, 1e-4f);
+  if (!std::isfinite(s)) return s;
+  // 2^ceil(log2 s) computed exactly: s = m * 2^e with m in [0.5, 1); m == 0.5 means s is 2^(e-1).
+  int e;
+  const float m = std::frexp(s, &e);
+  return std::ldexp(1.0f, m == 0.5f ? e - 1 : e);
+}
+
+// One token's row in each format, read from row t of kv_c and k_pe.
+void write_row_bf16(const KVCache& c, uint8_t* row, const TensorView& kv_c, const TensorView& k_pe, int64_t t) {
+  const int L = c.d_latent();
+  for (int i = 0; i < L; ++i) {
+    const uint16_t h = bf16_bits(elem_ptr(kv_c, t, i), kv_c.dtype);
+    std::memcpy(row + 2 * i, &h, 2);
+  }
+  for (int j = 0; j < c.d_rope; ++j) {
+    const uint16_t h = bf16_bits(elem_ptr(k_pe, t, j), k_pe.dtype);
+    std::memcpy(row + 2 * (L + j), &h, 2);
+  }
+}
+
+// Divide convention with one scale for latent and rope alike (§3.2).
+void write_row_fp8(const KVCache& c, uint8_t* row, const TensorView& kv_c, const TensorView& k_pe, int64_t t) {
+  const int L = c.d_latent();
+  const float s = c.scale;
+  for (int i = 0; i < L; ++i) row[i] = num::float_to_e4m3(load_f(elem_ptr(kv_c, t, i), kv_c.dtype) / s);
+  for (int j = 0; j < c.d_rope; ++j) row[L + j] = num::float_to_e4m3(load_f(elem_ptr(k_pe, t, j), k_pe.dtype) / s);
+}
+
+void write_row_ds_mla(uint8_t* row, const TensorView& kv_c, const TensorView& k_pe, int64_t t, DsMlaScale mode) {
+  float x[ds_mla::kTile];
+  for (int64_t tile = 0; tile < ds_mla::kNumTiles; ++tile) {
+    float amax = 0.0f;  // fmax skips NaN inputs, as the GPU writer's fmaxf does
+    for (int64_t i = 0; i < ds_mla::kTile; ++i) {
+      x[i] = load_f(elem_ptr(kv_c, t, tile * ds_mla::kTile + i), kv_c.dtype);
+      amax = std::fmax(amax, std::fabs(x[i]));
+    }
+    const float scale = ds_tile_scale(amax, mode);
+    for (int64_t i = 0; i < ds_mla::kTile; ++i) row[tile * ds_mla::kTile + i] = num::float_to_e4m3(x[i] / scale);
+    std::memcpy(row + ds_mla::kScaleOffset + 4 * tile, &scale, 4);
+  }
+  for (int64_t j = 0; j < ds_mla::kRopeDim; ++j) {
+    const uint16_t h = bf16_bits(elem_ptr(k_pe, t, j), k_pe.dtype);
+    std::memcpy(row + ds_mla::kRopeOffset + 2 * j, &h, 2);
+  }
+}
+
+// For every dst row, the cache slot it receives, or -1 when the row is not written (beyond the
+// requests' extents, or its logical block lies outside the table: such blocks are never read).
+// Request b fills rows [row_begin(b), row_end(b)); token i is logical position start(b) + i.
+template <class Extent>
+std::vector<int64_t> map_rows(const KVCache& c, const TensorView& block_table, const TensorView& seq_starts,
+                              int64_t tot, int64_t num_requests, Extent extent) {
+  std::vector<int64_t> slot(static_cast<std::size_t>(tot), -1);
+  const int64_t page = c.page_size(), max_blocks = block_table.size(1);
+  for (int64_t b = 0; b < num_requests; ++b) {
+    const auto [row0, row1] = extent(b);
+    const int64_t start = seq_starts.defined() ? index_at(seq_starts, b) : 0;
+    for (int64_t r = row0; r < row1 && r < tot; ++r) {
+      const int64_t p = start + (r - row0);
+      const int64_t blk = p / page;
+      if (blk >= max_blocks) continue;
+      slot[static_cast<std::size_t>(r)] = index_at(block_table, b, blk) * page + p % page;
+    }
+  }
+  return slot;
+}
+
+std::vector<int64_t> map_rows_cu(const KVCache& c, const TensorView& block_table, const TensorView& cu,
+                                 const TensorView& seq_starts, int64_t tot) {
+  return map_rows(c, block_table, seq_starts, tot, cu.size(0) - 1,
+                  [&](int64_t b) { return std::pair{index_at(cu, b), index_at(cu, b + 1)}; });
+}
+
+// Dequantised rows (cache_row.h, exact in double) stored to dst's dtype: for 16-bit dst this is
+// bf16(float(q) * scale), the formula of §3.3 / §5.1.
+void dequant_rows(const KVCache& c, const TensorView& dst, const std::vector<int64_t>& slot) {
+  const int cols = static_cast<int>(dst.size(1));
+  const int64_t n = static_cast<int64_t>(slot.size());
+  const std::size_t es = dst.element_size();
+#pragma omp parallel
+  {
+    std::vector<double> v(static_cast<std::size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      if (slot[static_cast<std::size_t>(r)] < 0) continue;
+      load_cache_row(c, slot[static_cast<std::size_t>(r)], v.data(), cols);
+      char* out = static_cast<char*>(dst.data) + r * dst.stride[0] * static_cast<int64_t>(es);
+      for (int i = 0; i < cols; ++i) num::store(out + i * es, dst.dtype, v[static_cast<std::size_t>(i)]);
+    }
+  }
+}
+
+}  // namespace
+
+void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorView& slot_mapping, const KVCache& cache,
+                 DsMlaScale ds_scale, const Context&) {
+  const int64_t n = slot_mapping.size(0);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t slot = index_at(slot_mapping, t);
+    if (slot < 0) continue;  // PAD_SLOT_ID: nothing written
+    uint8_t* row = cache_row_ptr_mut(cache, slot);
+    switch (cache.format) {
+      case CacheFormat::bf16: write_row_bf16(cache, row, kv_c, k_pe, t); break;
+      case CacheFormat::fp8: write_row_fp8(cache, row, kv_c, k_pe, t); break;
+      case CacheFormat::fp8_ds_mla: write_row_ds_mla(row, kv_c, k_pe, t, ds_scale); break;
+    }
+  }
+}
+
+void gather_cache(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
+                  const TensorView& cu_seq_lens, const TensorView& seq_starts, const Context&) {
+  dequant_rows(cache, dst, map_rows_cu(cache, block_table, cu_seq_lens, seq_starts, dst.size(0)));
+}
+
+void cp_gather_cache(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
+                     const TensorView& cu_seq_lens, const TensorView& seq_starts, const Context&) {
+  const std::vector<int64_t> slot = map_rows_cu(cache, block_table, cu_seq_lens, seq_starts, dst.size(0));
+  const int64_t n = static_cast<int64_t>(slot.size());
+  const std::size_t row_bytes = static_cast<std::size_t>(cache.data.size(2)) * cache.data.element_size();
+  const int64_t dst_row_bytes = dst.stride[0] * static_cast<int64_t>(dst.element_size());
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n; ++r) {
+    if (slot[static_cast<std::size_t>(r)] < 0) continue;
+    std::memcpy(static_cast<char*>(dst.data) + r * dst_row_bytes, cache_row_ptr(cache, slot[static_cast<std::size_t>(r)]),
+                row_bytes);
+  }
+}
+
+void upconvert_ds_mla(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
+                      const TensorView& workspace_starts, const TensorView& seq_starts, const Context&) {
+  const int64_t tot = dst.size(0), b = workspace_starts.size(0);
+  // Request b's length is implied by the next request's start; the last one runs to the end of dst.
+  dequant_rows(cache, dst, map_rows(cache, block_table, seq_starts, tot, b, [&](int64_t r) {
+                 return std::pair{index_at(workspace_starts, r), r + 1 < b ? index_at(workspace_starts, r + 1) : tot};
+               }));
+}
+
+}  // namespace mla::cpu

@@ -1,0 +1,65 @@
+// Front end of merge_attn_states (semantics §7): validation, then backend dispatch.
+#include <cmath>
+
+#include "mla/ops.h"
+#include "ops/dispatch.h"
+#include "ops/validate.h"
+
+namespace mla {
+namespace {
+
+// lse views [H, T] fp32, any (non-negative) strides: a transposed [T, H] buffer is accepted.
+void check_lse(const TensorView& lse, int64_t h, int64_t t, bool is_output, const char* op, const char* arg) {
+  detail::check_ndim(lse, 2, op, arg);
+  detail::check_dtype(lse, DType::f32, op, arg);
+  detail::check_size(lse, 0, h, op, arg);
+  detail::check_size(lse, 1, t, op, arg);
+  detail::check_strides(lse, is_output, op, arg);
+}
+
+}  // namespace
+
+void merge_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& prefix,
+                       const TensorView& prefix_lse, const TensorView& suffix, const TensorView& suffix_lse,
+                       int64_t prefill_tokens_with_context, float output_scale, const Context& ctx) {
+  constexpr const char* op = "merge_attn_states";
+  detail::check_ndim(prefix, 3, op, "prefix [T, H, D]");
+  detail::check_activation(prefix, false, op, "prefix");
+  const int64_t t = prefix.size(0), h = prefix.size(1), d = prefix.size(2);
+  const Device dev = prefix.device;
+  detail::check_ndim(suffix, 3, op, "suffix [T, H, D]");
+  detail::check_activation(suffix, false, op, "suffix");
+  MLA_CHECK(suffix.shape == prefix.shape, "{}: suffix must have prefix's shape {}, got {}", op, prefix.shape_str(),
+            suffix.describe());
+  MLA_CHECK(suffix.stride[1] == prefix.stride[1] || h <= 1,
+            "{}: prefix and suffix must share the head stride, got {} and {}", op, prefix.describe(),
+            suffix.describe());
+  detail::check_ndim(out, 3, op, "out [T, H, D]");
+  MLA_CHECK(out.shape == prefix.shape, "{}: out must have prefix's shape {}, got {}", op, prefix.shape_str(),
+            out.describe());
+  if (output_scale != 0.0f) {
+    MLA_CHECK(std::isfinite(output_scale) && output_scale > 0.0f,
+              "{}: output_scale must be positive and finite (or 0 for none), got {}", op, output_scale);
+    detail::check_dtype(out, DType::fp8_e4m3, op, "out (output_scale given)");
+    detail::check_inner_contiguous(out, op, "out");
+    detail::check_strides(out, true, op, "out");
+  } else {
+    detail::check_activation(out, true, op, "out");
+  }
+  check_lse(prefix_lse, h, t, false, op, "prefix_lse [H, T]");
+  check_lse(suffix_lse, h, t, false, op, "suffix_lse [H, T]");
+  if (out_lse.defined()) check_lse(out_lse, h, t, true, op, "out_lse [H, T]");
+  MLA_CHECK(prefill_tokens_with_context >= -1 && prefill_tokens_with_context <= t,
+            "{}: prefill_tokens_with_context must be -1 (all tokens) or in [0, {}], got {}", op, t,
+            prefill_tokens_with_context);
+  detail::check_device(suffix, dev, op, "suffix");
+  detail::check_device(out, dev, op, "out");
+  detail::check_device(prefix_lse, dev, op, "prefix_lse");
+  detail::check_device(suffix_lse, dev, op, "suffix_lse");
+  detail::check_device(out_lse, dev, op, "out_lse");
+  if (t == 0 || h == 0 || d == 0) return;
+  MLA_DISPATCH(dev, merge_attn_states, out, out_lse, prefix, prefix_lse, suffix, suffix_lse,
+               prefill_tokens_with_context, output_scale, ctx);
+}
+
+}  // namespace mla
