@@ -207,6 +207,21 @@ TEST(WriteCacheEdges, StridedInputsAndStridedCacheView) {
   }
 }
 
+TEST(WriteCacheEdges, DsMlaPow2ScaleOfExactPowers) {
+  // amax/448 exactly 2^-3 keeps 2^-3; one bf16 ulp more needs 2^-2; 2^-14 is below the 1e-4 floor.
+  auto pc = pattern_cache(CacheFormat::fp8_ds_mla, 1, 1);
+  Tensor kv_c = Tensor::zeros({1, 512}, DType::bf16), k_pe = Tensor::zeros({1, 64}, DType::bf16);
+  const double amax[4] = {56.0, 56.0 * (1 + std::ldexp(1.0, -7)), 448.0 * std::ldexp(1.0, -14), 448.0};
+  for (int tile = 0; tile < 4; ++tile) num::store(kv_c.view().ptr_at({0, tile * 128 + 5}), DType::bf16, -amax[tile]);
+  write_cache(kv_c, k_pe, test::int64_tensor({0}), pc.cache, DsMlaScale::pow2);
+  const float want[4] = {0.125f, 0.25f, std::ldexp(1.0f, -13), 1.0f};
+  for (int tile = 0; tile < 4; ++tile) {
+    float scale;
+    std::memcpy(&scale, test::row_ptr(pc.cache, 0) + 512 + 4 * tile, 4);
+    EXPECT_EQ(scale, want[tile]) << "tile " << tile;
+  }
+}
+
 TEST(WriteCacheEdges, Fp8SaturatesAtPlusMinus448) {
   auto pc = pattern_cache(CacheFormat::fp8, 1, 2, 1.0f);
   Tensor kv_c = Tensor::empty({1, 512}, DType::f32), k_pe = Tensor::empty({1, 64}, DType::f32);
