@@ -14,9 +14,12 @@ namespace mla {
 // ---- §8.1 batch reorder --------------------------------------------------------------------
 enum class RequestRegion : uint8_t { decode = 0, extend = 1, prefill = 2 };
 // prefill: num_computed == 0; decode: computed > 0 and scheduled <= threshold; extend: otherwise.
+// Throws on negative counts or a threshold < 1.
 RequestRegion classify_request(int64_t num_computed_tokens, int64_t num_scheduled_tokens, int64_t decode_threshold);
 // Stable reorder to decode -> extend -> prefill that moves only misplaced requests. Returns the new
 // order as indices into the input (order[i] = old index now at position i) and whether anything moved.
+// A request already inside its region's target range keeps its position; the misplaced ones fill
+// the remaining positions in their original relative order (vLLM's swap set). Sizes must match.
 struct ReorderResult {
   std::vector<int32_t> order;
   bool moved = false;
@@ -31,6 +34,13 @@ struct Split {
 };
 // query_start_loc [num_reqs + 1] (host); num_tokens = query_start_loc.back() unless padded (CUDA
 // graphs: pass the padded count).
+// Padding tokens (num_tokens > query_start_loc.back()) are counted in the trailing region, as vLLM
+// does: decode tokens when everything is decode, prefill tokens otherwise. Zero-length requests
+// are padding; under require_uniform they count as decodes only when every request has length
+// q_lens[0] or 0, and then num_tokens must equal num_reqs * q_lens[0]. An empty batch
+// (query_start_loc = {0}) gives all zeros. Throws mla::Error on a query_start_loc that does not
+// start at 0 or decreases, a threshold < 1, num_tokens < query_start_loc.back() (other than -1), or
+// a padded uniform batch with the wrong num_tokens.
 Split split_decodes_and_prefills(const std::vector<int32_t>& query_start_loc, int64_t decode_threshold,
                                  bool require_uniform, int64_t num_tokens = -1);
 
@@ -38,9 +48,13 @@ Split split_decodes_and_prefills(const std::vector<int32_t>& query_start_loc, in
 enum class QueryLenSupport : uint8_t { single_only = 0, uniform = 1, varlen = 2 };
 // Dense MLA backends: start threshold 1; spec decode raises it to 1 + num_spec_tokens (x2 with
 // parallel drafting) unless single_only; DCP > 1 without varlen support forces 1.
+// Pair with PlannerConfig::require_uniform = (support != varlen).
 int64_t dense_decode_threshold(QueryLenSupport support, int num_speculative_tokens, bool parallel_drafting,
                                int dcp_world_size, bool supports_dcp_varlen);
 // FlashMLA-sparse threshold by heads per rank (SM90 table unless sm100), then the same spec/DCP rules.
+// Exact head-count lookups: counts not in the table take the default (256 SM90, 1024 SM100).
+// HiSparse (threshold 1) is not modelled: pass decode_threshold = 1 yourself. Sparse decodes are
+// uniform (require_uniform = true in vLLM).
 int64_t sparse_decode_threshold(int num_heads, bool sm100, int num_speculative_tokens, bool parallel_drafting,
                                 int dcp_world_size, bool supports_dcp_varlen);
 
@@ -57,12 +71,16 @@ struct ContextChunk {
   int64_t max_len = 0;
 };
 struct ContextPlan {
-  int64_t chunk_size = 0;  // max_context_chunk: workspace_rows / prefills_with_context, rounded down to page
+  int64_t chunk_size = 0;  // max_context_chunk: workspace_rows / prefills_with_context, rounded down to
+                           // page; 0 when no prefill has context
   std::vector<ContextChunk> chunks;  // empty when no prefill has context
 };
 // context_lens: per prefill request (seq_len - query_len). round_to_page: the CUDA builder rounds the
 // chunk down to a multiple of the page size (our gathers accept any start; kept for parity). Throws
-// mla::Error when the workspace cannot hold one page per prefill with context.
+// mla::Error when the workspace cannot hold one page per prefill with context (one row without
+// rounding), or on negative lengths. num_chunks = ceil(max context / chunk_size); every chunk lists
+// every prefill (zero-length where its context is shorter), and one chunk's total never exceeds
+// workspace_rows.
 ContextPlan plan_context_chunks(const std::vector<int32_t>& context_lens, int64_t workspace_rows, int64_t page_size,
                                 bool round_to_page = true);
 
@@ -73,16 +91,23 @@ std::vector<int32_t> req_id_per_token(const std::vector<int32_t>& query_start_lo
 // (offset added). Throws when one seq_len exceeds the workspace.
 std::vector<std::pair<int64_t, int64_t>> split_prefill_chunks(const std::vector<int32_t>& seq_lens,
                                                               int64_t workspace_rows, int64_t request_offset = 0);
-// Exclusive cumsum of seq_lens, re-zeroed at the start of every chunk.
+// Exclusive cumsum of seq_lens, re-zeroed at the start of every chunk. `chunks` must tile [0, n) in
+// order with request_offset 0 (as split_prefill_chunks(seq_lens, rows) returns them).
 std::vector<int32_t> prefill_workspace_starts(const std::vector<int32_t>& seq_lens,
                                               const std::vector<std::pair<int64_t, int64_t>>& chunks);
 inline constexpr int kMinHeadsForBf16Prefill = 32;
 bool sparse_use_mixed_batch(int num_heads, bool hisparse = false, bool pcp_and_dcp = false);
-int sparse_fp8_decode_padded_heads(int num_heads);          // 64 if <= 64 else 128
+// 64 if <= 64 else 128; beyond FlashMLA's 128, a multiple of 128 (no head count is refused).
+int sparse_fp8_decode_padded_heads(int num_heads);
 int sparse_prefill_padded_heads(int num_heads, bool sm100);  // roundup(N, 64 | 128)
 int64_t sparse_prefill_workspace_rows(int64_t max_model_len);  // 5 * max_model_len
 
 // ---- the Plan ----------------------------------------------------------------------------------
+// The planner reads only dims.num_heads (mixed-batch decision) and dims.index_topk (sparse term of
+// the chunked workspace formula); the layer validates the other dims. In sparse plans only the
+// fp8_ds_mla format takes the mixed-batch / separate (upconvert workspace) decision of §11.4; bf16
+// and per-tensor fp8 sparse plans use global cache slots for every token (the spec's fp8 ->
+// fp8_ds_mla alias is the caller's choice of cache).
 struct PlannerConfig {
   ModelDims dims;
   CacheFormat cache_format = CacheFormat::bf16;
@@ -92,15 +117,24 @@ struct PlannerConfig {
   bool sparse = false;
   int64_t decode_threshold = 1;  // use dense_/sparse_decode_threshold to derive
   bool require_uniform = false;
-  // Rows of the dense chunked-context workspace; 0 = chunked_prefill_workspace_rows(...).
+  // Rows of the dense chunked-context workspace; 0 = chunked_prefill_workspace_rows(...) (with
+  // dims.index_topk as the sparse term when sparse). Otherwise >= page_size.
   int64_t context_workspace_rows = 0;
   // Rows of the sparse fp8 prefill upconvert workspace; 0 = sparse_prefill_workspace_rows(max_model_len).
+  // Otherwise >= max_model_len: a request is never split across workspace chunks.
   int64_t sparse_workspace_rows = 0;
+  // Throws mla::Error unless num_heads, page_size, max_num_seqs, decode_threshold >= 1,
+  // 1 <= max_model_len < 2^31, index_topk >= 0 and the workspace rows are as above.
   void validate() const;
 };
 
 // One step's batch as the scheduler describes it (host copies). Requests are already ordered
-// decodes first (reorder_decodes_first).
+// decodes first (reorder_decodes_first): classified with context = seq_len - query_len and
+// config.decode_threshold, the regions of the requests with query_len > 0 never decrease
+// (decode -> extend -> prefill), and among the split's prefills those with context precede those
+// without. Zero-length requests (query_len 0) are CUDA-graph padding: allowed anywhere the order
+// permits (trailing, with seq_len 0, is the safe place). At most max_num_seqs requests, each with
+// query_len <= seq_len <= max_model_len.
 struct BatchDesc {
   std::vector<int32_t> query_start_loc;  // [num_reqs + 1]
   std::vector<int32_t> seq_lens;         // [num_reqs] context + new tokens
@@ -115,31 +149,50 @@ struct SparsePrefillChunk {
 };
 
 struct Plan {
-  PlannerConfig config;
-  int64_t num_reqs = 0, num_tokens = 0, num_actual_tokens = 0;
+  PlannerConfig config;  // as given, with context_/sparse_workspace_rows resolved to their effective values
+  int64_t num_reqs = 0, num_tokens = 0, num_actual_tokens = 0;  // num_tokens: padded; actual = qsl.back()
   std::vector<int32_t> query_start_loc, seq_lens;
-  Split split;
-  int64_t decode_query_len = 0;  // uniform s_q of the decode requests (0 when none)
-  int64_t max_decode_seq_len = 0;
+  Split split;  // split_decodes_and_prefills(query_start_loc, threshold, require_uniform, num_tokens)
+  // q_len of request 0 when the batch has decodes (vLLM's decode_query_len), else 0. Under
+  // require_uniform and in sparse fp8_ds_mla separate mode make_plan checks that it is > 0, that every
+  // decode has exactly this length except zero-length padding at the end of the decodes, and that
+  // num_decode_tokens is a multiple of it: the decode rows reshape to
+  // (num_decode_tokens / decode_query_len, decode_query_len). For varlen dense decodes it is only
+  // the first request's length.
+  int64_t decode_query_len = 0;
+  int64_t max_decode_seq_len = 0;  // max seq_len over the decode requests (0 when none)
 
-  // Dense prefill (requests [num_decodes, num_reqs)): query_start_loc rebased to 0.
+  // Prefill requests [num_decodes, num_reqs), filled for dense and sparse plans (empty without
+  // prefills): query_start_loc rebased to 0; context = seq_len - query_len.
   std::vector<int32_t> prefill_query_start_loc, prefill_seq_lens, prefill_context_lens;
   int64_t max_prefill_query_len = 0, max_prefill_seq_len = 0;
   int64_t prefill_tokens_with_context = 0;  // prefill tokens whose request has context > 0
+  // Dense plans only: plan_context_chunks(prefill_context_lens, config.context_workspace_rows,
+  // page_size, round_to_page = true). Empty for sparse plans (sparse prefills read the cache or the
+  // upconvert workspace through top-k indices, not context chunks).
   ContextPlan context;
 
-  // Sparse.
+  // Sparse plans only.
   std::vector<int32_t> req_id_per_token;      // [num_tokens] (padding tokens -> 0)
-  bool sparse_mixed_batch = false;            // fp8_ds_mla: all tokens through the cache path
-  std::vector<int32_t> prefill_request_id;    // [num_tokens]: -1 decode, prefill-local index otherwise
-  std::vector<SparsePrefillChunk> sparse_chunks;  // fp8_ds_mla separate mode only
+  // fp8_ds_mla with sparse_use_mixed_batch(num_heads): all tokens through the cache path.
+  bool sparse_mixed_batch = false;
+  // [num_tokens]: -1 decode (and padding) tokens, prefill-local index otherwise. Filled exactly when
+  // sparse_chunks is (fp8_ds_mla separate mode with prefills), empty otherwise.
+  std::vector<int32_t> prefill_request_id;
+  // fp8_ds_mla separate mode (num_heads >= 32) with prefills: split_prefill_chunks over
+  // prefill_seq_lens with config.sparse_workspace_rows; req ranges are prefill-local, token ranges
+  // index the whole batch, workspace_starts are chunk-local (prefill_workspace_starts).
+  std::vector<SparsePrefillChunk> sparse_chunks;
 
   bool has_decode() const { return split.num_decodes > 0; }
   bool has_prefill() const { return split.num_prefills > 0; }
 };
 
 // Builds and validates a Plan. Throws mla::Error on inconsistent input (non-monotone
-// query_start_loc, seq_len < query_len, lengths beyond max_model_len, ...).
+// query_start_loc, seq_len < query_len, lengths beyond max_model_len, num_tokens below the actual
+// count, more than max_num_seqs requests, a batch not in decode-first order (see BatchDesc), decodes
+// that are not uniform where a uniform reshape consumes them (see decode_query_len), an invalid
+// config, a context workspace below one page per prefill with context).
 Plan make_plan(const BatchDesc& batch, const PlannerConfig& config);
 
 }  // namespace mla

@@ -1,0 +1,11 @@
+#pragma once
+// Internal helpers shared by the planner translation units (src/core/planner*.cpp).
+#include <cstdint>
+#include <vector>
+
+namespace mla::detail {
+
+// query_start_loc starts at 0 and never decreases; throws mla::Error naming `op` otherwise.
+void check_query_start_loc(const std::vector<int32_t>& query_start_loc, const char* op);
+
+}  // namespace mla::detail
