@@ -73,7 +73,8 @@ void run_dense_decode(const Step& s) {
   for (const StepFacts::Run& r : f.decode_runs) {
     const int64_t b = r.req_end - r.req_begin, t0 = r.token_begin, t1 = t0 + b * r.s_q;
     mqa_decode(q_abs.slice(0, t0, t1).reshape({b, r.s_q, d.h, d.d_qk()}), s.cache,
-               s.args.block_table.slice(0, r.req_begin, r.req_end), s.args.seq_lens.slice(0, r.req_begin, r.req_end),
+               s.args.block_table.slice(0, r.req_begin, r.req_end).slice(1, 0, r.block_cols),
+               s.args.seq_lens.slice(0, r.req_begin, r.req_end),
                o_lat.slice(0, t0, t1).reshape({b, r.s_q, d.h, d.L}), {}, s.opt.dims.softmax_scale, /*causal=*/true,
                scratch, s.ctx);
   }

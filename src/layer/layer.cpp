@@ -61,13 +61,10 @@ void check_int_arg(const TensorView& t, const LayerOptions& o, int ndim, const c
 // Host-readable (CPU) integer metadata must agree with the plan and stay inside the cache, so that
 // no op fails half way through a step (DESIGN §5: nothing is written on bad input).
 void check_values(const Plan& p, const ForwardArgs& a, const KVCache& cache) {
-  const int64_t page = cache.page_size(), max_blocks = a.block_table.size(1);
+  const int64_t page = cache.page_size();
   for (int64_t r = 0; r < p.num_reqs; ++r) {
     const int64_t len = cpu::index_at(a.seq_lens, r);
     MLA_CHECK(len == p.seq_lens[r], "{}: seq_lens[{}] = {} but the plan was made for {}", kFwd, r, len, p.seq_lens[r]);
-    MLA_CHECK(len <= max_blocks * page,
-              "{}: request {} has seq_len {} but its block_table row covers {} blocks of {} = {} tokens", kFwd, r, len,
-              max_blocks, page, max_blocks * page);
     detail::check_block_ids(a.block_table, r, 0, len, page, cache.num_blocks(), kFwd);
   }
   detail::check_values_in_range(a.slot_mapping, INT64_MIN, cache.num_slots() - 1, kFwd, "slot_mapping");
@@ -99,6 +96,11 @@ void validate_forward(const LayerOptions& o, const Plan& p, const StepFacts& f, 
   check_int_arg(a.block_table, o, 2, "block_table");
   detail::check_dtype(a.block_table, DType::i32, kFwd, "block_table");
   detail::check_size(a.block_table, 0, p.num_reqs, kFwd, "block_table [num_reqs, max_blocks]");
+  const int64_t table_tokens = a.block_table.size(1) * cache.page_size();
+  for (int64_t r = 0; r < p.num_reqs; ++r)
+    MLA_CHECK(p.seq_lens[r] <= table_tokens,
+              "{}: request {} has seq_len {} but a block_table row covers {} blocks of {} = {} tokens", kFwd, r,
+              p.seq_lens[r], a.block_table.size(1), cache.page_size(), table_tokens);
   check_int_arg(a.seq_lens, o, 1, "seq_lens");
   detail::check_dtype(a.seq_lens, DType::i32, kFwd, "seq_lens");
   detail::check_size(a.seq_lens, 0, p.num_reqs, kFwd, "seq_lens [num_reqs]");

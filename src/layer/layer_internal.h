@@ -94,9 +94,11 @@ struct StepFacts {
   int64_t t_dec = 0;  // query tokens of decode requests: [0, t_dec)
   int64_t t_act = 0;  // actual tokens; prefill tokens are [t_dec, t_act)
   // Dense decode: runs of consecutive decode requests with equal query length s_q >= 1 (mqa_decode
-  // takes one s_q per call; zero-length padding requests are skipped).
+  // takes one s_q per call; zero-length padding requests are skipped). Each run's block table is
+  // narrowed to the `block_cols` columns its longest sequence needs: mqa_decode sizes its split-KV
+  // scratch by the table width, and the plan (not the argument's width) must fix the workspace size.
   struct Run {
-    int64_t req_begin, req_end, s_q, token_begin;
+    int64_t req_begin, req_end, s_q, token_begin, block_cols;
   };
   std::vector<Run> decode_runs;
   // Dense prefill context.

@@ -136,7 +136,9 @@ StepFacts step_facts(const Plan& p, const LayerOptions& o) {
     int64_t e = r + 1;
     if (s_q > 0) {
       while (e < f.num_decodes && q_len(e) == s_q) ++e;
-      f.decode_runs.push_back({r, e, s_q, p.query_start_loc[r]});
+      const int64_t longest = *std::max_element(p.seq_lens.begin() + r, p.seq_lens.begin() + e);
+      const int64_t page = p.config.page_size;
+      f.decode_runs.push_back({r, e, s_q, p.query_start_loc[r], (longest + page - 1) / page});
     }
     r = e;
   }
@@ -190,8 +192,9 @@ WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const MetaPack& m, 
   s.mqa_tokens = f.t_dec;
   for (const auto& r : f.decode_runs)
     s.decode_scratch_bytes = std::max<int64_t>(
-        s.decode_scratch_bytes, static_cast<int64_t>(mqa_decode_workspace_bytes(
-                                    r.req_end - r.req_begin, r.s_q, o.dims.num_heads, p.max_decode_seq_len, o.device)));
+        s.decode_scratch_bytes,
+        static_cast<int64_t>(mqa_decode_workspace_bytes(r.req_end - r.req_begin, r.s_q, o.dims.num_heads,
+                                                        r.block_cols * p.config.page_size, o.device)));
   if (f.num_prefills > 0) s.prefill_tokens = f.t_act - f.t_dec;
   if (f.context_chunks > 0) s.staged_tokens = s.prefill_tokens;
   s.context_rows = f.max_chunk_rows;
@@ -233,13 +236,15 @@ WorkspaceShape bound_shape(const PlannerConfig& c, int64_t n, const LayerOptions
     max_chunks = std::max(max_chunks, (max_context + chunk - 1) / chunk);
   }
   s.meta_ints = (max_prefills + 1) + max_chunks * (2 * max_prefills + 1);
-  // Decode runs: b requests of s_q <= decode_threshold tokens each, b * s_q <= n.
+  // Decode runs: b requests of s_q <= decode_threshold tokens each, b * s_q <= n, block tables
+  // narrowed to the pages of at most max_model_len tokens.
   const int64_t max_sq = std::min(n, c.decode_threshold);
+  const int64_t max_len = (c.max_model_len + c.page_size - 1) / c.page_size * c.page_size;
   for (int64_t s_q = 1; s_q <= max_sq; ++s_q)
     for (int64_t b = 1; b <= std::min(c.max_num_seqs, n / s_q); ++b)
       s.decode_scratch_bytes = std::max<int64_t>(
           s.decode_scratch_bytes,
-          static_cast<int64_t>(mqa_decode_workspace_bytes(b, s_q, o.dims.num_heads, c.max_model_len, o.device)));
+          static_cast<int64_t>(mqa_decode_workspace_bytes(b, s_q, o.dims.num_heads, max_len, o.device)));
   return s;
 }
 

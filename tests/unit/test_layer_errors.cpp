@@ -1,0 +1,254 @@
+// MlaAttention: bad input raises mla::Error before anything is written (out and cache untouched),
+// the exact workspace suffices (nothing past it is touched), and max_workspace_bytes bounds
+// workspace_bytes over random plans of a config.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "layer_test_util.h"
+
+namespace mla::test::layer {
+namespace {
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.data());
+  return std::vector<uint8_t>(p, p + t.nbytes());
+}
+
+Scenario error_scenario() {
+  Scenario sc;
+  sc.reqs = {{5, 1}, {30, 1}, {20, 7}, {0, 9}};
+  sc.pad_tokens = 2;
+  return sc;
+}
+
+using Mutation = std::function<void(ForwardArgs&, Plan&, KVCache&, TensorView&)>;
+
+TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
+  const StepData d = make_step(error_scenario());
+  const Scenario& sc = d.sc;
+  const MlaAttention layer(sc.options(Device::cpu(), DType::f64), d.weight);
+  CacheBuffer cb = make_cache(d, Device::cpu());
+  const std::vector<uint8_t> cache_before = bytes_of(cb.storage);
+  DeviceArgs a = device_args(d, Device::cpu(), DType::f64);
+  const int64_t need = static_cast<int64_t>(layer.workspace_bytes(d.plan));
+  Tensor ws = Tensor::empty({need + 64}, DType::u8);
+  const Context ctx{nullptr, Precision::reference};
+  const int64_t nr = d.plan.num_reqs, T = d.T;
+
+  // Replacement tensors the mutations point at (they must outlive the calls).
+  const Tensor q_f32 = convert(d.q, DType::f32, Device::cpu());
+  std::vector<int32_t> lens = to_ints(d.seq_lens);
+  lens[1] += 1;
+  const Tensor bad_lens = int_tensor(lens);
+  std::vector<std::vector<int32_t>> bt = d.bt;
+  bt[2][0] = static_cast<int32_t>(d.num_blocks);
+  const Tensor bad_table = int_tensor_2d(bt);
+  std::vector<int64_t> slots(static_cast<std::size_t>(T));
+  for (int64_t t = 0; t < T; ++t) slots[t] = static_cast<int64_t>(to_doubles(d.slots)[t]);
+  slots[3] = d.num_blocks * sc.page_size;
+  const Tensor bad_slots = int64_tensor(slots);
+  const Tensor topk = int_tensor_2d(std::vector<std::vector<int32_t>>(static_cast<std::size_t>(T), {0, 1}));
+  const CacheBuffer fp8_cache = allocate_cache(CacheFormat::fp8, d.num_blocks, sc.page_size, Device::cpu(), 0.01f);
+  Scenario other_page = sc;
+  other_page.page_size = 64;
+  Scenario sparse = sc;
+  sparse.sparse = true;
+  Scenario more_heads = sc;
+  more_heads.h = 8;
+  const std::vector<int32_t> qsl = d.plan.query_start_loc, seq = d.plan.seq_lens;
+
+  const std::vector<std::pair<const char*, Mutation>> cases = {
+      {"q with a row fewer", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.q = x.q.slice(0, 0, T - 1); }},
+      {"q in f32 for an f64 layer", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.q = q_f32; }},
+      {"kv_c narrower than L", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.kv_c = x.kv_c.slice(1, 0, kL - 1); }},
+      {"k_pe missing", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.k_pe = {}; }},
+      {"out narrower than h * V",
+       [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.out = x.out.slice(1, 0, sc.h * sc.V - 1); }},
+      {"workspace one byte short",
+       [&](ForwardArgs&, Plan&, KVCache&, TensorView& w) { w = w.slice(0, 0, need - 1); }},
+      {"workspace not bytes",
+       [&](ForwardArgs&, Plan&, KVCache&, TensorView& w) { w = TensorView(w.data, DType::i32, {need / 4 + 1}); }},
+      {"workspace misaligned", [&](ForwardArgs&, Plan&, KVCache&, TensorView& w) { w = ws.view().slice(0, 1, need + 1); }},
+      {"seq_lens disagree with the plan", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.seq_lens = bad_lens; }},
+      {"block_table with a row fewer",
+       [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.block_table = x.block_table.slice(0, 0, nr - 1); }},
+      {"block_table too narrow for a sequence",
+       [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.block_table = x.block_table.slice(1, 0, 1); }},
+      {"block id outside the cache", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.block_table = bad_table; }},
+      {"slot outside the cache", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.slot_mapping = bad_slots; }},
+      {"slot_mapping shorter than the actual tokens",
+       [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) {
+         x.slot_mapping = x.slot_mapping.slice(0, 0, d.t_act - 1);
+       }},
+      {"topk_indices for a dense layer", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.topk_indices = topk; }},
+      {"cache of another format", [&](ForwardArgs&, Plan&, KVCache& c, TensorView&) { c = fp8_cache.cache; }},
+      {"plan for another page size",
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p = make_plan(BatchDesc{qsl, seq, T}, other_page.config()); }},
+      {"plan for a sparse layer",
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) {
+         PlannerConfig c = sparse.config();
+         c.dims.index_topk = 16;
+         p = make_plan(BatchDesc{qsl, seq, T}, c);
+       }},
+      {"plan for more heads",
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p = make_plan(BatchDesc{qsl, seq, T}, more_heads.config()); }},
+      {"plan for more tokens",
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p = make_plan(BatchDesc{qsl, seq, T + 1}, sc.config()); }},
+      {"plan edited inconsistently", [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p.seq_lens.pop_back(); }},
+  };
+  for (const auto& [what, mutate] : cases) {
+    ForwardArgs args = a.args();
+    Plan plan = d.plan;
+    KVCache cache = cb.cache;
+    TensorView w = ws.view().slice(0, 0, need);
+    mutate(args, plan, cache, w);
+    EXPECT_THROW(layer.forward(plan, args, cache, w, ctx), Error) << what;
+    for (double x : to_doubles(a.out)) ASSERT_TRUE(std::isnan(x)) << what << ": out was written";
+    ASSERT_EQ(bytes_of(cb.storage), cache_before) << what << ": the cache was written";
+  }
+  // The unmodified call goes through.
+  layer.forward(d.plan, a.args(), cb.cache, ws.view().slice(0, 0, need), ctx);
+  const std::vector<double> out = to_doubles(a.out);
+  for (int64_t i = 0; i < d.t_act * sc.h * sc.V; ++i) ASSERT_TRUE(std::isfinite(out[i])) << i;
+}
+
+TEST(LayerErrors, SparseLayerNeedsTopkIndices) {
+  Scenario sc;
+  sc.sparse = true;
+  sc.reqs = {{5, 1}, {0, 4}};
+  const StepData d = make_step(sc);
+  const MlaAttention layer(sc.options(Device::cpu(), DType::f64), d.weight);
+  CacheBuffer cb = make_cache(d, Device::cpu());
+  DeviceArgs a = device_args(d, Device::cpu(), DType::f64);
+  Tensor ws = Tensor::empty({static_cast<int64_t>(layer.workspace_bytes(d.plan))}, DType::u8);
+  ForwardArgs args = a.args();
+  args.topk_indices = {};
+  EXPECT_THROW(layer.forward(d.plan, args, cb.cache, ws.view()), Error);
+  args.topk_indices = a.topk.view().slice(1, 0, sc.topk - 1);
+  EXPECT_THROW(layer.forward(d.plan, args, cb.cache, ws.view()), Error);
+  for (double x : to_doubles(a.out)) ASSERT_TRUE(std::isnan(x));
+}
+
+// The exact workspace is enough and nothing past it is written (canary bytes), in every mode.
+TEST(LayerWorkspace, ExactSizeSufficesAndStaysInside) {
+  std::vector<Scenario> scenarios;
+  Scenario dense;
+  dense.decode_threshold = 2;
+  dense.reqs = {{5, 2}, {30, 1}, {20, 7}, {47, 5}, {0, 9}};
+  dense.context_workspace_rows = 48;
+  scenarios.push_back(dense);
+  Scenario decode_only;
+  decode_only.reqs = {{5, 1}, {30, 1}};
+  scenarios.push_back(decode_only);
+  Scenario sparse;
+  sparse.sparse = true;
+  sparse.format = CacheFormat::fp8_ds_mla;
+  sparse.h = 32;
+  sparse.P = sparse.V = 8;
+  sparse.max_model_len = 40;
+  sparse.sparse_workspace_rows = 40;
+  sparse.reqs = {{30, 1}, {10, 5}, {15, 5}, {0, 20}};
+  scenarios.push_back(sparse);
+  for (const Scenario& sc : scenarios) {
+    const StepData d = make_step(sc);
+    const MlaAttention layer(sc.options(Device::cpu(), DType::f64), d.weight);
+    CacheBuffer cb = make_cache(d, Device::cpu());
+    DeviceArgs a = device_args(d, Device::cpu(), DType::f64);
+    const int64_t need = static_cast<int64_t>(layer.workspace_bytes(d.plan));
+    Tensor ws = Tensor::empty({need + 4096}, DType::u8);
+    std::memset(ws.data(), 0xA5, static_cast<std::size_t>(need + 4096));
+    layer.forward(d.plan, a.args(), cb.cache, ws.view().slice(0, 0, need), Context{nullptr, Precision::reference});
+    const auto* p = static_cast<const uint8_t*>(ws.data());
+    for (int64_t i = need; i < need + 4096; ++i) ASSERT_EQ(p[i], 0xA5) << "byte " << i - need << " past the workspace";
+    EXPECT_LE(error_ratio(to_doubles(a.out), naive_layer(d, cb.cache), d), 1.0);
+  }
+}
+
+// Random batches in decode -> extend -> prefill order with at most n tokens.
+BatchDesc random_batch(const PlannerConfig& c, int64_t n, std::mt19937_64& g) {
+  auto uni = [&g](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(g); };
+  BatchDesc b;
+  b.query_start_loc = {0};
+  const int64_t thr = c.decode_threshold, len = c.max_model_len;
+  const int64_t nreq = uni(1, c.max_num_seqs);
+  const int64_t nd = uni(0, nreq), ne = uni(0, nreq - nd);
+  const int64_t s_q = uni(1, std::min(thr, len - 1));
+  auto add = [&](int64_t ctx, int64_t q) {
+    if (b.query_start_loc.back() + q > n) return;
+    b.query_start_loc.push_back(static_cast<int32_t>(b.query_start_loc.back() + q));
+    b.seq_lens.push_back(static_cast<int32_t>(ctx + q));
+  };
+  for (int64_t i = 0; i < nd; ++i) add(uni(1, len - s_q), s_q);
+  if (thr + 1 < len)
+    for (int64_t i = 0; i < ne; ++i) {
+      const int64_t q = uni(thr + 1, std::min<int64_t>(len - 1, thr + 40));
+      add(uni(1, len - q), q);
+    }
+  for (int64_t i = nd + ne; i < nreq; ++i) add(0, uni(1, std::min<int64_t>(len, 40)));
+  b.num_tokens = b.query_start_loc.back() + uni(0, n - b.query_start_loc.back());
+  return b;
+}
+
+TEST(LayerWorkspace, BoundCoversRandomPlans) {
+  std::mt19937_64 g(7);
+  struct Config {
+    Scenario sc;
+    int64_t n;
+  };
+  std::vector<Config> configs;
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8}) {
+    Scenario sc;
+    sc.format = f;
+    sc.max_model_len = 300;
+    sc.max_num_seqs = 12;
+    sc.decode_threshold = 3;
+    sc.require_uniform = true;
+    configs.push_back({sc, 200});
+    sc.context_workspace_rows = 64;  // many chunks
+    sc.page_size = 8;
+    configs.push_back({sc, 400});
+  }
+  for (int h : {4, 32}) {
+    Scenario sc;
+    sc.sparse = true;
+    sc.format = CacheFormat::fp8_ds_mla;
+    sc.h = h;
+    sc.max_model_len = 120;
+    sc.max_num_seqs = 10;
+    sc.decode_threshold = 2;
+    sc.require_uniform = true;
+    sc.sparse_workspace_rows = 150;
+    configs.push_back({sc, 300});
+    sc.format = CacheFormat::bf16;
+    configs.push_back({sc, 300});
+  }
+  for (const Config& cfg : configs) {
+    reseed(3);
+    const Tensor w = random_tensor({cfg.sc.h * (cfg.sc.P + cfg.sc.V), kL}, DType::bf16);
+    const MlaAttention layer(cfg.sc.options(Device::cpu(), DType::bf16), w);
+    const PlannerConfig pc = cfg.sc.config();
+    const std::size_t bound = layer.max_workspace_bytes(pc, cfg.n);
+    std::size_t largest = 0;
+    int plans = 0;
+    for (int i = 0; i < 300; ++i) {
+      const BatchDesc b = random_batch(pc, cfg.n, g);
+      Plan p;
+      try {
+        p = make_plan(b, pc);
+      } catch (const Error&) {
+        continue;  // a draw the planner refuses (e.g. non-uniform decodes) says nothing about the bound
+      }
+      ++plans;
+      const std::size_t need = layer.workspace_bytes(p);
+      largest = std::max(largest, need);
+      ASSERT_LE(need, bound) << "plan " << i << " (" << p.num_reqs << " requests, " << p.num_tokens << " tokens, "
+                             << p.context.chunks.size() << " chunks)";
+    }
+    EXPECT_GT(plans, 100);
+    EXPECT_GT(largest, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace mla::test::layer
