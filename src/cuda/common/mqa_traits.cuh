@@ -1,0 +1,49 @@
+#pragma once
+// Tile sizes and the shared-memory plan of the latent-cache MQA engine (mqa_core.cuh), used by the
+// decode and sparse families. All sizes in bytes unless named otherwise.
+#include <cstdint>
+
+namespace mla::cuda::mqa {
+
+struct Traits {
+  static constexpr int kThreads = 256;  // 8 warps
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kBlockM = 64;  // query rows per CTA: 4 row slabs of 16 (one mma M each)
+  static constexpr int kBlockN = 32;  // keys per tile
+  static constexpr int kMaxDqk = 576;
+  static constexpr int kMaxDv = 512;
+  static constexpr int kScaleTile = 128;  // value columns per scale (fp8_ds_mla tile)
+  // Scale groups per key: 4 latent tiles + the rope columns 512..575 (ds_mla: scale 1).
+  static constexpr int kScaleGroups = (kMaxDqk + kScaleTile - 1) / kScaleTile;
+  static constexpr int kScaleStride = 8;  // floats per key in the scale table
+
+  // bf16 elements per shared row of Q and K: 576 + 8 so that consecutive rows start 16 bytes apart
+  // modulo 128 and the 8 row addresses of one ldmatrix hit 8 different bank groups.
+  static constexpr int kRowElems = kMaxDqk + 8;
+  static constexpr int kRowBytes = kRowElems * 2;
+  static constexpr int kRawRowBytes = 656;  // staged fp8 row (fp8 d_qk <= 576 or one ds_mla record)
+  static constexpr int kScoreStride = 40;   // floats per score row: float2 accesses of a half warp are conflict-free
+
+  static constexpr int kQBytes = kBlockM * kRowBytes;         // 74,752
+  static constexpr int kKStageBytes = kBlockN * kRowBytes;    // 37,376
+  static constexpr int kRawStageBytes = kBlockN * kRawRowBytes;  // 20,992
+
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = kOffQ + kQBytes;                          // 2 stages (bf16 cache)
+  static constexpr int kOffS = kOffK + 2 * kKStageBytes;                 // scores / probabilities [64][40] fp32
+  static constexpr int kOffScale = kOffS + kBlockM * kScoreStride * 4;   // [32][8] fp32
+  static constexpr int kOffTag = kOffScale + kBlockN * kScaleStride * 4; // [2][32] int32
+  static constexpr int kOffRow = kOffTag + 2 * kBlockN * 4;              // alpha, 1/l: [2][64] fp32
+  static constexpr int kOffRaw = kOffRow + 2 * kBlockM * 4;              // 2 raw stages (fp8 caches only)
+  static constexpr int kSmemBf16 = kOffRaw;                              // 161,536
+  static constexpr int kSmemFp8 = kOffRaw + 2 * kRawStageBytes;          // 203,520
+
+  static_assert(kOffK % 16 == 0 && kOffS % 16 == 0 && kOffRaw % 16 == 0 && kRowBytes % 16 == 0, "16B alignment");
+  static_assert(kRawRowBytes % 16 == 0, "raw rows are filled with 16-byte cp.async");
+  static_assert(kThreads == kBlockN * 8, "the tile loader gives each key row 8 threads");
+  static_assert(kThreads == kBlockM * 4, "the softmax step gives each query row 4 threads");
+  static_assert(kBlockN == 32, "the QK split (2 warps x 16 keys) and the PV k-steps assume 32 keys");
+  static_assert(kSmemFp8 <= 227 * 1024, "shared memory per block on sm_90");
+};
+
+}  // namespace mla::cuda::mqa

@@ -1,0 +1,121 @@
+#pragma once
+// mqa_decode: absorbed MQA over the paged latent cache (mla_semantics.md §6), split-KV.
+//
+// Algorithm: request b's rows (i, h), M = s_q * h_q of them, are cut into 64-row tiles; its positions
+// [0, seq_len) into num_splits contiguous ranges of whole 32-key tiles. One CTA of the MQA engine
+// (common/mqa_core.cuh: warp roles, shared-memory budget and pipeline are described there) computes one
+// (row tile, split, request) and, with one split, writes out / lse directly. With several splits it
+// writes O / l and the partial LSE into the caller's workspace and `decode_combine_kernel` merges them:
+// lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) * O_s (splits with lse_s = -inf are skipped,
+// so empty splits cost nothing and an all-empty row gives out 0, lse -inf).
+// Causality within the step: query i (position seq_len - s_q + i) sees positions <= seq_len - s_q + i.
+// The kernel reads only positions < seq_len (clamped to max_blocks * page_size, so never outside the
+// block table) and only pages whose id lies in [0, num_blocks); other keys are masked.
+#include <cstdint>
+
+#include "cuda/common/convert.cuh"
+#include "cuda/common/mqa_core.cuh"
+#include "cuda/decode/params.h"
+#include "cuda/decode/traits.cuh"
+
+namespace mla::cuda::decode {
+
+struct DecodeKeys {
+  using Params = DecodeParams;
+  int64_t group;
+  int key_begin, key_end;
+  float* ws_o;
+  float* ws_lse;
+  int64_t ws_row0;
+  int seq_len, s_q, causal;
+  const int32_t* table;  // this request's block-table row
+  int64_t page_size, num_blocks, stride_block, stride_row;
+  int elem_bytes;
+
+  __device__ DecodeKeys(const DecodeParams& p, int64_t unit) {
+    const int splits = p.num_splits;
+    group = unit / splits;
+    const int split = static_cast<int>(unit % splits);
+    page_size = p.cache.page_size;
+    const int64_t cap = p.max_blocks * page_size;
+    const int64_t len = p.seq_lens[group * p.seq_lens_stride];
+    seq_len = static_cast<int>(len < 0 ? 0 : len > cap ? cap : len);
+    const int tiles = (seq_len + Traits::kBlockN - 1) / Traits::kBlockN;
+    const int per_split = (tiles + splits - 1) / splits;
+    const int t0 = min(split * per_split, tiles), t1 = min(t0 + per_split, tiles);
+    key_begin = t0 * Traits::kBlockN;
+    key_end = min(t1 * Traits::kBlockN, seq_len);
+    s_q = p.rows.s_q;
+    causal = p.causal;
+    table = p.block_table + group * p.block_table_stride;
+    num_blocks = p.cache.num_blocks;
+    stride_block = p.cache.stride_block;
+    stride_row = p.cache.stride_row;
+    elem_bytes = p.cache.elem_bytes;
+    if (splits > 1) {
+      ws_o = p.ws_o;
+      ws_lse = p.ws_lse;
+      ws_row0 = unit * (static_cast<int64_t>(p.rows.s_q) * p.rows.h_q);
+    } else {
+      ws_o = nullptr;
+      ws_lse = nullptr;
+      ws_row0 = 0;
+    }
+  }
+
+  __device__ int row_limit(int i) const {
+    const int lim = causal ? seq_len - s_q + i : seq_len - 1;
+    return lim < -1 ? -1 : lim;
+  }
+
+  // Positions are tags: the softmax compares them with row_limit.
+  __device__ int64_t row_offset(int pos, int& tag) const {
+    const int64_t blk = table[pos / page_size];
+    if (blk < 0 || blk >= num_blocks) return -1;
+    tag = pos;
+    return (blk * stride_block + (pos % page_size) * stride_row) * elem_bytes;
+  }
+};
+
+// One CTA per (request, row): merges the splits' partials. Thread s < splits computes split s's weight.
+__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const DecodeParams p) {
+  __shared__ float weight[kMaxSplits];
+  __shared__ float total_lse;
+  const MqaRowParams& rp = p.rows;
+  const int splits = p.num_splits;
+  const int64_t m_rows = static_cast<int64_t>(rp.s_q) * rp.h_q;
+  const int64_t g = blockIdx.x / m_rows;
+  const int row = static_cast<int>(blockIdx.x % m_rows);
+  const float* lse_s = p.ws_lse + g * splits * m_rows + row;  // split s at lse_s[s * m_rows]
+  if (threadIdx.x < 32) {
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 32) mx = fmaxf(mx, lse_s[s * m_rows]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += 32) {
+      const float l = lse_s[s * m_rows];
+      sum += l == -INFINITY ? 0.0f : expf(l - mx);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float lse = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+    for (int s = threadIdx.x; s < splits; s += 32) {
+      const float l = lse_s[s * m_rows];
+      weight[s] = l == -INFINITY ? 0.0f : expf(l - lse);
+    }
+    if (threadIdx.x == 0) total_lse = lse;
+  }
+  __syncthreads();
+  const int i = row / rp.h_q, h = row % rp.h_q;
+  if (threadIdx.x == 0 && rp.lse) rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = total_lse;
+  uint16_t* out = rp.out + g * rp.out_stride_g + i * rp.out_stride_i + h * rp.out_stride_h;
+  const float* o_s = p.ws_o + (g * splits * m_rows + row) * int64_t(Traits::kMaxDv);
+  const int64_t split_stride = m_rows * Traits::kMaxDv;
+  for (int col = threadIdx.x; col < rp.d_v; col += kCombineThreads) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s)
+      if (weight[s] != 0.0f) acc += weight[s] * o_s[s * split_stride + col];  // skipped splits may hold garbage
+    out[col] = dev::float_to_bf16(acc);
+  }
+}
+
+}  // namespace mla::cuda::decode

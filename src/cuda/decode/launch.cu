@@ -1,0 +1,79 @@
+// Launcher of the CUDA mqa_decode (kernel.cuh) and its workspace sizing (ops/attention_ws.h).
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <string>
+
+#include "cuda/common/launch.h"
+#include "cuda/common/mqa_launch.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/decode/kernel.cuh"
+#include "ops/attention_ws.h"
+
+namespace mla::cuda {
+namespace {
+
+int multiprocessors() {
+  int dev = 0, n = 0;
+  check_cuda(cudaGetDevice(&dev), "mqa_decode: cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "mqa_decode: SM count");
+  return n;
+}
+
+}  // namespace
+
+std::size_t decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len) {
+  const int splits = decode::choose_splits(b, s_q, h_q, max_seq_len, multiprocessors());
+  return static_cast<std::size_t>(decode::ws_bytes(b, s_q, h_q, splits));
+}
+
+void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
+                const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
+                const TensorView& workspace, const Context& ctx) {
+  using decode::Traits;
+  const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2);
+  mqa::check_dims("mqa_decode", q.size(3), out.size(3));
+  if (s_q * h_q > (int64_t(1) << 30)) throw Error("mqa_decode: s_q * h_q too large for one launch");
+  DeviceGuard guard(q.device);
+  cudaStream_t stream = stream_of(ctx);
+
+  DecodeParams p{};
+  p.rows = mqa::make_row_params(q, out, lse, /*has_i=*/true, softmax_scale);
+  p.cache = mqa::make_cache_params(cache);
+  p.block_table = static_cast<const int32_t*>(block_table.data);
+  p.block_table_stride = block_table.stride[0];
+  p.max_blocks = block_table.size(1);
+  p.seq_lens = static_cast<const int32_t*>(seq_lens.data);
+  p.seq_lens_stride = seq_lens.stride[0];
+  p.causal = causal ? 1 : 0;
+
+  // Split-KV needs the caller's workspace: as many splits as the policy wants and the workspace holds
+  // (none given or too small: one split, the kernel writes out / lse itself).
+  const int64_t max_len = p.max_blocks * p.cache.page_size;
+  int splits = decode::choose_splits(b, s_q, h_q, max_len, multiprocessors());
+  const int64_t have = workspace.defined() && mqa::aligned16(workspace.data)
+                           ? workspace.numel() * static_cast<int64_t>(workspace.element_size())
+                           : 0;
+  while (splits > 1 && decode::ws_bytes(b, s_q, h_q, splits) > have) --splits;
+  p.num_splits = splits;
+  if (splits > 1) {
+    auto* base = static_cast<uint8_t*>(workspace.data);
+    p.ws_lse = reinterpret_cast<float*>(base);
+    p.ws_o = reinterpret_cast<float*>(base + decode::ws_lse_bytes(b, s_q, h_q, splits));
+  }
+
+  const unsigned grid = grid_for(decode::m_tiles(s_q, h_q) * b * splits, 1, "mqa_decode");
+  const int smem = p.cache.format == kCacheBf16 ? Traits::kSmemBf16 : Traits::kSmemFp8;
+  auto* kernel = mqa::mqa_attention_kernel<decode::DecodeKeys>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "mqa_decode: shared-memory limit");
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
+  check_launch("mqa_decode");
+  if (splits > 1) {
+    decode::decode_combine_kernel<<<grid_for(b * s_q * h_q, 1, "mqa_decode combine"), decode::kCombineThreads, 0,
+                                    stream>>>(p);
+    check_launch("mqa_decode combine");
+  }
+}
+
+}  // namespace mla::cuda

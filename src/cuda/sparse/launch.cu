@@ -1,0 +1,43 @@
+// Launcher of the CUDA sparse_mqa (kernel.cuh).
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/common/launch.h"
+#include "cuda/common/mqa_launch.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/sparse/kernel.cuh"
+
+namespace mla::cuda {
+
+void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
+                const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx) {
+  using sparse::Traits;
+  const int64_t t = q.size(0), h_q = q.size(1), topk = indices.size(1);
+  mqa::check_dims("sparse_mqa", q.size(2), out.size(2));
+  if (h_q > (int64_t(1) << 30) || topk > (int64_t(1) << 30))
+    throw Error("sparse_mqa: h_q or topk too large for one launch");
+  DeviceGuard guard(q.device);
+
+  SparseParams p{};
+  p.rows = mqa::make_row_params(q, out, lse, /*has_i=*/false, softmax_scale);
+  p.cache = mqa::make_cache_params(kv);
+  p.indices = static_cast<const int32_t*>(indices.data);
+  p.indices_stride = indices.stride[0];
+  p.topk = static_cast<int32_t>(topk);
+  if (topk_length.defined()) {
+    p.topk_length = static_cast<const int32_t*>(topk_length.data);
+    p.topk_length_stride = topk_length.stride[0];
+  }
+
+  const int64_t m_tiles = (h_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const unsigned grid = grid_for(m_tiles * t, 1, "sparse_mqa");
+  const int smem = p.cache.format == kCacheBf16 ? Traits::kSmemBf16 : Traits::kSmemFp8;
+  auto* kernel = mqa::mqa_attention_kernel<sparse::SparseKeys>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "sparse_mqa: shared-memory limit");
+  kernel<<<grid, Traits::kThreads, smem, stream_of(ctx)>>>(p);
+  check_launch("sparse_mqa");
+}
+
+}  // namespace mla::cuda

@@ -1,0 +1,58 @@
+#pragma once
+// Shared pieces of the attention GPU tests (decode, prefill, sparse): device copies of host-built
+// caches, the tolerances of the CUDA kernels against the float64 CPU oracle, and comparisons.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "mla/cache.h"
+#include "mla/ops.h"
+#include "mla/tensor.h"
+#include "support/test_util.h"
+
+namespace mla::test {
+
+// Tolerances (DESIGN.md §5: |got - ref| <= 2 |bf16(ref) - ref| + quantum + extra_rel * max|ref|).
+//
+// kPvRounding: the kernels multiply probabilities by V on bf16 tensor cores, so each probability p_j
+// (times the key's fp8 scale, where there is one) is rounded to bf16 before the PV product: relative
+// error <= 2^-9 per term, hence |d out| <= 2^-9 * sum_j p_j |v_j| / l. Everything else is fp32 with
+// errors near 1e-6 (the mma sees bf16 Q and the exact K codes; scales are applied in fp32). For the
+// random test data the rounding errors of different keys are independent, and the largest deviation
+// over a test's outputs stays near 2^-9 * max|out|; 2^-8 gives a factor-2 margin. A wrong key set
+// (one key missing of n) moves the LSE by ~1/n, far outside kLseRel, so LSE checks catch what this
+// looser output bound might not.
+inline constexpr double kPvRounding = 1.0 / 256;
+// kLseRel: LSE is fp32 from fp32 scores summed over up to a few thousand keys (each score carries
+// ~1e-6 relative error from fp32 accumulation over 576 products, ex2/lg2.approx add ~2^-22).
+inline constexpr double kLseRel = 1e-5;
+
+// A copy of a host cache (any strided view inside `storage`) on the GPU, same strides and offset.
+struct DeviceCache {
+  Tensor storage;
+  KVCache cache;
+};
+inline DeviceCache to_device(const Tensor& host_storage, const KVCache& host_cache, Device dev = Device::cuda(0)) {
+  DeviceCache d;
+  d.storage = host_storage.to(dev);
+  d.cache = host_cache;
+  const std::ptrdiff_t offset = static_cast<const char*>(host_cache.data.data) - static_cast<const char*>(host_storage.data());
+  d.cache.data.data = static_cast<char*>(d.storage.data()) + offset;
+  d.cache.data.device = dev;
+  return d;
+}
+
+// out (bf16) and lse (fp32) against the oracle's float64 out and fp32 lse; empty messages pass.
+inline void expect_attention_close(const TensorView& out, const TensorView& ref_out, const TensorView& lse,
+                                   const TensorView& ref_lse, const std::string& what) {
+  EXPECT_EQ(check_close(to_doubles(out), to_doubles(ref_out), DType::bf16, kPvRounding), "") << what << ": out";
+  if (lse.defined()) {
+    EXPECT_EQ(check_close(to_doubles(lse), to_doubles(ref_lse), DType::f32, kLseRel), "") << what << ": lse";
+  }
+}
+
+inline Context reference_ctx() { return Context{nullptr, Precision::reference}; }
+
+}  // namespace mla::test

@@ -1,0 +1,254 @@
+// CUDA mqa_decode against the CPU backend's float64 reference (DESIGN.md §5): every cache format, page
+// sizes 1/16/64, h in {1..128}, s_q in {1, 2, 4}, empty requests and lengths on / beside page
+// boundaries, split-KV and the no-split fallback, strided / unaligned views, d_qk 320, narrow d_v, and
+// garbage metadata that must not make the kernel read outside the cache or the block table.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention_gpu_util.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/runtime/device_api.h"
+#include "unit/attention_test_util.h"
+
+namespace mla {
+namespace {
+
+using test::PagedBatch;
+
+constexpr double kScale = 0.0722;  // 1/sqrt(192)
+
+struct DecodeRun {
+  Tensor out, lse;  // GPU results (bf16 out, fp32 lse)
+  Tensor ref_out, ref_lse;  // CPU float64 oracle (f64 out, fp32 lse)
+};
+
+// Runs the oracle on the host cache and the CUDA op on a device copy; outputs are NaN-poisoned first.
+// `use_workspace`: pass mqa_decode_workspace_bytes of scratch (false: none, for sizes that need none).
+DecodeRun run_decode(const Tensor& q_host, const Tensor& cache_storage, const KVCache& cache,
+                     const Tensor& block_table, const Tensor& seq_lens, int64_t dv, bool causal,
+                     bool use_workspace = true) {
+  const int64_t b = q_host.size(0), s_q = q_host.size(1), h = q_host.size(2);
+  const Device gpu = Device::cuda(0);
+  DecodeRun r;
+  r.ref_out = test::poisoned({b, s_q, h, dv}, DType::f64);
+  r.ref_lse = test::poisoned({b, s_q, h}, DType::f32);
+  mqa_decode(q_host, cache, block_table, seq_lens, r.ref_out, r.ref_lse, kScale, causal, {}, test::reference_ctx());
+
+  test::DeviceCache dc = test::to_device(cache_storage, cache);
+  Tensor q = q_host.to(gpu), bt = block_table.to(gpu), sl = seq_lens.to(gpu);
+  r.out = test::poisoned({b, s_q, h, dv}, DType::bf16, gpu);
+  r.lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
+  Tensor ws;
+  const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h, block_table.size(1) * cache.page_size(), gpu);
+  if (use_workspace && need > 0) ws = Tensor::empty({static_cast<int64_t>(need)}, DType::u8, gpu);
+  mqa_decode(q, dc.cache, bt, sl, r.out, r.lse, kScale, causal, ws.view(), Context{});
+  cuda_rt::synchronize(0);
+  return r;
+}
+
+std::vector<int32_t> boundary_lens(int64_t page, std::mt19937_64& g) {
+  const auto p = static_cast<int32_t>(page);
+  std::uniform_int_distribution<int32_t> longer(257, 700);  // > one split of 256 keys
+  return {0, 1, std::max(p - 1, 1), p, p + 1, 2 * p, longer(g)};
+}
+
+using SweepParam = std::tuple<CacheFormat, int64_t /*page*/, int64_t /*h*/, int64_t /*s_q*/>;
+class DecodeGpuSweep : public ::testing::TestWithParam<SweepParam> {};
+
+TEST_P(DecodeGpuSweep, MatchesFloat64Oracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [format, page, h, s_q] = GetParam();
+  test::reseed(static_cast<uint64_t>(page * 1000 + h * 10 + s_q) + static_cast<uint64_t>(format) * 100000 + 7);
+  const std::vector<int32_t> lens = boundary_lens(page, test::rng());
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  PagedBatch pb = test::paged_batch(format, page, lens, (max_len + page - 1) / page + 1);
+  Tensor q = test::random_tensor({static_cast<int64_t>(lens.size()), s_q, h, 576}, DType::bf16);
+  DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true);
+  test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, "sweep");
+}
+
+INSTANTIATE_TEST_SUITE_P(All, DecodeGpuSweep,
+                         ::testing::Combine(::testing::ValuesIn(test::kAllFormats), ::testing::Values(1, 16, 64),
+                                            ::testing::Values(1, 8, 16, 32, 64, 128), ::testing::Values(1, 2, 4)),
+                         [](const ::testing::TestParamInfo<SweepParam>& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_page" +
+                                  std::to_string(std::get<1>(info.param)) + "_h" +
+                                  std::to_string(std::get<2>(info.param)) + "_sq" +
+                                  std::to_string(std::get<3>(info.param));
+                         });
+
+// Long contexts with few CTAs: many KV splits merged by the combine kernel; peaky attention (large q).
+TEST(DecodeGpu, LongContextManySplits) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(11);
+  const std::vector<int32_t> lens = {4096, 3001};
+  for (CacheFormat f : test::kAllFormats) {
+    PagedBatch pb = test::paged_batch(f, 64, lens, 65);
+    Tensor q = test::random_tensor({2, 1, 16, 576}, DType::bf16, Device::cpu(), -4.0, 4.0);
+    DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true);
+    test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, to_string(f));
+  }
+}
+
+// Without a workspace the launcher runs one split per request (the kernel writes out / lse itself):
+// same results as the split path.
+TEST(DecodeGpu, NoWorkspaceFallbackMatchesSplitPath) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(12);
+  const std::vector<int32_t> lens = {900, 0, 33, 1500};
+  const int64_t b = 4, s_q = 2, h = 16, page = 16;
+  PagedBatch pb = test::paged_batch(CacheFormat::fp8_ds_mla, page, lens, 95);
+  Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16);
+  DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true);
+  test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, "split path");
+  ASSERT_GT(mqa_decode_workspace_bytes(b, s_q, h, 95 * page, Device::cuda(0)), 0u) << "this size should split";
+
+  // The front end insists on the workspace it sized; the backend entry point is where the fallback lives.
+  const Device gpu = Device::cuda(0);
+  test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
+  Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
+  Tensor out = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
+  cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, {}, Context{});
+  test::expect_attention_close(out, r.ref_out, lse, r.ref_lse, "no workspace");
+  // A workspace one byte short of two splits also falls back.
+  Tensor small = Tensor::empty({64}, DType::u8, gpu);
+  fill(out.view(), NAN);
+  cuda::mqa_decode(qd, dc.cache, bt, sl, out, {}, kScale, true, small.view(), Context{});
+  test::expect_attention_close(out, r.ref_out, {}, {}, "tiny workspace");
+}
+
+// Twice as many CTAs as SMs: splitting cannot shorten the launch, so no workspace is needed at all.
+TEST(DecodeGpu, LargeBatchNeedsNoWorkspace) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(13);
+  const int64_t sms = cuda_rt::device_info(0).sm_count, b = 2 * sms, h = 32;
+  EXPECT_EQ(mqa_decode_workspace_bytes(b, 1, h, 1 << 20, Device::cuda(0)), 0u);
+  std::vector<int32_t> lens(static_cast<std::size_t>(b));
+  std::uniform_int_distribution<int32_t> u(0, 80);
+  for (auto& l : lens) l = u(test::rng());
+  PagedBatch pb = test::paged_batch(CacheFormat::bf16, 16, lens, 6);
+  Tensor q = test::random_tensor({b, 1, h, 576}, DType::bf16);
+  DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true, false);
+  test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, "large batch");
+}
+
+// Non-causal multi-token queries see the whole context; d_v < 512 (a partial 128-column tile) keeps the
+// first columns; a head count that is not a multiple of anything.
+TEST(DecodeGpu, NonCausalNarrowValues) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(14);
+  const std::vector<int32_t> lens = {5, 70, 129, 0};
+  for (CacheFormat f : test::kAllFormats) {
+    PagedBatch pb = test::paged_batch(f, 16, lens, 10);
+    Tensor q = test::random_tensor({4, 3, 5, 576}, DType::bf16);
+    DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 201, false);
+    test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, std::string("non-causal ") + to_string(f));
+  }
+}
+
+// Strided everything: q and out inside head- and column-padded storage (q rows not 16-byte aligned, so
+// the element-copy path runs), lse through a transposed view, and the cache as one layer of a two-layer
+// allocation with padded rows (bf16 / fp8 rows unaligned; fp8_ds_mla rows aligned but strided).
+TEST(DecodeGpu, StridedAndUnalignedViews) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(15);
+  const int64_t b = 3, s_q = 2, h = 6, page = 16, nb = 12, d = 576, dv = 512;
+  const std::vector<int32_t> lens = {40, 0, 150};
+  for (CacheFormat f : test::kAllFormats) {
+    const int64_t entry = cache_entry_elems(f), pad = f == CacheFormat::fp8_ds_mla ? 16 : 5;
+    Tensor storage = Tensor::empty({nb, 2, page, entry + pad}, cache_dtype(f));
+    std::memset(storage.data(), 0xff, storage.nbytes());
+    KVCache cache{storage.view().select(1, 1).slice(2, 0, entry), f, f == CacheFormat::fp8 ? 0.005f : 1.0f};
+    validate_cache(cache);
+    std::vector<std::vector<int32_t>> table(b);
+    int32_t next = 0;
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t j = 0; j < 4; ++j) {
+        const int64_t used = (lens[r] + page - 1) / page;
+        table[r].push_back(j < used ? next++ : -1);
+      }
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t pos = 0; pos < lens[r]; ++pos) test::randomize_row(cache, table[r][pos / page] * page + pos % page);
+    Tensor bt = test::int_tensor_2d(table), sl = test::int_tensor(lens);
+
+    Tensor q_store = test::random_tensor({b, s_q, h + 1, d + 5}, DType::bf16);
+    TensorView q_view = q_store.view().slice(2, 1, h + 1).slice(3, 2, d + 2);
+    Tensor q_host = Tensor::empty({b, s_q, h, d}, DType::bf16);
+    copy(q_host.view(), q_view);
+    Tensor ref_out = test::poisoned({b, s_q, h, dv}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
+    mqa_decode(q_host, cache, bt, sl, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
+
+    const Device gpu = Device::cuda(0);
+    test::DeviceCache dc = test::to_device(storage, cache);
+    Tensor q_dev = q_store.to(gpu);
+    TensorView qd = q_dev.view().slice(2, 1, h + 1).slice(3, 2, d + 2);
+    Tensor out_store = test::poisoned({b, s_q, h, dv + 8}, DType::bf16, gpu);
+    Tensor lse_store = test::poisoned({b, h, s_q}, DType::f32, gpu);
+    TensorView out = out_store.view().slice(3, 0, dv), lse = lse_store.view().transpose(1, 2);
+    Tensor btd = bt.to(gpu), sld = sl.to(gpu);
+    const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h, 4 * page, gpu);
+    Tensor ws = need ? Tensor::empty({static_cast<int64_t>(need)}, DType::u8, gpu) : Tensor();
+    mqa_decode(qd, dc.cache, btd, sld, out, lse, kScale, true, ws.view(), Context{});
+    test::expect_attention_close(out, ref_out, lse, ref_lse, std::string("strided ") + to_string(f));
+  }
+}
+
+// The generic latent width L = 256 (d_qk 320) for the formats that allow it.
+TEST(DecodeGpu, LatentWidth256) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(16);
+  const int64_t b = 2, s_q = 2, h = 20, page = 8, nb = 40, d = 320;
+  const std::vector<int32_t> lens = {150, 9};
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8}) {
+    CacheBuffer cb = allocate_cache(f, nb, page, Device::cpu(), f == CacheFormat::fp8 ? 0.01f : 1.0f, d, 64);
+    std::memset(cb.storage.data(), 0xff, cb.storage.nbytes());
+    std::vector<std::vector<int32_t>> table = {{}, {}};
+    for (int32_t j = 0; j < 20; ++j) table[0].push_back(39 - j);
+    for (int32_t j = 0; j < 20; ++j) table[1].push_back(j < 2 ? j : -1);
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t pos = 0; pos < lens[r]; ++pos) test::randomize_row(cb.cache, table[r][pos / page] * page + pos % page);
+    Tensor q = test::random_tensor({b, s_q, h, d}, DType::bf16);
+    DecodeRun r =
+        run_decode(q, cb.storage, cb.cache, test::int_tensor_2d(table), test::int_tensor(lens), 256, true);
+    test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, std::string("d_qk 320 ") + to_string(f));
+  }
+}
+
+// Device metadata is not validated (it is not host-readable): seq_len beyond the table, negative
+// lengths and block ids outside the cache must still keep every read inside the cache and the table
+// (run under compute-sanitizer memcheck). Out-of-range pages are skipped; lengths are clamped.
+TEST(DecodeGpu, GarbageMetadataStaysInBounds) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(17);
+  const int64_t b = 4, h = 16, page = 16, nb = 8, max_blocks = 3;
+  CacheBuffer cb = allocate_cache(CacheFormat::bf16, nb, page, Device::cpu());
+  for (int64_t s = 0; s < nb * page; ++s) test::randomize_row(cb.cache, s);
+  const std::vector<std::vector<int32_t>> table = {{0, 1, 2}, {7, 1000000, -5}, {3, 4, 5}, {-1, -1, -1}};
+  const std::vector<int32_t> lens = {1 << 30, 40, -7, 48};
+  const Device gpu = Device::cuda(0);
+  test::DeviceCache dc = test::to_device(cb.storage, cb.cache);
+  Tensor q = test::random_tensor({b, 1, h, 576}, DType::bf16, gpu);
+  Tensor bt = test::int_tensor_2d(table, gpu), sl = test::int_tensor(lens, gpu);
+  Tensor out = test::poisoned({b, 1, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, 1, h}, DType::f32, gpu);
+  const std::size_t need = mqa_decode_workspace_bytes(b, 1, h, max_blocks * page, gpu);
+  Tensor ws = need ? Tensor::empty({static_cast<int64_t>(need)}, DType::u8, gpu) : Tensor();
+  ASSERT_NO_THROW(mqa_decode(q, dc.cache, bt, sl, out, lse, kScale, true, ws.view(), Context{}));
+  ASSERT_NO_THROW(cuda_rt::synchronize(0));
+  const std::vector<double> o = test::to_doubles(out), l = test::to_doubles(lse);
+  for (double x : o) ASSERT_TRUE(std::isfinite(x));
+  // Request 2 (negative length) and 3 (no valid page) see no key; request 0 sees its whole table.
+  for (int64_t hh = 0; hh < h; ++hh) {
+    EXPECT_EQ(l[2 * h + hh], -INFINITY);
+    EXPECT_EQ(l[3 * h + hh], -INFINITY);
+    EXPECT_TRUE(std::isfinite(l[hh]));
+  }
+}
+
+}  // namespace
+}  // namespace mla
