@@ -1,1 +1,43 @@
-int main(){return 0;}
+// mla: run, check and benchmark one DeepSeek MLA attention layer.
+//   mla run    a synthetic continuous-batching trace through MlaAttention, checked against a float64 oracle
+//   mla info   build, backends, devices
+//   mla bench  kernel and layer benchmarks (CUDA)
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+
+#include "commands.h"
+#include "mla/error.h"
+
+int main(int argc, char** argv) {
+  using namespace mla::app;
+  CLI::App app{fmt::format("mla {}: DeepSeek Multi-head Latent Attention (vLLM's MLA layer and FlashMLA-sparse "
+                           "semantics), dense and sparse, on the CPU and CUDA",
+                           version_string()),
+               "mla"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", version_string());
+
+  RunOptions run_opts;
+  InfoOptions info_opts;
+  mla::bench::BenchOptions bench_opts;
+  CLI::App* run = add_run_command(app, run_opts);
+  CLI::App* info = add_info_command(app, info_opts);
+  CLI::App* bench = add_bench_command(app, bench_opts);
+  app.footer("Run `mla <command> --help` for the options of a command.");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (run->parsed()) return run_command(run_opts);
+    if (info->parsed()) return info_command(info_opts);
+    if (bench->parsed()) return bench_command(bench_opts);
+  } catch (const mla::Error& e) {
+    fmt::print(stderr, "mla: error: {}\n", e.what());
+    return kExitError;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "mla: unexpected failure: {}\n", e.what());
+    return kExitError;
+  }
+  return kExitError;
+}

@@ -1,0 +1,40 @@
+// `mla bench`: option parsing for mla::bench::run (bench/, CUDA builds).
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "mla/error.h"
+#include "mla/tensor.h"
+
+namespace mla::app {
+
+CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Benchmark the kernels and a whole layer step on a CUDA device: median time after warm-up with L2 "
+               "flushed, TFLOP/s, GB/s and the share of the copy-bandwidth and cuBLAS-bf16 ceilings measured in the "
+               "same run");
+  cmd->add_option("--ops", o.ops, "Comma-separated benchmarks to run (default: all). Names: " +
+                                      [] {
+                                        std::string s;
+                                        for (const auto& n : bench::available()) s += (s.empty() ? "" : ", ") + n;
+                                        return s;
+                                      }())
+      ->delimiter(',');
+  cmd->add_option("--json", o.json_path, "Also write the results as a JSON record to this file");
+  cmd->add_flag("--quick", o.quick, "Small sizes and few iterations (a smoke test, not a measurement)");
+  cmd->add_option("--device", o.device, "CUDA device index")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--iters", o.iters, "Timed iterations per measurement (the median is reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "Untimed warm-up iterations")->check(CLI::NonNegativeNumber)->capture_default_str();
+  return cmd;
+}
+
+int bench_command(const bench::BenchOptions& o) {
+  if (!built_with_cuda())
+    throw Error("mla bench measures CUDA kernels, and this build of mla has no CUDA backend (configure with nvcc "
+                "available, without -DMLA_WITH_CUDA=OFF)");
+  if (cuda_device_count() == 0) throw Error("mla bench needs a CUDA device and none was found (see `mla info`)");
+  return bench::run(o);
+}
+
+}  // namespace mla::app

@@ -1,0 +1,50 @@
+#pragma once
+// The subcommands of the `mla` program. Each add_* registers its options on the CLI11 app; main()
+// calls the matching *_command after parsing. Commands return the process exit code.
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "bench.h"
+
+namespace mla::app {
+
+// Exit codes shared by the commands.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitCheckFailed = 1;  // the oracle check of `mla run` failed
+inline constexpr int kExitError = 3;        // mla::Error or another runtime failure
+
+// `mla run`. Numeric options left at -1 take a backend-dependent default (run.cpp, kDefaults).
+struct RunOptions {
+  std::string backend = "auto";
+  int device = 0;
+  std::string model;  // "" = v3, or v3.2 with --sparse
+  int tp = 8;
+  std::string cache;  // "" = bf16, or fp8_ds_mla with --sparse
+  bool sparse = false;
+  int64_t page_size = 64;
+  int64_t steps = -1, requests = -1, max_context = -1, token_budget = -1, max_seqs = -1, topk = -1;
+  int64_t check_samples = -1;
+  uint64_t seed = 0;
+  std::string json_path;
+  bool no_progress = false;
+};
+CLI::App* add_run_command(CLI::App& app, RunOptions& options);
+int run_command(const RunOptions& options);
+
+struct InfoOptions {
+  bool json = false;
+};
+CLI::App* add_info_command(CLI::App& app, InfoOptions& options);
+int info_command(const InfoOptions& options);
+
+CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& options);
+int bench_command(const bench::BenchOptions& options);
+
+// Build facts shared by `mla info` and the run summary.
+std::string version_string();
+std::string build_type();
+std::string cpu_name();  // /proc/cpuinfo "model name", or "unknown CPU"
+int openmp_threads();
+
+}  // namespace mla::app

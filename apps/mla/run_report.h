@@ -1,0 +1,55 @@
+#pragma once
+// `mla run` internals shared by run.cpp (options, driver) and run_report.cpp (summary, JSON).
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "mla/types.h"
+#include "trace.h"
+
+namespace mla::app {
+
+// The options of one run after defaults and aliases are applied.
+struct RunConfig {
+  bool cuda = false;
+  Device device{};
+  std::string device_name;  // GPU name, or the CPU model and thread count
+  std::string model;        // preset name
+  int tp = 8;
+  ModelDims dims;
+  CacheFormat format = CacheFormat::bf16;
+  float fp8_scale = 1.0f;
+  bool sparse = false;
+  int64_t topk = 0;
+  int64_t steps = 0;
+  int64_t check_samples = 0;
+  uint64_t seed = 0;
+  TraceConfig trace;
+  std::vector<std::string> notes;  // defaults and aliases worth telling the user about
+};
+
+// Per-step measurements. Phases follow the planner's split (decode tokens go through absorbed MQA,
+// prefill tokens through MHA with chunked context; in sparse mode both through sparse MQA).
+struct StepRecord {
+  int64_t decode_tokens = 0, prefill_tokens = 0, context_rows = 0;
+  std::array<int64_t, kNumTokenKinds> kind_tokens{};
+  int64_t num_reqs = 0;
+  double seconds = 0;  // forward (with the device synchronised)
+};
+
+struct RunStats {
+  std::vector<StepRecord> steps;
+  double wall_seconds = 0;  // the whole trace including input generation and checks
+  double setup_seconds = 0;
+  int64_t requests_finished = 0;
+  double forward_seconds() const;
+  int64_t tokens() const;
+};
+
+void print_header(const RunConfig& cfg);
+void print_summary(const RunConfig& cfg, const RunStats& stats, const OracleCheck& check);
+void write_json(const std::string& path, const RunConfig& cfg, const RunStats& stats, const OracleCheck& check);
+
+}  // namespace mla::app
