@@ -16,7 +16,8 @@ namespace {
 
 // Address of element (row, col) of a 2-D view.
 inline const char* elem_ptr(const TensorView& t, int64_t row, int64_t col) {
-  return static_cast<const char*>(t.data) + (row * t.stride[0] + col * t.stride[1]) * static_cast<int64_t>(t.element_size());
+  const int64_t off = row * t.stride[0] + col * t.stride[1];
+  return static_cast<const char*>(t.data) + off * static_cast<int64_t>(t.element_size());
 }
 
 // bf16 bits of one input element, correctly rounded. bf16 inputs are copied bit-exactly. An f64
@@ -170,9 +171,8 @@ void cp_gather_cache(const KVCache& cache, const TensorView& dst, const TensorVi
   const int64_t dst_row_bytes = dst.stride[0] * static_cast<int64_t>(dst.element_size());
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < n; ++r) {
-    if (slot[static_cast<std::size_t>(r)] < 0) continue;
-    std::memcpy(static_cast<char*>(dst.data) + r * dst_row_bytes, cache_row_ptr(cache, slot[static_cast<std::size_t>(r)]),
-                row_bytes);
+    const int64_t s = slot[static_cast<std::size_t>(r)];
+    if (s >= 0) std::memcpy(static_cast<char*>(dst.data) + r * dst_row_bytes, cache_row_ptr(cache, s), row_bytes);
   }
 }
 

@@ -124,7 +124,7 @@ void check_ds_mla_rows(const test::PatternCache& pc, const TensorView& kv_c, con
         EXPECT_EQ(std::frexp(scale, &e), 0.5f) << "scale " << scale << " is not a power of two";
         EXPECT_GE(scale, floor);
         EXPECT_LT(scale / 2, floor) << "not the smallest power of two >= " << floor;
-        if (amax == 0) EXPECT_EQ(scale, std::ldexp(1.0f, -13));
+        if (amax == 0) { EXPECT_EQ(scale, std::ldexp(1.0f, -13)); }
       }
       bool hit_max = false;
       for (int i = tile * 128; i < tile * 128 + 128; ++i) {
@@ -134,7 +134,9 @@ void check_ds_mla_rows(const test::PatternCache& pc, const TensorView& kv_c, con
         hit_max |= std::fabs(q) == 448.0;
       }
       // amax mode maps the largest element of a non-zero tile to the top of the e4m3 range.
-      if (mode == DsMlaScale::amax && amax > 0) EXPECT_TRUE(hit_max) << "token " << t << " tile " << tile;
+      if (mode == DsMlaScale::amax && amax > 0) {
+        EXPECT_TRUE(hit_max) << "token " << t << " tile " << tile;
+      }
     }
     for (int j = 0; j < 64; ++j) {
       uint16_t h;

@@ -204,6 +204,32 @@ TEST(GatherEdges, StridedViewsAndEmptyCalls) {
   for (double v : test::to_doubles(two)) ASSERT_TRUE(std::isnan(v));
 }
 
+TEST(GatherEdges, NarrowCacheRows) {
+  // d_qk 320 (L 256 + R 64) bf16 and fp8 caches: written, then gathered whole or latent-only.
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8}) {
+    test::reseed(550);
+    CacheBuffer cb = allocate_cache(f, 3, 2, Device::cpu(), 0.25f, 320, 64);
+    Tensor kv_c = test::random_tensor({6, 256}, DType::f32), k_pe = test::random_tensor({6, 64}, DType::f32);
+    write_cache(kv_c, k_pe, test::int64_tensor({4, 5, 0, 1, 2, 3}), cb.cache);
+    const Tensor table = test::int_tensor_2d({{2, 0, 1}}), cu = test::int_tensor({0, 5});
+    for (int64_t D : {320, 256}) {
+      Tensor dst = test::poisoned({5, D}, DType::f64);
+      gather_cache(cb.cache, dst, table, cu, test::int_tensor({1}));
+      const auto got = test::to_doubles(dst);
+      const auto x = test::to_doubles(kv_c), r = test::to_doubles(k_pe);
+      const int64_t tbl[3] = {2, 0, 1};
+      for (int64_t i = 0; i < 5; ++i)
+        for (int64_t c = 0; c < D; ++c) {
+          const int64_t p = 1 + i, slot = tbl[p / 2] * 2 + p % 2, tok = (slot + 2) % 6;  // slot (t + 4) % 6 holds t
+          const double v = c < 256 ? x[tok * 256 + c] : r[tok * 64 + c - 256];
+          const double want = f == CacheFormat::bf16 ? num::round_bf16(static_cast<float>(v))
+                                                     : num::round_e4m3(static_cast<float>(v) / 0.25f) * 0.25;
+          ASSERT_EQ(got[i * D + c], want) << to_string(f) << " row " << i << " col " << c;
+        }
+    }
+  }
+}
+
 TEST(GatherErrors, BadInputsThrowAndWriteNothing) {
   test::reseed(600);
   Batch bt = make_batch(CacheFormat::fp8_ds_mla, 4, {3, 5}, {1, 2});

@@ -121,7 +121,7 @@ TEST(Merge, TokensWithoutContextCopyTheSuffix) {
     EXPECT_EQ(test::check_close(got_lse, ref.lse, DType::f32, 1e-6), "") << with_context;
     const auto o = test::to_doubles(out), sv = test::to_doubles(s);
     for (int64_t k = with_context * H * D; k < T * H * D; ++k) ASSERT_EQ(o[k], sv[k]) << with_context;
-    if (with_context <= 4) EXPECT_EQ(got_lse[1 * T + 4], kInf);
+    if (with_context <= 4) { EXPECT_EQ(got_lse[1 * T + 4], kInf); }
   }
 }
 
