@@ -1,0 +1,54 @@
+// The layer's matrix products through mla::gemm / mla::bmm (cuBLAS), as shares of the GEMM ceiling:
+//   kv_b_proj   [T, 512] x [512, N*(P+V)]                          T = 8192, N = 128: 2*T*512*32768 flops
+//   q absorb    (N, B, P) x (N, P, L): q_nope strided out of q [B, N, 192], ql written into [B, N, 512]
+//   v up-proj   (N, B, L) x (N, L, V): o_lat [B, N, 512] strided, out written into [B, N*V]
+// flops = 2 * batch * m * n * k; bytes = a + b + c (each read or written once).
+#include <string>
+
+#include "mla/ops.h"
+#include "registry.h"
+
+namespace mla::bench {
+namespace {
+
+void bench_gemm(BenchContext& ctx) {
+  const Device dev = Device::cuda(ctx.device());
+  const Context op = ctx.op_context();
+  const int64_t q = ctx.quick() ? 8 : 1;
+  const int64_t N = 128, P = 128, R = 64, L = 512, V = 128;
+  const char* formula = "flops = 2*batch*m*n*k; bytes = a + b + c";
+  {
+    const int64_t T = 8192 / q, n = N * (P + V);
+    Tensor a = Tensor::empty({T, L}, DType::bf16, dev), w = Tensor::empty({L, n}, DType::bf16, dev);
+    Tensor c = Tensor::empty({T, n}, DType::bf16, dev);
+    fill_uniform(a, -1, 1, 61, ctx.stream());
+    fill_uniform(w, -0.05, 0.05, 62, ctx.stream());
+    const double ms = ctx.time_ms([&] { gemm(a, w, c, 1.0f, 0.0f, op); });
+    ctx.report("gemm", "kv_b_proj [" + std::to_string(T) + ", 512] x [512, 32768]", ms,
+               2.0 * (T * L + L * n + T * n), 2.0 * T * L * n, formula);
+  }
+  for (const int64_t B : {int64_t{128}, int64_t{4096} / q}) {
+    // q absorb: a = q[:, :, :P] as (N, B, P), b = W_UK_T (N, P, L), c = ql (N, B, L) inside [B, N, L].
+    Tensor qt = Tensor::empty({B, N, P + R}, DType::bf16, dev), wuk = Tensor::empty({N, P, L}, DType::bf16, dev);
+    Tensor ql = Tensor::empty({B, N, L}, DType::bf16, dev);
+    fill_uniform(qt, -1, 1, 63, ctx.stream());
+    fill_uniform(wuk, -0.1, 0.1, 64, ctx.stream());
+    const TensorView a = qt.view().slice(2, 0, P).transpose(0, 1), c = ql.view().transpose(0, 1);
+    double ms = ctx.time_ms([&] { bmm(a, wuk, c, 1.0f, 0.0f, op); });
+    ctx.report("bmm", "q absorb (128, " + std::to_string(B) + ", 128) x (128, 128, 512)", ms,
+               2.0 * (N * B * P + N * P * L + N * B * L), 2.0 * N * B * P * L, formula);
+    // v up-projection: a = o_lat (N, B, L) inside [B, N, L], b = W_UV (N, L, V), c = out (N, B, V) inside [B, N*V].
+    Tensor wuv = Tensor::empty({N, L, V}, DType::bf16, dev), out = Tensor::empty({B, N, V}, DType::bf16, dev);
+    fill_uniform(wuv, -0.1, 0.1, 65, ctx.stream());
+    const TensorView o = out.view().transpose(0, 1);
+    ms = ctx.time_ms([&] { bmm(c, wuv, o, 1.0f, 0.0f, op); });
+    ctx.report("bmm", "v up-proj (128, " + std::to_string(B) + ", 512) x (128, 512, 128)", ms,
+               2.0 * (N * B * L + N * L * V + N * B * V), 2.0 * N * B * L * V, formula);
+  }
+}
+
+}  // namespace
+
+void register_gemm(Registry& r) { r.add("gemm", "the layer's GEMM / BMM shapes through cuBLAS", bench_gemm); }
+
+}  // namespace mla::bench

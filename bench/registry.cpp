@@ -1,0 +1,193 @@
+// mla::bench::run / available, the benchmark context (timing, L2 flush, result rows, JSON record).
+// Compiled in every build; without CUDA, run() throws and available() is empty.
+#include "registry.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "families.h"
+#include "mla/error.h"
+
+#if MLA_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/runtime/device_api.h"
+#endif
+
+namespace mla::bench {
+
+void Registry::add(std::string name, std::string description, BenchFn fn) {
+  for (const Entry& e : entries_)
+    if (e.name == name) throw Error("bench registry: benchmark '" + name + "' registered twice");
+  entries_.push_back({std::move(name), std::move(description), std::move(fn)});
+}
+
+std::vector<int32_t> random_permutation(int64_t n, uint64_t seed) {
+  std::vector<int32_t> p(static_cast<std::size_t>(n));
+  std::iota(p.begin(), p.end(), 0);
+  std::mt19937_64 g(seed);
+  std::shuffle(p.begin(), p.end(), g);
+  return p;
+}
+
+#if MLA_WITH_CUDA
+
+namespace {
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(fmt::format("mla bench: {}: {}", what, cudaGetErrorString(e)));
+}
+std::string now_utc() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+}  // namespace
+
+BenchContext::BenchContext(const BenchOptions& options, void* stream) : options_(options), stream_(stream) {
+  const cuda_rt::DeviceInfo info = cuda_rt::device_info(options.device);
+  flush_bytes_ = std::max<std::size_t>(2 * info.l2_bytes, std::size_t{64} << 20);
+  check(cudaMalloc(&flush_, flush_bytes_), "cudaMalloc (L2 flush buffer)");
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "cudaEventCreate");
+  check(cudaEventCreate(&b), "cudaEventCreate");
+  start_ = a;
+  stop_ = b;
+}
+
+BenchContext::~BenchContext() {
+  cudaFree(flush_);
+  cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+
+double BenchContext::time_ms(const std::function<void()>& launch) {
+  auto s = static_cast<cudaStream_t>(stream_);
+  auto ev0 = static_cast<cudaEvent_t>(start_), ev1 = static_cast<cudaEvent_t>(stop_);
+  for (int i = 0; i < options_.warmup; ++i) launch();
+  check(cudaStreamSynchronize(s), "warm-up");
+  std::vector<float> ms(static_cast<std::size_t>(std::max(1, options_.iters)));
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    // Writing a buffer twice the L2's size evicts the previous run's data: every timed run starts cold.
+    check(cudaMemsetAsync(flush_, static_cast<int>(i & 0xff), flush_bytes_, s), "L2 flush");
+    check(cudaEventRecord(ev0, s), "cudaEventRecord");
+    launch();
+    check(cudaEventRecord(ev1, s), "cudaEventRecord");
+    check(cudaEventSynchronize(ev1), "timed run");
+    check(cudaEventElapsedTime(&ms[i], ev0, ev1), "cudaEventElapsedTime");
+  }
+  std::sort(ms.begin(), ms.end());
+  const std::size_t n = ms.size();
+  return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+}
+
+void BenchContext::report(const std::string& op, const std::string& config, double ms, double bytes, double flops,
+                          const std::string& formula) {
+  if (op != last_op_) {
+    std::printf("\n%s   [%s]\n", op.c_str(), formula.c_str());
+    std::printf("  %-46s %10s %9s %7s %9s %7s\n", "config", "time ms", "GB/s", "%copy", "TFLOP/s", "%gemm");
+    last_op_ = op;
+  }
+  const double gbps = ms > 0 ? bytes / (ms * 1e6) : 0;  // bytes / (ms * 1e-3) / 1e9
+  const double tflops = ms > 0 ? flops / (ms * 1e9) : 0;
+  const double pct_copy = ceilings_.copy_gbps > 0 ? 100.0 * gbps / ceilings_.copy_gbps : 0;
+  const double pct_gemm = ceilings_.gemm_tflops > 0 ? 100.0 * tflops / ceilings_.gemm_tflops : 0;
+  if (flops > 0)
+    std::printf("  %-46s %10.4f %9.1f %6.1f%% %9.1f %6.1f%%\n", config.c_str(), ms, gbps, pct_copy, tflops, pct_gemm);
+  else
+    std::printf("  %-46s %10.4f %9.1f %6.1f%% %9s %7s\n", config.c_str(), ms, gbps, pct_copy, "-", "-");
+  std::fflush(stdout);
+  rows_.push_back({op, config, formula, ms, bytes, flops});
+}
+
+int run(const BenchOptions& o) {
+  if (cuda_rt::device_count() <= o.device)
+    throw Error(fmt::format("mla bench: CUDA device {} not found ({} present)", o.device, cuda_rt::device_count()));
+  check(cudaSetDevice(o.device), "cudaSetDevice");
+  Registry reg;
+  register_all(reg);
+  for (const std::string& name : o.ops) {
+    const bool known = std::any_of(reg.entries().begin(), reg.entries().end(),
+                                   [&](const Registry::Entry& e) { return e.name == name; });
+    if (!known) {
+      std::string names;
+      for (const auto& e : reg.entries()) names += (names.empty() ? "" : ", ") + e.name;
+      throw Error(fmt::format("mla bench: unknown benchmark '{}' (available: {})", name, names));
+    }
+  }
+  auto selected = [&](const std::string& name) {
+    return o.ops.empty() || std::find(o.ops.begin(), o.ops.end(), name) != o.ops.end();
+  };
+
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const cuda_rt::DeviceInfo info = cuda_rt::device_info(o.device);
+  const char* commit = std::getenv("MLA_GIT_COMMIT");
+  std::printf("mla bench on %s (cc %d.%d, %d SMs, L2 %.0f MB, %.1f GiB), %s%s, warm-up %d, median of %d, L2 flushed\n",
+              info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count, info.l2_bytes / 1e6,
+              info.total_mem / 1073741824.0, now_utc().c_str(), o.quick ? ", QUICK sizes" : "", o.warmup, o.iters);
+  int rc = 0;
+  {
+    BenchContext ctx(o, stream);
+    // The ceilings come first whatever was selected: every row is reported as a share of them.
+    for (const auto& e : reg.entries()) {
+      if (e.name != "ceilings" && !selected(e.name)) continue;
+      try {
+        e.fn(ctx);
+      } catch (const std::exception& ex) {
+        std::printf("\n%s FAILED: %s\n", e.name.c_str(), ex.what());
+        rc = 1;
+        cudaGetLastError();
+      }
+    }
+    if (!o.json_path.empty()) {
+      nlohmann::json j;
+      j["device"] = info.name;
+      j["sm_count"] = info.sm_count;
+      j["l2_bytes"] = info.l2_bytes;
+      j["date"] = now_utc();
+      j["commit"] = commit ? commit : "unknown";
+      j["quick"] = o.quick;
+      j["warmup"] = o.warmup;
+      j["iters"] = o.iters;
+      j["ceilings"] = {{"copy_gbps", ctx.ceilings().copy_gbps}, {"gemm_tflops", ctx.ceilings().gemm_tflops}};
+      for (const Row& r : ctx.rows()) {
+        const double gbps = r.ms > 0 ? r.bytes / (r.ms * 1e6) : 0, tflops = r.ms > 0 ? r.flops / (r.ms * 1e9) : 0;
+        j["rows"].push_back({{"op", r.op}, {"config", r.config}, {"formula", r.formula}, {"time_ms", r.ms},
+                             {"bytes", r.bytes}, {"flops", r.flops}, {"gbps", gbps}, {"tflops", tflops},
+                             {"pct_copy", ctx.ceilings().copy_gbps > 0 ? 100 * gbps / ctx.ceilings().copy_gbps : 0},
+                             {"pct_gemm", ctx.ceilings().gemm_tflops > 0 ? 100 * tflops / ctx.ceilings().gemm_tflops : 0}});
+      }
+      std::ofstream(o.json_path) << j.dump(2) << "\n";
+      std::printf("\nwrote %s\n", o.json_path.c_str());
+    }
+  }
+  cudaStreamDestroy(stream);
+  return rc;
+}
+
+std::vector<std::string> available() {
+  Registry reg;
+  register_all(reg);
+  std::vector<std::string> names;
+  for (const auto& e : reg.entries()) names.push_back(e.name);
+  return names;
+}
+
+#else  // !MLA_WITH_CUDA
+
+int run(const BenchOptions&) { throw Error("mla bench: built without CUDA"); }
+std::vector<std::string> available() { return {}; }
+
+#endif
+
+}  // namespace mla::bench

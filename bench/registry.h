@@ -1,0 +1,103 @@
+#pragma once
+// The benchmark registry behind `mla bench` (bench.h). Plain C++ (no fmt, no JSON types): benchmark
+// sources may be .cu files compiled by nvcc.
+//
+// Adding benchmarks (e.g. a new bench/attention.cu):
+//   1. write `void register_attention(Registry& r)` that calls
+//        r.add("mqa_decode", "absorbed MQA decode over the paged cache", [](BenchContext& ctx) { ... });
+//      once per benchmark name (the names `--ops` selects; BenchOptions lists the usual ones);
+//   2. declare it and call it in bench/families.h (the one list of families; explicit, because objects
+//      of a static library that nothing references would be dropped by the linker).
+// A benchmark allocates its inputs (Tensor on Device::cuda(ctx.device()); fill them with the device
+// fills below, never zeros), times its op with ctx.time_ms (warm-up, then the median of
+// options.iters runs with the L2 flushed before each), and reports rows with ctx.report: bytes and
+// FLOPs are the minimum traffic and arithmetic the op needs (formula given with the row), and the
+// printed shares are of the ceilings measured at the start of the same run.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "mla/tensor.h"
+#include "mla/types.h"
+
+namespace mla::bench {
+
+// Measured in the same run before any benchmark (ceilings.cu).
+struct Ceilings {
+  double copy_gbps = 0;    // cudaMemcpyAsync device-to-device, bytes read + written per second / 1e9
+  double gemm_tflops = 0;  // cuBLAS bf16 GEMM 8192^3, random data, fp32 accumulation
+};
+
+struct Row {
+  std::string op, config, formula;
+  double ms = 0, bytes = 0, flops = 0;
+};
+
+class BenchContext {
+ public:
+  BenchContext(const BenchOptions& options, void* stream);
+  ~BenchContext();
+  BenchContext(const BenchContext&) = delete;
+  BenchContext& operator=(const BenchContext&) = delete;
+
+  const BenchOptions& options() const { return options_; }
+  int device() const { return options_.device; }
+  bool quick() const { return options_.quick; }
+  void* stream() const { return stream_; }  // cudaStream_t every benchmark launches on
+  Context op_context() const { return Context{stream_, Precision::fast}; }
+  Ceilings& ceilings() { return ceilings_; }
+
+  // Median milliseconds of `launch` (which enqueues the work on stream()): options().warmup untimed
+  // calls, then options().iters calls each timed with CUDA events, the L2 flushed (a memset of a
+  // buffer twice the L2 size) before each timed call.
+  double time_ms(const std::function<void()>& launch);
+
+  // Prints one result row: time, GB/s = bytes / time, % of the copy ceiling, TFLOP/s = flops /
+  // time, % of the GEMM ceiling (the last two only when flops > 0), and records it for --json.
+  // `formula` says how bytes/flops were counted; it is printed once per op.
+  void report(const std::string& op, const std::string& config, double ms, double bytes, double flops,
+              const std::string& formula);
+  const std::vector<Row>& rows() const { return rows_; }
+
+ private:
+  const BenchOptions& options_;
+  void* stream_;
+  Ceilings ceilings_;
+  void* flush_ = nullptr;
+  std::size_t flush_bytes_ = 0;
+  void* start_ = nullptr;
+  void* stop_ = nullptr;
+  std::vector<Row> rows_;
+  std::string last_op_;
+};
+
+using BenchFn = std::function<void(BenchContext&)>;
+
+class Registry {
+ public:
+  void add(std::string name, std::string description, BenchFn fn);
+  struct Entry {
+    std::string name, description;
+    BenchFn fn;
+  };
+  const std::vector<Entry>& entries() const { return entries_; }
+
+ private:
+  std::vector<Entry> entries_;
+};
+
+// ---- device fills for benchmark inputs (bench/fill.cu) -----------------------------------------
+// Counter-based random values (a hash of seed and index), so multi-GB inputs fill in milliseconds.
+void fill_uniform(const TensorView& t, double lo, double hi, uint64_t seed, void* stream);  // bf16 / f32
+void fill_e4m3_codes(const TensorView& t, uint64_t seed, void* stream);  // random finite e4m3 codes (any 1-byte dtype)
+// fp8_ds_mla records: finite codes, positive tile scales in [1e-3, 1e-2), bf16 rope in [-1, 1).
+void fill_ds_mla_rows(const TensorView& cache_data, uint64_t seed, void* stream);
+void fill_iota_i32(const TensorView& t, int32_t start, int32_t step, void* stream);  // contiguous i32
+
+// Permutation of [0, n) as int32 (host shuffle, copied to the device): scattered block tables and slots.
+std::vector<int32_t> random_permutation(int64_t n, uint64_t seed);
+
+}  // namespace mla::bench

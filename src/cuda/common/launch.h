@@ -1,0 +1,50 @@
+#pragma once
+// Host-side helpers shared by the CUDA launchers (.cu files; no fmt, no core/check.h): the device
+// guard, the stream of a Context, launch-error checks and grid sizing.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "mla/error.h"
+#include "mla/types.h"
+
+namespace mla::cuda {
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(std::string(what) + ": CUDA error " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+// Throws when the launch just made on this thread failed (bad configuration, missing image).
+inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
+
+// Makes `device` current for the lifetime of the guard: kernels must launch on the device that holds
+// the tensors (and ctx.stream belongs to that device).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device d) {
+    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != d.index) check_cuda(cudaSetDevice(d.index), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+inline cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+// Blocks needed for `n` work items of `per_block` each, as a launchable grid.x (throws past 2^31-1).
+inline unsigned int grid_for(int64_t n, int64_t per_block, const char* what) {
+  const int64_t blocks = (n + per_block - 1) / per_block;
+  if (blocks > 0x7fffffffLL) throw Error(std::string(what) + ": problem too large for one launch");
+  return static_cast<unsigned int>(blocks < 1 ? 1 : blocks);
+}
+
+}  // namespace mla::cuda

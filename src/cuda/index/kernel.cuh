@@ -1,0 +1,70 @@
+#pragma once
+// convert_topk_indices (semantics §11.3): request-local top-k positions -> flat cache rows
+// (block_table[req][idx / page] * block_stride_rows + idx % page) or prefill-workspace rows
+// (starts[pid] + idx, no block-table bound check [PIN]); -1 for invalid entries and for positions
+// whose block lies outside the table. Same arithmetic as the CPU backend (64-bit, then the int32
+// output), and the valid count is the number of non-negative 64-bit results.
+//
+// Device-side guards the CPU front end turns into errors: a req_id outside the table's rows or a
+// prefill id outside the starts vector makes the whole row -1 (nothing outside the inputs is read).
+//
+// One block per token row; each thread converts 4 consecutive entries per step (16-byte loads and
+// stores when aligned), then the block sums its valid count with warp shuffles.
+#include <cstdint>
+
+#include "cuda/common/vec.cuh"
+#include "cuda/index/params.h"
+
+namespace mla::cuda::index {
+
+template <bool kVec, int kThreads>
+__global__ void __launch_bounds__(kThreads) convert_topk_kernel(TopkParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t pid = p.ws_request ? p.ws_request[t * p.ws_request_stride] : -1;
+  const bool to_ws = pid >= 0;
+  const bool ws_ok = to_ws && pid < p.num_ws;
+  const int64_t ws_start = ws_ok ? p.ws_starts[pid * p.ws_starts_stride] : 0;
+  const int64_t req = to_ws ? 0 : p.req_id[t * p.req_stride];
+  const bool req_ok = !to_ws && req >= 0 && req < p.num_table_rows;
+  const int32_t* bt_row = p.block_table + (req_ok ? req : 0) * p.bt_stride;
+  const int32_t* in = p.indices + t * p.idx_stride;
+  int32_t* out = p.out + t * p.out_stride;
+
+  int valid = 0;
+  for (int64_t k0 = 4 * static_cast<int64_t>(threadIdx.x); k0 < p.topk; k0 += 4 * kThreads) {
+    const int n = static_cast<int>(p.topk - k0 < 4 ? p.topk - k0 : 4);
+    dev::Array<int32_t, 4> idx, res;
+    dev::load_chunk<kVec>(idx, in + k0, n);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t tok = idx.v[i];
+      int64_t row = -1;
+      if (i < n && tok >= 0) {
+        if (to_ws) {
+          if (ws_ok) row = ws_start + tok;
+        } else if (req_ok) {
+          const int64_t blk = tok / p.page_size;
+          if (blk < p.max_blocks) row = static_cast<int64_t>(bt_row[blk]) * p.block_stride_rows + (tok - blk * p.page_size);
+        }
+      }
+      res.v[i] = static_cast<int32_t>(row);
+      valid += (i < n && row >= 0) ? 1 : 0;
+    }
+    dev::store_chunk<kVec>(out + k0, res, n);
+  }
+
+  if (!p.valid) return;
+  __shared__ int warp_sums[kThreads / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) valid += __shfl_xor_sync(0xffffffffu, valid, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x / 32] = valid;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+    p.valid[t * p.valid_stride] = total;
+  }
+}
+
+}  // namespace mla::cuda::index

@@ -1,0 +1,66 @@
+// Launcher of merge_attn_states: POD params from the validated views, vector variant when every
+// row start is 16-byte aligned (8-byte for fp8 output) and D is a multiple of 8.
+#include "cuda/common/launch.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/merge/kernel.cuh"
+
+namespace mla::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRows = 128;  // (token, head) pairs per block: D = 128 gives 8 chunks per thread
+
+template <bool kFp8Out>
+void launch_merge(const merge::MergeParams& p, bool vec, const Context& ctx) {
+  const unsigned grid = grid_for(p.num_tokens * p.num_heads, kRows, "merge_attn_states");
+  if (vec) merge::merge_kernel<kFp8Out, true, kRows, kThreads><<<grid, kThreads, 0, stream_of(ctx)>>>(p);
+  else merge::merge_kernel<kFp8Out, false, kRows, kThreads><<<grid, kThreads, 0, stream_of(ctx)>>>(p);
+  check_launch("merge_attn_states");
+}
+
+}  // namespace
+
+void merge_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& prefix,
+                       const TensorView& prefix_lse, const TensorView& suffix, const TensorView& suffix_lse,
+                       int64_t prefill_tokens_with_context, float output_scale, const Context& ctx) {
+  DeviceGuard guard(prefix.device);
+  merge::MergeParams p{};
+  p.prefix = static_cast<const uint16_t*>(prefix.data);
+  p.suffix = static_cast<const uint16_t*>(suffix.data);
+  p.out = out.data;
+  p.prefix_lse = static_cast<const float*>(prefix_lse.data);
+  p.suffix_lse = static_cast<const float*>(suffix_lse.data);
+  p.out_lse = out_lse.defined() ? static_cast<float*>(out_lse.data) : nullptr;
+  p.prefix_stride_t = prefix.stride[0];
+  p.suffix_stride_t = suffix.stride[0];
+  p.head_stride = prefix.stride[1];
+  p.out_stride_t = out.stride[0];
+  p.out_stride_h = out.stride[1];
+  p.plse_stride_h = prefix_lse.stride[0];
+  p.plse_stride_t = prefix_lse.stride[1];
+  p.slse_stride_h = suffix_lse.stride[0];
+  p.slse_stride_t = suffix_lse.stride[1];
+  if (p.out_lse) {
+    p.olse_stride_h = out_lse.stride[0];
+    p.olse_stride_t = out_lse.stride[1];
+  }
+  p.num_tokens = prefix.size(0);
+  p.num_heads = prefix.size(1);
+  p.head_dim = static_cast<int>(prefix.size(2));
+  p.tokens_with_context = prefill_tokens_with_context < 0 ? p.num_tokens : prefill_tokens_with_context;
+  p.out_scale = output_scale;
+  if (p.num_tokens == 0 || p.num_heads == 0 || p.head_dim == 0) return;
+
+  const bool fp8_out = output_scale != 0.0f;
+  const int64_t out_chunk = fp8_out ? 8 : 16;  // bytes of 8 output values
+  auto ok = [](const void* ptr, int64_t align) { return dev::aligned_to(ptr, align); };
+  // Strides are in elements: a multiple of 8 keeps every 8-value chunk on its alignment.
+  const bool vec = p.head_dim % 8 == 0 && ok(p.prefix, 16) && ok(p.suffix, 16) && ok(p.out, out_chunk) &&
+                   (p.num_tokens == 1 || (p.prefix_stride_t % 8 == 0 && p.suffix_stride_t % 8 == 0 &&
+                                          p.out_stride_t % 8 == 0)) &&
+                   (p.num_heads == 1 || (p.head_stride % 8 == 0 && p.out_stride_h % 8 == 0));
+  if (fp8_out) launch_merge<true>(p, vec, ctx);
+  else launch_merge<false>(p, vec, ctx);
+}
+
+}  // namespace mla::cuda

@@ -1,0 +1,344 @@
+// write_cache, gather_cache, cp_gather_cache and upconvert_ds_mla on CUDA against the CPU backend
+// (reference precision). All four are exact: cache bytes, fp8 codes and ds_mla scales, gathered bf16
+// bits and raw bytes must equal the CPU's byte for byte, over the whole (poisoned) cache storage and
+// destination buffers, so a stray write or an unwritten row shows. Covered: every format, page sizes
+// 1/16/64, strided and misaligned views (the element-wise kernel variants), zero-length requests,
+// unaligned seq_starts, positions outside the block table, device-side garbage (slots and block ids
+// outside the cache: skipped on the GPU), conversion edge values, and offsets beyond 2^32 bytes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <tuple>
+
+#include "cache_gpu_util.h"
+#include "core/numeric.h"
+
+namespace mla {
+namespace {
+
+using test::CacheMirror;
+using test::GatherBatch;
+using test::Mirror;
+
+std::string name_of(CacheFormat f) { return to_string(f); }
+
+// Random distinct slots for `n` tokens, about one in five skipped (-1).
+std::vector<int64_t> random_slots(int64_t n, int64_t num_slots) {
+  std::vector<int64_t> all(static_cast<std::size_t>(num_slots));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), test::rng());
+  std::vector<int64_t> s(all.begin(), all.begin() + n);
+  for (std::size_t i = 0; i < s.size(); i += 5) s[i] = -1;
+  return s;
+}
+
+Tensor slot_tensor(const std::vector<int64_t>& slots, bool i64) {
+  if (i64) return test::int64_tensor(slots);
+  return test::int_tensor(std::vector<int32_t>(slots.begin(), slots.end()));
+}
+
+// ---- write_cache ------------------------------------------------------------------------------
+
+// (format, page, int64 slots, ds pow2 scales, misaligned views)
+using WriteParam = std::tuple<CacheFormat, int64_t, bool, bool, bool>;
+class WriteCacheGpu : public ::testing::TestWithParam<WriteParam> {};
+
+TEST_P(WriteCacheGpu, MatchesCpuBytes) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [format, page, i64, pow2, misaligned] = GetParam();
+  test::reseed(1000 + page);
+  const int64_t T = 37, pad = 3, blocks = (2 * T) / page + 2;
+  CacheMirror cm(format, blocks, page, 0.04f, misaligned ? 1 : 0);
+  // kv_c: columns [0, 512) of a wider buffer (row stride 600, or 603 + 1 element offset when misaligned);
+  // k_pe: columns [520, 584) of a q-like buffer. Values up to +-20 with scale 0.04 saturate some fp8 codes.
+  const int64_t kv_w = misaligned ? 603 : 600;
+  Mirror kv(test::random_tensor({T + pad, kv_w}, DType::bf16, Device::cpu(), -20, 20));
+  Mirror pe(test::random_tensor({T + pad, 584}, DType::bf16, Device::cpu(), -20, 20));
+  const TensorView kv_c = kv.host.view().slice(1, misaligned ? 1 : 0, misaligned ? 513 : 512);
+  const TensorView k_pe = pe.host.view().slice(1, 520, 584);
+
+  const std::vector<int64_t> slots = random_slots(T, cm.host.num_slots());
+  // Device copy: every other skipped token carries a slot outside the cache instead of -1, which the
+  // kernel must skip too (the CPU front end would reject it, so the oracle sees -1).
+  std::vector<int64_t> dev_slots = slots;
+  for (std::size_t i = 0, k = 0; i < dev_slots.size(); ++i)
+    if (dev_slots[i] < 0 && (k++ % 2 == 1)) dev_slots[i] = cm.host.num_slots() + static_cast<int64_t>(i) * 1000;
+  if (!i64)
+    for (auto& s : dev_slots) s = std::min<int64_t>(s, std::numeric_limits<int32_t>::max());
+  const DsMlaScale mode = pow2 ? DsMlaScale::pow2 : DsMlaScale::amax;
+
+  write_cache(kv_c, k_pe, slot_tensor(slots, i64), cm.host, mode, test::reference_ctx());
+  write_cache(kv.on_dev(kv_c), pe.on_dev(k_pe), slot_tensor(dev_slots, i64).to(Device::cuda(0)), cm.dev, mode);
+  EXPECT_EQ(test::byte_diff(cm.dev_bytes_all(), cm.host_bytes_all()), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, WriteCacheGpu,
+                         ::testing::Combine(::testing::Values(CacheFormat::bf16, CacheFormat::fp8,
+                                                              CacheFormat::fp8_ds_mla),
+                                            ::testing::Values(int64_t{1}, int64_t{16}, int64_t{64}),
+                                            ::testing::Bool(), ::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return name_of(std::get<0>(info.param)) + "_page" + std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_i64" : "_i32") +
+                                  (std::get<3>(info.param) ? "_pow2" : "_amax") +
+                                  (std::get<4>(info.param) ? "_misaligned" : "");
+                         });
+
+// Conversion edge values through both quantising formats: infinities, NaN of both signs, the
+// saturation boundary (448, 464 = tie to 480 -> saturates, 480, 1e6), e4m3 subnormals and their ties,
+// signed zeros; ds_mla tiles that are all zero, hold an infinity, hold NaN (ignored by amax), or are
+// so small that amax / 448 is a float subnormal (FLT_MIN floor).
+TEST(WriteCacheGpuEdge, ConversionEdgeValuesMatchCpuCodes) {
+  MLA_SKIP_WITHOUT_GPU();
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> specials = {inf,     -inf,   nan,      -nan,     448.f,    -448.f,   464.f,   -464.f,
+                                       465.f,   480.f,  1e6f,     0.f,      -0.f,     0x1p-9f,  0x1p-10f, 0x3p-10f,
+                                       0x5p-10f, 0x1p-6f, 0x0.fp-6f, 0x1.1p-6f, 0x1.08p-6f, 1.0625f, 1.1875f, -3.5f};
+  for (CacheFormat format : {CacheFormat::fp8, CacheFormat::fp8_ds_mla}) {
+    for (DsMlaScale mode : {DsMlaScale::amax, DsMlaScale::pow2}) {
+      const int64_t T = 6;
+      Tensor kv = Tensor::empty({T, 512}, DType::bf16), pe = test::random_tensor({T, 64}, DType::bf16);
+      auto* k = static_cast<uint16_t*>(kv.data());
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < 512; ++i) {
+          float v = specials[static_cast<std::size_t>((i + 7 * t) % specials.size())] * (t == 1 ? 0.25f : 1.0f);
+          const int tile = static_cast<int>(i / 128);
+          if (t >= 2) {  // ds_mla tile cases, rows 2..5
+            if (tile == 0) v = 0.0f;                                 // all-zero tile
+            else if (tile == 1 && t == 2) v = std::isnan(v) ? 1.0f : v;  // inf in the tile
+            else if (tile == 1) v = std::isinf(v) ? 2.0f : v;        // NaN ignored by amax
+            else if (tile == 2) v = 1e-38f * static_cast<float>(i % 5);  // amax/448 below FLT_MIN
+            else v = static_cast<float>(i % 9) * 0.37f * (t == 5 ? 1e-30f : 1.0f);
+          }
+          k[t * 512 + i] = num::float_to_bf16(v);
+        }
+      CacheMirror cm(format, 2, 4, 1.0f);
+      const std::vector<int64_t> slots = {0, 3, 5, 6, 1, 2};
+      write_cache(kv, pe, test::int64_tensor(slots), cm.host, mode, test::reference_ctx());
+      write_cache(kv.to(Device::cuda(0)), pe.to(Device::cuda(0)), test::int64_tensor(slots, Device::cuda(0)), cm.dev,
+                  mode);
+      EXPECT_EQ(test::byte_diff(cm.dev_bytes_all(), cm.host_bytes_all()), "")
+          << to_string(format) << (mode == DsMlaScale::pow2 ? " pow2" : " amax");
+    }
+  }
+}
+
+// ---- gathers ----------------------------------------------------------------------------------
+
+// Requests with zero lengths, unaligned starts, and one request running past the table's last column.
+GatherBatch make_batch(int64_t page, bool with_starts) {
+  std::vector<int32_t> lens = {0, 5, static_cast<int32_t>(2 * page + 3), 1, 0, 37};
+  std::vector<int32_t> starts(lens.size(), 0);
+  if (with_starts) starts = {3, 0, static_cast<int32_t>(page - 1), static_cast<int32_t>(2 * page + 5), 7, 1};
+  int64_t need = 0;
+  for (std::size_t b = 0; b < lens.size(); ++b) need = std::max<int64_t>(need, (starts[b] + lens[b] + page - 1) / page);
+  return GatherBatch(lens, starts, page, std::max<int64_t>(need - 1, 1));  // the longest request overruns
+}
+
+// Host block table [B, width] as a view inside a wider [B, width + 3] buffer (row stride != width).
+struct Table {
+  Mirror m;
+  TensorView host;
+  explicit Table(const GatherBatch& g) : m({g.B(), g.width + 3}, DType::i32) {
+    auto* p = static_cast<int32_t*>(m.host.data());
+    for (int64_t b = 0; b < g.B(); ++b)
+      for (int64_t j = 0; j < g.width + 3; ++j)
+        p[b * (g.width + 3) + j] = j < g.width ? g.table[static_cast<std::size_t>(b * g.width + j)] : 0;
+    m.sync();
+    host = m.host.view().slice(1, 0, g.width);
+  }
+  TensorView dev() const { return m.on_dev(host); }
+};
+
+// A 1-D int32 vector as a stride-2 view.
+struct StridedVec {
+  Mirror m;
+  TensorView host;
+  explicit StridedVec(const std::vector<int32_t>& v) : m({static_cast<int64_t>(2 * v.size() + 1)}, DType::i32) {
+    auto* p = static_cast<int32_t*>(m.host.data());
+    for (std::size_t i = 0; i < 2 * v.size() + 1; ++i) p[i] = i % 2 == 0 && i / 2 < v.size() ? v[i / 2] : -999;
+    m.sync();
+    const int64_t shape[1] = {static_cast<int64_t>(v.size())}, stride[1] = {2};
+    host = TensorView(m.host.data(), DType::i32, shape, stride);
+  }
+  TensorView dev() const { return m.on_dev(host); }
+};
+
+// Device-only garbage: two table entries of the first request with rows replaced by block ids
+// outside the cache. Returns the dst rows (cu-relative) they feed, whose expected bytes are poison.
+std::set<int64_t> corrupt_table(Table& table, const GatherBatch& g, const std::vector<int32_t>& row0) {
+  std::set<int64_t> rows;
+  int64_t b = 0;
+  while (b < g.B() && g.lens[static_cast<std::size_t>(b)] < 2) ++b;
+  const int64_t cols[2] = {g.column(b, 0), g.column(b, g.lens[static_cast<std::size_t>(b)] - 1)};
+  Tensor bad = Tensor::empty({table.m.host.size(0), table.m.host.size(1)}, DType::i32);
+  std::memcpy(bad.data(), table.m.host.data(), bad.nbytes());
+  auto* p = static_cast<int32_t*>(bad.data());
+  p[b * table.m.host.size(1) + cols[0]] = -3;
+  if (cols[1] >= 0) p[b * table.m.host.size(1) + cols[1]] = static_cast<int32_t>(g.num_blocks + 11);
+  for (int64_t i = 0; i < g.lens[static_cast<std::size_t>(b)]; ++i) {
+    const int64_t c = g.column(b, i);
+    if (c == cols[0] || c == cols[1]) rows.insert(row0[static_cast<std::size_t>(b)] + i);
+  }
+  table.m.dev = bad.to(Device::cuda(0));
+  return rows;
+}
+
+// Expected device result: the CPU's dst with the rows fed by corrupted table entries left as they were.
+std::vector<uint8_t> expected_with_skips(const std::vector<uint8_t>& cpu, const std::vector<uint8_t>& before,
+                                         const std::set<int64_t>& rows, int64_t row_bytes) {
+  std::vector<uint8_t> e = cpu;
+  for (int64_t r : rows)
+    std::copy(before.begin() + r * row_bytes, before.begin() + (r + 1) * row_bytes, e.begin() + r * row_bytes);
+  return e;
+}
+
+// (format, page, seq_starts given)
+using GatherParam = std::tuple<CacheFormat, int64_t, bool>;
+class GatherGpu : public ::testing::TestWithParam<GatherParam> {
+ protected:
+  void SetUp() override {
+    if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device present";
+    const auto [format, page, with_starts] = GetParam();
+    test::reseed(2000 + page + (with_starts ? 7 : 0));
+    g = std::make_unique<GatherBatch>(make_batch(page, with_starts));
+    cache = std::make_unique<CacheMirror>(format, g->num_blocks, page, 0.03f);
+    cache->fill_slots(g->referenced_slots());
+    // cu = [2, 2 + l0, ...]: two leading rows and four trailing rows belong to no request.
+    cu = {2};
+    for (int32_t l : g->lens) cu.push_back(cu.back() + l);
+    tot = cu.back() + 4;
+    table = std::make_unique<Table>(*g);
+    starts = std::make_unique<StridedVec>(g->starts);
+  }
+  TensorView seq_starts_host() const { return std::get<2>(GetParam()) ? starts->host : TensorView{}; }
+  TensorView seq_starts_dev() const { return std::get<2>(GetParam()) ? starts->dev() : TensorView{}; }
+
+  std::unique_ptr<GatherBatch> g;
+  std::unique_ptr<CacheMirror> cache;
+  std::unique_ptr<Table> table;
+  std::unique_ptr<StridedVec> starts;
+  std::vector<int32_t> cu;
+  int64_t tot = 0;
+};
+
+TEST_P(GatherGpu, GatherCacheMatchesCpuBits) {
+  MLA_SKIP_WITHOUT_GPU();
+  for (int64_t d : {int64_t{576}, int64_t{512}}) {
+    // dst [tot, d] inside a [tot, d + 8] buffer, NaN-poisoned.
+    Mirror dst(test::poisoned({tot, d + 8}, DType::bf16));
+    const TensorView dh = dst.host.view().slice(1, 0, d);
+    const std::vector<uint8_t> before = test::host_bytes(dst.host);
+    gather_cache(cache->host, dh, table->host, test::int_tensor(cu), seq_starts_host(), test::reference_ctx());
+    std::vector<int32_t> row0(cu.begin(), cu.end() - 1);
+    const std::set<int64_t> skipped = corrupt_table(*table, *g, row0);
+    gather_cache(cache->dev, dst.on_dev(dh), table->dev(), test::int_tensor(cu, Device::cuda(0)), seq_starts_dev());
+    const auto want = expected_with_skips(test::host_bytes(dst.host), before, skipped, 2 * (d + 8));
+    EXPECT_EQ(test::byte_diff(test::host_bytes(dst.dev), want, 2), "") << "d = " << d;
+    table->m.sync();  // restore the valid table for the next width
+  }
+}
+
+TEST_P(GatherGpu, CpGatherCacheMatchesCpuBytes) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t entry = cache->host.data.size(2);
+  const DType dt = cache->host.data.dtype;
+  for (int64_t pad : {int64_t{16}, int64_t{1}}) {  // pad 1: dst rows misaligned for 16-byte stores (u8)
+    if (pad == 1 && dt == DType::bf16) continue;
+    Mirror dst({tot, entry + pad}, dt);
+    std::memset(dst.host.data(), 0xC3, dst.host.nbytes());
+    dst.sync();
+    const TensorView dh = dst.host.view().slice(1, 0, entry);
+    cp_gather_cache(cache->host, dh, table->host, test::int_tensor(cu), seq_starts_host(), test::reference_ctx());
+    cp_gather_cache(cache->dev, dst.on_dev(dh), table->dev(), test::int_tensor(cu, Device::cuda(0)), seq_starts_dev());
+    EXPECT_EQ(test::byte_diff(test::host_bytes(dst.dev), test::host_bytes(dst.host)), "") << "pad " << pad;
+  }
+}
+
+TEST_P(GatherGpu, UpconvertMatchesCpuBits) {
+  MLA_SKIP_WITHOUT_GPU();
+  if (cache->host.format != CacheFormat::fp8_ds_mla) GTEST_SKIP() << "upconvert reads fp8_ds_mla caches";
+  // Workspace starts: request b at rows [ws[b], ws[b+1]); the last runs to the end of dst.
+  std::vector<int32_t> ws(cu.begin(), cu.end() - 1);
+  const int64_t rows = cu.back();  // the last request ends exactly at dst's end
+  Mirror dst(test::poisoned({rows, 576}, DType::bf16));
+  upconvert_ds_mla(cache->host, dst.host, table->host, test::int_tensor(ws), seq_starts_host(), test::reference_ctx());
+  upconvert_ds_mla(cache->dev, dst.dev, table->dev(), test::int_tensor(ws, Device::cuda(0)), seq_starts_dev());
+  EXPECT_EQ(test::byte_diff(test::host_bytes(dst.dev), test::host_bytes(dst.host), 2), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, GatherGpu,
+                         ::testing::Combine(::testing::Values(CacheFormat::bf16, CacheFormat::fp8,
+                                                              CacheFormat::fp8_ds_mla),
+                                            ::testing::Values(int64_t{1}, int64_t{16}, int64_t{64}),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return name_of(std::get<0>(info.param)) + "_page" + std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_starts" : "");
+                         });
+
+// Misaligned cache storage (1 element offset): the element-wise gather variants.
+TEST(GatherGpuEdge, MisalignedCacheMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(77);
+  for (CacheFormat format : {CacheFormat::bf16, CacheFormat::fp8, CacheFormat::fp8_ds_mla}) {
+    GatherBatch g = make_batch(16, true);
+    CacheMirror cm(format, g.num_blocks, 16, 0.5f, 1);
+    cm.fill_slots(g.referenced_slots());
+    Table table(g);
+    std::vector<int32_t> cu = {0};
+    for (int32_t l : g.lens) cu.push_back(cu.back() + l);
+    Mirror dst(test::poisoned({cu.back(), 576}, DType::bf16));
+    const Tensor st = test::int_tensor(g.starts);
+    gather_cache(cm.host, dst.host, table.host, test::int_tensor(cu), st, test::reference_ctx());
+    gather_cache(cm.dev, dst.dev, table.dev(), test::int_tensor(cu, Device::cuda(0)), st.to(Device::cuda(0)));
+    EXPECT_EQ(test::byte_diff(test::host_bytes(dst.dev), test::host_bytes(dst.host), 2), "") << to_string(format);
+  }
+}
+
+// Byte offsets past 2^32 in the cache and past 2^31 in the destination: tokens written by the GPU
+// into the last block of a 4.6 GB fp8_ds_mla cache, read back by all three gathers into the tail of
+// a 2.3 GB workspace, must equal the CPU's rows of the same tokens in a small cache.
+TEST(CacheGpuLarge, OffsetsBeyond32Bits) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(99);
+  const int64_t page = 64, blocks = 110000, T = page;
+  ASSERT_GT(blocks * page * 656, int64_t{1} << 32);
+  CacheBuffer big = allocate_cache(CacheFormat::fp8_ds_mla, blocks, page, Device::cuda(0));
+  CacheBuffer small = allocate_cache(CacheFormat::fp8_ds_mla, 1, page, Device::cpu());
+  Tensor kv = test::random_tensor({T, 512}, DType::bf16, Device::cpu(), -2, 2);
+  Tensor pe = test::random_tensor({T, 64}, DType::bf16);
+  std::vector<int64_t> small_slots(T), big_slots(T);
+  std::iota(small_slots.begin(), small_slots.end(), 0);
+  for (int64_t i = 0; i < T; ++i) big_slots[static_cast<std::size_t>(i)] = (blocks - 1) * page + i;
+  write_cache(kv, pe, test::int64_tensor(small_slots), small.cache, DsMlaScale::amax, test::reference_ctx());
+  write_cache(kv.to(Device::cuda(0)), pe.to(Device::cuda(0)), test::int64_tensor(big_slots, Device::cuda(0)),
+              big.cache);
+
+  const Tensor bt_small = test::int_tensor_2d({{0}});
+  const Tensor bt_big = test::int_tensor_2d({{static_cast<int32_t>(blocks - 1)}}, Device::cuda(0));
+  // cp_gather: raw rows.
+  Tensor raw = Tensor::empty({T, 656}, DType::u8, Device::cuda(0));
+  cp_gather_cache(big.cache, raw, bt_big, test::int_tensor({0, static_cast<int32_t>(T)}, Device::cuda(0)));
+  EXPECT_EQ(test::byte_diff(test::host_bytes(raw), test::host_bytes(small.storage)), "");
+  // upconvert into the last T rows of a workspace whose byte offsets pass 2^31.
+  const int64_t rows = (int64_t{1} << 31) / (2 * 576) + 2 * T;
+  Tensor ws_dev = Tensor::empty({rows, 576}, DType::bf16, Device::cuda(0));
+  Tensor ws_ref = test::poisoned({T, 576}, DType::bf16);
+  upconvert_ds_mla(small.cache, ws_ref, bt_small, test::int_tensor({0}), {}, test::reference_ctx());
+  upconvert_ds_mla(big.cache, ws_dev, bt_big, test::int_tensor({static_cast<int32_t>(rows - T)}, Device::cuda(0)));
+  Tensor tail_host = Tensor::empty({T, 576}, DType::bf16);
+  copy(tail_host, ws_dev.view().slice(0, rows - T, rows));
+  EXPECT_EQ(test::byte_diff(test::host_bytes(tail_host), test::host_bytes(ws_ref), 2), "");
+  // gather_cache of the same rows (dequantised, bf16).
+  Tensor g_dev = Tensor::empty({T, 576}, DType::bf16, Device::cuda(0));
+  Tensor g_ref = test::poisoned({T, 576}, DType::bf16);
+  gather_cache(small.cache, g_ref, bt_small, test::int_tensor({0, static_cast<int32_t>(T)}), {}, test::reference_ctx());
+  gather_cache(big.cache, g_dev, bt_big, test::int_tensor({0, static_cast<int32_t>(T)}, Device::cuda(0)));
+  EXPECT_EQ(test::byte_diff(test::host_bytes(g_dev), test::host_bytes(g_ref), 2), "");
+}
+
+}  // namespace
+}  // namespace mla

@@ -1,0 +1,133 @@
+// merge_attn_states on CUDA against the CPU backend (float64 reference). Tolerance: DESIGN.md §5
+// (check_close at the output's storage precision) plus extra_rel 1e-6 of max|ref| because the GPU
+// forms the two weights and the lse with fp32 exp/log (a few ulp each) where the oracle uses double;
+// rows copied from one side (empty-context rules, tokens past prefill_tokens_with_context) are bit
+// copies and must match exactly. Covered: edge lse values (+-inf, both -inf, NaN), head-padded and
+// transposed views, lse output present/absent, fp8 output with a scale, D not a multiple of 8.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "gpu_test_util.h"
+#include "mla/ops.h"
+#include "support/test_util.h"
+
+namespace mla {
+namespace {
+
+using test::Mirror;
+
+// Random lse [H, T] with a sprinkling of the edge values the merge rules name.
+Tensor make_lse(int64_t H, int64_t T, bool edges) {
+  Tensor l = test::random_tensor({H, T}, DType::f32, Device::cpu(), -6, 6);
+  if (!edges) return l;
+  auto* p = static_cast<float*>(l.data());
+  const float inf = std::numeric_limits<float>::infinity();
+  std::uniform_int_distribution<int> pick(0, 9);
+  for (int64_t i = 0; i < H * T; ++i) {
+    switch (pick(test::rng())) {
+      case 0: p[i] = inf; break;
+      case 1: p[i] = -inf; break;
+      case 2: if (i % 3 == 0) p[i] = std::numeric_limits<float>::quiet_NaN(); break;
+      default: break;
+    }
+  }
+  return l;
+}
+
+struct MergeCase {
+  int64_t T, H, D;
+  int64_t with_context;  // -1 = all
+  bool edges, out_lse, transposed_lse, fp8_out;
+};
+
+void run_case(const MergeCase& c) {
+  SCOPED_TRACE(::testing::Message() << "T=" << c.T << " H=" << c.H << " D=" << c.D << " ctx=" << c.with_context
+                                    << " edges=" << c.edges << " fp8=" << c.fp8_out);
+  // prefix/suffix [T, H, D] share a head stride (D + 8: head-padded storage); out is head-padded to H + 3.
+  const int64_t hs = c.D + 8;
+  Mirror pre(test::random_tensor({c.T, c.H, hs}, DType::bf16, Device::cpu(), -4, 4));
+  Mirror suf(test::random_tensor({c.T, c.H, hs}, DType::bf16, Device::cpu(), -4, 4));
+  const TensorView ph = pre.host.view().slice(2, 0, c.D), sh = suf.host.view().slice(2, 0, c.D);
+  const DType out_t = c.fp8_out ? DType::fp8_e4m3 : DType::bf16;
+  Mirror out(test::poisoned({c.T, c.H + 3, c.D}, out_t));
+  const TensorView oh = out.host.view().slice(1, 0, c.H);
+  // LSEs [H, T], or transposed views of [T, H] buffers.
+  auto lse_view = [&](Mirror& m) { return c.transposed_lse ? m.host.view().transpose(0, 1) : m.host.view(); };
+  Tensor pl = make_lse(c.H, c.T, c.edges), sl = make_lse(c.H, c.T, c.edges);
+  if (c.transposed_lse) {  // same values, stored [T, H]
+    Tensor pt = Tensor::empty({c.T, c.H}, DType::f32), st = Tensor::empty({c.T, c.H}, DType::f32);
+    copy(pt.view().transpose(0, 1), pl);
+    copy(st.view().transpose(0, 1), sl);
+    pl = pt;
+    sl = st;
+  }
+  Mirror plm(pl), slm(sl);
+  const int64_t l0 = c.transposed_lse ? c.T : c.H, l1 = c.transposed_lse ? c.H : c.T;
+  Mirror olm(test::poisoned({l0, l1}, DType::f32));
+  const TensorView olh = c.out_lse ? lse_view(olm) : TensorView{};
+  const float scale = c.fp8_out ? 0.02f : 0.0f;
+
+  merge_attn_states(oh, olh, ph, lse_view(plm), sh, lse_view(slm), c.with_context, scale, test::reference_ctx());
+  merge_attn_states(out.on_dev(oh), c.out_lse ? olm.on_dev(olh) : TensorView{}, pre.on_dev(ph), plm.on_dev(lse_view(plm)),
+                    suf.on_dev(sh), slm.on_dev(lse_view(slm)), c.with_context, scale);
+
+  // Whole padded storage: padding heads must stay poisoned on both sides.
+  EXPECT_EQ(test::check_close(test::to_doubles(out.dev), test::to_doubles(out.host), out_t, 1e-6), "");
+  if (c.out_lse) {
+    EXPECT_EQ(test::check_close(test::to_doubles(olm.dev), test::to_doubles(olm.host), DType::f32, 1e-6), "");
+  }
+}
+
+TEST(MergeGpu, Shapes) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(31);
+  for (const MergeCase& c : {MergeCase{7, 16, 128, -1, false, true, false, false},
+                             MergeCase{5, 3, 512, -1, true, true, false, false},
+                             MergeCase{33, 128, 128, 20, true, true, true, false},
+                             MergeCase{4, 1, 512, 0, true, false, false, false},
+                             MergeCase{9, 8, 128, 4, true, true, false, true},
+                             MergeCase{6, 5, 36, -1, true, true, true, false},
+                             MergeCase{6, 5, 36, 3, true, true, false, true},
+                             MergeCase{1, 64, 512, -1, true, true, true, false}})
+    run_case(c);
+}
+
+// Exactness of the copy rules on their own: both lse -inf -> prefix bits and -inf; tokens past
+// prefill_tokens_with_context -> suffix bits and the raw suffix lse.
+TEST(MergeGpuEdge, CopyRulesAreBitExact) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(32);
+  const int64_t T = 6, H = 4, D = 128;
+  Tensor pre = test::random_tensor({T, H, D}, DType::bf16), suf = test::random_tensor({T, H, D}, DType::bf16);
+  Tensor pl = test::random_tensor({H, T}, DType::f32), sl = test::random_tensor({H, T}, DType::f32);
+  auto* p = static_cast<float*>(pl.data());
+  auto* s = static_cast<float*>(sl.data());
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t h = 0; h < H; ++h) {
+    p[h * T + 0] = -inf, s[h * T + 0] = -inf;
+    p[h * T + 1] = inf, s[h * T + 1] = -inf;
+    p[h * T + 2] = inf, s[h * T + 2] = inf;
+  }
+  Tensor out = test::poisoned({T, H, D}, DType::bf16, Device::cuda(0));
+  Tensor olse = test::poisoned({H, T}, DType::f32, Device::cuda(0));
+  const Device g = Device::cuda(0);
+  merge_attn_states(out, olse, pre.to(g), pl.to(g), suf.to(g), sl.to(g), 4);
+  const auto o = test::host_bytes(out), pb = test::host_bytes(pre), sb = test::host_bytes(suf);
+  const auto lse = test::to_doubles(olse);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const bool copy_prefix = t < 3, copy_suffix = t >= 4;
+      if (!copy_prefix && !copy_suffix) continue;
+      const auto& src = copy_prefix ? pb : sb;
+      const std::size_t off = static_cast<std::size_t>((t * H + h) * D * 2);
+      EXPECT_TRUE(std::equal(o.begin() + off, o.begin() + off + D * 2, src.begin() + off)) << t << " " << h;
+      const double want = copy_prefix ? -inf : s[h * T + t];
+      EXPECT_EQ(lse[static_cast<std::size_t>(h * T + t)], want) << t << " " << h;
+    }
+}
+
+}  // namespace
+}  // namespace mla
