@@ -32,7 +32,7 @@ namespace {
 struct Defaults {
   int64_t steps, requests, max_context, token_budget, max_seqs, topk, check_samples;
 };
-constexpr Defaults kCpuDefaults{48, 10, 1024, 256, 8, 256, 12};
+constexpr Defaults kCpuDefaults{64, 24, 1024, 256, 8, 256, 12};
 constexpr Defaults kCudaDefaults{256, 128, 8192, 4096, 64, 2048, 24};
 
 // fp8 per-tensor scale: vLLM's calculate_kv_scales rule, amax(kv_c) / 200, for inputs in [-1, 1).
@@ -107,7 +107,10 @@ RunConfig resolve(const RunOptions& o) {
   t.max_prompt = t.max_context * 3 / 4;
   t.min_prompt = std::min<int64_t>(16, t.max_prompt);
   t.min_output = std::min<int64_t>(4, t.max_context - t.max_prompt);
-  t.arrival_span = std::max<int64_t>(1, c.steps / 3);
+  // Outputs short enough that requests finish within the run: their pages return to the pool
+  // (re-poisoned) and later requests reuse them.
+  t.max_output = std::max(t.min_output, c.steps / 2);
+  t.arrival_span = std::max<int64_t>(1, c.steps * 2 / 3);
   t.seed = o.seed;
   t.decode_threshold = c.sparse ? sparse_decode_threshold(c.dims.num_heads, /*sm100=*/false, 0, false, 1, true)
                                 : dense_decode_threshold(QueryLenSupport::varlen, 0, false, 1, true);
@@ -191,7 +194,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   cmd->add_option("--page-size", o.page_size, "Tokens per cache page")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--steps", o.steps, "Forward steps to run; fewer when every request finished" +
                                           def(&Defaults::steps));
-  cmd->add_option("--requests", o.requests, "Requests in the trace; they arrive over the first third of the steps" +
+  cmd->add_option("--requests", o.requests, "Requests in the trace; they arrive over the first two thirds of the steps" +
                                                 def(&Defaults::requests));
   cmd->add_option("--max-context", o.max_context, "Longest request (prompt + generated tokens); prompts are up to 3/4 "
                                                   "of it" + def(&Defaults::max_context));
@@ -222,9 +225,10 @@ int run_command(const RunOptions& options) {
   const int64_t max_t = tc.token_budget, max_r = tc.max_num_seqs, max_b = tc.max_blocks_per_request();
 
   // The layer, from a random kv_b_proj weight in bf16 (the oracle gets the same values in float64).
-  FastRng rng(cfg.seed ^ 0x5eedull);
+  // Data streams: 0 the weight, then four per step (q, kv_c, k_pe, top-k rows).
+  auto stream = [&](int64_t step, int k) { return substream(cfg.seed, static_cast<uint64_t>(1 + 4 * step + k)); };
   Tensor weight = Tensor::empty({H * (P + V), L}, DType::bf16);
-  fill_uniform_bf16(weight.view().data_as<uint16_t>(), weight.numel(), rng, -1.0 / std::sqrt(double(L)),
+  fill_uniform_bf16(weight.view().data_as<uint16_t>(), weight.numel(), substream(cfg.seed, 0), -1.0 / std::sqrt(double(L)),
                     1.0 / std::sqrt(double(L)));
   OracleModel oracle_model{d, {}};
   oracle_model.kv_b_proj.resize(static_cast<std::size_t>(weight.numel()));
@@ -273,7 +277,6 @@ int run_command(const RunOptions& options) {
   RunStats stats;
   stats.setup_seconds = seconds_since(t_start);
   Progress progress(cfg.steps, !options.no_progress);
-  std::vector<uint8_t> topk_mark;
   int64_t tokens_done = 0;
   double forward_total = 0;
 
@@ -291,16 +294,15 @@ int run_command(const RunOptions& options) {
                               step, need, ws_bytes, max_t));
 
     // Inputs: fresh random activations every step; metadata from the scheduler.
-    fill_uniform_bf16(q.host.view().data_as<uint16_t>(), T * H * (P + R), rng, -kInputRange, kInputRange);
-    fill_uniform_bf16(kv_c.host.view().data_as<uint16_t>(), T * L, rng, -kInputRange, kInputRange);
-    fill_uniform_bf16(k_pe.host.view().data_as<uint16_t>(), T * R, rng, -kInputRange, kInputRange);
+    fill_uniform_bf16(q.host.view().data_as<uint16_t>(), T * H * (P + R), stream(step, 0), -kInputRange, kInputRange);
+    fill_uniform_bf16(kv_c.host.view().data_as<uint16_t>(), T * L, stream(step, 1), -kInputRange, kInputRange);
+    fill_uniform_bf16(k_pe.host.view().data_as<uint16_t>(), T * R, stream(step, 2), -kInputRange, kInputRange);
     std::copy(batch.slot_mapping.begin(), batch.slot_mapping.end(), slots.host.view().data_as<int64_t>());
     std::copy(batch.block_table.begin(), batch.block_table.end(), block_table.host.view().data_as<int32_t>());
     std::copy(batch.seq_lens.begin(), batch.seq_lens.end(), seq_lens.host.view().data_as<int32_t>());
     if (cfg.sparse)
-      for (int64_t t = 0; t < T; ++t)
-        sparse_topk_row(topk.host.view().data_as<int32_t>() + t * d.index_topk, d.index_topk, cfg.topk,
-                        batch.token_pos[t], rng, topk_mark);
+      fill_sparse_topk(topk.host.view().data_as<int32_t>(), T, batch.token_pos.data(), d.index_topk, cfg.topk,
+                       stream(step, 3));
     q.upload({T, H, P + R});
     kv_c.upload({T, L});
     k_pe.upload({T, R});

@@ -1,9 +1,9 @@
 #pragma once
 // Seeded synthetic data for `mla run`: bulk bf16 activations and the sparse top-k rows a V3.2
-// indexer would hand the layer. A splitmix64 stream, not <random>'s engines and distributions: a
-// CUDA run draws tens of millions of values per step and this keeps that well under the step time.
+// indexer would hand the layer. splitmix64 streams rather than <random>'s engines: a CUDA run draws
+// tens of millions of values per step, so generation runs on every core, and each block of values
+// has its own stream derived from (seed, block) so that the data do not depend on the thread count.
 #include <cstdint>
-#include <vector>
 
 namespace mla::app {
 
@@ -16,7 +16,7 @@ class FastRng {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
-  // Uniform integer in [0, n), n >= 1 (Lemire's multiply-shift; the bias is below 2^-32 for our n).
+  // Uniform integer in [0, n), n >= 1 (multiply-shift; the bias is below 2^-32 for our n).
   int64_t below(int64_t n) {
     return static_cast<int64_t>((static_cast<unsigned __int128>(next() >> 1) * static_cast<uint64_t>(n)) >> 63);
   }
@@ -27,14 +27,16 @@ class FastRng {
   uint64_t state_;
 };
 
-// n bf16 values uniform in [lo, hi), rounded to nearest even.
-void fill_uniform_bf16(uint16_t* dst, int64_t n, FastRng& rng, double lo, double hi);
+// A seed for sub-stream `index` of stream `seed`.
+uint64_t substream(uint64_t seed, uint64_t index);
 
-// One sparse top-k row of `width` entries (the model's index_topk) for the token at request-local
-// position `pos`: min(topk, pos + 1) distinct positions in [0, pos] that always include pos itself
-// (the causal top-k of an indexer contains the token's own key), in random order as a valid prefix,
-// then -1 up to `width`. topk <= width.
-// `mark` is scratch the caller keeps between calls (grown as needed, left all-zero).
-void sparse_topk_row(int32_t* row, int64_t width, int64_t topk, int64_t pos, FastRng& rng, std::vector<uint8_t>& mark);
+// n bf16 values uniform in [lo, hi), rounded to nearest even.
+void fill_uniform_bf16(uint16_t* dst, int64_t n, uint64_t seed, double lo, double hi);
+
+// Sparse top-k rows [T, width] (width = the model's index_topk) for tokens at request-local
+// positions pos[0..T): row t holds min(topk, pos[t] + 1) distinct positions in [0, pos[t]] that
+// always include pos[t] itself (an indexer's causal top-k contains the token's own key), in random
+// order as a valid prefix, then -1 up to `width`. topk <= width.
+void fill_sparse_topk(int32_t* rows, int64_t T, const int32_t* pos, int64_t width, int64_t topk, uint64_t seed);
 
 }  // namespace mla::app

@@ -28,7 +28,8 @@ void TraceConfig::validate() const {
   need(max_num_seqs >= 1, fmt::format("--max-seqs must be >= 1, got {}", max_num_seqs));
   need(min_prompt >= 1 && min_prompt <= max_prompt,
        fmt::format("prompt lengths need 1 <= min <= max, got [{}, {}]", min_prompt, max_prompt));
-  need(min_output >= 1, fmt::format("generated tokens per request must be >= 1, got {}", min_output));
+  need(min_output >= 1 && min_output <= max_output,
+       fmt::format("generated tokens per request need 1 <= min <= max, got [{}, {}]", min_output, max_output));
   need(max_prompt + min_output <= max_context,
        fmt::format("--max-context {} cannot hold a {}-token prompt plus {} generated tokens", max_context, max_prompt,
                    min_output));
@@ -73,7 +74,8 @@ Scheduler::Scheduler(const TraceConfig& config) : config_(config), pool_(config.
     r.id = i;
     r.arrival_step = i * config.arrival_span / config.num_requests;
     r.prompt_len = std::uniform_int_distribution<int64_t>(config.min_prompt, config.max_prompt)(rng);
-    r.output_len = std::uniform_int_distribution<int64_t>(config.min_output, config.max_context - r.prompt_len)(rng);
+    r.output_len = std::uniform_int_distribution<int64_t>(
+        config.min_output, std::min(config.max_output, config.max_context - r.prompt_len))(rng);
   }
 }
 

@@ -15,7 +15,8 @@ struct TraceConfig {
   int64_t min_prompt = 16;      // prompt lengths are uniform in [min_prompt, max_prompt]
   int64_t max_prompt = 768;
   int64_t max_context = 1024;   // prompt + generated tokens of one request never exceed this
-  int64_t min_output = 4;       // generated tokens, uniform in [min_output, max_context - prompt]
+  int64_t min_output = 4;       // generated tokens, uniform in [min_output, min(max_output, max_context - prompt)]
+  int64_t max_output = 64;
   int64_t token_budget = 256;   // tokens per step; longer prompts are split over several steps
   int64_t max_num_seqs = 8;     // requests running at once
   int64_t page_size = 64;
