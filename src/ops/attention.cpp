@@ -1,0 +1,197 @@
+// Front ends of the attention ops (mqa_decode, mha_prefill, sparse_mqa; semantics §6, §9-11): every
+// argument is validated (shapes consistent across arguments, dtypes, one device, strides; on the CPU also
+// the values of the integer metadata) before the backend runs, so a bad call writes nothing.
+#include <cmath>
+
+#include "mla/ops.h"
+#include "cpu/index_view.h"
+#include "ops/attention_ws.h"
+#include "ops/dispatch.h"
+#include "ops/validate.h"
+
+namespace mla {
+namespace {
+
+// Optional fp32 LSE output with exactly `shape`; any non-overlapping strides.
+void check_lse(const TensorView& lse, std::initializer_list<int64_t> shape, const char* op, const char* arg) {
+  if (!lse.defined()) return;
+  detail::check_ndim(lse, static_cast<int>(shape.size()), op, arg);
+  detail::check_dtype(lse, DType::f32, op, arg);
+  int d = 0;
+  for (int64_t s : shape) detail::check_size(lse, d++, s, op, arg);
+  detail::check_strides(lse, true, op, arg);
+}
+
+// Value width of an MQA output: the first d_v latent columns of each cache row.
+void check_dv(int64_t dv, const KVCache& cache, const char* op) {
+  MLA_CHECK(dv >= 1 && dv <= cache.d_latent(),
+            "{}: out's last dim (d_v) must lie in [1, d_latent = {}] (values are latent columns of the cache), got {}",
+            op, cache.d_latent(), dv);
+}
+
+void check_scale(double softmax_scale, const char* op) {
+  MLA_CHECK(std::isfinite(softmax_scale), "{}: softmax_scale must be finite, got {}", op, softmax_scale);
+}
+
+}  // namespace
+
+std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, Device device) {
+  MLA_CHECK(b >= 0 && s_q >= 1 && h_q >= 1 && max_seq_len >= 0,
+            "mqa_decode_workspace_bytes: needs b >= 0, s_q >= 1, h_q >= 1, max_seq_len >= 0, got b={} s_q={} h_q={} "
+            "max_seq_len={}",
+            b, s_q, h_q, max_seq_len);
+  if (device.is_cpu()) return 0;
+#if MLA_WITH_CUDA
+  return cuda::decode_workspace_bytes(b, s_q, h_q, max_seq_len);
+#else
+  throw Error("mqa_decode_workspace_bytes: " + to_string(device) + " given, but this build of mla has no CUDA backend");
+#endif
+}
+
+void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
+                const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
+                const TensorView& workspace, const Context& ctx) {
+  constexpr const char* op = "mqa_decode";
+  detail::check_ndim(q, 4, op, "q [b, s_q, h_q, d_qk]");
+  detail::check_activation(q, false, op, "q");
+  const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2), d = q.size(3);
+  const Device dev = q.device;
+  MLA_CHECK(s_q >= 1 && h_q >= 1, "{}: q needs s_q >= 1 and h_q >= 1, got {}", op, q.describe());
+  detail::check_cache(cache, dev, op);
+  MLA_CHECK(d == cache.d_qk, "{}: q's last dim must equal the cache row width d_qk = {}, got {}", op, cache.d_qk,
+            q.describe());
+  detail::check_block_table(block_table, b, op);
+  detail::check_size(block_table, 0, b, op, "block_table [b, max_blocks]");
+  detail::check_i32_vector(seq_lens, b, op, "seq_lens [b]");
+  detail::check_ndim(out, 4, op, "out [b, s_q, h_q, d_v]");
+  detail::check_activation(out, true, op, "out");
+  for (int i = 0; i < 3; ++i) detail::check_size(out, i, q.size(i), op, "out [b, s_q, h_q, d_v]");
+  check_dv(out.size(3), cache, op);
+  check_lse(lse, {b, s_q, h_q}, op, "lse [b, s_q, h_q]");
+  check_scale(softmax_scale, op);
+  detail::check_device(block_table, dev, op, "block_table");
+  detail::check_device(seq_lens, dev, op, "seq_lens");
+  detail::check_device(out, dev, op, "out");
+  detail::check_device(lse, dev, op, "lse");
+  detail::check_device(workspace, dev, op, "workspace");
+  const int64_t page = cache.page_size(), max_len = block_table.size(1) * page;
+  if (dev.is_cpu()) {
+    detail::check_values_in_range(seq_lens, 0, max_len, op, "seq_lens (bounded by max_blocks * page_size)");
+    for (int64_t r = 0; r < b; ++r)
+      detail::check_block_ids(block_table, r, 0, cpu::index_at(seq_lens, r), page, cache.num_blocks(), op);
+  } else {
+    const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h_q, max_len, dev);
+    const std::size_t have =
+        workspace.defined() ? static_cast<std::size_t>(workspace.numel()) * workspace.element_size() : 0;
+    MLA_CHECK(have >= need, "{}: needs a workspace of at least {} bytes (mqa_decode_workspace_bytes with max_seq_len = "
+              "max_blocks * page_size = {}), got {}", op, need, max_len,
+              workspace.defined() ? workspace.describe() : std::string("none"));
+    if (workspace.defined()) {
+      MLA_CHECK(workspace.is_contiguous(), "{}: workspace must be contiguous, got {}", op, workspace.describe());
+    }
+  }
+  if (b == 0) return;
+  MLA_DISPATCH(dev, mqa_decode, q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx);
+}
+
+void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,
+                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                 int64_t max_seqlen_k, const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
+                 const Context& ctx) {
+  constexpr const char* op = "mha_prefill";
+  detail::check_ndim(q, 3, op, "q [Tq, h, d_nope + d_rope]");
+  detail::check_activation(q, false, op, "q");
+  const int64_t tq = q.size(0), h = q.size(1);
+  const Device dev = q.device;
+  MLA_CHECK(h >= 1, "{}: q needs at least one head, got {}", op, q.describe());
+  detail::check_ndim(k_nope, 3, op, "k_nope [Tk, h, d_nope]");
+  detail::check_activation(k_nope, false, op, "k_nope");
+  const int64_t tk = k_nope.size(0), dn = k_nope.size(2);
+  detail::check_size(k_nope, 1, h, op, "k_nope [Tk, h, d_nope]");
+  detail::check_ndim(k_pe, 3, op, "k_pe [Tk, h, d_rope]");
+  detail::check_activation(k_pe, false, op, "k_pe");  // head stride 0 allowed: inputs may broadcast
+  detail::check_size(k_pe, 0, tk, op, "k_pe [Tk, h, d_rope]");
+  detail::check_size(k_pe, 1, h, op, "k_pe [Tk, h, d_rope]");
+  const int64_t dr = k_pe.size(2);
+  MLA_CHECK(dn >= 1 && dr >= 1, "{}: k_nope and k_pe need non-empty head dims, got {} and {}", op, k_nope.describe(),
+            k_pe.describe());
+  detail::check_size(q, 2, dn + dr, op, "q [Tq, h, d_nope + d_rope]");
+  detail::check_ndim(v, 3, op, "v [Tk, h, d_v]");
+  detail::check_activation(v, false, op, "v");
+  detail::check_size(v, 0, tk, op, "v [Tk, h, d_v]");
+  detail::check_size(v, 1, h, op, "v [Tk, h, d_v]");
+  const int64_t dv = v.size(2);
+  MLA_CHECK(dv >= 1, "{}: v needs a non-empty head dim, got {}", op, v.describe());
+  detail::check_ndim(out, 3, op, "out [Tq, h, d_v]");
+  detail::check_activation(out, true, op, "out");
+  detail::check_size(out, 0, tq, op, "out [Tq, h, d_v]");
+  detail::check_size(out, 1, h, op, "out [Tq, h, d_v]");
+  detail::check_size(out, 2, dv, op, "out [Tq, h, d_v]");
+  check_lse(lse, {h, tq}, op, "lse [h, Tq]");
+  detail::check_i32_vector(cu_seqlens_q, -1, op, "cu_seqlens_q [B+1]");
+  MLA_CHECK(cu_seqlens_q.size(0) >= 1, "{}: cu_seqlens_q needs B+1 >= 1 entries, got {}", op,
+            cu_seqlens_q.describe());
+  detail::check_i32_vector(cu_seqlens_k, cu_seqlens_q.size(0), op, "cu_seqlens_k [B+1] (as long as cu_seqlens_q)");
+  MLA_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "{}: max_seqlen_q/k must be >= 0, got {} and {}", op,
+            max_seqlen_q, max_seqlen_k);
+  check_scale(softmax_scale, op);
+  detail::check_device(k_nope, dev, op, "k_nope");
+  detail::check_device(k_pe, dev, op, "k_pe");
+  detail::check_device(v, dev, op, "v");
+  detail::check_device(out, dev, op, "out");
+  detail::check_device(lse, dev, op, "lse");
+  detail::check_device(cu_seqlens_q, dev, op, "cu_seqlens_q");
+  detail::check_device(cu_seqlens_k, dev, op, "cu_seqlens_k");
+  if (dev.is_cpu()) {
+    detail::check_cu_seqlens_values(cu_seqlens_q, tq, op, "cu_seqlens_q");
+    detail::check_cu_seqlens_values(cu_seqlens_k, tk, op, "cu_seqlens_k");
+    for (int64_t r = 0; r + 1 < cu_seqlens_q.size(0); ++r) {
+      const int64_t sq = cpu::index_at(cu_seqlens_q, r + 1) - cpu::index_at(cu_seqlens_q, r);
+      const int64_t sk = cpu::index_at(cu_seqlens_k, r + 1) - cpu::index_at(cu_seqlens_k, r);
+      MLA_CHECK(sq <= max_seqlen_q && sk <= max_seqlen_k,
+                "{}: request {} has {} queries and {} keys, beyond max_seqlen_q = {} / max_seqlen_k = {}", op, r, sq,
+                sk, max_seqlen_q, max_seqlen_k);
+    }
+  }
+  if (cu_seqlens_q.size(0) == 1 || tq == 0) return;
+  MLA_DISPATCH(dev, mha_prefill, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse,
+               softmax_scale, causal, ctx);
+}
+
+void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
+                const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx) {
+  constexpr const char* op = "sparse_mqa";
+  detail::check_ndim(q, 3, op, "q [T, h_q, d_qk]");
+  detail::check_activation(q, false, op, "q");
+  const int64_t t = q.size(0), h_q = q.size(1), d = q.size(2);
+  const Device dev = q.device;
+  MLA_CHECK(h_q >= 1, "{}: q needs at least one head, got {}", op, q.describe());
+  detail::check_cache(kv, dev, op);
+  MLA_CHECK(d == kv.d_qk, "{}: q's last dim must equal the cache row width d_qk = {}, got {}", op, kv.d_qk,
+            q.describe());
+  detail::check_ndim(indices, 2, op, "indices [T, topk]");
+  detail::check_dtype(indices, DType::i32, op, "indices");
+  detail::check_size(indices, 0, t, op, "indices [T, topk]");
+  detail::check_inner_contiguous(indices, op, "indices");
+  detail::check_strides(indices, false, op, "indices");
+  const int64_t topk = indices.size(1);
+  if (topk_length.defined()) detail::check_i32_vector(topk_length, t, op, "topk_length [T]");
+  detail::check_ndim(out, 3, op, "out [T, h_q, d_v]");
+  detail::check_activation(out, true, op, "out");
+  detail::check_size(out, 0, t, op, "out [T, h_q, d_v]");
+  detail::check_size(out, 1, h_q, op, "out [T, h_q, d_v]");
+  check_dv(out.size(2), kv, op);
+  check_lse(lse, {t, h_q}, op, "lse [T, h_q]");
+  check_scale(softmax_scale, op);
+  detail::check_device(indices, dev, op, "indices");
+  detail::check_device(topk_length, dev, op, "topk_length");
+  detail::check_device(out, dev, op, "out");
+  detail::check_device(lse, dev, op, "lse");
+  // Index values need no check: any index outside [0, num_slots) is invalid by definition and never read.
+  if (dev.is_cpu() && topk_length.defined())
+    detail::check_values_in_range(topk_length, 0, topk, op, "topk_length (bounded by topk)");
+  if (t == 0) return;
+  MLA_DISPATCH(dev, sparse_mqa, q, kv, indices, topk_length, out, lse, softmax_scale, ctx);
+}
+
+}  // namespace mla

@@ -1,0 +1,142 @@
+#pragma once
+// Helpers for the attention tests: caches with random rows in every format and NaN everywhere else
+// (so a stray read shows), and a float64 softmax-attention oracle written directly from the formula.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cache_test_util.h"
+#include "core/numeric.h"
+#include "mla/cache.h"
+#include "mla/tensor.h"
+#include "support/test_util.h"
+
+namespace mla::test {
+
+inline constexpr CacheFormat kAllFormats[] = {CacheFormat::bf16, CacheFormat::fp8, CacheFormat::fp8_ds_mla};
+
+// Every byte 0xff: NaN in each format (bf16 0xffff, e4m3 0xff, fp32 scales 0xffffffff).
+inline void poison_row(const KVCache& c, int64_t slot) {
+  std::memset(const_cast<uint8_t*>(row_ptr(c, slot)), 0xff, static_cast<std::size_t>(cache_entry_bytes(c.format, c.d_qk)));
+}
+
+// A finite e4m3 code (never 0x7f / 0xff, the NaN codes).
+inline uint8_t random_e4m3_code() {
+  std::uniform_int_distribution<int> u(0, 253);
+  int b = u(rng());
+  if (b >= 0x7f) ++b;  // skip 0x7f
+  return static_cast<uint8_t>(b);
+}
+
+// Random finite values in row `slot`: bf16 in [-1, 1]; fp8 codes of any finite magnitude (values up to
+// 448 * scale); fp8_ds_mla codes with tile scales in [1e-3, 4e-3] and bf16 rope in [-1, 1].
+inline void randomize_row(const KVCache& c, int64_t slot) {
+  auto* p = const_cast<uint8_t*>(row_ptr(c, slot));
+  std::uniform_real_distribution<double> u(-1.0, 1.0), us(1e-3, 4e-3);
+  switch (c.format) {
+    case CacheFormat::bf16:
+      for (int i = 0; i < c.d_qk; ++i) num::store(p + 2 * i, DType::bf16, u(rng()));
+      return;
+    case CacheFormat::fp8:
+      for (int i = 0; i < c.d_qk; ++i) p[i] = random_e4m3_code();
+      return;
+    case CacheFormat::fp8_ds_mla:
+      for (int i = 0; i < 512; ++i) p[i] = random_e4m3_code();
+      for (int t = 0; t < 4; ++t) {
+        const float s = static_cast<float>(us(rng()));
+        std::memcpy(p + 512 + 4 * t, &s, 4);
+      }
+      for (int i = 0; i < 64; ++i) num::store(p + 528 + 2 * i, DType::bf16, u(rng()));
+      return;
+  }
+}
+
+// A cache whose rows are all NaN; tests randomise the rows they mean to be read. fp8 scale 1/200 keeps
+// dequantised values within +-2.24 (e4m3 max 448).
+inline CacheBuffer nan_cache(CacheFormat format, int64_t num_blocks, int64_t page) {
+  CacheBuffer cb = allocate_cache(format, num_blocks, page, Device::cpu(), format == CacheFormat::fp8 ? 0.005f : 1.0f);
+  std::memset(cb.storage.data(), 0xff, cb.storage.nbytes());
+  return cb;
+}
+
+// Paged layout of a decode batch: each request owns max_blocks distinct blocks in shuffled order; its
+// rows below seq_len are random, every other row of the cache stays NaN.
+struct PagedBatch {
+  CacheBuffer cb;
+  Tensor block_table;  // [b, max_blocks] i32
+  Tensor seq_lens;     // [b] i32
+  std::vector<std::vector<int64_t>> slots;  // slots[r][pos]
+};
+inline PagedBatch paged_batch(CacheFormat format, int64_t page, const std::vector<int32_t>& lens, int64_t max_blocks,
+                              int64_t spare_blocks = 2) {
+  const int64_t b = static_cast<int64_t>(lens.size());
+  const int64_t num_blocks = b * max_blocks + spare_blocks;
+  PagedBatch pb{nan_cache(format, num_blocks, page), {}, int_tensor(lens), {}};
+  std::vector<int32_t> ids(static_cast<std::size_t>(num_blocks));
+  for (int64_t i = 0; i < num_blocks; ++i) ids[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
+  std::shuffle(ids.begin(), ids.end(), rng());
+  std::vector<std::vector<int32_t>> table(static_cast<std::size_t>(b));
+  pb.slots.resize(static_cast<std::size_t>(b));
+  for (int64_t r = 0; r < b; ++r) {
+    // Entries past the request's last page are never read: odd requests mark them -1, even ones keep
+    // (NaN-filled) blocks of the cache, so a read past seq_len shows as NaN or as an out-of-range id.
+    const int64_t used = (lens[static_cast<std::size_t>(r)] + page - 1) / page;
+    for (int64_t j = 0; j < max_blocks; ++j)
+      table[r].push_back(j >= used && r % 2 ? -1 : ids[static_cast<std::size_t>(r * max_blocks + j)]);
+    for (int64_t pos = 0; pos < lens[static_cast<std::size_t>(r)]; ++pos) {
+      const int64_t slot = table[r][static_cast<std::size_t>(pos / page)] * page + pos % page;
+      pb.slots[r].push_back(slot);
+      randomize_row(pb.cb.cache, slot);
+    }
+  }
+  pb.block_table = int_tensor_2d(table);
+  return pb;
+}
+
+// Result of the oracle: out [rows, dv] and lse [rows] in float64.
+struct OracleOut {
+  std::vector<double> out, lse;
+};
+
+// Softmax attention of one query over explicit key / value rows (all float64), appended to `res`.
+// No key -> zeros and -inf (the contract's empty-set rule).
+inline void oracle_attend(const double* q, const std::vector<const double*>& keys, int64_t d,
+                          const std::vector<const double*>& vals, int64_t dv, double scale, OracleOut& res) {
+  const std::size_t n = keys.size();
+  if (n == 0) {
+    res.out.insert(res.out.end(), static_cast<std::size_t>(dv), 0.0);
+    res.lse.push_back(-std::numeric_limits<double>::infinity());
+    return;
+  }
+  std::vector<double> s(n);
+  double mx = -std::numeric_limits<double>::infinity();
+  for (std::size_t j = 0; j < n; ++j) {
+    double acc = 0;
+    for (int64_t x = 0; x < d; ++x) acc += q[x] * keys[j][x];
+    s[j] = acc * scale;
+    mx = std::max(mx, s[j]);
+  }
+  double sum = 0;
+  for (double& v : s) sum += (v = std::exp(v - mx));
+  for (int64_t x = 0; x < dv; ++x) {
+    double acc = 0;
+    for (std::size_t j = 0; j < n; ++j) acc += s[j] * vals[j][x];
+    res.out.push_back(acc / sum);
+  }
+  res.lse.push_back(mx + std::log(sum));
+}
+
+// lse values stored as fp32: compare with the f32 rule.
+inline std::vector<double> as_f32(const std::vector<double>& v) {
+  std::vector<double> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = static_cast<float>(v[i]);
+  return r;
+}
+
+}  // namespace mla::test
