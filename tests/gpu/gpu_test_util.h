@@ -31,7 +31,14 @@ struct Mirror {
   Tensor host, dev;
   explicit Mirror(Tensor h) : host(std::move(h)) { sync(); }
   Mirror(std::initializer_list<int64_t> shape, DType t) : host(Tensor::empty(shape, t)) {}
-  void sync() { dev = host.to(Device::cuda(0)); }
+  // Empty tensors are allocated, not copied: core's copy() refuses empty views (their default strides
+  // do not count as contiguous).
+  void sync() {
+    dev = host.numel() == 0
+              ? Tensor::empty(std::span<const int64_t>(host.view().shape.data(), host.view().ndim), host.dtype(),
+                              Device::cuda(0))
+              : host.to(Device::cuda(0));
+  }
   TensorView on_dev(const TensorView& host_view) const { return rebase(host_view, host, dev); }
 };
 

@@ -92,10 +92,10 @@ void gather_to_bf16(const KVCache& c, const TensorView& dst, const cache::RowMap
       launch_gather<GatherFmt::raw>(p, vec, ctx, what);
       return;
     }
-    case CacheFormat::fp8: {  // 8 codes (8 bytes) -> 8 bf16 (16 bytes) per chunk
+    case CacheFormat::fp8: {  // 16 codes (16 bytes) -> 16 bf16 (32 bytes) per chunk
       p.cols = static_cast<int>(d);
       p.dst_stride = dst.stride[0];
-      const bool vec = multiple(d, 8) && rows_aligned(dst, 16) && cache_rows_aligned(c, 8);
+      const bool vec = multiple(d, 16) && rows_aligned(dst, 16) && cache_rows_aligned(c, 16);
       launch_gather<GatherFmt::fp8>(p, vec, ctx, what);
       return;
     }
@@ -144,11 +144,12 @@ void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorVie
       launch_write_rows<cache::ElemFormat::fp8>(p, in_vec && cache_rows_aligned(cache, 8), ctx);
       return;
     case CacheFormat::fp8_ds_mla: {
-      const unsigned grid = grid_for(p.num_tokens, kThreads / 32, "write_cache");
+      constexpr int kTokens = 2;  // per warp
+      const unsigned grid = grid_for(p.num_tokens, kTokens * kThreads / 32, "write_cache");
       if (in_vec && cache_rows_aligned(cache, 16))
-        launch(cache::write_ds_mla_kernel<true>, grid, kThreads, p, ctx, "write_cache");
+        launch(cache::write_ds_mla_kernel<true, kTokens>, grid, kThreads, p, ctx, "write_cache");
       else
-        launch(cache::write_ds_mla_kernel<false>, grid, kThreads, p, ctx, "write_cache");
+        launch(cache::write_ds_mla_kernel<false, kTokens>, grid, kThreads, p, ctx, "write_cache");
       return;
     }
   }

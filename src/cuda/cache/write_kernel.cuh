@@ -2,17 +2,20 @@
 // Cache write kernels (concat_and_cache_mla, semantics §3-§4).
 //
 // bf16 / fp8 caches (write_rows_kernel): element-wise formats, streamed with the row schedule of
-// common/row_stream.cuh. A block owns kRows tokens; phase 1 turns each token's slot into its cache
-// row offset (or "skip": slot < 0 or outside the cache, so device-side garbage is never written);
-// phase 2 streams 8-element chunks: the latent's chunks then the rope's, so a cache row is written
-// front to back by consecutive threads. Each thread loads kUnroll 16-byte chunks before storing.
+// common/row_stream.cuh (kEager = false). A block owns kRows tokens and streams their 8-element
+// chunks, the latent's then the rope's, so a cache row is written front to back by consecutive
+// threads; each chunk loads its token's slot alongside its 16-byte data load (the slot only decides
+// where, and whether, to store: slot < 0 or outside the cache is skipped, so device-side garbage is
+// never written). Each thread has kUnroll chunks in flight.
 //
-// fp8_ds_mla (write_ds_mla_kernel): one warp per token, because the four 128-element tiles need an
-// amax reduction before any byte can be written. Lane l holds latent elements [8l, 8l+8) and
+// fp8_ds_mla (write_ds_mla_kernel): a warp per kTokens tokens, because the four 128-element tiles
+// need an amax reduction before any byte can be written. Lane l holds latent elements [8l, 8l+8) and
 // [256+8l, 256+8l+8): each load instruction of the warp reads 512 contiguous bytes, and the 16 lanes
 // covering one tile reduce their amax with 4 xor-shuffles. Lanes then store 8 e4m3 codes each (two
 // fully coalesced 256-byte stores), lane 0 the four fp32 scales (one 16-byte store) and lanes 0-7
-// the 128 rope bytes. Memory per token: 1152 bytes read, 656 written.
+// the 128 rope bytes. All loads of the warp's tokens (data and slots) are issued before the first
+// use, so each warp keeps kTokens * 1152 bytes in flight. Memory per token: 1152 bytes read, 656
+// written.
 #include <cfloat>
 #include <cstdint>
 #include <type_traits>
@@ -41,6 +44,7 @@ __device__ __forceinline__ int64_t slot_row_offset(const WriteParams& p, int64_t
 
 template <ElemFormat kFmt, bool kVec>
 struct WriteRowsOp {
+  static constexpr bool kEager = false;  // the slot only gates the store: loads go out with it
   static constexpr int kChunk = 8;
   using RowInfo = int64_t;  // cache element offset of the row, -1 = skip
   using Chunk = dev::Array<uint16_t, kChunk>;
@@ -108,21 +112,12 @@ __device__ __forceinline__ float ds_tile_scale(float amax, bool pow2) {
   return __uint_as_float(((u >> 23) + 1) << 23);
 }
 
+// One token's part of the ds_mla write, after its loads: quantise and store (lane-level roles above).
 template <bool kVec>
-__global__ void __launch_bounds__(256) write_ds_mla_kernel(WriteParams p) {
-  constexpr int kHalf = 256;  // latent elements [0, 256) and [256, 512), 8 per lane each
-  const int lane = threadIdx.x & 31;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (t >= p.num_tokens) return;
-  const int64_t off = slot_row_offset(p, t);
-  if (off < 0) return;  // whole warp: one token
-
-  const uint16_t* src = p.kv_c + t * p.kv_c_stride;
-  dev::Array<uint16_t, 8> a, b, r;
-  dev::load_chunk<kVec>(a, src + 8 * lane, 8);
-  dev::load_chunk<kVec>(b, src + kHalf + 8 * lane, 8);
-  if (lane < 8) dev::load_chunk<kVec>(r, p.k_pe + t * p.k_pe_stride + 8 * lane, 8);
-
+__device__ __forceinline__ void ds_mla_store_token(const WriteParams& p, int64_t off, const dev::Array<uint16_t, 8>& a,
+                                                   const dev::Array<uint16_t, 8>& b, const dev::Array<uint16_t, 8>& r,
+                                                   int lane) {
+  constexpr int kHalf = 256;
   float xa[8], xb[8];
   dev::bf16_to_float(a, xa);
   dev::bf16_to_float(b, xb);
@@ -139,6 +134,8 @@ __global__ void __launch_bounds__(256) write_ds_mla_kernel(WriteParams p) {
     mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
   }
   const float sa = ds_tile_scale(ma, p.ds_pow2), sb = ds_tile_scale(mb, p.ds_pow2);
+  const float s1 = __shfl_sync(0xffffffffu, sa, 16), s3 = __shfl_sync(0xffffffffu, sb, 16);
+  if (off < 0) return;  // uniform across the warp (one token), after the last shuffle
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     xa[i] = xa[i] / sa;
@@ -147,11 +144,9 @@ __global__ void __launch_bounds__(256) write_ds_mla_kernel(WriteParams p) {
   dev::Array<uint8_t, 8> qa, qb;
   dev::float_to_e4m3(xa, qa);
   dev::float_to_e4m3(xb, qb);
-
   uint8_t* row = static_cast<uint8_t*>(p.cache) + off;
   dev::store_chunk<kVec>(row + 8 * lane, qa, 8);  // bytes: element-wise is byte-wise when !kVec
   dev::store_chunk<kVec>(row + kHalf + 8 * lane, qb, 8);
-  const float s1 = __shfl_sync(0xffffffffu, sa, 16), s3 = __shfl_sync(0xffffffffu, sb, 16);
   if (lane == 0) {
     const dev::Array<float, 4> sc{{sa, s1, sb, s3}};  // tiles 0..3 in byte order 512..527
     if constexpr (kVec) dev::store_bytes<16>(row + 512, sc.v);
@@ -161,6 +156,28 @@ __global__ void __launch_bounds__(256) write_ds_mla_kernel(WriteParams p) {
     if constexpr (kVec) dev::store_bytes<16>(row + 528 + 16 * lane, r.v);
     else dev::copy_bytes(row + 528 + 16 * lane, r.v, 16);
   }
+}
+
+template <bool kVec, int kTokens>
+__global__ void __launch_bounds__(256) write_ds_mla_kernel(WriteParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * kTokens;
+  dev::Array<uint16_t, 8> a[kTokens], b[kTokens], r[kTokens];
+  int64_t off[kTokens];
+#pragma unroll
+  for (int k = 0; k < kTokens; ++k) {
+    const int64_t t = t0 + k;
+    off[k] = -1;
+    if (t >= p.num_tokens) continue;
+    off[k] = slot_row_offset(p, t);
+    const uint16_t* src = p.kv_c + t * p.kv_c_stride;
+    dev::load_chunk<kVec>(a[k], src + 8 * lane, 8);
+    dev::load_chunk<kVec>(b[k], src + 256 + 8 * lane, 8);
+    if (lane < 8) dev::load_chunk<kVec>(r[k], p.k_pe + t * p.k_pe_stride + 8 * lane, 8);
+  }
+#pragma unroll
+  for (int k = 0; k < kTokens; ++k)
+    if (t0 + k < p.num_tokens) ds_mla_store_token<kVec>(p, off[k], a[k], b[k], r[k], lane);
 }
 
 }  // namespace mla::cuda::cache

@@ -8,7 +8,7 @@
 // Device-side guards the CPU front end turns into errors: a req_id outside the table's rows or a
 // prefill id outside the starts vector makes the whole row -1 (nothing outside the inputs is read).
 //
-// One block per token row; each thread converts 4 consecutive entries per step (16-byte loads and
+// One block per token row; each thread converts chunks of 4 consecutive entries (16-byte loads and
 // stores when aligned), then the block sums its valid count with warp shuffles.
 #include <cstdint>
 
@@ -30,27 +30,41 @@ __global__ void __launch_bounds__(kThreads) convert_topk_kernel(TopkParams p) {
   const int32_t* in = p.indices + t * p.idx_stride;
   int32_t* out = p.out + t * p.out_stride;
 
+  // kUnroll chunks of 4 entries per thread and step: all index loads, then all block-table reads,
+  // then all stores, so a thread's dependent loads overlap instead of forming one chain per chunk.
+  constexpr int kUnroll = 4;
   int valid = 0;
-  for (int64_t k0 = 4 * static_cast<int64_t>(threadIdx.x); k0 < p.topk; k0 += 4 * kThreads) {
-    const int n = static_cast<int>(p.topk - k0 < 4 ? p.topk - k0 : 4);
-    dev::Array<int32_t, 4> idx, res;
-    dev::load_chunk<kVec>(idx, in + k0, n);
+  for (int64_t base = 4 * static_cast<int64_t>(threadIdx.x); base < p.topk; base += 4 * kThreads * kUnroll) {
+    dev::Array<int32_t, 4> idx[kUnroll], res[kUnroll];
+    int n[kUnroll];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t tok = idx.v[i];
-      int64_t row = -1;
-      if (i < n && tok >= 0) {
-        if (to_ws) {
-          if (ws_ok) row = ws_start + tok;
-        } else if (req_ok) {
-          const int64_t blk = tok / p.page_size;
-          if (blk < p.max_blocks) row = static_cast<int64_t>(bt_row[blk]) * p.block_stride_rows + (tok - blk * p.page_size);
-        }
-      }
-      res.v[i] = static_cast<int32_t>(row);
-      valid += (i < n && row >= 0) ? 1 : 0;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k0 = base + 4 * kThreads * u;
+      n[u] = static_cast<int>(p.topk - k0 < 4 ? (p.topk - k0 > 0 ? p.topk - k0 : 0) : 4);
+      if (n[u] > 0) dev::load_chunk<kVec>(idx[u], in + k0, n[u]);
     }
-    dev::store_chunk<kVec>(out + k0, res, n);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t tok = i < n[u] ? idx[u].v[i] : -1;
+        int64_t row = -1;
+        if (tok >= 0) {
+          if (to_ws) {
+            if (ws_ok) row = ws_start + tok;
+          } else if (req_ok) {
+            const int64_t blk = tok / p.page_size;
+            if (blk < p.max_blocks)
+              row = static_cast<int64_t>(bt_row[blk]) * p.block_stride_rows + (tok - blk * p.page_size);
+          }
+        }
+        res[u].v[i] = static_cast<int32_t>(row);
+        valid += (i < n[u] && row >= 0) ? 1 : 0;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (n[u] > 0) dev::store_chunk<kVec>(out + base + 4 * kThreads * u, res[u], n[u]);
   }
 
   if (!p.valid) return;
