@@ -16,7 +16,7 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
                                       [] {
                                         std::string s;
                                         for (const auto& n : bench::available()) s += (s.empty() ? "" : ", ") + n;
-                                        return s;
+                                        return s.empty() ? std::string("none in this build (no CUDA backend)") : s;
                                       }())
       ->delimiter(',');
   cmd->add_option("--json", o.json_path, "Also write the results as a JSON record to this file");

@@ -65,6 +65,7 @@ class OracleCheck {
   int64_t checked_steps() const { return checked_steps_; }
   const std::array<KindReport, kNumTokenKinds>& reports() const { return reports_; }
   const std::vector<std::string>& failures() const { return failures_; }
+  int64_t num_failures() const { return static_cast<int64_t>(failures_.size()) + suppressed_; }
   const Tolerance& tolerance() const { return tol_; }
 
  private:

@@ -375,7 +375,7 @@ int run_command(const RunOptions& options) {
     for (int32_t b : sched.commit(batch))
       poison(cache.cache.data.select(0, b).data, cfg.device, static_cast<std::size_t>(page_bytes));
     progress.update(step + 1, tokens_done, forward_total,
-                    checker.failures().empty() ? "" : fmt::format("{} check failure(s)", checker.failures().size()));
+                    checker.num_failures() == 0 ? "" : fmt::format("{} check failure(s)", checker.num_failures()));
   }
   progress.finish();
   stats.requests_finished = sched.num_finished();

@@ -149,7 +149,10 @@ void print_summary(const RunConfig& c, const RunStats& s, const OracleCheck& che
   }
   const std::string head =
       check.total_samples() == 0 ? "ORACLE CHECK FAILED: no token was checked (the trace ended before a sample step)"
-                                 : fmt::format("ORACLE CHECK FAILED ({} problem(s)):", check.failures().size());
+                                 : fmt::format("ORACLE CHECK FAILED ({} problem(s){}):", check.num_failures(),
+                                               check.num_failures() > static_cast<int64_t>(check.failures().size())
+                                                   ? fmt::format(", the first {} listed", check.failures().size())
+                                                   : "");
   fmt::print("  {}\n", head);
   for (const auto& f : check.failures()) fmt::print("    {}\n", f);
   std::fflush(stdout);
@@ -213,6 +216,7 @@ void write_json(const std::string& path, const RunConfig& c, const RunStats& s, 
                  {"kappa", check.tolerance().kappa},
                  {"samples", check.total_samples()},
                  {"by_token_kind", kinds},
+                 {"num_failures", check.num_failures()},
                  {"failures", check.failures()}};
   std::ofstream f(path);
   if (!f) throw Error(fmt::format("--json: cannot open '{}' for writing", path));
