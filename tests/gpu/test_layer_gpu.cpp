@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "unit/layer_test_util.h"
 
@@ -52,6 +53,10 @@ Scenario mixed_dense(CacheFormat format, int64_t page) {
 
 void run_and_compare(const Scenario& sc, const char* what) {
   const StepData d = make_step(sc);
+  {
+    const MlaAttention layer(sc.options(Device::cuda(0), DType::bf16), d.weight);
+    EXPECT_LE(layer.workspace_bytes(d.plan), layer.max_workspace_bytes(sc.config(), d.T)) << what;
+  }
   const LayerRun gpu = run_layer(d, Device::cuda(0), DType::bf16, Precision::fast);
   expect_matches_oracle(d, gpu.out, what);
   // bf16 and fp8 caches are written bit for bit like the CPU backend (RNE, satfinite).
@@ -104,6 +109,38 @@ TEST(LayerGpu, DecodeOnlyStepCapturesIntoCudaGraph) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// On CUDA the workspace also holds mqa_decode's split-KV partials, sized per decode run: the
+// bound must still cover every plan.
+TEST(LayerGpu, WorkspaceBoundCoversRandomPlans) {
+  MLA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 g(5);
+  for (int64_t threshold : {1, 4}) {
+    Scenario sc = mixed_dense(CacheFormat::bf16, 64);
+    sc.max_model_len = 4096;
+    sc.max_num_seqs = 64;
+    sc.decode_threshold = threshold;
+    sc.require_uniform = true;
+    const PlannerConfig pc = sc.config();
+    reseed(1);
+    const Tensor w = random_tensor({sc.h * (sc.P + sc.V), kL}, DType::bf16);
+    const MlaAttention layer(sc.options(Device::cuda(0), DType::bf16), w);
+    const int64_t n = 512;
+    const std::size_t bound = layer.max_workspace_bytes(pc, n);
+    int plans = 0;
+    for (int i = 0; i < 300; ++i) {
+      Plan p;
+      try {
+        p = make_plan(random_batch(pc, n, g), pc);
+      } catch (const Error&) {
+        continue;
+      }
+      ++plans;
+      ASSERT_LE(layer.workspace_bytes(p), bound) << "threshold " << threshold << " plan " << i;
+    }
+    EXPECT_GT(plans, 100);
+  }
 }
 
 Scenario sparse(CacheFormat format, int h, int topk) {

@@ -361,6 +361,31 @@ inline std::vector<double> naive_layer(const StepData& d, const KVCache& cache_a
   return out;
 }
 
+// Random batches in decode -> extend -> prefill order with at most n tokens.
+inline BatchDesc random_batch(const PlannerConfig& c, int64_t n, std::mt19937_64& g) {
+  auto uni = [&g](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(g); };
+  BatchDesc b;
+  b.query_start_loc = {0};
+  const int64_t thr = c.decode_threshold, len = c.max_model_len;
+  const int64_t nreq = uni(1, c.max_num_seqs);
+  const int64_t nd = uni(0, nreq), ne = uni(0, nreq - nd);
+  const int64_t s_q = uni(1, std::min(thr, len - 1));
+  auto add = [&](int64_t ctx, int64_t q) {
+    if (b.query_start_loc.back() + q > n) return;
+    b.query_start_loc.push_back(static_cast<int32_t>(b.query_start_loc.back() + q));
+    b.seq_lens.push_back(static_cast<int32_t>(ctx + q));
+  };
+  for (int64_t i = 0; i < nd; ++i) add(uni(1, len - s_q), s_q);
+  if (thr + 1 < len)
+    for (int64_t i = 0; i < ne; ++i) {
+      const int64_t q = uni(thr + 1, std::min<int64_t>(len - 1, thr + 40));
+      add(uni(1, len - q), q);
+    }
+  for (int64_t i = nd + ne; i < nreq; ++i) add(0, uni(1, std::min<int64_t>(len, 40)));
+  b.num_tokens = b.query_start_loc.back() + uni(0, n - b.query_start_loc.back());
+  return b;
+}
+
 // Relative tolerance of each actual token against the float64 naive reference. The oracle layer
 // computes in float64, but LSEs are fp32 by contract (DESIGN §4): every merge of two partial
 // results weighs them by exp(lse - max) from fp32 LSEs, a relative weight error of about
