@@ -254,7 +254,8 @@ void check_config_matches(const PlannerConfig& c, const LayerOptions& o, const c
   MLA_CHECK(a.kv_lora_rank == b.kv_lora_rank && a.qk_rope_head_dim == b.qk_rope_head_dim &&
                 a.qk_nope_head_dim == b.qk_nope_head_dim && a.v_head_dim == b.v_head_dim &&
                 a.num_heads == b.num_heads,
-            "MlaAttention: {} dims (L={} R={} P={} V={} heads={}) differ from the layer's (L={} R={} P={} V={} heads={})",
+            "MlaAttention: {} dims (L={} R={} P={} V={} heads={}) differ from the layer's "
+            "(L={} R={} P={} V={} heads={})",
             what, a.kv_lora_rank, a.qk_rope_head_dim, a.qk_nope_head_dim, a.v_head_dim, a.num_heads, b.kv_lora_rank,
             b.qk_rope_head_dim, b.qk_nope_head_dim, b.v_head_dim, b.num_heads);
   MLA_CHECK(c.cache_format == o.cache_format && c.sparse == o.sparse,

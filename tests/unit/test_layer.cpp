@@ -66,8 +66,9 @@ TEST(LayerWeights, RejectsBadWeightAndOptions) {
 class LayerDenseFormats : public ::testing::TestWithParam<CacheFormat> {};
 
 // bf16 cache: every input is exact, so the oracle equals the naive MHA up to float64 rounding (and
-// the fp32 LSE of the context merges, token_tolerance). fp8 caches: the naive reads the same dequantised cache (context and decode keys) and the new
-// prefill tokens as computed, as the layer does.
+// the fp32 LSE of the context merges, token_tolerance). fp8 caches: the naive reads the same
+// dequantised cache (context and decode keys) and the new prefill tokens as computed, as the layer
+// does.
 TEST_P(LayerDenseFormats, MixedBatchMatchesNaiveMha) {
   const double err = oracle_vs_naive(mixed_dense(GetParam()));
   EXPECT_LE(err, 1.0) << to_string(GetParam());
@@ -125,7 +126,8 @@ TEST(LayerChunked, WorkspaceSizesEqualUnchunked) {
     const LayerRun ref = run_layer(whole, Device::cpu(), DType::f64, Precision::reference);
     const std::vector<double> whole_tol = token_tolerance(whole);
     ASSERT_LE(error_ratio(ref.out, naive_layer(whole, ref.cache_view), whole), 1.0);
-    const std::vector<int64_t> rows = page == 1 ? std::vector<int64_t>{3, 7, 20, 50} : std::vector<int64_t>{48, 50, 64, 100};
+    const std::vector<int64_t> rows =
+        page == 1 ? std::vector<int64_t>{3, 7, 20, 50} : std::vector<int64_t>{48, 50, 64, 100};
     for (int64_t ws_rows : rows) {
       Scenario chunked = sc;
       chunked.context_workspace_rows = ws_rows;
@@ -156,7 +158,8 @@ TEST(LayerFast, Bf16LayerWithinToleranceOfOracle) {
     const LayerRun oracle = run_layer(d, Device::cpu(), DType::f64, Precision::reference);
     const LayerRun fast = run_layer(d, Device::cpu(), DType::bf16, Precision::fast);
     const int64_t n = d.t_act * sc.h * sc.V;
-    const std::vector<double> got(fast.out.begin(), fast.out.begin() + n), ref(oracle.out.begin(), oracle.out.begin() + n);
+    const std::vector<double> got(fast.out.begin(), fast.out.begin() + n);
+    const std::vector<double> ref(oracle.out.begin(), oracle.out.begin() + n);
     EXPECT_LT(rel_l2(got, ref), 1e-2) << to_string(f);
     EXPECT_EQ(check_close(got, ref, DType::bf16, 2e-2), "") << to_string(f);
     for (std::size_t i = n; i < fast.out.size(); ++i) ASSERT_TRUE(std::isnan(fast.out[i])) << "padding row written";

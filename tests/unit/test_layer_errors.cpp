@@ -61,7 +61,8 @@ TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
   const std::vector<std::pair<const char*, Mutation>> cases = {
       {"q with a row fewer", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.q = x.q.slice(0, 0, T - 1); }},
       {"q in f32 for an f64 layer", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.q = q_f32; }},
-      {"kv_c narrower than L", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.kv_c = x.kv_c.slice(1, 0, kL - 1); }},
+      {"kv_c narrower than L",
+       [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.kv_c = x.kv_c.slice(1, 0, kL - 1); }},
       {"k_pe missing", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.k_pe = {}; }},
       {"out narrower than h * V",
        [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.out = x.out.slice(1, 0, sc.h * sc.V - 1); }},
@@ -69,7 +70,8 @@ TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
        [&](ForwardArgs&, Plan&, KVCache&, TensorView& w) { w = w.slice(0, 0, need - 1); }},
       {"workspace not bytes",
        [&](ForwardArgs&, Plan&, KVCache&, TensorView& w) { w = TensorView(w.data, DType::i32, {need / 4 + 1}); }},
-      {"workspace misaligned", [&](ForwardArgs&, Plan&, KVCache&, TensorView& w) { w = ws.view().slice(0, 1, need + 1); }},
+      {"workspace misaligned",
+       [&](ForwardArgs&, Plan&, KVCache&, TensorView& w) { w = ws.view().slice(0, 1, need + 1); }},
       {"seq_lens disagree with the plan", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.seq_lens = bad_lens; }},
       {"block_table with a row fewer",
        [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.block_table = x.block_table.slice(0, 0, nr - 1); }},
@@ -84,7 +86,9 @@ TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
       {"topk_indices for a dense layer", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.topk_indices = topk; }},
       {"cache of another format", [&](ForwardArgs&, Plan&, KVCache& c, TensorView&) { c = fp8_cache.cache; }},
       {"plan for another page size",
-       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p = make_plan(BatchDesc{qsl, seq, T}, other_page.config()); }},
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) {
+         p = make_plan(BatchDesc{qsl, seq, T}, other_page.config());
+       }},
       {"plan for a sparse layer",
        [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) {
          PlannerConfig c = sparse.config();
@@ -92,7 +96,9 @@ TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
          p = make_plan(BatchDesc{qsl, seq, T}, c);
        }},
       {"plan for more heads",
-       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p = make_plan(BatchDesc{qsl, seq, T}, more_heads.config()); }},
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) {
+         p = make_plan(BatchDesc{qsl, seq, T}, more_heads.config());
+       }},
       {"plan for more tokens",
        [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p = make_plan(BatchDesc{qsl, seq, T + 1}, sc.config()); }},
       {"plan edited inconsistently", [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p.seq_lens.pop_back(); }},

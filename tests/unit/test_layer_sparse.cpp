@@ -84,7 +84,8 @@ TEST(LayerFast, SparseBf16LayerWithinToleranceOfOracle) {
     const LayerRun oracle = run_layer(d, Device::cpu(), DType::f64, Precision::reference);
     const LayerRun fast = run_layer(d, Device::cpu(), DType::bf16, Precision::fast);
     const int64_t n = d.t_act * sc.h * sc.V;
-    const std::vector<double> got(fast.out.begin(), fast.out.begin() + n), ref(oracle.out.begin(), oracle.out.begin() + n);
+    const std::vector<double> got(fast.out.begin(), fast.out.begin() + n);
+    const std::vector<double> ref(oracle.out.begin(), oracle.out.begin() + n);
     EXPECT_LT(rel_l2(got, ref), 1e-2) << to_string(sc.format) << " h=" << sc.h;
     EXPECT_EQ(check_close(got, ref, DType::bf16, 2e-2), "") << to_string(sc.format) << " h=" << sc.h;
   }
