@@ -49,13 +49,11 @@ void OracleCheck::fail(std::string message) {
 }
 
 std::vector<int64_t> OracleCheck::pick(const StepBatch& batch) {
+  // At most one token of each kind per step, every gap_ steps until the kind's quota is met.
   std::vector<int64_t> tokens;
   for (int k = 0; k < kNumTokenKinds; ++k) {
     const int64_t have = batch.tokens_of_kind[k];
-    if (have == 0 || reports_[k].samples + static_cast<int64_t>(std::count_if(tokens.begin(), tokens.end(), [&](int64_t t) {
-                       return static_cast<int>(batch.kind_of_token(t)) == k;
-                     })) >= quota_[k] || batch.step < next_step_[k])
-      continue;
+    if (have == 0 || reports_[k].samples >= quota_[k] || batch.step < next_step_[k]) continue;
     int64_t nth = rng_.below(have);
     for (int64_t t = 0; t < batch.num_tokens(); ++t) {
       if (static_cast<int>(batch.kind_of_token(t)) != k) continue;

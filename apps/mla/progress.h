@@ -12,12 +12,14 @@ class Progress {
   Progress(int64_t total_steps, bool enabled);
   // After each step: steps done, tokens processed so far, seconds spent in forward so far.
   void update(int64_t steps_done, int64_t tokens, double forward_seconds, const std::string& note = "");
-  void finish();
+  void finish();  // ends the bar; without a terminal, prints the final state if the last line was older
 
  private:
   int64_t total_;
   bool enabled_, tty_, open_line_ = false;
   int64_t next_line_step_ = 0;
+  int64_t last_step_ = 0, printed_step_ = -1, last_tokens_ = 0;
+  double last_seconds_ = 0;
   std::chrono::steady_clock::time_point last_line_;
 };
 
