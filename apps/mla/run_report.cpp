@@ -7,7 +7,7 @@
 
 #include "commands.h"
 #include "mla/error.h"
-#include "run_report.h"
+#include "run_internal.h"
 
 namespace mla::app {
 

@@ -1,11 +1,13 @@
 #pragma once
-// `mla run` internals shared by run.cpp (options, driver) and run_report.cpp (summary, JSON).
+// `mla run` internals: run.cpp resolves the options into a RunConfig, run_driver.cpp runs the trace
+// into RunStats and the OracleCheck, run_report.cpp prints the summary and writes the JSON record.
 #include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "check.h"
+#include "mla/tensor.h"
 #include "mla/types.h"
 #include "trace.h"
 
@@ -47,6 +49,9 @@ struct RunStats {
   double forward_seconds() const;
   int64_t tokens() const;
 };
+
+// Runs the trace (the body of `mla run`); returns the process exit code.
+int run_trace(const RunConfig& cfg, bool progress, const std::string& json_path);
 
 void print_header(const RunConfig& cfg);
 void print_summary(const RunConfig& cfg, const RunStats& stats, const OracleCheck& check);

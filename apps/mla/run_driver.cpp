@@ -1,0 +1,328 @@
+// The body of `mla run`: the trace through MlaAttention, step by step — schedule, plan, seeded
+// inputs, forward (timed, device synchronised), oracle check on sampled steps, commit.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "check.h"
+#include "commands.h"
+#include "core/numeric.h"
+#include "mla/error.h"
+#include "mla/layer.h"
+#include "mla/plan.h"
+#include "progress.h"
+#include "run_internal.h"
+#include "synth.h"
+#include "trace.h"
+#if MLA_WITH_CUDA
+#include "cuda/runtime/device_api.h"
+#endif
+
+namespace mla::app {
+
+namespace {
+
+// Activations are uniform(-1, 1); kv_b_proj entries uniform(+-1/sqrt(L)) (fan-in initialisation),
+// so that the up-projected K and V have magnitudes like the activations'.
+constexpr double kInputRange = 1.0;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Every byte 0xff: NaN in bf16 (0xffff), e4m3 (0xff) and fp32, so a read of an unwritten cache row
+// or an output row the layer did not write shows as a NaN.
+void poison(void* p, Device dev, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (dev.is_cpu()) {
+    std::memset(p, 0xff, bytes);
+    return;
+  }
+#if MLA_WITH_CUDA
+  cuda_rt::memset(p, dev.index, 0xff, bytes);
+#endif
+}
+
+void synchronize(Device dev) {
+#if MLA_WITH_CUDA
+  if (dev.is_cuda()) cuda_rt::synchronize(dev.index);
+#else
+  (void)dev;
+#endif
+}
+
+// A host buffer and, on CUDA, its device twin (the same buffer on the CPU). A step uses the leading
+// part of each, viewed with the step's shape.
+struct Staged {
+  Tensor host, dev;
+  Staged(std::initializer_list<int64_t> capacity, DType t, Device device) {
+    host = Tensor::empty(capacity, t, Device::cpu());
+    dev = device.is_cpu() ? host : Tensor::empty(capacity, t, device);
+  }
+  template <class T>
+  T* h() const { return host.view().data_as<T>(); }
+  TensorView host_view(std::initializer_list<int64_t> shape) const {
+    return TensorView(host.data(), host.dtype(), shape, host.device());
+  }
+  TensorView dev_view(std::initializer_list<int64_t> shape) const {
+    return TensorView(dev.data(), dev.dtype(), shape, dev.device());
+  }
+  void upload(std::initializer_list<int64_t> shape) const {
+    if (dev.data() != host.data()) copy(dev_view(shape), host_view(shape));
+  }
+  void download(std::initializer_list<int64_t> shape) const {
+    if (dev.data() != host.data()) copy(host_view(shape), dev_view(shape));
+  }
+};
+
+PlannerConfig planner_config(const RunConfig& cfg) {
+  PlannerConfig pc;
+  pc.dims = cfg.dims;
+  pc.cache_format = cfg.format;
+  pc.page_size = cfg.trace.page_size;
+  pc.max_model_len = cfg.trace.max_context;
+  pc.max_num_seqs = cfg.trace.max_num_seqs;
+  pc.sparse = cfg.sparse;
+  pc.decode_threshold = cfg.trace.decode_threshold;
+  pc.require_uniform = cfg.sparse;  // FlashMLA-sparse: uniform decodes; dense: varlen
+  pc.validate();
+  return pc;
+}
+
+OracleCheck::Config check_config(const RunConfig& cfg) {
+  OracleCheck::Config cc;
+  cc.samples = cfg.check_samples;
+  cc.steps = cfg.steps;
+  cc.sparse = cfg.sparse;
+  cc.format = cfg.format;
+  cc.fp8_scale = cfg.fp8_scale;
+  cc.page_size = cfg.trace.page_size;
+  cc.seed = cfg.seed;
+  return cc;
+}
+
+// Seeded data streams: 0 the weight, then four per step (q, kv_c, k_pe, top-k rows).
+uint64_t weight_stream(uint64_t seed) { return substream(seed, 0); }
+uint64_t step_stream(uint64_t seed, int64_t step, int k) {
+  return substream(seed, static_cast<uint64_t>(1 + 4 * step + k));
+}
+
+// kv_b_proj [h_q * (P + V), L] in bf16; the oracle gets the same values in float64.
+Tensor make_weight(const RunConfig& cfg, OracleModel& oracle) {
+  const ModelDims& d = cfg.dims;
+  const double a = 1.0 / std::sqrt(static_cast<double>(d.kv_lora_rank));
+  Tensor w = Tensor::empty({int64_t{d.num_heads} * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank}, DType::bf16);
+  fill_uniform_bf16(w.view().data_as<uint16_t>(), w.numel(), weight_stream(cfg.seed), -a, a);
+  oracle.dims = d;
+  oracle.kv_b_proj.resize(static_cast<std::size_t>(w.numel()));
+  for (int64_t i = 0; i < w.numel(); ++i)
+    oracle.kv_b_proj[static_cast<std::size_t>(i)] = num::bf16_to_float(w.view().data_as<uint16_t>()[i]);
+  return w;
+}
+
+class TraceRunner {
+ public:
+  explicit TraceRunner(const RunConfig& cfg);
+  // One step of the trace; false when every request had finished.
+  bool step(int64_t index);
+  void finish() { stats_.requests_finished = sched_.num_finished(); }
+
+  const OracleCheck& checker() const { return checker_; }
+  RunStats& stats() { return stats_; }
+  int64_t tokens_done() const { return tokens_done_; }
+  double forward_seconds() const { return forward_seconds_; }
+
+ private:
+  void prepare_inputs(const StepBatch& batch, int64_t index);
+  ForwardArgs forward_args(const StepBatch& batch) const;
+  void check(const StepBatch& batch, const Plan& plan, const std::vector<int64_t>& tokens);
+
+  const RunConfig& cfg_;
+  int64_t H_, P_, R_, V_, L_, topk_width_;
+  OracleModel oracle_;
+  MlaAttention layer_;
+  PlannerConfig planner_;
+  CacheBuffer cache_;
+  int64_t page_bytes_;
+  std::size_t ws_bytes_;
+  Tensor workspace_;
+  Staged q_, kv_c_, k_pe_, out_, slots_, block_table_, seq_lens_, topk_;
+  Scheduler sched_;
+  OracleCheck checker_;
+  RunStats stats_;
+  int64_t tokens_done_ = 0;
+  double forward_seconds_ = 0;
+};
+
+LayerOptions layer_options(const RunConfig& cfg) {
+  LayerOptions lo;
+  lo.dims = cfg.dims;
+  lo.cache_format = cfg.format;
+  lo.sparse = cfg.sparse;
+  lo.device = cfg.device;
+  lo.dtype = DType::bf16;
+  return lo;
+}
+
+TraceRunner::TraceRunner(const RunConfig& cfg)
+    : cfg_(cfg),
+      H_(cfg.dims.num_heads),
+      P_(cfg.dims.qk_nope_head_dim),
+      R_(cfg.dims.qk_rope_head_dim),
+      V_(cfg.dims.v_head_dim),
+      L_(cfg.dims.kv_lora_rank),
+      topk_width_(cfg.sparse ? cfg.dims.index_topk : 0),
+      layer_(layer_options(cfg), make_weight(cfg, oracle_).view()),
+      planner_(planner_config(cfg)),
+      cache_(allocate_cache(cfg.format, cfg.trace.pool_blocks(), cfg.trace.page_size, cfg.device, cfg.fp8_scale)),
+      page_bytes_(cfg.trace.page_size * cache_entry_bytes(cfg.format)),
+      ws_bytes_(layer_.max_workspace_bytes(planner_, cfg.trace.token_budget)),
+      workspace_(Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(ws_bytes_, 1))}, DType::u8, cfg.device)),
+      q_({cfg.trace.token_budget, H_, P_ + R_}, DType::bf16, cfg.device),
+      kv_c_({cfg.trace.token_budget, L_}, DType::bf16, cfg.device),
+      k_pe_({cfg.trace.token_budget, R_}, DType::bf16, cfg.device),
+      out_({cfg.trace.token_budget, H_ * V_}, DType::bf16, cfg.device),
+      slots_({cfg.trace.token_budget}, DType::i64, cfg.device),
+      block_table_({cfg.trace.max_num_seqs * cfg.trace.max_blocks_per_request()}, DType::i32, cfg.device),
+      seq_lens_({cfg.trace.max_num_seqs}, DType::i32, cfg.device),
+      topk_({std::max<int64_t>(1, cfg.trace.token_budget * topk_width_)}, DType::i32, cfg.device),
+      sched_(cfg.trace),
+      checker_(oracle_, check_config(cfg)) {
+  poison(cache_.cache.data.data, cfg.device, static_cast<std::size_t>(cfg.trace.pool_blocks() * page_bytes_));
+}
+
+void TraceRunner::prepare_inputs(const StepBatch& batch, int64_t index) {
+  const int64_t T = batch.num_tokens();
+  // Fresh random activations every step; metadata from the scheduler.
+  fill_uniform_bf16(q_.h<uint16_t>(), T * H_ * (P_ + R_), step_stream(cfg_.seed, index, 0), -kInputRange,
+                    kInputRange);
+  fill_uniform_bf16(kv_c_.h<uint16_t>(), T * L_, step_stream(cfg_.seed, index, 1), -kInputRange, kInputRange);
+  fill_uniform_bf16(k_pe_.h<uint16_t>(), T * R_, step_stream(cfg_.seed, index, 2), -kInputRange, kInputRange);
+  std::copy(batch.slot_mapping.begin(), batch.slot_mapping.end(), slots_.h<int64_t>());
+  std::copy(batch.block_table.begin(), batch.block_table.end(), block_table_.h<int32_t>());
+  std::copy(batch.seq_lens.begin(), batch.seq_lens.end(), seq_lens_.h<int32_t>());
+  if (cfg_.sparse)
+    fill_sparse_topk(topk_.h<int32_t>(), T, batch.token_pos.data(), topk_width_, cfg_.topk,
+                     step_stream(cfg_.seed, index, 3));
+  q_.upload({T, H_, P_ + R_});
+  kv_c_.upload({T, L_});
+  k_pe_.upload({T, R_});
+  slots_.upload({T});
+  block_table_.upload({batch.num_reqs() * batch.max_blocks});
+  seq_lens_.upload({batch.num_reqs()});
+  if (cfg_.sparse) topk_.upload({T, topk_width_});
+}
+
+ForwardArgs TraceRunner::forward_args(const StepBatch& batch) const {
+  const int64_t T = batch.num_tokens(), Rq = batch.num_reqs();
+  ForwardArgs args;
+  args.q = q_.dev_view({T, H_, P_ + R_});
+  args.kv_c = kv_c_.dev_view({T, L_});
+  args.k_pe = k_pe_.dev_view({T, R_});
+  args.slot_mapping = slots_.dev_view({T});
+  args.block_table = block_table_.dev_view({Rq, batch.max_blocks});
+  args.seq_lens = seq_lens_.dev_view({Rq});
+  if (cfg_.sparse) args.topk_indices = topk_.dev_view({T, topk_width_});
+  args.out = out_.dev_view({T, H_ * V_});
+  return args;
+}
+
+bool TraceRunner::step(int64_t index) {
+  if (sched_.done()) return false;
+  const StepBatch batch = sched_.schedule();
+  const int64_t T = batch.num_tokens();
+  BatchDesc desc;
+  desc.query_start_loc = batch.query_start_loc;
+  desc.seq_lens = batch.seq_lens;
+  const Plan plan = make_plan(desc, planner_);
+  if (const std::size_t need = layer_.workspace_bytes(plan); need > ws_bytes_)
+    throw Error(fmt::format("step {}: the plan needs {} workspace bytes but max_workspace_bytes promised {} for "
+                            "{} tokens (layer/planner inconsistency)",
+                            index, need, ws_bytes_, cfg_.trace.token_budget));
+  prepare_inputs(batch, index);
+  const ForwardArgs args = forward_args(batch);
+  const TensorView ws = workspace_.view();
+  if (index == 0 && cfg_.cuda) {
+    // Untimed warm-up (library handles, first launches). Rewriting the same rows is idempotent.
+    layer_.forward(plan, args, cache_.cache, ws);
+    synchronize(cfg_.device);
+  }
+  poison(args.out.data, cfg_.device, static_cast<std::size_t>(T * H_ * V_) * sizeof(uint16_t));
+  synchronize(cfg_.device);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  layer_.forward(plan, args, cache_.cache, ws);
+  synchronize(cfg_.device);
+  const double secs = seconds_since(t0);
+
+  StepRecord rec;
+  rec.decode_tokens = plan.split.num_decode_tokens;
+  rec.prefill_tokens = plan.split.num_prefill_tokens;
+  for (int k = 0; k < kNumTokenKinds; ++k) rec.kind_tokens[static_cast<std::size_t>(k)] = batch.tokens_of_kind[k];
+  for (const auto& chunk : plan.context.chunks) rec.context_rows += chunk.total;
+  rec.num_reqs = batch.num_reqs();
+  rec.seconds = secs;
+  stats_.steps.push_back(rec);
+  tokens_done_ += T;
+  forward_seconds_ += secs;
+
+  if (checker_.enabled())
+    if (const std::vector<int64_t> picked = checker_.pick(batch); !picked.empty()) check(batch, plan, picked);
+
+  for (int32_t b : sched_.commit(batch))
+    poison(cache_.cache.data.select(0, b).data, cfg_.device, static_cast<std::size_t>(page_bytes_));
+  return true;
+}
+
+void TraceRunner::check(const StepBatch& batch, const Plan& plan, const std::vector<int64_t>& tokens) {
+  out_.download({batch.num_tokens(), H_ * V_});
+  std::map<int64_t, std::vector<uint8_t>> pages;  // device pages copied to the host for this check
+  StepData sd;
+  sd.batch = &batch;
+  sd.plan = &plan;
+  sd.q = q_.h<uint16_t>();
+  sd.kv_c = kv_c_.h<uint16_t>();
+  sd.k_pe = k_pe_.h<uint16_t>();
+  sd.topk = cfg_.sparse ? topk_.h<int32_t>() : nullptr;
+  sd.topk_width = topk_width_;
+  sd.out = out_.h<uint16_t>();
+  sd.page = [&](int64_t block) -> const uint8_t* {
+    const TensorView blk = cache_.cache.data.select(0, block);
+    if (!cfg_.cuda) return static_cast<const uint8_t*>(blk.data);
+    auto& bytes = pages[block];
+    if (bytes.empty()) {
+      bytes.resize(static_cast<std::size_t>(page_bytes_));
+      const int64_t elems = page_bytes_ / static_cast<int64_t>(blk.element_size());
+      copy(TensorView(bytes.data(), blk.dtype, {elems}, Device::cpu()), blk.reshape({elems}));
+    }
+    return bytes.data();
+  };
+  checker_.check(sd, tokens);
+}
+
+}  // namespace
+
+int run_trace(const RunConfig& cfg, bool show_progress, const std::string& json_path) {
+  const auto t_start = std::chrono::steady_clock::now();
+  TraceRunner runner(cfg);
+  runner.stats().setup_seconds = seconds_since(t_start);
+  Progress progress(cfg.steps, show_progress);
+  for (int64_t i = 0; i < cfg.steps && runner.step(i); ++i) {
+    const int64_t failures = runner.checker().num_failures();
+    progress.update(i + 1, runner.tokens_done(), runner.forward_seconds(),
+                    failures == 0 ? "" : fmt::format("{} check failure(s)", failures));
+  }
+  progress.finish();
+  runner.finish();
+  runner.stats().wall_seconds = seconds_since(t_start);
+
+  print_summary(cfg, runner.stats(), runner.checker());
+  if (!json_path.empty()) write_json(json_path, cfg, runner.stats(), runner.checker());
+  if (!runner.checker().enabled()) return kExitOk;
+  return runner.checker().passed() ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace mla::app
