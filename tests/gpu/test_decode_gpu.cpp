@@ -158,8 +158,8 @@ TEST(DecodeGpu, NonCausalNarrowValues) {
 TEST(DecodeGpu, StridedAndUnalignedViews) {
   MLA_SKIP_WITHOUT_GPU();
   test::reseed(15);
-  const int64_t b = 3, s_q = 2, h = 6, page = 16, nb = 12, d = 576, dv = 512;
-  const std::vector<int32_t> lens = {40, 0, 150};
+  const int64_t b = 3, s_q = 2, h = 6, page = 16, nb = 16, max_blocks = 10, d = 576, dv = 512;
+  const std::vector<int32_t> lens = {40, 0, 150};  // 3 + 0 + 10 pages of the 16
   for (CacheFormat f : test::kAllFormats) {
     const int64_t entry = cache_entry_elems(f), pad = f == CacheFormat::fp8_ds_mla ? 16 : 5;
     Tensor storage = Tensor::empty({nb, 2, page, entry + pad}, cache_dtype(f));
@@ -169,7 +169,7 @@ TEST(DecodeGpu, StridedAndUnalignedViews) {
     std::vector<std::vector<int32_t>> table(b);
     int32_t next = 0;
     for (int64_t r = 0; r < b; ++r)
-      for (int64_t j = 0; j < 4; ++j) {
+      for (int64_t j = 0; j < max_blocks; ++j) {
         const int64_t used = (lens[r] + page - 1) / page;
         table[r].push_back(j < used ? next++ : -1);
       }
@@ -192,7 +192,7 @@ TEST(DecodeGpu, StridedAndUnalignedViews) {
     Tensor lse_store = test::poisoned({b, h, s_q}, DType::f32, gpu);
     TensorView out = out_store.view().slice(3, 0, dv), lse = lse_store.view().transpose(1, 2);
     Tensor btd = bt.to(gpu), sld = sl.to(gpu);
-    const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h, 4 * page, gpu);
+    const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h, max_blocks * page, gpu);
     Tensor ws = need ? Tensor::empty({static_cast<int64_t>(need)}, DType::u8, gpu) : Tensor();
     mqa_decode(qd, dc.cache, btd, sld, out, lse, kScale, true, ws.view(), Context{});
     test::expect_attention_close(out, ref_out, lse, ref_lse, std::string("strided ") + to_string(f));
