@@ -5,8 +5,8 @@
 // meets a block of key rows (dequantised / converted once into a T buffer) and folds the block into a
 // per-row online softmax (running max m, running sum l, unnormalised output o). T is float in
 // Precision::fast and double in Precision::reference; inputs and outputs keep their own dtypes and are
-// converted at the edges only. Key blocks are reused by every query row of the tile, so a cache row is
-// dequantised once per (request, head group), not once per head.
+// converted at the edges only. A key block is reused by every query row of the tile: a latent cache row is
+// dequantised once per work item (every head and query of a request or token), not once per head.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -17,6 +17,7 @@
 
 #include "core/numeric.h"
 #include "cpu/cache_row.h"
+#include "cpu/convert.h"
 #include "cpu/index_view.h"
 #include "mla/cache.h"
 #include "mla/tensor.h"
@@ -26,75 +27,6 @@ namespace mla::cpu::attn {
 // Key rows per block: a [64, 576] float block (144 KiB) stays in L2 while every query row of the tile
 // passes over it.
 inline constexpr int64_t kKeyBlock = 64;
-
-// ---- activations ----------------------------------------------------------------------------
-
-// n contiguous elements of a floating dtype -> T.
-template <class T>
-inline void load_row(const void* src, DType dt, T* dst, int64_t n) {
-  switch (dt) {
-    case DType::f32: {
-      const float* s = static_cast<const float*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(s[i]);
-      return;
-    }
-    case DType::f64: {
-      const double* s = static_cast<const double*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(s[i]);
-      return;
-    }
-    case DType::bf16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(num::bf16_to_float(s[i]));
-      return;
-    }
-    default: {  // f16 (validated callers pass floating dtypes only)
-      const char* s = static_cast<const char*>(src);
-      const int64_t es = static_cast<int64_t>(dtype_size(dt));
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(num::load(s + i * es, dt));
-      return;
-    }
-  }
-}
-
-// double -> float rounded *to odd* (truncate, then set the last bit if anything was lost). float keeps
-// at least 13 more bits than bf16 / f16, so rounding this float to nearest even gives the same result as
-// rounding the double directly: reference-mode outputs are correctly rounded, not rounded twice.
-inline float to_float_odd(double x) {
-  float f = static_cast<float>(x);
-  if (std::isfinite(f) && static_cast<double>(f) != x) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if (std::fabs(static_cast<double>(f)) > std::fabs(x)) --u;  // magnitude toward zero, same sign
-    u |= 1u;
-    std::memcpy(&f, &u, 4);
-  }
-  return f;
-}
-inline float to_float_odd(float x) { return x; }
-
-// n values of T -> contiguous elements of dtype dt, rounded to nearest even.
-template <class T>
-inline void store_row(void* dst, DType dt, const T* src, int64_t n) {
-  switch (dt) {
-    case DType::f32: {
-      float* d = static_cast<float*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(src[i]);
-      return;
-    }
-    case DType::f64: {
-      double* d = static_cast<double*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<double>(src[i]);
-      return;
-    }
-    default: {  // bf16 / f16
-      char* d = static_cast<char*>(dst);
-      const int64_t es = static_cast<int64_t>(dtype_size(dt));
-      for (int64_t i = 0; i < n; ++i) num::store(d + i * es, dt, to_float_odd(src[i]));
-      return;
-    }
-  }
-}
 
 // ---- cache rows -----------------------------------------------------------------------------
 
@@ -114,7 +46,7 @@ class CacheRowReader {
     const uint8_t* row = cache_row_ptr(c_, slot);
     switch (c_.format) {
       case CacheFormat::bf16:
-        bf16_to(row, out, cols);
+        load_row(row, DType::bf16, out, cols);
         return;
       case CacheFormat::fp8: {
         const T s = static_cast<T>(c_.scale);
@@ -130,32 +62,48 @@ class CacheRowReader {
           const int64_t end = std::min(nope, (t + 1) * ds_mla::kTile);
           for (int64_t i = t * ds_mla::kTile; i < end; ++i) out[i] = e4m3_[row[i]] * s;
         }
-        if (cols > nope) bf16_to(row + ds_mla::kRopeOffset, out + nope, cols - nope);
+        if (cols > nope) load_row(row + ds_mla::kRopeOffset, DType::bf16, out + nope, cols - nope);
         return;
       }
     }
   }
 
  private:
-  static void bf16_to(const uint8_t* src, T* out, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      const uint32_t u = static_cast<uint32_t>(h) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      out[i] = static_cast<T>(f);
-    }
-  }
-
   const KVCache& c_;
   std::array<T, 256> e4m3_{};
 };
 
-// ---- online softmax -------------------------------------------------------------------------
+// ---- query tile, online softmax, block kernel ---------------------------------------------------
 
-// Running softmax state of `rows` query rows with value width dv. Scores are already multiplied by the
-// softmax scale, so lse = m + ln(l) is the natural-log LSE of the scaled logits.
+// Query rows of one work item in the accumulation type: as rows q [nq, d] (filled by the caller) and,
+// after transpose(), as columns qt [d, nqp] with nqp = nq rounded up to kQueryPad (zero padding). The
+// kernels broadcast key elements against vectors of consecutive queries, so the transposed copy is made
+// once per work item rather than per key block.
+inline constexpr int64_t kQueryPad = 16;  // a multiple of every kernel vector width (16 floats / 8 doubles)
+
+template <class T>
+struct QueryTile {
+  int64_t nq = 0, d = 0, nqp = 0;
+  std::vector<T> q, qt;
+
+  void resize(int64_t rows, int64_t cols) {
+    nq = rows;
+    d = cols;
+    nqp = (rows + kQueryPad - 1) / kQueryPad * kQueryPad;
+    q.resize(static_cast<std::size_t>(nq * d));
+  }
+  T* row(int64_t r) { return q.data() + r * d; }
+  void transpose() {
+    qt.assign(static_cast<std::size_t>(d * nqp), T(0));
+    for (int64_t r = 0; r < nq; ++r)
+      for (int64_t x = 0; x < d; ++x)
+        qt[static_cast<std::size_t>(x * nqp + r)] = q[static_cast<std::size_t>(r * d + x)];
+  }
+};
+
+// Running softmax state of `rows` query rows with value width dv: running max m, running sum l and the
+// unnormalised output o. Scores are already multiplied by the softmax scale, so lse = m + ln(l) is the
+// natural-log LSE of the scaled logits.
 template <class T>
 struct SoftmaxTile {
   int64_t rows = 0, dv = 0;
@@ -169,11 +117,12 @@ struct SoftmaxTile {
     o.assign(static_cast<std::size_t>(r * d), T(0));
   }
   T* orow(int64_t r) { return o.data() + r * dv; }
+  const T* orow(int64_t r) const { return o.data() + r * dv; }
 
   // Normalised output row r and its lse. A row that saw no key (l == 0) yields zeros and -inf: the
   // empty-key-set rule of the contract, never 0/0.
   float finish(int64_t r, T* out_row) const {
-    const T* src = o.data() + r * dv;
+    const T* src = orow(r);
     if (!(l[r] > T(0))) {
       std::fill(out_row, out_row + dv, T(0));
       return -std::numeric_limits<float>::infinity();
@@ -182,24 +131,44 @@ struct SoftmaxTile {
     for (int64_t x = 0; x < dv; ++x) out_row[x] = src[x] * inv;
     return static_cast<float>(m[r] + std::log(l[r]));
   }
+
+  // Folds another partial state of the same rows (a disjoint key range) into this one.
+  void merge(const SoftmaxTile& b) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const T mx = std::max(m[r], b.m[r]);
+      if (mx == -std::numeric_limits<T>::infinity()) continue;  // neither side saw a key
+      const T fa = std::exp(m[r] - mx), fb = std::exp(b.m[r] - mx);
+      T* o_a = orow(r);
+      const T* o_b = b.orow(r);
+      for (int64_t x = 0; x < dv; ++x) o_a[x] = o_a[x] * fa + o_b[x] * fb;
+      l[r] = l[r] * fa + b.l[r] * fb;
+      m[r] = mx;
+    }
+  }
 };
 
-// Per-thread scratch of attend_block (grown on demand, reused across blocks): the transposed key block
-// and the scores / probabilities of the tile.
+// Per-thread scratch of attend_block, grown on demand and reused across blocks: the scores, then
+// probabilities, of a block, key-major [nk, nqp].
 template <class T>
 struct BlockScratch {
-  std::vector<T> kt, scores;
+  std::vector<T> p, mnew, alpha, limf;
 };
 
-// Folds one key block into the tile. q: [nq, d] (row stride ldq); k: [nk, d] (ldk); v: [nk, dv] (ldv;
-// may alias k's first dv columns, as in MQA where values are the latent part of the key row). Row r sees
-// keys j < lim[r] (lim[r] in [0, nk]). Defined in attention_kernels.cpp, which compiles it for several
-// x86 ISA levels and picks the widest the CPU supports at run time.
-void attend_block(const float* q, int64_t ldq, int64_t nq, const float* k, int64_t ldk, int64_t d, const float* v,
-                  int64_t ldv, int64_t nk, float scale, const int64_t* lim, SoftmaxTile<float>& st,
-                  BlockScratch<float>& ws);
-void attend_block(const double* q, int64_t ldq, int64_t nq, const double* k, int64_t ldk, int64_t d,
-                  const double* v, int64_t ldv, int64_t nk, double scale, const int64_t* lim, SoftmaxTile<double>& st,
-                  BlockScratch<double>& ws);
+// Folds one key block into the tile's softmax state. k: [nk, d] (row stride ldk); v: [nk, dv] (ldv; may
+// alias k's first dv columns, as in MQA where values are the latent part of the key row). Query row r sees
+// keys j < lim[r] (lim[r] in [0, nk]); a key a row may not see never touches that row, even if it holds
+// inf or NaN. Defined in attention_kernels.cpp, which compiles it for several x86 ISA levels and picks
+// the widest the CPU supports at run time.
+// Instruction-set level of the attention kernels: the widest the CPU supports by default. Tests lower it
+// to run the AVX2 and baseline builds of the kernels on a machine that has AVX-512.
+enum class Isa : int { base = 0, avx2 = 1, avx512 = 2 };
+Isa best_isa();
+Isa current_isa();
+void set_isa(Isa isa);  // throws mla::Error above best_isa()
+
+void attend_block(const QueryTile<float>& q, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t nk,
+                  float scale, const int64_t* lim, SoftmaxTile<float>& st, BlockScratch<float>& ws);
+void attend_block(const QueryTile<double>& q, const double* k, int64_t ldk, const double* v, int64_t ldv, int64_t nk,
+                  double scale, const int64_t* lim, SoftmaxTile<double>& st, BlockScratch<double>& ws);
 
 }  // namespace mla::cpu::attn

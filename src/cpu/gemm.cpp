@@ -1,98 +1,157 @@
-// CPU gemm / bmm: c = alpha * a @ b + beta * c through OpenBLAS.
+// CPU gemm / bmm: c = alpha * a @ b + beta * c through OpenBLAS (float: cblas_sgemm in Precision::fast,
+// double: cblas_dgemm in reference mode).
 //
-// Operands of any floating dtype and any strides are first converted to contiguous row-major buffers of
-// the accumulation type (float: Precision::fast, cblas_sgemm; double: reference, cblas_dgemm). The
-// conversion is O(mk + kn + mn) against O(mnk) arithmetic, and it is what lets one code path serve every
-// dtype and stride. beta == 0 never reads c (outputs may be NaN-poisoned), as in BLAS.
+// An operand already in the accumulation type with a unit stride in one of its two dims goes to BLAS as
+// it is (row- or column-major, with its leading dimension); anything else (bf16 / f16 weights, other
+// strides) is converted once into a contiguous row-major buffer, which costs O(mk + kn + mn) against the
+// O(mnk) product and lets one path serve every dtype and stride. beta == 0 never reads c (outputs may
+// be NaN-poisoned), as in BLAS.
 #include <cblas.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
-#include "core/numeric.h"
+#include "cpu/convert.h"
 #include "cpu/cpu_ops.h"
 
 namespace mla::cpu {
 namespace {
 
-void blas_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b, float beta, float* c) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), alpha, a, static_cast<blasint>(k), b, static_cast<blasint>(n), beta, c,
-              static_cast<blasint>(n));
+template <class T>
+constexpr DType kAccumDType = std::is_same_v<T, float> ? DType::f32 : DType::f64;
+
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
-void blas_gemm(int64_t m, int64_t n, int64_t k, double alpha, const double* a, const double* b, double beta,
-               double* c) {
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), alpha, a, static_cast<blasint>(k), b, static_cast<blasint>(n), beta, c,
-              static_cast<blasint>(n));
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+               const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
-// Copies a 2-D strided view into a row-major T buffer (or back), converting element by element.
+// A 2-D view as BLAS sees it: row-major (trans = false, ld = row stride) or column-major (trans = true,
+// ld = column stride) over either the view's own memory or a converted row-major copy.
+template <class T>
+struct Operand {
+  const T* ptr = nullptr;
+  bool trans = false;
+  int64_t ld = 1;
+};
+
+template <class T>
+bool direct_layout(const TensorView& t, Operand<T>& op) {
+  if (t.dtype != kAccumDType<T>) return false;
+  const int64_t r = t.size(0), c = t.size(1);
+  if (t.stride[1] == 1 || c == 1) {
+    const int64_t ld = r == 1 ? std::max<int64_t>(c, 1) : t.stride[0];
+    if (ld < std::max<int64_t>(c, 1)) return false;
+    op = {static_cast<const T*>(t.data), false, ld};
+    return true;
+  }
+  if (t.stride[0] == 1 || r == 1) {
+    const int64_t ld = c == 1 ? std::max<int64_t>(r, 1) : t.stride[1];
+    if (ld < std::max<int64_t>(r, 1)) return false;
+    op = {static_cast<const T*>(t.data), true, ld};
+    return true;
+  }
+  return false;
+}
+
+// Row-major T copy of a 2-D view; rows with a unit stride convert as whole rows.
 template <class T>
 void gather2d(const TensorView& t, T* dst) {
   const int64_t r = t.size(0), c = t.size(1), es = static_cast<int64_t>(t.element_size());
   const char* base = static_cast<const char*>(t.data);
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < c; ++j)
-      dst[i * c + j] = static_cast<T>(num::load(base + (i * t.stride[0] + j * t.stride[1]) * es, t.dtype));
+  for (int64_t i = 0; i < r; ++i) {
+    const char* row = base + i * t.stride[0] * es;
+    if (t.stride[1] == 1) {
+      load_row(row, t.dtype, dst + i * c, c);
+    } else {
+      for (int64_t j = 0; j < c; ++j) dst[i * c + j] = static_cast<T>(num::load(row + j * t.stride[1] * es, t.dtype));
+    }
+  }
 }
 template <class T>
 void scatter2d(const T* src, const TensorView& t) {
   const int64_t r = t.size(0), c = t.size(1), es = static_cast<int64_t>(t.element_size());
   char* base = static_cast<char*>(t.data);
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < c; ++j)
-      num::store(base + (i * t.stride[0] + j * t.stride[1]) * es, t.dtype, static_cast<double>(src[i * c + j]));
-}
-
-// One product per batch entry; 2-D views.
-template <class T>
-void gemm_batch(const std::vector<TensorView>& as, const std::vector<TensorView>& bs, const std::vector<TensorView>& cs,
-                T alpha, T beta) {
-  if (as.empty()) return;
-  const int64_t m = cs[0].size(0), n = cs[0].size(1), k = as[0].size(1);
-  if (m == 0 || n == 0) return;
-  std::vector<T> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)), c(static_cast<std::size_t>(m * n));
-  for (std::size_t i = 0; i < as.size(); ++i) {
-    if (beta != T(0)) gather2d(cs[i], c.data());
-    if (k == 0) {
-      // An empty sum: c = beta * c. BLAS may not touch c at all for k == 0, so do it here.
-      for (T& x : c) x = beta != T(0) ? beta * x : T(0);
+  for (int64_t i = 0; i < r; ++i) {
+    char* row = base + i * t.stride[0] * es;
+    if (t.stride[1] == 1) {
+      store_row(row, t.dtype, src + i * c, c);
     } else {
-      gather2d(as[i], a.data());
-      gather2d(bs[i], b.data());
-      blas_gemm(m, n, k, alpha, a.data(), b.data(), beta, c.data());
+      for (int64_t j = 0; j < c; ++j) num::store(row + j * t.stride[1] * es, t.dtype, to_float_odd(src[i * c + j]));
     }
-    scatter2d(c.data(), cs[i]);
   }
 }
 
 template <class T>
-void run(const std::vector<TensorView>& as, const std::vector<TensorView>& bs, const std::vector<TensorView>& cs,
-         float alpha, float beta) {
-  gemm_batch<T>(as, bs, cs, static_cast<T>(alpha), static_cast<T>(beta));
+Operand<T> input(const TensorView& t, std::vector<T>& buf) {
+  Operand<T> op;
+  if (direct_layout(t, op)) return op;
+  buf.resize(static_cast<std::size_t>(t.numel()));
+  gather2d(t, buf.data());
+  return {buf.data(), false, std::max<int64_t>(t.size(1), 1)};
 }
 
-void dispatch(const std::vector<TensorView>& as, const std::vector<TensorView>& bs, const std::vector<TensorView>& cs,
-              float alpha, float beta, const Context& ctx) {
-  if (ctx.precision == Precision::reference) run<double>(as, bs, cs, alpha, beta);
-  else run<float>(as, bs, cs, alpha, beta);
+// c = alpha a b + beta c for 2-D views, through reusable conversion buffers.
+template <class T>
+void gemm2d(const TensorView& a, const TensorView& b, const TensorView& c, T alpha, T beta, std::vector<T>& abuf,
+            std::vector<T>& bbuf, std::vector<T>& cbuf) {
+  const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
+  if (m == 0 || n == 0) return;
+  // c in place when it is row-major in T; otherwise through a row-major buffer.
+  Operand<T> cd;
+  const bool c_direct = direct_layout(c, cd) && !cd.trans;
+  T* cp = const_cast<T*>(cd.ptr);
+  int64_t ldc = cd.ld;
+  if (!c_direct) {
+    cbuf.resize(static_cast<std::size_t>(m * n));
+    cp = cbuf.data();
+    ldc = n;
+    if (beta != T(0)) gather2d(c, cp);
+  }
+  if (k == 0) {
+    // An empty sum: c = beta * c (0 when beta == 0, without reading c).
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) cp[i * ldc + j] = beta != T(0) ? beta * cp[i * ldc + j] : T(0);
+  } else {
+    const Operand<T> ao = input(a, abuf), bo = input(b, bbuf);
+    blas_gemm(ao.trans, bo.trans, m, n, k, alpha, ao.ptr, ao.ld, bo.ptr, bo.ld, beta, cp, ldc);
+  }
+  if (!c_direct) scatter2d(cbuf.data(), c);
+}
+
+template <class T>
+void run(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta) {
+  std::vector<T> abuf, bbuf, cbuf;
+  if (c.ndim == 2) {
+    gemm2d<T>(a, b, c, alpha, beta, abuf, bbuf, cbuf);
+    return;
+  }
+  for (int64_t i = 0; i < c.size(0); ++i)
+    gemm2d<T>(a.select(0, i), b.select(0, i), c.select(0, i), alpha, beta, abuf, bbuf, cbuf);
 }
 
 }  // namespace
 
 void gemm(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta, const Context& ctx) {
-  dispatch({a}, {b}, {c}, alpha, beta, ctx);
+  if (ctx.precision == Precision::reference)
+    run<double>(a, b, c, alpha, beta);
+  else
+    run<float>(a, b, c, alpha, beta);
 }
 
 void bmm(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta, const Context& ctx) {
-  std::vector<TensorView> as, bs, cs;
-  for (int64_t i = 0; i < c.size(0); ++i) {
-    as.push_back(a.select(0, i));
-    bs.push_back(b.select(0, i));
-    cs.push_back(c.select(0, i));
-  }
-  dispatch(as, bs, cs, alpha, beta, ctx);
+  if (ctx.precision == Precision::reference)
+    run<double>(a, b, c, alpha, beta);
+  else
+    run<float>(a, b, c, alpha, beta);
 }
 
 }  // namespace mla::cpu

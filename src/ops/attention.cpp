@@ -3,8 +3,8 @@
 // the values of the integer metadata) before the backend runs, so a bad call writes nothing.
 #include <cmath>
 
-#include "mla/ops.h"
 #include "cpu/index_view.h"
+#include "mla/ops.h"
 #include "ops/attention_ws.h"
 #include "ops/dispatch.h"
 #include "ops/validate.h"
@@ -83,9 +83,10 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
     const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h_q, max_len, dev);
     const std::size_t have =
         workspace.defined() ? static_cast<std::size_t>(workspace.numel()) * workspace.element_size() : 0;
-    MLA_CHECK(have >= need, "{}: needs a workspace of at least {} bytes (mqa_decode_workspace_bytes with max_seq_len = "
-              "max_blocks * page_size = {}), got {}", op, need, max_len,
-              workspace.defined() ? workspace.describe() : std::string("none"));
+    MLA_CHECK(have >= need,
+              "{}: needs a workspace of at least {} bytes (mqa_decode_workspace_bytes with max_seq_len = "
+              "max_blocks * page_size = {}), got {}",
+              op, need, max_len, workspace.defined() ? workspace.describe() : std::string("none"));
     if (workspace.defined()) {
       MLA_CHECK(workspace.is_contiguous(), "{}: workspace must be contiguous, got {}", op, workspace.describe());
     }
@@ -129,11 +130,10 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
   detail::check_size(out, 2, dv, op, "out [Tq, h, d_v]");
   check_lse(lse, {h, tq}, op, "lse [h, Tq]");
   detail::check_i32_vector(cu_seqlens_q, -1, op, "cu_seqlens_q [B+1]");
-  MLA_CHECK(cu_seqlens_q.size(0) >= 1, "{}: cu_seqlens_q needs B+1 >= 1 entries, got {}", op,
-            cu_seqlens_q.describe());
+  MLA_CHECK(cu_seqlens_q.size(0) >= 1, "{}: cu_seqlens_q needs B+1 >= 1 entries, got {}", op, cu_seqlens_q.describe());
   detail::check_i32_vector(cu_seqlens_k, cu_seqlens_q.size(0), op, "cu_seqlens_k [B+1] (as long as cu_seqlens_q)");
-  MLA_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "{}: max_seqlen_q/k must be >= 0, got {} and {}", op,
-            max_seqlen_q, max_seqlen_k);
+  MLA_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "{}: max_seqlen_q/k must be >= 0, got {} and {}", op, max_seqlen_q,
+            max_seqlen_k);
   check_scale(softmax_scale, op);
   detail::check_device(k_nope, dev, op, "k_nope");
   detail::check_device(k_pe, dev, op, "k_pe");

@@ -16,8 +16,8 @@ void check_operand(const TensorView& t, int nd, bool is_output, const char* op, 
   detail::check_ndim(t, nd, op, arg);
   if (t.device.is_cuda()) {
     if (is_output)
-      MLA_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32, "{}: {} must be bf16 or f32 on CUDA, got {}", op,
-                arg, t.describe());
+      MLA_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32, "{}: {} must be bf16 or f32 on CUDA, got {}", op, arg,
+                t.describe());
     else
       detail::check_dtype(t, DType::bf16, op, arg);
     const int64_t rows = t.size(nd - 2), cols = t.size(nd - 1);

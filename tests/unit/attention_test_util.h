@@ -23,7 +23,8 @@ inline constexpr CacheFormat kAllFormats[] = {CacheFormat::bf16, CacheFormat::fp
 
 // Every byte 0xff: NaN in each format (bf16 0xffff, e4m3 0xff, fp32 scales 0xffffffff).
 inline void poison_row(const KVCache& c, int64_t slot) {
-  std::memset(const_cast<uint8_t*>(row_ptr(c, slot)), 0xff, static_cast<std::size_t>(cache_entry_bytes(c.format, c.d_qk)));
+  std::memset(const_cast<uint8_t*>(row_ptr(c, slot)), 0xff,
+              static_cast<std::size_t>(cache_entry_bytes(c.format, c.d_qk)));
 }
 
 // A finite e4m3 code (never 0x7f / 0xff, the NaN codes).
@@ -69,8 +70,8 @@ inline CacheBuffer nan_cache(CacheFormat format, int64_t num_blocks, int64_t pag
 // rows below seq_len are random, every other row of the cache stays NaN.
 struct PagedBatch {
   CacheBuffer cb;
-  Tensor block_table;  // [b, max_blocks] i32
-  Tensor seq_lens;     // [b] i32
+  Tensor block_table;                       // [b, max_blocks] i32
+  Tensor seq_lens;                          // [b] i32
   std::vector<std::vector<int64_t>> slots;  // slots[r][pos]
 };
 inline PagedBatch paged_batch(CacheFormat format, int64_t page, const std::vector<int32_t>& lens, int64_t max_blocks,

@@ -114,7 +114,7 @@ TEST(AttentionDecode, AbsorbedEqualsNaiveUpProjection) {
   Tensor qmqa = test::poisoned({1, 1, h, L + R}, DType::f64);
   const int64_t wst[] = {(P + V) * L, L, 1};
   const int64_t uk_shape[] = {h, P, L};
-  TensorView w_uk(w.data(), DType::f64, uk_shape, wst);                           // [h, P, L]
+  TensorView w_uk(w.data(), DType::f64, uk_shape, wst);  // [h, P, L]
   const int64_t uv_shape[] = {h, L, V}, uv_st[] = {(P + V) * L, 1, L};
   TensorView w_uv_t(static_cast<double*>(w.data()) + P * L, DType::f64, uv_shape, uv_st);  // [h, L, V]
   const int64_t qn_shape[] = {h, 1, P}, qn_st[] = {P + R, P + R, 1};
@@ -123,8 +123,7 @@ TEST(AttentionDecode, AbsorbedEqualsNaiveUpProjection) {
   TensorView ql(qmqa.data(), DType::f64, ql_shape, ql_st);
   bmm(q_nope, w_uk, ql, 1.0f, 0.0f, ref);
   for (int64_t hh = 0; hh < h; ++hh)
-    for (int64_t x = 0; x < R; ++x)
-      static_cast<double*>(qmqa.data())[hh * (L + R) + L + x] = qv[hh * (P + R) + P + x];
+    for (int64_t x = 0; x < R; ++x) static_cast<double*>(qmqa.data())[hh * (L + R) + L + x] = qv[hh * (P + R) + P + x];
   Tensor o_lat = test::poisoned({1, 1, h, L}, DType::f64);
   mqa_decode(qmqa, pb.cb.cache, pb.block_table, pb.seq_lens, o_lat, {}, scale, true, {}, ref);
   Tensor out = test::poisoned({h, 1, V}, DType::f64);
@@ -176,8 +175,8 @@ TEST_P(DecodeSweep, MatchesFloat64Oracle) {
   Tensor out16 = Tensor::empty({b, s_q, h, dv}, DType::bf16);
   run_decode(q16, pb, out16, lse, scale, true, Precision::fast);
   EXPECT_EQ(test::check_close(test::to_doubles(out16.view()), ref.out, DType::bf16, kF32Accum), "") << "fast bf16 out";
-  EXPECT_EQ(test::check_close(test::to_doubles(lse.view().transpose(1, 2)), test::as_f32(ref.lse), DType::f32, kF32Accum),
-            "")
+  EXPECT_EQ(
+      test::check_close(test::to_doubles(lse.view().transpose(1, 2)), test::as_f32(ref.lse), DType::f32, kF32Accum), "")
       << "fast lse";
 }
 
@@ -203,10 +202,29 @@ TEST(AttentionDecode, NonCausalNarrowValuesF32) {
   Tensor out = Tensor::empty({b, s_q, h, dv}, DType::f32), lse = Tensor::empty({b, h, s_q}, DType::f32);
   run_decode(q, pb, out, lse, 0.05, false, Precision::fast);
   EXPECT_EQ(test::check_close(test::to_doubles(out.view()), ref.out, DType::f32, kF32Accum), "");
-  EXPECT_EQ(test::check_close(test::to_doubles(lse.view().transpose(1, 2)), test::as_f32(ref.lse), DType::f32, kF32Accum),
-            "");
+  EXPECT_EQ(
+      test::check_close(test::to_doubles(lse.view().transpose(1, 2)), test::as_f32(ref.lse), DType::f32, kF32Accum),
+      "");
   run_decode(q, pb, out, lse, 0.05, false, Precision::reference);
   EXPECT_EQ(test::check_close(test::to_doubles(out.view()), ref.out, DType::f32), "");
+}
+
+// A single long request is split into key ranges whose partial softmax states are merged (whatever the
+// thread count: ranges are at most half the keys); the merge must match the oracle like one pass does.
+TEST(AttentionDecode, SplitKeyRangesMatchOracle) {
+  test::reseed(5);
+  const std::vector<int32_t> lens = {1100};
+  const int64_t b = 1, s_q = 3, h = 8, d = 576, dv = 512, page = 16;
+  for (CacheFormat f : test::kAllFormats) {
+    PagedBatch pb = test::paged_batch(f, page, lens, 70);
+    Tensor q = test::random_tensor({b, s_q, h, d}, DType::f64);
+    const OracleOut ref = decode_oracle(q, pb, lens, dv, 0.0722, true);
+    Tensor out = Tensor::empty({b, s_q, h, dv}, DType::f64), lse = Tensor::empty({b, h, s_q}, DType::f32);
+    run_decode(q, pb, out, lse, 0.0722, true, Precision::reference);
+    EXPECT_EQ(test::check_close(test::to_doubles(out.view()), ref.out, DType::f64, 1e-12), "") << to_string(f);
+    EXPECT_EQ(test::check_close(test::to_doubles(lse.view().transpose(1, 2)), test::as_f32(ref.lse), DType::f32), "")
+        << to_string(f);
+  }
 }
 
 // DeepSeek-V3 per-rank shape with thousands of keys: fast mode stays within bf16 tolerance of the
@@ -229,6 +247,36 @@ TEST(AttentionDecode, FastWithinBf16OfReferenceLongContext) {
               "")
         << to_string(f);
   }
+}
+
+// Every ISA build of the kernels (AVX-512, AVX2, baseline; those this CPU runs) against the oracle, with
+// query tiles narrower than a vector (dot-product path), one vector, and several with a ragged tail.
+TEST(AttentionDecode, EveryIsaLevelMatchesOracle) {
+  test::reseed(6);
+  const std::vector<int32_t> lens = {0, 3, 65, 130};
+  const int64_t b = 4, d = 576, dv = 512, page = 16;
+  const cpu::attn::Isa best = cpu::attn::best_isa();
+  for (int level = 0; level <= static_cast<int>(best); ++level) {
+    cpu::attn::set_isa(static_cast<cpu::attn::Isa>(level));
+    for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
+      PagedBatch pb = test::paged_batch(f, page, lens, 9);
+      for (auto [h, s_q] : {std::pair<int64_t, int64_t>{1, 1}, {3, 2}, {8, 2}, {20, 3}}) {
+        SCOPED_TRACE("isa " + std::to_string(level) + " " + to_string(f) + " h " + std::to_string(h) + " s_q " +
+                     std::to_string(s_q));
+        Tensor q = test::random_tensor({b, s_q, h, d}, DType::f32);
+        const OracleOut ref = decode_oracle(q, pb, lens, dv, 0.0722, true);
+        Tensor out = Tensor::empty({b, s_q, h, dv}, DType::f32), lse = Tensor::empty({b, h, s_q}, DType::f32);
+        run_decode(q, pb, out, lse, 0.0722, true, Precision::fast);
+        EXPECT_EQ(test::check_close(test::to_doubles(out.view()), ref.out, DType::f32, kF32Accum), "");
+        run_decode(q, pb, out, lse, 0.0722, true, Precision::reference);
+        EXPECT_EQ(test::check_close(test::to_doubles(out.view()), ref.out, DType::f32), "");
+        EXPECT_EQ(test::check_close(test::to_doubles(lse.view().transpose(1, 2)), test::as_f32(ref.lse), DType::f32),
+                  "");
+      }
+    }
+  }
+  cpu::attn::set_isa(best);
+  EXPECT_THROW(cpu::attn::set_isa(static_cast<cpu::attn::Isa>(static_cast<int>(best) + 1)), Error);
 }
 
 TEST(AttentionDecode, WorkspaceBytesIsZeroOnCpu) {

@@ -37,9 +37,8 @@ TEST(AttentionErrors, MqaDecode) {
   Tensor out = Tensor::empty({b, s_q, h, 512}, DType::f32), lse = Tensor::empty({b, s_q, h}, DType::f32);
   const std::vector<TensorView> outs = {out.view(), lse.view()};
   auto call = [&](const TensorView& qq, const KVCache& c, const TensorView& bt, const TensorView& sl,
-                  const TensorView& o, const TensorView& l, double scale = 0.1) {
-    return [=, &c] { mqa_decode(qq, c, bt, sl, o, l, scale, true, {}, {}); };
-  };
+                  const TensorView& o, const TensorView& l,
+                  double scale = 0.1) { return [=, &c] { mqa_decode(qq, c, bt, sl, o, l, scale, true, {}, {}); }; };
   // The valid call passes (so that each rejection below is due to its one defect).
   fill(out.view(), kSentinel);
   EXPECT_NO_THROW(call(q, cache, pb.block_table, pb.seq_lens, out, lse)());

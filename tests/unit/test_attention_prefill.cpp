@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention_test_util.h"
+#include "cpu/attention_core.h"
 #include "mla/ops.h"
 #include "support/test_util.h"
 
@@ -38,7 +39,8 @@ void run_case(const PrefillCase& c, uint64_t seed) {
   // Inputs are bf16-exact values held in bf16 (fast run) and f64 (reference run) tensors.
   Tensor q16 = test::random_tensor({tq, c.h, d}, DType::bf16);
   Tensor kn16 = test::random_tensor({tk, c.h, c.dn}, DType::bf16);
-  Tensor pe16 = c.shared_pe ? test::random_tensor({tk, 1, c.dr}, DType::bf16) : test::random_tensor({tk, c.h, c.dr}, DType::bf16);
+  Tensor pe16 =
+      c.shared_pe ? test::random_tensor({tk, 1, c.dr}, DType::bf16) : test::random_tensor({tk, c.h, c.dr}, DType::bf16);
   Tensor v16 = test::random_tensor({tk, c.h, c.dv}, DType::bf16);
   auto widen = [](const Tensor& t) {
     Tensor w = Tensor::empty(std::span<const int64_t>(t.view().shape.data(), t.view().ndim), DType::f64);
@@ -120,8 +122,18 @@ TEST(AttentionPrefill, NonCausalChunkWithSharedRope) {
   run_case({{3, 66, 0, 2}, {100, 1, 4, 0}, 4, 32, 16, 8, false, true, 3}, 13);
 }
 
-TEST(AttentionPrefill, DeepSeekDimsSharedRopeCausal) {
-  run_case({{67, 2}, {67, 2}, 2, 128, 64, 128, true, true}, 14);
+TEST(AttentionPrefill, DeepSeekDimsSharedRopeCausal) { run_case({{67, 2}, {67, 2}, 2, 128, 64, 128, true, true}, 14); }
+
+// The AVX2 and baseline builds of the kernels (when this CPU has wider ones) on the causal case.
+TEST(AttentionPrefill, EveryIsaLevel) {
+  const cpu::attn::Isa best = cpu::attn::best_isa();
+  for (int level = 0; level < static_cast<int>(best); ++level) {
+    SCOPED_TRACE("isa " + std::to_string(level));
+    cpu::attn::set_isa(static_cast<cpu::attn::Isa>(level));
+    run_case({{7, 3, 70}, {3, 7, 65}, 2, 16, 8, 16, true, false}, 15);
+    run_case({{3, 66, 0, 2}, {100, 1, 4, 0}, 4, 32, 16, 8, false, true, 3}, 16);
+  }
+  cpu::attn::set_isa(best);
 }
 
 }  // namespace
