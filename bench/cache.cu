@@ -6,7 +6,13 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime.h>
+
+#include "cuda/cache/gather_kernel.cuh"
+#include "cuda/cache/setup.h"
+#include "cuda/cache/write_kernel.cuh"
 #include "mla/cache.h"
+#include "mla/error.h"
 #include "mla/ops.h"
 #include "registry.h"
 
@@ -37,18 +43,32 @@ Tensor device_i32(const std::vector<int32_t>& v, int64_t rows, int64_t cols, con
 
 std::string fmt_name(CacheFormat f) { return to_string(f); }
 
-void bench_write(BenchContext& ctx) {
+// T random tokens and their slots: whole pages in a random block order, tokens consecutive within
+// a page (as a serving step's new tokens land).
+struct WriteInputs {
+  Tensor kv_c, k_pe, slots;
+};
+WriteInputs write_inputs(const BenchContext& ctx) {
   const int64_t T = num_tokens(ctx);
   const Device dev = Device::cuda(ctx.device());
-  Tensor kv_c = Tensor::empty({T, 512}, DType::bf16, dev), k_pe = Tensor::empty({T, 64}, DType::bf16, dev);
-  fill_uniform(kv_c, -4, 4, 21, ctx.stream());
-  fill_uniform(k_pe, -4, 4, 22, ctx.stream());
-  // Slots: whole pages in a random block order, tokens consecutive within a page.
+  WriteInputs in;
+  in.kv_c = Tensor::empty({T, 512}, DType::bf16, dev);
+  in.k_pe = Tensor::empty({T, 64}, DType::bf16, dev);
+  fill_uniform(in.kv_c, -4, 4, 21, ctx.stream());
+  fill_uniform(in.k_pe, -4, 4, 22, ctx.stream());
   const std::vector<int32_t> perm = random_permutation(T / kPage, 23);
   Tensor slots_h = Tensor::empty({T}, DType::i64);
   auto* s = static_cast<int64_t*>(slots_h.data());
   for (int64_t t = 0; t < T; ++t) s[t] = static_cast<int64_t>(perm[static_cast<std::size_t>(t / kPage)]) * kPage + t % kPage;
-  Tensor slots = slots_h.to(dev);
+  in.slots = slots_h.to(dev);
+  return in;
+}
+
+void bench_write(BenchContext& ctx) {
+  const int64_t T = num_tokens(ctx);
+  const Device dev = Device::cuda(ctx.device());
+  const WriteInputs in = write_inputs(ctx);
+  const Tensor &kv_c = in.kv_c, &k_pe = in.k_pe, &slots = in.slots;
   const Context op = ctx.op_context();
   struct Variant {
     CacheFormat f;
@@ -125,12 +145,78 @@ void bench_upconvert(BenchContext& ctx) {
              "bytes = TOT * (656 read + 2*576 written) + block table");
 }
 
+// ---- kernel configurations side by side (the launcher's choice and its neighbours) ---------------
+// Same inputs as write_cache / gather_cache above, kernels launched directly with the params the
+// launcher would build (cuda/cache/setup.h); the ops' own rows above are the shipped configuration.
+
+template <class Kernel, class Params>
+void launch_on(BenchContext& ctx, Kernel kernel, unsigned grid, const Params& p) {
+  kernel<<<grid, cuda::cache::kThreads, 0, static_cast<cudaStream_t>(ctx.stream())>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw Error(std::string("tune_cache launch: ") + cudaGetErrorString(e));
+}
+
+unsigned blocks(int64_t n, int64_t per) { return static_cast<unsigned>((n + per - 1) / per); }
+
+void bench_tune(BenchContext& ctx) {
+  namespace cc = cuda::cache;
+  const int64_t T = num_tokens(ctx);
+  const Device dev = Device::cuda(ctx.device());
+  const WriteInputs in = write_inputs(ctx);
+  const Tensor &kv_c = in.kv_c, &k_pe = in.k_pe, &slots = in.slots;
+  const char* wf = "bytes = T * (2*576 bf16 read + entry written + 8 slot)";
+  const std::string tt = " T=" + std::to_string(T);
+  {
+    CacheBuffer c = allocate_cache(CacheFormat::fp8, T / kPage, kPage, dev, 0.05f);
+    const cc::WritePlan w = cc::plan_write(kv_c, k_pe, slots, c.cache, DsMlaScale::amax);
+    const double bytes = static_cast<double>(T) * (kRowIn + 576 + 8);
+    const unsigned g = blocks(T, cc::kRows);
+    double ms = ctx.time_ms([&] { launch_on(ctx, cc::write_rows_kernel<cc::ElemFormat::fp8, true, cc::kRows, cc::kThreads, 4>, g, w.p); });
+    ctx.report("tune: write fp8", "unroll 4 (shipped)" + tt, ms, bytes, 0, wf);
+    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_rows_kernel<cc::ElemFormat::fp8, true, cc::kRows, cc::kThreads, 8>, g, w.p); });
+    ctx.report("tune: write fp8", "unroll 8" + tt, ms, bytes, 0, wf);
+  }
+  {
+    CacheBuffer c = allocate_cache(CacheFormat::fp8_ds_mla, T / kPage, kPage, dev);
+    const cc::WritePlan w = cc::plan_write(kv_c, k_pe, slots, c.cache, DsMlaScale::amax);
+    const double bytes = static_cast<double>(T) * (kRowIn + 656 + 8);
+    double ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 1>, blocks(T, 8), w.p); });
+    ctx.report("tune: write ds_mla", "1 token per warp" + tt, ms, bytes, 0, wf);
+    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 2>, blocks(T, 16), w.p); });
+    ctx.report("tune: write ds_mla", "2 tokens per warp (shipped)" + tt, ms, bytes, 0, wf);
+    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 4>, blocks(T, 32), w.p); });
+    ctx.report("tune: write ds_mla", "4 tokens per warp" + tt, ms, bytes, 0, wf);
+  }
+  const GatherSetup gs = gather_setup(ctx);
+  const TensorView cu = gs.cu.view().reshape({gs.B + 1});
+  const char* gf = "bytes = TOT * (entry read + 2*576 written) + block table";
+  for (CacheFormat f : {CacheFormat::fp8, CacheFormat::fp8_ds_mla}) {
+    CacheBuffer c = filled_cache(f, gs.T, ctx);
+    Tensor dst = Tensor::empty({gs.T, 576}, DType::bf16, dev);
+    const cc::GatherPlan gp = cc::plan_gather_to_bf16(c.cache, dst, cc::make_row_map(c.cache, gs.table, cu, true, {}, gs.T));
+    const double bytes = static_cast<double>(gs.T) * static_cast<double>(cache_entry_bytes(f) + kRowIn);
+    const unsigned g = blocks(gs.T, cc::kRows);
+    const std::string op = std::string("tune: gather ") + to_string(f);
+    double ms4, ms8;
+    if (f == CacheFormat::fp8) {
+      ms4 = ctx.time_ms([&] { launch_on(ctx, cc::gather_kernel<cc::GatherFmt::fp8, true, cc::kRows, cc::kThreads, 4>, g, gp.p); });
+      ms8 = ctx.time_ms([&] { launch_on(ctx, cc::gather_kernel<cc::GatherFmt::fp8, true, cc::kRows, cc::kThreads, 8>, g, gp.p); });
+    } else {
+      ms4 = ctx.time_ms([&] { launch_on(ctx, cc::gather_kernel<cc::GatherFmt::ds_mla, true, cc::kRows, cc::kThreads, 4>, g, gp.p); });
+      ms8 = ctx.time_ms([&] { launch_on(ctx, cc::gather_kernel<cc::GatherFmt::ds_mla, true, cc::kRows, cc::kThreads, 8>, g, gp.p); });
+    }
+    ctx.report(op, "unroll 4" + tt, ms4, bytes, 0, gf);
+    ctx.report(op, "unroll 8 (shipped)" + tt, ms8, bytes, 0, gf);
+  }
+}
+
 }  // namespace
 
 void register_cache(Registry& r) {
   r.add("write_cache", "concat_and_cache_mla into bf16 / fp8 / fp8_ds_mla caches", bench_write);
   r.add("gather_cache", "gather_cache (dequantising) and cp_gather_cache (raw) for every format", bench_gather);
   r.add("upconvert", "upconvert_ds_mla into a bf16 workspace", bench_upconvert);
+  r.add("tune_cache", "cache kernel configurations side by side (unroll depth, tokens per warp)", bench_tune);
 }
 
 }  // namespace mla::bench

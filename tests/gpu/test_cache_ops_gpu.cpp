@@ -125,6 +125,48 @@ TEST(WriteCacheGpuEdge, ConversionEdgeValuesMatchCpuCodes) {
   }
 }
 
+// Every bf16 bit pattern quantised with many scales (fp8: the per-tensor scale; fp8_ds_mla: tile
+// scales from the data). The GPU divides through a reciprocal plus one exact FMA correction
+// (common/convert.cuh Divider) with an IEEE fallback outside the safe range; its codes must equal the
+// CPU's float division's codes for all of them, scales at and beyond the fallback bounds included.
+TEST(WriteCacheGpuEdge, AllBf16PatternsManyScales) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(123);
+  const int64_t T = 65536 / 512;
+  Tensor kv = Tensor::empty({T, 512}, DType::bf16);
+  auto* k = static_cast<uint16_t*>(kv.data());
+  for (int64_t i = 0; i < 65536; ++i) k[i] = static_cast<uint16_t>((i * 40503) & 0xffff);  // a permutation
+  Tensor pe = test::random_tensor({T, 64}, DType::bf16);
+  std::vector<int64_t> slots(T);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::vector<float> scales = {1.0f, 0.04f, 3.0f, 1.0f / 3.0f, 0.1f, 7.77e-3f, 0x1p-60f, 0x1.fffffep-61f, 0x1p60f,
+                               0x1.000002p60f, 1e-30f, 1e30f, 1.17549435e-38f, 1e-40f, 448.0f, 0x1.fffffep0f};
+  std::uniform_real_distribution<double> lg(-70, 70);
+  for (int i = 0; i < 24; ++i) scales.push_back(static_cast<float>(std::exp2(lg(test::rng()))));
+  const Tensor kv_d = kv.to(Device::cuda(0)), pe_d = pe.to(Device::cuda(0));
+  const Tensor slots_h = test::int64_tensor(slots), slots_d = slots_h.to(Device::cuda(0));
+  for (float scale : scales) {
+    CacheMirror cm(CacheFormat::fp8, 2, T, scale);
+    write_cache(kv, pe, slots_h, cm.host, DsMlaScale::amax, test::reference_ctx());
+    write_cache(kv_d, pe_d, slots_d, cm.dev);
+    EXPECT_EQ(test::byte_diff(cm.dev_bytes_all(), cm.host_bytes_all()), "") << "scale " << scale;
+  }
+  for (DsMlaScale mode : {DsMlaScale::amax, DsMlaScale::pow2}) {
+    for (double gain : {1.0, 1e-20, 1e20}) {  // tile amax over a wide range (bf16 holds up to ~3e38)
+      Tensor kv2 = Tensor::empty({T, 512}, DType::bf16);
+      auto* k2 = static_cast<uint16_t*>(kv2.data());
+      std::uniform_real_distribution<double> u(-1, 1);
+      for (int64_t i = 0; i < 65536; ++i)
+        k2[i] = i % 7 == 0 ? k[i] : num::float_to_bf16(static_cast<float>(u(test::rng()) * gain));
+      CacheMirror cm(CacheFormat::fp8_ds_mla, 2, T);
+      write_cache(kv2, pe, slots_h, cm.host, mode, test::reference_ctx());
+      write_cache(kv2.to(Device::cuda(0)), pe_d, slots_d, cm.dev, mode);
+      EXPECT_EQ(test::byte_diff(cm.dev_bytes_all(), cm.host_bytes_all()), "")
+          << (mode == DsMlaScale::pow2 ? "pow2" : "amax") << " gain " << gain;
+    }
+  }
+}
+
 // ---- gathers ----------------------------------------------------------------------------------
 
 // Requests with zero lengths, unaligned starts, and one request running past the table's last column.

@@ -3,8 +3,8 @@
 //
 // Schedule: common/row_stream.cuh (kEager). Phase 1 resolves each output row of the block to a cache
 // row (RowMap: binary search of the row's request in the starts vector, then one block-table read;
-// kRows rows resolve in parallel, one per thread). Phase 2 streams the rows' chunks; a chunk is 16
-// output values (32 bytes of bf16) or, for raw copies, 16 bytes.
+// kRows rows resolve in parallel, one per thread). Phase 2 streams the rows' chunks; a chunk is 8
+// output values (16 bytes of bf16) or, for raw copies, 16 bytes.
 //
 // Formats (GatherFmt):
 //   raw     byte copy (cp_gather_cache; a bf16 cache gathered into bf16 is the same copy)
@@ -20,8 +20,6 @@
 #include "cuda/common/vec.cuh"
 
 namespace mla::cuda::cache {
-
-enum class GatherFmt { raw, fp8, ds_mla };
 
 // Cache element offset of output row r's source, or -1 (skip).
 __device__ __forceinline__ int64_t resolve_row(const RowMap& m, int64_t r) {
@@ -52,13 +50,14 @@ __device__ __forceinline__ int64_t resolve_row(const RowMap& m, int64_t r) {
 template <GatherFmt kFmt, bool kVec>
 struct GatherOp {
   static constexpr bool kEager = true;  // the source address comes from the block table
-  // A chunk is 16 bytes of a raw row, or 16 values of a converted row: one 16-byte load of e4m3
-  // codes (or two of rope bf16) and two 16-byte stores of bf16, so each thread keeps 16 bytes of
-  // input per chunk in flight.
-  static constexpr int kChunk = 16;
+  // A chunk is 16 bytes of a raw row, or 8 values of a converted row (8 e4m3 codes or 8 rope bf16 in,
+  // one 16-byte bf16 store out: a warp's store instruction covers 512 contiguous bytes). 16-value
+  // chunks (two 16-byte stores per thread, each warp instruction writing every other 16 bytes)
+  // measured slower: docs/PERFORMANCE.md.
+  static constexpr int kChunk = kFmt == GatherFmt::raw ? 16 : 8;
   using RowInfo = int64_t;
   struct Chunk {
-    dev::Array<uint8_t, 32> b;  // raw bytes / e4m3 codes in b[0, 16), or 16 rope bf16 values
+    dev::Array<uint8_t, 16> b;  // raw bytes, e4m3 codes in b[0, 8), or 8 rope bf16 values
     float scale;                // ds_mla latent chunks: the tile's scale
   };
 
@@ -68,53 +67,56 @@ struct GatherOp {
   __device__ bool active(RowInfo off) const { return off >= 0; }
   __device__ int chunks_per_row() const { return (p.cols + kChunk - 1) / kChunk; }
 
-  static __device__ dev::Array<uint8_t, 16>& low(Chunk& v) { return reinterpret_cast<dev::Array<uint8_t, 16>&>(v.b); }
-  static __device__ const dev::Array<uint8_t, 16>& low(const Chunk& v) {
-    return reinterpret_cast<const dev::Array<uint8_t, 16>&>(v.b);
-  }
+  using Codes = dev::Array<uint8_t, 8>;
+  static __device__ Codes& codes(Chunk& v) { return reinterpret_cast<Codes&>(v.b); }
+  static __device__ const Codes& codes(const Chunk& v) { return reinterpret_cast<const Codes&>(v.b); }
 
   __device__ void load(RowInfo off, int64_t, int c, Chunk& v) const {
     const int col = c * kChunk, n = min(kChunk, p.cols - col);
     const uint8_t* row = static_cast<const uint8_t*>(p.cache) + off;
-    if (kFmt != GatherFmt::ds_mla || col < 512) {  // raw bytes, or e4m3 codes (512 latent codes: chunks never straddle the rope)
-      dev::load_chunk<kVec>(low(v), row + col, n);
-      if (kFmt == GatherFmt::ds_mla) {
-        const uint8_t* s = row + 512 + 4 * (col / 128);
-        if constexpr (kVec) v.scale = __ldg(reinterpret_cast<const float*>(s));
-        else dev::copy_bytes(&v.scale, s, 4);
-      }
+    if constexpr (kFmt == GatherFmt::raw) {
+      dev::load_chunk<kVec>(v.b, row + col, n);
+    } else if constexpr (kFmt == GatherFmt::fp8) {
+      dev::load_chunk<kVec>(codes(v), row + col, n);
+    } else if (col < 512) {  // 512 latent codes: chunks never straddle the rope
+      dev::load_chunk<kVec>(codes(v), row + col, 8);
+      const uint8_t* s = row + 512 + 4 * (col / 128);
+      if constexpr (kVec) v.scale = __ldg(reinterpret_cast<const float*>(s));
+      else dev::copy_bytes(&v.scale, s, 4);
     } else {
       const uint8_t* rope = row + 528 + 2 * (col - 512);
-      if constexpr (kVec) dev::load_bytes<32>(v.b.v, rope);
-      else dev::copy_bytes(v.b.v, rope, 32);
+      if constexpr (kVec) dev::load_bytes<16>(v.b.v, rope);
+      else dev::copy_bytes(v.b.v, rope, 16);
     }
   }
 
   __device__ void store(RowInfo, int64_t r, int c, const Chunk& v) const {
     const int col = c * kChunk, n = min(kChunk, p.cols - col);
     if constexpr (kFmt == GatherFmt::raw) {
-      dev::store_chunk<kVec>(static_cast<uint8_t*>(p.dst) + r * p.dst_stride + col, low(v), n);
+      dev::store_chunk<kVec>(static_cast<uint8_t*>(p.dst) + r * p.dst_stride + col, v.b, n);
     } else {
       uint16_t* dst = static_cast<uint16_t*>(p.dst) + r * p.dst_stride + col;
       if (kFmt == GatherFmt::ds_mla && col >= 512) {  // rope: bf16 bits, copied
-        dev::store_chunk<kVec>(dst, reinterpret_cast<const dev::Array<uint16_t, 16>&>(v.b), n);
+        dev::store_chunk<kVec>(dst, reinterpret_cast<const dev::Array<uint16_t, 8>&>(v.b), n);
         return;
       }
-      float x[16];
-      dev::e4m3_to_float(low(v), x);
+      float x[8];
+      dev::e4m3_to_float(codes(v), x);
       const float s = kFmt == GatherFmt::fp8 ? p.scale : v.scale;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] *= s;
-      dev::Array<uint16_t, 16> o;
+      for (int i = 0; i < 8; ++i) x[i] *= s;
+      dev::Array<uint16_t, 8> o;
       dev::float_to_bf16(x, o);
       dev::store_chunk<kVec>(dst, o, n);
     }
   }
 };
 
-template <GatherFmt kFmt, bool kVec, int kRows, int kThreads>
+// Chunks in flight per thread (kUnroll): the launcher uses 4 raw chunks (16-byte loads) and 8
+// converted ones (8-byte code loads), 64 bytes of cache reads per thread either way.
+template <GatherFmt kFmt, bool kVec, int kRows, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) gather_kernel(GatherParams p) {
-  dev::stream_rows<kRows, kThreads, 4>(GatherOp<kFmt, kVec>{p}, p.map.num_rows);
+  dev::stream_rows<kRows, kThreads, kUnroll>(GatherOp<kFmt, kVec>{p}, p.map.num_rows);
 }
 
 }  // namespace mla::cuda::cache

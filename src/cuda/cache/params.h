@@ -38,6 +38,10 @@ struct RowMap {
   int64_t cache_stride0, cache_stride1;  // in bytes (the gathers address caches bytewise)
 };
 
+// What a gather does to each row: copy bytes (cp_gather_cache, and bf16 -> bf16 gathers), or
+// dequantise an fp8 / fp8_ds_mla row into bf16.
+enum class GatherFmt { raw, fp8, ds_mla };
+
 // Gather of dequantised rows into bf16 (gather_cache, upconvert_ds_mla) or raw bytes (cp_gather_cache,
 // and bf16 -> bf16 gathers, which are raw copies).
 struct GatherParams {

@@ -2,11 +2,10 @@
 // Cache write kernels (concat_and_cache_mla, semantics §3-§4).
 //
 // bf16 / fp8 caches (write_rows_kernel): element-wise formats, streamed with the row schedule of
-// common/row_stream.cuh (kEager = false). A block owns kRows tokens and streams their 8-element
-// chunks, the latent's then the rope's, so a cache row is written front to back by consecutive
-// threads; each chunk loads its token's slot alongside its 16-byte data load (the slot only decides
-// where, and whether, to store: slot < 0 or outside the cache is skipped, so device-side garbage is
-// never written). Each thread has kUnroll chunks in flight.
+// common/row_stream.cuh. A block owns kRows tokens; phase 1 turns each token's slot into its cache
+// row offset (or "skip": slot < 0 or outside the cache, so device-side garbage is never written);
+// phase 2 streams 8-element chunks, the latent's then the rope's, so a cache row is written front to
+// back by consecutive threads. Each thread has kUnroll 16-byte chunk loads in flight.
 //
 // fp8_ds_mla (write_ds_mla_kernel): a warp per kTokens tokens, because the four 128-element tiles
 // need an amax reduction before any byte can be written. Lane l holds latent elements [8l, 8l+8) and
@@ -44,7 +43,9 @@ __device__ __forceinline__ int64_t slot_row_offset(const WriteParams& p, int64_t
 
 template <ElemFormat kFmt, bool kVec>
 struct WriteRowsOp {
-  static constexpr bool kEager = false;  // the slot only gates the store: loads go out with it
+  // Slots resolve once per token in phase 1 (a slot's block / offset split is a 64-bit division:
+  // per chunk it cost more than the chunk's own work, measured in docs/PERFORMANCE.md).
+  static constexpr bool kEager = true;
   static constexpr int kChunk = 8;
   using RowInfo = int64_t;  // cache element offset of the row, -1 = skip
   using Chunk = dev::Array<uint16_t, kChunk>;
@@ -52,6 +53,7 @@ struct WriteRowsOp {
 
   WriteParams p;
   int latent_chunks, chunks;
+  dev::Divider div;  // x / scale (fp8)
 
   __device__ RowInfo resolve(int64_t t) const { return slot_row_offset(p, t); }
   __device__ bool active(RowInfo off) const { return off >= 0; }
@@ -83,7 +85,7 @@ struct WriteRowsOp {
       float x[kChunk];
       dev::bf16_to_float(v, x);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) x[i] = x[i] / p.scale;  // divide convention (§3.2), IEEE division
+      for (int i = 0; i < kChunk; ++i) x[i] = div(x[i]);  // divide convention (§3.2), correctly rounded
       dev::Array<uint8_t, kChunk> q;
       dev::float_to_e4m3(x, q);
       dev::store_chunk<kVec>(dst, q, n);
@@ -91,12 +93,12 @@ struct WriteRowsOp {
   }
 };
 
-template <ElemFormat kFmt, bool kVec, int kRows, int kThreads>
+template <ElemFormat kFmt, bool kVec, int kRows, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) write_rows_kernel(WriteParams p) {
   constexpr int kChunk = WriteRowsOp<kFmt, kVec>::kChunk;
   const int lc = (p.latent + kChunk - 1) / kChunk, rc = (p.rope + kChunk - 1) / kChunk;
-  const WriteRowsOp<kFmt, kVec> op{p, lc, lc + rc};
-  dev::stream_rows<kRows, kThreads, 4>(op, p.num_tokens);
+  const WriteRowsOp<kFmt, kVec> op{p, lc, lc + rc, dev::Divider::make(p.scale)};
+  dev::stream_rows<kRows, kThreads, kUnroll>(op, p.num_tokens);
 }
 
 // ---- fp8_ds_mla -----------------------------------------------------------------------------
@@ -136,10 +138,11 @@ __device__ __forceinline__ void ds_mla_store_token(const WriteParams& p, int64_t
   const float sa = ds_tile_scale(ma, p.ds_pow2), sb = ds_tile_scale(mb, p.ds_pow2);
   const float s1 = __shfl_sync(0xffffffffu, sa, 16), s3 = __shfl_sync(0xffffffffu, sb, 16);
   if (off < 0) return;  // uniform across the warp (one token), after the last shuffle
+  const dev::Divider da = dev::Divider::make(sa), db = dev::Divider::make(sb);  // one reciprocal per tile
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    xa[i] = xa[i] / sa;
-    xb[i] = xb[i] / sb;
+    xa[i] = da(xa[i]);
+    xb[i] = db(xb[i]);
   }
   dev::Array<uint8_t, 8> qa, qb;
   dev::float_to_e4m3(xa, qa);

@@ -1,0 +1,139 @@
+#pragma once
+// Host side of the cache kernels: POD params from validated views, and the choice between the
+// vector and the element-wise variant from the actual alignment. Shared by launch.cu and the kernel
+// tuning benchmark (bench/tune_cache.cu), so both run exactly the same configurations.
+#include <cstdint>
+#include <string>
+
+#include "cuda/cache/params.h"
+#include "cuda/common/vec.cuh"
+#include "mla/cache.h"
+#include "mla/error.h"
+
+namespace mla::cuda::cache {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kRows = 64;  // rows per block of the streamed kernels (64 * 72 chunks = 18 per thread)
+
+inline bool multiple(int64_t v, int64_t m) { return v % m == 0; }
+
+// Element size of the cache tensor (bf16: 2, fp8 / ds_mla bytes: 1).
+inline int64_t cache_esize(const KVCache& c) { return static_cast<int64_t>(c.data.element_size()); }
+
+// `chunk_bytes`-wide accesses are legal at the start of every row of `t` (2-D [rows, cols] view).
+inline bool rows_aligned(const TensorView& t, int64_t chunk_bytes) {
+  return dev::aligned_to(t.data, chunk_bytes) &&
+         multiple(t.stride[0] * static_cast<int64_t>(t.element_size()), chunk_bytes);
+}
+inline bool cache_rows_aligned(const KVCache& c, int64_t chunk_bytes) {
+  const int64_t es = cache_esize(c);
+  return dev::aligned_to(c.data.data, chunk_bytes) && multiple(c.data.stride[0] * es, chunk_bytes) &&
+         multiple(c.data.stride[1] * es, chunk_bytes);
+}
+
+struct WritePlan {
+  WriteParams p{};
+  bool vec = false;  // 16-byte input chunks and aligned cache rows
+};
+
+inline WritePlan plan_write(const TensorView& kv_c, const TensorView& k_pe, const TensorView& slot_mapping,
+                            const KVCache& cache, DsMlaScale ds_scale) {
+  WritePlan w;
+  WriteParams& p = w.p;
+  p.kv_c = static_cast<const uint16_t*>(kv_c.data);
+  p.k_pe = static_cast<const uint16_t*>(k_pe.data);
+  p.slots = slot_mapping.data;
+  p.cache = cache.data.data;
+  p.kv_c_stride = kv_c.stride[0];
+  p.k_pe_stride = k_pe.stride[0];
+  p.slot_stride = slot_mapping.stride[0];
+  p.cache_stride0 = cache.data.stride[0];
+  p.cache_stride1 = cache.data.stride[1];
+  p.num_tokens = slot_mapping.size(0);
+  p.num_blocks = cache.num_blocks();
+  p.page_size = cache.page_size();
+  p.latent = cache.d_latent();
+  p.rope = cache.d_rope;
+  p.scale = cache.scale;
+  p.slots_i64 = slot_mapping.dtype == DType::i64;
+  p.ds_pow2 = ds_scale == DsMlaScale::pow2;
+  // bf16 inputs are read in 16-byte chunks of 8 values; the cache is written in 16-byte (bf16,
+  // ds_mla) or 8-byte (fp8) pieces.
+  const bool in_vec = multiple(p.latent, 8) && multiple(p.rope, 8) && rows_aligned(kv_c, 16) && rows_aligned(k_pe, 16);
+  w.vec = in_vec && cache_rows_aligned(cache, cache.format == CacheFormat::fp8 ? 8 : 16);
+  return w;
+}
+
+inline RowMap make_row_map(const KVCache& c, const TensorView& block_table, const TensorView& starts,
+                           bool starts_are_cu, const TensorView& seq_starts, int64_t num_rows) {
+  RowMap m{};
+  const int64_t es = cache_esize(c);
+  m.starts = static_cast<const int32_t*>(starts.data);
+  m.starts_stride = starts.stride[0];
+  m.num_requests = starts_are_cu ? starts.size(0) - 1 : starts.size(0);
+  m.last_end = starts_are_cu ? m.starts + m.num_requests * m.starts_stride : nullptr;
+  m.seq_starts = seq_starts.defined() ? static_cast<const int32_t*>(seq_starts.data) : nullptr;
+  m.seq_starts_stride = seq_starts.defined() ? seq_starts.stride[0] : 0;
+  m.block_table = static_cast<const int32_t*>(block_table.data);
+  m.bt_stride = block_table.stride[0];
+  m.max_blocks = block_table.size(1);
+  m.num_rows = num_rows;
+  m.num_blocks = c.num_blocks();
+  m.page_size = c.page_size();
+  m.cache_stride0 = c.data.stride[0] * es;
+  m.cache_stride1 = c.data.stride[1] * es;
+  return m;
+}
+
+struct GatherPlan {
+  GatherParams p{};
+  GatherFmt fmt = GatherFmt::raw;
+  bool vec = false;
+};
+
+// Dequantising gather into a bf16 dst (gather_cache, upconvert_ds_mla).
+inline GatherPlan plan_gather_to_bf16(const KVCache& c, const TensorView& dst, const RowMap& map) {
+  GatherPlan g;
+  GatherParams& p = g.p;
+  p.map = map;
+  p.cache = c.data.data;
+  p.dst = dst.data;
+  p.scale = c.scale;
+  const int64_t d = dst.size(1);
+  switch (c.format) {
+    case CacheFormat::bf16:  // bit copy of the first d values: a raw gather of 2d bytes
+      g.fmt = GatherFmt::raw;
+      p.cols = static_cast<int>(2 * d);
+      p.dst_stride = 2 * dst.stride[0];
+      g.vec = multiple(p.cols, 16) && rows_aligned(dst, 16) && cache_rows_aligned(c, 16);
+      return g;
+    case CacheFormat::fp8:  // 8 codes (8 bytes) -> 8 bf16 (16 bytes) per chunk
+      g.fmt = GatherFmt::fp8;
+      p.cols = static_cast<int>(d);
+      p.dst_stride = dst.stride[0];
+      g.vec = multiple(d, 8) && rows_aligned(dst, 16) && cache_rows_aligned(c, 8);
+      return g;
+    case CacheFormat::fp8_ds_mla:
+      g.fmt = GatherFmt::ds_mla;
+      p.cols = static_cast<int>(d);
+      p.dst_stride = dst.stride[0];
+      g.vec = rows_aligned(dst, 16) && cache_rows_aligned(c, 16);
+      return g;
+  }
+  throw Error("gather: unknown cache format");
+}
+
+// Raw row copy (cp_gather_cache): dst rows hold the cache rows' bytes.
+inline GatherPlan plan_cp_gather(const KVCache& c, const TensorView& dst, const RowMap& map) {
+  GatherPlan g;
+  GatherParams& p = g.p;
+  p.map = map;
+  p.cache = c.data.data;
+  p.dst = dst.data;
+  p.cols = static_cast<int>(c.data.size(2) * cache_esize(c));
+  p.dst_stride = dst.stride[0] * static_cast<int64_t>(dst.element_size());
+  g.vec = multiple(p.cols, 16) && rows_aligned(dst, 16) && cache_rows_aligned(c, 16);
+  return g;
+}
+
+}  // namespace mla::cuda::cache
