@@ -6,9 +6,16 @@
 // strides) is converted once into a contiguous row-major buffer, which costs O(mk + kn + mn) against the
 // O(mnk) product and lets one path serve every dtype and stride. beta == 0 never reads c (outputs may
 // be NaN-poisoned), as in BLAS.
+//
+// Threads: OpenBLAS runs single-threaded and the products are split over OpenMP threads here (bmm by
+// batch entry, large products by row or column panels of c). Two thread pools on the same cores (the
+// attention ops use OpenMP) spin-wait against each other between calls; with one pool they cannot.
 #include <cblas.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -99,10 +106,20 @@ Operand<T> input(const TensorView& t, std::vector<T>& buf) {
   return {buf.data(), false, std::max<int64_t>(t.size(1), 1)};
 }
 
-// c = alpha a b + beta c for 2-D views, through reusable conversion buffers.
+// Keeps OpenBLAS to the calling thread (see the file comment); set once per process.
+void single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+// Below this many multiply-adds a product stays on one thread (a panel split costs more than it saves).
+constexpr double kParallelMacs = 1 << 20;
+
+// c = alpha a b + beta c for 2-D views, through reusable conversion buffers; `threads` > 1 splits the
+// product into panels of c rows (or columns, when c is wider than tall) computed in parallel.
 template <class T>
 void gemm2d(const TensorView& a, const TensorView& b, const TensorView& c, T alpha, T beta, std::vector<T>& abuf,
-            std::vector<T>& bbuf, std::vector<T>& cbuf) {
+            std::vector<T>& bbuf, std::vector<T>& cbuf, int threads) {
   const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
   if (m == 0 || n == 0) return;
   // c in place when it is row-major in T; otherwise through a row-major buffer.
@@ -122,20 +139,51 @@ void gemm2d(const TensorView& a, const TensorView& b, const TensorView& c, T alp
       for (int64_t j = 0; j < n; ++j) cp[i * ldc + j] = beta != T(0) ? beta * cp[i * ldc + j] : T(0);
   } else {
     const Operand<T> ao = input(a, abuf), bo = input(b, bbuf);
-    blas_gemm(ao.trans, bo.trans, m, n, k, alpha, ao.ptr, ao.ld, bo.ptr, bo.ld, beta, cp, ldc);
+    const bool by_rows = m >= n;
+    const int64_t extent = by_rows ? m : n;
+    const int64_t parts = static_cast<double>(m) * n * k < kParallelMacs
+                              ? 1
+                              : std::min<int64_t>(threads, (extent + 15) / 16);
+    const int64_t step = (extent + parts - 1) / parts;
+#pragma omp parallel for num_threads(static_cast<int>(parts)) schedule(static, 1) if (parts > 1)
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t lo = p * step, hi = std::min(extent, lo + step);
+      if (lo >= hi) continue;
+      if (by_rows) {  // rows [lo, hi) of a and c
+        const T* ap = ao.trans ? ao.ptr + lo : ao.ptr + lo * ao.ld;
+        blas_gemm(ao.trans, bo.trans, hi - lo, n, k, alpha, ap, ao.ld, bo.ptr, bo.ld, beta, cp + lo * ldc, ldc);
+      } else {  // columns [lo, hi) of b and c
+        const T* bp = bo.trans ? bo.ptr + lo * bo.ld : bo.ptr + lo;
+        blas_gemm(ao.trans, bo.trans, m, hi - lo, k, alpha, ao.ptr, ao.ld, bp, bo.ld, beta, cp + lo, ldc);
+      }
+    }
   }
   if (!c_direct) scatter2d(cbuf.data(), c);
 }
 
 template <class T>
 void run(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta) {
-  std::vector<T> abuf, bbuf, cbuf;
+  single_threaded_blas();
+  const int threads = omp_get_max_threads();
   if (c.ndim == 2) {
-    gemm2d<T>(a, b, c, alpha, beta, abuf, bbuf, cbuf);
+    std::vector<T> abuf, bbuf, cbuf;
+    gemm2d<T>(a, b, c, alpha, beta, abuf, bbuf, cbuf, threads);
     return;
   }
-  for (int64_t i = 0; i < c.size(0); ++i)
-    gemm2d<T>(a.select(0, i), b.select(0, i), c.select(0, i), alpha, beta, abuf, bbuf, cbuf);
+  const int64_t batch = c.size(0);
+  if (batch >= threads) {  // whole entries per thread
+#pragma omp parallel
+    {
+      std::vector<T> abuf, bbuf, cbuf;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < batch; ++i)
+        gemm2d<T>(a.select(0, i), b.select(0, i), c.select(0, i), alpha, beta, abuf, bbuf, cbuf, 1);
+    }
+    return;
+  }
+  std::vector<T> abuf, bbuf, cbuf;
+  for (int64_t i = 0; i < batch; ++i)
+    gemm2d<T>(a.select(0, i), b.select(0, i), c.select(0, i), alpha, beta, abuf, bbuf, cbuf, threads);
 }
 
 }  // namespace
