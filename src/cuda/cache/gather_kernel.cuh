@@ -112,8 +112,8 @@ struct GatherOp {
   }
 };
 
-// Chunks in flight per thread (kUnroll): the launcher uses 4 raw chunks (16-byte loads) and 8
-// converted ones (8-byte code loads), 64 bytes of cache reads per thread either way.
+// kUnroll chunks in flight per thread (the launcher's choice and the alternatives measured are in
+// docs/PERFORMANCE.md).
 template <GatherFmt kFmt, bool kVec, int kRows, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) gather_kernel(GatherParams p) {
   dev::stream_rows<kRows, kThreads, kUnroll>(GatherOp<kFmt, kVec>{p}, p.map.num_rows);

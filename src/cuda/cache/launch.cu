@@ -16,8 +16,7 @@ using cache::kThreads;
 // Configurations (docs/PERFORMANCE.md has the measurements behind them).
 constexpr int kWriteUnroll = 4;     // 16-byte chunk loads in flight per thread (bf16 / fp8 writes)
 constexpr int kDsTokensPerWarp = 2;  // fp8_ds_mla write: tokens whose loads a warp issues together
-template <GatherFmt kFmt>
-constexpr int kGatherUnroll = kFmt == GatherFmt::raw ? 4 : 8;  // 64 bytes of cache reads per thread
+constexpr int kGatherUnroll = 4;    // chunks in flight per thread (8 converted: slower, measured)
 
 template <class Kernel, class Params>
 void launch(Kernel kernel, unsigned grid, const Params& p, const Context& ctx, const char* what) {
@@ -35,9 +34,8 @@ void launch_write_rows(const cache::WritePlan& w, const Context& ctx) {
 template <GatherFmt kFmt>
 void launch_gather_fmt(const cache::GatherPlan& g, const Context& ctx, const char* what) {
   const unsigned grid = grid_for(g.p.map.num_rows, kRows, what);
-  constexpr int u = kGatherUnroll<kFmt>;
-  if (g.vec) launch(cache::gather_kernel<kFmt, true, kRows, kThreads, u>, grid, g.p, ctx, what);
-  else launch(cache::gather_kernel<kFmt, false, kRows, kThreads, u>, grid, g.p, ctx, what);
+  if (g.vec) launch(cache::gather_kernel<kFmt, true, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
+  else launch(cache::gather_kernel<kFmt, false, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
 }
 
 void launch_gather(const cache::GatherPlan& g, const Context& ctx, const char* what) {

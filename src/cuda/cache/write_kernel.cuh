@@ -53,7 +53,6 @@ struct WriteRowsOp {
 
   WriteParams p;
   int latent_chunks, chunks;
-  dev::Divider div;  // x / scale (fp8)
 
   __device__ RowInfo resolve(int64_t t) const { return slot_row_offset(p, t); }
   __device__ bool active(RowInfo off) const { return off >= 0; }
@@ -85,7 +84,7 @@ struct WriteRowsOp {
       float x[kChunk];
       dev::bf16_to_float(v, x);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) x[i] = div(x[i]);  // divide convention (§3.2), correctly rounded
+      for (int i = 0; i < kChunk; ++i) x[i] = x[i] / p.scale;  // divide convention (§3.2), IEEE division
       dev::Array<uint8_t, kChunk> q;
       dev::float_to_e4m3(x, q);
       dev::store_chunk<kVec>(dst, q, n);
@@ -97,7 +96,7 @@ template <ElemFormat kFmt, bool kVec, int kRows, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) write_rows_kernel(WriteParams p) {
   constexpr int kChunk = WriteRowsOp<kFmt, kVec>::kChunk;
   const int lc = (p.latent + kChunk - 1) / kChunk, rc = (p.rope + kChunk - 1) / kChunk;
-  const WriteRowsOp<kFmt, kVec> op{p, lc, lc + rc, dev::Divider::make(p.scale)};
+  const WriteRowsOp<kFmt, kVec> op{p, lc, lc + rc};
   dev::stream_rows<kRows, kThreads, kUnroll>(op, p.num_tokens);
 }
 
@@ -138,11 +137,10 @@ __device__ __forceinline__ void ds_mla_store_token(const WriteParams& p, int64_t
   const float sa = ds_tile_scale(ma, p.ds_pow2), sb = ds_tile_scale(mb, p.ds_pow2);
   const float s1 = __shfl_sync(0xffffffffu, sa, 16), s3 = __shfl_sync(0xffffffffu, sb, 16);
   if (off < 0) return;  // uniform across the warp (one token), after the last shuffle
-  const dev::Divider da = dev::Divider::make(sa), db = dev::Divider::make(sb);  // one reciprocal per tile
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    xa[i] = da(xa[i]);
-    xb[i] = db(xb[i]);
+  for (int i = 0; i < 8; ++i) {  // IEEE division: the CPU's float x / scale, bit for bit
+    xa[i] = xa[i] / sa;
+    xb[i] = xb[i] / sb;
   }
   dev::Array<uint8_t, 8> qa, qb;
   dev::float_to_e4m3(xa, qa);

@@ -41,36 +41,6 @@ __device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t codes) {
 
 __device__ __forceinline__ float e4m3_to_float(uint8_t code) { return e4m3x2_to_float2(code).x; }
 
-// x / s correctly rounded (identical to IEEE division, hence to the CPU's float division) without a
-// reciprocal instruction per element: with r = RN(1/s) computed once, q = RN(x r) and one FMA
-// correction with the exact remainder, q' = RN(q + RN(x - q s) r), is RN(x/s). This is the tail of
-// CUDA's own div.rn fast path; it holds while nothing under- or overflows: s in [2^-60, 2^60],
-// |x| >= 2^-100 and |q'| in [2^-100, 2^100] keep the remainder exact (it is a multiple of
-// 2^(e_x - 46)). Everything else (zeros, tiny or huge values, non-finite operands) takes the IEEE
-// division. Checked against x86 float division on 3.6e8 random and adversarial pairs (docs/PERFORMANCE.md).
-struct Divider {
-  float s = 1.0f, r = 1.0f;
-  bool fast = false;
-
-  __host__ __device__ static Divider make(float scale) {
-    Divider d;
-    d.s = scale;
-    d.r = 1.0f / scale;
-    d.fast = scale >= 0x1p-60f && scale <= 0x1p60f;
-    return d;
-  }
-  __device__ __forceinline__ float operator()(float x) const {
-    if (fast) {
-      const float q = x * r;
-      if (x == 0.0f) return q;  // +-0, sign kept (r > 0)
-      const float q1 = fmaf(fmaf(-q, s, x), r, q);
-      const float a = fabsf(q1);
-      if (fabsf(x) >= 0x1p-100f && a >= 0x1p-100f && a <= 0x1p100f) return q1;
-    }
-    return x / s;
-  }
-};
-
 // ---- whole chunks (N even) ----------------------------------------------------------------
 
 template <int N>
@@ -79,17 +49,10 @@ __device__ __forceinline__ void bf16_to_float(const Array<uint16_t, N>& in, floa
   for (int i = 0; i < N; ++i) out[i] = bf16_to_float(in.v[i]);
 }
 
-// Pairs: one cvt.rn.bf16x2.f32 per two values (conversions issue at a fraction of the FMA rate).
 template <int N>
 __device__ __forceinline__ void float_to_bf16(const float (&in)[N], Array<uint16_t, N>& out) {
-  static_assert(N % 2 == 0, "bf16 chunks convert in pairs");
 #pragma unroll
-  for (int i = 0; i < N; i += 2) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(in[i], in[i + 1]);  // .x (low half) = in[i]
-    const uint32_t u = *reinterpret_cast<const uint32_t*>(&h);
-    out.v[i] = static_cast<uint16_t>(u & 0xffffu);
-    out.v[i + 1] = static_cast<uint16_t>(u >> 16);
-  }
+  for (int i = 0; i < N; ++i) out.v[i] = float_to_bf16(in[i]);
 }
 
 template <int N>

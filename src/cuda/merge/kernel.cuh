@@ -35,7 +35,6 @@ struct MergeOp {
     dev::Array<uint16_t, 8> p, s;
   };
   MergeParams p;
-  dev::Divider div;  // x / out_scale (fp8 output)
 
   __device__ RowInfo resolve(int64_t q) const {
     const int64_t t = q / p.num_heads, h = q - t * p.num_heads;
@@ -98,7 +97,7 @@ struct MergeOp {
     }
     if constexpr (kFp8Out) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = div(x[i]);
+      for (int i = 0; i < 8; ++i) x[i] = x[i] / p.out_scale;
       dev::Array<uint8_t, 8> q;
       dev::float_to_e4m3(x, q);
       dev::store_chunk<kVec>(static_cast<uint8_t*>(p.out) + r.o_off + col, q, n);
@@ -110,10 +109,12 @@ struct MergeOp {
   }
 };
 
+// Vector variants: at least 4 blocks (32 warps) per SM. Left free, the fp8-output variant took 68
+// registers, 3 blocks per SM, and ran at 72% of the copy bandwidth instead of 90% (docs/PERFORMANCE.md).
+// The element-wise variants (misaligned views) would spill under that cap and keep their registers.
 template <bool kFp8Out, bool kVec, int kRows, int kThreads>
-__global__ void __launch_bounds__(kThreads) merge_kernel(MergeParams p) {
-  const MergeOp<kFp8Out, kVec> op{p, dev::Divider::make(kFp8Out ? p.out_scale : 1.0f)};
-  dev::stream_rows<kRows, kThreads, 4>(op, p.num_tokens * p.num_heads);
+__global__ void __launch_bounds__(kThreads, kVec ? 4 : 1) merge_kernel(MergeParams p) {
+  dev::stream_rows<kRows, kThreads, 4>(MergeOp<kFp8Out, kVec>{p}, p.num_tokens * p.num_heads);
 }
 
 }  // namespace mla::cuda::merge
