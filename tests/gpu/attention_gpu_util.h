@@ -44,6 +44,22 @@ inline DeviceCache to_device(const Tensor& host_storage, const KVCache& host_cac
   return d;
 }
 
+// A host copy of `view`, a (possibly strided) view into the device tensor `storage`: the whole storage
+// is copied (cross-device copies need contiguous views) and the view rebased onto the copy.
+struct HostView {
+  Tensor storage;
+  TensorView view;
+};
+inline HostView to_host(const Tensor& storage, const TensorView& view) {
+  HostView h;
+  h.storage = storage.to(Device::cpu());
+  h.view = view;
+  h.view.data = static_cast<char*>(h.storage.data()) +
+                (static_cast<const char*>(view.data) - static_cast<const char*>(storage.data()));
+  h.view.device = Device::cpu();
+  return h;
+}
+
 // out (bf16) and lse (fp32) against the oracle's float64 out and fp32 lse; empty messages pass.
 inline void expect_attention_close(const TensorView& out, const TensorView& ref_out, const TensorView& lse,
                                    const TensorView& ref_lse, const std::string& what) {

@@ -21,13 +21,17 @@
 //            per probability).
 //   The next tile's copy is in flight while the current one is computed (two stages).
 //   Epilogue: rows are normalised by 1/l and written as bf16 with their natural-log LSE, or, for a
-//   split-KV unit, written unnormalised-free (O/l) as fp32 partials with the partial LSE for a combine
-//   kernel. A row that saw no visible key gets O = 0, LSE = -inf.
+//   split-KV unit, as fp32 partials O / l with the partial LSE for a combine kernel. A row that saw no
+//   visible key gets O = 0, LSE = -inf.
 //
 // Warp roles: all 8 warps load, all compute QK (4 row slabs x 2 key halves), all run softmax (4 threads
 // per row), all compute PV (4 row slabs x 2 column halves). Barriers: 4 per tile (5 with conversion).
 // Shared memory (Traits): Q 73 KiB, K 2 x 36.5 KiB, S 10 KiB, small tables; + 41 KiB raw staging for fp8
-// caches: 158 KiB (bf16) / 199 KiB (fp8) -> one CTA per SM; pipeline depth 2.
+// caches: 158 KiB (bf16) / 199 KiB (fp8) -> one CTA per SM; pipeline depth 2 (fp8 caches: two raw stages,
+// one converted K tile).
+// Measured (H200, 2026-11-22): ~6 us per 32-key tile per CTA whatever the format or head count, i.e.
+// latency-bound (8 warps per SM, 5 barriers per tile): 10-20% of the copy ceiling. Deeper pipelines,
+// fewer barriers and smaller row tiles for h_q <= 16 are the obvious next steps.
 //
 // The key source (decode: paged positions through the block table; sparse: top-k rows) is a policy:
 //   struct Keys {
