@@ -1,7 +1,7 @@
 #pragma once
 // Gather kernels: gather_cache (§5.1), cp_gather_cache (§5.2), upconvert_ds_mla (§5.3).
 //
-// Schedule: common/row_stream.cuh (kEager). Phase 1 resolves each output row of the block to a cache
+// Schedule: common/row_stream.cuh. Phase 1 resolves each output row of the block to a cache
 // row (RowMap: binary search of the row's request in the starts vector, then one block-table read;
 // kRows rows resolve in parallel, one per thread). Phase 2 streams the rows' chunks; a chunk is 8
 // output values (16 bytes of bf16) or, for raw copies, 16 bytes.
@@ -49,7 +49,6 @@ __device__ __forceinline__ int64_t resolve_row(const RowMap& m, int64_t r) {
 
 template <GatherFmt kFmt, bool kVec>
 struct GatherOp {
-  static constexpr bool kEager = true;  // the source address comes from the block table
   // A chunk is 16 bytes of a raw row, or 8 values of a converted row (8 e4m3 codes or 8 rope bf16 in,
   // one 16-byte bf16 store out: a warp's store instruction covers 512 contiguous bytes). 16-value
   // chunks (two 16-byte stores per thread, each warp instruction writing every other 16 bytes)

@@ -43,9 +43,6 @@ __device__ __forceinline__ int64_t slot_row_offset(const WriteParams& p, int64_t
 
 template <ElemFormat kFmt, bool kVec>
 struct WriteRowsOp {
-  // Slots resolve once per token in phase 1 (a slot's block / offset split is a 64-bit division:
-  // per chunk it cost more than the chunk's own work, measured in docs/PERFORMANCE.md).
-  static constexpr bool kEager = true;
   static constexpr int kChunk = 8;
   using RowInfo = int64_t;  // cache element offset of the row, -1 = skip
   using Chunk = dev::Array<uint16_t, kChunk>;

@@ -1,7 +1,7 @@
 #pragma once
 // Element conversions on the device, with the rounding the numerical contract names (and that
 // src/core/numeric.h implements on the host, bit for bit):
-//   float -> bf16   round to nearest even (cvt.rn.bf16x2.f32)
+//   float -> bf16   round to nearest even (cvt.rn.bf16.f32)
 //   float -> e4m3   round to nearest even, saturating finite values and +-inf to +-448, NaN -> NaN
 //                   (cvt.rn.satfinite.e4m3x2.f32, i.e. __nv_cvt_float2_to_fp8x2(.., __NV_SATFINITE, __NV_E4M3))
 //   e4m3 -> float   exact (through f16, which holds every e4m3 value)

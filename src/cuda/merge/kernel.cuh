@@ -29,7 +29,6 @@ struct PairInfo {
 
 template <bool kFp8Out, bool kVec>
 struct MergeOp {
-  static constexpr bool kEager = true;  // the weights decide which sides are read
   using RowInfo = PairInfo;
   struct Chunk {
     dev::Array<uint16_t, 8> p, s;
