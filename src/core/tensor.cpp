@@ -56,6 +56,7 @@ int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
+  if (ndim > 0 && numel() == 0) return true;  // nothing to lay out: any strides describe it
   int64_t s = 1;
   for (int i = ndim - 1; i >= 0; --i) {
     if (shape[i] != 1 && stride[i] != s) return false;

@@ -40,6 +40,16 @@ TEST(Tensor, CopyAndFillStrided) {
   EXPECT_THROW(copy(a.view(), b.view()), Error);
 }
 
+TEST(Tensor, EmptyTensorsAreContiguousAndCopy) {
+  Tensor a = Tensor::empty({0, 576}, DType::bf16);
+  EXPECT_TRUE(a.view().is_contiguous());
+  Tensor b = Tensor::empty({3, 0, 4}, DType::f32);
+  EXPECT_TRUE(b.view().is_contiguous());
+  Tensor c = Tensor::empty({3, 0, 4}, DType::f32);
+  EXPECT_NO_THROW(copy(c.view(), b.view()));
+  EXPECT_EQ(b.to(Device::cpu()).numel(), 0);
+}
+
 TEST(Numeric, E4m3RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(num::float_to_e4m3(448.f), 0x7e);
   EXPECT_EQ(num::float_to_e4m3(1e9f), 0x7e);
