@@ -79,10 +79,12 @@ void write_row_fp8(const KVCache& c, uint8_t* row, const TensorView& kv_c, const
 void write_row_ds_mla(uint8_t* row, const TensorView& kv_c, const TensorView& k_pe, int64_t t, DsMlaScale mode) {
   float x[ds_mla::kTile];
   for (int64_t tile = 0; tile < ds_mla::kNumTiles; ++tile) {
-    float amax = 0.0f;  // fmax skips NaN inputs, as the GPU writer's fmaxf does
+    // NaN inputs never raise amax: a comparison is false for every NaN, signalling ones included
+    // (std::fmax returns NaN for a signalling NaN on x86), matching the GPU writer's fmaxf.
+    float amax = 0.0f;
     for (int64_t i = 0; i < ds_mla::kTile; ++i) {
       x[i] = load_f(elem_ptr(kv_c, t, tile * ds_mla::kTile + i), kv_c.dtype);
-      amax = std::fmax(amax, std::fabs(x[i]));
+      if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]);
     }
     const float scale = ds_tile_scale(amax, mode);
     for (int64_t i = 0; i < ds_mla::kTile; ++i) row[tile * ds_mla::kTile + i] = num::float_to_e4m3(x[i] / scale);
