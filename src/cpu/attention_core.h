@@ -148,10 +148,11 @@ struct SoftmaxTile {
 };
 
 // Per-thread scratch of attend_block, grown on demand and reused across blocks: the scores, then
-// probabilities, of a block, key-major [nk, nqp].
+// probabilities, of a block, key-major p [nk, nqp], and per-row vectors (new running max, block sum,
+// key limit as T) over the padded rows.
 template <class T>
 struct BlockScratch {
-  std::vector<T> p, mnew, alpha, limf;
+  std::vector<T> p, mnew, lsum, limf;
 };
 
 // Folds one key block into the tile's softmax state. k: [nk, d] (row stride ldk); v: [nk, dv] (ldv; may

@@ -198,11 +198,11 @@ struct Kernels {
     if (jmax <= 0) return;
     if (ws.p.size() < static_cast<std::size_t>(nk * nqp)) ws.p.resize(static_cast<std::size_t>(nk * nqp));
     ws.mnew.resize(static_cast<std::size_t>(nqp));
-    ws.alpha.resize(static_cast<std::size_t>(nqp));
+    ws.lsum.resize(static_cast<std::size_t>(nqp));
     ws.limf.resize(static_cast<std::size_t>(nqp));
     T* p = ws.p.data();
     T* mnew = ws.mnew.data();
-    T* lsum = ws.alpha.data();  // row sums of this block, then the rescale factors
+    T* lsum = ws.lsum.data();  // per row: sum of this block's probabilities
     T* limf = ws.limf.data();
     for (int64_t r = 0; r < nqp; ++r) {
       limf[r] = r < nq ? static_cast<T>(lim[r]) : T(0);  // padded rows see nothing

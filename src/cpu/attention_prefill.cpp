@@ -7,8 +7,6 @@
 // it small next to the arithmetic, while every buffer of an item stays in L2 however long the request is.
 // Causal masking is bottom-right aligned: query i of a request with lengths (sq, sk) sees keys
 // j <= sk - sq + i.
-#include <omp.h>
-
 #include <algorithm>
 #include <vector>
 

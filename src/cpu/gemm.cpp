@@ -141,11 +141,10 @@ void gemm2d(const TensorView& a, const TensorView& b, const TensorView& c, T alp
     const Operand<T> ao = input(a, abuf), bo = input(b, bbuf);
     const bool by_rows = m >= n;
     const int64_t extent = by_rows ? m : n;
-    const int64_t parts = static_cast<double>(m) * n * k < kParallelMacs
-                              ? 1
-                              : std::min<int64_t>(threads, (extent + 15) / 16);
+    const int64_t parts =
+        static_cast<double>(m) * n * k < kParallelMacs ? 1 : std::min<int64_t>(threads, (extent + 15) / 16);
     const int64_t step = (extent + parts - 1) / parts;
-#pragma omp parallel for num_threads(static_cast<int>(parts)) schedule(static, 1) if (parts > 1)
+#pragma omp parallel for num_threads(static_cast <int>(parts)) schedule(static, 1) if (parts > 1)
     for (int64_t p = 0; p < parts; ++p) {
       const int64_t lo = p * step, hi = std::min(extent, lo + step);
       if (lo >= hi) continue;

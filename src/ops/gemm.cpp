@@ -10,8 +10,8 @@ namespace mla {
 namespace {
 
 // One operand: `nd` dims, a floating dtype (bf16 for a/b on CUDA; c bf16 or f32 there), non-negative
-// strides (non-overlapping for c). cuBLAS needs each matrix to be row- or column-major: on CUDA the last
-// two dims must include a unit stride.
+// strides (non-overlapping for c). cuBLAS needs each matrix to be row- or column-major: on CUDA one of
+// the last two dims has a unit stride and the other a stride of at least the first one's extent.
 void check_operand(const TensorView& t, int nd, bool is_output, const char* op, const char* arg) {
   detail::check_ndim(t, nd, op, arg);
   if (t.device.is_cuda()) {
@@ -21,8 +21,14 @@ void check_operand(const TensorView& t, int nd, bool is_output, const char* op, 
     else
       detail::check_dtype(t, DType::bf16, op, arg);
     const int64_t rows = t.size(nd - 2), cols = t.size(nd - 1);
-    MLA_CHECK(t.stride[nd - 1] == 1 || t.stride[nd - 2] == 1 || rows <= 1 || cols <= 1,
-              "{}: on CUDA {} needs a unit stride in one of its last two dims, got {}", op, arg, t.describe());
+    const int64_t s_row = t.stride[nd - 2], s_col = t.stride[nd - 1];
+    // Row-major (unit column stride, rows at least a row apart) or column-major, as cuBLAS describes them.
+    const bool row_major = (s_col == 1 || cols <= 1) && (s_row >= cols || rows <= 1);
+    const bool col_major = (s_row == 1 || rows <= 1) && (s_col >= rows || cols <= 1);
+    MLA_CHECK(row_major || col_major,
+              "{}: on CUDA {} must be row- or column-major (a unit stride in one of its last two dims, the other at "
+              "least that dim's extent), got {}",
+              op, arg, t.describe());
   } else {
     detail::check_float(t, op, arg);
   }

@@ -118,6 +118,27 @@ TEST(Gemm, BadInputsThrowAndLeaveOutputUntouched) {
   EXPECT_THROW(bmm(a, b, c), Error);
   for (double x : test::to_doubles(c.view())) ASSERT_EQ(x, 7.0);
   for (double x : test::to_doubles(c3.view())) ASSERT_EQ(x, 7.0);
+
+  // On CUDA an operand must be row- or column-major (cuBLAS); refused by the front end, whether or not
+  // this build or machine has a device (the views are never dereferenced).
+  Tensor h16 = Tensor::empty({8, 16}, DType::bf16);
+  auto cuda_view = [](const Tensor& t, std::initializer_list<int64_t> shape, std::initializer_list<int64_t> stride) {
+    return TensorView(t.data(), t.dtype(), std::span<const int64_t>(shape.begin(), shape.size()),
+                      std::span<const int64_t>(stride.begin(), stride.size()), Device::cuda(0));
+  };
+  const TensorView cb = cuda_view(h16, {8, 5}, {16, 1});
+  const TensorView cc = cuda_view(h16, {4, 5}, {16, 1});
+  const TensorView no_unit = cuda_view(h16, {4, 8}, {16, 2}), short_ld = cuda_view(h16, {4, 8}, {4, 1});
+  for (const TensorView& bad : {no_unit, short_ld}) {
+    try {
+      gemm(bad, cb, cc);
+      ADD_FAILURE() << "accepted " << bad.describe();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("row- or column-major"), std::string::npos) << e.what();
+    }
+  }
+  Tensor h32 = Tensor::empty({4, 8}, DType::f32);
+  EXPECT_THROW(gemm(cuda_view(h32, {4, 8}, {8, 1}), cb, cc), Error);  // CUDA inputs are bf16
 }
 
 }  // namespace
