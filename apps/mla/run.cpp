@@ -22,7 +22,7 @@ namespace {
 struct Defaults {
   int64_t steps, requests, max_context, token_budget, max_seqs, topk, check_samples;
 };
-constexpr Defaults kCpuDefaults{64, 24, 1024, 256, 8, 256, 12};
+constexpr Defaults kCpuDefaults{64, 24, 1024, 256, 8, 256, 24};
 constexpr Defaults kCudaDefaults{512, 512, 8192, 8192, 256, 2048, 48};
 
 // fp8 per-tensor scale: vLLM's calculate_kv_scales rule, amax(kv_c) / 200, for inputs in [-1, 1).
