@@ -5,7 +5,8 @@
 // float32 or float64 accumulation); the CUDA backend takes bf16 activations, fp32 LSE.
 //
 // Conventions (DESIGN.md §4):
-//   * LSE is fp32, natural log. An empty key set gives out = 0 and lse = -inf.
+//   * LSE is fp32, natural log. An empty key set gives out = 0 and lse = -inf. The CPU backend also
+//     accepts f64 LSE tensors (the float64 oracle keeps merges exact); CUDA takes fp32 only.
 //   * Index -1 (any negative) = no token; slot < 0 = do not write.
 //   * Integer metadata (block tables, lengths, indices) is int32 unless stated; slots are int64 (int32 accepted).
 //   * Strides are in elements; the innermost dimension of activations must have stride 1.

@@ -121,15 +121,16 @@ struct SoftmaxTile {
 
   // Normalised output row r and its lse. A row that saw no key (l == 0) yields zeros and -inf: the
   // empty-key-set rule of the contract, never 0/0.
-  float finish(int64_t r, T* out_row) const {
+  // The lse keeps the accumulation precision (double in reference mode) until it is stored.
+  T finish(int64_t r, T* out_row) const {
     const T* src = orow(r);
     if (!(l[r] > T(0))) {
       std::fill(out_row, out_row + dv, T(0));
-      return -std::numeric_limits<float>::infinity();
+      return -std::numeric_limits<T>::infinity();
     }
     const T inv = T(1) / l[r];
     for (int64_t x = 0; x < dv; ++x) out_row[x] = src[x] * inv;
-    return static_cast<float>(m[r] + std::log(l[r]));
+    return m[r] + std::log(l[r]);
   }
 
   // Folds another partial state of the same rows (a disjoint key range) into this one.

@@ -31,10 +31,10 @@ struct DecodeGroups {
     for (int64_t i = 0; i < s_q; ++i)
       for (int64_t hh = 0; hh < h; ++hh) load_row(q.ptr_at({g, i, hh, 0}), q.dtype, qt.row(i * h + hh), d);
   }
-  void store(int64_t g, int64_t r, const T* o, float l) const {
+  void store(int64_t g, int64_t r, const T* o, double l) const {
     const int64_t i = r / h, hh = r % h;
     store_row(out.ptr_at({g, i, hh, 0}), out.dtype, o, dv);
-    if (lse.defined()) *static_cast<float*>(lse.ptr_at({g, i, hh})) = l;
+    if (lse.defined()) num::store(lse.ptr_at({g, i, hh}), lse.dtype, l);  // f32, or f64 for the oracle
   }
 };
 

@@ -87,9 +87,9 @@ void prefill_impl(const TensorView& q, const TensorView& k_nope, const TensorVie
         }
       }
       for (int64_t r = 0; r < rows; ++r) {
-        const float l = st[r / kQueryTile].finish(r % kQueryTile, orow.data());
+        const double l = st[r / kQueryTile].finish(r % kQueryTile, orow.data());
         store_row(out.ptr_at({qrow0 + r, it.head, 0}), out.dtype, orow.data(), dv);
-        if (lse.defined()) *static_cast<float*>(lse.ptr_at({it.head, qrow0 + r})) = l;
+        if (lse.defined()) num::store(lse.ptr_at({it.head, qrow0 + r}), lse.dtype, l);  // f32, or f64 for the oracle
       }
     }
   }

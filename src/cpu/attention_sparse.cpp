@@ -26,9 +26,9 @@ struct SparseGroups {
   void load_queries(int64_t t, attn::QueryTile<T>& qt) const {
     for (int64_t hh = 0; hh < h; ++hh) load_row(q.ptr_at({t, hh, 0}), q.dtype, qt.row(hh), d);
   }
-  void store(int64_t t, int64_t hh, const T* o, float l) const {
+  void store(int64_t t, int64_t hh, const T* o, double l) const {
     store_row(out.ptr_at({t, hh, 0}), out.dtype, o, dv);
-    if (lse.defined()) *static_cast<float*>(lse.ptr_at({t, hh})) = l;
+    if (lse.defined()) num::store(lse.ptr_at({t, hh}), lse.dtype, l);  // f32, or f64 for the oracle
   }
 };
 

@@ -17,9 +17,12 @@ struct View3 {
            (i * t.stride[0] + j * t.stride[1] + k * t.stride[2]) * static_cast<int64_t>(t.element_size());
   }
 };
-inline float* lse_at(const TensorView& lse, int64_t h, int64_t t) {
-  return static_cast<float*>(lse.data) + h * lse.stride[0] + t * lse.stride[1];
+// LSE element (h, t): fp32, or f64 when the float64 oracle carries full-precision LSEs.
+inline void* lse_at(const TensorView& lse, int64_t h, int64_t t) {
+  return static_cast<char*>(lse.data) + (h * lse.stride[0] + t * lse.stride[1]) * static_cast<int64_t>(lse.element_size());
 }
+inline double get_lse(const TensorView& lse, int64_t h, int64_t t) { return num::load(lse_at(lse, h, t), lse.dtype); }
+inline void put_lse(const TensorView& lse, int64_t h, int64_t t, double v) { num::store(lse_at(lse, h, t), lse.dtype, v); }
 
 template <class Acc>
 void merge(const TensorView& out, const TensorView& out_lse, const TensorView& prefix, const TensorView& prefix_lse,
@@ -39,19 +42,19 @@ void merge(const TensorView& out, const TensorView& out_lse, const TensorView& p
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < H; ++h) {
-      const float s_raw = *lse_at(suffix_lse, h, t);
+      const double s_raw = get_lse(suffix_lse, h, t);
       if (t >= tokens_with_context) {  // no context for this token: the suffix is the result
         for (int64_t d = 0; d < D; ++d) put(t, h, d, get(s, suffix.dtype, t, h, d));
-        if (out_lse.defined()) *lse_at(out_lse, h, t) = s_raw;
+        if (out_lse.defined()) put_lse(out_lse, h, t, s_raw);
         continue;
       }
       // Empty key sets report +inf (FA2, FlashMLA lonely queries) or -inf: both mean "no weight".
-      Acc pl = *lse_at(prefix_lse, h, t), sl = s_raw;
+      Acc pl = static_cast<Acc>(get_lse(prefix_lse, h, t)), sl = static_cast<Acc>(s_raw);
       if (std::isinf(pl)) pl = neg_inf;
       if (std::isinf(sl)) sl = neg_inf;
       if (pl == neg_inf && sl == neg_inf) {
         for (int64_t d = 0; d < D; ++d) put(t, h, d, get(p, prefix.dtype, t, h, d));
-        if (out_lse.defined()) *lse_at(out_lse, h, t) = -std::numeric_limits<float>::infinity();
+        if (out_lse.defined()) put_lse(out_lse, h, t, -std::numeric_limits<double>::infinity());
         continue;
       }
       // NaN in either lse propagates through m, the weights and the output.
@@ -61,7 +64,7 @@ void merge(const TensorView& out, const TensorView& out_lse, const TensorView& p
       const Acc fp = wp / sum, fs = ws / sum;
       for (int64_t d = 0; d < D; ++d)
         put(t, h, d, get(p, prefix.dtype, t, h, d) * fp + get(s, suffix.dtype, t, h, d) * fs);
-      if (out_lse.defined()) *lse_at(out_lse, h, t) = static_cast<float>(std::log(sum) + m);
+      if (out_lse.defined()) put_lse(out_lse, h, t, static_cast<double>(std::log(sum) + m));
     }
   }
 }

@@ -26,7 +26,7 @@ inline constexpr int64_t kMinSplitKeys = 256;
 //   void visible(g, int64_t* vis)          per row: row r sees keys [0, vis[r]) (vis[r] <= keys(g))
 //   int64_t slot(g, j)                     cache slot of key j
 //   void load_queries(g, QueryTile<T>&)    fills the rows (q.row(r)) of group g
-//   void store(g, r, const T* o, float lse) writes one finished row
+//   void store(g, r, const T* o, double lse) writes one finished row
 template <class T, class Src>
 void run_split_mqa(const KVCache& cache, int64_t groups, int64_t rows, int64_t d, int64_t dv, double softmax_scale,
                    const Src& src) {

@@ -16,7 +16,7 @@ std::pair<TensorView, TensorView> split_kv(const TensorView& kv, const Dims& d) 
 }
 
 struct Partial {
-  TensorView out, lse;  // [Tp, h, V], [h, Tp] f32
+  TensorView out, lse;  // [Tp, h, V], [h, Tp] f32 (f64 in the oracle layer)
 };
 
 // Non-causal attention of every prefill query against its request's context, chunk by chunk, folded
@@ -30,7 +30,7 @@ Partial attend_context(const Step& s, const TensorView& q, const TensorView& cu_
   const DType act = s.opt.dtype;
   const TensorView block_table = s.args.block_table.slice(0, f.num_decodes, f.num_reqs);
   auto acc = [&](int i) {
-    return Partial{s.view(s.layout.acc_o[i], act, {tp, d.h, d.V}), s.view(s.layout.acc_lse[i], DType::f32, {d.h, tp})};
+    return Partial{s.view(s.layout.acc_o[i], act, {tp, d.h, d.V}), s.view(s.layout.acc_lse[i], d.lse_dtype, {d.h, tp})};
   };
   int cur = 0;
   bool first = true;
@@ -100,7 +100,7 @@ void run_dense_prefill(const Step& s) {
     mha_prefill(q, k_nope, k_pe, v, cu_q, cu_q, max_q, max_q, out, {}, scale, /*causal=*/true, s.ctx);
     return;
   }
-  const Partial fresh{s.view(s.layout.o_new, act, {tp, d.h, d.V}), s.view(s.layout.lse_new, DType::f32, {d.h, tp})};
+  const Partial fresh{s.view(s.layout.o_new, act, {tp, d.h, d.V}), s.view(s.layout.lse_new, d.lse_dtype, {d.h, tp})};
   mha_prefill(q, k_nope, k_pe, v, cu_q, cu_q, max_q, max_q, fresh.out, fresh.lse, scale, /*causal=*/true, s.ctx);
   const Partial context = attend_context(s, q, cu_q);
   merge_attn_states(out, {}, context.out, context.lse, fresh.out, fresh.lse, f.prefill_tokens_with_context, 0.0f,

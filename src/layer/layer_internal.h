@@ -32,10 +32,10 @@ namespace mla::layer_detail {
 //   phase B (dense prefill tokens)
 //     kv_new    act   [prefill_tokens, h*(P+V)]  new tokens' k_nope | v
 //     o_new     act   [staged_tokens, h, V]      new-token attention, staged for the context merge
-//     lse_new   f32   [h, staged_tokens]
+//     lse_new   lse   [h, staged_tokens]          (lse = f32; f64 in the f64 oracle layer)
 //     gathered  act   [context_rows, d_qk]       one context chunk, dequantised
 //     kv_ctx    act   [context_rows, h*(P+V)]    its k_nope | v
-//     acc[i]    act   [staged_tokens, h, V] + f32 [h, staged_tokens], i < context_accumulators:
+//     acc[i]    act   [staged_tokens, h, V] + lse [h, staged_tokens], i < context_accumulators:
 //               0/1 ping-pong running (out, lse) over chunks, 2 = the current chunk's partial
 inline constexpr int64_t kAlign = 256;
 
@@ -68,6 +68,10 @@ struct WorkspaceLayout {
 // Model dimensions the layout needs, from the layer options.
 struct Dims {
   int64_t h = 0, L = 0, R = 0, P = 0, V = 0, act_bytes = 0;
+  // Partial-attention LSEs: f32 by contract; the f64 oracle layer keeps them in f64 so that context
+  // merges do not cap its accuracy at fp32 (|lse| * 2^-24 relative on each merge weight).
+  DType lse_dtype = DType::f32;
+  int64_t lse_bytes = 4;
   int64_t d_qk() const { return L + R; }
   static Dims of(const LayerOptions& o);
 };

@@ -78,6 +78,8 @@ Dims Dims::of(const LayerOptions& o) {
   d.P = o.dims.qk_nope_head_dim;
   d.V = o.dims.v_head_dim;
   d.act_bytes = static_cast<int64_t>(dtype_size(o.dtype));
+  d.lse_dtype = o.dtype == DType::f64 ? DType::f64 : DType::f32;
+  d.lse_bytes = static_cast<int64_t>(dtype_size(d.lse_dtype));
   return d;
 }
 
@@ -104,12 +106,12 @@ WorkspaceLayout make_layout(const WorkspaceShape& s, const Dims& d) {
   off = phase;
   l.kv_new = take(s.prefill_tokens * hpv * a);
   l.o_new = take(s.staged_tokens * d.h * d.V * a);
-  l.lse_new = take(d.h * s.staged_tokens * 4);
+  l.lse_new = take(d.h * s.staged_tokens * d.lse_bytes);
   l.gathered = take(s.context_rows * d.d_qk() * a);
   l.kv_ctx = take(s.context_rows * hpv * a);
   for (int64_t i = 0; i < s.context_accumulators; ++i) {
     l.acc_o[i] = take(s.staged_tokens * d.h * d.V * a);
-    l.acc_lse[i] = take(d.h * s.staged_tokens * 4);
+    l.acc_lse[i] = take(d.h * s.staged_tokens * d.lse_bytes);
   }
   l.total = std::max(end_a, off);
   return l;

@@ -16,7 +16,7 @@ namespace {
 void check_lse(const TensorView& lse, std::initializer_list<int64_t> shape, const char* op, const char* arg) {
   if (!lse.defined()) return;
   detail::check_ndim(lse, static_cast<int>(shape.size()), op, arg);
-  detail::check_dtype(lse, DType::f32, op, arg);
+  detail::check_lse_dtype(lse, op, arg);
   int d = 0;
   for (int64_t s : shape) detail::check_size(lse, d++, s, op, arg);
   detail::check_strides(lse, true, op, arg);

@@ -11,7 +11,7 @@ namespace {
 // lse views [H, T] fp32, any (non-negative) strides: a transposed [T, H] buffer is accepted.
 void check_lse(const TensorView& lse, int64_t h, int64_t t, bool is_output, const char* op, const char* arg) {
   detail::check_ndim(lse, 2, op, arg);
-  detail::check_dtype(lse, DType::f32, op, arg);
+  detail::check_lse_dtype(lse, op, arg);
   detail::check_size(lse, 0, h, op, arg);
   detail::check_size(lse, 1, t, op, arg);
   detail::check_strides(lse, is_output, op, arg);

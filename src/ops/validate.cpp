@@ -6,6 +6,12 @@
 
 namespace mla::detail {
 
+void check_lse_dtype(const TensorView& lse, const char* op, const char* arg) {
+  MLA_CHECK(lse.dtype == DType::f32 || (lse.dtype == DType::f64 && lse.device.is_cpu()),
+            "{}: {} must be f32 (f64 is accepted on the CPU), got {}", op, arg, lse.describe());
+}
+
+
 void check_activation(const TensorView& t, bool is_output, const char* op, const char* arg) {
   check_defined(t, op, arg);
   if (t.device.is_cuda()) {

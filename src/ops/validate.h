@@ -15,6 +15,10 @@ namespace mla::detail {
 // (and non-overlapping when `is_output`).
 void check_activation(const TensorView& t, bool is_output, const char* op, const char* arg);
 
+// LSE dtype: fp32 on every device; the CPU also accepts f64 (the float64 oracle keeps full-precision
+// LSEs so that merged results stay exact to ~1e-15).
+void check_lse_dtype(const TensorView& lse, const char* op, const char* arg);
+
 // A 1-D int32 vector of `n` elements (n < 0: any length), non-negative stride.
 void check_i32_vector(const TensorView& t, int64_t n, const char* op, const char* arg);
 

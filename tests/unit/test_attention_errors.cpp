@@ -76,8 +76,9 @@ TEST(AttentionErrors, MqaDecode) {
                   "out heads != q heads");
   expect_rejected(call(q, cache, pb.block_table, pb.seq_lens, strided(out, {b, s_q, h, 512}, {512, 512, 0, 1}), lse),
                   outs, "out with overlapping heads");
-  Tensor lse64 = Tensor::empty({b, s_q, h}, DType::f64);
-  expect_rejected(call(q, cache, pb.block_table, pb.seq_lens, out, lse64), {out.view(), lse64.view()}, "f64 lse");
+  // f64 LSEs are accepted on the CPU (the float64 oracle); integer ones never are.
+  Tensor lse_int = Tensor::empty({b, s_q, h}, DType::i32);
+  expect_rejected(call(q, cache, pb.block_table, pb.seq_lens, out, lse_int), {out.view(), lse_int.view()}, "i32 lse");
   Tensor lse_short = Tensor::empty({b, s_q, h - 1}, DType::f32);
   expect_rejected(call(q, cache, pb.block_table, pb.seq_lens, out, lse_short), {out.view(), lse_short.view()},
                   "lse shape");

@@ -70,6 +70,36 @@ TEST(Merge, RandomInputsMatchTheFormula) {
   }
 }
 
+// The float64 oracle keeps LSEs in f64 (accepted on the CPU only): the merged output and lse then
+// carry no fp32 rounding (~1e-8 relative on the weights), which the f32 path cannot avoid.
+TEST(Merge, F64LseKeepsFullPrecision) {
+  test::reseed(702);
+  const int64_t T = 5, H = 3, D = 16;
+  Tensor p = test::random_tensor({T, H, D}, DType::f64), s = test::random_tensor({T, H, D}, DType::f64);
+  Tensor pl = test::random_tensor({H, T}, DType::f64, Device::cpu(), 3, 9);
+  Tensor sl = test::random_tensor({H, T}, DType::f64, Device::cpu(), 3, 9);
+  Tensor out = test::poisoned({T, H, D}, DType::f64), out_lse = test::poisoned({H, T}, DType::f64);
+  const Context ref_ctx{nullptr, Precision::reference};
+  merge_attn_states(out, out_lse, p, pl, s, sl, -1, 0.0f, ref_ctx);
+  const auto ref = reference_merge(test::to_doubles(p), test::to_doubles(pl), test::to_doubles(s),
+                                   test::to_doubles(sl), T, H, D, T);
+  EXPECT_EQ(test::check_close(test::to_doubles(out), ref.out, DType::f64, 1e-14), "");
+  EXPECT_EQ(test::check_close(test::to_doubles(out_lse), ref.lse, DType::f64, 1e-14), "");
+  // The same merge through fp32 LSEs misses the f64 bound: the f64 path is really taken above.
+  Tensor pl32 = Tensor::empty({H, T}, DType::f32), sl32 = Tensor::empty({H, T}, DType::f32);
+  const auto pv = test::to_doubles(pl), sv = test::to_doubles(sl);
+  for (int64_t i = 0; i < H * T; ++i) {
+    static_cast<float*>(pl32.data())[i] = static_cast<float>(pv[i]);
+    static_cast<float*>(sl32.data())[i] = static_cast<float>(sv[i]);
+  }
+  Tensor out32 = test::poisoned({T, H, D}, DType::f64);
+  merge_attn_states(out32, {}, p, pl32, s, sl32, -1, 0.0f, ref_ctx);
+  EXPECT_NE(test::check_close(test::to_doubles(out32), ref.out, DType::f64, 1e-14), "");
+  // CUDA never takes f64 LSEs; on the CPU an integer LSE is refused.
+  Tensor bad = Tensor::empty({H, T}, DType::i32);
+  EXPECT_THROW(merge_attn_states(out, {}, p, bad, s, sl, -1, 0.0f, ref_ctx), Error);
+}
+
 TEST(Merge, EdgeRules) {
   // One head; each token one (prefix_lse, suffix_lse) case.
   const std::vector<double> pls = {kInf, 1.0, -kInf, -kInf, kInf, kInf, -kInf, NAN, 0.0, 3.0};
