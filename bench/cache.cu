@@ -166,26 +166,43 @@ void bench_tune(BenchContext& ctx) {
   const Tensor &kv_c = in.kv_c, &k_pe = in.k_pe, &slots = in.slots;
   const char* wf = "bytes = T * (2*576 bf16 read + entry written + 8 slot)";
   const std::string tt = " T=" + std::to_string(T);
-  {
-    CacheBuffer c = allocate_cache(CacheFormat::fp8, T / kPage, kPage, dev, 0.05f);
+  // bf16 / fp8: the generic row-stream kernel (shipped before the warp kernel) against the warp
+  // kernel, and for fp8 IEEE division against the reciprocal (quant.cuh).
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8}) {
+    CacheBuffer c = allocate_cache(f, T / kPage, kPage, dev, 0.05f);
     const cc::WritePlan w = cc::plan_write(kv_c, k_pe, slots, c.cache, DsMlaScale::amax);
-    const double bytes = static_cast<double>(T) * (kRowIn + 576 + 8);
-    const unsigned g = blocks(T, cc::kRows);
-    double ms = ctx.time_ms([&] { launch_on(ctx, cc::write_rows_kernel<cc::ElemFormat::fp8, true, cc::kRows, cc::kThreads, 4>, g, w.p); });
-    ctx.report("tune: write fp8", "unroll 4 (shipped)" + tt, ms, bytes, 0, wf);
-    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_rows_kernel<cc::ElemFormat::fp8, true, cc::kRows, cc::kThreads, 8>, g, w.p); });
-    ctx.report("tune: write fp8", "unroll 8" + tt, ms, bytes, 0, wf);
+    if (!w.warp || w.latent_steps != 2 || (f == CacheFormat::fp8 && !w.recip)) throw Error("tune_cache: unexpected write plan");
+    const double bytes = static_cast<double>(T) * static_cast<double>(kRowIn + cache_entry_bytes(f) + 8);
+    const std::string op = std::string("tune: write ") + to_string(f);
+    const unsigned gw = blocks(T, cc::kWarpTokens * cc::kThreads / 32);
+    double ms;
+    if (f == CacheFormat::bf16) {
+      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_rows_kernel<cc::ElemFormat::bf16, true, cc::kRows, cc::kThreads, 4>, blocks(T, cc::kRows), w.p); });
+      ctx.report(op, "row stream, unroll 4" + tt, ms, bytes, 0, wf);
+      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_warp_kernel<cc::ElemFormat::bf16, 2, false>, gw, w.p); });
+      ctx.report(op, "warp per 4 tokens (shipped)" + tt, ms, bytes, 0, wf);
+    } else {
+      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_rows_kernel<cc::ElemFormat::fp8, true, cc::kRows, cc::kThreads, 4>, blocks(T, cc::kRows), w.p); });
+      ctx.report(op, "row stream, unroll 4, IEEE division" + tt, ms, bytes, 0, wf);
+      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_warp_kernel<cc::ElemFormat::fp8, 2, false>, gw, w.p); });
+      ctx.report(op, "warp per 4 tokens, IEEE division" + tt, ms, bytes, 0, wf);
+      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_warp_kernel<cc::ElemFormat::fp8, 2, true>, gw, w.p); });
+      ctx.report(op, "warp per 4 tokens, reciprocal (shipped)" + tt, ms, bytes, 0, wf);
+    }
   }
-  {
+  for (DsMlaScale mode : {DsMlaScale::amax, DsMlaScale::pow2}) {
     CacheBuffer c = allocate_cache(CacheFormat::fp8_ds_mla, T / kPage, kPage, dev);
-    const cc::WritePlan w = cc::plan_write(kv_c, k_pe, slots, c.cache, DsMlaScale::amax);
+    const cc::WritePlan w = cc::plan_write(kv_c, k_pe, slots, c.cache, mode);
     const double bytes = static_cast<double>(T) * (kRowIn + 656 + 8);
-    double ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 1>, blocks(T, 8), w.p); });
-    ctx.report("tune: write ds_mla", "1 token per warp" + tt, ms, bytes, 0, wf);
-    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 2>, blocks(T, 16), w.p); });
-    ctx.report("tune: write ds_mla", "2 tokens per warp (shipped)" + tt, ms, bytes, 0, wf);
-    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 4>, blocks(T, 32), w.p); });
-    ctx.report("tune: write ds_mla", "4 tokens per warp" + tt, ms, bytes, 0, wf);
+    const std::string op = std::string("tune: write ds_mla ") + (mode == DsMlaScale::pow2 ? "pow2" : "amax");
+    double ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 2, false>, blocks(T, 16), w.p); });
+    ctx.report(op, "2 tokens per warp, IEEE division" + tt, ms, bytes, 0, wf);
+    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 1, true>, blocks(T, 8), w.p); });
+    ctx.report(op, "1 token per warp, reciprocal" + tt, ms, bytes, 0, wf);
+    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 2, true>, blocks(T, 16), w.p); });
+    ctx.report(op, "2 tokens per warp, reciprocal (shipped)" + tt, ms, bytes, 0, wf);
+    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 4, true>, blocks(T, 32), w.p); });
+    ctx.report(op, "4 tokens per warp, reciprocal" + tt, ms, bytes, 0, wf);
   }
   const GatherSetup gs = gather_setup(ctx);
   const TensorView cu = gs.cu.view().reshape({gs.B + 1});
@@ -216,7 +233,7 @@ void register_cache(Registry& r) {
   r.add("write_cache", "concat_and_cache_mla into bf16 / fp8 / fp8_ds_mla caches", bench_write);
   r.add("gather_cache", "gather_cache (dequantising) and cp_gather_cache (raw) for every format", bench_gather);
   r.add("upconvert", "upconvert_ds_mla into a bf16 workspace", bench_upconvert);
-  r.add("tune_cache", "cache kernel configurations side by side (unroll depth, tokens per warp)", bench_tune);
+  r.add("tune_cache", "cache kernel configurations side by side (write kernels and dividers, tokens per warp, unroll depth)", bench_tune);
 }
 
 }  // namespace mla::bench

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "cache_gpu_util.h"
+#include "cache_quant_check.h"
 #include "core/numeric.h"
 
 namespace mla {
@@ -154,7 +155,9 @@ TEST(WriteCacheGpuEdge, AllBf16PatternsManyScales) {
     EXPECT_EQ(test::byte_diff(cm.dev_bytes_all(), cm.host_bytes_all()), "") << "scale " << scale;
   }
   for (DsMlaScale mode : {DsMlaScale::amax, DsMlaScale::pow2}) {
-    for (double gain : {1.0, 1e-20, 1e20}) {  // tile amax over a wide range (bf16 holds up to ~3e38)
+    // Tile amax over a wide range (bf16 holds up to ~3e38); 3e-17 puts tile scales on both sides of
+    // 2^-64, where the writer switches from the reciprocal to IEEE division (cuda/cache/quant.cuh).
+    for (double gain : {1.0, 1e-20, 3e-17, 1e20}) {
       Tensor kv2 = Tensor::empty({T, 512}, DType::bf16);
       auto* k2 = static_cast<uint16_t*>(kv2.data());
       std::uniform_real_distribution<double> u(-1, 1);
@@ -167,6 +170,67 @@ TEST(WriteCacheGpuEdge, AllBf16PatternsManyScales) {
       EXPECT_EQ(test::byte_diff(cm.dev_bytes_all(), cm.host_bytes_all()), "")
           << (mode == DsMlaScale::pow2 ? "pow2" : "amax") << " gain " << gain;
     }
+  }
+}
+
+// Rows 320 wide (latent 256, rope 64; valid for bf16 and fp8): the warp kernel's one-step latent.
+TEST(WriteCacheGpuEdge, NarrowRowsMatchCpu) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(321);
+  for (CacheFormat format : {CacheFormat::bf16, CacheFormat::fp8}) {
+    const int64_t T = 37, page = 16, blocks = 4;
+    CacheBuffer hc = allocate_cache(format, blocks, page, Device::cpu(), 0.04f, 320);
+    std::memset(hc.storage.data(), test::kCachePoison, hc.storage.nbytes());
+    const Tensor dev_storage = hc.storage.to(Device::cuda(0));
+    KVCache dc = hc.cache;
+    dc.data = test::rebase(hc.cache.data, hc.storage, dev_storage);
+    const Tensor kv = test::random_tensor({T, 256}, DType::bf16, Device::cpu(), -20, 20);
+    const Tensor pe = test::random_tensor({T, 64}, DType::bf16, Device::cpu(), -20, 20);
+    const std::vector<int64_t> slots = random_slots(T, blocks * page);
+    write_cache(kv, pe, test::int64_tensor(slots), hc.cache, DsMlaScale::amax, test::reference_ctx());
+    write_cache(kv.to(Device::cuda(0)), pe.to(Device::cuda(0)), test::int64_tensor(slots, Device::cuda(0)), dc);
+    EXPECT_EQ(test::byte_diff(test::host_bytes(dev_storage), test::host_bytes(hc.storage)), "") << to_string(format);
+  }
+}
+
+// The writers' reciprocal division (src/cuda/cache/quant.cuh, claim (a)): for every one of the 2^23
+// scale significands and every bf16 significand of both signs, the quotient equals IEEE x / s bit for
+// bit, at exponents that put x / s at the ends of [2^-12, 2^11) (clamped form: below kClamp = 2^10)
+// and the scale at the ends of its range [2^-64, 2^100].
+TEST(CacheQuantGpu, RecipDivisionExactForEveryScaleSignificand) {
+  MLA_SKIP_WITHOUT_GPU();
+  struct Case {
+    int e_s, e_x;
+    bool clamped;
+  };
+  const Case cases[] = {{0, 0, false},     {0, -11, false},   {0, 10, false},    {-64, -75, false}, {-64, -54, false},
+                        {99, 88, false},   {99, 109, false},  {37, 30, false},   {0, 0, true},      {0, -11, true},
+                        {0, 9, true},      {-64, -75, true},  {-64, -55, true},  {99, 88, true},    {99, 108, true},
+                        {-20, -25, true}};
+  for (const Case& c : cases) {
+    const test::RecipCheck r = test::recip_div_exhaustive(c.e_s, c.e_x, c.clamped);
+    EXPECT_EQ(r.checked, uint64_t{256} << 23);
+    EXPECT_EQ(r.mismatches, 0u) << "e_s " << c.e_s << " e_x " << c.e_x << (c.clamped ? " clamped" : "")
+                                << ": first s " << r.s << " x " << r.x;
+  }
+}
+
+// Claims (b)-(d): e4m3 codes of every bf16 pattern (zeros, subnormals, infinities, NaNs, huge and tiny
+// quotients) through the reciprocal division equal those of IEEE division, for scales at the range's
+// ends, with all-ones and all-zeros significands, and 4096 random ones across the range.
+TEST(CacheQuantGpu, RecipDivisionCodesMatchIeee) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(4242);
+  std::vector<float> scales = {0x1p-64f, 0x1.000002p-64f, 0x1.fffffep-64f, 0x1p100f, 0x1.fffffep99f, 1.0f, 0x1.fffffep0f,
+                               0.04f, 3.0f, 1.0f / 3.0f, 448.0f, 1.0f / 448.0f, 7.77e-3f, 1e-4f, 0x1p-14f, 1e30f};
+  std::uniform_int_distribution<int> e(-64, 99);
+  std::uniform_int_distribution<uint32_t> m(0, (1u << 23) - 1);
+  for (int i = 0; i < 4096; ++i) scales.push_back(std::ldexp(1.0f + static_cast<float>(m(test::rng())) * 0x1p-23f, e(test::rng())));
+  for (bool clamped : {true, false}) {
+    const test::RecipCheck r = test::recip_div_codes(scales, clamped);
+    if (clamped) EXPECT_EQ(r.checked, uint64_t{65536} * scales.size());
+    else EXPECT_GT(r.checked, uint64_t{16384} * scales.size());  // the x a tile of each scale can hold (> 20000)
+    EXPECT_EQ(r.mismatches, 0u) << (clamped ? "clamped" : "tile") << ": first s " << r.s << " x " << r.x;
   }
 }
 

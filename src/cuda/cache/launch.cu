@@ -14,7 +14,7 @@ using cache::kRows;
 using cache::kThreads;
 
 // Configurations (docs/PERFORMANCE.md has the measurements behind them).
-constexpr int kWriteUnroll = 4;     // 16-byte chunk loads in flight per thread (bf16 / fp8 writes)
+constexpr int kWriteUnroll = 4;     // 16-byte chunk loads in flight per thread (generic bf16 / fp8 write)
 constexpr int kDsTokensPerWarp = 2;  // fp8_ds_mla write: tokens whose loads a warp issues together
 constexpr int kGatherUnroll = 4;    // chunks in flight per thread (8 converted: slower, measured)
 
@@ -24,8 +24,19 @@ void launch(Kernel kernel, unsigned grid, const Params& p, const Context& ctx, c
   check_launch(what);
 }
 
+template <cache::ElemFormat kFmt, int kLatentSteps>
+void launch_write_warp(const cache::WritePlan& w, const Context& ctx) {
+  using cache::write_warp_kernel;
+  const unsigned grid = grid_for(w.p.num_tokens, cache::kWarpTokens * kThreads / 32, "write_cache");
+  if constexpr (kFmt == cache::ElemFormat::fp8) {
+    if (w.recip) return launch(write_warp_kernel<kFmt, kLatentSteps, true>, grid, w.p, ctx, "write_cache");
+  }
+  launch(write_warp_kernel<kFmt, kLatentSteps, false>, grid, w.p, ctx, "write_cache");
+}
+
 template <cache::ElemFormat kFmt>
 void launch_write_rows(const cache::WritePlan& w, const Context& ctx) {
+  if (w.warp) return w.latent_steps == 2 ? launch_write_warp<kFmt, 2>(w, ctx) : launch_write_warp<kFmt, 1>(w, ctx);
   const unsigned grid = grid_for(w.p.num_tokens, kRows, "write_cache");
   if (w.vec) launch(cache::write_rows_kernel<kFmt, true, kRows, kThreads, kWriteUnroll>, grid, w.p, ctx, "write_cache");
   else launch(cache::write_rows_kernel<kFmt, false, kRows, kThreads, kWriteUnroll>, grid, w.p, ctx, "write_cache");

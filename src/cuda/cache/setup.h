@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/cache/params.h"
+#include "cuda/cache/quant.cuh"
 #include "cuda/common/vec.cuh"
 #include "mla/cache.h"
 #include "mla/error.h"
@@ -33,7 +34,10 @@ inline bool cache_rows_aligned(const KVCache& c, int64_t chunk_bytes) {
 
 struct WritePlan {
   WriteParams p{};
-  bool vec = false;  // 16-byte input chunks and aligned cache rows
+  bool vec = false;    // 16-byte input chunks and aligned cache rows
+  bool warp = false;   // bf16 / fp8: DeepSeek row shape, write_warp_kernel (latent_steps = latent / 256)
+  int latent_steps = 0;
+  bool recip = false;  // fp8: the per-tensor scale is in the reciprocal division's exact range
 };
 
 inline WritePlan plan_write(const TensorView& kv_c, const TensorView& k_pe, const TensorView& slot_mapping,
@@ -61,6 +65,9 @@ inline WritePlan plan_write(const TensorView& kv_c, const TensorView& k_pe, cons
   // ds_mla) or 8-byte (fp8) pieces.
   const bool in_vec = multiple(p.latent, 8) && multiple(p.rope, 8) && rows_aligned(kv_c, 16) && rows_aligned(k_pe, 16);
   w.vec = in_vec && cache_rows_aligned(cache, cache.format == CacheFormat::fp8 ? 8 : 16);
+  w.warp = w.vec && cache.format != CacheFormat::fp8_ds_mla && p.rope == 64 && (p.latent == 256 || p.latent == 512);
+  w.latent_steps = p.latent / 256;
+  w.recip = recip_scale_ok(p.scale);
   return w;
 }
 

@@ -1,25 +1,36 @@
 #pragma once
-// Cache write kernels (concat_and_cache_mla, semantics §3-§4).
+// Cache write kernels (concat_and_cache_mla, semantics §3-§4). Quantisation (x / scale to e4m3, bit
+// for bit the CPU's) is in quant.cuh.
 //
-// bf16 / fp8 caches (write_rows_kernel): element-wise formats, streamed with the row schedule of
-// common/row_stream.cuh. A block owns kRows tokens; phase 1 turns each token's slot into its cache
-// row offset (or "skip": slot < 0 or outside the cache, so device-side garbage is never written);
-// phase 2 streams 8-element chunks, the latent's then the rope's, so a cache row is written front to
-// back by consecutive threads. Each thread has kUnroll 16-byte chunk loads in flight.
+// bf16 / fp8 caches, DeepSeek rows (write_warp_kernel: latent 256 or 512, rope 64, 16-byte aligned
+// views): a warp writes kWarpTokens = 4 tokens with a static lane -> chunk map, so no chunk needs
+// index arithmetic. Lane l owns, in every token, the 8-value latent chunks l + 32 j (each warp load
+// reads 512 contiguous bytes, each fp8 store writes 256), and the rope chunk l % 8 of token l / 8
+// (the four tokens' 64-value ropes fill the warp once). Lane l resolves the slot of token l % 4 (one
+// slot division per lane instead of one per token in every lane) and the warp exchanges the row
+// offsets by shuffles. All data loads and the slot load are issued before the first store: each
+// warp keeps 4 * 1152 bytes in flight. A slot < 0 or outside the cache skips the token (device-side
+// garbage is never written).
+//
+// bf16 / fp8 caches, any other shape or misaligned views (write_rows_kernel): element-wise formats,
+// streamed with the row schedule of common/row_stream.cuh. A block owns kRows tokens; phase 1 turns
+// each token's slot into its cache row offset (or "skip"); phase 2 streams 8-element chunks, the
+// latent's then the rope's, so a cache row is written front to back by consecutive threads.
 //
 // fp8_ds_mla (write_ds_mla_kernel): a warp per kTokens tokens, because the four 128-element tiles
 // need an amax reduction before any byte can be written. Lane l holds latent elements [8l, 8l+8) and
 // [256+8l, 256+8l+8): each load instruction of the warp reads 512 contiguous bytes, and the 16 lanes
 // covering one tile reduce their amax with 4 xor-shuffles. Lanes then store 8 e4m3 codes each (two
 // fully coalesced 256-byte stores), lane 0 the four fp32 scales (one 16-byte store) and lanes 0-7
-// the 128 rope bytes. All loads of the warp's tokens (data and slots) are issued before the first
-// use, so each warp keeps kTokens * 1152 bytes in flight. Memory per token: 1152 bytes read, 656
-// written.
+// the 128 rope bytes. Slots are resolved one per lane and shuffled, as above. All loads of the
+// warp's tokens are issued before the first use, so each warp keeps kTokens * 1152 bytes in flight.
+// Memory per token: 1152 bytes read, 656 written.
 #include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
 #include "cuda/cache/params.h"
+#include "cuda/cache/quant.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/row_stream.cuh"
 #include "cuda/common/vec.cuh"
@@ -40,6 +51,18 @@ __device__ __forceinline__ int64_t slot_row_offset(const WriteParams& p, int64_t
   const int64_t blk = slot / p.page_size;
   return blk * p.cache_stride0 + (slot - blk * p.page_size) * p.cache_stride1;
 }
+
+// Row offsets of the kTok tokens t0.. of a warp: lane l resolves token t0 + l % kTok (tokens past
+// num_tokens resolve to -1); off(k) fetches token k's from lane k. Every lane must call off().
+template <int kTok>
+struct WarpSlots {
+  int64_t mine;
+  __device__ WarpSlots(const WriteParams& p, int64_t t0, int lane) {
+    const int64_t t = t0 + (lane % kTok);
+    mine = t < p.num_tokens ? slot_row_offset(p, t) : -1;
+  }
+  __device__ __forceinline__ int64_t off(int k) const { return __shfl_sync(0xffffffffu, mine, k); }
+};
 
 template <ElemFormat kFmt, bool kVec>
 struct WriteRowsOp {
@@ -97,6 +120,62 @@ __global__ void __launch_bounds__(kThreads) write_rows_kernel(WriteParams p) {
   dev::stream_rows<kRows, kThreads, kUnroll>(op, p.num_tokens);
 }
 
+// ---- bf16 / fp8, DeepSeek rows (lane roles in the header comment) ---------------------------------
+
+inline constexpr int kWarpTokens = 4;  // 4 tokens' 8-lane ropes (64 values, checked by plan_write) fill one warp
+
+template <bool kRecip>
+__device__ __forceinline__ auto make_div(float scale) {
+  if constexpr (kRecip) return RecipDiv<true>::make(scale);
+  else return IeeeDiv{scale};
+}
+
+// kLatentSteps = latent / 256. kRecip: x / scale through the reciprocal (the host checked
+// recip_scale_ok(scale)); otherwise IEEE division (reference variant, and scales out of range).
+template <ElemFormat kFmt, int kLatentSteps, bool kRecip>
+__global__ void __launch_bounds__(256) write_warp_kernel(WriteParams p) {
+  constexpr int kLatent = 256 * kLatentSteps;
+  const int lane = threadIdx.x & 31;
+  const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * kWarpTokens;
+  uint4 lat[kWarpTokens][kLatentSteps], rope;
+#pragma unroll
+  for (int k = 0; k < kWarpTokens; ++k) {
+    if (t0 + k >= p.num_tokens) continue;
+    const uint4* src = reinterpret_cast<const uint4*>(p.kv_c + (t0 + k) * p.kv_c_stride) + lane;
+#pragma unroll
+    for (int j = 0; j < kLatentSteps; ++j) lat[k][j] = __ldg(src + 32 * j);
+  }
+  const int rk = lane >> 3, rc = lane & 7;  // rope: token rk, chunk rc
+  if (t0 + rk < p.num_tokens) rope = __ldg(reinterpret_cast<const uint4*>(p.k_pe + (t0 + rk) * p.k_pe_stride) + rc);
+  const WarpSlots<kWarpTokens> slots(p, t0, lane);
+  const int64_t rope_off = __shfl_sync(0xffffffffu, slots.mine, rk);
+
+  if constexpr (kFmt == ElemFormat::bf16) {
+    uint16_t* cache = static_cast<uint16_t*>(p.cache);
+#pragma unroll
+    for (int k = 0; k < kWarpTokens; ++k) {
+      const int64_t off = slots.off(k);
+      if (off < 0) continue;
+      uint4* dst = reinterpret_cast<uint4*>(cache + off) + lane;
+#pragma unroll
+      for (int j = 0; j < kLatentSteps; ++j) dst[32 * j] = lat[k][j];
+    }
+    if (rope_off >= 0) reinterpret_cast<uint4*>(cache + rope_off + kLatent)[rc] = rope;
+  } else {
+    uint8_t* cache = static_cast<uint8_t*>(p.cache);
+    const auto div = make_div<kRecip>(p.scale);
+#pragma unroll
+    for (int k = 0; k < kWarpTokens; ++k) {
+      const int64_t off = slots.off(k);
+      if (off < 0) continue;
+      uint2* dst = reinterpret_cast<uint2*>(cache + off) + lane;
+#pragma unroll
+      for (int j = 0; j < kLatentSteps; ++j) dst[32 * j] = quantise8(lat[k][j], div);
+    }
+    if (rope_off >= 0) reinterpret_cast<uint2*>(cache + rope_off + kLatent)[rc] = quantise8(rope, div);
+  }
+}
+
 // ---- fp8_ds_mla -----------------------------------------------------------------------------
 
 // Tile scale (§3.3), identical to the CPU's ds_tile_scale: amax mode max(amax/448, FLT_MIN); pow2
@@ -110,21 +189,36 @@ __device__ __forceinline__ float ds_tile_scale(float amax, bool pow2) {
   return __uint_as_float(((u >> 23) + 1) << 23);
 }
 
+__device__ __forceinline__ uint4 as_words(const dev::Array<uint16_t, 8>& a) {
+  uint4 w;
+  memcpy(&w, a.v, sizeof w);
+  return w;
+}
+
+// One tile-chunk's codes: through the tile's reciprocal when its scale is in range (uniform over the
+// 16 lanes of a tile; only tiles with amax under 448 * 2^-64 or above 448 * 2^100, or infinite, take
+// the IEEE division). kRecip = false: IEEE division always (reference variant).
+template <bool kRecip>
+__device__ __forceinline__ dev::Array<uint8_t, 8> ds_quantise(const dev::Array<uint16_t, 8>& a, float s) {
+  const uint2 q = kRecip && recip_scale_ok(s) ? quantise8(as_words(a), RecipDiv<false>::make(s))
+                                              : quantise8(as_words(a), IeeeDiv{s});
+  dev::Array<uint8_t, 8> out;
+  memcpy(out.v, &q, sizeof q);
+  return out;
+}
+
 // One token's part of the ds_mla write, after its loads: quantise and store (lane-level roles above).
-template <bool kVec>
+template <bool kVec, bool kRecip>
 __device__ __forceinline__ void ds_mla_store_token(const WriteParams& p, int64_t off, const dev::Array<uint16_t, 8>& a,
                                                    const dev::Array<uint16_t, 8>& b, const dev::Array<uint16_t, 8>& r,
                                                    int lane) {
   constexpr int kHalf = 256;
-  float xa[8], xb[8];
-  dev::bf16_to_float(a, xa);
-  dev::bf16_to_float(b, xb);
   // fmaxf ignores NaN like the CPU's std::fmax; the max is order-independent.
   float ma = 0.0f, mb = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    ma = fmaxf(ma, fabsf(xa[i]));
-    mb = fmaxf(mb, fabsf(xb[i]));
+    ma = fmaxf(ma, fabsf(dev::bf16_to_float(a.v[i])));
+    mb = fmaxf(mb, fabsf(dev::bf16_to_float(b.v[i])));
   }
 #pragma unroll
   for (int o = 1; o < 16; o <<= 1) {  // lanes 0-15 hold tiles 0 / 2, lanes 16-31 tiles 1 / 3
@@ -134,14 +228,7 @@ __device__ __forceinline__ void ds_mla_store_token(const WriteParams& p, int64_t
   const float sa = ds_tile_scale(ma, p.ds_pow2), sb = ds_tile_scale(mb, p.ds_pow2);
   const float s1 = __shfl_sync(0xffffffffu, sa, 16), s3 = __shfl_sync(0xffffffffu, sb, 16);
   if (off < 0) return;  // uniform across the warp (one token), after the last shuffle
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {  // IEEE division: the CPU's float x / scale, bit for bit
-    xa[i] = xa[i] / sa;
-    xb[i] = xb[i] / sb;
-  }
-  dev::Array<uint8_t, 8> qa, qb;
-  dev::float_to_e4m3(xa, qa);
-  dev::float_to_e4m3(xb, qb);
+  const dev::Array<uint8_t, 8> qa = ds_quantise<kRecip>(a, sa), qb = ds_quantise<kRecip>(b, sb);
   uint8_t* row = static_cast<uint8_t*>(p.cache) + off;
   dev::store_chunk<kVec>(row + 8 * lane, qa, 8);  // bytes: element-wise is byte-wise when !kVec
   dev::store_chunk<kVec>(row + kHalf + 8 * lane, qb, 8);
@@ -156,26 +243,26 @@ __device__ __forceinline__ void ds_mla_store_token(const WriteParams& p, int64_t
   }
 }
 
-template <bool kVec, int kTokens>
+template <bool kVec, int kTokens, bool kRecip = true>
 __global__ void __launch_bounds__(256) write_ds_mla_kernel(WriteParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * kTokens;
   dev::Array<uint16_t, 8> a[kTokens], b[kTokens], r[kTokens];
-  int64_t off[kTokens];
 #pragma unroll
   for (int k = 0; k < kTokens; ++k) {
     const int64_t t = t0 + k;
-    off[k] = -1;
     if (t >= p.num_tokens) continue;
-    off[k] = slot_row_offset(p, t);
     const uint16_t* src = p.kv_c + t * p.kv_c_stride;
     dev::load_chunk<kVec>(a[k], src + 8 * lane, 8);
     dev::load_chunk<kVec>(b[k], src + 256 + 8 * lane, 8);
     if (lane < 8) dev::load_chunk<kVec>(r[k], p.k_pe + t * p.k_pe_stride + 8 * lane, 8);
   }
+  const WarpSlots<kTokens> slots(p, t0, lane);
 #pragma unroll
-  for (int k = 0; k < kTokens; ++k)
-    if (t0 + k < p.num_tokens) ds_mla_store_token<kVec>(p, off[k], a[k], b[k], r[k], lane);
+  for (int k = 0; k < kTokens; ++k) {
+    const int64_t off = slots.off(k);  // -1 past num_tokens: the warp's shuffles still run, nothing is stored
+    ds_mla_store_token<kVec, kRecip>(p, off, a[k], b[k], r[k], lane);
+  }
 }
 
 }  // namespace mla::cuda::cache
