@@ -32,7 +32,7 @@
 //      quotient saturates to +-448 (432 is the tie between 416 and 448, going to 448). Then
 //      q = RN(+-kClamp - n r) with n = RN(+-kClamp s - x): |q| >= kClamp (1 - 2^-22) > 432 (or
 //      +-inf for x = +-inf), so q saturates to the same code.
-//  (d) x = NaN: q0 is NaN (or kClamp after the clamp, which ignores NaN), n = NaN through -x, q = NaN
+//  (d) x = NaN: q0 is NaN (or -kClamp after the clamp, which ignores NaN), n = NaN through -x, q = NaN
 //      (the GPU's canonical NaN), code 0x7f like the CPU's for every NaN.
 // Scales outside the range (below 2^-64: a per-tensor scale that small, or a ds_mla tile whose amax
 // is under 448 * 2^-64; above 2^100, or infinite) take the IEEE division.
