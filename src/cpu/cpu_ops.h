@@ -1,36 +1,8 @@
 #pragma once
-// CPU backend entry points: same signatures as the public ops (include/mla/ops.h), called by the
-// front ends in src/ops/ after validation. Arguments are already checked: shapes, dtypes, devices.
-// float64 accumulation when ctx.precision == Precision::reference.
+// CPU backend entry points, called by the front ends in src/ops/ after validation (shapes, dtypes,
+// devices checked). float64 accumulation when ctx.precision == Precision::reference.
 #include "mla/ops.h"
 
 namespace mla::cpu {
-
-void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorView& slot_mapping, const KVCache& cache,
-                 DsMlaScale ds_scale, const Context& ctx);
-void gather_cache(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
-                  const TensorView& cu_seq_lens, const TensorView& seq_starts, const Context& ctx);
-void cp_gather_cache(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
-                     const TensorView& cu_seq_lens, const TensorView& seq_starts, const Context& ctx);
-void upconvert_ds_mla(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
-                      const TensorView& workspace_starts, const TensorView& seq_starts, const Context& ctx);
-void merge_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& prefix,
-                       const TensorView& prefix_lse, const TensorView& suffix, const TensorView& suffix_lse,
-                       int64_t prefill_tokens_with_context, float output_scale, const Context& ctx);
-void convert_topk_indices(const TensorView& req_id, const TensorView& block_table, const TensorView& indices,
-                          const TensorView& out, int64_t page_size, int64_t block_stride_rows,
-                          const TensorView& prefill_request_ids, const TensorView& prefill_workspace_starts,
-                          const TensorView& valid_counts, const Context& ctx);
-void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
-                const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
-                const TensorView& workspace, const Context& ctx);
-void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,
-                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
-                 int64_t max_seqlen_k, const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
-                 const Context& ctx);
-void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
-                const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx);
-void gemm(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta, const Context& ctx);
-void bmm(const TensorView& a, const TensorView& b, const TensorView& c, float alpha, float beta, const Context& ctx);
-
+#include "ops/backend_ops.inc"
 }  // namespace mla::cpu
