@@ -11,6 +11,7 @@ void register_cache(Registry& r);     // cache.cu: write_cache, gather_cache (+ 
 void register_merge(Registry& r);     // merge.cu: merge, convert_topk
 void register_gemm(Registry& r);      // gemm.cu: the layer's GEMM / BMM shapes
 void register_attention(Registry& r); // attention_bench.cu: mqa_decode, mha_prefill, sparse_mqa
+void register_layer(Registry& r);     // layer_bench.cu: MlaAttention::forward for whole steps
 
 inline void register_all(Registry& r) {
   register_ceilings(r);
@@ -18,6 +19,7 @@ inline void register_all(Registry& r) {
   register_merge(r);
   register_gemm(r);
   register_attention(r);
+  register_layer(r);
 }
 #endif
 

@@ -1,0 +1,316 @@
+// Whole-layer step benchmarks: MlaAttention::forward on CUDA for one scheduler step (write_cache of
+// the new tokens, query absorption, attention, V up-projection, and for prefills kv_b_proj, chunked
+// context and merges). The timed region is forward() alone: plan, inputs, cache contents, weights and
+// workspace (workspace_bytes(plan)) are built before. forward() rewrites the step's new tokens into
+// the cache on every run: the same values at the same slots, so every timed run sees the same state.
+//
+//   layer_decode        dense decode-only: b in {64, 128} requests, s_q 1, seq_len 4096, h {16, 128},
+//                       bf16 / fp8 / fp8_ds_mla caches
+//   layer_mixed         dense: 32 decodes at 4096 + a prefill of 2048 new tokens after 8192 context
+//                       (chunked through a 4096-row workspace: 2 chunks) + a fresh 2048-token prefill
+//   layer_sparse_decode V3.2: b in {64, 128} decodes at 4096, topk 2048 random distinct positions,
+//                       fp8_ds_mla, h 16 (mixed-batch mode) and 128 (separate mode)
+//   layer_sparse_mixed  V3.2: 32 decodes at 4096 + a prefill of 2048 new tokens after 6144 context +
+//                       a fresh 2048-token prefill (every token top-2048, -1 padded below 2048)
+//
+// Counts (DESIGN §6; row = one cache entry, 1152 B bf16, 576 B fp8, 656 B fp8_ds_mla):
+//   attention FLOPs  decode 2*h*s_q*s_k*(576+512); prefill h*(s^2/2)*2*(192+128) causal over its new
+//                    tokens + h*s*ctx*2*(192+128) against its context; sparse 2*h*valid_k*(576+512)
+//                    per token (valid_k = its non-negative indices)
+//   GEMM FLOPs       q absorption 2*T_mqa*h*128*512 + V up-projection 2*T_mqa*h*512*128 (T_mqa = decode
+//                    tokens, every token when sparse) + kv_b_proj 2*rows*512*h*256 (rows = new prefill
+//                    tokens + context rows gathered)
+//   bytes            cache rows read once (sparse: distinct rows) + rows written + weights used
+//                    (W_UK_T, W_UV 2*h*128*512*2 when there are MQA tokens; kv_b_proj h*256*512*2 with
+//                    prefills) + q, kv_c, k_pe, slots (+ topk indices) in + out
+// Each row is followed by the split of those counts and the floor max(bytes / copy, FLOPs / gemm).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mla/cache.h"
+#include "mla/error.h"
+#include "mla/layer.h"
+#include "mla/plan.h"
+#include "registry.h"
+
+namespace mla::bench {
+namespace {
+
+constexpr int64_t kPage = 64;
+constexpr int64_t kMaxModelLen = 16384;
+constexpr double kAct = 2;  // bytes per bf16 activation / weight element
+
+struct Req {
+  int64_t context = 0, query = 0;
+};
+
+struct StepSpec {
+  std::string op, label;
+  CacheFormat format = CacheFormat::bf16;
+  bool sparse = false;
+  int h = 16;
+  std::vector<Req> reqs;  // decodes first, then prefills with context, then fresh prefills (BatchDesc order)
+  int64_t context_workspace_rows = 0;  // dense: 0 = the planner's default
+};
+
+// What one step must compute and move, split by origin (for the detail line under each row).
+struct Cost {
+  double attn_flops = 0, gemm_flops = 0;
+  double cache_read = 0, cache_write = 0, weights = 0, activations = 0;
+  double flops() const { return attn_flops + gemm_flops; }
+  double bytes() const { return cache_read + cache_write + weights + activations; }
+};
+
+ModelDims dims_for(bool sparse, int h) {
+  return sparse ? ModelDims::deepseek_v32(128 / h) : ModelDims::deepseek_v3(128 / h);
+}
+
+PlannerConfig config_for(const StepSpec& s) {
+  PlannerConfig c;
+  c.dims = dims_for(s.sparse, s.h);
+  c.cache_format = s.format;
+  c.page_size = kPage;
+  c.max_model_len = kMaxModelLen;
+  c.max_num_seqs = 256;
+  c.sparse = s.sparse;
+  c.decode_threshold = 1;
+  c.require_uniform = s.sparse;  // sparse decodes are uniform in vLLM
+  c.context_workspace_rows = s.context_workspace_rows;
+  return c;
+}
+
+template <class T>
+Tensor to_device(const std::vector<T>& v, std::initializer_list<int64_t> shape, DType dtype, Device dev) {
+  Tensor h = Tensor::empty(shape, dtype);
+  std::copy(v.begin(), v.end(), static_cast<T*>(h.data()));
+  return h.to(dev);  // synchronous from pageable memory: the data is on the device when this returns
+}
+
+void fill_cache(const KVCache& c, uint64_t seed, void* stream) {
+  if (c.format == CacheFormat::fp8_ds_mla) fill_ds_mla_rows(c.data, seed, stream);
+  else if (c.format == CacheFormat::fp8) fill_e4m3_codes(c.data, seed, stream);
+  else fill_uniform(c.data, -1, 1, seed, stream);
+}
+
+// One layer per (format, sparse, h), built once: deriving W_UK_T / W_UV / kv_b_proj on the host takes
+// seconds at h = 128.
+class Layers {
+ public:
+  explicit Layers(BenchContext& ctx) : ctx_(ctx) {}
+  const MlaAttention& get(CacheFormat f, bool sparse, int h) {
+    auto& slot = layers_[{f, sparse, h}];
+    if (!slot) {
+      const Device dev = Device::cuda(ctx_.device());
+      LayerOptions o;
+      o.dims = dims_for(sparse, h);
+      o.cache_format = f;
+      o.sparse = sparse;
+      o.device = dev;
+      o.dtype = DType::bf16;
+      Tensor w = Tensor::empty({h * int64_t{128 + 128}, 512}, DType::bf16, dev);
+      fill_uniform(w, -0.05, 0.05, 91, ctx_.stream());
+      // The constructor copies the weight on the legacy stream, which does not wait for ours.
+      if (cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.stream())) != cudaSuccess)
+        throw Error("layer bench: weight fill failed");
+      slot = std::make_unique<MlaAttention>(o, w);
+    }
+    return *slot;
+  }
+
+ private:
+  BenchContext& ctx_;
+  std::map<std::tuple<CacheFormat, bool, int>, std::unique_ptr<MlaAttention>> layers_;
+};
+
+void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s) {
+  const Device dev = Device::cuda(ctx.device());
+  const PlannerConfig pc = config_for(s);
+  const MlaAttention& layer = layers.get(s.format, s.sparse, s.h);
+  const int64_t h = s.h, nr = static_cast<int64_t>(s.reqs.size()), topk = pc.dims.index_topk;
+  const double row = static_cast<double>(cache_entry_bytes(s.format));
+
+  BatchDesc batch;
+  batch.query_start_loc = {0};
+  for (const Req& r : s.reqs) {
+    batch.query_start_loc.push_back(static_cast<int32_t>(batch.query_start_loc.back() + r.query));
+    batch.seq_lens.push_back(static_cast<int32_t>(r.context + r.query));
+  }
+  const Plan plan = make_plan(batch, pc);
+  const int64_t T = plan.num_tokens;
+
+  // Every request owns ceil(seq / page) blocks scattered over one cache; unused table columns repeat
+  // a valid block (never read: reads stop at seq_len).
+  int64_t blocks = 0, max_blocks = 0;
+  for (int32_t len : batch.seq_lens) {
+    blocks += (len + kPage - 1) / kPage;
+    max_blocks = std::max<int64_t>(max_blocks, (len + kPage - 1) / kPage);
+  }
+  const std::vector<int32_t> perm = random_permutation(blocks, 92);
+  std::vector<int32_t> table(static_cast<std::size_t>(nr * max_blocks));
+  std::vector<int64_t> slots;
+  std::size_t next = 0;
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t nb = (batch.seq_lens[r] + kPage - 1) / kPage;
+    for (int64_t j = 0; j < max_blocks; ++j) table[r * max_blocks + j] = perm[next + std::min(j, nb - 1)];
+    for (int64_t i = 0; i < s.reqs[r].query; ++i) {
+      const int64_t pos = s.reqs[r].context + i;
+      slots.push_back(int64_t{table[r * max_blocks + pos / kPage]} * kPage + pos % kPage);
+    }
+    next += static_cast<std::size_t>(nb);
+  }
+
+  Cost cost;
+  const double mqa_gemm = 2.0 * h * 128 * 512 * 2;  // per MQA token: absorption + V up-projection
+  const double w_mqa = 2.0 * h * 128 * 512 * kAct, w_kvb = 1.0 * h * 256 * 512 * kAct;
+  Tensor topk_dev;
+  if (s.sparse) {
+    // Top-k of each token: distinct request-local positions in [0, pos], -1 padded when fewer exist.
+    std::vector<int32_t> idx(static_cast<std::size_t>(T * topk), -1), cand;
+    std::mt19937_64 g(93);
+    double valid = 0, distinct = 0;
+    int64_t t = 0;
+    for (int64_t r = 0; r < nr; ++r) {
+      std::vector<char> seen(static_cast<std::size_t>(batch.seq_lens[r]), 0);
+      for (int64_t i = 0; i < s.reqs[r].query; ++i, ++t) {
+        const int64_t pos = s.reqs[r].context + i, k = std::min(topk, pos + 1);
+        cand.resize(static_cast<std::size_t>(pos + 1));
+        std::iota(cand.begin(), cand.end(), 0);
+        for (int64_t j = 0; j < k; ++j) {  // partial Fisher-Yates
+          std::swap(cand[j], cand[std::uniform_int_distribution<int64_t>(j, pos)(g)]);
+          idx[t * topk + j] = cand[j];
+          distinct += seen[cand[j]] ? 0 : 1;
+          seen[cand[j]] = 1;
+        }
+        valid += static_cast<double>(k);
+      }
+    }
+    topk_dev = to_device(idx, {T, topk}, DType::i32, dev);
+    cost.attn_flops = 2.0 * h * valid * (576 + 512);
+    cost.gemm_flops = mqa_gemm * static_cast<double>(T);
+    cost.cache_read = distinct * row;
+    cost.weights = w_mqa;
+    cost.activations += static_cast<double>(T * topk) * 4;
+  } else {
+    for (int64_t r = 0; r < nr; ++r) {
+      const double ctx_len = static_cast<double>(s.reqs[r].context), q = static_cast<double>(s.reqs[r].query);
+      if (r < plan.split.num_decodes) {
+        cost.attn_flops += 2.0 * h * q * (ctx_len + q) * (576 + 512);
+        cost.gemm_flops += mqa_gemm * q;
+        cost.cache_read += (ctx_len + q) * row;
+      } else {
+        cost.attn_flops += h * (q * q / 2 + q * ctx_len) * 2.0 * (192 + 128);
+        cost.gemm_flops += 2.0 * (q + ctx_len) * 512 * h * 256;
+        cost.cache_read += ctx_len * row;
+      }
+    }
+    cost.weights = (plan.has_decode() ? w_mqa : 0) + (plan.has_prefill() ? w_kvb : 0);
+  }
+  cost.cache_write = static_cast<double>(T) * row;
+  cost.activations += static_cast<double>(T) * (h * 192 + 512 + 64 + h * 128) * kAct + static_cast<double>(T) * 8;
+
+  CacheBuffer cb = allocate_cache(s.format, blocks, kPage, dev, s.format == CacheFormat::fp8 ? 0.01f : 1.0f);
+  fill_cache(cb.cache, 94, ctx.stream());
+  Tensor q = Tensor::empty({T, h, 192}, DType::bf16, dev), kv_c = Tensor::empty({T, 512}, DType::bf16, dev);
+  Tensor k_pe = Tensor::empty({T, 64}, DType::bf16, dev), out = Tensor::empty({T, h * 128}, DType::bf16, dev);
+  fill_uniform(q, -1, 1, 95, ctx.stream());
+  fill_uniform(kv_c, -1, 1, 96, ctx.stream());
+  fill_uniform(k_pe, -1, 1, 97, ctx.stream());
+  Tensor slot_dev = to_device(slots, {T}, DType::i64, dev);
+  Tensor table_dev = to_device(table, {nr, max_blocks}, DType::i32, dev);
+  Tensor seq_dev = to_device(batch.seq_lens, {nr}, DType::i32, dev);
+  const std::size_t ws_bytes = layer.workspace_bytes(plan);
+  Tensor ws = Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(ws_bytes, 1))}, DType::u8, dev);
+
+  ForwardArgs a;
+  a.q = q;
+  a.kv_c = kv_c;
+  a.k_pe = k_pe;
+  a.slot_mapping = slot_dev;
+  a.block_table = table_dev;
+  a.seq_lens = seq_dev;
+  if (s.sparse) a.topk_indices = topk_dev;
+  a.out = out;
+  const Context op = ctx.op_context();
+  const double ms = ctx.time_ms([&] { layer.forward(plan, a, cb.cache, ws.view(), op); });
+
+  std::string label = s.label + " h=" + std::to_string(h) + " " + to_string(s.format);
+  if (!s.sparse && !plan.context.chunks.empty()) label += " (" + std::to_string(plan.context.chunks.size()) + " chunks)";
+  if (s.sparse && s.format == CacheFormat::fp8_ds_mla) label += plan.sparse_mixed_batch ? " mixed-batch" : " separate";
+  const char* formula =
+      s.sparse ? "FLOPs = 2*h*sum_t(valid topk_t)*(576+512) + 2*T*h*128*512*2 (absorb + up-proj); bytes = distinct "
+                 "rows read + T rows written + W_UK_T/W_UV + q/kv_c/k_pe/slots/topk in + out"
+               : "FLOPs = decode 2*h*s_k*(576+512) + prefill h*(s^2/2 + s*ctx)*2*(192+128) + 2*T_dec*h*128*512*2 "
+                 "(absorb + up-proj) + 2*(s+ctx)*512*h*256 (kv_b_proj); bytes = rows read once + T rows written + "
+                 "weights + q/kv_c/k_pe/slots in + out";
+  ctx.report(s.op, label, ms, cost.bytes(), cost.flops(), formula);
+  const Ceilings& c = ctx.ceilings();
+  const double t_bytes = c.copy_gbps > 0 ? cost.bytes() / (c.copy_gbps * 1e6) : 0;
+  const double t_flops = c.gemm_tflops > 0 ? cost.flops() / (c.gemm_tflops * 1e9) : 0;
+  std::printf("    attention %.2f + GEMM %.2f GFLOP; MB: cache read %.1f, written %.2f, weights %.1f, act %.1f; "
+              "floor %.4f ms (%s), measured %.1fx; workspace %.1f MB\n",
+              cost.attn_flops / 1e9, cost.gemm_flops / 1e9, cost.cache_read / 1e6, cost.cache_write / 1e6,
+              cost.weights / 1e6, cost.activations / 1e6, std::max(t_bytes, t_flops),
+              t_bytes >= t_flops ? "bytes" : "FLOPs", ms / std::max(std::max(t_bytes, t_flops), 1e-12),
+              static_cast<double>(ws_bytes) / 1e6);
+  std::fflush(stdout);
+}
+
+void bench_layer(BenchContext& ctx) {
+  const bool quick = ctx.quick();
+  // --quick: short sequences, few requests, h 16 and 32 (32 still takes the sparse separate mode).
+  const int64_t seq = quick ? 1024 : 4096, new_tokens = quick ? 256 : 2048, ctx_dense = quick ? 1024 : 8192;
+  const int64_t ctx_sparse = quick ? 768 : 6144, mixed_decodes = quick ? 8 : 32;
+  const std::vector<int64_t> batches = quick ? std::vector<int64_t>{16} : std::vector<int64_t>{64, 128};
+  const std::vector<int> heads = quick ? std::vector<int>{16, 32} : std::vector<int>{16, 128};
+  Layers layers(ctx);
+
+  auto decodes = [&](int64_t b) { return std::vector<Req>(static_cast<std::size_t>(b), Req{seq - 1, 1}); };
+  auto mixed = [&](int64_t context) {
+    std::vector<Req> r = decodes(mixed_decodes);
+    r.push_back({context, new_tokens});
+    r.push_back({0, new_tokens});
+    return r;
+  };
+  const std::string mixed_label = std::to_string(mixed_decodes) + "x" + std::to_string(seq) + " + " +
+                                  std::to_string(new_tokens) + "|ctx ";
+
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8, CacheFormat::fp8_ds_mla})
+    for (int64_t b : batches)
+      for (int h : heads)
+        run_step(ctx, layers,
+                 {"layer_decode", "b=" + std::to_string(b) + " s_k=" + std::to_string(seq), f, false, h, decodes(b)});
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
+    for (int h : heads) {
+      // A 4096-row context workspace (quick: 512) makes the 8192-token context take two chunks.
+      StepSpec s{"layer_mixed", mixed_label + std::to_string(ctx_dense) + " + " + std::to_string(new_tokens), f,
+                 false, h, mixed(ctx_dense)};
+      s.context_workspace_rows = ctx_dense / 2;
+      run_step(ctx, layers, s);
+    }
+  for (int64_t b : batches)
+    for (int h : heads)
+      run_step(ctx, layers,
+               {"layer_sparse_decode", "b=" + std::to_string(b) + " s_k=" + std::to_string(seq) + " topk=2048",
+                CacheFormat::fp8_ds_mla, true, h, decodes(b)});
+  for (int h : heads)
+    run_step(ctx, layers,
+             {"layer_sparse_mixed", mixed_label + std::to_string(ctx_sparse) + " + " + std::to_string(new_tokens),
+              CacheFormat::fp8_ds_mla, true, h, mixed(ctx_sparse)});
+}
+
+}  // namespace
+
+void register_layer(Registry& r) {
+  r.add("layer", "MlaAttention::forward for whole steps (dense and sparse; decode-only and mixed)", bench_layer);
+}
+
+}  // namespace mla::bench
