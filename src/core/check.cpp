@@ -36,6 +36,10 @@ void check_device(const TensorView& t, Device device, const char* op, const char
   MLA_CHECK(t.device == device, "{}: {} must be on {} like the other tensors, got {}", op, arg, to_string(device),
             t.describe());
 }
+void check_devices(Device device, const char* op, std::initializer_list<NamedView> views) {
+  for (const NamedView& v : views) check_device(v.t, device, op, v.name);
+}
+
 void check_strides(const TensorView& t, bool is_output, const char* op, const char* arg) {
   if (!t.defined() || t.numel() == 0) return;
   for (int d = 0; d < t.ndim; ++d)

@@ -3,6 +3,7 @@
 // with a formatted message; messages say what was expected and what came.
 #include <fmt/format.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "mla/error.h"
@@ -27,6 +28,12 @@ void check_inner_contiguous(const TensorView& t, const char* op, const char* arg
 void check_size(const TensorView& t, int dim, int64_t expected, const char* op, const char* arg);
 // All defined views among `ts` live on `device`.
 void check_device(const TensorView& t, Device device, const char* op, const char* arg);
+// check_device for several named views at once (absent ones are skipped).
+struct NamedView {
+  const TensorView& t;
+  const char* name;
+};
+void check_devices(Device device, const char* op, std::initializer_list<NamedView> views);
 // Non-negative strides and no two elements aliasing each other within one output view
 // (zero strides allowed only on inputs; pass is_output = true for outputs).
 void check_strides(const TensorView& t, bool is_output, const char* op, const char* arg);

@@ -69,11 +69,9 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
   check_dv(out.size(3), cache, op);
   check_lse(lse, {b, s_q, h_q}, op, "lse [b, s_q, h_q]");
   check_scale(softmax_scale, op);
-  detail::check_device(block_table, dev, op, "block_table");
-  detail::check_device(seq_lens, dev, op, "seq_lens");
-  detail::check_device(out, dev, op, "out");
-  detail::check_device(lse, dev, op, "lse");
-  detail::check_device(workspace, dev, op, "workspace");
+  detail::check_devices(dev, op,
+                         {{block_table, "block_table"}, {seq_lens, "seq_lens"}, {out, "out"}, {lse, "lse"},
+                          {workspace, "workspace"}});
   const int64_t page = cache.page_size(), max_len = block_table.size(1) * page;
   if (dev.is_cpu()) {
     detail::check_values_in_range(seq_lens, 0, max_len, op, "seq_lens (bounded by max_blocks * page_size)");
@@ -135,13 +133,9 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
   MLA_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "{}: max_seqlen_q/k must be >= 0, got {} and {}", op, max_seqlen_q,
             max_seqlen_k);
   check_scale(softmax_scale, op);
-  detail::check_device(k_nope, dev, op, "k_nope");
-  detail::check_device(k_pe, dev, op, "k_pe");
-  detail::check_device(v, dev, op, "v");
-  detail::check_device(out, dev, op, "out");
-  detail::check_device(lse, dev, op, "lse");
-  detail::check_device(cu_seqlens_q, dev, op, "cu_seqlens_q");
-  detail::check_device(cu_seqlens_k, dev, op, "cu_seqlens_k");
+  detail::check_devices(dev, op,
+                         {{k_nope, "k_nope"}, {k_pe, "k_pe"}, {v, "v"}, {out, "out"}, {lse, "lse"},
+                          {cu_seqlens_q, "cu_seqlens_q"}, {cu_seqlens_k, "cu_seqlens_k"}});
   if (dev.is_cpu()) {
     detail::check_cu_seqlens_values(cu_seqlens_q, tq, op, "cu_seqlens_q");
     detail::check_cu_seqlens_values(cu_seqlens_k, tk, op, "cu_seqlens_k");
@@ -183,10 +177,7 @@ void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indice
   check_dv(out.size(2), kv, op);
   check_lse(lse, {t, h_q}, op, "lse [T, h_q]");
   check_scale(softmax_scale, op);
-  detail::check_device(indices, dev, op, "indices");
-  detail::check_device(topk_length, dev, op, "topk_length");
-  detail::check_device(out, dev, op, "out");
-  detail::check_device(lse, dev, op, "lse");
+  detail::check_devices(dev, op, {{indices, "indices"}, {topk_length, "topk_length"}, {out, "out"}, {lse, "lse"}});
   // Index values need no check: any index outside [0, num_slots) is invalid by definition and never read.
   if (dev.is_cpu() && topk_length.defined())
     detail::check_values_in_range(topk_length, 0, topk, op, "topk_length (bounded by topk)");

@@ -55,10 +55,9 @@ void check_gather_structure(const GatherArgs& a, const char* op) {
   const int64_t b = num_requests(a);
   detail::check_block_table(a.block_table, b, op);
   if (a.seq_starts.defined()) detail::check_i32_vector(a.seq_starts, b, op, "seq_starts");
-  detail::check_device(a.dst, dev, op, "dst");
-  detail::check_device(a.block_table, dev, op, "block_table");
-  detail::check_device(a.extents, dev, op, a.extents_name);
-  detail::check_device(a.seq_starts, dev, op, "seq_starts");
+  detail::check_devices(dev, op,
+                         {{a.dst, "dst"}, {a.block_table, "block_table"}, {a.extents, a.extents_name},
+                          {a.seq_starts, "seq_starts"}});
 }
 
 // Value checks (CPU): extents inside dst, starts >= 0, every block id read inside the cache.
@@ -102,9 +101,7 @@ void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorVie
             kv_c.size(0), kv_c.describe());
   MLA_CHECK(ds_scale == DsMlaScale::amax || ds_scale == DsMlaScale::pow2, "{}: unknown DsMlaScale value {}", op,
             static_cast<int>(ds_scale));
-  detail::check_device(kv_c, dev, op, "kv_c");
-  detail::check_device(k_pe, dev, op, "k_pe");
-  detail::check_device(slot_mapping, dev, op, "slot_mapping");
+  detail::check_devices(dev, op, {{kv_c, "kv_c"}, {k_pe, "k_pe"}, {slot_mapping, "slot_mapping"}});
   if (dev.is_cpu()) check_slot_values(slot_mapping, cache.num_slots(), op);
   if (slot_mapping.size(0) == 0) return;
   MLA_DISPATCH(dev, write_cache, kv_c, k_pe, slot_mapping, cache, ds_scale, ctx);

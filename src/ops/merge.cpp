@@ -52,11 +52,9 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
   MLA_CHECK(prefill_tokens_with_context >= -1 && prefill_tokens_with_context <= t,
             "{}: prefill_tokens_with_context must be -1 (all tokens) or in [0, {}], got {}", op, t,
             prefill_tokens_with_context);
-  detail::check_device(suffix, dev, op, "suffix");
-  detail::check_device(out, dev, op, "out");
-  detail::check_device(prefix_lse, dev, op, "prefix_lse");
-  detail::check_device(suffix_lse, dev, op, "suffix_lse");
-  detail::check_device(out_lse, dev, op, "out_lse");
+  detail::check_devices(dev, op,
+                         {{suffix, "suffix"}, {out, "out"}, {prefix_lse, "prefix_lse"}, {suffix_lse, "suffix_lse"},
+                          {out_lse, "out_lse"}});
   if (t == 0 || h == 0 || d == 0) return;
   MLA_DISPATCH(dev, merge_attn_states, out, out_lse, prefix, prefix_lse, suffix, suffix_lse,
                prefill_tokens_with_context, output_scale, ctx);

@@ -83,12 +83,10 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
     detail::check_i32_vector(valid_counts, T, op, "valid_counts [T]");
     detail::check_strides(valid_counts, true, op, "valid_counts [T]");
   }
-  detail::check_device(out, dev, op, "out");
-  detail::check_device(req_id, dev, op, "req_id");
-  detail::check_device(block_table, dev, op, "block_table");
-  detail::check_device(prefill_request_ids, dev, op, "prefill_request_ids");
-  detail::check_device(prefill_workspace_starts, dev, op, "prefill_workspace_starts");
-  detail::check_device(valid_counts, dev, op, "valid_counts");
+  detail::check_devices(dev, op,
+                         {{out, "out"}, {req_id, "req_id"}, {block_table, "block_table"},
+                          {prefill_request_ids, "prefill_request_ids"},
+                          {prefill_workspace_starts, "prefill_workspace_starts"}, {valid_counts, "valid_counts"}});
   const int64_t stride_rows = block_stride_rows == 0 ? page_size : block_stride_rows;
   if (dev.is_cpu())
     check_topk_values(req_id, block_table, indices, page_size, stride_rows, prefill_request_ids,
