@@ -12,14 +12,9 @@
 namespace mla {
 namespace {
 
-// Optional fp32 LSE output with exactly `shape`; any non-overlapping strides.
-void check_lse(const TensorView& lse, std::initializer_list<int64_t> shape, const char* op, const char* arg) {
-  if (!lse.defined()) return;
-  detail::check_ndim(lse, static_cast<int>(shape.size()), op, arg);
-  detail::check_lse_dtype(lse, op, arg);
-  int d = 0;
-  for (int64_t s : shape) detail::check_size(lse, d++, s, op, arg);
-  detail::check_strides(lse, true, op, arg);
+// Optional LSE output (detail::check_lse when given).
+void check_lse_out(const TensorView& lse, std::initializer_list<int64_t> shape, const char* op, const char* arg) {
+  if (lse.defined()) detail::check_lse(lse, shape, /*is_output=*/true, op, arg);
 }
 
 // Value width of an MQA output: the first d_v latent columns of each cache row.
@@ -67,7 +62,7 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
   detail::check_activation(out, true, op, "out");
   for (int i = 0; i < 3; ++i) detail::check_size(out, i, q.size(i), op, "out [b, s_q, h_q, d_v]");
   check_dv(out.size(3), cache, op);
-  check_lse(lse, {b, s_q, h_q}, op, "lse [b, s_q, h_q]");
+  check_lse_out(lse, {b, s_q, h_q}, op, "lse [b, s_q, h_q]");
   check_scale(softmax_scale, op);
   detail::check_devices(dev, op,
                          {{block_table, "block_table"}, {seq_lens, "seq_lens"}, {out, "out"}, {lse, "lse"},
@@ -126,7 +121,7 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
   detail::check_size(out, 0, tq, op, "out [Tq, h, d_v]");
   detail::check_size(out, 1, h, op, "out [Tq, h, d_v]");
   detail::check_size(out, 2, dv, op, "out [Tq, h, d_v]");
-  check_lse(lse, {h, tq}, op, "lse [h, Tq]");
+  check_lse_out(lse, {h, tq}, op, "lse [h, Tq]");
   detail::check_i32_vector(cu_seqlens_q, -1, op, "cu_seqlens_q [B+1]");
   MLA_CHECK(cu_seqlens_q.size(0) >= 1, "{}: cu_seqlens_q needs B+1 >= 1 entries, got {}", op, cu_seqlens_q.describe());
   detail::check_i32_vector(cu_seqlens_k, cu_seqlens_q.size(0), op, "cu_seqlens_k [B+1] (as long as cu_seqlens_q)");
@@ -175,7 +170,7 @@ void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indice
   detail::check_size(out, 0, t, op, "out [T, h_q, d_v]");
   detail::check_size(out, 1, h_q, op, "out [T, h_q, d_v]");
   check_dv(out.size(2), kv, op);
-  check_lse(lse, {t, h_q}, op, "lse [T, h_q]");
+  check_lse_out(lse, {t, h_q}, op, "lse [T, h_q]");
   check_scale(softmax_scale, op);
   detail::check_devices(dev, op, {{indices, "indices"}, {topk_length, "topk_length"}, {out, "out"}, {lse, "lse"}});
   // Index values need no check: any index outside [0, num_slots) is invalid by definition and never read.

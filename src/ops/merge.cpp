@@ -6,18 +6,6 @@
 #include "ops/validate.h"
 
 namespace mla {
-namespace {
-
-// lse views [H, T] fp32, any (non-negative) strides: a transposed [T, H] buffer is accepted.
-void check_lse(const TensorView& lse, int64_t h, int64_t t, bool is_output, const char* op, const char* arg) {
-  detail::check_ndim(lse, 2, op, arg);
-  detail::check_lse_dtype(lse, op, arg);
-  detail::check_size(lse, 0, h, op, arg);
-  detail::check_size(lse, 1, t, op, arg);
-  detail::check_strides(lse, is_output, op, arg);
-}
-
-}  // namespace
 
 void merge_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& prefix,
                        const TensorView& prefix_lse, const TensorView& suffix, const TensorView& suffix_lse,
@@ -46,9 +34,9 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
   } else {
     detail::check_activation(out, true, op, "out");
   }
-  check_lse(prefix_lse, h, t, false, op, "prefix_lse [H, T]");
-  check_lse(suffix_lse, h, t, false, op, "suffix_lse [H, T]");
-  if (out_lse.defined()) check_lse(out_lse, h, t, true, op, "out_lse [H, T]");
+  detail::check_lse(prefix_lse, {h, t}, false, op, "prefix_lse [H, T]");
+  detail::check_lse(suffix_lse, {h, t}, false, op, "suffix_lse [H, T]");
+  if (out_lse.defined()) detail::check_lse(out_lse, {h, t}, true, op, "out_lse [H, T]");
   MLA_CHECK(prefill_tokens_with_context >= -1 && prefill_tokens_with_context <= t,
             "{}: prefill_tokens_with_context must be -1 (all tokens) or in [0, {}], got {}", op, t,
             prefill_tokens_with_context);

@@ -6,9 +6,14 @@
 
 namespace mla::detail {
 
-void check_lse_dtype(const TensorView& lse, const char* op, const char* arg) {
+void check_lse(const TensorView& lse, std::initializer_list<int64_t> shape, bool is_output, const char* op,
+               const char* arg) {
+  check_ndim(lse, static_cast<int>(shape.size()), op, arg);
   MLA_CHECK(lse.dtype == DType::f32 || (lse.dtype == DType::f64 && lse.device.is_cpu()),
             "{}: {} must be f32 (f64 is accepted on the CPU), got {}", op, arg, lse.describe());
+  int d = 0;
+  for (int64_t s : shape) check_size(lse, d++, s, op, arg);
+  check_strides(lse, is_output, op, arg);
 }
 
 

@@ -4,6 +4,7 @@
 // and are called only for CPU tensors, where the values are host-readable (docs/DEVELOPING.md).
 // Every check throws mla::Error naming the op and the argument, with what was expected and what came.
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/check.h"
 #include "mla/cache.h"
@@ -15,9 +16,11 @@ namespace mla::detail {
 // (and non-overlapping when `is_output`).
 void check_activation(const TensorView& t, bool is_output, const char* op, const char* arg);
 
-// LSE dtype: fp32 on every device; the CPU also accepts f64 (the float64 oracle keeps full-precision
-// LSEs so that merged results stay exact to ~1e-15).
-void check_lse_dtype(const TensorView& lse, const char* op, const char* arg);
+// An LSE view of exactly `shape` with any non-negative strides (non-overlapping when `is_output`):
+// a transposed buffer is accepted. fp32 on every device; the CPU also accepts f64 (the float64
+// oracle keeps full-precision LSEs so that merged results stay exact to ~1e-15).
+void check_lse(const TensorView& lse, std::initializer_list<int64_t> shape, bool is_output, const char* op,
+               const char* arg);
 
 // A 1-D int32 vector of `n` elements (n < 0: any length), non-negative stride.
 void check_i32_vector(const TensorView& t, int64_t n, const char* op, const char* arg);
