@@ -1,8 +1,10 @@
 // Whole-layer step benchmarks: MlaAttention::forward on CUDA for one scheduler step (write_cache of
 // the new tokens, query absorption, attention, V up-projection, and for prefills kv_b_proj, chunked
-// context and merges). The timed region is forward() alone: plan, inputs, cache contents, weights and
-// workspace (workspace_bytes(plan)) are built before. forward() rewrites the step's new tokens into
-// the cache on every run: the same values at the same slots, so every timed run sees the same state.
+// context and merges). The timed region is one step of one layer: the plan's metadata upload from
+// pinned memory (upload_step_metadata; none for dense decode-only steps) and forward(). Plan (with the
+// device's SM count), inputs, cache contents, weights and workspace (workspace_bytes(plan)) are built
+// before. forward() rewrites the step's new tokens into the cache on every run: the same values at
+// the same slots, so every timed run sees the same state.
 //
 //   layer_decode        dense decode-only: b in {64, 128} requests, s_q 1, seq_len 4096, h {16, 128},
 //                       bf16 / fp8 / fp8_ds_mla caches
@@ -39,6 +41,7 @@
 #include "mla/cache.h"
 #include "mla/error.h"
 #include "mla/layer.h"
+#include "mla/ops.h"
 #include "mla/plan.h"
 #include "registry.h"
 
@@ -74,8 +77,9 @@ ModelDims dims_for(bool sparse, int h) {
   return sparse ? ModelDims::deepseek_v32(128 / h) : ModelDims::deepseek_v3(128 / h);
 }
 
-PlannerConfig config_for(const StepSpec& s) {
+PlannerConfig config_for(const StepSpec& s, Device dev) {
   PlannerConfig c;
+  c.num_sms = multiprocessor_count(dev);
   c.dims = dims_for(s.sparse, s.h);
   c.cache_format = s.format;
   c.page_size = kPage;
@@ -133,7 +137,7 @@ class Layers {
 
 void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s) {
   const Device dev = Device::cuda(ctx.device());
-  const PlannerConfig pc = config_for(s);
+  const PlannerConfig pc = config_for(s, dev);
   const MlaAttention& layer = layers.get(s.format, s.sparse, s.h);
   const int64_t h = s.h, nr = static_cast<int64_t>(s.reqs.size()), topk = pc.dims.index_topk;
   const double row = static_cast<double>(cache_entry_bytes(s.format));
@@ -239,8 +243,14 @@ void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s) {
   a.seq_lens = seq_dev;
   if (s.sparse) a.topk_indices = topk_dev;
   a.out = out;
+  PinnedBuffer staging(plan.metadata.bytes());
+  Tensor meta = Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(staging.size(), 16))}, DType::u8, dev);
+  a.metadata = meta;
   const Context op = ctx.op_context();
-  const double ms = ctx.time_ms([&] { layer.forward(plan, a, cb.cache, ws.view(), op); });
+  const double ms = ctx.time_ms([&] {
+    upload_step_metadata(plan, staging.view(), meta, op);
+    layer.forward(plan, a, cb.cache, ws.view(), op);
+  });
 
   std::string label = s.label + " h=" + std::to_string(h) + " " + to_string(s.format);
   if (!s.sparse && !plan.context.chunks.empty()) label += " (" + std::to_string(plan.context.chunks.size()) + " chunks)";

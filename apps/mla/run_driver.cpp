@@ -12,6 +12,7 @@
 #include "core/numeric.h"
 #include "mla/error.h"
 #include "mla/layer.h"
+#include "mla/ops.h"
 #include "mla/plan.h"
 #include "progress.h"
 #include "run_internal.h"
@@ -88,6 +89,7 @@ PlannerConfig planner_config(const RunConfig& cfg) {
   pc.sparse = cfg.sparse;
   pc.decode_threshold = cfg.trace.decode_threshold;
   pc.require_uniform = cfg.sparse;  // FlashMLA-sparse: uniform decodes; dense: varlen
+  pc.num_sms = multiprocessor_count(cfg.device);  // decode split-KV schedule (0 on the CPU)
   pc.validate();
   return pc;
 }
@@ -149,6 +151,8 @@ class TraceRunner {
   int64_t page_bytes_;
   std::size_t ws_bytes_;
   Tensor workspace_;
+  PinnedBuffer meta_staging_;  // the plan's metadata, written once per step ...
+  Tensor meta_;                // ... and uploaded here once: every layer's forward() reads it
   Staged q_, kv_c_, k_pe_, out_, slots_, block_table_, seq_lens_, topk_;
   Scheduler sched_;
   OracleCheck checker_;
@@ -181,6 +185,9 @@ TraceRunner::TraceRunner(const RunConfig& cfg)
       page_bytes_(cfg.trace.page_size * cache_entry_bytes(cfg.format)),
       ws_bytes_(layer_.max_workspace_bytes(planner_, cfg.trace.token_budget)),
       workspace_(Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(ws_bytes_, 1))}, DType::u8, cfg.device)),
+      meta_staging_(max_step_metadata_bytes(planner_, cfg.trace.token_budget)),
+      meta_(Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(meta_staging_.size(), 16))}, DType::u8,
+                          cfg.device)),
       q_({cfg.trace.token_budget, H_, P_ + R_}, DType::bf16, cfg.device),
       kv_c_({cfg.trace.token_budget, L_}, DType::bf16, cfg.device),
       k_pe_({cfg.trace.token_budget, R_}, DType::bf16, cfg.device),
@@ -227,6 +234,7 @@ ForwardArgs TraceRunner::forward_args(const StepBatch& batch) const {
   args.seq_lens = seq_lens_.dev_view({Rq});
   if (cfg_.sparse) args.topk_indices = topk_.dev_view({T, topk_width_});
   args.out = out_.dev_view({T, H_ * V_});
+  args.metadata = meta_.view();
   return args;
 }
 
@@ -247,13 +255,16 @@ bool TraceRunner::step(int64_t index) {
   const TensorView ws = workspace_.view();
   if (index == 0 && cfg_.cuda) {
     // Untimed warm-up (library handles, first launches). Rewriting the same rows is idempotent.
+    upload_step_metadata(plan, meta_staging_.view(), meta_.view());
     layer_.forward(plan, args, cache_.cache, ws);
     synchronize(cfg_.device);
   }
   poison(args.out.data, cfg_.device, static_cast<std::size_t>(T * H_ * V_) * sizeof(uint16_t));
   synchronize(cfg_.device);
 
+  // The timed step: one metadata upload, then the layer (an engine runs every layer here).
   const auto t0 = std::chrono::steady_clock::now();
+  upload_step_metadata(plan, meta_staging_.view(), meta_.view());
   layer_.forward(plan, args, cache_.cache, ws);
   synchronize(cfg_.device);
   const double secs = seconds_since(t0);

@@ -7,12 +7,17 @@
 //                      gather_cache -> kv_b_proj -> non-causal MHA -> merge_attn_states
 //   4. sparse mode: every token through sparse MQA over top-k rows (convert_topk_indices), fp8_ds_mla
 //                   prefills through an upconverted bf16 workspace unless the mixed-batch mode applies.
-// forward() never allocates: all scratch lives in a caller-owned workspace of workspace_bytes(plan)
-// bytes. On CUDA, a decode-only batch performs no host synchronisation and no host->device upload.
+// Plan once per step, run every layer with the plan (mla/plan.h, mla/step.h): the caller makes the
+// Plan, uploads its metadata once (upload_step_metadata) and passes the device copy to each layer's
+// forward(). forward() never allocates, never synchronises the host and never uploads: all scratch
+// lives in a caller-owned workspace of workspace_bytes(plan) bytes, and every step kind (decode,
+// prefill, mixed, sparse) can be captured in a CUDA graph together with the upload.
 #include <cstddef>
 
 #include "mla/cache.h"
+#include "mla/ops.h"
 #include "mla/plan.h"
+#include "mla/step.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
 
@@ -39,6 +44,10 @@ struct ForwardArgs {
   TensorView seq_lens;      // [num_reqs] int32, device copy of plan.seq_lens
   TensorView topk_indices;  // sparse only: [T, topk] int32 request-local positions, -1 padded
   TensorView out;           // [T, h_q * V] written for the first num_actual_tokens rows
+  // u8 [>= plan.metadata.bytes()] on the layer's device: the plan's metadata as upload_step_metadata
+  // copied it (contiguous, 16-byte aligned). May be absent when the plan has none (dense decode-only)
+  // and on the CPU (the layer then reads the plan's host copy).
+  TensorView metadata;
 };
 
 class MlaAttention {
@@ -58,7 +67,8 @@ class MlaAttention {
   std::size_t workspace_bytes(const Plan& plan) const;
   std::size_t max_workspace_bytes(const PlannerConfig& config, int64_t max_num_tokens) const;
 
-  // Runs one step. `workspace`: u8 [>= workspace_bytes(plan)] on the layer's device.
+  // Runs one step. `workspace`: u8 [>= workspace_bytes(plan)] on the layer's device; it is scratch
+  // only, so one workspace serves every layer of the step (they run one after the other on a stream).
   void forward(const Plan& plan, const ForwardArgs& args, const KVCache& cache, const TensorView& workspace,
                const Context& ctx = {}) const;
 

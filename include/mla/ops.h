@@ -95,12 +95,21 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
 //   lse         [b, s_q, h_q] fp32 optional
 //   causal: query i of s_q (position seq_len - s_q + i) sees keys [0, seq_len - s_q + i]; else all keys.
 //   workspace: device scratch of at least mqa_decode_workspace_bytes(...) bytes (optional; CPU needs none).
+//   num_splits: KV ranges per request on CUDA (split-KV, merged by a combine kernel). 0 = the planner's
+//               policy decode_num_splits(b, s_q, h_q, max_blocks * page_size, multiprocessor_count(device))
+//               (mla/plan.h); a step plan passes the split of its decode schedule. The CPU backend
+//               parallelises over its own threads and ignores it.
 // Any page size >= 1, any h_q >= 1, any s_q >= 1. seq_len 0 (or no visible key) -> out 0, lse -inf.
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
-                bool causal = true, const TensorView& workspace = {}, const Context& ctx = {});
-// Scratch bytes mqa_decode may use for split-KV partials with these sizes (0 on the CPU).
-std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, Device device);
+                bool causal = true, const TensorView& workspace = {}, const Context& ctx = {}, int num_splits = 0);
+// Scratch bytes mqa_decode needs for split-KV partials with these sizes and num_splits (0 = the same
+// default as mqa_decode's; 0 bytes on the CPU and for one split).
+std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, Device device,
+                                       int num_splits = 0);
+// Streaming multiprocessors of a CUDA device (cached after the first query; 0 for the CPU): pass it
+// as PlannerConfig::num_sms.
+int multiprocessor_count(Device device);
 
 // ---------------------------------------------------------------------------------------------
 // MHA prefill over up-projected K/V (varlen, §9-10).

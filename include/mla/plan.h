@@ -1,8 +1,12 @@
 #pragma once
-// The Planner: pure host functions that turn a scheduler batch into a Plan (decode/prefill split,
-// context chunks, sparse mapping, workspace sizes). No device access, no allocation of device
-// memory; every function is unit-tested on the CPU against the worked examples of
-// mla_semantics.md §8, §9 and §11. Kernels and the layer assume a validated Plan.
+// The Planner: pure host functions that turn a scheduler batch into a step Plan (decode/prefill
+// split, the decode schedule, context chunks, sparse mapping, the packed metadata the kernels read).
+// No device access, no allocation of device memory; every function is unit-tested on the CPU against
+// the worked examples of mla_semantics.md §8, §9 and §11. Kernels and the layer assume a validated
+// Plan. Plan once per step, run every layer of the step with it (mla/layer.h): the plan's metadata is
+// written into a caller-owned pinned buffer and uploaded once (upload_step_metadata), and every
+// layer's forward() only reads the device copy.
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -102,6 +106,67 @@ int sparse_fp8_decode_padded_heads(int num_heads);
 int sparse_prefill_padded_heads(int num_heads, bool sm100);  // roundup(N, 64 | 128)
 int64_t sparse_prefill_workspace_rows(int64_t max_model_len);  // 5 * max_model_len
 
+// ---- §6 decode schedule ------------------------------------------------------------------------
+// How the dense decode requests of a step are launched: runs of consecutive decode requests with
+// one query length (one kernel launch each; zero-length padding requests belong to no run) and, per
+// run, how many KV ranges (splits) each request's keys are cut into. The split count is a function
+// of the device's SM count, passed in (PlannerConfig::num_sms), never read inside a launcher, so a
+// plan is a pure function of its inputs and a captured CUDA graph replays exactly what was planned.
+//
+// This is the schedule of the portable split-KV kernel (src/cuda/decode/, an mma.sync engine that
+// runs one CTA of kDecodeTileRows query rows per SM). A second decode kernel (e.g. an sm90 family)
+// adds its own schedule struct and plan_* function beside this one and a field of Plan for it; the
+// layer picks the schedule that matches the kernel it launches. The CPU backend does not use it: it
+// parallelises over its own OpenMP threads (src/cpu/mqa_split.h).
+inline constexpr int kDecodeMaxSplits = 64;             // partials per request row (combine keeps weights in smem)
+inline constexpr int64_t kDecodeMinSplitKeys = 256;     // a split shorter than 8 key tiles costs more than it saves
+inline constexpr int64_t kDecodeTileRows = 64;          // query rows (s_q * h_q) per CTA of the portable kernel
+// KV splits per request for b requests of s_q queries and h_q heads whose keys number at most
+// max_seq_len. The kernel runs one CTA per SM, so ctas = b * ceil(s_q * h_q / kDecodeTileRows) take
+// ceil(ctas / sms) waves; S splits make each CTA S times shorter. Picks the S minimising waves / S
+// (ties and gains under 5% keep the smaller S: every split adds a partial row to write and combine),
+// never more than kDecodeMaxSplits nor more splits than max_seq_len has kDecodeMinSplitKeys chunks.
+// num_sms <= 0 (CPU plans, or no device known): 1.
+int decode_num_splits(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, int num_sms);
+
+struct DecodeRun {
+  int64_t req_begin = 0, req_end = 0;  // decode requests [req_begin, req_end), each with s_q query tokens
+  int64_t s_q = 0;
+  int64_t token_begin = 0;  // the run's tokens are [token_begin, token_begin + (req_end - req_begin) * s_q)
+  // Block-table columns the kernel is given: pages of the longest sequence of the run (or of
+  // BatchDesc::decode_seq_len_bound). The kernel's split-KV ranges and scratch are sized from it.
+  int64_t block_cols = 0;
+  int num_splits = 1;  // decode_num_splits(b, s_q, num_heads, block_cols * page_size, num_sms)
+  friend bool operator==(const DecodeRun&, const DecodeRun&) = default;
+};
+struct DecodeSchedule {
+  std::vector<DecodeRun> runs;
+  friend bool operator==(const DecodeSchedule&, const DecodeSchedule&) = default;
+};
+// Runs over decode requests [0, num_decodes). seq_len_bound > 0 sizes every run for sequences up to
+// that length instead of the run's longest (CUDA graphs: one schedule for every batch of the shape).
+DecodeSchedule plan_decode_schedule(const std::vector<int32_t>& query_start_loc, const std::vector<int32_t>& seq_lens,
+                                    int64_t num_decodes, int64_t page_size, int64_t num_heads, int num_sms,
+                                    int64_t seq_len_bound = 0);
+
+// ---- step metadata ------------------------------------------------------------------------------
+// The int32 arrays the kernels of a step read from device memory that the scheduler does not hand
+// over as device tensors itself, packed into one array (offsets in int32 elements; -1 = absent).
+// make_plan fills it; upload_step_metadata (mla/layer.h) writes it into a caller-owned pinned host
+// buffer and copies it to the device with one async copy per step. Dense decode-only steps have none.
+struct StepMetadata {
+  std::vector<int32_t> data;
+  // dense prefill
+  int64_t prefill_qsl = -1;                     // [num_prefills + 1] prefill_query_start_loc
+  std::vector<int64_t> chunk_cu, chunk_starts;  // per context chunk: [P + 1] cu_seq_lens, [P] seq_starts
+                                                // (-1 for a chunk with no rows)
+  // sparse
+  int64_t req_id = -1;            // [num_actual_tokens] req_id_per_token
+  int64_t prefill_ids = -1;       // [num_actual_tokens] prefill_request_id   (fp8_ds_mla separate mode)
+  int64_t workspace_starts = -1;  // [num_prefills] chunk-local starts          (fp8_ds_mla separate mode)
+  std::size_t bytes() const { return data.size() * sizeof(int32_t); }
+};
+
 // ---- the Plan ----------------------------------------------------------------------------------
 // The planner reads only dims.num_heads (mixed-batch decision) and dims.index_topk (sparse term of
 // the chunked workspace formula); the layer validates the other dims. In sparse plans only the
@@ -123,7 +188,10 @@ struct PlannerConfig {
   // Rows of the sparse fp8 prefill upconvert workspace; 0 = sparse_prefill_workspace_rows(max_model_len).
   // Otherwise >= max_model_len: a request is never split across workspace chunks.
   int64_t sparse_workspace_rows = 0;
-  // Throws mla::Error unless num_heads, page_size, max_num_seqs, decode_threshold >= 1,
+  // Multiprocessors of the device the step runs on (multiprocessor_count(device), mla/ops.h): sizes
+  // the decode split-KV schedule. 0 = no split-KV (CPU layers; on CUDA correct but slower).
+  int num_sms = 0;
+  // Throws mla::Error unless num_sms >= 0, num_heads, page_size, max_num_seqs, decode_threshold >= 1,
   // 1 <= max_model_len < 2^31, index_topk >= 0 and the workspace rows are as above.
   void validate() const;
 };
@@ -135,10 +203,19 @@ struct PlannerConfig {
 // without. Zero-length requests (query_len 0) are CUDA-graph padding: allowed anywhere the order
 // permits (trailing, with seq_len 0, is the safe place). At most max_num_seqs requests, each with
 // query_len <= seq_len <= max_model_len.
+//
+// CUDA graphs: a graph captured for one plan replays the plan's host decisions (decode runs and
+// splits, token counts, chunk counts and sizes, max lengths) with whatever the device buffers and the
+// pinned metadata hold at replay. Pad batches to the captured shape (num_tokens > actual tokens,
+// zero-length requests) and set decode_seq_len_bound so that the decode schedule depends on the
+// shape only; a batch whose Plan has the same host decisions may then replay the same graph.
 struct BatchDesc {
   std::vector<int32_t> query_start_loc;  // [num_reqs + 1]
   std::vector<int32_t> seq_lens;         // [num_reqs] context + new tokens
   int64_t num_tokens = -1;               // padded token count; -1 = query_start_loc.back()
+  // 0: the decode schedule follows the batch's seq_lens. > 0: it is sized for decodes of up to this
+  // many tokens (every decode's seq_len must be <= it; <= max_model_len).
+  int64_t decode_seq_len_bound = 0;
 };
 
 struct SparsePrefillChunk {
@@ -184,6 +261,12 @@ struct Plan {
   // index the whole batch, workspace_starts are chunk-local (prefill_workspace_starts).
   std::vector<SparsePrefillChunk> sparse_chunks;
 
+  // Dense plans: the decode schedule (runs and splits) of the portable decode kernel. Empty for
+  // sparse plans (sparse decodes run through sparse MQA over their top-k rows).
+  DecodeSchedule decode;
+  // The packed device-read metadata of this step (see StepMetadata).
+  StepMetadata metadata;
+
   bool has_decode() const { return split.num_decodes > 0; }
   bool has_prefill() const { return split.num_prefills > 0; }
 };
@@ -194,5 +277,16 @@ struct Plan {
 // that are not uniform where a uniform reshape consumes them (see decode_query_len), an invalid
 // config, a context workspace below one page per prefill with context).
 Plan make_plan(const BatchDesc& batch, const PlannerConfig& config);
+
+// CUDA graphs: true when a graph captured with plan `a` (upload_step_metadata + forward of every
+// layer) computes plan `b`'s step once the device buffers and the pinned staging buffer hold b's
+// inputs and metadata: every host decision the layer bakes into launches is equal (token and request
+// counts, split, decode schedule, prefill maximum query length, context chunk count and sizes,
+// sparse mode and chunks, metadata layout). Lengths, block tables and indices may differ.
+bool same_launches(const Plan& a, const Plan& b);
+
+// Upper bound of plan.metadata.bytes() over every plan `config` admits with at most max_num_tokens
+// tokens: size the pinned staging buffer and its device copy once.
+std::size_t max_step_metadata_bytes(const PlannerConfig& config, int64_t max_num_tokens);
 
 }  // namespace mla

@@ -152,6 +152,7 @@ void PlannerConfig::validate() const {
   MLA_CHECK(max_model_len >= 1 && max_model_len <= kInt32Max,
             "PlannerConfig: max_model_len must be in [1, 2^31 - 1] (seq_lens are int32), got {}", max_model_len);
   MLA_CHECK(decode_threshold >= 1, "PlannerConfig: decode_threshold must be >= 1, got {}", decode_threshold);
+  MLA_CHECK(num_sms >= 0, "PlannerConfig: num_sms must be >= 0 (0 = no split-KV), got {}", num_sms);
   MLA_CHECK(context_workspace_rows == 0 || context_workspace_rows >= page_size,
             "PlannerConfig: context_workspace_rows must be 0 (formula) or hold at least one page ({} rows), got {}",
             page_size, context_workspace_rows);
@@ -185,6 +186,10 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
     plan.decode_query_len = len.q[0];
     plan.max_decode_seq_len = *std::max_element(len.seq.begin(), len.seq.begin() + plan.split.num_decodes);
   }
+  MLA_CHECK(batch.decode_seq_len_bound == 0 ||
+                (batch.decode_seq_len_bound >= plan.max_decode_seq_len && batch.decode_seq_len_bound <= config.max_model_len),
+            "make_plan: decode_seq_len_bound must be 0 or in [longest decode seq_len = {}, max_model_len = {}], got {}",
+            plan.max_decode_seq_len, config.max_model_len, batch.decode_seq_len_bound);
   const bool ds_mla = config.sparse && config.cache_format == CacheFormat::fp8_ds_mla;
   plan.sparse_mixed_batch = ds_mla && sparse_use_mixed_batch(config.dims.num_heads);
   const bool sparse_separate = ds_mla && !plan.sparse_mixed_batch;
@@ -194,13 +199,17 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
 
   if (plan.has_prefill()) fill_prefill_fields(plan, len);
   if (!config.sparse) {
+    plan.decode = plan_decode_schedule(batch.query_start_loc, batch.seq_lens, plan.split.num_decodes,
+                                       config.page_size, config.dims.num_heads, config.num_sms,
+                                       batch.decode_seq_len_bound);
     plan.context = plan_context_chunks(plan.prefill_context_lens, plan.config.context_workspace_rows,
                                        config.page_size, /*round_to_page=*/true);
-    return plan;
+  } else {
+    plan.req_id_per_token = req_id_per_token(batch.query_start_loc);
+    plan.req_id_per_token.resize(plan.num_tokens, 0);  // padding tokens -> request 0 (§11.2)
+    if (sparse_separate && plan.has_prefill()) fill_sparse_chunks(plan);
   }
-  plan.req_id_per_token = req_id_per_token(batch.query_start_loc);
-  plan.req_id_per_token.resize(plan.num_tokens, 0);  // padding tokens -> request 0 (§11.2)
-  if (sparse_separate && plan.has_prefill()) fill_sparse_chunks(plan);
+  detail::fill_step_metadata(plan);
   return plan;
 }
 

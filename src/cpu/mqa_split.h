@@ -8,6 +8,11 @@
 // ranges whose partial softmax states are merged afterwards (flash-decoding); the merge is exact up to
 // rounding. Each item walks its range in blocks of kKeyBlock rows dequantised into one T buffer that
 // serves as keys (all d columns) and values (first dv columns).
+//
+// This split is the CPU backend's own parallelisation, chosen here from the OpenMP thread count at
+// run time; it is not the step plan's decode schedule (mla/plan.h, DecodeSchedule), which describes
+// launches of the CUDA kernel and is ignored on the CPU. Results do not depend on either choice
+// beyond rounding.
 #include <omp.h>
 
 #include <algorithm>

@@ -38,9 +38,9 @@ Partial attend_context(const Step& s, const TensorView& q, const TensorView& cu_
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     const ContextChunk& ch = chunks[c];
     if (ch.total == 0) continue;
-    const TensorView cu_k = s.meta_view(s.meta.chunk_cu[c], f.num_prefills + 1);
+    const TensorView cu_k = s.meta_view(s.plan.metadata.chunk_cu[c], f.num_prefills + 1);
     const TensorView gathered = s.view(s.layout.gathered, act, {ch.total, d.d_qk()});
-    gather_cache(s.cache, gathered, block_table, cu_k, s.meta_view(s.meta.chunk_starts[c], f.num_prefills), s.ctx);
+    gather_cache(s.cache, gathered, block_table, cu_k, s.meta_view(s.plan.metadata.chunk_starts[c], f.num_prefills), s.ctx);
     const TensorView kv = s.view(s.layout.kv_ctx, act, {ch.total, hpv});
     gemm(gathered.slice(1, 0, d.L), s.layer.w_kv_b(), kv, 1.0f, 0.0f, s.ctx);
     const auto [k_nope, v] = split_kv(kv, d);
@@ -69,14 +69,15 @@ void run_dense_decode(const Step& s) {
   absorb_queries(s, 0, f.t_dec, q_abs);
   TensorView scratch;
   if (s.layout.scratch.bytes > 0) scratch = s.view(s.layout.scratch, DType::u8, {s.layout.scratch.bytes});
-  // Everything here comes from ForwardArgs and host plan fields: no upload, no host sync.
-  for (const StepFacts::Run& r : f.decode_runs) {
+  // The plan's decode schedule: one launch per run with the planned split count; everything else
+  // comes from ForwardArgs (no metadata, no host sync).
+  for (const DecodeRun& r : s.plan.decode.runs) {
     const int64_t b = r.req_end - r.req_begin, t0 = r.token_begin, t1 = t0 + b * r.s_q;
     mqa_decode(q_abs.slice(0, t0, t1).reshape({b, r.s_q, d.h, d.d_qk()}), s.cache,
                s.args.block_table.slice(0, r.req_begin, r.req_end).slice(1, 0, r.block_cols),
                s.args.seq_lens.slice(0, r.req_begin, r.req_end),
                o_lat.slice(0, t0, t1).reshape({b, r.s_q, d.h, d.L}), {}, s.opt.dims.softmax_scale, /*causal=*/true,
-               scratch, s.ctx);
+               scratch, s.ctx, r.num_splits);
   }
   up_project(s, o_lat, 0);
 }
@@ -93,7 +94,7 @@ void run_dense_prefill(const Step& s) {
   gemm(s.args.kv_c.slice(0, f.t_dec, f.t_act), s.layer.w_kv_b(), kv_new, 1.0f, 0.0f, s.ctx);
   const auto [k_nope, v] = split_kv(kv_new, d);
   const TensorView k_pe = broadcast_heads(s.args.k_pe.slice(0, f.t_dec, f.t_act), d.h);
-  const TensorView cu_q = s.meta_view(s.meta.prefill_qsl, f.num_prefills + 1);
+  const TensorView cu_q = s.meta_view(s.plan.metadata.prefill_qsl, f.num_prefills + 1);
   const int64_t max_q = s.plan.max_prefill_query_len;
   const TensorView out = s.out_rows(f.t_dec, f.t_act);
   if (f.context_chunks == 0) {

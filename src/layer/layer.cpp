@@ -114,6 +114,22 @@ void validate_forward(const LayerOptions& o, const Plan& p, const StepFacts& f, 
               a.topk_indices.describe());
   }
 
+  // The plan's metadata as upload_step_metadata copied it (CPU layers may read the plan's own copy).
+  const std::size_t meta_bytes = p.metadata.bytes();
+  if (meta_bytes > 0 && (o.device.is_cuda() || a.metadata.defined())) {
+    const TensorView& m = a.metadata;
+    MLA_CHECK(m.defined(), "{}: this plan has {} bytes of step metadata; pass their device copy as "
+              "ForwardArgs::metadata (upload_step_metadata)", kFwd, meta_bytes);
+    detail::check_ndim(m, 1, kFwd, "metadata");
+    detail::check_dtype(m, DType::u8, kFwd, "metadata");
+    detail::check_device(m, o.device, kFwd, "metadata");
+    MLA_CHECK((m.stride[0] == 1 || m.size(0) <= 1) && static_cast<std::size_t>(m.size(0)) >= meta_bytes &&
+                  reinterpret_cast<uintptr_t>(m.data) % 16 == 0,
+              "{}: metadata must be a contiguous, 16-byte aligned u8 buffer of at least plan.metadata.bytes() = {} "
+              "bytes, got {} at {}",
+              kFwd, meta_bytes, m.describe(), m.data);
+  }
+
   detail::check_defined(ws, kFwd, "workspace");
   detail::check_ndim(ws, 1, kFwd, "workspace");
   detail::check_dtype(ws, DType::u8, kFwd, "workspace");
@@ -178,8 +194,7 @@ MlaAttention::MlaAttention(const LayerOptions& options, const TensorView& kv_b_p
 std::size_t MlaAttention::workspace_bytes(const Plan& plan) const {
   check_config_matches(plan.config, options_, "the plan's config");
   const StepFacts f = step_facts(plan, options_);
-  const MetaPack m = pack_metadata(plan, f, options_);
-  return static_cast<std::size_t>(make_layout(plan_shape(plan, f, m, options_), Dims::of(options_)).total);
+  return static_cast<std::size_t>(make_layout(plan_shape(plan, f, options_), Dims::of(options_)).total);
 }
 
 std::size_t MlaAttention::max_workspace_bytes(const PlannerConfig& config, int64_t max_num_tokens) const {
@@ -195,17 +210,17 @@ void MlaAttention::forward(const Plan& plan, const ForwardArgs& args, const KVCa
                            const TensorView& workspace, const Context& ctx) const {
   check_config_matches(plan.config, options_, "the plan's config");
   StepFacts facts = step_facts(plan, options_);
-  MetaPack meta = pack_metadata(plan, facts, options_);
   const Dims dims = Dims::of(options_);
-  const WorkspaceLayout layout = make_layout(plan_shape(plan, facts, meta, options_), dims);
+  const WorkspaceLayout layout = make_layout(plan_shape(plan, facts, options_), dims);
   validate_forward(options_, plan, facts, args, cache, workspace, layout.total);
 
-  const Step s{options_, *this,          plan,   args,           cache, ctx, dims, std::move(facts),
-               std::move(meta), layout, workspace.data_as<uint8_t>()};
+  // Every kernel below reads the step's metadata from here; nothing is uploaded by forward().
+  void* meta = args.metadata.defined() ? args.metadata.data : const_cast<int32_t*>(plan.metadata.data.data());
+  const Step s{options_, *this, plan, args, cache, ctx, dims, std::move(facts), layout, workspace.data_as<uint8_t>(),
+               meta};
   // 1. New tokens enter the cache first: decode and sparse prefill read them from there (§2.1).
   if (args.slot_mapping.size(0) > 0)
     write_cache(args.kv_c, args.k_pe, args.slot_mapping, cache, options_.ds_scale, ctx);
-  upload_metadata(s);
   if (options_.sparse) {
     run_sparse(s);
   } else {

@@ -1,10 +1,11 @@
 #pragma once
 // Internals of MlaAttention shared by the layer's translation units:
-//   workspace.cpp  workspace layout and the packed host metadata (sizes and contents)
+//   workspace.cpp  workspace layout and sizes, the facts forward() derives from a plan
 //   layer.cpp      constructor, workspace sizing, argument validation, forward() orchestration
 //   dense.cpp      dense decode (absorbed MQA) and dense prefill (MHA + chunked context)
 //   sparse.cpp     sparse top-k MQA for every token
-//   step_util.cpp  views into the workspace, strided copies, metadata upload
+//   step_util.cpp  views into the workspace and the step metadata, strided copies
+//   step_metadata.cpp  PinnedBuffer and the one metadata upload per step (mla/step.h)
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -16,13 +17,11 @@ namespace mla::layer_detail {
 
 // ---- workspace layout ----------------------------------------------------------------------------
 //
-// One u8 buffer, every region aligned to kAlign bytes relative to its start:
-//
-//   meta      int32 [meta_ints]  host-packed metadata (MetaPack); CUDA: one memcpy_async per step,
-//                                CPU: memcpy'd in place. Empty for dense decode-only batches, which
-//                                read everything from ForwardArgs (no upload, no host sync).
-//   then the step's working set, one of two phases that run one after the other on one stream and
-//   therefore share memory (the bytes reserved are the larger of the two):
+// One u8 buffer, every region aligned to kAlign bytes relative to its start. The plan's int32
+// metadata is not in it: the caller uploads it once per step (upload_step_metadata) into a buffer of
+// its own that every layer reads (ForwardArgs::metadata). The step's working set is one of two phases
+// that run one after the other on one stream and therefore share memory (the bytes reserved are the
+// larger of the two):
 //   phase A (dense decode tokens, or every token in sparse mode)
 //     q_abs     act   [mqa_tokens, h, d_qk]   [ q_nope·W_UK_T | q_pe ]
 //     o_lat     act   [mqa_tokens, h, L]      latent attention output
@@ -42,7 +41,6 @@ inline constexpr int64_t kAlign = 256;
 // Everything the workspace size depends on. Each region's size is a non-decreasing function of each
 // field, so the layout of field-wise upper bounds bounds the layout of every plan (max_workspace_bytes).
 struct WorkspaceShape {
-  int64_t meta_ints = 0;
   int64_t mqa_tokens = 0;
   int64_t decode_scratch_bytes = 0;
   int64_t topk = 0;
@@ -58,7 +56,6 @@ struct Region {
 };
 
 struct WorkspaceLayout {
-  Region meta;
   Region q_abs, o_lat, scratch, indices, upconv;           // phase A
   Region kv_new, o_new, lse_new, gathered, kv_ctx;         // phase B
   std::array<Region, 3> acc_o{}, acc_lse{};                // phase B
@@ -78,33 +75,11 @@ struct Dims {
 
 WorkspaceLayout make_layout(const WorkspaceShape& s, const Dims& d);
 
-// ---- packed host metadata ------------------------------------------------------------------------
-// int32 vectors the kernels read on the device, packed into one region (offsets in int32 elements;
-// -1 = absent).
-struct MetaPack {
-  std::vector<int32_t> data;
-  // dense prefill
-  int64_t prefill_qsl = -1;                       // [num_prefills + 1]
-  std::vector<int64_t> chunk_cu, chunk_starts;    // per context chunk: [P + 1], [P]
-  // sparse
-  int64_t req_id = -1;                            // [num_actual_tokens]
-  int64_t prefill_ids = -1;                       // [num_actual_tokens] (separate mode)
-  int64_t workspace_starts = -1;                  // [num_prefills]      (separate mode)
-};
-
 // Facts about one plan that sizing and forward() both derive, in one place so they cannot drift.
 struct StepFacts {
   int64_t num_decodes = 0, num_prefills = 0, num_reqs = 0;
   int64_t t_dec = 0;  // query tokens of decode requests: [0, t_dec)
   int64_t t_act = 0;  // actual tokens; prefill tokens are [t_dec, t_act)
-  // Dense decode: runs of consecutive decode requests with equal query length s_q >= 1 (mqa_decode
-  // takes one s_q per call; zero-length padding requests are skipped). Each run's block table is
-  // narrowed to the `block_cols` columns its longest sequence needs: mqa_decode sizes its split-KV
-  // scratch by the table width, and the plan (not the argument's width) must fix the workspace size.
-  struct Run {
-    int64_t req_begin, req_end, s_q, token_begin, block_cols;
-  };
-  std::vector<Run> decode_runs;
   // Dense prefill context.
   int64_t context_chunks = 0;         // chunks with at least one gathered row
   int64_t max_chunk_rows = 0;
@@ -113,9 +88,10 @@ struct StepFacts {
   bool sparse_separate = false;       // fp8_ds_mla prefills through the upconverted workspace
   int64_t max_upconvert_rows = 0;
 };
+// Decode runs come from the plan's decode schedule (plan.decode); the packed device metadata from
+// plan.metadata.
 StepFacts step_facts(const Plan& plan, const LayerOptions& o);
-MetaPack pack_metadata(const Plan& plan, const StepFacts& f, const LayerOptions& o);
-WorkspaceShape plan_shape(const Plan& plan, const StepFacts& f, const MetaPack& m, const LayerOptions& o);
+WorkspaceShape plan_shape(const Plan& plan, const StepFacts& f, const LayerOptions& o);
 // Field-wise upper bounds over every plan `c` admits with at most max_num_tokens tokens.
 WorkspaceShape bound_shape(const PlannerConfig& c, int64_t max_num_tokens, const LayerOptions& o);
 // Throws mla::Error unless the planner config describes the layer's model, cache format and mode.
@@ -131,20 +107,19 @@ struct Step {
   const Context& ctx;
   Dims dims;
   StepFacts facts;
-  MetaPack meta;
   WorkspaceLayout layout;
   uint8_t* ws = nullptr;
+  void* meta = nullptr;  // the plan's metadata on the layer's device (ForwardArgs::metadata, or the plan's
+                         // host copy on the CPU); int32 offsets as in plan.metadata
 
   // Contiguous view of a workspace region (rows may be fewer than the region holds).
   TensorView view(const Region& r, DType t, std::initializer_list<int64_t> shape) const;
-  // int32 [n] view of packed metadata at element offset `at`.
+  // int32 [n] view of the step metadata at element offset `at` (plan.metadata's offsets).
   TensorView meta_view(int64_t at, int64_t n) const;
   // out rows [t0, t1) viewed [n, h, V].
   TensorView out_rows(int64_t t0, int64_t t1) const;
 };
 
-// Copies the packed metadata into its region (CPU memcpy; CUDA one stream-ordered upload).
-void upload_metadata(const Step& s);
 // dst, src [n, h, w] with unit inner stride: row-wise copy (CPU loop; CUDA 2-D async copies).
 void copy_rows(const TensorView& dst, const TensorView& src, const Context& ctx);
 // [n, R] rope rows viewed [n, h, R] with head stride 0 (one rope key shared by all heads).

@@ -20,10 +20,10 @@ void run_sparse(const Step& s) {
 
   TensorView prefill_ids, workspace_starts;
   if (f.sparse_separate) {
-    prefill_ids = s.meta_view(s.meta.prefill_ids, t);
-    workspace_starts = s.meta_view(s.meta.workspace_starts, f.num_prefills);
+    prefill_ids = s.meta_view(s.plan.metadata.prefill_ids, t);
+    workspace_starts = s.meta_view(s.plan.metadata.workspace_starts, f.num_prefills);
   }
-  convert_topk_indices(s.meta_view(s.meta.req_id, t), s.args.block_table, s.args.topk_indices.slice(0, 0, t), indices,
+  convert_topk_indices(s.meta_view(s.plan.metadata.req_id, t), s.args.block_table, s.args.topk_indices.slice(0, 0, t), indices,
                        s.cache.page_size(), 0, prefill_ids, workspace_starts, {}, s.ctx);
 
   if (!f.sparse_separate) {

@@ -1,4 +1,4 @@
-// Small pieces of one forward step: workspace views, the metadata upload, row copies and the two
+// Small pieces of one forward step: workspace and metadata views, row copies and the two
 // head-batched products that move between the MHA head space (P, V) and the latent space (L).
 #include <cstring>
 
@@ -19,30 +19,16 @@ TensorView Step::view(const Region& r, DType t, std::initializer_list<int64_t> s
 }
 
 TensorView Step::meta_view(int64_t at, int64_t n) const {
-  MLA_CHECK(at >= 0 && (at + n) * 4 <= layout.meta.bytes,
-            "MlaAttention: internal error: metadata [{}, {}) outside its region of {} bytes", at, at + n,
-            layout.meta.bytes);
-  return TensorView(ws + layout.meta.offset + at * 4, DType::i32, {n}, opt.device);
+  MLA_CHECK(at >= 0 && n >= 0 && static_cast<std::size_t>((at + n) * 4) <= plan.metadata.bytes(),
+            "MlaAttention: internal error: metadata [{}, {}) outside the plan's {} bytes", at, at + n,
+            plan.metadata.bytes());
+  return TensorView(static_cast<uint8_t*>(meta) + at * 4, DType::i32, {n}, opt.device);
 }
 
 TensorView Step::out_rows(int64_t t0, int64_t t1) const {
   const TensorView& o = args.out;
   const std::array<int64_t, 3> shape{t1 - t0, dims.h, dims.V}, stride{o.stride[0], dims.V, 1};
   return TensorView(o.ptr_at({t0, 0}), o.dtype, shape, stride, o.device);
-}
-
-void upload_metadata(const Step& s) {
-  const std::size_t bytes = s.meta.data.size() * sizeof(int32_t);
-  if (bytes == 0) return;
-  uint8_t* dst = s.ws + s.layout.meta.offset;
-  if (s.opt.device.is_cpu()) {
-    std::memcpy(dst, s.meta.data.data(), bytes);
-    return;
-  }
-#if MLA_WITH_CUDA
-  // Pageable source: the call returns once the bytes are staged, so the vector may die afterwards.
-  cuda_rt::memcpy_async(dst, s.meta.data.data(), bytes, s.ctx.stream);
-#endif
 }
 
 void copy_rows(const TensorView& dst, const TensorView& src, const Context& ctx) {

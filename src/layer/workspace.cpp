@@ -1,6 +1,6 @@
-// MlaAttention workspace: the facts forward() derives from a plan, the packed metadata it uploads,
-// the layout of the caller's workspace (documented in layer_internal.h) and its sizes — exact per
-// plan, and an upper bound per planner config.
+// MlaAttention workspace: the facts forward() derives from a plan, the layout of the caller's
+// workspace (documented in layer_internal.h) and its sizes — exact per plan, and an upper bound per
+// planner config. The decode schedule and the packed metadata come from the plan (mla/plan.h).
 #include <algorithm>
 
 #include "core/check.h"
@@ -35,6 +35,18 @@ void check_plan_vectors(const Plan& p, const LayerOptions& o) {
               op, np, np + 1, np, p.prefill_query_start_loc.size(), p.prefill_context_lens.size());
   }
   if (!o.sparse) {
+    int64_t prev_end = 0;
+    for (std::size_t i = 0; i < p.decode.runs.size(); ++i) {
+      const DecodeRun& r = p.decode.runs[i];
+      const int64_t b = r.req_end - r.req_begin;
+      MLA_CHECK(r.req_begin >= prev_end && b >= 1 && r.req_end <= nd && r.s_q >= 1 && r.token_begin >= 0 &&
+                    r.token_begin + b * r.s_q <= p.query_start_loc[nd] && r.block_cols >= 1 && r.num_splits >= 1 &&
+                    r.num_splits <= kDecodeMaxSplits,
+                "{}: decode run {} (requests [{}, {}), s_q {}, tokens from {}, {} block columns, {} splits) does not "
+                "fit the plan's {} decodes",
+                op, i, r.req_begin, r.req_end, r.s_q, r.token_begin, r.block_cols, r.num_splits, nd);
+      prev_end = r.req_end;
+    }
     for (std::size_t c = 0; c < p.context.chunks.size(); ++c) {
       const ContextChunk& ch = p.context.chunks[c];
       MLA_CHECK(static_cast<int64_t>(ch.cu_seq_lens.size()) == np + 1 &&
@@ -93,7 +105,6 @@ WorkspaceLayout make_layout(const WorkspaceShape& s, const Dims& d) {
     return r;
   };
   const int64_t a = d.act_bytes, hpv = d.h * (d.P + d.V);
-  l.meta = take(s.meta_ints * 4);
   const int64_t phase = off;
 
   l.q_abs = take(s.mqa_tokens * d.h * d.d_qk() * a);
@@ -125,24 +136,12 @@ StepFacts step_facts(const Plan& p, const LayerOptions& o) {
   f.num_reqs = p.num_reqs;
   f.t_dec = p.query_start_loc[f.num_decodes];
   f.t_act = p.query_start_loc[f.num_reqs];
-  auto q_len = [&p](int64_t r) { return int64_t{p.query_start_loc[r + 1]} - p.query_start_loc[r]; };
 
   if (o.sparse) {
     f.sparse_separate = o.cache_format == CacheFormat::fp8_ds_mla && !p.sparse_mixed_batch && !p.sparse_chunks.empty();
     if (f.sparse_separate)
       for (const auto& c : p.sparse_chunks) f.max_upconvert_rows = std::max(f.max_upconvert_rows, c.total_rows);
     return f;
-  }
-  for (int64_t r = 0; r < f.num_decodes;) {
-    const int64_t s_q = q_len(r);
-    int64_t e = r + 1;
-    if (s_q > 0) {
-      while (e < f.num_decodes && q_len(e) == s_q) ++e;
-      const int64_t longest = *std::max_element(p.seq_lens.begin() + r, p.seq_lens.begin() + e);
-      const int64_t page = p.config.page_size;
-      f.decode_runs.push_back({r, e, s_q, p.query_start_loc[r], (longest + page - 1) / page});
-    }
-    r = e;
   }
   for (const auto& c : p.context.chunks) {
     if (c.total == 0) continue;
@@ -156,35 +155,8 @@ StepFacts step_facts(const Plan& p, const LayerOptions& o) {
   return f;
 }
 
-MetaPack pack_metadata(const Plan& p, const StepFacts& f, const LayerOptions& o) {
-  MetaPack m;
-  auto append = [&m](auto first, auto last) {
-    const int64_t at = static_cast<int64_t>(m.data.size());
-    m.data.insert(m.data.end(), first, last);
-    return at;
-  };
-  if (o.sparse) {
-    m.req_id = append(p.req_id_per_token.begin(), p.req_id_per_token.begin() + f.t_act);
-    if (f.sparse_separate) {
-      m.prefill_ids = append(p.prefill_request_id.begin(), p.prefill_request_id.begin() + f.t_act);
-      m.workspace_starts = static_cast<int64_t>(m.data.size());
-      for (const auto& c : p.sparse_chunks) append(c.workspace_starts.begin(), c.workspace_starts.end());
-    }
-    return m;
-  }
-  if (f.num_prefills == 0) return m;  // decode-only: nothing to upload
-  m.prefill_qsl = append(p.prefill_query_start_loc.begin(), p.prefill_query_start_loc.end());
-  for (const auto& c : p.context.chunks) {
-    const bool used = c.total > 0;
-    m.chunk_cu.push_back(used ? append(c.cu_seq_lens.begin(), c.cu_seq_lens.end()) : -1);
-    m.chunk_starts.push_back(used ? append(c.seq_starts.begin(), c.seq_starts.end()) : -1);
-  }
-  return m;
-}
-
-WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const MetaPack& m, const LayerOptions& o) {
+WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const LayerOptions& o) {
   WorkspaceShape s;
-  s.meta_ints = static_cast<int64_t>(m.data.size());
   if (o.sparse) {
     s.mqa_tokens = f.t_act;
     s.topk = o.dims.index_topk;
@@ -192,11 +164,11 @@ WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const MetaPack& m, 
     return s;
   }
   s.mqa_tokens = f.t_dec;
-  for (const auto& r : f.decode_runs)
+  for (const DecodeRun& r : p.decode.runs)
     s.decode_scratch_bytes = std::max<int64_t>(
         s.decode_scratch_bytes,
         static_cast<int64_t>(mqa_decode_workspace_bytes(r.req_end - r.req_begin, r.s_q, o.dims.num_heads,
-                                                        r.block_cols * p.config.page_size, o.device)));
+                                                        r.block_cols * p.config.page_size, o.device, r.num_splits)));
   if (f.num_prefills > 0) s.prefill_tokens = f.t_act - f.t_dec;
   if (f.context_chunks > 0) s.staged_tokens = s.prefill_tokens;
   s.context_rows = f.max_chunk_rows;
@@ -207,11 +179,9 @@ WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const MetaPack& m, 
 WorkspaceShape bound_shape(const PlannerConfig& c, int64_t n, const LayerOptions& o) {
   WorkspaceShape s;
   if (n == 0) return s;
-  const int64_t max_prefills = std::min(n, c.max_num_seqs);
   if (o.sparse) {
     s.mqa_tokens = n;
     s.topk = o.dims.index_topk;
-    s.meta_ints = 2 * n + max_prefills;
     const bool separate_possible =
         o.cache_format == CacheFormat::fp8_ds_mla && !sparse_use_mixed_batch(o.dims.num_heads);
     if (separate_possible)
@@ -223,30 +193,21 @@ WorkspaceShape bound_shape(const PlannerConfig& c, int64_t n, const LayerOptions
   s.prefill_tokens = n;
   s.staged_tokens = n;
   s.context_accumulators = 3;
-  const int64_t ws_rows = c.context_workspace_rows > 0
-                              ? c.context_workspace_rows
-                              : chunked_prefill_workspace_rows(c.max_model_len, c.max_num_seqs, c.page_size, 0);
-  // A chunk gives each of the k prefills with context ws_rows / k rows (page-rounded), so it never
-  // exceeds ws_rows; the chunk count is largest when k is.
-  s.context_rows = ws_rows;
-  int64_t max_chunks = 0;
-  const int64_t max_context = c.max_model_len - 1;  // a prefill schedules >= 1 new token
-  for (int64_t k = 1; k <= max_prefills && max_context > 0; ++k) {
-    int64_t chunk = ws_rows / k / c.page_size * c.page_size;
-    if (chunk == 0) chunk = ws_rows / k;  // planner without page rounding
-    if (chunk == 0) break;                // the planner refuses this many prefills with context
-    max_chunks = std::max(max_chunks, (max_context + chunk - 1) / chunk);
-  }
-  s.meta_ints = (max_prefills + 1) + max_chunks * (2 * max_prefills + 1);
+  s.context_rows = c.context_workspace_rows > 0
+                       ? c.context_workspace_rows
+                       : chunked_prefill_workspace_rows(c.max_model_len, c.max_num_seqs, c.page_size, 0);
   // Decode runs: b requests of s_q <= decode_threshold tokens each, b * s_q <= n, block tables
-  // narrowed to the pages of at most max_model_len tokens.
+  // narrowed to the pages of at most max_model_len tokens. The split count grows with the key bound
+  // (decode_num_splits considers more candidates), so the longest bound gives the most scratch.
   const int64_t max_sq = std::min(n, c.decode_threshold);
   const int64_t max_len = (c.max_model_len + c.page_size - 1) / c.page_size * c.page_size;
   for (int64_t s_q = 1; s_q <= max_sq; ++s_q)
     for (int64_t b = 1; b <= std::min(c.max_num_seqs, n / s_q); ++b)
       s.decode_scratch_bytes = std::max<int64_t>(
           s.decode_scratch_bytes,
-          static_cast<int64_t>(mqa_decode_workspace_bytes(b, s_q, o.dims.num_heads, max_len, o.device)));
+          static_cast<int64_t>(mqa_decode_workspace_bytes(
+              b, s_q, o.dims.num_heads, max_len, o.device,
+              decode_num_splits(b, s_q, o.dims.num_heads, max_len, c.num_sms))));
   return s;
 }
 

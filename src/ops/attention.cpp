@@ -1,13 +1,20 @@
 // Front ends of the attention ops (mqa_decode, mha_prefill, sparse_mqa; semantics §6, §9-11): every
 // argument is validated (shapes consistent across arguments, dtypes, one device, strides; on the CPU also
 // the values of the integer metadata) before the backend runs, so a bad call writes nothing.
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 
 #include "cpu/index_view.h"
 #include "mla/ops.h"
+#include "mla/plan.h"
 #include "ops/attention_ws.h"
 #include "ops/dispatch.h"
 #include "ops/validate.h"
+#if MLA_WITH_CUDA
+#include "cuda/runtime/device_api.h"
+#endif
 
 namespace mla {
 namespace {
@@ -30,14 +37,34 @@ void check_scale(double softmax_scale, const char* op) {
 
 }  // namespace
 
-std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, Device device) {
-  MLA_CHECK(b >= 0 && s_q >= 1 && h_q >= 1 && max_seq_len >= 0,
-            "mqa_decode_workspace_bytes: needs b >= 0, s_q >= 1, h_q >= 1, max_seq_len >= 0, got b={} s_q={} h_q={} "
-            "max_seq_len={}",
-            b, s_q, h_q, max_seq_len);
+int multiprocessor_count(Device device) {
   if (device.is_cpu()) return 0;
 #if MLA_WITH_CUDA
-  return cuda::decode_workspace_bytes(b, s_q, h_q, max_seq_len);
+  // Read once per device: the attribute query costs microseconds and never changes.
+  static std::array<std::atomic<int>, 64> cached{};
+  MLA_CHECK(device.index >= 0 && device.index < static_cast<int>(cached.size()),
+            "multiprocessor_count: device index must be in [0, {}), got {}", cached.size(), device.index);
+  int n = cached[device.index].load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = cuda_rt::device_info(device.index).sm_count;
+    cached[device.index].store(n, std::memory_order_relaxed);
+  }
+  return n;
+#else
+  throw Error("multiprocessor_count: " + to_string(device) + " given, but this build of mla has no CUDA backend");
+#endif
+}
+
+std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, Device device,
+                                       int num_splits) {
+  MLA_CHECK(b >= 0 && s_q >= 1 && h_q >= 1 && max_seq_len >= 0 && num_splits >= 0,
+            "mqa_decode_workspace_bytes: needs b >= 0, s_q >= 1, h_q >= 1, max_seq_len >= 0, num_splits >= 0, got b={} "
+            "s_q={} h_q={} max_seq_len={} num_splits={}",
+            b, s_q, h_q, max_seq_len, num_splits);
+  if (device.is_cpu()) return 0;
+#if MLA_WITH_CUDA
+  if (num_splits == 0) num_splits = decode_num_splits(b, s_q, h_q, max_seq_len, multiprocessor_count(device));
+  return cuda::decode_workspace_bytes(b, s_q, h_q, std::min(num_splits, kDecodeMaxSplits));
 #else
   throw Error("mqa_decode_workspace_bytes: " + to_string(device) + " given, but this build of mla has no CUDA backend");
 #endif
@@ -45,7 +72,7 @@ std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int6
 
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
-                const TensorView& workspace, const Context& ctx) {
+                const TensorView& workspace, const Context& ctx, int num_splits) {
   constexpr const char* op = "mqa_decode";
   detail::check_ndim(q, 4, op, "q [b, s_q, h_q, d_qk]");
   detail::check_activation(q, false, op, "q");
@@ -67,25 +94,29 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
   detail::check_devices(dev, op,
                          {{block_table, "block_table"}, {seq_lens, "seq_lens"}, {out, "out"}, {lse, "lse"},
                           {workspace, "workspace"}});
+  MLA_CHECK(num_splits >= 0 && num_splits <= kDecodeMaxSplits, "{}: num_splits must be in [0, {}] (0 = default), got {}",
+            op, kDecodeMaxSplits, num_splits);
   const int64_t page = cache.page_size(), max_len = block_table.size(1) * page;
   if (dev.is_cpu()) {
     detail::check_values_in_range(seq_lens, 0, max_len, op, "seq_lens (bounded by max_blocks * page_size)");
     for (int64_t r = 0; r < b; ++r)
       detail::check_block_ids(block_table, r, 0, cpu::index_at(seq_lens, r), page, cache.num_blocks(), op);
   } else {
-    const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h_q, max_len, dev);
+    if (num_splits == 0) num_splits = decode_num_splits(b, s_q, h_q, max_len, multiprocessor_count(dev));
+    const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h_q, max_len, dev, num_splits);
     const std::size_t have =
         workspace.defined() ? static_cast<std::size_t>(workspace.numel()) * workspace.element_size() : 0;
     MLA_CHECK(have >= need,
               "{}: needs a workspace of at least {} bytes (mqa_decode_workspace_bytes with max_seq_len = "
-              "max_blocks * page_size = {}), got {}",
-              op, need, max_len, workspace.defined() ? workspace.describe() : std::string("none"));
+              "max_blocks * page_size = {} and {} splits), got {}",
+              op, need, max_len, num_splits, workspace.defined() ? workspace.describe() : std::string("none"));
     if (workspace.defined()) {
       MLA_CHECK(workspace.is_contiguous(), "{}: workspace must be contiguous, got {}", op, workspace.describe());
     }
   }
   if (b == 0) return;
-  MLA_DISPATCH(dev, mqa_decode, q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx);
+  MLA_DISPATCH(dev, mqa_decode, q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx,
+               num_splits);
 }
 
 void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,

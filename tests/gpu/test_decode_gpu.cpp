@@ -14,6 +14,7 @@
 #include "attention_gpu_util.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/runtime/device_api.h"
+#include "mla/plan.h"
 #include "unit/attention_test_util.h"
 
 namespace mla {
@@ -114,12 +115,14 @@ TEST(DecodeGpu, NoWorkspaceFallbackMatchesSplitPath) {
   test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
   Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
   Tensor out = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
-  cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, {}, Context{});
+  const int splits = decode_num_splits(b, s_q, h, 95 * page, multiprocessor_count(gpu));
+  ASSERT_GT(splits, 1);
+  cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, {}, Context{}, splits);
   test::expect_attention_close(out, r.ref_out, lse, r.ref_lse, "no workspace");
   // A workspace one byte short of two splits also falls back.
   Tensor small = Tensor::empty({64}, DType::u8, gpu);
   fill(out.view(), NAN);
-  cuda::mqa_decode(qd, dc.cache, bt, sl, out, {}, kScale, true, small.view(), Context{});
+  cuda::mqa_decode(qd, dc.cache, bt, sl, out, {}, kScale, true, small.view(), Context{}, splits);
   test::expect_attention_close(out, r.ref_out, {}, {}, "tiny workspace");
 }
 

@@ -48,6 +48,13 @@ struct Scenario {
   int64_t context_workspace_rows = 0, sparse_workspace_rows = 0;
   int64_t max_model_len = 256, max_num_seqs = 16;
   int64_t pad_tokens = 0;  // CUDA-graph padding rows after the actual tokens
+  // Decode schedule: the SM count it is planned for (H100/H200: 132; the CPU ignores it) and the
+  // CUDA-graph bound of BatchDesc::decode_seq_len_bound (0: none).
+  int num_sms = 132;
+  int64_t decode_seq_len_bound = 0;
+  // Lower bounds of the block table's width and the cache's block count, so that batches of one padded
+  // shape with different lengths share buffer shapes (CUDA-graph replays).
+  int64_t min_table_blocks = 0, min_cache_blocks = 0;
   float fp8_scale = 0.01f;
   uint64_t seed = 1;
 
@@ -74,6 +81,7 @@ struct Scenario {
     c.require_uniform = require_uniform;
     c.context_workspace_rows = context_workspace_rows;
     c.sparse_workspace_rows = sparse_workspace_rows;
+    c.num_sms = num_sms;
     return c;
   }
   LayerOptions options(Device device, DType dtype) const {
@@ -114,7 +122,7 @@ inline StepData make_step(const Scenario& sc) {
   }
   d.t_act = qsl.back();
   d.T = d.t_act + sc.pad_tokens;
-  d.plan = make_plan(BatchDesc{qsl, seq, d.T}, sc.config());
+  d.plan = make_plan(BatchDesc{qsl, seq, d.T, sc.decode_seq_len_bound}, sc.config());
 
   // Blocks: each request owns ceil(seq / page) shuffled blocks; the table's spare column and the
   // spare block stay NaN, so a read past seq_len shows.
@@ -123,8 +131,8 @@ inline StepData make_step(const Scenario& sc) {
     used += (s + page - 1) / page;
     d.max_blocks = std::max<int64_t>(d.max_blocks, (s + page - 1) / page);
   }
-  d.max_blocks += 1;
-  d.num_blocks = used + 1;
+  d.max_blocks = std::max(d.max_blocks + 1, sc.min_table_blocks);
+  d.num_blocks = std::max(used + 1, sc.min_cache_blocks);
   std::vector<int32_t> ids(static_cast<std::size_t>(used));
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng());
@@ -207,9 +215,12 @@ inline Tensor convert(const Tensor& src, DType dtype, Device device) {
   return device.is_cpu() ? h : h.to(device);
 }
 
-// Device copies of the step's arguments in the layer dtype, with a NaN-poisoned out.
+// Device copies of the step's arguments in the layer dtype, with a NaN-poisoned out, and the plan's
+// metadata uploaded once (pinned staging, one copy on the default stream).
 struct DeviceArgs {
   Tensor q, kv_c, k_pe, slots, block_table, seq_lens, topk, out;
+  PinnedBuffer staging;
+  Tensor metadata;
   ForwardArgs args() const {
     ForwardArgs a;
     a.q = q;
@@ -220,6 +231,7 @@ struct DeviceArgs {
     a.seq_lens = seq_lens;
     if (topk.defined()) a.topk_indices = topk;
     a.out = out;
+    a.metadata = metadata;
     return a;
   }
 };
@@ -233,6 +245,9 @@ inline DeviceArgs device_args(const StepData& d, Device device, DType dtype) {
   a.seq_lens = device.is_cpu() ? d.seq_lens : d.seq_lens.to(device);
   if (d.sc.sparse) a.topk = device.is_cpu() ? d.topk : d.topk.to(device);
   a.out = poisoned({d.T, d.sc.h * d.sc.V}, dtype, device);
+  a.staging = PinnedBuffer(d.plan.metadata.bytes());
+  a.metadata = Tensor::empty({std::max<int64_t>(static_cast<int64_t>(a.staging.size()), 16)}, DType::u8, device);
+  upload_step_metadata(d.plan, a.staging.view(), a.metadata);
   return a;
 }
 

@@ -1,6 +1,6 @@
 // MlaAttention: bad input raises mla::Error before anything is written (out and cache untouched),
-// the exact workspace suffices (nothing past it is touched), and max_workspace_bytes bounds
-// workspace_bytes over random plans of a config.
+// the exact workspace suffices (nothing past it is touched), and max_workspace_bytes /
+// max_step_metadata_bytes bound workspace_bytes / plan.metadata.bytes() over random plans of a config.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -102,6 +102,16 @@ TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
       {"plan for more tokens",
        [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p = make_plan(BatchDesc{qsl, seq, T + 1}, sc.config()); }},
       {"plan edited inconsistently", [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p.seq_lens.pop_back(); }},
+      {"metadata one byte short of the plan's",
+       [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) {
+         x.metadata = x.metadata.slice(0, 0, static_cast<int64_t>(d.plan.metadata.bytes()) - 1);
+       }},
+      {"metadata not bytes",
+       [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) {
+         x.metadata = TensorView(x.metadata.data, DType::i32, {x.metadata.size(0) / 4});
+       }},
+      {"decode schedule edited past the decodes",
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p.decode.runs.back().req_end = nr; }},
   };
   for (const auto& [what, mutate] : cases) {
     ForwardArgs args = a.args();
@@ -225,6 +235,7 @@ TEST(LayerWorkspace, BoundCoversRandomPlans) {
       largest = std::max(largest, need);
       ASSERT_LE(need, bound) << "plan " << i << " (" << p.num_reqs << " requests, " << p.num_tokens << " tokens, "
                              << p.context.chunks.size() << " chunks)";
+      ASSERT_LE(p.metadata.bytes(), max_step_metadata_bytes(pc, cfg.n)) << "plan " << i;
     }
     EXPECT_GT(plans, 100);
     EXPECT_GT(largest, 0u);

@@ -1,6 +1,7 @@
 // Launcher of the CUDA mqa_decode (kernel.cuh) and its workspace sizing (ops/attention_ws.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -11,25 +12,14 @@
 #include "ops/attention_ws.h"
 
 namespace mla::cuda {
-namespace {
 
-int multiprocessors() {
-  int dev = 0, n = 0;
-  check_cuda(cudaGetDevice(&dev), "mqa_decode: cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "mqa_decode: SM count");
-  return n;
-}
-
-}  // namespace
-
-std::size_t decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len) {
-  const int splits = decode::choose_splits(b, s_q, h_q, max_seq_len, multiprocessors());
-  return static_cast<std::size_t>(decode::ws_bytes(b, s_q, h_q, splits));
+std::size_t decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int num_splits) {
+  return static_cast<std::size_t>(decode::ws_bytes(b, s_q, h_q, num_splits));
 }
 
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
-                const TensorView& workspace, const Context& ctx) {
+                const TensorView& workspace, const Context& ctx, int num_splits) {
   using decode::Traits;
   const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2);
   mqa::check_dims("mqa_decode", q.size(3), out.size(3));
@@ -47,10 +37,10 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
   p.seq_lens_stride = seq_lens.stride[0];
   p.causal = causal ? 1 : 0;
 
-  // Split-KV needs the caller's workspace: as many splits as the policy wants and the workspace holds
-  // (none given or too small: one split, the kernel writes out / lse itself).
-  const int64_t max_len = p.max_blocks * p.cache.page_size;
-  int splits = decode::choose_splits(b, s_q, h_q, max_len, multiprocessors());
+  // Split-KV into the caller's workspace: the splits the caller planned (mla/plan.h's decode schedule
+  // or the front end's default), fewer when the workspace holds fewer (none given or too small: one
+  // split, the kernel writes out / lse itself). Nothing about the device is read here.
+  int splits = std::max(1, std::min(num_splits, decode::kMaxSplits));
   const int64_t have = workspace.defined() && mqa::aligned16(workspace.data)
                            ? workspace.numel() * static_cast<int64_t>(workspace.element_size())
                            : 0;

@@ -61,6 +61,16 @@ void free(void* p, int device) noexcept {
   if (prev >= 0) cudaSetDevice(prev);
 }
 
+void* host_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  check(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable), "cudaHostAlloc");
+  return p;
+}
+
+void host_free(void* p) noexcept {
+  if (p) cudaFreeHost(p);
+}
+
 void memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes) {
   if (bytes == 0) return;
   cudaMemcpyKind kind = cudaMemcpyDefault;  // unified addressing resolves the direction

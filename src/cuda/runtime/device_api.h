@@ -20,6 +20,10 @@ DeviceInfo device_info(int device);
 
 void* malloc(std::size_t bytes, int device);
 void free(void* p, int device) noexcept;
+// Page-locked (pinned) host memory (cudaHostAlloc, portable): copies from it are truly asynchronous
+// and can be captured in CUDA graphs.
+void* host_alloc(std::size_t bytes);
+void host_free(void* p) noexcept;
 // Synchronous copy between any two devices (host <-> device, device <-> device).
 void memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes);
 void memset(void* dst, int device, int value, std::size_t bytes);

@@ -1,0 +1,145 @@
+// Planner, part 4: what a step plan owns beyond the split — the decode schedule (runs and split-KV
+// counts of the portable decode kernel, sized from the SM count passed in) and the packed metadata
+// the kernels read on the device (one upload per step, however many layers run).
+#include <algorithm>
+
+#include "core/check.h"
+#include "core/planner_util.h"
+#include "mla/plan.h"
+
+namespace mla {
+
+int decode_num_splits(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, int num_sms) {
+  const int64_t ctas = b * ((s_q * h_q + kDecodeTileRows - 1) / kDecodeTileRows);
+  if (ctas <= 0 || num_sms <= 0) return 1;
+  const int64_t sms = num_sms;
+  const int64_t cap = std::min<int64_t>(
+      kDecodeMaxSplits, std::max<int64_t>(1, (max_seq_len + kDecodeMinSplitKeys - 1) / kDecodeMinSplitKeys));
+  int best = 1;
+  double best_t = static_cast<double>((ctas + sms - 1) / sms);
+  for (int s = 2; s <= cap; ++s) {
+    const double t = static_cast<double>((ctas * s + sms - 1) / sms) / s;
+    if (t < 0.95 * best_t) {
+      best = s;
+      best_t = t;
+    }
+  }
+  return best;
+}
+
+DecodeSchedule plan_decode_schedule(const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq_lens,
+                                    int64_t num_decodes, int64_t page_size, int64_t num_heads, int num_sms,
+                                    int64_t seq_len_bound) {
+  MLA_CHECK(num_decodes >= 0 && static_cast<int64_t>(qsl.size()) > num_decodes &&
+                static_cast<int64_t>(seq_lens.size()) >= num_decodes && page_size >= 1 && num_heads >= 1,
+            "plan_decode_schedule: needs 0 <= num_decodes < query_start_loc entries ({}) and <= seq_lens entries ({}), "
+            "page_size and num_heads >= 1; got num_decodes {}, page_size {}, num_heads {}",
+            qsl.size(), seq_lens.size(), num_decodes, page_size, num_heads);
+  DecodeSchedule s;
+  auto q_len = [&qsl](int64_t r) { return int64_t{qsl[r + 1]} - qsl[r]; };
+  for (int64_t r = 0; r < num_decodes;) {
+    const int64_t s_q = q_len(r);
+    int64_t e = r + 1;
+    if (s_q > 0) {
+      while (e < num_decodes && q_len(e) == s_q) ++e;
+      const int64_t longest =
+          seq_len_bound > 0 ? seq_len_bound : *std::max_element(seq_lens.begin() + r, seq_lens.begin() + e);
+      DecodeRun run;
+      run.req_begin = r;
+      run.req_end = e;
+      run.s_q = s_q;
+      run.token_begin = qsl[r];
+      run.block_cols = (longest + page_size - 1) / page_size;
+      run.num_splits = decode_num_splits(e - r, s_q, num_heads, run.block_cols * page_size, num_sms);
+      s.runs.push_back(run);
+    }
+    r = e;
+  }
+  return s;
+}
+
+namespace detail {
+
+void fill_step_metadata(Plan& p) {
+  StepMetadata& m = p.metadata;
+  auto append = [&m](auto first, auto last) {
+    const int64_t at = static_cast<int64_t>(m.data.size());
+    m.data.insert(m.data.end(), first, last);
+    return at;
+  };
+  const int64_t t_act = p.num_actual_tokens;
+  if (p.config.sparse) {
+    m.req_id = append(p.req_id_per_token.begin(), p.req_id_per_token.begin() + t_act);
+    if (!p.sparse_chunks.empty()) {
+      m.prefill_ids = append(p.prefill_request_id.begin(), p.prefill_request_id.begin() + t_act);
+      m.workspace_starts = static_cast<int64_t>(m.data.size());
+      for (const auto& c : p.sparse_chunks) append(c.workspace_starts.begin(), c.workspace_starts.end());
+    }
+    return;
+  }
+  if (!p.has_prefill()) return;  // dense decode-only: the kernels read only the caller's tensors
+  m.prefill_qsl = append(p.prefill_query_start_loc.begin(), p.prefill_query_start_loc.end());
+  for (const auto& c : p.context.chunks) {
+    const bool used = c.total > 0;
+    m.chunk_cu.push_back(used ? append(c.cu_seq_lens.begin(), c.cu_seq_lens.end()) : -1);
+    m.chunk_starts.push_back(used ? append(c.seq_starts.begin(), c.seq_starts.end()) : -1);
+  }
+}
+
+}  // namespace detail
+
+bool same_launches(const Plan& a, const Plan& b) {
+  const PlannerConfig &x = a.config, &y = b.config;
+  if (x.page_size != y.page_size || x.cache_format != y.cache_format || x.sparse != y.sparse ||
+      x.dims.num_heads != y.dims.num_heads || x.dims.index_topk != y.dims.index_topk)
+    return false;
+  if (a.num_reqs != b.num_reqs || a.num_tokens != b.num_tokens || a.num_actual_tokens != b.num_actual_tokens ||
+      !(a.split == b.split) || !(a.decode == b.decode) || a.sparse_mixed_batch != b.sparse_mixed_batch)
+    return false;
+  // Dense prefill launches are sized by the longest query and split at the last token with context.
+  if (!x.sparse && (a.max_prefill_query_len != b.max_prefill_query_len ||
+                    a.prefill_tokens_with_context != b.prefill_tokens_with_context))
+    return false;
+  // Decode tokens end where the first prefill starts; every kernel range below is derived from these.
+  if (a.query_start_loc[a.split.num_decodes] != b.query_start_loc[b.split.num_decodes]) return false;
+  if (a.context.chunks.size() != b.context.chunks.size() || a.sparse_chunks.size() != b.sparse_chunks.size())
+    return false;
+  for (std::size_t c = 0; c < a.context.chunks.size(); ++c)
+    if (a.context.chunks[c].total != b.context.chunks[c].total ||
+        a.context.chunks[c].max_len != b.context.chunks[c].max_len)
+      return false;
+  for (std::size_t c = 0; c < a.sparse_chunks.size(); ++c) {
+    const SparsePrefillChunk &p = a.sparse_chunks[c], &q = b.sparse_chunks[c];
+    if (p.req_begin != q.req_begin || p.req_end != q.req_end || p.token_begin != q.token_begin ||
+        p.token_end != q.token_end || p.total_rows != q.total_rows)
+      return false;
+  }
+  const StepMetadata &m = a.metadata, &n = b.metadata;
+  return m.data.size() == n.data.size() && m.prefill_qsl == n.prefill_qsl && m.chunk_cu == n.chunk_cu &&
+         m.chunk_starts == n.chunk_starts && m.req_id == n.req_id && m.prefill_ids == n.prefill_ids &&
+         m.workspace_starts == n.workspace_starts;
+}
+
+std::size_t max_step_metadata_bytes(const PlannerConfig& c, int64_t n) {
+  c.validate();
+  MLA_CHECK(n >= 0, "max_step_metadata_bytes: max_num_tokens must be >= 0, got {}", n);
+  if (n == 0) return 0;
+  const int64_t max_prefills = std::min(n, c.max_num_seqs);
+  if (c.sparse) return static_cast<std::size_t>(2 * n + max_prefills) * sizeof(int32_t);
+  const int64_t ws_rows = c.context_workspace_rows > 0
+                              ? c.context_workspace_rows
+                              : chunked_prefill_workspace_rows(c.max_model_len, c.max_num_seqs, c.page_size, 0);
+  // k prefills with context get ws_rows / k rows each per chunk (page-rounded); the chunk count is
+  // largest for the largest k the planner accepts.
+  int64_t max_chunks = 0;
+  const int64_t max_context = c.max_model_len - 1;  // a prefill schedules >= 1 new token
+  for (int64_t k = 1; k <= max_prefills && max_context > 0; ++k) {
+    int64_t chunk = ws_rows / k / c.page_size * c.page_size;
+    if (chunk == 0) chunk = ws_rows / k;  // planner without page rounding
+    if (chunk == 0) break;                // the planner refuses this many prefills with context
+    max_chunks = std::max(max_chunks, (max_context + chunk - 1) / chunk);
+  }
+  return static_cast<std::size_t>((max_prefills + 1) + max_chunks * (2 * max_prefills + 1)) * sizeof(int32_t);
+}
+
+}  // namespace mla

@@ -1,0 +1,37 @@
+#pragma once
+// The MlaAttention GPU tests' acceptance rule (DESIGN §5 applied to a whole layer), shared by
+// test_layer_gpu.cpp and test_layer_graph_gpu.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "unit/layer_test_util.h"
+
+namespace mla::test::layer {
+
+// One bf16 quantum (ulp) at magnitude m.
+inline double bf16_quantum(double m) { return m > 0 ? std::ldexp(1.0, std::ilogb(m) - 7) : 0.0; }
+
+// DESIGN §5 for a whole layer: the GPU's error against the float64 oracle is at most twice the
+// error of the same computation at the same storage precision (the bf16 CPU layer), plus one bf16
+// quantum of the output's magnitude. Padding rows stay unwritten.
+inline void expect_matches_oracle(const StepData& d, const std::vector<double>& gpu, const char* what) {
+  const LayerRun oracle = run_layer(d, Device::cpu(), DType::f64, Precision::reference);
+  const LayerRun cpu = run_layer(d, Device::cpu(), DType::bf16, Precision::fast);
+  const int64_t n = d.t_act * d.sc.h * d.sc.V;
+  double mag = 0, err_gpu = 0, err_cpu = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(std::isfinite(gpu[i])) << what << ": element " << i << " is " << gpu[i];
+    mag = std::max(mag, std::fabs(oracle.out[i]));
+    err_gpu = std::max(err_gpu, std::fabs(gpu[i] - oracle.out[i]));
+    err_cpu = std::max(err_cpu, std::fabs(cpu.out[i] - oracle.out[i]));
+  }
+  for (std::size_t i = n; i < gpu.size(); ++i) ASSERT_TRUE(std::isnan(gpu[i])) << what << ": padding row written";
+  EXPECT_LE(err_gpu, 2 * err_cpu + bf16_quantum(mag)) << what << ": max error " << err_gpu << " vs CPU bf16 "
+                                                       << err_cpu << " at magnitude " << mag;
+  const std::vector<double> g(gpu.begin(), gpu.begin() + n), r(oracle.out.begin(), oracle.out.begin() + n);
+  EXPECT_LT(rel_l2(g, r), 1e-2) << what;
+}
+
+}  // namespace mla::test::layer
