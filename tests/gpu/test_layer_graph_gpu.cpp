@@ -179,7 +179,7 @@ TEST(LayerGraph, PrefillOnlyWithChunkedContextAndPadding) {
   Scenario sc = dense({{100, 17}, {40, 9}, {0, 33}, {0, 0}}, 5);
   sc.context_workspace_rows = 64;
   Scenario other = sc;
-  other.reqs = {{90, 17}, {50, 9}, {0, 33}, {0, 0}};  // other context lengths, the same chunk sizes
+  other.reqs = {{40, 17}, {100, 9}, {0, 33}, {0, 0}};  // contexts swapped: the same chunk sizes, new metadata
   capture_and_replay(sc, {other}, "prefill-only");
 }
 
