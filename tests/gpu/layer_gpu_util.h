@@ -34,4 +34,22 @@ inline void expect_matches_oracle(const StepData& d, const std::vector<double>& 
   EXPECT_LT(rel_l2(g, r), 1e-2) << what;
 }
 
+// Sparse scenario of the GPU tests: V3 MHA dims (P = V = 128), page 64, three decodes of 2 tokens, a
+// prefill with short and one with long context, a fresh prefill, 3 padded token rows.
+inline Scenario sparse_scenario(CacheFormat format, int h, int topk) {
+  Scenario sc;
+  sc.sparse = true;
+  sc.format = format;
+  sc.h = h;
+  sc.P = 128;
+  sc.V = 128;
+  sc.topk = topk;
+  sc.page_size = 64;
+  sc.max_model_len = 400;
+  sc.decode_threshold = 2;
+  sc.reqs = {{20, 2}, {300, 2}, {70, 2}, {10, 60}, {150, 100}, {0, 100}};
+  sc.pad_tokens = 3;
+  return sc;
+}
+
 }  // namespace mla::test::layer

@@ -89,31 +89,15 @@ TEST(LayerGpu, WorkspaceBoundCoversRandomPlans) {
   }
 }
 
-Scenario sparse(CacheFormat format, int h, int topk) {
-  Scenario sc;
-  sc.sparse = true;
-  sc.format = format;
-  sc.h = h;
-  sc.P = 128;
-  sc.V = 128;
-  sc.topk = topk;
-  sc.page_size = 64;
-  sc.max_model_len = 400;
-  sc.decode_threshold = 2;
-  sc.reqs = {{20, 2}, {300, 2}, {70, 2}, {10, 60}, {150, 100}, {0, 100}};
-  sc.pad_tokens = 3;
-  return sc;
-}
-
 TEST(LayerGpu, SmallSparseBf16AndFp8Caches) {
   MLA_SKIP_WITHOUT_GPU();
-  run_and_compare(sparse(CacheFormat::bf16, 16, 64), "sparse bf16");
-  run_and_compare(sparse(CacheFormat::fp8, 16, 64), "sparse fp8");
+  run_and_compare(sparse_scenario(CacheFormat::bf16, 16, 64), "sparse bf16");
+  run_and_compare(sparse_scenario(CacheFormat::fp8, 16, 64), "sparse fp8");
 }
 
 TEST(LayerGpu, SparseDsMlaMixedBatch) {
   MLA_SKIP_WITHOUT_GPU();
-  const Scenario sc = sparse(CacheFormat::fp8_ds_mla, 16, 64);
+  const Scenario sc = sparse_scenario(CacheFormat::fp8_ds_mla, 16, 64);
   ASSERT_TRUE(make_step(sc).plan.sparse_mixed_batch);
   run_and_compare(sc, "fp8_ds_mla mixed");
 }
@@ -121,7 +105,7 @@ TEST(LayerGpu, SparseDsMlaMixedBatch) {
 TEST(LayerGpu, SparseDsMlaSeparateMode) {
   MLA_SKIP_WITHOUT_GPU();
   for (int h : {32, 128}) {
-    Scenario sc = sparse(CacheFormat::fp8_ds_mla, h, 100);
+    Scenario sc = sparse_scenario(CacheFormat::fp8_ds_mla, h, 100);
     sc.sparse_workspace_rows = 400;  // prefill sequences 70 + 250 fill one chunk, 100 starts a second
     const StepData d = make_step(sc);
     ASSERT_FALSE(d.plan.sparse_mixed_batch);

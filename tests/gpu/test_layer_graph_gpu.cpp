@@ -196,20 +196,11 @@ TEST(LayerGraph, MixedWithChunkedContextAndPadding) {
   }
 }
 
+// The sparse scenario with uniform decodes, other requests, and buffers for every length of the shape.
 Scenario sparse(CacheFormat format, int h, int topk, std::vector<Req> reqs) {
-  Scenario sc;
-  sc.sparse = true;
-  sc.format = format;
-  sc.h = h;
-  sc.P = 128;
-  sc.V = 128;
-  sc.topk = topk;
-  sc.page_size = 64;
-  sc.max_model_len = 400;
-  sc.decode_threshold = 2;
+  Scenario sc = sparse_scenario(format, h, topk);
   sc.require_uniform = true;
   sc.reqs = std::move(reqs);
-  sc.pad_tokens = 3;
   sc.min_table_blocks = 400 / 64 + 2;
   sc.min_cache_blocks = 64;
   return sc;
