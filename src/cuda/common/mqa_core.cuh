@@ -48,7 +48,9 @@
 #include <cstdint>
 
 #include "cuda/common/convert.cuh"
-#include "cuda/common/mma.cuh"
+#include "cuda/common/ptx/cp_async.cuh"
+#include "cuda/common/ptx/ldmatrix.cuh"
+#include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/mqa_params.h"
 #include "cuda/common/mqa_traits.cuh"
 #include "cuda/common/softmax.cuh"

@@ -20,7 +20,9 @@
 #include <cstdint>
 
 #include "cuda/common/convert.cuh"
-#include "cuda/common/mma.cuh"
+#include "cuda/common/ptx/cp_async.cuh"
+#include "cuda/common/ptx/ldmatrix.cuh"
+#include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/prefill/params.h"
 #include "cuda/prefill/traits.cuh"

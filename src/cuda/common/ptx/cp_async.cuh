@@ -1,0 +1,32 @@
+#pragma once
+// cp.async (sm_80+): per-thread asynchronous 16-byte global -> shared copies, completed by commit
+// groups (SASS: LDGSTS). The portable kernels' pipeline; Hopper kernels move tiles with the copy
+// engine instead (tma.cuh), but cp.async still serves scattered rows the tensor map cannot describe.
+// Device test: tests/gpu/test_ptx_sm80.cu.
+#include <cstdint>
+
+#include "cuda/common/ptx/smem.cuh"
+
+namespace mla::cuda::ptx {
+
+// 16-byte copy bypassing L1. Preconditions: both addresses 16-byte aligned; `smem` in shared memory.
+// The data is visible to this thread only after cp_async_wait covering its group, and to other
+// threads after that wait plus a barrier (__syncthreads / named barrier).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
+// Closes this thread's current group of cp.async copies (an empty group is legal and counts).
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Makes the mbarrier track this thread's prior cp.async copies: it counts one arrival of the barrier's
+// expected count when they have landed (.noinc: the arrival is part of the count given at init).
+// Lets cp.async producers feed the same mbarrier pipelines as TMA (mbarrier.cuh).
+__device__ __forceinline__ void cp_async_arrive_mbarrier(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+}  // namespace mla::cuda::ptx
