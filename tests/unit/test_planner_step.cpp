@@ -7,6 +7,7 @@
 #include <random>
 
 #include "mla/error.h"
+#include "mla/ops.h"
 #include "mla/plan.h"
 
 namespace mla {
@@ -115,6 +116,13 @@ TEST(DecodeSchedule, MakePlanAndGraphBound) {
   sp.sparse = true;
   sp.dims = ModelDims::deepseek_v32(8);
   EXPECT_TRUE(make_plan(batch_of({1, 1}, {100, 300}), sp).decode.runs.empty());
+}
+
+// The standalone op's split argument: the CPU needs no scratch and has no SM count; bad counts throw.
+TEST(DecodeSchedule, MqaDecodeSplitArgumentOnTheCpu) {
+  EXPECT_EQ(multiprocessor_count(Device::cpu()), 0);
+  EXPECT_EQ(mqa_decode_workspace_bytes(8, 2, 16, 4096, Device::cpu(), 5), 0u);
+  EXPECT_THROW(mqa_decode_workspace_bytes(8, 2, 16, 4096, Device::cpu(), -1), Error);
 }
 
 std::vector<int32_t> slice(const StepMetadata& m, int64_t at, std::size_t n) {

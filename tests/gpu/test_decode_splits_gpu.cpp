@@ -1,0 +1,59 @@
+// mqa_decode with the split count as an explicit argument (the step plan's decode schedule passes its
+// own): every count from one to the cap matches the CPU float64 oracle with the workspace that
+// mqa_decode_workspace_bytes sizes for that count, and the default (0) is the planner's policy for the
+// device's SM count.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "attention_gpu_util.h"
+#include "cuda/runtime/device_api.h"
+#include "mla/error.h"
+#include "mla/plan.h"
+#include "unit/attention_test_util.h"
+
+namespace mla {
+namespace {
+
+constexpr double kScale = 0.0722;  // 1/sqrt(192)
+
+TEST(DecodeSplitsGpu, ExplicitSplitCountsMatchTheOracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(21);
+  const std::vector<int32_t> lens = {1900, 0, 33, 700, 256};
+  const int64_t b = 5, s_q = 2, h = 16, page = 16, max_blocks = 120;
+  const test::PagedBatch pb = test::paged_batch(CacheFormat::fp8_ds_mla, page, lens, max_blocks);
+  const Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16);
+  Tensor ref_out = test::poisoned({b, s_q, h, 512}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
+  mqa_decode(q, pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
+
+  const Device gpu = Device::cuda(0);
+  const test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
+  const Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
+  const int64_t max_len = max_blocks * page;
+  for (int splits : {1, 2, 3, 7, 16, kDecodeMaxSplits}) {
+    SCOPED_TRACE(splits);
+    const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h, max_len, gpu, splits);
+    EXPECT_EQ(need == 0, splits == 1);
+    Tensor ws = Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(need, 1))}, DType::u8, gpu);
+    Tensor out = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
+    mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view(), Context{}, splits);
+    cuda_rt::synchronize(0);
+    test::expect_attention_close(out, ref_out, lse, ref_lse, "explicit splits");
+    if (splits > 1) {  // the front end insists on the workspace sized for the splits asked for
+      EXPECT_THROW(mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view().slice(0, 0, need - 1),
+                              Context{}, splits),
+                   Error);
+    }
+  }
+  // The default is the planner's policy with the device's SM count.
+  const int sms = multiprocessor_count(gpu);
+  EXPECT_EQ(sms, cuda_rt::device_info(0).sm_count);
+  EXPECT_EQ(mqa_decode_workspace_bytes(b, s_q, h, max_len, gpu),
+            mqa_decode_workspace_bytes(b, s_q, h, max_len, gpu, decode_num_splits(b, s_q, h, max_len, sms)));
+  Tensor out = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu);
+  EXPECT_THROW(mqa_decode(qd, dc.cache, bt, sl, out, {}, kScale, true, {}, Context{}, kDecodeMaxSplits + 1), Error);
+}
+
+}  // namespace
+}  // namespace mla
