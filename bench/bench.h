@@ -15,6 +15,8 @@ struct BenchOptions {
   int warmup = 5;
   int iters = 30;
   bool quick = false;            // smaller sizes (smoke test)
+  std::string variant;           // force this kernel variant (include/mla/variants.h) in every family
+                                 // that has one of that name; empty = automatic selection
 };
 
 // Runs the selected benchmarks on CUDA device `device` and prints tables. Returns a process exit code.

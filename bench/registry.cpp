@@ -16,6 +16,7 @@
 
 #include "families.h"
 #include "mla/error.h"
+#include "mla/variants.h"
 
 #if MLA_WITH_CUDA
 #include <cuda_runtime.h>
@@ -92,21 +93,29 @@ double BenchContext::time_ms(const std::function<void()>& launch) {
 
 void BenchContext::report(const std::string& op, const std::string& config, double ms, double bytes, double flops,
                           const std::string& formula) {
+  const std::vector<std::string> families = variant_families();
+  const std::string variant =
+      std::find(families.begin(), families.end(), op) != families.end() ? last_variant(op) : std::string();
   if (op != last_op_) {
-    std::printf("\n%s   [%s]\n", op.c_str(), formula.c_str());
+    std::printf("\n%s   [%s]%s\n", op.c_str(), formula.c_str(),
+                variant.empty() ? "" : ("   variant " + variant).c_str());
     std::printf("  %-46s %10s %9s %7s %9s %7s\n", "config", "time ms", "GB/s", "%copy", "TFLOP/s", "%gemm");
     last_op_ = op;
+    op_variant_ = variant;
   }
+  // A row run by another variant than the op's first row (automatic selection by shape) says so.
+  const std::string note = variant != op_variant_ ? "   variant " + variant : "";
   const double gbps = ms > 0 ? bytes / (ms * 1e6) : 0;  // bytes / (ms * 1e-3) / 1e9
   const double tflops = ms > 0 ? flops / (ms * 1e9) : 0;
   const double pct_copy = ceilings_.copy_gbps > 0 ? 100.0 * gbps / ceilings_.copy_gbps : 0;
   const double pct_gemm = ceilings_.gemm_tflops > 0 ? 100.0 * tflops / ceilings_.gemm_tflops : 0;
   if (flops > 0)
-    std::printf("  %-46s %10.4f %9.1f %6.1f%% %9.1f %6.1f%%\n", config.c_str(), ms, gbps, pct_copy, tflops, pct_gemm);
+    std::printf("  %-46s %10.4f %9.1f %6.1f%% %9.1f %6.1f%%%s\n", config.c_str(), ms, gbps, pct_copy, tflops, pct_gemm,
+                note.c_str());
   else
-    std::printf("  %-46s %10.4f %9.1f %6.1f%% %9s %7s\n", config.c_str(), ms, gbps, pct_copy, "-", "-");
+    std::printf("  %-46s %10.4f %9.1f %6.1f%% %9s %7s%s\n", config.c_str(), ms, gbps, pct_copy, "-", "-", note.c_str());
   std::fflush(stdout);
-  rows_.push_back({op, config, formula, ms, bytes, flops});
+  rows_.push_back({op, config, formula, ms, bytes, flops, variant});
 }
 
 int run(const BenchOptions& o) {
@@ -128,6 +137,23 @@ int run(const BenchOptions& o) {
     return o.ops.empty() || std::find(o.ops.begin(), o.ops.end(), name) != o.ops.end();
   };
 
+  // --variant: force it in every family that has a variant of that name (guards live for the run).
+  std::vector<std::unique_ptr<ForceVariant>> forced;
+  std::string forced_in;
+  if (!o.variant.empty()) {
+    std::string known;
+    for (const std::string& f : variant_families())
+      for (const VariantInfo& v : list_variants(f)) {
+        known += (known.empty() ? "" : ", ") + f + ":" + v.name;
+        if (v.name != o.variant) continue;
+        forced.push_back(std::make_unique<ForceVariant>(f, o.variant));
+        forced_in += (forced_in.empty() ? "" : ", ") + f;
+      }
+    if (forced.empty())
+      throw Error(fmt::format("mla bench: no kernel family has a variant '{}' (family:variant pairs: {})", o.variant,
+                              known));
+  }
+
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const cuda_rt::DeviceInfo info = cuda_rt::device_info(o.device);
@@ -135,6 +161,7 @@ int run(const BenchOptions& o) {
   std::printf("mla bench on %s (cc %d.%d, %d SMs, L2 %.0f MB, %.1f GiB), %s%s, warm-up %d, median of %d, L2 flushed\n",
               info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count, info.l2_bytes / 1e6,
               info.total_mem / 1073741824.0, now_utc().c_str(), o.quick ? ", QUICK sizes" : "", o.warmup, o.iters);
+  if (!forced.empty()) std::printf("variant %s forced in %s\n", o.variant.c_str(), forced_in.c_str());
   int rc = 0;
   {
     BenchContext ctx(o, stream);
@@ -159,11 +186,12 @@ int run(const BenchOptions& o) {
       j["quick"] = o.quick;
       j["warmup"] = o.warmup;
       j["iters"] = o.iters;
+      j["variant"] = o.variant;
       j["ceilings"] = {{"copy_gbps", ctx.ceilings().copy_gbps}, {"gemm_tflops", ctx.ceilings().gemm_tflops}};
       for (const Row& r : ctx.rows()) {
         const double gbps = r.ms > 0 ? r.bytes / (r.ms * 1e6) : 0, tflops = r.ms > 0 ? r.flops / (r.ms * 1e9) : 0;
         j["rows"].push_back({{"op", r.op}, {"config", r.config}, {"formula", r.formula}, {"time_ms", r.ms},
-                             {"bytes", r.bytes}, {"flops", r.flops}, {"gbps", gbps}, {"tflops", tflops},
+                             {"bytes", r.bytes}, {"flops", r.flops}, {"variant", r.variant}, {"gbps", gbps}, {"tflops", tflops},
                              {"pct_copy", ctx.ceilings().copy_gbps > 0 ? 100 * gbps / ctx.ceilings().copy_gbps : 0},
                              {"pct_gemm", ctx.ceilings().gemm_tflops > 0 ? 100 * tflops / ctx.ceilings().gemm_tflops : 0}});
       }

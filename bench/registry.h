@@ -34,6 +34,7 @@ struct Ceilings {
 struct Row {
   std::string op, config, formula;
   double ms = 0, bytes = 0, flops = 0;
+  std::string variant;  // the kernel variant that ran, when `op` is a kernel family with variants
 };
 
 class BenchContext {
@@ -71,7 +72,7 @@ class BenchContext {
   void* start_ = nullptr;
   void* stop_ = nullptr;
   std::vector<Row> rows_;
-  std::string last_op_;
+  std::string last_op_, op_variant_;
 };
 
 using BenchFn = std::function<void(BenchContext&)>;

@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "mla/error.h"
 #include "mla/tensor.h"
+#include "mla/variants.h"
 
 namespace mla::app {
 
@@ -25,6 +26,15 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
   cmd->add_option("--iters", o.iters, "Timed iterations per measurement (the median is reported)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--variant", o.variant,
+                  "Force this kernel variant in every kernel family that has one of that name (default: the best "
+                  "variant the device and problem allow). Variants: " +
+                      [] {
+                        std::string s;
+                        for (const std::string& f : variant_families())
+                          for (const VariantInfo& v : list_variants(f)) s += (s.empty() ? "" : ", ") + f + ":" + v.name;
+                        return s.empty() ? std::string("none in this build (no CUDA backend)") : s;
+                      }());
   cmd->add_option("--warmup", o.warmup, "Untimed warm-up iterations")->check(CLI::NonNegativeNumber)->capture_default_str();
   return cmd;
 }

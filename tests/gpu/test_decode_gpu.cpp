@@ -16,6 +16,7 @@
 #include "cuda/runtime/device_api.h"
 #include "mla/plan.h"
 #include "unit/attention_test_util.h"
+#include "variant_test_util.h"
 
 namespace mla {
 namespace {
@@ -59,29 +60,33 @@ std::vector<int32_t> boundary_lens(int64_t page, std::mt19937_64& g) {
   return {0, 1, std::max(p - 1, 1), p, p + 1, 2 * p, longer(g)};
 }
 
-using SweepParam = std::tuple<CacheFormat, int64_t /*page*/, int64_t /*h*/, int64_t /*s_q*/>;
+using SweepParam = std::tuple<CacheFormat, int64_t /*page*/, int64_t /*h*/, int64_t /*s_q*/, std::string /*variant*/>;
 class DecodeGpuSweep : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(DecodeGpuSweep, MatchesFloat64Oracle) {
   MLA_SKIP_WITHOUT_GPU();
-  const auto [format, page, h, s_q] = GetParam();
+  const auto [format, page, h, s_q, variant] = GetParam();
+  MLA_FORCE_VARIANT("mqa_decode", variant);
   test::reseed(static_cast<uint64_t>(page * 1000 + h * 10 + s_q) + static_cast<uint64_t>(format) * 100000 + 7);
   const std::vector<int32_t> lens = boundary_lens(page, test::rng());
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
   PagedBatch pb = test::paged_batch(format, page, lens, (max_len + page - 1) / page + 1);
   Tensor q = test::random_tensor({static_cast<int64_t>(lens.size()), s_q, h, 576}, DType::bf16);
-  DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true);
+  DecodeRun r;
+  MLA_SKIP_IF_DECLINED(r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true));
+  test::expect_variant_ran("mqa_decode", variant);
   test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, "sweep");
 }
 
 INSTANTIATE_TEST_SUITE_P(All, DecodeGpuSweep,
                          ::testing::Combine(::testing::ValuesIn(test::kAllFormats), ::testing::Values(1, 16, 64),
-                                            ::testing::Values(1, 8, 16, 32, 64, 128), ::testing::Values(1, 2, 4)),
+                                            ::testing::Values(1, 8, 16, 32, 64, 128), ::testing::Values(1, 2, 4),
+                                            ::testing::ValuesIn(test::variants_of("mqa_decode"))),
                          [](const ::testing::TestParamInfo<SweepParam>& info) {
                            return std::string(to_string(std::get<0>(info.param))) + "_page" +
                                   std::to_string(std::get<1>(info.param)) + "_h" +
                                   std::to_string(std::get<2>(info.param)) + "_sq" +
-                                  std::to_string(std::get<3>(info.param));
+                                  std::to_string(std::get<3>(info.param)) + "_" + std::get<4>(info.param);
                          });
 
 // Long contexts with few CTAs: many KV splits merged by the combine kernel; peaky attention (large q).

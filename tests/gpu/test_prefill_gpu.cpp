@@ -11,6 +11,7 @@
 #include "attention_gpu_util.h"
 #include "cuda/runtime/device_api.h"
 #include "unit/attention_test_util.h"
+#include "variant_test_util.h"
 
 namespace mla {
 namespace {
@@ -76,22 +77,25 @@ using Lens = std::vector<std::pair<int32_t, int32_t>>;
 const Lens kSmallHeadLens = {{0, 0}, {0, 5}, {5, 0}, {1, 1}, {3, 1}, {64, 64}, {65, 130}, {100, 37}, {130, 200}};
 const Lens kLargeHeadLens = {{0, 3}, {5, 0}, {1, 1}, {64, 64}, {65, 130}, {100, 37}};
 
-using SweepParam = std::tuple<int64_t /*h*/, bool /*causal*/>;
+using SweepParam = std::tuple<int64_t /*h*/, bool /*causal*/, std::string /*variant*/>;
 class PrefillGpuSweep : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(PrefillGpuSweep, MatchesFloat64Oracle) {
   MLA_SKIP_WITHOUT_GPU();
-  const auto [h, causal] = GetParam();
+  const auto [h, causal, variant] = GetParam();
+  MLA_FORCE_VARIANT("mha_prefill", variant);
   test::reseed(static_cast<uint64_t>(h * 2 + causal) + 100);
   const Batch b = make_batch(h, h >= 64 ? kLargeHeadLens : kSmallHeadLens, true);
-  check_batch(b, causal, false, "h " + std::to_string(h) + (causal ? " causal" : " non-causal"));
+  MLA_SKIP_IF_DECLINED(check_batch(b, causal, false, "h " + std::to_string(h) + (causal ? " causal" : " non-causal")));
+  test::expect_variant_ran("mha_prefill", variant);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillGpuSweep,
-                         ::testing::Combine(::testing::Values(1, 8, 16, 32, 64, 128), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(1, 8, 16, 32, 64, 128), ::testing::Bool(),
+                                            ::testing::ValuesIn(test::variants_of("mha_prefill"))),
                          [](const ::testing::TestParamInfo<SweepParam>& info) {
                            return std::string("h") + std::to_string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_causal" : "_full");
+                                  (std::get<1>(info.param) ? "_causal" : "_full") + "_" + std::get<2>(info.param);
                          });
 
 // One k_pe row per head (head stride 64), LSE through a transposed view, a long request.

@@ -14,6 +14,7 @@
 #include "attention_gpu_util.h"
 #include "cuda/runtime/device_api.h"
 #include "unit/attention_test_util.h"
+#include "variant_test_util.h"
 
 namespace mla {
 namespace {
@@ -95,28 +96,31 @@ void check_sparse(const Tensor& q, const Tensor& cache_storage, const KVCache& c
   test::expect_attention_close(out, ref_out, lse, ref_lse, what);
 }
 
-using SweepParam = std::tuple<CacheFormat, int64_t /*page*/, int64_t /*h*/>;
+using SweepParam = std::tuple<CacheFormat, int64_t /*page*/, int64_t /*h*/, std::string /*variant*/>;
 class SparseGpuSweep : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(SparseGpuSweep, MatchesFloat64Oracle) {
   MLA_SKIP_WITHOUT_GPU();
-  const auto [format, page, h] = GetParam();
+  const auto [format, page, h, variant] = GetParam();
+  MLA_FORCE_VARIANT("sparse_mqa", variant);
   test::reseed(static_cast<uint64_t>(page * 1000 + h) + static_cast<uint64_t>(format) * 100000 + 300);
   const int64_t t = 7, topk = 100, nb = (400 + page - 1) / page;
   const SparseCache c = sparse_cache(format, nb, page);
   const Indices ix = make_indices(c, t, topk, nb * page);
   Tensor q = test::random_tensor({t, h, 576}, DType::bf16);
-  check_sparse(q, c.cb.storage, c.cb.cache, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths), 512,
-               "sweep");
+  MLA_SKIP_IF_DECLINED(check_sparse(q, c.cb.storage, c.cb.cache, test::int_tensor_2d(ix.rows),
+                                    test::int_tensor(ix.lengths), 512, "sweep"));
+  test::expect_variant_ran("sparse_mqa", variant);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, SparseGpuSweep,
                          ::testing::Combine(::testing::ValuesIn(test::kAllFormats), ::testing::Values(1, 16, 64),
-                                            ::testing::Values(1, 8, 16, 32, 64, 128)),
+                                            ::testing::Values(1, 8, 16, 32, 64, 128),
+                                            ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
                          [](const ::testing::TestParamInfo<SweepParam>& info) {
                            return std::string(to_string(std::get<0>(info.param))) + "_page" +
                                   std::to_string(std::get<1>(info.param)) + "_h" +
-                                  std::to_string(std::get<2>(info.param));
+                                  std::to_string(std::get<2>(info.param)) + "_" + std::get<3>(info.param);
                          });
 
 // DeepSeek V3.2 shape: top-k 2048 (64 key tiles), 128 heads, page 64, no topk_length (every entry up to

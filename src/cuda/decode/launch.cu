@@ -9,6 +9,7 @@
 #include "cuda/common/mqa_launch.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/decode/kernel.cuh"
+#include "cuda/dispatch/families.h"
 #include "ops/attention_ws.h"
 
 namespace mla::cuda {
@@ -17,9 +18,18 @@ std::size_t decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int num_
   return static_cast<std::size_t>(decode::ws_bytes(b, s_q, h_q, num_splits));
 }
 
-void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
-                const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
-                const TensorView& workspace, const Context& ctx, int num_splits) {
+namespace {
+
+// The "portable" variant: the mma.sync MQA engine (src/cuda/common/mqa_core.cuh), sm_80+, every format,
+// page size, head count and s_q.
+void run_portable(const dispatch::DecodeArgs& a) {
+  const TensorView &q = a.q, &block_table = a.block_table, &seq_lens = a.seq_lens, &out = a.out, &lse = a.lse,
+                   &workspace = a.workspace;
+  const KVCache& cache = a.cache;
+  const double softmax_scale = a.softmax_scale;
+  const bool causal = a.causal;
+  const Context& ctx = a.ctx;
+  const int num_splits = a.num_splits;
   using decode::Traits;
   const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2);
   mqa::check_dims("mqa_decode", q.size(3), out.size(3));
@@ -64,6 +74,24 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
                                     stream>>>(p);
     check_launch("mqa_decode combine");
   }
+}
+
+}  // namespace
+
+// Variants best first (variant_table.h); the first that can run the launch on the device runs it.
+dispatch::Table<dispatch::DecodeArgs>& dispatch::mqa_decode_table() {
+  static Table<DecodeArgs> table(
+      "mqa_decode", {{{"portable", 80, 0, "mma.sync MQA engine: every cache format, page size, h_q and s_q"},
+                      nullptr, run_portable}});
+  return table;
+}
+
+void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
+                const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
+                const TensorView& workspace, const Context& ctx, int num_splits) {
+  dispatch::mqa_decode_table().run(
+      {q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx, num_splits},
+      dispatch::device_cc(q.device.index));
 }
 
 }  // namespace mla::cuda

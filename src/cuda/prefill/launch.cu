@@ -5,6 +5,7 @@
 
 #include "cuda/common/launch.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/dispatch/families.h"
 #include "cuda/prefill/kernel.cuh"
 
 namespace mla::cuda {
@@ -15,12 +16,14 @@ bool rows_aligned16(const TensorView& t) {
          t.size(2) % 8 == 0;
 }
 
-}  // namespace
-
-void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,
-                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
-                 int64_t /*max_seqlen_k: keys are streamed, no bound needed*/, const TensorView& out,
-                 const TensorView& lse, double softmax_scale, bool causal, const Context& ctx) {
+// The "portable" variant: the mma.sync prefill engine (kernel.cuh), sm_80+.
+void run_portable(const dispatch::PrefillArgs& a) {
+  const TensorView &q = a.q, &k_nope = a.k_nope, &k_pe = a.k_pe, &v = a.v, &cu_seqlens_q = a.cu_seqlens_q,
+                   &cu_seqlens_k = a.cu_seqlens_k, &out = a.out, &lse = a.lse;
+  const int64_t max_seqlen_q = a.max_seqlen_q;  // max_seqlen_k: keys are streamed, no bound needed
+  const double softmax_scale = a.softmax_scale;
+  const bool causal = a.causal;
+  const Context& ctx = a.ctx;
   using prefill::Traits;
   const int64_t d_nope = k_nope.size(2), d_rope = k_pe.size(2), d_v = v.size(2);
   if (d_nope + d_rope > Traits::kMaxDqk || d_v > Traits::kMaxDv)
@@ -77,6 +80,25 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
              "mha_prefill: shared-memory limit");
   prefill::mha_prefill_kernel<<<grid, Traits::kThreads, Traits::kSmem, stream_of(ctx)>>>(p);
   check_launch("mha_prefill");
+}
+
+}  // namespace
+
+// Variants best first (variant_table.h).
+dispatch::Table<dispatch::PrefillArgs>& dispatch::mha_prefill_table() {
+  static Table<PrefillArgs> table(
+      "mha_prefill", {{{"portable", 80, 0, "mma.sync engine: d_nope + d_rope <= 192, d_v <= 128"}, nullptr,
+                       run_portable}});
+  return table;
+}
+
+void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,
+                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                 int64_t max_seqlen_k, const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
+                 const Context& ctx) {
+  dispatch::mha_prefill_table().run({q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
+                                     lse, softmax_scale, causal, ctx},
+                                    dispatch::device_cc(q.device.index));
 }
 
 }  // namespace mla::cuda

@@ -6,12 +6,19 @@
 #include "cuda/common/launch.h"
 #include "cuda/common/mqa_launch.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/dispatch/families.h"
 #include "cuda/sparse/kernel.cuh"
 
 namespace mla::cuda {
 
-void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
-                const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx) {
+namespace {
+
+// The "portable" variant: the mma.sync MQA engine (src/cuda/common/mqa_core.cuh), sm_80+, every format.
+void run_portable(const dispatch::SparseArgs& a) {
+  const TensorView &q = a.q, &indices = a.indices, &topk_length = a.topk_length, &out = a.out, &lse = a.lse;
+  const KVCache& kv = a.kv;
+  const double softmax_scale = a.softmax_scale;
+  const Context& ctx = a.ctx;
   using sparse::Traits;
   const int64_t t = q.size(0), h_q = q.size(1), topk = indices.size(1);
   mqa::check_dims("sparse_mqa", q.size(2), out.size(2));
@@ -38,6 +45,22 @@ void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indice
              "sparse_mqa: shared-memory limit");
   kernel<<<grid, Traits::kThreads, smem, stream_of(ctx)>>>(p);
   check_launch("sparse_mqa");
+}
+
+}  // namespace
+
+// Variants best first (variant_table.h).
+dispatch::Table<dispatch::SparseArgs>& dispatch::sparse_mqa_table() {
+  static Table<SparseArgs> table(
+      "sparse_mqa", {{{"portable", 80, 0, "mma.sync MQA engine: every cache format, any top-k and h_q"}, nullptr,
+                      run_portable}});
+  return table;
+}
+
+void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
+                const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx) {
+  dispatch::sparse_mqa_table().run({q, kv, indices, topk_length, out, lse, softmax_scale, ctx},
+                                   dispatch::device_cc(q.device.index));
 }
 
 }  // namespace mla::cuda
