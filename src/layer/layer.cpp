@@ -101,6 +101,13 @@ void validate_forward(const LayerOptions& o, const Plan& p, const StepFacts& f, 
     MLA_CHECK(p.seq_lens[r] <= table_tokens,
               "{}: request {} has seq_len {} but a block_table row covers {} blocks of {} = {} tokens", kFwd, r,
               p.seq_lens[r], a.block_table.size(1), cache.page_size(), table_tokens);
+  // The decode schedule hands each run the first block_cols table columns (BatchDesc::decode_seq_len_bound
+  // may ask for more than the batch's sequences need).
+  for (const DecodeRun& r : p.decode.runs)
+    MLA_CHECK(r.block_cols <= a.block_table.size(1),
+              "{}: the plan's decode schedule reads {} block-table columns (decode_seq_len_bound {} tokens) but "
+              "block_table has {}",
+              kFwd, r.block_cols, r.block_cols * cache.page_size(), a.block_table.size(1));
   check_int_arg(a.seq_lens, o, 1, "seq_lens");
   detail::check_dtype(a.seq_lens, DType::i32, kFwd, "seq_lens");
   detail::check_size(a.seq_lens, 0, p.num_reqs, kFwd, "seq_lens [num_reqs]");

@@ -110,6 +110,8 @@ TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
        [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) {
          x.metadata = TensorView(x.metadata.data, DType::i32, {x.metadata.size(0) / 4});
        }},
+      {"decode schedule sized for a longer bound than the block table covers",
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p = make_plan(BatchDesc{qsl, seq, T, 256}, sc.config()); }},
       {"decode schedule edited past the decodes",
        [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p.decode.runs.back().req_end = nr; }},
   };
