@@ -110,4 +110,21 @@ __device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t
       : "memory");
 }
 
+// ---- L2 prefetches (no shared memory, no barrier): warm L2 with data a later copy will load ----
+// A box of the tensor (e.g. the next KV page while this one is being consumed).
+__device__ __forceinline__ void tma_prefetch_l2_2d(const void* tmap, int32_t c0, int32_t c1) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(detail::gaddr(tmap)), "r"(c0),
+               "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_l2_3d(const void* tmap, int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(detail::gaddr(tmap)),
+               "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+// A contiguous byte range (16-byte aligned, a multiple of 16 bytes).
+__device__ __forceinline__ void bulk_prefetch_l2(const void* gmem, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(detail::gaddr(gmem)), "r"(bytes) : "memory");
+}
+
 }  // namespace mla::cuda::ptx

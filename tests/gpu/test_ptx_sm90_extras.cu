@@ -1,0 +1,175 @@
+// Device tests of the Hopper helpers around the main pipeline: named barriers (barrier.cuh), stmatrix
+// (stmatrix.cuh) and TMA stores with bulk async-groups (tma_store.cuh). Each can fail: the barrier test
+// delays writers so that a barrier that did not wait shows stale values; stmatrix's placement is
+// checked element by element (and round-tripped through ldmatrix); TMA stores are checked against the
+// box's clipped placement with everything outside left untouched.
+#include <cuda.h>
+
+#include <array>
+#include <vector>
+
+#include "cuda/common/ptx/barrier.cuh"
+#include "cuda/common/ptx/fence.cuh"
+#include "cuda/common/ptx/ldmatrix.cuh"
+#include "cuda/common/ptx/stmatrix.cuh"
+#include "cuda/common/ptx/tensor_map.h"
+#include "cuda/common/ptx/tma_store.cuh"
+#include "ptx_test_util.cuh"
+
+namespace mla {
+namespace {
+
+using namespace cuda::ptx;
+
+// 8 warps. Round 1: warps 0-3 and 4-7 each sync on their own barrier (ids 1, 2) after late writes and
+// read a value another warp of their group wrote. Round 2: warp 4 writes then bar.arrive's on id 3;
+// warps 0-3 bar.sync on it (160 threads) and read warp 4's values.
+__global__ void named_barrier_kernel(int* errors) {
+  __shared__ int vals[256], late[32];
+  const int tid = threadIdx.x, warp = tid / 32, group = warp / 4, local = tid % 128;
+  __nanosleep(4000 * (warp % 4));
+  vals[tid] = tid * 3 + 1;
+  named_barrier_sync(1 + group, 128);
+  const int other = group * 128 + (local + 64) % 128;
+  if (vals[other] != other * 3 + 1) atomicAdd(errors, 1);
+  if (warp == 4) {
+    __nanosleep(20000);
+    late[tid % 32] = tid * 7;
+    named_barrier_arrive(3, 160);
+  } else if (warp < 4) {
+    named_barrier_sync(3, 160);
+    if (late[tid % 32] != (128 + tid % 32) * 7) atomicAdd(errors, 100);
+  }
+}
+
+TEST(PtxBarrier, NamedBarriersSyncOnlyTheirWarps) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::DevBuf<int> errors(1);
+  errors.fill_bytes(0);
+  named_barrier_kernel<<<1, 256>>>(errors.p);
+  MLA_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(errors.download()[0], 0);
+}
+
+__host__ __device__ inline uint16_t stm_value(int i, int r, int c) { return static_cast<uint16_t>(i * 64 + r * 8 + c + 1); }
+
+// One warp stores the four matrices (value stm_value) with stmatrix and stmatrix.trans into two 16x16
+// tiles (matrix i at rows (i % 2) * 8, cols (i / 2) * 8), copies both out, and reloads the plain tile
+// with ldmatrix to compare with the registers it stored.
+__global__ void stmatrix_kernel(uint16_t* plain_out, uint16_t* trans_out, int* roundtrip_errors) {
+  __shared__ __align__(128) uint16_t plain[256], trans[256];
+  const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+  uint32_t r[4];
+  for (int i = 0; i < 4; ++i)
+    r[i] = static_cast<uint32_t>(stm_value(i, g, 2 * t)) | (static_cast<uint32_t>(stm_value(i, g, 2 * t + 1)) << 16);
+  const int row = ((lane / 8) % 2) * 8 + lane % 8, col = (lane / 16) * 8;
+  stmatrix_x4(plain + row * 16 + col, r);
+  stmatrix_x4_trans(trans + row * 16 + col, r);
+  __syncwarp();
+  for (int e = lane; e < 256; e += 32) plain_out[e] = plain[e], trans_out[e] = trans[e];
+  uint32_t back[4];
+  ldmatrix_x4(back, plain + row * 16 + col);
+  for (int i = 0; i < 4; ++i)
+    if (back[i] != r[i]) atomicAdd(roundtrip_errors, 1);
+}
+
+TEST(PtxStmatrix, PlacementAndLdmatrixRoundTrip) {
+  MLA_SKIP_UNLESS_SM90();
+  test::DevBuf<uint16_t> plain(256), trans(256);
+  test::DevBuf<int> errors(1);
+  errors.fill_bytes(0);
+  stmatrix_kernel<<<1, 32>>>(plain.p, trans.p, errors.p);
+  MLA_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> p = plain.download(), q = trans.download();
+  for (int i = 0; i < 4; ++i)
+    for (int r = 0; r < 8; ++r)
+      for (int c = 0; c < 8; ++c) {
+        const int base = (i % 2) * 8 * 16 + (i / 2) * 8;
+        EXPECT_EQ(p[base + r * 16 + c], stm_value(i, r, c)) << "plain: matrix " << i << " (" << r << "," << c << ")";
+        EXPECT_EQ(q[base + c * 16 + r], stm_value(i, r, c)) << "trans: matrix " << i << " (" << r << "," << c << ")";
+      }
+  EXPECT_EQ(errors.download()[0], 0) << "ldmatrix did not read back what stmatrix stored";
+}
+
+__host__ __device__ inline uint16_t tile_value(int64_t i) { return static_cast<uint16_t>((i * 40503) | 1); }
+
+// 128 threads write box element k (row-major over the box) = tile_value(k) into its shared position
+// (128B swizzle when `swizzled`), fence, and one thread stores the box at `at`.
+__global__ void tma_store_kernel(const __grid_constant__ CUtensorMap map, int rank, int32_t c0, int32_t c1, int32_t c2,
+                                 int box0, int elems, int swizzled) {
+  extern __shared__ uint8_t raw[];
+  uint8_t* tile = align1024(raw);
+  for (int k = threadIdx.x; k < elems; k += blockDim.x) {
+    const int row = k / box0, x = (k % box0) * 2;
+    const int off = swizzled ? row * 128 + (((x / 16) ^ (row % 8)) * 16) + x % 16 : row * box0 * 2 + x;
+    *reinterpret_cast<uint16_t*>(tile + off) = tile_value(k);
+  }
+  fence_proxy_async_smem();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (rank == 2) tma_store_2d(&map, tile, c0, c1);
+    else tma_store_3d(&map, tile, c0, c1, c2);
+    bulk_commit_group();
+    bulk_wait_group_read<0>();
+    bulk_wait_group<0>();
+  }
+}
+
+struct StoreCase {
+  std::array<int64_t, 3> dims;
+  std::array<int32_t, 3> box, at;
+  int rank;
+  bool swizzle;
+};
+
+void check_store(const StoreCase& sc) {
+  const int r = sc.rank;
+  std::array<int64_t, 3> stride{1, sc.dims[0], sc.dims[0] * sc.dims[1]};
+  const int64_t total = stride[r - 1] * sc.dims[r - 1];
+  constexpr uint16_t kUntouched = 0x7777;
+  test::DevBuf<uint16_t> dst(std::vector<uint16_t>(static_cast<std::size_t>(total), kUntouched));
+  TmaTensor t;
+  t.base = dst.p;
+  t.rank = r;
+  for (int i = 0; i < r; ++i) t.dims[i] = sc.dims[i], t.strides[i] = stride[i], t.box[i] = sc.box[i];
+  t.swizzle = sc.swizzle ? TmaSwizzle::b128 : TmaSwizzle::none;
+  const CUtensorMap map = make_tensor_map(t, "tma store test");
+  const int elems = static_cast<int>(box_bytes(t) / 2), smem = elems * 2 + 1024;
+  MLA_CUDA_OK(cudaFuncSetAttribute(tma_store_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  tma_store_kernel<<<1, 128, smem>>>(map, r, sc.at[0], sc.at[1], r == 3 ? sc.at[2] : 0, sc.box[0], elems,
+                                     sc.swizzle);
+  MLA_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = dst.download();
+  int bad = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    const int64_t g[3] = {i % sc.dims[0], (i / sc.dims[0]) % sc.dims[1], r == 3 ? i / stride[2] : 0};
+    int64_t k = 0, mul = 1;
+    bool in_box = true;
+    for (int d = 0; d < r; ++d) {
+      const int64_t b = g[d] - sc.at[d];
+      in_box = in_box && b >= 0 && b < sc.box[d];
+      k += b * mul;
+      mul *= sc.box[d];
+    }
+    const uint16_t want = in_box ? tile_value(k) : kUntouched;
+    if (got[i] != want && ++bad <= 5)
+      ADD_FAILURE() << "element " << i << ": got " << got[i] << " want " << want << (in_box ? " (stored)" : " (untouched)");
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(PtxTmaStore, BoxesLandClippedAndNothingElseIsWritten) {
+  MLA_SKIP_UNLESS_SM90();
+  const std::vector<StoreCase> cases = {
+      {{104, 70, 1}, {64, 32, 1}, {8, 16, 0}, 2, false},  // rows of 208 bytes: TMA strides are 16-byte multiples
+      {{104, 70, 1}, {64, 32, 1}, {48, 50, 0}, 2, true},  // clipped in both dimensions, swizzled tile
+      {{64, 20, 5}, {64, 8, 2}, {0, 16, 4}, 3, true},
+  };
+  for (const StoreCase& sc : cases) {
+    SCOPED_TRACE("rank " + std::to_string(sc.rank) + (sc.swizzle ? " swizzle128" : " plain"));
+    check_store(sc);
+  }
+}
+
+}  // namespace
+}  // namespace mla
