@@ -2,7 +2,7 @@
 // The benchmark registry behind `mla bench` (bench.h). Plain C++ (no fmt, no JSON types): benchmark
 // sources may be .cu files compiled by nvcc.
 //
-// Adding benchmarks (e.g. a new bench/attention.cu):
+// Adding benchmarks (e.g. a new bench/<family>.cu):
 //   1. write `void register_attention(Registry& r)` that calls
 //        r.add("mqa_decode", "absorbed MQA decode over the paged cache", [](BenchContext& ctx) { ... });
 //      once per benchmark name (the names `--ops` selects; BenchOptions lists the usual ones);

@@ -1,6 +1,6 @@
 #pragma once
 // Paged latent KV cache: the descriptor every cache-reading/writing op takes, and the exact byte
-// layout of each format (DESIGN.md §4, mla_semantics.md §3).
+// layout of each format (DESIGN.md §4, docs/SEMANTICS.md §3).
 #include <cstdint>
 
 #include "mla/tensor.h"

@@ -1,6 +1,6 @@
 #pragma once
 // MlaAttention: one DeepSeek MLA attention layer (the part between RoPE and o_proj), as vLLM's
-// MLAAttention forward runs it (mla_semantics.md §2):
+// MLAAttention forward runs it (docs/SEMANTICS.md §2):
 //   1. write_cache(kv_c, k_pe) at slot_mapping (new tokens visible to this step)
 //   2. decode tokens:  ql = q_nope · W_UK_T (bmm) | mqa_decode([ql | q_pe], cache) | out = o_lat · W_UV
 //   3. prefill tokens: k_nope, v = kv_c · kv_b_proj | causal MHA over new tokens, then per context chunk

@@ -2,7 +2,7 @@
 // The Planner: pure host functions that turn a scheduler batch into a step Plan (decode/prefill
 // split, the decode schedule, context chunks, sparse mapping, the packed metadata the kernels read).
 // No device access, no allocation of device memory; every function is unit-tested on the CPU against
-// the worked examples of mla_semantics.md §8, §9 and §11. Kernels and the layer assume a validated
+// the worked examples of docs/SEMANTICS.md §8, §9 and §11. Kernels and the layer assume a validated
 // Plan. Plan once per step, run every layer of the step with it (mla/layer.h): the plan's metadata is
 // written into a caller-owned pinned buffer and uploaded once (upload_step_metadata), and every
 // layer's forward() only reads the device copy.

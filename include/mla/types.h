@@ -22,7 +22,7 @@ std::size_t dtype_size(DType t);
 const char* to_string(DType t);
 bool is_floating(DType t);  // f32, f64, bf16, f16, fp8_e4m3
 
-// Paged latent-cache formats (DESIGN.md §4, mla_semantics.md §3).
+// Paged latent-cache formats (DESIGN.md §4, docs/SEMANTICS.md §3).
 enum class CacheFormat : uint8_t {
   bf16 = 0,        // [num_blocks, page_size, d_qk] bf16
   fp8 = 1,         // [num_blocks, page_size, d_qk] e4m3, one per-tensor scale (write x/scale sat., read q*scale)

@@ -1,4 +1,4 @@
-// Planner, part 2: workspace sizes, dense context chunks (mla_semantics.md §9) and the sparse
+// Planner, part 2: workspace sizes, dense context chunks (docs/SEMANTICS.md §9) and the sparse
 // prefill workspace chunks and head padding (§11.4-11.5).
 #include <algorithm>
 #include <limits>

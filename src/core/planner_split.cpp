@@ -1,5 +1,5 @@
 // Planner, part 1: request classification, batch reorder, decode/prefill split and decode
-// thresholds (mla_semantics.md §8).
+// thresholds (docs/SEMANTICS.md §8).
 #include <algorithm>
 #include <map>
 

@@ -1,4 +1,4 @@
-// CPU mqa_decode: absorbed MQA over the paged latent cache (mla_semantics.md §6, ops.h).
+// CPU mqa_decode: absorbed MQA over the paged latent cache (docs/SEMANTICS.md §6, ops.h).
 //
 // One group per request: its rows are every (query of the step, head) pair, row r = i * h_q + head, and
 // its keys are the request's positions [0, seq_len) mapped through the block table. Causality within

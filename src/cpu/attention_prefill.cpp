@@ -1,4 +1,4 @@
-// CPU mha_prefill: varlen multi-head attention over up-projected K/V (mla_semantics.md §9-10, ops.h).
+// CPU mha_prefill: varlen multi-head attention over up-projected K/V (docs/SEMANTICS.md §9-10, ops.h).
 //
 // Work item = (request, head, span of up to kTilesPerItem tiles of kQueryTile query rows). Each tile's
 // queries are converted (and transposed) once; keys ([k_nope | k_pe], the head stride of k_pe possibly 0)

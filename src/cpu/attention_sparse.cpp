@@ -1,5 +1,5 @@
 // CPU sparse_mqa: MQA of each query token over its own top-k cache rows (FlashMLA-sparse semantics,
-// mla_semantics.md §11, ops.h).
+// docs/SEMANTICS.md §11, ops.h).
 //
 // One group per token: its rows are the heads, its keys the valid indices (in [0, num_slots), at
 // positions below topk_length) in index order, duplicates included (a duplicated row counts twice in

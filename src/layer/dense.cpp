@@ -1,5 +1,5 @@
 // Dense MLA: decode tokens through the absorbed MQA over the latent cache, prefill tokens through
-// MHA with up-projected K/V and the chunked context merged by LSE (mla_semantics.md §2, §9).
+// MHA with up-projected K/V and the chunked context merged by LSE (docs/SEMANTICS.md §2, §9).
 #include <utility>
 
 #include "layer/layer_internal.h"

@@ -1,5 +1,5 @@
 // MlaAttention: weight absorption, workspace sizing, argument validation and the forward step
-// (mla_semantics.md §2). The step itself lives in dense.cpp / sparse.cpp; the workspace layout is
+// (docs/SEMANTICS.md §2). The step itself lives in dense.cpp / sparse.cpp; the workspace layout is
 // documented in layer_internal.h.
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-// Planner tests: every worked example of mla_semantics.md §8, §9 and §11.4-11.5, the Plan
+// Planner tests: every worked example of docs/SEMANTICS.md §8, §9 and §11.4-11.5, the Plan
 // assembled by make_plan, bad input, and randomized coverage properties.
 #include <gtest/gtest.h>
 

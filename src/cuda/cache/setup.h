@@ -1,7 +1,7 @@
 #pragma once
 // Host side of the cache kernels: POD params from validated views, and the choice between the
 // vector and the element-wise variant from the actual alignment. Shared by launch.cu and the kernel
-// tuning benchmark (bench/tune_cache.cu), so both run exactly the same configurations.
+// tuning benchmark (the tune_cache family in bench/cache.cu), so both run exactly the same configurations.
 #include <cstdint>
 #include <string>
 

@@ -1,5 +1,5 @@
 #pragma once
-// mqa_decode: absorbed MQA over the paged latent cache (mla_semantics.md §6), split-KV.
+// mqa_decode: absorbed MQA over the paged latent cache (docs/SEMANTICS.md §6), split-KV.
 //
 // Algorithm: request b's rows (i, h), M = s_q * h_q of them, are cut into 64-row tiles; its positions
 // [0, seq_len) into num_splits contiguous ranges of whole 32-key tiles. One CTA of the MQA engine

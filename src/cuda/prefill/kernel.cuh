@@ -1,5 +1,5 @@
 #pragma once
-// mha_prefill: varlen multi-head attention over up-projected K/V (mla_semantics.md §9-10, ops.h).
+// mha_prefill: varlen multi-head attention over up-projected K/V (docs/SEMANTICS.md §9-10, ops.h).
 //
 // Algorithm (FlashAttention-2, bf16 mma.sync m16n8k16 with fp32 accumulation):
 //   One CTA per (64-query tile, head, request); heavy causal tiles are launched first. K rows are

@@ -1,6 +1,6 @@
 #pragma once
 // sparse_mqa: MQA of each token's heads over its own top-k cache rows (FlashMLA-sparse semantics,
-// mla_semantics.md §11.6, ops.h).
+// docs/SEMANTICS.md §11.6, ops.h).
 //
 // Algorithm: token t's h_q heads are cut into 64-row tiles; one CTA of the MQA engine
 // (common/mqa_core.cuh: warp roles, shared-memory budget and pipeline are described there) streams
