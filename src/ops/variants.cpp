@@ -46,10 +46,7 @@ std::vector<VariantInfo> list_variants(const std::string& family) {
 
 bool variant_runs_on_device(const std::string& family, const std::string& variant, int device) {
 #if MLA_WITH_CUDA
-  for (const VariantInfo& v : find(family).variants())
-    if (v.name == variant) return cuda::dispatch::cc_in_range(v, cuda::dispatch::device_cc(device));
-  find(family).force(variant);  // unknown variant: throws the message listing the known ones
-  return false;
+  return cuda::dispatch::cc_in_range(find(family).info(variant), cuda::dispatch::device_cc(device));
 #else
   (void)variant, (void)device;
   no_family(family);

@@ -109,6 +109,7 @@ TEST(Variants, PublicApiListsForcesAndRestores) {
     ASSERT_FALSE(vs.empty()) << f;
     EXPECT_EQ(vs.back().name, "portable") << f << ": the portable engine is every family's fallback";
     EXPECT_THROW(ForceVariant(f, "no_such_variant"), Error);
+    EXPECT_THROW(variant_runs_on_device(f, "no_such_variant", 0), Error);  // refused before any device query
   }
   EXPECT_EQ(forced_variant("mqa_decode"), "");
   {

@@ -28,18 +28,18 @@ class Family {
   const std::string& name() const { return name_; }
   virtual std::vector<VariantInfo> variants() const = 0;
 
-  bool has(const std::string& variant) const {
-    for (const VariantInfo& v : variants())
-      if (v.name == variant) return true;
-    return false;
+  // The entry named `variant`; throws Error listing the known names when there is none.
+  VariantInfo info(const std::string& variant) const {
+    std::string known;
+    for (const VariantInfo& v : variants()) {
+      if (v.name == variant) return v;
+      known += (known.empty() ? "" : ", ") + v.name;
+    }
+    throw Error("kernel family '" + name_ + "' has no variant '" + variant + "' (variants: " + known + ")");
   }
   // Sets the override ("" = automatic) and returns the previous one. Unknown names throw Error.
   std::string force(const std::string& variant) {
-    if (!variant.empty() && !has(variant)) {
-      std::string known;
-      for (const VariantInfo& v : variants()) known += (known.empty() ? "" : ", ") + v.name;
-      throw Error("kernel family '" + name_ + "' has no variant '" + variant + "' (variants: " + known + ")");
-    }
+    if (!variant.empty()) info(variant);
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(forced_, variant);
   }
