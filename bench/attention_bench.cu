@@ -1,18 +1,24 @@
 // Attention benchmarks (DESIGN.md §6 formulas):
-//   mqa_decode:  b in {64, 128} requests x s_k 4096 keys, s_q 1, h in {16, 128}, page 64, bf16 and
-//                fp8_ds_mla caches, split-KV workspace as sized by mqa_decode_workspace_bytes.
-//                FLOPs = 2*b*h*s_q*s_k*(576+512); bytes = b*s_k*row_bytes (cache rows once) + q + out
+//   mqa_decode:  default: b in {64, 128} requests x s_k 4096 keys, s_q 1, h in {16, 128}, page 64, bf16
+//                and fp8_ds_mla caches; or one shape from the command line (--b --s-q --h-q --s-k --page
+//                --format --varlen); or a named grid (--grid issue7). Split-KV workspace as sized by
+//                mqa_decode_workspace_bytes. FLOPs = 2*h*s_q*sum(seq_lens)*(576+512);
+//                bytes = sum(seq_lens)*row_bytes (cache rows once) + q + out
 //   mha_prefill: causal self-attention (b x s tokens, s_q = s_k = s) and a non-causal context chunk;
 //                h 128 / 16, d_qk 192 (k_pe shared by all heads), d_v 128.
 //                FLOPs causal = b*h*(s^2/2)*2*(192+128), non-causal = b*h*s_q*s_k*2*(192+128);
 //                bytes = q + k_nope + k_pe + v + out (+ lse), each once
 //   sparse_mqa:  T tokens x topk 2048 distinct cache rows (page 64), h 128 / 16, bf16 and fp8_ds_mla.
 //                FLOPs = 2*T*h*topk*(576+512); bytes = distinct rows * row_bytes + q + out
+#include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "mla/cache.h"
+#include "mla/error.h"
 #include "mla/ops.h"
+#include "mla/variants.h"
 #include "registry.h"
 
 namespace mla::bench {
@@ -33,36 +39,94 @@ Tensor device_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> 
   return h.to(dev);
 }
 
-void bench_decode(BenchContext& ctx) {
+// One mqa_decode shape: b requests of `s_k` keys (varlen: uniform in [1, s_k], seeded), s_q queries,
+// h heads, every request's pages scattered over one cache. flashmla_us > 0 is printed beside the row.
+struct DecodeCase {
+  int64_t b, s_q, h, s_k, page;
+  CacheFormat format;
+  bool varlen;
+  double flashmla_us;
+};
+
+void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   const Device dev = Device::cuda(ctx.device());
   const Context op = ctx.op_context();
-  const int64_t s_k = ctx.quick() ? 1024 : 4096, s_q = 1, page = 64, pages = s_k / page;
-  const std::vector<int64_t> batches = ctx.quick() ? std::vector<int64_t>{64} : std::vector<int64_t>{64, 128};
-  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
-    for (int64_t b : batches) {
-      // Every request owns `pages` scattered blocks of one cache (allocated once per format and batch).
-      CacheBuffer cb = allocate_cache(f, b * pages, page, dev);
-      fill_cache(cb.cache, 61, ctx.stream());
-      Tensor bt = device_i32(random_permutation(b * pages, 62), {b, pages}, dev);
-      Tensor sl = device_i32(std::vector<int32_t>(static_cast<std::size_t>(b), static_cast<int32_t>(s_k)), {b}, dev);
-      for (int64_t h : {16, 128}) {
-        Tensor q = Tensor::empty({b, s_q, h, 576}, DType::bf16, dev);
-        fill_uniform(q, -1, 1, 63, ctx.stream());
-        Tensor out = Tensor::empty({b, s_q, h, 512}, DType::bf16, dev), lse = Tensor::empty({b, s_q, h}, DType::f32, dev);
-        const std::size_t ws_bytes = mqa_decode_workspace_bytes(b, s_q, h, s_k, dev);
-        Tensor ws = ws_bytes ? Tensor::empty({static_cast<int64_t>(ws_bytes)}, DType::u8, dev) : Tensor();
-        const double ms =
-            ctx.time_ms([&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op); });
-        const double bytes = static_cast<double>(b) * s_k * static_cast<double>(cache_entry_bytes(f)) +
-                             static_cast<double>(b) * s_q * h * (576 + 512) * 2.0;
-        const double flops = 2.0 * b * h * s_q * s_k * (576 + 512);
-        ctx.report("mqa_decode",
-                   "b=" + std::to_string(b) + " s_k=" + std::to_string(s_k) + " h=" + std::to_string(h) + " " +
-                       to_string(f) + (ws_bytes ? " split" : ""),
-                   ms, bytes, flops, "FLOPs = 2*b*h*s_q*s_k*(576+512); bytes = b*s_k*row_bytes + q + out");
-      }
-    }
+  const int64_t pages = (c.s_k + c.page - 1) / c.page;
+  CacheBuffer cb = allocate_cache(c.format, c.b * pages, c.page, dev, c.format == CacheFormat::fp8 ? 0.01f : 1.0f);
+  fill_cache(cb.cache, 61, ctx.stream());
+  Tensor bt = device_i32(random_permutation(c.b * pages, 62), {c.b, pages}, dev);
+  std::vector<int32_t> lens(static_cast<std::size_t>(c.b), static_cast<int32_t>(c.s_k));
+  if (c.varlen) {
+    std::mt19937_64 g(64);
+    std::uniform_int_distribution<int32_t> u(1, static_cast<int32_t>(c.s_k));
+    for (auto& l : lens) l = u(g);
   }
+  double keys = 0;
+  for (int32_t l : lens) keys += l;
+  Tensor sl = device_i32(lens, {c.b}, dev);
+  Tensor q = Tensor::empty({c.b, c.s_q, c.h, 576}, DType::bf16, dev);
+  fill_uniform(q, -1, 1, 63, ctx.stream());
+  Tensor out = Tensor::empty({c.b, c.s_q, c.h, 512}, DType::bf16, dev), lse = Tensor::empty({c.b, c.s_q, c.h}, DType::f32, dev);
+  const std::size_t ws_bytes = mqa_decode_workspace_bytes(c.b, c.s_q, c.h, pages * c.page, dev);
+  Tensor ws = ws_bytes ? Tensor::empty({static_cast<int64_t>(ws_bytes)}, DType::u8, dev) : Tensor();
+  double ms = 0;
+  try {
+    ms = ctx.time_ms([&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op); });
+  } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
+    std::printf("  (skipped: %s)\n", e.what());
+    return;
+  }
+  const double bytes = keys * static_cast<double>(cache_entry_bytes(c.format)) +
+                       static_cast<double>(c.b) * c.s_q * c.h * (576 + 512) * 2.0;
+  const double flops = 2.0 * c.h * c.s_q * keys * (576 + 512);
+  std::string cfg = "b=" + std::to_string(c.b) + " s_q=" + std::to_string(c.s_q) + " h=" + std::to_string(c.h) +
+                    " s_k=" + std::to_string(c.s_k) + (c.varlen ? " varlen" : "") + " p" + std::to_string(c.page) + " " +
+                    to_string(c.format) + (ws_bytes ? " split" : "") + " [" + last_variant("mqa_decode") + "]";
+  if (c.flashmla_us > 0) {
+    char buf[48];
+    std::snprintf(buf, sizeof(buf), " FlashMLA %.0f us (x%.2f)", c.flashmla_us, ms * 1e3 / c.flashmla_us);
+    cfg += buf;
+  }
+  ctx.report("mqa_decode", cfg, ms, bytes, flops,
+             "FLOPs = 2*h*s_q*sum(seq_lens)*(576+512); bytes = sum(seq_lens)*row_bytes + q + out");
+}
+
+// Issue 7's shapes (nvidia-h200 FlashMLA times from the issue, b = 128, page 64, bf16, median, L2
+// flushed), then its other "done when" rows.
+std::vector<DecodeCase> issue7_grid() {
+  constexpr CacheFormat bf = CacheFormat::bf16;
+  std::vector<DecodeCase> g = {
+      {128, 1, 128, 4096, 64, bf, false, 229}, {128, 1, 128, 8192, 64, bf, false, 445},
+      {128, 1, 16, 4096, 64, bf, false, 164},  {128, 1, 16, 8192, 64, bf, false, 311},
+      {128, 2, 128, 8192, 64, bf, false, 803}, {128, 2, 16, 8192, 64, bf, false, 311},
+      {4, 1, 16, 1024, 64, bf, false, 0},      {128, 1, 16, 8192, 64, bf, true, 0},
+  };
+  for (int64_t h : {8, 32, 64}) g.push_back({128, 1, h, 4096, 64, bf, false, 0});
+  for (int64_t page : {1, 16, 32, 128, 256}) g.push_back({128, 1, 16, 4096, page, bf, false, 0});
+  for (CacheFormat f : {CacheFormat::fp8, CacheFormat::fp8_ds_mla})
+    for (int64_t h : {16, 128}) g.push_back({128, 1, h, 4096, 64, f, false, 0});
+  return g;
+}
+
+void bench_decode(BenchContext& ctx) {
+  const BenchOptions::DecodeShape& d = ctx.options().decode;
+  const std::string& grid = ctx.options().decode_grid;
+  std::vector<DecodeCase> cases;
+  if (d.b > 0) {
+    cases.push_back({d.b, d.s_q, d.h, d.s_k, d.page, cache_format_from_string(d.format), d.varlen, 0});
+  } else if (grid == "issue7") {
+    cases = issue7_grid();
+  } else if (!grid.empty()) {
+    throw Error("mla bench: unknown decode grid '" + grid + "' (known: issue7)");
+  } else {
+    // Default rows: b 64 / 128 x s_k 4096, h 16 / 128, page 64, bf16 and fp8_ds_mla.
+    const int64_t s_k = ctx.quick() ? 1024 : 4096;
+    const std::vector<int64_t> batches = ctx.quick() ? std::vector<int64_t>{64} : std::vector<int64_t>{64, 128};
+    for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
+      for (int64_t b : batches)
+        for (int64_t h : {16, 128}) cases.push_back({b, 1, h, s_k, 64, f, false, 0});
+  }
+  for (const DecodeCase& c : cases) run_decode_case(ctx, c);
 }
 
 void bench_prefill(BenchContext& ctx) {

@@ -15,6 +15,15 @@ struct BenchOptions {
   int warmup = 5;
   int iters = 30;
   bool quick = false;            // smaller sizes (smoke test)
+  // mqa_decode shapes: decode.b > 0 benchmarks exactly that shape; decode_grid names a fixed list of
+  // shapes instead ("issue7": issue 7's table with FlashMLA's times beside ours, small batch, varlen,
+  // other head counts, page sizes and fp8 formats). Neither: the default rows.
+  struct DecodeShape {
+    int64_t b = 0, s_q = 1, h = 16, s_k = 4096, page = 64;
+    std::string format = "bf16";  // bf16, fp8, fp8_ds_mla
+    bool varlen = false;          // seq_lens uniform in [1, s_k] (seeded) instead of all s_k
+  } decode;
+  std::string decode_grid;
   std::string variant;           // force this kernel variant (include/mla/variants.h) in every family
                                  // that has one of that name; empty = automatic selection
 };

@@ -1,5 +1,5 @@
-// CUDA mqa_decode against the CPU backend's float64 reference (DESIGN.md §5): every cache format, page
-// sizes 1/16/64, h in {1..128}, s_q in {1, 2, 4}, empty requests and lengths on / beside page
+// CUDA mqa_decode against the CPU backend's float64 reference (DESIGN.md §5), every kernel variant
+// (portable, sm90): every cache format, page sizes 1/16/32/64/128/256, h in {1..128}, s_q 1..8, empty requests and lengths on / beside page
 // boundaries, split-KV and the no-split fallback, strided / unaligned views, d_qk 320, narrow d_v, and
 // garbage metadata that must not make the kernel read outside the cache or the block table.
 #include <gtest/gtest.h>
@@ -88,6 +88,57 @@ INSTANTIATE_TEST_SUITE_P(All, DecodeGpuSweep,
                                   std::to_string(std::get<2>(info.param)) + "_sq" +
                                   std::to_string(std::get<3>(info.param)) + "_" + std::get<4>(info.param);
                          });
+
+// Every page size (the sm90 variant loads 64-key tiles as TMA boxes of min(page, 64) rows: one box per
+// panel for pages >= 64, 64 / page boxes below) with s_q = 8 (causal limits differ per query row), a head
+// count that is not a multiple of 8, 16 heads and 128 heads (two 64-row tiles per request).
+using PageParam = std::tuple<CacheFormat, int64_t /*page*/, int64_t /*h*/, std::string /*variant*/>;
+class DecodeGpuPages : public ::testing::TestWithParam<PageParam> {};
+
+TEST_P(DecodeGpuPages, MatchesFloat64Oracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [format, page, h, variant] = GetParam();
+  MLA_FORCE_VARIANT("mqa_decode", variant);
+  test::reseed(static_cast<uint64_t>(page * 1000 + h) + static_cast<uint64_t>(format) * 100000 + 8);
+  const int64_t s_q = 8;
+  const std::vector<int32_t> lens = boundary_lens(page, test::rng());
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  PagedBatch pb = test::paged_batch(format, page, lens, (max_len + page - 1) / page + 1);
+  Tensor q = test::random_tensor({static_cast<int64_t>(lens.size()), s_q, h, 576}, DType::bf16);
+  DecodeRun r;
+  MLA_SKIP_IF_DECLINED(r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true));
+  test::expect_variant_ran("mqa_decode", variant);
+  test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, "pages");
+}
+
+INSTANTIATE_TEST_SUITE_P(All, DecodeGpuPages,
+                         ::testing::Combine(::testing::ValuesIn(test::kAllFormats),
+                                            ::testing::Values(1, 16, 32, 64, 128, 256), ::testing::Values(3, 16, 128),
+                                            ::testing::ValuesIn(test::variants_of("mqa_decode"))),
+                         [](const ::testing::TestParamInfo<PageParam>& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_page" +
+                                  std::to_string(std::get<1>(info.param)) + "_h" +
+                                  std::to_string(std::get<2>(info.param)) + "_" + std::get<3>(info.param);
+                         });
+
+// Every variant on the explicit split counts of one long request pair, s_q 1..8 (split boundaries in
+// whole 64-key tiles, the combine kernel merging partials that end mid-tile).
+TEST(DecodeGpu, EveryVariantEverySqWithSplits) {
+  MLA_SKIP_WITHOUT_GPU();
+  for (const std::string& variant : test::variants_of("mqa_decode")) {
+    if (!variant_runs_on_device("mqa_decode", variant, 0)) continue;
+    ForceVariant force("mqa_decode", variant);
+    for (int64_t s_q = 1; s_q <= 8; ++s_q) {
+      test::reseed(static_cast<uint64_t>(s_q) + 900);
+      const std::vector<int32_t> lens = {1500, 77, 0, 1023};
+      PagedBatch pb = test::paged_batch(CacheFormat::bf16, 32, lens, 48);
+      Tensor q = test::random_tensor({4, s_q, 12, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
+      DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true);
+      EXPECT_EQ(last_variant("mqa_decode"), variant);
+      test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, variant + " s_q " + std::to_string(s_q));
+    }
+  }
+}
 
 // Long contexts with few CTAs: many KV splits merged by the combine kernel; peaky attention (large q).
 TEST(DecodeGpu, LongContextManySplits) {

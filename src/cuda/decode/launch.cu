@@ -9,6 +9,8 @@
 #include "cuda/common/mqa_launch.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/decode/kernel.cuh"
+#include "cuda/decode/combine.h"
+#include "cuda/decode_sm90/variant.h"
 #include "cuda/dispatch/families.h"
 #include "ops/attention_ws.h"
 
@@ -16,6 +18,12 @@ namespace mla::cuda {
 
 std::size_t decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int num_splits) {
   return static_cast<std::size_t>(decode::ws_bytes(b, s_q, h_q, num_splits));
+}
+
+void decode::launch_combine(const DecodeParams& p, int64_t b, cudaStream_t stream) {
+  const int64_t rows = b * p.rows.s_q * p.rows.h_q;
+  decode::decode_combine_kernel<<<grid_for(rows, 1, "mqa_decode combine"), decode::kCombineThreads, 0, stream>>>(p);
+  check_launch("mqa_decode combine");
 }
 
 namespace {
@@ -70,9 +78,7 @@ void run_portable(const dispatch::DecodeArgs& a) {
   kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
   check_launch("mqa_decode");
   if (splits > 1) {
-    decode::decode_combine_kernel<<<grid_for(b * s_q * h_q, 1, "mqa_decode combine"), decode::kCombineThreads, 0,
-                                    stream>>>(p);
-    check_launch("mqa_decode combine");
+    decode::launch_combine(p, b, stream);
   }
 }
 
@@ -81,7 +87,9 @@ void run_portable(const dispatch::DecodeArgs& a) {
 // Variants best first (variant_table.h); the first that can run the launch on the device runs it.
 dispatch::Table<dispatch::DecodeArgs>& dispatch::mqa_decode_table() {
   static Table<DecodeArgs> table(
-      "mqa_decode", {{{"portable", 80, 0, "mma.sync MQA engine: every cache format, page size, h_q and s_q"},
+      "mqa_decode", {{{"sm90", 90, 90, "TMA + wgmma, warp-specialised (src/cuda/decode_sm90): bf16 cache, d_qk 576, d_v 512"},
+                      decode_sm90::supports, decode_sm90::run},
+                     {{"portable", 80, 0, "mma.sync MQA engine: every cache format, page size, h_q and s_q"},
                       nullptr, run_portable}});
   return table;
 }

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One GPU call for the sm90 decode work (docs/DECODE.md): build, SASS / register check of the kernel,
+# decode GPU tests (both variants), optional sanitizers, the issue-7 benchmark grid for both variants.
+# Usage on the device machine, from the repo root: scripts/decode_sm90_check.sh [build] [sass] [test] [sanitize] [bench]
+# Logs go to $OUT (or ./gpu-logs). Env: TEST_FILTER, BENCH_ARGS.
+set -u
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; B=build-gpu; rc=0
+want() { [ $# -eq 0 ] || [[ " $ARGS " == *" $1 "* ]]; }
+ARGS=" $* "
+if [[ "$ARGS" == *" build "* ]]; then
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 &&
+    ninja -C $B -j16 >"$OUT/build.log" 2>&1 || { grep -E 'error|FAILED' "$OUT/build.log" | head -40; exit 1; }
+  echo "build ok"
+fi
+if [[ "$ARGS" == *" sass "* ]]; then
+  O=$B/CMakeFiles/mla.dir/src/cuda/decode_sm90/launch.cu.o
+  cuobjdump -sass "$O" >"$OUT/sass.txt" 2>&1
+  echo "SASS: HGMMA $(grep -c HGMMA "$OUT/sass.txt") UTMALDG $(grep -c UTMALDG "$OUT/sass.txt") USETMAXREG $(grep -c USETMAXREG "$OUT/sass.txt") LDL/STL $(grep -cE 'LDL|STL' "$OUT/sass.txt")"
+  nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -O3 -Iinclude -Isrc -Xptxas -v \
+    -c src/cuda/decode_sm90/launch.cu -o /tmp/d.o 2>&1 | grep -E "registers|spill|C7508" | tee "$OUT/ptxas.txt"
+fi
+if [[ "$ARGS" == *" test "* ]]; then
+  timeout ${TEST_TIMEOUT:-300} ./$B/bin/mla_gpu_tests --gtest_brief=1 \
+    --gtest_filter="${TEST_FILTER:-*Decode*:*NamedBarrier*:*Ptx*}" >"$OUT/tests.log" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|tests ran" "$OUT/tests.log" | sort | uniq | head -30
+  grep -B2 -A8 "Failure" "$OUT/tests.log" | head -60
+fi
+if [[ "$ARGS" == *" sanitize "* ]]; then
+  for tool in memcheck racecheck; do
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests --gtest_brief=1 \
+      --gtest_filter="${SAN_FILTER:-*DecodeGpuPages*bf16_page16_h16_sm90:*DecodeGpuPages*bf16_page64_h3_sm90:*GarbageMetadata*}" \
+      >"$OUT/san_$tool.log" 2>&1; echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$tool.log" | tail -1)"
+  done
+fi
+if [[ "$ARGS" == *" bench "* ]]; then
+  for v in sm90 portable; do
+    timeout 240 ./$B/bin/mla bench --ops ceilings,mqa_decode ${BENCH_ARGS:---grid issue7} --variant $v \
+      --json "$OUT/bench_$v.json" >"$OUT/bench_$v.txt" 2>&1 || rc=1
+    grep -E "mqa_decode|b=|copy|gemm|FAILED" "$OUT/bench_$v.txt" | cut -c1-150
+  done
+fi
+exit $rc

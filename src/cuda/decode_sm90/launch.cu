@@ -1,0 +1,109 @@
+// Launcher of the sm90 mqa_decode variant (kernel.cuh): which launches it takes, the KV tensor map,
+// the split-KV workspace (the portable family's layout and combine kernel, decode/combine.h).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/common/launch.h"
+#include "cuda/common/mqa_launch.h"
+#include "cuda/common/ptx/tensor_map.h"
+#include "cuda/decode/combine.h"
+#include "cuda/decode/traits.cuh"
+#include "cuda/decode_sm90/kernel.cuh"
+#include "cuda/decode_sm90/variant.h"
+
+namespace mla::cuda::decode_sm90 {
+namespace {
+
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+const char* supports(const dispatch::DecodeArgs& a) {
+  const KVCache& c = a.cache;
+  if (c.format != CacheFormat::bf16) return "bf16 cache only (fp8 and fp8_ds_mla: not yet)";
+  if (c.d_qk != Traits::kDqk || a.q.size(3) != Traits::kDqk) return "d_qk must be 576";
+  if (a.out.size(3) != Traits::kDv) return "d_v must be 512";
+  if (a.q.dtype != DType::bf16 || a.out.dtype != DType::bf16) return "bf16 q and out only";
+  const int64_t page = c.page_size();
+  if (!(Traits::kBlockN % page == 0 || page % Traits::kBlockN == 0)) return "page_size must divide 64 or be a multiple of 64";
+  // TMA: 16-byte aligned base and strides, contiguous rows.
+  if (!aligned(c.data.data, 16) || c.data.stride[2] != 1 || (c.data.stride[1] * 2) % 16 != 0 ||
+      (c.data.stride[0] * 2) % 16 != 0)
+    return "cache rows must be contiguous with 16-byte aligned base and strides (TMA)";
+  if (c.num_blocks() >= (int64_t(1) << 31)) return "more than 2^31 cache pages";
+  if (a.q.size(1) * a.q.size(2) > (int64_t(1) << 30)) return "s_q * h_q too large for one launch";
+  return nullptr;
+}
+
+void run(const dispatch::DecodeArgs& a) {
+  const TensorView& q = a.q;
+  const KVCache& cache = a.cache;
+  const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2);
+  DeviceGuard guard(q.device);
+  cudaStream_t stream = stream_of(a.ctx);
+
+  DecodeSm90Params p{};
+  p.rows = mqa::make_row_params(q, a.out, a.lse, /*has_i=*/true, a.softmax_scale);
+  p.block_table = static_cast<const int32_t*>(a.block_table.data);
+  p.block_table_stride = a.block_table.stride[0];
+  p.max_blocks = a.block_table.size(1);
+  p.num_blocks = cache.num_blocks();
+  p.page_size = static_cast<int32_t>(cache.page_size());
+  p.box_rows = std::min<int32_t>(p.page_size, Traits::kBlockN);
+  p.seq_lens = static_cast<const int32_t*>(a.seq_lens.data);
+  p.seq_lens_stride = a.seq_lens.stride[0];
+  p.causal = a.causal ? 1 : 0;
+  p.m_tiles = static_cast<int32_t>((s_q * h_q + Traits::kBlockM - 1) / Traits::kBlockM);
+  p.out_pairs = aligned(a.out.data, 4) && a.out.stride[0] % 2 == 0 && a.out.stride[1] % 2 == 0 &&
+                a.out.stride[2] % 2 == 0 && a.out.stride[3] == 1;
+
+  // Split-KV as planned (fewer when the workspace holds fewer), the portable family's layout.
+  int splits = std::max(1, std::min(a.num_splits, decode::kMaxSplits));
+  const int64_t have = a.workspace.defined() && aligned(a.workspace.data, 16)
+                           ? a.workspace.numel() * static_cast<int64_t>(a.workspace.element_size())
+                           : 0;
+  while (splits > 1 && decode::ws_bytes(b, s_q, h_q, splits) > have) --splits;
+  p.num_splits = splits;
+  if (splits > 1) {
+    auto* base = static_cast<uint8_t*>(a.workspace.data);
+    p.ws_lse = reinterpret_cast<float*>(base);
+    p.ws_o = reinterpret_cast<float*>(base + decode::ws_lse_bytes(b, s_q, h_q, splits));
+  }
+
+  // KV cache as a 3-D tensor [num_blocks][page_size][576] for TMA: boxes of 64 columns x box_rows rows of
+  // one page, 128-byte swizzled (the layout the wgmma descriptors read).
+  ptx::TmaTensor t;
+  t.base = cache.data.data;
+  t.dtype = DType::bf16;
+  t.rank = 3;
+  t.dims[0] = Traits::kDqk;
+  t.dims[1] = cache.page_size();
+  t.dims[2] = cache.num_blocks();
+  t.strides[0] = 1;
+  t.strides[1] = cache.data.stride[1];
+  t.strides[2] = cache.data.stride[0];
+  t.box[0] = Traits::kPanelCols;
+  t.box[1] = p.box_rows;
+  t.box[2] = 1;
+  t.swizzle = ptx::TmaSwizzle::b128;
+  t.l2_promotion_bytes = 256;
+  const CUtensorMap map = ptx::make_tensor_map(t, "mqa_decode (sm90)");
+
+  const unsigned grid = grid_for(int64_t{p.m_tiles} * b * splits, 1, "mqa_decode (sm90)");
+  check_cuda(cudaFuncSetAttribute(decode_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes),
+             "mqa_decode (sm90): shared-memory limit");
+  decode_sm90_kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(map, p);
+  check_launch("mqa_decode (sm90)");
+  if (splits > 1) {
+    DecodeParams cp{};
+    cp.rows = p.rows;
+    cp.num_splits = splits;
+    cp.ws_lse = p.ws_lse;
+    cp.ws_o = p.ws_o;
+    decode::launch_combine(cp, b, stream);
+  }
+}
+
+}  // namespace mla::cuda::decode_sm90

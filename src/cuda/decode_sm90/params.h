@@ -1,0 +1,28 @@
+#pragma once
+// Launch parameters of the sm90 mqa_decode family (POD, host-includable). Strides in elements. The KV
+// tiles are read through a TMA tensor map passed beside these params (launch.cu builds it).
+#include <cstdint>
+
+#include "cuda/common/mqa_params.h"
+
+namespace mla::cuda {
+
+struct DecodeSm90Params {
+  MqaRowParams rows;           // groups = b requests; q [b, s_q, h_q, 576], out [b, s_q, h_q, 512], lse [b, s_q, h_q]
+  const int32_t* block_table;  // [b, max_blocks] page ids; ids outside [0, num_blocks) are never read
+  int64_t block_table_stride;  // elements between requests
+  int64_t max_blocks;
+  int64_t num_blocks;          // pages in the cache
+  int32_t page_size;           // divides 64 or is a multiple of 64 (launch.cu declines others)
+  int32_t box_rows;            // rows of one TMA box: min(page_size, 64)
+  const int32_t* seq_lens;     // [b]; clamped to [0, max_blocks * page_size] in the kernel
+  int64_t seq_lens_stride;
+  int32_t causal;              // query i sees positions [0, seq_len - s_q + i]; else [0, seq_len)
+  int32_t num_splits;          // KV splits per request (1: the kernel writes out / lse itself)
+  int32_t m_tiles;             // 64-row query tiles per request: ceil(s_q * h_q / 64)
+  int32_t out_pairs;           // 1 when out rows can take 4-byte (bf16x2) stores
+  float* ws_lse;               // [b, num_splits, s_q * h_q] partial LSE (num_splits > 1)
+  float* ws_o;                 // [b, num_splits, s_q * h_q, 512] partial O / l (num_splits > 1)
+};
+
+}  // namespace mla::cuda
