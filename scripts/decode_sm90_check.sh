@@ -33,7 +33,7 @@ if [[ "$ARGS" == *" sanitize "* ]]; then
   done
 fi
 if [[ "$ARGS" == *" bench "* ]]; then
-  for v in sm90 portable; do
+  for v in ${BENCH_VARIANTS:-sm90 portable}; do
     timeout 240 ./$B/bin/mla bench --ops ceilings,mqa_decode ${BENCH_ARGS:---grid issue7} --variant $v \
       --json "$OUT/bench_$v.json" >"$OUT/bench_$v.txt" 2>&1 || rc=1
     grep -E "mqa_decode|b=|copy|gemm|FAILED" "$OUT/bench_$v.txt" | cut -c1-150

@@ -1,0 +1,293 @@
+#pragma once
+// sm90 mqa_decode for s_q * h_q <= 32 query rows (h 8 / 16 / 32 at s_q 1, h 16 at s_q 2, ...): the
+// swapped products, so that the rows are wgmma's N (8, 16 or 32) and pay no padding to 64.
+//
+//   S^T[64 keys x N] = K Q^T          wgmma m64nNk16 x 36, A = the KV tile (K-major), B = Q (K-major)
+//   O^T[512 x N]    += V^T P^T        8 x wgmma m64nNk16 x 4, A = V^T (the same tile, MN-major),
+//                                     B = P^T (bf16 [N rows][64 keys], K-major, this warpgroup's smem)
+//
+// Warp roles: warpgroup 0 is kernel.cuh's producer (pipeline.cuh); the consumer warpgroups c = 0, 1
+// take alternate KV tiles (c, c + 2, ...: stage c) and run independent online softmaxes (their own
+// running max, sum and O^T: 4N fp32 registers) with no per-tile synchronisation between them; the row
+// max of a tile is reduced over its 64 keys = 4 warps through smem (named barrier 2 + c). The epilogue
+// merges the two states (m, l, O) through smem (warpgroup 1's O^T goes through its own, drained, KV
+// stage) and warpgroup 0 writes the rows.
+//
+// Shared memory: Q 9 * N * 128 (<= 36 KiB) + 2 KV stages x 72 KiB + P^T 2 x max(N * 128, 1 KiB) + small
+// tables: <= 190 KiB. Each stage feeds one warpgroup: the producer refills stage c while warpgroup
+// 1 - c computes.
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/common/convert.cuh"
+#include "cuda/common/mqa_params.h"
+#include "cuda/common/ptx/fence.cuh"
+#include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/mma_sync.cuh"
+#include "cuda/common/ptx/named_barrier.cuh"
+#include "cuda/common/ptx/setmaxnreg.cuh"
+#include "cuda/common/ptx/warpgroup.cuh"
+#include "cuda/common/ptx/wgmma.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/decode_sm90/pipeline.cuh"
+
+namespace mla::cuda::decode_sm90 {
+
+template <int N>
+struct SmallTraits {
+  static_assert(N == 8 || N == 16 || N == 32, "rows per CTA: 8, 16 or 32");
+  using T = Traits;
+  static constexpr int kQPanelBytes = N * 128;
+  static constexpr int kPBytes = N * 128 < 1024 ? 1024 : N * 128;  // one P^T panel, 1024-aligned
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = T::kPanels * kQPanelBytes;  // multiple of 1024
+  static constexpr int kStages = 2;                        // stage c feeds consumer warpgroup c
+  static constexpr int kOffP = kOffK + kStages * T::kTileBytes;
+  static constexpr int kOffRed = kOffP + 2 * kPBytes;       // [2 wg][4 warps][N] fp32
+  static constexpr int kOffML = kOffRed + 2 * 4 * N * 4;    // [2 wg][m, l][N] fp32
+  static constexpr int kOffMask = kOffML + 2 * 2 * N * 4;   // [2] u64
+  static constexpr int kOffBar = kOffMask + kStages * 8;    // full[2], empty[2]
+  static constexpr int kEmptyArrivals = 128;                // one warpgroup releases a stage
+  static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8 + 1024;
+  static_assert(kOffK % 1024 == 0 && kOffP % 1024 == 0, "swizzled tiles are 1024-byte aligned");
+  static_assert(T::kDv * N * 4 <= T::kTileBytes, "the epilogue's O^T exchange fits one KV stage");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+};
+
+template <int N>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    decode_sm90_small_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
+  using T = Traits;
+  using L = SmallTraits<N>;
+  constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e, j < N / 8, e < 2
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
+  uint64_t* empty = full + L::kStages;
+  const Unit u(p);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&empty[s], L::kEmptyArrivals);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  const int wg = ptx::warpgroup_index();
+  if (wg == 0) {
+    ptx::setmaxnreg_dec<40>();
+    if (ptx::warp_idx_in_warpgroup() == 0) {
+      if (threadIdx.x == 0) ptx::tma_prefetch_descriptor(&kv_map);
+      produce<L>(p, &kv_map, u, smem, threadIdx.x & 31);
+    }
+    return;
+  }
+  ptx::setmaxnreg_inc<232>();
+
+  const MqaRowParams& rp = p.rows;
+  const int c = wg - 1, ct = threadIdx.x - 128, wt = threadIdx.x & 127;
+  const int w = ptx::warp_idx_in_warpgroup(), lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
+  const int wg_bar = 2 + c;  // named barrier of this warpgroup alone
+  uint8_t* sQ = smem + L::kOffQ;
+  uint8_t* sP = smem + L::kOffP + c * L::kPBytes;
+  float* sRed = reinterpret_cast<float*>(smem + L::kOffRed) + c * 4 * N;
+  float* sML = reinterpret_cast<float*>(smem + L::kOffML);
+  const uint64_t* sMask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask);
+
+  // Q rows [row0, row0 + N) into N-row swizzled panels (zeros past the rows).
+  for (int e = ct; e < N * (T::kDqk / 8); e += T::kConsumerThreads) {
+    const int r = e / (T::kDqk / 8), ch = e % (T::kDqk / 8), row = u.row0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < u.m_rows) {
+      const uint16_t* src =
+          rp.q + u.g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i + (row % rp.h_q) * rp.q_stride_h + ch * 8;
+      if (rp.q_vec16) {
+        v = *reinterpret_cast<const uint4*>(src);
+      } else {
+        uint32_t x[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) x[k] = src[2 * k] | uint32_t(src[2 * k + 1]) << 16;
+        v = make_uint4(x[0], x[1], x[2], x[3]);
+      }
+    }
+    *reinterpret_cast<uint4*>(sQ + (ch / 8) * L::kQPanelBytes + swz(r, ch % 8)) = v;
+  }
+  ptx::fence_proxy_async_smem();
+  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+
+  // This thread's query rows n(rr) = 8 (rr / 2) + 2 t4 + rr % 2 and their largest visible key.
+  int lim[kRows];
+  float m_run[kRows], l_part[kRows];
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    const int row = u.row0 + 8 * (rr / 2) + 2 * t4 + rr % 2;
+    const int l = row >= u.m_rows ? -1 : p.causal ? u.seq_len - rp.s_q + row / rp.h_q : u.seq_len - 1;
+    lim[rr] = l < -1 ? -1 : l;
+    m_run[rr] = -INFINITY;
+    l_part[rr] = 0.0f;
+  }
+  float o[8][N / 2];
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) o[mb][i] = 0.0f;
+
+  const int key_lo = 16 * w + g8, key_hi = key_lo + 8;  // this thread's keys of the tile (S^T rows)
+  uint8_t* sK = smem + L::kOffK + c * T::kTileBytes;
+  for (int t = c; t < u.n_tiles; t += 2) {
+    const uint32_t parity = (t / 2) & 1;
+    const int k0 = u.key_begin + t * T::kBlockN;
+    ptx::mbar_wait(&full[c], parity);
+    const uint64_t mask = sMask[c];
+    if (mask != ~uint64_t(0)) {  // keys not loaded: zero them before any wgmma reads the tile
+      for (int e = wt; e < T::kBlockN * (T::kDqk / 8); e += 128) {
+        const int r = e / (T::kDqk / 8), ch = e % (T::kDqk / 8);
+        if (!((mask >> r) & 1))
+          *reinterpret_cast<uint4*>(sK + (ch / 8) * T::kPanelBytes + swz(r, ch % 8)) = make_uint4(0, 0, 0, 0);
+      }
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_sync(wg_bar, 128);
+    }
+
+    // ---- S^T = K Q^T ----
+    float s[N / 2];
+    ptx::wgmma_fence_operand(s);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < T::kDqk / 16; ++ks) {
+      const uint64_t da = ptx::desc_sw128_k_major(sK + (ks / 4) * T::kPanelBytes + (ks % 4) * 32);
+      const uint64_t db = ptx::desc_sw128_k_major(sQ + (ks / 4) * L::kQPanelBytes + (ks % 4) * 32);
+      ptx::wgmma_bf16_ss<N>(s, da, db, ks > 0);
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(s);
+
+    // ---- mask, column (= query row) max over the 64 keys ----
+    const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
+    float mx[kRows];
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      const int i = 4 * (rr / 2) + rr % 2;  // s[i]: (key_lo, row rr), s[i + 2]: (key_hi, row rr)
+      s[i] = in_lo && k0 + key_lo <= lim[rr] ? s[i] * rp.scale_log2 : -INFINITY;
+      s[i + 2] = in_hi && k0 + key_hi <= lim[rr] ? s[i + 2] * rp.scale_log2 : -INFINITY;
+      float v = fmaxf(s[i], s[i + 2]);
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+      mx[rr] = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+      if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = mx[rr];
+    }
+    ptx::named_barrier_sync(wg_bar, 128);
+    float alpha[kRows];
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
+      const float bm = fmaxf(fmaxf(sRed[n], sRed[N + n]), fmaxf(sRed[2 * N + n], sRed[3 * N + n]));
+      const float nm = fmaxf(m_run[rr], bm);
+      alpha[rr] = nm == -INFINITY ? 1.0f : softmax::exp2_approx(m_run[rr] - nm);
+      m_run[rr] = nm;
+      const float base = nm == -INFINITY ? 0.0f : nm;
+      const int i = 4 * (rr / 2) + rr % 2;
+      const float p_lo = softmax::exp2_approx(s[i] - base), p_hi = softmax::exp2_approx(s[i + 2] - base);
+      l_part[rr] = l_part[rr] * alpha[rr] + p_lo + p_hi;
+      // P^T [n][key] bf16 in the swizzled K-major panel: key k at chunk k / 8, byte 2 (k % 8).
+      *reinterpret_cast<uint16_t*>(sP + swz(n, key_lo >> 3) + 2 * (key_lo & 7)) = dev::float_to_bf16(p_lo);
+      *reinterpret_cast<uint16_t*>(sP + swz(n, key_hi >> 3) + 2 * (key_hi & 7)) = dev::float_to_bf16(p_hi);
+    }
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) o[mb][i] *= alpha[2 * (i / 4) + (i & 1)];
+    ptx::fence_proxy_async_smem();
+    ptx::named_barrier_sync(wg_bar, 128);
+
+    // ---- O^T += V^T P^T: 8 blocks of 64 value columns ----
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) ptx::wgmma_fence_operand(o[mb]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+      for (int ks = 0; ks < T::kBlockN / 16; ++ks) {
+        const uint64_t da = ptx::desc_sw128_mn_major(sK + mb * T::kPanelBytes + ks * 2048, T::kPanelBytes);
+        const uint64_t db = ptx::desc_sw128_k_major(sP + ks * 32);
+        ptx::wgmma_bf16_ss<N, ptx::Major::MN, ptx::Major::K>(o[mb], da, db, true);
+      }
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) ptx::wgmma_fence_operand(o[mb]);
+    ptx::mbar_arrive(&empty[c]);
+  }
+
+  // ---- epilogue: each warpgroup's (m, l) per row, then warpgroup 0 merges both and writes ----
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    float v = l_part[rr];
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 8);
+    v += __shfl_xor_sync(0xffffffffu, v, 16);
+    if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = v;
+  }
+  ptx::named_barrier_sync(wg_bar, 128);
+  if (w == 0 && g8 == 0) {
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
+      sML[(c * 2) * N + n] = m_run[rr];
+      sML[(c * 2 + 1) * N + n] = sRed[n] + sRed[N + n] + sRed[2 * N + n] + sRed[3 * N + n];
+    }
+  }
+  float* xo = reinterpret_cast<float*>(smem + L::kOffK + T::kTileBytes);  // warpgroup 1's drained stage
+  if (c == 1) {
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) xo[(mb * (N / 2) + i) * 128 + wt] = o[mb][i];
+  }
+  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+  if (c == 1) return;
+
+  const bool split = p.num_splits > 1;
+  float sc0[kRows], sc1[kRows];
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, row = u.row0 + n;
+    const float m0 = sML[n], l0 = sML[N + n], m1 = sML[2 * N + n], l1 = sML[3 * N + n];
+    const float mm = fmaxf(m0, m1);
+    const float e0 = m0 == -INFINITY ? 0.0f : softmax::exp2_approx(m0 - mm);
+    const float e1 = m1 == -INFINITY ? 0.0f : softmax::exp2_approx(m1 - mm);
+    const float l = l0 * e0 + l1 * e1, inv = l > 0.0f ? 1.0f / l : 0.0f;
+    sc0[rr] = e0 * inv;
+    sc1[rr] = e1 * inv;
+    if (w == 0 && g8 == 0 && row < u.m_rows) {
+      const float lse = l > 0.0f ? (mm + __log2f(l)) * softmax::kLn2 : -INFINITY;
+      const int i = row / rp.h_q, h = row % rp.h_q;
+      if (split) p.ws_lse[(u.g * p.num_splits + u.split) * static_cast<int64_t>(u.m_rows) + row] = lse;
+      else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const int rr = 2 * (i / 4) + (i & 1), n = 8 * (i / 4) + 2 * t4 + (i & 1), row = u.row0 + n;
+    if (row >= u.m_rows) continue;
+    const int64_t ws_row = (u.g * p.num_splits + u.split) * static_cast<int64_t>(u.m_rows) + row;
+    float* wdst = split ? p.ws_o + ws_row * T::kDv : nullptr;
+    uint16_t* odst = split ? nullptr
+                           : rp.out + u.g * rp.out_stride_g + (row / rp.h_q) * rp.out_stride_i +
+                                 (row % rp.h_q) * rp.out_stride_h;
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) {
+      const int col = 64 * mb + 16 * w + g8 + 8 * ((i >> 1) & 1);
+      const float v = o[mb][i] * sc0[rr] + xo[(mb * (N / 2) + i) * 128 + wt] * sc1[rr];
+      if (split) wdst[col] = v;
+      else odst[col] = dev::float_to_bf16(v);
+    }
+  }
+}
+
+}  // namespace mla::cuda::decode_sm90
