@@ -46,6 +46,7 @@ struct DecodeCase {
   CacheFormat format;
   bool varlen;
   double flashmla_us;
+  int splits = 0;  // 0: the planner's default
 };
 
 void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
@@ -67,11 +68,11 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   Tensor q = Tensor::empty({c.b, c.s_q, c.h, 576}, DType::bf16, dev);
   fill_uniform(q, -1, 1, 63, ctx.stream());
   Tensor out = Tensor::empty({c.b, c.s_q, c.h, 512}, DType::bf16, dev), lse = Tensor::empty({c.b, c.s_q, c.h}, DType::f32, dev);
-  const std::size_t ws_bytes = mqa_decode_workspace_bytes(c.b, c.s_q, c.h, pages * c.page, dev);
+  const std::size_t ws_bytes = mqa_decode_workspace_bytes(c.b, c.s_q, c.h, pages * c.page, dev, c.splits);
   Tensor ws = ws_bytes ? Tensor::empty({static_cast<int64_t>(ws_bytes)}, DType::u8, dev) : Tensor();
   double ms = 0;
   try {
-    ms = ctx.time_ms([&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op); });
+    ms = ctx.time_ms([&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, c.splits); });
   } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
     std::printf("  (skipped: %s)\n", e.what());
     return;
@@ -81,7 +82,8 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   const double flops = 2.0 * c.h * c.s_q * keys * (576 + 512);
   std::string cfg = "b=" + std::to_string(c.b) + " s_q=" + std::to_string(c.s_q) + " h=" + std::to_string(c.h) +
                     " s_k=" + std::to_string(c.s_k) + (c.varlen ? " varlen" : "") + " p" + std::to_string(c.page) + " " +
-                    to_string(c.format) + (ws_bytes ? " split" : "") + " [" + last_variant("mqa_decode") + "]";
+                    to_string(c.format) + (c.splits ? " splits=" + std::to_string(c.splits) : ws_bytes ? " split" : "") + " [" +
+                    last_variant("mqa_decode") + "]";
   if (c.flashmla_us > 0) {
     char buf[48];
     std::snprintf(buf, sizeof(buf), " FlashMLA %.0f us (x%.2f)", c.flashmla_us, ms * 1e3 / c.flashmla_us);
@@ -99,7 +101,8 @@ std::vector<DecodeCase> issue7_grid() {
       {128, 1, 128, 4096, 64, bf, false, 229}, {128, 1, 128, 8192, 64, bf, false, 445},
       {128, 1, 16, 4096, 64, bf, false, 164},  {128, 1, 16, 8192, 64, bf, false, 311},
       {128, 2, 128, 8192, 64, bf, false, 803}, {128, 2, 16, 8192, 64, bf, false, 311},
-      {4, 1, 16, 1024, 64, bf, false, 0},      {128, 1, 16, 8192, 64, bf, true, 0},
+      {4, 1, 16, 1024, 64, bf, false, 0},      {4, 1, 16, 1024, 64, bf, false, 0, 8},
+      {4, 1, 16, 1024, 64, bf, false, 0, 16},  {128, 1, 16, 8192, 64, bf, true, 0},
   };
   for (int64_t h : {8, 32, 64}) g.push_back({128, 1, h, 4096, 64, bf, false, 0});
   for (int64_t page : {1, 16, 32, 128, 256}) g.push_back({128, 1, 16, 4096, page, bf, false, 0});
@@ -113,7 +116,7 @@ void bench_decode(BenchContext& ctx) {
   const std::string& grid = ctx.options().decode_grid;
   std::vector<DecodeCase> cases;
   if (d.b > 0) {
-    cases.push_back({d.b, d.s_q, d.h, d.s_k, d.page, cache_format_from_string(d.format), d.varlen, 0});
+    cases.push_back({d.b, d.s_q, d.h, d.s_k, d.page, cache_format_from_string(d.format), d.varlen, 0, d.splits});
   } else if (grid == "issue7") {
     cases = issue7_grid();
   } else if (!grid.empty()) {

@@ -22,6 +22,7 @@ struct BenchOptions {
     int64_t b = 0, s_q = 1, h = 16, s_k = 4096, page = 64;
     std::string format = "bf16";  // bf16, fp8, fp8_ds_mla
     bool varlen = false;          // seq_lens uniform in [1, s_k] (seeded) instead of all s_k
+    int splits = 0;               // KV splits per request (0: the planner's decode_num_splits)
   } decode;
   std::string decode_grid;
   std::string variant;           // force this kernel variant (include/mla/variants.h) in every family

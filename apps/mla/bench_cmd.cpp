@@ -45,6 +45,8 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
   cmd->add_option("--page", o.decode.page, "mqa_decode shape: cache page size")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--format", o.decode.format, "mqa_decode shape: cache format (bf16, fp8, fp8_ds_mla)")->capture_default_str();
   cmd->add_flag("--varlen", o.decode.varlen, "mqa_decode shape: seq_lens uniform in [1, s_k] instead of all s_k");
+  cmd->add_option("--splits", o.decode.splits, "mqa_decode shape: KV splits per request (0: the planner's policy)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--grid", o.decode_grid,
                   "mqa_decode: a named list of shapes instead of the default rows (issue7: issue 7's table with "
                   "FlashMLA's times, small batch, varlen, h 8/32/64, page sizes, fp8 formats)");

@@ -68,8 +68,10 @@ void run(const dispatch::DecodeArgs& a) {
   // Up to 32 rows: one CTA per (split, request) with the rows as wgmma N (kernel_small.cuh); else
   // 64-row tiles (kernel.cuh).
   const int64_t m_rows = s_q * h_q;
+  // (32-row tiles of the small kernel for more rows measured slower: docs/DECODE.md.)
   const int small_n = m_rows <= 8 ? 8 : m_rows <= 16 ? 16 : m_rows <= 32 ? 32 : 0;
-  p.m_tiles = static_cast<int32_t>((m_rows + Traits::kBlockM - 1) / Traits::kBlockM);
+  p.tile_rows = small_n ? small_n : Traits::kBlockM;
+  p.m_tiles = static_cast<int32_t>((m_rows + p.tile_rows - 1) / p.tile_rows);
   p.out_pairs = aligned(a.out.data, 4) && a.out.stride[0] % 2 == 0 && a.out.stride[1] % 2 == 0 &&
                 a.out.stride[2] % 2 == 0 && a.out.stride[3] == 1;
 

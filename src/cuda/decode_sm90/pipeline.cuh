@@ -25,7 +25,7 @@ struct Unit {
 
   __device__ Unit(const DecodeSm90Params& p) {
     const int64_t bid = blockIdx.x;
-    row0 = static_cast<int>(bid % p.m_tiles) * Traits::kBlockM;
+    row0 = static_cast<int>(bid % p.m_tiles) * p.tile_rows;
     const int64_t rest = bid / p.m_tiles;
     split = static_cast<int>(rest % p.num_splits);
     g = rest / p.num_splits;
