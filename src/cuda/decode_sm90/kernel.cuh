@@ -79,30 +79,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
   using T = Traits;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = aligned_smem(smem_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
   uint64_t* empty = full + T::kStages;
   const Unit u(p);
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < T::kStages; ++s) {
-      ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], T::kConsumerThreads);
-    }
-    ptx::fence_mbarrier_init();
-  }
-  __syncthreads();
-
+  if (!start_roles<Traits>(p, &kv_map, u, smem)) return;
   const int wg = ptx::warpgroup_index();
-  if (wg == 0) {
-    ptx::setmaxnreg_dec<40>();
-    if (ptx::warp_idx_in_warpgroup() == 0) {
-      if (threadIdx.x == 0) ptx::tma_prefetch_descriptor(&kv_map);
-      produce<Traits>(p, &kv_map, u, smem, threadIdx.x & 31);
-    }
-    return;
-  }
-  ptx::setmaxnreg_inc<232>();
 
   // ---------------- consumers ----------------
   const MqaRowParams& rp = p.rows;

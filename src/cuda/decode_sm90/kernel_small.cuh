@@ -62,30 +62,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using L = SmallTraits<N>;
   constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e, j < N / 8, e < 2
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = aligned_smem(smem_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
   const Unit u(p);
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < L::kStages; ++s) {
-      ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], L::kEmptyArrivals);
-    }
-    ptx::fence_mbarrier_init();
-  }
-  __syncthreads();
-
+  if (!start_roles<L>(p, &kv_map, u, smem)) return;
   const int wg = ptx::warpgroup_index();
-  if (wg == 0) {
-    ptx::setmaxnreg_dec<40>();
-    if (ptx::warp_idx_in_warpgroup() == 0) {
-      if (threadIdx.x == 0) ptx::tma_prefetch_descriptor(&kv_map);
-      produce<L>(p, &kv_map, u, smem, threadIdx.x & 31);
-    }
-    return;
-  }
-  ptx::setmaxnreg_inc<232>();
 
   const MqaRowParams& rp = p.rows;
   const int c = wg - 1, ct = threadIdx.x - 128, wt = threadIdx.x & 127;

@@ -6,7 +6,9 @@
 #include <cstdint>
 
 #include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/setmaxnreg.cuh"
 #include "cuda/common/ptx/tma.cuh"
+#include "cuda/common/ptx/warpgroup.cuh"
 #include "cuda/decode_sm90/params.h"
 #include "cuda/decode_sm90/traits.cuh"
 
@@ -92,6 +94,41 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
                          static_cast<int32_t>(blk[h]));
     }
   }
+}
+
+
+// Shared-memory base of the CTA rounded up to 1024 bytes (128-byte-swizzled tiles need it; the kernels
+// request 1 KiB of slack).
+__device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+
+// Initialises layout L's barriers (full: 1 arrival + the TMA bytes; empty: L::kEmptyArrivals), then
+// splits the roles. Warpgroup 0 gives registers back and its warp 0 streams the tiles; it gets false
+// and the kernel returns. The consumer warpgroups take the registers and get true. (setmaxnreg: one
+// branch per warpgroup role; the kernels are __launch_bounds__(384, 1).)
+template <class L>
+__device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
+                                            uint8_t* smem) {
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&full[L::kStages + s], L::kEmptyArrivals);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (ptx::warpgroup_index() == 0) {
+    ptx::setmaxnreg_dec<40>();
+    if (ptx::warp_idx_in_warpgroup() == 0) {
+      if (threadIdx.x == 0) ptx::tma_prefetch_descriptor(map);
+      produce<L>(p, map, u, smem, threadIdx.x & 31);
+    }
+    return false;
+  }
+  ptx::setmaxnreg_inc<232>();
+  return true;
 }
 
 }  // namespace mla::cuda::decode_sm90

@@ -14,6 +14,7 @@ struct Traits {
   static constexpr int kDv = 512;
   static constexpr int kDvHalf = kDv / 2;     // output columns per consumer warpgroup
   static constexpr int kStages = 2;
+  static constexpr int kEmptyArrivals = kConsumerThreads;  // both consumer warpgroups release a stage
 
   // 128-byte-swizzled K-major panels (wgmma.cuh): 64 bf16 columns x rows, 128 bytes per row.
   static constexpr int kPanelCols = 64;
