@@ -21,7 +21,7 @@ if [[ "$ARGS" == *" sass "* ]]; then
 fi
 if [[ "$ARGS" == *" test "* ]]; then
   timeout ${TEST_TIMEOUT:-300} ./$B/bin/mla_gpu_tests --gtest_brief=1 \
-    --gtest_filter="${TEST_FILTER:-*Decode*:*NamedBarrier*:*Ptx*}" >"$OUT/tests.log" 2>&1 || rc=1
+    --gtest_filter="${TEST_FILTER:-*Decode*:*Ptx*}" >"$OUT/tests.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|tests ran" "$OUT/tests.log" | sort | uniq | head -30
   grep -B2 -A8 "Failure" "$OUT/tests.log" | head -60
 fi

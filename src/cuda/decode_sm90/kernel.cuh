@@ -38,7 +38,7 @@
 #include "cuda/common/ptx/fence.cuh"
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
-#include "cuda/common/ptx/named_barrier.cuh"
+#include "cuda/common/ptx/barrier.cuh"
 #include "cuda/common/ptx/setmaxnreg.cuh"
 #include "cuda/common/ptx/tma.cuh"
 #include "cuda/common/ptx/warpgroup.cuh"
