@@ -28,7 +28,7 @@ fi
 if [[ "$ARGS" == *" sanitize "* ]]; then
   for tool in memcheck racecheck; do
     timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests --gtest_brief=1 \
-      --gtest_filter="${SAN_FILTER:-*DecodeGpuPages*bf16_page16_h16_sm90:*DecodeGpuPages*bf16_page64_h3_sm90:*GarbageMetadata*}" \
+      --gtest_filter="${SAN_FILTER:-*DecodeGpuSweep*bf16_page16_h16_sq8_sm90:*DecodeGpuSweep*bf16_page64_h3_sq8_sm90:*GarbageMetadata*}" \
       >"$OUT/san_$tool.log" 2>&1; echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$tool.log" | tail -1)"
   done
 fi

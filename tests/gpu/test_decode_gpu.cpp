@@ -78,48 +78,26 @@ TEST_P(DecodeGpuSweep, MatchesFloat64Oracle) {
   test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, "sweep");
 }
 
+std::string sweep_name(const ::testing::TestParamInfo<SweepParam>& info) {
+  return std::string(to_string(std::get<0>(info.param))) + "_page" + std::to_string(std::get<1>(info.param)) + "_h" +
+         std::to_string(std::get<2>(info.param)) + "_sq" + std::to_string(std::get<3>(info.param)) + "_" +
+         std::get<4>(info.param);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, DecodeGpuSweep,
                          ::testing::Combine(::testing::ValuesIn(test::kAllFormats), ::testing::Values(1, 16, 64),
                                             ::testing::Values(1, 8, 16, 32, 64, 128), ::testing::Values(1, 2, 4),
                                             ::testing::ValuesIn(test::variants_of("mqa_decode"))),
-                         [](const ::testing::TestParamInfo<SweepParam>& info) {
-                           return std::string(to_string(std::get<0>(info.param))) + "_page" +
-                                  std::to_string(std::get<1>(info.param)) + "_h" +
-                                  std::to_string(std::get<2>(info.param)) + "_sq" +
-                                  std::to_string(std::get<3>(info.param)) + "_" + std::get<4>(info.param);
-                         });
+                         sweep_name);
 
 // Every page size (the sm90 variant loads 64-key tiles as TMA boxes of min(page, 64) rows: one box per
 // panel for pages >= 64, 64 / page boxes below) with s_q = 8 (causal limits differ per query row), a head
-// count that is not a multiple of 8, 16 heads and 128 heads (two 64-row tiles per request).
-using PageParam = std::tuple<CacheFormat, int64_t /*page*/, int64_t /*h*/, std::string /*variant*/>;
-class DecodeGpuPages : public ::testing::TestWithParam<PageParam> {};
-
-TEST_P(DecodeGpuPages, MatchesFloat64Oracle) {
-  MLA_SKIP_WITHOUT_GPU();
-  const auto [format, page, h, variant] = GetParam();
-  MLA_FORCE_VARIANT("mqa_decode", variant);
-  test::reseed(static_cast<uint64_t>(page * 1000 + h) + static_cast<uint64_t>(format) * 100000 + 8);
-  const int64_t s_q = 8;
-  const std::vector<int32_t> lens = boundary_lens(page, test::rng());
-  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
-  PagedBatch pb = test::paged_batch(format, page, lens, (max_len + page - 1) / page + 1);
-  Tensor q = test::random_tensor({static_cast<int64_t>(lens.size()), s_q, h, 576}, DType::bf16);
-  DecodeRun r;
-  MLA_SKIP_IF_DECLINED(r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true));
-  test::expect_variant_ran("mqa_decode", variant);
-  test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, "pages");
-}
-
-INSTANTIATE_TEST_SUITE_P(All, DecodeGpuPages,
+// count that is not a multiple of 8 (24 rows: the swapped kernel), 16 and 128 heads (64-row tiles).
+INSTANTIATE_TEST_SUITE_P(Pages, DecodeGpuSweep,
                          ::testing::Combine(::testing::ValuesIn(test::kAllFormats),
                                             ::testing::Values(1, 16, 32, 64, 128, 256), ::testing::Values(3, 16, 128),
-                                            ::testing::ValuesIn(test::variants_of("mqa_decode"))),
-                         [](const ::testing::TestParamInfo<PageParam>& info) {
-                           return std::string(to_string(std::get<0>(info.param))) + "_page" +
-                                  std::to_string(std::get<1>(info.param)) + "_h" +
-                                  std::to_string(std::get<2>(info.param)) + "_" + std::get<3>(info.param);
-                         });
+                                            ::testing::Values(8), ::testing::ValuesIn(test::variants_of("mqa_decode"))),
+                         sweep_name);
 
 // Every variant on the explicit split counts of one long request pair, s_q 1..8 (split boundaries in
 // whole 64-key tiles, the combine kernel merging partials that end mid-tile).
