@@ -1,6 +1,6 @@
 // MlaAttention, dense mode: the float64 oracle layer (CPU, f64, Precision::reference) against an
 // independent naive MHA per token, chunked context against unchunked, and the bf16 fast layer
-// against the oracle.
+// against the oracle; layers sharing one plan, metadata upload and workspace.
 #include <gtest/gtest.h>
 
 #include "layer_test_util.h"
@@ -150,6 +150,67 @@ TEST(LayerChunked, WorkspaceSizesEqualUnchunked) {
 // bf16 storage with float32 accumulation, against the oracle: the layer rounds q_abs, o_lat, the
 // up-projected K/V and the running context result to bf16, so errors reach a few bf16 ulps of the
 // output's magnitude.
+// Plan once, upload once, run every layer (mla/step.h) on the CPU: two layers with their own weights,
+// caches and inputs share one plan, one uploaded metadata buffer and one workspace, and each gives
+// exactly the output of its own single-layer step; a CPU layer without ForwardArgs::metadata reads the
+// plan's host copy and gives the same bits.
+TEST(LayerStep, LayersShareOnePlanUploadAndWorkspace) {
+  Scenario sc = mixed_dense(CacheFormat::fp8);
+  sc.context_workspace_rows = 48;  // several context chunks: metadata for every chunk
+  std::vector<StepData> steps;
+  for (uint64_t seed : {3, 4}) {
+    sc.seed = seed;
+    steps.push_back(make_step(sc));
+  }
+  const Plan& plan = steps[0].plan;
+  ASSERT_GT(plan.metadata.bytes(), 0u);
+  PinnedBuffer staging(max_step_metadata_bytes(plan.config, plan.num_tokens));
+  Tensor meta = Tensor::empty({static_cast<int64_t>(staging.size())}, DType::u8);
+  upload_step_metadata(plan, staging.view(), meta);
+  std::size_t ws_bytes = 0;
+  std::vector<MlaAttention> layers;
+  for (const StepData& d : steps) {
+    layers.emplace_back(sc.options(Device::cpu(), DType::f64), d.weight);
+    ws_bytes = std::max(ws_bytes, layers.back().workspace_bytes(plan));
+  }
+  Tensor ws = Tensor::empty({static_cast<int64_t>(ws_bytes)}, DType::u8);
+  const Context ref{nullptr, Precision::reference};
+  auto same = [](const std::vector<double>& x, const std::vector<double>& y) {  // NaN padding rows included
+    if (x.size() != y.size()) return false;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (!(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])))) return false;
+    return true;
+  };
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    const StepData& d = steps[k];
+    CacheBuffer cb = make_cache(d, Device::cpu());
+    DeviceArgs a = device_args(d, Device::cpu(), DType::f64);
+    ForwardArgs args = a.args();
+    args.metadata = meta;
+    layers[k].forward(plan, args, cb.cache, ws.view(), ref);
+    const std::vector<double> shared = to_doubles(a.out);
+    EXPECT_TRUE(same(shared, run_layer(d, Device::cpu(), DType::f64, Precision::reference).out)) << "layer " << k;
+    EXPECT_LE(error_ratio(shared, naive_layer(d, cb.cache), d), 1.0) << "layer " << k;
+
+    CacheBuffer cb2 = make_cache(d, Device::cpu());
+    DeviceArgs a2 = device_args(d, Device::cpu(), DType::f64);
+    ForwardArgs from_plan = a2.args();
+    from_plan.metadata = {};
+    layers[k].forward(plan, from_plan, cb2.cache, ws.view(), ref);
+    EXPECT_TRUE(same(to_doubles(a2.out), shared)) << "layer " << k << " reading the plan's host metadata";
+  }
+  // forward() reads the uploaded copy, not the plan's vectors: a corrupted copy (a prefill query range
+  // past the tokens) is what the CPU ops' value checks then refuse.
+  Tensor bad = Tensor::empty({meta.size(0)}, DType::u8);
+  std::memcpy(bad.data(), meta.data(), static_cast<std::size_t>(meta.size(0)));
+  static_cast<int32_t*>(bad.data())[plan.metadata.prefill_qsl + 1] = 1 << 20;
+  CacheBuffer cb = make_cache(steps[0], Device::cpu());
+  DeviceArgs a = device_args(steps[0], Device::cpu(), DType::f64);
+  ForwardArgs args = a.args();
+  args.metadata = bad;
+  EXPECT_THROW(layers[0].forward(plan, args, cb.cache, ws.view(), ref), Error);
+}
+
 TEST(LayerFast, Bf16LayerWithinToleranceOfOracle) {
   for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8, CacheFormat::fp8_ds_mla}) {
     Scenario sc = mixed_dense(f);
