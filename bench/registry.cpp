@@ -21,7 +21,7 @@
 #if MLA_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #endif
 
 namespace mla::bench {

@@ -8,7 +8,7 @@
 #include "commands.h"
 #include "mla/tensor.h"
 #if MLA_WITH_CUDA
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #endif
 
 namespace mla::app {

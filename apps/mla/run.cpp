@@ -9,7 +9,7 @@
 #include "mla/plan.h"
 #include "run_internal.h"
 #if MLA_WITH_CUDA
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #endif
 
 namespace mla::app {

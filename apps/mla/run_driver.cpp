@@ -19,7 +19,7 @@
 #include "synth.h"
 #include "trace.h"
 #if MLA_WITH_CUDA
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #endif
 
 namespace mla::app {

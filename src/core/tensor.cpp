@@ -7,7 +7,7 @@
 #include "core/check.h"
 #include "core/numeric.h"
 #if MLA_WITH_CUDA
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #endif
 
 namespace mla {

@@ -18,7 +18,7 @@
 #include "core/numeric.h"
 #include "cpu/cache_row.h"
 #include "cpu/convert.h"
-#include "cpu/index_view.h"
+#include "core/index_view.h"
 #include "mla/cache.h"
 #include "mla/tensor.h"
 

@@ -9,7 +9,7 @@
 #include "core/numeric.h"
 #include "cpu/cache_row.h"
 #include "cpu/cpu_ops.h"
-#include "cpu/index_view.h"
+#include "core/index_view.h"
 
 namespace mla::cpu {
 namespace {

@@ -4,5 +4,5 @@
 #include "mla/ops.h"
 
 namespace mla::cpu {
-#include "ops/backend_ops.inc"
+#include "core/backend_ops.inc"
 }  // namespace mla::cpu

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "cpu/cpu_ops.h"
-#include "cpu/index_view.h"
+#include "core/index_view.h"
 
 namespace mla::cpu {
 

@@ -4,6 +4,15 @@
 // MLA_WITH_CUDA. ctx.stream is the cudaStream_t to launch on; nothing here synchronises.
 #include "mla/ops.h"
 
+#include <cstddef>
+#include <cstdint>
+
 namespace mla::cuda {
-#include "ops/backend_ops.inc"
+#include "core/backend_ops.inc"
+
+// Bytes of device workspace mqa_decode needs for b requests of s_q queries and h_q heads cut into
+// num_splits KV ranges (0 for one split): the layout of the partials is the decode family's
+// (src/cuda/decode/). The split count itself is the planner's decision (decode_num_splits,
+// mla/plan.h). Arguments are validated (non-negative, num_splits >= 1) by the caller.
+std::size_t decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int num_splits);
 }  // namespace mla::cuda

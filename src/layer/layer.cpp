@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "core/numeric.h"
-#include "cpu/index_view.h"
+#include "core/index_view.h"
 #include "layer/layer_internal.h"
 #include "ops/validate.h"
 
@@ -63,7 +63,7 @@ void check_int_arg(const TensorView& t, const LayerOptions& o, int ndim, const c
 void check_values(const Plan& p, const ForwardArgs& a, const KVCache& cache) {
   const int64_t page = cache.page_size();
   for (int64_t r = 0; r < p.num_reqs; ++r) {
-    const int64_t len = cpu::index_at(a.seq_lens, r);
+    const int64_t len = index_at(a.seq_lens, r);
     MLA_CHECK(len == p.seq_lens[r], "{}: seq_lens[{}] = {} but the plan was made for {}", kFwd, r, len, p.seq_lens[r]);
     detail::check_block_ids(a.block_table, r, 0, len, page, cache.num_blocks(), kFwd);
   }

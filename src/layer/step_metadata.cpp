@@ -8,7 +8,7 @@
 #include "core/check.h"
 #include "mla/step.h"
 #if MLA_WITH_CUDA
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #endif
 
 namespace mla {

@@ -5,7 +5,7 @@
 #include "core/check.h"
 #include "layer/layer_internal.h"
 #if MLA_WITH_CUDA
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #endif
 
 namespace mla::layer_detail {

@@ -6,14 +6,13 @@
 #include <atomic>
 #include <cmath>
 
-#include "cpu/index_view.h"
+#include "core/index_view.h"
 #include "mla/ops.h"
 #include "mla/plan.h"
-#include "ops/attention_ws.h"
 #include "ops/dispatch.h"
 #include "ops/validate.h"
 #if MLA_WITH_CUDA
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #endif
 
 namespace mla {
@@ -100,7 +99,7 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
   if (dev.is_cpu()) {
     detail::check_values_in_range(seq_lens, 0, max_len, op, "seq_lens (bounded by max_blocks * page_size)");
     for (int64_t r = 0; r < b; ++r)
-      detail::check_block_ids(block_table, r, 0, cpu::index_at(seq_lens, r), page, cache.num_blocks(), op);
+      detail::check_block_ids(block_table, r, 0, index_at(seq_lens, r), page, cache.num_blocks(), op);
   } else {
     if (num_splits == 0) num_splits = decode_num_splits(b, s_q, h_q, max_len, multiprocessor_count(dev));
     const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h_q, max_len, dev, num_splits);
@@ -166,8 +165,8 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
     detail::check_cu_seqlens_values(cu_seqlens_q, tq, op, "cu_seqlens_q");
     detail::check_cu_seqlens_values(cu_seqlens_k, tk, op, "cu_seqlens_k");
     for (int64_t r = 0; r + 1 < cu_seqlens_q.size(0); ++r) {
-      const int64_t sq = cpu::index_at(cu_seqlens_q, r + 1) - cpu::index_at(cu_seqlens_q, r);
-      const int64_t sk = cpu::index_at(cu_seqlens_k, r + 1) - cpu::index_at(cu_seqlens_k, r);
+      const int64_t sq = index_at(cu_seqlens_q, r + 1) - index_at(cu_seqlens_q, r);
+      const int64_t sk = index_at(cu_seqlens_k, r + 1) - index_at(cu_seqlens_k, r);
       MLA_CHECK(sq <= max_seqlen_q && sk <= max_seqlen_k,
                 "{}: request {} has {} queries and {} keys, beyond max_seqlen_q = {} / max_seqlen_k = {}", op, r, sq,
                 sk, max_seqlen_q, max_seqlen_k);

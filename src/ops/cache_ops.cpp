@@ -4,7 +4,7 @@
 #include <limits>
 #include <vector>
 
-#include "cpu/index_view.h"
+#include "core/index_view.h"
 #include "mla/ops.h"
 #include "ops/dispatch.h"
 #include "ops/validate.h"
@@ -20,7 +20,7 @@ void check_slot_values(const TensorView& slot_mapping, int64_t num_slots, const 
   std::vector<int64_t> slots;
   slots.reserve(static_cast<std::size_t>(slot_mapping.size(0)));
   for (int64_t t = 0; t < slot_mapping.size(0); ++t) {
-    const int64_t s = cpu::index_at(slot_mapping, t);
+    const int64_t s = index_at(slot_mapping, t);
     MLA_CHECK(s < num_slots, "{}: slot_mapping[{}] = {} is outside the cache ({} slots)", op, t, s, num_slots);
     if (s >= 0) slots.push_back(s);
   }
@@ -66,9 +66,9 @@ void check_gather_values(const GatherArgs& a, const char* op) {
   detail::check_cu_seqlens_values(a.extents, tot, op, a.extents_name);
   if (a.seq_starts.defined()) detail::check_values_in_range(a.seq_starts, 0, kI32Max, op, "seq_starts");
   for (int64_t r = 0; r < b; ++r) {
-    const int64_t row0 = cpu::index_at(a.extents, r);
-    const int64_t row1 = a.extents_are_cu || r + 1 < b ? cpu::index_at(a.extents, r + 1) : tot;
-    const int64_t start = a.seq_starts.defined() ? cpu::index_at(a.seq_starts, r) : 0;
+    const int64_t row0 = index_at(a.extents, r);
+    const int64_t row1 = a.extents_are_cu || r + 1 < b ? index_at(a.extents, r + 1) : tot;
+    const int64_t start = a.seq_starts.defined() ? index_at(a.seq_starts, r) : 0;
     detail::check_block_ids(a.block_table, r, start, start + (row1 - row0), a.cache.page_size(),
                             a.cache.num_blocks(), op);
   }

@@ -1,7 +1,7 @@
 // Front end of convert_topk_indices (semantics §11.3): validation, then backend dispatch.
 #include <limits>
 
-#include "cpu/index_view.h"
+#include "core/index_view.h"
 #include "mla/ops.h"
 #include "ops/dispatch.h"
 #include "ops/validate.h"
@@ -28,27 +28,27 @@ void check_topk_values(const TensorView& req_id, const TensorView& block_table, 
                        const TensorView& ws_starts, const char* op) {
   const int64_t T = indices.size(0), K = indices.size(1), max_blocks = block_table.size(1);
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t pid = prefill_ids.defined() ? cpu::index_at(prefill_ids, t) : -1;
+    const int64_t pid = prefill_ids.defined() ? index_at(prefill_ids, t) : -1;
     if (pid >= 0) {
       MLA_CHECK(pid < ws_starts.size(0),
                 "{}: prefill_request_ids[{}] = {} names no entry of prefill_workspace_starts ({} entries)", op, t, pid,
                 ws_starts.size(0));
-      const int64_t start = cpu::index_at(ws_starts, pid);
+      const int64_t start = index_at(ws_starts, pid);
       MLA_CHECK(start >= 0, "{}: prefill_workspace_starts[{}] must be >= 0, got {}", op, pid, start);
       for (int64_t k = 0; k < K; ++k) {
-        const int64_t idx = cpu::index_at(indices, t, k);
+        const int64_t idx = index_at(indices, t, k);
         MLA_CHECK(idx < 0 || start + idx <= kI32Max,
                   "{}: workspace row {} + {} of token {} does not fit the int32 output", op, start, idx, t);
       }
       continue;
     }
-    const int64_t req = cpu::index_at(req_id, t);
+    const int64_t req = index_at(req_id, t);
     MLA_CHECK(0 <= req && req < block_table.size(0), "{}: req_id[{}] = {} names no row of block_table {}", op, t, req,
               block_table.describe());
     for (int64_t k = 0; k < K; ++k) {
-      const int64_t idx = cpu::index_at(indices, t, k);
+      const int64_t idx = index_at(indices, t, k);
       if (idx < 0 || idx / page_size >= max_blocks) continue;
-      const int64_t row = cpu::index_at(block_table, req, idx / page_size) * stride_rows + idx % page_size;
+      const int64_t row = index_at(block_table, req, idx / page_size) * stride_rows + idx % page_size;
       MLA_CHECK(row <= kI32Max && row >= std::numeric_limits<int32_t>::min(),
                 "{}: cache row {} of token {} (index {}) does not fit the int32 output", op, row, t, idx);
     }

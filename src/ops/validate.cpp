@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "cpu/index_view.h"
+#include "core/index_view.h"
 
 namespace mla::detail {
 
@@ -51,7 +51,7 @@ void check_cache(const KVCache& cache, Device device, const char* op) {
 
 void check_values_in_range(const TensorView& t, int64_t lo, int64_t hi, const char* op, const char* arg) {
   for (int64_t i = 0; i < t.size(0); ++i) {
-    const int64_t v = cpu::index_at(t, i);
+    const int64_t v = index_at(t, i);
     MLA_CHECK(lo <= v && v <= hi, "{}: {}[{}] must lie in [{}, {}], got {}", op, arg, i, lo, hi, v);
   }
 }
@@ -59,14 +59,14 @@ void check_values_in_range(const TensorView& t, int64_t lo, int64_t hi, const ch
 void check_cu_seqlens_values(const TensorView& cu, int64_t max_total, const char* op, const char* arg) {
   const int64_t n = cu.size(0);
   if (n == 0) return;
-  MLA_CHECK(cpu::index_at(cu, 0) >= 0, "{}: {}[0] must be >= 0, got {}", op, arg, cpu::index_at(cu, 0));
+  MLA_CHECK(index_at(cu, 0) >= 0, "{}: {}[0] must be >= 0, got {}", op, arg, index_at(cu, 0));
   for (int64_t i = 1; i < n; ++i) {
-    const int64_t a = cpu::index_at(cu, i - 1), b = cpu::index_at(cu, i);
+    const int64_t a = index_at(cu, i - 1), b = index_at(cu, i);
     MLA_CHECK(a <= b, "{}: {} must be non-decreasing, got {}[{}] = {} > {}[{}] = {}", op, arg, arg, i - 1, a, arg, i,
               b);
   }
-  MLA_CHECK(cpu::index_at(cu, n - 1) <= max_total, "{}: {}[{}] = {} exceeds the {} rows available", op, arg, n - 1,
-            cpu::index_at(cu, n - 1), max_total);
+  MLA_CHECK(index_at(cu, n - 1) <= max_total, "{}: {}[{}] = {} exceeds the {} rows available", op, arg, n - 1,
+            index_at(cu, n - 1), max_total);
 }
 
 void check_block_ids(const TensorView& block_table, int64_t row, int64_t begin, int64_t end, int64_t page_size,
@@ -75,7 +75,7 @@ void check_block_ids(const TensorView& block_table, int64_t row, int64_t begin, 
   const int64_t first = begin / page_size;
   const int64_t last = std::min((end - 1) / page_size + 1, block_table.size(1));
   for (int64_t j = first; j < last; ++j) {
-    const int64_t id = cpu::index_at(block_table, row, j);
+    const int64_t id = index_at(block_table, row, j);
     MLA_CHECK(0 <= id && id < num_blocks, "{}: block_table[{}][{}] = {} is not a block of the cache (num_blocks {})",
               op, row, j, id, num_blocks);
   }

@@ -13,7 +13,7 @@
 
 #include "attention_gpu_util.h"
 #include "cuda/cuda_ops.h"
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #include "mla/plan.h"
 #include "unit/attention_test_util.h"
 #include "variant_test_util.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "attention_gpu_util.h"
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #include "mla/error.h"
 #include "mla/plan.h"
 #include "unit/attention_test_util.h"

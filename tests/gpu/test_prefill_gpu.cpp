@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "attention_gpu_util.h"
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #include "unit/attention_test_util.h"
 #include "variant_test_util.h"
 

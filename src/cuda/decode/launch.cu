@@ -1,4 +1,4 @@
-// Launcher of the CUDA mqa_decode (kernel.cuh) and its workspace sizing (ops/attention_ws.h).
+// Launcher of the CUDA mqa_decode (kernel.cuh) and its workspace sizing (declared in cuda/cuda_ops.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,7 +12,6 @@
 #include "cuda/decode/combine.h"
 #include "cuda/decode_sm90/variant.h"
 #include "cuda/dispatch/families.h"
-#include "ops/attention_ws.h"
 
 namespace mla::cuda {
 

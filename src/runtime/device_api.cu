@@ -1,6 +1,6 @@
 #include <cuda_runtime.h>
 
-#include "cuda/runtime/device_api.h"
+#include "runtime/device_api.h"
 #include "mla/error.h"
 
 namespace mla::cuda_rt {
