@@ -3,29 +3,22 @@
 // layout of each format (DESIGN.md §4, docs/SEMANTICS.md §3).
 #include <cstdint>
 
+#include "mla/cache_format.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
 
 namespace mla {
-
-namespace ds_mla {
-// One token's 656-byte fp8_ds_mla record, in byte order.
-inline constexpr int64_t kNopeDim = 512;      // e4m3 values, element i at byte i
-inline constexpr int64_t kRopeDim = 64;       // bf16 values, copied bit-exactly
-inline constexpr int64_t kTile = 128;         // elements per fp32 scale
-inline constexpr int64_t kNumTiles = 4;
-inline constexpr int64_t kScaleOffset = 512;  // 4 fp32 scales, tile order
-inline constexpr int64_t kRopeOffset = 528;   // 64 bf16 little-endian
-inline constexpr int64_t kEntryBytes = 656;
-}  // namespace ds_mla
 
 // How fp8_ds_mla writers choose each tile's scale. Readers accept any fp32 scale.
 enum class DsMlaScale : uint8_t {
   amax = 0,  // max(amax/448, FLT_MIN): vLLM's writer [PIN default]
   pow2 = 1,  // 2^ceil(log2(max(amax/448, 1e-4))): UE8M0-exact for SM100 decode kernels
 };
+// Throws mla::Error naming the value unless `s` is one of the modes.
+void check_ds_mla_scale(DsMlaScale s, const char* what);
 
-// Descriptor of one layer's paged cache. Token slot s lives at block s / page_size, row s % page_size.
+// Descriptor of one layer's paged cache. Token slot s lives at block s / page_size, row s % page_size;
+// the row's layout is its format's (mla/cache_format.h):
 //   bf16:       data bf16     [num_blocks, page_size, d_qk]
 //   fp8:        data fp8_e4m3 [num_blocks, page_size, d_qk] (u8 accepted), value = q * scale
 //   fp8_ds_mla: data u8       [num_blocks, page_size, 656]  (d_qk must be 576)
@@ -44,10 +37,11 @@ struct KVCache {
   int d_latent() const { return d_qk - d_rope; }
 };
 
-// Bytes of one cache row for a format (bf16: 2*d_qk, fp8: d_qk, fp8_ds_mla: 656).
-int64_t cache_entry_bytes(CacheFormat format, int d_qk = 576);
+// Bytes of one cache row for a format (bf16: 2*d_qk, fp8: d_qk, fp8_ds_mla: 656). Throws on a bad
+// format value.
+int64_t cache_entry_bytes(CacheFormat format, int d_qk = 576, int d_rope = 64);
 // Element count of one row in the cache tensor's own dtype (bf16/fp8: d_qk, fp8_ds_mla: 656).
-int64_t cache_entry_elems(CacheFormat format, int d_qk = 576);
+int64_t cache_entry_elems(CacheFormat format, int d_qk = 576, int d_rope = 64);
 // The element type a cache tensor of this format holds.
 DType cache_dtype(CacheFormat format);
 // Allocate a cache of the given shape (contents undefined).

@@ -1,35 +1,15 @@
 #pragma once
-// Element types, cache formats, devices, execution context and model-dimension presets.
+// Element types (dtype.h), cache formats (cache_format.h), devices, execution context and model-dimension presets.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "mla/cache_format.h"
+#include "mla/dtype.h"
+
 namespace mla {
 
-// Element types. Values are stable (used in JSON records and the Python binding).
-enum class DType : uint8_t {
-  f32 = 0,
-  f64 = 1,
-  bf16 = 2,
-  f16 = 3,
-  fp8_e4m3 = 4,  // OCP e4m3fn: bias 7, max 448, no inf, NaN = 0x7f/0xff
-  u8 = 5,        // raw bytes (fp8_ds_mla cache records)
-  i32 = 6,
-  i64 = 7,
-};
-
-std::size_t dtype_size(DType t);
-const char* to_string(DType t);
-bool is_floating(DType t);  // f32, f64, bf16, f16, fp8_e4m3
-
-// Paged latent-cache formats (DESIGN.md §4, docs/SEMANTICS.md §3).
-enum class CacheFormat : uint8_t {
-  bf16 = 0,        // [num_blocks, page_size, d_qk] bf16
-  fp8 = 1,         // [num_blocks, page_size, d_qk] e4m3, one per-tensor scale (write x/scale sat., read q*scale)
-  fp8_ds_mla = 2,  // [num_blocks, page_size, 656] bytes: 512 e4m3 | 4 fp32 tile scales | 64 bf16 rope
-};
-const char* to_string(CacheFormat f);
-CacheFormat cache_format_from_string(const std::string& s);  // "bf16"|"auto", "fp8"|"fp8_e4m3", "fp8_ds_mla"
+// CacheFormat and its description: mla/cache_format.h.
 
 enum class DeviceType : int32_t { cpu = 1, cuda = 2 };  // values match DLPack's kDLCPU / kDLCUDA
 

@@ -152,6 +152,7 @@ void PlannerConfig::validate() const {
   MLA_CHECK(max_model_len >= 1 && max_model_len <= kInt32Max,
             "PlannerConfig: max_model_len must be in [1, 2^31 - 1] (seq_lens are int32), got {}", max_model_len);
   MLA_CHECK(decode_threshold >= 1, "PlannerConfig: decode_threshold must be >= 1, got {}", decode_threshold);
+  check_cache_format(cache_format, "PlannerConfig");
   MLA_CHECK(num_sms >= 0, "PlannerConfig: num_sms must be >= 0 (0 = no split-KV), got {}", num_sms);
   MLA_CHECK(context_workspace_rows == 0 || context_workspace_rows >= page_size,
             "PlannerConfig: context_workspace_rows must be 0 (formula) or hold at least one page ({} rows), got {}",

@@ -7,13 +7,9 @@
 namespace mla {
 
 std::size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::f32: case DType::i32: return 4;
-    case DType::f64: case DType::i64: return 8;
-    case DType::bf16: case DType::f16: return 2;
-    case DType::fp8_e4m3: case DType::u8: return 1;
-  }
-  throw Error("dtype_size: unknown dtype");
+  const int n = dtype_bytes(t);
+  if (n == 0) throw Error(fmt::format("dtype_size: unknown DType value {}", static_cast<int>(t)));
+  return static_cast<std::size_t>(n);
 }
 
 const char* to_string(DType t) {
@@ -32,22 +28,6 @@ const char* to_string(DType t) {
 
 bool is_floating(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16 || t == DType::fp8_e4m3;
-}
-
-const char* to_string(CacheFormat f) {
-  switch (f) {
-    case CacheFormat::bf16: return "bf16";
-    case CacheFormat::fp8: return "fp8";
-    case CacheFormat::fp8_ds_mla: return "fp8_ds_mla";
-  }
-  return "?";
-}
-
-CacheFormat cache_format_from_string(const std::string& s) {
-  if (s == "bf16" || s == "auto" || s == "bfloat16") return CacheFormat::bf16;
-  if (s == "fp8" || s == "fp8_e4m3") return CacheFormat::fp8;
-  if (s == "fp8_ds_mla") return CacheFormat::fp8_ds_mla;
-  throw Error(fmt::format("unknown cache format '{}': expected bf16, fp8 or fp8_ds_mla", s));
 }
 
 std::string to_string(const Device& d) {

@@ -43,32 +43,42 @@ class CacheRowReader {
 
   // Writes the first `cols` values of slot `slot` into out.
   void read(int64_t slot, T* out, int64_t cols) const {
-    const uint8_t* row = cache_row_ptr(c_, slot);
-    switch (c_.format) {
-      case CacheFormat::bf16:
-        load_row(row, DType::bf16, out, cols);
-        return;
-      case CacheFormat::fp8: {
-        const T s = static_cast<T>(c_.scale);
-        for (int64_t i = 0; i < cols; ++i) out[i] = e4m3_[row[i]] * s;
-        return;
-      }
-      case CacheFormat::fp8_ds_mla: {
-        float scales[ds_mla::kNumTiles];
-        std::memcpy(scales, row + ds_mla::kScaleOffset, sizeof(scales));
-        const int64_t nope = std::min(cols, ds_mla::kNopeDim);
-        for (int64_t t = 0; t * ds_mla::kTile < nope; ++t) {
-          const T s = static_cast<T>(scales[t]);
-          const int64_t end = std::min(nope, (t + 1) * ds_mla::kTile);
-          for (int64_t i = t * ds_mla::kTile; i < end; ++i) out[i] = e4m3_[row[i]] * s;
-        }
-        if (cols > nope) load_row(row + ds_mla::kRopeOffset, DType::bf16, out + nope, cols - nope);
-        return;
-      }
-    }
+    dispatch_cache_format(c_.format, [&](auto fmt) { read<decltype(fmt)>(cache_row_ptr(c_, slot), out, cols); });
   }
 
  private:
+  // Latent codes [i0, i1) times one scale, then the rope (cache_row.h's load_cache_row, tile by tile).
+  template <class Fmt>
+  void codes(const uint8_t* p, T s, T* out, int64_t n) const {
+    if constexpr (Fmt::kLatentDType == DType::fp8_e4m3) {
+      for (int64_t i = 0; i < n; ++i) out[i] = e4m3_[p[i]] * s;
+    } else {
+      load_row(p, Fmt::kLatentDType, out, n);  // bf16: unscaled (CacheScale::none)
+    }
+  }
+  template <class Fmt>
+  void read(const uint8_t* row, T* out, int64_t cols) const {
+    const int64_t latent = c_.d_latent(), nl = std::min(cols, latent);
+    constexpr int64_t lb = dtype_bytes(Fmt::kLatentDType);
+    if constexpr (Fmt::kScale == CacheScale::per_tile) {
+      for (int64_t t0 = 0; t0 < nl; t0 += Fmt::kTile) {
+        float s;
+        std::memcpy(&s, row + Fmt::scale_offset(latent) + 4 * (t0 / Fmt::kTile), 4);
+        codes<Fmt>(row + lb * t0, static_cast<T>(s), out + t0, std::min<int64_t>(Fmt::kTile, nl - t0));
+      }
+    } else {
+      codes<Fmt>(row, static_cast<T>(Fmt::kScale == CacheScale::per_tensor ? c_.scale : 1.0f), out, nl);
+    }
+    if (cols <= nl) return;
+    const uint8_t* rope = row + Fmt::rope_offset(latent);
+    if constexpr (Fmt::kRopeDType == DType::fp8_e4m3) {
+      const T s = static_cast<T>(Fmt::rope_scaled() ? c_.scale : 1.0f);
+      for (int64_t i = 0; i < cols - nl; ++i) out[nl + i] = e4m3_[rope[i]] * s;
+    } else {
+      load_row(rope, Fmt::kRopeDType, out + nl, cols - nl);
+    }
+  }
+
   const KVCache& c_;
   std::array<T, 256> e4m3_{};
 };

@@ -1,5 +1,6 @@
 // CPU cache write and gathers (semantics §3-§5). Arguments were validated by the front ends in
 // src/ops/cache_ops.cpp; here every slot and block id is known to be inside the cache.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -55,45 +56,48 @@ inline float ds_tile_scale(float amax, DsMlaScale mode) {
   return std::ldexp(1.0f, m == 0.5f ? e - 1 : e);
 }
 
-// One token's row in each format, read from row t of kv_c and k_pe.
-void write_row_bf16(const KVCache& c, uint8_t* row, const TensorView& kv_c, const TensorView& k_pe, int64_t t) {
-  const int L = c.d_latent();
-  for (int i = 0; i < L; ++i) {
-    const uint16_t h = bf16_bits(elem_ptr(kv_c, t, i), kv_c.dtype);
-    std::memcpy(row + 2 * i, &h, 2);
-  }
-  for (int j = 0; j < c.d_rope; ++j) {
-    const uint16_t h = bf16_bits(elem_ptr(k_pe, t, j), k_pe.dtype);
-    std::memcpy(row + 2 * (L + j), &h, 2);
+// One input value stored as a cache code: bf16 bits (correctly rounded, unscaled) or
+// e4m3_satfinite(x / s) with x the input as float and s the scale (§3.2: divide convention).
+template <DType D>
+inline void store_code(uint8_t* dst, const char* src, DType src_dtype, float s) {
+  static_assert(D == DType::fp8_e4m3 || D == DType::bf16, "cache values are bf16 or e4m3 codes");
+  if constexpr (D == DType::bf16) {
+    const uint16_t h = bf16_bits(src, src_dtype);
+    std::memcpy(dst, &h, 2);
+  } else {
+    *dst = num::float_to_e4m3(load_f(src, src_dtype) / s);
   }
 }
 
-// Divide convention with one scale for latent and rope alike (§3.2).
-void write_row_fp8(const KVCache& c, uint8_t* row, const TensorView& kv_c, const TensorView& k_pe, int64_t t) {
-  const int L = c.d_latent();
-  const float s = c.scale;
-  for (int i = 0; i < L; ++i) row[i] = num::float_to_e4m3(load_f(elem_ptr(kv_c, t, i), kv_c.dtype) / s);
-  for (int j = 0; j < c.d_rope; ++j) row[L + j] = num::float_to_e4m3(load_f(elem_ptr(k_pe, t, j), k_pe.dtype) / s);
-}
-
-void write_row_ds_mla(uint8_t* row, const TensorView& kv_c, const TensorView& k_pe, int64_t t, DsMlaScale mode) {
-  float x[ds_mla::kTile];
-  for (int64_t tile = 0; tile < ds_mla::kNumTiles; ++tile) {
-    // NaN inputs never raise amax: a comparison is false for every NaN, signalling ones included
-    // (std::fmax returns NaN for a signalling NaN on x86), matching the GPU writer's fmaxf.
-    float amax = 0.0f;
-    for (int64_t i = 0; i < ds_mla::kTile; ++i) {
-      x[i] = load_f(elem_ptr(kv_c, t, tile * ds_mla::kTile + i), kv_c.dtype);
-      if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]);
+// Token t's row (kv_c row t, k_pe row t) in the layout of Fmt (mla/cache_format.h).
+template <class Fmt>
+void write_row(const KVCache& c, uint8_t* row, const TensorView& kv_c, const TensorView& k_pe, int64_t t,
+               DsMlaScale mode) {
+  const int64_t latent = c.d_latent();
+  constexpr int64_t lb = dtype_bytes(Fmt::kLatentDType), rb = dtype_bytes(Fmt::kRopeDType);
+  if constexpr (Fmt::kScale == CacheScale::per_tile) {
+    static_assert(Fmt::kLatentDType == DType::fp8_e4m3, "tile scales quantise e4m3 codes");
+    float x[Fmt::kTile];
+    for (int64_t t0 = 0, tile = 0; t0 < latent; t0 += Fmt::kTile, ++tile) {
+      const int64_t n = std::min<int64_t>(Fmt::kTile, latent - t0);
+      // NaN inputs never raise amax: a comparison is false for every NaN, signalling ones included
+      // (std::fmax returns NaN for a signalling NaN on x86), matching the GPU writer's fmaxf.
+      float amax = 0.0f;
+      for (int64_t i = 0; i < n; ++i) {
+        x[i] = load_f(elem_ptr(kv_c, t, t0 + i), kv_c.dtype);
+        if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]);
+      }
+      const float scale = ds_tile_scale(amax, mode);
+      for (int64_t i = 0; i < n; ++i) row[lb * (t0 + i)] = num::float_to_e4m3(x[i] / scale);
+      std::memcpy(row + Fmt::scale_offset(latent) + 4 * tile, &scale, 4);
     }
-    const float scale = ds_tile_scale(amax, mode);
-    for (int64_t i = 0; i < ds_mla::kTile; ++i) row[tile * ds_mla::kTile + i] = num::float_to_e4m3(x[i] / scale);
-    std::memcpy(row + ds_mla::kScaleOffset + 4 * tile, &scale, 4);
+  } else {
+    const float s = Fmt::kScale == CacheScale::per_tensor ? c.scale : 1.0f;
+    for (int64_t i = 0; i < latent; ++i) store_code<Fmt::kLatentDType>(row + lb * i, elem_ptr(kv_c, t, i), kv_c.dtype, s);
   }
-  for (int64_t j = 0; j < ds_mla::kRopeDim; ++j) {
-    const uint16_t h = bf16_bits(elem_ptr(k_pe, t, j), k_pe.dtype);
-    std::memcpy(row + ds_mla::kRopeOffset + 2 * j, &h, 2);
-  }
+  uint8_t* rope = row + Fmt::rope_offset(latent);
+  const float rs = Fmt::rope_scaled() ? c.scale : 1.0f;
+  for (int64_t j = 0; j < c.d_rope; ++j) store_code<Fmt::kRopeDType>(rope + rb * j, elem_ptr(k_pe, t, j), k_pe.dtype, rs);
 }
 
 // For every dst row, the cache slot it receives, or -1 when the row is not written (beyond the
@@ -147,17 +151,14 @@ void dequant_rows(const KVCache& c, const TensorView& dst, const std::vector<int
 void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorView& slot_mapping, const KVCache& cache,
                  DsMlaScale ds_scale, const Context&) {
   const int64_t n = slot_mapping.size(0);
+  dispatch_cache_format(cache.format, [&](auto fmt) {
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t slot = index_at(slot_mapping, t);
-    if (slot < 0) continue;  // PAD_SLOT_ID: nothing written
-    uint8_t* row = cache_row_ptr_mut(cache, slot);
-    switch (cache.format) {
-      case CacheFormat::bf16: write_row_bf16(cache, row, kv_c, k_pe, t); break;
-      case CacheFormat::fp8: write_row_fp8(cache, row, kv_c, k_pe, t); break;
-      case CacheFormat::fp8_ds_mla: write_row_ds_mla(row, kv_c, k_pe, t, ds_scale); break;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t slot = index_at(slot_mapping, t);
+      if (slot < 0) continue;  // PAD_SLOT_ID: nothing written
+      write_row<decltype(fmt)>(cache, cache_row_ptr_mut(cache, slot), kv_c, k_pe, t, ds_scale);
     }
-  }
+  });
 }
 
 void gather_cache(const KVCache& cache, const TensorView& dst, const TensorView& block_table,

@@ -32,10 +32,12 @@ void check_options(const LayerOptions& o) {
   }
   if (o.sparse)
     MLA_CHECK(o.dims.index_topk > 0, "MlaAttention: sparse mode needs dims.index_topk > 0, got {}", o.dims.index_topk);
-  if (o.cache_format == CacheFormat::fp8_ds_mla)
-    MLA_CHECK(o.dims.kv_lora_rank == 512 && o.dims.qk_rope_head_dim == 64,
-              "MlaAttention: an fp8_ds_mla cache needs kv_lora_rank 512 and qk_rope_head_dim 64, got {} and {}",
-              o.dims.kv_lora_rank, o.dims.qk_rope_head_dim);
+  check_cache_format(o.cache_format, "MlaAttention");
+  check_ds_mla_scale(o.ds_scale, "MlaAttention");
+  const CacheFormatInfo& f = cache_format_info(o.cache_format);
+  MLA_CHECK(f.admits(o.dims.d_qk(), o.dims.qk_rope_head_dim),
+            "MlaAttention: an {} cache needs kv_lora_rank {} and qk_rope_head_dim {}, got {} and {}", f.name,
+            f.d_qk - f.d_rope, f.d_rope, o.dims.kv_lora_rank, o.dims.qk_rope_head_dim);
 }
 
 // A view with the layer's dtype and device, the given extents, unit inner stride.

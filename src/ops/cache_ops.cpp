@@ -99,8 +99,7 @@ void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorVie
   MLA_CHECK(slot_mapping.size(0) <= kv_c.size(0),
             "{}: slot_mapping names {} tokens but kv_c holds only {} rows ({})", op, slot_mapping.size(0),
             kv_c.size(0), kv_c.describe());
-  MLA_CHECK(ds_scale == DsMlaScale::amax || ds_scale == DsMlaScale::pow2, "{}: unknown DsMlaScale value {}", op,
-            static_cast<int>(ds_scale));
+  check_ds_mla_scale(ds_scale, op);
   detail::check_devices(dev, op, {{kv_c, "kv_c"}, {k_pe, "k_pe"}, {slot_mapping, "slot_mapping"}});
   if (dev.is_cpu()) check_slot_values(slot_mapping, cache.num_slots(), op);
   if (slot_mapping.size(0) == 0) return;

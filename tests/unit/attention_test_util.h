@@ -19,7 +19,12 @@
 
 namespace mla::test {
 
-inline constexpr CacheFormat kAllFormats[] = {CacheFormat::bf16, CacheFormat::fp8, CacheFormat::fp8_ds_mla};
+// Every format of the description (mla/cache_format.h): sweeps cover a new format automatically.
+inline constexpr CacheFormat kAllFormats[] = {
+#define MLA_X(name, value) CacheFormat::name,
+    MLA_CACHE_FORMATS(MLA_X)
+#undef MLA_X
+};
 
 // Every byte 0xff: NaN in each format (bf16 0xffff, e4m3 0xff, fp32 scales 0xffffffff).
 inline void poison_row(const KVCache& c, int64_t slot) {
@@ -35,27 +40,28 @@ inline uint8_t random_e4m3_code() {
   return static_cast<uint8_t>(b);
 }
 
-// Random finite values in row `slot`: bf16 in [-1, 1]; fp8 codes of any finite magnitude (values up to
-// 448 * scale); fp8_ds_mla codes with tile scales in [1e-3, 4e-3] and bf16 rope in [-1, 1].
+// Random finite values in row `slot`, for any format (its traits): bf16 values in [-1, 1]; e4m3 codes
+// of any finite magnitude (values up to 448 * scale); per-tile scales in [1e-3, 4e-3]. Drawn in row
+// byte order (latent, scales, rope).
 inline void randomize_row(const KVCache& c, int64_t slot) {
   auto* p = const_cast<uint8_t*>(row_ptr(c, slot));
   std::uniform_real_distribution<double> u(-1.0, 1.0), us(1e-3, 4e-3);
-  switch (c.format) {
-    case CacheFormat::bf16:
-      for (int i = 0; i < c.d_qk; ++i) num::store(p + 2 * i, DType::bf16, u(rng()));
-      return;
-    case CacheFormat::fp8:
-      for (int i = 0; i < c.d_qk; ++i) p[i] = random_e4m3_code();
-      return;
-    case CacheFormat::fp8_ds_mla:
-      for (int i = 0; i < 512; ++i) p[i] = random_e4m3_code();
-      for (int t = 0; t < 4; ++t) {
-        const float s = static_cast<float>(us(rng()));
-        std::memcpy(p + 512 + 4 * t, &s, 4);
+  dispatch_cache_format(c.format, [&](auto fmt) {
+    using F = decltype(fmt);
+    auto fill = [&](uint8_t* q, DType dt, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (dt == DType::bf16) num::store(q + 2 * i, DType::bf16, u(rng()));
+        else q[i] = random_e4m3_code();
       }
-      for (int i = 0; i < 64; ++i) num::store(p + 528 + 2 * i, DType::bf16, u(rng()));
-      return;
-  }
+    };
+    const int64_t latent = c.d_latent();
+    fill(p, F::kLatentDType, latent);
+    for (int64_t t = 0; t < F::num_tiles(latent); ++t) {
+      const float s = static_cast<float>(us(rng()));
+      std::memcpy(p + F::scale_offset(latent) + 4 * t, &s, 4);
+    }
+    fill(p + F::rope_offset(latent), F::kRopeDType, c.d_rope);
+  });
 }
 
 // A cache whose rows are all NaN; tests randomise the rows they mean to be read. fp8 scale 1/200 keeps

@@ -20,7 +20,8 @@
 //            column tile and rounded to bf16 for the mma: the only rounding beyond fp32 (relative 2^-9
 //            per probability).
 //   The next tile's copy is in flight while the current one is computed (two stages).
-//   Epilogue: rows are normalised by 1/l and written as bf16 with their natural-log LSE, or, for a
+//   Epilogue: rows are normalised by 1/l and written in the activation type (bf16 / f16 / f32) with their
+//   natural-log LSE, or, for a
 //   split-KV unit, as fp32 partials O / l with the partial LSE for a combine kernel. A row that saw no
 //   visible key gets O = 0, LSE = -inf.
 //
@@ -46,7 +47,9 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "cuda/common/act_type.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/ptx/cp_async.cuh"
 #include "cuda/common/ptx/ldmatrix.cuh"
@@ -57,7 +60,10 @@
 
 namespace mla::cuda::mqa {
 
-// Query tile: rows [row0, row0 + 64) of group g into sQ (zero rows / columns past the data).
+// Query tile: rows [row0, row0 + 64) of group g into sQ (zero rows / columns past the data). The
+// tensor cores take bf16: f16 / f32 queries are rounded to bf16 here (to nearest even), the one input
+// rounding of the non-bf16 activation types.
+template <class Act>
 __device__ __forceinline__ void load_q_tile(const MqaRowParams& rp, int64_t g, int row0, int m_rows, uint16_t* sQ) {
   using T = Traits;
   constexpr int kChunks = T::kRowElems / 8;  // 73 chunks of 8 bf16 per padded row
@@ -71,11 +77,16 @@ __device__ __forceinline__ void load_q_tile(const MqaRowParams& rp, int64_t g, i
       continue;
     }
     const int i = row / rp.h_q, h = row % rp.h_q;
-    const uint16_t* src = rp.q + g * rp.q_stride_g + i * rp.q_stride_i + h * rp.q_stride_h + col;
-    if (valid == 8 && rp.q_vec16) {
-      ptx::cp_async_16(dst, src);
-    } else {
+    const auto* src = static_cast<const typename Act::Storage*>(rp.q) + g * rp.q_stride_g + i * rp.q_stride_i +
+                      h * rp.q_stride_h + col;
+    if constexpr (std::is_same_v<Act, Bf16>) {
+      if (valid == 8 && rp.q_vec16) {
+        ptx::cp_async_16(dst, src);
+        continue;
+      }
       for (int e = 0; e < 8; ++e) dst[e] = e < valid ? src[e] : uint16_t(0);
+    } else {
+      for (int e = 0; e < 8; ++e) dst[e] = e < valid ? dev::float_to_bf16(Act::to_float(src[e])) : uint16_t(0);
     }
   }
 }
@@ -90,7 +101,7 @@ __device__ __forceinline__ void load_key_tile(const Keys& keys, const MqaCachePa
   const int key = k0 + r;
   int tag = -1;
   const int64_t off = key < keys.key_end ? keys.row_offset(key, tag) : int64_t(-1);
-  const bool raw = cp.format != kCacheBf16;
+  const bool raw = !cp.direct;
   uint8_t* dst = raw ? smem + T::kOffRaw + stage * T::kRawStageBytes + r * T::kRawRowBytes
                      : smem + T::kOffK + stage * T::kKStageBytes + r * T::kRowBytes;
   if (off >= 0) {
@@ -123,31 +134,16 @@ __device__ __forceinline__ uint4 e4m3x8_to_bf16x8(uint2 codes) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// fp8 / fp8_ds_mla: raw stage -> bf16 K tile (stage 0 buffer) and, for ds_mla, the per-key tile scales.
-__device__ __forceinline__ void convert_key_tile(const MqaCacheParams& cp, int d_qk, int stage, uint8_t* smem) {
+// Staged row -> bf16 K tile row r for the format Fmt (mla/cache_format.h). The mma takes the raw codes
+// (every e4m3 value is a bf16 value); scales are applied per 128-column group through the scale table.
+//   uniform formats (fp8): d_qk codes in one run; the per-tensor scale was written by the prologue.
+//   split formats (fp8_ds_mla): latent codes, then per-tile fp32 scales (copied into the key's scale
+//   row; the rope group gets 1), then the rope (bf16 copied, or codes converted).
+template <class Fmt>
+__device__ __forceinline__ void convert_key_row(const uint8_t* raw, int d_qk, int sub, uint16_t* dst, float* sc) {
   using T = Traits;
-  const int r = threadIdx.x >> 3, sub = threadIdx.x & 7;
-  const uint8_t* raw = smem + T::kOffRaw + stage * T::kRawStageBytes + r * T::kRawRowBytes;
-  uint16_t* dst = reinterpret_cast<uint16_t*>(smem + T::kOffK) + r * T::kRowElems;
-  if (cp.format == kCacheFp8DsMla) {
-    // 64 chunks of 8 e4m3 latent codes, then 8 chunks of 8 bf16 rope values (bytes 528..655).
-    for (int ch = sub; ch < 72; ch += 8) {
-      uint4 v;
-      if (ch < 64) v = e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>(raw + 8 * ch));
-      else v = *reinterpret_cast<const uint4*>(raw + 528 + 16 * (ch - 64));
-      *reinterpret_cast<uint4*>(dst + 8 * ch) = v;
-    }
-    if (sub == 0) {
-      // A zero-filled (invalid) row reads scales 0: harmless, its probabilities are 0.
-      const float4 s = *reinterpret_cast<const float4*>(raw + 512);
-      float* sc = reinterpret_cast<float*>(smem + T::kOffScale) + r * T::kScaleStride;
-      sc[0] = s.x;
-      sc[1] = s.y;
-      sc[2] = s.z;
-      sc[3] = s.w;
-      sc[4] = 1.0f;
-    }
-  } else {
+  static_assert(Fmt::kLatentDType == DType::fp8_e4m3, "staged rows hold e4m3 latent codes (bf16 rows go direct)");
+  if constexpr (Fmt::uniform()) {
     // Per-tensor fp8: d_qk codes; the staged bytes past d_qk are stale and must not leak into the tile.
     for (int ch = sub; ch * 8 < d_qk; ch += 8) {
       uint2 codes = *reinterpret_cast<const uint2*>(raw + 8 * ch);
@@ -159,10 +155,49 @@ __device__ __forceinline__ void convert_key_tile(const MqaCacheParams& cp, int d
       }
       *reinterpret_cast<uint4*>(dst + 8 * ch) = e4m3x8_to_bf16x8(codes);
     }
+  } else {
+    static_assert(Fmt::kDqk > 0, "a split row layout has fixed dims");
+    constexpr int kLatent = Fmt::kDqk - Fmt::kDrope, kChunks = Fmt::kDqk / 8, kTiles = Fmt::num_tiles(kLatent);
+    constexpr int kRope = Fmt::rope_offset(kLatent), kScales = Fmt::scale_offset(kLatent);
+    static_assert(kLatent % 8 == 0 && Fmt::kDrope % 8 == 0 && kRope % 16 == 0 && kScales % 16 == 0,
+                  "16-byte chunks of the staged row");
+    static_assert(Fmt::kScale != CacheScale::per_tile || (Fmt::kTile == T::kScaleTile && kLatent % Fmt::kTile == 0),
+                  "tile scales map onto the engine's 128-column scale groups");
+    static_assert(Fmt::kDqk <= T::kMaxDqk && kTiles < T::kScaleStride, "the engine's tiles");
+    for (int ch = sub; ch < kChunks; ch += 8) {
+      const int col = 8 * ch;
+      uint4 v;
+      if (col < kLatent) v = e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>(raw + col));
+      else if constexpr (Fmt::kRopeDType == DType::bf16) v = *reinterpret_cast<const uint4*>(raw + kRope + 2 * (col - kLatent));
+      else v = e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>(raw + kRope + (col - kLatent)));
+      *reinterpret_cast<uint4*>(dst + col) = v;
+    }
+    if constexpr (Fmt::kScale == CacheScale::per_tile) {
+      // A zero-filled (invalid) row reads scales 0: harmless, its probabilities are 0.
+      if (sub == 0) {
+        const float* s = reinterpret_cast<const float*>(raw + kScales);
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) sc[t] = s[t];
+        sc[kTiles] = 1.0f;  // rope columns (unscaled)
+      }
+    }
   }
 }
 
-template <class Keys>
+// Staged formats: raw stage -> bf16 K tile (stage 0 buffer) and the per-key scales.
+__device__ __forceinline__ void convert_key_tile(const MqaCacheParams& cp, int d_qk, int stage, uint8_t* smem) {
+  using T = Traits;
+  const int r = threadIdx.x >> 3, sub = threadIdx.x & 7;
+  const uint8_t* raw = smem + T::kOffRaw + stage * T::kRawStageBytes + r * T::kRawRowBytes;
+  uint16_t* dst = reinterpret_cast<uint16_t*>(smem + T::kOffK) + r * T::kRowElems;
+  float* sc = reinterpret_cast<float*>(smem + T::kOffScale) + r * T::kScaleStride;
+  visit_cache_format(cp.format, [&](auto fmt) {
+    using Fmt = decltype(fmt);
+    if constexpr (!direct_format<Fmt>()) convert_key_row<Fmt>(raw, d_qk, sub, dst, sc);
+  });
+}
+
+template <class Keys, class Act>
 __global__ void __launch_bounds__(Traits::kThreads, 1) mqa_attention_kernel(const typename Keys::Params p) {
   using T = Traits;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -182,17 +217,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mqa_attention_kernel(cons
   const int row0 = static_cast<int>(blockIdx.x % m_tiles) * T::kBlockM;
   const Keys keys(p, static_cast<int64_t>(blockIdx.x / m_tiles));
   const int64_t g = keys.group;
-  const bool converted = cp.format != kCacheBf16;
+  const bool converted = !cp.direct;
 
   // ---- prologue: zero K (its padding columns must be finite zeros), scales, Q, first key tile ----
   for (int c = tid; c < 2 * T::kKStageBytes / 16; c += T::kThreads)
     reinterpret_cast<uint4*>(smem + T::kOffK)[c] = make_uint4(0, 0, 0, 0);
-  if (cp.format != kCacheFp8DsMla) {
-    const float s = cp.format == kCacheFp8 ? cp.scale : 1.0f;
-    for (int c = tid; c < T::kBlockN * T::kScaleStride; c += T::kThreads) sScale[c] = s;
-  }
+  // Per-tensor (or no) scale for every key and group; per-tile formats overwrite theirs per tile.
+  for (int c = tid; c < T::kBlockN * T::kScaleStride; c += T::kThreads) sScale[c] = cp.scale;
   __syncthreads();  // zero fill before cp.async writes into the same rows
-  load_q_tile(rp, g, row0, m_rows, sQ);
+  load_q_tile<Act>(rp, g, row0, m_rows, sQ);
   const int n_keys = keys.key_end > keys.key_begin ? keys.key_end - keys.key_begin : 0;
   const int n_tiles = (n_keys + T::kBlockN - 1) / T::kBlockN;
   if (n_tiles > 0) load_key_tile(keys, cp, keys.key_begin, 0, smem);
@@ -372,12 +405,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mqa_attention_kernel(cons
           *reinterpret_cast<float2*>(dst + col) = make_float2(acc_o[j][2 * half] * inv, acc_o[j][2 * half + 1] * inv);
       }
     } else {
-      uint16_t* dst = rp.out + g * rp.out_stride_g + i * rp.out_stride_i + h * rp.out_stride_h;
+      auto* dst = static_cast<typename Act::Storage*>(rp.out) + g * rp.out_stride_g + i * rp.out_stride_i +
+                  h * rp.out_stride_h;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         const int col = 256 * wn + 8 * j + 2 * t4;
-        if (col < rp.d_v) dst[col] = dev::float_to_bf16(acc_o[j][2 * half] * inv);
-        if (col + 1 < rp.d_v) dst[col + 1] = dev::float_to_bf16(acc_o[j][2 * half + 1] * inv);
+        if (col < rp.d_v) dst[col] = Act::from_float(acc_o[j][2 * half] * inv);
+        if (col + 1 < rp.d_v) dst[col + 1] = Act::from_float(acc_o[j][2 * half + 1] * inv);
       }
     }
   }

@@ -29,12 +29,16 @@ inline MqaCacheParams make_cache_params(const KVCache& c) {
   p.stride_row = c.data.stride[1];
   p.num_blocks = c.num_blocks();
   p.page_size = c.page_size();
-  p.format = static_cast<int32_t>(c.format);
+  p.format = c.format;
+  dispatch_cache_format(c.format, [&](auto fmt) {
+    using Fmt = decltype(fmt);
+    p.direct = direct_format<Fmt>() ? 1 : 0;
+    p.row_bytes = static_cast<int32_t>(Fmt::entry_bytes(c.d_qk, c.d_rope));
+    p.scale = Fmt::kScale == CacheScale::per_tensor ? c.scale : 1.0f;
+  });
   p.elem_bytes = static_cast<int32_t>(c.data.element_size());
-  p.row_bytes = static_cast<int32_t>(cache_entry_bytes(c.format, c.d_qk));
   p.vec16 = aligned16(p.data) && (p.stride_block * p.elem_bytes) % 16 == 0 && (p.stride_row * p.elem_bytes) % 16 == 0 &&
             p.row_bytes % 16 == 0;
-  p.scale = c.scale;
   return p;
 }
 
@@ -43,11 +47,12 @@ inline MqaRowParams make_row_params(const TensorView& q, const TensorView& out, 
                                     double softmax_scale) {
   MqaRowParams r{};
   const int hd = has_i ? 2 : 1;  // head dim index
-  r.q = static_cast<const uint16_t*>(q.data);
+  r.q = q.data;
   r.q_stride_g = q.stride[0];
   r.q_stride_i = has_i ? q.stride[1] : 0;
   r.q_stride_h = q.stride[hd];
-  r.out = static_cast<uint16_t*>(out.data);
+  r.out = out.data;
+  r.act = q.dtype;
   r.out_stride_g = out.stride[0];
   r.out_stride_i = has_i ? out.stride[1] : 0;
   r.out_stride_h = out.stride[hd];
@@ -62,7 +67,7 @@ inline MqaRowParams make_row_params(const TensorView& q, const TensorView& out, 
   r.h_q = static_cast<int32_t>(q.size(hd));
   r.d_qk = static_cast<int32_t>(q.size(hd + 1));
   r.d_v = static_cast<int32_t>(out.size(hd + 1));
-  r.q_vec16 = aligned16(r.q) && r.q_stride_g % 8 == 0 && r.q_stride_i % 8 == 0 && r.q_stride_h % 8 == 0;
+  r.q_vec16 = q.dtype == DType::bf16 && aligned16(r.q) && r.q_stride_g % 8 == 0 && r.q_stride_i % 8 == 0 && r.q_stride_h % 8 == 0;
   r.scale_log2 = static_cast<float>(softmax_scale * 1.4426950408889634);
   return r;
 }

@@ -3,7 +3,29 @@
 // decode and sparse families. All sizes in bytes unless named otherwise.
 #include <cstdint>
 
+#include "mla/cache_format.h"
+
 namespace mla::cuda::mqa {
+
+// Rows the engine copies straight into its bf16 K tile: unscaled bf16 values in one run. Every other
+// format is staged raw and converted (mqa_core.cuh, convert_key_row).
+template <class Fmt>
+constexpr bool direct_format() {
+  return Fmt::uniform() && Fmt::kLatentDType == DType::bf16 && Fmt::kScale == CacheScale::none;
+}
+
+// Largest staged row over the formats, for d_qk <= kMaxDqk, rounded up to the 16-byte copies.
+constexpr int staged_row_bytes(int max_dqk) {
+  int64_t m = 0;
+#define MLA_X(name, value)                                                                          \
+  if (!direct_format<CacheFormatTraits<CacheFormat::name>>()) {                                     \
+    const int64_t b = CacheFormatTraits<CacheFormat::name>::entry_bytes(max_dqk, 64);               \
+    m = b > m ? b : m;                                                                              \
+  }
+  MLA_CACHE_FORMATS(MLA_X)
+#undef MLA_X
+  return static_cast<int>((m + 15) / 16 * 16);
+}
 
 struct Traits {
   static constexpr int kThreads = 256;  // 8 warps
@@ -21,7 +43,7 @@ struct Traits {
   // modulo 128 and the 8 row addresses of one ldmatrix hit 8 different bank groups.
   static constexpr int kRowElems = kMaxDqk + 8;
   static constexpr int kRowBytes = kRowElems * 2;
-  static constexpr int kRawRowBytes = 656;  // staged fp8 row (fp8 d_qk <= 576 or one ds_mla record)
+  static constexpr int kRawRowBytes = staged_row_bytes(kMaxDqk);  // 656: the ds_mla record (fp8: d_qk <= 576)
   static constexpr int kScoreStride = 40;   // floats per score row: float2 accesses of a half warp are conflict-free
 
   static constexpr int kQBytes = kBlockM * kRowBytes;         // 74,752
@@ -44,6 +66,7 @@ struct Traits {
   static_assert(kThreads == kBlockM * 4, "the softmax step gives each query row 4 threads");
   static_assert(kBlockN == 32, "the QK split (2 warps x 16 keys) and the PV k-steps assume 32 keys");
   static_assert(kSmemFp8 <= 227 * 1024, "shared memory per block on sm_90");
+  static_assert(kRawRowBytes == 656, "the shared-memory plan above was sized for the fp8_ds_mla record");
 };
 
 }  // namespace mla::cuda::mqa

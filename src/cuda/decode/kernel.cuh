@@ -77,7 +77,8 @@ struct DecodeKeys {
   }
 };
 
-// One CTA per (request, row): merges the splits' partials. Thread s < splits computes split s's weight.
+// One CTA per (request, row): merges the splits' partials into out (activation type Act). Thread s < splits computes split s's weight.
+template <class Act>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const DecodeParams p) {
   __shared__ float weight[kMaxSplits];
   __shared__ float total_lse;
@@ -107,14 +108,15 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
   __syncthreads();
   const int i = row / rp.h_q, h = row % rp.h_q;
   if (threadIdx.x == 0 && rp.lse) rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = total_lse;
-  uint16_t* out = rp.out + g * rp.out_stride_g + i * rp.out_stride_i + h * rp.out_stride_h;
+  auto* out = static_cast<typename Act::Storage*>(rp.out) + g * rp.out_stride_g + i * rp.out_stride_i +
+              h * rp.out_stride_h;
   const float* o_s = p.ws_o + (g * splits * m_rows + row) * int64_t(Traits::kMaxDv);
   const int64_t split_stride = m_rows * Traits::kMaxDv;
   for (int col = threadIdx.x; col < rp.d_v; col += kCombineThreads) {
     float acc = 0.0f;
     for (int s = 0; s < splits; ++s)
       if (weight[s] != 0.0f) acc += weight[s] * o_s[s * split_stride + col];  // skipped splits may hold garbage
-    out[col] = dev::float_to_bf16(acc);
+    out[col] = Act::from_float(acc);
   }
 }
 

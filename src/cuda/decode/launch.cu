@@ -21,7 +21,10 @@ std::size_t decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int num_
 
 void decode::launch_combine(const DecodeParams& p, int64_t b, cudaStream_t stream) {
   const int64_t rows = b * p.rows.s_q * p.rows.h_q;
-  decode::decode_combine_kernel<<<grid_for(rows, 1, "mqa_decode combine"), decode::kCombineThreads, 0, stream>>>(p);
+  dispatch_activation(p.rows.act, "mqa_decode combine", [&](auto act) {
+    decode::decode_combine_kernel<decltype(act)>
+        <<<grid_for(rows, 1, "mqa_decode combine"), decode::kCombineThreads, 0, stream>>>(p);
+  });
   check_launch("mqa_decode combine");
 }
 
@@ -70,15 +73,17 @@ void run_portable(const dispatch::DecodeArgs& a) {
   }
 
   const unsigned grid = grid_for(decode::m_tiles(s_q, h_q) * b * splits, 1, "mqa_decode");
-  const int smem = p.cache.format == kCacheBf16 ? Traits::kSmemBf16 : Traits::kSmemFp8;
-  auto* kernel = mqa::mqa_attention_kernel<decode::DecodeKeys>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "mqa_decode: shared-memory limit");
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
-  check_launch("mqa_decode");
-  if (splits > 1) {
-    decode::launch_combine(p, b, stream);
-  }
+  const int smem = p.cache.direct ? Traits::kSmemBf16 : Traits::kSmemFp8;
+  // One engine instance per activation type (q and out share it); the cache format is a run-time value.
+  dispatch_activation(q.dtype, "mqa_decode", [&](auto act) {
+    using Act = decltype(act);
+    auto* kernel = mqa::mqa_attention_kernel<decode::DecodeKeys, Act>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "mqa_decode: shared-memory limit");
+    kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
+    check_launch("mqa_decode");
+  });
+  if (splits > 1) decode::launch_combine(p, b, stream);
 }
 
 }  // namespace

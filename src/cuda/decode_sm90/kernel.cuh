@@ -60,7 +60,8 @@ __device__ __forceinline__ void load_q(const MqaRowParams& rp, int64_t g, int ro
     uint4 v = make_uint4(0, 0, 0, 0);
     if (row < m_rows) {
       const int i = row / rp.h_q, h = row % rp.h_q;
-      const uint16_t* src = rp.q + g * rp.q_stride_g + i * rp.q_stride_i + h * rp.q_stride_h + ch * 8;
+      const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + i * rp.q_stride_i +
+                            h * rp.q_stride_h + ch * 8;  // bf16 q (supports() admits no other)
       if (rp.q_vec16) {
         v = *reinterpret_cast<const uint4*>(src);
       } else {
@@ -251,7 +252,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int j = 0; j < T::kDvHalf / 8; ++j)
         *reinterpret_cast<float2*>(dst + 8 * j + 2 * t4) = make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
     } else {
-      uint16_t* dst = rp.out + u.g * rp.out_stride_g + i * rp.out_stride_i + h * rp.out_stride_h + c * T::kDvHalf;
+      uint16_t* dst = static_cast<uint16_t*>(rp.out) + u.g * rp.out_stride_g + i * rp.out_stride_i +
+                      h * rp.out_stride_h + c * T::kDvHalf;  // bf16 out
 #pragma unroll
       for (int j = 0; j < T::kDvHalf / 8; ++j) {
         const float a = o[4 * j + 2 * half] * inv, b = o[4 * j + 2 * half + 1] * inv;

@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     uint4 v = make_uint4(0, 0, 0, 0);
     if (row < u.m_rows) {
       const uint16_t* src =
-          rp.q + u.g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i + (row % rp.h_q) * rp.q_stride_h + ch * 8;
+          static_cast<const uint16_t*>(rp.q) + u.g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
+          (row % rp.h_q) * rp.q_stride_h + ch * 8;  // bf16 q (supports() admits no other)
       if (rp.q_vec16) {
         v = *reinterpret_cast<const uint4*>(src);
       } else {
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int64_t ws_row = (u.g * p.num_splits + u.split) * static_cast<int64_t>(u.m_rows) + row;
     float* wdst = split ? p.ws_o + ws_row * T::kDv : nullptr;
     uint16_t* odst = split ? nullptr
-                           : rp.out + u.g * rp.out_stride_g + (row / rp.h_q) * rp.out_stride_i +
+                           : static_cast<uint16_t*>(rp.out) + u.g * rp.out_stride_g + (row / rp.h_q) * rp.out_stride_i +
                                  (row % rp.h_q) * rp.out_stride_h;
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb) {

@@ -39,12 +39,14 @@ void run_portable(const dispatch::SparseArgs& a) {
 
   const int64_t m_tiles = (h_q + Traits::kBlockM - 1) / Traits::kBlockM;
   const unsigned grid = grid_for(m_tiles * t, 1, "sparse_mqa");
-  const int smem = p.cache.format == kCacheBf16 ? Traits::kSmemBf16 : Traits::kSmemFp8;
-  auto* kernel = mqa::mqa_attention_kernel<sparse::SparseKeys>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "sparse_mqa: shared-memory limit");
-  kernel<<<grid, Traits::kThreads, smem, stream_of(ctx)>>>(p);
-  check_launch("sparse_mqa");
+  const int smem = p.cache.direct ? Traits::kSmemBf16 : Traits::kSmemFp8;
+  dispatch_activation(q.dtype, "sparse_mqa", [&](auto act) {
+    auto* kernel = mqa::mqa_attention_kernel<sparse::SparseKeys, decltype(act)>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "sparse_mqa: shared-memory limit");
+    kernel<<<grid, Traits::kThreads, smem, stream_of(ctx)>>>(p);
+    check_launch("sparse_mqa");
+  });
 }
 
 }  // namespace

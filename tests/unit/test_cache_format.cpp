@@ -1,0 +1,131 @@
+// The cache-format description (mla/cache_format.h): the traits give the documented byte layouts,
+// the runtime table and the dispatch helper agree with them, and an out-of-range CacheFormat or
+// DsMlaScale is rejected at every public entry with a message naming the value, writing nothing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cache_test_util.h"
+#include "mla/cache_format.h"
+#include "mla/layer.h"
+#include "mla/ops.h"
+#include "mla/plan.h"
+#include "support/test_util.h"
+
+namespace mla {
+namespace {
+
+using Bf16 = CacheFormatTraits<CacheFormat::bf16>;
+using Fp8 = CacheFormatTraits<CacheFormat::fp8>;
+using DsMla = CacheFormatTraits<CacheFormat::fp8_ds_mla>;
+
+// The layouts of DESIGN.md §4, spelled out once here as the independent statement the traits must meet.
+static_assert(Bf16::entry_bytes(576, 64) == 1152 && Bf16::entry_bytes(320, 64) == 640 && Bf16::rope_offset(512) == 1024);
+static_assert(Fp8::entry_bytes(576, 64) == 576 && Fp8::rope_offset(512) == 512 && Fp8::rope_scaled() && Fp8::uniform());
+static_assert(DsMla::scale_offset(512) == 512 && DsMla::rope_offset(512) == 528 && DsMla::entry_bytes(576, 64) == 656);
+static_assert(DsMla::num_tiles(512) == 4 && !DsMla::rope_scaled() && !DsMla::uniform());
+static_assert(DsMla::admits(576, 64) && !DsMla::admits(320, 64) && Bf16::admits(320, 64) && !Bf16::admits(64, 64));
+
+constexpr CacheFormat kBad = static_cast<CacheFormat>(9);
+
+// The message of the mla::Error `call` throws ("(no error)" when it returns).
+template <class F>
+std::string error_of(F&& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(CacheFormat, TableMatchesTraitsAndDispatch) {
+  ASSERT_EQ(kNumCacheFormats, 3);
+  for (const CacheFormatInfo& i : kCacheFormatTable) {
+    EXPECT_EQ(&cache_format_info(i.format), &i);
+    EXPECT_EQ(cache_format_from_string(i.name), i.format);
+    EXPECT_STREQ(to_string(i.format), i.name);
+    dispatch_cache_format(i.format, [&](auto fmt) {
+      using Tr = decltype(fmt);
+      EXPECT_EQ(Tr::kFormat, i.format);
+      EXPECT_EQ(Tr::entry_bytes(576, 64), i.entry_bytes(576, 64));
+      EXPECT_EQ(Tr::kDType, cache_dtype(i.format));
+      EXPECT_EQ(cache_entry_elems(i.format) * dtype_bytes(Tr::kDType), cache_entry_bytes(i.format));
+    });
+  }
+  EXPECT_EQ(cache_format_from_string("auto"), CacheFormat::bf16);
+  EXPECT_EQ(cache_format_from_string("fp8_e4m3"), CacheFormat::fp8);
+  EXPECT_THROW(cache_format_from_string("fp4"), Error);
+  // ds_mla's named constants are the traits' values.
+  EXPECT_EQ(ds_mla::kRopeOffset, 528);
+  EXPECT_EQ(ds_mla::kEntryBytes, 656);
+}
+
+TEST(CacheFormat, BadValuesRejectedByHelpers) {
+  EXPECT_FALSE(is_valid(kBad));
+  EXPECT_STREQ(to_string(kBad), "?");
+  EXPECT_NE(error_of([] { dispatch_cache_format(kBad, [](auto) { return 0; }); }).find("CacheFormat value 9"),
+            std::string::npos);
+  int calls = 0;
+  visit_cache_format(kBad, [&](auto) { ++calls; });
+  EXPECT_EQ(calls, 0);
+  for (auto call : std::vector<std::function<void()>>{
+           [] { cache_entry_bytes(kBad); }, [] { cache_entry_elems(kBad); }, [] { cache_dtype(kBad); },
+           [] { cache_format_info(kBad); }, [] { allocate_cache(kBad, 1, 1, Device::cpu()); }}) {
+    EXPECT_NE(error_of(call).find("9"), std::string::npos);
+  }
+}
+
+// Every op that takes a cache: a descriptor with a bad format value is rejected and nothing written.
+TEST(CacheFormat, BadValuesRejectedByOpsWritingNothing) {
+  auto pc = test::pattern_cache(CacheFormat::bf16, 2, 4);
+  KVCache bad = pc.cache;
+  bad.format = kBad;
+  EXPECT_NE(error_of([&] { validate_cache(bad); }).find("CacheFormat value 9"), std::string::npos);
+
+  Tensor kv_c = test::random_tensor({3, 512}, DType::bf16), k_pe = test::random_tensor({3, 64}, DType::bf16);
+  Tensor bt = test::int_tensor_2d({{0, 1}}), cu = test::int_tensor({0, 3});
+  Tensor dst = test::poisoned({3, 576}, DType::bf16), raw = test::poisoned({3, 576}, DType::bf16);
+  Tensor q = test::random_tensor({1, 1, 4, 576}, DType::bf16), out = test::poisoned({1, 1, 4, 512}, DType::bf16);
+  Tensor sq = test::random_tensor({1, 4, 576}, DType::bf16), sout = test::poisoned({1, 4, 512}, DType::bf16);
+  Tensor lens = test::int_tensor({3}), idx = test::int_tensor_2d({{0, 1, 2}});
+  const std::vector<double> dst0 = test::to_doubles(dst), out0 = test::to_doubles(out), sout0 = test::to_doubles(sout);
+  const std::vector<std::pair<const char*, std::function<void()>>> calls = {
+      {"write_cache", [&] { write_cache(kv_c, k_pe, test::int64_tensor({0, 1, 2}), bad); }},
+      {"gather_cache", [&] { gather_cache(bad, dst, bt, cu, {}); }},
+      {"cp_gather_cache", [&] { cp_gather_cache(bad, raw, bt, cu, {}); }},
+      {"upconvert_ds_mla", [&] { upconvert_ds_mla(bad, dst, bt, test::int_tensor({0}), {}); }},
+      {"mqa_decode", [&] { mqa_decode(q, bad, bt, lens, out, {}, 0.1); }},
+      {"sparse_mqa", [&] { sparse_mqa(sq, bad, idx, {}, sout, {}, 0.1); }},
+  };
+  for (const auto& [name, call] : calls) EXPECT_NE(error_of(call).find("9"), std::string::npos) << name;
+  EXPECT_EQ(test::untouched_except(pc, {}), "");
+  for (const auto& [a, b] : {std::pair{test::to_doubles(dst), dst0}, std::pair{test::to_doubles(out), out0},
+                             std::pair{test::to_doubles(sout), sout0}}) {
+    for (std::size_t i = 0; i < a.size(); ++i) ASSERT_TRUE(std::isnan(a[i]) && std::isnan(b[i]));
+  }
+}
+
+TEST(CacheFormat, BadValuesRejectedByPlannerAndLayer) {
+  PlannerConfig pc;
+  pc.cache_format = kBad;
+  EXPECT_NE(error_of([&] { pc.validate(); }).find("CacheFormat value 9"), std::string::npos);
+
+  LayerOptions o;
+  o.dims = ModelDims::deepseek_v2_lite();
+  o.dims.num_heads = 2;
+  Tensor w = test::random_tensor({2 * (128 + 128), 512}, DType::bf16);
+  o.cache_format = kBad;
+  EXPECT_NE(error_of([&] { MlaAttention layer(o, w); }).find("CacheFormat value 9"), std::string::npos);
+  o.cache_format = CacheFormat::fp8_ds_mla;
+  o.ds_scale = static_cast<DsMlaScale>(5);
+  EXPECT_NE(error_of([&] { MlaAttention layer(o, w); }).find("DsMlaScale value 5"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mla
