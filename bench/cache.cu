@@ -160,6 +160,9 @@ unsigned blocks(int64_t n, int64_t per) { return static_cast<unsigned>((n + per 
 
 void bench_tune(BenchContext& ctx) {
   namespace cc = cuda::cache;
+  using Bf16Fmt = CacheFormatTraits<CacheFormat::bf16>;
+  using Fp8Fmt = CacheFormatTraits<CacheFormat::fp8>;
+  using DsFmt = CacheFormatTraits<CacheFormat::fp8_ds_mla>;
   const int64_t T = num_tokens(ctx);
   const Device dev = Device::cuda(ctx.device());
   const WriteInputs in = write_inputs(ctx);
@@ -177,16 +180,16 @@ void bench_tune(BenchContext& ctx) {
     const unsigned gw = blocks(T, cc::kWarpTokens * cc::kThreads / 32);
     double ms;
     if (f == CacheFormat::bf16) {
-      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_rows_kernel<cc::ElemFormat::bf16, true, cc::kRows, cc::kThreads, 4>, blocks(T, cc::kRows), w.p); });
+      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_rows_kernel<Bf16Fmt, true, cc::kRows, cc::kThreads, 4>, blocks(T, cc::kRows), w.p); });
       ctx.report(op, "row stream, unroll 4" + tt, ms, bytes, 0, wf);
-      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_warp_kernel<cc::ElemFormat::bf16, 2, false>, gw, w.p); });
+      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_warp_kernel<Bf16Fmt, 2, false>, gw, w.p); });
       ctx.report(op, "warp per 4 tokens (shipped)" + tt, ms, bytes, 0, wf);
     } else {
-      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_rows_kernel<cc::ElemFormat::fp8, true, cc::kRows, cc::kThreads, 4>, blocks(T, cc::kRows), w.p); });
+      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_rows_kernel<Fp8Fmt, true, cc::kRows, cc::kThreads, 4>, blocks(T, cc::kRows), w.p); });
       ctx.report(op, "row stream, unroll 4, IEEE division" + tt, ms, bytes, 0, wf);
-      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_warp_kernel<cc::ElemFormat::fp8, 2, false>, gw, w.p); });
+      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_warp_kernel<Fp8Fmt, 2, false>, gw, w.p); });
       ctx.report(op, "warp per 4 tokens, IEEE division" + tt, ms, bytes, 0, wf);
-      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_warp_kernel<cc::ElemFormat::fp8, 2, true>, gw, w.p); });
+      ms = ctx.time_ms([&] { launch_on(ctx, cc::write_warp_kernel<Fp8Fmt, 2, true>, gw, w.p); });
       ctx.report(op, "warp per 4 tokens, reciprocal (shipped)" + tt, ms, bytes, 0, wf);
     }
   }
@@ -195,13 +198,13 @@ void bench_tune(BenchContext& ctx) {
     const cc::WritePlan w = cc::plan_write(kv_c, k_pe, slots, c.cache, mode);
     const double bytes = static_cast<double>(T) * (kRowIn + 656 + 8);
     const std::string op = std::string("tune: write ds_mla ") + (mode == DsMlaScale::pow2 ? "pow2" : "amax");
-    double ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 2, false>, blocks(T, 16), w.p); });
+    double ms = ctx.time_ms([&] { launch_on(ctx, cc::write_tiled_kernel<DsFmt, true, 2, false>, blocks(T, 16), w.p); });
     ctx.report(op, "2 tokens per warp, IEEE division" + tt, ms, bytes, 0, wf);
-    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 1, true>, blocks(T, 8), w.p); });
+    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_tiled_kernel<DsFmt, true, 1, true>, blocks(T, 8), w.p); });
     ctx.report(op, "1 token per warp, reciprocal" + tt, ms, bytes, 0, wf);
-    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 2, true>, blocks(T, 16), w.p); });
+    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_tiled_kernel<DsFmt, true, 2, true>, blocks(T, 16), w.p); });
     ctx.report(op, "2 tokens per warp, reciprocal (shipped)" + tt, ms, bytes, 0, wf);
-    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_ds_mla_kernel<true, 4, true>, blocks(T, 32), w.p); });
+    ms = ctx.time_ms([&] { launch_on(ctx, cc::write_tiled_kernel<DsFmt, true, 4, true>, blocks(T, 32), w.p); });
     ctx.report(op, "4 tokens per warp, reciprocal" + tt, ms, bytes, 0, wf);
   }
   const GatherSetup gs = gather_setup(ctx);
@@ -210,17 +213,17 @@ void bench_tune(BenchContext& ctx) {
   for (CacheFormat f : {CacheFormat::fp8, CacheFormat::fp8_ds_mla}) {
     CacheBuffer c = filled_cache(f, gs.T, ctx);
     Tensor dst = Tensor::empty({gs.T, 576}, DType::bf16, dev);
-    const cc::GatherPlan gp = cc::plan_gather_to_bf16(c.cache, dst, cc::make_row_map(c.cache, gs.table, cu, true, {}, gs.T));
+    const cc::GatherPlan gp = cc::plan_gather_values(c.cache, dst, cc::make_row_map(c.cache, gs.table, cu, true, {}, gs.T));
     const double bytes = static_cast<double>(gs.T) * static_cast<double>(cache_entry_bytes(f) + kRowIn);
     const unsigned g = blocks(gs.T, cc::kRows);
     const std::string op = std::string("tune: gather ") + to_string(f);
     double ms4, ms8;
     if (f == CacheFormat::fp8) {
-      ms4 = ctx.time_ms([&] { launch_on(ctx, cc::gather_kernel<cc::GatherFmt::fp8, true, cc::kRows, cc::kThreads, 4>, g, gp.p); });
-      ms8 = ctx.time_ms([&] { launch_on(ctx, cc::gather_kernel<cc::GatherFmt::fp8, true, cc::kRows, cc::kThreads, 8>, g, gp.p); });
+      ms4 = ctx.time_ms([&] { launch_on(ctx, cc::dequant_gather_kernel<Fp8Fmt, cuda::Bf16, true, cc::kRows, cc::kThreads, 4>, g, gp.p); });
+      ms8 = ctx.time_ms([&] { launch_on(ctx, cc::dequant_gather_kernel<Fp8Fmt, cuda::Bf16, true, cc::kRows, cc::kThreads, 8>, g, gp.p); });
     } else {
-      ms4 = ctx.time_ms([&] { launch_on(ctx, cc::gather_kernel<cc::GatherFmt::ds_mla, true, cc::kRows, cc::kThreads, 4>, g, gp.p); });
-      ms8 = ctx.time_ms([&] { launch_on(ctx, cc::gather_kernel<cc::GatherFmt::ds_mla, true, cc::kRows, cc::kThreads, 8>, g, gp.p); });
+      ms4 = ctx.time_ms([&] { launch_on(ctx, cc::dequant_gather_kernel<DsFmt, cuda::Bf16, true, cc::kRows, cc::kThreads, 4>, g, gp.p); });
+      ms8 = ctx.time_ms([&] { launch_on(ctx, cc::dequant_gather_kernel<DsFmt, cuda::Bf16, true, cc::kRows, cc::kThreads, 8>, g, gp.p); });
     }
     ctx.report(op, "unroll 4 (shipped)" + tt, ms4, bytes, 0, gf);
     ctx.report(op, "unroll 8" + tt, ms8, bytes, 0, gf);

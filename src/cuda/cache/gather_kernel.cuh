@@ -6,18 +6,21 @@
 // kRows rows resolve in parallel, one per thread). Phase 2 streams the rows' chunks; a chunk is 8
 // output values (16 bytes of bf16) or, for raw copies, 16 bytes.
 //
-// Formats (GatherFmt):
-//   raw     byte copy (cp_gather_cache; a bf16 cache gathered into bf16 is the same copy)
-//   fp8     per-tensor e4m3: bf16(float(q) * scale)
-//   ds_mla  656-byte record: bf16(float(q) * tile_scale) for the 512 latent values, rope bf16 bits
-// The product of an e4m3 value (4 significant bits) and an fp32 scale is exact in float before the
-// single rounding to bf16, so results equal the CPU's double-precision dequantisation bit for bit.
+// Dequantising gathers (gather_cache, upconvert_ds_mla) read a row of the cache format Fmt
+// (mla/cache_format.h) and write Dst values (bf16 / f16 / f32): value = Dst(float(code) * scale) with
+// the format's scale (none, per-tensor, or the latent tile's), formed in float and rounded once to Dst,
+// as the CPU rounds its double product (tests/gpu compare bf16 and f32 destinations bit for bit, f16
+// under the DESIGN.md §5 rule).
+// Values stored as Dst's own bits (bf16 values into bf16) are copied bit-exactly. Raw gathers
+// (cp_gather_cache, and bf16 caches into bf16) copy bytes.
 #include <cstdint>
 
 #include "cuda/cache/params.h"
+#include "cuda/common/act_type.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/row_stream.cuh"
 #include "cuda/common/vec.cuh"
+#include "mla/cache_format.h"
 
 namespace mla::cuda::cache {
 
@@ -47,18 +50,43 @@ __device__ __forceinline__ int64_t resolve_row(const RowMap& m, int64_t r) {
   return phys * m.cache_stride0 + (pos - blk * m.page_size) * m.cache_stride1;
 }
 
-template <GatherFmt kFmt, bool kVec>
-struct GatherOp {
-  // A chunk is 16 bytes of a raw row, or 8 values of a converted row (8 e4m3 codes or 8 rope bf16 in,
-  // one 16-byte bf16 store out: a warp's store instruction covers 512 contiguous bytes). 16-value
-  // chunks (two 16-byte stores per thread, each warp instruction writing every other 16 bytes)
-  // measured slower: docs/PERFORMANCE.md.
-  static constexpr int kChunk = kFmt == GatherFmt::raw ? 16 : 8;
+// Raw copy in 16-byte chunks (p.cols and p.dst_stride in bytes).
+template <bool kVec>
+struct RawGatherOp {
+  static constexpr int kChunk = 16;
+  using RowInfo = int64_t;
+  using Chunk = dev::Array<uint8_t, 16>;
+  GatherParams p;
+
+  __device__ RowInfo resolve(int64_t r) const { return resolve_row(p.map, r); }
+  __device__ bool active(RowInfo off) const { return off >= 0; }
+  __device__ int chunks_per_row() const { return (p.cols + kChunk - 1) / kChunk; }
+  __device__ void load(RowInfo off, int64_t, int c, Chunk& v) const {
+    const int col = c * kChunk;
+    dev::load_chunk<kVec>(v, static_cast<const uint8_t*>(p.cache) + off + col, min(kChunk, p.cols - col));
+  }
+  __device__ void store(RowInfo, int64_t r, int c, const Chunk& v) const {
+    const int col = c * kChunk;
+    dev::store_chunk<kVec>(static_cast<uint8_t*>(p.dst) + r * p.dst_stride + col, v, min(kChunk, p.cols - col));
+  }
+};
+
+// Dequantising gather of format Fmt into Dst. A chunk is 8 output values: 8 codes in (8 e4m3 bytes or
+// 16 bf16 bytes), one store of 8 Dst values out (a warp's bf16 store instruction covers 512 contiguous
+// bytes). 16-value chunks (two 16-byte stores per thread, each warp instruction writing every other 16
+// bytes) measured slower: docs/PERFORMANCE.md. Chunks never straddle latent and rope: uniform formats
+// are one run of codes, split formats have 8 | d_latent (static_assert).
+template <class Fmt, class Dst, bool kVec>
+struct DequantGatherOp {
+  static constexpr int kChunk = 8;
   using RowInfo = int64_t;
   struct Chunk {
-    dev::Array<uint8_t, 16> b;  // raw bytes, e4m3 codes in b[0, 8), or 8 rope bf16 values
-    float scale;                // ds_mla latent chunks: the tile's scale
+    dev::Array<uint8_t, 16> b;  // 8 codes: e4m3 in b[0, 8), or bf16 values
+    float scale;                // per-tile formats, latent chunks: the tile's scale
   };
+  static constexpr bool kUniform = Fmt::uniform();
+  static constexpr int kLatent = kUniform ? 0 : Fmt::kDqk - Fmt::kDrope;  // split formats have fixed dims
+  static_assert(kUniform || (Fmt::kDqk > 0 && kLatent % kChunk == 0), "split rows: 8-value chunks per part");
 
   GatherParams p;
 
@@ -66,56 +94,70 @@ struct GatherOp {
   __device__ bool active(RowInfo off) const { return off >= 0; }
   __device__ int chunks_per_row() const { return (p.cols + kChunk - 1) / kChunk; }
 
-  using Codes = dev::Array<uint8_t, 8>;
-  static __device__ Codes& codes(Chunk& v) { return reinterpret_cast<Codes&>(v.b); }
-  static __device__ const Codes& codes(const Chunk& v) { return reinterpret_cast<const Codes&>(v.b); }
+  // n codes of dtype D from src: one aligned vector load, or bytewise (a byte view's rows, and so its
+  // bf16 parts, may sit at odd addresses).
+  template <DType D>
+  static __device__ __forceinline__ void load_codes(Chunk& v, const uint8_t* src, int n) {
+    constexpr int kBytes = dtype_bytes(D);
+    if constexpr (kVec) dev::load_bytes<kChunk * kBytes>(v.b.v, src);
+    else dev::copy_bytes(v.b.v, src, n * kBytes);
+  }
 
   __device__ void load(RowInfo off, int64_t, int c, Chunk& v) const {
     const int col = c * kChunk, n = min(kChunk, p.cols - col);
     const uint8_t* row = static_cast<const uint8_t*>(p.cache) + off;
-    if constexpr (kFmt == GatherFmt::raw) {
-      dev::load_chunk<kVec>(v.b, row + col, n);
-    } else if constexpr (kFmt == GatherFmt::fp8) {
-      dev::load_chunk<kVec>(codes(v), row + col, n);
-    } else if (col < 512) {  // 512 latent codes: chunks never straddle the rope
-      dev::load_chunk<kVec>(codes(v), row + col, 8);
-      const uint8_t* s = row + 512 + 4 * (col / 128);
-      if constexpr (kVec) v.scale = __ldg(reinterpret_cast<const float*>(s));
-      else dev::copy_bytes(&v.scale, s, 4);
+    constexpr int lb = dtype_bytes(Fmt::kLatentDType), rb = dtype_bytes(Fmt::kRopeDType);
+    if (kUniform || col < kLatent) {
+      load_codes<Fmt::kLatentDType>(v, row + lb * col, n);
+      if constexpr (Fmt::kScale == CacheScale::per_tile) {
+        const uint8_t* s = row + Fmt::scale_offset(kLatent) + 4 * (col / Fmt::kTile);
+        if constexpr (kVec) v.scale = __ldg(reinterpret_cast<const float*>(s));
+        else dev::copy_bytes(&v.scale, s, 4);
+      }
     } else {
-      const uint8_t* rope = row + 528 + 2 * (col - 512);
-      if constexpr (kVec) dev::load_bytes<16>(v.b.v, rope);
-      else dev::copy_bytes(v.b.v, rope, 16);
+      load_codes<Fmt::kRopeDType>(v, row + Fmt::rope_offset(kLatent) + rb * (col - kLatent), n);
+    }
+  }
+
+  // 8 codes of dtype D times s into Dst (bit copy when the codes already are Dst's unscaled bits).
+  template <DType D, bool kScaled>
+  __device__ __forceinline__ void convert_store(const Chunk& v, float s, typename Dst::Storage* dst, int n) const {
+    if constexpr (D == DType::bf16 && !kScaled && Dst::kDType == DType::bf16) {
+      dev::store_chunk<kVec>(dst, reinterpret_cast<const dev::Array<uint16_t, 8>&>(v.b), n);
+      return;
+    } else {
+      float x[8];
+      if constexpr (D == DType::bf16) dev::bf16_to_float(reinterpret_cast<const dev::Array<uint16_t, 8>&>(v.b), x);
+      else dev::e4m3_to_float(reinterpret_cast<const dev::Array<uint8_t, 8>&>(v.b), x);
+      dev::Array<typename Dst::Storage, 8> o;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o.v[i] = Dst::from_float(kScaled ? x[i] * s : x[i]);
+      dev::store_chunk<kVec>(dst, o, n);
     }
   }
 
   __device__ void store(RowInfo, int64_t r, int c, const Chunk& v) const {
     const int col = c * kChunk, n = min(kChunk, p.cols - col);
-    if constexpr (kFmt == GatherFmt::raw) {
-      dev::store_chunk<kVec>(static_cast<uint8_t*>(p.dst) + r * p.dst_stride + col, v.b, n);
+    auto* dst = static_cast<typename Dst::Storage*>(p.dst) + r * p.dst_stride + col;
+    constexpr bool kLatentScaled = Fmt::kScale != CacheScale::none;
+    if (kUniform || col < kLatent) {
+      convert_store<Fmt::kLatentDType, kLatentScaled>(
+          v, Fmt::kScale == CacheScale::per_tile ? v.scale : p.scale, dst, n);
     } else {
-      uint16_t* dst = static_cast<uint16_t*>(p.dst) + r * p.dst_stride + col;
-      if (kFmt == GatherFmt::ds_mla && col >= 512) {  // rope: bf16 bits, copied
-        dev::store_chunk<kVec>(dst, reinterpret_cast<const dev::Array<uint16_t, 8>&>(v.b), n);
-        return;
-      }
-      float x[8];
-      dev::e4m3_to_float(codes(v), x);
-      const float s = kFmt == GatherFmt::fp8 ? p.scale : v.scale;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] *= s;
-      dev::Array<uint16_t, 8> o;
-      dev::float_to_bf16(x, o);
-      dev::store_chunk<kVec>(dst, o, n);
+      convert_store<Fmt::kRopeDType, Fmt::rope_scaled()>(v, p.scale, dst, n);
     }
   }
 };
 
 // kUnroll chunks in flight per thread (the launcher's choice and the alternatives measured are in
 // docs/PERFORMANCE.md).
-template <GatherFmt kFmt, bool kVec, int kRows, int kThreads, int kUnroll>
-__global__ void __launch_bounds__(kThreads) gather_kernel(GatherParams p) {
-  dev::stream_rows<kRows, kThreads, kUnroll>(GatherOp<kFmt, kVec>{p}, p.map.num_rows);
+template <bool kVec, int kRows, int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads) raw_gather_kernel(GatherParams p) {
+  dev::stream_rows<kRows, kThreads, kUnroll>(RawGatherOp<kVec>{p}, p.map.num_rows);
+}
+template <class Fmt, class Dst, bool kVec, int kRows, int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads) dequant_gather_kernel(GatherParams p) {
+  dev::stream_rows<kRows, kThreads, kUnroll>(DequantGatherOp<Fmt, Dst, kVec>{p}, p.map.num_rows);
 }
 
 }  // namespace mla::cuda::cache

@@ -9,7 +9,6 @@
 namespace mla::cuda {
 namespace {
 
-using cache::GatherFmt;
 using cache::kRows;
 using cache::kThreads;
 
@@ -24,38 +23,50 @@ void launch(Kernel kernel, unsigned grid, const Params& p, const Context& ctx, c
   check_launch(what);
 }
 
-template <cache::ElemFormat kFmt, int kLatentSteps>
+template <class Fmt, int kLatentSteps>
 void launch_write_warp(const cache::WritePlan& w, const Context& ctx) {
   using cache::write_warp_kernel;
   const unsigned grid = grid_for(w.p.num_tokens, cache::kWarpTokens * kThreads / 32, "write_cache");
-  if constexpr (kFmt == cache::ElemFormat::fp8) {
-    if (w.recip) return launch(write_warp_kernel<kFmt, kLatentSteps, true>, grid, w.p, ctx, "write_cache");
+  if constexpr (!cache::kBf16Rows<Fmt>) {
+    if (w.recip) return launch(write_warp_kernel<Fmt, kLatentSteps, true>, grid, w.p, ctx, "write_cache");
   }
-  launch(write_warp_kernel<kFmt, kLatentSteps, false>, grid, w.p, ctx, "write_cache");
+  launch(write_warp_kernel<Fmt, kLatentSteps, false>, grid, w.p, ctx, "write_cache");
 }
 
-template <cache::ElemFormat kFmt>
-void launch_write_rows(const cache::WritePlan& w, const Context& ctx) {
-  if (w.warp) return w.latent_steps == 2 ? launch_write_warp<kFmt, 2>(w, ctx) : launch_write_warp<kFmt, 1>(w, ctx);
-  const unsigned grid = grid_for(w.p.num_tokens, kRows, "write_cache");
-  if (w.vec) launch(cache::write_rows_kernel<kFmt, true, kRows, kThreads, kWriteUnroll>, grid, w.p, ctx, "write_cache");
-  else launch(cache::write_rows_kernel<kFmt, false, kRows, kThreads, kWriteUnroll>, grid, w.p, ctx, "write_cache");
+// One format's writer: uniform formats stream rows (warp kernel for DeepSeek shapes), per-tile
+// formats take the tiled kernel.
+template <class Fmt>
+void launch_write(const cache::WritePlan& w, const Context& ctx) {
+  if constexpr (Fmt::kScale == CacheScale::per_tile) {
+    const unsigned grid = grid_for(w.p.num_tokens, kDsTokensPerWarp * kThreads / 32, "write_cache");
+    if (w.vec) launch(cache::write_tiled_kernel<Fmt, true, kDsTokensPerWarp>, grid, w.p, ctx, "write_cache");
+    else launch(cache::write_tiled_kernel<Fmt, false, kDsTokensPerWarp>, grid, w.p, ctx, "write_cache");
+  } else {
+    if (w.warp) return w.latent_steps == 2 ? launch_write_warp<Fmt, 2>(w, ctx) : launch_write_warp<Fmt, 1>(w, ctx);
+    const unsigned grid = grid_for(w.p.num_tokens, kRows, "write_cache");
+    if (w.vec) launch(cache::write_rows_kernel<Fmt, true, kRows, kThreads, kWriteUnroll>, grid, w.p, ctx, "write_cache");
+    else launch(cache::write_rows_kernel<Fmt, false, kRows, kThreads, kWriteUnroll>, grid, w.p, ctx, "write_cache");
+  }
 }
 
-template <GatherFmt kFmt>
-void launch_gather_fmt(const cache::GatherPlan& g, const Context& ctx, const char* what) {
-  const unsigned grid = grid_for(g.p.map.num_rows, kRows, what);
-  if (g.vec) launch(cache::gather_kernel<kFmt, true, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
-  else launch(cache::gather_kernel<kFmt, false, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
-}
-
-void launch_gather(const cache::GatherPlan& g, const Context& ctx, const char* what) {
+// Raw copies, or the dequantising kernel of (cache format, dst activation type).
+void launch_gather(const KVCache& c, const TensorView& dst, const cache::GatherPlan& g, const Context& ctx,
+                   const char* what) {
   if (g.p.map.num_requests <= 0) return;  // no request: nothing is written
-  switch (g.fmt) {
-    case GatherFmt::raw: return launch_gather_fmt<GatherFmt::raw>(g, ctx, what);
-    case GatherFmt::fp8: return launch_gather_fmt<GatherFmt::fp8>(g, ctx, what);
-    case GatherFmt::ds_mla: return launch_gather_fmt<GatherFmt::ds_mla>(g, ctx, what);
+  const unsigned grid = grid_for(g.p.map.num_rows, kRows, what);
+  if (g.raw) {
+    if (g.vec) launch(cache::raw_gather_kernel<true, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
+    else launch(cache::raw_gather_kernel<false, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
+    return;
   }
+  dispatch_cache_format(c.format, [&](auto fmt) {
+    dispatch_activation(dst.dtype, what, [&](auto act) {
+      using Fmt = decltype(fmt);
+      using Dst = decltype(act);
+      if (g.vec) launch(cache::dequant_gather_kernel<Fmt, Dst, true, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
+      else launch(cache::dequant_gather_kernel<Fmt, Dst, false, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
+    });
+  });
 }
 
 }  // namespace
@@ -65,38 +76,28 @@ void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorVie
   DeviceGuard guard(cache.data.device);
   const cache::WritePlan w = cache::plan_write(kv_c, k_pe, slot_mapping, cache, ds_scale);
   if (w.p.num_tokens == 0) return;
-  switch (cache.format) {
-    case CacheFormat::bf16: return launch_write_rows<cache::ElemFormat::bf16>(w, ctx);
-    case CacheFormat::fp8: return launch_write_rows<cache::ElemFormat::fp8>(w, ctx);
-    case CacheFormat::fp8_ds_mla: {
-      const unsigned grid = grid_for(w.p.num_tokens, kDsTokensPerWarp * kThreads / 32, "write_cache");
-      if (w.vec) launch(cache::write_ds_mla_kernel<true, kDsTokensPerWarp>, grid, w.p, ctx, "write_cache");
-      else launch(cache::write_ds_mla_kernel<false, kDsTokensPerWarp>, grid, w.p, ctx, "write_cache");
-      return;
-    }
-  }
-  throw Error("write_cache: unknown cache format");
+  dispatch_cache_format(cache.format, [&](auto fmt) { launch_write<decltype(fmt)>(w, ctx); });
 }
 
 void gather_cache(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
                   const TensorView& cu_seq_lens, const TensorView& seq_starts, const Context& ctx) {
   DeviceGuard guard(cache.data.device);
   const cache::RowMap map = cache::make_row_map(cache, block_table, cu_seq_lens, true, seq_starts, dst.size(0));
-  launch_gather(cache::plan_gather_to_bf16(cache, dst, map), ctx, "gather_cache");
+  launch_gather(cache, dst, cache::plan_gather_values(cache, dst, map), ctx, "gather_cache");
 }
 
 void upconvert_ds_mla(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
                       const TensorView& workspace_starts, const TensorView& seq_starts, const Context& ctx) {
   DeviceGuard guard(cache.data.device);
   const cache::RowMap map = cache::make_row_map(cache, block_table, workspace_starts, false, seq_starts, dst.size(0));
-  launch_gather(cache::plan_gather_to_bf16(cache, dst, map), ctx, "upconvert_ds_mla");
+  launch_gather(cache, dst, cache::plan_gather_values(cache, dst, map), ctx, "upconvert_ds_mla");
 }
 
 void cp_gather_cache(const KVCache& cache, const TensorView& dst, const TensorView& block_table,
                      const TensorView& cu_seq_lens, const TensorView& seq_starts, const Context& ctx) {
   DeviceGuard guard(cache.data.device);
   const cache::RowMap map = cache::make_row_map(cache, block_table, cu_seq_lens, true, seq_starts, dst.size(0));
-  launch_gather(cache::plan_cp_gather(cache, dst, map), ctx, "cp_gather_cache");
+  launch_gather(cache, dst, cache::plan_cp_gather(cache, dst, map), ctx, "cp_gather_cache");
 }
 
 }  // namespace mla::cuda

@@ -15,7 +15,7 @@ struct WriteParams {
   int64_t kv_c_stride, k_pe_stride, slot_stride;
   int64_t cache_stride0, cache_stride1;  // in cache elements (bf16: 2 bytes, otherwise bytes)
   int64_t num_tokens, num_blocks, page_size;
-  int latent, rope;       // L, R (ds_mla: 512, 64)
+  int latent, rope;       // L, R (fixed-width formats: their kDqk - kDrope, kDrope)
   float scale;            // fp8: per-tensor scale (write x / scale)
   bool slots_i64;
   bool ds_pow2;           // fp8_ds_mla: power-of-two tile scales instead of amax / 448
@@ -38,19 +38,15 @@ struct RowMap {
   int64_t cache_stride0, cache_stride1;  // in bytes (the gathers address caches bytewise)
 };
 
-// What a gather does to each row: copy bytes (cp_gather_cache, and bf16 -> bf16 gathers), or
-// dequantise an fp8 / fp8_ds_mla row into bf16.
-enum class GatherFmt { raw, fp8, ds_mla };
-
-// Gather of dequantised rows into bf16 (gather_cache, upconvert_ds_mla) or raw bytes (cp_gather_cache,
-// and bf16 -> bf16 gathers, which are raw copies).
+// Gather of dequantised rows into bf16 / f16 / f32 (gather_cache, upconvert_ds_mla) or raw bytes
+// (cp_gather_cache, and bf16 -> bf16 gathers, which are raw copies).
 struct GatherParams {
   RowMap map;
   const void* cache;     // cache tensor data (element type per format)
-  void* dst;             // [num_rows, cols]
-  int64_t dst_stride;    // in dst elements (bf16), raw: in bytes
+  void* dst;             // [num_rows, cols] of the kernel's Dst type (raw: bytes)
+  int64_t dst_stride;    // in dst elements, raw: in bytes
   int cols;              // values per dst row (raw: bytes per row)
-  float scale;           // fp8 per-tensor scale
+  float scale;           // per-tensor formats: the cache's scale (value = code * scale); else 1
 };
 
 }  // namespace mla::cuda::cache

@@ -2,6 +2,7 @@
 // Host side of the cache kernels: POD params from validated views, and the choice between the
 // vector and the element-wise variant from the actual alignment. Shared by launch.cu and the kernel
 // tuning benchmark (the tune_cache family in bench/cache.cu), so both run exactly the same configurations.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -58,14 +59,20 @@ inline WritePlan plan_write(const TensorView& kv_c, const TensorView& k_pe, cons
   p.page_size = cache.page_size();
   p.latent = cache.d_latent();
   p.rope = cache.d_rope;
-  p.scale = cache.scale;
+  p.scale = cache_format_info(cache.format).scale == CacheScale::per_tensor ? cache.scale : 1.0f;
   p.slots_i64 = slot_mapping.dtype == DType::i64;
   p.ds_pow2 = ds_scale == DsMlaScale::pow2;
   // bf16 inputs are read in 16-byte chunks of 8 values; the cache is written in 16-byte (bf16,
   // ds_mla) or 8-byte (fp8) pieces.
   const bool in_vec = multiple(p.latent, 8) && multiple(p.rope, 8) && rows_aligned(kv_c, 16) && rows_aligned(k_pe, 16);
-  w.vec = in_vec && cache_rows_aligned(cache, cache.format == CacheFormat::fp8 ? 8 : 16);
-  w.warp = w.vec && cache.format != CacheFormat::fp8_ds_mla && p.rope == 64 && (p.latent == 256 || p.latent == 512);
+  dispatch_cache_format(cache.format, [&](auto fmt) {
+    using Fmt = decltype(fmt);
+    // Uniform formats are written in 8-value chunks (16 bytes bf16, 8 bytes e4m3); the tiled writer
+    // stores 16-byte pieces.
+    const int64_t chunk = Fmt::uniform() ? 8 * dtype_bytes(Fmt::kLatentDType) : 16;
+    w.vec = in_vec && cache_rows_aligned(cache, chunk);
+    w.warp = w.vec && Fmt::uniform() && p.rope == 64 && (p.latent == 256 || p.latent == 512);
+  });
   w.latent_steps = p.latent / 256;
   w.recip = recip_scale_ok(p.scale);
   return w;
@@ -94,40 +101,41 @@ inline RowMap make_row_map(const KVCache& c, const TensorView& block_table, cons
 
 struct GatherPlan {
   GatherParams p{};
-  GatherFmt fmt = GatherFmt::raw;
+  bool raw = false;  // byte copy (raw_gather_kernel); otherwise dequant_gather_kernel<format, dst dtype>
   bool vec = false;
 };
 
-// Dequantising gather into a bf16 dst (gather_cache, upconvert_ds_mla).
-inline GatherPlan plan_gather_to_bf16(const KVCache& c, const TensorView& dst, const RowMap& map) {
+// Dequantising gather into a bf16 / f16 / f32 dst (gather_cache, upconvert_ds_mla). Rows whose values
+// are stored as dst's own unscaled bits (bf16 cache, bf16 dst) are raw copies of 2d bytes.
+inline GatherPlan plan_gather_values(const KVCache& c, const TensorView& dst, const RowMap& map) {
   GatherPlan g;
   GatherParams& p = g.p;
   p.map = map;
   p.cache = c.data.data;
   p.dst = dst.data;
-  p.scale = c.scale;
   const int64_t d = dst.size(1);
-  switch (c.format) {
-    case CacheFormat::bf16:  // bit copy of the first d values: a raw gather of 2d bytes
-      g.fmt = GatherFmt::raw;
-      p.cols = static_cast<int>(2 * d);
-      p.dst_stride = 2 * dst.stride[0];
-      g.vec = multiple(p.cols, 16) && rows_aligned(dst, 16) && cache_rows_aligned(c, 16);
-      return g;
-    case CacheFormat::fp8:  // 8 codes (8 bytes) -> 8 bf16 (16 bytes) per chunk
-      g.fmt = GatherFmt::fp8;
-      p.cols = static_cast<int>(d);
-      p.dst_stride = dst.stride[0];
-      g.vec = multiple(d, 8) && rows_aligned(dst, 16) && cache_rows_aligned(c, 8);
-      return g;
-    case CacheFormat::fp8_ds_mla:
-      g.fmt = GatherFmt::ds_mla;
-      p.cols = static_cast<int>(d);
-      p.dst_stride = dst.stride[0];
-      g.vec = rows_aligned(dst, 16) && cache_rows_aligned(c, 16);
-      return g;
-  }
-  throw Error("gather: unknown cache format");
+  dispatch_cache_format(c.format, [&](auto fmt) {
+    using Fmt = decltype(fmt);
+    p.scale = Fmt::kScale == CacheScale::per_tensor ? c.scale : 1.0f;
+    if constexpr (Fmt::uniform() && Fmt::kScale == CacheScale::none) {
+      if (dst.dtype == Fmt::kLatentDType) {  // a bit copy of the first d values
+        g.raw = true;
+        p.cols = static_cast<int>(d * dtype_bytes(Fmt::kLatentDType));
+        p.dst_stride = dst.stride[0] * static_cast<int64_t>(dst.element_size());
+        g.vec = multiple(p.cols, 16) && rows_aligned(dst, 16) && cache_rows_aligned(c, 16);
+        return;
+      }
+    }
+    // 8 codes per chunk: 8 bytes (e4m3) or 16 (bf16) at each part's start; dst chunks of 8 values.
+    const int64_t code_chunk = 8 * std::max(dtype_bytes(Fmt::kLatentDType), dtype_bytes(Fmt::kRopeDType));
+    const bool parts_aligned =
+        Fmt::uniform() || Fmt::rope_offset(Fmt::kDqk - Fmt::kDrope) % std::min<int64_t>(code_chunk, 16) == 0;
+    p.cols = static_cast<int>(d);
+    p.dst_stride = dst.stride[0];
+    g.vec = multiple(d, 8) && parts_aligned && rows_aligned(dst, 16) &&
+            cache_rows_aligned(c, std::min<int64_t>(code_chunk, 16));
+  });
+  return g;
 }
 
 // Raw row copy (cp_gather_cache): dst rows hold the cache rows' bytes.
@@ -137,6 +145,7 @@ inline GatherPlan plan_cp_gather(const KVCache& c, const TensorView& dst, const 
   p.map = map;
   p.cache = c.data.data;
   p.dst = dst.data;
+  g.raw = true;
   p.cols = static_cast<int>(c.data.size(2) * cache_esize(c));
   p.dst_stride = dst.stride[0] * static_cast<int64_t>(dst.element_size());
   g.vec = multiple(p.cols, 16) && rows_aligned(dst, 16) && cache_rows_aligned(c, 16);

@@ -17,8 +17,8 @@
 // each token's slot into its cache row offset (or "skip"); phase 2 streams 8-element chunks, the
 // latent's then the rope's, so a cache row is written front to back by consecutive threads.
 //
-// fp8_ds_mla (write_ds_mla_kernel): a warp per kTokens tokens, because the four 128-element tiles
-// need an amax reduction before any byte can be written. Lane l holds latent elements [8l, 8l+8) and
+// fp8_ds_mla (write_tiled_kernel; offsets from the format's traits): a warp per kTokens tokens,
+// because the four 128-element tiles need an amax reduction before any byte can be written. Lane l holds latent elements [8l, 8l+8) and
 // [256+8l, 256+8l+8): each load instruction of the warp reads 512 contiguous bytes, and the 16 lanes
 // covering one tile reduce their amax with 4 xor-shuffles. Lanes then store 8 e4m3 codes each (two
 // fully coalesced 256-byte stores), lane 0 the four fp32 scales (one 16-byte store) and lanes 0-7
@@ -34,10 +34,14 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/row_stream.cuh"
 #include "cuda/common/vec.cuh"
+#include "mla/cache_format.h"
 
 namespace mla::cuda::cache {
 
-enum class ElemFormat { bf16, fp8 };
+// Uniform formats (mla/cache_format.h: latent and rope one run of bf16 values or e4m3 codes) go through
+// write_rows_kernel / write_warp_kernel; per-tile formats through write_tiled_kernel.
+template <class Fmt>
+inline constexpr bool kBf16Rows = Fmt::kLatentDType == DType::bf16;
 
 __device__ __forceinline__ int64_t load_slot(const WriteParams& p, int64_t t) {
   return p.slots_i64 ? static_cast<const int64_t*>(p.slots)[t * p.slot_stride]
@@ -64,12 +68,13 @@ struct WarpSlots {
   __device__ __forceinline__ int64_t off(int k) const { return __shfl_sync(0xffffffffu, mine, k); }
 };
 
-template <ElemFormat kFmt, bool kVec>
+template <class Fmt, bool kVec>
 struct WriteRowsOp {
+  static_assert(Fmt::uniform() && Fmt::kScale != CacheScale::per_tile, "one run of codes, one scale");
   static constexpr int kChunk = 8;
   using RowInfo = int64_t;  // cache element offset of the row, -1 = skip
   using Chunk = dev::Array<uint16_t, kChunk>;
-  using CacheT = std::conditional_t<kFmt == ElemFormat::bf16, uint16_t, uint8_t>;
+  using CacheT = std::conditional_t<kBf16Rows<Fmt>, uint16_t, uint8_t>;
 
   WriteParams p;
   int latent_chunks, chunks;
@@ -98,7 +103,8 @@ struct WriteRowsOp {
     int col, n;
     source(t, c, col, n);
     CacheT* dst = static_cast<CacheT*>(p.cache) + off + col;
-    if constexpr (kFmt == ElemFormat::bf16) {
+    if constexpr (kBf16Rows<Fmt>) {
+      static_assert(Fmt::kScale == CacheScale::none, "bf16 rows are stored unscaled");
       dev::store_chunk<kVec>(dst, v, n);
     } else {
       float x[kChunk];
@@ -112,11 +118,11 @@ struct WriteRowsOp {
   }
 };
 
-template <ElemFormat kFmt, bool kVec, int kRows, int kThreads, int kUnroll>
+template <class Fmt, bool kVec, int kRows, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) write_rows_kernel(WriteParams p) {
-  constexpr int kChunk = WriteRowsOp<kFmt, kVec>::kChunk;
+  constexpr int kChunk = WriteRowsOp<Fmt, kVec>::kChunk;
   const int lc = (p.latent + kChunk - 1) / kChunk, rc = (p.rope + kChunk - 1) / kChunk;
-  const WriteRowsOp<kFmt, kVec> op{p, lc, lc + rc};
+  const WriteRowsOp<Fmt, kVec> op{p, lc, lc + rc};
   dev::stream_rows<kRows, kThreads, kUnroll>(op, p.num_tokens);
 }
 
@@ -132,8 +138,9 @@ __device__ __forceinline__ auto make_div(float scale) {
 
 // kLatentSteps = latent / 256. kRecip: x / scale through the reciprocal (the host checked
 // recip_scale_ok(scale)); otherwise IEEE division (reference variant, and scales out of range).
-template <ElemFormat kFmt, int kLatentSteps, bool kRecip>
+template <class Fmt, int kLatentSteps, bool kRecip>
 __global__ void __launch_bounds__(256) write_warp_kernel(WriteParams p) {
+  static_assert(Fmt::uniform() && Fmt::kScale != CacheScale::per_tile, "one run of codes, one scale");
   constexpr int kLatent = 256 * kLatentSteps;
   const int lane = threadIdx.x & 31;
   const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * kWarpTokens;
@@ -150,7 +157,7 @@ __global__ void __launch_bounds__(256) write_warp_kernel(WriteParams p) {
   const WarpSlots<kWarpTokens> slots(p, t0, lane);
   const int64_t rope_off = __shfl_sync(0xffffffffu, slots.mine, rk);
 
-  if constexpr (kFmt == ElemFormat::bf16) {
+  if constexpr (kBf16Rows<Fmt>) {
     uint16_t* cache = static_cast<uint16_t*>(p.cache);
 #pragma unroll
     for (int k = 0; k < kWarpTokens; ++k) {
@@ -176,7 +183,23 @@ __global__ void __launch_bounds__(256) write_warp_kernel(WriteParams p) {
   }
 }
 
-// ---- fp8_ds_mla -----------------------------------------------------------------------------
+// ---- per-tile formats (fp8_ds_mla) -------------------------------------------------------------
+
+// The record the lane roles of write_tiled_kernel are laid out for (header comment): 512 e4m3 latent
+// codes in 4 tiles of 128, fp32 tile scales, 64 bf16 rope values; offsets from the format's traits.
+template <class Fmt>
+struct TiledRecord {
+  static constexpr int kLatent = Fmt::kDqk - Fmt::kDrope;
+  static constexpr int kHalf = kLatent / 2;  // lane l holds latent [8l, 8l+8) and [kHalf+8l, kHalf+8l+8)
+  static constexpr int kScales = static_cast<int>(Fmt::scale_offset(kLatent));
+  static constexpr int kRope = static_cast<int>(Fmt::rope_offset(kLatent));
+  static_assert(Fmt::kScale == CacheScale::per_tile && Fmt::kLatentDType == DType::fp8_e4m3 &&
+                    Fmt::kRopeDType == DType::bf16,
+                "e4m3 latent with tile scales, bf16 rope");
+  static_assert(kLatent == 512 && Fmt::kTile == 128 && Fmt::kDrope == 64,
+                "one warp: 32 lanes x 2 x 8 latent values, 16 lanes per tile, 8 lanes x 8 rope values");
+  static_assert(kScales % 16 == 0 && kRope % 16 == 0, "16-byte stores of scales and rope");
+};
 
 // Tile scale (§3.3), identical to the CPU's ds_tile_scale: amax mode max(amax/448, FLT_MIN); pow2
 // mode 2^ceil(log2(max(amax/448, 1e-4))) computed exactly from the float's bits.
@@ -208,11 +231,12 @@ __device__ __forceinline__ dev::Array<uint8_t, 8> ds_quantise(const dev::Array<u
 }
 
 // One token's part of the ds_mla write, after its loads: quantise and store (lane-level roles above).
-template <bool kVec, bool kRecip>
-__device__ __forceinline__ void ds_mla_store_token(const WriteParams& p, int64_t off, const dev::Array<uint16_t, 8>& a,
-                                                   const dev::Array<uint16_t, 8>& b, const dev::Array<uint16_t, 8>& r,
-                                                   int lane) {
-  constexpr int kHalf = 256;
+template <class Fmt, bool kVec, bool kRecip>
+__device__ __forceinline__ void tiled_store_token(const WriteParams& p, int64_t off, const dev::Array<uint16_t, 8>& a,
+                                                  const dev::Array<uint16_t, 8>& b, const dev::Array<uint16_t, 8>& r,
+                                                  int lane) {
+  using R = TiledRecord<Fmt>;
+  constexpr int kHalf = R::kHalf;
   // fmaxf ignores NaN like the CPU's std::fmax; the max is order-independent.
   float ma = 0.0f, mb = 0.0f;
 #pragma unroll
@@ -233,18 +257,18 @@ __device__ __forceinline__ void ds_mla_store_token(const WriteParams& p, int64_t
   dev::store_chunk<kVec>(row + 8 * lane, qa, 8);  // bytes: element-wise is byte-wise when !kVec
   dev::store_chunk<kVec>(row + kHalf + 8 * lane, qb, 8);
   if (lane == 0) {
-    const dev::Array<float, 4> sc{{sa, s1, sb, s3}};  // tiles 0..3 in byte order 512..527
-    if constexpr (kVec) dev::store_bytes<16>(row + 512, sc.v);
-    else dev::copy_bytes(row + 512, sc.v, 16);  // a u8 cache view may sit at any byte offset
+    const dev::Array<float, 4> sc{{sa, s1, sb, s3}};  // tiles 0..3 in byte order
+    if constexpr (kVec) dev::store_bytes<16>(row + R::kScales, sc.v);
+    else dev::copy_bytes(row + R::kScales, sc.v, 16);  // a u8 cache view may sit at any byte offset
   }
   if (lane < 8) {
-    if constexpr (kVec) dev::store_bytes<16>(row + 528 + 16 * lane, r.v);
-    else dev::copy_bytes(row + 528 + 16 * lane, r.v, 16);
+    if constexpr (kVec) dev::store_bytes<16>(row + R::kRope + 16 * lane, r.v);
+    else dev::copy_bytes(row + R::kRope + 16 * lane, r.v, 16);
   }
 }
 
-template <bool kVec, int kTokens, bool kRecip = true>
-__global__ void __launch_bounds__(256) write_ds_mla_kernel(WriteParams p) {
+template <class Fmt, bool kVec, int kTokens, bool kRecip = true>
+__global__ void __launch_bounds__(256) write_tiled_kernel(WriteParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * kTokens;
   dev::Array<uint16_t, 8> a[kTokens], b[kTokens], r[kTokens];
@@ -254,14 +278,14 @@ __global__ void __launch_bounds__(256) write_ds_mla_kernel(WriteParams p) {
     if (t >= p.num_tokens) continue;
     const uint16_t* src = p.kv_c + t * p.kv_c_stride;
     dev::load_chunk<kVec>(a[k], src + 8 * lane, 8);
-    dev::load_chunk<kVec>(b[k], src + 256 + 8 * lane, 8);
+    dev::load_chunk<kVec>(b[k], src + TiledRecord<Fmt>::kHalf + 8 * lane, 8);
     if (lane < 8) dev::load_chunk<kVec>(r[k], p.k_pe + t * p.k_pe_stride + 8 * lane, 8);
   }
   const WarpSlots<kTokens> slots(p, t0, lane);
 #pragma unroll
   for (int k = 0; k < kTokens; ++k) {
     const int64_t off = slots.off(k);  // -1 past num_tokens: the warp's shuffles still run, nothing is stored
-    ds_mla_store_token<kVec, kRecip>(p, off, a[k], b[k], r[k], lane);
+    tiled_store_token<Fmt, kVec, kRecip>(p, off, a[k], b[k], r[k], lane);
   }
 }
 

@@ -176,8 +176,16 @@ __device__ __forceinline__ void convert_key_row(const uint8_t* raw, int d_qk, in
       // A zero-filled (invalid) row reads scales 0: harmless, its probabilities are 0.
       if (sub == 0) {
         const float* s = reinterpret_cast<const float*>(raw + kScales);
+        if constexpr (kTiles == 4) {  // fp8_ds_mla: one 16-byte shared load
+          const float4 s4 = *reinterpret_cast<const float4*>(s);
+          sc[0] = s4.x;
+          sc[1] = s4.y;
+          sc[2] = s4.z;
+          sc[3] = s4.w;
+        } else {
 #pragma unroll
-        for (int t = 0; t < kTiles; ++t) sc[t] = s[t];
+          for (int t = 0; t < kTiles; ++t) sc[t] = s[t];
+        }
         sc[kTiles] = 1.0f;  // rope columns (unscaled)
       }
     }
