@@ -2,7 +2,10 @@
 // Functional ops. Each validates its arguments (throwing mla::Error before anything is written) and
 // dispatches on the device of its tensors: all tensors of one call must live on one device. The CPU
 // backend accepts any floating dtype for activations (bf16/f16/f32/f64; Context::precision selects
-// float32 or float64 accumulation); the CUDA backend takes bf16 activations, fp32 LSE.
+// float32 or float64 accumulation); the CUDA backend takes bf16 activations, and also f16 / f32 where
+// vLLM's ops do (merge_attn_states, gather_cache / upconvert_ds_mla dst, mqa_decode and sparse_mqa q / out,
+// one dtype per call), with fp32 LSE. CUDA attention feeds bf16 tensor cores: f16 / f32 queries are
+// rounded to bf16 on load; outputs are written in their own dtype from fp32.
 //
 // Conventions (DESIGN.md §4):
 //   * LSE is fp32, natural log. An empty key set gives out = 0 and lse = -inf. The CPU backend also
@@ -31,7 +34,7 @@ void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorVie
 
 // ---------------------------------------------------------------------------------------------
 // Gather with dequantisation for chunked context (gather_and_maybe_dequant_cache, §5.1).
-//   dst          [TOT, D] bf16/f16/f32/f64, D = d_qk (full row) or d_latent (latent only)
+//   dst          [TOT, D] bf16/f16/f32/f64 (CUDA: not f64), D = d_qk (full row) or d_latent (latent only)
 //   block_table  [B, max_blocks] int32
 //   cu_seq_lens  [B+1] int32: request b fills dst rows [cu[b], cu[b+1])
 //   seq_starts   [B] int32 optional: token i of request b is logical position seq_starts[b] + i (any alignment)
@@ -47,7 +50,7 @@ void cp_gather_cache(const KVCache& cache, const TensorView& dst, const TensorVi
                      const TensorView& cu_seq_lens, const TensorView& seq_starts = {}, const Context& ctx = {});
 
 // fp8_ds_mla -> bf16 upconvert into a workspace (cp_gather_and_upconvert_fp8_kv_cache, §5.3).
-//   dst              [TOT, 576] bf16
+//   dst              [TOT, 576] bf16 (CPU: any float dtype; CUDA: bf16 / f16 / f32)
 //   block_table      [B, max_blocks] int32
 //   workspace_starts [B] int32: request b occupies rows [starts[b], starts[b+1]) (last ends at TOT)
 //   seq_starts       [B] int32 optional logical start position per request

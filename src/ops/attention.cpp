@@ -74,7 +74,7 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
                 const TensorView& workspace, const Context& ctx, int num_splits) {
   constexpr const char* op = "mqa_decode";
   detail::check_ndim(q, 4, op, "q [b, s_q, h_q, d_qk]");
-  detail::check_activation(q, false, op, "q");
+  detail::check_activation(q, false, op, "q", detail::CudaActivations::bf16_f16_f32);
   const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2), d = q.size(3);
   const Device dev = q.device;
   MLA_CHECK(s_q >= 1 && h_q >= 1, "{}: q needs s_q >= 1 and h_q >= 1, got {}", op, q.describe());
@@ -85,7 +85,8 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
   detail::check_size(block_table, 0, b, op, "block_table [b, max_blocks]");
   detail::check_i32_vector(seq_lens, b, op, "seq_lens [b]");
   detail::check_ndim(out, 4, op, "out [b, s_q, h_q, d_v]");
-  detail::check_activation(out, true, op, "out");
+  detail::check_activation(out, true, op, "out", detail::CudaActivations::bf16_f16_f32);
+  detail::check_same_dtype_on_cuda(out, q, op, "out", "q");
   for (int i = 0; i < 3; ++i) detail::check_size(out, i, q.size(i), op, "out [b, s_q, h_q, d_v]");
   check_dv(out.size(3), cache, op);
   check_lse_out(lse, {b, s_q, h_q}, op, "lse [b, s_q, h_q]");
@@ -181,7 +182,7 @@ void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indice
                 const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx) {
   constexpr const char* op = "sparse_mqa";
   detail::check_ndim(q, 3, op, "q [T, h_q, d_qk]");
-  detail::check_activation(q, false, op, "q");
+  detail::check_activation(q, false, op, "q", detail::CudaActivations::bf16_f16_f32);
   const int64_t t = q.size(0), h_q = q.size(1), d = q.size(2);
   const Device dev = q.device;
   MLA_CHECK(h_q >= 1, "{}: q needs at least one head, got {}", op, q.describe());
@@ -196,7 +197,8 @@ void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indice
   const int64_t topk = indices.size(1);
   if (topk_length.defined()) detail::check_i32_vector(topk_length, t, op, "topk_length [T]");
   detail::check_ndim(out, 3, op, "out [T, h_q, d_v]");
-  detail::check_activation(out, true, op, "out");
+  detail::check_activation(out, true, op, "out", detail::CudaActivations::bf16_f16_f32);
+  detail::check_same_dtype_on_cuda(out, q, op, "out", "q");
   detail::check_size(out, 0, t, op, "out [T, h_q, d_v]");
   detail::check_size(out, 1, h_q, op, "out [T, h_q, d_v]");
   check_dv(out.size(2), kv, op);

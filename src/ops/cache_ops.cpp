@@ -111,7 +111,7 @@ void gather_cache(const KVCache& cache, const TensorView& dst, const TensorView&
   constexpr const char* op = "gather_cache";
   validate_cache(cache, op);
   detail::check_ndim(dst, 2, op, "dst [TOT, D]");
-  detail::check_activation(dst, true, op, "dst");
+  detail::check_activation(dst, true, op, "dst", detail::CudaActivations::bf16_f16_f32);
   MLA_CHECK(dst.size(1) == cache.d_qk || dst.size(1) == cache.d_latent(),
             "{}: dst rows must hold d_qk ({}) or d_latent ({}) values, got {}", op, cache.d_qk, cache.d_latent(),
             dst.describe());
@@ -145,7 +145,7 @@ void upconvert_ds_mla(const KVCache& cache, const TensorView& dst, const TensorV
   MLA_CHECK(cache.format == CacheFormat::fp8_ds_mla, "{}: the cache must be fp8_ds_mla, got {}", op,
             to_string(cache.format));
   detail::check_ndim(dst, 2, op, "dst [TOT, 576]");
-  detail::check_activation(dst, true, op, "dst");
+  detail::check_activation(dst, true, op, "dst", detail::CudaActivations::bf16_f16_f32);
   detail::check_size(dst, 1, cache.d_qk, op, "dst");
   check_gather({cache, dst, block_table, workspace_starts, seq_starts, false, "workspace_starts"}, op);
   if (dst.size(0) == 0 || workspace_starts.size(0) == 0) return;

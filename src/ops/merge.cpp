@@ -12,11 +12,12 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
                        int64_t prefill_tokens_with_context, float output_scale, const Context& ctx) {
   constexpr const char* op = "merge_attn_states";
   detail::check_ndim(prefix, 3, op, "prefix [T, H, D]");
-  detail::check_activation(prefix, false, op, "prefix");
+  detail::check_activation(prefix, false, op, "prefix", detail::CudaActivations::bf16_f16_f32);
   const int64_t t = prefix.size(0), h = prefix.size(1), d = prefix.size(2);
   const Device dev = prefix.device;
   detail::check_ndim(suffix, 3, op, "suffix [T, H, D]");
-  detail::check_activation(suffix, false, op, "suffix");
+  detail::check_activation(suffix, false, op, "suffix", detail::CudaActivations::bf16_f16_f32);
+  detail::check_same_dtype_on_cuda(suffix, prefix, op, "suffix", "prefix");
   MLA_CHECK(suffix.shape == prefix.shape, "{}: suffix must have prefix's shape {}, got {}", op, prefix.shape_str(),
             suffix.describe());
   MLA_CHECK(suffix.stride[1] == prefix.stride[1] || h <= 1,
@@ -32,7 +33,8 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
     detail::check_inner_contiguous(out, op, "out");
     detail::check_strides(out, true, op, "out");
   } else {
-    detail::check_activation(out, true, op, "out");
+    detail::check_activation(out, true, op, "out", detail::CudaActivations::bf16_f16_f32);
+    detail::check_same_dtype_on_cuda(out, prefix, op, "out", "prefix");
   }
   detail::check_lse(prefix_lse, {h, t}, false, op, "prefix_lse [H, T]");
   detail::check_lse(suffix_lse, {h, t}, false, op, "suffix_lse [H, T]");

@@ -17,15 +17,26 @@ void check_lse(const TensorView& lse, std::initializer_list<int64_t> shape, bool
 }
 
 
-void check_activation(const TensorView& t, bool is_output, const char* op, const char* arg) {
+void check_activation(const TensorView& t, bool is_output, const char* op, const char* arg, CudaActivations cuda) {
   check_defined(t, op, arg);
   if (t.device.is_cuda()) {
-    MLA_CHECK(t.dtype == DType::bf16, "{}: {} must be bf16 on CUDA, got {}", op, arg, t.describe());
+    if (cuda == CudaActivations::bf16)
+      MLA_CHECK(t.dtype == DType::bf16, "{}: {} must be bf16 on CUDA, got {}", op, arg, t.describe());
+    else
+      MLA_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f16 || t.dtype == DType::f32,
+                "{}: {} must be bf16, f16 or f32 on CUDA, got {}", op, arg, t.describe());
   } else {
     check_float(t, op, arg);
   }
   check_inner_contiguous(t, op, arg);
   check_strides(t, is_output, op, arg);
+}
+
+void check_same_dtype_on_cuda(const TensorView& t, const TensorView& like, const char* op, const char* arg,
+                              const char* like_arg) {
+  if (t.device.is_cuda())
+    MLA_CHECK(t.dtype == like.dtype, "{}: {} must have {}'s dtype {} on CUDA, got {}", op, arg, like_arg,
+              to_string(like.dtype), t.describe());
 }
 
 void check_i32_vector(const TensorView& t, int64_t n, const char* op, const char* arg) {

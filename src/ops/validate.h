@@ -12,9 +12,19 @@
 
 namespace mla::detail {
 
-// Activations: bf16/f16/f32/f64 on the CPU, bf16 on CUDA (ops.h); unit inner stride, strides >= 0
+// The activation dtypes a CUDA op takes: bf16 only, or bf16 / f16 / f32 (kernels templated on the
+// activation type: merge_attn_states, gather_cache / upconvert_ds_mla dst, mqa_decode, sparse_mqa).
+enum class CudaActivations { bf16, bf16_f16_f32 };
+
+// Activations: bf16/f16/f32/f64 on the CPU, `cuda` on CUDA (ops.h); unit inner stride, strides >= 0
 // (and non-overlapping when `is_output`).
-void check_activation(const TensorView& t, bool is_output, const char* op, const char* arg);
+void check_activation(const TensorView& t, bool is_output, const char* op, const char* arg,
+                      CudaActivations cuda = CudaActivations::bf16);
+
+// On CUDA, `t` has the dtype of `like` (kernels with one activation type for all their views); any
+// float dtypes mix on the CPU.
+void check_same_dtype_on_cuda(const TensorView& t, const TensorView& like, const char* op, const char* arg,
+                              const char* like_arg);
 
 // An LSE view of exactly `shape` with any non-negative strides (non-overlapping when `is_output`):
 // a transposed buffer is accepted. fp32 on every device; the CPU also accepts f64 (the float64

@@ -5,8 +5,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "core/numeric.h"
 #include "mla/cache.h"
 #include "mla/ops.h"
 #include "mla/tensor.h"
@@ -70,5 +73,17 @@ inline void expect_attention_close(const TensorView& out, const TensorView& ref_
 }
 
 inline Context reference_ctx() { return Context{nullptr, Precision::reference}; }
+
+// A contiguous host copy of `t` (any device) in dtype `dt`, each value rounded once to dt. Attention
+// tests build q as bf16 values and pass f16 / f32 copies of them: the CUDA engine feeds its bf16 tensor
+// cores, so f16 / f32 queries are rounded to bf16 (ops.h) and bf16-valued inputs make the oracle's
+// q exactly the kernel's.
+inline Tensor converted(const Tensor& t, DType dt) {
+  const std::vector<double> v = to_doubles(t);
+  Tensor o = Tensor::empty(std::span<const int64_t>(t.view().shape.data(), static_cast<std::size_t>(t.view().ndim)), dt);
+  const std::size_t es = dtype_size(dt);
+  for (std::size_t i = 0; i < v.size(); ++i) num::store(static_cast<char*>(o.data()) + i * es, dt, v[i]);
+  return o;
+}
 
 }  // namespace mla::test

@@ -333,20 +333,33 @@ class GatherGpu : public ::testing::TestWithParam<GatherParam> {
   int64_t tot = 0;
 };
 
+// Every destination dtype vLLM's gather takes (bf16, f16, f32): bf16 and f32 equal the CPU bit for bit
+// (one rounding of the dequantised value); f16 within one f16 quantum (DESIGN.md §5 rule: the GPU forms
+// code * scale in float before rounding to f16, the CPU in double).
 TEST_P(GatherGpu, GatherCacheMatchesCpuBits) {
   MLA_SKIP_WITHOUT_GPU();
-  for (int64_t d : {int64_t{576}, int64_t{512}}) {
-    // dst [tot, d] inside a [tot, d + 8] buffer, NaN-poisoned.
-    Mirror dst(test::poisoned({tot, d + 8}, DType::bf16));
-    const TensorView dh = dst.host.view().slice(1, 0, d);
-    const std::vector<uint8_t> before = test::host_bytes(dst.host);
-    gather_cache(cache->host, dh, table->host, test::int_tensor(cu), seq_starts_host(), test::reference_ctx());
-    std::vector<int32_t> row0(cu.begin(), cu.end() - 1);
-    const std::set<int64_t> skipped = corrupt_table(*table, *g, row0);
-    gather_cache(cache->dev, dst.on_dev(dh), table->dev(), test::int_tensor(cu, Device::cuda(0)), seq_starts_dev());
-    const auto want = expected_with_skips(test::host_bytes(dst.host), before, skipped, 2 * (d + 8));
-    EXPECT_EQ(test::byte_diff(test::host_bytes(dst.dev), want, 2), "") << "d = " << d;
-    table->m.sync();  // restore the valid table for the next width
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    for (int64_t d : {int64_t{576}, int64_t{512}}) {
+      SCOPED_TRACE(std::string("dst ") + to_string(dt) + ", d = " + std::to_string(d));
+      // dst [tot, d] inside a [tot, d + 8] buffer, NaN-poisoned.
+      Mirror dst(test::poisoned({tot, d + 8}, dt));
+      const TensorView dh = dst.host.view().slice(1, 0, d);
+      const std::vector<uint8_t> before = test::host_bytes(dst.host);
+      gather_cache(cache->host, dh, table->host, test::int_tensor(cu), seq_starts_host(), test::reference_ctx());
+      std::vector<int32_t> row0(cu.begin(), cu.end() - 1);
+      const std::set<int64_t> skipped = corrupt_table(*table, *g, row0);
+      gather_cache(cache->dev, dst.on_dev(dh), table->dev(), test::int_tensor(cu, Device::cuda(0)), seq_starts_dev());
+      const int64_t es = static_cast<int64_t>(dtype_size(dt));
+      const auto want = expected_with_skips(test::host_bytes(dst.host), before, skipped, es * (d + 8));
+      if (dt == DType::f16) {
+        Tensor w = Tensor::empty({tot, d + 8}, dt);
+        std::memcpy(w.data(), want.data(), want.size());
+        EXPECT_EQ(test::check_close(test::to_doubles(dst.dev), test::to_doubles(w), dt, 0.0), "");
+      } else {
+        EXPECT_EQ(test::byte_diff(test::host_bytes(dst.dev), want, static_cast<int>(es)), "");
+      }
+      table->m.sync();  // restore the valid table for the next width
+    }
   }
 }
 
@@ -372,10 +385,14 @@ TEST_P(GatherGpu, UpconvertMatchesCpuBits) {
   // Workspace starts: request b at rows [ws[b], ws[b+1]); the last runs to the end of dst.
   std::vector<int32_t> ws(cu.begin(), cu.end() - 1);
   const int64_t rows = cu.back();  // the last request ends exactly at dst's end
-  Mirror dst(test::poisoned({rows, 576}, DType::bf16));
-  upconvert_ds_mla(cache->host, dst.host, table->host, test::int_tensor(ws), seq_starts_host(), test::reference_ctx());
-  upconvert_ds_mla(cache->dev, dst.dev, table->dev(), test::int_tensor(ws, Device::cuda(0)), seq_starts_dev());
-  EXPECT_EQ(test::byte_diff(test::host_bytes(dst.dev), test::host_bytes(dst.host), 2), "");
+  for (DType dt : {DType::bf16, DType::f32}) {
+    Mirror dst(test::poisoned({rows, 576}, dt));
+    upconvert_ds_mla(cache->host, dst.host, table->host, test::int_tensor(ws), seq_starts_host(), test::reference_ctx());
+    upconvert_ds_mla(cache->dev, dst.dev, table->dev(), test::int_tensor(ws, Device::cuda(0)), seq_starts_dev());
+    EXPECT_EQ(test::byte_diff(test::host_bytes(dst.dev), test::host_bytes(dst.host), static_cast<int>(dtype_size(dt))),
+              "")
+        << to_string(dt);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, GatherGpu,
@@ -399,11 +416,15 @@ TEST(GatherGpuEdge, MisalignedCacheMatchesCpu) {
     Table table(g);
     std::vector<int32_t> cu = {0};
     for (int32_t l : g.lens) cu.push_back(cu.back() + l);
-    Mirror dst(test::poisoned({cu.back(), 576}, DType::bf16));
     const Tensor st = test::int_tensor(g.starts);
-    gather_cache(cm.host, dst.host, table.host, test::int_tensor(cu), st, test::reference_ctx());
-    gather_cache(cm.dev, dst.dev, table.dev(), test::int_tensor(cu, Device::cuda(0)), st.to(Device::cuda(0)));
-    EXPECT_EQ(test::byte_diff(test::host_bytes(dst.dev), test::host_bytes(dst.host), 2), "") << to_string(format);
+    for (DType dt : {DType::bf16, DType::f32}) {
+      Mirror dst(test::poisoned({cu.back(), 576}, dt));
+      gather_cache(cm.host, dst.host, table.host, test::int_tensor(cu), st, test::reference_ctx());
+      gather_cache(cm.dev, dst.dev, table.dev(), test::int_tensor(cu, Device::cuda(0)), st.to(Device::cuda(0)));
+      EXPECT_EQ(test::byte_diff(test::host_bytes(dst.dev), test::host_bytes(dst.host), static_cast<int>(dtype_size(dt))),
+                "")
+          << to_string(format) << " -> " << to_string(dt);
+    }
   }
 }
 

@@ -32,9 +32,10 @@ struct DecodeRun {
 
 // Runs the oracle on the host cache and the CUDA op on a device copy; outputs are NaN-poisoned first.
 // `use_workspace`: pass mqa_decode_workspace_bytes of scratch (false: none, for sizes that need none).
+// `act`: the GPU's q / out dtype (q_host holds bf16 values, passed converted: attention_gpu_util.h).
 DecodeRun run_decode(const Tensor& q_host, const Tensor& cache_storage, const KVCache& cache,
                      const Tensor& block_table, const Tensor& seq_lens, int64_t dv, bool causal,
-                     bool use_workspace = true) {
+                     bool use_workspace = true, DType act = DType::bf16) {
   const int64_t b = q_host.size(0), s_q = q_host.size(1), h = q_host.size(2);
   const Device gpu = Device::cuda(0);
   DecodeRun r;
@@ -43,8 +44,8 @@ DecodeRun run_decode(const Tensor& q_host, const Tensor& cache_storage, const KV
   mqa_decode(q_host, cache, block_table, seq_lens, r.ref_out, r.ref_lse, kScale, causal, {}, test::reference_ctx());
 
   test::DeviceCache dc = test::to_device(cache_storage, cache);
-  Tensor q = q_host.to(gpu), bt = block_table.to(gpu), sl = seq_lens.to(gpu);
-  r.out = test::poisoned({b, s_q, h, dv}, DType::bf16, gpu);
+  Tensor q = test::converted(q_host, act).to(gpu), bt = block_table.to(gpu), sl = seq_lens.to(gpu);
+  r.out = test::poisoned({b, s_q, h, dv}, act, gpu);
   r.lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
   Tensor ws;
   const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h, block_table.size(1) * cache.page_size(), gpu);
@@ -128,6 +129,23 @@ TEST(DecodeGpu, LongContextManySplits) {
     Tensor q = test::random_tensor({2, 1, 16, 576}, DType::bf16, Device::cpu(), -4.0, 4.0);
     DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true);
     test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, to_string(f));
+  }
+}
+
+// f16 / f32 q and out, every format, split and unsplit requests (the combine kernel writes the
+// activation type too).
+TEST(DecodeGpu, F16AndF32Activations) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(16);
+  const std::vector<int32_t> lens = {0, 1, 17, 300, 1500};
+  for (DType act : {DType::f16, DType::f32}) {
+    for (CacheFormat f : test::kAllFormats) {
+      PagedBatch pb = test::paged_batch(f, 16, lens, 95);
+      Tensor q = test::random_tensor({5, 2, 16, 576}, DType::bf16);
+      DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true, true, act);
+      test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse,
+                                   std::string(to_string(f)) + " " + to_string(act));
+    }
   }
 }
 

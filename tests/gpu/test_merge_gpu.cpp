@@ -41,17 +41,18 @@ struct MergeCase {
   int64_t T, H, D;
   int64_t with_context;  // -1 = all
   bool edges, out_lse, transposed_lse, fp8_out;
+  DType act = DType::bf16;  // prefix / suffix (and out unless fp8_out) dtype
 };
 
 void run_case(const MergeCase& c) {
   SCOPED_TRACE(::testing::Message() << "T=" << c.T << " H=" << c.H << " D=" << c.D << " ctx=" << c.with_context
-                                    << " edges=" << c.edges << " fp8=" << c.fp8_out);
+                                    << " edges=" << c.edges << " fp8=" << c.fp8_out << " act=" << to_string(c.act));
   // prefix/suffix [T, H, D] share a head stride (D + 8: head-padded storage); out is head-padded to H + 3.
   const int64_t hs = c.D + 8;
-  Mirror pre(test::random_tensor({c.T, c.H, hs}, DType::bf16, Device::cpu(), -4, 4));
-  Mirror suf(test::random_tensor({c.T, c.H, hs}, DType::bf16, Device::cpu(), -4, 4));
+  Mirror pre(test::random_tensor({c.T, c.H, hs}, c.act, Device::cpu(), -4, 4));
+  Mirror suf(test::random_tensor({c.T, c.H, hs}, c.act, Device::cpu(), -4, 4));
   const TensorView ph = pre.host.view().slice(2, 0, c.D), sh = suf.host.view().slice(2, 0, c.D);
-  const DType out_t = c.fp8_out ? DType::fp8_e4m3 : DType::bf16;
+  const DType out_t = c.fp8_out ? DType::fp8_e4m3 : c.act;
   Mirror out(test::poisoned({c.T, c.H + 3, c.D}, out_t));
   const TensorView oh = out.host.view().slice(1, 0, c.H);
   // LSEs [H, T], or transposed views of [T, H] buffers.
@@ -93,6 +94,22 @@ TEST(MergeGpu, Shapes) {
                              MergeCase{6, 5, 36, 3, true, true, false, true},
                              MergeCase{1, 64, 512, -1, true, true, true, false}})
     run_case(c);
+}
+
+// f16 and f32 activations (vLLM's merge takes the model dtype): same kernel body, Act-typed loads and
+// stores; copies stay bit copies (check_close demands equality where the oracle copies).
+TEST(MergeGpu, F16AndF32Activations) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(32);
+  for (DType act : {DType::f16, DType::f32}) {
+    for (MergeCase c : {MergeCase{7, 16, 128, -1, true, true, false, false},
+                        MergeCase{33, 128, 128, 20, true, true, true, false},
+                        MergeCase{5, 3, 512, 2, true, true, false, true},
+                        MergeCase{6, 5, 36, -1, true, true, true, false}}) {
+      c.act = act;
+      run_case(c);
+    }
+  }
 }
 
 // Exactness of the copy rules on their own: both lse -inf -> prefix bits and -inf; tokens past

@@ -74,23 +74,24 @@ Indices make_indices(const SparseCache& c, int64_t t, int64_t topk, int64_t num_
   return ix;
 }
 
-// Oracle (host) and GPU run with poisoned outputs; `indices` / `lengths` are host tensors.
+// Oracle (host) and GPU run with poisoned outputs; `indices` / `lengths` are host tensors. `act`: the
+// GPU's q / out dtype (q holds bf16 values, passed to the GPU converted: attention_gpu_util.h).
 void check_sparse(const Tensor& q, const Tensor& cache_storage, const KVCache& cache, const TensorView& indices,
-                  const TensorView& lengths, int64_t dv, const std::string& what) {
+                  const TensorView& lengths, int64_t dv, const std::string& what, DType act = DType::bf16) {
   const int64_t t = q.size(0), h = q.size(1);
   Tensor ref_out = test::poisoned({t, h, dv}, DType::f64), ref_lse = test::poisoned({t, h}, DType::f32);
   sparse_mqa(q, cache, indices, lengths, ref_out, ref_lse, kScale, test::reference_ctx());
 
   const Device gpu = Device::cuda(0);
   test::DeviceCache dc = test::to_device(cache_storage, cache);
-  Tensor qd = q.to(gpu);
+  Tensor qd = test::converted(q, act).to(gpu);
   // Index rows keep their (possibly padded) row stride on the device.
   Tensor idx_store = Tensor::empty({indices.size(0), indices.stride[0]}, DType::i32);
   std::memcpy(idx_store.data(), indices.data, static_cast<std::size_t>(indices.size(0) * indices.stride[0]) * 4);
   Tensor idx_dev = idx_store.to(gpu);
   const TensorView idx = idx_dev.view().slice(1, 0, indices.size(1));
   Tensor len_dev = lengths.defined() ? Tensor(test::int_tensor(test::to_ints(lengths), gpu)) : Tensor();
-  Tensor out = test::poisoned({t, h, dv}, DType::bf16, gpu), lse = test::poisoned({t, h}, DType::f32, gpu);
+  Tensor out = test::poisoned({t, h, dv}, act, gpu), lse = test::poisoned({t, h}, DType::f32, gpu);
   sparse_mqa(qd, dc.cache, idx, len_dev.view(), out, lse, kScale, Context{});
   cuda_rt::synchronize(0);
   test::expect_attention_close(out, ref_out, lse, ref_lse, what);
@@ -122,6 +123,22 @@ INSTANTIATE_TEST_SUITE_P(All, SparseGpuSweep,
                                   std::to_string(std::get<1>(info.param)) + "_h" +
                                   std::to_string(std::get<2>(info.param)) + "_" + std::get<3>(info.param);
                          });
+
+// f16 / f32 q and out (the engine is templated on the activation type), every cache format.
+TEST(SparseGpu, F16AndF32Activations) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(310);
+  for (DType act : {DType::f16, DType::f32}) {
+    for (CacheFormat f : test::kAllFormats) {
+      const int64_t t = 5, topk = 100, page = 16, nb = 25;
+      const SparseCache c = sparse_cache(f, nb, page);
+      const Indices ix = make_indices(c, t, topk, nb * page);
+      Tensor q = test::random_tensor({t, 24, 576}, DType::bf16);
+      check_sparse(q, c.cb.storage, c.cb.cache, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths), 512,
+                   std::string(to_string(f)) + " " + to_string(act), act);
+    }
+  }
+}
 
 // DeepSeek V3.2 shape: top-k 2048 (64 key tiles), 128 heads, page 64, no topk_length (every entry up to
 // topk counts; invalid values still never read), peaky queries.

@@ -4,14 +4,16 @@
 //   otherwise m = max(p, s), wp = exp(p - m), ws = exp(s - m), out = prefix * wp/(wp+ws) +
 //   suffix * ws/(wp+ws) (scale factors first), lse = ln(wp + ws) + m; NaN propagates.
 //   Tokens t >= tokens_with_context: out = suffix, lse = suffix_lse (raw).
-// fp32 arithmetic; a bf16 output is rounded once, an fp8 output is e4m3_satfinite(out / out_scale).
+// fp32 arithmetic on inputs of the activation type Act (bf16 / f16 / f32); an Act output is rounded
+// once, an fp8 output is e4m3_satfinite(out / out_scale).
 //
 // Schedule (common/row_stream.cuh): a "row" is one (token, head) pair. Phase 1 computes the pair's
 // two factors and writes its lse; phase 2 streams D/8 chunks of 8 values per pair: 16-byte loads of
-// prefix and suffix, one 16-byte (bf16) or 8-byte (fp8) store. Bytes per pair: 4D read, 2D (or D)
-// written. Copy modes read only the side they copy.
+// prefix and suffix (32-byte for f32), one 16-byte (bf16 / f16; f32: 32) or 8-byte (fp8) store. Bytes
+// per pair (bf16): 4D read, 2D (or D) written. Copy modes read only the side they copy.
 #include <cstdint>
 
+#include "cuda/common/act_type.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/row_stream.cuh"
 #include "cuda/common/vec.cuh"
@@ -27,11 +29,12 @@ struct PairInfo {
   int mode;
 };
 
-template <bool kFp8Out, bool kVec>
+template <class Act, bool kFp8Out, bool kVec>
 struct MergeOp {
   using RowInfo = PairInfo;
+  using In = typename Act::Storage;
   struct Chunk {
-    dev::Array<uint16_t, 8> p, s;
+    dev::Array<In, 8> p, s;
   };
   MergeParams p;
 
@@ -73,26 +76,26 @@ struct MergeOp {
   // chunk array in local memory).
   __device__ void load(const RowInfo& r, int64_t, int c, Chunk& v) const {
     const int col = 8 * c, n = min(8, p.head_dim - col);
-    const uint16_t* first = r.mode == kCopySuffix ? p.suffix + r.s_off : p.prefix + r.p_off;
+    const In* prefix = static_cast<const In*>(p.prefix);
+    const In* suffix = static_cast<const In*>(p.suffix);
+    const In* first = r.mode == kCopySuffix ? suffix + r.s_off : prefix + r.p_off;
     dev::load_chunk<kVec>(v.p, first + col, n);
-    if (r.mode == kMerge) dev::load_chunk<kVec>(v.s, p.suffix + r.s_off + col, n);
+    if (r.mode == kMerge) dev::load_chunk<kVec>(v.s, suffix + r.s_off + col, n);
   }
 
   __device__ void store(const RowInfo& r, int64_t, int c, const Chunk& v) const {
     const int col = 8 * c, n = min(8, p.head_dim - col);
-    if (!kFp8Out && r.mode != kMerge) {  // bf16 copies are bit copies
-      dev::store_chunk<kVec>(static_cast<uint16_t*>(p.out) + r.o_off + col, v.p, n);
+    if (!kFp8Out && r.mode != kMerge) {  // copies into the inputs' type are bit copies
+      dev::store_chunk<kVec>(static_cast<In*>(p.out) + r.o_off + col, v.p, n);
       return;
     }
     float x[8];
     if (r.mode == kMerge) {
-      float a[8], b[8];
-      dev::bf16_to_float(v.p, a);
-      dev::bf16_to_float(v.s, b);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = a[i] * r.fp + b[i] * r.fs;
+      for (int i = 0; i < 8; ++i) x[i] = Act::to_float(v.p.v[i]) * r.fp + Act::to_float(v.s.v[i]) * r.fs;
     } else {
-      dev::bf16_to_float(v.p, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = Act::to_float(v.p.v[i]);
     }
     if constexpr (kFp8Out) {
 #pragma unroll
@@ -101,19 +104,22 @@ struct MergeOp {
       dev::float_to_e4m3(x, q);
       dev::store_chunk<kVec>(static_cast<uint8_t*>(p.out) + r.o_off + col, q, n);
     } else {
-      dev::Array<uint16_t, 8> o;
-      dev::float_to_bf16(x, o);
-      dev::store_chunk<kVec>(static_cast<uint16_t*>(p.out) + r.o_off + col, o, n);
+      dev::Array<In, 8> o;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o.v[i] = Act::from_float(x[i]);
+      dev::store_chunk<kVec>(static_cast<In*>(p.out) + r.o_off + col, o, n);
     }
   }
 };
 
 // Vector variants: at least 4 blocks (32 warps) per SM. Left free, the fp8-output variant took 68
 // registers, 3 blocks per SM, and ran at 72% of the copy bandwidth instead of 90% (docs/PERFORMANCE.md).
-// The element-wise variants (misaligned views) would spill under that cap and keep their registers.
-template <bool kFp8Out, bool kVec, int kRows, int kThreads>
-__global__ void __launch_bounds__(kThreads, kVec ? 4 : 1) merge_kernel(MergeParams p) {
-  dev::stream_rows<kRows, kThreads, 4>(MergeOp<kFp8Out, kVec>{p}, p.num_tokens * p.num_heads);
+// The element-wise variants (misaligned views) would spill under that cap and keep their registers,
+// as do f32 inputs (twice the chunk registers; not a bandwidth-tuned path).
+template <class Act, bool kFp8Out, bool kVec, int kRows, int kThreads>
+__global__ void __launch_bounds__(kThreads, kVec && sizeof(typename Act::Storage) == 2 ? 4 : 1)
+    merge_kernel(MergeParams p) {
+  dev::stream_rows<kRows, kThreads, 4>(MergeOp<Act, kFp8Out, kVec>{p}, p.num_tokens * p.num_heads);
 }
 
 }  // namespace mla::cuda::merge

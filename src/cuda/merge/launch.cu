@@ -1,5 +1,6 @@
-// Launcher of merge_attn_states: POD params from the validated views, vector variant when every
-// row start is 16-byte aligned (8-byte for fp8 output) and D is a multiple of 8.
+// Launcher of merge_attn_states: POD params from the validated views, one kernel per activation type
+// (bf16 / f16 / f32), vector variant when every row start is 16-byte aligned (8-byte for fp8 output)
+// and D is a multiple of 8.
 #include "cuda/common/launch.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/merge/kernel.cuh"
@@ -10,11 +11,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kRows = 128;  // (token, head) pairs per block: D = 128 gives 8 chunks per thread
 
-template <bool kFp8Out>
+template <class Act, bool kFp8Out>
 void launch_merge(const merge::MergeParams& p, bool vec, const Context& ctx) {
   const unsigned grid = grid_for(p.num_tokens * p.num_heads, kRows, "merge_attn_states");
-  if (vec) merge::merge_kernel<kFp8Out, true, kRows, kThreads><<<grid, kThreads, 0, stream_of(ctx)>>>(p);
-  else merge::merge_kernel<kFp8Out, false, kRows, kThreads><<<grid, kThreads, 0, stream_of(ctx)>>>(p);
+  if (vec) merge::merge_kernel<Act, kFp8Out, true, kRows, kThreads><<<grid, kThreads, 0, stream_of(ctx)>>>(p);
+  else merge::merge_kernel<Act, kFp8Out, false, kRows, kThreads><<<grid, kThreads, 0, stream_of(ctx)>>>(p);
   check_launch("merge_attn_states");
 }
 
@@ -25,8 +26,8 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
                        int64_t prefill_tokens_with_context, float output_scale, const Context& ctx) {
   DeviceGuard guard(prefix.device);
   merge::MergeParams p{};
-  p.prefix = static_cast<const uint16_t*>(prefix.data);
-  p.suffix = static_cast<const uint16_t*>(suffix.data);
+  p.prefix = prefix.data;
+  p.suffix = suffix.data;
   p.out = out.data;
   p.prefix_lse = static_cast<const float*>(prefix_lse.data);
   p.suffix_lse = static_cast<const float*>(suffix_lse.data);
@@ -52,15 +53,17 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
   if (p.num_tokens == 0 || p.num_heads == 0 || p.head_dim == 0) return;
 
   const bool fp8_out = output_scale != 0.0f;
-  const int64_t out_chunk = fp8_out ? 8 : 16;  // bytes of 8 output values
+  const int64_t out_chunk = fp8_out ? 8 : 16;  // alignment of 8 output values (f32: two 16-byte halves)
   auto ok = [](const void* ptr, int64_t align) { return dev::aligned_to(ptr, align); };
   // Strides are in elements: a multiple of 8 keeps every 8-value chunk on its alignment.
   const bool vec = p.head_dim % 8 == 0 && ok(p.prefix, 16) && ok(p.suffix, 16) && ok(p.out, out_chunk) &&
                    (p.num_tokens == 1 || (p.prefix_stride_t % 8 == 0 && p.suffix_stride_t % 8 == 0 &&
                                           p.out_stride_t % 8 == 0)) &&
                    (p.num_heads == 1 || (p.head_stride % 8 == 0 && p.out_stride_h % 8 == 0));
-  if (fp8_out) launch_merge<true>(p, vec, ctx);
-  else launch_merge<false>(p, vec, ctx);
+  dispatch_activation(prefix.dtype, "merge_attn_states", [&](auto act) {
+    if (fp8_out) launch_merge<decltype(act), true>(p, vec, ctx);
+    else launch_merge<decltype(act), false>(p, vec, ctx);
+  });
 }
 
 }  // namespace mla::cuda

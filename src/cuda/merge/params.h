@@ -5,9 +5,9 @@
 namespace mla::cuda::merge {
 
 struct MergeParams {
-  const uint16_t* prefix;      // [T, H, D] bf16, strides (prefix_stride_t, head_stride, 1)
-  const uint16_t* suffix;      // [T, H, D] bf16, strides (suffix_stride_t, head_stride, 1)
-  void* out;                   // [T, H, D] bf16, or e4m3 codes when out_scale != 0
+  const void* prefix;          // [T, H, D] bf16 / f16 / f32 (the kernel's Act), strides (prefix_stride_t, head_stride, 1)
+  const void* suffix;          // [T, H, D] Act, strides (suffix_stride_t, head_stride, 1)
+  void* out;                   // [T, H, D] Act, or e4m3 codes when out_scale != 0
   const float* prefix_lse;     // [H, T], strides (lse_stride_h, lse_stride_t) of each view
   const float* suffix_lse;     // [H, T]
   float* out_lse;              // [H, T] or nullptr
@@ -17,7 +17,7 @@ struct MergeParams {
   int64_t num_tokens, num_heads;
   int64_t tokens_with_context;  // tokens t >= this copy the suffix
   int head_dim;
-  float out_scale;              // 0: bf16 out; otherwise out = e4m3(merged / out_scale)
+  float out_scale;              // 0: Act out; otherwise out = e4m3(merged / out_scale)
 };
 
 }  // namespace mla::cuda::merge
