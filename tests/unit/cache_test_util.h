@@ -12,6 +12,7 @@
 
 #include "core/numeric.h"
 #include "mla/cache.h"
+#include "mla/error.h"
 #include "mla/tensor.h"
 
 namespace mla::test {
@@ -97,6 +98,17 @@ inline double e4m3_step(double x) {
 
 // A view with the same memory claiming to live on a CUDA device: device-mismatch checks must
 // reject it before anything is read.
+// The message of the mla::Error `call` throws ("(no error)" when it returns).
+template <class F>
+inline std::string error_of(F&& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 inline TensorView on_fake_cuda(TensorView t) {
   t.device = Device::cuda(0);
   return t;

@@ -20,6 +20,8 @@
 namespace mla {
 namespace {
 
+using test::error_of;
+
 using Bf16 = CacheFormatTraits<CacheFormat::bf16>;
 using Fp8 = CacheFormatTraits<CacheFormat::fp8>;
 using DsMla = CacheFormatTraits<CacheFormat::fp8_ds_mla>;
@@ -32,17 +34,6 @@ static_assert(DsMla::num_tiles(512) == 4 && !DsMla::rope_scaled() && !DsMla::uni
 static_assert(DsMla::admits(576, 64) && !DsMla::admits(320, 64) && Bf16::admits(320, 64) && !Bf16::admits(64, 64));
 
 constexpr CacheFormat kBad = static_cast<CacheFormat>(9);
-
-// The message of the mla::Error `call` throws ("(no error)" when it returns).
-template <class F>
-std::string error_of(F&& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(CacheFormat, TableMatchesTraitsAndDispatch) {
   ASSERT_EQ(kNumCacheFormats, 3);

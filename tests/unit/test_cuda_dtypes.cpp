@@ -13,17 +13,9 @@
 namespace mla {
 namespace {
 
-using test::on_fake_cuda;
+using test::error_of;
 
-template <class F>
-std::string error_of(F&& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::on_fake_cuda;
 
 TEST(CudaActivationDtypes, MergeRejectsF64AndMixes) {
   Tensor p16 = test::random_tensor({2, 3, 8}, DType::f16), p32 = test::random_tensor({2, 3, 8}, DType::f32);
