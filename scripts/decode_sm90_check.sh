@@ -13,9 +13,9 @@ if [[ "$ARGS" == *" build "* ]]; then
   echo "build ok"
 fi
 if [[ "$ARGS" == *" sass "* ]]; then
-  O=$B/CMakeFiles/mla.dir/src/cuda/decode_sm90/launch.cu.o
+  O=$B/CMakeFiles/mla_cuda.dir/src/cuda/decode_sm90/launch.cu.o
   cuobjdump -sass "$O" >"$OUT/sass.txt" 2>&1
-  echo "SASS: HGMMA $(grep -c HGMMA "$OUT/sass.txt") UTMALDG $(grep -c UTMALDG "$OUT/sass.txt") USETMAXREG $(grep -c USETMAXREG "$OUT/sass.txt") LDL/STL $(grep -cE 'LDL|STL' "$OUT/sass.txt")"
+  scripts/sass_summary.sh "$O" decode_sm90 | tee "$OUT/sass_summary.txt"
   nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -O3 -Iinclude -Isrc -Xptxas -v \
     -c src/cuda/decode_sm90/launch.cu -o /tmp/d.o 2>&1 | grep -E "registers|spill|C7508" | tee "$OUT/ptxas.txt"
 fi
@@ -26,7 +26,7 @@ if [[ "$ARGS" == *" test "* ]]; then
   grep -B2 -A8 "Failure" "$OUT/tests.log" | head -60
 fi
 if [[ "$ARGS" == *" sanitize "* ]]; then
-  for tool in memcheck racecheck; do
+  for tool in ${SAN_TOOLS:-memcheck racecheck initcheck}; do
     timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests --gtest_brief=1 \
       --gtest_filter="${SAN_FILTER:-*DecodeGpuSweep*bf16_page16_h16_sq8_sm90:*DecodeGpuSweep*bf16_page64_h3_sq8_sm90:*GarbageMetadata*}" \
       >"$OUT/san_$tool.log" 2>&1; echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$tool.log" | tail -1)"

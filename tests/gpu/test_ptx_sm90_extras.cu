@@ -51,6 +51,38 @@ TEST(PtxBarrier, NamedBarriersSyncOnlyTheirWarps) {
   EXPECT_EQ(errors.download()[0], 0);
 }
 
+// The hand-over protocol of the seesaw decode kernel (decode_sm90/kernel_seesaw.cuh), in a loop: warpgroup
+// 0 writes a buffer and bar.arrive's on id 2; warpgroup 1 bar.sync's on it, checks every value, and
+// bar.arrive's on id 3 (owed only when another round follows) before warpgroup 0 may rewrite the buffer
+// (bar.sync on 3). Writers are delayed so that a hand-over that did not wait reads the previous round.
+// Under compute-sanitizer racecheck this is the reference for reading reports on the kernel's barriers.
+__global__ void barrier_handover_kernel(int rounds, int* errors) {
+  __shared__ int buf[128];
+  const int tid = threadIdx.x, wg = tid / 128, local = tid % 128;
+  for (int r = 0; r < rounds; ++r) {
+    if (wg == 0) {
+      if (r > 0) named_barrier_sync(3, 256);
+      __nanosleep(200 * (local % 7));
+      buf[(local + 37) % 128] = r * 1000 + local;
+      named_barrier_arrive(2, 256);
+    } else {
+      named_barrier_sync(2, 256);
+      const int k = (local + 91) % 128;  // written by thread (k + 91) % 128 of warpgroup 0
+      if (buf[k] != r * 1000 + (k + 91) % 128) atomicAdd(errors, 1);
+      if (r + 1 < rounds) named_barrier_arrive(3, 256);
+    }
+  }
+}
+
+TEST(PtxBarrier, ArriveSyncHandOverInALoop) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::DevBuf<int> errors(1);
+  errors.fill_bytes(0);
+  barrier_handover_kernel<<<1, 256>>>(64, errors.p);
+  MLA_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(errors.download()[0], 0);
+}
+
 __host__ __device__ inline uint16_t stm_value(int i, int r, int c) { return static_cast<uint16_t>(i * 64 + r * 8 + c + 1); }
 
 // One warp stores the four matrices (value stm_value) with stmatrix and stmatrix.trans into two 16x16

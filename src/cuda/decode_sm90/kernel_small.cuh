@@ -6,7 +6,7 @@
 //   O^T[512 x N]    += V^T P^T        8 x wgmma m64nNk16 x 4, A = V^T (the same tile, MN-major),
 //                                     B = P^T (bf16 [N rows][64 keys], K-major, this warpgroup's smem)
 //
-// Warp roles: warpgroup 0 is kernel.cuh's producer (pipeline.cuh); the consumer warpgroups c = 0, 1
+// Warp roles: warpgroup 0 is the producer (pipeline.cuh's produce); the consumer warpgroups c = 0, 1
 // take alternate KV tiles (c, c + 2, ...: stage c) and run independent online softmaxes (their own
 // running max, sum and O^T: 4N fp32 registers) with no per-tile synchronisation between them; the row
 // max of a tile is reduced over its 64 keys = 4 warps through smem (named barrier 2 + c). The epilogue
@@ -31,6 +31,7 @@
 #include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
+#include "cuda/decode_sm90/tile_io.cuh"
 
 namespace mla::cuda::decode_sm90 {
 
@@ -49,6 +50,7 @@ struct SmallTraits {
   static constexpr int kOffMask = kOffML + 2 * 2 * N * 4;   // [2] u64
   static constexpr int kOffBar = kOffMask + kStages * 8;    // full[2], empty[2]
   static constexpr int kEmptyArrivals = 128;                // one warpgroup releases a stage
+  static constexpr int kFullBarriers = kStages, kEmptyBarriers = kStages;
   static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8 + 1024;
   static_assert(kOffK % 1024 == 0 && kOffP % 1024 == 0, "swizzled tiles are 1024-byte aligned");
   static_assert(T::kDv * N * 4 <= T::kTileBytes, "the epilogue's O^T exchange fits one KV stage");
@@ -66,7 +68,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
   const Unit u(p);
-  if (!start_roles<L>(p, &kv_map, u, smem)) return;
+  if (!start_roles<L>(p, &kv_map, u, smem, [&](int warp, int lane) {
+        if (warp == 0) produce<L>(p, &kv_map, u, smem, lane);
+      }))
+    return;
   const int wg = ptx::warpgroup_index();
 
   const MqaRowParams& rp = p.rows;
@@ -80,24 +85,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint64_t* sMask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask);
 
   // Q rows [row0, row0 + N) into N-row swizzled panels (zeros past the rows).
-  for (int e = ct; e < N * (T::kDqk / 8); e += T::kConsumerThreads) {
-    const int r = e / (T::kDqk / 8), ch = e % (T::kDqk / 8), row = u.row0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row < u.m_rows) {
-      const uint16_t* src =
-          static_cast<const uint16_t*>(rp.q) + u.g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
-          (row % rp.h_q) * rp.q_stride_h + ch * 8;  // bf16 q (supports() admits no other)
-      if (rp.q_vec16) {
-        v = *reinterpret_cast<const uint4*>(src);
-      } else {
-        uint32_t x[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) x[k] = src[2 * k] | uint32_t(src[2 * k + 1]) << 16;
-        v = make_uint4(x[0], x[1], x[2], x[3]);
-      }
-    }
-    *reinterpret_cast<uint4*>(sQ + (ch / 8) * L::kQPanelBytes + swz(r, ch % 8)) = v;
-  }
+  load_q_panels(rp, u.g, u.row0, u.m_rows, N, T::kPanels, L::kQPanelBytes, sQ, ct, T::kConsumerThreads);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
 
@@ -126,11 +114,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::mbar_wait(&full[c], parity);
     const uint64_t mask = sMask[c];
     if (mask != ~uint64_t(0)) {  // keys not loaded: zero them before any wgmma reads the tile
-      for (int e = wt; e < T::kBlockN * (T::kDqk / 8); e += 128) {
-        const int r = e / (T::kDqk / 8), ch = e % (T::kDqk / 8);
-        if (!((mask >> r) & 1))
-          *reinterpret_cast<uint4*>(sK + (ch / 8) * T::kPanelBytes + swz(r, ch % 8)) = make_uint4(0, 0, 0, 0);
-      }
+      zero_unloaded_rows(sK, mask, wt, 128);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(wg_bar, 128);
     }

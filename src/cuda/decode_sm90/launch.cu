@@ -1,4 +1,4 @@
-// Launcher of the sm90 mqa_decode variant (kernel.cuh): which launches it takes, the KV tensor map,
+// Launcher of the sm90 mqa_decode variant (kernel_small.cuh, kernel_seesaw.cuh): which launches it takes, the KV tensor map,
 // the split-KV workspace (the portable family's layout and combine kernel, decode/combine.h).
 #include <cuda_runtime.h>
 
@@ -10,7 +10,7 @@
 #include "cuda/common/ptx/tensor_map.h"
 #include "cuda/decode/combine.h"
 #include "cuda/decode/traits.cuh"
-#include "cuda/decode_sm90/kernel.cuh"
+#include "cuda/decode_sm90/kernel_seesaw.cuh"
 #include "cuda/decode_sm90/kernel_small.cuh"
 #include "cuda/decode_sm90/variant.h"
 
@@ -66,7 +66,7 @@ void run(const dispatch::DecodeArgs& a) {
   p.seq_lens_stride = a.seq_lens.stride[0];
   p.causal = a.causal ? 1 : 0;
   // Up to 32 rows: one CTA per (split, request) with the rows as wgmma N (kernel_small.cuh); else
-  // 64-row tiles (kernel.cuh).
+  // 64-row tiles with the seesaw schedule (kernel_seesaw.cuh).
   const int64_t m_rows = s_q * h_q;
   // (32-row tiles of the small kernel for more rows measured slower: docs/DECODE.md.)
   const int small_n = m_rows <= 8 ? 8 : m_rows <= 16 ? 16 : m_rows <= 32 ? 32 : 0;
@@ -112,7 +112,7 @@ void run(const dispatch::DecodeArgs& a) {
     case 8: launch(decode_sm90_small_kernel<8>, SmallTraits<8>::kSmemBytes, grid, stream, map, p); break;
     case 16: launch(decode_sm90_small_kernel<16>, SmallTraits<16>::kSmemBytes, grid, stream, map, p); break;
     case 32: launch(decode_sm90_small_kernel<32>, SmallTraits<32>::kSmemBytes, grid, stream, map, p); break;
-    default: launch(decode_sm90_kernel, Traits::kSmemBytes, grid, stream, map, p); break;
+    default: launch(decode_sm90_seesaw_kernel, SeesawTraits::kSmemBytes, grid, stream, map, p); break;
   }
   if (splits > 1) {
     DecodeParams cp{};

@@ -19,7 +19,7 @@ struct DecodeSm90Params {
   int64_t seq_lens_stride;
   int32_t causal;              // query i sees positions [0, seq_len - s_q + i]; else [0, seq_len)
   int32_t num_splits;          // KV splits per request (1: the kernel writes out / lse itself)
-  int32_t tile_rows;           // query rows per CTA: 64 (kernel.cuh) or the small kernel's N (8, 16, 32)
+  int32_t tile_rows;           // query rows per CTA: 64 (kernel_seesaw.cuh) or the small kernel's N (8, 16, 32)
   int32_t m_tiles;             // query tiles per request: ceil(s_q * h_q / tile_rows)
   int32_t out_pairs;           // 1 when out rows can take 4-byte (bf16x2) stores
   float* ws_lse;               // [b, num_splits, s_q * h_q] partial LSE (num_splits > 1)

@@ -1,11 +1,12 @@
 #pragma once
-// Pieces shared by the sm90 decode kernels (kernel.cuh: 64-row tiles, kernel_small.cuh: <= 32 rows):
+// Pieces shared by the sm90 decode kernels (kernel_seesaw.cuh: 64-row tiles, kernel_small.cuh: <= 32 rows):
 // the CTA's unit of work and the producer warp that streams KV tiles with TMA.
 #include <cuda.h>
 
 #include <cstdint>
 
 #include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/smem.cuh"
 #include "cuda/common/ptx/setmaxnreg.cuh"
 #include "cuda/common/ptx/tma.cuh"
 #include "cuda/common/ptx/warpgroup.cuh"
@@ -44,87 +45,137 @@ struct Unit {
   }
 };
 
-// Producer warp: tile `it` of the unit into stage it % kStages of the layout L (kOffK, kOffMask,
-// kOffBar: full[kStages] then empty[kStages]).
-template <class L>
-__device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
-                                        uint8_t* smem, int lane) {
-  using T = Traits;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
-  uint64_t* empty = full + T::kStages;
-  uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
-  const int32_t* table = p.block_table + u.g * p.block_table_stride;
-  const int br = p.box_rows, boxes = T::kBlockN / br;
-  auto page_of = [&](int key) -> int64_t {  // block id of key's page, -1 when not loadable
-    if (key >= u.key_end) return -1;
-    const int64_t blk = table[key / p.page_size];
-    return blk >= 0 && blk < p.num_blocks ? blk : -1;
-  };
-  for (int it = 0; it < u.n_tiles; ++it) {
-    const int stage = it % T::kStages;
-    const uint32_t parity = (it / T::kStages) & 1;
-    const int k0 = u.key_begin + it * T::kBlockN;
-    // Boxes j = lane, lane + 32 (first key k0 + j * br); keys lane, lane + 32.
-    int64_t blk[2];
-    bool load[2];
+// A unit without keys (a seq_len-0 request, a split past its request's tiles): out = 0 and LSE = -inf
+// (or the same partial for the combine), written by the whole CTA before any role split, so that no
+// barrier, TMA or query load runs for it (padding requests' query rows are never written by the
+// layer: reading them would only read uninitialised memory).
+__device__ __forceinline__ void write_empty_unit(const DecodeSm90Params& p, const Unit& u) {
+  const MqaRowParams& rp = p.rows;
+  const int rows = min(p.tile_rows, u.m_rows - u.row0);
+  const bool split = p.num_splits > 1;
+  constexpr int kChunks = Traits::kDv / 8;  // 16-byte bf16 chunks (or 8-float halves) per row
+  for (int e = threadIdx.x; e < rows * kChunks; e += blockDim.x) {
+    const int row = u.row0 + e / kChunks, ch = e % kChunks;
+    const int64_t ws_row = (u.g * p.num_splits + u.split) * static_cast<int64_t>(u.m_rows) + row;
+    if (split) {
+      float* dst = p.ws_o + ws_row * Traits::kDv + ch * 8;
+      for (int k = 0; k < 8; ++k) dst[k] = 0.0f;
+    } else {
+      uint16_t* dst = static_cast<uint16_t*>(rp.out) + u.g * rp.out_stride_g + (row / rp.h_q) * rp.out_stride_i +
+                      (row % rp.h_q) * rp.out_stride_h + ch * 8;  // bf16 out (supports() admits no other)
+      for (int k = 0; k < 8; ++k) dst[k] = 0;
+    }
+    if (ch == 0) {
+      if (split) p.ws_lse[ws_row] = -INFINITY;
+      else if (rp.lse)
+        rp.lse[u.g * rp.lse_stride_g + (row / rp.h_q) * rp.lse_stride_i + (row % rp.h_q) * rp.lse_stride_h] = -INFINITY;
+    }
+  }
+}
+
+// Which keys of the 64-key tile starting at k0 the producer loads: boxes j = lane, lane + 32 (first
+// key k0 + j * box_rows) with their page ids, the number of boxes loaded, and the 64-bit mask of loaded
+// keys (pages outside [0, num_blocks) and keys past the unit's range are not loaded).
+struct TileLoad {
+  int64_t blk[2];
+  bool load[2];
+  int loaded;
+  uint64_t mask;
+
+  __device__ TileLoad(const DecodeSm90Params& p, const Unit& u, int k0, int lane) {
+    const int32_t* table = p.block_table + u.g * p.block_table_stride;
+    const int br = p.box_rows, boxes = Traits::kBlockN / br;
+    auto page_of = [&](int key) -> int64_t {  // block id of key's page, -1 when not loadable
+      if (key >= u.key_end) return -1;
+      const int64_t b = table[key / p.page_size];
+      return b >= 0 && b < p.num_blocks ? b : -1;
+    };
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int j = lane + 32 * h;
       blk[h] = j < boxes ? page_of(k0 + j * br) : -1;
       load[h] = blk[h] >= 0;
     }
-    const int loaded = __popc(__ballot_sync(0xffffffffu, load[0])) + __popc(__ballot_sync(0xffffffffu, load[1]));
+    loaded = __popc(__ballot_sync(0xffffffffu, load[0])) + __popc(__ballot_sync(0xffffffffu, load[1]));
     const uint32_t lo = __ballot_sync(0xffffffffu, page_of(k0 + lane) >= 0);
     const uint32_t hi = __ballot_sync(0xffffffffu, page_of(k0 + lane + 32) >= 0);
-    ptx::mbar_wait(&empty[stage], parity ^ 1);
-    if (lane == 0) {
-      mask[stage] = static_cast<uint64_t>(hi) << 32 | lo;
-      ptx::mbar_arrive_expect_tx(&full[stage], static_cast<uint32_t>(loaded * T::kPanels * br * 128));
-    }
-    __syncwarp();
-    uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
+    mask = static_cast<uint64_t>(hi) << 32 | lo;
+  }
+  // Bytes one 64-column panel of the tile receives.
+  __device__ uint32_t panel_bytes(const DecodeSm90Params& p) const {
+    return static_cast<uint32_t>(loaded * p.box_rows * 128);
+  }
+  // This lane's TMA boxes of panel `c` (64 columns) into the tile at `dst`, completing on `bar`.
+  __device__ void issue_panel(const DecodeSm90Params& p, const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int c,
+                              int k0, int lane) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (!load[h]) continue;
-      const int j = lane + 32 * h, key = k0 + j * br;
-      const int row_in_page = key % p.page_size;
-#pragma unroll 1
-      for (int c = 0; c < T::kPanels; ++c)
-        ptx::tma_load_3d(dst + c * T::kPanelBytes + j * br * 128, map, &full[stage], c * T::kPanelCols, row_in_page,
-                         static_cast<int32_t>(blk[h]));
+      const int j = lane + 32 * h, key = k0 + j * p.box_rows;
+      ptx::tma_load_3d(dst + c * Traits::kPanelBytes + j * p.box_rows * 128, map, bar, c * Traits::kPanelCols,
+                       key % p.page_size, static_cast<int32_t>(blk[h]));
     }
+  }
+};
+
+// Producer warp of the kernels with one full / one empty barrier per stage (layout L: kOffK, kOffMask,
+// kOffBar = full[kStages] then empty[kStages]): tile `it` of the unit into stage it % kStages.
+template <class L>
+__device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
+                                        uint8_t* smem, int lane) {
+  using T = Traits;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
+  uint64_t* empty = full + L::kStages;
+  uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
+  for (int it = 0; it < u.n_tiles; ++it) {
+    const int stage = it % L::kStages;
+    const uint32_t parity = (it / L::kStages) & 1;
+    const int k0 = u.key_begin + it * T::kBlockN;
+    const TileLoad tl(p, u, k0, lane);
+    ptx::mbar_wait(&empty[stage], parity ^ 1);
+    if (lane == 0) {
+      mask[stage] = tl.mask;
+      ptx::mbar_arrive_expect_tx(&full[stage], T::kPanels * tl.panel_bytes(p));
+    }
+    __syncwarp();
+    uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
+#pragma unroll 1
+    for (int c = 0; c < T::kPanels; ++c) tl.issue_panel(p, map, dst, &full[stage], c, k0, lane);
   }
 }
 
-
 // Shared-memory base of the CTA rounded up to 1024 bytes (128-byte-swizzled tiles need it; the kernels
 // request 1 KiB of slack).
+// The result is `raw` plus an offset, not an integer cast back to a pointer, so that the compiler keeps
+// knowing it points into shared memory (LDS / STS instead of generic LD / ST: measured, docs/DECODE.md).
 __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t a = ptx::smem_addr(raw);
+  return raw + ((1024u - (a & 1023u)) & 1023u);
 }
 
-// Initialises layout L's barriers (full: 1 arrival + the TMA bytes; empty: L::kEmptyArrivals), then
-// splits the roles. Warpgroup 0 gives registers back and its warp 0 streams the tiles; it gets false
-// and the kernel returns. The consumer warpgroups take the registers and get true. (setmaxnreg: one
+// Units without keys are written by write_empty_unit and get false. Otherwise initialises layout L's
+// barriers (kFullBarriers with 1 arrival + the TMA bytes, then kEmptyBarriers with kEmptyArrivals, from
+// kOffBar), then splits the roles: warpgroup 0 gives registers back, runs produce(warp, lane) and gets
+// false (the kernel returns); the consumer warpgroups take the registers and get true. (setmaxnreg: one
 // branch per warpgroup role; the kernels are __launch_bounds__(384, 1).)
-template <class L>
+template <class L, class Produce>
 __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
-                                            uint8_t* smem) {
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
+                                            uint8_t* smem, Produce&& produce_fn) {
+  if (u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
+    write_empty_unit(p, u);
+    return false;
+  }
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < L::kStages; ++s) {
-      ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&full[L::kStages + s], L::kEmptyArrivals);
-    }
+    for (int i = 0; i < L::kFullBarriers; ++i) ptx::mbar_init(&bars[i], 1);
+    for (int i = 0; i < L::kEmptyBarriers; ++i) ptx::mbar_init(&bars[L::kFullBarriers + i], L::kEmptyArrivals);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
   if (ptx::warpgroup_index() == 0) {
     ptx::setmaxnreg_dec<40>();
-    if (ptx::warp_idx_in_warpgroup() == 0) {
-      if (threadIdx.x == 0) ptx::tma_prefetch_descriptor(map);
-      produce<L>(p, map, u, smem, threadIdx.x & 31);
-    }
+    if (threadIdx.x == 0) ptx::tma_prefetch_descriptor(map);
+    produce_fn(ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
     return false;
   }
   ptx::setmaxnreg_inc<232>();

@@ -1,5 +1,5 @@
 #pragma once
-// The "sm90" variant of mqa_decode (kernel.cuh), as entries of the family's dispatch table
+// The "sm90" variant of mqa_decode (kernel_small.cuh, kernel_seesaw.cuh), as entries of the family's dispatch table
 // (src/cuda/decode/launch.cu). Plain C++.
 #include "cuda/dispatch/families.h"
 
