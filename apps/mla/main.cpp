@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <exception>
+#include <new>
 
 #include "commands.h"
 #include "mla/error.h"
@@ -27,6 +28,19 @@ int main(int argc, char** argv) {
   CLI::App* bench = add_bench_command(app, bench_opts);
   app.footer("Run `mla <command> --help` for the options of a command.");
 
+  // A first word that is neither an option nor a command: name it (CLI11 would say only that a
+  // subcommand is required).
+  auto is_command = [&](const std::string& w) {
+    try {
+      return app.get_subcommand_ptr(w) != nullptr;
+    } catch (const CLI::OptionNotFound&) {
+      return false;
+    }
+  };
+  if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1])) {
+    fmt::print(stderr, "mla: unknown command '{}' (expected run, info or bench; see `mla --help`)\n", argv[1]);
+    return kExitError;
+  }
   CLI11_PARSE(app, argc, argv);
   try {
     if (run->parsed()) return run_command(run_opts);
@@ -34,6 +48,10 @@ int main(int argc, char** argv) {
     if (bench->parsed()) return bench_command(bench_opts);
   } catch (const mla::Error& e) {
     fmt::print(stderr, "mla: error: {}\n", e.what());
+    return kExitError;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "mla: error: out of host memory for this configuration (reduce --requests, --max-context, "
+                       "--token-budget or --max-seqs)\n");
     return kExitError;
   } catch (const std::exception& e) {
     fmt::print(stderr, "mla: unexpected failure: {}\n", e.what());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "mla/error.h"
 #include "mla/plan.h"
@@ -121,32 +122,39 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   cmd->add_option("--backend", o.backend, "auto (CUDA when a device is present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  cmd->add_option("--device", o.device, "CUDA device index")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--device", o.device, "CUDA device index")->check(int_range(0, 1023))->capture_default_str();
   cmd->add_option("--model", o.model, "Model dimensions: v3 (= r1), v2-lite or v3.2 (default v3; v3.2 with --sparse)")
       ->check(CLI::IsMember({"v3", "r1", "v2-lite", "v3.2"}));
   cmd->add_option("--tp", o.tp, "Tensor-parallel size: the layer holds heads/tp query heads (default 8: DeepSeek-V3 "
                                 "shapes per rank, 16 heads)")
-      ->check(CLI::PositiveNumber);
+      ->check(int_range(1, 4096));
   cmd->add_flag("--sparse", o.sparse, "DeepSeek-V3.2 sparse attention: every token attends to its top-k set");
   cmd->add_option("--cache", o.cache, "KV-cache format: bf16, fp8 (one per-tensor scale) or fp8_ds_mla (656-byte "
                                       "records) (default bf16; fp8_ds_mla with --sparse)")
       ->check(CLI::IsMember({"bf16", "auto", "fp8", "fp8_e4m3", "fp8_ds_mla"}));
-  cmd->add_option("--page-size", o.page_size, "Tokens per cache page")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--page-size", o.page_size, "Tokens per cache page")->check(int_range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--steps", o.steps, "Forward steps to run; fewer when every request finished" +
-                                          def(&Defaults::steps));
+                                          def(&Defaults::steps))
+      ->check(int_range(1, 10000000));
   cmd->add_option("--requests", o.requests, "Requests in the trace; they arrive over the first two thirds of the steps" +
-                                                def(&Defaults::requests));
+                                                def(&Defaults::requests))
+      ->check(int_range(1, 10000000));
   cmd->add_option("--max-context", o.max_context, "Longest request (prompt + generated tokens); prompts are up to 3/4 "
-                                                  "of it" + def(&Defaults::max_context));
+                                                  "of it" + def(&Defaults::max_context))
+      ->check(int_range(8, int64_t(1) << 30));
   cmd->add_option("--token-budget", o.token_budget, "Tokens per step; longer prompts are split over steps (chunked "
-                                                    "prefill)" + def(&Defaults::token_budget));
-  cmd->add_option("--max-seqs", o.max_seqs, "Requests running at once" + def(&Defaults::max_seqs));
+                                                    "prefill)" + def(&Defaults::token_budget))
+      ->check(int_range(1, int64_t(1) << 30));
+  cmd->add_option("--max-seqs", o.max_seqs, "Requests running at once" + def(&Defaults::max_seqs))
+      ->check(int_range(1, 1 << 20));
   cmd->add_option("--topk", o.topk, "Sparse: valid entries of each token's top-k row (the rows are index_topk = "
                                     "2048 wide, -1 padded), capped by the token's position + 1 (default 2048 on "
-                                    "CUDA, 256 on the CPU)");
+                                    "CUDA, 256 on the CPU)")
+      ->check(int_range(1, 1 << 20));
   cmd->add_option("--check-samples", o.check_samples, "Tokens checked against the float64 oracle, spread over the "
                                                       "steps and over decode, context-prefill and fresh-prefill "
-                                                      "tokens; 0 skips the check" + def(&Defaults::check_samples));
+                                                      "tokens; 0 skips the check" + def(&Defaults::check_samples))
+      ->check(int_range(0, int64_t(1) << 30));
   cmd->add_option("--seed", o.seed, "Seed of the trace, the inputs and the weights")->capture_default_str();
   cmd->add_option("--json", o.json_path, "Also write the configuration, timings and check results to this file");
   cmd->add_flag("--no-progress", o.no_progress, "Do not report progress on stderr");
@@ -155,8 +163,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
 
 int run_command(const RunOptions& options) {
   const RunConfig cfg = resolve(options);
+  OutputFile json(options.json_path, "--json");  // opened before the run: an unwritable path fails now
   print_header(cfg);
-  return run_trace(cfg, !options.no_progress, options.json_path);
+  return run_trace(cfg, !options.no_progress, json);
 }
 
 }  // namespace mla::app

@@ -316,7 +316,7 @@ void TraceRunner::check(const StepBatch& batch, const Plan& plan, const std::vec
 
 }  // namespace
 
-int run_trace(const RunConfig& cfg, bool show_progress, const std::string& json_path) {
+int run_trace(const RunConfig& cfg, bool show_progress, OutputFile& json) {
   const auto t_start = std::chrono::steady_clock::now();
   TraceRunner runner(cfg);
   runner.stats().setup_seconds = seconds_since(t_start);
@@ -331,7 +331,7 @@ int run_trace(const RunConfig& cfg, bool show_progress, const std::string& json_
   runner.stats().wall_seconds = seconds_since(t_start);
 
   print_summary(cfg, runner.stats(), runner.checker());
-  if (!json_path.empty()) write_json(json_path, cfg, runner.stats(), runner.checker());
+  if (json.enabled()) write_json(json, cfg, runner.stats(), runner.checker());
   if (!runner.checker().enabled()) return kExitOk;
   return runner.checker().passed() ? kExitOk : kExitCheckFailed;
 }

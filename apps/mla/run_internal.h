@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "check.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
@@ -51,10 +52,11 @@ struct RunStats {
 };
 
 // Runs the trace (the body of `mla run`); returns the process exit code.
-int run_trace(const RunConfig& cfg, bool progress, const std::string& json_path);
+int run_trace(const RunConfig& cfg, bool progress, OutputFile& json);
 
 void print_header(const RunConfig& cfg);
 void print_summary(const RunConfig& cfg, const RunStats& stats, const OracleCheck& check);
-void write_json(const std::string& path, const RunConfig& cfg, const RunStats& stats, const OracleCheck& check);
+// The run's JSON record into `out` (opened by the caller before the run).
+void write_json(OutputFile& out, const RunConfig& cfg, const RunStats& stats, const OracleCheck& check);
 
 }  // namespace mla::app

@@ -161,7 +161,7 @@ void print_summary(const RunConfig& c, const RunStats& s, const OracleCheck& che
   if (!check.failures().empty()) fmt::print(stderr, "  {}\n  (all of them in the summary on stdout)\n", check.failures().front());
 }
 
-void write_json(const std::string& path, const RunConfig& c, const RunStats& s, const OracleCheck& check) {
+void write_json(OutputFile& out, const RunConfig& c, const RunStats& s, const OracleCheck& check) {
   nlohmann::json j;
   j["version"] = version_string();
   j["backend"] = c.cuda ? "cuda" : "cpu";
@@ -218,9 +218,7 @@ void write_json(const std::string& path, const RunConfig& c, const RunStats& s, 
                  {"by_token_kind", kinds},
                  {"num_failures", check.num_failures()},
                  {"failures", check.failures()}};
-  std::ofstream f(path);
-  if (!f) throw Error(fmt::format("--json: cannot open '{}' for writing", path));
-  f << j.dump(2) << "\n";
+  out.write(j.dump(2) + "\n");
 }
 
 }  // namespace mla::app

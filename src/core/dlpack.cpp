@@ -3,6 +3,11 @@
 #include "mla/dlpack.h"
 
 #include "core/check.h"
+#include "core/checked.h"
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
 
 namespace mla {
 
@@ -57,15 +62,31 @@ struct Holder {
 
 TensorView from_dlpack(const DLTensor& t) {
   MLA_CHECK(t.ndim >= 1 && t.ndim <= kMaxDims, "from_dlpack: rank must be 1..{}, got {}", kMaxDims, t.ndim);
+  MLA_CHECK(t.shape != nullptr, "from_dlpack: shape is null for a {}-dim tensor", t.ndim);
+  // The device type is read as an integer: a value outside DLDeviceType must not be loaded as the enum.
+  int32_t device_type;
+  static_assert(sizeof(t.device.device_type) == sizeof(device_type));
+  std::memcpy(&device_type, &t.device.device_type, sizeof(device_type));
   Device dev;
-  if (t.device.device_type == kDLCPU) dev = Device::cpu();
-  else if (t.device.device_type == kDLCUDA) dev = Device::cuda(t.device.device_id);
-  else throw Error(fmt::format("from_dlpack: unsupported device type {}", static_cast<int>(t.device.device_type)));
+  if (device_type == static_cast<int32_t>(kDLCPU)) dev = Device::cpu();
+  else if (device_type == static_cast<int32_t>(kDLCUDA)) dev = Device::cuda(t.device.device_id);
+  else throw Error(fmt::format("from_dlpack: unsupported device type {} (expected 1 CPU or 2 CUDA)", device_type));
+  MLA_CHECK(dev.is_cpu() || t.device.device_id >= 0, "from_dlpack: negative CUDA device id {}", t.device.device_id);
   const DType dt = dtype_from_dl(t.dtype);
-  void* data = static_cast<char*>(t.data) + t.byte_offset;
+  MLA_CHECK(t.byte_offset <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+            "from_dlpack: byte_offset {} is past any address", t.byte_offset);
+  MLA_CHECK(t.data != nullptr || t.byte_offset == 0, "from_dlpack: null data with a non-zero byte_offset {}",
+            t.byte_offset);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
+  MLA_CHECK(base <= std::numeric_limits<uintptr_t>::max() - t.byte_offset,
+            "from_dlpack: data + byte_offset ({}) wraps the address space", t.byte_offset);
+  void* data = t.data == nullptr ? nullptr : static_cast<char*>(t.data) + t.byte_offset;
   std::span<const int64_t> shape(t.shape, static_cast<std::size_t>(t.ndim));
-  if (t.strides == nullptr) return TensorView(data, dt, shape, dev);
-  return TensorView(data, dt, shape, std::span<const int64_t>(t.strides, static_cast<std::size_t>(t.ndim)), dev);
+  TensorView v = t.strides == nullptr
+                     ? TensorView(data, dt, shape, dev)
+                     : TensorView(data, dt, shape, std::span<const int64_t>(t.strides, static_cast<std::size_t>(t.ndim)), dev);
+  MLA_CHECK(data != nullptr || v.numel() == 0, "from_dlpack: null data for a tensor of {} elements", v.numel());
+  return v;
 }
 
 TensorView from_dlpack(const DLManagedTensor& t) { return from_dlpack(t.dl_tensor); }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/checked.h"
 #include "core/check.h"
 #include "core/planner_util.h"
 #include "mla/plan.h"
@@ -23,10 +24,12 @@ int64_t chunked_prefill_workspace_rows(int64_t max_model_len, int64_t max_num_se
             "chunked_prefill_workspace_rows: max_model_len, max_num_seqs and page_size must be >= 1, got {}, {}, {}",
             max_model_len, max_num_seqs, page_size);
   MLA_CHECK(sparse_topk >= 0, "chunked_prefill_workspace_rows: sparse_topk must be >= 0, got {}", sparse_topk);
-  int64_t rows = std::min<int64_t>(std::max(8 * max_model_len, 4 * max_num_seqs * page_size), 65536);
-  if (sparse_topk > 0) rows = std::min(rows, max_num_seqs * sparse_topk);
+  constexpr const char* op = "chunked_prefill_workspace_rows";
+  const int64_t seq_pages = detail::checked_mul(max_num_seqs, page_size, op);  // max_num_seqs x page_size
+  int64_t rows = std::min<int64_t>(std::max(detail::checked_mul(8, max_model_len, op), detail::checked_mul(4, seq_pages, op)), 65536);
+  if (sparse_topk > 0) rows = std::min(rows, detail::checked_mul(max_num_seqs, sparse_topk, op));
   // The floor guarantees one page per request, so a context chunk is never empty (§9).
-  return std::max(rows, max_num_seqs * page_size);
+  return std::max(rows, seq_pages);
 }
 
 ContextPlan plan_context_chunks(const std::vector<int32_t>& context_lens, int64_t workspace_rows, int64_t page_size,
@@ -52,7 +55,9 @@ ContextPlan plan_context_chunks(const std::vector<int32_t>& context_lens, int64_
             op, workspace_rows, with_context, workspace_rows / with_context,
             round_to_page ? ", rounded down to the page size" : "", with_context * (round_to_page ? page_size : 1));
   plan.chunk_size = chunk;
-  const int64_t num_chunks = (max_context + chunk - 1) / chunk;
+  // (max_context + chunk - 1) / chunk wraps for a chunk near 2^63 (a huge workspace): zero chunks, and
+  // the context silently ignored.
+  const int64_t num_chunks = max_context / chunk + (max_context % chunk != 0);
   const std::size_t num_prefills = context_lens.size();
   plan.chunks.resize(num_chunks);
   for (int64_t i = 0; i < num_chunks; ++i) {
@@ -156,7 +161,7 @@ int sparse_prefill_padded_heads(int num_heads, bool sm100) {
 
 int64_t sparse_prefill_workspace_rows(int64_t max_model_len) {
   MLA_CHECK(max_model_len >= 1, "sparse_prefill_workspace_rows: max_model_len must be >= 1, got {}", max_model_len);
-  return 5 * max_model_len;
+  return detail::checked_mul(5, max_model_len, "sparse_prefill_workspace_rows");
 }
 
 }  // namespace mla

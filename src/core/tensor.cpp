@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/checked.h"
 #include "core/numeric.h"
 #if MLA_WITH_CUDA
 #include "runtime/device_api.h"
@@ -27,6 +28,10 @@ void set_shape(TensorView& v, std::span<const int64_t> shape) {
     v.shape[i] = shape[i];
   }
 }
+// numel * element size, checked (numel() itself is checked).
+int64_t byte_count(const TensorView& v) {
+  return detail::checked_mul(v.numel(), static_cast<int64_t>(dtype_size(v.dtype)), "tensor: size in bytes");
+}
 }  // namespace
 
 TensorView::TensorView(void* d, DType t, std::span<const int64_t> shp, Device dev) : data(d), dtype(t), device(dev) {
@@ -34,8 +39,9 @@ TensorView::TensorView(void* d, DType t, std::span<const int64_t> shp, Device de
   int64_t s = 1;
   for (int i = ndim - 1; i >= 0; --i) {
     stride[i] = s;
-    s *= shape[i] == 0 ? 1 : shape[i];
+    s = detail::checked_mul(s, shape[i] == 0 ? 1 : shape[i], "tensor: contiguous strides");
   }
+  (void)byte_count(*this);  // rejects shapes whose element or byte count overflows int64
 }
 
 TensorView::TensorView(void* d, DType t, std::span<const int64_t> shp, std::span<const int64_t> str, Device dev)
@@ -43,6 +49,8 @@ TensorView::TensorView(void* d, DType t, std::span<const int64_t> shp, std::span
   set_shape(*this, shp);
   MLA_CHECK(str.size() == shp.size(), "tensor: {} strides given for {} dims", str.size(), shp.size());
   for (int i = 0; i < ndim; ++i) stride[i] = str[i];
+  (void)byte_count(*this);
+  (void)span_bytes();  // the farthest element's byte offset must be representable
 }
 
 int64_t TensorView::size(int d) const { return shape[norm_dim(d, ndim, "size")]; }
@@ -51,7 +59,7 @@ int64_t TensorView::stride_of(int d) const { return stride[norm_dim(d, ndim, "st
 int64_t TensorView::numel() const {
   if (ndim == 0) return 0;
   int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  for (int i = 0; i < ndim; ++i) n = detail::checked_mul(n, shape[i], "tensor: element count");
   return n;
 }
 
@@ -68,8 +76,11 @@ bool TensorView::is_contiguous() const {
 int64_t TensorView::span_bytes() const {
   if (numel() == 0) return 0;
   int64_t last = 0;
-  for (int i = 0; i < ndim; ++i) last += (shape[i] - 1) * stride[i];
-  return (last + 1) * static_cast<int64_t>(element_size());
+  for (int i = 0; i < ndim; ++i)
+    last = detail::checked_add(last, detail::checked_mul(shape[i] - 1, stride[i], "tensor: element offset"),
+                               "tensor: element offset");
+  return detail::checked_mul(detail::checked_add(last, 1, "tensor: span"), static_cast<int64_t>(element_size()),
+                             "tensor: span in bytes");
 }
 
 void* TensorView::ptr_at(std::initializer_list<int64_t> idx) const {
@@ -172,10 +183,10 @@ bool built_with_cuda() { return MLA_WITH_CUDA != 0; }
 Tensor Tensor::empty(std::span<const int64_t> shape, DType dtype, Device device) {
   Tensor t;
   t.view_ = TensorView(nullptr, dtype, shape, device);
-  const std::size_t bytes = static_cast<std::size_t>(t.view_.numel()) * dtype_size(dtype);
+  const std::size_t bytes = detail::checked_size(byte_count(t.view_), "Tensor::empty");
   if (device.is_cpu()) {
     // 64-byte alignment: vector loads in the CPU backend and DLPack consumers like it.
-    void* p = std::aligned_alloc(64, ((bytes + 63) / 64) * 64 + 64);
+    void* p = std::aligned_alloc(64, detail::checked_round_up(bytes, 64, 64, "Tensor::empty"));
     MLA_CHECK(p != nullptr, "Tensor::empty: host allocation of {} bytes failed", bytes);
     t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   } else {

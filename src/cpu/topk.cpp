@@ -29,6 +29,7 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
           row = index_at(block_table, index_at(req_id, t), idx / page_size) * stride_rows + idx % page_size;
         }
       }
+      if (row > INT32_MAX) row = -1;  // not representable in the int32 output: invalid, never a wrapped row
       o[k * out.stride[1]] = static_cast<int32_t>(row);
       valid += row >= 0 ? 1 : 0;
     }

@@ -2,15 +2,26 @@
 // workspace (documented in layer_internal.h) and its sizes — exact per plan, and an upper bound per
 // planner config. The decode schedule and the packed metadata come from the plan (mla/plan.h).
 #include <algorithm>
+#include <initializer_list>
 
 #include "core/check.h"
+#include "core/checked.h"
 #include "layer/layer_internal.h"
 
 namespace mla::layer_detail {
 
 namespace {
 
-int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+int64_t align_up(int64_t x) {
+  return detail::checked_add(x, kAlign - 1, "MlaAttention workspace size") / kAlign * kAlign;
+}
+// Product of workspace extents, checked: a huge max_num_tokens or config must fail, not wrap into a
+// small workspace that forward() then overruns.
+int64_t prod(std::initializer_list<int64_t> xs) {
+  int64_t r = 1;
+  for (int64_t x : xs) r = detail::checked_mul(r, x, "MlaAttention workspace size");
+  return r;
+}
 
 // A made plan is consistent by construction; these checks keep forward() from indexing past a
 // vector of a plan that was edited by hand, before anything is written.
@@ -101,28 +112,28 @@ WorkspaceLayout make_layout(const WorkspaceShape& s, const Dims& d) {
   // align_up is monotone, so every offset (and the total) is monotone in every shape field.
   auto take = [&off](int64_t bytes) {
     const Region r{off, bytes};
-    off = align_up(off + bytes);
+    off = align_up(detail::checked_add(off, bytes, "MlaAttention workspace size"));
     return r;
   };
-  const int64_t a = d.act_bytes, hpv = d.h * (d.P + d.V);
+  const int64_t a = d.act_bytes, hpv = prod({d.h, d.P + d.V});
   const int64_t phase = off;
 
-  l.q_abs = take(s.mqa_tokens * d.h * d.d_qk() * a);
-  l.o_lat = take(s.mqa_tokens * d.h * d.L * a);
+  l.q_abs = take(prod({s.mqa_tokens, d.h, d.d_qk(), a}));
+  l.o_lat = take(prod({s.mqa_tokens, d.h, d.L, a}));
   l.scratch = take(s.decode_scratch_bytes);
-  l.indices = take(s.mqa_tokens * s.topk * 4);
-  l.upconv = take(s.upconvert_rows * d.d_qk() * 2);
+  l.indices = take(prod({s.mqa_tokens, s.topk, 4}));
+  l.upconv = take(prod({s.upconvert_rows, d.d_qk(), 2}));
   const int64_t end_a = off;
 
   off = phase;
-  l.kv_new = take(s.prefill_tokens * hpv * a);
-  l.o_new = take(s.staged_tokens * d.h * d.V * a);
-  l.lse_new = take(d.h * s.staged_tokens * d.lse_bytes);
-  l.gathered = take(s.context_rows * d.d_qk() * a);
-  l.kv_ctx = take(s.context_rows * hpv * a);
+  l.kv_new = take(prod({s.prefill_tokens, hpv, a}));
+  l.o_new = take(prod({s.staged_tokens, d.h, d.V, a}));
+  l.lse_new = take(prod({d.h, s.staged_tokens, d.lse_bytes}));
+  l.gathered = take(prod({s.context_rows, d.d_qk(), a}));
+  l.kv_ctx = take(prod({s.context_rows, hpv, a}));
   for (int64_t i = 0; i < s.context_accumulators; ++i) {
-    l.acc_o[i] = take(s.staged_tokens * d.h * d.V * a);
-    l.acc_lse[i] = take(d.h * s.staged_tokens * d.lse_bytes);
+    l.acc_o[i] = take(prod({s.staged_tokens, d.h, d.V, a}));
+    l.acc_lse[i] = take(prod({d.h, s.staged_tokens, d.lse_bytes}));
   }
   l.total = std::max(end_a, off);
   return l;

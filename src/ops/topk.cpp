@@ -70,9 +70,10 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
   detail::check_i32_vector(req_id, T, op, "req_id [T] (must cover the same tokens as indices)");
   detail::check_block_table(block_table, 0, op);
   MLA_CHECK(page_size >= 1, "{}: page_size must be >= 1, got {}", op, page_size);
-  MLA_CHECK(block_stride_rows == 0 || block_stride_rows >= page_size,
-            "{}: block_stride_rows must be 0 (= page_size) or >= page_size {}, got {}", op, page_size,
-            block_stride_rows);
+  MLA_CHECK(block_stride_rows == 0 || (block_stride_rows >= page_size && block_stride_rows <= INT32_MAX),
+            "{}: block_stride_rows must be 0 (= page_size) or in [page_size {}, 2^31 - 1] (rows are int32), got {}", op,
+            page_size, block_stride_rows);
+  MLA_CHECK(page_size <= INT32_MAX, "{}: page_size must be <= 2^31 - 1 (rows are int32), got {}", op, page_size);
   MLA_CHECK(prefill_request_ids.defined() == prefill_workspace_starts.defined(),
             "{}: prefill_request_ids and prefill_workspace_starts are given together or not at all", op);
   if (prefill_request_ids.defined()) {

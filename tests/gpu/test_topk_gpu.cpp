@@ -117,5 +117,20 @@ TEST(TopkGpuEdge, OutOfRangeIdsGiveInvalidRows) {
   }
 }
 
+// Issue 14: a cache row past int32 (block 2 at stride 2^30 starts at row 2^31) is written as -1, never
+// wrapped into a small row of another block (the CPU front end refuses such values; the GPU cannot see
+// them before the kernel).
+TEST(TopkGpuEdge, RowsPastInt32AreInvalid) {
+  MLA_SKIP_WITHOUT_GPU();
+  const Device dev = Device::cuda(0);
+  const Tensor req = test::int_tensor({0}).to(dev), table = test::int_tensor_2d({{0, 1, 2}}).to(dev);
+  const Tensor idx = test::int_tensor_2d({{1, 5, 9, -1}}).to(dev);
+  Tensor out = Tensor::empty({1, 4}, DType::i32, dev), valid = Tensor::empty({1}, DType::i32, dev);
+  fill(out, -77);
+  convert_topk_indices(req, table, idx, out, 4, int64_t(1) << 30, {}, {}, valid);
+  EXPECT_EQ(test::to_ints(out.to(Device::cpu())), (std::vector<int32_t>{1, (1 << 30) + 1, -1, -1}));
+  EXPECT_EQ(test::to_ints(valid.to(Device::cpu())), (std::vector<int32_t>{2}));
+}
+
 }  // namespace
 }  // namespace mla

@@ -2,6 +2,7 @@
 // keeps its owner alive until the consumer's deleter runs, and unsupported tensors are refused.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 
 #include "mla/dlpack.h"
@@ -86,6 +87,55 @@ TEST(DLPack, RefusesWhatItCannotRepresent) {
   t.ndim = 0;
   EXPECT_THROW(from_dlpack(t), Error);
   EXPECT_THROW(to_dlpack(TensorView{}), Error);
+}
+
+
+// Hostile headers (issue 14): each was accepted (or crashed) at a955383.
+TEST(DLPack, RefusesMalformedHeaders) {
+  float buf[4] = {};
+  int64_t shape[1] = {4};
+  DLTensor t{};
+  t.data = buf;
+  t.device = {kDLCPU, 0};
+  t.ndim = 1;
+  t.shape = shape;
+  t.dtype = {kDLFloat, 32, 1};
+  EXPECT_NO_THROW(from_dlpack(t));
+  DLTensor u = t;
+  u.shape = nullptr;  // was dereferenced
+  EXPECT_THROW(from_dlpack(u), Error);
+  u = t;
+  u.data = nullptr;  // null data + offset: a later op read address 0x40
+  u.byte_offset = 64;
+  EXPECT_THROW(from_dlpack(u), Error);
+  u.byte_offset = 0;  // null data for 4 elements
+  EXPECT_THROW(from_dlpack(u), Error);
+  int64_t empty_shape[1] = {0};
+  u.shape = empty_shape;  // null data for 0 elements is a valid empty tensor
+  EXPECT_NO_THROW(from_dlpack(u));
+  u = t;
+  u.byte_offset = ~uint64_t(0) - 8;  // wraps
+  EXPECT_THROW(from_dlpack(u), Error);
+  u.byte_offset = uint64_t(1) << 63;
+  EXPECT_THROW(from_dlpack(u), Error);
+  int64_t huge[3] = {int64_t(1) << 40, int64_t(1) << 40, 4};  // extents whose product overflows
+  u = t;
+  u.ndim = 3;
+  u.shape = huge;
+  EXPECT_THROW(from_dlpack(u), Error);
+  int64_t shape2[2] = {2, 2}, strides2[2] = {int64_t(1) << 62, 1};  // farthest element past int64 bytes
+  u = t;
+  u.ndim = 2;
+  u.shape = shape2;
+  u.strides = strides2;
+  EXPECT_THROW(from_dlpack(u), Error);
+  u = t;
+  const int32_t bad_type = 12345;  // not a DLDeviceType value: read as an integer, refused
+  std::memcpy(&u.device.device_type, &bad_type, sizeof(bad_type));
+  EXPECT_THROW(from_dlpack(u), Error);
+  u = t;
+  u.device = {kDLCUDA, -1};
+  EXPECT_THROW(from_dlpack(u), Error);
 }
 
 }  // namespace

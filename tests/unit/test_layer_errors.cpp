@@ -183,6 +183,23 @@ TEST(LayerWorkspace, ExactSizeSufficesAndStaysInside) {
   }
 }
 
+// Issue 14: a bound past int64 throws instead of wrapping into a small workspace forward() would overrun.
+TEST(LayerWorkspace, HugeBoundsThrow) {
+  Scenario sc;
+  sc.max_model_len = 300;
+  sc.max_num_seqs = 4;
+  sc.decode_threshold = 1;
+  reseed(3);
+  const Tensor w = random_tensor({sc.h * (sc.P + sc.V), kL}, DType::bf16);
+  const MlaAttention layer(sc.options(Device::cpu(), DType::bf16), w);
+  const PlannerConfig pc = sc.config();
+  EXPECT_GT(layer.max_workspace_bytes(pc, 1000), 0u);
+  EXPECT_THROW(layer.max_workspace_bytes(pc, int64_t(1) << 56), Error);
+  PlannerConfig big = pc;
+  big.context_workspace_rows = int64_t(1) << 60;
+  EXPECT_THROW(layer.max_workspace_bytes(big, 1000), Error);
+}
+
 TEST(LayerWorkspace, BoundCoversRandomPlans) {
   std::mt19937_64 g(7);
   struct Config {

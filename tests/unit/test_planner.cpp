@@ -2,6 +2,8 @@
 // assembled by make_plan, bad input, and randomized coverage properties.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -250,6 +252,22 @@ TEST(Planner, ContextChunksEmptyAndErrors) {
   EXPECT_THROW(plan_context_chunks({5, -1}, 32, 16), Error);
   EXPECT_THROW(plan_context_chunks({5}, 0, 16), Error);
   EXPECT_THROW(plan_context_chunks({5}, 32, 0), Error);
+}
+
+// Issue 14: a huge workspace planned zero chunks (the context was silently ignored), and the default
+// workspace formula's products wrapped.
+TEST(Planner, HugeWorkspacesAndConfigsDoNotWrap) {
+  for (int64_t ws : {int64_t(1) << 62, std::numeric_limits<int64_t>::max()}) {
+    for (bool round : {false, true}) {
+      const ContextPlan p = plan_context_chunks({100, 0, 37}, ws, 16, round);
+      ASSERT_EQ(p.chunks.size(), 1u) << ws;
+      EXPECT_EQ(p.chunks[0].lens, (std::vector<int32_t>{100, 0, 37}));
+    }
+  }
+  EXPECT_THROW(chunked_prefill_workspace_rows(int64_t(1) << 62, 1, 1, 0), Error);
+  EXPECT_THROW(chunked_prefill_workspace_rows(1, int64_t(1) << 40, int64_t(1) << 40, 0), Error);
+  EXPECT_THROW(chunked_prefill_workspace_rows(1, int64_t(1) << 61, 1, 0), Error);
+  EXPECT_THROW(sparse_prefill_workspace_rows(int64_t(1) << 62), Error);
 }
 
 TEST(Planner, ContextChunksCoverEveryTokenOnceRandom) {

@@ -103,5 +103,36 @@ TEST(ModelDims, Presets) {
   EXPECT_THROW(ModelDims::preset("llama"), Error);
 }
 
+
+// Size arithmetic past int64 throws instead of wrapping (issue 14; each wrapped at a955383).
+TEST(Tensor, SizeArithmeticOverflowThrows) {
+  const int64_t big = int64_t(1) << 40;
+  EXPECT_THROW(Tensor::empty({big, big}, DType::f32), Error);            // element count
+  EXPECT_THROW(Tensor::empty({int64_t(1) << 62, 4}, DType::u8), Error);  // element count
+  EXPECT_THROW(Tensor::empty({int64_t(1) << 61, 1}, DType::f64), Error); // bytes
+  EXPECT_THROW(Tensor::zeros({big, big, 0, big}, DType::bf16), Error);   // contiguous strides of the later dims
+  const int64_t ok_shape[2] = {2, 3};
+  const int64_t bad_strides[2] = {int64_t(1) << 62, 1};
+  EXPECT_THROW(TensorView(nullptr, DType::f32, ok_shape, bad_strides), Error);  // span in bytes
+  const int64_t neg_strides[2] = {-(int64_t(1) << 62), 1};
+  EXPECT_THROW(TensorView(nullptr, DType::f64, ok_shape, neg_strides), Error);
+  // A view whose fields were edited by hand: numel() itself refuses to wrap.
+  TensorView v(nullptr, DType::f32, ok_shape);
+  v.shape[0] = big;
+  v.shape[1] = big;
+  EXPECT_THROW(v.numel(), Error);
+  EXPECT_THROW(v.reshape({4}), Error);
+  // Empty extents stay fine, and the largest representable sizes are not refused by arithmetic.
+  EXPECT_EQ(TensorView(nullptr, DType::f32, {0, big, 4}).numel(), 0);
+  EXPECT_EQ(TensorView(nullptr, DType::u8, {int64_t(1) << 31, int64_t(1) << 31}).numel(), int64_t(1) << 62);
+}
+
+TEST(Cache, AllocationSizesAreChecked) {
+  // 2^55 blocks of 8 rows of 576 bf16: returned a 0-byte buffer that write_cache then overran.
+  EXPECT_THROW(allocate_cache(CacheFormat::bf16, int64_t(1) << 55, 8, Device::cpu()), Error);
+  EXPECT_THROW(allocate_cache(CacheFormat::fp8_ds_mla, 1, int64_t(1) << 58, Device::cpu()), Error);
+  EXPECT_THROW(allocate_cache(CacheFormat::bf16, int64_t(1) << 62, int64_t(1) << 62, Device::cpu()), Error);
+}
+
 }  // namespace
 }  // namespace mla

@@ -102,6 +102,27 @@ TEST(TopkConvert, StridedViewsAndEmptyBatch) {
   EXPECT_NO_THROW(convert_topk_indices(test::int_tensor({}), test::int_tensor_2d(kTable), none, none, 4));
 }
 
+// Issue 14: rows past int32 were wrapped into small (valid-looking) rows of other blocks. The CPU front
+// end sees the values and refuses (nothing written); CUDA launches cannot read device values before the
+// kernel, so the kernel writes -1 (invalid) for them (both backends clamp; the GPU test checks CUDA).
+TEST(TopkConvert, RowsPastInt32AreRefused) {
+  const int64_t stride = int64_t(1) << 30;  // block 2 starts at row 2^31: not representable
+  Tensor out = filled_i32({1, 4}, kUnwritten);
+  EXPECT_THROW(convert_topk_indices(test::int_tensor({0}), test::int_tensor_2d({{0, 1, 2}}),
+                                    test::int_tensor_2d({{1, 5, 9, -1}}), out, 4, stride),
+               Error);
+  EXPECT_EQ(test::to_ints(out), std::vector<int32_t>(4, kUnwritten));
+  convert_topk_indices(test::int_tensor({0}), test::int_tensor_2d({{0, 1, 2}}), test::int_tensor_2d({{1, 5, -1, -1}}),
+                       out, 4, stride);  // blocks 0 and 1 still fit
+  EXPECT_EQ(test::to_ints(out), (std::vector<int32_t>{1, int32_t(stride) + 1, -1, -1}));
+  // A stride past int32 is refused whatever the values.
+  Tensor out3 = filled_i32({1, 4}, kUnwritten);
+  EXPECT_THROW(convert_topk_indices(test::int_tensor({0}), test::int_tensor_2d({{0}}),
+                                    test::int_tensor_2d({{1, -1, -1, -1}}), out3, 4, int64_t(1) << 40),
+               Error);
+  EXPECT_EQ(test::to_ints(out3), std::vector<int32_t>(4, kUnwritten));
+}
+
 TEST(TopkConvert, BadInputsThrowAndWriteNothing) {
   Tensor out = filled_i32({2, 4}, kUnwritten), valid = filled_i32({2}, kUnwritten);
   const Tensor idx = test::int_tensor_2d({{0, 1, 2, 3}, {4, 5, -1, -1}}), req = test::int_tensor({0, 1});

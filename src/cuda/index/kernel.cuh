@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kThreads) convert_topk_kernel(TopkParams p) {
               row = static_cast<int64_t>(bt_row[blk]) * p.block_stride_rows + (tok - blk * p.page_size);
           }
         }
+        if (row > INT32_MAX) row = -1;  // not representable in the int32 output: invalid, never a wrapped row
         res[u].v[i] = static_cast<int32_t>(row);
         valid += (i < n[u] && row >= 0) ? 1 : 0;
       }

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Hostile command lines of `mla` (issue 14): each must fail fast with a non-zero exit and a message that
+# names the option or command, never abort, corrupt the heap or silently mean "default".
+# Usage: tests/cli_hostile_test.sh path/to/mla
+set -u
+mla=$1
+fails=0
+expect_fail() {  # expect_fail "<text the message must contain>" args...
+  local want=$1; shift
+  local out rc
+  out=$("$mla" "$@" 2>&1); rc=$?
+  if [ $rc -eq 0 ] || [ $rc -ge 128 ] || [[ "$out" != *"$want"* ]]; then
+    echo "FAIL: mla $* -> exit $rc, wanted a message with '$want', got: $(echo "$out" | tail -3)"
+    fails=$((fails + 1))
+  fi
+}
+expect_fail "unknown command 'frobnicate'" frobnicate
+for opt in --steps --requests --max-context --token-budget --max-seqs --topk --check-samples --tp --page-size; do
+  expect_fail "$opt" run --backend cpu "$opt" -1
+done
+expect_fail "--page-size" run --backend cpu --page-size 288230376151711744
+expect_fail "--token-budget" run --backend cpu --token-budget 4611686018427387904
+expect_fail "--requests" run --backend cpu --requests 99999999999
+expect_fail "--max-context" run --backend cpu --max-context 7
+expect_fail "cannot open" run --backend cpu --steps 1 --json /nonexistent-dir/x.json
+if [ -w /dev/full ]; then  # the record is written after the run: a full disk is an error, not exit 0
+  expect_fail "writing '/dev/full' failed" run --backend cpu --steps 2 --requests 2 --max-context 64 \
+    --check-samples 0 --no-progress --json /dev/full
+fi
+# Range messages stay short (no 300-digit bounds).
+out=$("$mla" run --backend cpu --steps 0 2>&1)
+if [ ${#out} -gt 200 ]; then echo "FAIL: --steps 0 message is ${#out} characters"; fails=$((fails + 1)); fi
+[ $fails -eq 0 ] && echo "cli hostile: all passed"
+exit $fails
