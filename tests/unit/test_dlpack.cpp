@@ -68,14 +68,21 @@ TEST(DLPack, ImportHonoursNullStridesAndByteOffset) {
   EXPECT_EQ(test::to_doubles(v), (std::vector<double>{6, 7, 8, 9, 10, 11}));
 }
 
-TEST(DLPack, RefusesWhatItCannotRepresent) {
-  float buf[4] = {};
-  int64_t shape[1] = {4};
+// A 1-D CPU f32 header over `buf` with `shape` (the fields a test then breaks one at a time).
+DLTensor cpu_f32(float* buf, int64_t* shape) {
   DLTensor t{};
   t.data = buf;
   t.device = {kDLCPU, 0};
   t.ndim = 1;
   t.shape = shape;
+  t.dtype = {kDLFloat, 32, 1};
+  return t;
+}
+
+TEST(DLPack, RefusesWhatItCannotRepresent) {
+  float buf[4] = {};
+  int64_t shape[1] = {4};
+  DLTensor t = cpu_f32(buf, shape);
   t.dtype = {kDLComplex, 64, 1};
   EXPECT_THROW(from_dlpack(t), Error);
   t.dtype = {kDLFloat, 32, 4};  // vector lanes
@@ -94,12 +101,7 @@ TEST(DLPack, RefusesWhatItCannotRepresent) {
 TEST(DLPack, RefusesMalformedHeaders) {
   float buf[4] = {};
   int64_t shape[1] = {4};
-  DLTensor t{};
-  t.data = buf;
-  t.device = {kDLCPU, 0};
-  t.ndim = 1;
-  t.shape = shape;
-  t.dtype = {kDLFloat, 32, 1};
+  const DLTensor t = cpu_f32(buf, shape);
   EXPECT_NO_THROW(from_dlpack(t));
   DLTensor u = t;
   u.shape = nullptr;  // was dereferenced
