@@ -62,7 +62,7 @@ void bench_topk(BenchContext& ctx) {
   Tensor req_d = req_h.to(dev), bt_d = bt_h.to(dev), out = Tensor::empty({T, K}, DType::i32, dev);
   Tensor valid = Tensor::empty({T}, DType::i32, dev);
   const Context op = ctx.op_context();
-  const double ms = ctx.time_ms([&] { convert_topk_indices(req_d, bt_d, idx, out, page, 0, {}, {}, valid, op); });
+  const double ms = ctx.time_ms([&] { convert_topk_indices(req_d, bt_d, idx, out, page, 0, {}, {}, valid, {}, op); });
   const double bytes = static_cast<double>(T) * K * 8.0 + static_cast<double>(T) * 8.0;
   ctx.report("convert_topk_indices", "T=" + std::to_string(T) + " topk=2048 page 64 + valid counts", ms, bytes, 0,
              "bytes = T*topk*4*2 + T*4*2");

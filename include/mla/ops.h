@@ -81,13 +81,17 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
 //   prefill_request_ids      [T] int32 optional: >= 0 -> token reads the prefill workspace
 //   prefill_workspace_starts [P] int32 optional: out = starts[pid] + idx (no block-table bound check [PIN])
 //   valid_counts   [T] int32 optional: number of outputs >= 0 per row
+//   seq_lens       [R] int32 optional: positions >= seq_lens[req_id[t]] are invalid (-1), for cache and
+//                  workspace tokens alike (req_id is then read for every token). The layer passes its
+//                  seq_lens: a top-k entry past its request's length never reads another request's row.
 // Cache rows: blk = idx / page_size outside [0, max_blocks) -> -1, else block_table[..][blk] *
-// block_stride_rows + idx % page_size.
+// block_stride_rows + idx % page_size. A row past int32 is refused on the CPU and -1 on CUDA.
 void convert_topk_indices(const TensorView& req_id, const TensorView& block_table, const TensorView& indices,
                           const TensorView& out, int64_t page_size, int64_t block_stride_rows = 0,
                           const TensorView& prefill_request_ids = {},
                           const TensorView& prefill_workspace_starts = {},
-                          const TensorView& valid_counts = {}, const Context& ctx = {});
+                          const TensorView& valid_counts = {}, const TensorView& seq_lens = {},
+                          const Context& ctx = {});
 
 // ---------------------------------------------------------------------------------------------
 // Absorbed MQA decode over the paged cache (§6).

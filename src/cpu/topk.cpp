@@ -10,7 +10,7 @@ namespace mla::cpu {
 void convert_topk_indices(const TensorView& req_id, const TensorView& block_table, const TensorView& indices,
                           const TensorView& out, int64_t page_size, int64_t block_stride_rows,
                           const TensorView& prefill_request_ids, const TensorView& prefill_workspace_starts,
-                          const TensorView& valid_counts, const Context&) {
+                          const TensorView& valid_counts, const TensorView& seq_lens, const Context&) {
   const int64_t T = indices.size(0), K = indices.size(1), max_blocks = block_table.size(1);
   const int64_t stride_rows = block_stride_rows == 0 ? page_size : block_stride_rows;
 #pragma omp parallel for schedule(static)
@@ -18,11 +18,13 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
     const int64_t pid = prefill_request_ids.defined() ? index_at(prefill_request_ids, t) : -1;
     const int64_t ws_start = pid >= 0 ? index_at(prefill_workspace_starts, pid) : 0;
     int32_t* o = static_cast<int32_t*>(out.data) + t * out.stride[0];
+    // Positions at or past the request's length are invalid (the front end checked req_id then).
+    const int64_t limit = seq_lens.defined() ? index_at(seq_lens, index_at(req_id, t)) : INT64_MAX;
     int32_t valid = 0;
     for (int64_t k = 0; k < K; ++k) {
       const int64_t idx = index_at(indices, t, k);
       int64_t row = -1;
-      if (idx >= 0) {
+      if (idx >= 0 && idx < limit) {
         if (pid >= 0) {
           row = ws_start + idx;  // workspace rows: no block-table bound check [PIN]
         } else if (idx / page_size < max_blocks) {

@@ -24,7 +24,7 @@ void run_sparse(const Step& s) {
     workspace_starts = s.meta_view(s.plan.metadata.workspace_starts, f.num_prefills);
   }
   convert_topk_indices(s.meta_view(s.plan.metadata.req_id, t), s.args.block_table, s.args.topk_indices.slice(0, 0, t), indices,
-                       s.cache.page_size(), 0, prefill_ids, workspace_starts, {}, s.ctx);
+                       s.cache.page_size(), 0, prefill_ids, workspace_starts, {}, s.args.seq_lens, s.ctx);
 
   if (!f.sparse_separate) {
     sparse_mqa(q_abs, s.cache, indices, {}, o_lat, {}, scale, s.ctx);

@@ -23,12 +23,21 @@ void check_index_matrix(const TensorView& t, int64_t rows, int64_t cols, bool is
 
 // CPU: request and prefill ids name existing rows, and every output fits int32 (the output dtype).
 // Workspace rows get no block-table bound check [PIN], but they still must be representable.
+// With seq_lens, req_id must name a table row for every token, and positions >= the request's length
+// are invalid (never checked further: their block-table columns may hold anything).
 void check_topk_values(const TensorView& req_id, const TensorView& block_table, const TensorView& indices,
                        int64_t page_size, int64_t stride_rows, const TensorView& prefill_ids,
-                       const TensorView& ws_starts, const char* op) {
+                       const TensorView& ws_starts, const TensorView& seq_lens, const char* op) {
   const int64_t T = indices.size(0), K = indices.size(1), max_blocks = block_table.size(1);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t pid = prefill_ids.defined() ? index_at(prefill_ids, t) : -1;
+    int64_t limit = std::numeric_limits<int64_t>::max();
+    if (seq_lens.defined()) {
+      const int64_t req = index_at(req_id, t);
+      MLA_CHECK(0 <= req && req < block_table.size(0), "{}: req_id[{}] = {} names no row of block_table {}", op, t,
+                req, block_table.describe());
+      limit = index_at(seq_lens, req);
+    }
     if (pid >= 0) {
       MLA_CHECK(pid < ws_starts.size(0),
                 "{}: prefill_request_ids[{}] = {} names no entry of prefill_workspace_starts ({} entries)", op, t, pid,
@@ -37,7 +46,7 @@ void check_topk_values(const TensorView& req_id, const TensorView& block_table, 
       MLA_CHECK(start >= 0, "{}: prefill_workspace_starts[{}] must be >= 0, got {}", op, pid, start);
       for (int64_t k = 0; k < K; ++k) {
         const int64_t idx = index_at(indices, t, k);
-        MLA_CHECK(idx < 0 || start + idx <= kI32Max,
+        MLA_CHECK(idx < 0 || idx >= limit || start + idx <= kI32Max,
                   "{}: workspace row {} + {} of token {} does not fit the int32 output", op, start, idx, t);
       }
       continue;
@@ -47,7 +56,7 @@ void check_topk_values(const TensorView& req_id, const TensorView& block_table, 
               block_table.describe());
     for (int64_t k = 0; k < K; ++k) {
       const int64_t idx = index_at(indices, t, k);
-      if (idx < 0 || idx / page_size >= max_blocks) continue;
+      if (idx < 0 || idx >= limit || idx / page_size >= max_blocks) continue;
       const int64_t row = index_at(block_table, req, idx / page_size) * stride_rows + idx % page_size;
       MLA_CHECK(row <= kI32Max && row >= std::numeric_limits<int32_t>::min(),
                 "{}: cache row {} of token {} (index {}) does not fit the int32 output", op, row, t, idx);
@@ -60,7 +69,7 @@ void check_topk_values(const TensorView& req_id, const TensorView& block_table, 
 void convert_topk_indices(const TensorView& req_id, const TensorView& block_table, const TensorView& indices,
                           const TensorView& out, int64_t page_size, int64_t block_stride_rows,
                           const TensorView& prefill_request_ids, const TensorView& prefill_workspace_starts,
-                          const TensorView& valid_counts, const Context& ctx) {
+                          const TensorView& valid_counts, const TensorView& seq_lens, const Context& ctx) {
   constexpr const char* op = "convert_topk_indices";
   detail::check_ndim(indices, 2, op, "indices [T, topk]");
   const int64_t T = indices.size(0), K = indices.size(1);
@@ -80,6 +89,8 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
     detail::check_i32_vector(prefill_request_ids, T, op, "prefill_request_ids [T]");
     detail::check_i32_vector(prefill_workspace_starts, -1, op, "prefill_workspace_starts [P]");
   }
+  if (seq_lens.defined())
+    detail::check_i32_vector(seq_lens, block_table.size(0), op, "seq_lens [R] (one per block_table row)");
   if (valid_counts.defined()) {
     detail::check_i32_vector(valid_counts, T, op, "valid_counts [T]");
     detail::check_strides(valid_counts, true, op, "valid_counts [T]");
@@ -87,14 +98,15 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
   detail::check_devices(dev, op,
                          {{out, "out"}, {req_id, "req_id"}, {block_table, "block_table"},
                           {prefill_request_ids, "prefill_request_ids"},
-                          {prefill_workspace_starts, "prefill_workspace_starts"}, {valid_counts, "valid_counts"}});
+                          {prefill_workspace_starts, "prefill_workspace_starts"}, {valid_counts, "valid_counts"},
+                          {seq_lens, "seq_lens"}});
   const int64_t stride_rows = block_stride_rows == 0 ? page_size : block_stride_rows;
   if (dev.is_cpu())
     check_topk_values(req_id, block_table, indices, page_size, stride_rows, prefill_request_ids,
-                      prefill_workspace_starts, op);
+                      prefill_workspace_starts, seq_lens, op);
   if (T == 0) return;
   MLA_DISPATCH(dev, convert_topk_indices, req_id, block_table, indices, out, page_size, stride_rows,
-               prefill_request_ids, prefill_workspace_starts, valid_counts, ctx);
+               prefill_request_ids, prefill_workspace_starts, valid_counts, seq_lens, ctx);
 }
 
 }  // namespace mla

@@ -53,7 +53,8 @@ Tensor filled(int64_t rows, int64_t cols, Device d) {
 struct Outputs {
   std::vector<int32_t> out_gpu, out_cpu, cnt_gpu, cnt_cpu;
 };
-Outputs run_both(const TopkInputs& in, int64_t page, int64_t stride_rows, const TopkInputs* gpu_in = nullptr) {
+Outputs run_both(const TopkInputs& in, int64_t page, int64_t stride_rows, const TopkInputs* gpu_in = nullptr,
+                 const std::vector<int32_t>* seq_lens = nullptr) {
   const TopkInputs& gi = gpu_in ? *gpu_in : in;
   const Device g = Device::cuda(0), c = Device::cpu();
   const bool ws = !in.pids.empty();
@@ -62,11 +63,12 @@ Outputs run_both(const TopkInputs& in, int64_t page, int64_t stride_rows, const 
   const TensorView vcv = vc.view().reshape({in.T}), vgv = vg.view().reshape({in.T});
   convert_topk_indices(test::int_tensor(in.req), matrix(in.table_flat, in.R, in.W, c), matrix(in.idx, in.T, in.K, c),
                        oc, page, stride_rows, ws ? test::int_tensor(in.pids) : Tensor{},
-                       ws ? test::int_tensor(in.ws_starts) : Tensor{}, vcv, test::reference_ctx());
+                       ws ? test::int_tensor(in.ws_starts) : Tensor{}, vcv,
+                       seq_lens ? test::int_tensor(*seq_lens) : Tensor{}, test::reference_ctx());
   convert_topk_indices(test::int_tensor(gi.req, g), matrix(gi.table_flat, gi.R, gi.W, g),
                        matrix(gi.idx, gi.T, gi.K, g), og, page, stride_rows,
                        ws ? test::int_tensor(gi.pids, g) : Tensor{}, ws ? test::int_tensor(gi.ws_starts, g) : Tensor{},
-                       vgv);
+                       vgv, seq_lens ? test::int_tensor(*seq_lens, g) : Tensor{});
   return {test::to_ints(og), test::to_ints(oc), test::to_ints(vg), test::to_ints(vc)};
 }
 
@@ -130,6 +132,31 @@ TEST(TopkGpuEdge, RowsPastInt32AreInvalid) {
   convert_topk_indices(req, table, idx, out, 4, int64_t(1) << 30, {}, {}, valid);
   EXPECT_EQ(test::to_ints(out.to(Device::cpu())), (std::vector<int32_t>{1, (1 << 30) + 1, -1, -1}));
   EXPECT_EQ(test::to_ints(valid.to(Device::cpu())), (std::vector<int32_t>{2}));
+}
+
+// Issue 14: with seq_lens, top-k positions at or past the request's length are invalid (-1) on both
+// backends, for cache and workspace tokens: a hostile entry never reads another request's rows.
+TEST(TopkGpuEdge, PositionsPastSeqLenAreInvalid) {
+  MLA_SKIP_WITHOUT_GPU();
+  for (bool ws : {false, true}) {
+    test::reseed(ws ? 11 : 12);
+    const TopkInputs in = make_inputs(24, 64, 16, ws);
+    std::vector<int32_t> seq(static_cast<std::size_t>(in.R));
+    for (std::size_t r = 0; r < seq.size(); ++r) seq[r] = static_cast<int32_t>((r * 37) % (in.W * 16 + 1));
+    const Outputs o = run_both(in, 16, 0, nullptr, &seq);
+    int64_t cut = 0;
+    for (int64_t t = 0; t < in.T; ++t)
+      for (int64_t k = 0; k < in.K; ++k) {
+        const std::size_t i = static_cast<std::size_t>(t * in.K + k);
+        EXPECT_EQ(o.out_gpu[i], o.out_cpu[i]) << ws << " " << t << " " << k;
+        if (in.idx[i] >= seq[static_cast<std::size_t>(in.req[static_cast<std::size_t>(t)])]) {
+          EXPECT_EQ(o.out_gpu[i], -1) << ws << " " << t << " " << k;
+          cut += in.idx[i] >= 0;
+        }
+      }
+    EXPECT_GT(cut, 0) << "the draw must put some positions past their request's length";
+    EXPECT_EQ(o.cnt_gpu, o.cnt_cpu);
+  }
 }
 
 }  // namespace

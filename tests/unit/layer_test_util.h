@@ -175,7 +175,8 @@ inline StepData make_step(const Scenario& sc) {
 
   if (sc.sparse) {
     // Request-local positions the token may see ([0, pos]), valid ones first, -1 padded; the first
-    // decode token sees nothing, the second also names a position outside its block table.
+    // decode token sees nothing, the second also names a position outside its block table and one
+    // at its request's seq_len (a NaN-poisoned row inside the table: invalid, never read, issue 14).
     std::vector<std::vector<int32_t>> rows(static_cast<std::size_t>(T), std::vector<int32_t>(sc.topk, -1));
     for (int64_t t = 0; t < d.t_act; ++t) {
       const bool decode = d.token_req[t] < d.plan.split.num_decodes;
@@ -186,6 +187,7 @@ inline StepData make_step(const Scenario& sc) {
       const int64_t k = std::min<int64_t>(sc.topk - (t % 3), static_cast<int64_t>(cand.size()));
       for (int64_t j = 0; j < k; ++j) rows[t][j] = cand[j];
       if (decode && t == 1 && k >= 2) rows[t][1] = static_cast<int32_t>(d.max_blocks * page + 3);
+      if (decode && t == 1 && k >= 3) rows[t][2] = d.plan.seq_lens[static_cast<std::size_t>(d.token_req[t])];
     }
     d.topk = int_tensor_2d(rows);
   }
@@ -348,7 +350,7 @@ inline std::vector<double> naive_layer(const StepData& d, const KVCache& cache_a
     } else {
       for (int k = 0; k < sc.topk; ++k) {
         const int64_t j = topk[t * sc.topk + k];
-        if (j < 0 || j / page >= d.max_blocks) continue;
+        if (j < 0 || j >= plan.seq_lens[static_cast<std::size_t>(r)] || j / page >= d.max_blocks) continue;
         keys.push_back(&key(separate && prefill ? Source::cache_bf16 : Source::cache, r, j));
       }
     }

@@ -123,6 +123,39 @@ TEST(TopkConvert, RowsPastInt32AreRefused) {
   EXPECT_EQ(test::to_ints(out3), std::vector<int32_t>(4, kUnwritten));
 }
 
+// Issue 14: with seq_lens, positions at or past the token's request length are invalid (-1), cache and
+// workspace tokens alike, and their block-table columns are never looked at (garbage there is fine).
+TEST(TopkConvert, PositionsPastSeqLenAreInvalid) {
+  const std::vector<std::vector<int32_t>> table = {{5, 2, -999999}, {1, 0, 2147483}};  // column 2: garbage
+  const std::vector<std::vector<int32_t>> idx = {{0, 5, 7, 8, 11, -1}, {0, 3, 4, 9, 100, 2}};
+  Tensor out = filled_i32({2, 6}, kUnwritten), valid = filled_i32({2}, kUnwritten);
+  convert_topk_indices(test::int_tensor({0, 1}), test::int_tensor_2d(table), test::int_tensor_2d(idx), out, 4, 0, {},
+                       {}, valid, test::int_tensor({8, 4}));
+  EXPECT_EQ(test::to_ints(out), (std::vector<int32_t>{20, 9, 11, -1, -1, -1, 4, 7, -1, -1, -1, 6}));
+  EXPECT_EQ(test::to_ints(valid), (std::vector<int32_t>{3, 3}));
+  // Without seq_lens the garbage column is reached and refused (nothing written).
+  Tensor out2 = filled_i32({2, 6}, kUnwritten);
+  EXPECT_THROW(convert_topk_indices(test::int_tensor({0, 1}), test::int_tensor_2d(table), test::int_tensor_2d(idx), out2,
+                                    4, 1 << 20),
+               Error);
+  EXPECT_EQ(test::to_ints(out2), std::vector<int32_t>(12, kUnwritten));
+  // Workspace tokens: bounded by their request's length too (req_id is read for them).
+  Tensor out3 = filled_i32({2, 6}, kUnwritten);
+  convert_topk_indices(test::int_tensor({0, 1}), test::int_tensor_2d(table), test::int_tensor_2d(idx), out3, 4, 0,
+                       test::int_tensor({0, 1}), test::int_tensor({100, 200}), {}, test::int_tensor({8, 4}));
+  EXPECT_EQ(test::to_ints(out3), (std::vector<int32_t>{100, 105, 107, -1, -1, -1, 200, 203, -1, -1, -1, 202}));
+  // seq_lens must cover the table's rows, and req_id must then name a row for workspace tokens as well.
+  Tensor out4 = filled_i32({2, 6}, kUnwritten);
+  EXPECT_THROW(convert_topk_indices(test::int_tensor({0, 1}), test::int_tensor_2d(table), test::int_tensor_2d(idx),
+                                    out4, 4, 0, {}, {}, {}, test::int_tensor({8})),
+               Error);
+  EXPECT_THROW(convert_topk_indices(test::int_tensor({0, 7}), test::int_tensor_2d(table), test::int_tensor_2d(idx),
+                                    out4, 4, 0, test::int_tensor({0, 1}), test::int_tensor({100, 200}), {},
+                                    test::int_tensor({8, 4})),
+               Error);
+  EXPECT_EQ(test::to_ints(out4), std::vector<int32_t>(12, kUnwritten));
+}
+
 TEST(TopkConvert, BadInputsThrowAndWriteNothing) {
   Tensor out = filled_i32({2, 4}, kUnwritten), valid = filled_i32({2}, kUnwritten);
   const Tensor idx = test::int_tensor_2d({{0, 1, 2, 3}, {4, 5, -1, -1}}), req = test::int_tensor({0, 1});

@@ -24,8 +24,13 @@ __global__ void __launch_bounds__(kThreads) convert_topk_kernel(TopkParams p) {
   const bool to_ws = pid >= 0;
   const bool ws_ok = to_ws && pid < p.num_ws;
   const int64_t ws_start = ws_ok ? p.ws_starts[pid * p.ws_starts_stride] : 0;
-  const int64_t req = to_ws ? 0 : p.req_id[t * p.req_stride];
-  const bool req_ok = !to_ws && req >= 0 && req < p.num_table_rows;
+  const int64_t req_any = p.seq_lens || !to_ws ? p.req_id[t * p.req_stride] : 0;
+  const bool req_valid = req_any >= 0 && req_any < p.num_table_rows;
+  const int64_t req = to_ws ? 0 : req_any;
+  const bool req_ok = !to_ws && req_valid;
+  // Positions at or past the request's length are invalid; with seq_lens, a token whose req_id names no
+  // table row gets no valid entry at all.
+  const int64_t limit = !p.seq_lens ? INT64_MAX : req_valid ? p.seq_lens[req_any * p.seq_lens_stride] : 0;
   const int32_t* bt_row = p.block_table + (req_ok ? req : 0) * p.bt_stride;
   const int32_t* in = p.indices + t * p.idx_stride;
   int32_t* out = p.out + t * p.out_stride;
@@ -49,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) convert_topk_kernel(TopkParams p) {
       for (int i = 0; i < 4; ++i) {
         const int64_t tok = i < n[u] ? idx[u].v[i] : -1;
         int64_t row = -1;
-        if (tok >= 0) {
+        if (tok >= 0 && tok < limit) {
           if (to_ws) {
             if (ws_ok) row = ws_start + tok;
           } else if (req_ok) {

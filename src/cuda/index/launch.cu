@@ -8,7 +8,7 @@ namespace mla::cuda {
 void convert_topk_indices(const TensorView& req_id, const TensorView& block_table, const TensorView& indices,
                           const TensorView& out, int64_t page_size, int64_t block_stride_rows,
                           const TensorView& prefill_request_ids, const TensorView& prefill_workspace_starts,
-                          const TensorView& valid_counts, const Context& ctx) {
+                          const TensorView& valid_counts, const TensorView& seq_lens, const Context& ctx) {
   constexpr int kThreads = 128;
   DeviceGuard guard(indices.device);
   index::TopkParams p{};
@@ -35,6 +35,8 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
   }
   p.num_tokens = indices.size(0);
   p.topk = indices.size(1);
+  p.seq_lens = seq_lens.defined() ? static_cast<const int32_t*>(seq_lens.data) : nullptr;
+  p.seq_lens_stride = seq_lens.defined() ? seq_lens.stride[0] : 0;
   p.page_size = page_size;
   p.block_stride_rows = block_stride_rows == 0 ? page_size : block_stride_rows;
   if (p.num_tokens == 0) return;
