@@ -25,7 +25,9 @@ src/ops     | ops/ core/ runtime/ mla/ cpu/cpu_ops.h cuda/cuda_ops.h cuda/dispat
 src/layer   | layer/ ops/ core/ runtime/ mla/ | cuda cublas
 apps        | mla/ core/ runtime/ |
 bench       | mla/ core/ runtime/ cuda/ |
+python/src  | mla/ | fmt/ cuda cublas
 '
+# python/src (the binding) sees only the public API.
 # bench may include kernel headers: it is the kernel laboratory that times variants directly.
 
 bad=0

@@ -92,7 +92,8 @@ void scatter2d(const T* src, const TensorView& t) {
     if (t.stride[1] == 1) {
       store_row(row, t.dtype, src + i * c, c);
     } else {
-      for (int64_t j = 0; j < c; ++j) num::store(row + j * t.stride[1] * es, t.dtype, to_float_odd(src[i * c + j]));
+      // Element by element through store_row: f64 outputs keep every bit (no float detour).
+      for (int64_t j = 0; j < c; ++j) store_row(row + j * t.stride[1] * es, t.dtype, src + i * c + j, 1);
     }
   }
 }

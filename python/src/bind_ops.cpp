@@ -1,0 +1,134 @@
+// The functional ops of mla/ops.h, argument for argument (the C++ comments there are the reference).
+// Each op takes keyword-only `stream` and `precision` (the Context); the GIL is released while it runs.
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "mla/ops.h"
+
+namespace mlapy {
+
+namespace {
+
+template <class F>
+void without_gil(F&& f) {
+  py::gil_scoped_release release;
+  f();
+}
+
+using A = TensorArg;
+using K = PyKVCache;
+using mla::Precision;
+
+}  // namespace
+
+void bind_ops(py::module_& m) {
+  const auto stream = py::arg("stream") = py::none();
+  const auto precision = py::arg("precision") = Precision::fast;
+
+  m.def("write_cache", [](const A& kv_c, const A& k_pe, const A& slot_mapping, const K& cache, mla::DsMlaScale ds_scale,
+                          py::handle s, Precision p) {
+    const mla::Context ctx = to_context(kv_c.view, s, p);
+    without_gil([&] { mla::write_cache(kv_c.view, k_pe.view, slot_mapping.view, cache.cache, ds_scale, ctx); });
+  }, py::arg("kv_c"), py::arg("k_pe"), py::arg("slot_mapping"), py::arg("cache"), py::arg("ds_scale") = mla::DsMlaScale::amax,
+     py::kw_only(), stream, precision, "Write kv_c | k_pe rows into the cache at slot_mapping (slot < 0 skipped).");
+
+  m.def("gather_cache", [](const K& cache, const A& dst, const A& block_table, const A& cu_seq_lens, const A& seq_starts,
+                           py::handle s, Precision p) {
+    const mla::Context ctx = to_context(dst.view, s, p);
+    without_gil([&] { mla::gather_cache(cache.cache, dst.view, block_table.view, cu_seq_lens.view, seq_starts.view, ctx); });
+  }, py::arg("cache"), py::arg("dst"), py::arg("block_table"), py::arg("cu_seq_lens"), py::arg("seq_starts") = py::none(),
+     py::kw_only(), stream, precision, "Gather cache rows of each request into dst with dequantisation.");
+
+  m.def("cp_gather_cache", [](const K& cache, const A& dst, const A& block_table, const A& cu_seq_lens,
+                              const A& seq_starts, py::handle s, Precision p) {
+    const mla::Context ctx = to_context(dst.view, s, p);
+    without_gil([&] { mla::cp_gather_cache(cache.cache, dst.view, block_table.view, cu_seq_lens.view, seq_starts.view, ctx); });
+  }, py::arg("cache"), py::arg("dst"), py::arg("block_table"), py::arg("cu_seq_lens"), py::arg("seq_starts") = py::none(),
+     py::kw_only(), stream, precision, "Raw row copy of cache rows (no conversion).");
+
+  m.def("upconvert_ds_mla", [](const K& cache, const A& dst, const A& block_table, const A& workspace_starts,
+                               const A& seq_starts, py::handle s, Precision p) {
+    const mla::Context ctx = to_context(dst.view, s, p);
+    without_gil([&] {
+      mla::upconvert_ds_mla(cache.cache, dst.view, block_table.view, workspace_starts.view, seq_starts.view, ctx);
+    });
+  }, py::arg("cache"), py::arg("dst"), py::arg("block_table"), py::arg("workspace_starts"),
+     py::arg("seq_starts") = py::none(), py::kw_only(), stream, precision,
+     "fp8_ds_mla rows -> [TOT, 576] float workspace rows.");
+
+  m.def("merge_attn_states", [](const A& out, const A& out_lse, const A& prefix, const A& prefix_lse, const A& suffix,
+                                const A& suffix_lse, int64_t prefill_tokens_with_context, float output_scale,
+                                py::handle s, Precision p) {
+    const mla::Context ctx = to_context(out.view, s, p);
+    without_gil([&] {
+      mla::merge_attn_states(out.view, out_lse.view, prefix.view, prefix_lse.view, suffix.view, suffix_lse.view,
+                             prefill_tokens_with_context, output_scale, ctx);
+    });
+  }, py::arg("out"), py::arg("out_lse"), py::arg("prefix"), py::arg("prefix_lse"), py::arg("suffix"),
+     py::arg("suffix_lse"), py::arg("prefill_tokens_with_context") = -1, py::arg("output_scale") = 0.0f,
+     py::kw_only(), stream, precision, "LSE merge of two partial attentions (lse [H, T]).");
+
+  m.def("convert_topk_indices", [](const A& req_id, const A& block_table, const A& indices, const A& out,
+                                   int64_t page_size, int64_t block_stride_rows, const A& prefill_request_ids,
+                                   const A& prefill_workspace_starts, const A& valid_counts, py::handle s, Precision p) {
+    const mla::Context ctx = to_context(out.view, s, p);
+    without_gil([&] {
+      mla::convert_topk_indices(req_id.view, block_table.view, indices.view, out.view, page_size, block_stride_rows,
+                                prefill_request_ids.view, prefill_workspace_starts.view, valid_counts.view, ctx);
+    });
+  }, py::arg("req_id"), py::arg("block_table"), py::arg("indices"), py::arg("out"), py::arg("page_size"),
+     py::arg("block_stride_rows") = 0, py::arg("prefill_request_ids") = py::none(),
+     py::arg("prefill_workspace_starts") = py::none(), py::arg("valid_counts") = py::none(), py::kw_only(), stream,
+     precision, "Request-local top-k positions -> cache slots / workspace rows.");
+
+  m.def("mqa_decode", [](const A& q, const K& cache, const A& block_table, const A& seq_lens, const A& out, const A& lse,
+                         double softmax_scale, bool causal, const A& workspace, int num_splits, py::handle s, Precision p) {
+    const mla::Context ctx = to_context(q.view, s, p);
+    without_gil([&] {
+      mla::mqa_decode(q.view, cache.cache, block_table.view, seq_lens.view, out.view, lse.view, softmax_scale, causal,
+                      workspace.view, ctx, num_splits);
+    });
+  }, py::arg("q"), py::arg("cache"), py::arg("block_table"), py::arg("seq_lens"), py::arg("out"), py::arg("lse"),
+     py::arg("softmax_scale"), py::arg("causal") = true, py::arg("workspace") = py::none(), py::arg("num_splits") = 0,
+     py::kw_only(), stream, precision, "Absorbed MQA decode over the paged cache (q [b, s_q, h_q, d_qk]).");
+  m.def("mqa_decode_workspace_bytes", [](int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, py::handle device,
+                                         int num_splits) {
+    return mla::mqa_decode_workspace_bytes(b, s_q, h_q, max_seq_len, to_device(device), num_splits);
+  }, py::arg("b"), py::arg("s_q"), py::arg("h_q"), py::arg("max_seq_len"), py::arg("device"), py::arg("num_splits") = 0);
+  m.def("multiprocessor_count", [](py::handle device) { return mla::multiprocessor_count(to_device(device)); },
+        py::arg("device"));
+
+  m.def("mha_prefill", [](const A& q, const A& k_nope, const A& k_pe, const A& v, const A& cu_seqlens_q,
+                          const A& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, const A& out, const A& lse,
+                          double softmax_scale, bool causal, py::handle s, Precision p) {
+    const mla::Context ctx = to_context(q.view, s, p);
+    without_gil([&] {
+      mla::mha_prefill(q.view, k_nope.view, k_pe.view, v.view, cu_seqlens_q.view, cu_seqlens_k.view, max_seqlen_q,
+                       max_seqlen_k, out.view, lse.view, softmax_scale, causal, ctx);
+    });
+  }, py::arg("q"), py::arg("k_nope"), py::arg("k_pe"), py::arg("v"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"),
+     py::arg("max_seqlen_q"), py::arg("max_seqlen_k"), py::arg("out"), py::arg("lse"), py::arg("softmax_scale"),
+     py::arg("causal"), py::kw_only(), stream, precision, "Varlen MHA prefill over up-projected K/V (lse [h, Tq]).");
+
+  m.def("sparse_mqa", [](const A& q, const K& kv, const A& indices, const A& topk_length, const A& out, const A& lse,
+                         double softmax_scale, py::handle s, Precision p) {
+    const mla::Context ctx = to_context(q.view, s, p);
+    without_gil([&] {
+      mla::sparse_mqa(q.view, kv.cache, indices.view, topk_length.view, out.view, lse.view, softmax_scale, ctx);
+    });
+  }, py::arg("q"), py::arg("kv"), py::arg("indices"), py::arg("topk_length"), py::arg("out"), py::arg("lse"),
+     py::arg("softmax_scale"), py::kw_only(), stream, precision, "Sparse MQA over top-k cache rows (lse [T, h_q]).");
+
+  m.def("gemm", [](const A& a, const A& b, const A& c, float alpha, float beta, py::handle s, Precision p) {
+    const mla::Context ctx = to_context(c.view, s, p);
+    without_gil([&] { mla::gemm(a.view, b.view, c.view, alpha, beta, ctx); });
+  }, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f, py::kw_only(), stream,
+     precision, "c = alpha * a @ b + beta * c");
+  m.def("bmm", [](const A& a, const A& b, const A& c, float alpha, float beta, py::handle s, Precision p) {
+    const mla::Context ctx = to_context(c.view, s, p);
+    without_gil([&] { mla::bmm(a.view, b.view, c.view, alpha, beta, ctx); });
+  }, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f, py::kw_only(), stream,
+     precision, "Batched c = alpha * a @ b + beta * c");
+}
+
+}  // namespace mlapy

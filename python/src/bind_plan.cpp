@@ -1,0 +1,126 @@
+// ModelDims (mla/types.h) and the planner (mla/plan.h): plain structs with keyword constructors and
+// attribute access, the planner functions with the C++ argument names.
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "mla/plan.h"
+#include "mla/types.h"
+
+namespace mlapy {
+
+#define MLA_RW(cls, f) .def_readwrite(#f, &cls::f)
+#define MLA_RO(cls, f) .def_readonly(#f, &cls::f)
+
+template <class T>
+py::class_<T> plain(py::module_& m, const char* name, const char* doc = "") {
+  py::class_<T> c(m, name, doc);
+  c.def(py::init([](const py::kwargs& kw) { return from_kwargs<T>(kw); }));
+  return c;
+}
+
+void bind_plan(py::module_& m) {
+  using namespace mla;
+  plain<ModelDims>(m, "ModelDims", "DeepSeek MLA dimensions for one tensor-parallel rank.")
+      MLA_RW(ModelDims, kv_lora_rank) MLA_RW(ModelDims, qk_rope_head_dim) MLA_RW(ModelDims, qk_nope_head_dim)
+      MLA_RW(ModelDims, v_head_dim) MLA_RW(ModelDims, num_heads) MLA_RW(ModelDims, softmax_scale)
+      MLA_RW(ModelDims, index_topk) MLA_RW(ModelDims, name)
+      .def("d_qk", &ModelDims::d_qk).def("d_v", &ModelDims::d_v).def("d_qk_mha", &ModelDims::d_qk_mha)
+      .def("validate", &ModelDims::validate)
+      .def_static("deepseek_v2_lite", &ModelDims::deepseek_v2_lite, py::arg("tp") = 1)
+      .def_static("deepseek_v3", &ModelDims::deepseek_v3, py::arg("tp") = 1)
+      .def_static("deepseek_v32", &ModelDims::deepseek_v32, py::arg("tp") = 1)
+      .def_static("preset", &ModelDims::preset, py::arg("name"), py::arg("tp") = 1);
+  m.def("yarn_mscale", &yarn_mscale, py::arg("factor"), py::arg("mscale_all_dim"));
+
+  // §8 batch reorder, split, thresholds
+  py::enum_<RequestRegion>(m, "RequestRegion")
+      .value("decode", RequestRegion::decode).value("extend", RequestRegion::extend).value("prefill", RequestRegion::prefill);
+  m.def("classify_request", &classify_request, py::arg("num_computed_tokens"), py::arg("num_scheduled_tokens"),
+        py::arg("decode_threshold"));
+  plain<ReorderResult>(m, "ReorderResult") MLA_RW(ReorderResult, order) MLA_RW(ReorderResult, moved);
+  m.def("reorder_decodes_first", &reorder_decodes_first, py::arg("num_computed_tokens"), py::arg("num_scheduled_tokens"),
+        py::arg("decode_threshold"));
+  plain<Split>(m, "Split") MLA_RW(Split, num_decodes) MLA_RW(Split, num_prefills) MLA_RW(Split, num_decode_tokens)
+      MLA_RW(Split, num_prefill_tokens)
+      .def("__eq__", [](const Split& a, const Split& b) { return a == b; })
+      .def("__repr__", [](const Split& s) {
+        return py::str("Split(num_decodes={}, num_prefills={}, num_decode_tokens={}, num_prefill_tokens={})")
+            .format(s.num_decodes, s.num_prefills, s.num_decode_tokens, s.num_prefill_tokens);
+      });
+  m.def("split_decodes_and_prefills", &split_decodes_and_prefills, py::arg("query_start_loc"),
+        py::arg("decode_threshold"), py::arg("require_uniform"), py::arg("num_tokens") = -1);
+  py::enum_<QueryLenSupport>(m, "QueryLenSupport")
+      .value("single_only", QueryLenSupport::single_only).value("uniform", QueryLenSupport::uniform)
+      .value("varlen", QueryLenSupport::varlen);
+  m.def("dense_decode_threshold", &dense_decode_threshold, py::arg("support"), py::arg("num_speculative_tokens"),
+        py::arg("parallel_drafting"), py::arg("dcp_world_size"), py::arg("supports_dcp_varlen"));
+  m.def("sparse_decode_threshold", &sparse_decode_threshold, py::arg("num_heads"), py::arg("sm100"),
+        py::arg("num_speculative_tokens"), py::arg("parallel_drafting"), py::arg("dcp_world_size"),
+        py::arg("supports_dcp_varlen"));
+
+  // §9 chunked context
+  m.def("chunked_prefill_workspace_rows", &chunked_prefill_workspace_rows, py::arg("max_model_len"),
+        py::arg("max_num_seqs"), py::arg("page_size"), py::arg("sparse_topk") = 0);
+  plain<ContextChunk>(m, "ContextChunk") MLA_RW(ContextChunk, seq_starts) MLA_RW(ContextChunk, lens)
+      MLA_RW(ContextChunk, cu_seq_lens) MLA_RW(ContextChunk, total) MLA_RW(ContextChunk, max_len);
+  plain<ContextPlan>(m, "ContextPlan") MLA_RW(ContextPlan, chunk_size) MLA_RW(ContextPlan, chunks);
+  m.def("plan_context_chunks", &plan_context_chunks, py::arg("context_lens"), py::arg("workspace_rows"),
+        py::arg("page_size"), py::arg("round_to_page") = true);
+
+  // §11 sparse
+  m.def("req_id_per_token", &req_id_per_token, py::arg("query_start_loc"));
+  m.def("split_prefill_chunks", &split_prefill_chunks, py::arg("seq_lens"), py::arg("workspace_rows"),
+        py::arg("request_offset") = 0);
+  m.def("prefill_workspace_starts", &prefill_workspace_starts, py::arg("seq_lens"), py::arg("chunks"));
+  m.def("sparse_use_mixed_batch", &sparse_use_mixed_batch, py::arg("num_heads"), py::arg("hisparse") = false,
+        py::arg("pcp_and_dcp") = false);
+  m.def("sparse_fp8_decode_padded_heads", &sparse_fp8_decode_padded_heads, py::arg("num_heads"));
+  m.def("sparse_prefill_padded_heads", &sparse_prefill_padded_heads, py::arg("num_heads"), py::arg("sm100"));
+  m.def("sparse_prefill_workspace_rows", &sparse_prefill_workspace_rows, py::arg("max_model_len"));
+
+  // §6 decode schedule
+  m.attr("DECODE_MAX_SPLITS") = kDecodeMaxSplits;
+  m.def("decode_num_splits", &decode_num_splits, py::arg("b"), py::arg("s_q"), py::arg("h_q"), py::arg("max_seq_len"),
+        py::arg("num_sms"));
+  plain<DecodeRun>(m, "DecodeRun") MLA_RW(DecodeRun, req_begin) MLA_RW(DecodeRun, req_end) MLA_RW(DecodeRun, s_q)
+      MLA_RW(DecodeRun, token_begin) MLA_RW(DecodeRun, block_cols) MLA_RW(DecodeRun, num_splits)
+      .def("__eq__", [](const DecodeRun& a, const DecodeRun& b) { return a == b; });
+  plain<DecodeSchedule>(m, "DecodeSchedule") MLA_RW(DecodeSchedule, runs);
+  m.def("plan_decode_schedule", &plan_decode_schedule, py::arg("query_start_loc"), py::arg("seq_lens"),
+        py::arg("num_decodes"), py::arg("page_size"), py::arg("num_heads"), py::arg("num_sms"),
+        py::arg("seq_len_bound") = 0);
+
+  // the step plan
+  py::class_<StepMetadata>(m, "StepMetadata") MLA_RO(StepMetadata, data) MLA_RO(StepMetadata, prefill_qsl)
+      MLA_RO(StepMetadata, chunk_cu) MLA_RO(StepMetadata, chunk_starts) MLA_RO(StepMetadata, req_id)
+      MLA_RO(StepMetadata, prefill_ids) MLA_RO(StepMetadata, workspace_starts)
+      .def("bytes", &StepMetadata::bytes);
+  plain<PlannerConfig>(m, "PlannerConfig") MLA_RW(PlannerConfig, dims) MLA_RW(PlannerConfig, cache_format)
+      MLA_RW(PlannerConfig, page_size) MLA_RW(PlannerConfig, max_model_len) MLA_RW(PlannerConfig, max_num_seqs)
+      MLA_RW(PlannerConfig, sparse) MLA_RW(PlannerConfig, decode_threshold) MLA_RW(PlannerConfig, require_uniform)
+      MLA_RW(PlannerConfig, context_workspace_rows) MLA_RW(PlannerConfig, sparse_workspace_rows)
+      MLA_RW(PlannerConfig, num_sms)
+      .def("validate", &PlannerConfig::validate);
+  plain<BatchDesc>(m, "BatchDesc") MLA_RW(BatchDesc, query_start_loc) MLA_RW(BatchDesc, seq_lens)
+      MLA_RW(BatchDesc, num_tokens) MLA_RW(BatchDesc, decode_seq_len_bound);
+  py::class_<SparsePrefillChunk>(m, "SparsePrefillChunk") MLA_RO(SparsePrefillChunk, req_begin)
+      MLA_RO(SparsePrefillChunk, req_end) MLA_RO(SparsePrefillChunk, token_begin) MLA_RO(SparsePrefillChunk, token_end)
+      MLA_RO(SparsePrefillChunk, total_rows) MLA_RO(SparsePrefillChunk, workspace_starts);
+  py::class_<Plan>(m, "Plan", "One step's plan (make_plan); read-only.")
+      MLA_RO(Plan, config) MLA_RO(Plan, num_reqs) MLA_RO(Plan, num_tokens) MLA_RO(Plan, num_actual_tokens)
+      MLA_RO(Plan, query_start_loc) MLA_RO(Plan, seq_lens) MLA_RO(Plan, split) MLA_RO(Plan, decode_query_len)
+      MLA_RO(Plan, max_decode_seq_len) MLA_RO(Plan, prefill_query_start_loc) MLA_RO(Plan, prefill_seq_lens)
+      MLA_RO(Plan, prefill_context_lens) MLA_RO(Plan, max_prefill_query_len) MLA_RO(Plan, max_prefill_seq_len)
+      MLA_RO(Plan, prefill_tokens_with_context) MLA_RO(Plan, context) MLA_RO(Plan, req_id_per_token)
+      MLA_RO(Plan, sparse_mixed_batch) MLA_RO(Plan, prefill_request_id) MLA_RO(Plan, sparse_chunks)
+      MLA_RO(Plan, decode) MLA_RO(Plan, metadata)
+      .def("has_decode", &Plan::has_decode).def("has_prefill", &Plan::has_prefill);
+  m.def("make_plan", &make_plan, py::arg("batch"), py::arg("config"));
+  m.def("same_launches", &same_launches, py::arg("a"), py::arg("b"));
+  m.def("max_step_metadata_bytes", &max_step_metadata_bytes, py::arg("config"), py::arg("max_num_tokens"));
+}
+
+#undef MLA_RW
+#undef MLA_RO
+
+}  // namespace mlapy

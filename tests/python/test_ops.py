@@ -1,0 +1,199 @@
+"""Every functional op of mla/ops.h on the CPU against a float64 NumPy reference (reference
+precision, f64 activations: agreement to ~1e-12), with seeded inputs and NaN-poisoned outputs."""
+import numpy as np
+import pytest
+
+import mla
+from conftest import (D_QK, D_V, L, R, attention, bf16_cache_with, bf16_round, cache_rows, e4m3_decode,
+                      e4m3_encode)
+
+REF = mla.Precision.reference
+TOL = dict(rtol=1e-11, atol=1e-11)
+
+
+def slot_of(block_table, b, pos, page):
+    return block_table[b, pos // page] * page + pos % page
+
+
+def test_write_cache_fp8_per_tensor(rng):
+    c = mla.allocate_cache(mla.CacheFormat.fp8, 3, 4, scale=0.5)
+    kv, pe = bf16_round(rng.standard_normal((5, L)) * 64), bf16_round(rng.standard_normal((5, R)))
+    slots = np.array([3, 0, -1, 11, 6], np.int64)
+    mla.write_cache(kv, pe, slots, c)
+    raw = c.data.numpy().reshape(12, 576)
+    for t, s in enumerate(slots):
+        if s >= 0:  # x / 0.5 is exact: the codes are the e4m3 rounding of 2x, saturated at 448
+            np.testing.assert_array_equal(raw[s], e4m3_encode(np.concatenate([kv[t], pe[t]]) / 0.5))
+
+
+def test_write_cache_fp8_ds_mla(rng):
+    c = mla.allocate_cache(mla.CacheFormat.fp8_ds_mla, 2, 3)
+    kv, pe = rng.standard_normal((4, L)), bf16_round(rng.standard_normal((4, R)))
+    mla.write_cache(kv, pe, np.array([5, 0, 2, 3], np.int32), c)
+    raw = c.data.numpy().reshape(6, 656)
+    rows = cache_rows(c)
+    for t, s in enumerate([5, 0, 2, 3]):
+        amax = np.abs(kv[t].astype(np.float32)).reshape(4, 128).max(axis=1)
+        np.testing.assert_array_equal(raw[s, 512:528].view(np.float32), np.float32(amax) / np.float32(448))
+        np.testing.assert_array_equal(rows[s, L:], pe[t])  # rope: bf16 bits
+        np.testing.assert_allclose(rows[s, :L], kv[t], rtol=2.0 ** -4, atol=1e-30)  # e4m3: 3 mantissa bits
+
+
+@pytest.mark.parametrize("with_starts", [False, True])
+def test_gather_cache_and_cp_gather(rng, with_starts):
+    page = 4
+    cache, rows = bf16_cache_with(rng, 6, page)
+    block_table = np.array([[5, 1, 2], [0, 3, 4]], np.int32)
+    lens = [7, 5]
+    starts = np.array([2, 5], np.int32) if with_starts else None
+    cu = np.array([0, 7, 12], np.int32)
+    dst = np.full((12, D_QK), np.nan)
+    mla.gather_cache(cache, dst, block_table, cu, starts)
+    for b in range(2):
+        for i in range(lens[b]):
+            pos = i + (starts[b] if with_starts else 0)
+            np.testing.assert_array_equal(dst[cu[b] + i], rows[slot_of(block_table, b, pos, page)])
+    # raw copy of an fp8_ds_mla cache: the 656-byte records themselves
+    ds = mla.allocate_cache(mla.CacheFormat.fp8_ds_mla, 6, page)
+    mla.write_cache(rng.standard_normal((24, L)), rng.standard_normal((24, R)), np.arange(24), ds)
+    raw = ds.data.numpy().reshape(24, 656)
+    out = np.zeros((12, 656), np.uint8)
+    mla.cp_gather_cache(ds, out, block_table, cu, starts)
+    for b in range(2):
+        for i in range(lens[b]):
+            pos = i + (starts[b] if with_starts else 0)
+            np.testing.assert_array_equal(out[cu[b] + i], raw[slot_of(block_table, b, pos, page)])
+
+
+def test_upconvert_ds_mla(rng):
+    page = 2
+    ds = mla.allocate_cache(mla.CacheFormat.fp8_ds_mla, 5, page)
+    mla.write_cache(rng.standard_normal((10, L)), rng.standard_normal((10, R)), np.arange(10), ds)
+    rows = cache_rows(ds)
+    block_table = np.array([[4, 1, 0], [2, 3, 0]], np.int32)
+    ws_starts = np.array([0, 5], np.int32)  # request 0: 5 rows, request 1: 3 rows
+    dst = np.full((8, D_QK), np.nan)
+    mla.upconvert_ds_mla(ds, dst, block_table, ws_starts)
+    for b, n in enumerate([5, 3]):
+        for i in range(n):
+            np.testing.assert_array_equal(dst[ws_starts[b] + i], rows[slot_of(block_table, b, i, page)])
+
+
+def test_merge_attn_states(rng):
+    T, H, D = 6, 3, 16
+    prefix, suffix = rng.standard_normal((T, H, D)), rng.standard_normal((T, H, D))
+    p_lse = rng.standard_normal((H, T)).astype(np.float32)
+    s_lse = rng.standard_normal((H, T)).astype(np.float32)
+    p_lse[0, 1], s_lse[1, 2] = -np.inf, np.inf  # one side empty; +inf counts as -inf
+    p_lse[2, 3] = s_lse[2, 3] = -np.inf  # both empty: the prefix, lse -inf
+    out, out_lse = np.full((T, H, D), np.nan), np.full((H, T), np.nan, np.float32)
+    mla.merge_attn_states(out, out_lse, prefix, p_lse, suffix, s_lse, precision=REF)
+    pl = p_lse.astype(np.float64)
+    sl = np.where(np.isposinf(s_lse), -np.inf, s_lse).astype(np.float64)
+    m = np.maximum(pl, sl)
+    both = ~np.isfinite(m)
+    m = np.where(both, 0, m)
+    wp, ws = np.exp(pl - m), np.exp(sl - m)
+    ref = (prefix * wp.T[..., None] + suffix * ws.T[..., None]) / np.where(both, 1, wp + ws).T[..., None]
+    ref = np.where(both.T[..., None], prefix, ref)
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)  # weights from fp32 LSEs
+    np.testing.assert_allclose(out_lse, np.where(both, -np.inf, np.log(np.where(both, 1, wp + ws)) + m), rtol=1e-6)
+
+
+def test_convert_topk_indices(rng):
+    page, topk = 4, 5
+    block_table = np.array([[3, 1, 0], [2, 5, 4]], np.int32)
+    req = np.array([0, 0, 1], np.int32)
+    idx = np.array([[0, 5, 11, 12, -1], [3, 4, 7, -1, 2], [9, 0, 1, 100, -3]], np.int32)
+    out = np.full((3, topk), 7777, np.int32)
+    counts = np.full(3, -5, np.int32)
+    mla.convert_topk_indices(req, block_table, idx, out, page, valid_counts=counts)
+    ref = np.full_like(idx, -1)
+    for t in range(3):
+        for j in range(topk):
+            i = idx[t, j]
+            if 0 <= i and i // page < 3:
+                ref[t, j] = block_table[req[t], i // page] * page + i % page
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(counts, (ref >= 0).sum(axis=1))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_mqa_decode(rng, causal):
+    page, b, s_q, h = 4, 3, 2, 5
+    cache, rows = bf16_cache_with(rng, 8, page)
+    block_table = np.array([[7, 2, 5], [0, 1, 3], [4, 6, 6]], np.int32)
+    seq_lens = np.array([9, 0, 12], np.int32)
+    q = rng.standard_normal((b, s_q, h, D_QK))
+    out, lse = np.full((b, s_q, h, D_V), np.nan), np.full((b, s_q, h), np.nan, np.float32)
+    scale = 0.07
+    mla.mqa_decode(q, cache, block_table, seq_lens, out, lse, scale, causal, precision=REF)
+    for i in range(b):
+        n = seq_lens[i]
+        k = rows[[slot_of(block_table, i, p, page) for p in range(n)]] if n else np.zeros((0, D_QK))
+        mask = None
+        if causal:
+            mask = np.arange(n)[None, None, :] <= (n - s_q + np.arange(s_q))[None, :, None]
+        o, l = attention(q[i].transpose(1, 0, 2), k, k[:, :D_V], scale, mask)
+        np.testing.assert_allclose(out[i], o.transpose(1, 0, 2), **TOL)
+        np.testing.assert_allclose(lse[i], l.T, rtol=1e-6)
+    assert mla.mqa_decode_workspace_bytes(b, s_q, h, 12, "cpu") == 0
+
+
+def test_mha_prefill(rng):
+    h, dn, dr, dv = 3, 16, 8, 12
+    lq, lk = [3, 5], [6, 5]
+    cq, ck = np.cumsum([0] + lq).astype(np.int32), np.cumsum([0] + lk).astype(np.int32)
+    q = rng.standard_normal((cq[-1], h, dn + dr))
+    k_nope, v = rng.standard_normal((ck[-1], h, dn)), rng.standard_normal((ck[-1], h, dv))
+    pe = rng.standard_normal((ck[-1], 1, dr))  # one rope row for all heads: head stride 0, as MLA shares it
+    k_pe = np.lib.stride_tricks.as_strided(pe, (ck[-1], h, dr), (pe.strides[0], 0, pe.strides[2]))
+    out, lse = np.full((cq[-1], h, dv), np.nan), np.full((h, cq[-1]), np.nan, np.float32)
+    mla.mha_prefill(q, k_nope, k_pe, v, cq, ck, 5, 6, out, lse, 0.2, True, precision=REF)
+    for r in range(2):
+        qs, ks = slice(cq[r], cq[r + 1]), slice(ck[r], ck[r + 1])
+        k = np.concatenate([k_nope[ks], k_pe[ks]], axis=2).transpose(1, 0, 2)
+        mask = np.arange(lk[r])[None, None, :] <= (lk[r] - lq[r] + np.arange(lq[r]))[None, :, None]
+        o, l = attention(q[qs].transpose(1, 0, 2), k, v[ks].transpose(1, 0, 2), 0.2, mask)
+        np.testing.assert_allclose(out[qs], o.transpose(1, 0, 2), **TOL)
+        np.testing.assert_allclose(lse[:, qs], l, rtol=1e-6)
+
+
+def test_sparse_mqa(rng):
+    cache, rows = bf16_cache_with(rng, 4, 8)
+    T, h, topk = 3, 4, 6
+    q = rng.standard_normal((T, h, D_QK))
+    idx = np.array([[0, 31, 5, 5, -1, 40], [-1, -1, -1, -1, -1, -1], [7, 8, 9, 10, 11, 12]], np.int32)
+    lengths = np.array([6, 6, 4], np.int32)
+    out, lse = np.full((T, h, D_V), np.nan), np.full((T, h), np.nan, np.float32)
+    mla.sparse_mqa(q, cache, idx, lengths, out, lse, 0.05, precision=REF)
+    for t in range(T):
+        sel = [i for j, i in enumerate(idx[t]) if 0 <= i < 32 and j < lengths[t]]  # duplicates count twice
+        k = rows[sel] if sel else np.zeros((0, D_QK))
+        o, l = attention(q[t][:, None, :], k, k[:, :D_V], 0.05)
+        np.testing.assert_allclose(out[t], o[:, 0], **TOL)
+        np.testing.assert_allclose(lse[t], l[:, 0], rtol=1e-6)
+    assert (lse[1] == -np.inf).all() and (out[1] == 0).all()
+
+
+def test_bmm(rng):
+    a, b = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 5, 2))
+    c = rng.standard_normal((3, 4, 2))
+    ref = 0.5 * a @ b + 2.0 * c
+    mla.bmm(a, b, c, 0.5, 2.0, precision=REF)
+    np.testing.assert_allclose(c, ref, **TOL)
+
+
+def test_bad_inputs_raise_and_write_nothing(rng):
+    cache, _ = bf16_cache_with(rng, 2, 4)
+    q = rng.standard_normal((1, 1, 2, D_QK))
+    out = np.full((1, 1, 2, D_V), np.nan)
+    with pytest.raises(ValueError, match="mqa_decode"):  # seq_len beyond the block table
+        mla.mqa_decode(q, cache, np.array([[0]], np.int32), np.array([5], np.int32), out, None, 0.1)
+    with pytest.raises(ValueError, match="i32"):  # int64 block table
+        mla.mqa_decode(q, cache, np.array([[0]], np.int64), np.array([1], np.int32), out, None, 0.1)
+    assert np.isnan(out).all()
+    dst = np.full((3, D_QK), np.nan)
+    with pytest.raises(ValueError):
+        mla.gather_cache(cache, dst, np.array([[0]], np.int32), np.array([0, 4], np.int32))
+    assert np.isnan(dst).all()

@@ -1,0 +1,130 @@
+"""The planner and the step plan through Python, and MlaAttention (dense and sparse, the float64 oracle
+layer and the bf16 fast layer) against a naive float64 NumPy MHA with explicit K/V up-projection."""
+import numpy as np
+import pytest
+
+import mla
+from conftest import L, R, attention, bf16_round
+
+H, P, V, PAGE, TOPK = 4, 32, 32, 16, 16
+
+
+def test_planner_functions():
+    assert mla.classify_request(0, 5, 1) == mla.RequestRegion.prefill
+    assert mla.classify_request(10, 1, 1) == mla.RequestRegion.decode
+    r = mla.reorder_decodes_first([0, 10, 5], [4, 1, 1], 1)
+    assert r.moved and r.order == [2, 1, 0]  # vLLM swaps the misplaced requests only
+    assert mla.split_decodes_and_prefills([0, 1, 2, 10], 1, False) == mla.Split(
+        num_decodes=2, num_prefills=1, num_decode_tokens=2, num_prefill_tokens=8)
+    cp = mla.plan_context_chunks([40, 10], 32, 16)
+    assert cp.chunk_size == 16 and len(cp.chunks) == 3 and cp.chunks[0].lens == [16, 10]
+    assert mla.req_id_per_token([0, 2, 3]) == [0, 0, 1]
+    assert mla.split_prefill_chunks([5, 5, 5], 10) == [(0, 2), (2, 3)]
+    assert mla.sparse_prefill_workspace_rows(100) == 500
+    assert mla.decode_num_splits(1, 1, 16, 8192, 0) == 1
+    assert mla.chunked_prefill_workspace_rows(1000, 4, 16) == 8000
+    with pytest.raises(ValueError, match="query_start_loc"):
+        mla.split_decodes_and_prefills([1, 2], 1, False)
+
+
+def dims(sparse):
+    return mla.ModelDims(kv_lora_rank=L, qk_rope_head_dim=R, qk_nope_head_dim=P, v_head_dim=V, num_heads=H,
+                         softmax_scale=1 / np.sqrt(P + R), index_topk=TOPK if sparse else 0)
+
+
+def make_step(rng, reqs, sparse):
+    """Context rows already in a NaN-filled bf16 cache, shuffled block tables, bf16-exact inputs."""
+    n_blocks = sum(-(-(c + q) // PAGE) for c, q in reqs) + 2
+    cache = mla.allocate_cache(mla.CacheFormat.bf16, n_blocks, PAGE)
+    mla.fill(cache.data, float("nan"))
+    perm = rng.permutation(n_blocks)
+    width = max(-(-(c + q) // PAGE) for c, q in reqs)
+    table = np.zeros((len(reqs), width), np.int32)
+    hist, used = [], 0
+    for r, (c, q) in enumerate(reqs):
+        nb = -(-(c + q) // PAGE)
+        table[r, :nb] = perm[used:used + nb]
+        used += nb
+        hist.append(bf16_round(rng.standard_normal((c + q, L + R))))
+        if c:
+            slots = np.array([table[r, p // PAGE] * PAGE + p % PAGE for p in range(c)], np.int64)
+            mla.write_cache(hist[r][:c, :L].copy(), hist[r][:c, L:].copy(), slots, cache)
+    new = np.concatenate([hist[r][c:] for r, (c, q) in enumerate(reqs)])
+    slots = np.array([table[r, p // PAGE] * PAGE + p % PAGE for r, (c, q) in enumerate(reqs) for p in range(c, c + q)])
+    topk = None
+    if sparse:
+        topk = np.full((len(new), TOPK), -1, np.int32)
+        t = 0
+        for c, q in reqs:
+            for i in range(q):
+                pos = rng.choice(c + i + 1, size=min(TOPK - 2, c + i + 1), replace=False)
+                topk[t, :len(pos)] = pos
+                t += 1
+    return cache, table, hist, new, slots, topk
+
+
+def naive(reqs, hist, q, w, topk, sparse):
+    """Float64 MHA over each token's keys (causal, or its top-k positions), K/V up-projected from kv_c."""
+    w = w.reshape(H, P + V, L)
+    out, t = [], 0
+    for r, (c, n) in enumerate(reqs):
+        kv, pe = hist[r][:, :L], hist[r][:, L:]
+        k = np.concatenate([np.einsum("ml,hpl->hmp", kv, w[:, :P]), np.broadcast_to(pe, (H,) + pe.shape)], axis=2)
+        v = np.einsum("ml,hvl->hmv", kv, w[:, P:])
+        for i in range(n):
+            keys = [p for p in topk[t] if p >= 0] if sparse else list(range(c + i + 1))
+            o, _ = attention(q[t][:, None, :], k[:, keys], v[:, keys], 1 / np.sqrt(P + R))
+            out.append(o[:, 0].reshape(-1))
+            t += 1
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("oracle", [True, False])
+def test_layer_against_naive_mha(rng, sparse, oracle):
+    reqs = [(20, 1), (33, 1), (40, 7), (0, 9)]  # two decodes, a prefill with context, a fresh prefill
+    cache, table, hist, new, slots, topk = make_step(rng, reqs, sparse)
+    d = dims(sparse)
+    w = bf16_round(rng.standard_normal((H * (P + V), L)) / np.sqrt(L))
+    opt = mla.oracle_layer_options(d, sparse=sparse) if oracle else mla.LayerOptions(dims=d, sparse=sparse)
+    layer = mla.MlaAttention(opt, w)
+    assert layer.w_uk_t.shape == (H, P, L) and layer.w_uv.shape == (H, L, V)
+    cfg = mla.PlannerConfig(dims=d, page_size=PAGE, max_model_len=256, max_num_seqs=8, sparse=sparse)
+    qsl = np.cumsum([0] + [q for _, q in reqs]).tolist()
+    plan = mla.make_plan(mla.BatchDesc(query_start_loc=qsl, seq_lens=[c + q for c, q in reqs]), cfg)
+    assert plan.split.num_decodes == 2 and plan.has_prefill()
+    ws = mla.empty([max(layer.workspace_bytes(plan), 1)], "u8")
+    assert layer.max_workspace_bytes(cfg, 64) >= layer.workspace_bytes(plan)
+    q = bf16_round(rng.standard_normal((len(new), H, P + R)))
+    if oracle:
+        args = dict(q=q, kv_c=new[:, :L].copy(), k_pe=new[:, L:].copy(), out=np.full((len(new), H * V), np.nan))
+    else:  # the fast layer takes bf16 activations: torch when present, else mla.Tensor buffers
+        torch = pytest.importorskip("torch")
+        args = dict(q=torch.tensor(q).bfloat16(), kv_c=torch.tensor(new[:, :L]).bfloat16(),
+                    k_pe=torch.tensor(new[:, L:]).bfloat16(), out=torch.full((len(new), H * V), float("nan")).bfloat16())
+    meta = mla.empty([max(plan.metadata.bytes(), 16)], "u8")
+    mla.upload_step_metadata(plan, mla.pinned_buffer(meta.nbytes), meta)
+    layer.forward(plan, cache, ws, slot_mapping=slots, block_table=table,
+                  seq_lens=np.array([c + q for c, q in reqs], np.int32), topk_indices=topk, metadata=meta,
+                  precision=mla.Precision.reference if oracle else mla.Precision.fast, **args)
+    out = args["out"]
+    out = out.float().numpy().astype(np.float64) if not oracle else out
+    ref = naive(reqs, hist, q, w, topk, sparse)
+    tol = dict(rtol=1e-10, atol=1e-10) if oracle else dict(rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(out, ref, **tol)
+
+
+def test_layer_bad_input_writes_nothing(rng):
+    reqs = [(5, 1)]
+    cache, table, hist, new, slots, _ = make_step(rng, reqs, False)
+    layer = mla.MlaAttention(mla.oracle_layer_options(dims(False)), rng.standard_normal((H * (P + V), L)))
+    plan = mla.make_plan(mla.BatchDesc(query_start_loc=[0, 1], seq_lens=[6]),
+                         mla.PlannerConfig(dims=dims(False), page_size=PAGE, max_model_len=256))
+    before = cache.data.numpy().copy()
+    out = np.full((1, H * V), np.nan)
+    with pytest.raises(ValueError, match="q"):
+        layer.forward(plan, cache, mla.empty([layer.workspace_bytes(plan) + 1], "u8"),
+                      q=np.zeros((1, H, P)), kv_c=new[:, :L].copy(), k_pe=new[:, L:].copy(), slot_mapping=slots,
+                      block_table=table, seq_lens=np.array([6], np.int32), out=out)
+    assert np.isnan(out).all()
+    np.testing.assert_array_equal(cache.data.numpy(), before)
