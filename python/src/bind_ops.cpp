@@ -2,6 +2,8 @@
 // Each op takes keyword-only `stream` and `precision` (the Context); the GIL is released while it runs.
 #include <pybind11/stl.h>
 
+#include <tuple>
+
 #include "bindings.h"
 #include "mla/ops.h"
 
@@ -32,19 +34,20 @@ void bind_ops(py::module_& m) {
   }, py::arg("kv_c"), py::arg("k_pe"), py::arg("slot_mapping"), py::arg("cache"), py::arg("ds_scale") = mla::DsMlaScale::amax,
      py::kw_only(), stream, precision, "Write kv_c | k_pe rows into the cache at slot_mapping (slot < 0 skipped).");
 
-  m.def("gather_cache", [](const K& cache, const A& dst, const A& block_table, const A& cu_seq_lens, const A& seq_starts,
-                           py::handle s, Precision p) {
-    const mla::Context ctx = to_context(dst.view, s, p);
-    without_gil([&] { mla::gather_cache(cache.cache, dst.view, block_table.view, cu_seq_lens.view, seq_starts.view, ctx); });
-  }, py::arg("cache"), py::arg("dst"), py::arg("block_table"), py::arg("cu_seq_lens"), py::arg("seq_starts") = py::none(),
-     py::kw_only(), stream, precision, "Gather cache rows of each request into dst with dequantisation.");
-
-  m.def("cp_gather_cache", [](const K& cache, const A& dst, const A& block_table, const A& cu_seq_lens,
-                              const A& seq_starts, py::handle s, Precision p) {
-    const mla::Context ctx = to_context(dst.view, s, p);
-    without_gil([&] { mla::cp_gather_cache(cache.cache, dst.view, block_table.view, cu_seq_lens.view, seq_starts.view, ctx); });
-  }, py::arg("cache"), py::arg("dst"), py::arg("block_table"), py::arg("cu_seq_lens"), py::arg("seq_starts") = py::none(),
-     py::kw_only(), stream, precision, "Raw row copy of cache rows (no conversion).");
+  // gather_cache and cp_gather_cache share their signature (mla/ops.h §5.1, §5.2).
+  using GatherFn = void (*)(const mla::KVCache&, const mla::TensorView&, const mla::TensorView&,
+                            const mla::TensorView&, const mla::TensorView&, const mla::Context&);
+  for (auto [name, fn, doc] : {std::tuple<const char*, GatherFn, const char*>{
+                                   "gather_cache", &mla::gather_cache,
+                                   "Gather cache rows of each request into dst with dequantisation."},
+                               {"cp_gather_cache", &mla::cp_gather_cache, "Raw row copy of cache rows (no conversion)."}}) {
+    m.def(name, [fn](const K& cache, const A& dst, const A& block_table, const A& cu_seq_lens, const A& seq_starts,
+                     py::handle s, Precision p) {
+      const mla::Context ctx = to_context(dst.view, s, p);
+      without_gil([&] { fn(cache.cache, dst.view, block_table.view, cu_seq_lens.view, seq_starts.view, ctx); });
+    }, py::arg("cache"), py::arg("dst"), py::arg("block_table"), py::arg("cu_seq_lens"),
+       py::arg("seq_starts") = py::none(), py::kw_only(), stream, precision, doc);
+  }
 
   m.def("upconvert_ds_mla", [](const K& cache, const A& dst, const A& block_table, const A& workspace_starts,
                                const A& seq_starts, py::handle s, Precision p) {

@@ -131,6 +131,7 @@ void bind_tensor(py::module_& m) {
              PyKVCache c;
              c.cache = {data.view, format, scale, d_qk, d_rope};
              c.keep = data.keep;
+             c.source = data.source;
              return c;
            }),
            py::arg("data"), py::arg("format") = mla::CacheFormat::bf16, py::arg("scale") = 1.0f, py::arg("d_qk") = 576,
@@ -143,7 +144,7 @@ void bind_tensor(py::module_& m) {
       .def_property_readonly("num_blocks", [](const PyKVCache& c) { return c.cache.num_blocks(); })
       .def_property_readonly("page_size", [](const PyKVCache& c) { return c.cache.page_size(); })
       .def_property_readonly("num_slots", [](const PyKVCache& c) { return c.cache.num_slots(); })
-      .def_property_readonly("data", [](const PyKVCache& c) { return c.keep; }, "The tensor the descriptor was made from.")
+      .def_property_readonly("data", [](const PyKVCache& c) { return c.source; }, "The tensor the descriptor was made from.")
       .def("validate", [](const PyKVCache& c) { mla::validate_cache(c.cache); });
 
   m.def("allocate_cache", [](mla::CacheFormat format, int64_t num_blocks, int64_t page_size, py::handle device, float scale,
@@ -151,7 +152,7 @@ void bind_tensor(py::module_& m) {
     mla::CacheBuffer cb = mla::allocate_cache(format, num_blocks, page_size, to_device(device), scale, d_qk, d_rope);
     PyKVCache c;
     c.cache = cb.cache;
-    c.keep = wrap(cb.storage);
+    c.keep = c.source = wrap(cb.storage);
     return c;
   }, py::arg("format"), py::arg("num_blocks"), py::arg("page_size"), py::arg("device") = "cpu", py::arg("scale") = 1.0f,
      py::arg("d_qk") = 576, py::arg("d_rope") = 64,

@@ -13,7 +13,8 @@ namespace mlapy {
 // mla.KVCache: the descriptor plus the Python object that owns (or exported) its memory.
 struct PyKVCache {
   mla::KVCache cache;
-  py::object keep;
+  py::object keep;    // keeps the memory alive (a DLPack capsule or the owning object)
+  py::object source;  // the tensor the caller gave (mla.KVCache.data)
 };
 
 // Keyword construction of a plain struct: T() with each keyword set through its bound attribute

@@ -38,6 +38,7 @@ mla::TensorView view_of_capsule(py::handle cap) {
 
 TensorArg to_tensor_arg(py::handle obj) {
   TensorArg a;
+  a.source = py::reinterpret_borrow<py::object>(obj);
   if (obj.is_none()) return a;
   if (py::isinstance<Buffer>(obj)) {
     a.view = obj.cast<const Buffer&>().view;

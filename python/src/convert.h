@@ -32,7 +32,8 @@ class ArgError : public std::runtime_error {
 
 struct TensorArg {
   mla::TensorView view;
-  py::object keep;  // what keeps the memory reachable for the duration of the call
+  py::object keep;    // what keeps the memory reachable for the duration of the call
+  py::object source;  // the Python object the caller passed
 };
 
 // A tensor the binding owns or borrows with a keep-alive (mla.Tensor in Python): cache buffers,

@@ -1,0 +1,172 @@
+"""torch custom ops (mla.ops): results against float64 references on every device, fake tensors,
+torch's op checker, torch.compile and CUDA graph capture / replay (the latter three need torch 2)."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (MLA_SETUP_TORCH=0)")
+import mla  # noqa: E402
+import mla.ops  # noqa: E402
+from torch_util import DEVICES, TORCH2, assert_bf16_close, needs_cuda, ref_attention, rows_of  # noqa: E402
+
+F = int(mla.CacheFormat.bf16)
+
+
+def decode_case(device, b=3, s_q=2, h=16, page=16, blocks=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.randn(blocks, page, 576, generator=g).to(torch.bfloat16).to(device)
+    table = torch.randperm(blocks, generator=g)[: b * 4].view(b, 4).to(torch.int32).to(device)
+    seq_lens = torch.tensor([37, 0, 64][:b], dtype=torch.int32, device=device)
+    q = torch.randn(b, s_q, h, 576, generator=g).to(torch.bfloat16).to(device)
+    return cache, table, seq_lens, q
+
+
+def decode_reference(cache, table, seq_lens, q, scale, causal=True):
+    rows = rows_of(cache, mla.CacheFormat.bf16)
+    b, s_q, h, _ = q.shape
+    page = cache.size(1)
+    outs, lses = [], []
+    for i in range(b):
+        n = int(seq_lens[i])
+        pos = torch.arange(max(n, 1))
+        k = rows[(table[i].cpu().long()[pos // page] * page + pos % page)]
+        vis = torch.arange(max(n, 1)).view(1, -1) <= (n - s_q + torch.arange(s_q)).view(-1, 1)
+        vis &= torch.arange(max(n, 1)).view(1, -1) < n
+        if not causal:
+            vis = torch.arange(max(n, 1)).view(1, -1).expand(s_q, -1) < n
+        o, lse = ref_attention(q[i].double().cpu(), k.expand(s_q, -1, -1), k[:, :512].expand(s_q, -1, -1), scale, vis)
+        outs.append(o)
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mqa_decode_op(device):
+    cache, table, seq_lens, q = decode_case(device)
+    out = torch.full((3, 2, 16, 512), float("nan"), dtype=torch.bfloat16, device=device)
+    lse = torch.full((3, 2, 16), float("nan"), device=device)
+    torch.ops.mla.mqa_decode(q, cache, F, 1.0, 576, 64, table, seq_lens, out, lse, 0.05, True, None, 0)
+    ref, ref_lse = decode_reference(cache, table, seq_lens, q, 0.05)
+    assert_bf16_close(out, ref)
+    torch.testing.assert_close(lse.cpu().double(), ref_lse, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_write_cache_and_gather_ops(device):
+    cache = torch.full((4, 8, 576), float("nan"), dtype=torch.bfloat16, device=device)
+    kv, pe = torch.randn(5, 512, device=device).bfloat16(), torch.randn(5, 64, device=device).bfloat16()
+    slots = torch.tensor([3, 9, -1, 31, 16], device=device)
+    torch.ops.mla.write_cache(kv, pe, slots, cache, F, 1.0, 576, 64, 0)
+    flat = cache.view(32, 576)
+    assert torch.equal(flat[31, :512], kv[3]) and torch.equal(flat[16, 512:], pe[4])
+    dst = torch.full((4, 576), float("nan"), device=device)
+    table = torch.tensor([[1, 0], [3, 2]], dtype=torch.int32, device=device)
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32, device=device)
+    torch.ops.mla.gather_cache(cache, F, 1.0, 576, 64, dst, table, cu, torch.tensor([1, 7], dtype=torch.int32,
+                                                                                     device=device))
+    assert torch.equal(dst[0], flat[9].float()) and torch.equal(dst[3], flat[16].float())
+
+
+def test_fake_tensors_trace():
+    """The fake (meta) implementations accept meta tensors and allocate nothing."""
+    m = torch.empty(2, 1, 4, 576, device="meta", dtype=torch.bfloat16)
+    torch.ops.mla.mqa_decode(m, torch.empty(3, 16, 576, device="meta", dtype=torch.bfloat16), F, 1.0, 576, 64,
+                             torch.empty(2, 1, device="meta", dtype=torch.int32),
+                             torch.empty(2, device="meta", dtype=torch.int32),
+                             torch.empty(2, 1, 4, 512, device="meta", dtype=torch.bfloat16), None, 0.1, True, None, 0)
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs torch >= 2.4")
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    cache, table, seq_lens, q = decode_case(device, b=2)
+    out = torch.empty(2, 2, 16, 512, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(2, 2, 16, device=device)
+    torch.library.opcheck(torch.ops.mla.mqa_decode.default,
+                          (q, cache, F, 1.0, 576, 64, table, seq_lens, out, lse, 0.05, True, None, 0))
+    a, b, c = (torch.randn(8, 8, device=device) for _ in range(3))
+    torch.library.opcheck(torch.ops.mla.gemm.default, (a, b, c, 1.0, 0.0))
+
+
+@pytest.mark.skipif(not TORCH2, reason="torch.compile needs torch >= 2")
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile(device):
+    cache, table, seq_lens, q = decode_case(device)
+
+    def step(q, cache, table, seq_lens):
+        out = torch.empty(q.shape[:-1] + (512,), dtype=q.dtype, device=q.device)
+        torch.ops.mla.mqa_decode(q * 1.0, cache, F, 1.0, 576, 64, table, seq_lens, out, None, 0.05, True, None, 0)
+        return out.float() * 2.0
+
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    torch.testing.assert_close(compiled(q, cache, table, seq_lens), step(q, cache, table, seq_lens))
+
+
+@needs_cuda
+@pytest.mark.skipif(not TORCH2, reason="CUDA graphs of custom ops are tested with torch 2")
+def test_cuda_graph_capture_and_replay():
+    cache, table, seq_lens, q = decode_case("cuda")
+    kv, pe = torch.randn(3, 512, device="cuda").bfloat16(), torch.randn(3, 64, device="cuda").bfloat16()
+    slots = torch.tensor([5, 40, 70], device="cuda")
+    out = torch.empty(3, 2, 16, 512, dtype=torch.bfloat16, device="cuda")
+    ws = torch.empty(mla.mqa_decode_workspace_bytes(3, 2, 16, 64, "cuda"), dtype=torch.uint8, device="cuda")
+
+    def step():
+        torch.ops.mla.write_cache(kv, pe, slots, cache, F, 1.0, 576, 64, 0)
+        torch.ops.mla.mqa_decode(q, cache, F, 1.0, 576, 64, table, seq_lens, out, None, 0.05, True, ws, 0)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in (1, 2):  # new inputs written into the captured buffers, then replay
+        g = torch.Generator().manual_seed(seed)
+        q.copy_(torch.randn(q.shape, generator=g).bfloat16())
+        kv.copy_(torch.randn(kv.shape, generator=g).bfloat16())
+        seq_lens.copy_(torch.tensor([50, 3, 64], dtype=torch.int32))
+        out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = decode_reference(cache, table, seq_lens, q, 0.05)
+        assert_bf16_close(out, ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_forward_op(device):
+    """torch.ops.mla.layer_forward with a registered layer and set_step equals the direct forward."""
+    dims = mla.ModelDims(num_heads=4, qk_nope_head_dim=32, v_head_dim=32, softmax_scale=0.1)
+    opt = mla.LayerOptions(dims=dims, device=device)
+    w = (torch.randn(4 * 64, 512) / 23).bfloat16().to(device)
+    layer = mla.MlaAttention(opt, w)
+    handle = mla.ops.register_layer(layer)
+    cfg = mla.PlannerConfig(dims=dims, page_size=16, max_model_len=128, max_num_seqs=4,
+                            num_sms=mla.multiprocessor_count(device))
+    plan = mla.make_plan(mla.BatchDesc(query_start_loc=[0, 1, 5], seq_lens=[20, 4]), cfg)
+    meta = torch.zeros(max(plan.metadata.bytes(), 16), dtype=torch.uint8, device=device)
+    mla.upload_step_metadata(plan, mla.pinned_buffer(meta.numel()), meta)
+    ws = torch.empty(layer.workspace_bytes(plan) + 1, dtype=torch.uint8, device=device)
+    args = dict(q=torch.randn(5, 4, 96, device=device).bfloat16(), kv_c=torch.randn(5, 512, device=device).bfloat16(),
+                k_pe=torch.randn(5, 64, device=device).bfloat16(),
+                slots=torch.tensor([19, 32, 33, 34, 35], device=device),
+                table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=device),
+                seq_lens=torch.tensor([20, 4], dtype=torch.int32, device=device))
+    results = []
+    for via_op in (False, True):
+        cache = torch.zeros(4, 16, 576, dtype=torch.bfloat16, device=device)
+        out = torch.full((5, 4 * 32), float("nan"), dtype=torch.bfloat16, device=device)
+        if via_op:
+            mla.ops.set_step(plan)
+            torch.ops.mla.layer_forward(handle, args["q"], args["kv_c"], args["k_pe"], args["slots"], args["table"],
+                                        args["seq_lens"], None, out, cache, F, 1.0, 576, 64, ws, meta)
+        else:
+            layer.forward(plan, mla.KVCache(cache), ws, q=args["q"], kv_c=args["kv_c"], k_pe=args["k_pe"],
+                          slot_mapping=args["slots"], block_table=args["table"], seq_lens=args["seq_lens"], out=out,
+                          metadata=meta)
+        results.append(out)
+    assert not results[0].isnan().any()
+    assert torch.equal(results[0], results[1])
