@@ -30,7 +30,7 @@ SCHEMAS = {
                          "Tensor suffix_lse, int prefill_tokens_with_context, float output_scale) -> ()",
     "convert_topk_indices": "(Tensor req_id, Tensor block_table, Tensor indices, Tensor(a!) out, int page_size, "
                             "int block_stride_rows, Tensor? prefill_request_ids, Tensor? prefill_workspace_starts, "
-                            "Tensor(b!)? valid_counts) -> ()",
+                            "Tensor(b!)? valid_counts, Tensor? seq_lens) -> ()",
     "mqa_decode": "(Tensor q, Tensor cache, " + _CACHE + ", Tensor block_table, Tensor seq_lens, Tensor(a!) out, "
                   "Tensor(b!)? lse, float softmax_scale, bool causal, Tensor(c!)? workspace, int num_splits) -> ()",
     "mha_prefill": "(Tensor q, Tensor k_nope, Tensor k_pe, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "

@@ -73,16 +73,19 @@ void bind_ops(py::module_& m) {
 
   m.def("convert_topk_indices", [](const A& req_id, const A& block_table, const A& indices, const A& out,
                                    int64_t page_size, int64_t block_stride_rows, const A& prefill_request_ids,
-                                   const A& prefill_workspace_starts, const A& valid_counts, py::handle s, Precision p) {
+                                   const A& prefill_workspace_starts, const A& valid_counts, const A& seq_lens,
+                                   py::handle s, Precision p) {
     const mla::Context ctx = to_context(out.view, s, p);
     without_gil([&] {
       mla::convert_topk_indices(req_id.view, block_table.view, indices.view, out.view, page_size, block_stride_rows,
-                                prefill_request_ids.view, prefill_workspace_starts.view, valid_counts.view, ctx);
+                                prefill_request_ids.view, prefill_workspace_starts.view, valid_counts.view,
+                                seq_lens.view, ctx);
     });
   }, py::arg("req_id"), py::arg("block_table"), py::arg("indices"), py::arg("out"), py::arg("page_size"),
      py::arg("block_stride_rows") = 0, py::arg("prefill_request_ids") = py::none(),
-     py::arg("prefill_workspace_starts") = py::none(), py::arg("valid_counts") = py::none(), py::kw_only(), stream,
-     precision, "Request-local top-k positions -> cache slots / workspace rows.");
+     py::arg("prefill_workspace_starts") = py::none(), py::arg("valid_counts") = py::none(),
+     py::arg("seq_lens") = py::none(), py::kw_only(), stream, precision,
+     "Request-local top-k positions -> cache slots / workspace rows (positions >= seq_lens[req] invalid).");
 
   m.def("mqa_decode", [](const A& q, const K& cache, const A& block_table, const A& seq_lens, const A& out, const A& lse,
                          double softmax_scale, bool causal, const A& workspace, int num_splits, py::handle s, Precision p) {

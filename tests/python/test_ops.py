@@ -116,6 +116,9 @@ def test_convert_topk_indices(rng):
                 ref[t, j] = block_table[req[t], i // page] * page + i % page
     np.testing.assert_array_equal(out, ref)
     np.testing.assert_array_equal(counts, (ref >= 0).sum(axis=1))
+    seq_lens = np.array([6, 9], np.int32)  # positions at or past a request's length are invalid
+    mla.convert_topk_indices(req, block_table, idx, out, page, seq_lens=seq_lens)
+    np.testing.assert_array_equal(out, np.where(idx < seq_lens[req][:, None], ref, -1))
 
 
 @pytest.mark.parametrize("causal", [True, False])
