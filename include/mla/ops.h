@@ -148,6 +148,7 @@ void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indice
 // ---------------------------------------------------------------------------------------------
 // Matrix products (row-major views with strides; the CUDA backend needs each matrix to have a unit
 // stride in one of its two dims). c = alpha * a @ b + beta * c; accumulation fp32 (fp64 in reference mode).
+// dtypes: CPU any float dtype; CUDA a and b bf16, c bf16 or f32.
 //   gemm: a [m, k], b [k, n], c [m, n]
 //   bmm:  a [batch, m, k], b [batch, k, n], c [batch, m, n]
 void gemm(const TensorView& a, const TensorView& b, const TensorView& c, float alpha = 1.0f, float beta = 0.0f,

@@ -84,7 +84,10 @@ def test_opcheck(device):
     lse = torch.empty(2, 2, 16, device=device)
     torch.library.opcheck(torch.ops.mla.mqa_decode.default,
                           (q, cache, F, 1.0, 576, 64, table, seq_lens, out, lse, 0.05, True, None, 0))
-    a, b, c = (torch.randn(8, 8, device=device) for _ in range(3))
+    # CUDA gemm reads bf16 a / b (c bf16 or f32); the CPU backend takes any float dtype.
+    ab_dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a, b = (torch.randn(8, 8, device=device).to(ab_dtype) for _ in range(2))
+    c = torch.randn(8, 8, device=device)
     torch.library.opcheck(torch.ops.mla.gemm.default, (a, b, c, 1.0, 0.0))
 
 
