@@ -4,8 +4,9 @@
 //                --format --varlen); or a named grid (--grid issue7). Split-KV workspace as sized by
 //                mqa_decode_workspace_bytes. FLOPs = 2*h*s_q*sum(seq_lens)*(576+512);
 //                bytes = sum(seq_lens)*row_bytes (cache rows once) + q + out
-//   mha_prefill: causal self-attention (b x s tokens, s_q = s_k = s) and a non-causal context chunk;
-//                h 128 / 16, d_qk 192 (k_pe shared by all heads), d_v 128.
+//   mha_prefill: default: causal self-attention (b x s tokens, s_q = s_k = s) and a non-causal context
+//                chunk; h 128 / 16, d_qk 192 (k_pe shared by all heads), d_v 128; or one shape from the
+//                command line (--b --s-q --s-k --h-q --varlen --non-causal); or a named grid (--grid issue9).
 //                FLOPs causal = b*h*(s^2/2)*2*(192+128), non-causal = b*h*s_q*s_k*2*(192+128);
 //                bytes = q + k_nope + k_pe + v + out (+ lse), each once
 //   sparse_mqa:  T tokens x topk 2048 distinct cache rows (page 64), h 128 / 16, bf16 and fp8_ds_mla.
@@ -119,8 +120,8 @@ void bench_decode(BenchContext& ctx) {
     cases.push_back({d.b, d.s_q, d.h, d.s_k, d.page, cache_format_from_string(d.format), d.varlen, 0, d.splits});
   } else if (grid == "issue7") {
     cases = issue7_grid();
-  } else if (!grid.empty()) {
-    throw Error("mla bench: unknown decode grid '" + grid + "' (known: issue7)");
+  } else if (!grid.empty() && grid != "issue9") {  // issue9 names mha_prefill shapes: default rows here
+    throw Error("mla bench: unknown grid '" + grid + "' (known: issue7, issue9)");
   } else {
     // Default rows: b 64 / 128 x s_k 4096, h 16 / 128, page 64, bf16 and fp8_ds_mla.
     const int64_t s_k = ctx.quick() ? 1024 : 4096;
@@ -132,40 +133,84 @@ void bench_decode(BenchContext& ctx) {
   for (const DecodeCase& c : cases) run_decode_case(ctx, c);
 }
 
-void bench_prefill(BenchContext& ctx) {
+// One mha_prefill shape: b requests of s_q queries and s_k keys (varlen: s_q per request uniform in
+// [1, s_q], s_k = s_q causal or uniform in [1, s_k], seeded), h heads, k_pe shared by all heads.
+struct PrefillCase {
+  int64_t b, sq, sk, h;
+  bool causal, varlen;
+};
+
+// Issue 9's grid: b in {1, 4} x s in {1024, 4096, 16384} x h in {16, 128} causal, then the non-causal
+// context chunk s_q 1024 x s_k 8192.
+std::vector<PrefillCase> issue9_grid() {
+  std::vector<PrefillCase> g;
+  for (int64_t b : {1, 4})
+    for (int64_t s : {1024, 4096, 16384})
+      for (int64_t h : {16, 128}) g.push_back({b, s, s, h, true, false});
+  for (int64_t b : {1, 4})
+    for (int64_t h : {16, 128}) g.push_back({b, 1024, 8192, h, false, false});
+  return g;
+}
+
+void run_prefill_case(BenchContext& ctx, const PrefillCase& c) {
   const Device dev = Device::cuda(ctx.device());
   const Context op = ctx.op_context();
-  struct Shape {
-    int64_t b, sq, sk, h;
-    bool causal;
-  };
-  const int64_t div = ctx.quick() ? 4 : 1;
-  for (const Shape s : {Shape{1, 4096 / div, 4096 / div, 128, true}, Shape{4, 2048 / div, 2048 / div, 16, true},
-                        Shape{1, 1024 / div, 8192 / div, 128, false}}) {
-    const int64_t tq = s.b * s.sq, tk = s.b * s.sk;
-    Tensor q = Tensor::empty({tq, s.h, 192}, DType::bf16, dev), kn = Tensor::empty({tk, s.h, 128}, DType::bf16, dev);
-    Tensor kp_store = Tensor::empty({tk, 1, 64}, DType::bf16, dev), v = Tensor::empty({tk, s.h, 128}, DType::bf16, dev);
-    for (const Tensor* t : {&q, &kn, &kp_store, &v}) fill_uniform(*t, -1, 1, 71, ctx.stream());
-    const int64_t kp_shape[] = {tk, s.h, 64}, kp_stride[] = {64, 0, 1};
-    const TensorView kp(kp_store.data(), DType::bf16, kp_shape, kp_stride, dev);
-    std::vector<int32_t> cq, ck;
-    for (int64_t r = 0; r <= s.b; ++r) {
-      cq.push_back(static_cast<int32_t>(r * s.sq));
-      ck.push_back(static_cast<int32_t>(r * s.sk));
+  std::vector<int32_t> cq = {0}, ck = {0};
+  double pairs = 0;  // (query, visible key) pairs; causal sq == sk counts s^2 / 2 (the usual convention)
+  std::mt19937_64 g(72);
+  for (int64_t r = 0; r < c.b; ++r) {
+    int64_t sq = c.sq, sk = c.sk;
+    if (c.varlen) {
+      sq = std::uniform_int_distribution<int64_t>(1, c.sq)(g);
+      sk = c.causal ? sq : std::uniform_int_distribution<int64_t>(1, c.sk)(g);
     }
-    Tensor cu_q = device_i32(cq, {s.b + 1}, dev), cu_k = device_i32(ck, {s.b + 1}, dev);
-    Tensor out = Tensor::empty({tq, s.h, 128}, DType::bf16, dev), lse = Tensor::empty({s.h, tq}, DType::f32, dev);
-    const double ms = ctx.time_ms(
-        [&] { mha_prefill(q, kn, kp, v, cu_q, cu_k, s.sq, s.sk, out, lse, kScale, s.causal, op); });
-    const double pairs = s.causal ? static_cast<double>(s.sq) * s.sq / 2 : static_cast<double>(s.sq) * s.sk;
-    const double flops = static_cast<double>(s.b) * s.h * pairs * 2.0 * (192 + 128);
-    const double bytes = 2.0 * (tq * s.h * (192 + 128) + tk * s.h * (128 + 128) + tk * 64) + 4.0 * tq * s.h;
-    ctx.report("mha_prefill",
-               "b=" + std::to_string(s.b) + " s_q=" + std::to_string(s.sq) + " s_k=" + std::to_string(s.sk) +
-                   " h=" + std::to_string(s.h) + (s.causal ? " causal" : " non-causal"),
-               ms, bytes, flops,
-               "FLOPs = b*h*(s^2/2 causal | s_q*s_k)*2*(192+128); bytes = q + k_nope + k_pe + v + out + lse");
+    cq.push_back(static_cast<int32_t>(cq.back() + sq));
+    ck.push_back(static_cast<int32_t>(ck.back() + sk));
+    const double q = static_cast<double>(sq), k = static_cast<double>(sk);
+    pairs += c.causal ? (q <= k ? q * (k - q) + q * q / 2 : k * k / 2) : q * k;
   }
+  const int64_t tq = cq.back(), tk = ck.back();
+  Tensor q = Tensor::empty({tq, c.h, 192}, DType::bf16, dev), kn = Tensor::empty({tk, c.h, 128}, DType::bf16, dev);
+  Tensor kp_store = Tensor::empty({tk, 1, 64}, DType::bf16, dev), v = Tensor::empty({tk, c.h, 128}, DType::bf16, dev);
+  for (const Tensor* t : {&q, &kn, &kp_store, &v}) fill_uniform(*t, -1, 1, 71, ctx.stream());
+  const int64_t kp_shape[] = {tk, c.h, 64}, kp_stride[] = {64, 0, 1};
+  const TensorView kp(kp_store.data(), DType::bf16, kp_shape, kp_stride, dev);
+  Tensor cu_q = device_i32(cq, {c.b + 1}, dev), cu_k = device_i32(ck, {c.b + 1}, dev);
+  Tensor out = Tensor::empty({tq, c.h, 128}, DType::bf16, dev), lse = Tensor::empty({c.h, tq}, DType::f32, dev);
+  double ms = 0;
+  try {
+    ms = ctx.time_ms([&] { mha_prefill(q, kn, kp, v, cu_q, cu_k, c.sq, c.sk, out, lse, kScale, c.causal, op); });
+  } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
+    std::printf("  (skipped: %s)\n", e.what());
+    return;
+  }
+  const double flops = static_cast<double>(c.h) * pairs * 2.0 * (192 + 128);
+  const double bytes = 2.0 * (tq * c.h * (192 + 128) + tk * c.h * (128 + 128) + tk * 64) + 4.0 * tq * c.h;
+  ctx.report("mha_prefill",
+             "b=" + std::to_string(c.b) + " s_q=" + std::to_string(c.sq) + " s_k=" + std::to_string(c.sk) +
+                 " h=" + std::to_string(c.h) + (c.causal ? " causal" : " non-causal") + (c.varlen ? " varlen" : "") +
+                 " [" + last_variant("mha_prefill") + "]",
+             ms, bytes, flops,
+             "FLOPs = h*pairs*2*(192+128), pairs = sum over requests of s_q*s_k (non-causal) or "
+             "s_q*(s_k-s_q)+s_q^2/2 (causal); bytes = q + k_nope + k_pe + v + out + lse");
+}
+
+void bench_prefill(BenchContext& ctx) {
+  const BenchOptions::DecodeShape& d = ctx.options().decode;
+  const std::string& grid = ctx.options().decode_grid;
+  std::vector<PrefillCase> cases;
+  if (d.b > 0) {
+    cases.push_back({d.b, d.s_q, d.s_k, d.h, !d.non_causal, d.varlen});
+  } else if (grid == "issue9") {
+    cases = issue9_grid();
+  } else {
+    if (!grid.empty() && grid != "issue7") throw Error("mla bench: unknown grid '" + grid + "' (known: issue7, issue9)");
+    const int64_t div = ctx.quick() ? 4 : 1;
+    cases = {{1, 4096 / div, 4096 / div, 128, true, false},
+             {4, 2048 / div, 2048 / div, 16, true, false},
+             {1, 1024 / div, 8192 / div, 128, false, false}};
+  }
+  for (const PrefillCase& c : cases) run_prefill_case(ctx, c);
 }
 
 void bench_sparse(BenchContext& ctx) {

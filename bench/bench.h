@@ -15,13 +15,17 @@ struct BenchOptions {
   int warmup = 5;
   int iters = 30;
   bool quick = false;            // smaller sizes (smoke test)
-  // mqa_decode shapes: decode.b > 0 benchmarks exactly that shape; decode_grid names a fixed list of
-  // shapes instead ("issue7": issue 7's table with FlashMLA's times beside ours, small batch, varlen,
-  // other head counts, page sizes and fp8 formats). Neither: the default rows.
+  // mqa_decode / mha_prefill shapes: decode.b > 0 benchmarks exactly that shape (each op reads the
+  // fields it has); decode_grid names a fixed list of shapes of one op instead ("issue7": mqa_decode,
+  // issue 7's table with FlashMLA's times beside ours, small batch, varlen, other head counts, page sizes
+  // and fp8 formats; "issue9": mha_prefill, issue 9's grid); the other ops run their default rows.
+  // Neither: the default rows.
   struct DecodeShape {
     int64_t b = 0, s_q = 1, h = 16, s_k = 4096, page = 64;
     std::string format = "bf16";  // bf16, fp8, fp8_ds_mla
-    bool varlen = false;          // seq_lens uniform in [1, s_k] (seeded) instead of all s_k
+    bool varlen = false;          // seq_lens uniform in [1, s_k] (seeded) instead of all s_k (mha_prefill:
+                                  // s_q per request uniform in [1, s_q], s_k = s_q causal, else in [1, s_k])
+    bool non_causal = false;      // mha_prefill: a non-causal context chunk instead of causal self-attention
     int splits = 0;               // KV splits per request (0: the planner's decode_num_splits)
   } decode;
   std::string decode_grid;

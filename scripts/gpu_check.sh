@@ -26,8 +26,8 @@ if has tests; then
 fi
 # Sanitizers on every kernel family at small sizes (the exhaustive and multi-GB cases are left out:
 # they take minutes under instrumentation). Each tool is time-boxed.
-MEM_FILTER=${MEM_FILTER:-'Formats/WriteCacheGpu.*page16*:Formats/GatherGpu.*:GatherGpuEdge.*:DecodeGpu.*:PrefillGpu.*:SparseGpu.*:MergeGpu*:TopkGpuEdge.*:LayerGpu.*:LayerGraph.*:DecodeSplitsGpu.*:All/DecodeGpuSweep.*page16_h16_*:All/DecodeGpuSweep.*page64_h128_sq2_*:Ptx*:GemmGpu*:BmmGpu*:WriteCacheGpuEdge.NarrowRowsMatchCpu-DecodeGpu.LongContextManySplits:LayerGpu.WorkspaceBoundCoversRandomPlans'}
-RACE_FILTER=${RACE_FILTER:-'DecodeGpu.NonCausalNarrowValues:DecodeGpu.StridedAndUnalignedViews:PrefillGpu.UnalignedViews:SparseGpu.FlatWorkspaceStridedIndices:MergeGpu.Shapes:GatherGpuEdge.*:Formats/WriteCacheGpu.*page16_i64*:TopkGpuEdge.*:LayerGpu.SmallMixedDenseAllFormats:LayerGraph.DecodeOnly*:All/DecodeGpuSweep.*bf16_page64_h16_sq1_sm90:All/DecodeGpuSweep.*bf16_page64_h128_sq2_sm90:PtxPipeline.*:PtxTma.*:PtxBarrier.*'}
+MEM_FILTER=${MEM_FILTER:-'Formats/WriteCacheGpu.*page16*:Formats/GatherGpu.*:GatherGpuEdge.*:DecodeGpu.*:PrefillGpu.*:All/PrefillGpuVariant.*:All/PrefillGpuSweep.*/h3_*:SparseGpu.*:MergeGpu*:TopkGpuEdge.*:LayerGpu.*:LayerGraph.*:DecodeSplitsGpu.*:All/DecodeGpuSweep.*page16_h16_*:All/DecodeGpuSweep.*page64_h128_sq2_*:Ptx*:GemmGpu*:BmmGpu*:WriteCacheGpuEdge.NarrowRowsMatchCpu-DecodeGpu.LongContextManySplits:LayerGpu.WorkspaceBoundCoversRandomPlans'}
+RACE_FILTER=${RACE_FILTER:-'DecodeGpu.NonCausalNarrowValues:DecodeGpu.StridedAndUnalignedViews:PrefillGpu.UnalignedViews:All/PrefillGpuVariant.*sm90:SparseGpu.FlatWorkspaceStridedIndices:MergeGpu.Shapes:GatherGpuEdge.*:Formats/WriteCacheGpu.*page16_i64*:TopkGpuEdge.*:LayerGpu.SmallMixedDenseAllFormats:LayerGraph.DecodeOnly*:All/DecodeGpuSweep.*bf16_page64_h16_sq1_sm90:All/DecodeGpuSweep.*bf16_page64_h128_sq2_sm90:PtxPipeline.*:PtxTma.*:PtxBarrier.*'}
 if has sanitize; then
   for tool in memcheck racecheck initcheck; do
     filter=$RACE_FILTER

@@ -35,21 +35,23 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
                           for (const VariantInfo& v : list_variants(f)) s += (s.empty() ? "" : ", ") + f + ":" + v.name;
                         return s.empty() ? std::string("none in this build (no CUDA backend)") : s;
                       }());
-  cmd->add_option("--b", o.decode.b, "mqa_decode: benchmark this one shape with b requests (with --s-q, --h-q, --s-k, --page, --format, --varlen)")
+  cmd->add_option("--b", o.decode.b, "mqa_decode / mha_prefill: benchmark this one shape with b requests (with --s-q, --h-q, --s-k, --page, --format, --varlen, --non-causal)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--s-q", o.decode.s_q, "mqa_decode shape: query tokens per request")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--h-q", o.decode.h, "mqa_decode shape: query heads")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--s-k", o.decode.s_k, "mqa_decode shape: keys per request (the longest, with --varlen)")
+  cmd->add_option("--s-q", o.decode.s_q, "mqa_decode / mha_prefill shape: query tokens per request")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--h-q", o.decode.h, "mqa_decode / mha_prefill shape: query heads")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--s-k", o.decode.s_k, "mqa_decode / mha_prefill shape: keys per request (the longest, with --varlen)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--page", o.decode.page, "mqa_decode shape: cache page size")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--format", o.decode.format, "mqa_decode shape: cache format (bf16, fp8, fp8_ds_mla)")->capture_default_str();
   cmd->add_flag("--varlen", o.decode.varlen, "mqa_decode shape: seq_lens uniform in [1, s_k] instead of all s_k");
+  cmd->add_flag("--non-causal", o.decode.non_causal, "mha_prefill shape: non-causal (a context chunk) instead of causal");
   cmd->add_option("--splits", o.decode.splits, "mqa_decode shape: KV splits per request (0: the planner's policy)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--grid", o.decode_grid,
-                  "mqa_decode: a named list of shapes instead of the default rows (issue7: issue 7's table with "
-                  "FlashMLA's times, small batch, varlen, h 8/32/64, page sizes, fp8 formats)");
+                  "A named list of shapes of one op instead of its default rows (issue7: mqa_decode, issue 7's table "
+                  "with FlashMLA's times, small batch, varlen, h 8/32/64, page sizes, fp8 formats; issue9: mha_prefill, "
+                  "b 1/4 x s 1024/4096/16384 x h 16/128 causal and s_q 1024 x s_k 8192 non-causal)");
   cmd->add_option("--warmup", o.warmup, "Untimed warm-up iterations")->check(CLI::NonNegativeNumber)->capture_default_str();
   return cmd;
 }

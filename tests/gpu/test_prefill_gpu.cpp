@@ -1,7 +1,8 @@
-// CUDA mha_prefill against the CPU backend's float64 reference (DESIGN.md §5): varlen batches with
-// empty requests, sq > sk (causal rows with no key), lengths on / beside the 64-row tiles, causal and
-// non-causal, h in {1..128}, k_pe shared by all heads (head stride 0) or per head, strided LSE, and
-// unaligned views (element-copy path).
+// CUDA mha_prefill against the CPU backend's float64 reference (DESIGN.md §5), every variant
+// (portable: 64-row tiles, sm90: 128-row / 128-key tiles): varlen batches with empty requests, sq > sk
+// (causal rows with no key), lengths on / beside both tile sizes, causal and non-causal, h in {1..128},
+// k_pe shared by all heads (head stride 0) or per head, strided LSE and out, and unaligned views
+// (portable's element-copy path; sm90 declines them and the dispatch falls back).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -74,8 +75,9 @@ void check_batch(const Batch& b, bool causal, bool strided_lse, const std::strin
 
 using Lens = std::vector<std::pair<int32_t, int32_t>>;
 // (sq, sk) per request: empty requests, no keys, sq > sk, tile boundaries (64) and beside them.
-const Lens kSmallHeadLens = {{0, 0}, {0, 5}, {5, 0}, {1, 1}, {3, 1}, {64, 64}, {65, 130}, {100, 37}, {130, 200}};
-const Lens kLargeHeadLens = {{0, 3}, {5, 0}, {1, 1}, {64, 64}, {65, 130}, {100, 37}};
+const Lens kSmallHeadLens = {{0, 0}, {0, 5}, {5, 0}, {1, 1},    {3, 1},     {64, 64},  {65, 130},
+                             {100, 37}, {130, 200}, {128, 128}, {127, 383}, {257, 129}, {300, 300}};
+const Lens kLargeHeadLens = {{0, 3}, {5, 0}, {1, 1}, {64, 64}, {65, 130}, {100, 37}, {128, 128}, {129, 257}};
 
 using SweepParam = std::tuple<int64_t /*h*/, bool /*causal*/, std::string /*variant*/>;
 class PrefillGpuSweep : public ::testing::TestWithParam<SweepParam> {};
@@ -91,21 +93,55 @@ TEST_P(PrefillGpuSweep, MatchesFloat64Oracle) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PrefillGpuSweep,
-                         ::testing::Combine(::testing::Values(1, 8, 16, 32, 64, 128), ::testing::Bool(),
+                         ::testing::Combine(::testing::Values(1, 3, 8, 16, 32, 64, 128), ::testing::Bool(),
                                             ::testing::ValuesIn(test::variants_of("mha_prefill"))),
                          [](const ::testing::TestParamInfo<SweepParam>& info) {
                            return std::string("h") + std::to_string(std::get<0>(info.param)) +
                                   (std::get<1>(info.param) ? "_causal" : "_full") + "_" + std::get<2>(info.param);
                          });
 
-// One k_pe row per head (head stride 64), LSE through a transposed view, a long request.
-TEST(PrefillGpu, PerHeadRopeStridedLseLongRequest) {
+// One k_pe row per head (head stride 64), LSE through a transposed view, long requests (several key
+// tiles of both variants, mask-free tiles between the causal diagonal ones), per variant.
+class PrefillGpuVariant : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PrefillGpuVariant, PerHeadRopeStridedLseLongRequest) {
   MLA_SKIP_WITHOUT_GPU();
+  MLA_FORCE_VARIANT("mha_prefill", GetParam());
   test::reseed(201);
-  const Batch b = make_batch(3, {{300, 700}, {17, 17}, {0, 40}}, false);
-  check_batch(b, true, true, "per-head rope causal");
+  const Batch b = make_batch(3, {{300, 700}, {17, 17}, {0, 40}, {520, 520}}, false);
+  MLA_SKIP_IF_DECLINED(check_batch(b, true, true, "per-head rope causal"));
   check_batch(b, false, true, "per-head rope non-causal");
+  test::expect_variant_ran("mha_prefill", GetParam());
 }
+
+// out written through views with padded rows: an even head stride (paired stores) and an odd one.
+TEST_P(PrefillGpuVariant, StridedOut) {
+  MLA_SKIP_WITHOUT_GPU();
+  MLA_FORCE_VARIANT("mha_prefill", GetParam());
+  test::reseed(203);
+  const Batch b = make_batch(2, {{150, 260}, {0, 7}, {40, 40}}, true);
+  Tensor ref_out = test::poisoned({b.tq, b.h, kV}, DType::f64), ref_lse = test::poisoned({b.h, b.tq}, DType::f32);
+  mha_prefill(b.q, b.k_nope, b.k_pe, b.v, b.cu_q, b.cu_k, b.max_q, b.max_k, ref_out, ref_lse, kScale, true,
+              test::reference_ctx());
+  const Device gpu = Device::cuda(0);
+  Tensor q = b.q.to(gpu), kn = b.k_nope.to(gpu), kp = b.k_pe_store.to(gpu), v = b.v.to(gpu);
+  Tensor cq = b.cu_q.to(gpu), ck = b.cu_k.to(gpu);
+  for (int64_t width : {kV + 2, kV + 1}) {
+    Tensor store = test::poisoned({b.tq, b.h, width}, DType::bf16, gpu);
+    Tensor lse = test::poisoned({b.h, b.tq}, DType::f32, gpu);
+    const TensorView out = store.view().slice(2, 0, kV);
+    MLA_SKIP_IF_DECLINED(
+        mha_prefill(q, kn, on(kp, b.k_pe), v, cq, ck, b.max_q, b.max_k, out, lse, kScale, true, Context{}));
+    cuda_rt::synchronize(0);
+    test::expect_variant_ran("mha_prefill", GetParam());
+    Tensor host = Tensor::empty({b.tq, b.h, kV}, DType::bf16);
+    copy(host.view(), test::to_host(store, out).view);
+    test::expect_attention_close(host, ref_out, lse, ref_lse, "out row width " + std::to_string(width));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, PrefillGpuVariant, ::testing::ValuesIn(test::variants_of("mha_prefill")),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // Views whose rows are not 16-byte aligned (q, k_nope and v inside padded storage) take the element-copy
 // loader; results must not change.
@@ -132,6 +168,7 @@ TEST(PrefillGpu, UnalignedViews) {
   mha_prefill(qs.view().slice(2, 1, kNope + kRope + 1), kns.view().slice(2, 1, kNope + 1), on(kp, b.k_pe),
               vs.view().slice(2, 1, kV + 1), cq, ck, b.max_q, b.max_k, out, lse, kScale, true, Context{});
   test::expect_attention_close(out, ref_out, lse, ref_lse, "unaligned");
+  EXPECT_EQ(last_variant("mha_prefill"), "portable") << "views TMA cannot read take the portable kernel";
 }
 
 }  // namespace

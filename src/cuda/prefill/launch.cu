@@ -7,6 +7,7 @@
 #include "cuda/cuda_ops.h"
 #include "cuda/dispatch/families.h"
 #include "cuda/prefill/kernel.cuh"
+#include "cuda/prefill_sm90/variant.h"
 
 namespace mla::cuda {
 namespace {
@@ -87,8 +88,12 @@ void run_portable(const dispatch::PrefillArgs& a) {
 // Variants best first (variant_table.h).
 dispatch::Table<dispatch::PrefillArgs>& dispatch::mha_prefill_table() {
   static Table<PrefillArgs> table(
-      "mha_prefill", {{{"portable", 80, 0, "mma.sync engine: d_nope + d_rope <= 192, d_v <= 128"}, nullptr,
-                       run_portable}});
+      "mha_prefill",
+      {{{"sm90", 90, 90, "TMA + wgmma, warp-specialised (src/cuda/prefill_sm90): bf16, d_nope 128, d_rope 64, d_v 128"},
+        prefill_sm90::supports, prefill_sm90::run},
+       {{"sm90_nopp", 90, 90, "the sm90 kernel without the consumers' pingpong turns (comparison)"},
+        prefill_sm90::supports, prefill_sm90::run_no_pingpong},
+       {{"portable", 80, 0, "mma.sync engine: d_nope + d_rope <= 192, d_v <= 128"}, nullptr, run_portable}});
   return table;
 }
 

@@ -1,0 +1,370 @@
+#pragma once
+// sm90 mha_prefill: varlen multi-head attention over up-projected K/V (docs/SEMANTICS.md §9-10, ops.h;
+// the same contract as the portable kernel, src/cuda/prefill/kernel.cuh), FlashAttention-3 style.
+// Design notes and measurements: docs/PREFILL.md.
+//
+// Work: one CTA per (128-query tile, head, request), heavy causal tiles of a head first. q rows are
+// [nope 128 | rope 64] (192 columns), K rows [k_nope 128 | k_pe 64] (k_pe's head stride may be 0),
+// v rows 128 columns. Causal is bottom-right aligned: query i of (sq, sk) sees keys j <= sk - sq + i.
+// Key tiles of 128 run from the last visible one down to tile 0, so the tiles that need a mask
+// (the causal diagonal, the request's partial last tile) come first and the rest run mask-free.
+//
+// Warp roles (384 threads, setmaxnreg 24 / 240 / 240):
+//   warpgroup 0 (producer): one thread issues TMA: Q once (3 panels), then per key tile K (k_nope 2
+//     panels + k_pe 1 panel, two tensor maps into one tile) and V (2 panels) into a 2-stage ring with
+//     full / empty mbarriers per stage, K and V separately (the S product needs only K).
+//   warpgroups 1, 2 (consumers): rows 64c .. 64c + 63 of the tile each, independent online softmax.
+//     Per key tile j (intra-warpgroup overlap, FA3's two-stage schedule):
+//       issue S_j = Q K_j^T     wgmma m64n128k16 ss x 12 (fp32 S, 64 registers)
+//       issue O += P_{j-1} V_{j-1}   wgmma m64n128k16 rs x 8 (P bf16 in registers, V MN-major)
+//       wait S_j; release K_j; mask (diagonal / partial tiles only), row max (quad shuffles), exp2 in
+//       the log2 domain (scale_log2 folded into one FFMA), per-thread row sums (reduced at the end)
+//       wait P V; release V_{j-1}; O *= alpha; P_j = bf16(S_j) as the next rs A fragments.
+//   Epilogue: row sums over the quad, O / l as bf16 straight from registers to out (any strides),
+//   LSE = (m + log2 l) ln 2 into lse[h, t]. Rows with no visible key: out 0, LSE -inf.
+//
+// Varlen and bounds: TMA boxes start at the request's first row; rows past the request are other
+// requests' rows (or zeros past the tensor): Q rows past sq only feed output rows that are never
+// written, K keys >= sk are masked to -inf, and V rows >= sk of the request's partial last tile are
+// zeroed in shared memory before P V (P is 0 there, but 0 * inf would be NaN). cu_seqlens values are
+// clamped to the tensors, so no value makes the kernel read or write outside q, k, v or out.
+//
+// Shared memory (1024-aligned, 128-byte-swizzled panels of 64 columns x 128 rows = 16 KiB):
+//   Q 3 panels 48 KiB | K 2 stages x 3 panels 96 KiB | V 2 stages x 2 panels 64 KiB | 9 mbarriers
+//   = 208 KiB + 1 KiB alignment slack: one CTA per SM.
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/common/convert.cuh"
+#include "cuda/common/ptx/barrier.cuh"
+#include "cuda/common/ptx/fence.cuh"
+#include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/mma_sync.cuh"
+#include "cuda/common/ptx/setmaxnreg.cuh"
+#include "cuda/common/ptx/smem.cuh"
+#include "cuda/common/ptx/tma.cuh"
+#include "cuda/common/ptx/warpgroup.cuh"
+#include "cuda/common/ptx/wgmma.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/prefill/params.h"
+#include "cuda/prefill_sm90/traits.cuh"
+
+namespace mla::cuda::prefill_sm90 {
+
+inline constexpr int kConsumerBarrier = 1;  // named barrier of the two consumer warpgroups (2, 3: pingpong turns)
+
+__device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+// The CTA's unit: request b, head h, query rows [m0, m0 + m_rows) of the request, key tiles
+// [0, n_tiles); keys < n_full are visible to every row of the tile (mask-free tiles end there).
+struct Unit {
+  int64_t q_start, k_start;
+  int h, sq, sk, m0, m_rows, n_tiles, n_full;
+
+  __device__ explicit Unit(const PrefillParams& p) {
+    using T = Traits;
+    const int64_t x = blockIdx.x;
+    const int qt = p.q_tiles - 1 - static_cast<int>(x % p.q_tiles);  // largest causal tiles first
+    h = static_cast<int>((x / p.q_tiles) % p.heads);
+    const int64_t b = x / (static_cast<int64_t>(p.q_tiles) * p.heads);
+    q_start = clamp64(p.cu_q[b * p.cu_q_stride], 0, p.total_q);
+    const int64_t q_end = clamp64(p.cu_q[(b + 1) * p.cu_q_stride], q_start, p.total_q);
+    k_start = clamp64(p.cu_k[b * p.cu_k_stride], 0, p.total_k);
+    const int64_t k_end = clamp64(p.cu_k[(b + 1) * p.cu_k_stride], k_start, p.total_k);
+    sq = static_cast<int>(q_end - q_start);
+    sk = static_cast<int>(k_end - k_start);
+    m0 = qt * T::kBlockM;
+    m_rows = m0 < sq ? min(T::kBlockM, sq - m0) : 0;
+    // Causal: row i sees keys < sk - sq + i + 1; the tile's last row sees the most, its first the fewest.
+    const int n_end = p.causal ? static_cast<int>(clamp64(int64_t(sk) - sq + m0 + m_rows, 0, sk)) : sk;
+    n_full = p.causal ? static_cast<int>(clamp64(int64_t(sk) - sq + m0 + 1, 0, sk)) : sk;
+    n_tiles = (n_end + T::kBlockN - 1) / T::kBlockN;
+  }
+};
+
+// Writes out row `i` of the unit (columns 8j + 2t4, +1 for j < 16 from o[4j + 2 hf], o[4j + 2 hf + 1])
+// times inv, as bf16; 4-byte stores when out allows them.
+__device__ __forceinline__ void store_row(const PrefillParams& p, const Unit& u, int i, const float* o, int hf,
+                                          float inv, int t4, bool pairs) {
+  uint16_t* dst = p.out + (u.q_start + i) * p.out_stride_t + u.h * p.out_stride_h;
+#pragma unroll
+  for (int j = 0; j < Traits::kDv / 8; ++j) {
+    const float a = o[4 * j + 2 * hf] * inv, b = o[4 * j + 2 * hf + 1] * inv;
+    const int col = 8 * j + 2 * t4;
+    if (pairs) {
+      *reinterpret_cast<uint32_t*>(dst + col) = ptx::pack_bf16x2(a, b);
+    } else {
+      dst[col] = dev::float_to_bf16(a);
+      dst[col + 1] = dev::float_to_bf16(b);
+    }
+  }
+}
+
+// A unit without keys: out 0 and LSE -inf for its rows, by the whole CTA, before any barrier or load.
+__device__ __forceinline__ void write_empty_unit(const PrefillParams& p, const Unit& u) {
+  for (int e = threadIdx.x; e < u.m_rows * Traits::kDv; e += blockDim.x) {
+    const int r = e / Traits::kDv, col = e % Traits::kDv;
+    const int64_t t = u.q_start + u.m0 + r;
+    p.out[t * p.out_stride_t + u.h * p.out_stride_h + col] = 0;
+    if (col == 0 && p.lse) p.lse[u.h * p.lse_stride_h + t * p.lse_stride_t] = -INFINITY;
+  }
+}
+
+// Producer thread: Q, then K / V of key tiles n_tiles - 1 down to 0 into the stage ring.
+__device__ __forceinline__ void produce(const PrefillParams& p, const Unit& u, const CUtensorMap* q_map,
+                                       const CUtensorMap* kn_map, const CUtensorMap* kp_map, const CUtensorMap* v_map,
+                                       uint8_t* smem) {
+  using T = Traits;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
+  uint64_t *q_full = bar, *k_full = bar + 1, *v_full = k_full + T::kStages;
+  uint64_t *k_empty = v_full + T::kStages, *v_empty = k_empty + T::kStages;
+  const int32_t qrow = static_cast<int32_t>(u.q_start + u.m0);
+  const int32_t kp_head = p.kp_stride_h == 0 ? 0 : u.h;  // one shared rope row: the map has one head
+  ptx::mbar_arrive_expect_tx(q_full, T::kQBytes);
+  for (int c = 0; c < T::kQKPanels; ++c)
+    ptx::tma_load_3d(smem + T::kOffQ + c * T::kPanelBytes, q_map, q_full, c * T::kPanelCols, u.h, qrow);
+  for (int it = 0; it < u.n_tiles; ++it) {
+    const int stage = it % T::kStages;
+    const uint32_t parity = (it / T::kStages) & 1;
+    const int32_t krow = static_cast<int32_t>(u.k_start + (u.n_tiles - 1 - it) * T::kBlockN);
+    uint8_t* k = smem + T::kOffK + stage * T::kKBytes;
+    ptx::mbar_wait(&k_empty[stage], parity ^ 1);
+    ptx::mbar_arrive_expect_tx(&k_full[stage], T::kKBytes);
+    ptx::tma_load_3d(k, kn_map, &k_full[stage], 0, u.h, krow);
+    ptx::tma_load_3d(k + T::kPanelBytes, kn_map, &k_full[stage], T::kPanelCols, u.h, krow);
+    ptx::tma_load_3d(k + 2 * T::kPanelBytes, kp_map, &k_full[stage], 0, kp_head, krow);
+    uint8_t* v = smem + T::kOffV + stage * T::kVBytes;
+    ptx::mbar_wait(&v_empty[stage], parity ^ 1);
+    ptx::mbar_arrive_expect_tx(&v_full[stage], T::kVBytes);
+    ptx::tma_load_3d(v, v_map, &v_full[stage], 0, u.h, krow);
+    ptx::tma_load_3d(v + T::kPanelBytes, v_map, &v_full[stage], T::kPanelCols, u.h, krow);
+  }
+}
+
+// Consumer state of one warpgroup: this thread's rows lo = 16w + g, hi = lo + 8 of the warpgroup's 64.
+struct Consumer {
+  float o[Traits::kDv / 2];  // O 64 x 128 fp32 (wgmma D layout)
+  uint32_t pa[Traits::kBlockN / 16][4];  // P of the previous tile, bf16, as rs A fragments per k-step
+  softmax::RowState st[2];
+  int lim[2];  // largest visible key per row (-1: none)
+
+  // S = Q K^T for this warpgroup's rows: 12 k-steps over the 3 panels.
+  __device__ __forceinline__ static void issue_s(float (&s)[Traits::kBlockN / 2], const uint8_t* sq,
+                                                 const uint8_t* sk) {
+    using T = Traits;
+    ptx::wgmma_fence_operand(s);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < T::kDqk / 16; ++ks) {
+      const int off = (ks / 4) * T::kPanelBytes + (ks % 4) * 32;
+      ptx::wgmma_bf16_ss<T::kBlockN>(s, ptx::desc_sw128_k_major(sq + off), ptx::desc_sw128_k_major(sk + off), ks > 0);
+    }
+    ptx::wgmma_commit_group();
+  }
+  // O += P V: 8 k-steps of 16 keys; V MN-major, its two 64-column panels kPanelBytes apart.
+  __device__ __forceinline__ void issue_pv(const uint8_t* sv) {
+    using T = Traits;
+    ptx::wgmma_fence_operand(o);
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockN / 16; ++kk) ptx::wgmma_fence_operand(pa[kk]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockN / 16; ++kk)
+      ptx::wgmma_bf16_rs<T::kDv, ptx::Major::MN>(o, pa[kk], ptx::desc_sw128_mn_major(sv + kk * 2048, T::kPanelBytes),
+                                                 true);
+    ptx::wgmma_commit_group();
+  }
+  // Online softmax of key tile `tile` (scores in s become probabilities); returns the O factors.
+  __device__ __forceinline__ void softmax_tile(float (&s)[Traits::kBlockN / 2], int tile, bool mask, float scale_log2,
+                                               int t4, float (&alpha)[2]) {
+    using T = Traits;
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (mask) {
+      const int n0 = tile * T::kBlockN;
+#pragma unroll
+      for (int j = 0; j < T::kBlockN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (n0 + 8 * j + 2 * t4 + (e & 1) > lim[e >> 1]) s[4 * j + e] = -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < T::kBlockN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+    float base[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      // scale_log2 > 0 (supports()), so the max of the raw scores scales to the max in the log2 domain.
+      alpha[hf] = st[hf].rescale(softmax::quad_max(mx[hf]) * scale_log2);
+      base[hf] = st[hf].base();
+    }
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < T::kBlockN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e >> 1;
+        s[4 * j + e] = softmax::exp2_approx(fmaf(s[4 * j + e], scale_log2, -base[hf]));  // -inf -> 0
+        sum[hf] += s[4 * j + e];
+      }
+    st[0].sum += sum[0];  // per-thread partial sums; reduced over the quad in the epilogue
+    st[1].sum += sum[1];
+  }
+  __device__ __forceinline__ void to_pa(const float (&s)[Traits::kBlockN / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
+      pa[kk][0] = ptx::pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = ptx::pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = ptx::pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = ptx::pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  }
+  __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < Traits::kDv / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+  }
+};
+
+// Zeroes V rows [valid, 128) of the stage (keys past the request, loaded from its neighbour), by the
+// 256 consumer threads (index ct), then hands the tile to wgmma (proxy fence + consumer barrier).
+__device__ __forceinline__ void zero_v_tail(uint8_t* sv, int valid, int ct) {
+  using T = Traits;
+  const int rows = T::kBlockN - valid;
+  for (int e = ct; e < T::kVPanels * rows * 8; e += T::kConsumerThreads) {
+    const int panel = e / (rows * 8), rest = e % (rows * 8);
+    *reinterpret_cast<uint4*>(sv + panel * T::kPanelBytes + (valid + rest / 8) * 128 + (rest % 8) * 16) =
+        make_uint4(0, 0, 0, 0);
+  }
+  ptx::fence_proxy_async_smem();
+  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+}
+
+// kPingpong: the two consumer warpgroups take turns issuing their products (named barriers 2 and 3,
+// FA3's inter-warpgroup schedule), so that one warpgroup's softmax runs under the other's wgmmas.
+template <bool kPingpong>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    mha_prefill_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kn_map,
+                            const __grid_constant__ CUtensorMap kp_map, const __grid_constant__ CUtensorMap v_map,
+                            const PrefillParams p) {
+  using T = Traits;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = ptx::align_smem_1024(smem_raw);
+  const Unit u(p);
+  if (u.m_rows == 0) return;  // tile past the request's rows (uniform over the CTA)
+  if (u.n_tiles == 0) {
+    write_empty_unit(p, u);
+    return;
+  }
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
+  uint64_t *q_full = bar, *k_full = bar + 1, *v_full = k_full + T::kStages;
+  uint64_t *k_empty = v_full + T::kStages, *v_empty = k_empty + T::kStages;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 1 + 2 * T::kStages; ++i) ptx::mbar_init(&bar[i], 1);
+    for (int i = 0; i < 2 * T::kStages; ++i) ptx::mbar_init(&k_empty[i], T::kConsumerThreads);
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (ptx::warpgroup_index() == 0) {
+    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      ptx::tma_prefetch_descriptor(&q_map);
+      ptx::tma_prefetch_descriptor(&kn_map);
+      ptx::tma_prefetch_descriptor(&kp_map);
+      ptx::tma_prefetch_descriptor(&v_map);
+      produce(p, u, &q_map, &kn_map, &kp_map, &v_map, smem);
+    }
+    return;
+  }
+  ptx::setmaxnreg_inc<T::kConsumerRegs>();
+
+  const int c = ptx::warpgroup_index() - 1, ct = threadIdx.x - 128;
+  const int w = ptx::warp_idx_in_warpgroup(), lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
+  const int r_lo = 64 * c + 16 * w + g8;  // tile row of o[4j], o[4j + 1]; r_lo + 8: o[4j + 2], o[4j + 3]
+  Consumer cs;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int i = u.m0 + r_lo + 8 * hf;
+    cs.lim[hf] = i >= u.sq ? -1 : p.causal ? min(u.sk - u.sq + i, u.sk - 1) : u.sk - 1;
+  }
+#pragma unroll
+  for (int i = 0; i < T::kDv / 2; ++i) cs.o[i] = 0.0f;
+  const uint8_t* sq = smem + T::kOffQ + c * 64 * 128;  // this warpgroup's 64 rows of each Q panel
+  auto k_tile = [&](int stage) { return smem + T::kOffK + stage * T::kKBytes; };
+  auto v_tile = [&](int stage) { return smem + T::kOffV + stage * T::kVBytes; };
+  auto needs_mask = [&](int tile) { return (tile + 1) * T::kBlockN > u.n_full; };
+  // The first-processed tile (key tile n_tiles - 1, stage 0) holds keys past the request when
+  // tail_valid < 128: its V rows from tail_valid on are zeroed before its P V (iteration 1, or the last).
+  const int tail_valid = u.sk - (u.n_tiles - 1) * T::kBlockN;
+  auto zero_tail_if = [&](bool first_v) {
+    if (first_v && tail_valid < T::kBlockN) {
+      ptx::mbar_wait(&v_full[0], 0);
+      zero_v_tail(v_tile(0), tail_valid, ct);
+    }
+  };
+  // Turns (kPingpong): warpgroup c issues after barrier 2 + c and hands over on the other's; warpgroup 1
+  // opens warpgroup 0's first turn and skips its hand-over after its last turn (arrivals match syncs).
+  auto turn_begin = [&] {
+    if constexpr (kPingpong) ptx::named_barrier_sync(2 + c, T::kConsumerThreads);
+  };
+  auto turn_end = [&](bool last) {
+    if constexpr (kPingpong)
+      if (!(last && c == 1)) ptx::named_barrier_arrive(2 + (1 - c), T::kConsumerThreads);
+  };
+  if (kPingpong && c == 1) ptx::named_barrier_arrive(2, T::kConsumerThreads);
+
+  float s[T::kBlockN / 2];
+  float alpha[2];
+  ptx::mbar_wait(q_full, 0);
+  ptx::mbar_wait(&k_full[0], 0);
+  turn_begin();
+  Consumer::issue_s(s, sq, k_tile(0));
+  turn_end(false);
+  ptx::wgmma_wait_group<0>();
+  ptx::wgmma_fence_operand(s);
+  ptx::mbar_arrive(&k_empty[0]);
+  cs.softmax_tile(s, u.n_tiles - 1, needs_mask(u.n_tiles - 1), p.scale_log2, t4, alpha);
+  cs.to_pa(s);
+
+  for (int it = 1; it < u.n_tiles; ++it) {
+    const int stage = it % T::kStages, prev = (it - 1) % T::kStages, tile = u.n_tiles - 1 - it;
+    zero_tail_if(it == 1);
+    ptx::mbar_wait(&k_full[stage], (it / T::kStages) & 1);
+    ptx::mbar_wait(&v_full[prev], ((it - 1) / T::kStages) & 1);
+    turn_begin();
+    Consumer::issue_s(s, sq, k_tile(stage));
+    cs.issue_pv(v_tile(prev));
+    turn_end(false);
+    ptx::wgmma_wait_group<1>();
+    ptx::wgmma_fence_operand(s);
+    ptx::mbar_arrive(&k_empty[stage]);
+    cs.softmax_tile(s, tile, needs_mask(tile), p.scale_log2, t4, alpha);
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(cs.o);
+    ptx::mbar_arrive(&v_empty[prev]);
+    cs.rescale_o(alpha);
+    cs.to_pa(s);
+  }
+  const int last = (u.n_tiles - 1) % T::kStages;
+  zero_tail_if(u.n_tiles == 1);
+  ptx::mbar_wait(&v_full[last], ((u.n_tiles - 1) / T::kStages) & 1);
+  turn_begin();
+  cs.issue_pv(v_tile(last));
+  turn_end(true);
+  ptx::wgmma_wait_group<0>();
+  ptx::wgmma_fence_operand(cs.o);
+
+  // Epilogue: full row sums, O / l, LSE.
+  const bool pairs = (reinterpret_cast<uintptr_t>(p.out) % 4 == 0) && p.out_stride_t % 2 == 0 && p.out_stride_h % 2 == 0;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    cs.st[hf].sum = softmax::quad_sum(cs.st[hf].sum);
+    const int i = u.m0 + r_lo + 8 * hf;
+    if (i >= u.sq) continue;
+    store_row(p, u, i, cs.o, hf, cs.st[hf].inv_sum(), t4, pairs);
+    if (p.lse && t4 == 0) p.lse[u.h * p.lse_stride_h + (u.q_start + i) * p.lse_stride_t] = cs.st[hf].lse();
+  }
+}
+
+}  // namespace mla::cuda::prefill_sm90
