@@ -56,21 +56,37 @@ TensorView on(const Tensor& dev_storage, TensorView v) {
   return v;
 }
 
+// The float64 oracle's out [Tq, h, 128] and lse [h, Tq] of the batch.
+struct Reference {
+  Tensor out, lse;
+};
+Reference oracle(const Batch& b, bool causal) {
+  Reference r{test::poisoned({b.tq, b.h, kV}, DType::f64), test::poisoned({b.h, b.tq}, DType::f32)};
+  mha_prefill(b.q, b.k_nope, b.k_pe, b.v, b.cu_q, b.cu_k, b.max_q, b.max_k, r.out, r.lse, kScale, causal,
+              test::reference_ctx());
+  return r;
+}
+
+// The batch's inputs on GPU 0 (k_pe as the stored tensor: view it with on(kp, b.k_pe)).
+struct OnGpu {
+  Tensor q, kn, kp, v, cq, ck;
+};
+OnGpu upload(const Batch& b) {
+  const Device gpu = Device::cuda(0);
+  return {b.q.to(gpu), b.k_nope.to(gpu), b.k_pe_store.to(gpu), b.v.to(gpu), b.cu_q.to(gpu), b.cu_k.to(gpu)};
+}
+
 // Oracle and GPU run; lse is written through a transposed [Tq, h] buffer when `strided_lse`.
 void check_batch(const Batch& b, bool causal, bool strided_lse, const std::string& what) {
-  Tensor ref_out = test::poisoned({b.tq, b.h, kV}, DType::f64), ref_lse = test::poisoned({b.h, b.tq}, DType::f32);
-  mha_prefill(b.q, b.k_nope, b.k_pe, b.v, b.cu_q, b.cu_k, b.max_q, b.max_k, ref_out, ref_lse, kScale, causal,
-              test::reference_ctx());
-
+  const Reference ref = oracle(b, causal);
   const Device gpu = Device::cuda(0);
-  Tensor q = b.q.to(gpu), kn = b.k_nope.to(gpu), kp = b.k_pe_store.to(gpu), v = b.v.to(gpu);
-  Tensor cq = b.cu_q.to(gpu), ck = b.cu_k.to(gpu);
+  const auto [q, kn, kp, v, cq, ck] = upload(b);
   Tensor out = test::poisoned({b.tq, b.h, kV}, DType::bf16, gpu);
   Tensor lse_store = strided_lse ? test::poisoned({b.tq, b.h}, DType::f32, gpu) : test::poisoned({b.h, b.tq}, DType::f32, gpu);
   const TensorView lse = strided_lse ? lse_store.view().transpose(0, 1) : lse_store.view();
   mha_prefill(q, kn, on(kp, b.k_pe), v, cq, ck, b.max_q, b.max_k, out, lse, kScale, causal, Context{});
   cuda_rt::synchronize(0);
-  test::expect_attention_close(out, ref_out, test::to_host(lse_store, lse).view, ref_lse, what);
+  test::expect_attention_close(out, ref.out, test::to_host(lse_store, lse).view, ref.lse, what);
 }
 
 using Lens = std::vector<std::pair<int32_t, int32_t>>;
@@ -120,12 +136,9 @@ TEST_P(PrefillGpuVariant, StridedOut) {
   MLA_FORCE_VARIANT("mha_prefill", GetParam());
   test::reseed(203);
   const Batch b = make_batch(2, {{150, 260}, {0, 7}, {40, 40}}, true);
-  Tensor ref_out = test::poisoned({b.tq, b.h, kV}, DType::f64), ref_lse = test::poisoned({b.h, b.tq}, DType::f32);
-  mha_prefill(b.q, b.k_nope, b.k_pe, b.v, b.cu_q, b.cu_k, b.max_q, b.max_k, ref_out, ref_lse, kScale, true,
-              test::reference_ctx());
+  const Reference ref = oracle(b, true);
   const Device gpu = Device::cuda(0);
-  Tensor q = b.q.to(gpu), kn = b.k_nope.to(gpu), kp = b.k_pe_store.to(gpu), v = b.v.to(gpu);
-  Tensor cq = b.cu_q.to(gpu), ck = b.cu_k.to(gpu);
+  const auto [q, kn, kp, v, cq, ck] = upload(b);
   for (int64_t width : {kV + 2, kV + 1}) {
     Tensor store = test::poisoned({b.tq, b.h, width}, DType::bf16, gpu);
     Tensor lse = test::poisoned({b.h, b.tq}, DType::f32, gpu);
@@ -136,7 +149,7 @@ TEST_P(PrefillGpuVariant, StridedOut) {
     test::expect_variant_ran("mha_prefill", GetParam());
     Tensor host = Tensor::empty({b.tq, b.h, kV}, DType::bf16);
     copy(host.view(), test::to_host(store, out).view);
-    test::expect_attention_close(host, ref_out, lse, ref_lse, "out row width " + std::to_string(width));
+    test::expect_attention_close(host, ref.out, lse, ref.lse, "out row width " + std::to_string(width));
   }
 }
 
@@ -151,9 +164,7 @@ TEST(PrefillGpu, UnalignedViews) {
   const int64_t h = 4;
   const Lens lens = {{70, 90}, {0, 0}, {33, 33}};
   Batch b = make_batch(h, lens, true);
-  Tensor ref_out = test::poisoned({b.tq, h, kV}, DType::f64), ref_lse = test::poisoned({h, b.tq}, DType::f32);
-  mha_prefill(b.q, b.k_nope, b.k_pe, b.v, b.cu_q, b.cu_k, b.max_q, b.max_k, ref_out, ref_lse, kScale, true,
-              test::reference_ctx());
+  const Reference ref = oracle(b, true);
 
   // Same values placed at an odd element offset inside wider rows.
   const Device gpu = Device::cuda(0);
@@ -167,7 +178,7 @@ TEST(PrefillGpu, UnalignedViews) {
   Tensor out = test::poisoned({b.tq, h, kV}, DType::bf16, gpu), lse = test::poisoned({h, b.tq}, DType::f32, gpu);
   mha_prefill(qs.view().slice(2, 1, kNope + kRope + 1), kns.view().slice(2, 1, kNope + 1), on(kp, b.k_pe),
               vs.view().slice(2, 1, kV + 1), cq, ck, b.max_q, b.max_k, out, lse, kScale, true, Context{});
-  test::expect_attention_close(out, ref_out, lse, ref_lse, "unaligned");
+  test::expect_attention_close(out, ref.out, lse, ref.lse, "unaligned");
   EXPECT_EQ(last_variant("mha_prefill"), "portable") << "views TMA cannot read take the portable kernel";
 }
 
