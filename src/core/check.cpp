@@ -31,12 +31,22 @@ void check_inner_contiguous(const TensorView& t, const char* op, const char* arg
 void check_size(const TensorView& t, int dim, int64_t expected, const char* op, const char* arg) {
   MLA_CHECK(t.size(dim) == expected, "{}: {} dim {} must be {}, got {}", op, arg, dim, expected, t.describe());
 }
+void check_device_value(Device device, const char* op, const char* arg) {
+  MLA_CHECK(device.is_cpu() || (device.is_cuda() && device.index >= 0),
+            "{}: {} has an unknown device {} (expected cpu, or cuda with index >= 0)", op, arg, to_string(device));
+}
+void check_precision(Precision p, const char* op) {
+  MLA_CHECK(p == Precision::fast || p == Precision::reference,
+            "{}: unknown Precision value {} in the Context (expected 0 fast or 1 reference)", op, static_cast<int>(p));
+}
 void check_device(const TensorView& t, Device device, const char* op, const char* arg) {
   if (!t.defined()) return;
+  check_device_value(t.device, op, arg);
   MLA_CHECK(t.device == device, "{}: {} must be on {} like the other tensors, got {}", op, arg, to_string(device),
             t.describe());
 }
 void check_devices(Device device, const char* op, std::initializer_list<NamedView> views) {
+  check_device_value(device, op, "the op's device");
   for (const NamedView& v : views) check_device(v.t, device, op, v.name);
 }
 

@@ -5,6 +5,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "mla/error.h"
 #include "mla/tensor.h"
@@ -26,7 +27,21 @@ void check_float(const TensorView& t, const char* op, const char* arg);     // b
 void check_index(const TensorView& t, const char* op, const char* arg);     // i32 or i64
 void check_inner_contiguous(const TensorView& t, const char* op, const char* arg);
 void check_size(const TensorView& t, int dim, int64_t expected, const char* op, const char* arg);
-// All defined views among `ts` live on `device`.
+// `device` is a CPU or a CUDA device with a non-negative index (not a cast integer).
+void check_device_value(Device device, const char* op, const char* arg);
+// `p` is one of the Precision values.
+void check_precision(Precision p, const char* op);
+// Every Context among `args` has a valid precision (MLA_DISPATCH runs it on each op's arguments, after
+// the front end's checks and before the backend writes anything).
+template <class... Args>
+void check_contexts(const char* op, const Args&... args) {
+  (
+      [&] {
+        if constexpr (std::is_same_v<Args, Context>) check_precision(args.precision, op);
+      }(),
+      ...);
+}
+// The view is defined on a valid device (check_device_value) and lives on `device`.
 void check_device(const TensorView& t, Device device, const char* op, const char* arg);
 // check_device for several named views at once (absent ones are skipped).
 struct NamedView {

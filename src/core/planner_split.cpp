@@ -135,6 +135,9 @@ int64_t apply_spec_and_dcp(int64_t threshold, bool supports_spec_as_decode, int 
 
 int64_t dense_decode_threshold(QueryLenSupport support, int num_speculative_tokens, bool parallel_drafting,
                                int dcp_world_size, bool supports_dcp_varlen) {
+  MLA_CHECK(support == QueryLenSupport::single_only || support == QueryLenSupport::uniform ||
+                support == QueryLenSupport::varlen,
+            "dense_decode_threshold: unknown QueryLenSupport value {} (expected 0..2)", static_cast<int>(support));
   return apply_spec_and_dcp(1, support != QueryLenSupport::single_only, num_speculative_tokens, parallel_drafting,
                             dcp_world_size, supports_dcp_varlen, "dense_decode_threshold");
 }

@@ -31,7 +31,9 @@ bool is_floating(DType t) {
 }
 
 std::string to_string(const Device& d) {
-  return d.is_cuda() ? fmt::format("cuda:{}", d.index) : std::string("cpu");
+  if (d.is_cuda()) return fmt::format("cuda:{}", d.index);
+  if (d.is_cpu()) return "cpu";
+  return fmt::format("<invalid device type {}>", static_cast<int32_t>(d.type));
 }
 
 double yarn_mscale(double factor, double mscale_all_dim) {

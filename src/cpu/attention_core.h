@@ -130,11 +130,12 @@ struct SoftmaxTile {
   const T* orow(int64_t r) const { return o.data() + r * dv; }
 
   // Normalised output row r and its lse. A row that saw no key (l == 0) yields zeros and -inf: the
-  // empty-key-set rule of the contract, never 0/0.
+  // empty-key-set rule of the contract, never 0/0. A NaN score makes l (and so the row and its lse)
+  // NaN: it propagates, as on the GPU (SEMANTICS.md §14.6a), and is never mistaken for an empty row.
   // The lse keeps the accumulation precision (double in reference mode) until it is stored.
   T finish(int64_t r, T* out_row) const {
     const T* src = orow(r);
-    if (!(l[r] > T(0))) {
+    if (l[r] == T(0)) {
       std::fill(out_row, out_row + dv, T(0));
       return -std::numeric_limits<T>::infinity();
     }
@@ -146,7 +147,8 @@ struct SoftmaxTile {
   // Folds another partial state of the same rows (a disjoint key range) into this one.
   void merge(const SoftmaxTile& b) {
     for (int64_t r = 0; r < rows; ++r) {
-      const T mx = std::max(m[r], b.m[r]);
+      // NaN on either side stays NaN (std::max would drop a NaN second argument).
+      const T mx = std::isnan(m[r]) || std::isnan(b.m[r]) ? std::numeric_limits<T>::quiet_NaN() : std::max(m[r], b.m[r]);
       if (mx == -std::numeric_limits<T>::infinity()) continue;  // neither side saw a key
       const T fa = std::exp(m[r] - mx), fb = std::exp(b.m[r] - mx);
       T* o_a = orow(r);

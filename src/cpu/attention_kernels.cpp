@@ -218,14 +218,16 @@ struct Kernels {
       const T jf = static_cast<T>(j);
       const T* pj = p + j * nqp;
 #pragma omp simd
-      for (int64_t r = 0; r < nqp; ++r) mnew[r] = ((jf < limf[r]) & (pj[r] > mnew[r])) ? pj[r] : mnew[r];
+      for (int64_t r = 0; r < nqp; ++r)  // a NaN score becomes the max and stays (NaN > x is false)
+        mnew[r] = ((jf < limf[r]) & ((pj[r] > mnew[r]) | (pj[r] != pj[r]))) ? pj[r] : mnew[r];
     }
     for (int64_t j = 0; j < jmax; ++j) {
       const T jf = static_cast<T>(j);
       T* pj = p + j * nqp;
 #pragma omp simd
       for (int64_t r = 0; r < nqp; ++r) {
-        const bool seen = (jf < limf[r]) & (mnew[r] > kNegInf);  // & not &&: no branch, so it vectorises
+        // & not &&: no branch, so it vectorises. != (not >): a NaN max propagates into every p.
+        const bool seen = (jf < limf[r]) & (mnew[r] != kNegInf);
         const T e = exp_nonpos(seen ? pj[r] - mnew[r] : T(0));
         const T pv = seen ? e : T(0);
         pj[r] = pv;
@@ -233,7 +235,7 @@ struct Kernels {
       }
     }
     for (int64_t r = 0; r < nq; ++r) {
-      if (!(mnew[r] > kNegInf)) continue;           // nothing seen yet: state unchanged
+      if (mnew[r] == kNegInf) continue;             // nothing seen yet: state unchanged
       const T alpha = std::exp(st.m[r] - mnew[r]);  // 0 on the row's first visible block (m = -inf)
       st.l[r] = st.l[r] * alpha + lsum[r];
       st.m[r] = mnew[r];

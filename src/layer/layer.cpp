@@ -217,6 +217,7 @@ std::size_t MlaAttention::max_workspace_bytes(const PlannerConfig& config, int64
 
 void MlaAttention::forward(const Plan& plan, const ForwardArgs& args, const KVCache& cache,
                            const TensorView& workspace, const Context& ctx) const {
+  detail::check_precision(ctx.precision, "MlaAttention::forward");
   check_config_matches(plan.config, options_, "the plan's config");
   StepFacts facts = step_facts(plan, options_);
   const Dims dims = Dims::of(options_);

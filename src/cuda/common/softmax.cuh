@@ -44,9 +44,11 @@ struct RowState {
   }
   // Exponent base for visible keys; 0 when nothing is visible (then every p is masked to 0 anyway).
   __device__ __forceinline__ float base() const { return max == -INFINITY ? 0.0f : max; }
-  // Natural-log LSE, -inf for an empty row.
-  __device__ __forceinline__ float lse() const { return sum > 0.0f ? (max + __log2f(sum)) * kLn2 : -INFINITY; }
-  __device__ __forceinline__ float inv_sum() const { return sum > 0.0f ? 1.0f / sum : 0.0f; }
+  // Natural-log LSE, -inf for an empty row (sum exactly 0). A NaN score makes sum NaN, and the LSE and
+  // 1 / sum NaN with it: NaN propagates and is never taken for an empty row (SEMANTICS.md §14.6a).
+  // fmaxf drops NaN from the running max, so the max alone cannot tell.
+  __device__ __forceinline__ float lse() const { return sum == 0.0f ? -INFINITY : (max + __log2f(sum)) * kLn2; }
+  __device__ __forceinline__ float inv_sum() const { return sum == 0.0f ? 0.0f : 1.0f / sum; }
 };
 
 }  // namespace mla::cuda::softmax

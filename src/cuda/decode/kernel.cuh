@@ -98,7 +98,9 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
       sum += l == -INFINITY ? 0.0f : expf(l - mx);
     }
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+    // sum == 0: every split empty. A NaN split LSE (fmaxf dropped it from mx) makes sum NaN: the merged
+    // LSE and every weight are NaN (SEMANTICS.md §14.6a), even when the other splits are empty.
+    const float lse = sum == 0.0f ? -INFINITY : mx + logf(sum);
     for (int s = threadIdx.x; s < splits; s += 32) {
       const float l = lse_s[s * m_rows];
       weight[s] = l == -INFINITY ? 0.0f : expf(l - lse);

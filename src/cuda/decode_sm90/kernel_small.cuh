@@ -228,11 +228,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const float mm = fmaxf(m0, m1);
     const float e0 = m0 == -INFINITY ? 0.0f : softmax::exp2_approx(m0 - mm);
     const float e1 = m1 == -INFINITY ? 0.0f : softmax::exp2_approx(m1 - mm);
-    const float l = l0 * e0 + l1 * e1, inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : 1.0f / l;  // NaN l stays NaN (§14.6a)
     sc0[rr] = e0 * inv;
     sc1[rr] = e1 * inv;
     if (w == 0 && g8 == 0 && row < u.m_rows) {
-      const float lse = l > 0.0f ? (mm + __log2f(l)) * softmax::kLn2 : -INFINITY;
+      const float lse = l == 0.0f ? -INFINITY : (mm + __log2f(l)) * softmax::kLn2;
       const int i = row / rp.h_q, h = row % rp.h_q;
       if (split) p.ws_lse[(u.g * p.num_splits + u.split) * static_cast<int64_t>(u.m_rows) + row] = lse;
       else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;

@@ -82,8 +82,8 @@ __device__ __forceinline__ void write_rows_half(const DecodeSm90Params& p, const
     const int r = half ? r_hi : r_lo, row = u.row0 + r;
     if (row >= u.m_rows) continue;
     const float l = half ? l_hi : l_lo, m = half ? m_hi : m_lo;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const float lse = l > 0.0f ? (m + __log2f(l)) * softmax::kLn2 : -INFINITY;
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // l == 0: no key; a NaN l propagates (§14.6a)
+    const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * softmax::kLn2;
     const int i = row / rp.h_q, h = row % rp.h_q;
     const int64_t ws_row = ((u.g * p.num_splits + u.split) * static_cast<int64_t>(u.m_rows)) + row;
     if (c == 0 && t4 == 0) {
