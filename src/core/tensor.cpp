@@ -181,6 +181,8 @@ int cuda_device_count() {
 bool built_with_cuda() { return MLA_WITH_CUDA != 0; }
 
 Tensor Tensor::empty(std::span<const int64_t> shape, DType dtype, Device device) {
+  // An out-of-range DeviceType must not reach the CUDA allocator, which would take it for device `index`.
+  detail::check_device_value(device, "Tensor::empty", "device");
   Tensor t;
   t.view_ = TensorView(nullptr, dtype, shape, device);
   const std::size_t bytes = detail::checked_size(byte_count(t.view_), "Tensor::empty");
