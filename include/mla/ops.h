@@ -72,6 +72,20 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
                        const Context& ctx = {});
 
 // ---------------------------------------------------------------------------------------------
+// N-way LSE combine of partial attentions over disjoint key sets (decode context parallelism §13:
+// one part per rank's cache shard; any split of the keys).
+//   parts      [N, T, H, D]  partial outputs, each normalised over its own keys (any strides, unit inner)
+//   part_lses  [N, T, H]     fp32 (CPU: f64 too), natural log, any strides
+//   out        [T, H, D]     combined output (CUDA: the parts' dtype)
+//   out_lse    [T, H]        fp32 optional
+// Rules [PIN] (§13): a part with lse ±inf is empty and contributes exactly 0 (its out is never read, so
+// garbage or NaN there is harmless); every part empty -> out 0, lse -inf; a NaN lse makes the row and its
+// lse NaN (a NaN score on one shard is a NaN score of the whole key set, §14.6a). 1 <= N <= 256.
+inline constexpr int64_t kCombineMaxParts = 256;
+void combine_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& parts,
+                         const TensorView& part_lses, const Context& ctx = {});
+
+// ---------------------------------------------------------------------------------------------
 // Top-k index conversion (request-local positions -> cache slots / workspace rows, §11.3).
 //   req_id         [T] int32 request of each token (row of block_table)
 //   block_table    [R, max_blocks] int32

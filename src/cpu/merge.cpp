@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/numeric.h"
 #include "cpu/cpu_ops.h"
@@ -69,7 +70,72 @@ void merge(const TensorView& out, const TensorView& out_lse, const TensorView& p
   }
 }
 
+// combine_attn_states (§13, rules [PIN] in ops.h): parts [N, T, H, D], part_lses [N, T, H].
+template <class Acc>
+void combine(const TensorView& out, const TensorView& out_lse, const TensorView& parts, const TensorView& lses) {
+  const int64_t N = parts.size(0), T = parts.size(1), H = parts.size(2), D = parts.size(3);
+  const Acc nan = std::numeric_limits<Acc>::quiet_NaN();
+  auto lse_of = [&](int64_t n, int64_t t, int64_t h) {
+    const char* p = static_cast<const char*>(lses.data) +
+                    (n * lses.stride[0] + t * lses.stride[1] + h * lses.stride[2]) * lses.element_size();
+    return static_cast<Acc>(num::load(p, lses.dtype));
+  };
+  auto part_at = [&](int64_t n, int64_t t, int64_t h, int64_t d) {
+    const char* p = static_cast<const char*>(parts.data) +
+                    (n * parts.stride[0] + t * parts.stride[1] + h * parts.stride[2] + d * parts.stride[3]) *
+                        parts.element_size();
+    return static_cast<Acc>(num::load(p, parts.dtype));
+  };
+  const View3 o{out};
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<Acc> w(static_cast<std::size_t>(N), Acc(0));
+      Acc m = -std::numeric_limits<Acc>::infinity();
+      bool has_nan = false;
+      for (int64_t n = 0; n < N; ++n) {
+        const Acc l = lse_of(n, t, h);
+        has_nan |= std::isnan(l);
+        if (std::isfinite(l)) m = std::max(m, l);
+      }
+      double lse_out;
+      if (has_nan) {
+        for (int64_t d = 0; d < D; ++d) num::store(o.at(t, h, d), out.dtype, nan);
+        lse_out = std::numeric_limits<double>::quiet_NaN();
+      } else if (std::isinf(m)) {  // every part empty
+        for (int64_t d = 0; d < D; ++d) num::store(o.at(t, h, d), out.dtype, 0.0);
+        lse_out = -std::numeric_limits<double>::infinity();
+      } else {
+        // w[n] < 0 marks an empty part: skipped, never multiplied (its out may be garbage or NaN). A
+        // non-empty part whose weight underflows to 0 is still multiplied, as one kernel's P · V would.
+        Acc sum = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const Acc l = lse_of(n, t, h);
+          w[static_cast<std::size_t>(n)] = std::isfinite(l) ? std::exp(l - m) : Acc(-1);
+          if (std::isfinite(l)) sum += w[static_cast<std::size_t>(n)];
+        }
+        for (Acc& f : w)
+          if (f >= Acc(0)) f /= sum;  // factors first: outputs never meet raw exponentials
+        for (int64_t d = 0; d < D; ++d) {
+          Acc acc = 0;
+          for (int64_t n = 0; n < N; ++n)
+            if (w[static_cast<std::size_t>(n)] >= Acc(0)) acc += part_at(n, t, h, d) * w[static_cast<std::size_t>(n)];
+          num::store(o.at(t, h, d), out.dtype, acc);
+        }
+        lse_out = static_cast<double>(std::log(sum) + m);
+      }
+      if (out_lse.defined()) put_lse(out_lse, t, h, lse_out);
+    }
+  }
+}
+
 }  // namespace
+
+void combine_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& parts,
+                         const TensorView& part_lses, const Context& ctx) {
+  if (ctx.precision == Precision::reference) combine<double>(out, out_lse, parts, part_lses);
+  else combine<float>(out, out_lse, parts, part_lses);
+}
 
 void merge_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& prefix,
                        const TensorView& prefix_lse, const TensorView& suffix, const TensorView& suffix_lse,

@@ -50,4 +50,25 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
                prefill_tokens_with_context, output_scale, ctx);
 }
 
+void combine_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& parts,
+                         const TensorView& part_lses, const Context& ctx) {
+  constexpr const char* op = "combine_attn_states";
+  detail::check_ndim(parts, 4, op, "parts [N, T, H, D]");
+  detail::check_activation(parts, false, op, "parts", detail::CudaActivations::bf16_f16_f32);
+  const int64_t n = parts.size(0), t = parts.size(1), h = parts.size(2), d = parts.size(3);
+  MLA_CHECK(n >= 1 && n <= kCombineMaxParts, "{}: parts must hold 1 to {} parts, got {}", op, kCombineMaxParts,
+            parts.describe());
+  const Device dev = parts.device;
+  detail::check_ndim(out, 3, op, "out [T, H, D]");
+  detail::check_activation(out, true, op, "out", detail::CudaActivations::bf16_f16_f32);
+  detail::check_same_dtype_on_cuda(out, parts, op, "out", "parts");
+  MLA_CHECK(out.size(0) == t && out.size(1) == h && out.size(2) == d, "{}: out must be [{}, {}, {}] like parts, got {}",
+            op, t, h, d, out.describe());
+  detail::check_lse(part_lses, {n, t, h}, false, op, "part_lses [N, T, H]");
+  if (out_lse.defined()) detail::check_lse(out_lse, {t, h}, true, op, "out_lse [T, H]");
+  detail::check_devices(dev, op, {{out, "out"}, {part_lses, "part_lses"}, {out_lse, "out_lse"}});
+  if (t == 0 || h == 0) return;
+  MLA_DISPATCH(dev, combine_attn_states, out, out_lse, parts, part_lses, ctx);
+}
+
 }  // namespace mla

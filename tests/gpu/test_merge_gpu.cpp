@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <tuple>
 
@@ -144,6 +145,55 @@ TEST(MergeGpuEdge, CopyRulesAreBitExact) {
       const double want = copy_prefix ? -inf : s[h * T + t];
       EXPECT_EQ(lse[static_cast<std::size_t>(h * T + t)], want) << t << " " << h;
     }
+}
+
+}  // namespace
+}  // namespace mla
+
+namespace mla {
+namespace {
+
+// combine_attn_states on CUDA against the CPU float64 reference: N parts (1 .. 40, over the warp's 32
+// lanes), edge lse values (±inf empty parts whose outputs are NaN, NaN lse), head-padded parts and
+// out (vector path) and D = 36 with odd strides (element path), bf16 / f16 / f32; the out padding
+// heads must stay poisoned.
+TEST(CombineGpu, MatchesReference) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(33);
+  struct Case {
+    int64_t n, t, h, d, pad;
+    DType act;
+  };
+  for (const Case& c : {Case{1, 5, 16, 512, 8, DType::bf16}, Case{2, 33, 128, 512, 0, DType::bf16},
+                        Case{4, 7, 3, 512, 8, DType::f16}, Case{40, 3, 5, 128, 8, DType::f32},
+                        Case{3, 6, 5, 36, 3, DType::bf16}, Case{8, 4, 2, 36, 1, DType::f32}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << c.n << " t=" << c.t << " h=" << c.h << " d=" << c.d
+                                      << " act=" << to_string(c.act));
+    Mirror parts(test::random_tensor({c.n, c.t, c.h, c.d + c.pad}, c.act, Device::cpu(), -4, 4));
+    Tensor l = test::random_tensor({c.n, c.t, c.h}, DType::f32, Device::cpu(), -6, 6);
+    auto* lp = static_cast<float*>(l.data());
+    std::uniform_int_distribution<int> pick(0, 11);
+    for (int64_t i = 0; i < c.n * c.t * c.h; ++i) {
+      const int k = pick(test::rng());
+      if (k == 0) lp[i] = std::numeric_limits<float>::infinity();
+      if (k == 1) lp[i] = -std::numeric_limits<float>::infinity();
+      if (k == 2 && i % 5 == 0) lp[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+    // Empty parts (lse ±inf) hold NaN outputs: the combine must never read them.
+    for (int64_t i = 0; i < c.n * c.t * c.h; ++i)
+      if (std::isinf(lp[i])) {
+        char* row = static_cast<char*>(parts.host.data()) + i * (c.d + c.pad) * static_cast<int64_t>(dtype_size(c.act));
+        std::memset(row, 0xff, static_cast<std::size_t>(c.d) * dtype_size(c.act));
+      }
+    parts.sync();
+    Mirror lse(l);
+    Mirror out(test::poisoned({c.t, c.h + 2, c.d}, c.act)), olse(test::poisoned({c.t, c.h}, DType::f32));
+    const TensorView ph = parts.host.view().slice(3, 0, c.d), oh = out.host.view().slice(1, 0, c.h);
+    combine_attn_states(oh, olse.host, ph, lse.host, test::reference_ctx());
+    combine_attn_states(out.on_dev(oh), olse.dev, parts.on_dev(ph), lse.dev);
+    EXPECT_EQ(test::check_close(test::to_doubles(out.dev), test::to_doubles(out.host), c.act, 1e-6), "");
+    EXPECT_EQ(test::check_close(test::to_doubles(olse.dev), test::to_doubles(olse.host), DType::f32, 1e-6), "");
+  }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // and D is a multiple of 8.
 #include "cuda/common/launch.h"
 #include "cuda/cuda_ops.h"
+#include "mla/ops.h"
+#include "cuda/merge/combine_kernel.cuh"
 #include "cuda/merge/kernel.cuh"
 
 namespace mla::cuda {
@@ -63,6 +65,46 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
   dispatch_activation(prefix.dtype, "merge_attn_states", [&](auto act) {
     if (fp8_out) launch_merge<decltype(act), true>(p, vec, ctx);
     else launch_merge<decltype(act), false>(p, vec, ctx);
+  });
+}
+
+void combine_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& parts,
+                         const TensorView& part_lses, const Context& ctx) {
+  static_assert(merge::kCombineSlots >= kCombineMaxParts, "one factor slot per part");
+  DeviceGuard guard(parts.device);
+  merge::CombineParams p{};
+  p.parts = parts.data;
+  p.part_lses = static_cast<const float*>(part_lses.data);
+  p.out = out.data;
+  p.out_lse = out_lse.defined() ? static_cast<float*>(out_lse.data) : nullptr;
+  p.part_stride_n = parts.stride[0];
+  p.part_stride_t = parts.stride[1];
+  p.part_stride_h = parts.stride[2];
+  p.lse_stride_n = part_lses.stride[0];
+  p.lse_stride_t = part_lses.stride[1];
+  p.lse_stride_h = part_lses.stride[2];
+  p.out_stride_t = out.stride[0];
+  p.out_stride_h = out.stride[1];
+  if (p.out_lse) {
+    p.olse_stride_t = out_lse.stride[0];
+    p.olse_stride_h = out_lse.stride[1];
+  }
+  p.num_parts = parts.size(0);
+  p.num_tokens = parts.size(1);
+  p.num_heads = parts.size(2);
+  p.head_dim = static_cast<int>(parts.size(3));
+  const int64_t rows = p.num_tokens * p.num_heads;
+  if (rows == 0) return;
+  // Element strides that are multiples of 8 keep every 8-value chunk 16-byte aligned (f32: two halves).
+  const bool vec = p.head_dim % 8 == 0 && dev::aligned_to(p.parts, 16) && dev::aligned_to(p.out, 16) &&
+                   p.part_stride_n % 8 == 0 && p.part_stride_t % 8 == 0 && p.part_stride_h % 8 == 0 &&
+                   p.out_stride_t % 8 == 0 && p.out_stride_h % 8 == 0;
+  const unsigned grid = grid_for(rows, merge::kCombineWarps, "combine_attn_states");
+  dispatch_activation(parts.dtype, "combine_attn_states", [&](auto act) {
+    using Act = decltype(act);
+    if (vec) merge::combine_kernel<Act, true><<<grid, merge::kCombineWarps * 32, 0, stream_of(ctx)>>>(p);
+    else merge::combine_kernel<Act, false><<<grid, merge::kCombineWarps * 32, 0, stream_of(ctx)>>>(p);
+    check_launch("combine_attn_states");
   });
 }
 

@@ -1,0 +1,315 @@
+// Decode context parallelism on the CPU with W simulated ranks (semantics §13): the layout functions
+// (mla/dcp.h), the N-way combine op, and the end-to-end claim that attending every rank's shard and
+// combining the partials equals attending the whole cache (dense causal s_q 1 and 3, sparse with the
+// DCP filter), in every cache format, at float64 precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <vector>
+
+#include "attention_test_util.h"
+#include "mla/dcp.h"
+#include "mla/ops.h"
+#include "support/test_util.h"
+
+namespace mla {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+TEST(DcpLayout, ShardsPartitionEveryPrefix) {
+  for (int w : {1, 2, 3, 4, 8})
+    for (int il : {1, 2, 16, 64})
+      for (int64_t len : {0, 1, 5, 63, 64, 65, 200, 1031}) {
+        int64_t total = 0;
+        std::vector<std::set<int64_t>> local(static_cast<std::size_t>(w));
+        for (int64_t p = 0; p < len; ++p) {
+          const int r = dcp_owner(p, {w, 0, il});
+          ASSERT_TRUE(r >= 0 && r < w);
+          EXPECT_EQ(r, (p / il) % w);
+          EXPECT_TRUE(local[static_cast<std::size_t>(r)].insert(dcp_local_position(p, {w, r, il})).second)
+              << "two positions share a local slot";
+        }
+        for (int r = 0; r < w; ++r) {
+          const int64_t n = dcp_local_length(len, {w, r, il});
+          total += n;
+          // The owned positions fill local slots [0, n) exactly, in order of the global positions.
+          ASSERT_EQ(static_cast<int64_t>(local[static_cast<std::size_t>(r)].size()), n)
+              << "w " << w << " I " << il << " len " << len << " rank " << r;
+          if (n > 0) {
+            EXPECT_EQ(*local[static_cast<std::size_t>(r)].rbegin(), n - 1);
+          }
+        }
+        EXPECT_EQ(total, len);
+      }
+}
+
+TEST(DcpLayout, QueryLengthsAndFilter) {
+  const DcpLayout l{2, 1, 2};  // rank 1 owns positions 2, 3, 6, 7, ...
+  const std::vector<int32_t> seq = {7, 0, 3};
+  std::vector<int32_t> out(9);
+  dcp_local_query_lengths(seq, 3, true, l, out);
+  // Request 0 sees [0, 5), [0, 6), [0, 7): rank 1 owns {2, 3}, {2, 3}, {2, 3, 6}.
+  EXPECT_EQ(out, (std::vector<int32_t>{2, 2, 3, 0, 0, 0, 0, 0, 1}));
+  dcp_local_query_lengths(seq, 3, false, l, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{3, 3, 3, 0, 0, 0, 1, 1, 1}));
+  std::vector<int32_t> idx = {0, 2, 3, 6, -1, 7, 5, 11};
+  dcp_filter_topk(idx, l);
+  EXPECT_EQ(idx, (std::vector<int32_t>{-1, 0, 1, 2, -1, 3, -1, 5}));
+  EXPECT_THROW(validate_dcp_layout({0, 0, 1}), Error);
+  EXPECT_THROW(validate_dcp_layout({2, 2, 1}), Error);
+  EXPECT_THROW(validate_dcp_layout({2, -1, 1}), Error);
+  EXPECT_THROW(validate_dcp_layout({2, 0, 0}), Error);
+  EXPECT_THROW(validate_dcp_layout({2, 0, 3}, 16), Error);
+  EXPECT_THROW(dcp_owner(-1, {2, 0, 1}), Error);
+  EXPECT_THROW(dcp_local_query_lengths(seq, 2, true, l, out), Error);
+}
+
+// combine_attn_states against the formula of §13 in float64, with strided parts, a transposed lse and
+// the edge rules: +inf / -inf parts are empty (their NaN outputs are ignored), all empty -> 0 / -inf,
+// a NaN lse -> NaN row.
+TEST(CombineAttnStates, MatchesFormulaAndEdgeRules) {
+  test::reseed(31);
+  for (int64_t n : {1, 2, 3, 7}) {
+    const int64_t t = 5, h = 3, d = 40;
+    Tensor parts_store = test::random_tensor({n, t, h, d + 8}, DType::f32);
+    TensorView parts = parts_store.view();
+    parts.shape[3] = d;  // padded rows: strides differ from the shape
+    Tensor lse_store = test::random_tensor({n, h, t}, DType::f32, Device::cpu(), -3.0, 3.0);
+    const int64_t lshape[] = {n, t, h}, lstride[] = {h * t, 1, t};
+    TensorView lses(lse_store.data(), DType::f32, lshape, lstride);  // transposed [N, T, H] view
+    auto* lp = static_cast<float*>(lse_store.data());
+    auto lse_at = [&](int64_t k, int64_t i, int64_t j) -> float& { return lp[k * h * t + j * t + i]; };
+    auto* pp = static_cast<float*>(parts_store.data());
+    auto part_at = [&](int64_t k, int64_t i, int64_t j, int64_t x) -> float& {
+      return pp[((k * t + i) * h + j) * (d + 8) + x];
+    };
+    // Token 1: every part empty (±inf, outputs NaN). Token 2: part 0 empty with a NaN output.
+    // Token 3, head 1: a NaN lse.
+    for (int64_t k = 0; k < n; ++k) {
+      lse_at(k, 1, 0) = k % 2 ? INFINITY : -INFINITY;
+      for (int64_t x = 0; x < d; ++x) part_at(k, 1, 0, x) = NAN;
+    }
+    lse_at(0, 2, 2) = INFINITY;
+    for (int64_t x = 0; x < d; ++x) part_at(0, 2, 2, x) = NAN;
+    lse_at(n - 1, 3, 1) = NAN;
+
+    Tensor out = test::poisoned({t, h, d}, DType::f64), out_lse = test::poisoned({t, h}, DType::f64);
+    combine_attn_states(out, out_lse, parts, lses, {nullptr, Precision::reference});
+    const std::vector<double> o = test::to_doubles(out), ol = test::to_doubles(out_lse);
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < h; ++j) {
+        double m = -kInf;
+        bool nan = false;
+        for (int64_t k = 0; k < n; ++k) {
+          const double l = lse_at(k, i, j);
+          nan |= std::isnan(l);
+          if (std::isfinite(l)) m = std::max(m, l);
+        }
+        double sum = 0;
+        for (int64_t k = 0; k < n; ++k)
+          if (std::isfinite(lse_at(k, i, j))) sum += std::exp(lse_at(k, i, j) - m);
+        const double want_lse = nan ? NAN : std::isinf(m) ? -kInf : std::log(sum) + m;
+        const double got_lse = ol[static_cast<std::size_t>(i * h + j)];
+        if (std::isnan(want_lse)) {
+          EXPECT_TRUE(std::isnan(got_lse));
+        } else if (std::isinf(want_lse)) {
+          EXPECT_EQ(got_lse, -kInf);
+        } else {
+          EXPECT_NEAR(got_lse, want_lse, 1e-12);
+        }
+        for (int64_t x = 0; x < d; ++x) {
+          double want = 0;
+          for (int64_t k = 0; k < n; ++k)
+            if (std::isfinite(lse_at(k, i, j))) want += part_at(k, i, j, x) * std::exp(lse_at(k, i, j) - m) / sum;
+          const double got = o[static_cast<std::size_t>((i * h + j) * d + x)];
+          if (nan) {
+            EXPECT_TRUE(std::isnan(got));
+          } else if (std::isinf(m)) {
+            EXPECT_EQ(got, 0.0);
+          } else {
+            EXPECT_NEAR(got, want, 1e-12) << "n " << n << " t " << i << " h " << j << " x " << x;
+          }
+        }
+      }
+    // fast precision, bf16 parts and output: within bf16 rounding of the float64 result.
+    Tensor pb = Tensor::empty({n, t, h, d}, DType::bf16), ob = Tensor::empty({t, h, d}, DType::bf16);
+    test::fill_random(pb.view());
+    Tensor lse2 = test::random_tensor({n, t, h}, DType::f32, Device::cpu(), -3.0, 3.0);
+    Tensor o64 = Tensor::empty({t, h, d}, DType::f64);
+    combine_attn_states(ob, {}, pb, lse2, {});
+    combine_attn_states(o64, {}, pb, lse2, {nullptr, Precision::reference});
+    const std::vector<double> a = test::to_doubles(ob), b = test::to_doubles(o64);
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-2 * std::abs(b[i]) + 1e-6);
+  }
+}
+
+TEST(CombineAttnStates, RefusesBadArguments) {
+  Tensor parts = Tensor::zeros({2, 3, 4, 8}, DType::f32), lses = Tensor::zeros({2, 3, 4}, DType::f32);
+  Tensor out = test::poisoned({3, 4, 8}, DType::f32), out_lse = test::poisoned({3, 4}, DType::f32);
+  const std::vector<double> before = test::to_doubles(out);
+  auto refused = [&](auto&& call) {
+    EXPECT_THROW(call(), Error);
+    const std::vector<double> after = test::to_doubles(out);
+    for (std::size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(std::isnan(after[i]) && std::isnan(before[i]));
+  };
+  refused([&] { combine_attn_states(out, out_lse, parts, Tensor::zeros({2, 4, 3}, DType::f32)); });
+  refused([&] { combine_attn_states(out, out_lse, parts, Tensor::zeros({3, 3, 4}, DType::f32)); });
+  refused([&] { combine_attn_states(out, out_lse, Tensor::zeros({2, 3, 4, 7}, DType::f32), lses); });
+  refused([&] { combine_attn_states(out, Tensor::zeros({4, 3}, DType::f32), parts, lses); });
+  refused([&] { combine_attn_states(out, out_lse, Tensor::zeros({0, 3, 4, 8}, DType::f32), Tensor::zeros({0, 3, 4}, DType::f32)); });
+  refused([&] {
+    combine_attn_states(out, out_lse, Tensor::zeros({kCombineMaxParts + 1, 3, 4, 8}, DType::f32),
+                        Tensor::zeros({kCombineMaxParts + 1, 3, 4}, DType::f32));
+  });
+  refused([&] { combine_attn_states(out, out_lse, parts, Tensor::zeros({2, 3, 4}, DType::i32)); });
+}
+
+// One rank's shard of a PagedBatch: the rows of the positions it owns, copied byte for byte (exact in
+// every format) into a cache of its own with a local block table; every other row NaN.
+struct Shard {
+  CacheBuffer cb;
+  std::vector<std::vector<int32_t>> table;  // [b][local blocks]
+  int64_t page;
+  int64_t slot(int64_t r, int64_t local) const {
+    return int64_t(table[static_cast<std::size_t>(r)][static_cast<std::size_t>(local / page)]) * page + local % page;
+  }
+};
+
+Shard make_shard(const test::PagedBatch& pb, const std::vector<int32_t>& lens, int64_t page, const DcpLayout& l) {
+  const int64_t b = static_cast<int64_t>(lens.size());
+  int64_t max_blocks = 1;
+  for (int32_t len : lens) max_blocks = std::max(max_blocks, (dcp_local_length(len, l) + page - 1) / page);
+  Shard s{test::nan_cache(pb.cb.cache.format, b * max_blocks + 1, page), {}, page};
+  s.cb.cache.scale = pb.cb.cache.scale;
+  const int64_t bytes = cache_entry_bytes(pb.cb.cache.format, pb.cb.cache.d_qk);
+  for (int64_t r = 0; r < b; ++r) {
+    std::vector<int32_t> row;
+    for (int64_t j = 0; j < max_blocks; ++j) row.push_back(static_cast<int32_t>(r * max_blocks + j + 1));
+    s.table.push_back(row);
+    for (int64_t p = 0; p < lens[static_cast<std::size_t>(r)]; ++p)
+      if (dcp_owner(p, l) == l.rank)
+        std::memcpy(const_cast<uint8_t*>(test::row_ptr(s.cb.cache, s.slot(r, dcp_local_position(p, l)))),
+                    test::row_ptr(pb.cb.cache, pb.slots[static_cast<std::size_t>(r)][static_cast<std::size_t>(p)]),
+                    static_cast<std::size_t>(bytes));
+  }
+  return s;
+}
+
+void expect_same(const Tensor& got, const Tensor& want, const std::string& what) {
+  const std::vector<double> a = test::to_doubles(got), b = test::to_doubles(want);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(b[i])) {
+      EXPECT_EQ(a[i], b[i]) << what << " at " << i;
+    } else {
+      EXPECT_NEAR(a[i], b[i], 1e-9 * (1 + std::abs(b[i]))) << what << " at " << i;
+    }
+  }
+}
+
+// Dense decode: W shards attended with the per-query local lengths (a causal s_q = 3 step becomes
+// 3·b rows of s_q = 1) and combined == the whole cache attended causally. Requests include a length-0
+// one and lengths shorter than W·I (ranks with empty shards).
+TEST(Dcp, DecodeShardsCombineToFullAttention) {
+  test::reseed(41);
+  const int64_t page = 16, h = 3;
+  const std::vector<int32_t> lens = {70, 0, 5, 33, 129};
+  const int64_t b = static_cast<int64_t>(lens.size());
+  for (CacheFormat f : test::kAllFormats)
+    for (int64_t s_q : {1, 3})
+      for (DcpLayout base : {DcpLayout{2, 0, 1}, DcpLayout{3, 0, 16}, DcpLayout{4, 0, 2}}) {
+        const std::string what = std::string(to_string(f)) + " s_q " + std::to_string(s_q) + " W " +
+                                 std::to_string(base.world_size) + " I " + std::to_string(base.interleave);
+        test::PagedBatch pb = test::paged_batch(f, page, lens, 9);
+        Tensor q = test::random_tensor({b, s_q, h, 576}, DType::f64);
+        Tensor want = Tensor::empty({b, s_q, h, 512}, DType::f64), want_lse = Tensor::empty({b, s_q, h}, DType::f64);
+        const Context ref{nullptr, Precision::reference};
+        mqa_decode(q, pb.cb.cache, pb.block_table, pb.seq_lens, want, want_lse, 0.09, true, {}, ref);
+
+        const int64_t w = base.world_size, rows = b * s_q;
+        Tensor parts = Tensor::empty({w, rows, h, 512}, DType::f64), lses = Tensor::empty({w, rows, h}, DType::f64);
+        for (int rank = 0; rank < w; ++rank) {
+          const DcpLayout l{base.world_size, rank, base.interleave};
+          Shard s = make_shard(pb, lens, page, l);
+          std::vector<int32_t> qlens(static_cast<std::size_t>(rows));
+          dcp_local_query_lengths(lens, s_q, true, l, qlens);
+          std::vector<std::vector<int32_t>> table;  // one row per (request, query)
+          for (int64_t r = 0; r < b; ++r)
+            for (int64_t i = 0; i < s_q; ++i) table.push_back(s.table[static_cast<std::size_t>(r)]);
+          TensorView qr(q.data(), DType::f64, {rows, 1, h, 576});
+          char* pbase = static_cast<char*>(parts.data()) + rank * rows * h * 512 * 8;
+          char* lbase = static_cast<char*>(lses.data()) + rank * rows * h * 8;
+          mqa_decode(qr, s.cb.cache, test::int_tensor_2d(table), test::int_tensor(qlens),
+                     TensorView(pbase, DType::f64, {rows, 1, h, 512}), TensorView(lbase, DType::f64, {rows, 1, h}),
+                     0.09, true, {}, ref);
+        }
+        Tensor got = test::poisoned({rows, h, 512}, DType::f64), got_lse = test::poisoned({rows, h}, DType::f64);
+        combine_attn_states(got, got_lse, parts, lses, ref);
+        expect_same(got, want, what + " out");
+        expect_same(got_lse, want_lse, what + " lse");
+      }
+}
+
+// Sparse: request-local top-k positions, filtered per rank (dcp_filter_topk) and mapped through the
+// rank's table; -1 and duplicate entries included; a token whose positions all live on one rank
+// leaves the other ranks' rows empty.
+TEST(Dcp, SparseShardsCombineToFullAttention) {
+  test::reseed(43);
+  const int64_t page = 16, h = 4, topk = 24;
+  const std::vector<int32_t> lens = {90, 40, 7};
+  const int64_t b = static_cast<int64_t>(lens.size());
+  for (CacheFormat f : test::kAllFormats)
+    for (DcpLayout base : {DcpLayout{2, 0, 1}, DcpLayout{4, 0, 16}}) {
+      const std::string what = std::string(to_string(f)) + " W " + std::to_string(base.world_size);
+      test::PagedBatch pb = test::paged_batch(f, page, lens, 6);
+      const std::vector<std::vector<int32_t>> tbl = [&] {
+        std::vector<std::vector<int32_t>> t;
+        const std::vector<int32_t> flat = test::to_ints(pb.block_table);
+        for (int64_t r = 0; r < b; ++r) t.emplace_back(flat.begin() + r * 6, flat.begin() + (r + 1) * 6);
+        return t;
+      }();
+      // Token r of request r: random positions below its length, some -1, one duplicate.
+      std::vector<std::vector<int32_t>> pos(static_cast<std::size_t>(b));
+      for (int64_t r = 0; r < b; ++r) {
+        std::uniform_int_distribution<int32_t> u(-3, lens[static_cast<std::size_t>(r)] - 1);
+        for (int64_t k = 0; k < topk; ++k) pos[r].push_back(std::max(-1, u(test::rng())));
+        pos[r][1] = pos[r][0];
+      }
+      auto to_slots = [&](const std::vector<std::vector<int32_t>>& p,
+                          const std::vector<std::vector<int32_t>>& table) {
+        std::vector<std::vector<int32_t>> s = p;
+        for (int64_t r = 0; r < b; ++r)
+          for (int32_t& x : s[r])
+            if (x >= 0) x = table[r][static_cast<std::size_t>(x / page)] * static_cast<int32_t>(page) + x % page;
+        return test::int_tensor_2d(s);
+      };
+      Tensor q = test::random_tensor({b, h, 576}, DType::f64);
+      const Context ref{nullptr, Precision::reference};
+      Tensor want = Tensor::empty({b, h, 512}, DType::f64), want_lse = Tensor::empty({b, h}, DType::f64);
+      sparse_mqa(q, pb.cb.cache, to_slots(pos, tbl), {}, want, want_lse, 0.07, ref);
+
+      const int64_t w = base.world_size;
+      Tensor parts = Tensor::empty({w, b, h, 512}, DType::f64), lses = Tensor::empty({w, b, h}, DType::f64);
+      for (int rank = 0; rank < w; ++rank) {
+        const DcpLayout l{base.world_size, rank, base.interleave};
+        Shard s = make_shard(pb, lens, page, l);
+        std::vector<std::vector<int32_t>> local = pos;
+        for (auto& row : local) dcp_filter_topk(row, l);
+        char* pbase = static_cast<char*>(parts.data()) + rank * b * h * 512 * 8;
+        char* lbase = static_cast<char*>(lses.data()) + rank * b * h * 8;
+        sparse_mqa(q, s.cb.cache, to_slots(local, s.table), {}, TensorView(pbase, DType::f64, {b, h, 512}),
+                   TensorView(lbase, DType::f64, {b, h}), 0.07, ref);
+      }
+      Tensor got = test::poisoned({b, h, 512}, DType::f64), got_lse = test::poisoned({b, h}, DType::f64);
+      combine_attn_states(got, got_lse, parts, lses, ref);
+      expect_same(got, want, what + " out");
+      expect_same(got_lse, want_lse, what + " lse");
+    }
+}
+
+}  // namespace
+}  // namespace mla
