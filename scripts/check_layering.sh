@@ -3,7 +3,7 @@
 # written once, below (docs/DEVELOPING.md "Layers"):
 #
 #   runtime (CUDA runtime wrapper) <- core <- cpu, cuda (backends) <- ops (front ends)
-#     <- attention (src/layer) <- apps, bench
+#     <- attention (src/layer), dist (communicators, DCP collectives) <- apps, bench
 #
 # A quoted include "dir/file" must start with a prefix the including file's layer allows; a quoted
 # include without a '/' is a file of the same folder. Angle includes are checked only where a layer
@@ -23,6 +23,7 @@ src/cpu     | cpu/ core/ mla/ | cuda cublas
 src/cuda    | cuda/ core/ runtime/ mla/ |
 src/ops     | ops/ core/ runtime/ mla/ cpu/cpu_ops.h cuda/cuda_ops.h cuda/dispatch/families.h | cuda cublas
 src/layer   | layer/ ops/ core/ runtime/ mla/ | cuda cublas
+src/dist    | dist/ core/ runtime/ mla/ |
 apps        | mla/ core/ runtime/ |
 bench       | mla/ core/ runtime/ cuda/ |
 python/src  | mla/ | fmt/ cuda cublas

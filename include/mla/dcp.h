@@ -6,8 +6,14 @@
 // (ops.h) merges the W partials exactly. These are pure host functions: the plan of a step uses them
 // to give each rank its local lengths, and a caller uses them to route cache writes (slot -1 for
 // positions another rank owns).
+#include <cstddef>
 #include <cstdint>
 #include <span>
+
+#include "mla/cache.h"
+#include "mla/comm.h"
+#include "mla/tensor.h"
+#include "mla/types.h"
 
 namespace mla {
 
@@ -38,5 +44,33 @@ void dcp_local_query_lengths(std::span<const int32_t> seq_lens, int64_t s_q, boo
 // The DCP filter of sparse indices: request-local positions -> this rank's local positions, -1 where
 // another rank owns the position (and for entries that were already < 0). In place.
 void dcp_filter_topk(std::span<int32_t> indices, const DcpLayout& layout);
+
+// ---- collectives of a DCP group (one call per rank, the same shapes on every rank) -------------
+// Every rank holds its h_q heads of the group's W·h_q; rank r's heads are [r·h_q, (r+1)·h_q) of the
+// gathered order. Each op all-gathers q over heads, attends the rank's shard for all W·h_q heads, and
+// combines the W partials of the rank's own heads (all-to-all of partial outputs and LSEs, then
+// combine_attn_states: exact, §13). Partials travel in q's dtype. Tensors live on comm.device();
+// q, out and lse contiguous. The workspace (u8, caller-owned, >= the size query) holds the gathered
+// q, the partials, both exchange buffers and the decode split scratch; nothing is allocated.
+
+// Dense decode of b requests with s_q queries each, as b·s_q rows of one query (the causal mask of a
+// step is carried by the per-row local lengths, dcp_local_query_lengths).
+//   q            [b, s_q, h_q, 576]   this rank's heads
+//   cache        this rank's shard; block_table [b, max_blocks] int32 into it (local pages)
+//   local_lens   [b·s_q] int32: row (r, i)'s key count in this shard
+//   out          [b, s_q, h_q, 512], lse [b, s_q, h_q] fp32
+std::size_t dcp_mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_blocks,
+                                           int64_t page_size, DType dtype, int world_size, Device device);
+void dcp_mqa_decode(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& block_table,
+                    const TensorView& local_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
+                    const TensorView& workspace, const Context& ctx = {});
+
+// Sparse attention of T tokens over this shard.
+//   q [T, h_q, 576]; indices [T, topk] int32 slots of this shard (dcp_filter_topk, then the local block
+//   table), -1 for positions other ranks own; topk_length [T] optional; out [T, h_q, 512], lse [T, h_q].
+std::size_t dcp_sparse_mqa_workspace_bytes(int64_t t, int64_t h_q, DType dtype, int world_size);
+void dcp_sparse_mqa(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& indices,
+                    const TensorView& topk_length, const TensorView& out, const TensorView& lse,
+                    double softmax_scale, const TensorView& workspace, const Context& ctx = {});
 
 }  // namespace mla

@@ -1,0 +1,43 @@
+#pragma once
+// Argument checks shared by the communicators (mla/comm.h): contiguous views on the communicator's
+// device, one dtype, and the size relation of the collective. They run before any rank waits, so a
+// bad call throws on its own rank (its peers then time out; see comm.h).
+#include <cstdint>
+
+#include "core/check.h"
+#include "mla/tensor.h"
+
+namespace mla::dist {
+
+inline void check_buffer(const TensorView& t, Device device, const char* what, const char* arg) {
+  detail::check_defined(t, what, arg);
+  detail::check_device_value(t.device, what, arg);
+  MLA_CHECK(t.device == device, "{}: {} must be on {} (the communicator's device), got {}", what, arg,
+            to_string(device), t.describe());
+  MLA_CHECK(t.is_contiguous(), "{}: {} must be contiguous, got {}", what, arg, t.describe());
+}
+
+// Bytes of one rank's input.
+inline int64_t check_all_gather(const TensorView& in, const TensorView& out, int world, Device device,
+                                const char* what) {
+  check_buffer(in, device, what, "in");
+  check_buffer(out, device, what, "out");
+  MLA_CHECK(in.dtype == out.dtype, "{}: in and out must share a dtype, got {} and {}", what, in.describe(),
+            out.describe());
+  MLA_CHECK(out.numel() == in.numel() * world, "{}: out must hold {} x in's {} elements, got {}", what, world,
+            in.numel(), out.describe());
+  return in.numel() * static_cast<int64_t>(in.element_size());
+}
+
+// Bytes of one block (in and out hold `world` blocks each).
+inline int64_t check_all_to_all(const TensorView& in, const TensorView& out, int world, Device device,
+                                const char* what) {
+  check_buffer(in, device, what, "in");
+  check_buffer(out, device, what, "out");
+  MLA_CHECK(in.dtype == out.dtype && in.numel() == out.numel(),
+            "{}: in and out must have one dtype and size, got {} and {}", what, in.describe(), out.describe());
+  MLA_CHECK(in.numel() % world == 0, "{}: in must split into {} equal blocks, got {}", what, world, in.describe());
+  return in.numel() / world * static_cast<int64_t>(in.element_size());
+}
+
+}  // namespace mla::dist

@@ -1,0 +1,148 @@
+// DCP collectives over NCCL on CUDA (mla/comm.h, mla/dcp.h): one thread per GPU, one NCCL rank each
+// (W = every GPU of the machine, up to 4; on a one-GPU machine W = 1 still runs the gather / reorder /
+// exchange / combine path). dcp_mqa_decode (causal s_q 1 and 2) and dcp_sparse_mqa over the W shards
+// are compared with the float64 CPU oracle attending the whole cache, at the bf16 rule plus the
+// extra rounding of the bf16 partials (two bf16 quanta of max|ref|).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "gpu_test_util.h"
+#include "mla/comm.h"
+#include "mla/dcp.h"
+#include "mla/ops.h"
+#include "unit/attention_test_util.h"
+
+namespace mla {
+namespace {
+
+int gpus() { return std::min(cuda_device_count(), 4); }
+
+// Rows of the positions rank l.rank owns, copied into a host cache of its own; block table [b, mb].
+struct HostShard {
+  CacheBuffer cb;
+  std::vector<std::vector<int32_t>> rows;
+};
+HostShard host_shard(const test::PagedBatch& pb, const std::vector<int32_t>& lens, int64_t page, const DcpLayout& l,
+                     int64_t mb) {
+  HostShard s{test::nan_cache(pb.cb.cache.format, static_cast<int64_t>(lens.size()) * mb + 1, page), {}};
+  s.cb.cache.scale = pb.cb.cache.scale;
+  const int64_t bytes = cache_entry_bytes(pb.cb.cache.format, pb.cb.cache.d_qk);
+  for (std::size_t r = 0; r < lens.size(); ++r) {
+    std::vector<int32_t> row;
+    for (int64_t j = 0; j < mb; ++j) row.push_back(static_cast<int32_t>(static_cast<int64_t>(r) * mb + j + 1));
+    for (int64_t p = 0; p < lens[r]; ++p)
+      if (dcp_owner(p, l) == l.rank) {
+        const int64_t lp = dcp_local_position(p, l);
+        std::memcpy(const_cast<uint8_t*>(test::row_ptr(s.cb.cache, row[static_cast<std::size_t>(lp / page)] * page + lp % page)),
+                    test::row_ptr(pb.cb.cache, pb.slots[r][static_cast<std::size_t>(p)]), static_cast<std::size_t>(bytes));
+      }
+    s.rows.push_back(row);
+  }
+  return s;
+}
+
+KVCache on_device(const CacheBuffer& host, Tensor& storage, Device dev) {
+  storage = host.storage.to(dev);
+  KVCache c = host.cache;
+  c.data.data = storage.data();
+  c.data.device = dev;
+  return c;
+}
+
+TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
+  MLA_SKIP_WITHOUT_GPU();
+  if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";
+  const int w = gpus();
+  test::reseed(61);
+  const int64_t page = 64, h = 16, mb = 40;
+  const std::vector<int32_t> lens = {2000, 0, 37, 2500, 700};
+  const int64_t b = static_cast<int64_t>(lens.size());
+  const NcclId id = nccl_make_id();
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
+    for (int64_t s_q : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << to_string(f) << " s_q " << s_q << " W " << w);
+      test::PagedBatch pb = test::paged_batch(f, page, lens, mb);
+      Tensor q_all = test::random_tensor({b, s_q, w * h, 576}, DType::bf16);
+      Tensor want = Tensor::empty({b, s_q, w * h, 512}, DType::f64), want_lse = Tensor::empty({b, s_q, w * h}, DType::f64);
+      mqa_decode(q_all, pb.cb.cache, pb.block_table, pb.seq_lens, want, want_lse, 0.06, true, {}, test::reference_ctx());
+      // Sparse: token r of request r attends 64 random positions below its length (-1 where empty).
+      std::vector<std::vector<int32_t>> pos(static_cast<std::size_t>(b));
+      for (int64_t r = 0; r < b; ++r)
+        for (int k = 0; k < 64; ++k)
+          pos[r].push_back(lens[r] ? std::uniform_int_distribution<int32_t>(0, lens[r] - 1)(test::rng()) : -1);
+      const std::vector<int32_t> flat = test::to_ints(pb.block_table);
+      auto slots = [&](std::vector<std::vector<int32_t>> p, const std::vector<std::vector<int32_t>>& table) {
+        for (int64_t r = 0; r < b; ++r)
+          for (int32_t& x : p[r])
+            if (x >= 0) x = table[r][static_cast<std::size_t>(x / page)] * static_cast<int32_t>(page) + x % page;
+        return test::int_tensor_2d(p);
+      };
+      std::vector<std::vector<int32_t>> global_table;
+      for (int64_t r = 0; r < b; ++r) global_table.emplace_back(flat.begin() + r * mb, flat.begin() + (r + 1) * mb);
+      Tensor q_tok4 = Tensor::empty({b, 1, w * h, 576}, DType::bf16);
+      copy(q_tok4, q_all.view().slice(1, 0, 1));
+      const TensorView q_tok = q_tok4.view().reshape({b, w * h, 576});
+      Tensor swant = Tensor::empty({b, w * h, 512}, DType::f64), swant_lse = Tensor::empty({b, w * h}, DType::f64);
+      sparse_mqa(q_tok, pb.cb.cache, slots(pos, global_table), {}, swant, swant_lse, 0.06, test::reference_ctx());
+
+      std::vector<Tensor> out(w), lse(w), sout(w), slse(w);
+      std::vector<std::string> err(w);
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < w; ++r)
+        ranks.emplace_back([&, r] {
+          try {
+            const Device dev = Device::cuda(r);
+            auto comm = make_nccl_communicator(id, w, r, r, std::chrono::seconds(60));
+            const DcpLayout l{w, r, 1};
+            HostShard hs = host_shard(pb, lens, page, l, mb);
+            Tensor storage;
+            const KVCache cache = on_device(hs.cb, storage, dev);
+            std::vector<int32_t> ql(static_cast<std::size_t>(b * s_q));
+            dcp_local_query_lengths(lens, s_q, true, l, ql);
+            Tensor q = Tensor::empty({b, s_q, h, 576}, DType::bf16);
+            copy(q, q_all.view().slice(2, r * h, (r + 1) * h));
+            out[r] = test::poisoned({b, s_q, h, 512}, DType::bf16, dev);
+            lse[r] = test::poisoned({b, s_q, h}, DType::f32, dev);
+            Tensor ws = Tensor::empty(
+                {static_cast<int64_t>(dcp_mqa_decode_workspace_bytes(b, s_q, h, mb, page, DType::bf16, w, dev))},
+                DType::u8, dev);
+            dcp_mqa_decode(*comm, q.to(dev), cache, test::int_tensor_2d(hs.rows, dev), test::int_tensor(ql, dev), out[r],
+                           lse[r], 0.06, ws);
+            // Sparse, s_q = 1 tokens (the first query of each request).
+            std::vector<std::vector<int32_t>> local = pos;
+            for (auto& row : local) dcp_filter_topk(row, l);
+            Tensor qs = Tensor::empty({b, h, 576}, DType::bf16);
+            copy(qs, q_tok.slice(1, r * h, (r + 1) * h));
+            sout[r] = test::poisoned({b, h, 512}, DType::bf16, dev);
+            slse[r] = test::poisoned({b, h}, DType::f32, dev);
+            Tensor sws = Tensor::empty({static_cast<int64_t>(dcp_sparse_mqa_workspace_bytes(b, h, DType::bf16, w))},
+                                       DType::u8, dev);
+            dcp_sparse_mqa(*comm, qs.to(dev), cache, slots(local, hs.rows).to(dev), {}, sout[r], slse[r], 0.06, sws);
+            comm->synchronize({});
+          } catch (const std::exception& e) {
+            err[r] = e.what();
+          }
+        });
+      for (auto& t : ranks) t.join();
+      for (int r = 0; r < w; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+      auto assemble = [&](std::vector<Tensor>& parts, int64_t rows, int64_t per_row) {
+        std::vector<double> all;
+        std::vector<std::vector<double>> host;
+        for (Tensor& t : parts) host.push_back(test::to_doubles(t));
+        for (int64_t x = 0; x < rows; ++x)
+          for (int r = 0; r < w; ++r)
+            all.insert(all.end(), host[r].begin() + x * per_row, host[r].begin() + (x + 1) * per_row);
+        return all;
+      };
+      EXPECT_EQ(test::check_close(assemble(out, b * s_q, h * 512), test::to_doubles(want), DType::bf16, 8e-3), "");
+      EXPECT_EQ(test::check_close(assemble(lse, b * s_q, h), test::to_doubles(want_lse), DType::f32, 1e-5), "");
+      EXPECT_EQ(test::check_close(assemble(sout, b, h * 512), test::to_doubles(swant), DType::bf16, 8e-3), "");
+      EXPECT_EQ(test::check_close(assemble(slse, b, h), test::to_doubles(swant_lse), DType::f32, 1e-5), "");
+    }
+}
+
+}  // namespace
+}  // namespace mla

@@ -1,0 +1,227 @@
+// DCP collectives with the in-process group (mla/comm.h make_local_group): W threads play W ranks on
+// the CPU. Checked: all_gather / all_to_all block placement; dcp_mqa_decode (causal s_q 1 and 3) and
+// dcp_sparse_mqa over W shards equal one process attending the whole cache for all W·h_q heads;
+// mismatched collectives and a missing rank throw on every rank instead of hanging.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "attention_test_util.h"
+#include "mla/comm.h"
+#include "mla/dcp.h"
+#include "mla/ops.h"
+#include "support/test_util.h"
+
+namespace mla {
+namespace {
+
+// Runs body(rank, comm) on W threads; returns the error text of each rank ("" = returned normally).
+std::vector<std::string> on_ranks(std::vector<std::unique_ptr<Communicator>>& group,
+                                  const std::function<void(int, Communicator&)>& body) {
+  std::vector<std::string> err(group.size());
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < group.size(); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(static_cast<int>(r), *group[r]);
+      } catch (const std::exception& e) {
+        err[r] = e.what();
+        if (err[r].empty()) err[r] = "(empty error)";
+      }
+    });
+  for (auto& t : threads) t.join();
+  return err;
+}
+
+TEST(DcpGroup, AllGatherAndAllToAllPlaceBlocks) {
+  const int w = 3;
+  auto group = make_local_group(w);
+  std::vector<Tensor> gathered(w), exchanged(w);
+  const auto err = on_ranks(group, [&](int r, Communicator& c) {
+    Tensor in = Tensor::empty({2, 2}, DType::i32), a2a = Tensor::empty({w, 2}, DType::i32);
+    for (int i = 0; i < 4; ++i) static_cast<int32_t*>(in.data())[i] = 100 * r + i;
+    for (int j = 0; j < w; ++j)
+      for (int i = 0; i < 2; ++i) static_cast<int32_t*>(a2a.data())[j * 2 + i] = 100 * r + 10 * j + i;
+    gathered[r] = Tensor::empty({w * 2, 2}, DType::i32);
+    exchanged[r] = Tensor::empty({w, 2}, DType::i32);
+    c.all_gather(in, gathered[r], {});
+    c.all_to_all(a2a, exchanged[r], {});
+    c.synchronize({});
+  });
+  for (int r = 0; r < w; ++r) {
+    ASSERT_EQ(err[r], "");
+    const std::vector<int32_t> g = test::to_ints(gathered[r]), x = test::to_ints(exchanged[r]);
+    for (int p = 0; p < w; ++p)
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(g[p * 4 + i], 100 * p + i);
+    for (int p = 0; p < w; ++p)  // block p of my out = block r of rank p's in
+      for (int i = 0; i < 2; ++i) EXPECT_EQ(x[p * 2 + i], 100 * p + 10 * r + i);
+  }
+}
+
+TEST(DcpGroup, MismatchAndMissingRankThrowEverywhere) {
+  {
+    auto group = make_local_group(2);
+    const auto err = on_ranks(group, [&](int r, Communicator& c) {
+      Tensor in = Tensor::zeros({r + 1}, DType::f32), out = Tensor::zeros({2 * (r + 1)}, DType::f32);
+      c.all_gather(in, out, {});
+    });
+    for (const std::string& e : err) EXPECT_NE(e.find("rank 0 called"), std::string::npos) << e;
+  }
+  {
+    auto group = make_local_group(3, std::chrono::milliseconds(200));
+    const auto err = on_ranks(group, [&](int r, Communicator& c) {
+      if (r == 2) throw Error("rank 2 gave up");
+      Tensor in = Tensor::zeros({4}, DType::f32), out = Tensor::zeros({12}, DType::f32);
+      c.all_gather(in, out, {});
+    });
+    EXPECT_NE(err[0].find("not every rank"), std::string::npos) << err[0];
+    EXPECT_NE(err[1].find("not every rank"), std::string::npos) << err[1];
+    // The group stays broken: a later collective throws at once.
+    EXPECT_THROW(group[0]->synchronize({}), Error);
+  }
+  auto group = make_local_group(2);
+  Tensor in = Tensor::zeros({4}, DType::f32);
+  EXPECT_THROW(group[0]->all_gather(in, Tensor::zeros({7}, DType::f32), {}), Error);  // refused before waiting
+  EXPECT_THROW(group[0]->all_to_all(Tensor::zeros({3}, DType::f32), Tensor::zeros({3}, DType::f32), {}), Error);
+  EXPECT_THROW(make_local_group(0), Error);
+}
+
+// Shard r of a PagedBatch as a cache of its own (rows copied byte for byte) and its local block table.
+struct Shard {
+  CacheBuffer cb;
+  Tensor table;
+  std::vector<std::vector<int32_t>> rows;
+};
+Shard shard_of(const test::PagedBatch& pb, const std::vector<int32_t>& lens, int64_t page, const DcpLayout& l,
+               int64_t max_blocks) {
+  const int64_t b = static_cast<int64_t>(lens.size());
+  Shard s{test::nan_cache(pb.cb.cache.format, b * max_blocks + 1, page), {}, {}};
+  s.cb.cache.scale = pb.cb.cache.scale;
+  const int64_t bytes = cache_entry_bytes(pb.cb.cache.format, pb.cb.cache.d_qk);
+  for (int64_t r = 0; r < b; ++r) {
+    std::vector<int32_t> row;
+    for (int64_t j = 0; j < max_blocks; ++j) row.push_back(static_cast<int32_t>(r * max_blocks + j + 1));
+    for (int64_t p = 0; p < lens[static_cast<std::size_t>(r)]; ++p)
+      if (dcp_owner(p, l) == l.rank) {
+        const int64_t lp = dcp_local_position(p, l);
+        std::memcpy(const_cast<uint8_t*>(test::row_ptr(s.cb.cache, row[static_cast<std::size_t>(lp / page)] * page + lp % page)),
+                    test::row_ptr(pb.cb.cache, pb.slots[static_cast<std::size_t>(r)][static_cast<std::size_t>(p)]),
+                    static_cast<std::size_t>(bytes));
+      }
+    s.rows.push_back(row);
+  }
+  s.table = test::int_tensor_2d(s.rows);
+  return s;
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i])) {
+      EXPECT_EQ(got[i], want[i]) << what << " at " << i;
+    } else {
+      EXPECT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << what << " at " << i;
+    }
+  }
+}
+
+TEST(DcpGroup, DecodeEqualsWholeCache) {
+  test::reseed(51);
+  const int64_t page = 16, h = 2, mb = 9;
+  const std::vector<int32_t> lens = {70, 0, 5, 129};
+  const int64_t b = static_cast<int64_t>(lens.size());
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
+    for (int64_t s_q : {1, 3})
+      for (int w : {2, 3}) {
+        const std::string what = std::string(to_string(f)) + " s_q " + std::to_string(s_q) + " W " + std::to_string(w);
+        test::PagedBatch pb = test::paged_batch(f, page, lens, mb);
+        // The group's heads: rank r holds heads [r·h, (r+1)·h) of q_all.
+        Tensor q_all = test::random_tensor({b, s_q, w * h, 576}, DType::f32);
+        Tensor want = Tensor::empty({b, s_q, w * h, 512}, DType::f32), want_lse = Tensor::empty({b, s_q, w * h}, DType::f32);
+        mqa_decode(q_all, pb.cb.cache, pb.block_table, pb.seq_lens, want, want_lse, 0.08, true, {});
+        std::vector<Tensor> out(w), lse(w);
+        auto group = make_local_group(w);
+        const auto err = on_ranks(group, [&](int r, Communicator& c) {
+          const DcpLayout l{w, r, 2};
+          Shard s = shard_of(pb, lens, page, l, mb);
+          std::vector<int32_t> ql(static_cast<std::size_t>(b * s_q));
+          dcp_local_query_lengths(lens, s_q, true, l, ql);
+          Tensor q = Tensor::empty({b, s_q, h, 576}, DType::f32);
+          copy(q, q_all.view().slice(2, r * h, (r + 1) * h));
+          out[r] = test::poisoned({b, s_q, h, 512}, DType::f32);
+          lse[r] = test::poisoned({b, s_q, h}, DType::f32);
+          Tensor ws = Tensor::empty(
+              {static_cast<int64_t>(dcp_mqa_decode_workspace_bytes(b, s_q, h, mb, page, DType::f32, w, Device::cpu()))},
+              DType::u8);
+          dcp_mqa_decode(c, q, s.cb.cache, s.table, test::int_tensor(ql), out[r], lse[r], 0.08, ws);
+          c.synchronize({});
+        });
+        std::vector<double> got, got_lse;
+        for (int64_t x = 0; x < b * s_q; ++x)
+          for (int r = 0; r < w; ++r) {
+            ASSERT_EQ(err[r], "") << what;
+            const std::vector<double> o = test::to_doubles(out[r]), l = test::to_doubles(lse[r]);
+            got.insert(got.end(), o.begin() + x * h * 512, o.begin() + (x + 1) * h * 512);
+            got_lse.insert(got_lse.end(), l.begin() + x * h, l.begin() + (x + 1) * h);
+          }
+        expect_close(got, test::to_doubles(want), 2e-5, what + " out");
+        expect_close(got_lse, test::to_doubles(want_lse), 2e-5, what + " lse");
+      }
+}
+
+TEST(DcpGroup, SparseEqualsWholeCache) {
+  test::reseed(52);
+  const int64_t page = 16, h = 2, mb = 6, topk = 20;
+  const std::vector<int32_t> lens = {90, 40, 7};
+  const int64_t b = static_cast<int64_t>(lens.size());
+  const int w = 4;
+  test::PagedBatch pb = test::paged_batch(CacheFormat::fp8_ds_mla, page, lens, mb);
+  const std::vector<int32_t> flat = test::to_ints(pb.block_table);
+  std::vector<std::vector<int32_t>> pos(static_cast<std::size_t>(b));
+  for (int64_t r = 0; r < b; ++r) {
+    std::uniform_int_distribution<int32_t> u(-2, lens[static_cast<std::size_t>(r)] - 1);
+    for (int64_t k = 0; k < topk; ++k) pos[r].push_back(std::max(-1, u(test::rng())));
+  }
+  auto slots = [&](std::vector<std::vector<int32_t>> p, auto&& table_of) {
+    for (int64_t r = 0; r < b; ++r)
+      for (int32_t& x : p[r])
+        if (x >= 0) x = table_of(r, x / page) * static_cast<int32_t>(page) + x % page;
+    return test::int_tensor_2d(p);
+  };
+  Tensor q_all = test::random_tensor({b, w * h, 576}, DType::f32);
+  Tensor want = Tensor::empty({b, w * h, 512}, DType::f32), want_lse = Tensor::empty({b, w * h}, DType::f32);
+  sparse_mqa(q_all, pb.cb.cache, slots(pos, [&](int64_t r, int64_t j) { return flat[r * mb + j]; }), {}, want, want_lse,
+             0.07);
+  std::vector<Tensor> out(w), lse(w);
+  auto group = make_local_group(w);
+  const auto err = on_ranks(group, [&](int r, Communicator& c) {
+    const DcpLayout l{w, r, 1};
+    Shard s = shard_of(pb, lens, page, l, mb);
+    std::vector<std::vector<int32_t>> local = pos;
+    for (auto& row : local) dcp_filter_topk(row, l);
+    Tensor q = Tensor::empty({b, h, 576}, DType::f32);
+    copy(q, q_all.view().slice(1, r * h, (r + 1) * h));
+    out[r] = test::poisoned({b, h, 512}, DType::f32);
+    lse[r] = test::poisoned({b, h}, DType::f32);
+    Tensor ws = Tensor::empty({static_cast<int64_t>(dcp_sparse_mqa_workspace_bytes(b, h, DType::f32, w))}, DType::u8);
+    dcp_sparse_mqa(c, q, s.cb.cache, slots(local, [&](int64_t rr, int64_t j) { return s.rows[rr][j]; }), {}, out[r],
+                   lse[r], 0.07, ws);
+  });
+  std::vector<double> got, got_lse;
+  for (int64_t x = 0; x < b; ++x)
+    for (int r = 0; r < w; ++r) {
+      ASSERT_EQ(err[r], "");
+      const std::vector<double> o = test::to_doubles(out[r]), l = test::to_doubles(lse[r]);
+      got.insert(got.end(), o.begin() + x * h * 512, o.begin() + (x + 1) * h * 512);
+      got_lse.insert(got_lse.end(), l.begin() + x * h, l.begin() + (x + 1) * h);
+    }
+  expect_close(got, test::to_doubles(want), 2e-5, "sparse out");
+  expect_close(got_lse, test::to_doubles(want_lse), 2e-5, "sparse lse");
+}
+
+}  // namespace
+}  // namespace mla
