@@ -267,6 +267,14 @@ struct Plan {
   // The packed device-read metadata of this step (see StepMetadata).
   StepMetadata metadata;
 
+  // plan_digest(*this) as make_plan computed it; 0 = not made by make_plan. MlaAttention::forward
+  // refuses a plan whose seal is 0 or differs from its digest before it writes anything: a plan is
+  // either exactly what make_plan produced (internally consistent, validated) or refused. Copies
+  // keep the seal; editing any field after make_plan voids it. (The seal detects edits, it is no
+  // secret: a caller who re-seals an edited plan with plan_digest is outside the contract; the ops
+  // still never read or write outside their tensors, but forward may then throw after a write.)
+  uint64_t seal = 0;
+
   bool has_decode() const { return split.num_decodes > 0; }
   bool has_prefill() const { return split.num_prefills > 0; }
 };
@@ -275,7 +283,8 @@ struct Plan {
 // query_start_loc, seq_len < query_len, lengths beyond max_model_len, num_tokens below the actual
 // count, more than max_num_seqs requests, a batch not in decode-first order (see BatchDesc), decodes
 // that are not uniform where a uniform reshape consumes them (see decode_query_len), an invalid
-// config, a context workspace below one page per prefill with context).
+// config, a context workspace below one page per prefill with context). The result is sealed
+// (Plan::seal = plan_digest(result)).
 Plan make_plan(const BatchDesc& batch, const PlannerConfig& config);
 
 // CUDA graphs: true when a graph captured with plan `a` (upload_step_metadata + forward of every
@@ -284,6 +293,12 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config);
 // counts, split, decode schedule, prefill maximum query length, context chunk count and sizes,
 // sparse mode and chunks, metadata layout). Lengths, block tables and indices may differ.
 bool same_launches(const Plan& a, const Plan& b);
+
+// 64-bit digest of every field of the plan except `seal` (FNV-1a over 64-bit words, lengths of
+// vectors and strings included), never 0. Any single changed value changes the digest. Cost: linear
+// in the plan's arrays, about 1 ns per 8 bytes (tens of microseconds for a step of thousands of
+// tokens), paid once per forward().
+uint64_t plan_digest(const Plan& plan);
 
 // Upper bound of plan.metadata.bytes() over every plan `config` admits with at most max_num_tokens
 // tokens: size the pinned staging buffer and its device copy once.

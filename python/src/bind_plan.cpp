@@ -106,17 +106,19 @@ void bind_plan(py::module_& m) {
   py::class_<SparsePrefillChunk>(m, "SparsePrefillChunk") MLA_RO(SparsePrefillChunk, req_begin)
       MLA_RO(SparsePrefillChunk, req_end) MLA_RO(SparsePrefillChunk, token_begin) MLA_RO(SparsePrefillChunk, token_end)
       MLA_RO(SparsePrefillChunk, total_rows) MLA_RO(SparsePrefillChunk, workspace_starts);
-  py::class_<Plan>(m, "Plan", "One step's plan (make_plan); read-only.")
+  py::class_<Plan>(m, "Plan", "One step's plan (make_plan); read-only. Nested objects (config, split, context, ...) are "
+                           "references: editing them voids the seal and MlaAttention.forward refuses the plan.")
       MLA_RO(Plan, config) MLA_RO(Plan, num_reqs) MLA_RO(Plan, num_tokens) MLA_RO(Plan, num_actual_tokens)
       MLA_RO(Plan, query_start_loc) MLA_RO(Plan, seq_lens) MLA_RO(Plan, split) MLA_RO(Plan, decode_query_len)
       MLA_RO(Plan, max_decode_seq_len) MLA_RO(Plan, prefill_query_start_loc) MLA_RO(Plan, prefill_seq_lens)
       MLA_RO(Plan, prefill_context_lens) MLA_RO(Plan, max_prefill_query_len) MLA_RO(Plan, max_prefill_seq_len)
       MLA_RO(Plan, prefill_tokens_with_context) MLA_RO(Plan, context) MLA_RO(Plan, req_id_per_token)
       MLA_RO(Plan, sparse_mixed_batch) MLA_RO(Plan, prefill_request_id) MLA_RO(Plan, sparse_chunks)
-      MLA_RO(Plan, decode) MLA_RO(Plan, metadata)
+      MLA_RO(Plan, decode) MLA_RO(Plan, metadata) MLA_RO(Plan, seal)
       .def("has_decode", &Plan::has_decode).def("has_prefill", &Plan::has_prefill);
   m.def("make_plan", &make_plan, py::arg("batch"), py::arg("config"));
   m.def("same_launches", &same_launches, py::arg("a"), py::arg("b"));
+  m.def("plan_digest", &plan_digest, py::arg("plan"));
   m.def("max_step_metadata_bytes", &max_step_metadata_bytes, py::arg("config"), py::arg("max_num_tokens"));
 }
 

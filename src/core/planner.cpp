@@ -211,6 +211,7 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
     if (sparse_separate && plan.has_prefill()) fill_sparse_chunks(plan);
   }
   detail::fill_step_metadata(plan);
+  plan.seal = plan_digest(plan);
   return plan;
 }
 

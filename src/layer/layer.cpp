@@ -218,6 +218,13 @@ std::size_t MlaAttention::max_workspace_bytes(const PlannerConfig& config, int64
 void MlaAttention::forward(const Plan& plan, const ForwardArgs& args, const KVCache& cache,
                            const TensorView& workspace, const Context& ctx) const {
   detail::check_precision(ctx.precision, "MlaAttention::forward");
+  // A plan is exactly what make_plan produced or it is refused here, before anything is written:
+  // the steps below trust its values (lengths, chunk starts, metadata offsets) to be consistent.
+  MLA_CHECK(plan.seal != 0, "{}: the plan is not sealed (Plan::seal is 0): build plans with make_plan", kFwd);
+  const uint64_t digest = plan_digest(plan);
+  MLA_CHECK(plan.seal == digest,
+            "{}: the plan was modified after make_plan (seal {:#x}, digest now {:#x}); make a new plan instead "
+            "of editing one", kFwd, plan.seal, digest);
   check_config_matches(plan.config, options_, "the plan's config");
   StepFacts facts = step_facts(plan, options_);
   const Dims dims = Dims::of(options_);

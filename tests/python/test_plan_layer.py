@@ -128,3 +128,24 @@ def test_layer_bad_input_writes_nothing(rng):
                       block_table=table, seq_lens=np.array([6], np.int32), out=out)
     assert np.isnan(out).all()
     np.testing.assert_array_equal(cache.data.numpy(), before)
+
+
+def test_edited_plan_is_refused_and_writes_nothing(rng):
+    """Issue 14: nested plan objects are references into the plan; an edit through them voids the
+    seal, and forward refuses the plan before writing the cache or out."""
+    reqs = [(5, 1)]
+    cache, table, hist, new, slots, _ = make_step(rng, reqs, False)
+    layer = mla.MlaAttention(mla.oracle_layer_options(dims(False)), rng.standard_normal((H * (P + V), L)))
+    plan = mla.make_plan(mla.BatchDesc(query_start_loc=[0, 1], seq_lens=[6]),
+                         mla.PlannerConfig(dims=dims(False), page_size=PAGE, max_model_len=256))
+    assert plan.seal != 0 and plan.seal == mla.plan_digest(plan)
+    ws = mla.empty([layer.workspace_bytes(plan) + 1], "u8")
+    plan.split.num_decode_tokens = 0  # through the reference Python hands out
+    assert mla.plan_digest(plan) != plan.seal
+    before = cache.data.numpy().copy()
+    out = np.full((1, H * V), np.nan)
+    with pytest.raises(ValueError, match="modified after make_plan"):
+        layer.forward(plan, cache, ws, q=np.zeros((1, H, P + R)), kv_c=new[:, :L].copy(), k_pe=new[:, L:].copy(),
+                      slot_mapping=slots, block_table=table, seq_lens=np.array([6], np.int32), out=out)
+    assert np.isnan(out).all()
+    np.testing.assert_array_equal(cache.data.numpy(), before)

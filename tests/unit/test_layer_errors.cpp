@@ -114,6 +114,22 @@ TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
        [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p = make_plan(BatchDesc{qsl, seq, T, 256}, sc.config()); }},
       {"decode schedule edited past the decodes",
        [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p.decode.runs.back().req_end = nr; }},
+      // Issue 14: hand-edited plan values that a later op rejected after the cache had been written
+      // (or that no op checks at all); the seal refuses every edit before the first write.
+      {"plan not sealed", [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p.seal = 0; }},
+      {"negative max_prefill_query_len",
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p.max_prefill_query_len = -1; }},
+      {"context chunk start moved",
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) {
+         ASSERT_FALSE(p.context.chunks.empty());
+         p.context.chunks[0].seq_starts[0] += 3;
+       }},
+      {"metadata word edited",
+       [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) {
+         ASSERT_FALSE(p.metadata.data.empty());
+         p.metadata.data.back() += 1;
+       }},
+      {"num_actual_tokens raised", [&](ForwardArgs&, Plan& p, KVCache&, TensorView&) { p.num_actual_tokens += 1; }},
   };
   for (const auto& [what, mutate] : cases) {
     ForwardArgs args = a.args();

@@ -3,6 +3,7 @@
 // in every mode, its size bound).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <numeric>
 #include <random>
 
@@ -186,6 +187,66 @@ TEST(StepMetadata, SparseModes) {
   EXPECT_TRUE(same_launches(b, make_plan(batch_of({2, 2, 1, 110, 140}, {50, 60, 31, 110, 140}, 260), cfg)));
   EXPECT_EQ(max_step_metadata_bytes(cfg, 0), 0u);
   EXPECT_THROW(max_step_metadata_bytes(cfg, -1), Error);
+}
+
+// Issue 14: make_plan seals its plan; every edit of a field (scalars, nested structs, array values,
+// array lengths) changes plan_digest, so MlaAttention::forward refuses the edited plan.
+TEST(PlanSeal, MakePlanSealsAndEveryEditBreaksIt) {
+  PlannerConfig dense = dense_config();
+  dense.context_workspace_rows = 128;
+  PlannerConfig sparse = dense;
+  sparse.sparse = true;
+  sparse.dims = ModelDims::deepseek_v32(1);
+  sparse.cache_format = CacheFormat::fp8_ds_mla;
+  sparse.max_model_len = 200;
+  sparse.sparse_workspace_rows = 200;
+  sparse.decode_threshold = 1;
+  sparse.require_uniform = true;
+  const Plan d = make_plan(batch_of({1, 1, 10, 4, 5}, {10, 20, 100, 34, 5}, 24), dense);
+  const Plan sp = make_plan(batch_of({1, 1, 100, 150}, {50, 31, 100, 150}, 260), sparse);
+  for (const Plan* p : {&d, &sp}) {
+    EXPECT_NE(p->seal, 0u);
+    EXPECT_EQ(p->seal, plan_digest(*p));
+    const Plan copy = *p;
+    EXPECT_EQ(copy.seal, plan_digest(copy));
+  }
+  ASSERT_FALSE(d.context.chunks.empty());
+  ASSERT_FALSE(d.decode.runs.empty());
+  ASSERT_FALSE(sp.sparse_chunks.empty());
+  const std::vector<std::pair<const char*, std::function<void(Plan&)>>> dense_edits = {
+      {"config.page_size", [](Plan& p) { p.config.page_size = 32; }},
+      {"config.dims.name", [](Plan& p) { p.config.dims.name += "x"; }},
+      {"config.dims.softmax_scale", [](Plan& p) { p.config.dims.softmax_scale = 0.5; }},
+      {"config.require_uniform", [](Plan& p) { p.config.require_uniform = !p.config.require_uniform; }},
+      {"num_actual_tokens", [](Plan& p) { ++p.num_actual_tokens; }},
+      {"seq_lens value", [](Plan& p) { ++p.seq_lens[1]; }},
+      {"seq_lens length", [](Plan& p) { p.seq_lens.push_back(0); }},
+      {"split", [](Plan& p) { ++p.split.num_decode_tokens; }},
+      {"max_prefill_query_len", [](Plan& p) { p.max_prefill_query_len = -1; }},
+      {"prefill_tokens_with_context", [](Plan& p) { ++p.prefill_tokens_with_context; }},
+      {"context chunk start", [](Plan& p) { p.context.chunks[0].seq_starts[1] += 64; }},
+      {"context chunk size", [](Plan& p) { p.context.chunk_size = 0; }},
+      {"context chunk dropped", [](Plan& p) { p.context.chunks.pop_back(); }},
+      {"decode run block_cols", [](Plan& p) { ++p.decode.runs[0].block_cols; }},
+      {"decode run splits", [](Plan& p) { ++p.decode.runs[0].num_splits; }},
+      {"metadata word", [](Plan& p) { p.metadata.data[2] ^= 1 << 30; }},
+      {"metadata offset", [](Plan& p) { ++p.metadata.chunk_cu[0]; }},
+      {"sparse_mixed_batch", [](Plan& p) { p.sparse_mixed_batch = true; }},
+  };
+  const std::vector<std::pair<const char*, std::function<void(Plan&)>>> sparse_edits = {
+      {"req_id_per_token", [](Plan& p) { p.req_id_per_token.back() = 1; }},
+      {"prefill_request_id", [](Plan& p) { p.prefill_request_id[0] = 0; }},
+      {"sparse chunk token_end", [](Plan& p) { --p.sparse_chunks[0].token_end; }},
+      {"sparse chunk workspace start", [](Plan& p) { ++p.sparse_chunks.back().workspace_starts.back(); }},
+      {"metadata prefill_ids offset", [](Plan& p) { ++p.metadata.prefill_ids; }},
+  };
+  for (const auto& [edits, base] : {std::pair{&dense_edits, &d}, std::pair{&sparse_edits, &sp}}) {
+    for (const auto& [what, edit] : *edits) {
+      Plan p = *base;
+      edit(p);
+      EXPECT_NE(plan_digest(p), p.seal) << what;
+    }
+  }
 }
 
 }  // namespace
