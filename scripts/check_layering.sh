@@ -3,7 +3,8 @@
 # written once, below (docs/DEVELOPING.md "Layers"):
 #
 #   runtime (CUDA runtime wrapper) <- core <- cpu, cuda (backends) <- ops (front ends)
-#     <- attention (src/layer), dist (communicators, DCP collectives) <- apps, bench
+#     <- attention (src/layer), dist (communicators, DCP collectives) <- block (src/block, with io:
+#     src/io on core) <- apps, bench
 #
 # A quoted include "dir/file" must start with a prefix the including file's layer allows; a quoted
 # include without a '/' is a file of the same folder. Angle includes are checked only where a layer
@@ -24,6 +25,8 @@ src/cuda    | cuda/ core/ runtime/ mla/ |
 src/ops     | ops/ core/ runtime/ mla/ cpu/cpu_ops.h cuda/cuda_ops.h cuda/dispatch/families.h | cuda cublas
 src/layer   | layer/ ops/ core/ runtime/ mla/ | cuda cublas
 src/dist    | dist/ core/ runtime/ mla/ |
+src/io      | io/ core/ mla/ | cuda cublas
+src/block   | block/ core/ mla/ | cuda cublas
 apps        | mla/ core/ runtime/ |
 bench       | mla/ core/ runtime/ cuda/ |
 python/src  | mla/ | fmt/ cuda cublas

@@ -27,6 +27,7 @@ include/mla/types.h|#include <fmt/format.h>|include/mla/types.h
 src/core/types.cpp|#include <cuda_runtime.h>|src/core/types.cpp
 apps/mla/main.cpp|#include "cuda/common/convert.cuh"|apps/mla/main.cpp
 src/cuda/decode/launch.cu|#include "layer/layer_internal.h"|src/cuda/decode/launch.cu
+src/io/checkpoint.cpp|#include "ops/validate.h"|src/io/checkpoint.cpp
 '
 while IFS='|' read -r file line expect; do
   [ -n "$file" ] || continue

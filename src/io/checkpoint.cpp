@@ -1,0 +1,219 @@
+// Checkpoint directories (index JSON / shards) and DeepSeek config.json (mla/safetensors.h).
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "core/check.h"
+#include "io/json_util.h"
+#include "mla/safetensors.h"
+
+namespace mla {
+
+namespace {
+
+constexpr std::size_t kMaxJsonFile = 64ull << 20;
+
+// A shard name from an index: a plain file name inside the directory.
+void check_shard_name(const std::string& what, const std::string& file) {
+  MLA_CHECK(!file.empty() && file.find('/') == std::string::npos && file.find('\\') == std::string::npos &&
+                file != "." && file != "..",
+            "{}: shard '{}' is not a plain file name inside the checkpoint directory", what, file);
+}
+
+}  // namespace
+
+Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  MLA_CHECK(fs::is_directory(dir, ec), "checkpoint '{}' is not a directory", dir);
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index, ec)) {
+    const std::string what = index.string();
+    const nlohmann::json j = io::parse_json_strict(io::read_text_file(what, kMaxJsonFile), what, 4);
+    MLA_CHECK(j.is_object(), "{}: not a JSON object", what);
+    const auto wm = j.find("weight_map");
+    MLA_CHECK(wm != j.end() && wm->is_object(), "{}: \"weight_map\" must be an object of tensor name -> shard", what);
+    for (auto it = wm->begin(); it != wm->end(); ++it) {
+      MLA_CHECK(it->is_string(), "{}: weight_map entry '{}' is not a string", what, it.key());
+      const std::string file = it->get<std::string>();
+      check_shard_name(what, file);
+      weight_map_[it.key()] = file;
+    }
+    return;
+  }
+  // No index: every *.safetensors file of the directory.
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path().filename().string());
+  MLA_CHECK(!ec, "checkpoint '{}': cannot list the directory: {}", dir, ec.message());
+  MLA_CHECK(!files.empty(), "checkpoint '{}' has neither model.safetensors.index.json nor *.safetensors files", dir);
+  std::sort(files.begin(), files.end());
+  for (const auto& file : files) {
+    const SafetensorsFile& f = shards_.emplace(file, SafetensorsFile::open((fs::path(dir) / file).string())).first->second;
+    for (const auto& t : f.tensors()) {
+      const auto [it, inserted] = weight_map_.emplace(t.name, file);
+      MLA_CHECK(inserted, "checkpoint '{}': tensor '{}' is in both {} and {}", dir, t.name, it->second, file);
+    }
+  }
+}
+
+bool Checkpoint::has(const std::string& name) const { return weight_map_.count(name) != 0; }
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : weight_map_) n.push_back(k);
+  return n;
+}
+
+const SafetensorsFile& Checkpoint::file_of(const std::string& name) const {
+  const auto it = weight_map_.find(name);
+  MLA_CHECK(it != weight_map_.end(), "checkpoint '{}' has no tensor '{}'", dir_, name);
+  auto s = shards_.find(it->second);
+  if (s == shards_.end())
+    s = shards_.emplace(it->second, SafetensorsFile::open((std::filesystem::path(dir_) / it->second).string())).first;
+  MLA_CHECK(s->second.find(name) != nullptr, "checkpoint '{}': the index maps '{}' to {}, which does not hold it", dir_,
+            name, it->second);
+  return s->second;
+}
+
+// ---- config.json ----------------------------------------------------------------------------
+
+namespace {
+
+struct Fields {
+  const nlohmann::json& j;
+  const std::string& what;
+  const std::string prefix;
+
+  const nlohmann::json* get(const char* key) const {
+    const auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  }
+  int integer(const char* key, int def, bool required = false) const {
+    const nlohmann::json* v = get(key);
+    if (!v) {
+      MLA_CHECK(!required, "{}: \"{}{}\" is required", what, prefix, key);
+      return def;
+    }
+    MLA_CHECK(v->is_number_integer() && v->get<int64_t>() > 0 && v->get<int64_t>() <= (1 << 24),
+              "{}: \"{}{}\" must be a positive integer (at most 2^24), got {}", what, prefix, key, v->dump());
+    return static_cast<int>(v->get<int64_t>());
+  }
+  double number(const char* key, double def, bool positive = true) const {
+    const nlohmann::json* v = get(key);
+    if (!v) return def;
+    MLA_CHECK(v->is_number() && std::isfinite(v->get<double>()) && (!positive || v->get<double>() > 0) &&
+                  (positive || v->get<double>() >= 0),
+              "{}: \"{}{}\" must be a {} finite number, got {}", what, prefix, key,
+              positive ? "positive" : "non-negative", v->dump());
+    return v->get<double>();
+  }
+};
+
+}  // namespace
+
+DeepseekConfig DeepseekConfig::from_json(std::string_view text, const std::string& what) {
+  const nlohmann::json j = io::parse_json_strict(text, what, 8);
+  MLA_CHECK(j.is_object(), "{}: not a JSON object", what);
+  const Fields f{j, what, ""};
+  DeepseekConfig c;
+  if (const auto* v = f.get("model_type")) {
+    MLA_CHECK(v->is_string(), "{}: \"model_type\" must be a string", what);
+    c.model_type = v->get<std::string>();
+  }
+  c.hidden_size = f.integer("hidden_size", 0, true);
+  c.num_attention_heads = f.integer("num_attention_heads", 0, true);
+  c.q_lora_rank = f.integer("q_lora_rank", 0);  // null / absent: q_proj
+  c.kv_lora_rank = f.integer("kv_lora_rank", 512);
+  c.qk_nope_head_dim = f.integer("qk_nope_head_dim", 128);
+  c.qk_rope_head_dim = f.integer("qk_rope_head_dim", 64);
+  c.v_head_dim = f.integer("v_head_dim", 128);
+  MLA_CHECK(c.qk_rope_head_dim % 2 == 0, "{}: \"qk_rope_head_dim\" must be even (rope pairs), got {}", what,
+            c.qk_rope_head_dim);
+  c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
+  if (const auto* v = f.get("rope_interleave")) {
+    MLA_CHECK(v->is_boolean(), "{}: \"rope_interleave\" must be true or false", what);
+    c.rope_interleave = v->get<bool>();
+  }
+  if (const auto* v = f.get("index_topk")) {
+    MLA_CHECK(v->is_number_integer() && v->get<int64_t>() >= 0 && v->get<int64_t>() <= (1 << 24),
+              "{}: \"index_topk\" must be a non-negative integer", what);
+    c.index_topk = static_cast<int>(v->get<int64_t>());
+  }
+  // rope: rope_theta at the top (V2 / V3 configs) or inside rope_parameters (newer transformers).
+  c.rope_theta = f.number("rope_theta", 10000.0);
+  const nlohmann::json* rs = f.get("rope_scaling");
+  if (!rs) rs = f.get("rope_parameters");
+  if (rs) {
+    MLA_CHECK(rs->is_object(), "{}: \"rope_scaling\" must be an object or null", what);
+    const Fields r{*rs, what, "rope_scaling."};
+    c.rope_theta = r.number("rope_theta", c.rope_theta);
+    std::string type = "default";
+    for (const char* key : {"type", "rope_type"})
+      if (const auto* t = r.get(key)) {
+        MLA_CHECK(t->is_string(), "{}: \"rope_scaling.{}\" must be a string", what, key);
+        type = t->get<std::string>();
+      }
+    MLA_CHECK(type == "yarn" || type == "default",
+              "{}: rope_scaling type '{}' is not supported (DeepSeek checkpoints use 'yarn')", what, type);
+    if (type == "yarn") {
+      c.has_yarn = true;
+      c.yarn_factor = r.number("factor", 0.0);
+      MLA_CHECK(c.yarn_factor > 0, "{}: \"rope_scaling.factor\" is required for yarn", what);
+      c.yarn_original_max_position_embeddings = r.integer("original_max_position_embeddings", 4096);
+      c.yarn_beta_fast = r.number("beta_fast", 32.0);
+      c.yarn_beta_slow = r.number("beta_slow", 1.0);
+      c.yarn_mscale = r.number("mscale", 1.0, false);
+      c.yarn_mscale_all_dim = r.number("mscale_all_dim", 0.0, false);
+    }
+  }
+  if (const auto* q = f.get("quantization_config")) {
+    MLA_CHECK(q->is_object(), "{}: \"quantization_config\" must be an object", what);
+    const auto m = q->find("quant_method");
+    MLA_CHECK(m != q->end() && m->is_string() && m->get<std::string>() == "fp8",
+              "{}: quantization_config.quant_method must be \"fp8\" (block-scaled e4m3 weights), got {}", what,
+              m == q->end() ? std::string("nothing") : m->dump());
+    if (const auto fmt_it = q->find("fmt"); fmt_it != q->end())
+      MLA_CHECK(fmt_it->is_string() && fmt_it->get<std::string>() == "e4m3",
+                "{}: quantization_config.fmt must be \"e4m3\", got {}", what, fmt_it->dump());
+    const auto b = q->find("weight_block_size");
+    MLA_CHECK(b != q->end() && b->is_array() && b->size() == 2 && (*b)[0].is_number_integer() &&
+                  (*b)[1].is_number_integer() && (*b)[0].get<int64_t>() > 0 && (*b)[1].get<int64_t>() > 0 &&
+                  (*b)[0].get<int64_t>() <= 65536 && (*b)[1].get<int64_t>() <= 65536,
+              "{}: quantization_config.weight_block_size must be two positive integers", what);
+    c.fp8_weights = true;
+    c.weight_block_rows = static_cast<int>((*b)[0].get<int64_t>());
+    c.weight_block_cols = static_cast<int>((*b)[1].get<int64_t>());
+  }
+  return c;
+}
+
+DeepseekConfig DeepseekConfig::from_file(const std::string& path) {
+  return from_json(io::read_text_file(path, kMaxJsonFile), path);
+}
+
+double DeepseekConfig::softmax_scale() const {
+  double s = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+  if (has_yarn && yarn_mscale_all_dim != 0.0) {
+    const double m = ::mla::yarn_mscale(yarn_factor, yarn_mscale_all_dim);
+    s *= m * m;
+  }
+  return s;
+}
+
+ModelDims DeepseekConfig::dims(int tp) const {
+  MLA_CHECK(tp >= 1 && num_attention_heads % tp == 0,
+            "tensor-parallel size {} must divide the {} attention heads", tp, num_attention_heads);
+  ModelDims d;
+  d.name = model_type.empty() ? "checkpoint" : model_type;
+  d.kv_lora_rank = kv_lora_rank;
+  d.qk_rope_head_dim = qk_rope_head_dim;
+  d.qk_nope_head_dim = qk_nope_head_dim;
+  d.v_head_dim = v_head_dim;
+  d.num_heads = num_attention_heads / tp;
+  d.softmax_scale = softmax_scale();
+  d.index_topk = index_topk;
+  return d;
+}
+
+}  // namespace mla

@@ -1,0 +1,18 @@
+#pragma once
+// Strict JSON parsing for checkpoint files (safetensors headers, index and config files): RFC 8259
+// via nlohmann/json (no comments, valid UTF-8), plus what the library refuses on top of it: nesting
+// deeper than `max_depth` (checked by a scan before parsing, so a hostile header cannot drive the
+// parser deep) and a key repeated inside one object (a later duplicate would silently replace the
+// first). Errors are mla::Error "<what>: ...".
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <string_view>
+
+namespace mla::io {
+
+nlohmann::json parse_json_strict(std::string_view text, const std::string& what, int max_depth);
+// Reads a whole (small) file; throws mla::Error naming it when it cannot be read or exceeds max_bytes.
+std::string read_text_file(const std::string& path, std::size_t max_bytes);
+
+}  // namespace mla::io
