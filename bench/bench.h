@@ -29,6 +29,7 @@ struct BenchOptions {
     int splits = 0;               // KV splits per request (0: the planner's decode_num_splits)
   } decode;
   std::string decode_grid;
+  int dcp = 0;                   // dcp: GPUs of the DCP group (0 = every GPU of the machine)
   std::string variant;           // force this kernel variant (include/mla/variants.h) in every family
                                  // that has one of that name; empty = automatic selection
 };

@@ -12,6 +12,7 @@ void register_merge(Registry& r);     // merge.cu: merge, convert_topk
 void register_gemm(Registry& r);      // gemm.cu: the layer's GEMM / BMM shapes
 void register_attention(Registry& r); // attention_bench.cu: mqa_decode, mha_prefill, sparse_mqa
 void register_layer(Registry& r);     // layer_bench.cu: MlaAttention::forward for whole steps
+void register_dcp(Registry& r);       // dcp.cu: decode context parallelism over NCCL (tokens/s, 1 vs N GPUs)
 
 inline void register_all(Registry& r) {
   register_ceilings(r);
@@ -20,6 +21,7 @@ inline void register_all(Registry& r) {
   register_gemm(r);
   register_attention(r);
   register_layer(r);
+  register_dcp(r);
 }
 #endif
 

@@ -52,6 +52,9 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
                   "A named list of shapes of one op instead of its default rows (issue7: mqa_decode, issue 7's table "
                   "with FlashMLA's times, small batch, varlen, h 8/32/64, page sizes, fp8 formats; issue9: mha_prefill, "
                   "b 1/4 x s 1024/4096/16384 x h 16/128 causal and s_q 1024 x s_k 8192 non-causal)");
+  cmd->add_option("--dcp", o.dcp, "dcp: GPUs of the decode-context-parallel group (0: every GPU)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "Untimed warm-up iterations")->check(CLI::NonNegativeNumber)->capture_default_str();
   return cmd;
 }

@@ -1,0 +1,143 @@
+// Decode context parallelism benchmark (`mla bench --ops dcp [--dcp N]`, issue 13): decode tokens per
+// second of a long-context batch attended by one GPU (plain mqa_decode over the whole cache) and by a
+// DCP group of N GPUs (dcp_mqa_decode: every rank holds 1/N of each request's cache, one NCCL rank per
+// GPU, one host thread per rank in this process). Shapes: b = 8, s_q = 1, s_k ∈ {256K, 1M} (quick:
+// 64K), h ∈ {16, 128} per rank, bf16 cache, page 64. Time = max over ranks of each rank's median
+// step (events on its own stream; a host barrier lines the ranks up before every step; caches of
+// GBs: no L2 flush needed). bytes = b·s_k·1152 (the whole cache, read once across the group);
+// FLOPs = 2·b·h·s_k·(576 + 512): one GPU's h heads over the whole context, the work a step of the
+// batch costs whether one GPU or the group does it.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mla/comm.h"
+#include "mla/dcp.h"
+#include "mla/ops.h"
+#include "registry.h"
+
+namespace mla::bench {
+namespace {
+
+struct DcpShape {
+  int64_t b, h, s_k, page;
+};
+
+// One rank's timed steps (median ms). world == 1: plain mqa_decode over the whole cache.
+double rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, int warmup, int iters,
+                  std::barrier<>& sync) {
+  const Device dev = Device::cuda(rank);
+  if (cudaSetDevice(rank) != cudaSuccess) throw Error("dcp bench: cannot select device " + std::to_string(rank));
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  const Context ctx{stream, Precision::fast};
+  std::unique_ptr<Communicator> comm;
+  if (world > 1) comm = make_nccl_communicator(id, world, rank, rank);
+  const DcpLayout l{world, rank, 1};
+  const int64_t local = dcp_local_length(s.s_k, l);
+  const int64_t pages = std::max<int64_t>(1, (local + s.page - 1) / s.page);
+  CacheBuffer cb = allocate_cache(CacheFormat::bf16, s.b * pages, s.page, dev);
+  fill_uniform(cb.storage, -1, 1, 71 + rank, stream);
+  Tensor table_h = Tensor::empty({s.b, pages}, DType::i32);
+  for (int64_t i = 0; i < s.b * pages; ++i) static_cast<int32_t*>(table_h.data())[i] = static_cast<int32_t>(i);
+  Tensor table = table_h.to(dev);
+  Tensor lens = Tensor::empty({s.b}, DType::i32);
+  for (int64_t i = 0; i < s.b; ++i) static_cast<int32_t*>(lens.data())[i] = static_cast<int32_t>(local);
+  lens = lens.to(dev);
+  Tensor q = Tensor::empty({s.b, 1, s.h, 576}, DType::bf16, dev);
+  fill_uniform(q, -1, 1, 81 + rank, stream);
+  Tensor out = Tensor::empty({s.b, 1, s.h, 512}, DType::bf16, dev), lse = Tensor::empty({s.b, 1, s.h}, DType::f32, dev);
+  const std::size_t ws_bytes =
+      world > 1 ? dcp_mqa_decode_workspace_bytes(s.b, 1, s.h, pages, s.page, DType::bf16, world, dev)
+                : mqa_decode_workspace_bytes(s.b, 1, s.h, pages * s.page, dev);
+  Tensor ws = Tensor::empty({std::max<int64_t>(1, static_cast<int64_t>(ws_bytes))}, DType::u8, dev);
+  auto step = [&] {
+    if (world > 1) dcp_mqa_decode(*comm, q, cb.cache, table, lens, out, lse, 0.0416, ws, ctx);
+    else mqa_decode(q, cb.cache, table, lens, out, lse, 0.0416, true, ws_bytes ? ws.view() : TensorView{}, ctx);
+  };
+  cudaEvent_t a, z;
+  cudaEventCreate(&a);
+  cudaEventCreate(&z);
+  std::vector<float> ms;
+  for (int i = 0; i < warmup + iters; ++i) {
+    sync.arrive_and_wait();
+    cudaEventRecord(a, stream);
+    step();
+    cudaEventRecord(z, stream);
+    if (comm) comm->synchronize(ctx);
+    cudaEventSynchronize(z);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, z);
+    if (i >= warmup) ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(z);
+  cudaStreamDestroy(stream);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+double group_ms(const DcpShape& s, int world, int warmup, int iters) {
+  const NcclId id = world > 1 ? nccl_make_id() : NcclId{};
+  std::barrier<> sync(world);
+  std::vector<double> ms(static_cast<std::size_t>(world), 0.0);
+  std::vector<std::string> err(static_cast<std::size_t>(world));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        ms[r] = rank_steps(s, world, r, id, warmup, iters, sync);
+      } catch (const std::exception& e) {
+        err[r] = e.what();
+        sync.arrive_and_drop();  // let the other ranks' barriers proceed; their NCCL waits time out
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world; ++r)
+    if (!err[r].empty()) throw Error("dcp bench, rank " + std::to_string(r) + ": " + err[r]);
+  return *std::max_element(ms.begin(), ms.end());
+}
+
+void bench_dcp(BenchContext& ctx) {
+  if (ctx.options().ops.empty()) {  // GBs of cache per GPU and every GPU of the machine: opt-in only
+    std::printf("dcp: not part of the default run (name it: --ops dcp [--dcp N])\n");
+    return;
+  }
+  const int gpus = cuda_device_count();
+  const int n = ctx.options().dcp > 0 ? ctx.options().dcp : gpus;
+  if (n > gpus)
+    throw Error("dcp bench: --dcp " + std::to_string(n) + " needs that many GPUs, this machine has " + std::to_string(gpus));
+  if (n > 1 && !nccl_available()) throw Error("dcp bench: this build has no NCCL");
+  std::vector<DcpShape> shapes;
+  for (int64_t s_k : ctx.quick() ? std::vector<int64_t>{65536} : std::vector<int64_t>{262144, 1048576})
+    for (int64_t h : {16, 128}) shapes.push_back({8, h, s_k, 64});
+  const int iters = std::max(5, ctx.options().iters / 3), warmup = std::max(2, ctx.options().warmup / 2);
+  for (const DcpShape& s : shapes) {
+    double one = 0;
+    for (int w : n > 1 ? std::vector<int>{1, n} : std::vector<int>{1}) {
+      const double ms = group_ms(s, w, warmup, iters);
+      if (w == 1) one = ms;
+      const double bytes = static_cast<double>(s.b) * s.s_k * 1152.0;
+      const double flops = 2.0 * s.b * s.h * s.s_k * 1088.0;
+      char cfg[160];
+      std::snprintf(cfg, sizeof cfg, "W=%d b=%lld h=%lld s_k=%lldK  %.0f tok/s  x%.2f vs 1 GPU", w,
+                    static_cast<long long>(s.b), static_cast<long long>(s.h), static_cast<long long>(s.s_k / 1024),
+                    s.b / (ms * 1e-3), one / ms);
+      ctx.report("dcp_decode", cfg, ms, bytes, flops,
+                 "bytes = b*s_k*1152 (whole cache, all ranks); FLOPs = 2*b*h*s_k*1088; tok/s = b / step time");
+    }
+  }
+}
+
+}  // namespace
+
+void register_dcp(Registry& r) {
+  r.add("dcp", "decode context parallelism: tokens/s of 1 GPU vs N GPUs (--dcp N), b 8, s_k 256K / 1M", bench_dcp);
+}
+
+}  // namespace mla::bench
