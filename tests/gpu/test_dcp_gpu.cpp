@@ -60,10 +60,10 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
   const int64_t page = 64, h = 16, mb = 40;
   const std::vector<int32_t> lens = {2000, 0, 37, 2500, 700};
   const int64_t b = static_cast<int64_t>(lens.size());
-  const NcclId id = nccl_make_id();
   for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
     for (int64_t s_q : {1, 2}) {
       SCOPED_TRACE(::testing::Message() << to_string(f) << " s_q " << s_q << " W " << w);
+      const NcclId id = nccl_make_id();  // one id per communicator group: NCCL refuses a reused one
       test::PagedBatch pb = test::paged_batch(f, page, lens, mb);
       Tensor q_all = test::random_tensor({b, s_q, w * h, 576}, DType::bf16);
       Tensor want = Tensor::empty({b, s_q, w * h, 512}, DType::f64), want_lse = Tensor::empty({b, s_q, w * h}, DType::f64);
