@@ -1,8 +1,9 @@
 // Decode context parallelism benchmark (`mla bench --ops dcp [--dcp N]`, issue 13): decode tokens per
 // second of a long-context batch attended by one GPU (plain mqa_decode over the whole cache) and by a
-// DCP group of N GPUs (dcp_mqa_decode: every rank holds 1/N of each request's cache, one NCCL rank per
-// GPU, one host thread per rank in this process). Shapes: b = 8, s_q = 1, s_k ∈ {256K, 1M} (quick:
-// 64K), h ∈ {16, 128} per rank, bf16 cache, page 64. Time = max over ranks of each rank's median
+// DCP group of N GPUs (dcp_mqa_decode: every rank holds 1/N of each request's cache and h/N of the
+// layer's h heads, as tensor parallelism splits them; one NCCL rank per GPU, one host thread per rank
+// in this process). Shapes: b = 8, s_q = 1, s_k ∈ {256K, 1M} (quick: 64K), h ∈ {16, 128} heads of the
+// layer, bf16 cache, page 64. Time = max over ranks of each rank's median
 // step, a step timed as 8 back to back between two events on the rank's stream (a host barrier
 // lines the ranks up before each timing; caches of GBs: no L2 flush needed). bytes = b·s_k·1152 (the whole cache, read once across the group);
 // FLOPs = 2·b·h·s_k·(576 + 512): one GPU's h heads over the whole context, the work a step of the
@@ -49,12 +50,13 @@ double rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, int 
   Tensor lens = Tensor::empty({s.b}, DType::i32);
   for (int64_t i = 0; i < s.b; ++i) static_cast<int32_t*>(lens.data())[i] = static_cast<int32_t>(local);
   lens = lens.to(dev);
-  Tensor q = Tensor::empty({s.b, 1, s.h, 576}, DType::bf16, dev);
+  const int64_t h = s.h / world;  // this rank's heads; the all-gather gives every rank all s.h
+  Tensor q = Tensor::empty({s.b, 1, h, 576}, DType::bf16, dev);
   fill_uniform(q, -1, 1, 81 + rank, stream);
-  Tensor out = Tensor::empty({s.b, 1, s.h, 512}, DType::bf16, dev), lse = Tensor::empty({s.b, 1, s.h}, DType::f32, dev);
+  Tensor out = Tensor::empty({s.b, 1, h, 512}, DType::bf16, dev), lse = Tensor::empty({s.b, 1, h}, DType::f32, dev);
   const std::size_t ws_bytes =
-      world > 1 ? dcp_mqa_decode_workspace_bytes(s.b, 1, s.h, pages, s.page, DType::bf16, world, dev)
-                : mqa_decode_workspace_bytes(s.b, 1, s.h, pages * s.page, dev);
+      world > 1 ? dcp_mqa_decode_workspace_bytes(s.b, 1, h, pages, s.page, DType::bf16, world, dev)
+                : mqa_decode_workspace_bytes(s.b, 1, h, pages * s.page, dev);
   Tensor ws = Tensor::empty({std::max<int64_t>(1, static_cast<int64_t>(ws_bytes))}, DType::u8, dev);
   auto step = [&] {
     if (world > 1) dcp_mqa_decode(*comm, q, cb.cache, table, lens, out, lse, 0.0416, ws, ctx);
@@ -121,6 +123,7 @@ void bench_dcp(BenchContext& ctx) {
     for (int64_t h : {16, 128}) shapes.push_back({8, h, s_k, 64});
   const int iters = std::max(5, ctx.options().iters / 3), warmup = std::max(2, ctx.options().warmup / 2);
   for (const DcpShape& s : shapes) {
+    if (s.h % n != 0) continue;  // heads split evenly over the group
     double one = 0;
     for (int w : n > 1 ? std::vector<int>{1, n} : std::vector<int>{1}) {
       const double ms = group_ms(s, w, warmup, iters);
@@ -128,11 +131,12 @@ void bench_dcp(BenchContext& ctx) {
       const double bytes = static_cast<double>(s.b) * s.s_k * 1152.0;
       const double flops = 2.0 * s.b * s.h * s.s_k * 1088.0;
       char cfg[160];
-      std::snprintf(cfg, sizeof cfg, "W=%d b=%lld h=%lld s_k=%lldK  %.0f tok/s  x%.2f vs 1 GPU", w,
+      std::snprintf(cfg, sizeof cfg, "W=%d b=%lld h=%lld s_k=%lldK  %.0f tok/s  x%.2f", w,
                     static_cast<long long>(s.b), static_cast<long long>(s.h), static_cast<long long>(s.s_k / 1024),
                     s.b / (ms * 1e-3), one / ms);
       ctx.report("dcp_decode", cfg, ms, bytes, flops,
-                 "bytes = b*s_k*1152 (whole cache, all ranks); FLOPs = 2*b*h*s_k*1088; tok/s = b / step time");
+                 "bytes = b*s_k*1152 (whole cache, all ranks); FLOPs = 2*b*h*s_k*1088; tok/s = b / step time; "
+                 "xN = speed-up over W=1");
     }
   }
 }
