@@ -31,9 +31,12 @@ struct Carver {
 
 // The buffers of one call: q gathered (rank-major, then head-major), the partials over every head and
 // their exchange buffers.
+// The exchange buffers hold W blocks, one per rank: block j = the partial outputs of rank j's heads
+// [t, h_q, 512] followed by their LSEs [t, h_q] fp32 (padded to 16 bytes), so one all-to-all moves both.
 struct Buffers {
   char *q_recv, *q_all, *partial, *send, *recv, *scratch, *table;
-  float *partial_lse, *send_lse, *recv_lse;
+  float* partial_lse;
+  std::size_t out_bytes = 0, block_bytes = 0;  // one block's partial outputs; the whole block
   std::size_t scratch_bytes = 0, total = 0;
 };
 
@@ -46,10 +49,11 @@ Buffers carve(char* base, int64_t t, int64_t h_q, int world, DType dtype, std::s
   b.q_all = c.take(n * kQk * es);
   b.partial = c.take(n * kV * es);
   b.partial_lse = reinterpret_cast<float*>(c.take(n * 4));
-  b.send = c.take(n * kV * es);
-  b.send_lse = reinterpret_cast<float*>(c.take(n * 4));
-  b.recv = c.take(n * kV * es);
-  b.recv_lse = reinterpret_cast<float*>(c.take(n * 4));
+  const auto rows = static_cast<std::size_t>(t * h_q);  // (token, head) rows of one rank's heads
+  b.out_bytes = rows * kV * es;
+  b.block_bytes = b.out_bytes + (rows * 4 + 15) / 16 * 16;
+  b.send = c.take(b.block_bytes * static_cast<std::size_t>(world));
+  b.recv = c.take(b.block_bytes * static_cast<std::size_t>(world));
   b.table = c.take(table);
   b.scratch = c.take(scratch);
   b.scratch_bytes = scratch;
@@ -73,20 +77,20 @@ void copy_rows(char* dst, std::size_t dpitch, const char* src, std::size_t spitc
 #endif
 }
 
-// [W, t, h_q, d] (rank-major blocks) <-> [t, W·h_q, d] (token-major): block j of `blocks` is heads
-// [j·h_q, (j+1)·h_q) of `tokens`.
-void blocks_to_tokens(char* tokens, const char* blocks, int64_t t, int64_t h_q, int world, int64_t d, std::size_t es,
-                      Device dev, const Context& ctx) {
+// [W blocks of t rows of h_q·d] <-> [t, W·h_q, d] (token-major): block j (at j·block_stride bytes)
+// holds heads [j·h_q, (j+1)·h_q) of `tokens`.
+void blocks_to_tokens(char* tokens, const char* blocks, std::size_t block_stride, int64_t t, int64_t h_q, int world,
+                      int64_t d, std::size_t es, Device dev, const Context& ctx) {
   const std::size_t row = static_cast<std::size_t>(h_q * d) * es;
   for (int j = 0; j < world; ++j)
-    copy_rows(tokens + j * row, row * world, blocks + static_cast<std::size_t>(j) * row * t, row, row,
+    copy_rows(tokens + j * row, row * world, blocks + static_cast<std::size_t>(j) * block_stride, row, row,
               static_cast<std::size_t>(t), dev, ctx);
 }
-void tokens_to_blocks(char* blocks, const char* tokens, int64_t t, int64_t h_q, int world, int64_t d, std::size_t es,
-                      Device dev, const Context& ctx) {
+void tokens_to_blocks(char* blocks, std::size_t block_stride, const char* tokens, int64_t t, int64_t h_q, int world,
+                      int64_t d, std::size_t es, Device dev, const Context& ctx) {
   const std::size_t row = static_cast<std::size_t>(h_q * d) * es;
   for (int j = 0; j < world; ++j)
-    copy_rows(blocks + static_cast<std::size_t>(j) * row * t, row, tokens + j * row, row * world, row,
+    copy_rows(blocks + static_cast<std::size_t>(j) * block_stride, row, tokens + j * row, row * world, row,
               static_cast<std::size_t>(t), dev, ctx);
 }
 
@@ -116,15 +120,19 @@ void exchange_and_combine(Communicator& comm, const Buffers& b, int64_t t, int64
   const int w = comm.world_size();
   const Device dev = comm.device();
   const std::size_t es = dtype_size(dtype);
-  tokens_to_blocks(b.send, b.partial, t, h_q, w, kV, es, dev, ctx);
-  tokens_to_blocks(reinterpret_cast<char*>(b.send_lse), reinterpret_cast<const char*>(b.partial_lse), t, h_q, w, 1, 4,
+  tokens_to_blocks(b.send, b.block_bytes, b.partial, t, h_q, w, kV, es, dev, ctx);
+  tokens_to_blocks(b.send + b.out_bytes, b.block_bytes, reinterpret_cast<const char*>(b.partial_lse), t, h_q, w, 1, 4,
                    dev, ctx);
-  const int64_t n = int64_t(w) * t * h_q;
-  comm.all_to_all(TensorView(b.send, dtype, {n, kV}, dev), TensorView(b.recv, dtype, {n, kV}, dev), ctx);
-  comm.all_to_all(TensorView(b.send_lse, DType::f32, {n}, dev), TensorView(b.recv_lse, DType::f32, {n}, dev), ctx);
+  const auto bytes = static_cast<int64_t>(b.block_bytes) * w;
+  comm.all_to_all(TensorView(b.send, DType::u8, {bytes}, dev), TensorView(b.recv, DType::u8, {bytes}, dev), ctx);
+  // Block i of recv: rank i's partials of this rank's heads. Strides in elements of each view's dtype
+  // (block_bytes is a multiple of 16, so of both element sizes).
+  const auto block = static_cast<int64_t>(b.block_bytes);
+  const int64_t pshape[] = {w, t, h_q, kV}, pstride[] = {block / static_cast<int64_t>(es), h_q * kV, kV, 1};
+  const int64_t lshape[] = {w, t, h_q}, lstride[] = {block / 4, h_q, 1};
   combine_attn_states(TensorView(out.data, dtype, {t, h_q, kV}, dev), TensorView(lse.data, DType::f32, {t, h_q}, dev),
-                      TensorView(b.recv, dtype, {w, t, h_q, kV}, dev),
-                      TensorView(b.recv_lse, DType::f32, {w, t, h_q}, dev), ctx);
+                      TensorView(b.recv, dtype, pshape, pstride, dev),
+                      TensorView(b.recv + b.out_bytes, DType::f32, lshape, lstride, dev), ctx);
 }
 
 // All-gather q [t, h_q, 576] of every rank into q_all [t, W·h_q, 576].
@@ -133,7 +141,8 @@ void gather_q(Communicator& comm, const TensorView& q, const Buffers& b, int64_t
   const int64_t n = t * h_q;
   comm.all_gather(TensorView(q.data, q.dtype, {n, kQk}, q.device),
                   TensorView(b.q_recv, q.dtype, {int64_t(w) * n, kQk}, q.device), ctx);
-  blocks_to_tokens(b.q_all, b.q_recv, t, h_q, w, kQk, dtype_size(q.dtype), q.device, ctx);
+  const std::size_t qblock = static_cast<std::size_t>(n * kQk) * dtype_size(q.dtype);
+  blocks_to_tokens(b.q_all, b.q_recv, qblock, t, h_q, w, kQk, dtype_size(q.dtype), q.device, ctx);
 }
 
 }  // namespace
