@@ -14,22 +14,6 @@ namespace {
 
 constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
 
-// Slots must address the cache, and a row may be written once per call: two tokens on one slot
-// would race in any parallel backend (vLLM never produces this; a caller bug if it happens).
-void check_slot_values(const TensorView& slot_mapping, int64_t num_slots, const char* op) {
-  std::vector<int64_t> slots;
-  slots.reserve(static_cast<std::size_t>(slot_mapping.size(0)));
-  for (int64_t t = 0; t < slot_mapping.size(0); ++t) {
-    const int64_t s = index_at(slot_mapping, t);
-    MLA_CHECK(s < num_slots, "{}: slot_mapping[{}] = {} is outside the cache ({} slots)", op, t, s, num_slots);
-    if (s >= 0) slots.push_back(s);
-  }
-  std::sort(slots.begin(), slots.end());
-  const auto dup = std::adjacent_find(slots.begin(), slots.end());
-  MLA_CHECK(dup == slots.end(), "{}: slot_mapping names slot {} more than once (a row is written once per call)", op,
-            dup == slots.end() ? 0 : *dup);
-}
-
 // Shared by the three gathers: requests read rows of `cache` through `block_table` starting at
 // logical position seq_starts[b] (0 when absent) and fill `tot` destination rows.
 struct GatherArgs {
@@ -101,7 +85,7 @@ void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorVie
             kv_c.size(0), kv_c.describe());
   check_ds_mla_scale(ds_scale, op);
   detail::check_devices(dev, op, {{kv_c, "kv_c"}, {k_pe, "k_pe"}, {slot_mapping, "slot_mapping"}});
-  if (dev.is_cpu()) check_slot_values(slot_mapping, cache.num_slots(), op);
+  if (dev.is_cpu()) detail::check_slot_values(slot_mapping, cache.num_slots(), op);
   if (slot_mapping.size(0) == 0) return;
   MLA_DISPATCH(dev, write_cache, kv_c, k_pe, slot_mapping, cache, ds_scale, ctx);
 }

@@ -1,6 +1,7 @@
 #include "ops/validate.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/index_view.h"
 
@@ -90,6 +91,22 @@ void check_block_ids(const TensorView& block_table, int64_t row, int64_t begin, 
     MLA_CHECK(0 <= id && id < num_blocks, "{}: block_table[{}][{}] = {} is not a block of the cache (num_blocks {})",
               op, row, j, id, num_blocks);
   }
+}
+
+// Slots must address the cache, and a row may be written once per call: two tokens on one slot
+// would race in any parallel backend (vLLM never produces this; a caller bug if it happens).
+void check_slot_values(const TensorView& slot_mapping, int64_t num_slots, const char* op) {
+  std::vector<int64_t> slots;
+  slots.reserve(static_cast<std::size_t>(slot_mapping.size(0)));
+  for (int64_t t = 0; t < slot_mapping.size(0); ++t) {
+    const int64_t s = index_at(slot_mapping, t);
+    MLA_CHECK(s < num_slots, "{}: slot_mapping[{}] = {} is outside the cache ({} slots)", op, t, s, num_slots);
+    if (s >= 0) slots.push_back(s);
+  }
+  std::sort(slots.begin(), slots.end());
+  const auto dup = std::adjacent_find(slots.begin(), slots.end());
+  MLA_CHECK(dup == slots.end(), "{}: slot_mapping names slot {} more than once (a row is written once per call)", op,
+            dup == slots.end() ? 0 : *dup);
 }
 
 }  // namespace mla::detail

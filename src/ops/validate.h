@@ -56,4 +56,8 @@ void check_cu_seqlens_values(const TensorView& cu, int64_t max_total, const char
 void check_block_ids(const TensorView& block_table, int64_t row, int64_t begin, int64_t end, int64_t page_size,
                      int64_t num_blocks, const char* op);
 
+// slot_mapping values are < num_slots (negative = skipped) and no slot is named twice (a row is
+// written once per call: two tokens on one slot would race in a parallel backend).
+void check_slot_values(const TensorView& slot_mapping, int64_t num_slots, const char* op);
+
 }  // namespace mla::detail
