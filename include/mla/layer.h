@@ -53,7 +53,8 @@ struct ForwardArgs {
 class MlaAttention {
  public:
   // kv_b_proj_weight: [h_q * (P + V), L], the kv_b_proj Linear weight as stored in checkpoints
-  // ((out, in) = rows are per-head [P nope | V value] blocks), any float dtype, any device. Derives
+  // ((out, in) = rows are per-head [P nope | V value] blocks), any float dtype but fp8_e4m3 (codes
+  // need their block scales: mla::dequantize_block_fp8, mla/deepseek.h), any device. Derives
   // W_UK_T (h_q, P, L) and W_UV (h_q, L, V) on options.device in options.dtype.
   MlaAttention(const LayerOptions& options, const TensorView& kv_b_proj_weight);
 

@@ -167,6 +167,11 @@ MlaAttention::MlaAttention(const LayerOptions& options, const TensorView& kv_b_p
   detail::check_size(w, 0, d.h * (d.P + d.V), op, "kv_b_proj_weight [h * (P + V), L]");
   detail::check_size(w, 1, d.L, op, "kv_b_proj_weight [h * (P + V), L]");
   MLA_CHECK(is_floating(w.dtype), "{}: kv_b_proj_weight must be a float tensor, got {}", op, w.describe());
+  // fp8 checkpoints store e4m3 codes whose values are meaningful only with their block scales
+  // (weight_scale_inv): dequantise first (DeepseekAttention does, docs/BLOCK.md).
+  MLA_CHECK(w.dtype != DType::fp8_e4m3,
+            "{}: kv_b_proj_weight is fp8_e4m3 codes without their weight_scale_inv block scales; dequantise it "
+            "first (mla::dequantize_block_fp8) or build the block with DeepseekAttention", op);
 
   // Derive on the host in float64 from a host copy, round once to the layer dtype, then move.
   Tensor staged;

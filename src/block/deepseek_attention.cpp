@@ -1,0 +1,408 @@
+// DeepseekAttention (mla/deepseek.h, docs/BLOCK.md): weight loading for a tensor-parallel rank with
+// exact fp8 block dequantisation, YaRN tables, and the CPU forward step (projections through
+// mla::gemm, RMSNorm and RoPE here in float64 per element, MlaAttention in between).
+//
+// Workspace layout (own_bytes(T), each region a multiple of 256 bytes from the 16-byte aligned base,
+// then MlaAttention's workspace).
+// The projections write a wide dtype (f32; f64 for the f64 block) so that RMSNorm and RoPE round once
+// into the layer dtype, as a fused epilogue would:
+//   q_a   [T, q_lora_rank]  wide   q_a_proj output, RMSNorm in place (q_lora_rank > 0)
+//   q_w   [T, h * (P + R)]  wide   q_b_proj / q_proj output
+//   kv_w  [T, L + R]        wide   kv_a_proj_with_mqa output
+//   q     [T, h * (P + R)]  dtype  q_nope | RoPE(q_pe) per head: MlaAttention's q
+//   kv_c  [T, L]            dtype  RMSNorm of the latent
+//   k_pe  [T, R]            dtype  RoPE(k_pe)
+//   attn  [T, h * V]        dtype  MlaAttention output (before o_proj)
+#include "mla/deepseek.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "core/check.h"
+#include "core/checked.h"
+#include "core/numeric.h"
+#include "mla/ops.h"
+
+namespace mla {
+
+namespace {
+
+constexpr const char* kOp = "DeepseekAttention";
+constexpr std::size_t kAlign = 256;
+
+std::size_t region_bytes(int64_t rows, int64_t cols, DType t, const char* what) {
+  const int64_t n = detail::checked_mul(detail::checked_mul(rows, cols, what), static_cast<int64_t>(dtype_size(t)), what);
+  return detail::checked_round_up(detail::checked_size(n, what), kAlign, 0, what);
+}
+
+// Dimensions of a weight: [out, in].
+void check_weight_shape(const DeepseekLinear& w, int64_t out, int64_t in, const std::string& what) {
+  MLA_CHECK(w.weight.defined(), "{}: weight {} is missing", kOp, what);
+  MLA_CHECK(w.weight.ndim == 2 && w.weight.shape[0] == out && w.weight.shape[1] == in,
+            "{}: weight {} must be [{}, {}], got {}", kOp, what, out, in, w.weight.describe());
+  MLA_CHECK(w.weight.device.is_cpu(), "{}: weight {} must be a host tensor, got {}", kOp, what, w.weight.describe());
+}
+
+}  // namespace
+
+Tensor dequantize_block_fp8(const DeepseekLinear& w, int block_rows, int block_cols, int64_t row0, int64_t rows,
+                            int64_t col0, int64_t cols, DType dtype, const std::string& what) {
+  const TensorView& v = w.weight;
+  MLA_CHECK(v.defined() && v.ndim == 2 && v.device.is_cpu(), "{}: weight must be a 2-D host tensor, got {}", what,
+            v.describe());
+  MLA_CHECK(is_floating(v.dtype), "{}: weight must be a float tensor, got {}", what, v.describe());
+  MLA_CHECK(row0 >= 0 && rows >= 0 && col0 >= 0 && cols >= 0 && row0 + rows <= v.shape[0] && col0 + cols <= v.shape[1],
+            "{}: rows [{}, {}) x columns [{}, {}) are outside the weight {}", what, row0, row0 + rows, col0, col0 + cols,
+            v.shape_str());
+  const bool fp8 = v.dtype == DType::fp8_e4m3;
+  const TensorView& s = w.weight_scale_inv;
+  if (fp8) {
+    MLA_CHECK(block_rows > 0 && block_cols > 0, "{}: block size must be positive, got {} x {}", what, block_rows,
+              block_cols);
+    MLA_CHECK(s.defined(), "{}: an fp8_e4m3 weight needs its weight_scale_inv block scales", what);
+    const int64_t br = (v.shape[0] + block_rows - 1) / block_rows, bc = (v.shape[1] + block_cols - 1) / block_cols;
+    MLA_CHECK(s.ndim == 2 && s.shape[0] == br && s.shape[1] == bc && s.device.is_cpu() && is_floating(s.dtype) &&
+                  s.dtype != DType::fp8_e4m3,
+              "{}: weight_scale_inv of a {} weight in {} x {} blocks must be a float host tensor [{}, {}], got {}", what,
+              v.shape_str(), block_rows, block_cols, br, bc, s.describe());
+    for (int64_t i = 0; i < br; ++i)
+      for (int64_t j = 0; j < bc; ++j) {
+        const double x = num::load(s.ptr_at({i, j}), s.dtype);
+        MLA_CHECK(std::isfinite(x), "{}: weight_scale_inv[{}][{}] = {} is not finite", what, i, j, x);
+      }
+  } else {
+    MLA_CHECK(!s.defined(), "{}: weight_scale_inv given for a {} weight (only fp8_e4m3 weights have block scales)",
+              what, to_string(v.dtype));
+  }
+  Tensor out = Tensor::empty({rows, cols}, dtype);
+  const TensorView o = out.view();
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t gi = row0 + i, gj = col0 + j;
+      double x = num::load(v.ptr_at({gi, gj}), v.dtype);
+      MLA_CHECK(!std::isnan(x), "{}: element [{}][{}] is NaN", what, gi, gj);
+      if (fp8) x *= num::load(s.ptr_at({gi / block_rows, gj / block_cols}), s.dtype);  // exact in float64
+      num::store(o.ptr_at({i, j}), dtype, x);
+    }
+  return out;
+}
+
+namespace {
+
+// [in, out] = transpose of rows [row0, row0 + rows) x columns [col0, col0 + cols) of a published
+// [out, in] weight, dequantised, in `dtype`.
+Tensor rank_weight_t(const DeepseekConfig& c, const DeepseekLinear& w, int64_t row0, int64_t rows, int64_t col0,
+                     int64_t cols, DType dtype, const std::string& what) {
+  const Tensor slice = dequantize_block_fp8(w, c.weight_block_rows, c.weight_block_cols, row0, rows, col0, cols,
+                                            DType::f64, what);
+  Tensor t = Tensor::empty({cols, rows}, dtype);
+  const auto* src = static_cast<const double*>(slice.data());
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) num::store(t.view().ptr_at({j, i}), dtype, src[i * cols + j]);
+  return t;
+}
+
+Tensor norm_weight(const TensorView& w, int64_t n, const char* what) {
+  MLA_CHECK(w.defined() && w.ndim == 1 && w.shape[0] == n && w.device.is_cpu() && is_floating(w.dtype) &&
+                w.dtype != DType::fp8_e4m3,
+            "{}: {} must be a float host tensor [{}], got {}", kOp, what, n, w.describe());
+  Tensor t = Tensor::empty({n}, DType::f64);
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = num::load(w.ptr_at({i}), w.dtype);
+    MLA_CHECK(std::isfinite(x), "{}: {}[{}] = {} is not finite", kOp, what, i, x);
+    static_cast<double*>(t.data())[i] = x;
+  }
+  return t;
+}
+
+// YaRN inverse frequencies (DeepSeek's yarn_find_correction_range / linear ramp) and attention factor.
+void yarn_tables(const DeepseekConfig& c, std::vector<double>& inv_freq, double& factor) {
+  const int dim = c.qk_rope_head_dim;
+  const double base = c.rope_theta;
+  inv_freq.resize(static_cast<std::size_t>(dim / 2));
+  factor = 1.0;
+  if (!c.has_yarn) {
+    for (int i = 0; i < dim / 2; ++i) inv_freq[i] = 1.0 / std::pow(base, 2.0 * i / dim);
+    return;
+  }
+  const double f = c.yarn_factor;
+  const auto orig = static_cast<double>(c.yarn_original_max_position_embeddings);
+  auto corr_dim = [&](double rot) {
+    return dim * std::log(orig / (rot * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
+  };
+  const double low = std::max(std::floor(corr_dim(c.yarn_beta_fast)), 0.0);
+  double high = std::min(std::ceil(corr_dim(c.yarn_beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  for (int i = 0; i < dim / 2; ++i) {
+    const double pos_freq = std::pow(base, 2.0 * i / dim);
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    inv_freq[i] = ramp / (f * pos_freq) + (1.0 - ramp) / pos_freq;
+  }
+  if (c.yarn_mscale != 0.0 && c.yarn_mscale_all_dim != 0.0)
+    factor = yarn_mscale(f, c.yarn_mscale) / yarn_mscale(f, c.yarn_mscale_all_dim);
+  else
+    factor = yarn_mscale(f, 1.0);
+}
+
+// x[t, :] <- x / sqrt(mean(x^2) + eps) * w for rows [0, rows), computed in float64, rounded once.
+void rms_norm_rows(const TensorView& x, const TensorView& y, const Tensor& w, double eps, int64_t rows) {
+  const int64_t n = x.shape[1];
+  const auto* wd = static_cast<const double*>(w.data());
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = num::load(x.ptr_at({t, i}), x.dtype);
+      ss += v * v;
+    }
+    const double r = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+    for (int64_t i = 0; i < n; ++i)
+      num::store(y.ptr_at({t, i}), y.dtype, num::load(x.ptr_at({t, i}), x.dtype) * r * wd[i]);
+  }
+}
+
+// dst[t, g, :] <- RoPE(src[t, g, :]) for rows [0, rows) at `positions` (views [rows, groups, R]):
+// pair i is (2i, 2i + 1) when interleaved, else (i, i + R/2); (a, b) <- (a cos - b sin, b cos + a sin)
+// with cos / sin of position * inv_freq[i] times the attention factor. Computed in float64.
+void rope_rows(const TensorView& src, const TensorView& dst, const TensorView& positions,
+               const std::vector<double>& inv_freq, double factor, bool interleave, int64_t rows) {
+  const int64_t groups = src.shape[1], half = static_cast<int64_t>(inv_freq.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t) {
+    const auto pos = static_cast<double>(num::load_index(positions.ptr_at({t}), positions.dtype));
+    for (int64_t i = 0; i < half; ++i) {
+      const double ang = pos * inv_freq[static_cast<std::size_t>(i)];
+      const double c = std::cos(ang) * factor, s = std::sin(ang) * factor;
+      const int64_t ia = interleave ? 2 * i : i, ib = interleave ? 2 * i + 1 : i + half;
+      for (int64_t g = 0; g < groups; ++g) {
+        const double a = num::load(src.ptr_at({t, g, ia}), src.dtype), b = num::load(src.ptr_at({t, g, ib}), src.dtype);
+        num::store(dst.ptr_at({t, g, ia}), dst.dtype, a * c - b * s);
+        num::store(dst.ptr_at({t, g, ib}), dst.dtype, b * c + a * s);
+      }
+    }
+  }
+}
+
+// dst <- src element-wise (rows [0, rows) of [rows, groups, n] views), rounded to dst's dtype.
+void copy_rows(const TensorView& src, const TensorView& dst, int64_t rows) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t g = 0; g < src.shape[1]; ++g)
+      for (int64_t i = 0; i < src.shape[2]; ++i)
+        num::store(dst.ptr_at({t, g, i}), dst.dtype, num::load(src.ptr_at({t, g, i}), src.dtype));
+}
+
+}  // namespace
+
+DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const DeepseekWeights& w,
+                                     const DeepseekOptions& options)
+    : config_(config), options_(options) {
+  const DeepseekConfig& c = config_;
+  MLA_CHECK(options.tp >= 1 && options.rank >= 0 && options.rank < options.tp,
+            "{}: rank {} is not in [0, tp = {})", kOp, options.rank, options.tp);
+  MLA_CHECK(options.device.is_cpu(),
+            "{}: runs on the CPU only in this version (the CUDA block needs RMSNorm / RoPE kernels and the "
+            "block-scaled fp8 GEMM, docs/BLOCK.md); got device {}", kOp, to_string(options.device));
+  MLA_CHECK(options.dtype == DType::bf16 || options.dtype == DType::f32 || options.dtype == DType::f64,
+            "{}: computes in bf16, f32 or f64, got {}", kOp, to_string(options.dtype));
+  dims_ = c.dims(options.tp);
+  const int64_t H = c.hidden_size, h = dims_.num_heads, L = c.kv_lora_rank, P = c.qk_nope_head_dim,
+                R = c.qk_rope_head_dim, V = c.v_head_dim, head0 = options.rank * h;
+  const DType t = options.dtype;
+  if (c.q_lora_rank > 0) {
+    MLA_CHECK(!w.q_proj.weight.defined(), "{}: q_lora_rank = {} uses q_a_proj / q_b_proj, but q_proj was given", kOp,
+              c.q_lora_rank);
+    check_weight_shape(w.q_a_proj, c.q_lora_rank, H, "q_a_proj");
+    check_weight_shape(w.q_b_proj, int64_t{c.num_attention_heads} * (P + R), c.q_lora_rank, "q_b_proj");
+    w_q_a_t_ = rank_weight_t(c, w.q_a_proj, 0, c.q_lora_rank, 0, H, t, "q_a_proj");
+    w_q_b_t_ = rank_weight_t(c, w.q_b_proj, head0 * (P + R), h * (P + R), 0, c.q_lora_rank, t, "q_b_proj");
+    q_a_norm_ = norm_weight(w.q_a_layernorm, c.q_lora_rank, "q_a_layernorm");
+  } else {
+    MLA_CHECK(!w.q_a_proj.weight.defined() && !w.q_b_proj.weight.defined(),
+              "{}: q_lora_rank is null (V2-Lite: q_proj), but q_a_proj / q_b_proj were given", kOp);
+    check_weight_shape(w.q_proj, int64_t{c.num_attention_heads} * (P + R), H, "q_proj");
+    w_q_t_ = rank_weight_t(c, w.q_proj, head0 * (P + R), h * (P + R), 0, H, t, "q_proj");
+  }
+  check_weight_shape(w.kv_a_proj_with_mqa, L + R, H, "kv_a_proj_with_mqa");
+  w_kv_a_t_ = rank_weight_t(c, w.kv_a_proj_with_mqa, 0, L + R, 0, H, t, "kv_a_proj_with_mqa");
+  kv_a_norm_ = norm_weight(w.kv_a_layernorm, L, "kv_a_layernorm");
+  check_weight_shape(w.o_proj, H, int64_t{c.num_attention_heads} * V, "o_proj");
+  w_o_t_ = rank_weight_t(c, w.o_proj, 0, H, head0 * V, h * V, t, "o_proj");
+  check_weight_shape(w.kv_b_proj, int64_t{c.num_attention_heads} * (P + V), L, "kv_b_proj");
+  // Absorption (W_UK_T, W_UV) from the dequantised rank slice, exact in float64.
+  const Tensor kv_b = dequantize_block_fp8(w.kv_b_proj, c.weight_block_rows, c.weight_block_cols, head0 * (P + V),
+                                           h * (P + V), 0, L, DType::f64, "kv_b_proj");
+  yarn_tables(c, inv_freq_, rope_factor_);
+
+  LayerOptions lo;
+  lo.dims = dims_;
+  lo.cache_format = options.cache_format;
+  lo.sparse = options.sparse;
+  lo.ds_scale = options.ds_scale;
+  lo.device = options.device;
+  lo.dtype = t;
+  attention_.emplace(lo, kv_b.view());
+}
+
+DeepseekAttention DeepseekAttention::load(const Checkpoint& ck, const DeepseekConfig& config, int layer,
+                                          const DeepseekOptions& options) {
+  MLA_CHECK(layer >= 0, "{}: layer must be >= 0, got {}", kOp, layer);
+  const std::string pre = fmt::format("model.layers.{}.self_attn.", layer);
+  std::vector<Tensor> keep;  // owning copies behind the views
+  auto tensor = [&](const std::string& name) -> TensorView {
+    const StTensorInfo& info = ck.info(name);
+    const auto dt = to_mla_dtype(info.dtype);
+    MLA_CHECK(dt && is_floating(*dt), "{}: checkpoint tensor '{}' has dtype {}, expected a float type", kOp, name,
+              to_string(info.dtype));
+    keep.push_back(ck.load(name, *dt));
+    return keep.back().view();
+  };
+  auto linear = [&](const char* n) {
+    DeepseekLinear l;
+    l.weight = tensor(pre + n + ".weight");
+    const std::string s = pre + n + ".weight_scale_inv";
+    if (l.weight.dtype == DType::fp8_e4m3) {
+      MLA_CHECK(ck.has(s), "{}: '{}' is fp8_e4m3 but the checkpoint has no '{}'", kOp, pre + n + ".weight", s);
+      l.weight_scale_inv = tensor(s);
+    }
+    return l;
+  };
+  DeepseekWeights w;
+  if (config.q_lora_rank > 0) {
+    w.q_a_proj = linear("q_a_proj");
+    w.q_b_proj = linear("q_b_proj");
+    w.q_a_layernorm = tensor(pre + "q_a_layernorm.weight");
+  } else {
+    w.q_proj = linear("q_proj");
+  }
+  w.kv_a_proj_with_mqa = linear("kv_a_proj_with_mqa");
+  w.kv_a_layernorm = tensor(pre + "kv_a_layernorm.weight");
+  w.kv_b_proj = linear("kv_b_proj");
+  w.o_proj = linear("o_proj");
+  return DeepseekAttention(config, w, options);
+}
+
+PlannerConfig DeepseekAttention::planner_config() const {
+  PlannerConfig pc;
+  pc.dims = dims_;
+  pc.cache_format = options_.cache_format;
+  pc.sparse = options_.sparse;
+  return pc;
+}
+
+DType DeepseekAttention::wide_dtype() const { return options_.dtype == DType::f64 ? DType::f64 : DType::f32; }
+
+std::size_t DeepseekAttention::own_bytes(int64_t T) const {
+  const DeepseekConfig& c = config_;
+  const DType t = options_.dtype, w = wide_dtype();
+  const int64_t h = dims_.num_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
+  std::size_t n = 0;
+  if (c.q_lora_rank > 0) n += region_bytes(T, c.q_lora_rank, w, "q_a workspace");
+  n += region_bytes(T, h * c.qk_head_dim(), w, "q_w workspace");
+  n += region_bytes(T, L + R, w, "kv_w workspace");
+  n += region_bytes(T, h * c.qk_head_dim(), t, "q workspace");
+  n += region_bytes(T, L, t, "kv_c workspace");
+  n += region_bytes(T, R, t, "k_pe workspace");
+  n += region_bytes(T, h * c.v_head_dim, t, "attn workspace");
+  return n;
+}
+
+std::size_t DeepseekAttention::workspace_bytes(const Plan& plan) const {
+  return own_bytes(plan.num_tokens) + attention_->workspace_bytes(plan);
+}
+
+std::size_t DeepseekAttention::max_workspace_bytes(const PlannerConfig& config, int64_t max_num_tokens) const {
+  MLA_CHECK(max_num_tokens >= 0, "{}::max_workspace_bytes: max_num_tokens must be >= 0, got {}", kOp, max_num_tokens);
+  return own_bytes(max_num_tokens) + attention_->max_workspace_bytes(config, max_num_tokens);
+}
+
+void DeepseekAttention::forward(const Plan& plan, const DeepseekForwardArgs& a, const KVCache& cache,
+                                const TensorView& workspace, const Context& ctx) const {
+  constexpr const char* op = "DeepseekAttention::forward";
+  const DeepseekConfig& c = config_;
+  const DType t = options_.dtype;
+  const int64_t T = plan.num_tokens, t_act = plan.num_actual_tokens, H = c.hidden_size, h = dims_.num_heads,
+                L = c.kv_lora_rank, P = c.qk_nope_head_dim, R = c.qk_rope_head_dim, V = c.v_head_dim;
+  // The block's own arguments; MlaAttention::forward validates the rest (and the workspace tail)
+  // before anything is written. Nothing here writes before these checks.
+  for (const auto& [view, name] : {std::pair{&a.hidden, "hidden [T, hidden_size]"}, {&a.out, "out [T, hidden_size]"}}) {
+    detail::check_defined(*view, op, name);
+    detail::check_ndim(*view, 2, op, name);
+    detail::check_size(*view, 0, T, op, name);
+    detail::check_size(*view, 1, H, op, name);
+    detail::check_dtype(*view, t, op, name);
+    detail::check_device(*view, options_.device, op, name);
+    MLA_CHECK(view->stride[1] == 1, "{}: {} needs unit inner stride, got {}", op, name, view->describe());
+  }
+  detail::check_defined(a.positions, op, "positions");
+  detail::check_ndim(a.positions, 1, op, "positions [T]");
+  detail::check_index(a.positions, op, "positions");
+  detail::check_device(a.positions, options_.device, op, "positions");
+  MLA_CHECK(a.positions.size(0) >= t_act, "{}: positions must hold at least num_actual_tokens = {} entries, got {}",
+            op, t_act, a.positions.describe());
+  for (int64_t i = 0; i < t_act; ++i) {
+    const int64_t pos = num::load_index(a.positions.ptr_at({i}), a.positions.dtype);
+    MLA_CHECK(pos >= 0 && pos < plan.config.max_model_len, "{}: positions[{}] = {} is outside [0, max_model_len = {})",
+              op, i, pos, plan.config.max_model_len);
+  }
+  const std::size_t own = own_bytes(T);
+  detail::check_defined(workspace, op, "workspace");
+  detail::check_ndim(workspace, 1, op, "workspace");
+  detail::check_dtype(workspace, DType::u8, op, "workspace");
+  detail::check_device(workspace, options_.device, op, "workspace");
+  MLA_CHECK(workspace.stride[0] == 1 && static_cast<std::size_t>(workspace.size(0)) >= workspace_bytes(plan) &&
+                reinterpret_cast<uintptr_t>(workspace.data) % 16 == 0,
+            "{}: workspace must be a contiguous, 16-byte aligned u8 buffer of at least workspace_bytes(plan) = {} "
+            "bytes, got {} at {}", op, workspace_bytes(plan), workspace.describe(), workspace.data);
+  MLA_CHECK(!(a.hidden.data == a.out.data && t_act > 0), "{}: out must not alias hidden", op);
+
+  // Carve the workspace.
+  auto* base = static_cast<std::byte*>(workspace.data);
+  std::size_t off = 0;
+  auto region = [&](int64_t cols, DType dt, const char* what) {
+    TensorView v(base + off, dt, {T, cols}, options_.device);
+    off += region_bytes(T, cols, dt, what);
+    return v;
+  };
+  const DType w = wide_dtype();
+  const TensorView q_a = c.q_lora_rank > 0 ? region(c.q_lora_rank, w, "q_a") : TensorView{};
+  const TensorView q_w = region(h * (P + R), w, "q_w"), kv_w = region(L + R, w, "kv_w");
+  const TensorView q = region(h * (P + R), t, "q"), kv_c = region(L, t, "kv_c"), k_pe = region(R, t, "k_pe"),
+                   attn = region(h * V, t, "attn");
+  const TensorView inner(base + own, DType::u8, {workspace.size(0) - static_cast<int64_t>(own)}, options_.device);
+
+  // Projections of the actual tokens (padding rows of the scratch stay unwritten: the layer ignores them).
+  const TensorView x = a.hidden.slice(0, 0, t_act);
+  if (t_act > 0) {
+    if (c.q_lora_rank > 0) {
+      gemm(x, w_q_a_t_, q_a.slice(0, 0, t_act), 1.0f, 0.0f, ctx);
+      rms_norm_rows(q_a, q_a, q_a_norm_, c.rms_norm_eps, t_act);
+      gemm(q_a.slice(0, 0, t_act), w_q_b_t_, q_w.slice(0, 0, t_act), 1.0f, 0.0f, ctx);
+    } else {
+      gemm(x, w_q_t_, q_w.slice(0, 0, t_act), 1.0f, 0.0f, ctx);
+    }
+    gemm(x, w_kv_a_t_, kv_w.slice(0, 0, t_act), 1.0f, 0.0f, ctx);
+    rms_norm_rows(kv_w.slice(1, 0, L), kv_c, kv_a_norm_, c.rms_norm_eps, t_act);
+    const TensorView qw3 = q_w.reshape({T, h, P + R}), q3 = q.reshape({T, h, P + R});
+    copy_rows(qw3.slice(2, 0, P), q3.slice(2, 0, P), t_act);
+    rope_rows(qw3.slice(2, P, P + R), q3.slice(2, P, P + R), a.positions, inv_freq_, rope_factor_, c.rope_interleave,
+              t_act);
+    rope_rows(kv_w.slice(1, L, L + R).unsqueeze(1), k_pe.unsqueeze(1), a.positions, inv_freq_, rope_factor_,
+              c.rope_interleave, t_act);
+  }
+  ForwardArgs fa;
+  fa.q = q.reshape({T, h, P + R});
+  fa.kv_c = kv_c;
+  fa.k_pe = k_pe;
+  fa.slot_mapping = a.slot_mapping;
+  fa.block_table = a.block_table;
+  fa.seq_lens = a.seq_lens;
+  fa.topk_indices = a.topk_indices;
+  fa.metadata = a.metadata;
+  fa.out = attn;
+  attention_->forward(plan, fa, cache, inner, ctx);
+  if (t_act > 0) gemm(attn.slice(0, 0, t_act), w_o_t_, a.out.slice(0, 0, t_act), 1.0f, 0.0f, ctx);
+}
+
+}  // namespace mla
