@@ -58,16 +58,19 @@ void dcp_filter_topk(std::span<int32_t> indices, const DcpLayout& layout);
 //   q            [b, s_q, h_q, 576]   this rank's heads
 //   cache        this rank's shard; block_table [b, max_blocks] int32 into it (local pages)
 //   local_lens   [b·s_q] int32: row (r, i)'s key count in this shard
-//   out          [b, s_q, h_q, 512], lse [b, s_q, h_q] fp32
+//   out          [b, s_q, h_q, 512], lse [b, s_q, h_q] fp32 optional
+//   num_splits   KV splits of the local decode (mqa_decode's; 0 = its policy for b·s_q rows of W·h_q heads)
 std::size_t dcp_mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_blocks,
-                                           int64_t page_size, DType dtype, int world_size, Device device);
+                                           int64_t page_size, DType dtype, int world_size, Device device,
+                                           int num_splits = 0);
 void dcp_mqa_decode(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& block_table,
                     const TensorView& local_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
-                    const TensorView& workspace, const Context& ctx = {});
+                    const TensorView& workspace, const Context& ctx = {}, int num_splits = 0);
 
 // Sparse attention of T tokens over this shard.
 //   q [T, h_q, 576]; indices [T, topk] int32 slots of this shard (dcp_filter_topk, then the local block
-//   table), -1 for positions other ranks own; topk_length [T] optional; out [T, h_q, 512], lse [T, h_q].
+//   table), -1 for positions other ranks own; topk_length [T] optional; out [T, h_q, 512], lse [T, h_q]
+//   optional.
 std::size_t dcp_sparse_mqa_workspace_bytes(int64_t t, int64_t h_q, DType dtype, int world_size);
 void dcp_sparse_mqa(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& indices,
                     const TensorView& topk_length, const TensorView& out, const TensorView& lse,

@@ -32,6 +32,12 @@ struct LayerOptions {
   // Activation / weight dtype: bf16 on CUDA; bf16, f32 or f64 on the CPU (f64 + Precision::reference
   // gives the float64 oracle layer).
   DType dtype = DType::bf16;
+  // Decode context parallelism (§13, mla/dcp.h): this rank's communicator of the DCP group, not owned
+  // (the caller keeps it alive while the layer runs). Set, the layer's dims.num_heads are this rank's
+  // heads (the group's heads / W, as tensor parallelism splits them), its cache is this rank's shard,
+  // and forward() takes plans made with PlannerConfig::dcp = {W, rank, interleave}: decode steps
+  // all-gather q over the group's heads, attend the shard and combine the partials. nullptr = no DCP.
+  Communicator* dcp_comm = nullptr;
 };
 
 // Tensors of one step. T = plan.num_tokens (rows beyond num_actual_tokens are padding and ignored).

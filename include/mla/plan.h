@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "mla/dcp.h"
 #include "mla/types.h"
 
 namespace mla {
@@ -164,6 +165,8 @@ struct StepMetadata {
   int64_t req_id = -1;            // [num_actual_tokens] req_id_per_token
   int64_t prefill_ids = -1;       // [num_actual_tokens] prefill_request_id   (fp8_ds_mla separate mode)
   int64_t workspace_starts = -1;  // [num_prefills] chunk-local starts          (fp8_ds_mla separate mode)
+  // decode context parallelism
+  int64_t dcp_local_lens = -1;    // [num_decode_tokens] Plan::dcp_local_lens
   std::size_t bytes() const { return data.size() * sizeof(int32_t); }
 };
 
@@ -191,6 +194,11 @@ struct PlannerConfig {
   // Multiprocessors of the device the step runs on (multiprocessor_count(device), mla/ops.h): sizes
   // the decode split-KV schedule. 0 = no split-KV (CPU layers; on CUDA correct but slower).
   int num_sms = 0;
+  // Decode context parallelism (§13): this rank's place in the group. world_size > 1 plans the step
+  // for one rank of the group: seq_lens stay global, the block table the layer gets is the rank's
+  // shard, each decode row's local key count goes into the metadata (dcp_local_lens). Dense
+  // decode-only steps (prefill tokens and sparse plans under DCP are refused: not built yet).
+  DcpLayout dcp;
   // Throws mla::Error unless num_sms >= 0, num_heads, page_size, max_num_seqs, decode_threshold >= 1,
   // 1 <= max_model_len < 2^31, index_topk >= 0 and the workspace rows are as above.
   void validate() const;
@@ -264,6 +272,10 @@ struct Plan {
   // Dense plans: the decode schedule (runs and splits) of the portable decode kernel. Empty for
   // sparse plans (sparse decodes run through sparse MQA over their top-k rows).
   DecodeSchedule decode;
+  // DCP plans (config.dcp.world_size > 1): per decode token (request r, query i of q_len), the keys
+  // of this rank's shard it sees: dcp_local_length(seq_len − q_len + 1 + i). The decode runs' block_cols
+  // and num_splits are sized for the shard (the longest local length) and the group's heads.
+  std::vector<int32_t> dcp_local_lens;
   // The packed device-read metadata of this step (see StepMetadata).
   StepMetadata metadata;
 

@@ -72,11 +72,15 @@ class Fnv {
                  name] = d;
     all(kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim, num_heads, softmax_scale, index_topk, name);
   }
+  void add(const DcpLayout& l) {
+    const auto& [world_size, rank, interleave] = l;
+    all(world_size, rank, interleave);
+  }
   void add(const PlannerConfig& c) {
     const auto& [dims, cache_format, page_size, max_model_len, max_num_seqs, sparse, decode_threshold,
-                 require_uniform, context_workspace_rows, sparse_workspace_rows, num_sms] = c;
+                 require_uniform, context_workspace_rows, sparse_workspace_rows, num_sms, dcp] = c;
     all(dims, cache_format, page_size, max_model_len, max_num_seqs, sparse, decode_threshold, require_uniform,
-        context_workspace_rows, sparse_workspace_rows, num_sms);
+        context_workspace_rows, sparse_workspace_rows, num_sms, dcp);
   }
   void add(const Split& s) {
     const auto& [num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens] = s;
@@ -103,8 +107,8 @@ class Fnv {
     all(runs);
   }
   void add(const StepMetadata& m) {
-    const auto& [data, prefill_qsl, chunk_cu, chunk_starts, req_id, prefill_ids, workspace_starts] = m;
-    all(data, prefill_qsl, chunk_cu, chunk_starts, req_id, prefill_ids, workspace_starts);
+    const auto& [data, prefill_qsl, chunk_cu, chunk_starts, req_id, prefill_ids, workspace_starts, dcp_local_lens] = m;
+    all(data, prefill_qsl, chunk_cu, chunk_starts, req_id, prefill_ids, workspace_starts, dcp_local_lens);
   }
 
  private:
@@ -118,13 +122,13 @@ uint64_t plan_digest(const Plan& plan) {
   const auto& [config, num_reqs, num_tokens, num_actual_tokens, query_start_loc, seq_lens, split, decode_query_len,
                max_decode_seq_len, prefill_query_start_loc, prefill_seq_lens, prefill_context_lens,
                max_prefill_query_len, max_prefill_seq_len, prefill_tokens_with_context, context, req_id_per_token,
-               sparse_mixed_batch, prefill_request_id, sparse_chunks, decode, metadata, seal] = plan;
+               sparse_mixed_batch, prefill_request_id, sparse_chunks, decode, dcp_local_lens, metadata, seal] = plan;
   static_cast<void>(seal);  // the digest covers everything but the seal itself
   Fnv h;
   h.all(config, num_reqs, num_tokens, num_actual_tokens, query_start_loc, seq_lens, split, decode_query_len,
         max_decode_seq_len, prefill_query_start_loc, prefill_seq_lens, prefill_context_lens, max_prefill_query_len,
         max_prefill_seq_len, prefill_tokens_with_context, context, req_id_per_token, sparse_mixed_batch,
-        prefill_request_id, sparse_chunks, decode, metadata);
+        prefill_request_id, sparse_chunks, decode, dcp_local_lens, metadata);
   return h.value();
 }
 

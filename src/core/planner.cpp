@@ -161,6 +161,34 @@ void PlannerConfig::validate() const {
   MLA_CHECK(sparse_workspace_rows == 0 || sparse_workspace_rows >= max_model_len,
             "PlannerConfig: sparse_workspace_rows must be 0 (5 * max_model_len) or >= max_model_len = {}, got {}",
             max_model_len, sparse_workspace_rows);
+  validate_dcp_layout(dcp, page_size);
+  MLA_CHECK(dcp.world_size == 1 || !sparse,
+            "PlannerConfig: the layer's DCP mode is dense only so far (sparse steps: dcp_sparse_mqa, mla/dcp.h)");
+}
+
+// A DCP rank's decode (§13): every decode row's local key count, and the runs re-sized for the shard
+// (block columns of the longest local length, splits for b·s_q rows of the group's heads, the way
+// dcp_mqa_decode launches them).
+static void plan_dcp_decode(Plan& plan, const Lengths& len, int64_t seq_len_bound) {
+  const PlannerConfig& c = plan.config;
+  MLA_CHECK(!plan.has_prefill(),
+            "make_plan: DCP (world_size {}) plans decode-only steps so far; this batch has {} prefill requests",
+            c.dcp.world_size, plan.split.num_prefills);
+  for (int64_t r = 0; r < plan.split.num_decodes; ++r)
+    for (int64_t i = 0; i < len.q[r]; ++i)
+      plan.dcp_local_lens.push_back(static_cast<int32_t>(dcp_local_length(len.seq[r] - len.q[r] + 1 + i, c.dcp)));
+  const int64_t heads = int64_t(c.dims.num_heads) * c.dcp.world_size;
+  for (DecodeRun& run : plan.decode.runs) {
+    int64_t longest = 0;
+    for (int64_t r = run.req_begin; r < run.req_end; ++r) longest = std::max<int64_t>(longest, len.seq[r]);
+    if (seq_len_bound > 0) longest = seq_len_bound;
+    // Rank 0 owns the most positions of any prefix: every rank sizes for it, so the runs (and a
+    // captured graph) are the same on every rank.
+    const int64_t local = dcp_local_length(longest, {c.dcp.world_size, 0, c.dcp.interleave});
+    run.block_cols = std::max<int64_t>(1, (local + c.page_size - 1) / c.page_size);
+    run.num_splits =
+        decode_num_splits((run.req_end - run.req_begin) * run.s_q, 1, heads, run.block_cols * c.page_size, c.num_sms);
+  }
 }
 
 Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
@@ -210,6 +238,7 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
     plan.req_id_per_token.resize(plan.num_tokens, 0);  // padding tokens -> request 0 (§11.2)
     if (sparse_separate && plan.has_prefill()) fill_sparse_chunks(plan);
   }
+  if (config.dcp.world_size > 1) plan_dcp_decode(plan, len, batch.decode_seq_len_bound);
   detail::fill_step_metadata(plan);
   plan.seal = plan_digest(plan);
   return plan;

@@ -77,6 +77,7 @@ void fill_step_metadata(Plan& p) {
     }
     return;
   }
+  if (!p.dcp_local_lens.empty()) m.dcp_local_lens = append(p.dcp_local_lens.begin(), p.dcp_local_lens.end());
   if (!p.has_prefill()) return;  // dense decode-only: the kernels read only the caller's tensors
   m.prefill_qsl = append(p.prefill_query_start_loc.begin(), p.prefill_query_start_loc.end());
   for (const auto& c : p.context.chunks) {
@@ -91,7 +92,8 @@ void fill_step_metadata(Plan& p) {
 bool same_launches(const Plan& a, const Plan& b) {
   const PlannerConfig &x = a.config, &y = b.config;
   if (x.page_size != y.page_size || x.cache_format != y.cache_format || x.sparse != y.sparse ||
-      x.dims.num_heads != y.dims.num_heads || x.dims.index_topk != y.dims.index_topk)
+      x.dims.num_heads != y.dims.num_heads || x.dims.index_topk != y.dims.index_topk ||
+      x.dcp.world_size != y.dcp.world_size || x.dcp.rank != y.dcp.rank || x.dcp.interleave != y.dcp.interleave)
     return false;
   if (a.num_reqs != b.num_reqs || a.num_tokens != b.num_tokens || a.num_actual_tokens != b.num_actual_tokens ||
       !(a.split == b.split) || !(a.decode == b.decode) || a.sparse_mixed_batch != b.sparse_mixed_batch)
@@ -117,7 +119,7 @@ bool same_launches(const Plan& a, const Plan& b) {
   const StepMetadata &m = a.metadata, &n = b.metadata;
   return m.data.size() == n.data.size() && m.prefill_qsl == n.prefill_qsl && m.chunk_cu == n.chunk_cu &&
          m.chunk_starts == n.chunk_starts && m.req_id == n.req_id && m.prefill_ids == n.prefill_ids &&
-         m.workspace_starts == n.workspace_starts;
+         m.workspace_starts == n.workspace_starts && m.dcp_local_lens == n.dcp_local_lens;
 }
 
 std::size_t max_step_metadata_bytes(const PlannerConfig& c, int64_t n) {
@@ -126,6 +128,7 @@ std::size_t max_step_metadata_bytes(const PlannerConfig& c, int64_t n) {
   if (n == 0) return 0;
   const int64_t max_prefills = std::min(n, c.max_num_seqs);
   if (c.sparse) return static_cast<std::size_t>(2 * n + max_prefills) * sizeof(int32_t);
+  if (c.dcp.world_size > 1) return static_cast<std::size_t>(n) * sizeof(int32_t);  // decode-only: local lens
   const int64_t ws_rows = c.context_workspace_rows > 0
                               ? c.context_workspace_rows
                               : chunked_prefill_workspace_rows(c.max_model_len, c.max_num_seqs, c.page_size, 0);

@@ -99,13 +99,14 @@ void check_group_call(Communicator& comm, const TensorView& q, int q_ndim, const
   detail::check_ndim(q, q_ndim, op, q_ndim == 4 ? "q [b, s_q, h_q, 576]" : "q [T, h_q, 576]");
   MLA_CHECK(q.size(-1) == kQk, "{}: q's last dim must be 576, got {}", op, q.describe());
   for (const TensorView* v : {&q, &out, &lse}) {
-    detail::check_defined(*v, op, "q / out / lse");
+    if (v == &lse && !lse.defined()) continue;  // lse is optional
+    detail::check_defined(*v, op, "q / out");
     MLA_CHECK(v->is_contiguous(), "{}: q, out and lse must be contiguous, got {}", op, v->describe());
     MLA_CHECK(v->device == comm.device(), "{}: tensors must live on the communicator's device {}, got {}", op,
               to_string(comm.device()), v->describe());
   }
   MLA_CHECK(out.dtype == q.dtype, "{}: out must have q's dtype {}, got {}", op, to_string(q.dtype), out.describe());
-  MLA_CHECK(lse.dtype == DType::f32, "{}: lse must be f32, got {}", op, lse.describe());
+  MLA_CHECK(!lse.defined() || lse.dtype == DType::f32, "{}: lse must be f32, got {}", op, lse.describe());
   detail::check_defined(workspace, op, "workspace");
   MLA_CHECK(workspace.dtype == DType::u8 && workspace.is_contiguous() && workspace.device == comm.device(),
             "{}: workspace must be a contiguous u8 buffer on {}, got {}", op, to_string(comm.device()),
@@ -130,7 +131,8 @@ void exchange_and_combine(Communicator& comm, const Buffers& b, int64_t t, int64
   const auto block = static_cast<int64_t>(b.block_bytes);
   const int64_t pshape[] = {w, t, h_q, kV}, pstride[] = {block / static_cast<int64_t>(es), h_q * kV, kV, 1};
   const int64_t lshape[] = {w, t, h_q}, lstride[] = {block / 4, h_q, 1};
-  combine_attn_states(TensorView(out.data, dtype, {t, h_q, kV}, dev), TensorView(lse.data, DType::f32, {t, h_q}, dev),
+  combine_attn_states(TensorView(out.data, dtype, {t, h_q, kV}, dev),
+                      lse.defined() ? TensorView(lse.data, DType::f32, {t, h_q}, dev) : TensorView{},
                       TensorView(b.recv, dtype, pshape, pstride, dev),
                       TensorView(b.recv + b.out_bytes, DType::f32, lshape, lstride, dev), ctx);
 }
@@ -148,34 +150,36 @@ void gather_q(Communicator& comm, const TensorView& q, const Buffers& b, int64_t
 }  // namespace
 
 std::size_t dcp_mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_blocks,
-                                           int64_t page_size, DType dtype, int world_size, Device device) {
+                                           int64_t page_size, DType dtype, int world_size, Device device,
+                                           int num_splits) {
   MLA_CHECK(b >= 0 && s_q >= 1 && h_q >= 1 && max_blocks >= 0 && page_size >= 1 && world_size >= 1,
             "dcp_mqa_decode_workspace_bytes: need b >= 0, s_q >= 1, h_q >= 1, max_blocks >= 0, page_size >= 1, "
             "world_size >= 1; got {}, {}, {}, {}, {}, {}",
             b, s_q, h_q, max_blocks, page_size, world_size);
   const int64_t t = b * s_q;
   const std::size_t scratch =
-      mqa_decode_workspace_bytes(t, 1, h_q * world_size, std::max<int64_t>(1, max_blocks * page_size), device);
+      mqa_decode_workspace_bytes(t, 1, h_q * world_size, std::max<int64_t>(1, max_blocks * page_size), device,
+                                 num_splits);
   const std::size_t table = s_q > 1 ? static_cast<std::size_t>(t * max_blocks) * 4 : 0;
   return carve(nullptr, t, h_q, world_size, dtype, scratch, table).total;
 }
 
 void dcp_mqa_decode(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& block_table,
                     const TensorView& local_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
-                    const TensorView& workspace, const Context& ctx) {
+                    const TensorView& workspace, const Context& ctx, int num_splits) {
   constexpr const char* op = "dcp_mqa_decode";
   detail::check_ndim(q, 4, op, "q [b, s_q, h_q, 576]");
   detail::check_ndim(block_table, 2, op, "block_table [b, max_blocks]");
   const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2), t = b * s_q, mb = block_table.size(1);
   const int w = comm.world_size();
   const std::size_t scratch =
-      mqa_decode_workspace_bytes(t, 1, h_q * w, std::max<int64_t>(1, mb * cache.data.size(1)), comm.device());
+      mqa_decode_workspace_bytes(t, 1, h_q * w, std::max<int64_t>(1, mb * cache.data.size(1)), comm.device(), num_splits);
   const std::size_t table = s_q > 1 ? static_cast<std::size_t>(t * mb) * 4 : 0;
   const Buffers need = carve(nullptr, t, h_q, w, q.dtype, scratch, table);
   check_group_call(comm, q, 4, out, lse, workspace, need.total, op);
   MLA_CHECK(out.ndim == 4 && out.size(0) == b && out.size(1) == s_q && out.size(2) == h_q && out.size(3) == kV,
             "{}: out must be [{}, {}, {}, 512], got {}", op, b, s_q, h_q, out.describe());
-  MLA_CHECK(lse.ndim == 3 && lse.size(0) == b && lse.size(1) == s_q && lse.size(2) == h_q,
+  MLA_CHECK(!lse.defined() || (lse.ndim == 3 && lse.size(0) == b && lse.size(1) == s_q && lse.size(2) == h_q),
             "{}: lse must be [{}, {}, {}], got {}", op, b, s_q, h_q, lse.describe());
   MLA_CHECK(block_table.size(0) == b, "{}: block_table must have b = {} rows, got {}", op, b, block_table.describe());
   MLA_CHECK(local_lens.ndim == 1 && local_lens.size(0) == t, "{}: local_lens must be [b * s_q] = [{}], got {}", op, t,
@@ -201,7 +205,7 @@ void dcp_mqa_decode(Communicator& comm, const TensorView& q, const KVCache& cach
              softmax_scale, /*causal=*/false,
              buf.scratch_bytes ? TensorView(buf.scratch, DType::u8, {static_cast<int64_t>(buf.scratch_bytes)}, dev)
                                : TensorView{},
-             ctx);
+             ctx, num_splits);
   exchange_and_combine(comm, buf, t, h_q, q.dtype, out, lse, ctx);
 }
 
@@ -223,8 +227,8 @@ void dcp_sparse_mqa(Communicator& comm, const TensorView& q, const KVCache& cach
   check_group_call(comm, q, 3, out, lse, workspace, need.total, op);
   MLA_CHECK(out.ndim == 3 && out.size(0) == t && out.size(1) == h_q && out.size(2) == kV,
             "{}: out must be [{}, {}, 512], got {}", op, t, h_q, out.describe());
-  MLA_CHECK(lse.ndim == 2 && lse.size(0) == t && lse.size(1) == h_q, "{}: lse must be [{}, {}], got {}", op, t, h_q,
-            lse.describe());
+  MLA_CHECK(!lse.defined() || (lse.ndim == 2 && lse.size(0) == t && lse.size(1) == h_q),
+            "{}: lse must be [{}, {}], got {}", op, t, h_q, lse.describe());
   if (t == 0) return;
   const Buffers buf = carve(static_cast<char*>(workspace.data), t, h_q, w, q.dtype, 0, 0);
   const Device dev = comm.device();

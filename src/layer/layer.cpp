@@ -34,10 +34,32 @@ void check_options(const LayerOptions& o) {
     MLA_CHECK(o.dims.index_topk > 0, "MlaAttention: sparse mode needs dims.index_topk > 0, got {}", o.dims.index_topk);
   check_cache_format(o.cache_format, "MlaAttention");
   check_ds_mla_scale(o.ds_scale, "MlaAttention");
+  if (o.dcp_comm) {
+    MLA_CHECK(o.dcp_comm->device() == o.device, "MlaAttention: the DCP communicator runs on {}, the layer on {}",
+              to_string(o.dcp_comm->device()), to_string(o.device));
+    MLA_CHECK(!o.sparse, "MlaAttention: the DCP mode of the layer is dense only so far (sparse: dcp_sparse_mqa)");
+    MLA_CHECK(o.dims.kv_lora_rank == 512 && o.dims.qk_rope_head_dim == 64,
+              "MlaAttention: DCP needs the 576-wide latent rows (kv_lora_rank 512, rope 64), got {} and {}",
+              o.dims.kv_lora_rank, o.dims.qk_rope_head_dim);
+  }
   const CacheFormatInfo& f = cache_format_info(o.cache_format);
   MLA_CHECK(f.admits(o.dims.d_qk(), o.dims.qk_rope_head_dim),
             "MlaAttention: an {} cache needs kv_lora_rank {} and qk_rope_head_dim {}, got {} and {}", f.name,
             f.d_qk - f.d_rope, f.d_rope, o.dims.kv_lora_rank, o.dims.qk_rope_head_dim);
+}
+
+// The plan was made for this layer's place in its DCP group (or both have none).
+void check_dcp_matches(const Plan& plan, const LayerOptions& o) {
+  const DcpLayout& dcp = plan.config.dcp;
+  if (o.dcp_comm) {
+    const Communicator& c = *o.dcp_comm;
+    MLA_CHECK(dcp.world_size == c.world_size() && dcp.rank == c.rank(),
+              "MlaAttention: the layer's DCP communicator is rank {} of {}, the plan was made for rank {} of {}",
+              c.rank(), c.world_size(), dcp.rank, dcp.world_size);
+  } else {
+    MLA_CHECK(dcp.world_size == 1, "MlaAttention: the plan is for DCP rank {} of {} but the layer has no dcp_comm",
+              dcp.rank, dcp.world_size);
+  }
 }
 
 // A view with the layer's dtype and device, the given extents, unit inner stride.
@@ -99,10 +121,13 @@ void validate_forward(const LayerOptions& o, const Plan& p, const StepFacts& f, 
   detail::check_dtype(a.block_table, DType::i32, kFwd, "block_table");
   detail::check_size(a.block_table, 0, p.num_reqs, kFwd, "block_table [num_reqs, max_blocks]");
   const int64_t table_tokens = a.block_table.size(1) * cache.page_size();
+  // Under DCP the table maps this rank's shard: it must cover the request's local positions.
   for (int64_t r = 0; r < p.num_reqs; ++r)
-    MLA_CHECK(p.seq_lens[r] <= table_tokens,
-              "{}: request {} has seq_len {} but a block_table row covers {} blocks of {} = {} tokens", kFwd, r,
-              p.seq_lens[r], a.block_table.size(1), cache.page_size(), table_tokens);
+    MLA_CHECK(dcp_local_length(p.seq_lens[r], p.config.dcp) <= table_tokens,
+              "{}: request {} has seq_len {} ({} positions on this DCP rank) but a block_table row covers {} blocks "
+              "of {} = {} tokens",
+              kFwd, r, p.seq_lens[r], dcp_local_length(p.seq_lens[r], p.config.dcp), a.block_table.size(1),
+              cache.page_size(), table_tokens);
   // The decode schedule hands each run the first block_cols table columns (BatchDesc::decode_seq_len_bound
   // may ask for more than the batch's sequences need).
   for (const DecodeRun& r : p.decode.runs)
@@ -207,6 +232,7 @@ MlaAttention::MlaAttention(const LayerOptions& options, const TensorView& kv_b_p
 
 std::size_t MlaAttention::workspace_bytes(const Plan& plan) const {
   check_config_matches(plan.config, options_, "the plan's config");
+  check_dcp_matches(plan, options_);
   const StepFacts f = step_facts(plan, options_);
   return static_cast<std::size_t>(make_layout(plan_shape(plan, f, options_), Dims::of(options_)).total);
 }
@@ -231,6 +257,7 @@ void MlaAttention::forward(const Plan& plan, const ForwardArgs& args, const KVCa
             "{}: the plan was modified after make_plan (seal {:#x}, digest now {:#x}); make a new plan instead "
             "of editing one", kFwd, plan.seal, digest);
   check_config_matches(plan.config, options_, "the plan's config");
+  check_dcp_matches(plan, options_);
   StepFacts facts = step_facts(plan, options_);
   const Dims dims = Dims::of(options_);
   const WorkspaceLayout layout = make_layout(plan_shape(plan, facts, options_), dims);

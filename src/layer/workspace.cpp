@@ -166,6 +166,17 @@ StepFacts step_facts(const Plan& p, const LayerOptions& o) {
   return f;
 }
 
+// Scratch of one decode run: mqa_decode's split partials, or under DCP everything dcp_mqa_decode
+// needs (gathered q, partials, exchange buffers and its own split partials).
+int64_t decode_run_scratch(const DecodeRun& r, const PlannerConfig& c, const LayerOptions& o) {
+  const int64_t b = r.req_end - r.req_begin;
+  if (c.dcp.world_size > 1)
+    return static_cast<int64_t>(dcp_mqa_decode_workspace_bytes(b, r.s_q, o.dims.num_heads, r.block_cols, c.page_size,
+                                                               o.dtype, c.dcp.world_size, o.device, r.num_splits));
+  return static_cast<int64_t>(
+      mqa_decode_workspace_bytes(b, r.s_q, o.dims.num_heads, r.block_cols * c.page_size, o.device, r.num_splits));
+}
+
 WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const LayerOptions& o) {
   WorkspaceShape s;
   if (o.sparse) {
@@ -176,10 +187,7 @@ WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const LayerOptions&
   }
   s.mqa_tokens = f.t_dec;
   for (const DecodeRun& r : p.decode.runs)
-    s.decode_scratch_bytes = std::max<int64_t>(
-        s.decode_scratch_bytes,
-        static_cast<int64_t>(mqa_decode_workspace_bytes(r.req_end - r.req_begin, r.s_q, o.dims.num_heads,
-                                                        r.block_cols * p.config.page_size, o.device, r.num_splits)));
+    s.decode_scratch_bytes = std::max<int64_t>(s.decode_scratch_bytes, decode_run_scratch(r, p.config, o));
   if (f.num_prefills > 0) s.prefill_tokens = f.t_act - f.t_dec;
   if (f.context_chunks > 0) s.staged_tokens = s.prefill_tokens;
   s.context_rows = f.max_chunk_rows;
@@ -212,13 +220,20 @@ WorkspaceShape bound_shape(const PlannerConfig& c, int64_t n, const LayerOptions
   // (decode_num_splits considers more candidates), so the longest bound gives the most scratch.
   const int64_t max_sq = std::min(n, c.decode_threshold);
   const int64_t max_len = (c.max_model_len + c.page_size - 1) / c.page_size * c.page_size;
+  // DCP: the longest shard (rank 0's), as plan_dcp_decode sizes every rank's runs.
+  const int64_t local = dcp_local_length(max_len, {c.dcp.world_size, 0, c.dcp.interleave});
+  const int64_t cols = std::max<int64_t>(1, (local + c.page_size - 1) / c.page_size);
+  const int64_t heads = int64_t(o.dims.num_heads) * c.dcp.world_size;
   for (int64_t s_q = 1; s_q <= max_sq; ++s_q)
-    for (int64_t b = 1; b <= std::min(c.max_num_seqs, n / s_q); ++b)
-      s.decode_scratch_bytes = std::max<int64_t>(
-          s.decode_scratch_bytes,
-          static_cast<int64_t>(mqa_decode_workspace_bytes(
-              b, s_q, o.dims.num_heads, max_len, o.device,
-              decode_num_splits(b, s_q, o.dims.num_heads, max_len, c.num_sms))));
+    for (int64_t b = 1; b <= std::min(c.max_num_seqs, n / s_q); ++b) {
+      DecodeRun r;
+      r.req_end = b;
+      r.s_q = s_q;
+      r.block_cols = c.dcp.world_size > 1 ? cols : max_len / c.page_size;
+      r.num_splits = c.dcp.world_size > 1 ? decode_num_splits(b * s_q, 1, heads, cols * c.page_size, c.num_sms)
+                                          : decode_num_splits(b, s_q, o.dims.num_heads, max_len, c.num_sms);
+      s.decode_scratch_bytes = std::max<int64_t>(s.decode_scratch_bytes, decode_run_scratch(r, c, o));
+    }
   return s;
 }
 
