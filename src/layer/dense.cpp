@@ -73,7 +73,7 @@ void run_dense_decode(const Step& s) {
   // comes from ForwardArgs (no metadata, no host sync).
   for (const DecodeRun& r : s.plan.decode.runs) {
     const int64_t b = r.req_end - r.req_begin, t0 = r.token_begin, t1 = t0 + b * r.s_q;
-    if (s.opt.dcp_comm) {  // §13: this rank's shard for the group's heads, then the exchange and combine
+    if (s.plan.config.dcp.world_size > 1) {  // §13: this rank's shard for the group's heads, then the exchange and combine
       dcp_mqa_decode(*s.opt.dcp_comm, q_abs.slice(0, t0, t1).reshape({b, r.s_q, d.h, d.d_qk()}), s.cache,
                      s.args.block_table.slice(0, r.req_begin, r.req_end).slice(1, 0, r.block_cols),
                      s.meta_view(s.plan.metadata.dcp_local_lens + t0, b * r.s_q),
