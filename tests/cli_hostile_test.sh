@@ -27,6 +27,18 @@ if [ -w /dev/full ]; then  # the record is written after the run: a full disk is
   expect_fail "writing '/dev/full' failed" run --backend cpu --steps 2 --requests 2 --max-context 64 \
     --check-samples 0 --no-progress --json /dev/full
 fi
+# The DeepSeek block (--checkpoint / --block): bad directories, files and combinations.
+expect_fail "/nonexistent-dir/config.json: cannot open" run --backend cpu --checkpoint /nonexistent-dir
+expect_fail "config.json" run --backend cpu --checkpoint /tmp
+expect_fail "--block builds random weights" run --backend cpu --block --checkpoint /tmp
+expect_fail "--layer" run --backend cpu --layer 3
+expect_fail "--rank" run --backend cpu --block --model v2-lite --tp 2 --rank 2
+expect_fail "CPU only" run --backend cuda --block
+fixture=$(cd "$(dirname "$0")" && pwd)/fixtures/block/v3_fp8
+if [ -d "$fixture" ]; then
+  expect_fail "no tensor 'model.layers.7" run --backend cpu --checkpoint "$fixture" --layer 7 --steps 1
+  expect_fail "must divide" run --backend cpu --checkpoint "$fixture" --layer 1 --tp 4 --steps 1
+fi
 # Range messages stay short (no 300-digit bounds).
 out=$("$mla" run --backend cpu --steps 0 2>&1)
 if [ ${#out} -gt 200 ]; then echo "FAIL: --steps 0 message is ${#out} characters"; fails=$((fails + 1)); fi

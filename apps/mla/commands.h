@@ -19,7 +19,12 @@ struct RunOptions {
   std::string backend = "auto";
   int device = 0;
   std::string model;  // "" = v3, or v3.2 with --sparse
-  int tp = 8;
+  int tp = -1;        // -1: 8, or 1 with --checkpoint
+  // The whole DeepSeek block (docs/BLOCK.md) instead of the bare layer: a checkpoint directory, or
+  // --block for random weights of --model's shapes.
+  std::string checkpoint;
+  int layer = 0, rank = 0;
+  bool block = false;
   std::string cache;  // "" = bf16, or fp8_ds_mla with --sparse
   bool sparse = false;
   int64_t page_size = 64;

@@ -25,13 +25,33 @@ struct Defaults {
 };
 constexpr Defaults kCpuDefaults{64, 24, 1024, 256, 8, 256, 24};
 constexpr Defaults kCudaDefaults{512, 512, 8192, 8192, 256, 2048, 48};
+// The whole block on the CPU (projections of V3's hidden 7168 are most of the work) with its float64
+// twin: a short trace that still has decodes, chunked prompts and fresh prefills.
+constexpr Defaults kBlockDefaults{24, 8, 512, 128, 4, 256, 1};
 
 // fp8 per-tensor scale: vLLM's calculate_kv_scales rule, amax(kv_c) / 200, for inputs in [-1, 1).
 constexpr float kFp8Scale = 1.0f / 200.0f;
-RunConfig resolve(const RunOptions& o) {
+RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   RunConfig c;
   const int devices = cuda_device_count();
-  if (o.backend == "auto") {
+  block.enabled = o.block || !o.checkpoint.empty();
+  if (block.enabled) {
+    // The block runs on the CPU in this version (docs/BLOCK.md "Next").
+    if (o.backend == "cuda")
+      throw Error("--checkpoint / --block: the DeepSeek block runs on the CPU only in this version (use --backend cpu)");
+    if (!o.checkpoint.empty() && o.block) throw Error("--block builds random weights; it cannot be combined with --checkpoint");
+    if (!o.checkpoint.empty() && !o.model.empty())
+      throw Error("--model sets random-weight shapes; with --checkpoint the dimensions come from its config.json");
+    if (o.backend == "auto" && devices > 0) c.notes.push_back("the DeepSeek block runs on the CPU in this version");
+    block.checkpoint = o.checkpoint;
+    block.layer = o.layer;
+    block.rank = o.rank;
+  } else if (o.layer != 0 || o.rank != 0) {
+    throw Error("--layer and --rank select the block of a checkpoint: use them with --checkpoint or --block");
+  }
+  if (block.enabled) {
+    c.cuda = false;
+  } else if (o.backend == "auto") {
     c.cuda = devices > 0;
   } else if (o.backend == "cuda") {
     if (!built_with_cuda())
@@ -56,13 +76,22 @@ RunConfig resolve(const RunOptions& o) {
     c.device = Device::cpu();
     c.device_name = fmt::format("{} ({} OpenMP threads)", cpu_name(), openmp_threads());
   }
-  const Defaults& def = c.cuda ? kCudaDefaults : kCpuDefaults;
+  const Defaults& def = block.enabled ? kBlockDefaults : c.cuda ? kCudaDefaults : kCpuDefaults;
   auto pick = [](int64_t v, int64_t d) { return v >= 0 ? v : d; };
 
   c.sparse = o.sparse;
   c.model = o.model.empty() ? (o.sparse ? "v3.2" : "v3") : o.model;
-  c.tp = o.tp;
-  c.dims = ModelDims::preset(c.model, o.tp);
+  c.tp = o.tp > 0 ? o.tp : (o.checkpoint.empty() ? 8 : 1);
+  if (block.enabled) {
+    block.config = o.checkpoint.empty() ? DeepseekConfig::preset(c.model)
+                                        : DeepseekConfig::from_file(o.checkpoint + "/config.json");
+    if (!o.checkpoint.empty()) c.model = block.config.model_type.empty() ? "checkpoint" : block.config.model_type;
+    c.dims = block.config.dims(c.tp);
+    if (block.rank < 0 || block.rank >= c.tp)
+      throw Error(fmt::format("--rank {} is not in [0, tp = {})", block.rank, c.tp));
+  } else {
+    c.dims = ModelDims::preset(c.model, c.tp);
+  }
   if (c.sparse && c.dims.index_topk <= 0)
     throw Error(fmt::format("--sparse needs a model with a top-k indexer (v3.2), got --model {}", c.model));
 
@@ -126,8 +155,18 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   cmd->add_option("--model", o.model, "Model dimensions: v3 (= r1), v2-lite or v3.2 (default v3; v3.2 with --sparse)")
       ->check(CLI::IsMember({"v3", "r1", "v2-lite", "v3.2"}));
   cmd->add_option("--tp", o.tp, "Tensor-parallel size: the layer holds heads/tp query heads (default 8: DeepSeek-V3 "
-                                "shapes per rank, 16 heads)")
+                                "shapes per rank, 16 heads; 1 with --checkpoint)")
       ->check(int_range(1, 4096));
+  cmd->add_option("--checkpoint", o.checkpoint, "Run the whole DeepSeek attention block (projections, norms, YaRN "
+                                                "RoPE, MLA, o_proj; docs/BLOCK.md) of this checkpoint directory "
+                                                "(config.json + safetensors), on the CPU, checked every step "
+                                                "against its float64 twin");
+  cmd->add_option("--layer", o.layer, "With --checkpoint: the layer whose attention block runs (default 0)")
+      ->check(int_range(0, 1 << 20));
+  cmd->add_option("--rank", o.rank, "With --checkpoint / --block: the tensor-parallel rank whose heads run (default 0)")
+      ->check(int_range(0, 4095));
+  cmd->add_flag("--block", o.block, "Run the whole DeepSeek attention block with random weights of --model's "
+                                    "shapes (fp8 block-scaled for v3 / r1 / v3.2, bf16 for v2-lite)");
   cmd->add_flag("--sparse", o.sparse, "DeepSeek-V3.2 sparse attention: every token attends to its top-k set");
   cmd->add_option("--cache", o.cache, "KV-cache format: bf16, fp8 (one per-tensor scale) or fp8_ds_mla (656-byte "
                                       "records) (default bf16; fp8_ds_mla with --sparse)")
@@ -162,9 +201,11 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
 }
 
 int run_command(const RunOptions& options) {
-  const RunConfig cfg = resolve(options);
+  BlockRunConfig block;
+  const RunConfig cfg = resolve(options, block);
   OutputFile json(options.json_path, "--json");  // opened before the run: an unwritable path fails now
   print_header(cfg);
+  if (block.enabled) return run_block_trace(cfg, block, !options.no_progress, json);
   return run_trace(cfg, !options.no_progress, json);
 }
 

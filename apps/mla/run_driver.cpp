@@ -79,20 +79,6 @@ struct Staged {
   }
 };
 
-PlannerConfig planner_config(const RunConfig& cfg) {
-  PlannerConfig pc;
-  pc.dims = cfg.dims;
-  pc.cache_format = cfg.format;
-  pc.page_size = cfg.trace.page_size;
-  pc.max_model_len = cfg.trace.max_context;
-  pc.max_num_seqs = cfg.trace.max_num_seqs;
-  pc.sparse = cfg.sparse;
-  pc.decode_threshold = cfg.trace.decode_threshold;
-  pc.require_uniform = cfg.sparse;  // FlashMLA-sparse: uniform decodes; dense: varlen
-  pc.num_sms = multiprocessor_count(cfg.device);  // decode split-KV schedule (0 on the CPU)
-  pc.validate();
-  return pc;
-}
 
 OracleCheck::Config check_config(const RunConfig& cfg) {
   OracleCheck::Config cc;
@@ -315,6 +301,21 @@ void TraceRunner::check(const StepBatch& batch, const Plan& plan, const std::vec
 }
 
 }  // namespace
+
+PlannerConfig planner_config(const RunConfig& cfg) {
+  PlannerConfig pc;
+  pc.dims = cfg.dims;
+  pc.cache_format = cfg.format;
+  pc.page_size = cfg.trace.page_size;
+  pc.max_model_len = cfg.trace.max_context;
+  pc.max_num_seqs = cfg.trace.max_num_seqs;
+  pc.sparse = cfg.sparse;
+  pc.decode_threshold = cfg.trace.decode_threshold;
+  pc.require_uniform = cfg.sparse;  // FlashMLA-sparse: uniform decodes; dense: varlen
+  pc.num_sms = multiprocessor_count(cfg.device);  // decode split-KV schedule (0 on the CPU)
+  pc.validate();
+  return pc;
+}
 
 int run_trace(const RunConfig& cfg, bool show_progress, OutputFile& json) {
   const auto t_start = std::chrono::steady_clock::now();

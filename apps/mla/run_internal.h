@@ -8,6 +8,8 @@
 
 #include "cli_util.h"
 #include "check.h"
+#include "mla/plan.h"
+#include "mla/safetensors.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
 #include "trace.h"
@@ -33,6 +35,14 @@ struct RunConfig {
   std::vector<std::string> notes;  // defaults and aliases worth telling the user about
 };
 
+// `mla run --checkpoint DIR` / `--block`: the block's configuration and where its weights come from.
+struct BlockRunConfig {
+  bool enabled = false;
+  std::string checkpoint;  // "" = random weights of the preset
+  int layer = 0, rank = 0;
+  DeepseekConfig config;
+};
+
 // Per-step measurements. Phases follow the planner's split (decode tokens go through absorbed MQA,
 // prefill tokens through MHA with chunked context; in sparse mode both through sparse MQA).
 struct StepRecord {
@@ -53,6 +63,10 @@ struct RunStats {
 
 // Runs the trace (the body of `mla run`); returns the process exit code.
 int run_trace(const RunConfig& cfg, bool progress, OutputFile& json);
+// The planner settings of the trace (run_driver.cpp): dims, cache, limits, decode threshold.
+PlannerConfig planner_config(const RunConfig& cfg);
+// The trace through the whole DeepSeek block (run_block.cpp).
+int run_block_trace(const RunConfig& cfg, const BlockRunConfig& block, bool progress, OutputFile& json);
 
 void print_header(const RunConfig& cfg);
 void print_summary(const RunConfig& cfg, const RunStats& stats, const OracleCheck& check);

@@ -29,7 +29,8 @@ const char* model_title(const std::string& m) {
   if (m == "v2-lite") return "DeepSeek-V2-Lite";
   if (m == "v3.2") return "DeepSeek-V3.2";
   if (m == "r1") return "DeepSeek-R1";
-  return "DeepSeek-V3";
+  if (m == "v3") return "DeepSeek-V3";
+  return m.c_str();  // a checkpoint's model_type
 }
 
 // Steps grouped by what they contained, in the planner's terms.

@@ -124,6 +124,10 @@ struct DeepseekConfig {
   int index_topk = 0;  // DeepSeek V3.2 (DSA) top-k; 0 for dense models
 
   static DeepseekConfig from_json(std::string_view text, const std::string& what = "config.json");
+  // The published configurations' attention fields: "v3" / "r1" (hidden 7168, 128 heads, q_lora 1536,
+  // fp8 128 x 128 weights), "v3.2" (v3 + index_topk 2048), "v2-lite" (hidden 2048, 16 heads, q_proj,
+  // bf16, mscale 0.707); all yarn factor 40 over 4096 positions, beta 32 / 1, rope_theta 10000.
+  static DeepseekConfig preset(const std::string& name);
   static DeepseekConfig from_file(const std::string& path);
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // qk_head_dim^-0.5 * yarn_mscale(factor, mscale_all_dim)^2 (the mscale correction applies only when

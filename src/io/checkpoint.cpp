@@ -188,6 +188,32 @@ DeepseekConfig DeepseekConfig::from_json(std::string_view text, const std::strin
   return c;
 }
 
+DeepseekConfig DeepseekConfig::preset(const std::string& name) {
+  DeepseekConfig c;
+  c.has_yarn = true;
+  c.yarn_factor = 40.0;
+  c.yarn_original_max_position_embeddings = 4096;
+  if (name == "v2-lite" || name == "deepseek-v2-lite") {
+    c.model_type = "deepseek_v2";
+    c.hidden_size = 2048;
+    c.num_attention_heads = 16;
+    c.q_lora_rank = 0;
+    c.yarn_mscale = c.yarn_mscale_all_dim = 0.707;
+    return c;
+  }
+  const bool v32 = name == "v3.2" || name == "deepseek-v3.2";
+  MLA_CHECK(v32 || name == "v3" || name == "r1" || name == "deepseek-v3" || name == "deepseek-r1",
+            "unknown model preset '{}': expected v2-lite, v3, r1 or v3.2", name);
+  c.model_type = v32 ? "deepseek_v32" : "deepseek_v3";
+  c.hidden_size = 7168;
+  c.num_attention_heads = 128;
+  c.q_lora_rank = 1536;
+  c.yarn_mscale = c.yarn_mscale_all_dim = 1.0;
+  c.fp8_weights = true;
+  c.index_topk = v32 ? 2048 : 0;
+  return c;
+}
+
 DeepseekConfig DeepseekConfig::from_file(const std::string& path) {
   return from_json(io::read_text_file(path, kMaxJsonFile), path);
 }

@@ -265,6 +265,18 @@ TEST(DeepseekConfig, V3AndV2Lite) {
   EXPECT_DOUBLE_EQ(l.softmax_scale(), ModelDims::deepseek_v2_lite().softmax_scale);
 }
 
+TEST(DeepseekConfig, PresetsMatchTheModelDims) {
+  for (const char* name : {"v3", "r1", "v3.2", "v2-lite"}) {
+    const ModelDims a = DeepseekConfig::preset(name).dims(2), b = ModelDims::preset(name, 2);
+    EXPECT_EQ(a.num_heads, b.num_heads) << name;
+    EXPECT_DOUBLE_EQ(a.softmax_scale, b.softmax_scale) << name;
+    EXPECT_EQ(a.index_topk, b.index_topk) << name;
+  }
+  EXPECT_EQ(DeepseekConfig::preset("v2-lite").q_lora_rank, 0);
+  EXPECT_TRUE(DeepseekConfig::preset("v3").fp8_weights);
+  EXPECT_THROW(DeepseekConfig::preset("v4"), Error);
+}
+
 TEST(DeepseekConfig, RefusesBadFields) {
   auto bad = [](const std::string& j) {
     try {

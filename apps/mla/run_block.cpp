@@ -1,0 +1,256 @@
+// `mla run --checkpoint DIR [--layer N]` and `mla run --block`: the same continuous-batching trace
+// (trace.h) through the whole DeepSeek attention block (mla/deepseek.h) instead of the bare layer:
+// random bf16 hidden states in, the o_proj output out. With --check-samples > 0 a float64 twin of the
+// block (Precision::reference, its own bf16 cache) serves every step too, and each step's output is
+// compared with it (rel-L2 <= 1e-2, the bf16 rule of docs/BLOCK.md). Without a checkpoint the block
+// gets random weights of the chosen model's shapes (fp8 e4m3 with 128 x 128 block scales for v3 /
+// r1 / v3.2, as published; bf16 for v2-lite). The block runs on the CPU (docs/BLOCK.md "Next").
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "commands.h"
+#include "core/numeric.h"
+#include "mla/deepseek.h"
+#include "mla/error.h"
+#include "mla/ops.h"
+#include "progress.h"
+#include "run_internal.h"
+#include "synth.h"
+
+namespace mla::app {
+
+namespace {
+
+constexpr double kBlockRule = 1e-2;  // rel-L2 of each step's output against the float64 twin
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Random published-form weights of `c` (all heads): fp8 codes of uniform(-448, 448) with scale
+// sqrt(3 / in) / 448 per block (uniform(+-sqrt(3 / in)): unit-variance outputs), or bf16 of the same
+// distribution; norm weights uniform(0.9, 1.1).
+struct RandomWeights {
+  std::vector<Tensor> keep;
+  DeepseekWeights w;
+
+  RandomWeights(const DeepseekConfig& c, uint64_t seed) {
+    uint64_t stream = 0;
+    auto linear = [&](int64_t out, int64_t in) {
+      DeepseekLinear l;
+      const double a = std::sqrt(3.0 / static_cast<double>(in));
+      FastRng g(substream(seed, 1000 + stream++));
+      if (c.fp8_weights) {
+        Tensor codes = Tensor::empty({out, in}, DType::fp8_e4m3);
+        auto* p = static_cast<uint8_t*>(codes.data());
+        for (int64_t i = 0; i < out * in; ++i) p[i] = num::float_to_e4m3(static_cast<float>(g.uniform(-448.0, 448.0)));
+        const int64_t br = (out + c.weight_block_rows - 1) / c.weight_block_rows,
+                      bc = (in + c.weight_block_cols - 1) / c.weight_block_cols;
+        Tensor scale = Tensor::empty({br, bc}, DType::f32);
+        fill(scale.view(), a / 448.0);
+        l.weight = codes.view();
+        l.weight_scale_inv = scale.view();
+        keep.push_back(codes);
+        keep.push_back(scale);
+      } else {
+        Tensor wt = Tensor::empty({out, in}, DType::bf16);
+        fill_uniform_bf16(static_cast<uint16_t*>(wt.data()), out * in, substream(seed, 2000 + stream), -a, a);
+        l.weight = wt.view();
+        keep.push_back(wt);
+      }
+      return l;
+    };
+    auto norm = [&](int64_t n) {
+      Tensor t = Tensor::empty({n}, DType::bf16);
+      fill_uniform_bf16(static_cast<uint16_t*>(t.data()), n, substream(seed, 3000 + stream++), 0.9, 1.1);
+      keep.push_back(t);
+      return t.view();
+    };
+    const int64_t H = c.hidden_size, h = c.num_attention_heads, L = c.kv_lora_rank, P = c.qk_nope_head_dim,
+                  R = c.qk_rope_head_dim, V = c.v_head_dim;
+    if (c.q_lora_rank > 0) {
+      w.q_a_proj = linear(c.q_lora_rank, H);
+      w.q_a_layernorm = norm(c.q_lora_rank);
+      w.q_b_proj = linear(h * (P + R), c.q_lora_rank);
+    } else {
+      w.q_proj = linear(h * (P + R), H);
+    }
+    w.kv_a_proj_with_mqa = linear(L + R, H);
+    w.kv_a_layernorm = norm(L);
+    w.kv_b_proj = linear(h * (P + V), L);
+    w.o_proj = linear(H, h * V);
+  }
+};
+
+DeepseekAttention make_block(const RunConfig& cfg, const BlockRunConfig& b, DType dtype,
+                             const std::optional<RandomWeights>& random) {
+  DeepseekOptions o;
+  o.tp = cfg.tp;
+  o.rank = b.rank;
+  o.cache_format = cfg.format;
+  o.sparse = cfg.sparse;
+  o.device = Device::cpu();
+  o.dtype = dtype;
+  if (random) return DeepseekAttention(b.config, random->w, o);
+  return DeepseekAttention::load(Checkpoint(b.checkpoint), b.config, b.layer, o);
+}
+
+// One block, its cache and workspace, fed the trace's steps.
+struct BlockLane {
+  DeepseekAttention block;
+  CacheBuffer cache;
+  Tensor workspace, out;
+  Context ctx;
+
+  BlockLane(DeepseekAttention blk, const RunConfig& cfg, const PlannerConfig& pc, Precision precision)
+      : block(std::move(blk)),
+        cache(allocate_cache(cfg.format, cfg.trace.pool_blocks(), cfg.trace.page_size, Device::cpu(), cfg.fp8_scale)),
+        workspace(Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(
+                                    block.max_workspace_bytes(pc, cfg.trace.token_budget), 16))},
+                                DType::u8)),
+        out(Tensor::empty({cfg.trace.token_budget, block.config().hidden_size}, block.options().dtype)),
+        ctx{nullptr, precision} {
+    std::memset(cache.storage.data(), 0xff, cache.storage.nbytes());  // NaN: unwritten rows show
+  }
+  TensorView step(const Plan& plan, DeepseekForwardArgs a, const Tensor& hidden) {
+    const int64_t T = plan.num_tokens;
+    a.hidden = hidden.view().slice(0, 0, T);
+    a.out = out.view().slice(0, 0, T);
+    std::memset(a.out.data, 0xff, static_cast<std::size_t>(T * a.out.shape[1]) * a.out.element_size());
+    block.forward(plan, a, cache.cache, workspace.view(), ctx);
+    return a.out;
+  }
+  void release(int32_t b, int64_t page_bytes) {
+    std::memset(cache.cache.data.select(0, b).data, 0xff, static_cast<std::size_t>(page_bytes));
+  }
+};
+
+// hidden rows [T, H] in `dtype` from bf16 values.
+Tensor as_dtype(const Tensor& bf16, DType dtype) {
+  if (dtype == DType::bf16) return bf16;
+  Tensor t = Tensor::empty({bf16.size(0), bf16.size(1)}, dtype);
+  const auto* s = static_cast<const uint16_t*>(bf16.data());
+  for (int64_t i = 0; i < bf16.numel(); ++i)
+    num::store(static_cast<char*>(t.data()) + i * static_cast<int64_t>(dtype_size(dtype)), dtype, num::bf16_to_float(s[i]));
+  return t;
+}
+
+double rel_l2(const TensorView& got, const TensorView& ref) {
+  double num = 0, den = 0;
+  const int64_t n = got.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = num::load(static_cast<const char*>(got.data) + i * got.element_size(), got.dtype);
+    const double r = num::load(static_cast<const char*>(ref.data) + i * ref.element_size(), ref.dtype);
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  return den > 0 ? std::sqrt(num / den) : (num > 0 || std::isnan(num) ? INFINITY : 0.0);
+}
+
+}  // namespace
+
+int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_progress, OutputFile& json) {
+  const auto t_start = std::chrono::steady_clock::now();
+  std::optional<RandomWeights> random;
+  if (b.checkpoint.empty()) random.emplace(b.config, substream(cfg.seed, 0));
+  const PlannerConfig pc = planner_config(cfg);
+  BlockLane fast(make_block(cfg, b, DType::bf16, random), cfg, pc, Precision::fast);
+  std::optional<BlockLane> twin;
+  if (cfg.check_samples > 0) twin.emplace(make_block(cfg, b, DType::f64, random), cfg, pc, Precision::reference);
+  random.reset();  // the blocks hold their own rank slices
+  const double setup = seconds_since(t_start);
+
+  const int64_t H = b.config.hidden_size, budget = cfg.trace.token_budget;
+  const int64_t topk_width = cfg.sparse ? cfg.dims.index_topk : 0;
+  const int64_t page_bytes = cfg.trace.page_size * cache_entry_bytes(cfg.format);
+  Tensor hidden = Tensor::empty({budget, H}, DType::bf16), positions = Tensor::empty({budget}, DType::i64),
+         slots = Tensor::empty({budget}, DType::i64),
+         table = Tensor::empty({cfg.trace.max_num_seqs * cfg.trace.max_blocks_per_request()}, DType::i32),
+         seq = Tensor::empty({cfg.trace.max_num_seqs}, DType::i32),
+         topk = Tensor::empty({std::max<int64_t>(1, budget * topk_width)}, DType::i32);
+  Scheduler sched(cfg.trace);
+  Progress progress(cfg.steps, show_progress);
+  int64_t steps = 0, tokens = 0, failures = 0;
+  double fwd_seconds = 0, worst = 0;
+  for (int64_t i = 0; i < cfg.steps && !sched.done(); ++i) {
+    const StepBatch batch = sched.schedule();
+    const int64_t T = batch.num_tokens(), R = batch.num_reqs();
+    const Plan plan = make_plan(BatchDesc{batch.query_start_loc, batch.seq_lens}, pc);
+    fill_uniform_bf16(static_cast<uint16_t*>(hidden.data()), T * H, substream(cfg.seed, 1 + i), -1.0, 1.0);
+    for (int64_t t = 0; t < T; ++t) static_cast<int64_t*>(positions.data())[t] = batch.token_pos[t];
+    std::copy(batch.slot_mapping.begin(), batch.slot_mapping.end(), static_cast<int64_t*>(slots.data()));
+    std::copy(batch.block_table.begin(), batch.block_table.end(), static_cast<int32_t*>(table.data()));
+    std::copy(batch.seq_lens.begin(), batch.seq_lens.end(), static_cast<int32_t*>(seq.data()));
+    DeepseekForwardArgs a;
+    a.positions = positions.view().slice(0, 0, T);
+    a.slot_mapping = slots.view().slice(0, 0, T);
+    a.block_table = TensorView(table.data(), DType::i32, {R, batch.max_blocks});
+    a.seq_lens = seq.view().slice(0, 0, R);
+    if (cfg.sparse) {
+      fill_sparse_topk(static_cast<int32_t*>(topk.data()), T, batch.token_pos.data(), topk_width, cfg.topk,
+                       substream(cfg.seed, 1000000 + i));
+      a.topk_indices = TensorView(topk.data(), DType::i32, {T, topk_width});
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const TensorView out = fast.step(plan, a, hidden);
+    fwd_seconds += seconds_since(t0);
+    if (twin) {
+      const TensorView ref = twin->step(plan, a, as_dtype(hidden, DType::f64));
+      const double e = rel_l2(out, ref);
+      worst = std::max(worst, std::isnan(e) ? INFINITY : e);
+      if (!(e <= kBlockRule)) ++failures;
+    }
+    for (int32_t blk : sched.commit(batch)) {
+      fast.release(blk, page_bytes);
+      if (twin) twin->release(blk, page_bytes);
+    }
+    ++steps;
+    tokens += T;
+    progress.update(i + 1, tokens, fwd_seconds, failures == 0 ? "" : fmt::format("{} check failure(s)", failures));
+  }
+  progress.finish();
+  const double wall = seconds_since(t_start);
+
+  fmt::print("\n== summary: DeepSeek attention block ({}), layer {}, {} cache, cpu ({}) ==\n",
+             b.checkpoint.empty() ? "random weights" : b.checkpoint, b.layer, to_string(cfg.format), cfg.device_name);
+  fmt::print("block         hidden {}, {} heads per rank (tp {}, rank {}), q_lora_rank {}, {} weights\n", H,
+             cfg.dims.num_heads, cfg.tp, b.rank, b.config.q_lora_rank, b.config.fp8_weights ? "fp8 block-scaled" : "bf16");
+  fmt::print("steps         {}; {} tokens; {} of {} requests finished\n", steps, tokens, sched.num_finished(),
+             sched.requests().size());
+  fmt::print("forward       {:.3f} s in bf16 ({:.0f} tokens/s); setup {:.2f} s; wall {:.2f} s\n", fwd_seconds,
+             fwd_seconds > 0 ? static_cast<double>(tokens) / fwd_seconds : 0.0, setup, wall);
+  if (twin)
+    fmt::print("check         every step against the float64 block: worst rel-L2 {:.3e} (rule {:.0e}): {}\n", worst,
+               kBlockRule, failures == 0 ? "PASS" : fmt::format("FAIL ({} steps)", failures));
+  else
+    fmt::print("check         skipped (--check-samples 0)\n");
+  if (json.enabled()) {
+    nlohmann::json j;
+    j["mode"] = "block";
+    j["checkpoint"] = b.checkpoint;
+    j["layer"] = b.layer;
+    j["tp"] = cfg.tp;
+    j["rank"] = b.rank;
+    j["hidden_size"] = H;
+    j["heads_per_rank"] = cfg.dims.num_heads;
+    j["fp8_weights"] = b.config.fp8_weights;
+    j["cache"] = to_string(cfg.format);
+    j["steps"] = steps;
+    j["tokens"] = tokens;
+    j["forward_seconds"] = fwd_seconds;
+    j["wall_seconds"] = wall;
+    j["check"] = twin ? nlohmann::json{{"worst_rel_l2", worst}, {"rule", kBlockRule}, {"failed_steps", failures}}
+                      : nlohmann::json(nullptr);
+    json.write(j.dump(2) + "\n");
+  }
+  if (!twin) return kExitOk;
+  return failures == 0 ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace mla::app
