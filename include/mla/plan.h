@@ -167,6 +167,7 @@ struct StepMetadata {
   int64_t workspace_starts = -1;  // [num_prefills] chunk-local starts          (fp8_ds_mla separate mode)
   // decode context parallelism
   int64_t dcp_local_lens = -1;    // [num_decode_tokens] Plan::dcp_local_lens
+  std::vector<int64_t> dcp_chunk_cu, dcp_chunk_starts;  // per context chunk: DcpChunk::local_cu / local_starts (-1: no rows)
   std::size_t bytes() const { return data.size() * sizeof(int32_t); }
 };
 
@@ -197,7 +198,7 @@ struct PlannerConfig {
   // Decode context parallelism (§13): this rank's place in the group. world_size > 1 plans the step
   // for one rank of the group: seq_lens stay global, the block table the layer gets is the rank's
   // shard, each decode row's local key count goes into the metadata (dcp_local_lens). Dense
-  // decode-only steps (prefill tokens and sparse plans under DCP are refused: not built yet).
+  // steps (sparse plans under DCP are refused: not built yet).
   DcpLayout dcp;
   // Throws mla::Error unless num_sms >= 0, num_heads, page_size, max_num_seqs, decode_threshold >= 1,
   // 1 <= max_model_len < 2^31, index_topk >= 0 and the workspace rows are as above.
@@ -224,6 +225,21 @@ struct BatchDesc {
   // 0: the decode schedule follows the batch's seq_lens. > 0: it is sized for decodes of up to this
   // many tokens (every decode's seq_len must be <= it; <= max_model_len).
   int64_t decode_seq_len_bound = 0;
+};
+
+// DCP plans with context (§13): how one context chunk's rows reach this rank. Each rank gathers the
+// positions of the chunk it owns (a contiguous local range per prefill), all ranks all-gather those
+// blocks (pad_rows rows each), and the segments put the received rows into the chunk's request order.
+struct DcpSegment {
+  // `count` blocks of `rows` rows: block i goes from received row src_row + i·rows to chunk row
+  // dst_row + i·W·I (one rank's turns of I positions, W·I apart in the global order).
+  int64_t dst_row = 0, src_row = 0, rows = 0, count = 0;
+};
+struct DcpChunk {
+  std::vector<int32_t> local_cu;      // [P + 1] this rank's rows per prefill, exclusive cumsum
+  std::vector<int32_t> local_starts;  // [P] this rank's first local position of each prefill's share
+  int64_t pad_rows = 0;               // the largest rank's total: every rank's all-gather block
+  std::vector<DcpSegment> segments;   // received [W, pad_rows] -> chunk rows (covers every chunk row once)
 };
 
 struct SparsePrefillChunk {
@@ -276,6 +292,8 @@ struct Plan {
   // of this rank's shard it sees: dcp_local_length(seq_len − q_len + 1 + i). The decode runs' block_cols
   // and num_splits are sized for the shard (the longest local length) and the group's heads.
   std::vector<int32_t> dcp_local_lens;
+  // DCP plans with context chunks: one entry per context.chunks entry.
+  std::vector<DcpChunk> dcp_chunks;
   // The packed device-read metadata of this step (see StepMetadata).
   StepMetadata metadata;
 

@@ -102,13 +102,23 @@ class Fnv {
     const auto& [req_begin, req_end, s_q, token_begin, block_cols, num_splits] = r;
     all(req_begin, req_end, s_q, token_begin, block_cols, num_splits);
   }
+  void add(const DcpSegment& g) {
+    const auto& [dst_row, src_row, rows, count] = g;
+    all(dst_row, src_row, rows, count);
+  }
+  void add(const DcpChunk& c) {
+    const auto& [local_cu, local_starts, pad_rows, segments] = c;
+    all(local_cu, local_starts, pad_rows, segments);
+  }
   void add(const DecodeSchedule& s) {
     const auto& [runs] = s;
     all(runs);
   }
   void add(const StepMetadata& m) {
-    const auto& [data, prefill_qsl, chunk_cu, chunk_starts, req_id, prefill_ids, workspace_starts, dcp_local_lens] = m;
-    all(data, prefill_qsl, chunk_cu, chunk_starts, req_id, prefill_ids, workspace_starts, dcp_local_lens);
+    const auto& [data, prefill_qsl, chunk_cu, chunk_starts, req_id, prefill_ids, workspace_starts, dcp_local_lens,
+                 dcp_chunk_cu, dcp_chunk_starts] = m;
+    all(data, prefill_qsl, chunk_cu, chunk_starts, req_id, prefill_ids, workspace_starts, dcp_local_lens, dcp_chunk_cu,
+        dcp_chunk_starts);
   }
 
  private:
@@ -122,13 +132,13 @@ uint64_t plan_digest(const Plan& plan) {
   const auto& [config, num_reqs, num_tokens, num_actual_tokens, query_start_loc, seq_lens, split, decode_query_len,
                max_decode_seq_len, prefill_query_start_loc, prefill_seq_lens, prefill_context_lens,
                max_prefill_query_len, max_prefill_seq_len, prefill_tokens_with_context, context, req_id_per_token,
-               sparse_mixed_batch, prefill_request_id, sparse_chunks, decode, dcp_local_lens, metadata, seal] = plan;
+               sparse_mixed_batch, prefill_request_id, sparse_chunks, decode, dcp_local_lens, dcp_chunks, metadata, seal] = plan;
   static_cast<void>(seal);  // the digest covers everything but the seal itself
   Fnv h;
   h.all(config, num_reqs, num_tokens, num_actual_tokens, query_start_loc, seq_lens, split, decode_query_len,
         max_decode_seq_len, prefill_query_start_loc, prefill_seq_lens, prefill_context_lens, max_prefill_query_len,
         max_prefill_seq_len, prefill_tokens_with_context, context, req_id_per_token, sparse_mixed_batch,
-        prefill_request_id, sparse_chunks, decode, dcp_local_lens, metadata);
+        prefill_request_id, sparse_chunks, decode, dcp_local_lens, dcp_chunks, metadata);
   return h.value();
 }
 

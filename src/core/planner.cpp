@@ -171,9 +171,6 @@ void PlannerConfig::validate() const {
 // dcp_mqa_decode launches them).
 static void plan_dcp_decode(Plan& plan, const Lengths& len, int64_t seq_len_bound) {
   const PlannerConfig& c = plan.config;
-  MLA_CHECK(!plan.has_prefill(),
-            "make_plan: DCP (world_size {}) plans decode-only steps so far; this batch has {} prefill requests",
-            c.dcp.world_size, plan.split.num_prefills);
   for (int64_t r = 0; r < plan.split.num_decodes; ++r)
     for (int64_t i = 0; i < len.q[r]; ++i)
       plan.dcp_local_lens.push_back(static_cast<int32_t>(dcp_local_length(len.seq[r] - len.q[r] + 1 + i, c.dcp)));
@@ -188,6 +185,50 @@ static void plan_dcp_decode(Plan& plan, const Lengths& len, int64_t seq_len_boun
     run.block_cols = std::max<int64_t>(1, (local + c.page_size - 1) / c.page_size);
     run.num_splits =
         decode_num_splits((run.req_end - run.req_begin) * run.s_q, 1, heads, run.block_cols * c.page_size, c.num_sms);
+  }
+}
+
+// A DCP rank's context chunks (§13): per chunk, this rank's share of each prefill's range, the block
+// every rank all-gathers (the largest share total), and the copies that put the received rows into
+// request order. A chunk's start is a multiple of the page size and so of I: rank r's positions in it
+// are whole turns of I rows except a shorter last one.
+static void plan_dcp_context(Plan& plan) {
+  const DcpLayout& l = plan.config.dcp;
+  const int64_t w = l.world_size, il = l.interleave, turn = w * il;
+  const int64_t np = plan.split.num_prefills;
+  for (const ContextChunk& ch : plan.context.chunks) {
+    DcpChunk dc;
+    dc.local_cu.push_back(0);
+    std::vector<std::vector<int64_t>> cu(static_cast<std::size_t>(w), std::vector<int64_t>(1, 0));
+    for (int64_t p = 0; p < np; ++p) {
+      const int64_t s = ch.seq_starts[p], e = s + ch.lens[p];
+      MLA_CHECK(s % il == 0, "make_plan: DCP context chunk start {} is not a multiple of the interleave {}", s, il);
+      for (int64_t r = 0; r < w; ++r) {
+        const DcpLayout lr{l.world_size, static_cast<int>(r), l.interleave};
+        cu[r].push_back(cu[r].back() + dcp_local_length(e, lr) - dcp_local_length(s, lr));
+      }
+      dc.local_starts.push_back(static_cast<int32_t>(dcp_local_length(s, l)));
+      dc.local_cu.push_back(static_cast<int32_t>(cu[l.rank].back()));
+    }
+    for (int64_t r = 0; r < w; ++r) dc.pad_rows = std::max(dc.pad_rows, cu[r].back());
+    for (int64_t p = 0; p < np; ++p) {
+      const int64_t s = ch.seq_starts[p], e = s + ch.lens[p];
+      if (e == s) continue;
+      for (int64_t r = 0; r < w; ++r) {
+        const DcpLayout lr{l.world_size, static_cast<int>(r), l.interleave};
+        // Blocks b of rank r cover [b·W·I + r·I, +I); those starting in [s, e) hold its positions.
+        const auto ceil_div = [](int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; };
+        const int64_t b0 = ceil_div(s - r * il, turn), b_end = ceil_div(e - r * il, turn);
+        const int64_t b_full = std::max(b0, e - r * il - il >= 0 ? (e - r * il - il) / turn + 1 : 0);
+        const int64_t src0 = r * dc.pad_rows + cu[r][p];
+        const int64_t local_s = dcp_local_length(s, lr);
+        auto src_of = [&](int64_t b) { return src0 + dcp_local_position(b * turn + r * il, lr) - local_s; };
+        auto dst_of = [&](int64_t b) { return ch.cu_seq_lens[p] + b * turn + r * il - s; };
+        if (b_full > b0) dc.segments.push_back({dst_of(b0), src_of(b0), il, b_full - b0});
+        if (b_end > b_full) dc.segments.push_back({dst_of(b_end - 1), src_of(b_end - 1), e - ((b_end - 1) * turn + r * il), 1});
+      }
+    }
+    plan.dcp_chunks.push_back(std::move(dc));
   }
 }
 
@@ -238,7 +279,10 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
     plan.req_id_per_token.resize(plan.num_tokens, 0);  // padding tokens -> request 0 (§11.2)
     if (sparse_separate && plan.has_prefill()) fill_sparse_chunks(plan);
   }
-  if (config.dcp.world_size > 1) plan_dcp_decode(plan, len, batch.decode_seq_len_bound);
+  if (config.dcp.world_size > 1) {
+    plan_dcp_decode(plan, len, batch.decode_seq_len_bound);
+    plan_dcp_context(plan);
+  }
   detail::fill_step_metadata(plan);
   plan.seal = plan_digest(plan);
   return plan;

@@ -80,14 +80,33 @@ void fill_step_metadata(Plan& p) {
   if (!p.dcp_local_lens.empty()) m.dcp_local_lens = append(p.dcp_local_lens.begin(), p.dcp_local_lens.end());
   if (!p.has_prefill()) return;  // dense decode-only: the kernels read only the caller's tensors
   m.prefill_qsl = append(p.prefill_query_start_loc.begin(), p.prefill_query_start_loc.end());
-  for (const auto& c : p.context.chunks) {
+  for (std::size_t i = 0; i < p.context.chunks.size(); ++i) {
+    const ContextChunk& c = p.context.chunks[i];
     const bool used = c.total > 0;
     m.chunk_cu.push_back(used ? append(c.cu_seq_lens.begin(), c.cu_seq_lens.end()) : -1);
     m.chunk_starts.push_back(used ? append(c.seq_starts.begin(), c.seq_starts.end()) : -1);
+    if (p.dcp_chunks.empty()) continue;
+    const DcpChunk& d = p.dcp_chunks[i];
+    m.dcp_chunk_cu.push_back(used ? append(d.local_cu.begin(), d.local_cu.end()) : -1);
+    m.dcp_chunk_starts.push_back(used ? append(d.local_starts.begin(), d.local_starts.end()) : -1);
   }
 }
 
 }  // namespace detail
+
+// DCP context chunks replay the same launches when their all-gather blocks and copies are equal.
+static bool dcp_chunks_same(const Plan& a, const Plan& b) {
+  if (a.dcp_chunks.size() != b.dcp_chunks.size()) return false;
+  for (std::size_t i = 0; i < a.dcp_chunks.size(); ++i) {
+    const DcpChunk &x = a.dcp_chunks[i], &y = b.dcp_chunks[i];
+    if (x.pad_rows != y.pad_rows || x.segments.size() != y.segments.size()) return false;
+    for (std::size_t k = 0; k < x.segments.size(); ++k) {
+      const DcpSegment &g = x.segments[k], &h = y.segments[k];
+      if (g.dst_row != h.dst_row || g.src_row != h.src_row || g.rows != h.rows || g.count != h.count) return false;
+    }
+  }
+  return true;
+}
 
 bool same_launches(const Plan& a, const Plan& b) {
   const PlannerConfig &x = a.config, &y = b.config;
@@ -119,7 +138,9 @@ bool same_launches(const Plan& a, const Plan& b) {
   const StepMetadata &m = a.metadata, &n = b.metadata;
   return m.data.size() == n.data.size() && m.prefill_qsl == n.prefill_qsl && m.chunk_cu == n.chunk_cu &&
          m.chunk_starts == n.chunk_starts && m.req_id == n.req_id && m.prefill_ids == n.prefill_ids &&
-         m.workspace_starts == n.workspace_starts && m.dcp_local_lens == n.dcp_local_lens;
+         m.workspace_starts == n.workspace_starts && m.dcp_local_lens == n.dcp_local_lens &&
+         m.dcp_chunk_cu == n.dcp_chunk_cu && m.dcp_chunk_starts == n.dcp_chunk_starts &&
+         dcp_chunks_same(a, b);
 }
 
 std::size_t max_step_metadata_bytes(const PlannerConfig& c, int64_t n) {
@@ -128,7 +149,6 @@ std::size_t max_step_metadata_bytes(const PlannerConfig& c, int64_t n) {
   if (n == 0) return 0;
   const int64_t max_prefills = std::min(n, c.max_num_seqs);
   if (c.sparse) return static_cast<std::size_t>(2 * n + max_prefills) * sizeof(int32_t);
-  if (c.dcp.world_size > 1) return static_cast<std::size_t>(n) * sizeof(int32_t);  // decode-only: local lens
   const int64_t ws_rows = c.context_workspace_rows > 0
                               ? c.context_workspace_rows
                               : chunked_prefill_workspace_rows(c.max_model_len, c.max_num_seqs, c.page_size, 0);
@@ -142,7 +162,10 @@ std::size_t max_step_metadata_bytes(const PlannerConfig& c, int64_t n) {
     if (chunk == 0) break;                // the planner refuses this many prefills with context
     max_chunks = std::max(max_chunks, (max_context + chunk - 1) / chunk);
   }
-  return static_cast<std::size_t>((max_prefills + 1) + max_chunks * (2 * max_prefills + 1)) * sizeof(int32_t);
+  const int64_t per_chunk = 2 * max_prefills + 1;  // cu_seq_lens and seq_starts
+  // DCP: every decode token's local length, and each chunk's local cu / starts beside the global ones.
+  const int64_t dcp = c.dcp.world_size > 1 ? n + max_chunks * per_chunk : 0;
+  return static_cast<std::size_t>((max_prefills + 1) + max_chunks * per_chunk + dcp) * sizeof(int32_t);
 }
 
 }  // namespace mla

@@ -19,6 +19,32 @@ struct Partial {
   TensorView out, lse;  // [Tp, h, V], [h, Tp] f32 (f64 in the oracle layer)
 };
 
+// DCP (§13): context chunk c's rows in request order on every rank. This rank gathers the positions it
+// owns (one local range per prefill), the group all-gathers those blocks (pad_rows rows each: every
+// rank calls it for every chunk with rows), and the plan's segments place each rank's turns of I rows.
+void gather_dcp_chunk(const Step& s, std::size_t c, const TensorView& gathered, const TensorView& block_table) {
+  const Dims& d = s.dims;
+  const DcpChunk& dc = s.plan.dcp_chunks[c];
+  const int64_t np = s.facts.num_prefills, w = s.plan.config.dcp.world_size, turn = w * s.plan.config.dcp.interleave;
+  const DType act = s.opt.dtype;
+  const int64_t mine = dc.local_cu.back();
+  const TensorView local = s.view(s.layout.dcp_local, act, {dc.pad_rows, d.d_qk()});
+  const TensorView recv = s.view(s.layout.dcp_recv, act, {w * dc.pad_rows, d.d_qk()});
+  if (mine > 0)
+    gather_cache(s.cache, local.slice(0, 0, mine), block_table, s.meta_view(s.plan.metadata.dcp_chunk_cu[c], np + 1),
+                 s.meta_view(s.plan.metadata.dcp_chunk_starts[c], np), s.ctx);
+  s.opt.dcp_comm->all_gather(local, recv, s.ctx);
+  for (const DcpSegment& g : dc.segments) {
+    // `count` blocks of `rows` contiguous rows (one wide row each): W·I rows apart in the chunk,
+    // back to back in the received rows.
+    const int64_t block = g.rows * d.d_qk();
+    const int64_t shape[] = {g.count, 1, block};
+    const int64_t dst_stride[] = {turn * d.d_qk(), block, 1}, src_stride[] = {block, block, 1};
+    copy_rows(TensorView(gathered.slice(0, g.dst_row, g.dst_row + 1).data, act, shape, dst_stride, gathered.device),
+              TensorView(recv.slice(0, g.src_row, g.src_row + 1).data, act, shape, src_stride, recv.device), s.ctx);
+  }
+}
+
 // Non-causal attention of every prefill query against its request's context, chunk by chunk, folded
 // into a running (out, lse) with merge_attn_states (prefix = accumulated, suffix = the new chunk).
 // Requests with a zero-length share of a chunk get (0, -inf) from mha_prefill, which the merge treats
@@ -40,7 +66,11 @@ Partial attend_context(const Step& s, const TensorView& q, const TensorView& cu_
     if (ch.total == 0) continue;
     const TensorView cu_k = s.meta_view(s.plan.metadata.chunk_cu[c], f.num_prefills + 1);
     const TensorView gathered = s.view(s.layout.gathered, act, {ch.total, d.d_qk()});
-    gather_cache(s.cache, gathered, block_table, cu_k, s.meta_view(s.plan.metadata.chunk_starts[c], f.num_prefills), s.ctx);
+    if (s.plan.config.dcp.world_size > 1)
+      gather_dcp_chunk(s, c, gathered, block_table);
+    else
+      gather_cache(s.cache, gathered, block_table, cu_k, s.meta_view(s.plan.metadata.chunk_starts[c], f.num_prefills),
+                   s.ctx);
     const TensorView kv = s.view(s.layout.kv_ctx, act, {ch.total, hpv});
     gemm(gathered.slice(1, 0, d.L), s.layer.w_kv_b(), kv, 1.0f, 0.0f, s.ctx);
     const auto [k_nope, v] = split_kv(kv, d);

@@ -36,6 +36,8 @@ namespace mla::layer_detail {
 //     kv_ctx    act   [context_rows, h*(P+V)]    its k_nope | v
 //     acc[i]    act   [staged_tokens, h, V] + lse [h, staged_tokens], i < context_accumulators:
 //               0/1 ping-pong running (out, lse) over chunks, 2 = the current chunk's partial
+//     dcp_local act   [dcp_rows, d_qk]            DCP: this rank's rows of a context chunk
+//     dcp_recv  act   [dcp_world * dcp_rows, d_qk] DCP: every rank's rows (all-gather), reordered into gathered
 inline constexpr int64_t kAlign = 256;
 
 // Everything the workspace size depends on. Each region's size is a non-decreasing function of each
@@ -49,6 +51,8 @@ struct WorkspaceShape {
   int64_t staged_tokens = 0;
   int64_t context_rows = 0;
   int64_t context_accumulators = 0;  // 0, 1 or 3
+  int64_t dcp_rows = 0;   // DCP context: the largest all-gather block (rows per rank) of a chunk
+  int64_t dcp_world = 1;  // DCP group size (the receive buffer holds dcp_world blocks)
 };
 
 struct Region {
@@ -58,6 +62,7 @@ struct Region {
 struct WorkspaceLayout {
   Region q_abs, o_lat, scratch, indices, upconv;           // phase A
   Region kv_new, o_new, lse_new, gathered, kv_ctx;         // phase B
+  Region dcp_local, dcp_recv;                              // phase B, DCP context: own rows, all ranks' rows
   std::array<Region, 3> acc_o{}, acc_lse{};                // phase B
   int64_t total = 0;
 };

@@ -135,6 +135,8 @@ WorkspaceLayout make_layout(const WorkspaceShape& s, const Dims& d) {
     l.acc_o[i] = take(prod({s.staged_tokens, d.h, d.V, a}));
     l.acc_lse[i] = take(prod({d.h, s.staged_tokens, d.lse_bytes}));
   }
+  l.dcp_local = take(prod({s.dcp_rows, d.d_qk(), a}));
+  l.dcp_recv = take(prod({s.dcp_world, s.dcp_rows, d.d_qk(), a}));
   l.total = std::max(end_a, off);
   return l;
 }
@@ -191,6 +193,9 @@ WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const LayerOptions&
   if (f.num_prefills > 0) s.prefill_tokens = f.t_act - f.t_dec;
   if (f.context_chunks > 0) s.staged_tokens = s.prefill_tokens;
   s.context_rows = f.max_chunk_rows;
+  s.dcp_world = p.config.dcp.world_size;
+  for (std::size_t c = 0; c < p.dcp_chunks.size(); ++c)
+    if (p.context.chunks[c].total > 0) s.dcp_rows = std::max(s.dcp_rows, p.dcp_chunks[c].pad_rows);
   s.context_accumulators = f.context_chunks == 0 ? 0 : f.context_chunks == 1 ? 1 : 3;
   return s;
 }
@@ -215,6 +220,9 @@ WorkspaceShape bound_shape(const PlannerConfig& c, int64_t n, const LayerOptions
   s.context_rows = c.context_workspace_rows > 0
                        ? c.context_workspace_rows
                        : chunked_prefill_workspace_rows(c.max_model_len, c.max_num_seqs, c.page_size, 0);
+  // A rank's share of a chunk is at most the chunk (<= the workspace rows).
+  s.dcp_world = c.dcp.world_size;
+  if (c.dcp.world_size > 1) s.dcp_rows = s.context_rows;
   // Decode runs: b requests of s_q <= decode_threshold tokens each, b * s_q <= n, block tables
   // narrowed to the pages of at most max_model_len tokens. The split count grows with the key bound
   // (decode_num_splits considers more candidates), so the longest bound gives the most scratch.

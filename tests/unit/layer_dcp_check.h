@@ -1,8 +1,8 @@
 #pragma once
 // The DCP layer check shared by the CPU test (in-process thread group, float64) and the GPU test (NCCL,
 // one thread and GPU per rank, bf16): W ranks each hold h/W of the layer's heads and the positions of
-// every request's cache they own; a decode step on the group must equal the same step of one layer with
-// all heads over the whole cache (CPU: float64 to 1e-5; GPU: the bf16 rule against the float64 layer),
+// every request's cache they own; a step on the group (decodes, and mixed steps whose prefills have
+// context in several chunks) must equal the same step of one layer with all heads over the whole cache (CPU: float64 to 1e-5; GPU: the bf16 rule against the float64 layer),
 // and every new token must land bit-exact in its owner's shard only (slot −1 elsewhere).
 #include <gtest/gtest.h>
 
@@ -175,7 +175,12 @@ inline std::vector<Scenario> scenarios(CacheFormat f) {
   padded.pad_tokens = 3;
   padded.decode_seq_len_bound = 128;
   padded.min_table_blocks = 9;  // the single layer's table covers the bound too
-  return {sc, padded};
+  // Mixed: decodes, an extend with context, a long-context prefill and a fresh one; a small context
+  // workspace makes several chunks, so shares of ranks start mid-turn and end in partial turns.
+  Scenario mixed = sc;
+  mixed.reqs = {{40, 1}, {70, 2}, {50, 6}, {97, 9}, {0, 5}};
+  mixed.context_workspace_rows = 64;
+  return {sc, padded, mixed};
 }
 
 }  // namespace mla::test::dcp_layer

@@ -13,6 +13,7 @@
 #include "attention_test_util.h"
 #include "mla/dcp.h"
 #include "mla/ops.h"
+#include "mla/plan.h"
 #include "support/test_util.h"
 
 namespace mla {
@@ -308,6 +309,64 @@ TEST(Dcp, SparseShardsCombineToFullAttention) {
       combine_attn_states(got, got_lse, parts, lses, ref);
       expect_same(got, want, what + " out");
       expect_same(got_lse, want_lse, what + " lse");
+    }
+}
+
+}  // namespace
+}  // namespace mla
+
+namespace mla {
+namespace {
+
+// make_plan's DCP context chunks: every rank's local ranges, all-gather blocks and copy segments put
+// exactly the chunk's global positions into request order (simulated on positions, every rank).
+TEST(DcpPlan, ContextSegmentsReassembleEveryChunk) {
+  for (int w : {2, 3, 4})
+    for (int il : {1, 4, 16}) {
+      PlannerConfig c;
+      c.dims.num_heads = 4;
+      c.page_size = 16;
+      c.max_model_len = 512;
+      c.context_workspace_rows = 96;
+      // decode, extend, long-context prefill, fresh prefill
+      const BatchDesc batch{{0, 1, 6, 15, 20}, {41, 55, 300, 5}};
+      for (int r = 0; r < w; ++r) {
+        c.dcp = {w, r, il};
+        const Plan p = make_plan(batch, c);
+        ASSERT_EQ(p.dcp_chunks.size(), p.context.chunks.size());
+        for (std::size_t k = 0; k < p.context.chunks.size(); ++k) {
+          const ContextChunk& ch = p.context.chunks[k];
+          const DcpChunk& dc = p.dcp_chunks[k];
+          // What every rank sends: its share of each prefill's range, in local order, padded.
+          std::vector<int64_t> recv(static_cast<std::size_t>(w * dc.pad_rows), -1);
+          for (int q = 0; q < w; ++q) {
+            int64_t at = q * dc.pad_rows;
+            for (std::size_t i = 0; i < ch.lens.size(); ++i)
+              for (int64_t g = ch.seq_starts[i]; g < ch.seq_starts[i] + ch.lens[i]; ++g)
+                if (dcp_owner(g, {w, q, il}) == q) recv[static_cast<std::size_t>(at++)] = g;
+            ASSERT_LE(at, (q + 1) * dc.pad_rows);
+          }
+          std::vector<int64_t> rows(static_cast<std::size_t>(ch.total), -2);
+          for (const DcpSegment& g : dc.segments)
+            for (int64_t b = 0; b < g.count; ++b)
+              for (int64_t x = 0; x < g.rows; ++x) {
+                const int64_t dst = g.dst_row + b * w * il + x;
+                ASSERT_TRUE(dst >= 0 && dst < ch.total);
+                EXPECT_EQ(rows[static_cast<std::size_t>(dst)], -2) << "row written twice";
+                rows[static_cast<std::size_t>(dst)] = recv[static_cast<std::size_t>(g.src_row + b * g.rows + x)];
+              }
+          for (std::size_t i = 0; i < ch.lens.size(); ++i)
+            for (int64_t j = 0; j < ch.lens[i]; ++j)
+              EXPECT_EQ(rows[static_cast<std::size_t>(ch.cu_seq_lens[i] + j)], ch.seq_starts[i] + j)
+                  << "W " << w << " I " << il << " chunk " << k << " prefill " << i;
+          // This rank's own share: local_cu / local_starts.
+          for (std::size_t i = 0; i < ch.lens.size(); ++i) {
+            const int64_t s = ch.seq_starts[i], e = s + ch.lens[i];
+            EXPECT_EQ(dc.local_starts[i], dcp_local_length(s, c.dcp));
+            EXPECT_EQ(dc.local_cu[i + 1] - dc.local_cu[i], dcp_local_length(e, c.dcp) - dcp_local_length(s, c.dcp));
+          }
+        }
+      }
     }
 }
 

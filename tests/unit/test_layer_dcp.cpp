@@ -29,12 +29,9 @@ TEST(LayerDcp, DecodeStepsEqualOneLayerOverTheWholeCache) {
       }
 }
 
-TEST(LayerDcp, RefusesMismatchedPlansAndPrefills) {
+TEST(LayerDcp, RefusesMismatchedPlansAndConfigs) {
   Scenario sc;
-  sc.reqs = {{10, 1}, {0, 4}};  // a prefill
   PlannerConfig cfg = sc.config();
-  cfg.dcp = {2, 0, 1};
-  EXPECT_THROW(make_plan(BatchDesc{{0, 1, 5}, {11, 4}}, cfg), Error);
   cfg.dcp = {2, 2, 1};
   EXPECT_THROW(cfg.validate(), Error);
   cfg.dcp = {2, 0, 3};  // interleave must divide the page size (16)
