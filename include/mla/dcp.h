@@ -45,6 +45,14 @@ void dcp_local_query_lengths(std::span<const int32_t> seq_lens, int64_t s_q, boo
 // another rank owns the position (and for entries that were already < 0). In place.
 void dcp_filter_topk(std::span<int32_t> indices, const DcpLayout& layout);
 
+// The DCP filter of sparse indices as an op on CPU or CUDA tensors (the layer's sparse DCP steps):
+//   req_id [T] int32 (row of seq_lens), seq_lens [R] int32 global lengths, indices [T, topk] int32
+//   request-local positions, out [T, topk] int32 (may not alias indices).
+// out = the position's local index on this rank when this rank owns it and 0 <= position <
+// seq_lens[req_id[t]]; else -1 (a req_id outside [0, R) makes the row -1).
+void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
+                       const TensorView& out, const DcpLayout& layout, const Context& ctx = {});
+
 // ---- collectives of a DCP group (one call per rank, the same shapes on every rank) -------------
 // Every rank holds its h_q heads of the group's W·h_q; rank r's heads are [r·h_q, (r+1)·h_q) of the
 // gathered order. Each op all-gathers q over heads, attends the rank's shard for all W·h_q heads, and

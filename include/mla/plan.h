@@ -198,7 +198,7 @@ struct PlannerConfig {
   // Decode context parallelism (§13): this rank's place in the group. world_size > 1 plans the step
   // for one rank of the group: seq_lens stay global, the block table the layer gets is the rank's
   // shard, each decode row's local key count goes into the metadata (dcp_local_lens). Dense
-  // steps (sparse plans under DCP are refused: not built yet).
+  // steps, and sparse steps that run every token on the cache (not the fp8_ds_mla separate mode).
   DcpLayout dcp;
   // Throws mla::Error unless num_sms >= 0, num_heads, page_size, max_num_seqs, decode_threshold >= 1,
   // 1 <= max_model_len < 2^31, index_topk >= 0 and the workspace rows are as above.

@@ -162,8 +162,6 @@ void PlannerConfig::validate() const {
             "PlannerConfig: sparse_workspace_rows must be 0 (5 * max_model_len) or >= max_model_len = {}, got {}",
             max_model_len, sparse_workspace_rows);
   validate_dcp_layout(dcp, page_size);
-  MLA_CHECK(dcp.world_size == 1 || !sparse,
-            "PlannerConfig: the layer's DCP mode is dense only so far (sparse steps: dcp_sparse_mqa, mla/dcp.h)");
 }
 
 // A DCP rank's decode (§13): every decode row's local key count, and the runs re-sized for the shard
@@ -266,6 +264,12 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
   if (config.require_uniform) check_uniform_decodes(len, plan.split, plan.decode_query_len, "require_uniform");
   if (sparse_separate)
     check_uniform_decodes(len, plan.split, plan.decode_query_len, "the fp8_ds_mla separate decode path");
+  // DCP sparse steps attend every token over the cache shards (vLLM allows FlashMLA-sparse DCP in the
+  // mixed-batch mode only): the separate mode's upconverted prefill workspace would need every shard.
+  MLA_CHECK(config.dcp.world_size == 1 || !sparse_separate,
+            "make_plan: sparse fp8_ds_mla steps with {} heads per rank use the separate prefill mode, which DCP "
+            "does not support (fewer than {} heads per rank, or a bf16 / fp8 cache, run all tokens on the cache)",
+            config.dims.num_heads, kMinHeadsForBf16Prefill);
 
   if (plan.has_prefill()) fill_prefill_fields(plan, len);
   if (!config.sparse) {

@@ -39,4 +39,24 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
   }
 }
 
+// dcp_localize_topk (mla/dcp.h): the owner test and local position of §13, per entry.
+void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
+                       const TensorView& out, int world_size, int rank, int interleave, const Context&) {
+  const int64_t T = indices.size(0), K = indices.size(1), R = seq_lens.size(0);
+  const int64_t turn = int64_t(world_size) * interleave;
+  auto at = [](const TensorView& v, int64_t i) { return static_cast<const int32_t*>(v.data)[i * v.stride[0]]; };
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t req = at(req_id, t);
+    const int64_t limit = req >= 0 && req < R ? at(seq_lens, req) : 0;
+    const int32_t* in = static_cast<const int32_t*>(indices.data) + t * indices.stride[0];
+    int32_t* o = static_cast<int32_t*>(out.data) + t * out.stride[0];
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t p = in[k];
+      const bool mine = p >= 0 && p < limit && (p / interleave) % world_size == rank;
+      o[k] = mine ? static_cast<int32_t>(p / turn * interleave + p % interleave) : -1;
+    }
+  }
+}
+
 }  // namespace mla::cpu

@@ -37,7 +37,6 @@ void check_options(const LayerOptions& o) {
   if (o.dcp_comm) {
     MLA_CHECK(o.dcp_comm->device() == o.device, "MlaAttention: the DCP communicator runs on {}, the layer on {}",
               to_string(o.dcp_comm->device()), to_string(o.device));
-    MLA_CHECK(!o.sparse, "MlaAttention: the DCP mode of the layer is dense only so far (sparse: dcp_sparse_mqa)");
     MLA_CHECK(o.dims.kv_lora_rank == 512 && o.dims.qk_rope_head_dim == 64,
               "MlaAttention: DCP needs the 576-wide latent rows (kv_lora_rank 512, rope 64), got {} and {}",
               o.dims.kv_lora_rank, o.dims.qk_rope_head_dim);

@@ -28,6 +28,7 @@ namespace mla::layer_detail {
 //     scratch   u8    [decode_scratch_bytes]  mqa_decode split-KV partials (0 on the CPU)
 //     indices   int32 [mqa_tokens, topk]      converted top-k rows (sparse only)
 //     upconv    bf16  [upconvert_rows, d_qk]  fp8_ds_mla prefill chunk, upconverted (sparse separate mode)
+//     dcp_topk  int32 [mqa_tokens, topk]      DCP sparse: top-k positions localized to this rank's shard
 //   phase B (dense prefill tokens)
 //     kv_new    act   [prefill_tokens, h*(P+V)]  new tokens' k_nope | v
 //     o_new     act   [staged_tokens, h, V]      new-token attention, staged for the context merge
@@ -61,6 +62,7 @@ struct Region {
 
 struct WorkspaceLayout {
   Region q_abs, o_lat, scratch, indices, upconv;           // phase A
+  Region dcp_topk;                                         // phase A, DCP sparse: localized positions
   Region kv_new, o_new, lse_new, gathered, kv_ctx;         // phase B
   Region dcp_local, dcp_recv;                              // phase B, DCP context: own rows, all ranks' rows
   std::array<Region, 3> acc_o{}, acc_lse{};                // phase B

@@ -18,6 +18,17 @@ void run_sparse(const Step& s) {
   const TensorView indices = s.view(s.layout.indices, DType::i32, {t, topk});
   absorb_queries(s, 0, t, q_abs);
 
+  if (s.plan.config.dcp.world_size > 1) {  // §13: positions localized to this shard, then the group op
+    const TensorView req_id = s.meta_view(s.plan.metadata.req_id, t);
+    const TensorView local = s.view(s.layout.dcp_topk, DType::i32, {t, topk});
+    dcp_localize_topk(req_id, s.args.seq_lens, s.args.topk_indices.slice(0, 0, t), local, s.plan.config.dcp, s.ctx);
+    convert_topk_indices(req_id, s.args.block_table, local, indices, s.cache.page_size(), 0, {}, {}, {}, {}, s.ctx);
+    TensorView scratch;
+    if (s.layout.scratch.bytes > 0) scratch = s.view(s.layout.scratch, DType::u8, {s.layout.scratch.bytes});
+    dcp_sparse_mqa(*s.opt.dcp_comm, q_abs, s.cache, indices, {}, o_lat, {}, scale, scratch, s.ctx);
+    up_project(s, o_lat, 0);
+    return;
+  }
   TensorView prefill_ids, workspace_starts;
   if (f.sparse_separate) {
     prefill_ids = s.meta_view(s.plan.metadata.prefill_ids, t);

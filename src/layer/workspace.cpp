@@ -123,6 +123,7 @@ WorkspaceLayout make_layout(const WorkspaceShape& s, const Dims& d) {
   l.scratch = take(s.decode_scratch_bytes);
   l.indices = take(prod({s.mqa_tokens, s.topk, 4}));
   l.upconv = take(prod({s.upconvert_rows, d.d_qk(), 2}));
+  l.dcp_topk = take(prod({s.dcp_world > 1 ? s.mqa_tokens : 0, s.topk, 4}));
   const int64_t end_a = off;
 
   off = phase;
@@ -185,6 +186,10 @@ WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const LayerOptions&
     s.mqa_tokens = f.t_act;
     s.topk = o.dims.index_topk;
     s.upconvert_rows = f.max_upconvert_rows;
+    s.dcp_world = p.config.dcp.world_size;
+    if (s.dcp_world > 1)
+      s.decode_scratch_bytes = static_cast<int64_t>(
+          dcp_sparse_mqa_workspace_bytes(s.mqa_tokens, o.dims.num_heads, o.dtype, p.config.dcp.world_size));
     return s;
   }
   s.mqa_tokens = f.t_dec;
@@ -211,6 +216,10 @@ WorkspaceShape bound_shape(const PlannerConfig& c, int64_t n, const LayerOptions
     if (separate_possible)
       s.upconvert_rows = c.sparse_workspace_rows > 0 ? c.sparse_workspace_rows
                                                      : sparse_prefill_workspace_rows(c.max_model_len);
+    s.dcp_world = c.dcp.world_size;
+    if (s.dcp_world > 1)
+      s.decode_scratch_bytes =
+          static_cast<int64_t>(dcp_sparse_mqa_workspace_bytes(n, o.dims.num_heads, o.dtype, c.dcp.world_size));
     return s;
   }
   s.mqa_tokens = n;

@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "core/index_view.h"
+#include "mla/dcp.h"
 #include "mla/ops.h"
 #include "ops/dispatch.h"
 #include "ops/validate.h"
@@ -107,6 +108,24 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
   if (T == 0) return;
   MLA_DISPATCH(dev, convert_topk_indices, req_id, block_table, indices, out, page_size, stride_rows,
                prefill_request_ids, prefill_workspace_starts, valid_counts, seq_lens, ctx);
+}
+
+void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
+                       const TensorView& out, const DcpLayout& layout, const Context& ctx) {
+  constexpr const char* op = "dcp_localize_topk";
+  validate_dcp_layout(layout);
+  detail::check_ndim(indices, 2, op, "indices [T, topk]");
+  const int64_t T = indices.size(0), K = indices.size(1);
+  const Device dev = indices.device;
+  check_index_matrix(indices, T, K, false, op, "indices [T, topk]");
+  check_index_matrix(out, T, K, true, op, "out [T, topk]");
+  MLA_CHECK(T == 0 || K == 0 || out.data != indices.data, "{}: out must not alias indices", op);
+  detail::check_i32_vector(req_id, T, op, "req_id [T]");
+  detail::check_i32_vector(seq_lens, -1, op, "seq_lens [R]");
+  detail::check_devices(dev, op, {{out, "out"}, {req_id, "req_id"}, {seq_lens, "seq_lens"}});
+  if (T == 0 || K == 0) return;
+  MLA_DISPATCH(dev, dcp_localize_topk, req_id, seq_lens, indices, out, layout.world_size, layout.rank,
+               layout.interleave, ctx);
 }
 
 }  // namespace mla

@@ -146,3 +146,29 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
 
 }  // namespace
 }  // namespace mla
+
+namespace mla {
+namespace {
+
+TEST(DcpGpu, LocalizeTopkMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(82);
+  const int64_t t = 300, k = 2048;
+  std::vector<int32_t> lens = {5000, 0, 77, 131072}, req;
+  std::vector<std::vector<int32_t>> idx(static_cast<std::size_t>(t));
+  std::uniform_int_distribution<int32_t> u(-5, 140000);
+  for (int64_t i = 0; i < t; ++i) {
+    req.push_back(static_cast<int32_t>(i % 5) - (i % 7 == 0 ? 9 : 0));
+    for (int64_t j = 0; j < k; ++j) idx[i].push_back(u(test::rng()));
+  }
+  const Tensor r = test::int_tensor(req), l = test::int_tensor(lens), x = test::int_tensor_2d(idx);
+  for (DcpLayout lay : {DcpLayout{2, 0, 1}, DcpLayout{4, 3, 64}}) {
+    Tensor want = Tensor::empty({t, k}, DType::i32), got = Tensor::empty({t, k}, DType::i32, Device::cuda(0));
+    dcp_localize_topk(r, l, x, want, lay);
+    dcp_localize_topk(r.to(Device::cuda(0)), l.to(Device::cuda(0)), x.to(Device::cuda(0)), got, lay);
+    EXPECT_EQ(test::to_ints(got), test::to_ints(want));
+  }
+}
+
+}  // namespace
+}  // namespace mla

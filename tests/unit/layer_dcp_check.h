@@ -107,6 +107,11 @@ inline void run_rank(const StepData& d, const CacheBuffer& global_before, int w,
   a.block_table = table_t;
   a.seq_lens = seq_t;
   a.out = out;
+  Tensor topk;
+  if (sc.sparse) {
+    topk = on(d.topk, dev);
+    a.topk_indices = topk;
+  }
   PinnedBuffer staging;
   Tensor meta;
   if (dev.is_cuda()) {  // the plan's metadata (local key counts) uploaded once, as a step does
@@ -180,7 +185,12 @@ inline std::vector<Scenario> scenarios(CacheFormat f) {
   Scenario mixed = sc;
   mixed.reqs = {{40, 1}, {70, 2}, {50, 6}, {97, 9}, {0, 5}};
   mixed.context_workspace_rows = 64;
-  return {sc, padded, mixed};
+  // Sparse: every token through the top-k MQA over the shards (positions past seq_len, outside the
+  // table and -1 among the indices, as make_step writes them).
+  Scenario sparse = mixed;
+  sparse.sparse = true;
+  sparse.topk = 16;
+  return {sc, padded, mixed, sparse};
 }
 
 }  // namespace mla::test::dcp_layer

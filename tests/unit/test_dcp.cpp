@@ -372,3 +372,39 @@ TEST(DcpPlan, ContextSegmentsReassembleEveryChunk) {
 
 }  // namespace
 }  // namespace mla
+
+namespace mla {
+namespace {
+
+// dcp_localize_topk (the op) against the host filter plus the seq_len rule; bad input writes nothing.
+TEST(DcpLocalize, MatchesTheHostFilterAndRefusesBadInput) {
+  test::reseed(81);
+  const std::vector<int32_t> lens = {50, 3, 0, 200};
+  const std::vector<int32_t> req = {0, 3, 1, 2, 3, 7, -1};  // the last two name no request
+  std::vector<std::vector<int32_t>> idx(req.size());
+  std::uniform_int_distribution<int32_t> u(-3, 220);
+  for (auto& row : idx)
+    for (int k = 0; k < 37; ++k) row.push_back(u(test::rng()));
+  for (DcpLayout l : {DcpLayout{2, 1, 1}, DcpLayout{3, 0, 4}, DcpLayout{4, 3, 16}}) {
+    Tensor out = Tensor::empty({static_cast<int64_t>(req.size()), 37}, DType::i32);
+    dcp_localize_topk(test::int_tensor(req), test::int_tensor(lens), test::int_tensor_2d(idx), out, l);
+    const std::vector<int32_t> got = test::to_ints(out);
+    for (std::size_t t = 0; t < req.size(); ++t) {
+      std::vector<int32_t> want = idx[t];
+      const int32_t len = req[t] >= 0 && req[t] < 4 ? lens[static_cast<std::size_t>(req[t])] : 0;
+      for (int32_t& x : want)
+        if (x >= len) x = -1;
+      dcp_filter_topk(want, l);
+      for (std::size_t k = 0; k < want.size(); ++k) EXPECT_EQ(got[t * 37 + k], want[k]) << "t " << t << " k " << k;
+    }
+  }
+  Tensor idx_t = test::int_tensor_2d(idx), out = test::int_tensor_2d(std::vector<std::vector<int32_t>>(req.size(), std::vector<int32_t>(37, 77)));
+  const Tensor r = test::int_tensor(req), l = test::int_tensor(lens);
+  EXPECT_THROW(dcp_localize_topk(r, l, idx_t, out, {2, 2, 1}), Error);                 // rank out of range
+  EXPECT_THROW(dcp_localize_topk(r, l, idx_t, idx_t, {2, 0, 1}), Error);               // out aliases indices
+  EXPECT_THROW(dcp_localize_topk(test::int_tensor({0, 1}), l, idx_t, out, {2, 0, 1}), Error);  // req_id too short
+  for (int32_t v : test::to_ints(out)) EXPECT_EQ(v, 77);
+}
+
+}  // namespace
+}  // namespace mla

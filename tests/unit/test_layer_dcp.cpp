@@ -36,10 +36,16 @@ TEST(LayerDcp, RefusesMismatchedPlansAndConfigs) {
   EXPECT_THROW(cfg.validate(), Error);
   cfg.dcp = {2, 0, 3};  // interleave must divide the page size (16)
   EXPECT_THROW(cfg.validate(), Error);
+  // fp8_ds_mla sparse with 32 heads per rank would run prefills in the separate (upconvert) mode.
   cfg.dcp = {2, 0, 1};
   cfg.sparse = true;
+  cfg.cache_format = CacheFormat::fp8_ds_mla;
   cfg.dims.index_topk = 8;
-  EXPECT_THROW(cfg.validate(), Error);
+  cfg.dims.num_heads = 32;
+  EXPECT_NO_THROW(cfg.validate());
+  EXPECT_THROW(make_plan(BatchDesc{{0, 1, 5}, {11, 4}}, cfg), Error);
+  cfg.dims.num_heads = 16;  // mixed-batch mode: accepted
+  EXPECT_NO_THROW(make_plan(BatchDesc{{0, 1, 5}, {11, 4}}, cfg));
 
   // A DCP plan on a layer without a communicator, and the reverse: refused before anything is written.
   sc.reqs = {{10, 1}, {20, 1}};
