@@ -25,7 +25,9 @@
 //   bytes            cache rows read once (sparse: distinct rows) + rows written + weights used
 //                    (W_UK_T, W_UV 2*h*128*512*2 when there are MQA tokens; kv_b_proj h*256*512*2 with
 //                    prefills) + q, kv_c, k_pe, slots (+ topk indices) in + out
-// Each row is followed by the split of those counts and the floor max(bytes / copy, FLOPs / gemm).
+// Each row is followed by the split of those counts and the floor max(bytes / copy, FLOPs / gemm), and by
+// the step's phases (write_cache, decode.*, prefill.*, context.*: the layer's Context::phase_mark calls)
+// timed with stream events over a second series of runs (PhaseTimer).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -104,6 +106,93 @@ void fill_cache(const KVCache& c, uint64_t seed, void* stream) {
   else if (c.format == CacheFormat::fp8) fill_e4m3_codes(c.data, seed, stream);
   else fill_uniform(c.data, -1, 1, seed, stream);
 }
+
+// Per-phase times of a step from the layer's phase marks (Context::phase_mark): a stream event at every
+// mark; phase i lasts from mark i to mark i + 1; phases that repeat in one step (context chunks) are
+// summed. Runs are harvested at the start of the next one (time_ms synchronises after each timed run)
+// and by finish(); the first `skip` runs (time_ms's warm-up) are dropped.
+class PhaseTimer {
+ public:
+  PhaseTimer(void* stream, int skip) : stream_(static_cast<cudaStream_t>(stream)), skip_(skip) {}
+  ~PhaseTimer() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+  Context context(Context base) {
+    base.phase_mark = &PhaseTimer::on_mark;
+    base.phase_user = this;
+    return base;
+  }
+  void begin_run() {
+    harvest();
+    on_mark(this, "upload");
+  }
+  void finish() {
+    if (cudaStreamSynchronize(stream_) != cudaSuccess) throw Error("layer bench: phase run failed");
+    harvest();
+  }
+  // "name median_ms" per phase in first-seen order, and the median of the runs' sums.
+  std::string summary() const {
+    std::string r;
+    std::vector<float> total(runs_, 0.0f);
+    for (const auto& [name, ms] : phases_) {
+      std::vector<float> v = ms;
+      for (int i = 0; i < runs_; ++i) total[i] += v[i];
+      r += " " + name + " " + fmt_ms(median(v));
+    }
+    return r + "; sum " + fmt_ms(median(total));
+  }
+
+ private:
+  static void on_mark(void* self, const char* phase) {
+    auto* t = static_cast<PhaseTimer*>(self);
+    if (t->used_ == t->events_.size()) {
+      cudaEvent_t e;
+      if (cudaEventCreate(&e) != cudaSuccess) throw Error("layer bench: cudaEventCreate");
+      t->events_.push_back(e);
+    }
+    if (cudaEventRecord(t->events_[t->used_], t->stream_) != cudaSuccess) throw Error("layer bench: cudaEventRecord");
+    t->names_.resize(t->used_ + 1);
+    t->names_[t->used_++] = phase;
+  }
+  void harvest() {
+    if (used_ >= 2 && seen_++ >= skip_) {
+      std::map<std::string, float> run;
+      std::vector<std::string> order;
+      for (std::size_t i = 0; i + 1 < used_; ++i) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, events_[i], events_[i + 1]) != cudaSuccess) throw Error("layer bench: phase time");
+        if (!run.count(names_[i])) order.push_back(names_[i]);
+        run[names_[i]] += ms;
+      }
+      for (const std::string& n : order) {
+        auto it = std::find_if(phases_.begin(), phases_.end(), [&](const auto& p) { return p.first == n; });
+        if (it == phases_.end()) it = phases_.insert(phases_.end(), {n, std::vector<float>(runs_, 0.0f)});
+        it->second.push_back(run[n]);
+      }
+      ++runs_;
+      for (auto& p : phases_) p.second.resize(runs_, 0.0f);
+    }
+    used_ = 0;
+  }
+  static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n == 0 ? 0.0f : n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+  }
+  static std::string fmt_ms(float ms) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.3f", ms);
+    return buf;
+  }
+  cudaStream_t stream_;
+  int skip_, seen_ = 0, runs_ = 0;
+  std::vector<cudaEvent_t> events_;
+  std::vector<const char*> names_;
+  std::size_t used_ = 0;
+  std::vector<std::pair<std::string, std::vector<float>>> phases_;
+};
 
 // One layer per (format, sparse, h), built once: deriving W_UK_T / W_UV / kv_b_proj on the host takes
 // seconds at h = 128.
@@ -252,6 +341,16 @@ void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s) {
     layer.forward(plan, a, cb.cache, ws.view(), op);
   });
 
+  // The same step again with the layer's phase marks: per-phase medians (the marks add host work only).
+  PhaseTimer phases(ctx.stream(), ctx.options().warmup);
+  const Context marked = phases.context(op);
+  const double ms_marked = ctx.time_ms([&] {
+    phases.begin_run();
+    upload_step_metadata(plan, staging.view(), meta, marked);
+    layer.forward(plan, a, cb.cache, ws.view(), marked);
+  });
+  phases.finish();
+
   std::string label = s.label + " h=" + std::to_string(h) + " " + to_string(s.format);
   if (!s.sparse && !plan.context.chunks.empty()) label += " (" + std::to_string(plan.context.chunks.size()) + " chunks)";
   if (s.sparse && s.format == CacheFormat::fp8_ds_mla) label += plan.sparse_mixed_batch ? " mixed-batch" : " separate";
@@ -271,6 +370,8 @@ void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s) {
               cost.weights / 1e6, cost.activations / 1e6, std::max(t_bytes, t_flops),
               t_bytes >= t_flops ? "bytes" : "FLOPs", ms / std::max(std::max(t_bytes, t_flops), 1e-12),
               static_cast<double>(ws_bytes) / 1e6);
+  std::printf("    phases ms (median of %d, step with marks %.4f ms):%s\n", ctx.options().iters, ms_marked,
+              phases.summary().c_str());
   std::fflush(stdout);
 }
 

@@ -33,6 +33,15 @@ enum class Precision : uint8_t { fast = 0, reference = 1 };
 struct Context {
   void* stream = nullptr;
   Precision precision = Precision::fast;
+  // Optional phase marks, for profiling only: MlaAttention::forward calls mark(name) on the host after
+  // it has enqueued the previous phase's work and before the named phase's (names are static strings:
+  // "write_cache", "decode", "prefill.kv_b_proj", ...; "end" closes the step). The benchmark records a
+  // stream event there (bench/layer_bench.cu: per-phase times). nullptr: no calls.
+  void (*phase_mark)(void* user, const char* phase) = nullptr;
+  void* phase_user = nullptr;
+  void mark(const char* phase) const {
+    if (phase_mark) phase_mark(phase_user, phase);
+  }
 };
 
 // DeepSeek MLA dimensions for one tensor-parallel rank.

@@ -64,6 +64,7 @@ Partial attend_context(const Step& s, const TensorView& q, const TensorView& cu_
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     const ContextChunk& ch = chunks[c];
     if (ch.total == 0) continue;
+    s.ctx.mark("context.gather");
     const TensorView cu_k = s.meta_view(s.plan.metadata.chunk_cu[c], f.num_prefills + 1);
     const TensorView gathered = s.view(s.layout.gathered, act, {ch.total, d.d_qk()});
     if (s.plan.config.dcp.world_size > 1)
@@ -72,13 +73,16 @@ Partial attend_context(const Step& s, const TensorView& q, const TensorView& cu_
       gather_cache(s.cache, gathered, block_table, cu_k, s.meta_view(s.plan.metadata.chunk_starts[c], f.num_prefills),
                    s.ctx);
     const TensorView kv = s.view(s.layout.kv_ctx, act, {ch.total, hpv});
+    s.ctx.mark("context.kv_b_proj");
     gemm(gathered.slice(1, 0, d.L), s.layer.w_kv_b(), kv, 1.0f, 0.0f, s.ctx);
     const auto [k_nope, v] = split_kv(kv, d);
     const TensorView k_pe = broadcast_heads(gathered.slice(1, d.L, d.L + d.R), d.h);
     const Partial dst = acc(first ? 0 : 2);
+    s.ctx.mark("context.attention");
     mha_prefill(q, k_nope, k_pe, v, cu_q, cu_k, s.plan.max_prefill_query_len, ch.max_len, dst.out, dst.lse,
                 s.opt.dims.softmax_scale, /*causal=*/false, s.ctx);
     if (!first) {
+      s.ctx.mark("context.merge");
       const Partial prev = acc(cur), next = acc(1 - cur);
       merge_attn_states(next.out, next.lse, prev.out, prev.lse, dst.out, dst.lse, -1, 0.0f, s.ctx);
       cur = 1 - cur;
@@ -96,9 +100,11 @@ void run_dense_decode(const Step& s) {
   if (f.t_dec == 0) return;
   const TensorView q_abs = s.view(s.layout.q_abs, s.opt.dtype, {f.t_dec, d.h, d.d_qk()});
   const TensorView o_lat = s.view(s.layout.o_lat, s.opt.dtype, {f.t_dec, d.h, d.L});
+  s.ctx.mark("decode.absorb");
   absorb_queries(s, 0, f.t_dec, q_abs);
   TensorView scratch;
   if (s.layout.scratch.bytes > 0) scratch = s.view(s.layout.scratch, DType::u8, {s.layout.scratch.bytes});
+  s.ctx.mark("decode.attention");
   // The plan's decode schedule: one launch per run with the planned split count; everything else
   // comes from ForwardArgs (no metadata, no host sync).
   for (const DecodeRun& r : s.plan.decode.runs) {
@@ -117,6 +123,7 @@ void run_dense_decode(const Step& s) {
                o_lat.slice(0, t0, t1).reshape({b, r.s_q, d.h, d.L}), {}, s.opt.dims.softmax_scale, /*causal=*/true,
                scratch, s.ctx, r.num_splits);
   }
+  s.ctx.mark("decode.up_proj");
   up_project(s, o_lat, 0);
 }
 
@@ -129,12 +136,14 @@ void run_dense_prefill(const Step& s) {
   const double scale = s.opt.dims.softmax_scale;
   const TensorView q = s.args.q.slice(0, f.t_dec, f.t_act);
   const TensorView kv_new = s.view(s.layout.kv_new, act, {tp, d.h * (d.P + d.V)});
+  s.ctx.mark("prefill.kv_b_proj");
   gemm(s.args.kv_c.slice(0, f.t_dec, f.t_act), s.layer.w_kv_b(), kv_new, 1.0f, 0.0f, s.ctx);
   const auto [k_nope, v] = split_kv(kv_new, d);
   const TensorView k_pe = broadcast_heads(s.args.k_pe.slice(0, f.t_dec, f.t_act), d.h);
   const TensorView cu_q = s.meta_view(s.plan.metadata.prefill_qsl, f.num_prefills + 1);
   const int64_t max_q = s.plan.max_prefill_query_len;
   const TensorView out = s.out_rows(f.t_dec, f.t_act);
+  s.ctx.mark("prefill.causal");
   if (f.context_chunks == 0) {
     mha_prefill(q, k_nope, k_pe, v, cu_q, cu_q, max_q, max_q, out, {}, scale, /*causal=*/true, s.ctx);
     return;
@@ -142,6 +151,7 @@ void run_dense_prefill(const Step& s) {
   const Partial fresh{s.view(s.layout.o_new, act, {tp, d.h, d.V}), s.view(s.layout.lse_new, d.lse_dtype, {d.h, tp})};
   mha_prefill(q, k_nope, k_pe, v, cu_q, cu_q, max_q, max_q, fresh.out, fresh.lse, scale, /*causal=*/true, s.ctx);
   const Partial context = attend_context(s, q, cu_q);
+  s.ctx.mark("prefill.merge");
   merge_attn_states(out, {}, context.out, context.lse, fresh.out, fresh.lse, f.prefill_tokens_with_context, 0.0f,
                     s.ctx);
 }

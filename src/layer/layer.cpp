@@ -267,14 +267,17 @@ void MlaAttention::forward(const Plan& plan, const ForwardArgs& args, const KVCa
   const Step s{options_, *this, plan, args, cache, ctx, dims, std::move(facts), layout, workspace.data_as<uint8_t>(),
                meta};
   // 1. New tokens enter the cache first: decode and sparse prefill read them from there (§2.1).
+  ctx.mark("write_cache");
   if (args.slot_mapping.size(0) > 0)
     write_cache(args.kv_c, args.k_pe, args.slot_mapping, cache, options_.ds_scale, ctx);
   if (options_.sparse) {
+    ctx.mark("sparse");
     run_sparse(s);
   } else {
     run_dense_decode(s);
     run_dense_prefill(s);
   }
+  ctx.mark("end");
 }
 
 }  // namespace mla

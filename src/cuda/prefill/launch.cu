@@ -89,8 +89,15 @@ void run_portable(const dispatch::PrefillArgs& a) {
 dispatch::Table<dispatch::PrefillArgs>& dispatch::mha_prefill_table() {
   static Table<PrefillArgs> table(
       "mha_prefill",
-      {{{"sm90", 90, 90, "TMA + wgmma, warp-specialised (src/cuda/prefill_sm90): bf16, d_nope 128, d_rope 64, d_v 128"},
+      {{{"sm90", 90, 90,
+         "TMA + wgmma, warp-specialised (src/cuda/prefill_sm90): bf16, d_nope 128, d_rope 64, d_v 128; persistent "
+         "pairs of units for causal s_q <= 4096 with >= 2 units per SM, else one CTA per unit"},
         prefill_sm90::supports, prefill_sm90::run},
+       {{"sm90_1cta", 90, 90, "the sm90 kernel, always one CTA per unit (comparison)"}, prefill_sm90::supports,
+        prefill_sm90::run_one_per_cta},
+       {{"sm90_persist", 90, 90, "the sm90 kernel, always persistent (one CTA per SM over pairs of units) from 2 units "
+                                 "per SM (comparison)"},
+        prefill_sm90::supports, prefill_sm90::run_persistent},
        {{"sm90_nopp", 90, 90, "the sm90 kernel without the consumers' pingpong turns (comparison)"},
         prefill_sm90::supports, prefill_sm90::run_no_pingpong},
        {{"portable", 80, 0, "mma.sync engine: d_nope + d_rope <= 192, d_v <= 128"}, nullptr, run_portable}});

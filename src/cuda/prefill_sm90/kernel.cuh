@@ -56,22 +56,28 @@ inline constexpr int kConsumerBarrier = 1;  // named barrier of the two consumer
 
 __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-// The CTA's unit: request b, head h, query rows [m0, m0 + m_rows) of the request, key tiles
+// A unit of work: request b, head h, query rows [m0, m0 + m_rows) of the request, key tiles
 // [0, n_tiles); keys < n_full are visible to every row of the tile (mask-free tiles end there).
+// Unit x enumerates (request, head, query tile j) with j fastest. One unit per CTA (kPersistent
+// false): tile q_tiles - 1 - j, the largest causal tiles of a head first, and the hardware hands the
+// next CTA to the first free SM. Persistent: j runs zig-zag (q_tiles - 1, 0, q_tiles - 2, 1, ...) and a
+// CTA takes units in pairs (2i, 2i + 1), (2i + 2G, 2i + 2G + 1), ... (G = gridDim.x): a causal pair
+// (largest + smallest remaining tile of a head) costs q_tiles + 1 key tiles, so the static schedule
+// is balanced and neighbouring CTAs still share a head's K / V in L2.
 struct Unit {
   int64_t q_start, k_start;
   int h, sq, sk, m0, m_rows, n_tiles, n_full;
 
-  __device__ explicit Unit(const PrefillParams& p) {
+  __device__ Unit(const PrefillParams& p, int64_t x, bool zigzag) {
     using T = Traits;
-    const int64_t x = blockIdx.x;
-    const int qt = p.q_tiles - 1 - static_cast<int>(x % p.q_tiles);  // largest causal tiles first
+    const int j = static_cast<int>(x % p.q_tiles);
+    const int qt = !zigzag ? p.q_tiles - 1 - j : (j % 2 == 0 ? p.q_tiles - 1 - j / 2 : j / 2);
     h = static_cast<int>((x / p.q_tiles) % p.heads);
     const int64_t b = x / (static_cast<int64_t>(p.q_tiles) * p.heads);
-    q_start = clamp64(p.cu_q[b * p.cu_q_stride], 0, p.total_q);
-    const int64_t q_end = clamp64(p.cu_q[(b + 1) * p.cu_q_stride], q_start, p.total_q);
-    k_start = clamp64(p.cu_k[b * p.cu_k_stride], 0, p.total_k);
-    const int64_t k_end = clamp64(p.cu_k[(b + 1) * p.cu_k_stride], k_start, p.total_k);
+    q_start = clamp64(__ldg(p.cu_q + b * p.cu_q_stride), 0, p.total_q);
+    const int64_t q_end = clamp64(__ldg(p.cu_q + (b + 1) * p.cu_q_stride), q_start, p.total_q);
+    k_start = clamp64(__ldg(p.cu_k + b * p.cu_k_stride), 0, p.total_k);
+    const int64_t k_end = clamp64(__ldg(p.cu_k + (b + 1) * p.cu_k_stride), k_start, p.total_k);
     sq = static_cast<int>(q_end - q_start);
     sk = static_cast<int>(k_end - k_start);
     m0 = qt * T::kBlockM;
@@ -80,6 +86,19 @@ struct Unit {
     const int n_end = p.causal ? static_cast<int>(clamp64(int64_t(sk) - sq + m0 + m_rows, 0, sk)) : sk;
     n_full = p.causal ? static_cast<int>(clamp64(int64_t(sk) - sq + m0 + 1, 0, sk)) : sk;
     n_tiles = (n_end + T::kBlockN - 1) / T::kBlockN;
+  }
+  // Units with key tiles load Q and K / V; the rest are skipped (m_rows 0) or written empty.
+  __device__ bool loads() const { return m_rows > 0 && n_tiles > 0; }
+};
+
+// The CTA's sequence of units (see Unit): first(), then next(x) while below units.
+template <bool kPersistent>
+struct Schedule {
+  int64_t units;
+  __device__ int64_t first() const { return kPersistent ? 2 * static_cast<int64_t>(blockIdx.x) : blockIdx.x; }
+  __device__ int64_t next(int64_t x) const {
+    if constexpr (kPersistent) return (x & 1) ? x - 1 + 2 * static_cast<int64_t>(gridDim.x) : x + 1;
+    return units;
   }
 };
 
@@ -101,9 +120,9 @@ __device__ __forceinline__ void store_row(const PrefillParams& p, const Unit& u,
   }
 }
 
-// A unit without keys: out 0 and LSE -inf for its rows, by the whole CTA, before any barrier or load.
-__device__ __forceinline__ void write_empty_unit(const PrefillParams& p, const Unit& u) {
-  for (int e = threadIdx.x; e < u.m_rows * Traits::kDv; e += blockDim.x) {
+// A unit without keys: out 0 and LSE -inf for its rows, by threads tid of n (no barrier, no load).
+__device__ __forceinline__ void write_empty_unit(const PrefillParams& p, const Unit& u, int tid, int n) {
+  for (int e = tid; e < u.m_rows * Traits::kDv; e += n) {
     const int r = e / Traits::kDv, col = e % Traits::kDv;
     const int64_t t = u.q_start + u.m0 + r;
     p.out[t * p.out_stride_t + u.h * p.out_stride_h + col] = 0;
@@ -111,34 +130,57 @@ __device__ __forceinline__ void write_empty_unit(const PrefillParams& p, const U
   }
 }
 
-// Producer thread: Q, then K / V of key tiles n_tiles - 1 down to 0 into the stage ring.
-__device__ __forceinline__ void produce(const PrefillParams& p, const Unit& u, const CUtensorMap* q_map,
-                                       const CUtensorMap* kn_map, const CUtensorMap* kp_map, const CUtensorMap* v_map,
-                                       uint8_t* smem) {
+// The mbarriers (traits.cuh: kOffBar). q_full / k_full / v_full: one arrival + TMA bytes; q_empty /
+// k_empty / v_empty: the 256 consumer threads.
+struct Bars {
+  uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty;
+  __device__ explicit Bars(uint8_t* smem) {
+    uint64_t* b = reinterpret_cast<uint64_t*>(smem + Traits::kOffBar);
+    q_full = b;
+    q_empty = b + 1;
+    k_full = b + 2;
+    v_full = k_full + Traits::kStages;
+    k_empty = v_full + Traits::kStages;
+    v_empty = k_empty + Traits::kStages;
+  }
+};
+
+// Producer thread: for every unit of the CTA that has keys, Q (once the consumers' last S of the
+// previous unit has read the single Q buffer), then K / V of key tiles n_tiles - 1 down to 0 into the
+// stage ring, whose stages and parities run on over units (it counts key tiles loaded so far).
+template <bool kPersistent>
+__device__ __forceinline__ void produce(const PrefillParams& p, const Schedule<kPersistent>& sched,
+                                        const CUtensorMap* q_map, const CUtensorMap* kn_map,
+                                        const CUtensorMap* kp_map, const CUtensorMap* v_map, uint8_t* smem) {
   using T = Traits;
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
-  uint64_t *q_full = bar, *k_full = bar + 1, *v_full = k_full + T::kStages;
-  uint64_t *k_empty = v_full + T::kStages, *v_empty = k_empty + T::kStages;
-  const int32_t qrow = static_cast<int32_t>(u.q_start + u.m0);
-  const int32_t kp_head = p.kp_stride_h == 0 ? 0 : u.h;  // one shared rope row: the map has one head
-  ptx::mbar_arrive_expect_tx(q_full, T::kQBytes);
-  for (int c = 0; c < T::kQKPanels; ++c)
-    ptx::tma_load_3d(smem + T::kOffQ + c * T::kPanelBytes, q_map, q_full, c * T::kPanelCols, u.h, qrow);
-  for (int it = 0; it < u.n_tiles; ++it) {
-    const int stage = it % T::kStages;
-    const uint32_t parity = (it / T::kStages) & 1;
-    const int32_t krow = static_cast<int32_t>(u.k_start + (u.n_tiles - 1 - it) * T::kBlockN);
-    uint8_t* k = smem + T::kOffK + stage * T::kKBytes;
-    ptx::mbar_wait(&k_empty[stage], parity ^ 1);
-    ptx::mbar_arrive_expect_tx(&k_full[stage], T::kKBytes);
-    ptx::tma_load_3d(k, kn_map, &k_full[stage], 0, u.h, krow);
-    ptx::tma_load_3d(k + T::kPanelBytes, kn_map, &k_full[stage], T::kPanelCols, u.h, krow);
-    ptx::tma_load_3d(k + 2 * T::kPanelBytes, kp_map, &k_full[stage], 0, kp_head, krow);
-    uint8_t* v = smem + T::kOffV + stage * T::kVBytes;
-    ptx::mbar_wait(&v_empty[stage], parity ^ 1);
-    ptx::mbar_arrive_expect_tx(&v_full[stage], T::kVBytes);
-    ptx::tma_load_3d(v, v_map, &v_full[stage], 0, u.h, krow);
-    ptx::tma_load_3d(v + T::kPanelBytes, v_map, &v_full[stage], T::kPanelCols, u.h, krow);
+  const Bars bar(smem);
+  int it = 0, nu = 0;
+  for (int64_t x = sched.first(); x < sched.units; x = sched.next(x)) {
+    const Unit u(p, x, kPersistent);
+    if (!u.loads()) continue;
+    const int32_t qrow = static_cast<int32_t>(u.q_start + u.m0);
+    const int32_t kp_head = p.kp_stride_h == 0 ? 0 : u.h;  // one shared rope row: the map has one head
+    if (nu > 0) ptx::mbar_wait(bar.q_empty, (nu - 1) & 1);
+    ptx::mbar_arrive_expect_tx(bar.q_full, T::kQBytes);
+    for (int c = 0; c < T::kQKPanels; ++c)
+      ptx::tma_load_3d(smem + T::kOffQ + c * T::kPanelBytes, q_map, bar.q_full, c * T::kPanelCols, u.h, qrow);
+    for (int j = 0; j < u.n_tiles; ++j, ++it) {
+      const int stage = it % T::kStages;
+      const uint32_t parity = (it / T::kStages) & 1;
+      const int32_t krow = static_cast<int32_t>(u.k_start + (u.n_tiles - 1 - j) * T::kBlockN);
+      uint8_t* k = smem + T::kOffK + stage * T::kKBytes;
+      ptx::mbar_wait(&bar.k_empty[stage], parity ^ 1);
+      ptx::mbar_arrive_expect_tx(&bar.k_full[stage], T::kKBytes);
+      ptx::tma_load_3d(k, kn_map, &bar.k_full[stage], 0, u.h, krow);
+      ptx::tma_load_3d(k + T::kPanelBytes, kn_map, &bar.k_full[stage], T::kPanelCols, u.h, krow);
+      ptx::tma_load_3d(k + 2 * T::kPanelBytes, kp_map, &bar.k_full[stage], 0, kp_head, krow);
+      uint8_t* v = smem + T::kOffV + stage * T::kVBytes;
+      ptx::mbar_wait(&bar.v_empty[stage], parity ^ 1);
+      ptx::mbar_arrive_expect_tx(&bar.v_full[stage], T::kVBytes);
+      ptx::tma_load_3d(v, v_map, &bar.v_full[stage], 0, u.h, krow);
+      ptx::tma_load_3d(v + T::kPanelBytes, v_map, &bar.v_full[stage], T::kPanelCols, u.h, krow);
+    }
+    ++nu;
   }
 }
 
@@ -242,26 +284,35 @@ __device__ __forceinline__ void zero_v_tail(uint8_t* sv, int valid, int ct) {
 
 // kPingpong: the two consumer warpgroups take turns issuing their products (named barriers 2 and 3,
 // FA3's inter-warpgroup schedule), so that one warpgroup's softmax runs under the other's wgmmas.
-template <bool kPingpong>
+// kPersistent: gridDim.x <= #SMs CTAs loop over the units (Schedule); the next unit's Q and first
+// K / V tiles load while the current one finishes. Else one CTA per unit.
+template <bool kPingpong, bool kPersistent>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     mha_prefill_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kn_map,
                             const __grid_constant__ CUtensorMap kp_map, const __grid_constant__ CUtensorMap v_map,
-                            const PrefillParams p) {
+                            const PrefillParams p, const int64_t units) {
   using T = Traits;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = ptx::align_smem_1024(smem_raw);
-  const Unit u(p);
-  if (u.m_rows == 0) return;  // tile past the request's rows (uniform over the CTA)
-  if (u.n_tiles == 0) {
-    write_empty_unit(p, u);
-    return;
+  const Schedule<kPersistent> sched{units};
+  if constexpr (!kPersistent) {  // the CTA's one unit: without keys it exits before any barrier or load
+    const Unit u(p, blockIdx.x, false);
+    if (u.m_rows == 0) return;
+    if (u.n_tiles == 0) {
+      write_empty_unit(p, u, threadIdx.x, blockDim.x);
+      return;
+    }
   }
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
-  uint64_t *q_full = bar, *k_full = bar + 1, *v_full = k_full + T::kStages;
-  uint64_t *k_empty = v_full + T::kStages, *v_empty = k_empty + T::kStages;
+  const Bars bar(smem);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 1 + 2 * T::kStages; ++i) ptx::mbar_init(&bar[i], 1);
-    for (int i = 0; i < 2 * T::kStages; ++i) ptx::mbar_init(&k_empty[i], T::kConsumerThreads);
+    ptx::mbar_init(bar.q_full, 1);
+    ptx::mbar_init(bar.q_empty, T::kConsumerThreads);
+    for (int i = 0; i < T::kStages; ++i) {
+      ptx::mbar_init(&bar.k_full[i], 1);
+      ptx::mbar_init(&bar.v_full[i], 1);
+      ptx::mbar_init(&bar.k_empty[i], T::kConsumerThreads);
+      ptx::mbar_init(&bar.v_empty[i], T::kConsumerThreads);
+    }
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -273,7 +324,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::tma_prefetch_descriptor(&kn_map);
       ptx::tma_prefetch_descriptor(&kp_map);
       ptx::tma_prefetch_descriptor(&v_map);
-      produce(p, u, &q_map, &kn_map, &kp_map, &v_map, smem);
+      produce(p, sched, &q_map, &kn_map, &kp_map, &v_map, smem);
     }
     return;
   }
@@ -282,29 +333,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int c = ptx::warpgroup_index() - 1, ct = threadIdx.x - 128;
   const int w = ptx::warp_idx_in_warpgroup(), lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
   const int r_lo = 64 * c + 16 * w + g8;  // tile row of o[4j], o[4j + 1]; r_lo + 8: o[4j + 2], o[4j + 3]
-  Consumer cs;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int i = u.m0 + r_lo + 8 * hf;
-    cs.lim[hf] = i >= u.sq ? -1 : p.causal ? min(u.sk - u.sq + i, u.sk - 1) : u.sk - 1;
-  }
-#pragma unroll
-  for (int i = 0; i < T::kDv / 2; ++i) cs.o[i] = 0.0f;
   const uint8_t* sq = smem + T::kOffQ + c * 64 * 128;  // this warpgroup's 64 rows of each Q panel
   auto k_tile = [&](int stage) { return smem + T::kOffK + stage * T::kKBytes; };
   auto v_tile = [&](int stage) { return smem + T::kOffV + stage * T::kVBytes; };
-  auto needs_mask = [&](int tile) { return (tile + 1) * T::kBlockN > u.n_full; };
-  // The first-processed tile (key tile n_tiles - 1, stage 0) holds keys past the request when
-  // tail_valid < 128: its V rows from tail_valid on are zeroed before its P V (iteration 1, or the last).
-  const int tail_valid = u.sk - (u.n_tiles - 1) * T::kBlockN;
-  auto zero_tail_if = [&](bool first_v) {
-    if (first_v && tail_valid < T::kBlockN) {
-      ptx::mbar_wait(&v_full[0], 0);
-      zero_v_tail(v_tile(0), tail_valid, ct);
-    }
-  };
-  // Turns (kPingpong): warpgroup c issues after barrier 2 + c and hands over on the other's; warpgroup 1
-  // opens warpgroup 0's first turn and skips its hand-over after its last turn (arrivals match syncs).
+  const bool pairs = (reinterpret_cast<uintptr_t>(p.out) % 4 == 0) && p.out_stride_t % 2 == 0 && p.out_stride_h % 2 == 0;
+  // Turns (kPingpong): warpgroup c issues after barrier 2 + c and hands over on the other's; in every
+  // unit warpgroup 1 opens warpgroup 0's first turn and skips its hand-over after its last turn
+  // (arrivals match syncs unit by unit).
   auto turn_begin = [&] {
     if constexpr (kPingpong) ptx::named_barrier_sync(2 + c, T::kConsumerThreads);
   };
@@ -312,58 +347,92 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (kPingpong)
       if (!(last && c == 1)) ptx::named_barrier_arrive(2 + (1 - c), T::kConsumerThreads);
   };
-  if (kPingpong && c == 1) ptx::named_barrier_arrive(2, T::kConsumerThreads);
 
-  float s[T::kBlockN / 2];
-  float alpha[2];
-  ptx::mbar_wait(q_full, 0);
-  ptx::mbar_wait(&k_full[0], 0);
-  turn_begin();
-  Consumer::issue_s(s, sq, k_tile(0));
-  turn_end(false);
-  ptx::wgmma_wait_group<0>();
-  ptx::wgmma_fence_operand(s);
-  ptx::mbar_arrive(&k_empty[0]);
-  cs.softmax_tile(s, u.n_tiles - 1, needs_mask(u.n_tiles - 1), p.scale_log2, t4, alpha);
-  cs.to_pa(s);
+  int it0 = 0, nu = 0;  // key tiles and units consumed so far (ring stages and parities, as produce())
+  for (int64_t x = sched.first(); x < units; x = sched.next(x)) {
+    const Unit u(p, x, kPersistent);
+    if (u.m_rows == 0) continue;
+    if (u.n_tiles == 0) {
+      write_empty_unit(p, u, ct, T::kConsumerThreads);
+      continue;
+    }
+    Consumer cs;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = u.m0 + r_lo + 8 * hf;
+      cs.lim[hf] = i >= u.sq ? -1 : p.causal ? min(u.sk - u.sq + i, u.sk - 1) : u.sk - 1;
+    }
+#pragma unroll
+    for (int i = 0; i < T::kDv / 2; ++i) cs.o[i] = 0.0f;
+    auto stage_of = [&](int j) { return (it0 + j) % T::kStages; };
+    auto parity_of = [&](int j) { return static_cast<uint32_t>(((it0 + j) / T::kStages) & 1); };
+    auto needs_mask = [&](int tile) { return (tile + 1) * T::kBlockN > u.n_full; };
+    // The first-processed tile (key tile n_tiles - 1, j = 0) holds keys past the request when
+    // tail_valid < 128: its V rows from tail_valid on are zeroed before its P V (j = 1, or the last).
+    const int tail_valid = u.sk - (u.n_tiles - 1) * T::kBlockN;
+    auto zero_tail_if = [&](bool first_v) {
+      if (first_v && tail_valid < T::kBlockN) {
+        ptx::mbar_wait(&bar.v_full[stage_of(0)], parity_of(0));
+        zero_v_tail(v_tile(stage_of(0)), tail_valid, ct);
+      }
+    };
+    if (kPingpong && c == 1) ptx::named_barrier_arrive(2, T::kConsumerThreads);
 
-  for (int it = 1; it < u.n_tiles; ++it) {
-    const int stage = it % T::kStages, prev = (it - 1) % T::kStages, tile = u.n_tiles - 1 - it;
-    zero_tail_if(it == 1);
-    ptx::mbar_wait(&k_full[stage], (it / T::kStages) & 1);
-    ptx::mbar_wait(&v_full[prev], ((it - 1) / T::kStages) & 1);
+    float s[T::kBlockN / 2];
+    float alpha[2];
+    ptx::mbar_wait(bar.q_full, nu & 1);
+    ptx::mbar_wait(&bar.k_full[stage_of(0)], parity_of(0));
     turn_begin();
-    Consumer::issue_s(s, sq, k_tile(stage));
-    cs.issue_pv(v_tile(prev));
+    Consumer::issue_s(s, sq, k_tile(stage_of(0)));
     turn_end(false);
-    ptx::wgmma_wait_group<1>();
+    ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(s);
-    ptx::mbar_arrive(&k_empty[stage]);
-    cs.softmax_tile(s, tile, needs_mask(tile), p.scale_log2, t4, alpha);
+    ptx::mbar_arrive(&bar.k_empty[stage_of(0)]);
+    if (u.n_tiles == 1) ptx::mbar_arrive(bar.q_empty);  // the unit's last S has read Q
+    cs.softmax_tile(s, u.n_tiles - 1, needs_mask(u.n_tiles - 1), p.scale_log2, t4, alpha);
+    cs.to_pa(s);
+
+    for (int j = 1; j < u.n_tiles; ++j) {
+      const int stage = stage_of(j), prev = stage_of(j - 1), tile = u.n_tiles - 1 - j;
+      zero_tail_if(j == 1);
+      ptx::mbar_wait(&bar.k_full[stage], parity_of(j));
+      ptx::mbar_wait(&bar.v_full[prev], parity_of(j - 1));
+      turn_begin();
+      Consumer::issue_s(s, sq, k_tile(stage));
+      cs.issue_pv(v_tile(prev));
+      turn_end(false);
+      ptx::wgmma_wait_group<1>();
+      ptx::wgmma_fence_operand(s);
+      ptx::mbar_arrive(&bar.k_empty[stage]);
+      if (tile == 0) ptx::mbar_arrive(bar.q_empty);
+      cs.softmax_tile(s, tile, needs_mask(tile), p.scale_log2, t4, alpha);
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand(cs.o);
+      ptx::mbar_arrive(&bar.v_empty[prev]);
+      cs.rescale_o(alpha);
+      cs.to_pa(s);
+    }
+    const int last = stage_of(u.n_tiles - 1);
+    zero_tail_if(u.n_tiles == 1);
+    ptx::mbar_wait(&bar.v_full[last], parity_of(u.n_tiles - 1));
+    turn_begin();
+    cs.issue_pv(v_tile(last));
+    turn_end(true);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(cs.o);
-    ptx::mbar_arrive(&v_empty[prev]);
-    cs.rescale_o(alpha);
-    cs.to_pa(s);
-  }
-  const int last = (u.n_tiles - 1) % T::kStages;
-  zero_tail_if(u.n_tiles == 1);
-  ptx::mbar_wait(&v_full[last], ((u.n_tiles - 1) / T::kStages) & 1);
-  turn_begin();
-  cs.issue_pv(v_tile(last));
-  turn_end(true);
-  ptx::wgmma_wait_group<0>();
-  ptx::wgmma_fence_operand(cs.o);
+    ptx::mbar_arrive(&bar.v_empty[last]);
 
-  // Epilogue: full row sums, O / l, LSE.
-  const bool pairs = (reinterpret_cast<uintptr_t>(p.out) % 4 == 0) && p.out_stride_t % 2 == 0 && p.out_stride_h % 2 == 0;
+    // Epilogue: full row sums, O / l, LSE.
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    cs.st[hf].sum = softmax::quad_sum(cs.st[hf].sum);
-    const int i = u.m0 + r_lo + 8 * hf;
-    if (i >= u.sq) continue;
-    store_row(p, u, i, cs.o, hf, cs.st[hf].inv_sum(), t4, pairs);
-    if (p.lse && t4 == 0) p.lse[u.h * p.lse_stride_h + (u.q_start + i) * p.lse_stride_t] = cs.st[hf].lse();
+    for (int hf = 0; hf < 2; ++hf) {
+      cs.st[hf].sum = softmax::quad_sum(cs.st[hf].sum);
+      const int i = u.m0 + r_lo + 8 * hf;
+      if (i >= u.sq) continue;
+      store_row(p, u, i, cs.o, hf, cs.st[hf].inv_sum(), t4, pairs);
+      if (p.lse && t4 == 0) p.lse[u.h * p.lse_stride_h + (u.q_start + i) * p.lse_stride_t] = cs.st[hf].lse();
+    }
+    it0 += u.n_tiles;
+    ++nu;
   }
 }
 

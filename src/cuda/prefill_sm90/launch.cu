@@ -2,6 +2,7 @@
 // maps (q, k_nope, k_pe, v as [rows, heads, columns] with the views' strides), the grid.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -66,7 +67,11 @@ const char* supports(const dispatch::PrefillArgs& a) {
 
 namespace {
 
-template <bool kPingpong>
+// Schedules of run_kernel (kernel.cuh, Schedule): one CTA per unit, persistent pairs, or the choice by
+// unit count that the default variant makes.
+enum class Sched { one_per_cta, persistent, automatic };
+
+template <bool kPingpong, Sched kSched>
 void run_kernel(const dispatch::PrefillArgs& a) {
   using T = Traits;
   if (a.max_seqlen_q <= 0) return;  // no request has a query row
@@ -105,17 +110,31 @@ void run_kernel(const dispatch::PrefillArgs& a) {
   const CUtensorMap kn_map = map_of(a.k_nope, "mha_prefill (sm90): k_nope");
   const CUtensorMap kp_map = map_of(a.k_pe, "mha_prefill (sm90): k_pe");
   const CUtensorMap v_map = map_of(a.v, "mha_prefill (sm90): v");
-  const unsigned grid = grid_for(q_tiles * heads * batch, 1, "mha_prefill (sm90)");
-  auto kernel = mha_prefill_sm90_kernel<kPingpong>;
+  const int64_t units = q_tiles * heads * batch;
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device.index), "mha_prefill (sm90): SM count");
+  // Persistent pairs need two units per SM to fill the machine. Interleaved A/B on nvidia-h200
+  // (docs/PREFILL.md): causal with q tiles <= 32 (s_q <= 4096: short units, per-CTA start-up and the
+  // causal imbalance matter) gains 2-26%; s_q 16384 causal is within -1.5%, and non-causal loses 0-14%
+  // (a head's units run two by two on one CTA, so fewer CTAs share its K / V tiles in L2 at a time).
+  // `automatic` takes them exactly there.
+  const bool persistent =
+      units >= 2 * int64_t{sms} &&
+      (kSched == Sched::persistent || (kSched == Sched::automatic && a.causal && q_tiles <= 32));
+  const unsigned grid = persistent ? grid_for(std::min<int64_t>((units + 1) / 2, sms), 1, "mha_prefill (sm90)")
+                                   : grid_for(units, 1, "mha_prefill (sm90)");
+  auto kernel = persistent ? mha_prefill_sm90_kernel<kPingpong, true> : mha_prefill_sm90_kernel<kPingpong, false>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
              "mha_prefill (sm90): shared-memory limit");
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream_of(a.ctx)>>>(q_map, kn_map, kp_map, v_map, p);
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream_of(a.ctx)>>>(q_map, kn_map, kp_map, v_map, p, units);
   check_launch("mha_prefill (sm90)");
 }
 
 }  // namespace
 
-void run(const dispatch::PrefillArgs& a) { run_kernel<true>(a); }
-void run_no_pingpong(const dispatch::PrefillArgs& a) { run_kernel<false>(a); }
+void run(const dispatch::PrefillArgs& a) { run_kernel<true, Sched::automatic>(a); }
+void run_one_per_cta(const dispatch::PrefillArgs& a) { run_kernel<true, Sched::one_per_cta>(a); }
+void run_persistent(const dispatch::PrefillArgs& a) { run_kernel<true, Sched::persistent>(a); }
+void run_no_pingpong(const dispatch::PrefillArgs& a) { run_kernel<false, Sched::one_per_cta>(a); }
 
 }  // namespace mla::cuda::prefill_sm90

@@ -22,8 +22,8 @@ struct Traits {
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
-  static constexpr int kOffBar = kOffV + kStages * kVBytes;  // 212,992: q_full, k_full[2], v_full[2], k_empty[2], v_empty[2]
-  static constexpr int kBarriers = 1 + 4 * kStages;
+  static constexpr int kOffBar = kOffV + kStages * kVBytes;  // 212,992: q_full, q_empty, k_full[2], v_full[2], k_empty[2], v_empty[2]
+  static constexpr int kBarriers = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kBarriers * 8 + 1024;  // + slack to align the base to 1024
 
   // Register split (setmaxnreg): 24 * 128 + 2 * 240 * 128 = 65,536 = the SM's register file.

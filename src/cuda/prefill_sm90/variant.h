@@ -7,7 +7,12 @@ namespace mla::cuda::prefill_sm90 {
 
 // nullptr when the variant runs the launch; else why not (the portable variant runs it instead).
 const char* supports(const dispatch::PrefillArgs& a);
-void run(const dispatch::PrefillArgs& a);              // consumers take turns issuing (pingpong)
+// Consumers take turns issuing (pingpong). run: persistent pairs for causal launches with s_q <= 4096
+// and >= 2 units per SM, else one CTA per unit; run_one_per_cta / run_persistent force one schedule
+// (persistent needs >= 2 units per SM, else it runs one CTA per unit too).
+void run(const dispatch::PrefillArgs& a);
+void run_one_per_cta(const dispatch::PrefillArgs& a);
+void run_persistent(const dispatch::PrefillArgs& a);
 void run_no_pingpong(const dispatch::PrefillArgs& a);  // consumers issue independently
 
 }  // namespace mla::cuda::prefill_sm90
