@@ -9,8 +9,12 @@
 //                command line (--b --s-q --s-k --h-q --varlen --non-causal); or a named grid (--grid issue9).
 //                FLOPs causal = b*h*(s^2/2)*2*(192+128), non-causal = b*h*s_q*s_k*2*(192+128);
 //                bytes = q + k_nope + k_pe + v + out (+ lse), each once
-//   sparse_mqa:  T tokens x topk 2048 distinct cache rows (page 64), h 128 / 16, bf16 and fp8_ds_mla.
-//                FLOPs = 2*T*h*topk*(576+512); bytes = distinct rows * row_bytes + q + out
+//   sparse_mqa:  default: T tokens x topk 2048 distinct cache rows (page 64), h 128 / 16, bf16 and
+//                fp8_ds_mla; or one shape from the command line (--b = T tokens, --h-q, --topk, --format,
+//                --pool = cache rows the indices are drawn from, 0: T*topk rows, each read once); or a named
+//                grid (--grid issue8: issue 8's table with FlashMLA's times, h 16 / 32 x topk 512 / 1024 /
+//                2048, bf16 rows, the sparse prefill shapes). FLOPs = 2*T*h*topk*(576+512);
+//                bytes = distinct rows * row_bytes + q + out
 #include <cstdio>
 #include <random>
 #include <string>
@@ -38,6 +42,12 @@ Tensor device_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> 
   Tensor h = Tensor::empty(shape, DType::i32);
   std::copy(v.begin(), v.end(), static_cast<int32_t*>(h.data()));
   return h.to(dev);
+}
+
+// The named grids (--grid): each belongs to one op; the other ops run their default rows under it.
+void check_grid_name(const std::string& grid) {
+  if (!grid.empty() && grid != "issue7" && grid != "issue8" && grid != "issue9")
+    throw Error("mla bench: unknown grid '" + grid + "' (known: issue7, issue8, issue9)");
 }
 
 // One mqa_decode shape: b requests of `s_k` keys (varlen: uniform in [1, s_k], seeded), s_q queries,
@@ -120,9 +130,8 @@ void bench_decode(BenchContext& ctx) {
     cases.push_back({d.b, d.s_q, d.h, d.s_k, d.page, cache_format_from_string(d.format), d.varlen, 0, d.splits});
   } else if (grid == "issue7") {
     cases = issue7_grid();
-  } else if (!grid.empty() && grid != "issue9") {  // issue9 names mha_prefill shapes: default rows here
-    throw Error("mla bench: unknown grid '" + grid + "' (known: issue7, issue9)");
   } else {
+    check_grid_name(grid);  // another op's grid: the default rows here
     // Default rows: b 64 / 128 x s_k 4096, h 16 / 128, page 64, bf16 and fp8_ds_mla.
     const int64_t s_k = ctx.quick() ? 1024 : 4096;
     const std::vector<int64_t> batches = ctx.quick() ? std::vector<int64_t>{64} : std::vector<int64_t>{64, 128};
@@ -204,7 +213,7 @@ void bench_prefill(BenchContext& ctx) {
   } else if (grid == "issue9") {
     cases = issue9_grid();
   } else {
-    if (!grid.empty() && grid != "issue7") throw Error("mla bench: unknown grid '" + grid + "' (known: issue7, issue9)");
+    check_grid_name(grid);
     const int64_t div = ctx.quick() ? 4 : 1;
     cases = {{1, 4096 / div, 4096 / div, 128, true, false},
              {4, 2048 / div, 2048 / div, 16, true, false},
@@ -213,32 +222,97 @@ void bench_prefill(BenchContext& ctx) {
   for (const PrefillCase& c : cases) run_prefill_case(ctx, c);
 }
 
-void bench_sparse(BenchContext& ctx) {
+// One sparse_mqa shape: T tokens, h heads, topk indices per token drawn without repetition from `pool`
+// cache rows (page 64; pool 0: T * topk rows, a permutation, so every row is read once), no lengths.
+// flashmla_us > 0 is printed beside the row.
+struct SparseCase {
+  int64_t t, h, topk, pool;
+  CacheFormat format;
+  double flashmla_us;
+};
+
+void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   const Device dev = Device::cuda(ctx.device());
   const Context op = ctx.op_context();
-  const int64_t topk = 2048, page = 64;
-  const std::vector<int64_t> tokens = ctx.quick() ? std::vector<int64_t>{64} : std::vector<int64_t>{64, 128};
-  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
-    for (int64_t t : tokens) {
-      // T * topk distinct rows (a permutation of the whole cache): every index is read once.
-      const int64_t rows = t * topk;
-      CacheBuffer cb = allocate_cache(f, rows / page, page, dev);
-      fill_cache(cb.cache, 81, ctx.stream());
-      Tensor idx = device_i32(random_permutation(rows, 82), {t, topk}, dev);
-      for (int64_t h : {16, 128}) {
-        Tensor q = Tensor::empty({t, h, 576}, DType::bf16, dev);
-        fill_uniform(q, -1, 1, 83, ctx.stream());
-        Tensor out = Tensor::empty({t, h, 512}, DType::bf16, dev), lse = Tensor::empty({t, h}, DType::f32, dev);
-        const double ms = ctx.time_ms([&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, op); });
-        const double bytes = static_cast<double>(rows) * static_cast<double>(cache_entry_bytes(f)) +
-                             static_cast<double>(t) * h * (576 + 512) * 2.0;
-        const double flops = 2.0 * t * h * topk * (576 + 512);
-        ctx.report("sparse_mqa",
-                   "T=" + std::to_string(t) + " topk=2048 h=" + std::to_string(h) + " " + to_string(f), ms, bytes,
-                   flops, "FLOPs = 2*T*h*topk*(576+512); bytes = distinct rows*row_bytes + q + out");
+  constexpr int64_t page = 64;
+  const int64_t rows = ((c.pool > 0 ? c.pool : c.t * c.topk) + page - 1) / page * page;
+  if (c.topk > rows) throw Error("mla bench: sparse_mqa --topk larger than the --pool of cache rows");
+  CacheBuffer cb = allocate_cache(c.format, rows / page, page, dev);
+  fill_cache(cb.cache, 81, ctx.stream());
+  std::vector<int32_t> idx_host;
+  double distinct = 0;
+  if (c.pool == 0) {
+    idx_host = random_permutation(c.t * c.topk, 82);
+    distinct = static_cast<double>(c.t * c.topk);
+  } else {  // each token: topk distinct rows of the pool (a partial shuffle)
+    std::mt19937_64 g(82);
+    std::vector<int32_t> perm(static_cast<std::size_t>(rows));
+    std::vector<char> seen(static_cast<std::size_t>(rows), 0);
+    for (int64_t i = 0; i < rows; ++i) perm[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
+    for (int64_t tok = 0; tok < c.t; ++tok)
+      for (int64_t j = 0; j < c.topk; ++j) {
+        const auto k = static_cast<std::size_t>(std::uniform_int_distribution<int64_t>(j, rows - 1)(g));
+        std::swap(perm[static_cast<std::size_t>(j)], perm[k]);
+        idx_host.push_back(perm[static_cast<std::size_t>(j)]);
+        seen[static_cast<std::size_t>(perm[static_cast<std::size_t>(j)])] = 1;
       }
-    }
+    for (char v : seen) distinct += v;
   }
+  Tensor idx = device_i32(idx_host, {c.t, c.topk}, dev);
+  Tensor q = Tensor::empty({c.t, c.h, 576}, DType::bf16, dev);
+  fill_uniform(q, -1, 1, 83, ctx.stream());
+  Tensor out = Tensor::empty({c.t, c.h, 512}, DType::bf16, dev), lse = Tensor::empty({c.t, c.h}, DType::f32, dev);
+  double ms = 0;
+  try {
+    ms = ctx.time_ms([&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, op); });
+  } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
+    std::printf("  (skipped: %s)\n", e.what());
+    return;
+  }
+  const double bytes = distinct * static_cast<double>(cache_entry_bytes(c.format)) +
+                       static_cast<double>(c.t) * c.h * (576 + 512) * 2.0;
+  const double flops = 2.0 * c.t * c.h * c.topk * (576 + 512);
+  std::string cfg = "T=" + std::to_string(c.t) + " topk=" + std::to_string(c.topk) + " h=" + std::to_string(c.h) +
+                    (c.pool ? " pool=" + std::to_string(c.pool) : "") + " " + to_string(c.format) + " [" +
+                    last_variant("sparse_mqa") + "]";
+  if (c.flashmla_us > 0) {
+    char buf[48];
+    std::snprintf(buf, sizeof(buf), " FlashMLA %.0f us (x%.2f)", c.flashmla_us, ms * 1e3 / c.flashmla_us);
+    cfg += buf;
+  }
+  ctx.report("sparse_mqa", cfg, ms, bytes, flops, "FLOPs = 2*T*h*topk*(576+512); bytes = distinct rows*row_bytes + q + out");
+}
+
+// Issue 8's table (nvidia-h200 FlashMLA times from the issue: fp8_ds_mla, topk 2048, median, L2 flushed;
+// decode b = 128 tokens of s_q 1 = T 128), then h 16 / 32 x topk 512 / 1024 / 2048 (target: 85% of the
+// copy bandwidth), bf16 rows, and the sparse prefill shapes (bf16 kv, 4096 tokens over a pool of s_k rows).
+std::vector<SparseCase> issue8_grid() {
+  constexpr CacheFormat ds = CacheFormat::fp8_ds_mla, bf = CacheFormat::bf16;
+  std::vector<SparseCase> g = {{128, 128, 2048, 0, ds, 185}, {128, 64, 2048, 0, ds, 118}};
+  for (int64_t h : {16, 32})
+    for (int64_t topk : {512, 1024, 2048}) g.push_back({128, h, topk, 0, ds, 0});
+  for (int64_t h : {16, 128}) g.push_back({128, h, 2048, 0, bf, 0});
+  g.push_back({4096, 128, 2048, 8192, bf, 3546});
+  g.push_back({4096, 128, 2048, 131072, bf, 0});
+  return g;
+}
+
+void bench_sparse(BenchContext& ctx) {
+  const BenchOptions::DecodeShape& d = ctx.options().decode;
+  const std::string& grid = ctx.options().decode_grid;
+  std::vector<SparseCase> cases;
+  if (d.b > 0) {
+    cases.push_back({d.b, d.h, d.topk, d.pool, cache_format_from_string(d.format), 0});
+  } else if (grid == "issue8") {
+    cases = issue8_grid();
+  } else {
+    check_grid_name(grid);
+    const std::vector<int64_t> tokens = ctx.quick() ? std::vector<int64_t>{64} : std::vector<int64_t>{64, 128};
+    for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
+      for (int64_t t : tokens)
+        for (int64_t h : {16, 128}) cases.push_back({t, h, 2048, 0, f, 0});
+  }
+  for (const SparseCase& c : cases) run_sparse_case(ctx, c);
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ struct BenchOptions {
   // mqa_decode / mha_prefill shapes: decode.b > 0 benchmarks exactly that shape (each op reads the
   // fields it has); decode_grid names a fixed list of shapes of one op instead ("issue7": mqa_decode,
   // issue 7's table with FlashMLA's times beside ours, small batch, varlen, other head counts, page sizes
-  // and fp8 formats; "issue9": mha_prefill, issue 9's grid); the other ops run their default rows.
+  // and fp8 formats; "issue8": sparse_mqa, issue 8's table and more; "issue9": mha_prefill, issue 9's
+  // grid); the other ops run their default rows.
   // Neither: the default rows.
   struct DecodeShape {
     int64_t b = 0, s_q = 1, h = 16, s_k = 4096, page = 64;
@@ -27,6 +28,8 @@ struct BenchOptions {
                                   // s_q per request uniform in [1, s_q], s_k = s_q causal, else in [1, s_k])
     bool non_causal = false;      // mha_prefill: a non-causal context chunk instead of causal self-attention
     int splits = 0;               // KV splits per request (0: the planner's decode_num_splits)
+    int64_t topk = 2048;          // sparse_mqa: indices per token (b = tokens, h, format)
+    int64_t pool = 0;             // sparse_mqa: cache rows the indices are drawn from (0: b * topk, each read once)
   } decode;
   std::string decode_grid;
   int dcp = 0;                   // dcp: GPUs of the DCP group (0 = every GPU of the machine)

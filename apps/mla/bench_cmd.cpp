@@ -35,23 +35,28 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
                           for (const VariantInfo& v : list_variants(f)) s += (s.empty() ? "" : ", ") + f + ":" + v.name;
                         return s.empty() ? std::string("none in this build (no CUDA backend)") : s;
                       }());
-  cmd->add_option("--b", o.decode.b, "mqa_decode / mha_prefill: benchmark this one shape with b requests (with --s-q, --h-q, --s-k, --page, --format, --varlen, --non-causal)")
+  cmd->add_option("--b", o.decode.b, "mqa_decode / mha_prefill / sparse_mqa: benchmark this one shape with b requests (with --s-q, --h-q, --s-k, --page, --format, --varlen, --non-causal; sparse_mqa: b tokens, --h-q, --topk, --pool, --format)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--s-q", o.decode.s_q, "mqa_decode / mha_prefill shape: query tokens per request")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--h-q", o.decode.h, "mqa_decode / mha_prefill shape: query heads")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--h-q", o.decode.h, "mqa_decode / mha_prefill / sparse_mqa shape: query heads")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--s-k", o.decode.s_k, "mqa_decode / mha_prefill shape: keys per request (the longest, with --varlen)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--page", o.decode.page, "mqa_decode shape: cache page size")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--format", o.decode.format, "mqa_decode shape: cache format (bf16, fp8, fp8_ds_mla)")->capture_default_str();
+  cmd->add_option("--format", o.decode.format, "mqa_decode / sparse_mqa shape: cache format (bf16, fp8, fp8_ds_mla)")->capture_default_str();
   cmd->add_flag("--varlen", o.decode.varlen, "mqa_decode shape: seq_lens uniform in [1, s_k] instead of all s_k");
   cmd->add_flag("--non-causal", o.decode.non_causal, "mha_prefill shape: non-causal (a context chunk) instead of causal");
+  cmd->add_option("--topk", o.decode.topk, "sparse_mqa shape: indices per token")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
+  cmd->add_option("--pool", o.decode.pool, "sparse_mqa shape: cache rows the indices are drawn from (0: b * topk rows, each read once)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
   cmd->add_option("--splits", o.decode.splits, "mqa_decode shape: KV splits per request (0: the planner's policy)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--grid", o.decode_grid,
                   "A named list of shapes of one op instead of its default rows (issue7: mqa_decode, issue 7's table "
                   "with FlashMLA's times, small batch, varlen, h 8/32/64, page sizes, fp8 formats; issue9: mha_prefill, "
-                  "b 1/4 x s 1024/4096/16384 x h 16/128 causal and s_q 1024 x s_k 8192 non-causal)");
+                  "b 1/4 x s 1024/4096/16384 x h 16/128 causal and s_q 1024 x s_k 8192 non-causal; issue8: sparse_mqa, issue 8's "
+                  "table with FlashMLA's times, h 16/32 x topk 512/1024/2048, bf16 rows, sparse prefill 4096 tokens "
+                  "over 8192 / 131072 rows)");
   cmd->add_option("--dcp", o.dcp, "dcp: GPUs of the decode-context-parallel group (0: every GPU)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
+#include "mla/variants.h"
 #include "unit/layer_test_util.h"
 
 namespace mla::test::layer {
@@ -32,6 +34,23 @@ inline void expect_matches_oracle(const StepData& d, const std::vector<double>& 
                                                        << err_cpu << " at magnitude " << mag;
   const std::vector<double> g(gpu.begin(), gpu.begin() + n), r(oracle.out.begin(), oracle.out.begin() + n);
   EXPECT_LT(rel_l2(g, r), 1e-2) << what;
+}
+
+// Runs `body` once per sparse_mqa variant the device runs, forced, so that the layer's sparse path is
+// checked with each kernel; a variant that declines one of the scenario's launches (VariantUnsupported,
+// e.g. sm90 and an fp8 per-tensor cache) is skipped for that scenario, and the skip is printed.
+template <class Body>
+void per_sparse_variant(Body&& body) {
+  for (const VariantInfo& v : list_variants("sparse_mqa")) {
+    if (!variant_runs_on_device("sparse_mqa", v.name, 0)) continue;
+    SCOPED_TRACE("sparse_mqa variant " + v.name);
+    ForceVariant force("sparse_mqa", v.name);
+    try {
+      body();
+    } catch (const VariantUnsupported& e) {
+      std::printf("[ declined ] sparse_mqa %s: %s\n", v.name.c_str(), e.what());
+    }
+  }
 }
 
 // Sparse scenario of the GPU tests: V3 MHA dims (P = V = 128), page 64, three decodes of 2 tokens, a

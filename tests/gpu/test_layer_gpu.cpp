@@ -89,29 +89,32 @@ TEST(LayerGpu, WorkspaceBoundCoversRandomPlans) {
   }
 }
 
+// The sparse tests run once per sparse_mqa variant (per_sparse_variant).
 TEST(LayerGpu, SmallSparseBf16AndFp8Caches) {
   MLA_SKIP_WITHOUT_GPU();
-  run_and_compare(sparse_scenario(CacheFormat::bf16, 16, 64), "sparse bf16");
-  run_and_compare(sparse_scenario(CacheFormat::fp8, 16, 64), "sparse fp8");
+  per_sparse_variant([] { run_and_compare(sparse_scenario(CacheFormat::bf16, 16, 64), "sparse bf16"); });
+  per_sparse_variant([] { run_and_compare(sparse_scenario(CacheFormat::fp8, 16, 64), "sparse fp8"); });
 }
 
 TEST(LayerGpu, SparseDsMlaMixedBatch) {
   MLA_SKIP_WITHOUT_GPU();
-  const Scenario sc = sparse_scenario(CacheFormat::fp8_ds_mla, 16, 64);
-  ASSERT_TRUE(make_step(sc).plan.sparse_mixed_batch);
-  run_and_compare(sc, "fp8_ds_mla mixed");
+  for (int h : {16, 64}) {
+    const Scenario sc = sparse_scenario(CacheFormat::fp8_ds_mla, h, 64);
+    ASSERT_TRUE(make_step(sc).plan.sparse_mixed_batch);
+    per_sparse_variant([&] { run_and_compare(sc, h == 16 ? "fp8_ds_mla mixed h=16" : "fp8_ds_mla mixed h=64"); });
+  }
 }
 
 TEST(LayerGpu, SparseDsMlaSeparateMode) {
   MLA_SKIP_WITHOUT_GPU();
-  for (int h : {32, 128}) {
+  for (int h : {32, 128}) per_sparse_variant([&] {
     Scenario sc = sparse_scenario(CacheFormat::fp8_ds_mla, h, 100);
     sc.sparse_workspace_rows = 400;  // prefill sequences 70 + 250 fill one chunk, 100 starts a second
     const StepData d = make_step(sc);
     ASSERT_FALSE(d.plan.sparse_mixed_batch);
     ASSERT_GE(d.plan.sparse_chunks.size(), 2u);
     run_and_compare(sc, h == 32 ? "fp8_ds_mla separate h=32" : "fp8_ds_mla separate h=128");
-  }
+  });
 }
 
 }  // namespace

@@ -1,7 +1,12 @@
-// CUDA sparse_mqa against the CPU backend's float64 reference (DESIGN.md §5): every cache format, page
-// sizes 1/16/64, h in {1..128}, indices that are invalid (negative, >= num_slots), duplicated or cut off
-// by topk_length (the cut-off ones point at NaN rows, so a stray read shows), lonely tokens (out 0,
-// lse -inf), top-k 2048, a flat bf16 workspace as the key source and strided index rows.
+// CUDA sparse_mqa against the CPU backend's float64 reference (DESIGN.md §5), every registered variant:
+// every cache format, page sizes 1/16/64, h in {1..128} (3 and 24 included), top-k widths that are not
+// multiples of 64 (133, 192, 640, 2048), indices that are invalid (negative, >= num_slots), duplicated
+// or cut off by topk_length (the cut-off ones point at NaN rows, so a stray read shows), lonely tokens
+// (out 0, lse -inf), a flat bf16 workspace as the key source and strided index rows.
+//
+// The sm90 variant reads an fp8_ds_mla row as its bf16 upconvert (SEMANTICS §3.3: bf16(code * scale),
+// docs/SPARSE.md): its oracle is the float64 reference over the upconverted cache; the portable
+// variant keeps the codes exact and applies the scales in fp32, its oracle reads the fp8 cache.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -74,13 +79,32 @@ Indices make_indices(const SparseCache& c, int64_t t, int64_t topk, int64_t num_
   return ix;
 }
 
+// Whether `variant` reads `format` rows as their bf16 upconvert (the oracle must then too).
+bool reads_upconverted(const std::string& variant, CacheFormat format) {
+  return variant == "sm90" && format == CacheFormat::fp8_ds_mla;
+}
+
+// The bf16 upconvert of a host fp8_ds_mla cache, slot for slot (the CPU op of SEMANTICS §3.3).
+CacheBuffer upconverted(const KVCache& c) {
+  const int64_t nb = c.num_blocks(), page = c.page_size();
+  CacheBuffer u = test::nan_cache(CacheFormat::bf16, nb, page);
+  std::vector<int32_t> blocks;
+  for (int64_t b = 0; b < nb; ++b) blocks.push_back(static_cast<int32_t>(b));
+  Tensor table = test::int_tensor_2d({blocks});
+  const TensorView dst(u.storage.data(), DType::bf16, {nb * page, 576});
+  upconvert_ds_mla(c, dst, table, test::int_tensor({0}), {}, test::reference_ctx());
+  return u;
+}
+
 // Oracle (host) and GPU run with poisoned outputs; `indices` / `lengths` are host tensors. `act`: the
 // GPU's q / out dtype (q holds bf16 values, passed to the GPU converted: attention_gpu_util.h).
+// `oracle_cache`: the cache the reference reads (default: `cache`; see reads_upconverted).
 void check_sparse(const Tensor& q, const Tensor& cache_storage, const KVCache& cache, const TensorView& indices,
-                  const TensorView& lengths, int64_t dv, const std::string& what, DType act = DType::bf16) {
+                  const TensorView& lengths, int64_t dv, const std::string& what, DType act = DType::bf16,
+                  const KVCache* oracle_cache = nullptr) {
   const int64_t t = q.size(0), h = q.size(1);
   Tensor ref_out = test::poisoned({t, h, dv}, DType::f64), ref_lse = test::poisoned({t, h}, DType::f32);
-  sparse_mqa(q, cache, indices, lengths, ref_out, ref_lse, kScale, test::reference_ctx());
+  sparse_mqa(q, oracle_cache ? *oracle_cache : cache, indices, lengths, ref_out, ref_lse, kScale, test::reference_ctx());
 
   const Device gpu = Device::cuda(0);
   test::DeviceCache dc = test::to_device(cache_storage, cache);
@@ -97,32 +121,102 @@ void check_sparse(const Tensor& q, const Tensor& cache_storage, const KVCache& c
   test::expect_attention_close(out, ref_out, lse, ref_lse, what);
 }
 
+// check_sparse for `variant` (forced by the caller): the oracle reads what the variant reads.
+void check_variant(const std::string& variant, const Tensor& q, const CacheBuffer& cb, const TensorView& indices,
+                   const TensorView& lengths, const std::string& what) {
+  if (reads_upconverted(variant, cb.cache.format)) {
+    const CacheBuffer u = upconverted(cb.cache);
+    check_sparse(q, cb.storage, cb.cache, indices, lengths, 512, what, DType::bf16, &u.cache);
+  } else {
+    check_sparse(q, cb.storage, cb.cache, indices, lengths, 512, what);
+  }
+}
+
 using SweepParam = std::tuple<CacheFormat, int64_t /*page*/, int64_t /*h*/, std::string /*variant*/>;
 class SparseGpuSweep : public ::testing::TestWithParam<SweepParam> {};
 
+// 7 tokens (two lonely ones), top-k 133 (two full 64-key tiles and a partial one), random lengths.
 TEST_P(SparseGpuSweep, MatchesFloat64Oracle) {
   MLA_SKIP_WITHOUT_GPU();
   const auto [format, page, h, variant] = GetParam();
   MLA_FORCE_VARIANT("sparse_mqa", variant);
   test::reseed(static_cast<uint64_t>(page * 1000 + h) + static_cast<uint64_t>(format) * 100000 + 300);
-  const int64_t t = 7, topk = 100, nb = (400 + page - 1) / page;
+  const int64_t t = 7, topk = 133, nb = (400 + page - 1) / page;
   const SparseCache c = sparse_cache(format, nb, page);
   const Indices ix = make_indices(c, t, topk, nb * page);
   Tensor q = test::random_tensor({t, h, 576}, DType::bf16);
-  MLA_SKIP_IF_DECLINED(check_sparse(q, c.cb.storage, c.cb.cache, test::int_tensor_2d(ix.rows),
-                                    test::int_tensor(ix.lengths), 512, "sweep"));
+  MLA_SKIP_IF_DECLINED(check_variant(variant, q, c.cb, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths), "sweep"));
   test::expect_variant_ran("sparse_mqa", variant);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, SparseGpuSweep,
                          ::testing::Combine(::testing::ValuesIn(test::kAllFormats), ::testing::Values(1, 16, 64),
-                                            ::testing::Values(1, 8, 16, 32, 64, 128),
+                                            ::testing::Values(1, 3, 8, 16, 24, 32, 64, 100, 128),
                                             ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
                          [](const ::testing::TestParamInfo<SweepParam>& info) {
                            return std::string(to_string(std::get<0>(info.param))) + "_page" +
                                   std::to_string(std::get<1>(info.param)) + "_h" +
                                   std::to_string(std::get<2>(info.param)) + "_" + std::get<3>(info.param);
                          });
+
+using WidthParam = std::tuple<CacheFormat, int64_t /*topk*/, std::string /*variant*/>;
+class SparseGpuWidths : public ::testing::TestWithParam<WidthParam> {};
+
+// Top-k widths 1, 64, 192, 640 and 2048 at h 16 and 128, page 64, 5 tokens, with lengths (tokens 0-2
+// as in make_indices) and, at 2048, without (every entry up to topk counts; invalid values still never
+// read; dead rows replaced by live ones), peaky queries.
+TEST_P(SparseGpuWidths, MatchesFloat64Oracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [format, topk, variant] = GetParam();
+  MLA_FORCE_VARIANT("sparse_mqa", variant);
+  test::reseed(static_cast<uint64_t>(topk) + static_cast<uint64_t>(format) * 100000 + 301);
+  const int64_t t = 5, page = 64, nb = 80;
+  const SparseCache c = sparse_cache(format, nb, page);
+  for (int64_t h : {16, 128}) {
+    Indices ix = make_indices(c, t, topk, nb * page);
+    Tensor q = test::random_tensor({t, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
+    const std::string what = "topk " + std::to_string(topk) + " h " + std::to_string(h);
+    MLA_SKIP_IF_DECLINED(
+        check_variant(variant, q, c.cb, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths), what));
+    test::expect_variant_ran("sparse_mqa", variant);
+    if (topk == 2048) {
+      for (auto& row : ix.rows)
+        for (int32_t& v : row)
+          if (v >= 0 && v < nb * page && v % 2 == 1) v -= 1;
+      check_variant(variant, q, c.cb, test::int_tensor_2d(ix.rows), {}, what + " no lengths");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, SparseGpuWidths,
+                         ::testing::Combine(::testing::Values(CacheFormat::bf16, CacheFormat::fp8_ds_mla),
+                                            ::testing::Values(1, 64, 192, 640, 2048),
+                                            ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
+                         [](const ::testing::TestParamInfo<WidthParam>& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_topk" +
+                                  std::to_string(std::get<1>(info.param)) + "_" + std::get<2>(info.param);
+                         });
+
+// Many tokens (more CTAs than SMs at h 128: two waves; each token's entries spread over the whole cache) at
+// h 128 and 32, fp8_ds_mla and bf16, every variant.
+TEST(SparseGpu, ManyTokensEveryVariant) {
+  MLA_SKIP_WITHOUT_GPU();
+  for (const std::string& variant : test::variants_of("sparse_mqa")) {
+    if (!variant_runs_on_device("sparse_mqa", variant, 0)) continue;
+    ForceVariant force("sparse_mqa", variant);
+    for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
+      for (int64_t h : {32, 128}) {
+        test::reseed(320 + static_cast<uint64_t>(h));
+        const int64_t t = 150, topk = 128, page = 64, nb = 40;
+        const SparseCache c = sparse_cache(f, nb, page);
+        const Indices ix = make_indices(c, t, topk, nb * page);
+        Tensor q = test::random_tensor({t, h, 576}, DType::bf16);
+        check_variant(variant, q, c.cb, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths),
+                      variant + " " + to_string(f) + " h " + std::to_string(h));
+        test::expect_variant_ran("sparse_mqa", variant);
+      }
+  }
+}
 
 // f16 / f32 q and out (the engine is templated on the activation type), every cache format.
 TEST(SparseGpu, F16AndF32Activations) {
@@ -137,23 +231,6 @@ TEST(SparseGpu, F16AndF32Activations) {
       check_sparse(q, c.cb.storage, c.cb.cache, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths), 512,
                    std::string(to_string(f)) + " " + to_string(act), act);
     }
-  }
-}
-
-// DeepSeek V3.2 shape: top-k 2048 (64 key tiles), 128 heads, page 64, no topk_length (every entry up to
-// topk counts; invalid values still never read), peaky queries.
-TEST(SparseGpu, TopK2048NoLengths) {
-  MLA_SKIP_WITHOUT_GPU();
-  test::reseed(301);
-  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
-    const int64_t t = 3, topk = 2048, page = 64, nb = 80;
-    const SparseCache c = sparse_cache(f, nb, page);
-    Indices ix = make_indices(c, t, topk, nb * page);
-    for (auto& row : ix.rows)  // without lengths, dead rows would be read: replace them by live ones
-      for (int32_t& v : row)
-        if (v >= 0 && v < nb * page && v % 2 == 1) v -= 1;
-    Tensor q = test::random_tensor({t, 128, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
-    check_sparse(q, c.cb.storage, c.cb.cache, test::int_tensor_2d(ix.rows), {}, 512, to_string(f));
   }
 }
 

@@ -50,6 +50,7 @@
 #include "cuda/common/softmax.cuh"
 #include "cuda/decode_sm90/tile_io.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
+#include "cuda/decode_sm90/source.cuh"
 
 namespace mla::cuda::decode_sm90 {
 
@@ -68,6 +69,8 @@ struct SeesawTraits {
   static constexpr int kFullBarriers = kStages * T::kPanels;
   static constexpr int kEmptyBarriers = kStages * kGroups;
   static constexpr int kEmptyArrivals = 128;                        // one warpgroup releases a group
+  static constexpr int kPanelsPerFull = 1;                          // full[s][c]: panel c of stage s
+  __host__ __device__ static constexpr bool mask_barrier(int i) { return i % T::kPanels == T::kPanels - 1; }
   static constexpr int kSmemBytes = kOffBar + (kFullBarriers + kEmptyBarriers) * 8 + 1024;
   static_assert(kOffK % 1024 == 0 && kOffP % 1024 == 0, "swizzled tiles are 1024-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
@@ -79,11 +82,15 @@ struct SeesawTraits {
 // First panel of V half `h` (columns 256h..256h+255) and the panel order of the owner's S for stage s.
 __device__ __forceinline__ int half_panel(int h) { return 4 * h; }
 
-// Producer warp s: the tiles s, s + 2, ... of the unit into stage s, one release group at a time.
+// Producer warp w of stage s = w % 2 (paged: warps 0, 1; gathered: warps 0..3, part w / 2 of each tile):
+// the tiles s, s + 2, ... of the unit into stage s, one release group at a time.
+template <class Src>
 __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
-                                               uint8_t* smem, int s, int lane) {
+                                               uint8_t* smem, int warp, int lane) {
   using T = Traits;
   using L = SeesawTraits;
+  if (warp >= 2 * Src::kWarpsPerStage) return;
+  const int s = warp & 1, part = warp >> 1;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar) + s * T::kPanels;
   uint64_t* empty = reinterpret_cast<uint64_t*>(smem + L::kOffBar) + L::kFullBarriers + s * L::kGroups;
   uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask) + s;
@@ -91,26 +98,22 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
   for (int t = s; t < u.n_tiles; t += 2) {
     const uint32_t parity = (t / 2) & 1;
     const int k0 = u.key_begin + t * T::kBlockN;
-    const TileLoad tl(p, u, k0, lane);
-    const uint32_t bytes = tl.panel_bytes(p);
+    const typename Src::Tile tl(p, u, k0, part, lane);
     // Group 0: the rope panel (and the key mask, read by the owner after this panel's barrier).
     ptx::mbar_wait(&empty[0], parity ^ 1);
-    if (lane == 0) {
-      *mask = tl.mask;
-      ptx::mbar_arrive_expect_tx(&full[8], bytes);
-    }
+    tl.begin(mask, &full[8]);
+    tl.announce(p, &full[8], 1);
     __syncwarp();
-    tl.issue_panel(p, map, dst, &full[8], 8, k0, lane);
+    tl.panel(p, map, dst, &full[8], 8);
     // Groups 1 and 2: the owner's V half, then the other half.
 #pragma unroll 1
     for (int g = 1; g <= 2; ++g) {
       const int first = half_panel(g == 1 ? s : 1 - s);
       ptx::mbar_wait(&empty[g], parity ^ 1);
-      if (lane == 0)
-        for (int c = first; c < first + 4; ++c) ptx::mbar_arrive_expect_tx(&full[c], bytes);
+      for (int c = first; c < first + 4; ++c) tl.announce(p, &full[c], 1);
       __syncwarp();
 #pragma unroll 1
-      for (int c = first; c < first + 4; ++c) tl.issue_panel(p, map, dst, &full[c], c, k0, lane);
+      for (int c = first; c < first + 4; ++c) tl.panel(p, map, dst, &full[c], c);
     }
   }
 }
@@ -118,7 +121,7 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
 // One consumer warpgroup (C = 0: O_L, owner of stage 0; C = 1: O_R, owner of stage 1). Written per
 // consumer and per pair kind (both tiles present or only K0) so that every wgmma sequence is straight-line
 // code: accumulators merged across branches (phi nodes) make ptxas copy or spill them.
-template <int C>
+template <int C, class Src>
 struct SeesawConsumer {
   using T = Traits;
   using L = SeesawTraits;
@@ -199,9 +202,9 @@ struct SeesawConsumer {
                                 : row[col] | uint32_t(row[col + 1]) << 16;
       }
     const MqaRowParams& rp = p.rows;
-    ptx::mbar_wait(&fb[8], parity);
+    wait_full<Src>(&fb[8], parity);
     const uint64_t mask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask)[C];
-    if (mask != ~uint64_t(0)) {  // keys not loaded: zero them in every panel first
+    if (!Src::kZeroFilled && mask != ~uint64_t(0)) {  // keys not loaded: zero them in every panel first
       for (int pc = 0; pc < T::kPanels; ++pc) ptx::mbar_wait(&fb[pc], parity);
       zero_unloaded_rows(sK, mask, threadIdx.x & 127, 128);
       ptx::fence_proxy_async_smem();
@@ -219,7 +222,7 @@ struct SeesawConsumer {
       const int first = half_panel(hh == 0 ? C : 1 - C);
 #pragma unroll
       for (int pc = first; pc < first + 4; ++pc) {
-        ptx::mbar_wait(&fb[pc], parity);
+        wait_full<Src>(&fb[pc], parity);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           const int off = pc * T::kPanelBytes + ks * 32;
@@ -299,7 +302,7 @@ struct SeesawConsumer {
     constexpr int so = 1 - C;
     ptx::named_barrier_sync(C == 0 ? L::kBarP1 : L::kBarP0, T::kConsumerThreads);
     uint64_t* fb = full(so);
-    for (int pc = half_panel(C); pc < half_panel(C) + 4; ++pc) ptx::mbar_wait(&fb[pc], j & 1);
+    for (int pc = half_panel(C); pc < half_panel(C) + 4; ++pc) wait_full<Src>(&fb[pc], j & 1);
     const uint8_t* sP = smem + L::kOffP + so * T::kPanelBytes;
     const uint8_t* sV = stage_tile(so) + half_panel(C) * T::kPanelBytes;
     ptx::wgmma_fence_operand(o);
@@ -401,6 +404,8 @@ struct SeesawConsumer {
   }
 };
 
+// Src: the key source (source.cuh): PagedKeys (mqa_decode) or GatherKeys<F> (sparse_mqa).
+template <class Src>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_seesaw_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
   using T = Traits;
@@ -408,17 +413,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   const Unit u(p);
-  if (!start_roles<L>(p, &kv_map, u, smem, [&](int warp, int lane) {
-        if (warp < 2) produce_seesaw(p, &kv_map, u, smem, warp, lane);
-      }))
+  if (!start_roles<L, Src>(p, &kv_map, u, smem,
+                           [&](int warp, int lane) { produce_seesaw<Src>(p, &kv_map, u, smem, warp, lane); }))
     return;
   // Q columns 0..511 into 8 swizzled panels, by both consumers.
   load_q_panels(p.rows, u.g, u.row0, u.m_rows, T::kBlockM, L::kQPanels, T::kPanelBytes, smem + L::kOffQ, static_cast<int>(threadIdx.x) - 128,
                 T::kConsumerThreads);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  if (ptx::warpgroup_index() == 1) SeesawConsumer<0>(p, u, smem).run();
-  else SeesawConsumer<1>(p, u, smem).run();
+  if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src>(p, u, smem).run();
+  else SeesawConsumer<1, Src>(p, u, smem).run();
 }
 
 }  // namespace mla::cuda::decode_sm90

@@ -6,7 +6,8 @@
 //   O^T[512 x N]    += V^T P^T        8 x wgmma m64nNk16 x 4, A = V^T (the same tile, MN-major),
 //                                     B = P^T (bf16 [N rows][64 keys], K-major, this warpgroup's smem)
 //
-// Warp roles: warpgroup 0 is the producer (pipeline.cuh's produce); the consumer warpgroups c = 0, 1
+// Warp roles: warpgroup 0 is the producer (source.cuh's produce: TMA from warp 0, or gathering warps
+// s and s + 2 for stage s); the consumer warpgroups c = 0, 1
 // take alternate KV tiles (c, c + 2, ...: stage c) and run independent online softmaxes (their own
 // running max, sum and O^T: 4N fp32 registers) with no per-tile synchronisation between them; the row
 // max of a tile is reduced over its 64 keys = 4 warps through smem (named barrier 2 + c). The epilogue
@@ -31,6 +32,7 @@
 #include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
+#include "cuda/decode_sm90/source.cuh"
 #include "cuda/decode_sm90/tile_io.cuh"
 
 namespace mla::cuda::decode_sm90 {
@@ -51,13 +53,16 @@ struct SmallTraits {
   static constexpr int kOffBar = kOffMask + kStages * 8;    // full[2], empty[2]
   static constexpr int kEmptyArrivals = 128;                // one warpgroup releases a stage
   static constexpr int kFullBarriers = kStages, kEmptyBarriers = kStages;
+  static constexpr int kPanelsPerFull = T::kPanels;  // one full barrier per stage, carrying the key mask too
+  __host__ __device__ static constexpr bool mask_barrier(int) { return true; }
   static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8 + 1024;
   static_assert(kOffK % 1024 == 0 && kOffP % 1024 == 0, "swizzled tiles are 1024-byte aligned");
   static_assert(T::kDv * N * 4 <= T::kTileBytes, "the epilogue's O^T exchange fits one KV stage");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-template <int N>
+// Src: the key source (source.cuh): PagedKeys (mqa_decode) or GatherKeys<F> (sparse_mqa).
+template <int N, class Src>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_small_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
   using T = Traits;
@@ -68,9 +73,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
   const Unit u(p);
-  if (!start_roles<L>(p, &kv_map, u, smem, [&](int warp, int lane) {
-        if (warp == 0) produce<L>(p, &kv_map, u, smem, lane);
-      }))
+  if (!start_roles<L, Src>(p, &kv_map, u, smem,
+                           [&](int warp, int lane) { produce<L, Src>(p, &kv_map, u, smem, warp, lane); }))
     return;
   const int wg = ptx::warpgroup_index();
 
@@ -111,9 +115,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   for (int t = c; t < u.n_tiles; t += 2) {
     const uint32_t parity = (t / 2) & 1;
     const int k0 = u.key_begin + t * T::kBlockN;
-    ptx::mbar_wait(&full[c], parity);
+    wait_full<Src>(&full[c], parity);
     const uint64_t mask = sMask[c];
-    if (mask != ~uint64_t(0)) {  // keys not loaded: zero them before any wgmma reads the tile
+    if (!Src::kZeroFilled && mask != ~uint64_t(0)) {  // keys not loaded: zero them before any wgmma reads the tile
       zero_unloaded_rows(sK, mask, wt, 128);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(wg_bar, 128);

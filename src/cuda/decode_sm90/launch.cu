@@ -10,25 +10,10 @@
 #include "cuda/common/ptx/tensor_map.h"
 #include "cuda/decode/combine.h"
 #include "cuda/decode/traits.cuh"
-#include "cuda/decode_sm90/kernel_seesaw.cuh"
-#include "cuda/decode_sm90/kernel_small.cuh"
+#include "cuda/decode_sm90/launch_kernels.cuh"
 #include "cuda/decode_sm90/variant.h"
 
 namespace mla::cuda::decode_sm90 {
-namespace {
-
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-template <class Kernel>
-void launch(Kernel kernel, int smem, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
-            const DecodeSm90Params& p) {
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "mqa_decode (sm90): shared-memory limit");
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(map, p);
-  check_launch("mqa_decode (sm90)");
-}
-
-}  // namespace
 
 const char* supports(const dispatch::DecodeArgs& a) {
   const KVCache& c = a.cache;
@@ -65,15 +50,8 @@ void run(const dispatch::DecodeArgs& a) {
   p.seq_lens = static_cast<const int32_t*>(a.seq_lens.data);
   p.seq_lens_stride = a.seq_lens.stride[0];
   p.causal = a.causal ? 1 : 0;
-  // Up to 32 rows: one CTA per (split, request) with the rows as wgmma N (kernel_small.cuh); else
-  // 64-row tiles with the seesaw schedule (kernel_seesaw.cuh).
-  const int64_t m_rows = s_q * h_q;
-  // (32-row tiles of the small kernel for more rows measured slower: docs/DECODE.md.)
-  const int small_n = m_rows <= 8 ? 8 : m_rows <= 16 ? 16 : m_rows <= 32 ? 32 : 0;
-  p.tile_rows = small_n ? small_n : Traits::kBlockM;
-  p.m_tiles = static_cast<int32_t>((m_rows + p.tile_rows - 1) / p.tile_rows);
-  p.out_pairs = aligned(a.out.data, 4) && a.out.stride[0] % 2 == 0 && a.out.stride[1] % 2 == 0 &&
-                a.out.stride[2] % 2 == 0 && a.out.stride[3] == 1;
+  set_row_tiles(p, s_q * h_q);
+  p.out_pairs = out_pairs(a.out);
 
   // Split-KV as planned (fewer when the workspace holds fewer), the portable family's layout.
   int splits = std::max(1, std::min(a.num_splits, decode::kMaxSplits));
@@ -108,12 +86,7 @@ void run(const dispatch::DecodeArgs& a) {
   const CUtensorMap map = ptx::make_tensor_map(t, "mqa_decode (sm90)");
 
   const unsigned grid = grid_for(int64_t{p.m_tiles} * b * splits, 1, "mqa_decode (sm90)");
-  switch (small_n) {
-    case 8: launch(decode_sm90_small_kernel<8>, SmallTraits<8>::kSmemBytes, grid, stream, map, p); break;
-    case 16: launch(decode_sm90_small_kernel<16>, SmallTraits<16>::kSmemBytes, grid, stream, map, p); break;
-    case 32: launch(decode_sm90_small_kernel<32>, SmallTraits<32>::kSmemBytes, grid, stream, map, p); break;
-    default: launch(decode_sm90_seesaw_kernel, SeesawTraits::kSmemBytes, grid, stream, map, p); break;
-  }
+  launch_kernel<PagedKeys>(p, grid, stream, map, "mqa_decode (sm90)");
   if (splits > 1) {
     DecodeParams cp{};
     cp.rows = p.rows;

@@ -1,6 +1,8 @@
 #pragma once
-// Launch parameters of the sm90 mqa_decode family (POD, host-includable). Strides in elements. The KV
-// tiles are read through a TMA tensor map passed beside these params (launch.cu builds it).
+// Launch parameters of the sm90 attention kernels over a latent cache (POD, host-includable): mqa_decode
+// (paged keys through a TMA tensor map passed beside these params, launch.cu builds it) and sparse_mqa
+// (each token's top-k rows gathered by the producer warps, `gather` below; launch_sparse.cu). Strides in
+// elements unless named _bytes.
 #include <cstdint>
 
 #include "cuda/common/mqa_params.h"
@@ -24,6 +26,20 @@ struct DecodeSm90Params {
   int32_t out_pairs;           // 1 when out rows can take 4-byte (bf16x2) stores
   float* ws_lse;               // [b, num_splits, s_q * h_q] partial LSE (num_splits > 1)
   float* ws_o;                 // [b, num_splits, s_q * h_q, 512] partial O / l (num_splits > 1)
+  // Gathered key source (sparse_mqa: a "request" g is a token, s_q = 1, causal 0; block_table / seq_lens
+  // unused). Key j of token g is flat cache row idx = indices[g * indices_stride + j], read only when
+  // j < len(g) and 0 <= idx < num_slots; len(g) = topk_length[g] clamped to [0, topk], or topk.
+  struct Gather {
+    const uint8_t* cache;          // row idx at (idx / page_size) * stride_block_bytes + (idx % page_size) * stride_row_bytes
+    int64_t stride_block_bytes, stride_row_bytes;  // multiples of 16 (launch_sparse.cu declines others)
+    int64_t num_slots;             // num_blocks * page_size (< 2^31)
+    int32_t page_size;
+    int32_t topk;
+    const int32_t* indices;        // [T, topk] (inner stride 1)
+    int64_t indices_stride;
+    const int32_t* topk_length;    // [T] or nullptr
+    int64_t topk_length_stride;
+  } gather;
 };
 
 }  // namespace mla::cuda

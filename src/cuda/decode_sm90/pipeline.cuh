@@ -1,10 +1,12 @@
 #pragma once
 // Pieces shared by the sm90 decode kernels (kernel_seesaw.cuh: 64-row tiles, kernel_small.cuh: <= 32 rows):
-// the CTA's unit of work and the producer warp that streams KV tiles with TMA.
+// the CTA's unit of work, its start (barriers, role split). The key sources (TMA pages, gathered rows)
+// and their producer loops: source.cuh.
 #include <cuda.h>
 
 #include <cstdint>
 
+#include "cuda/common/ptx/cp_async.cuh"
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/common/ptx/smem.cuh"
 #include "cuda/common/ptx/setmaxnreg.cuh"
@@ -33,8 +35,14 @@ struct Unit {
     split = static_cast<int>(rest % p.num_splits);
     g = rest / p.num_splits;
     m_rows = p.rows.s_q * p.rows.h_q;
-    const int64_t cap = p.max_blocks * p.page_size;
-    const int64_t len = p.seq_lens[g * p.seq_lens_stride];
+    int64_t len, cap;
+    if (p.gather.indices != nullptr) {  // sparse: the token's valid length of its index row
+      cap = p.gather.topk;
+      len = p.gather.topk_length != nullptr ? p.gather.topk_length[g * p.gather.topk_length_stride] : cap;
+    } else {
+      cap = p.max_blocks * p.page_size;
+      len = p.seq_lens[g * p.seq_lens_stride];
+    }
     seq_len = static_cast<int>(len < 0 ? 0 : len > cap ? cap : len);
     const int tiles = (seq_len + Traits::kBlockN - 1) / Traits::kBlockN;
     const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
@@ -73,77 +81,6 @@ __device__ __forceinline__ void write_empty_unit(const DecodeSm90Params& p, cons
   }
 }
 
-// Which keys of the 64-key tile starting at k0 the producer loads: boxes j = lane, lane + 32 (first
-// key k0 + j * box_rows) with their page ids, the number of boxes loaded, and the 64-bit mask of loaded
-// keys (pages outside [0, num_blocks) and keys past the unit's range are not loaded).
-struct TileLoad {
-  int64_t blk[2];
-  bool load[2];
-  int loaded;
-  uint64_t mask;
-
-  __device__ TileLoad(const DecodeSm90Params& p, const Unit& u, int k0, int lane) {
-    const int32_t* table = p.block_table + u.g * p.block_table_stride;
-    const int br = p.box_rows, boxes = Traits::kBlockN / br;
-    auto page_of = [&](int key) -> int64_t {  // block id of key's page, -1 when not loadable
-      if (key >= u.key_end) return -1;
-      const int64_t b = table[key / p.page_size];
-      return b >= 0 && b < p.num_blocks ? b : -1;
-    };
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = lane + 32 * h;
-      blk[h] = j < boxes ? page_of(k0 + j * br) : -1;
-      load[h] = blk[h] >= 0;
-    }
-    loaded = __popc(__ballot_sync(0xffffffffu, load[0])) + __popc(__ballot_sync(0xffffffffu, load[1]));
-    const uint32_t lo = __ballot_sync(0xffffffffu, page_of(k0 + lane) >= 0);
-    const uint32_t hi = __ballot_sync(0xffffffffu, page_of(k0 + lane + 32) >= 0);
-    mask = static_cast<uint64_t>(hi) << 32 | lo;
-  }
-  // Bytes one 64-column panel of the tile receives.
-  __device__ uint32_t panel_bytes(const DecodeSm90Params& p) const {
-    return static_cast<uint32_t>(loaded * p.box_rows * 128);
-  }
-  // This lane's TMA boxes of panel `c` (64 columns) into the tile at `dst`, completing on `bar`.
-  __device__ void issue_panel(const DecodeSm90Params& p, const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int c,
-                              int k0, int lane) const {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!load[h]) continue;
-      const int j = lane + 32 * h, key = k0 + j * p.box_rows;
-      ptx::tma_load_3d(dst + c * Traits::kPanelBytes + j * p.box_rows * 128, map, bar, c * Traits::kPanelCols,
-                       key % p.page_size, static_cast<int32_t>(blk[h]));
-    }
-  }
-};
-
-// Producer warp of the kernels with one full / one empty barrier per stage (layout L: kOffK, kOffMask,
-// kOffBar = full[kStages] then empty[kStages]): tile `it` of the unit into stage it % kStages.
-template <class L>
-__device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
-                                        uint8_t* smem, int lane) {
-  using T = Traits;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
-  uint64_t* empty = full + L::kStages;
-  uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
-  for (int it = 0; it < u.n_tiles; ++it) {
-    const int stage = it % L::kStages;
-    const uint32_t parity = (it / L::kStages) & 1;
-    const int k0 = u.key_begin + it * T::kBlockN;
-    const TileLoad tl(p, u, k0, lane);
-    ptx::mbar_wait(&empty[stage], parity ^ 1);
-    if (lane == 0) {
-      mask[stage] = tl.mask;
-      ptx::mbar_arrive_expect_tx(&full[stage], T::kPanels * tl.panel_bytes(p));
-    }
-    __syncwarp();
-    uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
-#pragma unroll 1
-    for (int c = 0; c < T::kPanels; ++c) tl.issue_panel(p, map, dst, &full[stage], c, k0, lane);
-  }
-}
-
 // Shared-memory base of the CTA rounded up to 1024 bytes (128-byte-swizzled tiles need it; the kernels
 // request 1 KiB of slack).
 // The result is `raw` plus an offset, not an integer cast back to a pointer, so that the compiler keeps
@@ -154,11 +91,12 @@ __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
 }
 
 // Units without keys are written by write_empty_unit and get false. Otherwise initialises layout L's
-// barriers (kFullBarriers with 1 arrival + the TMA bytes, then kEmptyBarriers with kEmptyArrivals, from
-// kOffBar), then splits the roles: warpgroup 0 gives registers back, runs produce(warp, lane) and gets
-// false (the kernel returns); the consumer warpgroups take the registers and get true. (setmaxnreg: one
-// branch per warpgroup role; the kernels are __launch_bounds__(384, 1).)
-template <class L, class Produce>
+// barriers (kFullBarriers, each with the arrivals key source Src makes on it per phase: full barrier i
+// carries L::kPanelsPerFull panels and, when L::mask_barrier(i), the tile's key mask; then kEmptyBarriers
+// with kEmptyArrivals, from kOffBar), then splits the roles: warpgroup 0 gives registers back, runs
+// produce(warp, lane) and gets false (the kernel returns); the consumer warpgroups take the registers and
+// get true. (setmaxnreg: one branch per warpgroup role; the kernels are __launch_bounds__(384, 1).)
+template <class L, class Src, class Produce>
 __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
                                             uint8_t* smem, Produce&& produce_fn) {
   if (u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
@@ -167,18 +105,24 @@ __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUt
   }
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < L::kFullBarriers; ++i) ptx::mbar_init(&bars[i], 1);
+    for (int i = 0; i < L::kFullBarriers; ++i)
+      ptx::mbar_init(&bars[i], Src::full_arrivals(L::kPanelsPerFull, L::mask_barrier(i)));
     for (int i = 0; i < L::kEmptyBarriers; ++i) ptx::mbar_init(&bars[L::kFullBarriers + i], L::kEmptyArrivals);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
   if (ptx::warpgroup_index() == 0) {
-    ptx::setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) ptx::tma_prefetch_descriptor(map);
+    ptx::setmaxnreg_dec<Src::kProducerRegs>();
+    if constexpr (Src::kTma)
+      if (threadIdx.x == 0) ptx::tma_prefetch_descriptor(map);
     produce_fn(ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
+    if constexpr (!Src::kTma) {  // no thread leaves with its cp.async copies in flight
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<0>();
+    }
     return false;
   }
-  ptx::setmaxnreg_inc<232>();
+  ptx::setmaxnreg_inc<Src::kConsumerRegs>();
   return true;
 }
 

@@ -6,6 +6,7 @@
 #include "cuda/common/launch.h"
 #include "cuda/common/mqa_launch.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/decode_sm90/variant.h"
 #include "cuda/dispatch/families.h"
 #include "cuda/sparse/kernel.cuh"
 
@@ -54,8 +55,12 @@ void run_portable(const dispatch::SparseArgs& a) {
 // Variants best first (variant_table.h).
 dispatch::Table<dispatch::SparseArgs>& dispatch::sparse_mqa_table() {
   static Table<SparseArgs> table(
-      "sparse_mqa", {{{"portable", 80, 0, "mma.sync MQA engine: every cache format, any top-k and h_q"}, nullptr,
-                      run_portable}});
+      "sparse_mqa",
+      {{{"sm90", 90, 90,
+         "gathering producer + wgmma (src/cuda/decode_sm90, docs/SPARSE.md): bf16 and fp8_ds_mla caches, d_qk 576, "
+         "d_v 512, bf16 q / out"},
+        decode_sm90::supports_sparse, decode_sm90::run_sparse},
+       {{"portable", 80, 0, "mma.sync MQA engine: every cache format, any top-k and h_q"}, nullptr, run_portable}});
   return table;
 }
 

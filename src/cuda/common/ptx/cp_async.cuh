@@ -15,6 +15,12 @@ namespace mla::cuda::ptx {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
 }
+// 16-byte copy of which only the first `src_bytes` (0 or 16 here) are read; the rest of the 16 shared
+// bytes are zero-filled. src_bytes 0 reads nothing (gmem must still be a valid-looking global address).
+__device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
 // Closes this thread's current group of cp.async copies (an empty group is legal and counts).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One GPU call for the sm90 sparse_mqa work (docs/SPARSE.md): build (mla, mla_gpu_tests), SASS / register
+# check of the sm90 kernels, the sparse + decode + NaN + sparse layer GPU tests (every variant), memcheck
+# on the sparse tests, the issue-8 benchmark grid for the sm90 variant (portable on a few rows).
+# Usage on the device machine, from the repo root: scripts/sparse_sm90_check.sh [build] [sass] [test] [sanitize] [bench]
+# Logs go to $OUT (or ./gpu-logs). Env: TEST_FILTER, SAN_FILTER, BENCH_ARGS, PORTABLE_ARGS.
+set -u
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; B=build-gpu; rc=0
+ARGS=" $* "
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+if [[ "$ARGS" == *" build "* ]]; then
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_WITH_PYTHON=OFF >"$OUT/cmake.log" 2>&1 &&
+    ninja -C $B -j16 mla mla_gpu_tests >"$OUT/build.log" 2>&1 || { grep -E 'error|FAILED' "$OUT/build.log" | head -40; exit 1; }
+  echo "build ok"
+fi
+if [[ "$ARGS" == *" sass "* ]]; then
+  for f in launch_sparse launch; do
+    O=$B/CMakeFiles/mla_cuda.dir/src/cuda/decode_sm90/$f.cu.o
+    scripts/sass_summary.sh "$O" decode_sm90 | tee "$OUT/sass_$f.txt"
+  done
+fi
+if [[ "$ARGS" == *" test "* ]]; then
+  timeout ${TEST_TIMEOUT:-300} ./$B/bin/mla_gpu_tests --gtest_brief=1 \
+    --gtest_filter="${TEST_FILTER:-*Sparse*:*Decode*:*NaN*:LayerGpu.*Sparse*:LayerGraph*:*Ptx*}" >"$OUT/tests.log" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|declined" "$OUT/tests.log" | sort | uniq -c | sort -rn | head -40
+  grep -B2 -A10 "Failure" "$OUT/tests.log" | head -80
+fi
+if [[ "$ARGS" == *" sanitize "* ]]; then
+  for tool in ${SAN_TOOLS:-memcheck}; do
+    timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests --gtest_brief=1 \
+      --gtest_filter="${SAN_FILTER:-All/SparseGpuSweep.*page16_h*:All/SparseGpuSweep.*page1_h3_*:All/SparseGpuWidths.*topk192*:AttentionNaNGpu.Sparse*}" \
+      >"$OUT/san_$tool.log" 2>&1; echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED' "$OUT/san_$tool.log" | tr '\n' ' ')"
+  done
+fi
+if [[ "$ARGS" == *" bench "* ]]; then
+  timeout ${BENCH_TIMEOUT:-200} ./$B/bin/mla bench --ops ceilings,sparse_mqa ${BENCH_ARGS:---grid issue8} \
+    --json "$OUT/bench_sm90.json" >"$OUT/bench_sm90.txt" 2>&1 || rc=1
+  grep -E "sparse_mqa|T=|copy|gemm|FAILED|rror" "$OUT/bench_sm90.txt" | cut -c1-170
+  timeout 120 ./$B/bin/mla bench --ops sparse_mqa --variant portable ${PORTABLE_ARGS:---b 128 --h-q 128 --format fp8_ds_mla} \
+    --json "$OUT/bench_portable.json" >"$OUT/bench_portable.txt" 2>&1 || rc=1
+  grep -E "T=|FAILED|rror" "$OUT/bench_portable.txt" | cut -c1-170
+fi
+exit $rc

@@ -1,0 +1,53 @@
+#pragma once
+// Host side shared by the sm90 launchers (launch.cu: mqa_decode, launch_sparse.cu: sparse_mqa): the row
+// tiling (which kernel takes a problem) and the launch of the chosen kernel for a key source.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/launch.h"
+#include "cuda/decode_sm90/kernel_seesaw.cuh"
+#include "cuda/decode_sm90/kernel_small.cuh"
+
+namespace mla::cuda::decode_sm90 {
+
+inline bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Sets p.tile_rows and p.m_tiles for m_rows query rows per request: up to 32 rows, one CTA per (split,
+// request) with the rows as wgmma N (kernel_small.cuh, N 8 / 16 / 32); else 64-row tiles with the seesaw
+// schedule (kernel_seesaw.cuh). (32-row tiles of the small kernel for more rows measured slower:
+// docs/DECODE.md.)
+inline void set_row_tiles(DecodeSm90Params& p, int64_t m_rows) {
+  p.tile_rows = m_rows <= 8 ? 8 : m_rows <= 16 ? 16 : m_rows <= 32 ? 32 : Traits::kBlockM;
+  p.m_tiles = static_cast<int32_t>((m_rows + p.tile_rows - 1) / p.tile_rows);
+}
+
+// 1 when out [groups, (s_q,) h_q, d_v] (bf16) rows take 4-byte stores: even strides, aligned base.
+inline int32_t out_pairs(const TensorView& out) {
+  bool ok = aligned(out.data, 4) && out.stride[out.ndim - 1] == 1;
+  for (int d = 0; d + 1 < out.ndim; ++d) ok = ok && out.stride[d] % 2 == 0;
+  return ok ? 1 : 0;
+}
+
+template <class Kernel>
+void launch_one(Kernel kernel, int smem, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
+                const DecodeSm90Params& p, const char* what) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(map, p);
+  check_launch(what);
+}
+
+// The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests).
+template <class Src>
+void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
+                   const char* what) {
+  switch (p.tile_rows) {
+    case 8: launch_one(decode_sm90_small_kernel<8, Src>, SmallTraits<8>::kSmemBytes, grid, stream, map, p, what); break;
+    case 16: launch_one(decode_sm90_small_kernel<16, Src>, SmallTraits<16>::kSmemBytes, grid, stream, map, p, what); break;
+    case 32: launch_one(decode_sm90_small_kernel<32, Src>, SmallTraits<32>::kSmemBytes, grid, stream, map, p, what); break;
+    default: launch_one(decode_sm90_seesaw_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what); break;
+  }
+}
+
+}  // namespace mla::cuda::decode_sm90

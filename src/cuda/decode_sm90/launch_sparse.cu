@@ -1,0 +1,71 @@
+// Launcher of the sm90 sparse_mqa variant: the sm90 decode kernels (kernel_small.cuh for h_q <= 32,
+// kernel_seesaw.cuh for more heads) with the gathering key source (source.cuh, GatherKeys): a token is
+// one "request" of s_q = 1 whose keys are its top-k cache rows. One CTA per (row tile, token), no
+// split over top-k (the workspace-free op has nowhere to put partials), graph-capturable (no host sync).
+// Algorithm, roles, shared memory and measurements: docs/SPARSE.md.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cuda/common/launch.h"
+#include "cuda/common/mqa_launch.h"
+#include "cuda/decode_sm90/launch_kernels.cuh"
+#include "cuda/decode_sm90/variant.h"
+
+namespace mla::cuda::decode_sm90 {
+
+const char* supports_sparse(const dispatch::SparseArgs& a) {
+  const KVCache& c = a.kv;
+  if (c.format != CacheFormat::bf16 && c.format != CacheFormat::fp8_ds_mla)
+    return "bf16 and fp8_ds_mla caches only (fp8 per-tensor: not yet)";
+  if (c.d_qk != Traits::kDqk || a.q.size(2) != Traits::kDqk) return "d_qk must be 576";
+  if (a.out.size(2) != Traits::kDv) return "d_v must be 512";
+  if (a.q.dtype != DType::bf16 || a.out.dtype != DType::bf16) return "bf16 q and out only";
+  const int64_t eb = static_cast<int64_t>(c.data.element_size());
+  if (!aligned(c.data.data, 16) || c.data.stride[2] != 1 || (c.data.stride[1] * eb) % 16 != 0 ||
+      (c.data.stride[0] * eb) % 16 != 0)
+    return "cache rows must be contiguous with 16-byte aligned base and strides (16-byte copies)";
+  if (c.num_blocks() * c.page_size() > INT32_MAX) return "more than 2^31 cache rows";
+  if (a.indices.stride[1] != 1) return "index rows must be contiguous";
+  if (a.q.size(1) > (int64_t(1) << 30) || a.indices.size(1) > (int64_t(1) << 30)) return "h_q or topk too large";
+  return nullptr;
+}
+
+void run_sparse(const dispatch::SparseArgs& a) {
+  const TensorView& q = a.q;
+  const KVCache& c = a.kv;
+  const int64_t t = q.size(0), h_q = q.size(1);
+  DeviceGuard guard(q.device);
+  cudaStream_t stream = stream_of(a.ctx);
+
+  DecodeSm90Params p{};
+  p.rows = mqa::make_row_params(q, a.out, a.lse, /*has_i=*/false, a.softmax_scale);
+  p.num_splits = 1;
+  set_row_tiles(p, h_q);
+  p.out_pairs = out_pairs(a.out);
+  DecodeSm90Params::Gather& g = p.gather;
+  const int64_t eb = static_cast<int64_t>(c.data.element_size());
+  g.cache = static_cast<const uint8_t*>(c.data.data);
+  g.stride_block_bytes = c.data.stride[0] * eb;
+  g.stride_row_bytes = c.data.stride[1] * eb;
+  g.num_slots = c.num_blocks() * c.page_size();
+  g.page_size = static_cast<int32_t>(c.page_size());
+  g.topk = static_cast<int32_t>(a.indices.size(1));
+  g.indices = static_cast<const int32_t*>(a.indices.data);
+  g.indices_stride = a.indices.stride[0];
+  if (a.topk_length.defined()) {
+    g.topk_length = static_cast<const int32_t*>(a.topk_length.data);
+    g.topk_length_stride = a.topk_length.stride[0];
+  }
+
+  CUtensorMap unused;  // the gathering kernels issue no TMA
+  std::memset(&unused, 0, sizeof(unused));
+  const unsigned grid = grid_for(int64_t{p.m_tiles} * t, 1, "sparse_mqa (sm90)");
+  if (c.format == CacheFormat::bf16)
+    launch_kernel<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, "sparse_mqa (sm90)");
+  else
+    launch_kernel<GatherKeys<CacheFormat::fp8_ds_mla>>(p, grid, stream, unused, "sparse_mqa (sm90)");
+}
+
+}  // namespace mla::cuda::decode_sm90

@@ -1,0 +1,253 @@
+#pragma once
+// Key sources of the sm90 kernels (kernel_small.cuh, kernel_seesaw.cuh take one as a template
+// parameter): where the nine 64-column panels of a 64-key tile come from. Both fill the same layout,
+// the 128-byte-swizzled K-major panels TMA writes (row r, 16-byte chunk c of a panel at r * 128 +
+// ((c ^ (r % 8)) << 4), swz() in pipeline.cuh), which the consumers' wgmma descriptors read.
+//
+//   PagedKeys       mqa_decode: TMA boxes of the paged cache through the block table (one producer warp
+//                   per stage; the consumers zero the keys that were not loaded).
+//   GatherKeys<F>   sparse_mqa: key j of token g is cache row indices[g][j]. Two producer warps per stage,
+//                   32 keys each, a lane pair per key row (Tile). F = bf16: cp.async 16 B straight into the swizzled panel; invalid keys
+//                   (index < 0 or >= num_slots, position >= the token's length) are zero-filled by the
+//                   copy itself (src-size 0: nothing is read). F = fp8_ds_mla (656-byte records): the
+//                   latent codes go through registers (16-byte loads), times their tile's fp32 scale,
+//                   rounded to bf16 (the §3.3 upconvert: bf16(float(code) * scale)), stored swizzled;
+//                   the bf16 rope by cp.async. No staging copy in global memory.
+//
+// Interface (PagedKeys / GatherKeys):
+//   kTma                 the source issues TMA (the tensor map is real)
+//   kWarpsPerStage       producer warps streaming one stage (tile parts)
+//   kZeroFilled          keys that were not loaded arrive as zeros (else the consumer zero-fills them)
+//   kProducerRegs, kConsumerRegs   the setmaxnreg split of the producer / consumer warpgroups
+//   kGenericWrites       shared memory is written by the generic proxy (cp.async, st.shared): a consumer
+//                        issues fence.proxy.async after each full-barrier wait, before its wgmma reads
+//   full_arrivals(n, m)  arrivals per phase of a full barrier carrying n panels (m: and the key mask)
+//   Tile(p, u, k0, part, lane)          this warp's part of the tile at key k0
+//     begin(mask, bar)   publishes the tile's loaded-key mask (u64 per stage) before `bar` completes
+//     announce(bar, n)   n panels will complete on bar (TMA: the transaction bytes)
+//     panel(p, map, dst, bar, c)        loads panel c of the tile at dst, completing on bar
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/common/convert.cuh"
+#include "cuda/common/ptx/cp_async.cuh"
+#include "cuda/common/ptx/fence.cuh"
+#include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/mma_sync.cuh"
+#include "cuda/common/ptx/tma.cuh"
+#include "cuda/decode_sm90/pipeline.cuh"
+#include "mla/cache_format.h"
+
+namespace mla::cuda::decode_sm90 {
+
+// Paged cache through the block table, TMA boxes of 64 columns x min(page, 64) rows.
+struct PagedKeys {
+  static constexpr bool kTma = true;
+  static constexpr int kWarpsPerStage = 1;
+  static constexpr bool kZeroFilled = false;
+  static constexpr bool kGenericWrites = false;
+  __host__ __device__ static constexpr int full_arrivals(int, bool) { return 1; }  // one arrive.expect_tx
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+  // Which keys of the 64-key tile starting at k0 the producer loads: boxes j = lane, lane + 32 (first
+  // key k0 + j * box_rows) with their page ids, the number of boxes loaded, and the 64-bit mask of
+  // loaded keys (pages outside [0, num_blocks) and keys past the unit's range are not loaded).
+  struct Tile {
+    int64_t blk[2];
+    bool load[2];
+    int loaded, k0, lane;
+    uint64_t mask;
+
+    __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0_, int /*part*/, int lane_) : k0(k0_), lane(lane_) {
+      const int32_t* table = p.block_table + u.g * p.block_table_stride;
+      const int br = p.box_rows, boxes = Traits::kBlockN / br;
+      auto page_of = [&](int key) -> int64_t {  // block id of key's page, -1 when not loadable
+        if (key >= u.key_end) return -1;
+        const int64_t b = table[key / p.page_size];
+        return b >= 0 && b < p.num_blocks ? b : -1;
+      };
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = lane + 32 * h;
+        blk[h] = j < boxes ? page_of(k0 + j * br) : -1;
+        load[h] = blk[h] >= 0;
+      }
+      loaded = __popc(__ballot_sync(0xffffffffu, load[0])) + __popc(__ballot_sync(0xffffffffu, load[1]));
+      const uint32_t lo = __ballot_sync(0xffffffffu, page_of(k0 + lane) >= 0);
+      const uint32_t hi = __ballot_sync(0xffffffffu, page_of(k0 + lane + 32) >= 0);
+      mask = static_cast<uint64_t>(hi) << 32 | lo;
+    }
+    __device__ void begin(uint64_t* mask_slot, uint64_t*) const {
+      if (lane == 0) *mask_slot = mask;  // released by announce's arrive
+    }
+    // Bytes of n panels of the tile; one arrival with them.
+    __device__ void announce(const DecodeSm90Params& p, uint64_t* bar, int n) const {
+      if (lane == 0) ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(n * loaded * p.box_rows * 128));
+    }
+    // This lane's TMA boxes of panel `c` (64 columns) into the tile at `dst`, completing on `bar`.
+    __device__ void panel(const DecodeSm90Params& p, const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int c) const {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!load[h]) continue;
+        const int j = lane + 32 * h, key = k0 + j * p.box_rows;
+        ptx::tma_load_3d(dst + c * Traits::kPanelBytes + j * p.box_rows * 128, map, bar, c * Traits::kPanelCols,
+                         key % p.page_size, static_cast<int32_t>(blk[h]));
+      }
+    }
+  };
+};
+
+// Eight e4m3 codes (byte i = code i) times `scale`, each rounded to bf16: one 16-byte chunk.
+__device__ __forceinline__ uint4 e4m3x8_scaled_to_bf16(uint32_t w0, uint32_t w1, float scale) {
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = dev::e4m3x2_to_float2(static_cast<uint16_t>((i < 2 ? w0 : w1) >> (16 * (i & 1))));
+    o[i] = ptx::pack_bf16x2(f.x * scale, f.y * scale);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// Top-k rows gathered through the token's index row (sparse_mqa). F: bf16 or fp8_ds_mla.
+template <CacheFormat F>
+struct GatherKeys {
+  static_assert(F == CacheFormat::bf16 || F == CacheFormat::fp8_ds_mla, "gathered formats: bf16, fp8_ds_mla");
+  using Fmt = CacheFormatTraits<F>;
+  static constexpr bool kTma = false;
+  static constexpr int kWarpsPerStage = 2;
+  static constexpr bool kZeroFilled = true;
+  static constexpr bool kGenericWrites = true;
+  // setmaxnreg split (P + 2 C = 504, the 168 x 3 of __launch_bounds__(384, 1)): the dequantising producer
+  // needs more than 40 (it spilled at 40), the consumers then get 224.
+  static constexpr int kProducerRegs = F == CacheFormat::bf16 ? 40 : 56;
+  static constexpr int kConsumerRegs = F == CacheFormat::bf16 ? 232 : 224;
+  static constexpr int kScaleOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::scale_offset(512)) : 0;
+  static constexpr int kRopeOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::rope_offset(512)) : 1024;
+  static_assert(F != CacheFormat::fp8_ds_mla || (kScaleOffset == 512 && kRopeOffset == 528), "fp8_ds_mla record");
+  // Per panel every lane of both warps arrives once; the mask barrier also gets one plain arrival per
+  // warp (lane 0, after publishing its half of the mask: a release the cp.async arrivals do not give).
+  __host__ __device__ static constexpr int full_arrivals(int panels, bool mask) {
+    return 32 * kWarpsPerStage * panels + (mask ? kWarpsPerStage : 0);
+  }
+
+  // Warp `part` of a stage owns keys k0 + 32 part .. + 31. Lane l reads the index of key 32 part + l;
+  // the copies go by lane pairs: lanes 2k, 2k + 1 copy key rows k and k + 16 of the part, half a panel
+  // row (64 bytes of bf16) each.
+  struct Tile {
+    const uint8_t* cache;
+    int64_t off[2];      // byte offsets of this lane's two copy rows (valid ones only)
+    uint32_t mask32;     // loaded keys of the part
+    int part, lane;
+
+    __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_) : part(part_), lane(lane_) {
+      const DecodeSm90Params::Gather& gp = p.gather;
+      cache = gp.cache;
+      const int key = k0 + 32 * part + lane;
+      int64_t o = 0;
+      bool ok = false;
+      if (key < u.key_end) {
+        const int32_t idx = gp.indices[u.g * gp.indices_stride + key];
+        ok = idx >= 0 && idx < gp.num_slots;
+        if (ok) o = (idx / gp.page_size) * gp.stride_block_bytes + (idx % gp.page_size) * gp.stride_row_bytes;
+      }
+      mask32 = __ballot_sync(0xffffffffu, ok);
+      off[0] = __shfl_sync(0xffffffffu, o, lane >> 1);
+      off[1] = __shfl_sync(0xffffffffu, o, (lane >> 1) + 16);
+    }
+    __device__ void begin(uint64_t* mask_slot, uint64_t* bar) const {
+      if (lane == 0) {
+        reinterpret_cast<uint32_t*>(mask_slot)[part] = mask32;
+        ptx::mbar_arrive(bar);
+      }
+    }
+    __device__ void announce(const DecodeSm90Params&, uint64_t*, int) const {}
+
+    // 64 bytes of each of this lane's two rows, from byte `col` of the row, into the swizzled panel dp.
+    __device__ void copy_panel(uint8_t* dp, int col) const {
+      const int sub = lane & 1;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int k = (lane >> 1) + 16 * h, r = 32 * part + k;
+        const bool ok = (mask32 >> k) & 1;
+        const uint8_t* src = ok ? cache + off[h] + col : cache;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int ch = 4 * sub + i;
+          ptx::cp_async_16_zfill(dp + swz(r, ch), src + (ok ? 16 * ch : 0), ok ? 16u : 0u);
+        }
+      }
+    }
+
+    __device__ void panel(const DecodeSm90Params&, const CUtensorMap*, uint8_t* dst, uint64_t* bar, int c) const {
+      uint8_t* dp = dst + c * Traits::kPanelBytes;
+      const int sub = lane & 1;
+      if (F == CacheFormat::bf16 || c == Traits::kPanels - 1) {  // bf16 bytes (all, or the rope): copy
+        copy_panel(dp, F == CacheFormat::bf16 ? c * 128 : kRopeOffset);
+        ptx::cp_async_arrive_mbarrier(bar);
+      } else if constexpr (F == CacheFormat::fp8_ds_mla) {  // latent: 32 codes per lane and row -> 4 bf16 chunks
+        // One row at a time (two 16-byte loads in flight per lane; both rows at once spilled at 56 / 224).
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int k = (lane >> 1) + 16 * h, r = 32 * part + k;
+          const bool ok = (mask32 >> k) & 1;
+          const uint8_t* src = cache + off[h];
+          uint4 raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+          float scale = 0.0f;
+          if (ok) {
+            raw[0] = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 32 * sub));
+            raw[1] = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 32 * sub + 16));
+            scale = __ldg(reinterpret_cast<const float*>(src + kScaleOffset) + c / 2);
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const uint4 v = raw[j];
+            *reinterpret_cast<uint4*>(dp + swz(r, 4 * sub + 2 * j)) = e4m3x8_scaled_to_bf16(v.x, v.y, scale);
+            *reinterpret_cast<uint4*>(dp + swz(r, 4 * sub + 2 * j + 1)) = e4m3x8_scaled_to_bf16(v.z, v.w, scale);
+          }
+        }
+        ptx::fence_proxy_async_smem();
+        ptx::mbar_arrive(bar);
+      }
+    }
+  };
+};
+
+// Producer of the kernels with one full / one empty barrier per stage (layout L: kStages 2, kOffK,
+// kOffMask, kOffBar = full[kStages] then empty[kStages]). Paged: warp 0 streams every tile (tile it into
+// stage it % 2); gathered: warps s and s + 2 stream the tiles s, s + 2, ... of stage s, one part each.
+template <class L, class Src>
+__device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
+                                        uint8_t* smem, int warp, int lane) {
+  using T = Traits;
+  static_assert(L::kStages == 2, "stage s feeds consumer s");
+  if (warp >= (Src::kWarpsPerStage == 1 ? 1 : 2 * Src::kWarpsPerStage)) return;
+  const int first = Src::kWarpsPerStage == 1 ? 0 : warp & 1, step = Src::kWarpsPerStage == 1 ? 1 : 2;
+  const int part = Src::kWarpsPerStage == 1 ? 0 : warp >> 1;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
+  uint64_t* empty = full + L::kStages;
+  uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
+  for (int it = first; it < u.n_tiles; it += step) {
+    const int stage = it % L::kStages;
+    const uint32_t parity = (it / L::kStages) & 1;
+    const int k0 = u.key_begin + it * T::kBlockN;
+    const typename Src::Tile tl(p, u, k0, part, lane);
+    ptx::mbar_wait(&empty[stage], parity ^ 1);
+    tl.begin(&mask[stage], &full[stage]);
+    tl.announce(p, &full[stage], T::kPanels);
+    __syncwarp();
+    uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
+#pragma unroll 1
+    for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c);
+  }
+}
+
+// A consumer's wait for a full barrier: with generically written tiles, the proxy fence that lets the
+// wgmma (async proxy) see the bytes the barrier made visible.
+template <class Src>
+__device__ __forceinline__ void wait_full(uint64_t* bar, uint32_t parity) {
+  ptx::mbar_wait(bar, parity);
+  if constexpr (Src::kGenericWrites) ptx::fence_proxy_async_smem();
+}
+
+}  // namespace mla::cuda::decode_sm90
