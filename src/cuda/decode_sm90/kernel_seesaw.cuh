@@ -69,6 +69,7 @@ struct SeesawTraits {
   static constexpr int kFullBarriers = kStages * T::kPanels;
   static constexpr int kEmptyBarriers = kStages * kGroups;
   static constexpr int kEmptyArrivals = 128;                        // one warpgroup releases a group
+  static constexpr bool kSeesaw = true;  // register split key (source.cuh producer_regs)
   static constexpr int kPanelsPerFull = 1;                          // full[s][c]: panel c of stage s
   __host__ __device__ static constexpr bool mask_barrier(int i) { return i % T::kPanels == T::kPanels - 1; }
   static constexpr int kSmemBytes = kOffBar + (kFullBarriers + kEmptyBarriers) * 8 + 1024;

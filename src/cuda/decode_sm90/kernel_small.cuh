@@ -53,6 +53,7 @@ struct SmallTraits {
   static constexpr int kOffBar = kOffMask + kStages * 8;    // full[2], empty[2]
   static constexpr int kEmptyArrivals = 128;                // one warpgroup releases a stage
   static constexpr int kFullBarriers = kStages, kEmptyBarriers = kStages;
+  static constexpr bool kSeesaw = false;  // register split key (source.cuh producer_regs)
   static constexpr int kPanelsPerFull = T::kPanels;  // one full barrier per stage, carrying the key mask too
   __host__ __device__ static constexpr bool mask_barrier(int) { return true; }
   static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8 + 1024;

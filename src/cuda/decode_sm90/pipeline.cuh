@@ -112,7 +112,7 @@ __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUt
   }
   __syncthreads();
   if (ptx::warpgroup_index() == 0) {
-    ptx::setmaxnreg_dec<Src::kProducerRegs>();
+    ptx::setmaxnreg_dec<Src::producer_regs(L::kSeesaw)>();
     if constexpr (Src::kTma)
       if (threadIdx.x == 0) ptx::tma_prefetch_descriptor(map);
     produce_fn(ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
@@ -122,7 +122,7 @@ __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUt
     }
     return false;
   }
-  ptx::setmaxnreg_inc<Src::kConsumerRegs>();
+  ptx::setmaxnreg_inc<(504 - Src::producer_regs(L::kSeesaw)) / 2>();
   return true;
 }
 

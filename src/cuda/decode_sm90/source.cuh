@@ -7,7 +7,7 @@
 //   PagedKeys       mqa_decode: TMA boxes of the paged cache through the block table (one producer warp
 //                   per stage; the consumers zero the keys that were not loaded).
 //   GatherKeys<F>   sparse_mqa: key j of token g is cache row indices[g][j]. Two producer warps per stage,
-//                   32 keys each, a lane pair per key row (Tile). F = bf16: cp.async 16 B straight into the swizzled panel; invalid keys
+//                   32 keys each (Tile). F = bf16: cp.async 16 B straight into the swizzled panel; invalid keys
 //                   (index < 0 or >= num_slots, position >= the token's length) are zero-filled by the
 //                   copy itself (src-size 0: nothing is read). F = fp8_ds_mla (656-byte records): the
 //                   latent codes go through registers (16-byte loads), times their tile's fp32 scale,
@@ -18,7 +18,7 @@
 //   kTma                 the source issues TMA (the tensor map is real)
 //   kWarpsPerStage       producer warps streaming one stage (tile parts)
 //   kZeroFilled          keys that were not loaded arrive as zeros (else the consumer zero-fills them)
-//   kProducerRegs, kConsumerRegs   the setmaxnreg split of the producer / consumer warpgroups
+//   producer_regs(seesaw)   setmaxnreg of the producer warpgroup (consumers: (504 - it) / 2)
 //   kGenericWrites       shared memory is written by the generic proxy (cp.async, st.shared): a consumer
 //                        issues fence.proxy.async after each full-barrier wait, before its wgmma reads
 //   full_arrivals(n, m)  arrivals per phase of a full barrier carrying n panels (m: and the key mask)
@@ -48,7 +48,7 @@ struct PagedKeys {
   static constexpr bool kZeroFilled = false;
   static constexpr bool kGenericWrites = false;
   __host__ __device__ static constexpr int full_arrivals(int, bool) { return 1; }  // one arrive.expect_tx
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  __host__ __device__ static constexpr int producer_regs(bool) { return 40; }
 
   // Which keys of the 64-key tile starting at k0 the producer loads: boxes j = lane, lane + 32 (first
   // key k0 + j * box_rows) with their page ids, the number of boxes loaded, and the 64-bit mask of
@@ -118,10 +118,12 @@ struct GatherKeys {
   static constexpr int kWarpsPerStage = 2;
   static constexpr bool kZeroFilled = true;
   static constexpr bool kGenericWrites = true;
-  // setmaxnreg split (P + 2 C = 504, the 168 x 3 of __launch_bounds__(384, 1)): the dequantising producer
-  // needs more than 40 (it spilled at 40), the consumers then get 224.
-  static constexpr int kProducerRegs = F == CacheFormat::bf16 ? 40 : 56;
-  static constexpr int kConsumerRegs = F == CacheFormat::bf16 ? 232 : 224;
+  // setmaxnreg split (producer P, consumers (504 - P) / 2: 168 x 3 of __launch_bounds__(384, 1)). The
+  // dequantising producer spilled at 40; ptxas -v, fp8_ds_mla: small kernels 0 spills at 72 / 216 (8 bytes
+  // at 56), seesaw 0 at 56 / 224 (its consumers spill 32 bytes at 216).
+  __host__ __device__ static constexpr int producer_regs(bool seesaw) {
+    return F == CacheFormat::bf16 ? 40 : seesaw ? 56 : 72;
+  }
   static constexpr int kScaleOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::scale_offset(512)) : 0;
   static constexpr int kRopeOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::rope_offset(512)) : 1024;
   static_assert(F != CacheFormat::fp8_ds_mla || (kScaleOffset == 512 && kRopeOffset == 528), "fp8_ds_mla record");
@@ -131,29 +133,40 @@ struct GatherKeys {
     return 32 * kWarpsPerStage * panels + (mask ? kWarpsPerStage : 0);
   }
 
-  // Warp `part` of a stage owns keys k0 + 32 part .. + 31. Lane l reads the index of key 32 part + l;
-  // the copies go by lane pairs: lanes 2k, 2k + 1 copy key rows k and k + 16 of the part, half a panel
-  // row (64 bytes of bf16) each.
+  // Warp `part` of a stage owns keys k0 + 32 part .. + 31; lane l reads the index of key 32 part + l.
+  //   bf16: the copies go by lane pairs: lanes 2k, 2k + 1 copy key rows k and k + 16 of the part, half a
+  //     panel row (64 bytes) each (two rows' addresses per lane, from shuffles).
+  //   fp8_ds_mla: lane l owns its own key row: per latent panel four 16-byte loads (64 codes) in one
+  //     round trip, converted into the row's eight swizzled chunks; the rope panel by eight cp.async. The
+  //     loads are latency-bound (a few in flight per lane), so each tile also prefetches the rows of the
+  //     stage's next tile (k0 + 128) into L2 with one bulk prefetch per row.
   struct Tile {
-    const uint8_t* cache;
-    int64_t off[2];      // byte offsets of this lane's two copy rows (valid ones only)
+    int64_t off[2];      // bf16: byte offsets of this lane's two copy rows; fp8_ds_mla: off[0] = own row
     uint32_t mask32;     // loaded keys of the part
     int part, lane;
 
     __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_) : part(part_), lane(lane_) {
       const DecodeSm90Params::Gather& gp = p.gather;
-      cache = gp.cache;
       const int key = k0 + 32 * part + lane;
+      const int32_t* row = gp.indices + u.g * gp.indices_stride;
+      auto offset_of = [&](int j, int64_t& o) {  // valid key j: its row's byte offset
+        if (j >= u.key_end) return false;
+        const int32_t idx = row[j];
+        if (idx < 0 || idx >= gp.num_slots) return false;
+        o = (idx / gp.page_size) * gp.stride_block_bytes + (idx % gp.page_size) * gp.stride_row_bytes;
+        return true;
+      };
       int64_t o = 0;
-      bool ok = false;
-      if (key < u.key_end) {
-        const int32_t idx = gp.indices[u.g * gp.indices_stride + key];
-        ok = idx >= 0 && idx < gp.num_slots;
-        if (ok) o = (idx / gp.page_size) * gp.stride_block_bytes + (idx % gp.page_size) * gp.stride_row_bytes;
+      mask32 = __ballot_sync(0xffffffffu, offset_of(key, o));
+      if constexpr (F == CacheFormat::bf16) {
+        off[0] = __shfl_sync(0xffffffffu, o, lane >> 1);
+        off[1] = __shfl_sync(0xffffffffu, o, (lane >> 1) + 16);
+      } else {
+        off[0] = o;
+        int64_t next = 0;
+        if (offset_of(key + 2 * Traits::kBlockN, next))
+          ptx::bulk_prefetch_l2(gp.cache + next, static_cast<uint32_t>(Fmt::entry_bytes(576, 64)));
       }
-      mask32 = __ballot_sync(0xffffffffu, ok);
-      off[0] = __shfl_sync(0xffffffffu, o, lane >> 1);
-      off[1] = __shfl_sync(0xffffffffu, o, (lane >> 1) + 16);
     }
     __device__ void begin(uint64_t* mask_slot, uint64_t* bar) const {
       if (lane == 0) {
@@ -163,51 +176,54 @@ struct GatherKeys {
     }
     __device__ void announce(const DecodeSm90Params&, uint64_t*, int) const {}
 
-    // 64 bytes of each of this lane's two rows, from byte `col` of the row, into the swizzled panel dp.
-    __device__ void copy_panel(uint8_t* dp, int col) const {
-      const int sub = lane & 1;
+    __device__ void panel(const DecodeSm90Params& p, const CUtensorMap*, uint8_t* dst, uint64_t* bar, int c) const {
+      const uint8_t* cache = p.gather.cache;
+      uint8_t* dp = dst + c * Traits::kPanelBytes;
+      if constexpr (F == CacheFormat::bf16) {  // 64 bytes of each of this lane's two rows
+        const int sub = lane & 1;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int k = (lane >> 1) + 16 * h, r = 32 * part + k;
-        const bool ok = (mask32 >> k) & 1;
-        const uint8_t* src = ok ? cache + off[h] + col : cache;
+        for (int h = 0; h < 2; ++h) {
+          const int k = (lane >> 1) + 16 * h;
+          copy_chunks<4>(cache, dp, 32 * part + k, (mask32 >> k) & 1, off[h] + c * 128, 4 * sub);
+        }
+        ptx::cp_async_arrive_mbarrier(bar);
+      } else {
+        const int r = 32 * part + lane;
+        const bool ok = (mask32 >> lane) & 1;
+        if (c == Traits::kPanels - 1) {  // rope: bf16 bytes 528 .. 655, copied
+          copy_chunks<8>(cache, dp, r, ok, off[0] + kRopeOffset, 0);
+          ptx::cp_async_arrive_mbarrier(bar);
+        } else {  // latent codes 64c .. 64c + 63 times the tile scale, as bf16
+          uint4 raw[4];
+          float scale = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int ch = 4 * sub + i;
-          ptx::cp_async_16_zfill(dp + swz(r, ch), src + (ok ? 16 * ch : 0), ok ? 16u : 0u);
+          for (int i = 0; i < 4; ++i) raw[i] = make_uint4(0, 0, 0, 0);
+          if (ok) {
+            const uint8_t* src = cache + off[0];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) raw[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 16 * i));
+            scale = __ldg(reinterpret_cast<const float*>(src + kScaleOffset) + c / 2);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = e4m3x8_scaled_to_bf16(raw[i].x, raw[i].y, scale);
+            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = e4m3x8_scaled_to_bf16(raw[i].z, raw[i].w, scale);
+          }
+          ptx::fence_proxy_async_smem();
+          ptx::mbar_arrive(bar);
         }
       }
     }
 
-    __device__ void panel(const DecodeSm90Params&, const CUtensorMap*, uint8_t* dst, uint64_t* bar, int c) const {
-      uint8_t* dp = dst + c * Traits::kPanelBytes;
-      const int sub = lane & 1;
-      if (F == CacheFormat::bf16 || c == Traits::kPanels - 1) {  // bf16 bytes (all, or the rope): copy
-        copy_panel(dp, F == CacheFormat::bf16 ? c * 128 : kRopeOffset);
-        ptx::cp_async_arrive_mbarrier(bar);
-      } else if constexpr (F == CacheFormat::fp8_ds_mla) {  // latent: 32 codes per lane and row -> 4 bf16 chunks
-        // One row at a time (two 16-byte loads in flight per lane; both rows at once spilled at 56 / 224).
+    // N 16-byte chunks first_chunk .. of panel row r from byte `src_off` of the cache (zero-filled, nothing
+    // read, when !ok).
+    template <int N>
+    __device__ void copy_chunks(const uint8_t* cache, uint8_t* dp, int r, bool ok, int64_t src_off, int first_chunk) const {
+      const uint8_t* src = ok ? cache + src_off : cache;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int k = (lane >> 1) + 16 * h, r = 32 * part + k;
-          const bool ok = (mask32 >> k) & 1;
-          const uint8_t* src = cache + off[h];
-          uint4 raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-          float scale = 0.0f;
-          if (ok) {
-            raw[0] = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 32 * sub));
-            raw[1] = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 32 * sub + 16));
-            scale = __ldg(reinterpret_cast<const float*>(src + kScaleOffset) + c / 2);
-          }
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const uint4 v = raw[j];
-            *reinterpret_cast<uint4*>(dp + swz(r, 4 * sub + 2 * j)) = e4m3x8_scaled_to_bf16(v.x, v.y, scale);
-            *reinterpret_cast<uint4*>(dp + swz(r, 4 * sub + 2 * j + 1)) = e4m3x8_scaled_to_bf16(v.z, v.w, scale);
-          }
-        }
-        ptx::fence_proxy_async_smem();
-        ptx::mbar_arrive(bar);
+      for (int i = 0; i < N; ++i) {
+        const int ch = first_chunk + i;
+        ptx::cp_async_16_zfill(dp + swz(r, ch), src + (ok ? 16 * i : 0), ok ? 16u : 0u);
       }
     }
   };
