@@ -3,9 +3,10 @@
 # check of the sm90 kernels, the sparse + decode + NaN + sparse layer GPU tests (every variant), memcheck
 # on the sparse tests, the issue-8 benchmark grid for the sm90 variant (portable on a few rows).
 # Usage on the device machine, from the repo root: scripts/sparse_sm90_check.sh [build] [sass] [test] [sanitize] [bench]
-# Logs go to $OUT (or ./gpu-logs). Env: TEST_FILTER, SAN_FILTER, BENCH_ARGS, PORTABLE_ARGS.
+# Logs go to $LOGS (default $OUT, or ./gpu-logs; the device tool returns only a few files from $OUT, so
+# point LOGS elsewhere and keep the summary this prints). Env: TEST_FILTER, SAN_FILTER, BENCH_ARGS, PORTABLE_ARGS.
 set -u
-OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; B=build-gpu; rc=0
+OUT=${LOGS:-${OUT:-gpu-logs}}; mkdir -p "$OUT"; B=build-gpu; rc=0
 ARGS=" $* "
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 if [[ "$ARGS" == *" build "* ]]; then

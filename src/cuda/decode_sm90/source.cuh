@@ -26,6 +26,7 @@
 //     begin(mask, bar)   publishes the tile's loaded-key mask (u64 per stage) before `bar` completes
 //     announce(bar, n)   n panels will complete on bar (TMA: the transaction bytes)
 //     panel(p, map, dst, bar, c)        loads panel c of the tile at dst, completing on bar
+//   kPanelPairs          Tile::panel_pair(p, dst, bar0, bar1, c) loads panels c, c + 1 at once (small kernel)
 #include <cuda.h>
 
 #include <cstdint>
@@ -49,6 +50,7 @@ struct PagedKeys {
   static constexpr bool kGenericWrites = false;
   __host__ __device__ static constexpr int full_arrivals(int, bool) { return 1; }  // one arrive.expect_tx
   __host__ __device__ static constexpr int producer_regs(bool) { return 40; }
+  static constexpr bool kPanelPairs = false;
 
   // Which keys of the 64-key tile starting at k0 the producer loads: boxes j = lane, lane + 32 (first
   // key k0 + j * box_rows) with their page ids, the number of boxes loaded, and the 64-bit mask of
@@ -118,11 +120,14 @@ struct GatherKeys {
   static constexpr int kWarpsPerStage = 2;
   static constexpr bool kZeroFilled = true;
   static constexpr bool kGenericWrites = true;
-  // setmaxnreg split (producer P, consumers (504 - P) / 2: 168 x 3 of __launch_bounds__(384, 1)). The
-  // dequantising producer spilled at 40; ptxas -v, fp8_ds_mla: small kernels 0 spills at 72 / 216 (8 bytes
-  // at 56), seesaw 0 at 56 / 224 (its consumers spill 32 bytes at 216).
+  // setmaxnreg split (producer P, consumers (504 - P) / 2: 168 x 3 of __launch_bounds__(384, 1)). ptxas -v:
+  // the gathering producers spill at 40 (bf16 4-16 bytes, fp8_ds_mla 20-80); 0 spills with bf16 at 56 / 224,
+  // fp8_ds_mla small kernels at 72 / 216 (panel pairs; 8 bytes at 56), seesaw at 56 / 224 (its consumers
+  // spill 32 bytes at 216).
+  // Small kernel: Tile::panel_pair (in the seesaw producer, 56 registers, pairs spilled 72 bytes).
+  static constexpr bool kPanelPairs = F == CacheFormat::fp8_ds_mla;
   __host__ __device__ static constexpr int producer_regs(bool seesaw) {
-    return F == CacheFormat::bf16 ? 40 : seesaw ? 56 : 72;
+    return F == CacheFormat::bf16 || seesaw ? 56 : 72;
   }
   static constexpr int kScaleOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::scale_offset(512)) : 0;
   static constexpr int kRopeOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::rope_offset(512)) : 1024;
@@ -184,7 +189,7 @@ struct GatherKeys {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int k = (lane >> 1) + 16 * h;
-          copy_chunks<4>(cache, dp, 32 * part + k, (mask32 >> k) & 1, off[h] + c * 128, 4 * sub);
+          copy_chunks<4>(cache, dp, 32 * part + k, (mask32 >> k) & 1, off[h] + c * 128 + 64 * sub, 4 * sub);
         }
         ptx::cp_async_arrive_mbarrier(bar);
       } else {
@@ -195,28 +200,51 @@ struct GatherKeys {
           ptx::cp_async_arrive_mbarrier(bar);
         } else {  // latent codes 64c .. 64c + 63 times the tile scale, as bf16
           uint4 raw[4];
-          float scale = 0.0f;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) raw[i] = make_uint4(0, 0, 0, 0);
-          if (ok) {
-            const uint8_t* src = cache + off[0];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) raw[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 16 * i));
-            scale = __ldg(reinterpret_cast<const float*>(src + kScaleOffset) + c / 2);
-          }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = e4m3x8_scaled_to_bf16(raw[i].x, raw[i].y, scale);
-            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = e4m3x8_scaled_to_bf16(raw[i].z, raw[i].w, scale);
-          }
+          const float scale = load_codes<1>(cache, ok, c, raw);
+          store_codes(dp, r, raw, scale);
           ptx::fence_proxy_async_smem();
           ptx::mbar_arrive(bar);
         }
       }
     }
 
-    // N 16-byte chunks first_chunk .. of panel row r from byte `src_off` of the cache (zero-filled, nothing
-    // read, when !ok).
+    // fp8_ds_mla latent panels c, c + 1 (c even: one tile scale) in one round trip of eight 16-byte loads;
+    // one arrival per panel on its barrier (bar1 == bar0: two on it).
+    __device__ void panel_pair(const DecodeSm90Params& p, uint8_t* dst, uint64_t* bar0, uint64_t* bar1, int c) const {
+      static_assert(F == CacheFormat::fp8_ds_mla, "pairs of dequantised panels");
+      const int r = 32 * part + lane;
+      uint4 raw[8];
+      const float scale = load_codes<2>(p.gather.cache, (mask32 >> lane) & 1, c, raw);
+      store_codes(dst + c * Traits::kPanelBytes, r, raw, scale);
+      store_codes(dst + (c + 1) * Traits::kPanelBytes, r, raw + 4, scale);
+      ptx::fence_proxy_async_smem();
+      ptx::mbar_arrive(bar0);
+      ptx::mbar_arrive(bar1);
+    }
+
+    // This lane's row: the codes of kPanels panels from panel c (64 each, 16 bytes per raw entry) and
+    // their tile scale; zeros and scale 0 for a key that is not loaded (nothing read).
+    template <int kPanels>
+    __device__ float load_codes(const uint8_t* cache, bool ok, int c, uint4* raw) const {
+#pragma unroll
+      for (int i = 0; i < 4 * kPanels; ++i) raw[i] = make_uint4(0, 0, 0, 0);
+      if (!ok) return 0.0f;
+      const uint8_t* src = cache + off[0];
+#pragma unroll
+      for (int i = 0; i < 4 * kPanels; ++i) raw[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 16 * i));
+      return __ldg(reinterpret_cast<const float*>(src + kScaleOffset) + c / 2);
+    }
+    // 64 codes times `scale` as bf16 into the eight swizzled chunks of row r of the panel at dp.
+    __device__ static void store_codes(uint8_t* dp, int r, const uint4* raw, float scale) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = e4m3x8_scaled_to_bf16(raw[i].x, raw[i].y, scale);
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = e4m3x8_scaled_to_bf16(raw[i].z, raw[i].w, scale);
+      }
+    }
+
+    // 16-byte chunks first_chunk + i (i < N) of panel row r from the cache bytes at src_off + 16 i
+    // (zero-filled, nothing read, when !ok).
     template <int N>
     __device__ void copy_chunks(const uint8_t* cache, uint8_t* dp, int r, bool ok, int64_t src_off, int first_chunk) const {
       const uint8_t* src = ok ? cache + src_off : cache;
@@ -253,8 +281,14 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
     tl.announce(p, &full[stage], T::kPanels);
     __syncwarp();
     uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
+    if constexpr (Src::kPanelPairs) {
 #pragma unroll 1
-    for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c);
+      for (int c = 0; c + 1 < T::kPanels; c += 2) tl.panel_pair(p, dst, &full[stage], &full[stage], c);
+      tl.panel(p, map, dst, &full[stage], T::kPanels - 1);
+    } else {
+#pragma unroll 1
+      for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c);
+    }
   }
 }
 
