@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint8_t* smem = aligned_smem(smem_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
-  const Unit u(p);
+  const Unit u(p, !Src::kTma);
   if (!start_roles<L, Src>(p, &kv_map, u, smem,
                            [&](int warp, int lane) { produce<L, Src>(p, &kv_map, u, smem, warp, lane); }))
     return;

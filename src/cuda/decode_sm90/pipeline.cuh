@@ -28,7 +28,8 @@ struct Unit {
   int row0, m_rows, split;
   int seq_len, key_begin, key_end, n_tiles;
 
-  __device__ Unit(const DecodeSm90Params& p) {
+  // gather: sparse_mqa (the key source's kTma is false): the request is a token, its length its seq_len.
+  __device__ Unit(const DecodeSm90Params& p, bool gather) {
     const int64_t bid = blockIdx.x;
     row0 = static_cast<int>(bid % p.m_tiles) * p.tile_rows;
     const int64_t rest = bid / p.m_tiles;
@@ -36,7 +37,7 @@ struct Unit {
     g = rest / p.num_splits;
     m_rows = p.rows.s_q * p.rows.h_q;
     int64_t len, cap;
-    if (p.gather.indices != nullptr) {  // sparse: the token's valid length of its index row
+    if (gather) {  // sparse: the token's valid length of its index row
       cap = p.gather.topk;
       len = p.gather.topk_length != nullptr ? p.gather.topk_length[g * p.gather.topk_length_stride] : cap;
     } else {

@@ -265,13 +265,13 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
                                         uint8_t* smem, int warp, int lane) {
   using T = Traits;
   static_assert(L::kStages == 2, "stage s feeds consumer s");
-  if (warp >= (Src::kWarpsPerStage == 1 ? 1 : 2 * Src::kWarpsPerStage)) return;
-  const int first = Src::kWarpsPerStage == 1 ? 0 : warp & 1, step = Src::kWarpsPerStage == 1 ? 1 : 2;
-  const int part = Src::kWarpsPerStage == 1 ? 0 : warp >> 1;
+  constexpr bool kOneWarp = Src::kWarpsPerStage == 1;
+  if (kOneWarp ? warp != 0 : warp >= 2 * Src::kWarpsPerStage) return;
+  const int part = kOneWarp ? 0 : warp >> 1;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
   uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
-  for (int it = first; it < u.n_tiles; it += step) {
+  for (int it = kOneWarp ? 0 : warp & 1; it < u.n_tiles; it += kOneWarp ? 1 : 2) {
     const int stage = it % L::kStages;
     const uint32_t parity = (it / L::kStages) & 1;
     const int k0 = u.key_begin + it * T::kBlockN;
