@@ -11,7 +11,7 @@ ARGS=" $* "
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 if [[ "$ARGS" == *" build "* ]]; then
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_WITH_PYTHON=OFF >"$OUT/cmake.log" 2>&1 &&
-    ninja -C $B -j16 mla mla_gpu_tests >"$OUT/build.log" 2>&1 || { grep -E 'error|FAILED' "$OUT/build.log" | head -40; exit 1; }
+    ninja -C $B -j16 mla mla_gpu_tests ${EXTRA_TARGETS:-} >"$OUT/build.log" 2>&1 || { grep -E 'error|FAILED' "$OUT/build.log" | head -40; exit 1; }
   echo "build ok"
 fi
 if [[ "$ARGS" == *" sass "* ]]; then
