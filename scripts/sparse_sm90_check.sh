@@ -3,8 +3,7 @@
 # check of the sm90 kernels, the sparse + decode + NaN + sparse layer GPU tests (every variant), memcheck
 # on the sparse tests, the issue-8 benchmark grid for the sm90 variant (portable on a few rows).
 # Usage on the device machine, from the repo root: scripts/sparse_sm90_check.sh [build] [sass] [test] [sanitize] [bench]
-# Env EXTRA_TARGETS: more ninja targets (2026-11-23: adding mla_unit_tests failed to link on the device at
-# a634c44 / main eff3bec, cause not seen: the ld messages stayed in build.log on the device).
+# Env EXTRA_TARGETS: more ninja targets (e.g. mla_unit_tests).
 # Logs go to $LOGS (default $OUT, or ./gpu-logs; the device tool returns only a few files from $OUT, so
 # point LOGS elsewhere and keep the summary this prints). Env: TEST_FILTER, SAN_FILTER, BENCH_ARGS, PORTABLE_ARGS.
 set -u
