@@ -127,22 +127,29 @@ def flash_mla_with_kvcache(
         if block_table is None or cache_seqlens is None:
             raise ValueError("block_table and cache_seqlens must be provided when dense attention is used")
         out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
-        _mla.mqa_decode(q, cache, block_table, cache_seqlens, out, lse.transpose(1, 2), scale, causal)
+        ws = None
+        if q.is_cuda:  # split-KV scratch for the planner's default split (0 bytes for one split)
+            ws = torch.empty(_mla.mqa_decode_workspace_bytes(b, s_q, h_q, block_table.size(1) * cache.page_size,
+                                                             str(q.device)), dtype=torch.uint8, device=q.device)
+        _mla.mqa_decode(q, cache, block_table, cache_seqlens, out, lse.transpose(1, 2), scale, causal, ws)
         return out, lse
     if causal:
         raise ValueError("causal must be False when indices is given (sparse attention)")
-    out, part_lse = _sparse_part(q, cache, indices, topk_length, scale, head_dim_v)
+    if extra_k_cache is None and (extra_indices_in_kvcache is not None or extra_topk_length is not None):
+        raise ValueError("extra_indices_in_kvcache and extra_topk_length must not be provided when extra_k_cache "
+                         "is not provided")
+    # FlashMLA rounds the output once, after the extra key set and the sink: those paths keep fp32 partials.
+    qs = q.float() if extra_k_cache is not None or attn_sink is not None else q
+    out, part_lse = _sparse_part(qs, cache, indices, topk_length, scale, head_dim_v)
     if extra_k_cache is not None:
         if extra_indices_in_kvcache is None:
             raise ValueError("extra_k_cache needs extra_indices_in_kvcache")
-        out2, lse2 = _sparse_part(q, _cache(extra_k_cache, is_fp8_kvcache), extra_indices_in_kvcache,
+        out2, lse2 = _sparse_part(qs, _cache(extra_k_cache, is_fp8_kvcache), extra_indices_in_kvcache,
                                   extra_topk_length, scale, head_dim_v)
         merged, merged_lse = torch.empty_like(out), torch.empty(h_q, b * s_q, dtype=torch.float32, device=q.device)
         _mla.merge_attn_states(merged, merged_lse, out, part_lse.t(), out2, lse2.t())
         out, part_lse = merged, merged_lse.t()
-    if attn_sink is not None:  # out *= exp(lse) / (exp(lse) + exp(sink)); lse itself unchanged
-        w = torch.sigmoid(part_lse - attn_sink.float().view(1, h_q))
-        out = (out.float() * w.unsqueeze(-1)).to(q.dtype)
+    out = _apply_sink(out, part_lse, attn_sink).to(q.dtype)  # lse itself unchanged, as FlashMLA
     lse.copy_(part_lse.view(b, s_q, h_q).transpose(1, 2))
     return out.view(b, s_q, h_q, head_dim_v), lse
 
@@ -155,12 +162,12 @@ def flash_mla_sparse_fwd(
     d_v: int = 512,
     attn_sink: Optional[torch.Tensor] = None,
     topk_length: Optional[torch.Tensor] = None,
-    indexer_topk: int = 0,
-):
-    """Sparse prefill: q [s_q, h_q, 576], kv [s_kv, 1, 576] bf16, indices [s_q, 1, topk] int32 rows of kv
-    (-1 or >= s_kv invalid). Returns (out [s_q, h_q, d_v], max_logits [s_q, h_q], lse [s_q, h_q]) and
-    lse_indexer (the LSE over the first indexer_topk indices) as a fourth element when indexer_topk > 0.
-    Rows with no valid index: out 0, lse -inf, max_logits -inf (FlashMLA: lse +inf)."""
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sparse prefill: q [s_q, h_q, 576] bf16, kv [s_kv, h_kv = 1, 576] bf16, indices [s_q, 1, topk] int32
+    rows of kv (< 0 or >= s_kv invalid), attn_sink [h_q] fp32 (out *= exp(lse) / (exp(lse) + exp(sink));
+    +-inf allowed), topk_length [s_q] int32 (entries from topk_length[t] on are ignored).
+    Returns (out [s_q, h_q, d_v] bf16, max_logits [s_q, h_q] fp32, lse [s_q, h_q] fp32), as FlashMLA.
+    Rows with no valid index: out 0, max_logits -inf, lse -inf (FlashMLA: lse +inf)."""
     s_q, h_q, d = q.shape
     if kv.dim() == 3:
         if kv.size(1) != 1:
@@ -168,18 +175,20 @@ def flash_mla_sparse_fwd(
         kv = kv.squeeze(1)
     idx = indices.reshape(s_q, -1).to(torch.int32)
     cache = _mla.KVCache(kv.unsqueeze(0), _mla.CacheFormat.bf16, 1.0, kv.size(-1), 64)
-    out = torch.empty(s_q, h_q, d_v, dtype=q.dtype, device=q.device)
+    out = torch.empty(s_q, h_q, d_v, dtype=q.dtype if attn_sink is None else torch.float32, device=q.device)
     lse = torch.empty(s_q, h_q, dtype=torch.float32, device=q.device)
-    _mla.sparse_mqa(q, cache, idx, topk_length, out, lse, sm_scale)
+    _mla.sparse_mqa(q if attn_sink is None else q.float(), cache, idx, topk_length, out, lse, sm_scale)
     max_logits = _max_logits(q, kv, idx, topk_length, sm_scale)
-    if attn_sink is not None:
-        out = (out.float() * torch.sigmoid(lse - attn_sink.float().view(1, h_q)).unsqueeze(-1)).to(q.dtype)
-    if indexer_topk <= 0:
-        return out, max_logits, lse
-    lse_indexer = torch.empty(s_q, h_q, dtype=torch.float32, device=q.device)
-    scratch = torch.empty_like(out)
-    _mla.sparse_mqa(q, cache, idx[:, :indexer_topk].contiguous(), None, scratch, lse_indexer, sm_scale)
-    return out, max_logits, lse, lse_indexer
+    return _apply_sink(out, lse, attn_sink).to(q.dtype), max_logits, lse  # one rounding, after the sink
+
+
+def _apply_sink(out, lse, attn_sink):
+    """out [T, h_q, d_v] (fp32) *= exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink) per head (lse [T, h_q]);
+    a row without keys (lse -inf) stays 0 whatever the sink (-inf - -inf is NaN: taken as 0)."""
+    if attn_sink is None:
+        return out
+    w = torch.sigmoid(lse - attn_sink.float().view(1, -1)).nan_to_num(nan=0.0)
+    return (out.float() * w.unsqueeze(-1)).to(out.dtype)
 
 
 def _max_logits(q, kv, idx, topk_length, scale):

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One-call check of the Python package on the device machine (docs/PYTHON.md): build the library and
+# the package there (-j16), then the whole pytest suite with the machine's torch (CUDA cases included:
+# custom ops under torch.compile, CUDA graph capture and replay, torch's op checker, compat on cuda),
+# the Python benchmark, and the FlashMLA-API example script's full case list on cuda. Logs and bench JSON go to $OUT
+# (when set) or ./gpu-logs. MLA_COMMIT names the commit when the tree is a copy without .git.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG=${OUT:-gpu-logs}
+mkdir -p "$LOG"
+B=${BUILD_DIR:-build-gpu}
+export PYTHONUNBUFFERED=1
+rc=0
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  echo "commit ${MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}  $(date -u +%F)"
+  python3 -c "import sys, torch, numpy, pytest; print('python', sys.version.split()[0], 'torch', torch.__version__,
+'cuda', torch.version.cuda, torch.cuda.is_available(), 'numpy', numpy.__version__, 'pytest', pytest.__version__)"
+} 2>&1 | tee "$LOG/env.txt"
+t0=$SECONDS
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release >"$LOG/cmake.log" 2>&1 || { tail -30 "$LOG/cmake.log"; exit 1; }
+grep "mla: Python" "$LOG/cmake.log"
+ninja -C $B -j16 mla_python >"$LOG/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG/build.log" | head -40; exit 1; }
+echo "build ok ($((SECONDS - t0)) s)"
+export PYTHONPATH=$PWD/$B/python
+python3 -c "import mla; assert mla.built_with_cuda() and mla.cuda_device_count() > 0, 'mla without CUDA'" || exit 1
+t0=$SECONDS
+python3 -m pytest -q -p no:cacheprovider -rs --durations=8 tests/python 2>&1 | tee "$LOG/pytest.log"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+echo "pytest ($((SECONDS - t0)) s)"
+python3 -m mla.bench --json "$LOG/py_bench.json" 2>&1 | tee "$LOG/py_bench.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+t0=$SECONDS
+timeout ${SCRIPT_TIMEOUT:-300} python3 examples/flash_mla_api_script.py --device cuda 2>&1 \
+  | tee "$LOG/flash_mla_script.log"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+echo "flash_mla_api_script ($((SECONDS - t0)) s)"
+echo "py_gpu_check exit $rc"
+exit $rc
