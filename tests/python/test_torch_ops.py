@@ -173,3 +173,66 @@ def test_layer_forward_op(device):
         results.append(out)
     assert not results[0].isnan().any()
     assert torch.equal(results[0], results[1])
+
+
+def capture(step):
+    """step() once on a side stream (warm-up), then captured into a CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = step()
+    return graph, result
+
+
+@needs_cuda
+@pytest.mark.skipif(not TORCH2, reason="CUDA graphs of custom ops are tested with torch 2")
+def test_cuda_graph_layer_forward_and_compat():
+    """torch.ops.mla.layer_forward (plan set outside the capture) and the FlashMLA compat decode are captured
+    in CUDA graphs; replays with new inputs equal eager calls on those inputs."""
+    import mla.compat.flash_mla as flash_mla
+    dims = mla.ModelDims(num_heads=16, qk_nope_head_dim=128, v_head_dim=128, softmax_scale=0.07)
+    layer = mla.MlaAttention(mla.LayerOptions(dims=dims, device="cuda"),
+                             (torch.randn(16 * 256, 512) / 23).bfloat16().cuda())
+    handle = mla.ops.register_layer(layer)
+    cfg = mla.PlannerConfig(dims=dims, page_size=64, max_model_len=4096, max_num_seqs=4,
+                            num_sms=mla.multiprocessor_count("cuda"))
+    plan = mla.make_plan(mla.BatchDesc(query_start_loc=[0, 1, 2], seq_lens=[700, 1500]), cfg)
+    meta = torch.zeros(max(plan.metadata.bytes(), 16), dtype=torch.uint8, device="cuda")
+    mla.upload_step_metadata(plan, mla.pinned_buffer(meta.numel()), meta)
+    ws = torch.empty(layer.workspace_bytes(plan) + 1, dtype=torch.uint8, device="cuda")
+    table = torch.arange(2 * 24, dtype=torch.int32, device="cuda").view(2, 24)
+    seq_lens = torch.tensor([700, 1500], dtype=torch.int32, device="cuda")
+    slots = torch.tensor([699, 24 * 64 + 1499], device="cuda")
+    q, kv_c, k_pe = (torch.empty(2, 16, 192), torch.empty(2, 512), torch.empty(2, 64))
+    q, kv_c, k_pe = q.bfloat16().cuda(), kv_c.bfloat16().cuda(), k_pe.bfloat16().cuda()
+    cache = torch.randn(48, 64, 576, device="cuda").bfloat16()
+    out = torch.empty(2, 16 * 128, dtype=torch.bfloat16, device="cuda")
+    fq = torch.empty(2, 1, 16, 576, dtype=torch.bfloat16, device="cuda")
+    sched, _ = flash_mla.get_mla_metadata()
+
+    def step():
+        torch.ops.mla.layer_forward(handle, q, kv_c, k_pe, slots, table, seq_lens, None, out, cache, F, 1.0, 576, 64,
+                                    ws, meta)
+        return flash_mla.flash_mla_with_kvcache(fq, cache.unsqueeze(2), table, seq_lens, 512, sched, causal=True)
+
+    mla.ops.set_step(plan)
+    graph, (f_out, f_lse) = capture(step)
+    for seed in (1, 2):
+        g = torch.Generator().manual_seed(seed)
+        for t in (q, kv_c, k_pe, fq):
+            t.copy_(torch.randn(t.shape, generator=g).bfloat16())
+        before = cache.clone()
+        out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_cache, ref_out = before.clone(), torch.empty_like(out)
+        layer.forward(plan, mla.KVCache(ref_cache), ws, q=q, kv_c=kv_c, k_pe=k_pe, slot_mapping=slots,
+                      block_table=table, seq_lens=seq_lens, out=ref_out, metadata=meta)
+        assert torch.equal(out, ref_out) and torch.equal(cache, ref_cache)
+        e_out, e_lse = flash_mla.flash_mla_with_kvcache(fq, cache.unsqueeze(2), table, seq_lens, 512,
+                                                        flash_mla.get_mla_metadata()[0], causal=True)
+        assert torch.equal(f_out, e_out) and torch.equal(f_lse, e_lse)
