@@ -17,9 +17,10 @@ rc=0
 'cuda', torch.version.cuda, torch.cuda.is_available(), 'numpy', numpy.__version__, 'pytest', pytest.__version__)"
 } 2>&1 | tee "$LOG/env.txt"
 t0=$SECONDS
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release >"$LOG/cmake.log" 2>&1 || { tail -30 "$LOG/cmake.log"; exit 1; }
-grep "mla: Python" "$LOG/cmake.log"
-ninja -C $B -j16 mla_python >"$LOG/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG/build.log" | head -40; exit 1; }
+mkdir -p $B  # build logs stay in $B (at most 8 files come back from the device)
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release >"$B/cmake.log" 2>&1 || { tail -30 "$B/cmake.log"; exit 1; }
+grep "mla: Python" "$B/cmake.log"
+ninja -C $B -j16 mla_python >"$B/build.log" 2>&1 || { grep -E "error|FAILED" "$B/build.log" | head -40; exit 1; }
 echo "build ok ($((SECONDS - t0)) s)"
 export PYTHONPATH=$PWD/$B/python
 python3 -c "import mla; assert mla.built_with_cuda() and mla.cuda_device_count() > 0, 'mla without CUDA'" || exit 1
@@ -27,8 +28,11 @@ t0=$SECONDS
 python3 -m pytest -q -p no:cacheprovider -rs --durations=8 tests/python 2>&1 | tee "$LOG/pytest.log"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 echo "pytest ($((SECONDS - t0)) s)"
-python3 -m mla.bench --json "$LOG/py_bench.json" 2>&1 | tee "$LOG/py_bench.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+# One process per group (a crash loses one group only); faulthandler prints the Python stack of a crash.
+for group in dense sparse merge; do
+  python3 -X faulthandler -m mla.bench --only $group --json "$LOG/py_bench_$group.json" 2>&1 | tee -a "$LOG/py_bench.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+done
 t0=$SECONDS
 timeout ${SCRIPT_TIMEOUT:-300} python3 examples/flash_mla_api_script.py --device cuda 2>&1 \
   | tee "$LOG/flash_mla_script.log"
