@@ -236,3 +236,17 @@ def test_cuda_graph_layer_forward_and_compat():
         e_out, e_lse = flash_mla.flash_mla_with_kvcache(fq, cache.unsqueeze(2), table, seq_lens, 512,
                                                         flash_mla.get_mla_metadata()[0], causal=True)
         assert torch.equal(f_out, e_out) and torch.equal(f_lse, e_lse)
+
+
+def test_extension_before_torch():
+    """The extension loaded before torch (bypassing mla/__init__, which imports torch first) leaves torch's
+    import and its pybind11 objects intact: mla's pybind11 state is private (python/CMakeLists.txt)."""
+    import subprocess
+    import sys
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('_mla', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            "assert 'torch' not in sys.modules; import torch, torch.nn.functional; "
+            "print(m.KVCache.__name__, torch.nn.functional.relu(torch.ones(2)).sum().item())")
+    r = subprocess.run([sys.executable, "-c", code, mla._mla.__file__], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split()[-2:] == ["KVCache", "2.0"], r.stdout[-3000:]
