@@ -13,6 +13,7 @@ void register_gemm(Registry& r);      // gemm.cu: the layer's GEMM / BMM shapes
 void register_attention(Registry& r); // attention_bench.cu: mqa_decode, mha_prefill, sparse_mqa
 void register_layer(Registry& r);     // layer_bench.cu: MlaAttention::forward for whole steps
 void register_dcp(Registry& r);       // dcp.cu: decode context parallelism over NCCL (tokens/s, 1 vs N GPUs)
+void register_indexer(Registry& r);   // indexer.cu: lightning-indexer logits (decode / prefill) and top-k
 
 inline void register_all(Registry& r) {
   register_ceilings(r);
@@ -22,6 +23,7 @@ inline void register_all(Registry& r) {
   register_attention(r);
   register_layer(r);
   register_dcp(r);
+  register_indexer(r);
 }
 #endif
 

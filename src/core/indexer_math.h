@@ -39,8 +39,16 @@ MLA_HD inline float writer_scale(float amax, bool ue8m0) {
   return bits_float(u);
 }
 
-// relu that keeps NaN (torch.relu semantics): NaN -> NaN, x <= 0 -> 0.
-MLA_HD inline float relu_nan(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
+// relu that keeps NaN (torch.relu semantics): NaN -> NaN, x <= 0 -> 0 (device: one max.NaN).
+MLA_HD inline float relu_nan(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return x > 0.0f ? x : (x != x ? x : 0.0f);
+#endif
+}
 MLA_HD inline double relu_nan(double x) { return x > 0.0 ? x : (x != x ? x : 0.0); }
 
 // Top-k order: larger key = ranked first. The IEEE total order of the bits (so -0 ranks just below +0),

@@ -75,5 +75,30 @@ TEST(PtxSm80, CpAsyncLdmatrixMmaSyncMatchCpuProduct) {
   EXPECT_EQ(packed.download()[0], 0xC0003F80u) << "pack_bf16x2: lo = 1.0 (0x3f80) in the low half";
 }
 
+// cp_async_4: 32 lanes gather every third float of a global array into shared memory (4-byte aligned,
+// not 16), then write it back out. SASS: LDGSTS.E (4 bytes).
+__global__ void cp_async_4_kernel(const float* src, float* dst) {
+  __shared__ float s[32];
+  const int lane = threadIdx.x;
+  s[lane] = -1.0f;
+  __syncwarp();
+  cp_async_4(&s[lane], src + 3 * lane + 1);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncwarp();
+  dst[lane] = s[31 - lane];
+}
+
+TEST(PtxSm80, CpAsync4CopiesScatteredWords) {
+  MLA_SKIP_WITHOUT_GPU();
+  std::vector<float> src(100);
+  for (int i = 0; i < 100; ++i) src[i] = 0.5f * static_cast<float>(i);
+  test::DevBuf<float> ds(src), dd(32);
+  cp_async_4_kernel<<<1, 32>>>(ds.p, dd.p);
+  MLA_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> got = dd.download();
+  for (int l = 0; l < 32; ++l) EXPECT_EQ(got[l], src[3 * (31 - l) + 1]) << "lane " << l;
+}
+
 }  // namespace
 }  // namespace mla

@@ -22,6 +22,16 @@ inline double e4m3_value(uint8_t b) {
   return sign ? -mag : mag;
 }
 
+// e4m3_value of every code (the oracles' inner loops).
+inline const double* e4m3_values() {
+  static const std::vector<double> t = [] {
+    std::vector<double> v(256);
+    for (int i = 0; i < 256; ++i) v[static_cast<std::size_t>(i)] = e4m3_value(static_cast<uint8_t>(i));
+    return v;
+  }();
+  return t.data();
+}
+
 // Token `off` of a block that starts at `block` (page_size tokens): codes at off*128, then the scales.
 inline const uint8_t* key_codes(const uint8_t* block, int64_t off) { return block + off * 128; }
 inline float key_scale(const uint8_t* block, int64_t page_size, int64_t off) {
@@ -32,10 +42,11 @@ inline float key_scale(const uint8_t* block, int64_t page_size, int64_t off) {
 
 // sum_h w[h] * relu((q[h] . k) * s) in float64; q: h x 128 codes (row stride q_head), w: h floats.
 inline double logit(const uint8_t* q, int64_t q_head, const float* w, int64_t h, const uint8_t* k, float s) {
+  const double* ev = e4m3_values();
   double sum = 0;
   for (int64_t hh = 0; hh < h; ++hh) {
     double dot = 0;
-    for (int d = 0; d < 128; ++d) dot += e4m3_value(q[hh * q_head + d]) * e4m3_value(k[d]);
+    for (int d = 0; d < 128; ++d) dot += ev[q[hh * q_head + d]] * ev[k[d]];
     const double v = dot * static_cast<double>(s);
     sum += static_cast<double>(w[hh]) * (std::isnan(v) ? v : std::max(v, 0.0));
   }
@@ -45,10 +56,11 @@ inline double logit(const uint8_t* q, int64_t q_head, const float* w, int64_t h,
 // The error bound of a logit computed from these fp8 inputs with fp32 (or coarser) accumulation:
 // sum_h |w[h]| * sum_d |q k| * |s|: every rounding of the sums is relative to this magnitude.
 inline double logit_magnitude(const uint8_t* q, int64_t q_head, const float* w, int64_t h, const uint8_t* k, float s) {
+  const double* ev = e4m3_values();
   double sum = 0;
   for (int64_t hh = 0; hh < h; ++hh) {
     double dot = 0;
-    for (int d = 0; d < 128; ++d) dot += std::fabs(e4m3_value(q[hh * q_head + d]) * e4m3_value(k[d]));
+    for (int d = 0; d < 128; ++d) dot += std::fabs(ev[q[hh * q_head + d]] * ev[k[d]]);
     sum += std::fabs(static_cast<double>(w[hh])) * dot * std::fabs(static_cast<double>(s));
   }
   return sum;
@@ -220,6 +232,22 @@ inline void decode_oracle(const DecodeProblem& p, std::vector<double>& ref, std:
       mag[static_cast<std::size_t>(t * p.width + j)] = logit_magnitude(q, 128, w, p.h, k, s);
     }
   }
+}
+
+// Checks every decode row's top-k `got` [T, k] against the oracle logits `ref` (decode_oracle) with
+// the near-tie tolerance rel * (the row's largest logit magnitude). "" or "row t: <why>".
+inline std::string check_decode_topk(const DecodeProblem& p, const std::vector<double>& ref,
+                                     const std::vector<double>& mag, const std::vector<int32_t>& got, int64_t k,
+                                     double rel) {
+  for (int64_t t = 0; t < p.b * p.s_q; ++t) {
+    const std::vector<double> row(ref.begin() + t * p.width, ref.begin() + (t + 1) * p.width);
+    double tol = 0;
+    for (int64_t j = 0; j < p.width; ++j) tol = std::max(tol, rel * mag[static_cast<std::size_t>(t * p.width + j)]);
+    const std::string e = check_topk_row(std::vector<int32_t>(got.begin() + t * k, got.begin() + (t + 1) * k), row,
+                                         0, decode_visible(p, t), k, tol);
+    if (!e.empty()) return "row " + std::to_string(t) + ": " + e;
+  }
+  return "";
 }
 
 }  // namespace mla::test::indexer

@@ -103,7 +103,7 @@ TEST(Variants, PublicApiListsForcesAndRestores) {
   EXPECT_THROW(last_variant("no_such_family"), Error);
   const std::vector<std::string> families = variant_families();
 #if MLA_WITH_CUDA
-  EXPECT_EQ(families, (std::vector<std::string>{"mqa_decode", "sparse_mqa", "mha_prefill"}));
+  EXPECT_EQ(families, (std::vector<std::string>{"mqa_decode", "sparse_mqa", "mha_prefill", "indexer_logits"}));
   for (const std::string& f : families) {
     const std::vector<VariantInfo> vs = list_variants(f);
     ASSERT_FALSE(vs.empty()) << f;

@@ -9,7 +9,9 @@
 
 namespace mla::cuda::dispatch {
 
-std::vector<Family*> all_families() { return {&mqa_decode_table(), &sparse_mqa_table(), &mha_prefill_table()}; }
+std::vector<Family*> all_families() {
+  return {&mqa_decode_table(), &sparse_mqa_table(), &mha_prefill_table(), &indexer_logits_table()};
+}
 
 int device_cc(int device) {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not read yet

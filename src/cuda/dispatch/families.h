@@ -9,6 +9,7 @@
 
 #include "cuda/dispatch/variant_table.h"
 #include "mla/cache.h"
+#include "mla/indexer.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
 
@@ -54,10 +55,28 @@ struct PrefillArgs {
   const Context& ctx;
 };
 
+// Lightning-indexer logits (mla/indexer.h): prefill (cache == nullptr: k, k_scale, row_starts,
+// row_ends) or paged decode (cache, block_table, seq_lens, s_q); the unused views are undefined.
+struct IndexerLogitsArgs {
+  const TensorView& q;            // [T, h, 128] e4m3
+  const TensorView& weights;      // [T, h] f32
+  const TensorView& k;            // [Tk, 128] e4m3
+  const TensorView& k_scale;      // [Tk] f32
+  const TensorView& row_starts;   // [T] i32
+  const TensorView& row_ends;     // [T] i32
+  const IndexerKCache* cache;
+  const TensorView& block_table;  // [b, max_blocks] i32
+  const TensorView& seq_lens;     // [b] i32
+  int64_t s_q;
+  const TensorView& logits;       // [T, N] f32
+  const Context& ctx;
+};
+
 // Defined next to each family's launcher (src/cuda/<family>/launch.cu).
 Table<DecodeArgs>& mqa_decode_table();
 Table<SparseArgs>& sparse_mqa_table();
 Table<PrefillArgs>& mha_prefill_table();
+Table<IndexerLogitsArgs>& indexer_logits_table();
 
 // Every family, in a fixed order (families.cpp).
 std::vector<Family*> all_families();

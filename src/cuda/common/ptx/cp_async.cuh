@@ -21,6 +21,11 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
+// 4-byte copy through L1 (.ca: the only cache mode for sizes below 16). Preconditions: both addresses
+// 4-byte aligned. Same completion rules as cp_async_16 (e.g. scattered fp32 scales beside 16-byte rows).
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
 // Closes this thread's current group of cp.async copies (an empty group is legal and counts).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
