@@ -76,21 +76,6 @@ def test_fake_tensors_trace():
                              torch.empty(2, 1, 4, 512, device="meta", dtype=torch.bfloat16), None, 0.1, True, None, 0)
 
 
-@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs torch >= 2.4")
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    cache, table, seq_lens, q = decode_case(device, b=2)
-    out = torch.empty(2, 2, 16, 512, dtype=torch.bfloat16, device=device)
-    lse = torch.empty(2, 2, 16, device=device)
-    torch.library.opcheck(torch.ops.mla.mqa_decode.default,
-                          (q, cache, F, 1.0, 576, 64, table, seq_lens, out, lse, 0.05, True, None, 0))
-    # CUDA gemm reads bf16 a / b (c bf16 or f32); the CPU backend takes any float dtype.
-    ab_dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    a, b = (torch.randn(8, 8, device=device).to(ab_dtype) for _ in range(2))
-    c = torch.randn(8, 8, device=device)
-    torch.library.opcheck(torch.ops.mla.gemm.default, (a, b, c, 1.0, 0.0))
-
-
 @pytest.mark.skipif(not TORCH2, reason="torch.compile needs torch >= 2")
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile(device):
@@ -250,3 +235,54 @@ def test_extension_before_torch():
     r = subprocess.run([sys.executable, "-c", code, mla._mla.__file__], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
     assert r.returncode == 0 and r.stdout.split()[-2:] == ["KVCache", "2.0"], r.stdout[-3000:]
+
+
+def op_cases(device):
+    """Valid arguments of every functional op (layer_forward: test_layer_forward_op / the graph test)."""
+    g = torch.Generator().manual_seed(4)
+
+    def rnd(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=g).to(dtype).to(device)
+
+    def i32(values):
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    cache = rnd(2, 16, 576)
+    ds = torch.zeros(2, 16, 656, dtype=torch.uint8, device=device)
+    torch.ops.mla.write_cache(rnd(32, 512), rnd(32, 64), torch.arange(32, device=device), ds,
+                              int(mla.CacheFormat.fp8_ds_mla), 1.0, 576, 64, 0)
+    ab = torch.bfloat16 if device == "cuda" else torch.float32
+    T, H = 5, 4
+    return {
+        "write_cache": (rnd(3, 512), rnd(3, 64), torch.tensor([1, 17, -1], device=device), cache.clone(), F, 1.0,
+                        576, 64, 0),
+        "gather_cache": (cache, F, 1.0, 576, 64, rnd(6, 576, dtype=torch.float32), i32([[1, 0], [0, 1]]),
+                         i32([0, 4, 6]), i32([3, 0])),
+        "cp_gather_cache": (cache, F, 1.0, 576, 64, rnd(6, 576), i32([[1, 0], [0, 1]]), i32([0, 4, 6]), None),
+        "upconvert_ds_mla": (ds, rnd(20, 576), i32([[1], [0]]), i32([0, 10]), None),
+        "merge_attn_states": (rnd(T, H, 64, dtype=torch.float32), rnd(H, T, dtype=torch.float32),
+                              rnd(T, H, 64, dtype=torch.float32), rnd(H, T, dtype=torch.float32),
+                              rnd(T, H, 64, dtype=torch.float32), rnd(H, T, dtype=torch.float32), -1, 0.0),
+        "convert_topk_indices": (i32([0, 1]), i32([[1, 0], [0, 1]]), i32([[0, 17, -1], [5, 40, 2]]),
+                                 i32([[0] * 3] * 2), 16, 0, None, None, i32([0, 0]), None),
+        "mqa_decode": (rnd(2, 1, H, 576), cache, F, 1.0, 576, 64, i32([[1, 0], [0, 1]]), i32([20, 9]),
+                       rnd(2, 1, H, 512), rnd(2, 1, H, dtype=torch.float32), 0.05, True, None, 0),
+        "mha_prefill": (rnd(6, H, 192), rnd(9, H, 128), rnd(9, H, 64), rnd(9, H, 128), i32([0, 2, 6]),
+                        i32([0, 4, 9]), 4, 5, rnd(6, H, 128), rnd(H, 6, dtype=torch.float32), 0.08, True),
+        "sparse_mqa": (rnd(3, H, 576), cache, F, 1.0, 576, 64, i32([[0, 5, -1, 31], [2, 2, 9, 40], [-1] * 4]), None,
+                       rnd(3, H, 512), rnd(3, H, dtype=torch.float32), 0.05),
+        "gemm": (rnd(8, 16, dtype=ab), rnd(16, 8, dtype=ab), rnd(8, 8, dtype=torch.float32), 1.0, 0.0),
+        "bmm": (rnd(2, 8, 16, dtype=ab), rnd(2, 16, 8, dtype=ab), rnd(2, 8, 8, dtype=torch.float32), 1.0, 0.0),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(op_cases("cpu")))
+def test_every_op_runs_and_opcheck(device, name):
+    """Every op runs through torch.ops.mla with these arguments; torch's op checker (schema, fake tensors,
+    AOT dispatch with dynamic shapes) passes on each where torch has it."""
+    args = op_cases(device)[name]
+    op = getattr(torch.ops.mla, name)
+    op(*args)
+    if hasattr(torch.library, "opcheck"):
+        torch.library.opcheck(op.default, args)
