@@ -4,7 +4,8 @@ Importing this module registers the ops with torch.library: one schema per op (o
 arguments, so the ops return nothing and torch.compile functionalizes them), an implementation for
 CPU and CUDA that calls the binding (zero copy, torch's current stream), and a fake (meta)
 implementation so that torch.compile traces them and CUDA graphs capture them. A cache travels as its
-tensor plus ``format`` (mla.CacheFormat value), ``scale`` and ``d_qk`` / ``d_rope``.
+tensor plus ``format`` (mla.CacheFormat value), ``scale`` and ``d_qk`` / ``d_rope``; an indexer K cache
+as its u8 tensor (``scale`` of indexer_write_k: an mla.IndexerScale value).
 
 The layer: ``register_layer(layer)`` returns an int handle; ``set_step(plan)`` (outside the compiled
 or captured region, once per step, as vLLM's forward context does) names the plan that
@@ -40,6 +41,15 @@ SCHEMAS = {
                   "Tensor(b!)? lse, float softmax_scale) -> ()",
     "gemm": "(Tensor a, Tensor b, Tensor(a!) c, float alpha, float beta) -> ()",
     "bmm": "(Tensor a, Tensor b, Tensor(a!) c, float alpha, float beta) -> ()",
+    "indexer_write_k": "(Tensor k, Tensor slot_mapping, Tensor(a!) cache, int scale) -> ()",
+    "indexer_gather_k": "(Tensor cache, Tensor(a!) dst_k, Tensor(b!) dst_scale, Tensor block_table, "
+                        "Tensor cu_seq_lens) -> ()",
+    "indexer_logits_prefill": "(Tensor q, Tensor weights, Tensor k, Tensor k_scale, Tensor row_starts, "
+                              "Tensor row_ends, Tensor(a!) logits) -> ()",
+    "indexer_logits_decode": "(Tensor q, Tensor weights, Tensor cache, Tensor block_table, Tensor seq_lens, int s_q, "
+                             "Tensor(a!) logits) -> ()",
+    "indexer_topk": "(Tensor logits, Tensor? row_starts, Tensor row_ends, Tensor(a!) out) -> ()",
+    "indexer_topk_decode": "(Tensor logits, Tensor seq_lens, int s_q, Tensor(a!) out) -> ()",
     "layer_forward": "(int layer, Tensor q, Tensor kv_c, Tensor k_pe, Tensor slot_mapping, Tensor block_table, "
                      "Tensor seq_lens, Tensor? topk_indices, Tensor(a!) out, Tensor(b!) cache, " + _CACHE
                      + ", Tensor(c!) workspace, Tensor? metadata) -> ()",
@@ -84,6 +94,15 @@ IMPLS = {
         q, _kv(kv, f, s, dq, dr), idx, tl, out, lse, sc),
     "gemm": _mla.gemm,
     "bmm": _mla.bmm,
+    "indexer_write_k": lambda k, slots, cache, scale: _mla.indexer_write_k(
+        k, slots, _mla.IndexerKCache(cache), _mla.IndexerScale(scale)),
+    "indexer_gather_k": lambda cache, dst_k, dst_scale, bt, cu: _mla.indexer_gather_k(
+        _mla.IndexerKCache(cache), dst_k, dst_scale, bt, cu),
+    "indexer_logits_prefill": _mla.indexer_logits_prefill,
+    "indexer_logits_decode": lambda q, w, cache, bt, sl, s_q, logits: _mla.indexer_logits_decode(
+        q, w, _mla.IndexerKCache(cache), bt, sl, s_q, logits),
+    "indexer_topk": _mla.indexer_topk,
+    "indexer_topk_decode": _mla.indexer_topk_decode,
     "layer_forward": lambda layer, q, kv_c, k_pe, slots, bt, sl, topk, out, cache, f, s, dq, dr, ws, meta:
         _LAYERS[layer].forward(_STEP["plan"], _kv(cache, f, s, dq, dr), ws, q=q, kv_c=kv_c, k_pe=k_pe,
                                slot_mapping=slots, block_table=bt, seq_lens=sl, out=out, topk_indices=topk,

@@ -11,12 +11,6 @@ namespace mlapy {
 
 namespace {
 
-template <class F>
-void without_gil(F&& f) {
-  py::gil_scoped_release release;
-  f();
-}
-
 using A = TensorArg;
 using K = PyKVCache;
 using mla::Precision;

@@ -33,6 +33,13 @@ T from_kwargs(const py::kwargs& kw) {
   return o.cast<T>();
 }
 
+// Runs f with the GIL released (every op call: other Python threads run meanwhile).
+template <class F>
+void without_gil(F&& f) {
+  py::gil_scoped_release release;
+  f();
+}
+
 py::object wrap(const mla::Tensor& t);                                      // mla.Tensor sharing t's storage
 py::object wrap_view(const mla::TensorView& v, std::shared_ptr<void> owner);  // mla.Tensor keeping owner alive
 mla::DType to_dtype(py::handle obj);                                        // mla.DType or its name
@@ -41,5 +48,6 @@ void bind_tensor(py::module_& m);
 void bind_ops(py::module_& m);
 void bind_plan(py::module_& m);
 void bind_layer(py::module_& m);
+void bind_indexer(py::module_& m);
 
 }  // namespace mlapy

@@ -19,4 +19,5 @@ PYBIND11_MODULE(_mla, m) {
   mlapy::bind_plan(m);
   mlapy::bind_ops(m);
   mlapy::bind_layer(m);
+  mlapy::bind_indexer(m);
 }

@@ -253,6 +253,9 @@ def op_cases(device):
                               int(mla.CacheFormat.fp8_ds_mla), 1.0, 576, 64, 0)
     ab = torch.bfloat16 if device == "cuda" else torch.float32
     T, H = 5, 4
+    icache = torch.zeros(2, 16, 132, dtype=torch.uint8, device=device)
+    torch.ops.mla.indexer_write_k(rnd(32, 128), torch.arange(32, device=device), icache, 0)
+    codes = (torch.randint(0, 126, (T, H, 128), generator=g).to(torch.uint8)).to(device)  # finite e4m3 codes
     return {
         "write_cache": (rnd(3, 512), rnd(3, 64), torch.tensor([1, 17, -1], device=device), cache.clone(), F, 1.0,
                         576, 64, 0),
@@ -273,6 +276,16 @@ def op_cases(device):
                        rnd(3, H, 512), rnd(3, H, dtype=torch.float32), 0.05),
         "gemm": (rnd(8, 16, dtype=ab), rnd(16, 8, dtype=ab), rnd(8, 8, dtype=torch.float32), 1.0, 0.0),
         "bmm": (rnd(2, 8, 16, dtype=ab), rnd(2, 16, 8, dtype=ab), rnd(2, 8, 8, dtype=torch.float32), 1.0, 0.0),
+        "indexer_write_k": (rnd(3, 128), torch.tensor([4, -1, 30], device=device), icache.clone(), 1),
+        "indexer_gather_k": (icache, torch.zeros(9, 128, dtype=torch.uint8, device=device),
+                             rnd(9, dtype=torch.float32), i32([[1, 0], [0, 1]]), i32([0, 5, 9])),
+        "indexer_logits_prefill": (codes, rnd(T, H, dtype=torch.float32), codes[:, 0].clone(),
+                                   rnd(T, dtype=torch.float32).abs(), i32([0, 1, 0, 4, 2]), i32([5, 3, 1, 5, 2]),
+                                   rnd(T, T, dtype=torch.float32)),
+        "indexer_logits_decode": (codes[:4], rnd(4, H, dtype=torch.float32), icache, i32([[1, 0], [0, 1]]),
+                                  i32([20, 3]), 2, rnd(4, 24, dtype=torch.float32)),
+        "indexer_topk": (rnd(T, 12, dtype=torch.float32), None, i32([12, 5, 0, 9, 3]), i32([[0] * 4] * T)),
+        "indexer_topk_decode": (rnd(4, 12, dtype=torch.float32), i32([10, 2]), 2, i32([[0] * 4] * 4)),
     }
 
 
