@@ -95,11 +95,18 @@ def merge_case(t, h, iters):
     return timed(lambda: vllm_ops.merge_attn_states(out, p, pl, s, sl), iters), timed(ref, iters)
 
 
-def report(r):
-    shape = " ".join(f"{k}={v}" for k, v in r.items() if k not in ("case", "mla_us", "torch_us"))
-    print(f"{r['case']:14s} {shape:40s} mla {r['mla_us']:9.1f} us   torch {r['torch_us']:9.1f} us   "
-          f"x{r['torch_us'] / r['mla_us']:.2f}", flush=True)
+def report(r, nbytes):
+    """Print one case; mla_GBps = the bytes the entry point must move (cache rows read, q, out; the
+    sparse rows counted per index) over mla's time."""
+    r["mla_GBps"] = nbytes / r["mla_us"] / 1e3
+    shape = " ".join(f"{k}={v}" for k, v in r.items() if k not in ("case", "mla_us", "torch_us", "mla_GBps"))
+    print(f"{r['case']:14s} {shape:40s} mla {r['mla_us']:9.1f} us ({r['mla_GBps']:6.0f} GB/s)   "
+          f"torch {r['torch_us']:9.1f} us   x{r['torch_us'] / r['mla_us']:.2f}", flush=True)
     return r
+
+
+def row_bytes(fp8):
+    return 656 if fp8 else 576 * 2
 
 
 def main():
@@ -113,15 +120,18 @@ def main():
         for b, h, s_k in [(64, 16, 4096), (128, 16, 8192), (32, 128, 4096)]:
             for fp8 in (False, True):
                 rows.append(report(dict(case="dense_decode", b=b, h=h, s_k=s_k, fp8=fp8, **dict(
-                    zip(("mla_us", "torch_us"), dense_case(b, h, s_k, fp8, a.iters))))))
+                    zip(("mla_us", "torch_us"), dense_case(b, h, s_k, fp8, a.iters)))),
+                    b * s_k * row_bytes(fp8) + b * h * (576 + 512) * 2))
     if a.only in (None, "sparse"):
         for t, h, topk in [(64, 128, 2048), (256, 16, 2048)]:
             for fp8 in (False, True):
                 rows.append(report(dict(case="sparse_decode", t=t, h=h, topk=topk, fp8=fp8, **dict(
-                    zip(("mla_us", "torch_us"), sparse_case(t, h, topk, fp8, a.iters))))))
+                    zip(("mla_us", "torch_us"), sparse_case(t, h, topk, fp8, a.iters)))),
+                    t * topk * row_bytes(fp8) + t * h * (576 + 512) * 2))
     if a.only in (None, "merge"):
         rows.append(report(dict(case="merge", t=8192, h=16, **dict(zip(("mla_us", "torch_us"),
-                                                                       merge_case(8192, 16, a.iters))))))
+                                                                       merge_case(8192, 16, a.iters)))),
+                           8192 * 16 * (128 * 2 * 3 + 4 * 2)))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, records=rows), f, indent=1)
