@@ -49,7 +49,8 @@ __global__ void write_k_kernel(const WriteParams<typename Act::Storage> p) {
   if (lane == 0) *scale_ptr(p.cache, block, off) = s;
 }
 
-__global__ void gather_k_kernel(const GatherParams p) {
+// static: this header reaches two translation units (launch.cu, and logits.cu through logits_common.cuh).
+static __global__ void gather_k_kernel(const GatherParams p) {
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= p.tot) return;
