@@ -2,6 +2,7 @@
 // (docs/SEMANTICS.md §2). The step itself lives in dense.cpp / sparse.cpp; the workspace layout is
 // documented in layer_internal.h.
 #include <cstdint>
+#include <cstring>
 
 #include "core/numeric.h"
 #include "core/index_view.h"
@@ -161,6 +162,12 @@ void validate_forward(const LayerOptions& o, const Plan& p, const StepFacts& f, 
               "{}: metadata must be a contiguous, 16-byte aligned u8 buffer of at least plan.metadata.bytes() = {} "
               "bytes, got {} at {}",
               kFwd, meta_bytes, m.describe(), m.data);
+    // On the CPU the copy is host-readable: it must be the plan's (the kernels trust its offsets and
+    // lengths; stale or shifted metadata would fail an op after the cache was written).
+    if (o.device.is_cpu())
+      MLA_CHECK(std::memcmp(m.data, p.metadata.data.data(), meta_bytes) == 0,
+                "{}: metadata does not hold this plan's step metadata (upload_step_metadata(plan, ...) after make_plan)",
+                kFwd);
   }
 
   detail::check_defined(ws, kFwd, "workspace");

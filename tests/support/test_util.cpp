@@ -15,7 +15,7 @@ std::mt19937_64& rng() {
 void reseed(uint64_t seed) { rng().seed(seed); }
 
 void fill_random(const TensorView& t, double lo, double hi) {
-  std::uniform_real_distribution<double> u(lo, hi);
+  auto u = [lo, hi](std::mt19937_64&) { return uniform(lo, hi); };
   if (t.device.is_cpu()) {
     // Visit elements through strides.
     const int64_t n = t.numel();

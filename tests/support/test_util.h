@@ -17,6 +17,11 @@ namespace mla::test {
 // Seeded generator; every test draws fresh inputs from its own seed.
 std::mt19937_64& rng();
 void reseed(uint64_t seed);
+// Uniform double in [lo, hi) from one draw of rng() (53 random bits). std::uniform_real_distribution
+// takes a long-double logarithm per value in libstdc++ 12, which dominated the fuzz targets' time.
+inline double uniform(double lo, double hi) {
+  return lo + (hi - lo) * (static_cast<double>(rng()() >> 11) * 0x1.0p-53);
+}
 
 // Uniform(lo, hi) values in any float dtype (rounded to it), on the host, then copied to `device`.
 Tensor random_tensor(std::initializer_list<int64_t> shape, DType dtype, Device device = Device::cpu(),

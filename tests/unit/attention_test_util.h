@@ -45,7 +45,8 @@ inline uint8_t random_e4m3_code() {
 // byte order (latent, scales, rope).
 inline void randomize_row(const KVCache& c, int64_t slot) {
   auto* p = const_cast<uint8_t*>(row_ptr(c, slot));
-  std::uniform_real_distribution<double> u(-1.0, 1.0), us(1e-3, 4e-3);
+  auto u = [](std::mt19937_64&) { return uniform(-1.0, 1.0); };
+  auto us = [](std::mt19937_64&) { return uniform(1e-3, 4e-3); };
   dispatch_cache_format(c.format, [&](auto fmt) {
     using F = decltype(fmt);
     auto fill = [&](uint8_t* q, DType dt, int64_t n) {

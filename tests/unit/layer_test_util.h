@@ -57,6 +57,9 @@ struct Scenario {
   int64_t min_table_blocks = 0, min_cache_blocks = 0;
   float fp8_scale = 0.01f;
   uint64_t seed = 1;
+  // make_step draws the weight and the context tokens' values unless these are off (the fuzz target
+  // tests/fuzz/fuzz_layer.cpp keeps one layer per shape and fills the cache itself: zeros instead).
+  bool draw_weight = true, draw_context = true;
 
   ModelDims dims() const {
     ModelDims d;
@@ -148,7 +151,8 @@ inline StepData make_step(const Scenario& sc) {
   auto slot_of = [&](int64_t r, int64_t pos) { return int64_t{d.bt[r][pos / page]} * page + pos % page; };
 
   const int64_t h = sc.h, T = d.T;
-  d.weight = random_tensor({h * (sc.P + sc.V), kL}, DType::bf16, Device::cpu(), -0.05, 0.05);
+  d.weight = sc.draw_weight ? random_tensor({h * (sc.P + sc.V), kL}, DType::bf16, Device::cpu(), -0.05, 0.05)
+                           : Tensor::zeros({h * (sc.P + sc.V), kL}, DType::bf16);
   d.q = random_tensor({T, h, sc.P + kR}, DType::bf16);
   d.kv_c = random_tensor({T, kL}, DType::bf16);
   d.k_pe = random_tensor({T, kR}, DType::bf16);
@@ -169,8 +173,10 @@ inline StepData make_step(const Scenario& sc) {
   }
   d.slots = int64_tensor(slots);
   const int64_t nctx = static_cast<int64_t>(ctx_slots.size());
-  d.ctx_kv_c = random_tensor({std::max<int64_t>(nctx, 1), kL}, DType::bf16);
-  d.ctx_k_pe = random_tensor({std::max<int64_t>(nctx, 1), kR}, DType::bf16);
+  d.ctx_kv_c = sc.draw_context ? random_tensor({std::max<int64_t>(nctx, 1), kL}, DType::bf16)
+                               : Tensor::zeros({std::max<int64_t>(nctx, 1), kL}, DType::bf16);
+  d.ctx_k_pe = sc.draw_context ? random_tensor({std::max<int64_t>(nctx, 1), kR}, DType::bf16)
+                               : Tensor::zeros({std::max<int64_t>(nctx, 1), kR}, DType::bf16);
   d.ctx_slots = int64_tensor(ctx_slots);
 
   if (sc.sparse) {

@@ -57,6 +57,10 @@ TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
   Scenario more_heads = sc;
   more_heads.h = 8;
   const std::vector<int32_t> qsl = d.plan.query_start_loc, seq = d.plan.seq_lens;
+  // The plan's metadata shifted by one word (found by fuzz_layer: a stale or misplaced copy made
+  // mha_prefill refuse its cu_seqlens after the cache had been written).
+  Tensor shifted_meta = Tensor::zeros({static_cast<int64_t>(d.plan.metadata.bytes()) + 16}, DType::u8);
+  std::memcpy(static_cast<uint8_t*>(shifted_meta.data()) + 4, d.plan.metadata.data.data(), d.plan.metadata.bytes());
 
   const std::vector<std::pair<const char*, Mutation>> cases = {
       {"q with a row fewer", [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) { x.q = x.q.slice(0, 0, T - 1); }},
@@ -105,6 +109,11 @@ TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
       {"metadata one byte short of the plan's",
        [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) {
          x.metadata = x.metadata.slice(0, 0, static_cast<int64_t>(d.plan.metadata.bytes()) - 1);
+       }},
+      {"metadata not the plan's",
+       [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) {
+         ASSERT_GT(d.plan.metadata.bytes(), 0u);
+         x.metadata = shifted_meta.view();
        }},
       {"metadata not bytes",
        [&](ForwardArgs& x, Plan&, KVCache&, TensorView&) {
