@@ -2,6 +2,7 @@
 // `mla bench`: kernel and layer benchmarks. Every benchmark prints time (median of many runs after
 // warm-up, L2 flushed between runs), TFLOP/s, GB/s and the share of the ceilings measured in the
 // same run (device-to-device copy bandwidth, cuBLAS bf16 GEMM). Formulas sit next to each print.
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,9 @@ struct BenchOptions {
   std::vector<std::string> ops;  // empty = all; names: ceilings, write_cache, gather_cache, upconvert,
                                  // merge, convert_topk, mqa_decode, mha_prefill, sparse_mqa, gemm, layer
   std::string json_path;         // write a JSON record here when non-empty
+  // When set, the record goes through it instead (the CLI opens the file before the run and reports
+  // write errors).
+  std::function<void(const std::string& text)> write_json;
   int device = 0;
   int warmup = 5;
   int iters = 30;

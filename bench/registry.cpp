@@ -195,7 +195,14 @@ int run(const BenchOptions& o) {
                              {"pct_copy", ctx.ceilings().copy_gbps > 0 ? 100 * gbps / ctx.ceilings().copy_gbps : 0},
                              {"pct_gemm", ctx.ceilings().gemm_tflops > 0 ? 100 * tflops / ctx.ceilings().gemm_tflops : 0}});
       }
-      std::ofstream(o.json_path) << j.dump(2) << "\n";
+      if (o.write_json) {
+        o.write_json(j.dump(2) + "\n");
+      } else {
+        std::ofstream f(o.json_path);
+        f << j.dump(2) << "\n";
+        f.close();
+        if (!f) throw Error(fmt::format("mla bench: writing '{}' failed", o.json_path));
+      }
       std::printf("\nwrote %s\n", o.json_path.c_str());
     }
   }

@@ -39,6 +39,20 @@ if [ -d "$fixture" ]; then
   expect_fail "no tensor 'model.layers.7" run --backend cpu --checkpoint "$fixture" --layer 7 --steps 1
   expect_fail "must divide" run --backend cpu --checkpoint "$fixture" --layer 1 --tp 4 --steps 1
 fi
+# mla bench: every numeric option range-checked at parse time (before the CUDA check), unknown formats
+# and grids named, --json opened before any work.
+for opt in --iters --warmup --b --s-q --h-q --s-k --page --splits --device --topk --pool --dcp; do
+  expect_fail "$opt" bench "$opt" -1
+done
+expect_fail "--iters" bench --iters 0
+expect_fail "--iters" bench --iters 99999999999
+expect_fail "--s-k" bench --s-k 4294967296
+expect_fail "--b" bench --b 4611686018427387904
+expect_fail "--page" bench --page 288230376151711744
+expect_fail "--splits" bench --splits 65
+expect_fail "--format" bench --format fp7
+expect_fail "--grid" bench --grid issue10
+expect_fail "cannot open" bench --json /nonexistent-dir/x.json
 # Range messages stay short (no 300-digit bounds).
 out=$("$mla" run --backend cpu --steps 0 2>&1)
 if [ ${#out} -gt 200 ]; then echo "FAIL: --steps 0 message is ${#out} characters"; fails=$((fails + 1)); fi

@@ -1,7 +1,13 @@
 // `mla bench`: option parsing for mla::bench::run (bench/, CUDA builds).
 #include <fmt/format.h>
 
+#include <cstdint>
+#include <memory>
+
+#include "cli_util.h"
 #include "commands.h"
+#include "mla/cache_format.h"
+#include "mla/plan.h"
 #include "mla/error.h"
 #include "mla/tensor.h"
 #include "mla/variants.h"
@@ -22,9 +28,9 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
       ->delimiter(',');
   cmd->add_option("--json", o.json_path, "Also write the results as a JSON record to this file");
   cmd->add_flag("--quick", o.quick, "Small sizes and few iterations (a smoke test, not a measurement)");
-  cmd->add_option("--device", o.device, "CUDA device index")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", o.device, "CUDA device index")->check(int_range(0, 1023));
   cmd->add_option("--iters", o.iters, "Timed iterations per measurement (the median is reported)")
-      ->check(CLI::PositiveNumber)
+      ->check(int_range(1, 1000000))
       ->capture_default_str();
   cmd->add_option("--variant", o.variant,
                   "Force this kernel variant in every kernel family that has one of that name (default: the best "
@@ -36,35 +42,52 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
                         return s.empty() ? std::string("none in this build (no CUDA backend)") : s;
                       }());
   cmd->add_option("--b", o.decode.b, "mqa_decode / mha_prefill / sparse_mqa: benchmark this one shape with b requests (with --s-q, --h-q, --s-k, --page, --format, --varlen, --non-causal; sparse_mqa: b tokens, --h-q, --topk, --pool, --format)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--s-q", o.decode.s_q, "mqa_decode / mha_prefill shape: query tokens per request")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--h-q", o.decode.h, "mqa_decode / mha_prefill / sparse_mqa shape: query heads")->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(int_range(0, 1 << 20));
+  cmd->add_option("--s-q", o.decode.s_q, "mqa_decode / mha_prefill shape: query tokens per request")->check(int_range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--h-q", o.decode.h, "mqa_decode / mha_prefill / sparse_mqa shape: query heads")->check(int_range(1, 1 << 16))->capture_default_str();
   cmd->add_option("--s-k", o.decode.s_k, "mqa_decode / mha_prefill shape: keys per request (the longest, with --varlen)")
-      ->check(CLI::PositiveNumber)
+      ->check(int_range(1, INT32_MAX))  // seq_lens are int32
       ->capture_default_str();
-  cmd->add_option("--page", o.decode.page, "mqa_decode shape: cache page size")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--format", o.decode.format, "mqa_decode / sparse_mqa shape: cache format (bf16, fp8, fp8_ds_mla)")->capture_default_str();
+  cmd->add_option("--page", o.decode.page, "mqa_decode shape: cache page size")->check(int_range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--format", o.decode.format, "mqa_decode / sparse_mqa shape: cache format (bf16, fp8, fp8_ds_mla)")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            try {
+              cache_format_from_string(s);
+              return {};
+            } catch (const Error& e) {
+              return e.what();
+            }
+          },
+          "FORMAT"))
+      ->capture_default_str();
   cmd->add_flag("--varlen", o.decode.varlen, "mqa_decode shape: seq_lens uniform in [1, s_k] instead of all s_k");
   cmd->add_flag("--non-causal", o.decode.non_causal, "mha_prefill shape: non-causal (a context chunk) instead of causal");
   cmd->add_option("--topk", o.decode.topk, "sparse_mqa shape: indices per token")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--pool", o.decode.pool, "sparse_mqa shape: cache rows the indices are drawn from (0: b * topk rows, each read once)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
   cmd->add_option("--splits", o.decode.splits, "mqa_decode shape: KV splits per request (0: the planner's policy)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_range(0, kDecodeMaxSplits));
   cmd->add_option("--grid", o.decode_grid,
                   "A named list of shapes of one op instead of its default rows (issue7: mqa_decode, issue 7's table "
                   "with FlashMLA's times, small batch, varlen, h 8/32/64, page sizes, fp8 formats; issue9: mha_prefill, "
                   "b 1/4 x s 1024/4096/16384 x h 16/128 causal and s_q 1024 x s_k 8192 non-causal; issue8: sparse_mqa, issue 8's "
                   "table with FlashMLA's times, h 16/32 x topk 512/1024/2048, bf16 rows, sparse prefill 4096 tokens "
-                  "over 8192 / 131072 rows)");
+                  "over 8192 / 131072 rows)")
+      ->check(CLI::IsMember({"issue7", "issue8", "issue9"}));
   cmd->add_option("--dcp", o.dcp, "dcp: GPUs of the decode-context-parallel group (0: every GPU)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
-  cmd->add_option("--warmup", o.warmup, "Untimed warm-up iterations")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "Untimed warm-up iterations")->check(int_range(0, 1000000))->capture_default_str();
   return cmd;
 }
 
-int bench_command(const bench::BenchOptions& o) {
+int bench_command(const bench::BenchOptions& options) {
+  // The record file is opened first: an unwritable --json fails before any work, and a failed write
+  // of the record is an error (cli_util.h).
+  auto json = std::make_shared<OutputFile>(options.json_path, "--json");
+  bench::BenchOptions o = options;
+  if (json->enabled()) o.write_json = [json](const std::string& text) { json->write(text); };
   if (!built_with_cuda())
     throw Error("mla bench measures CUDA kernels, and this build of mla has no CUDA backend (configure with nvcc "
                 "available, without -DMLA_WITH_CUDA=OFF)");

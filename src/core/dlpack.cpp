@@ -86,6 +86,19 @@ TensorView from_dlpack(const DLTensor& t) {
                      ? TensorView(data, dt, shape, dev)
                      : TensorView(data, dt, shape, std::span<const int64_t>(t.strides, static_cast<std::size_t>(t.ndim)), dev);
   MLA_CHECK(data != nullptr || v.numel() == 0, "from_dlpack: null data for a tensor of {} elements", v.numel());
+  // The addressed bytes must not wrap the address space (found by fuzz_dlpack: a pointer near 2^64
+  // with a few hundred bytes of extent was accepted). Exact in 128 bits: the view's element reach
+  // below and above data is representable (TensorView checked it).
+  if (v.numel() > 0) {
+    __int128 lo = 0, hi = 0;
+    for (int d = 0; d < v.ndim; ++d) {
+      const __int128 reach = static_cast<__int128>(v.shape[d] - 1) * v.stride[d];
+      (reach < 0 ? lo : hi) += reach;
+    }
+    const __int128 e = static_cast<__int128>(dtype_size(dt)), at = static_cast<__int128>(reinterpret_cast<uintptr_t>(data));
+    MLA_CHECK(at + lo * e >= 0 && at + (hi + 1) * e - 1 <= static_cast<__int128>(std::numeric_limits<uintptr_t>::max()),
+              "from_dlpack: the tensor's bytes wrap the address space ({} at {})", v.describe(), data);
+  }
   return v;
 }
 

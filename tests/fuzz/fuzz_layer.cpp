@@ -117,7 +117,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, std::size_t size) {
         if (nr > 0 && d.max_blocks > 0)
           table[in.range(0, nr - 1)][in.range(0, d.max_blocks - 1)] = static_cast<int32_t>(in.hostile(-1, d.num_blocks + 1));
         break;
-      case 2: lens[in.range(0, nr - 1)] += in.hostile(-2, 2); break;
+      case 2: { int64_t& l = lens[in.range(0, nr - 1)]; l = wrap_add(l, in.hostile(-2, 2)); break; }
       case 3:
         if (!topk.empty()) topk[in.range(0, T - 1)][in.range(0, sc.topk - 1)] = static_cast<int32_t>(in.hostile(-1, 80));
         break;
@@ -135,7 +135,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, std::size_t size) {
                       std::min<std::size_t>(plan.metadata.bytes(), static_cast<std::size_t>(metadata.nbytes())));
         args.metadata = metadata.view().slice(0, in.range(0, 1) * 16, metadata.view().size(0));
         break;
-      case 7: plan.max_prefill_query_len += in.hostile(-3, 3); break;
+      case 7: plan.max_prefill_query_len = wrap_add(plan.max_prefill_query_len, in.hostile(-3, 3)); break;
       case 8: table_cols = std::max<int64_t>(table_cols - 1, 0); break;
       default: plan.num_actual_tokens = in.hostile(0, T + 1); break;
     }

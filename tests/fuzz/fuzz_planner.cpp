@@ -118,7 +118,7 @@ void check_plan(const Plan& p, const BatchDesc& b, const PlannerConfig& c) {
   }
   // Size queries bound the plan.
   FUZZ_REQUIRE(p.metadata.bytes() <= max_step_metadata_bytes(c, p.num_tokens), "metadata past its bound");
-  if (c.dims.num_heads <= 128) {
+  if (c.dims.num_heads <= 128 && (!c.sparse || c.dims.index_topk > 0)) {  // (a layer refuses sparse topk 0)
     LayerOptions o;
     o.dims = c.dims;
     o.cache_format = c.cache_format;
@@ -165,14 +165,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, std::size_t size) {
   BatchDesc b;
   int64_t at = 0;
   b.query_start_loc.push_back(0);
-  auto wrap = [](int64_t x, int64_t y) { return static_cast<int64_t>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y)); };
   for (int64_t r = 0; r < nr; ++r) {
-    at = wrap(at, qlen[r]);
+    at = wrap_add(at, qlen[r]);
     b.query_start_loc.push_back(static_cast<int32_t>(at));  // wraps on hostile lengths: must be refused
-    b.seq_lens.push_back(static_cast<int32_t>(wrap(qlen[r], ctx[r])));
+    b.seq_lens.push_back(static_cast<int32_t>(wrap_add(qlen[r], ctx[r])));
   }
   if (in.byte() % 16 == 0) b.seq_lens.push_back(1);  // one too many
-  b.num_tokens = in.flag() ? -1 : wrap(b.query_start_loc.back(), in.hostile(0, 8));
+  b.num_tokens = in.flag() ? -1 : wrap_add(b.query_start_loc.back(), in.hostile(0, 8));
   b.decode_seq_len_bound = in.byte() % 4 == 0 ? in.hostile(0, 700) : 0;
 
   Plan p;

@@ -124,6 +124,11 @@ inline int64_t change_violation(const std::vector<uint8_t>& before0, const std::
   return -1;
 }
 
+// x + y modulo 2^64 (hostile edits of int64 fields must not overflow in the harness itself).
+inline int64_t wrap_add(int64_t x, int64_t y) {
+  return static_cast<int64_t>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y));
+}
+
 inline constexpr uint8_t kPoisonA = 0xA5, kPoisonB = 0x5A;
 
 // |got - want| within tol, NaN only where both are NaN, equal infinities.

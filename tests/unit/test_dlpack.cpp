@@ -138,6 +138,18 @@ TEST(DLPack, RefusesMalformedHeaders) {
   u = t;
   u.device = {kDLCUDA, -1};
   EXPECT_THROW(from_dlpack(u), Error);
+  // Found by fuzz_dlpack: a pointer a few bytes below 2^64 whose 16 bytes wrap the address space, and
+  // one whose negative strides reach below address 0.
+  u = t;
+  u.data = reinterpret_cast<void*>(~uintptr_t(0) - 7);
+  EXPECT_THROW(from_dlpack(u), Error);
+  u.data = reinterpret_cast<void*>(~uintptr_t(0) - 15);  // the last 16 bytes: fits
+  EXPECT_NO_THROW(from_dlpack(u));
+  int64_t backwards[1] = {-1};
+  u = t;
+  u.data = reinterpret_cast<void*>(uintptr_t(8));
+  u.strides = backwards;  // elements at 8, 4, 0, -4
+  EXPECT_THROW(from_dlpack(u), Error);
 }
 
 }  // namespace
