@@ -22,6 +22,8 @@ expect_fail "--page-size" run --backend cpu --page-size 288230376151711744
 expect_fail "--token-budget" run --backend cpu --token-budget 4611686018427387904
 expect_fail "--requests" run --backend cpu --requests 99999999999
 expect_fail "--max-context" run --backend cpu --max-context 7
+expect_fail "--topk-source" run --backend cpu --sparse --topk-source bogus
+expect_fail "--topk-source applies to --sparse" run --backend cpu --steps 1 --topk-source indexer
 expect_fail "cannot open" run --backend cpu --steps 1 --json /nonexistent-dir/x.json
 if [ -w /dev/full ]; then  # the record is written after the run: a full disk is an error, not exit 0
   expect_fail "writing '/dev/full' failed" run --backend cpu --steps 2 --requests 2 --max-context 64 \

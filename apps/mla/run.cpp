@@ -133,6 +133,9 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
     if (c.topk < 1 || c.topk > c.dims.index_topk)
       throw Error(fmt::format("--topk must be in [1, {}] (the model's index_topk, the width of the top-k rows), got {}",
                               c.dims.index_topk, c.topk));
+    c.real_indexer = o.topk_source != "synthetic";
+  } else if (!o.topk_source.empty()) {
+    throw Error("--topk-source applies to --sparse runs only");
   }
   return c;
 }
@@ -190,6 +193,11 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                                     "2048 wide, -1 padded), capped by the token's position + 1 (default 2048 on "
                                     "CUDA, 256 on the CPU)")
       ->check(int_range(1, 1 << 20));
+  cmd->add_option("--topk-source", o.topk_source,
+                  "Sparse: where the top-k rows come from: indexer (default; the lightning indexer on random fp8 "
+                  "indexer queries and keys written to an indexer K cache beside the latent cache) or synthetic "
+                  "(random positions)")
+      ->check(CLI::IsMember({"indexer", "synthetic"}));
   cmd->add_option("--check-samples", o.check_samples, "Tokens checked against the float64 oracle, spread over the "
                                                       "steps and over decode, context-prefill and fresh-prefill "
                                                       "tokens; 0 skips the check" + def(&Defaults::check_samples))

@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "core/numeric.h"
 #include "mla/error.h"
+#include "mla/indexer.h"
 #include "mla/layer.h"
 #include "mla/ops.h"
 #include "mla/plan.h"
@@ -127,6 +128,7 @@ class TraceRunner {
   void prepare_inputs(const StepBatch& batch, int64_t index);
   ForwardArgs forward_args(const StepBatch& batch) const;
   void check(const StepBatch& batch, const Plan& plan, const std::vector<int64_t>& tokens);
+  void compute_indexer_topk(const StepBatch& batch, int64_t index);
 
   const RunConfig& cfg_;
   int64_t H_, P_, R_, V_, L_, topk_width_;
@@ -140,6 +142,12 @@ class TraceRunner {
   PinnedBuffer meta_staging_;  // the plan's metadata, written once per step ...
   Tensor meta_;                // ... and uploaded here once: every layer's forward() reads it
   Staged q_, kv_c_, k_pe_, out_, slots_, block_table_, seq_lens_, topk_;
+  // The lightning indexer (sparse runs with real_indexer): its K cache shares the latent cache's
+  // block ids; per step the new tokens' random indexer keys are written, each request's keys gathered,
+  // and its tokens' logits and top-k rows computed from random fp8 indexer queries.
+  IndexerCacheBuffer icache_;
+  Staged ik_, iq_, iw_, izero_, iend_, icu_;
+  Tensor igk_, igs_, ilogits_;
   Scheduler sched_;
   OracleCheck checker_;
   RunStats stats_;
@@ -182,9 +190,75 @@ TraceRunner::TraceRunner(const RunConfig& cfg)
       block_table_({cfg.trace.max_num_seqs * cfg.trace.max_blocks_per_request()}, DType::i32, cfg.device),
       seq_lens_({cfg.trace.max_num_seqs}, DType::i32, cfg.device),
       topk_({std::max<int64_t>(1, cfg.trace.token_budget * topk_width_)}, DType::i32, cfg.device),
+      ik_({cfg.real_indexer ? cfg.trace.token_budget : 1, kIndexerHeadDim}, DType::bf16, cfg.device),
+      iq_({cfg.real_indexer ? cfg.trace.token_budget : 1, kIndexerHeads, kIndexerHeadDim}, DType::fp8_e4m3,
+          cfg.device),
+      iw_({cfg.real_indexer ? cfg.trace.token_budget : 1, kIndexerHeads}, DType::f32, cfg.device),
+      izero_({cfg.trace.token_budget}, DType::i32, cfg.device),
+      iend_({cfg.trace.token_budget}, DType::i32, cfg.device),
+      icu_({cfg.trace.max_num_seqs + 1}, DType::i32, cfg.device),
       sched_(cfg.trace),
       checker_(oracle_, check_config(cfg)) {
   poison(cache_.cache.data.data, cfg.device, static_cast<std::size_t>(cfg.trace.pool_blocks() * page_bytes_));
+  if (cfg.real_indexer) {
+    icache_ = allocate_indexer_cache(cfg.trace.pool_blocks(), cfg.trace.page_size, cfg.device);
+    poison(icache_.cache.data.data, cfg.device, static_cast<std::size_t>(icache_.storage.nbytes()));
+    const int64_t rows = cfg.trace.max_num_seqs * cfg.trace.max_context;
+    igk_ = Tensor::empty({rows, kIndexerHeadDim}, DType::fp8_e4m3, cfg.device);
+    igs_ = Tensor::empty({rows}, DType::f32, cfg.device);
+    ilogits_ = Tensor::empty({cfg.trace.token_budget * cfg.trace.max_context}, DType::f32, cfg.device);
+    std::fill(izero_.h<int32_t>(), izero_.h<int32_t>() + cfg.trace.token_budget, 0);
+    izero_.upload({cfg.trace.token_budget});
+  }
+}
+
+// Top-k rows from the lightning indexer (the layer's sparse input): random bf16 indexer keys of the
+// step's tokens into the indexer cache at their slots, every request's keys gathered (cu = cumulative
+// seq_lens), then per request the fp8 logits of its tokens over its keys (token at position p sees
+// keys [0, p]) and the top `topk` of each row; the rest of each row stays -1.
+void TraceRunner::compute_indexer_topk(const StepBatch& batch, int64_t index) {
+  const int64_t T = batch.num_tokens(), R = batch.num_reqs();
+  const uint64_t stream = step_stream(cfg_.seed, index, 3);
+  fill_uniform_bf16(ik_.h<uint16_t>(), T * kIndexerHeadDim, substream(stream, 1), -1.0, 1.0);
+  std::vector<uint16_t> tmp(static_cast<std::size_t>(T * kIndexerHeads * kIndexerHeadDim));
+  fill_uniform_bf16(tmp.data(), static_cast<int64_t>(tmp.size()), substream(stream, 2), -1.0, 1.0);
+  for (std::size_t i = 0; i < tmp.size(); ++i)  // e4m3 codes of values in [-64, 64)
+    iq_.h<uint8_t>()[i] = num::float_to_e4m3(64.0f * num::bf16_to_float(tmp[i]));
+  fill_uniform_bf16(tmp.data(), T * kIndexerHeads, substream(stream, 3), -1.0, 1.0);
+  for (int64_t i = 0; i < T * kIndexerHeads; ++i)
+    iw_.h<float>()[i] = num::bf16_to_float(tmp[static_cast<std::size_t>(i)]) / static_cast<float>(kIndexerHeads);
+  for (int64_t t = 0; t < T; ++t) iend_.h<int32_t>()[t] = batch.token_pos[static_cast<std::size_t>(t)] + 1;
+  int32_t* cu = icu_.h<int32_t>();
+  cu[0] = 0;
+  for (int64_t r = 0; r < R; ++r) cu[r + 1] = cu[r] + batch.seq_lens[static_cast<std::size_t>(r)];
+  int32_t* rows = topk_.h<int32_t>();
+  std::fill(rows, rows + T * topk_width_, -1);
+  ik_.upload({T, kIndexerHeadDim});
+  iq_.upload({T, kIndexerHeads, kIndexerHeadDim});
+  iw_.upload({T, kIndexerHeads});
+  iend_.upload({T});
+  icu_.upload({R + 1});
+  topk_.upload({T, topk_width_});
+
+  const TensorView slots = slots_.dev_view({T}), bt = block_table_.dev_view({R, batch.max_blocks});
+  indexer_write_k(ik_.dev_view({T, kIndexerHeadDim}), slots, icache_.cache);
+  const int64_t total = cu[R];
+  const TensorView gk = igk_.view().slice(0, 0, total), gs = igs_.view().slice(0, 0, total);
+  indexer_gather_k(icache_.cache, gk, gs, bt, icu_.dev_view({R + 1}));
+  const TensorView q = iq_.dev_view({T, kIndexerHeads, kIndexerHeadDim}), w = iw_.dev_view({T, kIndexerHeads});
+  const TensorView zero = izero_.dev_view({T}), end = iend_.dev_view({T});
+  const TensorView out = topk_.dev_view({T, topk_width_}).slice(1, 0, cfg_.topk);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t q0 = batch.query_start_loc[static_cast<std::size_t>(r)];
+    const int64_t q1 = batch.query_start_loc[static_cast<std::size_t>(r) + 1];
+    const int64_t len = cu[r + 1] - cu[r];
+    if (q1 == q0 || len == 0) continue;
+    const TensorView logits(ilogits_.data(), DType::f32, {q1 - q0, len}, cfg_.device);
+    indexer_logits_prefill(q.slice(0, q0, q1), w.slice(0, q0, q1), gk.slice(0, cu[r], cu[r + 1]),
+                           gs.slice(0, cu[r], cu[r + 1]), zero.slice(0, q0, q1), end.slice(0, q0, q1), logits);
+    indexer_topk(logits, {}, end.slice(0, q0, q1), out.slice(0, q0, q1));
+  }
+  topk_.download({T, topk_width_});
 }
 
 void TraceRunner::prepare_inputs(const StepBatch& batch, int64_t index) {
@@ -197,7 +271,7 @@ void TraceRunner::prepare_inputs(const StepBatch& batch, int64_t index) {
   std::copy(batch.slot_mapping.begin(), batch.slot_mapping.end(), slots_.h<int64_t>());
   std::copy(batch.block_table.begin(), batch.block_table.end(), block_table_.h<int32_t>());
   std::copy(batch.seq_lens.begin(), batch.seq_lens.end(), seq_lens_.h<int32_t>());
-  if (cfg_.sparse)
+  if (cfg_.sparse && !cfg_.real_indexer)
     fill_sparse_topk(topk_.h<int32_t>(), T, batch.token_pos.data(), topk_width_, cfg_.topk,
                      step_stream(cfg_.seed, index, 3));
   q_.upload({T, H_, P_ + R_});
@@ -206,7 +280,8 @@ void TraceRunner::prepare_inputs(const StepBatch& batch, int64_t index) {
   slots_.upload({T});
   block_table_.upload({batch.num_reqs() * batch.max_blocks});
   seq_lens_.upload({batch.num_reqs()});
-  if (cfg_.sparse) topk_.upload({T, topk_width_});
+  if (cfg_.sparse && !cfg_.real_indexer) topk_.upload({T, topk_width_});
+  if (cfg_.real_indexer) compute_indexer_topk(batch, index);
 }
 
 ForwardArgs TraceRunner::forward_args(const StepBatch& batch) const {
@@ -269,8 +344,12 @@ bool TraceRunner::step(int64_t index) {
   if (checker_.enabled())
     if (const std::vector<int64_t> picked = checker_.pick(batch); !picked.empty()) check(batch, plan, picked);
 
-  for (int32_t b : sched_.commit(batch))
+  for (int32_t b : sched_.commit(batch)) {
     poison(cache_.cache.data.select(0, b).data, cfg_.device, static_cast<std::size_t>(page_bytes_));
+    if (cfg_.real_indexer)
+      poison(icache_.cache.data.select(0, b).data, cfg_.device,
+             static_cast<std::size_t>(cfg_.trace.page_size * kIndexerEntryBytes));
+  }
   return true;
 }
 

@@ -28,6 +28,7 @@ struct RunConfig {
   float fp8_scale = 1.0f;
   bool sparse = false;
   int64_t topk = 0;
+  bool real_indexer = false;  // sparse: top-k rows from the lightning indexer (else synthetic rows)
   int64_t steps = 0;
   int64_t check_samples = 0;
   uint64_t seed = 0;

@@ -64,7 +64,8 @@ std::array<KindTotals, kNumStepKinds> by_step_kind(const RunStats& s) {
 double rate(double n, double secs) { return secs > 0 ? n / secs : 0.0; }
 
 std::string attention_kind(const RunConfig& c) {
-  return c.sparse ? fmt::format("sparse top-{}", c.topk) : std::string("dense");
+  return c.sparse ? fmt::format("sparse top-{} ({})", c.topk, c.real_indexer ? "lightning indexer" : "synthetic rows")
+                  : std::string("dense");
 }
 
 }  // namespace
@@ -172,6 +173,7 @@ void write_json(OutputFile& out, const RunConfig& c, const RunStats& s, const Or
                  {"heads_per_rank", c.dims.num_heads},
                  {"sparse", c.sparse},
                  {"topk", c.topk},
+                 {"topk_source", c.sparse ? (c.real_indexer ? "indexer" : "synthetic") : ""},
                  {"cache", to_string(c.format)},
                  {"page_size", c.trace.page_size},
                  {"steps", c.steps},

@@ -95,6 +95,31 @@ void indexer_logits_decode(const TensorView& q, const TensorView& weights, const
                            const TensorView& logits, const Context& ctx = {});
 
 // ---------------------------------------------------------------------------------------------
+// Query / key preparation of a V3.2 layer's indexer (DeepSeek's Indexer.forward between its
+// projections and the fp8 scoring). The projections are the caller's GEMMs (mla::gemm):
+//   q = q_lat @ wq_b  -> [T, h * 128] viewed [T, h, 128];  k = x @ wk -> [T, 128];
+//   weights_raw = x @ weights_proj -> [T, h]
+// Then per token (positions[t] indexes the rope table):
+//   k      <- LayerNorm(k; k_norm_weight, k_norm_bias, eps)                 (biased variance)
+//   q[h], k <- RoPE on dims [0, 64), NON-interleaved (NeoX: dim i pairs with i + 32):
+//             x_i' = x_i cos_i - x_{i+32} sin_i,  x_{i+32}' = x_{i+32} cos_i + x_i sin_i  (i < 32)
+//   q[h], k <- H x / sqrt(128) when `hadamard` (Sylvester Walsh-Hadamard; orthonormal, so exact
+//             logits are unchanged, but fp8 quantisation sees spread-out values, as DeepSeek does)
+//   q_codes[t, h] = e4m3(q[h] / s_h), s_h = the ue8m0 writer scale of amax |q[h]| (IndexerScale::ue8m0)
+//   weights[t, h] = weights_raw[t, h] * h^-1/2 * 128^-1/2 * s_h
+//   k_out[t] = k (rounded to k_out's dtype; write it with indexer_write_k)
+// Inputs: q [T, h, 128], k [T, 128], weights_raw [T, h] bf16/f16/f32 (CPU: f64 too; CUDA: one dtype
+// for q, k, weights_raw and k_out); positions [T] int32/int64; cos_sin [P, 64] f32 (cos of the 32
+// frequencies, then their sin: vLLM's cos_sin_cache); k_norm_weight, k_norm_bias [128] f32.
+// Outputs: q_codes [T, h, 128] fp8_e4m3 (u8 accepted), weights [T, h] f32, k_out [T, 128].
+// Arithmetic in fp32 (float64 in Precision::reference on the CPU). A position outside [0, P) is
+// refused on the CPU; CUDA reads no table row for it and writes NaN codes / weights / keys.
+void indexer_prepare(const TensorView& q, const TensorView& k, const TensorView& weights_raw,
+                     const TensorView& positions, const TensorView& cos_sin, const TensorView& k_norm_weight,
+                     const TensorView& k_norm_bias, const TensorView& q_codes, const TensorView& weights,
+                     const TensorView& k_out, double eps = 1e-6, bool hadamard = true, const Context& ctx = {});
+
+// ---------------------------------------------------------------------------------------------
 // Top-k per row (vLLM top_k_per_row_prefill / _decode). Row t considers columns [start, end) of
 // logits [T, N] f32 and writes into out [T, k] int32 the positions (column - start) of its
 // min(k, end - start) largest values, then -1 padding. Order: values descending, NaN below every

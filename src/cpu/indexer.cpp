@@ -63,8 +63,10 @@ void logits_row(const Acc* q, const Acc* w, int64_t h, int64_t lo, int64_t hi, i
     Acc sum = 0;
     for (int64_t hh = 0; hh < h; ++hh) {
       const Acc* qh = q + hh * D;
-      Acc dot = 0;
-      for (int64_t d = 0; d < D; ++d) dot += qh[d] * kv[d];
+      Acc part[8] = {};  // 8 independent sums: the compiler vectorises the fixed-size inner loop
+      for (int64_t d = 0; d < D; d += 8)
+        for (int i = 0; i < 8; ++i) part[i] += qh[d + i] * kv[d + i];
+      const Acc dot = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
       sum += w[hh] * indexer::relu_nan(dot * static_cast<Acc>(k.scale));
     }
     out[j] = static_cast<float>(sum);
@@ -132,6 +134,78 @@ void logits_decode_impl(const TensorView& q, const TensorView& weights, const In
   }
 }
 
+// In-place 128-point Walsh-Hadamard transform (Sylvester order), scaled by 1/sqrt(128).
+template <class Acc>
+void hadamard128(Acc* x) {
+  for (int m = 1; m < 128; m <<= 1)
+    for (int i = 0; i < 128; ++i)
+      if ((i & m) == 0) {
+        const Acc a = x[i], b = x[i | m];
+        x[i] = a + b;
+        x[i | m] = a - b;
+      }
+  const Acc norm = static_cast<Acc>(1.0 / std::sqrt(128.0));
+  for (int i = 0; i < 128; ++i) x[i] *= norm;
+}
+
+// Non-interleaved (NeoX) rope on dims [0, 64): dim i pairs with i + 32; cs = 32 cos then 32 sin.
+template <class Acc>
+void rope_neox(Acc* x, const float* cs) {
+  for (int i = 0; i < 32; ++i) {
+    const Acc c = cs[i], sn = cs[32 + i], a = x[i], b = x[i + 32];
+    x[i] = a * c - b * sn;
+    x[i + 32] = b * c + a * sn;
+  }
+}
+
+template <class Acc>
+void prepare_impl(const TensorView& q, const TensorView& k, const TensorView& weights_raw, const TensorView& positions,
+                  const TensorView& cos_sin, const TensorView& k_norm_weight, const TensorView& k_norm_bias,
+                  const TensorView& q_codes, const TensorView& weights, const TensorView& k_out, double eps,
+                  bool hadamard) {
+  const int64_t T = q.size(0), h = q.size(1);
+  const Acc wscale = static_cast<Acc>(1.0 / std::sqrt(static_cast<double>(h)) / std::sqrt(128.0));
+  auto row_ptr = [](const TensorView& v, int64_t i, int64_t j = 0) {
+    return static_cast<const char*>(v.data) +
+           (i * v.stride[0] + (v.ndim > 2 ? j * v.stride[1] : 0)) * static_cast<int64_t>(v.element_size());
+  };
+  const float* lnw = static_cast<const float*>(k_norm_weight.data);
+  const float* lnb = static_cast<const float*>(k_norm_bias.data);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* cs = static_cast<const float*>(cos_sin.data) + index_at(positions, t) * cos_sin.stride[0];
+    Acc x[D];
+    load_row(row_ptr(k, t), k.dtype, x, D);
+    Acc mean = 0, var = 0;
+    for (int64_t d = 0; d < D; ++d) mean += x[d];
+    mean /= static_cast<Acc>(D);
+    for (int64_t d = 0; d < D; ++d) var += (x[d] - mean) * (x[d] - mean);
+    const Acc inv = static_cast<Acc>(1) / std::sqrt(var / static_cast<Acc>(D) + static_cast<Acc>(eps));
+    for (int64_t d = 0; d < D; ++d)
+      x[d] = (x[d] - mean) * inv * static_cast<Acc>(lnw[d * k_norm_weight.stride[0]]) +
+             static_cast<Acc>(lnb[d * k_norm_bias.stride[0]]);
+    rope_neox(x, cs);
+    if (hadamard) hadamard128(x);
+    store_row(static_cast<char*>(k_out.data) + t * k_out.stride[0] * static_cast<int64_t>(k_out.element_size()),
+              k_out.dtype, x, D);
+    for (int64_t hh = 0; hh < h; ++hh) {
+      load_row(row_ptr(q, t, hh), q.dtype, x, D);
+      rope_neox(x, cs);
+      if (hadamard) hadamard128(x);
+      Acc amax = 0;
+      for (int64_t d = 0; d < D; ++d) amax = std::fmax(amax, std::fabs(x[d]));
+      const float sc = indexer::writer_scale(static_cast<float>(amax), true);
+      uint8_t* codes = static_cast<uint8_t*>(q_codes.data) + t * q_codes.stride[0] + hh * q_codes.stride[1];
+      for (int64_t d = 0; d < D; ++d) codes[d] = num::float_to_e4m3(to_float_odd(x[d] / static_cast<Acc>(sc)));
+      const Acc raw = static_cast<Acc>(num::load(row_ptr(weights_raw, t) + hh * weights_raw.stride[1] *
+                                                     static_cast<int64_t>(weights_raw.element_size()),
+                                                 weights_raw.dtype));
+      static_cast<float*>(weights.data)[t * weights.stride[0] + hh * weights.stride[1]] =
+          static_cast<float>(raw * wscale * static_cast<Acc>(sc));
+    }
+  }
+}
+
 // Calls f(double{}) in Precision::reference, f(float{}) otherwise: the accumulation type.
 template <class F>
 void with_accumulator(const Context& ctx, F&& f) {
@@ -189,6 +263,16 @@ void indexer_logits_decode(const TensorView& q, const TensorView& weights, const
                            const TensorView& logits, const Context& ctx) {
   with_accumulator(ctx, [&](auto acc) {
     logits_decode_impl<decltype(acc)>(q, weights, cache, block_table, seq_lens, s_q, logits);
+  });
+}
+
+void indexer_prepare(const TensorView& q, const TensorView& k, const TensorView& weights_raw,
+                     const TensorView& positions, const TensorView& cos_sin, const TensorView& k_norm_weight,
+                     const TensorView& k_norm_bias, const TensorView& q_codes, const TensorView& weights,
+                     const TensorView& k_out, double eps, bool hadamard, const Context& ctx) {
+  with_accumulator(ctx, [&](auto acc) {
+    prepare_impl<decltype(acc)>(q, k, weights_raw, positions, cos_sin, k_norm_weight, k_norm_bias, q_codes, weights,
+                                k_out, eps, hadamard);
   });
 }
 

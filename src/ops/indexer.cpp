@@ -1,6 +1,8 @@
 // Front ends of the lightning-indexer ops (mla/indexer.h, docs/INDEXER.md): validation, then backend
 // dispatch. Everything is checked before the backend runs, so a rejected call writes nothing.
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <limits>
 
 #include "core/checked.h"
@@ -27,6 +29,23 @@ void check_f32(const TensorView& t, int ndim, bool is_output, const char* op, co
   detail::check_dtype(t, DType::f32, op, arg);
   if (ndim > 1) detail::check_inner_contiguous(t, op, arg);
   detail::check_strides(t, is_output, op, arg);
+}
+
+// t has exactly `shape`.
+void check_shape(const TensorView& t, std::initializer_list<int64_t> shape, const char* op, const char* arg) {
+  detail::check_ndim(t, static_cast<int>(shape.size()), op, arg);
+  int d = 0;
+  for (int64_t n : shape) detail::check_size(t, d++, n, op, arg);
+}
+void check_activation_shape(const TensorView& t, std::initializer_list<int64_t> shape, bool is_output, const char* op,
+                            const char* arg) {
+  check_shape(t, shape, op, arg);
+  detail::check_activation(t, is_output, op, arg, detail::CudaActivations::bf16_f16_f32);
+}
+void check_f32_shape(const TensorView& t, std::initializer_list<int64_t> shape, bool is_output, const char* op,
+                     const char* arg) {
+  check_shape(t, shape, op, arg);
+  check_f32(t, static_cast<int>(shape.size()), is_output, op, arg);
 }
 
 // q [T, h, 128] codes and weights [T, h] f32; returns T.
@@ -142,6 +161,45 @@ void indexer_logits_decode(const TensorView& q, const TensorView& weights, const
   }
   if (T == 0 || logits.size(1) == 0) return;
   MLA_DISPATCH(cache.data.device, indexer_logits_decode, q, weights, cache, block_table, seq_lens, s_q, logits, ctx);
+}
+
+void indexer_prepare(const TensorView& q, const TensorView& k, const TensorView& weights_raw,
+                     const TensorView& positions, const TensorView& cos_sin, const TensorView& k_norm_weight,
+                     const TensorView& k_norm_bias, const TensorView& q_codes, const TensorView& weights,
+                     const TensorView& k_out, double eps, bool hadamard, const Context& ctx) {
+  constexpr const char* op = "indexer_prepare";
+  detail::check_ndim(q, 3, op, "q [T, h, 128]");
+  const int64_t T = q.size(0), h = q.size(1), D = kIndexerHeadDim;
+  MLA_CHECK(h >= 1, "{}: q needs h >= 1 heads, got {}", op, q.describe());
+  check_activation_shape(q, {T, h, D}, false, op, "q [T, h, 128]");
+  check_activation_shape(k, {T, D}, false, op, "k [T, 128]");
+  check_activation_shape(weights_raw, {T, h}, false, op, "weights_raw [T, h]");
+  check_activation_shape(k_out, {T, D}, true, op, "k_out [T, 128]");
+  detail::check_ndim(positions, 1, op, "positions [T]");
+  detail::check_index(positions, op, "positions");
+  detail::check_size(positions, 0, T, op, "positions");
+  detail::check_strides(positions, false, op, "positions");
+  check_f32(cos_sin, 2, false, op, "cos_sin [P, 64] (32 cos then 32 sin per position)");
+  detail::check_size(cos_sin, 1, 64, op, "cos_sin [P, 64] (32 cos then 32 sin per position)");
+  check_f32_shape(k_norm_weight, {D}, false, op, "k_norm_weight [128]");
+  check_f32_shape(k_norm_bias, {D}, false, op, "k_norm_bias [128]");
+  check_codes(q_codes, 3, op, "q_codes [T, h, 128]");
+  detail::check_strides(q_codes, true, op, "q_codes [T, h, 128]");
+  check_f32_shape(weights, {T, h}, true, op, "weights [T, h]");
+  detail::check_size(q_codes, 0, T, op, "q_codes [T, h, 128]");
+  detail::check_size(q_codes, 1, h, op, "q_codes [T, h, 128]");
+  for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&weights_raw, "weights_raw"}, std::pair{&k_out, "k_out"}})
+    detail::check_same_dtype_on_cuda(*t, q, op, name, "q");
+  MLA_CHECK(eps > 0 && std::isfinite(eps), "{}: eps must be positive and finite, got {}", op, eps);
+  detail::check_devices(q.device, op,
+                        {{k, "k"}, {weights_raw, "weights_raw"}, {positions, "positions"}, {cos_sin, "cos_sin"},
+                         {k_norm_weight, "k_norm_weight"}, {k_norm_bias, "k_norm_bias"}, {q_codes, "q_codes"},
+                         {weights, "weights"}, {k_out, "k_out"}});
+  if (q.device.is_cpu())
+    detail::check_values_in_range(positions, 0, cos_sin.size(0) - 1, op, "positions (rows of cos_sin)");
+  if (T == 0) return;
+  MLA_DISPATCH(q.device, indexer_prepare, q, k, weights_raw, positions, cos_sin, k_norm_weight, k_norm_bias, q_codes,
+               weights, k_out, eps, hadamard, ctx);
 }
 
 namespace {

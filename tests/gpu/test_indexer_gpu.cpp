@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/numeric.h"
 #include "gpu_test_util.h"
 #include "mla/indexer.h"
 #include "mla/variants.h"
@@ -26,6 +27,13 @@ namespace {
 
 namespace ix = test::indexer;
 using test::Mirror;
+
+// dst (any float dtype, host) <- src values, rounded to dst's dtype.
+void copy_convert(const Tensor& dst, const Tensor& src) {
+  const std::vector<double> v = test::to_doubles(src);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    num::store(static_cast<char*>(dst.data()) + i * dst.view().element_size(), dst.dtype(), v[i]);
+}
 
 IndexerKCache on_device(const IndexerKCache& host_cache, const Tensor& host_storage, const Tensor& dev_storage) {
   return IndexerKCache{test::rebase(host_cache.data, host_storage, dev_storage)};
@@ -260,6 +268,59 @@ TEST(IndexerTopkGpu, PipelineMatchesOracle) {
   indexer_topk_decode(lg, sl, p.s_q, out);
   const std::vector<int32_t> got = test::to_ints(out);
   EXPECT_EQ(ix::check_decode_topk(p, ref, mag, got, K, 4e-3), "");
+}
+
+// indexer_prepare on CUDA (fp32 arithmetic) against the CPU's float64 reference: codes equal except a
+// few neighbouring codes where fp32 crosses a rounding boundary, weights to fp32 rounding, k within
+// fp32 sums (bf16 k_out: within bf16 rounding). bf16 and f32 inputs; a position outside the table
+// gives NaN (never read).
+TEST(IndexerPrepareGpu, MatchesCpuReference) {
+  MLA_SKIP_WITHOUT_GPU();
+  const Device d = Device::cuda(0);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (bool hadamard : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << to_string(dt) << " hadamard " << hadamard);
+      ix::PrepareInputs in(37, 64);
+      // Inputs rounded to dt on the host, so both backends see the same values.
+      Tensor q(Tensor::empty({in.T, in.h, 128}, dt)), k(Tensor::empty({in.T, 128}, dt)), wr(Tensor::empty({in.T, in.h}, dt));
+      copy_convert(q, in.q);
+      copy_convert(k, in.k);
+      copy_convert(wr, in.w_raw);
+      Tensor codes = Tensor::empty({in.T, in.h, 128}, DType::fp8_e4m3), w = Tensor::empty({in.T, in.h}, DType::f32);
+      Tensor kout = Tensor::empty({in.T, 128}, dt);
+      indexer_prepare(q, k, wr, in.positions, in.cos_sin, in.ln_w, in.ln_b, codes, w, kout, 1e-6, hadamard,
+                      test::reference_ctx());
+      Tensor codes_d = test::poisoned({in.T, in.h, 128}, DType::u8, d), w_d = test::poisoned({in.T, in.h}, DType::f32, d);
+      Tensor kout_d = test::poisoned({in.T, 128}, dt, d);
+      indexer_prepare(q.to(d), k.to(d), wr.to(d), in.positions.to(d), in.cos_sin.to(d), in.ln_w.to(d), in.ln_b.to(d),
+                      codes_d, w_d, kout_d, 1e-6, hadamard);
+      const std::vector<uint8_t> cg = test::host_bytes(codes_d), cw = test::host_bytes(codes);
+      int64_t mismatches = 0;
+      for (std::size_t i = 0; i < cg.size(); ++i) {
+        if (cg[i] == cw[i]) continue;
+        ++mismatches;
+        ASSERT_EQ(std::abs(static_cast<int>(cg[i] & 0x7f) - static_cast<int>(cw[i] & 0x7f)), 1) << "code " << i;
+      }
+      EXPECT_LE(mismatches, static_cast<int64_t>(cg.size() / 500));
+      const std::vector<double> wg = test::to_doubles(w_d), wc = test::to_doubles(w);
+      for (std::size_t i = 0; i < wg.size(); ++i) ASSERT_NEAR(wg[i], wc[i], 1e-6 * std::fabs(wc[i])) << "weight " << i;
+      const std::vector<double> kg = test::to_doubles(kout_d), kc = test::to_doubles(kout);
+      for (std::size_t i = 0; i < kg.size(); ++i)  // bf16: the neighbouring value at most (2^-7 relative)
+        ASSERT_NEAR(kg[i], kc[i], (dt == DType::bf16 ? std::fabs(kc[i]) / 128 : 0.0) + 1e-5) << "k " << i;
+    }
+  }
+  // A position outside the table: that token's outputs are NaN, the others as before.
+  ix::PrepareInputs in(3, 4);
+  std::vector<int32_t> pos = test::to_ints(in.positions);
+  pos[1] = static_cast<int32_t>(in.P) + 5;
+  Tensor codes_d = Tensor::empty({3, 4, 128}, DType::u8, d), w_d = Tensor::empty({3, 4}, DType::f32, d);
+  Tensor kout_d = Tensor::empty({3, 128}, DType::f32, d);
+  indexer_prepare(in.q.to(d), in.k.to(d), in.w_raw.to(d), test::int_tensor(pos, d), in.cos_sin.to(d), in.ln_w.to(d),
+                  in.ln_b.to(d), codes_d, w_d, kout_d);
+  const std::vector<double> kg = test::to_doubles(kout_d), wg = test::to_doubles(w_d);
+  EXPECT_TRUE(std::isnan(kg[128])) << "k of the token without a table row";
+  EXPECT_TRUE(std::isfinite(kg[0]) && std::isfinite(kg[256]));
+  EXPECT_TRUE(std::isfinite(wg[0]));
 }
 
 }  // namespace

@@ -251,3 +251,114 @@ inline std::string check_decode_topk(const DecodeProblem& p, const std::vector<d
 }
 
 }  // namespace mla::test::indexer
+
+namespace mla::test::indexer {
+
+// indexer_prepare's oracle (float64, straight from the formulas of mla/indexer.h: LayerNorm, NeoX rope
+// on dims < 64, the Hadamard matrix product, the ue8m0 scale, codes by nearest value).
+struct PrepareOracle {
+  std::vector<double> q_scaled;  // [T, h, 128] q / s before rounding to e4m3
+  std::vector<float> q_scale;    // [T, h]
+  std::vector<double> weights;   // [T, h]
+  std::vector<double> k;         // [T, 128]
+};
+
+inline void oracle_transform(std::vector<double>& x, const float* cs, bool hadamard) {
+  for (int i = 0; i < 32; ++i) {
+    const double c = cs[i], s = cs[32 + i], a = x[static_cast<std::size_t>(i)], b = x[static_cast<std::size_t>(i + 32)];
+    x[static_cast<std::size_t>(i)] = a * c - b * s;
+    x[static_cast<std::size_t>(i + 32)] = b * c + a * s;
+  }
+  if (!hadamard) return;
+  std::vector<double> y(128, 0.0);
+  for (int i = 0; i < 128; ++i)
+    for (int j = 0; j < 128; ++j)
+      y[static_cast<std::size_t>(i)] += ((__builtin_popcount(static_cast<unsigned>(i & j)) & 1) ? -1.0 : 1.0) *
+                                        x[static_cast<std::size_t>(j)];
+  for (int i = 0; i < 128; ++i) x[static_cast<std::size_t>(i)] = y[static_cast<std::size_t>(i)] / std::sqrt(128.0);
+}
+
+// Inputs as f32 host tensors: q [T, h, 128], k [T, 128], w_raw [T, h], positions (int32), cos_sin [P, 64],
+// ln_w, ln_b [128].
+inline PrepareOracle prepare_oracle(const std::vector<float>& q, const std::vector<float>& k,
+                                    const std::vector<float>& w_raw, const std::vector<int32_t>& pos,
+                                    const std::vector<float>& cos_sin, const std::vector<float>& ln_w,
+                                    const std::vector<float>& ln_b, int64_t h, double eps, bool hadamard) {
+  const int64_t T = static_cast<int64_t>(pos.size());
+  PrepareOracle o;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* cs = cos_sin.data() + pos[static_cast<std::size_t>(t)] * 64;
+    std::vector<double> x(k.begin() + t * 128, k.begin() + (t + 1) * 128);
+    double mean = 0, var = 0;
+    for (double v : x) mean += v;
+    mean /= 128;
+    for (double v : x) var += (v - mean) * (v - mean);
+    var /= 128;
+    for (int d = 0; d < 128; ++d)
+      x[static_cast<std::size_t>(d)] = (x[static_cast<std::size_t>(d)] - mean) / std::sqrt(var + eps) * ln_w[static_cast<std::size_t>(d)] +
+                                       ln_b[static_cast<std::size_t>(d)];
+    oracle_transform(x, cs, hadamard);
+    o.k.insert(o.k.end(), x.begin(), x.end());
+    for (int64_t hh = 0; hh < h; ++hh) {
+      std::vector<double> y(q.begin() + (t * h + hh) * 128, q.begin() + (t * h + hh + 1) * 128);
+      oracle_transform(y, cs, hadamard);
+      double amax = 0;
+      for (double v : y) amax = std::max(amax, std::fabs(v));
+      const float plain = std::max(static_cast<float>(amax), 1e-4f) / 448.0f;
+      const float s = static_cast<float>(std::exp2(std::ceil(std::log2(static_cast<double>(plain)))));
+      for (double v : y) o.q_scaled.push_back(v / s);
+      o.q_scale.push_back(s);
+      o.weights.push_back(static_cast<double>(w_raw[static_cast<std::size_t>(t * h + hh)]) / std::sqrt(static_cast<double>(h)) /
+                          std::sqrt(128.0) * s);
+    }
+  }
+  return o;
+}
+
+// The e4m3 code nearest to x (ties to the even code), saturating at +-448; by the independent decoder.
+inline uint8_t nearest_code(double x) {
+  if (std::isnan(x)) return 0x7f;
+  uint8_t best = 0;
+  double best_err = std::numeric_limits<double>::infinity();
+  const double* ev = e4m3_values();
+  for (int c = 0; c < 256; ++c) {
+    const double v = ev[c];
+    if (std::isnan(v) || std::signbit(v) != std::signbit(x)) continue;
+    const double err = std::fabs(v - std::clamp(x, -448.0, 448.0));
+    if (err < best_err || (err == best_err && (c & 1) == 0)) best = static_cast<uint8_t>(c), best_err = err;
+  }
+  return best;
+}
+
+// Random inputs of indexer_prepare (f32) with a real rope table (theta 10000, 64 rope dims).
+struct PrepareInputs {
+  int64_t T, h, P = 40;
+  Tensor q, k, w_raw, positions, cos_sin, ln_w, ln_b;
+  PrepareInputs(int64_t t, int64_t heads) : T(t), h(heads) {
+    q = test::random_tensor({T, h, 128}, DType::f32, Device::cpu(), -3, 3);
+    k = test::random_tensor({T, 128}, DType::f32, Device::cpu(), -2, 4);
+    w_raw = test::random_tensor({T, h}, DType::f32, Device::cpu(), -1, 1);
+    ln_w = test::random_tensor({128}, DType::f32, Device::cpu(), 0.5, 1.5);
+    ln_b = test::random_tensor({128}, DType::f32, Device::cpu(), -0.1, 0.1);
+    std::vector<int32_t> pos;
+    for (int64_t i = 0; i < T; ++i) pos.push_back(static_cast<int32_t>((i * 7 + 3) % P));
+    positions = test::int_tensor(pos);
+    cos_sin = Tensor::empty({P, 64}, DType::f32);
+    for (int64_t p = 0; p < P; ++p)
+      for (int i = 0; i < 32; ++i) {
+        const double a = static_cast<double>(p) * std::pow(10000.0, -2.0 * i / 64.0);
+        static_cast<float*>(cos_sin.data())[p * 64 + i] = static_cast<float>(std::cos(a));
+        static_cast<float*>(cos_sin.data())[p * 64 + 32 + i] = static_cast<float>(std::sin(a));
+      }
+  }
+  std::vector<float> f(const Tensor& t) const {
+    const std::vector<double> d = test::to_doubles(t);
+    return std::vector<float>(d.begin(), d.end());
+  }
+  PrepareOracle oracle(bool hadamard) const {
+    return prepare_oracle(f(q), f(k), f(w_raw), test::to_ints(positions), f(cos_sin), f(ln_w), f(ln_b), h, 1e-6,
+                              hadamard);
+  }
+};
+
+}  // namespace mla::test::indexer

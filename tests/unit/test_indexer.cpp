@@ -27,21 +27,6 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
   return b;
 }
 
-// The expected e4m3 code of x, by the independent decoder: the nearest value, ties to the even code,
-// saturating at 448.
-uint8_t expected_code(double x) {
-  if (std::isnan(x)) return 0x7f;
-  uint8_t best = 0;
-  double best_err = std::numeric_limits<double>::infinity();
-  for (int c = 0; c < 256; ++c) {
-    const double v = ix::e4m3_value(static_cast<uint8_t>(c));
-    if (std::isnan(v) || std::signbit(v) != std::signbit(x)) continue;
-    const double err = std::fabs(v - std::clamp(x, -448.0, 448.0));
-    if (err < best_err || (err == best_err && (c & 1) == 0)) best = static_cast<uint8_t>(c), best_err = err;
-  }
-  return best;
-}
-
 TEST(IndexerCache, WriteLayoutAndScaleRules) {
   for (IndexerScale mode : {IndexerScale::ue8m0, IndexerScale::amax}) {
     const int64_t page = 5, blocks = 3;
@@ -64,7 +49,7 @@ TEST(IndexerCache, WriteLayoutAndScaleRules) {
       const float s = ix::key_scale(block, page, slot % page);
       EXPECT_EQ(s, want) << "row " << row;
       for (int d = 0; d < 128; ++d)
-        ASSERT_EQ(ix::key_codes(block, slot % page)[d], expected_code(static_cast<double>(kp[row * 128 + d] / s)))
+        ASSERT_EQ(ix::key_codes(block, slot % page)[d], ix::nearest_code(static_cast<double>(kp[row * 128 + d] / s)))
             << "row " << row << " d " << d;
     };
     check_row(0, 7);
@@ -337,6 +322,51 @@ TEST(IndexerErrors, BadInputsWriteNothing) {
                   "k = 0");
   expect_rejected([&] { indexer_topk_decode(lg, test::int_tensor({21, 3}), 1, out); }, out, "seq_len past N");
   expect_rejected([&] { indexer_topk_decode(lg, test::int_tensor({2}), 1, out); }, out, "T != b * s_q");
+}
+
+// ---- query / key preparation ----------------------------------------------------------------
+
+TEST(IndexerPrepare, MatchesOracle) {
+  for (bool hadamard : {true, false}) {
+    for (Precision prec : {Precision::reference, Precision::fast}) {
+      SCOPED_TRACE(::testing::Message() << "hadamard " << hadamard << " precision " << static_cast<int>(prec));
+      ix::PrepareInputs in(6, 64);
+      const ix::PrepareOracle o = in.oracle(hadamard);
+      Tensor codes = Tensor::empty({in.T, in.h, 128}, DType::fp8_e4m3), w = test::poisoned({in.T, in.h}, DType::f32);
+      Tensor kout = test::poisoned({in.T, 128}, DType::f32);
+      indexer_prepare(in.q, in.k, in.w_raw, in.positions, in.cos_sin, in.ln_w, in.ln_b, codes, w, kout, 1e-6, hadamard,
+                      Context{nullptr, prec});
+      const auto* cp = static_cast<const uint8_t*>(codes.data());
+      int64_t mismatches = 0;
+      for (std::size_t i = 0; i < o.q_scaled.size(); ++i) {
+        const uint8_t want = ix::nearest_code(o.q_scaled[i]);
+        if (cp[i] == want) continue;
+        ++mismatches;  // fp32 arithmetic may cross a rounding boundary: then the neighbouring code
+        ASSERT_NE(prec, Precision::reference) << "code " << i;
+        ASSERT_EQ(std::abs(static_cast<int>(cp[i] & 0x7f) - static_cast<int>(want & 0x7f)), 1) << "code " << i;
+      }
+      EXPECT_LE(mismatches, static_cast<int64_t>(o.q_scaled.size() / 500));
+      const std::vector<double> wg = test::to_doubles(w), kg = test::to_doubles(kout);
+      for (std::size_t i = 0; i < o.weights.size(); ++i)
+        ASSERT_NEAR(wg[i], o.weights[i], 1e-6 * std::fabs(o.weights[i])) << "weight " << i;
+      for (std::size_t i = 0; i < o.k.size(); ++i) ASSERT_NEAR(kg[i], o.k[i], 2e-6 * 4) << "k " << i;
+    }
+  }
+}
+
+TEST(IndexerPrepare, BadInputsWriteNothing) {
+  ix::PrepareInputs in(3, 4);
+  Tensor codes = Tensor::empty({3, 4, 128}, DType::fp8_e4m3), w = test::poisoned({3, 4}, DType::f32);
+  Tensor kout = test::poisoned({3, 128}, DType::f32);
+  std::memset(codes.data(), 0, codes.nbytes());
+  auto run = [&](const TensorView& pos, const TensorView& cs, const TensorView& wr, double eps) {
+    indexer_prepare(in.q, in.k, wr, pos, cs, in.ln_w, in.ln_b, codes, w, kout, eps);
+  };
+  expect_rejected([&] { run(test::int_tensor({0, 40, 1}), in.cos_sin, in.w_raw, 1e-6); }, codes, "position past the table");
+  expect_rejected([&] { run(test::int_tensor({0, -1, 1}), in.cos_sin, in.w_raw, 1e-6); }, kout, "negative position");
+  expect_rejected([&] { run(in.positions, in.cos_sin.view().slice(1, 0, 32), in.w_raw, 1e-6); }, codes, "cos_sin width");
+  expect_rejected([&] { run(in.positions, in.cos_sin, in.w_raw.view().slice(1, 0, 3), 1e-6); }, w, "weights_raw heads");
+  expect_rejected([&] { run(in.positions, in.cos_sin, in.w_raw, 0.0); }, codes, "eps 0");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #pragma once
-// Indexer K cache kernels (docs/INDEXER.md §1).
+// Indexer K cache kernels (docs/INDEXER.md §1). Included by launch.cu only (non-template kernels are
+// defined here: one translation unit).
 //   write:  one warp per token; lane l holds values 4l..4l+3, amax by butterfly shuffles, the scale rule
 //           of core/indexer_math.h, codes e4m3_satfinite(x / scale) stored as one 4-byte word per lane,
 //           the scale by lane 0. Slots < 0 and slots outside the cache are skipped. No shared memory.
@@ -10,20 +11,11 @@
 
 #include "core/indexer_math.h"
 #include "cuda/common/convert.cuh"
+#include "cuda/indexer/cache_addr.cuh"
 #include "cuda/indexer/params.h"
 #include "mla/indexer.h"
 
 namespace mla::cuda::indexer {
-
-__device__ __forceinline__ uint8_t* block_base(const CacheRef& c, int64_t block) {
-  return c.base + block * c.block_stride;
-}
-__device__ __forceinline__ uint8_t* codes_ptr(const CacheRef& c, int64_t block, int64_t off) {
-  return block_base(c, block) + off * kIndexerHeadDim;
-}
-__device__ __forceinline__ float* scale_ptr(const CacheRef& c, int64_t block, int64_t off) {
-  return reinterpret_cast<float*>(block_base(c, block) + c.page_size * kIndexerHeadDim + off * kIndexerScaleBytes);
-}
 
 template <class Act>
 __global__ void write_k_kernel(const WriteParams<typename Act::Storage> p) {

@@ -2,10 +2,13 @@
 // logits launchers and their dispatch table are in logits.cu.
 #include <cuda_runtime.h>
 
+#include <cmath>
+
 #include "cuda/common/act_type.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/indexer/cache_kernel.cuh"
+#include "cuda/indexer/prepare_kernel.cuh"
 #include "cuda/indexer/topk_kernel.cuh"
 
 namespace mla::cuda {
@@ -59,6 +62,54 @@ void indexer_gather_k(const IndexerKCache& cache, const TensorView& dst_k, const
   p.tot = dst_k.size(0);
   indexer::gather_k_kernel<<<grid_for(p.tot, kWarps, "indexer_gather_k"), kWarps * 32, 0, stream_of(ctx)>>>(p);
   check_launch("indexer_gather_k");
+}
+
+void indexer_prepare(const TensorView& q, const TensorView& k, const TensorView& weights_raw,
+                     const TensorView& positions, const TensorView& cos_sin, const TensorView& k_norm_weight,
+                     const TensorView& k_norm_bias, const TensorView& q_codes, const TensorView& weights,
+                     const TensorView& k_out, double eps, bool hadamard, const Context& ctx) {
+  DeviceGuard guard(q.device);
+  constexpr int kWarps = 8;
+  const int64_t T = q.size(0), h = q.size(1);
+  dispatch_activation(q.dtype, "indexer_prepare", [&](auto act) {
+    using Act = decltype(act);
+    using S = typename Act::Storage;
+    indexer::PrepareParams<S> p{};
+    p.q = static_cast<const S*>(q.data);
+    p.q_row = q.stride[0];
+    p.q_head = q.stride[1];
+    p.k = static_cast<const S*>(k.data);
+    p.k_row = k.stride[0];
+    p.w_raw = static_cast<const S*>(weights_raw.data);
+    p.wr_row = weights_raw.stride[0];
+    p.wr_head = weights_raw.stride[1];
+    p.positions = positions.data;
+    p.pos_stride = positions.stride[0];
+    p.pos_i64 = positions.dtype == DType::i64;
+    p.cos_sin = static_cast<const float*>(cos_sin.data);
+    p.cs_row = cos_sin.stride[0];
+    p.num_pos = cos_sin.size(0);
+    p.ln_w = static_cast<const float*>(k_norm_weight.data);
+    p.ln_w_stride = k_norm_weight.stride[0];
+    p.ln_b = static_cast<const float*>(k_norm_bias.data);
+    p.ln_b_stride = k_norm_bias.stride[0];
+    p.q_codes = static_cast<uint8_t*>(q_codes.data);
+    p.qc_row = q_codes.stride[0];
+    p.qc_head = q_codes.stride[1];
+    p.weights = static_cast<float*>(weights.data);
+    p.w_row = weights.stride[0];
+    p.w_head = weights.stride[1];
+    p.k_out = static_cast<S*>(k_out.data);
+    p.ko_row = k_out.stride[0];
+    p.num_tokens = T;
+    p.h = h;
+    p.eps = static_cast<float>(eps);
+    p.weight_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(h)) / std::sqrt(128.0));
+    p.hadamard = hadamard;
+    indexer::prepare_kernel<Act>
+        <<<grid_for(T * (h + 1), kWarps, "indexer_prepare"), kWarps * 32, 0, stream_of(ctx)>>>(p);
+    check_launch("indexer_prepare");
+  });
 }
 
 void indexer_topk_rows(const TensorView& logits, const TensorView& row_starts, const TensorView& row_ends,

@@ -3,7 +3,7 @@
 // range and the address of key j of a row (contiguous K or paged cache).
 #include <cstdint>
 
-#include "cuda/indexer/cache_kernel.cuh"
+#include "cuda/indexer/cache_addr.cuh"
 #include "cuda/indexer/params.h"
 
 namespace mla::cuda::indexer {
