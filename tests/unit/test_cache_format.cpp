@@ -120,3 +120,46 @@ TEST(CacheFormat, BadValuesRejectedByPlannerAndLayer) {
 
 }  // namespace
 }  // namespace mla
+
+namespace mla::test {
+namespace {
+
+// Issue 14: an fp8_ds_mla cache is u8, so a view may place rows at any byte (row stride 657 here:
+// odd starts). Readers and writers must load the fp32 scales and bf16 rope without assuming
+// alignment (UBSan's alignment check in scripts/sanitize.sh fails on a typed misaligned load); the
+// results equal those of the aligned cache.
+TEST(CacheFormat, DsMlaRowsAtOddBytes) {
+  const int64_t nb = 3, page = 5, slots = nb * page;
+  Tensor wide = Tensor::zeros({nb, page, 657}, DType::u8);
+  const KVCache odd{wide.view().slice(2, 1, 657), CacheFormat::fp8_ds_mla};
+  CacheBuffer aligned = allocate_cache(CacheFormat::fp8_ds_mla, nb, page, Device::cpu());
+  reseed(5);
+  const Tensor kv_c = random_tensor({slots, 512}, DType::f32), k_pe = random_tensor({slots, 64}, DType::f32);
+  std::vector<int64_t> s(static_cast<std::size_t>(slots));
+  for (int64_t i = 0; i < slots; ++i) s[i] = (i * 7) % slots;
+  const Tensor slot_t = int64_tensor(s);
+  write_cache(kv_c, k_pe, slot_t, odd);
+  write_cache(kv_c, k_pe, slot_t, aligned.cache);
+  for (int64_t i = 0; i < slots; ++i) ASSERT_EQ(decode_row(odd, i), decode_row(aligned.cache, i)) << "slot " << i;
+
+  const Tensor table = int_tensor_2d({{2, 0, 1}}), cu = int_tensor({0, slots});
+  Tensor g_odd = Tensor::empty({slots, 576}, DType::f32), g_al = Tensor::empty({slots, 576}, DType::f32);
+  gather_cache(odd, g_odd, table, cu);
+  gather_cache(aligned.cache, g_al, table, cu);
+  EXPECT_EQ(to_doubles(g_odd), to_doubles(g_al));
+
+  const Tensor q = random_tensor({1, 2, 4, 576}, DType::f32), lens = int_tensor({slots});
+  Tensor o_odd = Tensor::empty({1, 2, 4, 512}, DType::f32), o_al = Tensor::empty({1, 2, 4, 512}, DType::f32);
+  mqa_decode(q, odd, table, lens, o_odd, {}, 0.05);
+  mqa_decode(q, aligned.cache, table, lens, o_al, {}, 0.05);
+  EXPECT_EQ(to_doubles(o_odd), to_doubles(o_al));
+
+  const Tensor sq = random_tensor({2, 4, 576}, DType::f32), idx = int_tensor_2d({{0, 3, 14, -1}, {7, 7, 1, 9}});
+  Tensor s_odd = Tensor::empty({2, 4, 512}, DType::f32), s_al = Tensor::empty({2, 4, 512}, DType::f32);
+  sparse_mqa(sq, odd, idx, {}, s_odd, {}, 0.05);
+  sparse_mqa(sq, aligned.cache, idx, {}, s_al, {}, 0.05);
+  EXPECT_EQ(to_doubles(s_odd), to_doubles(s_al));
+}
+
+}  // namespace
+}  // namespace mla::test
