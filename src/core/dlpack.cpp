@@ -98,6 +98,10 @@ TensorView from_dlpack(const DLTensor& t) {
     const __int128 e = static_cast<__int128>(dtype_size(dt)), at = static_cast<__int128>(reinterpret_cast<uintptr_t>(data));
     MLA_CHECK(at + lo * e >= 0 && at + (hi + 1) * e - 1 <= static_cast<__int128>(std::numeric_limits<uintptr_t>::max()),
               "from_dlpack: the tensor's bytes wrap the address space ({} at {})", v.describe(), data);
+    // Lowest to highest byte within int64, so that every pointer difference in the ops is representable
+    // (also found by fuzz_dlpack: strides of both signs reaching 2^62 each way).
+    MLA_CHECK((hi - lo + 1) * e <= static_cast<__int128>(std::numeric_limits<int64_t>::max()),
+              "from_dlpack: the tensor spans more than 2^63 bytes ({})", v.describe());
   }
   return v;
 }

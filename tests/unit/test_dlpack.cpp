@@ -150,6 +150,14 @@ TEST(DLPack, RefusesMalformedHeaders) {
   u.data = reinterpret_cast<void*>(uintptr_t(8));
   u.strides = backwards;  // elements at 8, 4, 0, -4
   EXPECT_THROW(from_dlpack(u), Error);
+  // Strides of both signs, each reach representable, the whole span past 2^63 bytes.
+  int64_t shape3[2] = {2, 2}, strides3[2] = {int64_t(1) << 60, -(int64_t(1) << 60)};
+  u = t;
+  u.ndim = 2;
+  u.shape = shape3;
+  u.strides = strides3;
+  u.data = reinterpret_cast<void*>(uintptr_t(1) << 63);
+  EXPECT_THROW(from_dlpack(u), Error);
 }
 
 }  // namespace
