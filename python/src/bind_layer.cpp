@@ -47,21 +47,7 @@ void bind_layer(py::module_& m) {
 
   // ---- layer ----
   py::class_<LayerOptions>(m, "LayerOptions")
-      .def(py::init([](const py::kwargs& kw) {
-        // device and dtype also take their names ("cuda:0", "bf16", torch.device).
-        py::kwargs rest;
-        LayerOptions o;
-        for (auto item : kw) {
-          const std::string k = py::str(item.first);
-          if (k == "device") o.device = to_device(item.second);
-          else if (k == "dtype") o.dtype = to_dtype(item.second);
-          else rest[item.first] = item.second;
-        }
-        LayerOptions r = from_kwargs<LayerOptions>(rest);
-        r.device = o.device;
-        r.dtype = o.dtype;
-        return r;
-      }))
+      .def(py::init(&options_from_kwargs<LayerOptions>))
       .def_readwrite("dims", &LayerOptions::dims)
       .def_readwrite("cache_format", &LayerOptions::cache_format)
       .def_readwrite("sparse", &LayerOptions::sparse)
@@ -91,12 +77,8 @@ void bind_layer(py::module_& m) {
         a.q = q.view;
         a.kv_c = kv_c.view;
         a.k_pe = k_pe.view;
-        a.slot_mapping = slot_mapping.view;
-        a.block_table = block_table.view;
-        a.seq_lens = seq_lens.view;
-        a.topk_indices = topk_indices.view;
         a.out = out.view;
-        a.metadata = metadata.view;
+        set_step_tensors(a, slot_mapping, block_table, seq_lens, topk_indices, metadata);
         py::gil_scoped_release release;
         l.forward(plan, a, cache.cache, workspace.view, ctx);
       }, py::arg("plan"), py::arg("cache"), py::arg("workspace"), py::kw_only(), py::arg("q"), py::arg("kv_c"),

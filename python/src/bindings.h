@@ -44,10 +44,40 @@ py::object wrap(const mla::Tensor& t);                                      // m
 py::object wrap_view(const mla::TensorView& v, std::shared_ptr<void> owner);  // mla.Tensor keeping owner alive
 mla::DType to_dtype(py::handle obj);                                        // mla.DType or its name
 
+// Keyword construction of an options struct (from_kwargs) whose `device` and `dtype` also take their
+// names ("cuda:0", "bf16", torch.device).
+template <class T>
+T options_from_kwargs(const py::kwargs& kw) {
+  py::kwargs rest;
+  T o;
+  for (auto item : kw) {
+    const std::string k = py::str(item.first);
+    if (k == "device") o.device = to_device(item.second);
+    else if (k == "dtype") o.dtype = to_dtype(item.second);
+    else rest[item.first] = item.second;
+  }
+  T r = from_kwargs<T>(rest);
+  r.device = o.device;
+  r.dtype = o.dtype;
+  return r;
+}
+
+// The step tensors MlaAttention and DeepseekAttention share (ForwardArgs / DeepseekForwardArgs).
+template <class A>
+void set_step_tensors(A& a, const TensorArg& slot_mapping, const TensorArg& block_table, const TensorArg& seq_lens,
+                      const TensorArg& topk_indices, const TensorArg& metadata) {
+  a.slot_mapping = slot_mapping.view;
+  a.block_table = block_table.view;
+  a.seq_lens = seq_lens.view;
+  a.topk_indices = topk_indices.view;
+  a.metadata = metadata.view;
+}
+
 void bind_tensor(py::module_& m);
 void bind_ops(py::module_& m);
 void bind_plan(py::module_& m);
 void bind_layer(py::module_& m);
 void bind_indexer(py::module_& m);
+void bind_block(py::module_& m);  // checkpoints and the DeepSeek block
 
 }  // namespace mlapy

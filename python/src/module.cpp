@@ -20,4 +20,5 @@ PYBIND11_MODULE(_mla, m) {
   mlapy::bind_ops(m);
   mlapy::bind_layer(m);
   mlapy::bind_indexer(m);
+  mlapy::bind_block(m);
 }

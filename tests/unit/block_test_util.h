@@ -118,6 +118,7 @@ inline std::vector<double> serve(const DeepseekAttention& blk, const Tensor& hid
   pc.page_size = page;
   pc.max_model_len = 4096;
   pc.max_num_seqs = 4;
+  if (pc.sparse) pc.require_uniform = true;  // FlashMLA-sparse: uniform decodes
   const int64_t nb = (T + page - 1) / page;
   std::vector<int32_t> table(static_cast<std::size_t>(nb + 1));  // one spare block, never used
   std::iota(table.begin(), table.end(), 0);
@@ -141,6 +142,16 @@ inline std::vector<double> serve(const DeepseekAttention& blk, const Tensor& hid
         num::store(x.view().ptr_at({i, c}), dt, num::load(hidden.view().ptr_at({p, c}), hidden.dtype()));
     }
     const Tensor positions = int64_tensor(pos), slot_t = int64_tensor(slots), seq = int_tensor({static_cast<int32_t>(done + q)});
+    // Sparse blocks: every token's top-k row is its whole causal prefix (positions 0..p, -1 padded),
+    // so the sparse block computes the dense attention.
+    Tensor topk;
+    if (blk.options().sparse) {
+      const int64_t k = blk.config().index_topk;
+      std::vector<std::vector<int32_t>> rows(static_cast<std::size_t>(q), std::vector<int32_t>(static_cast<std::size_t>(k), -1));
+      for (int64_t i = 0; i < q; ++i)
+        for (int64_t j = 0; j <= done + i && j < k; ++j) rows[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = static_cast<int32_t>(j);
+      topk = int_tensor_2d(rows);
+    }
     Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(plan))}, DType::u8);
     const TensorView wsv = ws.view();
     fill(wsv, 255.0);  // NaN scratch: a read of an unwritten row shows
@@ -151,6 +162,7 @@ inline std::vector<double> serve(const DeepseekAttention& blk, const Tensor& hid
     a.block_table = bt;
     a.seq_lens = seq;
     a.out = y;
+    if (topk.defined()) a.topk_indices = topk;
     blk.forward(plan, a, cb.cache, wsv, Context{nullptr, precision});
     const std::vector<double> o = to_doubles(y);
     std::copy(o.begin(), o.end(), out.begin() + done * H);

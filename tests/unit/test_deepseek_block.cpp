@@ -108,6 +108,90 @@ TEST(DeepseekBlock, TensorParallelRanksSumToTheBlock) {
   }
 }
 
+// The sparse block (top-k rows = each token's whole causal prefix) computes the dense attention. Every
+// key comes from the bf16 cache in sparse mode, so the bf16 rule applies in every dtype.
+TEST(DeepseekBlock, SparseWithFullTopkMatchesTransformers) {
+  for (const char* name : {"v3_fp8", "v2lite_bf16"}) {
+    const Fixture f = test::block::load_fixture(name);
+    const Checkpoint ck(test::block::fixture_dir() + "/" + name);
+    DeepseekConfig cfg = f.config;
+    cfg.index_topk = static_cast<int>(f.T);
+    for (const DType dt : {DType::f64, DType::bf16}) {
+      DeepseekOptions o;
+      o.dtype = dt;
+      o.sparse = true;
+      const DeepseekAttention blk = DeepseekAttention::load(ck, cfg, kLayer, o);
+      for (const Split& s : splits(f.T)) {
+        const double err = test::rel_l2(
+            test::block::serve(blk, f.hidden, s.steps, dt == DType::f64 ? Precision::reference : Precision::fast),
+            f.out_ref);
+        EXPECT_LE(err, 1e-2) << name << " " << to_string(dt) << " " << s.name;
+        std::printf("  sparse %s %s %s: rel-L2 %.3e\n", name, to_string(dt), s.name, err);
+      }
+    }
+  }
+}
+
+// Bad step arguments: an mla::Error before anything is written (out stays NaN, the cache untouched).
+TEST(DeepseekBlock, RefusesBadStepArguments) {
+  const Fixture f = test::block::load_fixture("v2lite_bf16");
+  DeepseekOptions o;
+  o.dtype = DType::f32;
+  const DeepseekAttention blk = DeepseekAttention::load(Checkpoint(test::block::fixture_dir() + "/v2lite_bf16"),
+                                                        f.config, kLayer, o);
+  PlannerConfig pc = blk.planner_config();
+  pc.page_size = 16;
+  pc.max_model_len = 64;
+  pc.max_num_seqs = 2;
+  const int64_t T = 8, H = f.config.hidden_size;
+  const Plan plan = make_plan(BatchDesc{{0, static_cast<int32_t>(T)}, {static_cast<int32_t>(T)}}, pc);
+  CacheBuffer cb = allocate_cache(CacheFormat::bf16, 2, 16, Device::cpu());
+  std::memset(cb.storage.data(), 0xff, cb.storage.nbytes());
+  const Tensor hidden = test::random_tensor({T, H}, DType::f32), out = test::poisoned({T, H}, DType::f32);
+  std::vector<int64_t> pos(T), slots(T);
+  for (int64_t i = 0; i < T; ++i) pos[i] = slots[i] = i;
+  const Tensor positions = test::int64_tensor(pos), slot_t = test::int64_tensor(slots),
+               bt = test::int_tensor_2d({{0, 1}}), seq = test::int_tensor({static_cast<int32_t>(T)});
+  Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(plan))}, DType::u8);
+  DeepseekForwardArgs good;
+  good.hidden = hidden;
+  good.positions = positions;
+  good.slot_mapping = slot_t;
+  good.block_table = bt;
+  good.seq_lens = seq;
+  good.out = out;
+  auto refused = [&](DeepseekForwardArgs a, const TensorView& w, const char* what) {
+    EXPECT_THROW(blk.forward(plan, a, cb.cache, w), Error) << what;
+    for (double v : test::to_doubles(out)) ASSERT_TRUE(std::isnan(v)) << what << ": out was written";
+    for (std::size_t i = 0; i < cb.storage.nbytes(); ++i)
+      ASSERT_EQ(static_cast<const uint8_t*>(cb.storage.data())[i], 0xff) << what << ": the cache was written";
+  };
+  DeepseekForwardArgs a = good;
+  a.hidden = hidden.view().slice(1, 0, H - 1);
+  refused(a, ws, "hidden of the wrong width");
+  const Tensor bad_pos = test::int64_tensor({0, 1, 2, -3, 4, 5, 6, 7});
+  a = good;
+  a.positions = bad_pos;
+  refused(a, ws, "negative position");
+  const Tensor far_pos = test::int64_tensor({0, 1, 2, 3, 4, 5, 6, 64});
+  a.positions = far_pos;
+  refused(a, ws, "position past max_model_len");
+  a = good;
+  a.positions = positions.view().slice(0, 0, T - 1);
+  refused(a, ws, "too few positions");
+  a = good;
+  a.out = hidden;
+  refused(a, ws, "out aliasing hidden");
+  refused(good, ws.view().slice(0, 0, ws.size(0) - 1), "workspace one byte short");
+  const Tensor topk = test::int_tensor_2d({{0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}});
+  a = good;
+  a.topk_indices = topk;
+  refused(a, ws, "top-k indices for a dense block");
+  // The good step runs and writes every row.
+  blk.forward(plan, good, cb.cache, ws);
+  for (double v : test::to_doubles(out)) ASSERT_TRUE(std::isfinite(v));
+}
+
 // The YaRN tables against transformers' rotary module (fp32 tables, so a few 1e-6 apart).
 TEST(DeepseekBlock, RopeTablesMatchTransformers) {
   for (const char* name : {"v3_fp8", "v2lite_bf16"}) {

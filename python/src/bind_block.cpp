@@ -1,0 +1,122 @@
+// Checkpoints (mla/safetensors.h) and the whole DeepSeek attention block (mla/deepseek.h).
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "mla/deepseek.h"
+#include "mla/safetensors.h"
+
+namespace mlapy {
+
+#define MLA_RW(cls, f) .def_readwrite(#f, &cls::f)
+
+void bind_block(py::module_& m) {
+  using namespace mla;
+  py::class_<DeepseekConfig>(m, "DeepseekConfig",
+                             "DeepSeek V2 / V3 attention configuration (config.json): from_file, from_json, preset.")
+      .def(py::init([](const py::kwargs& kw) { return from_kwargs<DeepseekConfig>(kw); }))
+      .def_static("from_file", &DeepseekConfig::from_file, py::arg("path"))
+      .def_static("from_json", [](const std::string& text) { return DeepseekConfig::from_json(text); }, py::arg("text"))
+      .def_static("preset", &DeepseekConfig::preset, py::arg("name"))
+      MLA_RW(DeepseekConfig, model_type) MLA_RW(DeepseekConfig, hidden_size) MLA_RW(DeepseekConfig, num_attention_heads)
+      MLA_RW(DeepseekConfig, q_lora_rank) MLA_RW(DeepseekConfig, kv_lora_rank) MLA_RW(DeepseekConfig, qk_nope_head_dim)
+      MLA_RW(DeepseekConfig, qk_rope_head_dim) MLA_RW(DeepseekConfig, v_head_dim) MLA_RW(DeepseekConfig, rope_theta)
+      MLA_RW(DeepseekConfig, rms_norm_eps) MLA_RW(DeepseekConfig, rope_interleave) MLA_RW(DeepseekConfig, has_yarn)
+      MLA_RW(DeepseekConfig, yarn_factor) MLA_RW(DeepseekConfig, yarn_original_max_position_embeddings)
+      MLA_RW(DeepseekConfig, yarn_beta_fast) MLA_RW(DeepseekConfig, yarn_beta_slow) MLA_RW(DeepseekConfig, yarn_mscale)
+      MLA_RW(DeepseekConfig, yarn_mscale_all_dim) MLA_RW(DeepseekConfig, fp8_weights)
+      MLA_RW(DeepseekConfig, weight_block_rows) MLA_RW(DeepseekConfig, weight_block_cols)
+      MLA_RW(DeepseekConfig, index_topk)
+      .def("softmax_scale", &DeepseekConfig::softmax_scale)
+      .def("dims", &DeepseekConfig::dims, py::arg("tp") = 1);
+
+  py::class_<Checkpoint>(m, "Checkpoint",
+                         "A checkpoint directory (model.safetensors.index.json or its *.safetensors), read-only.")
+      .def(py::init<const std::string&>(), py::arg("dir"))
+      .def_property_readonly("dir", &Checkpoint::dir)
+      .def("has", &Checkpoint::has, py::arg("name"))
+      .def("names", &Checkpoint::names)
+      .def("shape", [](const Checkpoint& c, const std::string& n) { return c.info(n).shape; }, py::arg("name"))
+      .def("dtype", [](const Checkpoint& c, const std::string& n) { return std::string(to_string(c.info(n).dtype)); },
+           py::arg("name"))
+      .def("load", [](const Checkpoint& c, const std::string& n, py::handle dtype) {
+             return wrap(c.load(n, to_dtype(dtype)));
+           }, py::arg("name"), py::arg("dtype"), "A host copy of the tensor converted to dtype (mla.Tensor).");
+
+  py::class_<DeepseekOptions>(m, "DeepseekOptions")
+      .def(py::init(&options_from_kwargs<DeepseekOptions>))
+      MLA_RW(DeepseekOptions, tp) MLA_RW(DeepseekOptions, rank) MLA_RW(DeepseekOptions, cache_format)
+      MLA_RW(DeepseekOptions, sparse) MLA_RW(DeepseekOptions, ds_scale) MLA_RW(DeepseekOptions, device)
+      MLA_RW(DeepseekOptions, dtype);
+
+  py::class_<DeepseekAttention>(m, "DeepseekAttention",
+                                "The whole DeepSeek attention block of one layer (hidden states in, the rank's o_proj "
+                                "output out); docs/BLOCK.md.")
+      .def(py::init([](const DeepseekConfig& config, const py::dict& weights, const DeepseekOptions& options) {
+             // weights: "<name>.weight" (and "<name>.weight_scale_inv" for fp8) -> tensor, names as in the
+             // checkpoints' self_attn module (q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa,
+             // kv_a_layernorm, kv_b_proj, o_proj).
+             std::vector<TensorArg> keep;
+             keep.reserve(weights.size());
+             auto get = [&](const std::string& name) -> TensorView {
+               if (!weights.contains(name)) return {};
+               keep.push_back(weights[py::str(name)].cast<TensorArg>());
+               return keep.back().view;
+             };
+             for (auto item : weights) {
+               const std::string k = py::str(item.first);
+               static const char* known[] = {"q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj",
+                                             "o_proj", "q_a_layernorm", "kv_a_layernorm"};
+               bool ok = false;
+               for (const char* n : known)
+                 ok = ok || k == std::string(n) + ".weight" || k == std::string(n) + ".weight_scale_inv";
+               if (!ok) throw ArgError("DeepseekAttention: unknown weight '" + k + "'");
+             }
+             auto linear = [&](const std::string& n) { return DeepseekLinear{get(n + ".weight"), get(n + ".weight_scale_inv")}; };
+             DeepseekWeights w;
+             w.q_a_proj = linear("q_a_proj");
+             w.q_b_proj = linear("q_b_proj");
+             w.q_proj = linear("q_proj");
+             w.kv_a_proj_with_mqa = linear("kv_a_proj_with_mqa");
+             w.kv_b_proj = linear("kv_b_proj");
+             w.o_proj = linear("o_proj");
+             w.q_a_layernorm = get("q_a_layernorm.weight");
+             w.kv_a_layernorm = get("kv_a_layernorm.weight");
+             py::gil_scoped_release release;
+             return std::make_unique<DeepseekAttention>(config, w, options);
+           }),
+           py::arg("config"), py::arg("weights"), py::arg("options") = DeepseekOptions{})
+      .def_static("load", [](const Checkpoint& ck, const DeepseekConfig& config, int layer, const DeepseekOptions& o) {
+             py::gil_scoped_release release;
+             return std::make_unique<DeepseekAttention>(DeepseekAttention::load(ck, config, layer, o));
+           }, py::arg("checkpoint"), py::arg("config"), py::arg("layer"), py::arg("options") = DeepseekOptions{})
+      .def_property_readonly("config", &DeepseekAttention::config)
+      .def_property_readonly("options", &DeepseekAttention::options)
+      .def_property_readonly("layer_options", &DeepseekAttention::layer_options)
+      .def("planner_config", &DeepseekAttention::planner_config)
+      .def("workspace_bytes", &DeepseekAttention::workspace_bytes, py::arg("plan"))
+      .def("max_workspace_bytes", &DeepseekAttention::max_workspace_bytes, py::arg("config"), py::arg("max_num_tokens"))
+      .def("forward", [](const DeepseekAttention& b, const Plan& plan, const PyKVCache& cache, const TensorArg& workspace,
+                         const TensorArg& hidden, const TensorArg& positions, const TensorArg& slot_mapping,
+                         const TensorArg& block_table, const TensorArg& seq_lens, const TensorArg& out,
+                         const TensorArg& topk_indices, const TensorArg& metadata, Precision p) {
+        const Context ctx = to_context(hidden.view, py::none(), p);
+        DeepseekForwardArgs a;
+        a.hidden = hidden.view;
+        a.positions = positions.view;
+        a.out = out.view;
+        set_step_tensors(a, slot_mapping, block_table, seq_lens, topk_indices, metadata);
+        py::gil_scoped_release release;
+        b.forward(plan, a, cache.cache, workspace.view, ctx);
+      }, py::arg("plan"), py::arg("cache"), py::arg("workspace"), py::kw_only(), py::arg("hidden"), py::arg("positions"),
+         py::arg("slot_mapping"), py::arg("block_table"), py::arg("seq_lens"), py::arg("out"),
+         py::arg("topk_indices") = py::none(), py::arg("metadata") = py::none(), py::arg("precision") = Precision::fast,
+         "Run one step: writes the cache at slot_mapping and out [T, hidden_size] (this rank's o_proj partial sum).");
+}
+
+#undef MLA_RW
+
+}  // namespace mlapy

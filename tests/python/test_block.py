@@ -1,0 +1,95 @@
+"""The DeepSeek attention block (mla.DeepseekAttention) and the checkpoint reader through Python, on the
+transformers fixture (tests/fixtures/block, docs/BLOCK.md): the float64 block in one prefill within 1e-5
+of transformers' output, the block built from a dict of NumPy weights equal to the loaded one."""
+import os
+
+import numpy as np
+import pytest
+
+import mla
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "block")
+LAYER = 1
+PAGE = 64
+
+
+def serve_prefill(blk, hidden, precision):
+    """One prefill of the whole sequence (positions 0..T-1) into a fresh bf16 cache."""
+    T = hidden.shape[0]
+    pc = blk.planner_config()
+    pc.page_size, pc.max_model_len, pc.max_num_seqs = PAGE, 4096, 2
+    plan = mla.make_plan(mla.BatchDesc(query_start_loc=[0, T], seq_lens=[T]), pc)
+    nb = -(-T // PAGE)
+    cache = mla.allocate_cache(mla.CacheFormat.bf16, nb, PAGE)
+    mla.fill(cache.data, float("nan"))
+    table = np.arange(nb, dtype=np.int32)[None][:, ::-1].copy()  # reversed pages
+    pos = np.arange(T, dtype=np.int64)
+    slots = table[0, pos // PAGE].astype(np.int64) * PAGE + pos % PAGE
+    out = np.full(hidden.shape, np.nan)
+    blk.forward(plan, cache, mla.empty([blk.workspace_bytes(plan)], "u8"), hidden=hidden, positions=pos,
+                slot_mapping=slots, block_table=table, seq_lens=np.array([T], np.int32), out=out,
+                precision=precision)
+    return out
+
+
+def rel_l2(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("name", ["v3_fp8", "v2lite_bf16"])
+def test_block_matches_transformers(name):
+    cfg = mla.DeepseekConfig.from_file(os.path.join(FIX, name, "config.json"))
+    ck = mla.Checkpoint(os.path.join(FIX, name))
+    assert cfg.fp8_weights == name.endswith("fp8")
+    blk = mla.DeepseekAttention.load(ck, cfg, LAYER, mla.DeepseekOptions(dtype="f64"))
+    assert blk.layer_options.dims.num_heads == cfg.num_attention_heads
+    hidden, ref = load_io(name)
+    out = serve_prefill(blk, hidden, mla.Precision.reference)
+    assert rel_l2(out, ref) <= 1e-5
+
+    # The same block from a dict of the checkpoint's tensors in their own dtypes (fp8 codes and scales).
+    pre = f"model.layers.{LAYER}.self_attn."
+    weights = {}
+    for n in ck.names():
+        short = n[len(pre):]
+        dt = ck.dtype(n)
+        weights[short] = ck.load(n, {"BF16": "bf16", "F32": "f32", "F8_E4M3": "fp8_e4m3"}[dt])
+    blk2 = mla.DeepseekAttention(cfg, weights, mla.DeepseekOptions(dtype="f64"))
+    np.testing.assert_array_equal(serve_prefill(blk2, hidden, mla.Precision.reference), out)
+
+
+def load_io(name):
+    """hidden (float64 of the bf16 values) and out_ref from <name>_io.safetensors, read by NumPy alone."""
+    import json
+    import struct
+    with open(os.path.join(FIX, name + "_io.safetensors"), "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    data = b[8 + n:]
+
+    def get(key):
+        e = h[key]
+        raw = np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]],
+                            {"BF16": np.uint16, "F32": np.float32}[e["dtype"]])
+        if e["dtype"] == "BF16":
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        return raw.astype(np.float64).reshape(e["shape"])
+    return get("hidden"), get("out_ref")
+
+
+def test_checkpoint_and_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="not a directory"):
+        mla.Checkpoint(str(tmp_path / "missing"))
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+    with pytest.raises(ValueError, match="runs past the end"):
+        mla.Checkpoint(str(tmp_path))
+    with pytest.raises(ValueError, match="hidden_size"):
+        mla.DeepseekConfig.from_json('{"num_attention_heads": 2}')
+    v3 = mla.DeepseekConfig.preset("v3")
+    assert v3.q_lora_rank == 1536 and v3.fp8_weights and abs(v3.softmax_scale() - 0.13523377886088) < 1e-12
+    cfg = mla.DeepseekConfig.from_file(os.path.join(FIX, "v2lite_bf16", "config.json"))
+    with pytest.raises(TypeError, match="unknown weight"):
+        mla.DeepseekAttention(cfg, {"q_b.weight": np.zeros((2, 2))})
+    with pytest.raises(ValueError, match="q_proj"):
+        mla.DeepseekAttention(cfg, {}, mla.DeepseekOptions(dtype="f32"))
