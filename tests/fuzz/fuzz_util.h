@@ -3,6 +3,7 @@
 // a reader that turns the fuzzer's bytes into sizes, indices and edge values; FUZZ_REQUIRE, which
 // prints the broken contract and aborts (libFuzzer then saves the input as a reproducer); and the
 // all-or-nothing contract of a call run twice over destinations filled with two different poisons.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -100,28 +101,33 @@ inline std::vector<uint8_t> bytes_of(const Tensor& t) {
 }
 inline void fill(const Tensor& t, uint8_t poison) { std::memset(t.data(), poison, t.nbytes()); }
 
-// The two-poison contract: the destinations were filled with poison a (run 1, bytes `x`) and poison b
-// (run 2, bytes `y`) before the same call. Rejected: every byte still holds its poison. Accepted: every
-// byte is either untouched in both runs or written with the same value in both. Returns the index of
-// the first offending byte, or -1.
-inline int64_t poison_violation(const std::vector<uint8_t>& x, uint8_t a, const std::vector<uint8_t>& y, uint8_t b,
-                                bool rejected) {
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const bool untouched = x[i] == a && y[i] == b;
-    if (rejected ? !untouched : !(untouched || x[i] == y[i])) return static_cast<int64_t>(i);
-  }
-  return -1;
-}
-// The same contract for buffers that held different contents before each run (before0 / before1),
-// e.g. a cache whose unreadable rows carry the two poisons.
+// The two-poison contract for buffers that held different contents before the same call in each run
+// (before0 / before1, e.g. a cache whose unreadable rows carry the two poisons): rejected, every byte
+// is unchanged in both runs; accepted, every byte is either unchanged in both runs or written with the
+// same value in both. Returns the index of the first offending byte, or -1.
+// It compares 64-byte blocks with memcmp first (a block untouched in both runs, or equal in
+// both, satisfies the contract byte by byte) and looks at single bytes only in the other blocks: the
+// byte loop under coverage instrumentation was a seventh of fuzz_layer's time.
 inline int64_t change_violation(const std::vector<uint8_t>& before0, const std::vector<uint8_t>& after0,
                                 const std::vector<uint8_t>& before1, const std::vector<uint8_t>& after1,
                                 bool rejected) {
-  for (std::size_t i = 0; i < after0.size(); ++i) {
-    const bool untouched = after0[i] == before0[i] && after1[i] == before1[i];
-    if (rejected ? !untouched : !(untouched || after0[i] == after1[i])) return static_cast<int64_t>(i);
+  constexpr std::size_t kBlock = 64;
+  const std::size_t n = after0.size();
+  for (std::size_t b = 0; b < n; b += kBlock) {
+    const std::size_t len = std::min(kBlock, n - b);
+    const bool untouched = std::memcmp(&after0[b], &before0[b], len) == 0 && std::memcmp(&after1[b], &before1[b], len) == 0;
+    if (untouched || (!rejected && std::memcmp(&after0[b], &after1[b], len) == 0)) continue;
+    for (std::size_t i = b; i < b + len; ++i) {
+      const bool same = after0[i] == before0[i] && after1[i] == before1[i];
+      if (rejected ? !same : !(same || after0[i] == after1[i])) return static_cast<int64_t>(i);
+    }
   }
   return -1;
+}
+// The same for destinations filled with poison a (run 1, bytes `x`) and poison b (run 2, bytes `y`).
+inline int64_t poison_violation(const std::vector<uint8_t>& x, uint8_t a, const std::vector<uint8_t>& y, uint8_t b,
+                                bool rejected) {
+  return change_violation(std::vector<uint8_t>(x.size(), a), x, std::vector<uint8_t>(y.size(), b), y, rejected);
 }
 
 // x + y modulo 2^64 (hostile edits of int64 fields must not overflow in the harness itself).
