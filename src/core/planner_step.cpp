@@ -147,7 +147,9 @@ std::size_t max_step_metadata_bytes(const PlannerConfig& c, int64_t n) {
   c.validate();
   MLA_CHECK(n >= 0, "max_step_metadata_bytes: max_num_tokens must be >= 0, got {}", n);
   if (n == 0) return 0;
-  const int64_t max_prefills = std::min(n, c.max_num_seqs);
+  // Requests with no new token (q = 0) are accepted and still take their entries (issue 14: the bound
+  // counted at most one prefill per token), so every one of max_num_seqs requests may be a prefill.
+  const int64_t max_prefills = c.max_num_seqs;
   if (c.sparse) return static_cast<std::size_t>(2 * n + max_prefills) * sizeof(int32_t);
   const int64_t ws_rows = c.context_workspace_rows > 0
                               ? c.context_workspace_rows
@@ -155,7 +157,7 @@ std::size_t max_step_metadata_bytes(const PlannerConfig& c, int64_t n) {
   // k prefills with context get ws_rows / k rows each per chunk (page-rounded); the chunk count is
   // largest for the largest k the planner accepts.
   int64_t max_chunks = 0;
-  const int64_t max_context = c.max_model_len - 1;  // a prefill schedules >= 1 new token
+  const int64_t max_context = c.max_model_len;  // a request with no new token has seq_len of context
   for (int64_t k = 1; k <= max_prefills && max_context > 0; ++k) {
     int64_t chunk = ws_rows / k / c.page_size * c.page_size;
     if (chunk == 0) chunk = ws_rows / k;  // planner without page rounding

@@ -174,6 +174,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, std::size_t size) {
   b.num_tokens = in.flag() ? -1 : wrap_add(b.query_start_loc.back(), in.hostile(0, 8));
   b.decode_seq_len_bound = in.byte() % 4 == 0 ? in.hostile(0, 700) : 0;
 
+  if (std::getenv("FUZZ_VERBOSE")) {  // describe the call (for reproducers)
+    std::fprintf(stderr, "config: heads %d sparse %d topk %d format %d page %lld max_model_len %lld max_num_seqs %lld "
+                 "decode_threshold %lld uniform %d context_rows %lld sparse_rows %lld sms %d\nbatch: num_tokens %lld "
+                 "bound %lld, query_start_loc:", c.dims.num_heads, c.sparse, c.dims.index_topk,
+                 static_cast<int>(c.cache_format), static_cast<long long>(c.page_size),
+                 static_cast<long long>(c.max_model_len), static_cast<long long>(c.max_num_seqs),
+                 static_cast<long long>(c.decode_threshold), c.require_uniform,
+                 static_cast<long long>(c.context_workspace_rows), static_cast<long long>(c.sparse_workspace_rows),
+                 c.num_sms, static_cast<long long>(b.num_tokens), static_cast<long long>(b.decode_seq_len_bound));
+    for (int32_t x : b.query_start_loc) std::fprintf(stderr, " %d", x);
+    std::fprintf(stderr, "\nseq_lens:");
+    for (int32_t x : b.seq_lens) std::fprintf(stderr, " %d", x);
+    std::fprintf(stderr, "\n");
+  }
   Plan p;
   if (rejects([&] { p = make_plan(b, c); })) return 0;
   check_plan(p, b, c);

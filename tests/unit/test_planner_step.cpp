@@ -189,6 +189,30 @@ TEST(StepMetadata, SparseModes) {
   EXPECT_THROW(max_step_metadata_bytes(cfg, -1), Error);
 }
 
+// Issue 14 (found by fuzz_planner): requests with no new token take metadata entries too; the bound
+// assumed at most one prefill per token and was 4 bytes short here (sparse; dense 12).
+TEST(StepMetadata, BoundCountsRequestsWithoutTokens) {
+  PlannerConfig cfg;
+  cfg.dims = ModelDims::deepseek_v3(1);
+  cfg.dims.qk_nope_head_dim = cfg.dims.v_head_dim = 16;
+  cfg.dims.num_heads = 114;
+  cfg.dims.index_topk = 9;
+  cfg.sparse = true;
+  cfg.cache_format = CacheFormat::fp8_ds_mla;
+  cfg.page_size = 16;
+  cfg.max_model_len = 490;
+  cfg.max_num_seqs = 10;
+  cfg.decode_threshold = 3;
+  cfg.require_uniform = true;
+  cfg.num_sms = 52;
+  const Plan p = make_plan(batch_of({0, 1, 0}, {0, 198, 0}, 1), cfg);
+  EXPECT_LE(p.metadata.bytes(), max_step_metadata_bytes(cfg, p.num_tokens));
+  cfg.sparse = false;
+  cfg.dims.index_topk = 0;
+  const Plan d = make_plan(batch_of({0, 1, 0}, {0, 198, 0}, 1), cfg);  // dense: 32 bytes against a bound of 20
+  EXPECT_LE(d.metadata.bytes(), max_step_metadata_bytes(cfg, d.num_tokens));
+}
+
 // Issue 14: make_plan seals its plan; every edit of a field (scalars, nested structs, array values,
 // array lengths) changes plan_digest, so MlaAttention::forward refuses the edited plan.
 TEST(PlanSeal, MakePlanSealsAndEveryEditBreaksIt) {
