@@ -8,13 +8,16 @@
 //                chunk; h 128 / 16, d_qk 192 (k_pe shared by all heads), d_v 128; or one shape from the
 //                command line (--b --s-q --s-k --h-q --varlen --non-causal); or a named grid (--grid issue9).
 //                FLOPs causal = b*h*(s^2/2)*2*(192+128), non-causal = b*h*s_q*s_k*2*(192+128);
-//                bytes = q + k_nope + k_pe + v + out (+ lse), each once
+//                bytes = q + k_nope + k_pe + v + out (+ lse), each once; rows of >= 5e11 FLOPs are followed
+//                by cuBLAS at equal work (report_equal_work_gemm: the ceiling at the same power state)
 //   sparse_mqa:  default: T tokens x topk 2048 distinct cache rows (page 64), h 128 / 16, bf16 and
 //                fp8_ds_mla; or one shape from the command line (--b = T tokens, --h-q, --topk, --format,
 //                --pool = cache rows the indices are drawn from, 0: T*topk rows, each read once); or a named
 //                grid (--grid issue8: issue 8's table with FlashMLA's times, h 16 / 32 x topk 512 / 1024 /
 //                2048, bf16 rows, the sparse prefill shapes). FLOPs = 2*T*h*topk*(576+512);
 //                bytes = distinct rows * row_bytes + q + out
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -161,6 +164,25 @@ std::vector<PrefillCase> issue9_grid() {
   return g;
 }
 
+// The GEMM ceiling at one prefill row's work, timed right after it: the ceilings op times 8192^3 GEMMs of
+// ~1.4 ms, at whatever clock the GPU has then, but the GPU power-throttles (1485-1650 MHz at 700 W) in
+// long rows, so a long row is also compared with cuBLAS bf16 16384 x 16384 x k, 2 * 16384^2 * k ~ the
+// row's FLOPs (k a multiple of 256), timed the same way (L2 flushed, median): the same duty cycle.
+void report_equal_work_gemm(BenchContext& ctx, double flops) {
+  const Device dev = Device::cuda(ctx.device());
+  constexpr int64_t n = 16384;
+  const int64_t k = std::max<int64_t>(256, std::llround(flops / (2.0 * n * n) / 256.0) * 256);
+  Tensor a = Tensor::empty({n, k}, DType::bf16, dev), b = Tensor::empty({k, n}, DType::bf16, dev);
+  Tensor c = Tensor::empty({n, n}, DType::bf16, dev);
+  fill_uniform(a, -1, 1, 73, ctx.stream());
+  fill_uniform(b, -1, 1, 74, ctx.stream());
+  const Context op = ctx.op_context();
+  const double ms = ctx.time_ms([&] { gemm(a, b, c, 1.0f, 0.0f, op); });
+  ctx.report("gemm", "equal work to the row above: 16384x16384x" + std::to_string(k), ms,
+             2.0 * (2.0 * n * k + static_cast<double>(n) * n), 2.0 * n * n * static_cast<double>(k),
+             "cuBLAS bf16, flops = 2 m n k ~ the mha_prefill row's; bytes = a + b + c");
+}
+
 void run_prefill_case(BenchContext& ctx, const PrefillCase& c) {
   const Device dev = Device::cuda(ctx.device());
   const Context op = ctx.op_context();
@@ -202,6 +224,7 @@ void run_prefill_case(BenchContext& ctx, const PrefillCase& c) {
              ms, bytes, flops,
              "FLOPs = h*pairs*2*(192+128), pairs = sum over requests of s_q*s_k (non-causal) or "
              "s_q*(s_k-s_q)+s_q^2/2 (causal); bytes = q + k_nope + k_pe + v + out + lse");
+  if (flops >= 5e11) report_equal_work_gemm(ctx, flops);  // rows of >= ~1 ms: the clock drops in them
 }
 
 void bench_prefill(BenchContext& ctx) {

@@ -156,6 +156,31 @@ TEST_P(PrefillGpuVariant, StridedOut) {
 INSTANTIATE_TEST_SUITE_P(All, PrefillGpuVariant, ::testing::ValuesIn(test::variants_of("mha_prefill")),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
+// Persistent launches with several long units per CTA (the sweeps' units have at most 3 key tiles):
+// 16 heads x 6 query tiles x 5 requests = 480 units >= 2 per SM, so sm90 (causal) and the sm90_persist*
+// variants loop over units of up to 8 key tiles (the next unit's Q prefetched 4 tiles before the end,
+// its first K / V loaded before its Q), with units without keys and a non-causal request of 900 keys.
+// The oracle runs once per mask; every sm90 variant the device runs is compared with it.
+TEST(PrefillGpu, PersistentLongUnits) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(204);
+  const Batch b = make_batch(16, {{520, 520}, {700, 650}, {0, 40}, {130, 900}, {260, 260}, {90, 0}}, true);
+  const auto [q, kn, kp, v, cq, ck] = upload(b);
+  const Device gpu = Device::cuda(0);
+  for (bool causal : {true, false}) {
+    const Reference ref = oracle(b, causal);
+    for (const std::string& name : test::variants_of("mha_prefill")) {
+      if (name.rfind("sm90", 0) != 0 || !variant_runs_on_device("mha_prefill", name, 0)) continue;
+      ForceVariant force("mha_prefill", name);
+      Tensor out = test::poisoned({b.tq, b.h, kV}, DType::bf16, gpu), lse = test::poisoned({b.h, b.tq}, DType::f32, gpu);
+      mha_prefill(q, kn, on(kp, b.k_pe), v, cq, ck, b.max_q, b.max_k, out, lse, kScale, causal, Context{});
+      cuda_rt::synchronize(0);
+      test::expect_variant_ran("mha_prefill", name);
+      test::expect_attention_close(out, ref.out, lse, ref.lse, name + (causal ? " causal" : " non-causal"));
+    }
+  }
+}
+
 // Views whose rows are not 16-byte aligned (q, k_nope and v inside padded storage) take the element-copy
 // loader; results must not change.
 TEST(PrefillGpu, UnalignedViews) {

@@ -35,6 +35,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/ptx/barrier.cuh"
@@ -52,7 +53,17 @@
 
 namespace mla::cuda::prefill_sm90 {
 
-inline constexpr int kConsumerBarrier = 1;  // named barrier of the two consumer warpgroups (2, 3: pingpong turns)
+inline constexpr int kConsumerBarrier = 1;
+
+// Refinements of 2026-11-23 (kernel template parameter kOpts, a bit set; launch.cu's kAllOpts is what
+// the variants in use run, sm90_r* run subsets for the A/B):
+//   kHalfFirstTile: a consumer warpgroup whose rows see none of the upper 64 keys of the first-processed
+//     (masked) key tile, e.g. warpgroup 0 on an aligned causal diagonal tile, computes only its lower
+//     half (S m64n64, 4 P V k-steps): 1/4 of a tile less per causal unit;
+//   kEarlyNext: produce()'s early next-unit loads (persistent only);
+//   kWarpRelease: the consumers release Q / K / V stages once per warp (lane 0 after the warp's wgmma
+//     wait; the empty barriers count 8 arrivals) instead of once per thread (256).
+inline constexpr int kHalfFirstTile = 1, kEarlyNext = 2, kWarpRelease = 4;  // named barrier of the two consumer warpgroups (2, 3: pingpong turns)
 
 __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
@@ -148,23 +159,30 @@ struct Bars {
 // Producer thread: for every unit of the CTA that has keys, Q (once the consumers' last S of the
 // previous unit has read the single Q buffer), then K / V of key tiles n_tiles - 1 down to 0 into the
 // stage ring, whose stages and parities run on over units (it counts key tiles loaded so far).
-template <bool kPersistent>
+// kEarlyNext (persistent): a unit's first K / V tile is issued before its Q (it waits only for a ring
+// stage, which frees during the previous unit's last tiles, while Q waits for the previous unit's last
+// S), and the next unit's Q is prefetched into L2 four tiles before the current unit's end, so that
+// the Q load at the unit boundary is an L2 hit.
+template <bool kPersistent, int kOpts>
 __device__ __forceinline__ void produce(const PrefillParams& p, const Schedule<kPersistent>& sched,
                                         const CUtensorMap* q_map, const CUtensorMap* kn_map,
                                         const CUtensorMap* kp_map, const CUtensorMap* v_map, uint8_t* smem) {
   using T = Traits;
+  constexpr bool kEarly = kPersistent && (kOpts & kEarlyNext);
   const Bars bar(smem);
   int it = 0, nu = 0;
   for (int64_t x = sched.first(); x < sched.units; x = sched.next(x)) {
     const Unit u(p, x, kPersistent);
     if (!u.loads()) continue;
-    const int32_t qrow = static_cast<int32_t>(u.q_start + u.m0);
     const int32_t kp_head = p.kp_stride_h == 0 ? 0 : u.h;  // one shared rope row: the map has one head
-    if (nu > 0) ptx::mbar_wait(bar.q_empty, (nu - 1) & 1);
-    ptx::mbar_arrive_expect_tx(bar.q_full, T::kQBytes);
-    for (int c = 0; c < T::kQKPanels; ++c)
-      ptx::tma_load_3d(smem + T::kOffQ + c * T::kPanelBytes, q_map, bar.q_full, c * T::kPanelCols, u.h, qrow);
-    for (int j = 0; j < u.n_tiles; ++j, ++it) {
+    // The next unit with keys (kEarly): its Q rows go to L2 while this unit still has 4 tiles to load.
+    int64_t xn = sched.units;
+    if constexpr (kEarly) {
+      xn = sched.next(x);
+      while (xn < sched.units && !Unit(p, xn, kPersistent).loads()) xn = sched.next(xn);
+    }
+    const int prefetch_at = u.n_tiles > 4 ? u.n_tiles - 4 : 0;
+    auto load_kv = [&](int j) {  // processed tile j = key tile n_tiles - 1 - j
       const int stage = it % T::kStages;
       const uint32_t parity = (it / T::kStages) & 1;
       const int32_t krow = static_cast<int32_t>(u.k_start + (u.n_tiles - 1 - j) * T::kBlockN);
@@ -179,7 +197,21 @@ __device__ __forceinline__ void produce(const PrefillParams& p, const Schedule<k
       ptx::mbar_arrive_expect_tx(&bar.v_full[stage], T::kVBytes);
       ptx::tma_load_3d(v, v_map, &bar.v_full[stage], 0, u.h, krow);
       ptx::tma_load_3d(v + T::kPanelBytes, v_map, &bar.v_full[stage], T::kPanelCols, u.h, krow);
-    }
+      ++it;
+      if (kEarly && j == prefetch_at && xn < sched.units) {
+        const Unit n(p, xn, kPersistent);
+        for (int c = 0; c < T::kQKPanels; ++c)
+          ptx::tma_prefetch_l2_3d(q_map, c * T::kPanelCols, n.h, static_cast<int32_t>(n.q_start + n.m0));
+      }
+    };
+    const int j0 = kEarly && nu > 0 ? 1 : 0;
+    if (j0 == 1) load_kv(0);
+    if (nu > 0) ptx::mbar_wait(bar.q_empty, (nu - 1) & 1);
+    ptx::mbar_arrive_expect_tx(bar.q_full, T::kQBytes);
+    for (int c = 0; c < T::kQKPanels; ++c)
+      ptx::tma_load_3d(smem + T::kOffQ + c * T::kPanelBytes, q_map, bar.q_full, c * T::kPanelCols, u.h,
+                       static_cast<int32_t>(u.q_start + u.m0));
+    for (int j = j0; j < u.n_tiles; ++j) load_kv(j);
     ++nu;
   }
 }
@@ -191,30 +223,35 @@ struct Consumer {
   softmax::RowState st[2];
   int lim[2];  // largest visible key per row (-1: none)
 
-  // S = Q K^T for this warpgroup's rows: 12 k-steps over the 3 panels.
+  // S = Q K^T for this warpgroup's rows and the tile's first N keys (N 128: all; 64: the half a
+  // warpgroup needs when its rows see none of the rest; s[N / 2 ..] are left as they were and masked):
+  // 12 k-steps over the 3 panels.
+  template <int N>
   __device__ __forceinline__ static void issue_s(float (&s)[Traits::kBlockN / 2], const uint8_t* sq,
                                                  const uint8_t* sk) {
     using T = Traits;
+    float(&d)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(&s[0]);
     ptx::wgmma_fence_operand(s);
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < T::kDqk / 16; ++ks) {
       const int off = (ks / 4) * T::kPanelBytes + (ks % 4) * 32;
-      ptx::wgmma_bf16_ss<T::kBlockN>(s, ptx::desc_sw128_k_major(sq + off), ptx::desc_sw128_k_major(sk + off), ks > 0);
+      ptx::wgmma_bf16_ss<N>(d, ptx::desc_sw128_k_major(sq + off), ptx::desc_sw128_k_major(sk + off), ks > 0);
     }
     ptx::wgmma_commit_group();
   }
-  // O += P V: 8 k-steps of 16 keys; V MN-major, its two 64-column panels kPanelBytes apart.
+  // O += P V over the tile's first 16 kSteps keys (8: all); V MN-major, its two 64-column panels
+  // kPanelBytes apart.
+  template <int kSteps = Traits::kBlockN / 16>
   __device__ __forceinline__ void issue_pv(const uint8_t* sv) {
-    using T = Traits;
     ptx::wgmma_fence_operand(o);
 #pragma unroll
-    for (int kk = 0; kk < T::kBlockN / 16; ++kk) ptx::wgmma_fence_operand(pa[kk]);
+    for (int kk = 0; kk < kSteps; ++kk) ptx::wgmma_fence_operand(pa[kk]);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < T::kBlockN / 16; ++kk)
-      ptx::wgmma_bf16_rs<T::kDv, ptx::Major::MN>(o, pa[kk], ptx::desc_sw128_mn_major(sv + kk * 2048, T::kPanelBytes),
-                                                 true);
+    for (int kk = 0; kk < kSteps; ++kk)
+      ptx::wgmma_bf16_rs<Traits::kDv, ptx::Major::MN>(o, pa[kk],
+                                                      ptx::desc_sw128_mn_major(sv + kk * 2048, Traits::kPanelBytes), true);
     ptx::wgmma_commit_group();
   }
   // Online softmax of key tile `tile` (scores in s become probabilities); returns the O factors.
@@ -286,7 +323,8 @@ __device__ __forceinline__ void zero_v_tail(uint8_t* sv, int valid, int ct) {
 // FA3's inter-warpgroup schedule), so that one warpgroup's softmax runs under the other's wgmmas.
 // kPersistent: gridDim.x <= #SMs CTAs loop over the units (Schedule); the next unit's Q and first
 // K / V tiles load while the current one finishes. Else one CTA per unit.
-template <bool kPingpong, bool kPersistent>
+// kOpts: the refinements of 2026-11-23 (Opts), each selectable for an interleaved A/B (docs/PREFILL.md).
+template <bool kPingpong, bool kPersistent, int kOpts>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     mha_prefill_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kn_map,
                             const __grid_constant__ CUtensorMap kp_map, const __grid_constant__ CUtensorMap v_map,
@@ -304,14 +342,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   }
   const Bars bar(smem);
+  constexpr int kReleases = (kOpts & kWarpRelease) ? T::kConsumerThreads / 32 : T::kConsumerThreads;  // per release
   if (threadIdx.x == 0) {
     ptx::mbar_init(bar.q_full, 1);
-    ptx::mbar_init(bar.q_empty, T::kConsumerThreads);
+    ptx::mbar_init(bar.q_empty, kReleases);
     for (int i = 0; i < T::kStages; ++i) {
       ptx::mbar_init(&bar.k_full[i], 1);
       ptx::mbar_init(&bar.v_full[i], 1);
-      ptx::mbar_init(&bar.k_empty[i], T::kConsumerThreads);
-      ptx::mbar_init(&bar.v_empty[i], T::kConsumerThreads);
+      ptx::mbar_init(&bar.k_empty[i], kReleases);
+      ptx::mbar_init(&bar.v_empty[i], kReleases);
     }
     ptx::fence_mbarrier_init();
   }
@@ -324,7 +363,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::tma_prefetch_descriptor(&kn_map);
       ptx::tma_prefetch_descriptor(&kp_map);
       ptx::tma_prefetch_descriptor(&v_map);
-      produce(p, sched, &q_map, &kn_map, &kp_map, &v_map, smem);
+      produce<kPersistent, kOpts>(p, sched, &q_map, &kn_map, &kp_map, &v_map, smem);
     }
     return;
   }
@@ -348,6 +387,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (!(last && c == 1)) ptx::named_barrier_arrive(2 + (1 - c), T::kConsumerThreads);
   };
 
+  // A stage or Q release after the warp's wgmma wait (kReleases arrivals complete it).
+  auto release = [&](uint64_t* b) {
+    if (!(kOpts & kWarpRelease) || lane == 0) ptx::mbar_arrive(b);
+  };
   int it0 = 0, nu = 0;  // key tiles and units consumed so far (ring stages and parities, as produce())
   for (int64_t x = sched.first(); x < units; x = sched.next(x)) {
     const Unit u(p, x, kPersistent);
@@ -367,6 +410,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     auto stage_of = [&](int j) { return (it0 + j) % T::kStages; };
     auto parity_of = [&](int j) { return static_cast<uint32_t>(((it0 + j) / T::kStages) & 1); };
     auto needs_mask = [&](int tile) { return (tile + 1) * T::kBlockN > u.n_full; };
+    // kHalfFirstTile: `half` when this warpgroup's last valid row (the one that sees the most keys) sees none of
+    // keys 64..127 of the first-processed tile: its S and P V run on the lower 64 keys (the mask sets
+    // the rest of S to -inf, so P is 0 there).
+    bool half = false;  // constant false without kHalfFirstTile: one mainloop instance
+    if constexpr ((kOpts & kHalfFirstTile) != 0) {
+      const int i_first = u.m0 + 64 * c, i_last = min(i_first + 63, u.sq - 1);
+      const int wg_lim = i_last < i_first ? -1 : p.causal ? min(u.sk - u.sq + i_last, u.sk - 1) : u.sk - 1;
+      half = wg_lim < (u.n_tiles - 1) * T::kBlockN + T::kBlockN / 2;
+    }
     // The first-processed tile (key tile n_tiles - 1, j = 0) holds keys past the request when
     // tail_valid < 128: its V rows from tail_valid on are zeroed before its P V (j = 1, or the last).
     const int tail_valid = u.sk - (u.n_tiles - 1) * T::kBlockN;
@@ -378,49 +430,68 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     };
     if (kPingpong && c == 1) ptx::named_barrier_arrive(2, T::kConsumerThreads);
 
-    float s[T::kBlockN / 2];
-    float alpha[2];
-    ptx::mbar_wait(bar.q_full, nu & 1);
-    ptx::mbar_wait(&bar.k_full[stage_of(0)], parity_of(0));
-    turn_begin();
-    Consumer::issue_s(s, sq, k_tile(stage_of(0)));
-    turn_end(false);
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence_operand(s);
-    ptx::mbar_arrive(&bar.k_empty[stage_of(0)]);
-    if (u.n_tiles == 1) ptx::mbar_arrive(bar.q_empty);  // the unit's last S has read Q
-    cs.softmax_tile(s, u.n_tiles - 1, needs_mask(u.n_tiles - 1), p.scale_log2, t4, alpha);
-    cs.to_pa(s);
-
-    for (int j = 1; j < u.n_tiles; ++j) {
-      const int stage = stage_of(j), prev = stage_of(j - 1), tile = u.n_tiles - 1 - j;
-      zero_tail_if(j == 1);
-      ptx::mbar_wait(&bar.k_full[stage], parity_of(j));
-      ptx::mbar_wait(&bar.v_full[prev], parity_of(j - 1));
+    // The unit's products, as one straight pipeline per kHalf: a branch between a wgmma's issue and its
+    // wait (e.g. choosing the first tile's P V length inside the loop) makes ptxas stall the products
+    // it has in flight there, silently: the first try of kHalfFirstTile had one and lost 22% (docs/PREFILL.md).
+    // So the choice is made once per unit, around a whole pipeline whose every branch point has no
+    // product in flight.
+    auto mainloop = [&](auto half_c) {
+      constexpr bool kHalf = decltype(half_c)::value;
+      float s[T::kBlockN / 2];
+      float alpha[2];
+      ptx::mbar_wait(bar.q_full, nu & 1);
+      ptx::mbar_wait(&bar.k_full[stage_of(0)], parity_of(0));
       turn_begin();
-      Consumer::issue_s(s, sq, k_tile(stage));
-      cs.issue_pv(v_tile(prev));
+      Consumer::issue_s<kHalf ? T::kBlockN / 2 : T::kBlockN>(s, sq, k_tile(stage_of(0)));
       turn_end(false);
-      ptx::wgmma_wait_group<1>();
+      ptx::wgmma_wait_group<0>();
       ptx::wgmma_fence_operand(s);
-      ptx::mbar_arrive(&bar.k_empty[stage]);
-      if (tile == 0) ptx::mbar_arrive(bar.q_empty);
-      cs.softmax_tile(s, tile, needs_mask(tile), p.scale_log2, t4, alpha);
+      release(&bar.k_empty[stage_of(0)]);
+      if (u.n_tiles == 1) release(bar.q_empty);  // the unit's last S has read Q
+      cs.softmax_tile(s, u.n_tiles - 1, needs_mask(u.n_tiles - 1), p.scale_log2, t4, alpha);
+      cs.to_pa(s);
+
+      // Processed tile j >= 1: S_j, and P V of tile j - 1 over its first 16 kPv keys.
+      auto tile_step = [&](int j, auto pv_c) {
+        constexpr int kPv = decltype(pv_c)::value;
+        const int stage = stage_of(j), prev = stage_of(j - 1), tile = u.n_tiles - 1 - j;
+        zero_tail_if(j == 1);
+        ptx::mbar_wait(&bar.k_full[stage], parity_of(j));
+        ptx::mbar_wait(&bar.v_full[prev], parity_of(j - 1));
+        turn_begin();
+        Consumer::issue_s<T::kBlockN>(s, sq, k_tile(stage));
+        cs.template issue_pv<kPv>(v_tile(prev));
+        turn_end(false);
+        ptx::wgmma_wait_group<1>();
+        ptx::wgmma_fence_operand(s);
+        release(&bar.k_empty[stage]);
+        if (tile == 0) release(bar.q_empty);
+        cs.softmax_tile(s, tile, needs_mask(tile), p.scale_log2, t4, alpha);
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(cs.o);
+        release(&bar.v_empty[prev]);
+        cs.rescale_o(alpha);
+        cs.to_pa(s);
+      };
+      if (u.n_tiles > 1) tile_step(1, std::integral_constant<int, (kHalf ? T::kBlockN / 32 : T::kBlockN / 16)>{});
+      for (int j = 2; j < u.n_tiles; ++j) tile_step(j, std::integral_constant<int, T::kBlockN / 16>{});
+
+      // The last tile's P V (all 8 k-steps even after a half first tile: its upper P is 0 and its V rows
+      // are real keys or zeroed, so the product is exact, and one sequence keeps this straight).
+      const int last = stage_of(u.n_tiles - 1);
+      zero_tail_if(u.n_tiles == 1);
+      ptx::mbar_wait(&bar.v_full[last], parity_of(u.n_tiles - 1));
+      turn_begin();
+      cs.issue_pv(v_tile(last));
+      turn_end(true);
       ptx::wgmma_wait_group<0>();
       ptx::wgmma_fence_operand(cs.o);
-      ptx::mbar_arrive(&bar.v_empty[prev]);
-      cs.rescale_o(alpha);
-      cs.to_pa(s);
-    }
-    const int last = stage_of(u.n_tiles - 1);
-    zero_tail_if(u.n_tiles == 1);
-    ptx::mbar_wait(&bar.v_full[last], parity_of(u.n_tiles - 1));
-    turn_begin();
-    cs.issue_pv(v_tile(last));
-    turn_end(true);
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence_operand(cs.o);
-    ptx::mbar_arrive(&bar.v_empty[last]);
+      release(&bar.v_empty[last]);
+    };
+    if (half)
+      mainloop(std::true_type{});
+    else
+      mainloop(std::false_type{});
 
     // Epilogue: full row sums, O / l, LSE.
 #pragma unroll
