@@ -157,9 +157,10 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillGpuVariant, ::testing::ValuesIn(test::varia
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // Persistent launches with several long units per CTA (the sweeps' units have at most 3 key tiles):
-// 16 heads x 6 query tiles x 5 requests = 480 units >= 2 per SM, so sm90 (causal) and the sm90_persist*
-// variants loop over units of up to 8 key tiles (the next unit's Q prefetched 4 tiles before the end,
-// its first K / V loaded before its Q), with units without keys and a non-causal request of 900 keys.
+// 16 heads x 6 query tiles x 6 requests = 576 units >= 2 per SM, so sm90 (causal), sm90_persist and the
+// comparison variants loop over units of up to 8 key tiles (sm90_loads: the next unit's Q prefetched 4
+// tiles before the end, its first K / V loaded before its Q), with half first tiles, requests without
+// keys and a non-causal request of 900 keys.
 // The oracle runs once per mask; every sm90 variant the device runs is compared with it.
 TEST(PrefillGpu, PersistentLongUnits) {
   MLA_SKIP_WITHOUT_GPU();

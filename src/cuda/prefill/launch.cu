@@ -100,11 +100,9 @@ dispatch::Table<dispatch::PrefillArgs>& dispatch::mha_prefill_table() {
         prefill_sm90::supports, prefill_sm90::run_persistent},
        {{"sm90_nopp", 90, 90, "the sm90 kernel without the consumers' pingpong turns (comparison)"},
         prefill_sm90::supports, prefill_sm90::run_no_pingpong},
-       {{"sm90_r0", 90, 90, "sm90 as of 6a95c2a, none of the 2026-11-23 refinements (comparison)"},
-        prefill_sm90::supports, prefill_sm90::run_opts_none},
-       {{"sm90_half", 90, 90, "sm90_r0 + half first tile where a warpgroup sees only its lower half (comparison)"},
-        prefill_sm90::supports, prefill_sm90::run_opts_half},
-       {{"sm90_loads", 90, 90, "sm90_r0 + early next-unit loads (persistent) + per-warp releases (comparison)"},
+       {{"sm90_r0", 90, 90, "sm90 as of 6a95c2a: no half first tile (comparison)"}, prefill_sm90::supports,
+        prefill_sm90::run_opts_none},
+       {{"sm90_loads", 90, 90, "sm90 + early next-unit loads (persistent) + per-warp stage releases (comparison)"},
         prefill_sm90::supports, prefill_sm90::run_opts_loads},
        {{"portable", 80, 0, "mma.sync engine: d_nope + d_rope <= 192, d_v <= 128"}, nullptr, run_portable}});
   return table;

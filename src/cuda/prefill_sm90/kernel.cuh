@@ -14,6 +14,8 @@
 //     panels + k_pe 1 panel, two tensor maps into one tile) and V (2 panels) into a 2-stage ring with
 //     full / empty mbarriers per stage, K and V separately (the S product needs only K).
 //   warpgroups 1, 2 (consumers): rows 64c .. 64c + 63 of the tile each, independent online softmax.
+//     A warpgroup whose rows see none of the upper 64 keys of the first-processed tile (warpgroup 0 on
+//     an aligned causal diagonal) runs that tile's S and P V on its lower 64 keys only (kHalfFirstTile).
 //     Per key tile j (intra-warpgroup overlap, FA3's two-stage schedule):
 //       issue S_j = Q K_j^T     wgmma m64n128k16 ss x 12 (fp32 S, 64 registers)
 //       issue O += P_{j-1} V_{j-1}   wgmma m64n128k16 rs x 8 (P bf16 in registers, V MN-major)
@@ -56,13 +58,15 @@ namespace mla::cuda::prefill_sm90 {
 inline constexpr int kConsumerBarrier = 1;
 
 // Refinements of 2026-11-23 (kernel template parameter kOpts, a bit set; launch.cu's kAllOpts is what
-// the variants in use run, sm90_r* run subsets for the A/B):
+// the variants in use run: kHalfFirstTile; sm90_r0 runs none, sm90_loads all three, for A/Bs):
 //   kHalfFirstTile: a consumer warpgroup whose rows see none of the upper 64 keys of the first-processed
 //     (masked) key tile, e.g. warpgroup 0 on an aligned causal diagonal tile, computes only its lower
 //     half (S m64n64, 4 P V k-steps): 1/4 of a tile less per causal unit;
 //   kEarlyNext: produce()'s early next-unit loads (persistent only);
 //   kWarpRelease: the consumers release Q / K / V stages once per warp (lane 0 after the warp's wgmma
 //     wait; the empty barriers count 8 arrivals) instead of once per thread (256).
+// Interleaved A/B (nvidia-h200, docs/PREFILL.md): kHalfFirstTile +2.5% at b 4 s 4096 h 128 causal; the
+// other two together -1.2% there and down to -13% at h 16, so they are off in the variants in use.
 inline constexpr int kHalfFirstTile = 1, kEarlyNext = 2, kWarpRelease = 4;  // named barrier of the two consumer warpgroups (2, 3: pingpong turns)
 
 __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }

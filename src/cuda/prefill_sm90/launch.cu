@@ -70,7 +70,9 @@ namespace {
 // Schedules of run_kernel (kernel.cuh, Schedule): one CTA per unit, persistent pairs, or the choice by
 // unit count that the default variant makes.
 enum class Sched { one_per_cta, persistent, automatic };
-constexpr int kAllOpts = kHalfFirstTile | kEarlyNext | kWarpRelease;  // kernel.cuh's kOpts of the variants in use
+// kernel.cuh's kOpts of the variants in use: the half first tile only. The early next-unit loads and the
+// per-warp releases measured slower (interleaved A/B, docs/PREFILL.md) and run only in sm90_loads.
+constexpr int kAllOpts = kHalfFirstTile;
 
 template <bool kPingpong, Sched kSched, int kOpts = kAllOpts>
 void run_kernel(const dispatch::PrefillArgs& a) {
@@ -124,7 +126,9 @@ void run_kernel(const dispatch::PrefillArgs& a) {
       (kSched == Sched::persistent || (kSched == Sched::automatic && a.causal && q_tiles <= 32));
   const unsigned grid = persistent ? grid_for(std::min<int64_t>((units + 1) / 2, sms), 1, "mha_prefill (sm90)")
                                    : grid_for(units, 1, "mha_prefill (sm90)");
-  auto kernel = persistent ? mha_prefill_sm90_kernel<kPingpong, true, kOpts> : mha_prefill_sm90_kernel<kPingpong, false, kOpts>;
+  auto kernel = mha_prefill_sm90_kernel<kPingpong, false, kOpts>;
+  if constexpr (kSched != Sched::one_per_cta)  // no persistent instantiation where it never runs
+    if (persistent) kernel = mha_prefill_sm90_kernel<kPingpong, true, kOpts>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
              "mha_prefill (sm90): shared-memory limit");
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream_of(a.ctx)>>>(q_map, kn_map, kp_map, v_map, p, units);
@@ -138,7 +142,8 @@ void run_one_per_cta(const dispatch::PrefillArgs& a) { run_kernel<true, Sched::o
 void run_persistent(const dispatch::PrefillArgs& a) { run_kernel<true, Sched::persistent>(a); }
 void run_no_pingpong(const dispatch::PrefillArgs& a) { run_kernel<false, Sched::one_per_cta>(a); }
 void run_opts_none(const dispatch::PrefillArgs& a) { run_kernel<true, Sched::automatic, 0>(a); }
-void run_opts_half(const dispatch::PrefillArgs& a) { run_kernel<true, Sched::automatic, kHalfFirstTile>(a); }
-void run_opts_loads(const dispatch::PrefillArgs& a) { run_kernel<true, Sched::automatic, kEarlyNext | kWarpRelease>(a); }
+void run_opts_loads(const dispatch::PrefillArgs& a) {
+  run_kernel<true, Sched::automatic, kHalfFirstTile | kEarlyNext | kWarpRelease>(a);
+}
 
 }  // namespace mla::cuda::prefill_sm90

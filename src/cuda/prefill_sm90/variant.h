@@ -14,10 +14,10 @@ void run(const dispatch::PrefillArgs& a);
 void run_one_per_cta(const dispatch::PrefillArgs& a);
 void run_persistent(const dispatch::PrefillArgs& a);
 void run_no_pingpong(const dispatch::PrefillArgs& a);  // consumers issue independently
-// run (automatic schedule) with subsets of kernel.cuh's refinements of 2026-11-23 (Opts), for the
-// interleaved A/B (docs/PREFILL.md): none (as of 6a95c2a), kHalfFirstTile only, kEarlyNext + kWarpRelease.
+// run (automatic schedule) with other sets of kernel.cuh's refinements of 2026-11-23 (kOpts), for
+// interleaved A/Bs (docs/PREFILL.md): none (the kernel as of 6a95c2a); all three (kHalfFirstTile +
+// kEarlyNext + kWarpRelease, measured slower than the half first tile alone).
 void run_opts_none(const dispatch::PrefillArgs& a);
-void run_opts_half(const dispatch::PrefillArgs& a);
 void run_opts_loads(const dispatch::PrefillArgs& a);
 
 }  // namespace mla::cuda::prefill_sm90
