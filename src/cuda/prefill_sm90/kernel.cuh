@@ -55,7 +55,7 @@
 
 namespace mla::cuda::prefill_sm90 {
 
-inline constexpr int kConsumerBarrier = 1;
+inline constexpr int kConsumerBarrier = 1;  // named barrier of the two consumer warpgroups (2, 3: pingpong turns)
 
 // Refinements of 2026-11-23 (kernel template parameter kOpts, a bit set; launch.cu's kAllOpts is what
 // the variants in use run: kHalfFirstTile; sm90_r0 runs none, sm90_loads all three, for A/Bs):
@@ -67,7 +67,7 @@ inline constexpr int kConsumerBarrier = 1;
 //     wait; the empty barriers count 8 arrivals) instead of once per thread (256).
 // Interleaved A/B (nvidia-h200, docs/PREFILL.md): kHalfFirstTile +2.5% at b 4 s 4096 h 128 causal; the
 // other two together -1.2% there and down to -13% at h 16, so they are off in the variants in use.
-inline constexpr int kHalfFirstTile = 1, kEarlyNext = 2, kWarpRelease = 4;  // named barrier of the two consumer warpgroups (2, 3: pingpong turns)
+inline constexpr int kHalfFirstTile = 1, kEarlyNext = 2, kWarpRelease = 4;
 
 __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
