@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/checked.h"
 #include "core/planner_util.h"
 #include "mla/plan.h"
 
@@ -144,30 +145,36 @@ bool same_launches(const Plan& a, const Plan& b) {
 }
 
 std::size_t max_step_metadata_bytes(const PlannerConfig& c, int64_t n) {
+  constexpr const char* op = "max_step_metadata_bytes";
+  using detail::checked_add;
+  using detail::checked_mul;
   c.validate();
   MLA_CHECK(n >= 0, "max_step_metadata_bytes: max_num_tokens must be >= 0, got {}", n);
   if (n == 0) return 0;
   // Requests with no new token (q = 0) are accepted and still take their entries (issue 14: the bound
   // counted at most one prefill per token), so every one of max_num_seqs requests may be a prefill.
+  // Hostile configs and counts throw instead of wrapping, and nothing loops over them.
   const int64_t max_prefills = c.max_num_seqs;
-  if (c.sparse) return static_cast<std::size_t>(2 * n + max_prefills) * sizeof(int32_t);
+  auto bytes = [&](int64_t ints) { return detail::checked_size(checked_mul(ints, sizeof(int32_t), op), op); };
+  if (c.sparse) return bytes(checked_add(checked_mul(2, n, op), max_prefills, op));
   const int64_t ws_rows = c.context_workspace_rows > 0
                               ? c.context_workspace_rows
                               : chunked_prefill_workspace_rows(c.max_model_len, c.max_num_seqs, c.page_size, 0);
-  // k prefills with context get ws_rows / k rows each per chunk (page-rounded); the chunk count is
-  // largest for the largest k the planner accepts.
+  // k prefills with context get ws_rows / k rows each per chunk (page-rounded; unrounded when that is
+  // 0; the planner refuses k > ws_rows). The chunk never grows with k, so the chunk count is largest
+  // for the largest k the planner accepts.
   int64_t max_chunks = 0;
   const int64_t max_context = c.max_model_len;  // a request with no new token has seq_len of context
-  for (int64_t k = 1; k <= max_prefills && max_context > 0; ++k) {
+  if (const int64_t k = std::min(max_prefills, ws_rows); k >= 1 && max_context > 0) {
     int64_t chunk = ws_rows / k / c.page_size * c.page_size;
     if (chunk == 0) chunk = ws_rows / k;  // planner without page rounding
-    if (chunk == 0) break;                // the planner refuses this many prefills with context
-    max_chunks = std::max(max_chunks, (max_context + chunk - 1) / chunk);
+    max_chunks = max_context / chunk + (max_context % chunk != 0);
   }
-  const int64_t per_chunk = 2 * max_prefills + 1;  // cu_seq_lens and seq_starts
-  // DCP: every decode token's local length, and each chunk's local cu / starts beside the global ones.
-  const int64_t dcp = c.dcp.world_size > 1 ? n + max_chunks * per_chunk : 0;
-  return static_cast<std::size_t>((max_prefills + 1) + max_chunks * per_chunk + dcp) * sizeof(int32_t);
+  // Each chunk: cu_seq_lens and seq_starts. DCP: every decode token's local length, and each chunk's
+  // local cu / starts beside the global ones.
+  const int64_t chunk_ints = checked_mul(max_chunks, checked_add(checked_mul(2, max_prefills, op), 1, op), op);
+  const int64_t dcp = c.dcp.world_size > 1 ? checked_add(n, chunk_ints, op) : 0;
+  return bytes(checked_add(checked_add(checked_add(max_prefills, 1, op), chunk_ints, op), dcp, op));
 }
 
 }  // namespace mla

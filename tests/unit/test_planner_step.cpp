@@ -211,6 +211,13 @@ TEST(StepMetadata, BoundCountsRequestsWithoutTokens) {
   cfg.dims.index_topk = 0;
   const Plan d = make_plan(batch_of({0, 1, 0}, {0, 198, 0}, 1), cfg);  // dense: 32 bytes against a bound of 20
   EXPECT_LE(d.metadata.bytes(), max_step_metadata_bytes(cfg, d.num_tokens));
+  // Counts near int64 throw at once (no loop over requests, no wrapped product).
+  cfg.max_num_seqs = int64_t{1} << 61;
+  cfg.context_workspace_rows = int64_t{1} << 60;
+  EXPECT_THROW(max_step_metadata_bytes(cfg, 1), Error);
+  cfg.sparse = true;
+  cfg.dims.index_topk = 9;
+  EXPECT_THROW(max_step_metadata_bytes(cfg, int64_t{1} << 62), Error);
 }
 
 // Issue 14: make_plan seals its plan; every edit of a field (scalars, nested structs, array values,
