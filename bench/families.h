@@ -14,6 +14,7 @@ void register_attention(Registry& r); // attention_bench.cu: mqa_decode, mha_pre
 void register_layer(Registry& r);     // layer_bench.cu: MlaAttention::forward for whole steps
 void register_dcp(Registry& r);       // dcp.cu: decode context parallelism over NCCL (tokens/s, 1 vs N GPUs)
 void register_indexer(Registry& r);   // indexer.cu: lightning-indexer logits (decode / prefill) and top-k
+void register_block(Registry& r);     // block_bench.cu: DeepseekAttention::forward (V3 rank), its GEMMs
 
 inline void register_all(Registry& r) {
   register_ceilings(r);
@@ -24,6 +25,7 @@ inline void register_all(Registry& r) {
   register_layer(r);
   register_dcp(r);
   register_indexer(r);
+  register_block(r);
 }
 #endif
 

@@ -17,13 +17,24 @@
 // block dequantises each rank's slice exactly (in float64) at construction and rounds once to the
 // layer dtype; the float64 layer therefore holds the checkpoint's exact values.
 //
-// Runs on the CPU (bf16 / f32 activations, or f64 with Precision::reference: the float64 oracle).
-// The CUDA block (RMSNorm / RoPE kernels and a block-scaled fp8 GEMM) is not built yet: a CUDA
-// device is refused with an mla::Error.
+// Runs on the CPU (bf16 / f32 activations, or f64 with Precision::reference: the float64 oracle) and
+// on CUDA (bf16): projections through mla::gemm (cuBLAS) into f32 scratch, RMSNorm and RoPE through
+// mla::rms_norm / mla::apply_rope (mla/block_ops.h), MlaAttention, o_proj.
+//
+// fp8 checkpoints, two ways (DeepseekOptions::fp8_activations):
+//   false (default)  each rank slice is dequantised once at load (exact) and rounded to the layer
+//                    dtype: bf16 GEMMs, the accuracy of transformers' own bf16 path;
+//   true             w8a8 as DeepSeek's inference code: weights stay e4m3 with their 128 x 128 scales,
+//                    each GEMM quantises its activations in 1 x 128 groups (mla::quantize_fp8_groups)
+//                    and runs the block-scaled fp8 GEMM (mla::gemm_fp8_block: cuBLASLt on CUDA). The
+//                    activation rounding (e4m3: 2^-4 relative) costs accuracy (docs/BLOCK.md).
+//                    A rank slice that does not start on a 128 block boundary (odd head splits) keeps
+//                    the dequantised form for that projection.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "mla/cache.h"
 #include "mla/layer.h"
@@ -62,7 +73,8 @@ struct DeepseekOptions {
   bool sparse = false;  // DSA: needs config.index_topk > 0 and top-k indices per token
   DsMlaScale ds_scale = DsMlaScale::amax;
   Device device = Device::cpu();
-  DType dtype = DType::bf16;  // activations and weights: bf16, f32 or f64
+  DType dtype = DType::bf16;  // activations and weights: bf16, f32 or f64 (CUDA: bf16)
+  bool fp8_activations = false;  // fp8 checkpoints: w8a8 block-scaled GEMMs instead of dequantised weights
 };
 
 // Tensors of one step. T = plan.num_tokens; rows past num_actual_tokens are padding (never read
@@ -94,6 +106,10 @@ class DeepseekAttention {
   // serving limits (page size, max_model_len, ...).
   PlannerConfig planner_config() const;
 
+  // True when `name` ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "o_proj") runs as a
+  // w8a8 block-scaled fp8 GEMM (fp8_activations and a block-aligned rank slice).
+  bool projection_is_fp8(const std::string& name) const;
+
   // YaRN tables of a position: cos and sin of pair i (times the attention factor), as RoPE applies them.
   double inv_freq(int i) const { return inv_freq_.at(static_cast<std::size_t>(i)); }
   double rope_attention_factor() const { return rope_factor_; }
@@ -107,14 +123,31 @@ class DeepseekAttention {
                const Context& ctx = {}) const;
 
  private:
+  // One Linear of the rank, on the block's device: the dequantised weight transposed, or (w8a8) the
+  // e4m3 codes with their scales in gemm_fp8_block's layout.
+  struct Linear {
+    std::string name;
+    int64_t in = 0, out = 0;
+    Tensor w_t;     // [in, out] layer dtype (dequantised form)
+    Tensor codes;   // [out, in] fp8_e4m3 (w8a8 form)
+    Tensor scales;  // [ceil(out / 128), round_up(in / 128, 4)] f32 (w8a8 form)
+    TensorView scale_view() const;  // [ceil(out / 128), in / 128] over `scales`
+  };
+  Linear make_linear(const DeepseekLinear& w, const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                     int64_t cols) const;
+  // y[0, t) = x[0, t) @ W^T for the t = x.size(0) rows of x; a w8a8 Linear writes round_up(t, 4) rows
+  // of y (the padding rows' results) and uses `act` (the workspace's activation-quantisation region).
+  void project(const Linear& l, const TensorView& x, const TensorView& y, std::byte* act, const Context& ctx) const;
   std::size_t own_bytes(int64_t num_tokens) const;
   DType wide_dtype() const;  // projection outputs: f32 (f64 for the f64 block)
+  int64_t max_fp8_in() const;  // widest input of a w8a8 Linear (0: none)
 
   DeepseekConfig config_;
   DeepseekOptions options_;
   ModelDims dims_;
-  Tensor w_q_a_t_, w_q_b_t_, w_q_t_, w_kv_a_t_, w_o_t_;  // [in, out] (transposed) rank slices
-  Tensor q_a_norm_, kv_a_norm_;                          // f64 norm weights
+  Linear q_a_, q_b_, q_, kv_a_, o_;                  // rank slices
+  Tensor q_a_norm_, kv_a_norm_;                      // norm weights: f64 (CPU) / f32 (CUDA), on the device
+  Tensor inv_freq_t_;                                // [R / 2] f64 on the device
   std::vector<double> inv_freq_;
   double rope_factor_ = 1.0;
   std::optional<MlaAttention> attention_;

@@ -1,27 +1,35 @@
-// DeepseekAttention (mla/deepseek.h, docs/BLOCK.md): weight loading for a tensor-parallel rank with
-// exact fp8 block dequantisation, YaRN tables, and the CPU forward step (projections through
-// mla::gemm, RMSNorm and RoPE here in float64 per element, MlaAttention in between).
+// DeepseekAttention (mla/deepseek.h, docs/BLOCK.md): weight loading for a tensor-parallel rank (exact
+// fp8 block dequantisation, or the e4m3 codes with their scales for w8a8), YaRN tables, and the
+// forward step on the CPU and CUDA: projections through mla::gemm (or quantize_fp8_groups +
+// gemm_fp8_block), RMSNorm and RoPE through mla::rms_norm / mla::apply_rope (mla/block_ops.h),
+// MlaAttention in between.
 //
 // Workspace layout (own_bytes(T), each region a multiple of 256 bytes from the 16-byte aligned base,
-// then MlaAttention's workspace).
+// then MlaAttention's workspace; Tp = round_up(T, 4), the rows a w8a8 GEMM writes).
 // The projections write a wide dtype (f32; f64 for the f64 block) so that RMSNorm and RoPE round once
 // into the layer dtype, as a fused epilogue would:
-//   q_a   [T, q_lora_rank]  wide   q_a_proj output, RMSNorm in place (q_lora_rank > 0)
-//   q_w   [T, h * (P + R)]  wide   q_b_proj / q_proj output
-//   kv_w  [T, L + R]        wide   kv_a_proj_with_mqa output
-//   q     [T, h * (P + R)]  dtype  q_nope | RoPE(q_pe) per head: MlaAttention's q
-//   kv_c  [T, L]            dtype  RMSNorm of the latent
-//   k_pe  [T, R]            dtype  RoPE(k_pe)
-//   attn  [T, h * V]        dtype  MlaAttention output (before o_proj)
+//   q_a   [Tp, q_lora_rank]  wide   q_a_proj output, RMSNorm in place on the CPU (q_lora_rank > 0)
+//   q_n   [Tp, q_lora_rank]  dtype  CUDA only: RMSNorm(q_a) in bf16, q_b_proj's input
+//   q_w   [Tp, h * (P + R)]  wide   q_b_proj / q_proj output
+//   kv_w  [Tp, L + R]        wide   kv_a_proj_with_mqa output
+//   q     [T, h * (P + R)]   dtype  q_nope | RoPE(q_pe) per head: MlaAttention's q
+//   kv_c  [T, L]             dtype  RMSNorm of the latent
+//   k_pe  [T, R]             dtype  RoPE(k_pe)
+//   attn  [Tp, h * V]        dtype  MlaAttention output (before o_proj)
+//   w8a8 only (K = the widest input of an fp8 Linear):
+//   codes [Tp, K] e4m3, then scales [K / 128, Tp] f32   one projection's quantised activations
+//   o_pad [Tp, hidden]       dtype  o_proj output when T is not a multiple of 4 (copied into out)
 #include "mla/deepseek.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "core/check.h"
 #include "core/checked.h"
 #include "core/numeric.h"
+#include "mla/block_ops.h"
 #include "mla/ops.h"
 
 namespace mla {
@@ -145,55 +153,66 @@ void yarn_tables(const DeepseekConfig& c, std::vector<double>& inv_freq, double&
     factor = yarn_mscale(f, 1.0);
 }
 
-// x[t, :] <- x / sqrt(mean(x^2) + eps) * w for rows [0, rows), computed in float64, rounded once.
-void rms_norm_rows(const TensorView& x, const TensorView& y, const Tensor& w, double eps, int64_t rows) {
-  const int64_t n = x.shape[1];
-  const auto* wd = static_cast<const double*>(w.data());
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < rows; ++t) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = num::load(x.ptr_at({t, i}), x.dtype);
-      ss += v * v;
-    }
-    const double r = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
-    for (int64_t i = 0; i < n; ++i)
-      num::store(y.ptr_at({t, i}), y.dtype, num::load(x.ptr_at({t, i}), x.dtype) * r * wd[i]);
-  }
-}
-
-// dst[t, g, :] <- RoPE(src[t, g, :]) for rows [0, rows) at `positions` (views [rows, groups, R]):
-// pair i is (2i, 2i + 1) when interleaved, else (i, i + R/2); (a, b) <- (a cos - b sin, b cos + a sin)
-// with cos / sin of position * inv_freq[i] times the attention factor. Computed in float64.
-void rope_rows(const TensorView& src, const TensorView& dst, const TensorView& positions,
-               const std::vector<double>& inv_freq, double factor, bool interleave, int64_t rows) {
-  const int64_t groups = src.shape[1], half = static_cast<int64_t>(inv_freq.size());
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < rows; ++t) {
-    const auto pos = static_cast<double>(num::load_index(positions.ptr_at({t}), positions.dtype));
-    for (int64_t i = 0; i < half; ++i) {
-      const double ang = pos * inv_freq[static_cast<std::size_t>(i)];
-      const double c = std::cos(ang) * factor, s = std::sin(ang) * factor;
-      const int64_t ia = interleave ? 2 * i : i, ib = interleave ? 2 * i + 1 : i + half;
-      for (int64_t g = 0; g < groups; ++g) {
-        const double a = num::load(src.ptr_at({t, g, ia}), src.dtype), b = num::load(src.ptr_at({t, g, ib}), src.dtype);
-        num::store(dst.ptr_at({t, g, ia}), dst.dtype, a * c - b * s);
-        num::store(dst.ptr_at({t, g, ib}), dst.dtype, b * c + a * s);
-      }
-    }
-  }
-}
-
-// dst <- src element-wise (rows [0, rows) of [rows, groups, n] views), rounded to dst's dtype.
-void copy_rows(const TensorView& src, const TensorView& dst, int64_t rows) {
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t g = 0; g < src.shape[1]; ++g)
-      for (int64_t i = 0; i < src.shape[2]; ++i)
-        num::store(dst.ptr_at({t, g, i}), dst.dtype, num::load(src.ptr_at({t, g, i}), src.dtype));
-}
-
 }  // namespace
+
+TensorView DeepseekAttention::Linear::scale_view() const {
+  const int64_t nb = scales.size(0), kb = in / 128;
+  const int64_t shape[2] = {nb, kb}, stride[2] = {scales.size(1), 1};
+  return TensorView(const_cast<void*>(scales.data()), DType::f32, std::span<const int64_t>(shape, 2),
+                    std::span<const int64_t>(stride, 2), scales.device());
+}
+
+// Rows [row0, row0 + rows) x columns [col0, col0 + cols) of a published [out, in] weight, on the
+// block's device: e4m3 codes and padded block scales (w8a8, when the slice is block-aligned), else
+// dequantised, transposed, in the layer dtype.
+DeepseekAttention::Linear DeepseekAttention::make_linear(const DeepseekLinear& w, const std::string& name, int64_t row0,
+                                                         int64_t rows, int64_t col0, int64_t cols) const {
+  const DeepseekConfig& c = config_;
+  const Device dev = options_.device;
+  Linear l;
+  l.name = name;
+  l.in = cols;
+  l.out = rows;
+  const int br = c.weight_block_rows, bc = c.weight_block_cols;
+  const bool fp8 = w.weight.dtype == DType::fp8_e4m3;
+  MLA_CHECK(!options_.fp8_activations || fp8,
+            "{}: fp8_activations needs fp8 weights with block scales, but {} is {}", kOp, name, to_string(w.weight.dtype));
+  const bool aligned = br == 128 && bc == 128 && row0 % 128 == 0 && col0 % 128 == 0 && cols % 128 == 0 &&
+                       (rows % 128 == 0 || row0 + rows == w.weight.shape[0]) &&
+                       (!dev.is_cuda() || rows % 16 == 0);
+  if (!(options_.fp8_activations && aligned)) {
+    Tensor t = rank_weight_t(c, w, row0, rows, col0, cols, options_.dtype, name);
+    l.w_t = dev.is_cuda() ? t.to(dev) : std::move(t);
+    return l;
+  }
+  // Validates the codes and scales (NaN codes, non-finite scales, shapes) as the dequantised form does.
+  (void)dequantize_block_fp8(w, br, bc, row0, rows, col0, cols, DType::bf16, name);
+  Tensor codes = Tensor::empty({rows, cols}, DType::fp8_e4m3);
+  for (int64_t i = 0; i < rows; ++i)
+    std::memcpy(codes.view().ptr_at({i, 0}), w.weight.ptr_at({row0 + i, col0}), static_cast<std::size_t>(cols));
+  const int64_t nb = (rows + 127) / 128, kb = cols / 128, kb4 = (kb + 3) / 4 * 4;
+  Tensor scales = Tensor::zeros({nb, kb4}, DType::f32);
+  for (int64_t i = 0; i < nb; ++i)
+    for (int64_t j = 0; j < kb; ++j)
+      static_cast<float*>(scales.data())[i * kb4 + j] = static_cast<float>(
+          num::load(w.weight_scale_inv.ptr_at({row0 / 128 + i, col0 / 128 + j}), w.weight_scale_inv.dtype));
+  l.codes = dev.is_cuda() ? codes.to(dev) : std::move(codes);
+  l.scales = dev.is_cuda() ? scales.to(dev) : std::move(scales);
+  return l;
+}
+
+bool DeepseekAttention::projection_is_fp8(const std::string& name) const {
+  for (const Linear* l : {&q_a_, &q_b_, &q_, &kv_a_, &o_})
+    if (l->name == name) return l->codes.defined();
+  return false;
+}
+
+int64_t DeepseekAttention::max_fp8_in() const {
+  int64_t k = 0;
+  for (const Linear* l : {&q_a_, &q_b_, &q_, &kv_a_, &o_})
+    if (l->codes.defined()) k = std::max(k, l->in);
+  return k;
+}
 
 DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const DeepseekWeights& w,
                                      const DeepseekOptions& options)
@@ -201,39 +220,52 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
   const DeepseekConfig& c = config_;
   MLA_CHECK(options.tp >= 1 && options.rank >= 0 && options.rank < options.tp,
             "{}: rank {} is not in [0, tp = {})", kOp, options.rank, options.tp);
-  MLA_CHECK(options.device.is_cpu(),
-            "{}: runs on the CPU only in this version (the CUDA block needs RMSNorm / RoPE kernels and the "
-            "block-scaled fp8 GEMM, docs/BLOCK.md); got device {}", kOp, to_string(options.device));
+  MLA_CHECK(options.device.is_cpu() || options.device.is_cuda(), "{}: runs on the CPU or CUDA, got device {}", kOp,
+            to_string(options.device));
   MLA_CHECK(options.dtype == DType::bf16 || options.dtype == DType::f32 || options.dtype == DType::f64,
             "{}: computes in bf16, f32 or f64, got {}", kOp, to_string(options.dtype));
+  MLA_CHECK(options.device.is_cpu() || options.dtype == DType::bf16, "{}: the CUDA block computes in bf16, got {}",
+            kOp, to_string(options.dtype));
   dims_ = c.dims(options.tp);
   const int64_t H = c.hidden_size, h = dims_.num_heads, L = c.kv_lora_rank, P = c.qk_nope_head_dim,
                 R = c.qk_rope_head_dim, V = c.v_head_dim, head0 = options.rank * h;
-  const DType t = options.dtype;
+  const Device dev = options.device;
+  // Norm weights: f64 on the CPU (the oracle's exact values), f32 on CUDA (exact for bf16 / f32 checkpoints).
+  auto norm = [&](const TensorView& t, int64_t n, const char* what) {
+    Tensor f64 = norm_weight(t, n, what);
+    if (dev.is_cpu()) return f64;
+    Tensor f32 = Tensor::empty({n}, DType::f32);
+    for (int64_t i = 0; i < n; ++i)
+      static_cast<float*>(f32.data())[i] = static_cast<float>(static_cast<const double*>(f64.data())[i]);
+    return f32.to(dev);
+  };
   if (c.q_lora_rank > 0) {
     MLA_CHECK(!w.q_proj.weight.defined(), "{}: q_lora_rank = {} uses q_a_proj / q_b_proj, but q_proj was given", kOp,
               c.q_lora_rank);
     check_weight_shape(w.q_a_proj, c.q_lora_rank, H, "q_a_proj");
     check_weight_shape(w.q_b_proj, int64_t{c.num_attention_heads} * (P + R), c.q_lora_rank, "q_b_proj");
-    w_q_a_t_ = rank_weight_t(c, w.q_a_proj, 0, c.q_lora_rank, 0, H, t, "q_a_proj");
-    w_q_b_t_ = rank_weight_t(c, w.q_b_proj, head0 * (P + R), h * (P + R), 0, c.q_lora_rank, t, "q_b_proj");
-    q_a_norm_ = norm_weight(w.q_a_layernorm, c.q_lora_rank, "q_a_layernorm");
+    q_a_ = make_linear(w.q_a_proj, "q_a_proj", 0, c.q_lora_rank, 0, H);
+    q_b_ = make_linear(w.q_b_proj, "q_b_proj", head0 * (P + R), h * (P + R), 0, c.q_lora_rank);
+    q_a_norm_ = norm(w.q_a_layernorm, c.q_lora_rank, "q_a_layernorm");
   } else {
     MLA_CHECK(!w.q_a_proj.weight.defined() && !w.q_b_proj.weight.defined(),
               "{}: q_lora_rank is null (V2-Lite: q_proj), but q_a_proj / q_b_proj were given", kOp);
     check_weight_shape(w.q_proj, int64_t{c.num_attention_heads} * (P + R), H, "q_proj");
-    w_q_t_ = rank_weight_t(c, w.q_proj, head0 * (P + R), h * (P + R), 0, H, t, "q_proj");
+    q_ = make_linear(w.q_proj, "q_proj", head0 * (P + R), h * (P + R), 0, H);
   }
   check_weight_shape(w.kv_a_proj_with_mqa, L + R, H, "kv_a_proj_with_mqa");
-  w_kv_a_t_ = rank_weight_t(c, w.kv_a_proj_with_mqa, 0, L + R, 0, H, t, "kv_a_proj_with_mqa");
-  kv_a_norm_ = norm_weight(w.kv_a_layernorm, L, "kv_a_layernorm");
+  kv_a_ = make_linear(w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa", 0, L + R, 0, H);
+  kv_a_norm_ = norm(w.kv_a_layernorm, L, "kv_a_layernorm");
   check_weight_shape(w.o_proj, H, int64_t{c.num_attention_heads} * V, "o_proj");
-  w_o_t_ = rank_weight_t(c, w.o_proj, 0, H, head0 * V, h * V, t, "o_proj");
+  o_ = make_linear(w.o_proj, "o_proj", 0, H, head0 * V, h * V);
   check_weight_shape(w.kv_b_proj, int64_t{c.num_attention_heads} * (P + V), L, "kv_b_proj");
   // Absorption (W_UK_T, W_UV) from the dequantised rank slice, exact in float64.
   const Tensor kv_b = dequantize_block_fp8(w.kv_b_proj, c.weight_block_rows, c.weight_block_cols, head0 * (P + V),
                                            h * (P + V), 0, L, DType::f64, "kv_b_proj");
   yarn_tables(c, inv_freq_, rope_factor_);
+  Tensor inv = Tensor::empty({static_cast<int64_t>(inv_freq_.size())}, DType::f64);
+  std::copy(inv_freq_.begin(), inv_freq_.end(), static_cast<double*>(inv.data()));
+  inv_freq_t_ = dev.is_cuda() ? inv.to(dev) : std::move(inv);
 
   LayerOptions lo;
   lo.dims = dims_;
@@ -241,7 +273,7 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
   lo.sparse = options.sparse;
   lo.ds_scale = options.ds_scale;
   lo.device = options.device;
-  lo.dtype = t;
+  lo.dtype = options.dtype;
   attention_.emplace(lo, kv_b.view());
 }
 
@@ -293,18 +325,31 @@ PlannerConfig DeepseekAttention::planner_config() const {
 
 DType DeepseekAttention::wide_dtype() const { return options_.dtype == DType::f64 ? DType::f64 : DType::f32; }
 
+// Rows of the projection scratch: the step's tokens rounded up to 4 (a w8a8 GEMM writes the padding
+// rows of its quantised activations too: cuBLASLt's token-scale layout, mla/block_ops.h).
+static int64_t padded_rows(int64_t T) { return (T + 3) / 4 * 4; }
+
 std::size_t DeepseekAttention::own_bytes(int64_t T) const {
   const DeepseekConfig& c = config_;
   const DType t = options_.dtype, w = wide_dtype();
-  const int64_t h = dims_.num_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
+  const int64_t h = dims_.num_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim, Tp = padded_rows(T);
+  const bool cuda = options_.device.is_cuda();
   std::size_t n = 0;
-  if (c.q_lora_rank > 0) n += region_bytes(T, c.q_lora_rank, w, "q_a workspace");
-  n += region_bytes(T, h * c.qk_head_dim(), w, "q_w workspace");
-  n += region_bytes(T, L + R, w, "kv_w workspace");
+  if (c.q_lora_rank > 0) {
+    n += region_bytes(Tp, c.q_lora_rank, w, "q_a workspace");
+    if (cuda) n += region_bytes(Tp, c.q_lora_rank, t, "q_n workspace");
+  }
+  n += region_bytes(Tp, h * c.qk_head_dim(), w, "q_w workspace");
+  n += region_bytes(Tp, L + R, w, "kv_w workspace");
   n += region_bytes(T, h * c.qk_head_dim(), t, "q workspace");
   n += region_bytes(T, L, t, "kv_c workspace");
   n += region_bytes(T, R, t, "k_pe workspace");
-  n += region_bytes(T, h * c.v_head_dim, t, "attn workspace");
+  n += region_bytes(Tp, h * c.v_head_dim, t, "attn workspace");
+  if (const int64_t k = max_fp8_in(); k > 0) {
+    n += region_bytes(Tp, k, DType::fp8_e4m3, "fp8 activation codes");
+    n += region_bytes(k / 128, Tp, DType::f32, "fp8 activation scales");
+    if (o_.codes.defined()) n += region_bytes(Tp, c.hidden_size, t, "o_proj padded output");
+  }
   return n;
 }
 
@@ -341,7 +386,9 @@ void DeepseekAttention::forward(const Plan& plan, const DeepseekForwardArgs& a, 
   detail::check_device(a.positions, options_.device, op, "positions");
   MLA_CHECK(a.positions.size(0) >= t_act, "{}: positions must hold at least num_actual_tokens = {} entries, got {}",
             op, t_act, a.positions.describe());
-  for (int64_t i = 0; i < t_act; ++i) {
+  // Values are checked where they are host-readable; a CUDA step rotates by whatever angle it is given
+  // (the kernel reads positions[0, t_act) only).
+  for (int64_t i = 0; a.positions.device.is_cpu() && i < t_act; ++i) {
     const int64_t pos = num::load_index(a.positions.ptr_at({i}), a.positions.dtype);
     MLA_CHECK(pos >= 0 && pos < plan.config.max_model_len, "{}: positions[{}] = {} is outside [0, max_model_len = {})",
               op, i, pos, plan.config.max_model_len);
@@ -357,39 +404,51 @@ void DeepseekAttention::forward(const Plan& plan, const DeepseekForwardArgs& a, 
             "bytes, got {} at {}", op, workspace_bytes(plan), workspace.describe(), workspace.data);
   MLA_CHECK(!(a.hidden.data == a.out.data && t_act > 0), "{}: out must not alias hidden", op);
 
-  // Carve the workspace.
+  // Carve the workspace (layout at the top of this file).
   auto* base = static_cast<std::byte*>(workspace.data);
   std::size_t off = 0;
-  auto region = [&](int64_t cols, DType dt, const char* what) {
-    TensorView v(base + off, dt, {T, cols}, options_.device);
-    off += region_bytes(T, cols, dt, what);
+  const int64_t Tp = padded_rows(T);
+  auto region = [&](int64_t rows, int64_t cols, DType dt, const char* what) {
+    TensorView v(base + off, dt, {rows, cols}, options_.device);
+    off += region_bytes(rows, cols, dt, what);
     return v;
   };
   const DType w = wide_dtype();
-  const TensorView q_a = c.q_lora_rank > 0 ? region(c.q_lora_rank, w, "q_a") : TensorView{};
-  const TensorView q_w = region(h * (P + R), w, "q_w"), kv_w = region(L + R, w, "kv_w");
-  const TensorView q = region(h * (P + R), t, "q"), kv_c = region(L, t, "kv_c"), k_pe = region(R, t, "k_pe"),
-                   attn = region(h * V, t, "attn");
+  const bool cuda = options_.device.is_cuda();
+  const TensorView q_a = c.q_lora_rank > 0 ? region(Tp, c.q_lora_rank, w, "q_a") : TensorView{};
+  // The normalised q latent: in place in f32 on the CPU; a bf16 copy on CUDA (cuBLAS takes bf16 inputs).
+  const TensorView q_n = c.q_lora_rank > 0 ? (cuda ? region(Tp, c.q_lora_rank, t, "q_n") : q_a) : TensorView{};
+  const TensorView q_w = region(Tp, h * (P + R), w, "q_w"), kv_w = region(Tp, L + R, w, "kv_w");
+  const TensorView q = region(T, h * (P + R), t, "q"), kv_c = region(T, L, t, "kv_c"), k_pe = region(T, R, t, "k_pe"),
+                   attn = region(Tp, h * V, t, "attn");
+  std::byte* act = nullptr;
+  TensorView o_pad;
+  if (const int64_t k = max_fp8_in(); k > 0) {
+    act = base + off;
+    off += region_bytes(Tp, k, DType::fp8_e4m3, "fp8 activation codes") +
+           region_bytes(k / 128, Tp, DType::f32, "fp8 activation scales");
+    if (o_.codes.defined()) o_pad = region(Tp, H, t, "o_proj padded output");
+  }
   const TensorView inner(base + own, DType::u8, {workspace.size(0) - static_cast<int64_t>(own)}, options_.device);
 
   // Projections of the actual tokens (padding rows of the scratch stay unwritten: the layer ignores them).
   const TensorView x = a.hidden.slice(0, 0, t_act);
+  auto rows = [&](const TensorView& v) { return v.slice(0, 0, t_act); };
   if (t_act > 0) {
     if (c.q_lora_rank > 0) {
-      gemm(x, w_q_a_t_, q_a.slice(0, 0, t_act), 1.0f, 0.0f, ctx);
-      rms_norm_rows(q_a, q_a, q_a_norm_, c.rms_norm_eps, t_act);
-      gemm(q_a.slice(0, 0, t_act), w_q_b_t_, q_w.slice(0, 0, t_act), 1.0f, 0.0f, ctx);
+      project(q_a_, x, q_a, act, ctx);
+      rms_norm(rows(q_a), q_a_norm_.view(), rows(q_n), c.rms_norm_eps, ctx);
+      project(q_b_, rows(q_n), q_w, act, ctx);
     } else {
-      gemm(x, w_q_t_, q_w.slice(0, 0, t_act), 1.0f, 0.0f, ctx);
+      project(q_, x, q_w, act, ctx);
     }
-    gemm(x, w_kv_a_t_, kv_w.slice(0, 0, t_act), 1.0f, 0.0f, ctx);
-    rms_norm_rows(kv_w.slice(1, 0, L), kv_c, kv_a_norm_, c.rms_norm_eps, t_act);
-    const TensorView qw3 = q_w.reshape({T, h, P + R}), q3 = q.reshape({T, h, P + R});
-    copy_rows(qw3.slice(2, 0, P), q3.slice(2, 0, P), t_act);
-    rope_rows(qw3.slice(2, P, P + R), q3.slice(2, P, P + R), a.positions, inv_freq_, rope_factor_, c.rope_interleave,
-              t_act);
-    rope_rows(kv_w.slice(1, L, L + R).unsqueeze(1), k_pe.unsqueeze(1), a.positions, inv_freq_, rope_factor_,
-              c.rope_interleave, t_act);
+    project(kv_a_, x, kv_w, act, ctx);
+    rms_norm(rows(kv_w.slice(1, 0, L)), kv_a_norm_.view(), rows(kv_c), c.rms_norm_eps, ctx);
+    // q: nope columns copied, rope columns rotated, per head; k_pe rotated.
+    apply_rope(rows(q_w).reshape({t_act, h, P + R}), rows(q).reshape({t_act, h, P + R}), a.positions,
+               inv_freq_t_.view(), rope_factor_, R, c.rope_interleave, ctx);
+    apply_rope(rows(kv_w.slice(1, L, L + R)).unsqueeze(1), rows(k_pe).unsqueeze(1), a.positions, inv_freq_t_.view(),
+               rope_factor_, R, c.rope_interleave, ctx);
   }
   ForwardArgs fa;
   fa.q = q.reshape({T, h, P + R});
@@ -400,9 +459,36 @@ void DeepseekAttention::forward(const Plan& plan, const DeepseekForwardArgs& a, 
   fa.seq_lens = a.seq_lens;
   fa.topk_indices = a.topk_indices;
   fa.metadata = a.metadata;
-  fa.out = attn;
+  fa.out = attn.slice(0, 0, T);
   attention_->forward(plan, fa, cache, inner, ctx);
-  if (t_act > 0) gemm(attn.slice(0, 0, t_act), w_o_t_, a.out.slice(0, 0, t_act), 1.0f, 0.0f, ctx);
+  if (t_act == 0) return;
+  const TensorView y = a.out.slice(0, 0, t_act);
+  if (!o_.codes.defined() || t_act % 4 == 0) {
+    project(o_, rows(attn), y, act, ctx);
+  } else {
+    // w8a8 writes round_up(t_act, 4) rows: into the padded scratch, then the actual rows into out
+    // (apply_rope with rope_dim 0 is a converting copy).
+    project(o_, rows(attn), o_pad, act, ctx);
+    apply_rope(rows(o_pad).unsqueeze(1), y.unsqueeze(1), a.positions, inv_freq_t_.view().slice(0, 0, 0), 1.0, 0,
+               false, ctx);
+  }
+}
+
+void DeepseekAttention::project(const Linear& l, const TensorView& x, const TensorView& y, std::byte* act,
+                                const Context& ctx) const {
+  const int64_t t = x.size(0);
+  if (!l.codes.defined()) {
+    gemm(x, l.w_t.view(), y.slice(0, 0, t), 1.0f, 0.0f, ctx);
+    return;
+  }
+  // w8a8: quantise x in 1 x 128 groups into round_up(t, 4) rows of codes (padding rows zero), then the
+  // block-scaled GEMM over all of them.
+  const int64_t tp = padded_rows(t), k = l.in;
+  const TensorView codes(act, DType::fp8_e4m3, {tp, k}, options_.device);
+  const TensorView scales(act + region_bytes(tp, k, DType::fp8_e4m3, "fp8 activation codes"), DType::f32,
+                          {k / 128, tp}, options_.device);
+  quantize_fp8_groups(x, codes, scales, ctx);
+  gemm_fp8_block(codes, scales, l.codes.view(), l.scale_view(), y.slice(0, 0, tp), ctx);
 }
 
 }  // namespace mla

@@ -13,6 +13,7 @@
 #include "core/numeric.h"
 #include "mla/deepseek.h"
 #include "mla/safetensors.h"
+#include "mla/step.h"
 #include "support/test_util.h"
 #include "unit/safetensors_test_util.h"
 
@@ -107,9 +108,47 @@ inline DeepseekConfig convert_checkpoint(const Fixture& f, const std::string& di
   return cfg;
 }
 
+// The step splits the block tests serve the fixture's sequence in: one prefill, chunked prefill,
+// prefill then 16 decodes, and (with_odd) chunks of sizes that are not multiples of 4 (w8a8 pads).
+struct Split {
+  const char* name;
+  std::vector<int> steps;
+};
+inline std::vector<Split> splits(int64_t T, bool with_odd = false) {
+  const int t = static_cast<int>(T);
+  std::vector<int> decodes = {t - 16};
+  for (int i = 0; i < 16; ++i) decodes.push_back(1);
+  std::vector<Split> s = {{"one_prefill", {t}}, {"chunked_prefill", {100, 100, t - 200}}, {"prefill_then_decodes", decodes}};
+  if (with_odd) s.push_back({"odd_chunks", {37, 64, 91, 1, 1, 1, t - 195}});
+  return s;
+}
+
+// A fixture checkpoint as published, or converted to the other form (fp8 <-> bf16).
+struct Form {
+  std::string fixture;
+  bool convert;
+};
+
+// The checkpoint directory of `form` (the converted one is written under `tmp`); `cfg` gets its config.
+inline std::string form_dir(const Fixture& f, const Form& form, const std::string& tmp, DeepseekConfig& cfg) {
+  cfg = f.config;
+  if (!form.convert) return fixture_dir() + "/" + f.name;
+  cfg = convert_checkpoint(f, tmp);
+  return tmp;
+}
+
+// Every byte 0xff (NaN in every float format) on the tensor's device.
+inline void poison_bytes(const Tensor& t) {
+  Tensor h = Tensor::empty(std::span<const int64_t>(t.view().shape.data(), t.view().ndim), t.dtype());
+  std::memset(h.data(), 0xff, h.nbytes());
+  if (t.numel() > 0) copy(t.view(), h.view());
+}
+
 // Serves the fixture's one sequence (positions 0..T-1) through `blk` in steps of the given query
 // lengths (summing to T): each step is planned (dense, decode threshold 1), its new tokens' hidden
-// rows go in, the outputs are collected. Returns [T * hidden] in row order.
+// rows go in, the outputs are collected. Runs on the block's device (CUDA: inputs, cache, workspace
+// and the uploaded step metadata there; scratch and cache NaN-poisoned). Returns [T * hidden] in row
+// order.
 inline std::vector<double> serve(const DeepseekAttention& blk, const Tensor& hidden, const std::vector<int>& steps,
                                  Precision precision, int64_t page = 64, uint64_t seed = 5) {
   const int64_t T = hidden.size(0), H = hidden.size(1);
@@ -125,14 +164,15 @@ inline std::vector<double> serve(const DeepseekAttention& blk, const Tensor& hid
   std::mt19937_64 g(seed);
   std::shuffle(table.begin(), table.end(), g);
   table.pop_back();
-  CacheBuffer cb = allocate_cache(pc.cache_format, nb + 1, page, Device::cpu());
-  std::memset(cb.storage.data(), 0xff, cb.storage.nbytes());  // NaN everywhere
-  const Tensor bt = int_tensor_2d({table});
+  const Device dev = blk.options().device;
+  CacheBuffer cb = allocate_cache(pc.cache_format, nb + 1, page, dev);
+  poison_bytes(cb.storage);  // NaN everywhere
+  const Tensor bt = int_tensor_2d({table}, dev);
   std::vector<double> out(static_cast<std::size_t>(T * H), std::nan(""));
   int64_t done = 0;
   for (int q : steps) {
     const Plan plan = make_plan(BatchDesc{{0, q}, {static_cast<int32_t>(done + q)}}, pc);
-    Tensor x = Tensor::empty({q, H}, dt), y = poisoned({q, H}, dt);
+    Tensor x = Tensor::empty({q, H}, dt), y = poisoned({q, H}, dt, dev);
     std::vector<int64_t> pos(static_cast<std::size_t>(q)), slots(static_cast<std::size_t>(q));
     for (int64_t i = 0; i < q; ++i) {
       const int64_t p = done + i;
@@ -141,7 +181,9 @@ inline std::vector<double> serve(const DeepseekAttention& blk, const Tensor& hid
       for (int64_t c = 0; c < H; ++c)
         num::store(x.view().ptr_at({i, c}), dt, num::load(hidden.view().ptr_at({p, c}), hidden.dtype()));
     }
-    const Tensor positions = int64_tensor(pos), slot_t = int64_tensor(slots), seq = int_tensor({static_cast<int32_t>(done + q)});
+    if (dev.is_cuda()) x = x.to(dev);
+    const Tensor positions = int64_tensor(pos, dev), slot_t = int64_tensor(slots, dev),
+                 seq = int_tensor({static_cast<int32_t>(done + q)}, dev);
     // Sparse blocks: every token's top-k row is its whole causal prefix (positions 0..p, -1 padded),
     // so the sparse block computes the dense attention.
     Tensor topk;
@@ -150,12 +192,20 @@ inline std::vector<double> serve(const DeepseekAttention& blk, const Tensor& hid
       std::vector<std::vector<int32_t>> rows(static_cast<std::size_t>(q), std::vector<int32_t>(static_cast<std::size_t>(k), -1));
       for (int64_t i = 0; i < q; ++i)
         for (int64_t j = 0; j <= done + i && j < k; ++j) rows[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = static_cast<int32_t>(j);
-      topk = int_tensor_2d(rows);
+      topk = int_tensor_2d(rows, dev);
     }
-    Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(plan))}, DType::u8);
+    Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(plan))}, DType::u8, dev);
+    poison_bytes(ws);  // NaN scratch: a read of an unwritten row shows
     const TensorView wsv = ws.view();
-    fill(wsv, 255.0);  // NaN scratch: a read of an unwritten row shows
+    PinnedBuffer staging;
+    Tensor metadata;
     DeepseekForwardArgs a;
+    if (dev.is_cuda()) {
+      staging = PinnedBuffer(plan.metadata.bytes());
+      metadata = Tensor::empty({std::max<int64_t>(static_cast<int64_t>(staging.size()), 16)}, DType::u8, dev);
+      upload_step_metadata(plan, staging.view(), metadata);
+      a.metadata = metadata;
+    }
     a.hidden = x;
     a.positions = positions;
     a.slot_mapping = slot_t;

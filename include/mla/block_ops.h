@@ -1,0 +1,56 @@
+#pragma once
+// The DeepSeek attention block's own ops (DeepseekAttention, mla/deepseek.h, docs/BLOCK.md): RMSNorm,
+// YaRN RoPE, 1 x 128 fp8 activation quantisation and the block-scaled fp8 GEMM (DeepSeek's 128 x 128
+// weight blocks). Each runs on the CPU (computed in float64 per element; the GEMM accumulates in
+// float64 with Precision::reference) and on CUDA. Arguments are validated before anything is written
+// (mla::Error); rows are the first dim, columns unit-stride.
+#include "mla/tensor.h"
+#include "mla/types.h"
+
+namespace mla {
+
+// y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight, per row in float64 (CPU) / float32 (CUDA),
+// rounded once into y's dtype.
+//   x [T, n]  float (CUDA: bf16 or f32)       weight [n] float (CUDA: f32)      y [T, n] like x
+// y may be x itself (in place) but no other overlap; eps >= 0 and finite.
+void rms_norm(const TensorView& x, const TensorView& weight, const TensorView& y, double eps,
+              const Context& ctx = {});
+
+// dst = src with rotary position embedding on the last rope_dim columns of each group; the first
+// D - rope_dim columns are copied (rope_dim 0: a converting copy).
+//   src [T, G, D]  float (CUDA: bf16 or f32)      dst [T, G, D] float (CUDA: bf16 or f32)
+//   positions [T] int32 / int64 (values >= 0)     inv_freq [rope_dim / 2] f64 (angle = pos * inv_freq[i])
+// Pair i is (2i, 2i + 1) of the rope columns when `interleave` (DeepSeek's checkpoints), else
+// (i, i + rope_dim / 2); (a, b) <- (a cos - b sin, b cos + a sin) with cos / sin of the angle times
+// attention_factor. The angle and its cos / sin are computed in float64 on both backends. dst may be
+// src (in place) but no other overlap; rope_dim even, <= D.
+void apply_rope(const TensorView& src, const TensorView& dst, const TensorView& positions,
+                const TensorView& inv_freq, double attention_factor, int64_t rope_dim, bool interleave,
+                const Context& ctx = {});
+
+// Activation quantisation in groups of 128 columns (DeepSeek's act_quant, 1 x 128):
+//   scale = amax(|x[t, 128 g : 128 g + 128]|) / 448 (1 when the group is all zeros),
+//   codes[t, j] = e4m3(x[t, j] / scale)  (round to nearest even, saturating),
+//   scales[g, t] = scale   (group-major: cuBLASLt's VEC128_32F layout for the token operand).
+//   x [M, K] float (CUDA: bf16 or f32), K a multiple of 128      codes [M_pad, K] fp8_e4m3
+//   scales [K / 128, M_pad] f32 contiguous, M_pad >= M: rows M .. M_pad - 1 are padding, written as
+//   zero codes with scale 1 (cuBLASLt wants the token count a multiple of 4 on CUDA).
+void quantize_fp8_groups(const TensorView& x, const TensorView& codes, const TensorView& scales,
+                         const Context& ctx = {});
+
+// c = (a * a_scales) @ (w * w_scales)^T: w8a8 GEMM with DeepSeek's block scales.
+//   a [M, K] fp8_e4m3 codes, a_scales [K / 128, M] f32 contiguous (quantize_fp8_groups' layout)
+//   w [N, K] fp8_e4m3 codes (a published Linear weight [out, in]), w_scales [ceil(N / 128), K / 128]
+//     f32 with row stride round_up(K / 128, 4) (cuBLASLt's BLK128x128_32F layout; weight_scale_inv
+//     padded), unit column stride
+//   c [M, N] bf16 or f32, unit column stride, row stride >= N
+// c[m, n] = sum_k a[m, k] a_scales[k / 128, m] w[n, k] w_scales[n / 128, k / 128]. K a multiple of 128;
+// on CUDA M a multiple of 4 (cuBLASLt; quantize_fp8_groups pads) and N a multiple of 16.
+// CUDA: cuBLASLt (CUDA >= 12.9, sm_90: CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F on the weight,
+// VEC128_32F on the tokens), fp32 accumulation without fast accumulation; one 32 MiB cuBLASLt
+// workspace per device, allocated on first use (call once before capturing a CUDA graph).
+// CPU: float64 accumulation with Precision::reference, else float32.
+void gemm_fp8_block(const TensorView& a, const TensorView& a_scales, const TensorView& w, const TensorView& w_scales,
+                    const TensorView& c, const Context& ctx = {});
+
+}  // namespace mla
