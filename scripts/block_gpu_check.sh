@@ -19,8 +19,9 @@ F=${BLOCK_FILTER:-'BlockOpsGpu*:DeepseekBlockGpu*:GemmGpu*'}
 timeout ${TEST_TIMEOUT:-120} ./$B/bin/mla_gpu_tests --gtest_filter="$F" >"$LOG/tests.log" 2>&1 || rc=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[ +(OK|FAILED) +\]|tests? from .* ran|Failure|Expected|Which is|actual|  gemm_fp8|CUDA vs" \
   "$LOG/tests.log" | head -120
-timeout ${MEM_TIMEOUT:-60} compute-sanitizer --tool memcheck --error-exitcode 9 ./$B/bin/mla_gpu_tests \
-  --gtest_filter='BlockOpsGpu.*-BlockOpsGpu.GemmFp8BlockMatchesFloat64:DeepseekBlockGpu.V2LiteBf16*' --gtest_brief=1 \
+timeout ${MEM_TIMEOUT:-100} compute-sanitizer --tool memcheck --error-exitcode 9 ./$B/bin/mla_gpu_tests \
+  --gtest_filter='BlockOpsGpu.*:DeepseekBlockGpu.V2LiteBf16*:DeepseekBlockGpu.V3Fp8*-BlockOpsGpu.GemmFp8BlockMatchesFloat64' \
+  --gtest_brief=1 \
   >"$LOG/memcheck.log" 2>&1 || rc=1
 echo "memcheck: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$LOG/memcheck.log" | tr '\n' ' ')"
 timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 ./$B/bin/mla_gpu_tests \

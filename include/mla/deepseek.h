@@ -137,7 +137,10 @@ class DeepseekAttention {
                      int64_t cols) const;
   // y[0, t) = x[0, t) @ W^T for the t = x.size(0) rows of x; a w8a8 Linear writes round_up(t, 4) rows
   // of y (the padding rows' results) and uses `act` (the workspace's activation-quantisation region).
-  void project(const Linear& l, const TensorView& x, const TensorView& y, std::byte* act, const Context& ctx) const;
+  // x_quantised: `act` already holds x's quantisation (the previous w8a8 projection read the same x).
+  void project(const Linear& l, const TensorView& x, const TensorView& y, std::byte* act, const Context& ctx,
+               bool x_quantised = false) const;
+  bool bf16_q_n() const;  // the normalised q latent goes to a bf16 region (CUDA, dequantised q_b_proj)
   std::size_t own_bytes(int64_t num_tokens) const;
   DType wide_dtype() const;  // projection outputs: f32 (f64 for the f64 block)
   int64_t max_fp8_in() const;  // widest input of a w8a8 Linear (0: none)

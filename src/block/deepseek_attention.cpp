@@ -9,7 +9,7 @@
 // The projections write a wide dtype (f32; f64 for the f64 block) so that RMSNorm and RoPE round once
 // into the layer dtype, as a fused epilogue would:
 //   q_a   [Tp, q_lora_rank]  wide   q_a_proj output, RMSNorm in place on the CPU (q_lora_rank > 0)
-//   q_n   [Tp, q_lora_rank]  dtype  CUDA only: RMSNorm(q_a) in bf16, q_b_proj's input
+//   q_n   [Tp, q_lora_rank]  dtype  CUDA with a dequantised q_b_proj: RMSNorm(q_a) in bf16, its input
 //   q_w   [Tp, h * (P + R)]  wide   q_b_proj / q_proj output
 //   kv_w  [Tp, L + R]        wide   kv_a_proj_with_mqa output
 //   q     [T, h * (P + R)]   dtype  q_nope | RoPE(q_pe) per head: MlaAttention's q
@@ -333,11 +333,10 @@ std::size_t DeepseekAttention::own_bytes(int64_t T) const {
   const DeepseekConfig& c = config_;
   const DType t = options_.dtype, w = wide_dtype();
   const int64_t h = dims_.num_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim, Tp = padded_rows(T);
-  const bool cuda = options_.device.is_cuda();
   std::size_t n = 0;
   if (c.q_lora_rank > 0) {
     n += region_bytes(Tp, c.q_lora_rank, w, "q_a workspace");
-    if (cuda) n += region_bytes(Tp, c.q_lora_rank, t, "q_n workspace");
+    if (bf16_q_n()) n += region_bytes(Tp, c.q_lora_rank, t, "q_n workspace");
   }
   n += region_bytes(Tp, h * c.qk_head_dim(), w, "q_w workspace");
   n += region_bytes(Tp, L + R, w, "kv_w workspace");
@@ -414,10 +413,10 @@ void DeepseekAttention::forward(const Plan& plan, const DeepseekForwardArgs& a, 
     return v;
   };
   const DType w = wide_dtype();
-  const bool cuda = options_.device.is_cuda();
   const TensorView q_a = c.q_lora_rank > 0 ? region(Tp, c.q_lora_rank, w, "q_a") : TensorView{};
-  // The normalised q latent: in place in f32 on the CPU; a bf16 copy on CUDA (cuBLAS takes bf16 inputs).
-  const TensorView q_n = c.q_lora_rank > 0 ? (cuda ? region(Tp, c.q_lora_rank, t, "q_n") : q_a) : TensorView{};
+  // The normalised q latent: in place in the wide dtype, except for a dequantised q_b_proj on CUDA, whose
+  // cuBLAS GEMM takes bf16 (a w8a8 q_b_proj quantises the wide values, as the CPU does).
+  const TensorView q_n = c.q_lora_rank > 0 ? (bf16_q_n() ? region(Tp, c.q_lora_rank, t, "q_n") : q_a) : TensorView{};
   const TensorView q_w = region(Tp, h * (P + R), w, "q_w"), kv_w = region(Tp, L + R, w, "kv_w");
   const TensorView q = region(T, h * (P + R), t, "q"), kv_c = region(T, L, t, "kv_c"), k_pe = region(T, R, t, "k_pe"),
                    attn = region(Tp, h * V, t, "attn");
@@ -435,14 +434,15 @@ void DeepseekAttention::forward(const Plan& plan, const DeepseekForwardArgs& a, 
   const TensorView x = a.hidden.slice(0, 0, t_act);
   auto rows = [&](const TensorView& v) { return v.slice(0, 0, t_act); };
   if (t_act > 0) {
+    // kv_a_proj right after the first q projection: both read the hidden states, so a w8a8 pair shares
+    // one activation quantisation.
+    const Linear& q_first = c.q_lora_rank > 0 ? q_a_ : q_;
+    project(q_first, x, c.q_lora_rank > 0 ? q_a : q_w, act, ctx);
+    project(kv_a_, x, kv_w, act, ctx, q_first.codes.defined() && kv_a_.codes.defined());
     if (c.q_lora_rank > 0) {
-      project(q_a_, x, q_a, act, ctx);
       rms_norm(rows(q_a), q_a_norm_.view(), rows(q_n), c.rms_norm_eps, ctx);
       project(q_b_, rows(q_n), q_w, act, ctx);
-    } else {
-      project(q_, x, q_w, act, ctx);
     }
-    project(kv_a_, x, kv_w, act, ctx);
     rms_norm(rows(kv_w.slice(1, 0, L)), kv_a_norm_.view(), rows(kv_c), c.rms_norm_eps, ctx);
     // q: nope columns copied, rope columns rotated, per head; k_pe rotated.
     apply_rope(rows(q_w).reshape({t_act, h, P + R}), rows(q).reshape({t_act, h, P + R}), a.positions,
@@ -474,8 +474,12 @@ void DeepseekAttention::forward(const Plan& plan, const DeepseekForwardArgs& a, 
   }
 }
 
+bool DeepseekAttention::bf16_q_n() const {
+  return config_.q_lora_rank > 0 && options_.device.is_cuda() && !q_b_.codes.defined();
+}
+
 void DeepseekAttention::project(const Linear& l, const TensorView& x, const TensorView& y, std::byte* act,
-                                const Context& ctx) const {
+                                const Context& ctx, bool x_quantised) const {
   const int64_t t = x.size(0);
   if (!l.codes.defined()) {
     gemm(x, l.w_t.view(), y.slice(0, 0, t), 1.0f, 0.0f, ctx);
@@ -487,7 +491,7 @@ void DeepseekAttention::project(const Linear& l, const TensorView& x, const Tens
   const TensorView codes(act, DType::fp8_e4m3, {tp, k}, options_.device);
   const TensorView scales(act + region_bytes(tp, k, DType::fp8_e4m3, "fp8 activation codes"), DType::f32,
                           {k / 128, tp}, options_.device);
-  quantize_fp8_groups(x, codes, scales, ctx);
+  if (!x_quantised) quantize_fp8_groups(x, codes, scales, ctx);
   gemm_fp8_block(codes, scales, l.codes.view(), l.scale_view(), y.slice(0, 0, tp), ctx);
 }
 

@@ -3,7 +3,8 @@
 // e4m3(x / scale) (round to nearest even, saturating), scales stored group-major [K / 128, M_pad]
 // (cuBLASLt's VEC128_32F layout for the token operand of gemm_fp8_block).
 //
-// Algorithm: one warp per (row, group): each lane holds 4 consecutive values, the amax is a shuffle
+// Algorithm: one warp per (row, group): each lane holds 4 consecutive values (one vector load when
+// the rows are aligned), the amax is a shuffle
 // max, lane 0 writes the scale; padding rows M .. M_pad - 1 get zero codes and scale 1. The division
 // is IEEE (no fast math), so the codes equal the CPU backend's bit for bit. 8 warps per CTA, no shared
 // memory. Templated on the activation type.
@@ -17,7 +18,8 @@ namespace {
 
 constexpr int kWarps = 8;
 
-template <class In>
+// kVec: each lane's 4 values are one aligned vector load (the host checks base and row stride).
+template <class In, bool kVec>
 __global__ void __launch_bounds__(kWarps * 32) quantize_kernel(block::QuantParams p) {
   const int64_t groups = p.K / 128;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -31,11 +33,18 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_kernel(block::QuantParam
     return;
   }
   const auto* x = static_cast<const typename In::Storage*>(p.x) + t * p.x_stride + g * 128 + lane * 4;
+  dev::Array<typename In::Storage, 4> raw;
+  if constexpr (kVec) {
+    raw = *reinterpret_cast<const dev::Array<typename In::Storage, 4>*>(x);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) raw.v[i] = x[i];
+  }
   float v[4];
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    v[i] = In::to_float(x[i]);
+    v[i] = In::to_float(raw.v[i]);
     amax = fmaxf(amax, fabsf(v[i]));
   }
 #pragma unroll
@@ -56,8 +65,14 @@ void quantize_fp8_groups(const TensorView& x, const TensorView& codes, const Ten
                        codes.size(0), x.size(1), x.stride[0], codes.stride[0]};
   DeviceGuard guard(x.device);
   const unsigned grid = grid_for(p.M_pad * (p.K / 128), kWarps, "quantize_fp8_groups");
+  const auto vec_bytes = static_cast<int64_t>(4 * x.element_size());
+  const bool vec = reinterpret_cast<uintptr_t>(x.data) % vec_bytes == 0 &&
+                   (p.M <= 1 || (p.x_stride * static_cast<int64_t>(x.element_size())) % vec_bytes == 0);
   dispatch_activation(x.dtype, "quantize_fp8_groups", [&](auto in) {
-    quantize_kernel<decltype(in)><<<grid, kWarps * 32, 0, stream_of(ctx)>>>(p);
+    if (vec)
+      quantize_kernel<decltype(in), true><<<grid, kWarps * 32, 0, stream_of(ctx)>>>(p);
+    else
+      quantize_kernel<decltype(in), false><<<grid, kWarps * 32, 0, stream_of(ctx)>>>(p);
   });
   check_launch("quantize_fp8_groups");
 }
