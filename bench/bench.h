@@ -10,7 +10,7 @@ namespace mla::bench {
 
 struct BenchOptions {
   std::vector<std::string> ops;  // empty = all; names: ceilings, write_cache, gather_cache, upconvert,
-                                 // merge, convert_topk, mqa_decode, mha_prefill, sparse_mqa, gemm, layer
+                                 // merge, convert_topk, mqa_decode, mha_prefill, sparse_mqa, gemm, layer, block
   std::string json_path;         // write a JSON record here when non-empty
   // When set, the record goes through it instead (the CLI opens the file before the run and reports
   // write errors).
