@@ -50,7 +50,7 @@ void bind_block(py::module_& m) {
       .def(py::init(&options_from_kwargs<DeepseekOptions>))
       MLA_RW(DeepseekOptions, tp) MLA_RW(DeepseekOptions, rank) MLA_RW(DeepseekOptions, cache_format)
       MLA_RW(DeepseekOptions, sparse) MLA_RW(DeepseekOptions, ds_scale) MLA_RW(DeepseekOptions, device)
-      MLA_RW(DeepseekOptions, dtype);
+      MLA_RW(DeepseekOptions, dtype) MLA_RW(DeepseekOptions, fp8_activations);
 
   py::class_<DeepseekAttention>(m, "DeepseekAttention",
                                 "The whole DeepSeek attention block of one layer (hidden states in, the rank's o_proj "
@@ -97,6 +97,8 @@ void bind_block(py::module_& m) {
       .def_property_readonly("options", &DeepseekAttention::options)
       .def_property_readonly("layer_options", &DeepseekAttention::layer_options)
       .def("planner_config", &DeepseekAttention::planner_config)
+      .def("projection_is_fp8", &DeepseekAttention::projection_is_fp8, py::arg("name"),
+           "True when the projection runs w8a8 (fp8_activations and a block-aligned rank slice).")
       .def("workspace_bytes", &DeepseekAttention::workspace_bytes, py::arg("plan"))
       .def("max_workspace_bytes", &DeepseekAttention::max_workspace_bytes, py::arg("config"), py::arg("max_num_tokens"))
       .def("forward", [](const DeepseekAttention& b, const Plan& plan, const PyKVCache& cache, const TensorArg& workspace,
