@@ -7,7 +7,7 @@
 //                                     B = P^T (bf16 [N rows][64 keys], K-major, this warpgroup's smem)
 //
 // Warp roles: warpgroup 0 is the producer (source.cuh's produce: TMA from warp 0, or gathering warps
-// s and s + 2 for stage s); the consumer warpgroups c = 0, 1
+// s and s + 2 for stage s; a staged source's own produce, source_staged.cuh); the consumer warpgroups c = 0, 1
 // take alternate KV tiles (c, c + 2, ...: stage c) and run independent online softmaxes (their own
 // running max, sum and O^T: 4N fp32 registers) with no per-tile synchronisation between them; the row
 // max of a tile is reduced over its 64 keys = 4 warps through smem (named barrier 2 + c). The epilogue
@@ -33,6 +33,7 @@
 #include "cuda/common/softmax.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
 #include "cuda/decode_sm90/source.cuh"
+#include "cuda/decode_sm90/source_staged.cuh"
 #include "cuda/decode_sm90/tile_io.cuh"
 
 namespace mla::cuda::decode_sm90 {
@@ -56,7 +57,13 @@ struct SmallTraits {
   static constexpr bool kSeesaw = false;  // register split key (source.cuh producer_regs)
   static constexpr int kPanelsPerFull = T::kPanels;  // one full barrier per stage, carrying the key mask too
   __host__ __device__ static constexpr bool mask_barrier(int) { return true; }
-  static constexpr int kSmemBytes = kOffBar + 2 * kStages * 8 + 1024;
+  static constexpr int kOffExtra = kOffBar + 2 * kStages * 8;  // a staged key source's own (source_staged.cuh)
+  static constexpr int kSmemBytes = kOffExtra + 1024;
+  template <class Src>
+  static constexpr int smem_bytes() {
+    if constexpr (StagedSource<Src>) return kSmemBytes + Src::kExtraBytes;
+    else return kSmemBytes;
+  }
   static_assert(kOffK % 1024 == 0 && kOffP % 1024 == 0, "swizzled tiles are 1024-byte aligned");
   static_assert(T::kDv * N * 4 <= T::kTileBytes, "the epilogue's O^T exchange fits one KV stage");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
@@ -74,8 +81,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
   const Unit u(p, !Src::kTma);
-  if (!start_roles<L, Src>(p, &kv_map, u, smem,
-                           [&](int warp, int lane) { produce<L, Src>(p, &kv_map, u, smem, warp, lane); }))
+  static_assert(L::template smem_bytes<Src>() <= 227 * 1024, "shared memory per block on sm_90");
+  if (!start_roles<L, Src>(p, &kv_map, u, smem, [&](int warp, int lane) {
+        if constexpr (StagedSource<Src>) Src::template produce<L>(p, u, smem, warp, lane);
+        else produce<L, Src>(p, &kv_map, u, smem, warp, lane);
+      }))
     return;
   const int wg = ptx::warpgroup_index();
 

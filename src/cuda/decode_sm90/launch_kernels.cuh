@@ -38,14 +38,21 @@ void launch_one(Kernel kernel, int smem, unsigned grid, cudaStream_t stream, con
   check_launch(what);
 }
 
+// The small kernel with N rows and key source Src.
+template <int N, class Src>
+void launch_small(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
+                  const char* what) {
+  launch_one(decode_sm90_small_kernel<N, Src>, SmallTraits<N>::template smem_bytes<Src>(), grid, stream, map, p, what);
+}
+
 // The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests).
 template <class Src>
 void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
                    const char* what) {
   switch (p.tile_rows) {
-    case 8: launch_one(decode_sm90_small_kernel<8, Src>, SmallTraits<8>::kSmemBytes, grid, stream, map, p, what); break;
-    case 16: launch_one(decode_sm90_small_kernel<16, Src>, SmallTraits<16>::kSmemBytes, grid, stream, map, p, what); break;
-    case 32: launch_one(decode_sm90_small_kernel<32, Src>, SmallTraits<32>::kSmemBytes, grid, stream, map, p, what); break;
+    case 8: launch_small<8, Src>(p, grid, stream, map, what); break;
+    case 16: launch_small<16, Src>(p, grid, stream, map, what); break;
+    case 32: launch_small<32, Src>(p, grid, stream, map, what); break;
     default: launch_one(decode_sm90_seesaw_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what); break;
   }
 }

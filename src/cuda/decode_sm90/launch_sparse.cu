@@ -62,10 +62,22 @@ void run_sparse(const dispatch::SparseArgs& a) {
   CUtensorMap unused;  // the gathering kernels issue no TMA
   std::memset(&unused, 0, sizeof(unused));
   const unsigned grid = grid_for(int64_t{p.m_tiles} * t, 1, "sparse_mqa (sm90)");
-  if (c.format == CacheFormat::bf16)
-    launch_kernel<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, "sparse_mqa (sm90)");
-  else
-    launch_kernel<GatherKeys<CacheFormat::fp8_ds_mla>>(p, grid, stream, unused, "sparse_mqa (sm90)");
+  const char* what = "sparse_mqa (sm90)";
+  if (c.format == CacheFormat::bf16) {
+    launch_kernel<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, what);
+    return;
+  }
+  // fp8_ds_mla: the small kernels stage the raw records in shared memory (source_staged.cuh); the seesaw
+  // kernel has no room for that and dequantises through registers (GatherKeys).
+  switch (p.tile_rows) {
+    case 8: launch_small<8, StagedDsMlaKeysFor<SmallTraits<8>::kOffExtra>>(p, grid, stream, unused, what); break;
+    case 16: launch_small<16, StagedDsMlaKeysFor<SmallTraits<16>::kOffExtra>>(p, grid, stream, unused, what); break;
+    case 32: launch_small<32, StagedDsMlaKeysFor<SmallTraits<32>::kOffExtra>>(p, grid, stream, unused, what); break;
+    default:
+      launch_one(decode_sm90_seesaw_kernel<GatherKeys<CacheFormat::fp8_ds_mla>>, SeesawTraits::kSmemBytes, grid, stream,
+                 unused, p, what);
+      break;
+  }
 }
 
 }  // namespace mla::cuda::decode_sm90

@@ -111,6 +111,37 @@ __device__ __forceinline__ uint4 e4m3x8_scaled_to_bf16(uint32_t w0, uint32_t w1,
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// Gathered key j of unit u (sparse_mqa): true with the byte offset of its cache row in `o` when it is
+// valid (j < the token's length, 0 <= index < num_slots); false otherwise (nothing read beyond the index).
+__device__ __forceinline__ bool gather_row_offset(const DecodeSm90Params::Gather& gp, const Unit& u, int j, int64_t& o) {
+  if (j >= u.key_end) return false;
+  const int32_t idx = gp.indices[u.g * gp.indices_stride + j];
+  if (idx < 0 || idx >= gp.num_slots) return false;
+  o = (idx / gp.page_size) * gp.stride_block_bytes + (idx % gp.page_size) * gp.stride_row_bytes;
+  return true;
+}
+
+// Key j's whole cache row into L2 (one bulk prefetch) when it is valid; nothing otherwise.
+template <CacheFormat F>
+__device__ __forceinline__ void prefetch_gathered_row(const DecodeSm90Params::Gather& gp, const Unit& u, int j) {
+  int64_t o = 0;
+  if (gather_row_offset(gp, u, j, o))
+    ptx::bulk_prefetch_l2(gp.cache + o, static_cast<uint32_t>(CacheFormatTraits<F>::entry_bytes(576, 64)));
+}
+
+// cp.async of the 16-byte chunks first_chunk + i (i < N) of swizzled panel row r (panel at dp) from the
+// cache bytes at src_off + 16 i; zero-filled, nothing read, when !ok.
+template <int N>
+__device__ __forceinline__ void copy_row_chunks(const uint8_t* cache, uint8_t* dp, int r, bool ok, int64_t src_off,
+                                                int first_chunk) {
+  const uint8_t* src = ok ? cache + src_off : cache;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int ch = first_chunk + i;
+    ptx::cp_async_16_zfill(dp + swz(r, ch), src + (ok ? 16 * i : 0), ok ? 16u : 0u);
+  }
+}
+
 // Top-k rows gathered through the token's index row (sparse_mqa). F: bf16 or fp8_ds_mla.
 template <CacheFormat F>
 struct GatherKeys {
@@ -153,24 +184,14 @@ struct GatherKeys {
     __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_) : part(part_), lane(lane_) {
       const DecodeSm90Params::Gather& gp = p.gather;
       const int key = k0 + 32 * part + lane;
-      const int32_t* row = gp.indices + u.g * gp.indices_stride;
-      auto offset_of = [&](int j, int64_t& o) {  // valid key j: its row's byte offset
-        if (j >= u.key_end) return false;
-        const int32_t idx = row[j];
-        if (idx < 0 || idx >= gp.num_slots) return false;
-        o = (idx / gp.page_size) * gp.stride_block_bytes + (idx % gp.page_size) * gp.stride_row_bytes;
-        return true;
-      };
       int64_t o = 0;
-      mask32 = __ballot_sync(0xffffffffu, offset_of(key, o));
+      mask32 = __ballot_sync(0xffffffffu, gather_row_offset(gp, u, key, o));
       if constexpr (F == CacheFormat::bf16) {
         off[0] = __shfl_sync(0xffffffffu, o, lane >> 1);
         off[1] = __shfl_sync(0xffffffffu, o, (lane >> 1) + 16);
       } else {
         off[0] = o;
-        int64_t next = 0;
-        if (offset_of(key + 2 * Traits::kBlockN, next))
-          ptx::bulk_prefetch_l2(gp.cache + next, static_cast<uint32_t>(Fmt::entry_bytes(576, 64)));
+        prefetch_gathered_row<F>(gp, u, key + 2 * Traits::kBlockN);
       }
     }
     __device__ void begin(uint64_t* mask_slot, uint64_t* bar) const {
@@ -189,14 +210,14 @@ struct GatherKeys {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int k = (lane >> 1) + 16 * h;
-          copy_chunks<4>(cache, dp, 32 * part + k, (mask32 >> k) & 1, off[h] + c * 128 + 64 * sub, 4 * sub);
+          copy_row_chunks<4>(cache, dp, 32 * part + k, (mask32 >> k) & 1, off[h] + c * 128 + 64 * sub, 4 * sub);
         }
         ptx::cp_async_arrive_mbarrier(bar);
       } else {
         const int r = 32 * part + lane;
         const bool ok = (mask32 >> lane) & 1;
         if (c == Traits::kPanels - 1) {  // rope: bf16 bytes 528 .. 655, copied
-          copy_chunks<8>(cache, dp, r, ok, off[0] + kRopeOffset, 0);
+          copy_row_chunks<8>(cache, dp, r, ok, off[0] + kRopeOffset, 0);
           ptx::cp_async_arrive_mbarrier(bar);
         } else {  // latent codes 64c .. 64c + 63 times the tile scale, as bf16
           uint4 raw[4];
@@ -243,17 +264,6 @@ struct GatherKeys {
       }
     }
 
-    // 16-byte chunks first_chunk + i (i < N) of panel row r from the cache bytes at src_off + 16 i
-    // (zero-filled, nothing read, when !ok).
-    template <int N>
-    __device__ void copy_chunks(const uint8_t* cache, uint8_t* dp, int r, bool ok, int64_t src_off, int first_chunk) const {
-      const uint8_t* src = ok ? cache + src_off : cache;
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const int ch = first_chunk + i;
-        ptx::cp_async_16_zfill(dp + swz(r, ch), src + (ok ? 16 * i : 0), ok ? 16u : 0u);
-      }
-    }
   };
 };
 
