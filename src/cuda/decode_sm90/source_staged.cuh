@@ -44,7 +44,7 @@ namespace mla::cuda::decode_sm90 {
 template <class S>
 concept StagedSource = S::kStaged;
 
-template <bool kRopeRaw>
+template <bool kRopeRaw, bool kBulk = false>
 struct StagedDsMlaKeys {
   using Fmt = CacheFormatTraits<CacheFormat::fp8_ds_mla>;
   static constexpr bool kTma = false;
@@ -87,18 +87,33 @@ struct StagedDsMlaKeys {
     }
     __syncwarp();
 
-    // This lane's bulk copies of its row of the next tile (record at byte offset o when ok).
+    // This lane's copies of its row of the next tile (record at byte offset o when ok): kBulk: cp.async.bulk
+    // completing on raw_full (lane 0 announces the bytes); else 16-byte cp.async, one commit group per tile
+    // (each lane reads only the row it copied: its own wait_group is the hand-over).
     auto fetch = [&](bool ok, int64_t o) {
-      const uint32_t rows = __popc(__ballot_sync(0xffffffffu, ok));
-      if (lane == 0) ptx::mbar_arrive_expect_tx(raw_full, rows * static_cast<uint32_t>(row_bytes(half)));
-      __syncwarp();
-      if (!ok) return;
       const uint8_t* rec = gp.cache + o;
-      if (half == 0) {
-        ptx::bulk_load(raw, rec, 256, raw_full);
-        ptx::bulk_load(raw + 256, rec + kScaleOffset, 16, raw_full);
+      if constexpr (kBulk) {
+        const uint32_t rows = __popc(__ballot_sync(0xffffffffu, ok));
+        if (lane == 0) ptx::mbar_arrive_expect_tx(raw_full, rows * static_cast<uint32_t>(row_bytes(half)));
+        __syncwarp();
+        if (!ok) return;
+        if (half == 0) {
+          ptx::bulk_load(raw, rec, 256, raw_full);
+          ptx::bulk_load(raw + 256, rec + kScaleOffset, 16, raw_full);
+        } else {
+          ptx::bulk_load(raw, rec + 256, kRowBytes1, raw_full);
+        }
       } else {
-        ptx::bulk_load(raw, rec + 256, kRowBytes1, raw_full);
+        if (ok) {
+          const uint8_t* src = rec + 256 * half;  // codes of this half; then the scales (and the rope)
+#pragma unroll
+          for (int i = 0; i < 16; ++i) ptx::cp_async_16(raw + 16 * i, src + 16 * i);
+          ptx::cp_async_16(raw + 256, rec + kScaleOffset);
+          if (kRopeRaw && half == 1)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) ptx::cp_async_16(raw + 272 + 16 * i, rec + kRopeOffset + 16 * i);
+        }
+        ptx::cp_async_commit();
       }
     };
 
@@ -112,7 +127,8 @@ struct StagedDsMlaKeys {
       int64_t off_next = 0;
       const bool ok_next = gather_row_offset(gp, u, k0 + T::kBlockN + r, off_next);  // false past the last tile
       if (half == 0) prefetch_gathered_row<CacheFormat::fp8_ds_mla>(gp, u, k0 + kPrefetch * T::kBlockN + r);
-      ptx::mbar_wait(raw_full, it & 1);
+      if constexpr (kBulk) ptx::mbar_wait(raw_full, it & 1);
+      else ptx::cp_async_wait<0>();
       ptx::mbar_wait(&empty[stage], ((it >> 1) & 1) ^ 1);
       uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
       uint8_t* rope = dst + (T::kPanels - 1) * T::kPanelBytes;
@@ -157,7 +173,7 @@ struct StagedDsMlaKeys {
 
 // The staged source for a small kernel whose own shared memory ends at kOffExtra: the rope in the raw
 // stage where it fits (N 8, 16), else by cp.async (N 32).
-template <int kOffExtra>
-using StagedDsMlaKeysFor = StagedDsMlaKeys<kOffExtra + StagedDsMlaKeys<true>::kExtraBytes + 1024 <= 227 * 1024>;
+template <int kOffExtra, bool kBulk = false>
+using StagedDsMlaKeysFor = StagedDsMlaKeys<kOffExtra + StagedDsMlaKeys<true>::kExtraBytes + 1024 <= 227 * 1024, kBulk>;
 
 }  // namespace mla::cuda::decode_sm90
