@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "cuda/common/launch.h"
@@ -15,17 +14,6 @@
 #include "cuda/decode_sm90/variant.h"
 
 namespace mla::cuda::decode_sm90 {
-
-namespace {
-template <int N>
-void launch_ds_small(int mode, const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
-                     const char* what) {
-  constexpr int kOff = SmallTraits<N>::kOffExtra;
-  if (mode == 0) launch_small<N, GatherKeys<CacheFormat::fp8_ds_mla>>(p, grid, stream, map, what);
-  else if (mode == 1) launch_small<N, StagedDsMlaKeysFor<kOff, true>>(p, grid, stream, map, what);
-  else launch_small<N, StagedDsMlaKeysFor<kOff, false>>(p, grid, stream, map, what);
-}
-}  // namespace
 
 const char* supports_sparse(const dispatch::SparseArgs& a) {
   const KVCache& c = a.kv;
@@ -81,13 +69,10 @@ void run_sparse(const dispatch::SparseArgs& a) {
   }
   // fp8_ds_mla: the small kernels stage the raw records in shared memory (source_staged.cuh); the seesaw
   // kernel has no room for that and dequantises through registers (GatherKeys).
-  // EXPERIMENT (removed before landing): MLA_SM90_DSMLA_SMALL = regs | bulk | cpasync (default).
-  const char* env = std::getenv("MLA_SM90_DSMLA_SMALL");
-  const int mode = env == nullptr ? 2 : std::strcmp(env, "regs") == 0 ? 0 : std::strcmp(env, "bulk") == 0 ? 1 : 2;
   switch (p.tile_rows) {
-    case 8: launch_ds_small<8>(mode, p, grid, stream, unused, what); break;
-    case 16: launch_ds_small<16>(mode, p, grid, stream, unused, what); break;
-    case 32: launch_ds_small<32>(mode, p, grid, stream, unused, what); break;
+    case 8: launch_small<8, StagedDsMlaKeysFor<SmallTraits<8>::kOffExtra>>(p, grid, stream, unused, what); break;
+    case 16: launch_small<16, StagedDsMlaKeysFor<SmallTraits<16>::kOffExtra>>(p, grid, stream, unused, what); break;
+    case 32: launch_small<32, StagedDsMlaKeysFor<SmallTraits<32>::kOffExtra>>(p, grid, stream, unused, what); break;
     default:
       launch_one(decode_sm90_seesaw_kernel<GatherKeys<CacheFormat::fp8_ds_mla>>, SeesawTraits::kSmemBytes, grid, stream,
                  unused, p, what);

@@ -12,7 +12,9 @@
 //                   copy itself (src-size 0: nothing is read). F = fp8_ds_mla (656-byte records): the
 //                   latent codes go through registers (16-byte loads), times their tile's fp32 scale,
 //                   rounded to bf16 (the §3.3 upconvert: bf16(float(code) * scale)), stored swizzled;
-//                   the bf16 rope by cp.async. No staging copy in global memory.
+//                   the bf16 rope by cp.async. No staging copy in global memory. (Used by the seesaw
+//                   kernel; the small kernel takes fp8_ds_mla through StagedDsMlaKeys, source_staged.cuh:
+//                   raw records cp.async'd into shared memory a tile ahead, its own producer loop.)
 //
 // Interface (PagedKeys / GatherKeys):
 //   kTma                 the source issues TMA (the tensor map is real)
@@ -26,7 +28,6 @@
 //     begin(mask, bar)   publishes the tile's loaded-key mask (u64 per stage) before `bar` completes
 //     announce(bar, n)   n panels will complete on bar (TMA: the transaction bytes)
 //     panel(p, map, dst, bar, c)        loads panel c of the tile at dst, completing on bar
-//   kPanelPairs          Tile::panel_pair(p, dst, bar0, bar1, c) loads panels c, c + 1 at once (small kernel)
 #include <cuda.h>
 
 #include <cstdint>
@@ -50,7 +51,6 @@ struct PagedKeys {
   static constexpr bool kGenericWrites = false;
   __host__ __device__ static constexpr int full_arrivals(int, bool) { return 1; }  // one arrive.expect_tx
   __host__ __device__ static constexpr int producer_regs(bool) { return 40; }
-  static constexpr bool kPanelPairs = false;
 
   // Which keys of the 64-key tile starting at k0 the producer loads: boxes j = lane, lane + 32 (first
   // key k0 + j * box_rows) with their page ids, the number of boxes loaded, and the 64-bit mask of
@@ -152,14 +152,9 @@ struct GatherKeys {
   static constexpr bool kZeroFilled = true;
   static constexpr bool kGenericWrites = true;
   // setmaxnreg split (producer P, consumers (504 - P) / 2: 168 x 3 of __launch_bounds__(384, 1)). ptxas -v:
-  // the gathering producers spill at 40 (bf16 4-16 bytes, fp8_ds_mla 20-80); 0 spills with bf16 at 56 / 224,
-  // fp8_ds_mla small kernels at 72 / 216 (panel pairs; 8 bytes at 56), seesaw at 56 / 224 (its consumers
-  // spill 32 bytes at 216).
-  // Small kernel: Tile::panel_pair (in the seesaw producer, 56 registers, pairs spilled 72 bytes).
-  static constexpr bool kPanelPairs = F == CacheFormat::fp8_ds_mla;
-  __host__ __device__ static constexpr int producer_regs(bool seesaw) {
-    return F == CacheFormat::bf16 || seesaw ? 56 : 72;
-  }
+  // the gathering producers spill at 40 (bf16 4-16 bytes, fp8_ds_mla 20-80); 0 spills at 56 / 224 (the
+  // fp8_ds_mla seesaw's consumers spill 32 bytes at 216). fp8_ds_mla in the small kernel: source_staged.cuh.
+  __host__ __device__ static constexpr int producer_regs(bool) { return 56; }
   static constexpr int kScaleOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::scale_offset(512)) : 0;
   static constexpr int kRopeOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::rope_offset(512)) : 1024;
   static_assert(F != CacheFormat::fp8_ds_mla || (kScaleOffset == 512 && kRopeOffset == 528), "fp8_ds_mla record");
@@ -229,20 +224,6 @@ struct GatherKeys {
       }
     }
 
-    // fp8_ds_mla latent panels c, c + 1 (c even: one tile scale) in one round trip of eight 16-byte loads;
-    // one arrival per panel on its barrier (bar1 == bar0: two on it).
-    __device__ void panel_pair(const DecodeSm90Params& p, uint8_t* dst, uint64_t* bar0, uint64_t* bar1, int c) const {
-      static_assert(F == CacheFormat::fp8_ds_mla, "pairs of dequantised panels");
-      const int r = 32 * part + lane;
-      uint4 raw[8];
-      const float scale = load_codes<2>(p.gather.cache, (mask32 >> lane) & 1, c, raw);
-      store_codes(dst + c * Traits::kPanelBytes, r, raw, scale);
-      store_codes(dst + (c + 1) * Traits::kPanelBytes, r, raw + 4, scale);
-      ptx::fence_proxy_async_smem();
-      ptx::mbar_arrive(bar0);
-      ptx::mbar_arrive(bar1);
-    }
-
     // This lane's row: the codes of kPanels panels from panel c (64 each, 16 bytes per raw entry) and
     // their tile scale; zeros and scale 0 for a key that is not loaded (nothing read).
     template <int kPanels>
@@ -291,14 +272,8 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
     tl.announce(p, &full[stage], T::kPanels);
     __syncwarp();
     uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
-    if constexpr (Src::kPanelPairs) {
 #pragma unroll 1
-      for (int c = 0; c + 1 < T::kPanels; c += 2) tl.panel_pair(p, dst, &full[stage], &full[stage], c);
-      tl.panel(p, map, dst, &full[stage], T::kPanels - 1);
-    } else {
-#pragma unroll 1
-      for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c);
-    }
+    for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c);
   }
 }
 

@@ -2,32 +2,31 @@
 // fp8_ds_mla key source of the small sm90 kernel (kernel_small.cuh, h_q <= 32) with a raw-record stage in
 // shared memory (docs/SPARSE.md "Raw stage"). GatherKeys<fp8_ds_mla> (source.cuh) loads each record
 // through registers, a few 16-byte loads per lane per round trip and five dependent round trips per tile;
-// here the records are copied by cp.async.bulk into a raw stage one tile ahead, so a tile's dequant is a
-// shared -> shared pass and the global latency of tile t + 1 overlaps the dequant of tile t and the
-// consumers' work.
+// here each lane copies its record's bytes by 16-byte cp.async into a raw stage one tile ahead, so a
+// tile's dequant is a shared -> shared pass and the copies of tile t + 1 are in flight while the
+// consumers work on tile t (measured: 3-14% faster than the register path, docs/SPARSE.md).
 //
 // Producer warps (warpgroup 0, warp w = 0..3; all four work on every tile, in tile order):
 //   part p = w / 2: key rows 32p .. 32p + 31 of the tile (lane l = row 32p + l: its key index, validity,
 //                   record offset);
 //   half h = w % 2: latent panels 4h .. 4h + 3 (codes 256h .. 256h + 255) of those rows.
 // Raw slot of warp w (one per warp, shared memory after the kernel's own plan, L::kOffExtra):
-//   32 rows x kRowBytes(h): h 0: codes 0..255 | the 16 bytes of scales (record bytes 512..527), two bulk
-//   copies per row; h 1: record bytes 256..527 (codes 256..511 | scales), one bulk copy, and with
-//   kRopeRaw also the bf16 rope (bytes 528..655: 400 bytes in one copy). Row strides 272 / 400 bytes
-//   (= 4 banks mod 32): a quarter-warp's 16-byte accesses of eight rows hit distinct banks.
+//   32 rows x kRowBytes(h): the codes of its half (256 bytes) | the 16 bytes of scales (record bytes
+//   512..527) [| h 1 with kRopeRaw: the bf16 rope, bytes 528..655]; 17 (or 25) cp.async per lane and tile.
+//   Row strides 272 / 400 bytes (= 4 banks mod 32): a quarter-warp's 16-byte accesses of eight rows hit
+//   distinct banks. Each lane reads only the row it copied, so its own cp.async.wait_group is the
+//   hand-over (no barrier).
 //   Without kRopeRaw (N = 32: the stage does not fit beside 36 KiB of Q) each half copies its four rope
 //   chunks of the row straight into the swizzled stage by cp.async (completion: cp.async.mbarrier.arrive).
 // Per tile t (stage t % 2), warp w:
 //   1. reads the indices of tile t + 1's rows (and prefetches tile t + kPrefetch's records into L2);
-//   2. waits raw_full[w] (tile t's bytes landed), then empty[stage] (the consumer released the stage);
+//   2. waits for its copies of tile t (cp.async.wait_group 0), then empty[stage] (the consumer released it);
 //   3. h 0: publishes its part's 32-bit key mask (one plain arrival on full[stage]);
 //   4. converts its four latent panels raw -> bf16 (bf16(float(code) * scale), SEMANTICS 3.3) into the
 //      swizzled stage, invalid rows as zeros; the rope: h 1 copies it raw -> stage (kRopeRaw) or both
 //      halves cp.async it from global; fence.proxy.async, one arrival per lane on full[stage];
-//   5. issues tile t + 1's bulk copies into its raw slot (each lane only rewrites the row it just read;
-//      lane 0 announces the bytes of the valid rows first). Invalid keys: nothing is copied or read.
-// Barriers: full[stage] expects 2 (masks) + 128 (dequant) [+ 128 (cp.async rope)] arrivals per phase;
-// raw_full[w]: one arrival with the transaction bytes per phase (phase = tile index).
+//   5. issues tile t + 1's copies into its raw row (one commit group). Invalid keys: nothing is copied or read.
+// Barriers: full[stage] expects 2 (masks) + 128 (dequant) [+ 128 (cp.async rope)] arrivals per phase.
 #include <cstdint>
 
 #include "cuda/common/ptx/cp_async.cuh"
@@ -44,14 +43,13 @@ namespace mla::cuda::decode_sm90 {
 template <class S>
 concept StagedSource = S::kStaged;
 
-template <bool kRopeRaw, bool kBulk = false>
+template <bool kRopeRaw>
 struct StagedDsMlaKeys {
   using Fmt = CacheFormatTraits<CacheFormat::fp8_ds_mla>;
   static constexpr bool kTma = false;
   static constexpr bool kStaged = true;
   static constexpr bool kZeroFilled = true;
   static constexpr bool kGenericWrites = true;
-  static constexpr bool kPanelPairs = false;
   __host__ __device__ static constexpr int producer_regs(bool) { return 72; }
   __host__ __device__ static constexpr int full_arrivals(int, bool) { return 2 + 4 * 32 * (kRopeRaw ? 1 : 2); }
 
@@ -62,10 +60,9 @@ struct StagedDsMlaKeys {
   static constexpr int kRowBytes1 = 256 + 16 + (kRopeRaw ? 128 : 0);  // codes 256..511 | scales [| rope]
   __host__ __device__ static constexpr int row_bytes(int half) { return half ? kRowBytes1 : kRowBytes0; }
   static constexpr int kPartBytes = 32 * (kRowBytes0 + kRowBytes1);
-  static constexpr int kBarBytes = 128;  // raw_full[4]
-  static constexpr int kExtraBytes = kBarBytes + 2 * kPartBytes;
-  static constexpr int kPrefetch = 3;  // tiles ahead prefetched into L2 (the bulk copies run one tile ahead)
-  __device__ static int slot_offset(int w) { return kBarBytes + (w >> 1) * kPartBytes + (w & 1) * 32 * kRowBytes0; }
+  static constexpr int kExtraBytes = 2 * kPartBytes;
+  static constexpr int kPrefetch = 3;  // tiles ahead prefetched into L2 (the raw copies run one tile ahead)
+  __device__ static int slot_offset(int w) { return (w >> 1) * kPartBytes + (w & 1) * 32 * kRowBytes0; }
 
   // Producer warp `warp` (0..3) of the small kernel with layout L (kOffBar: full[2], empty[2]; kOffMask;
   // kOffK; kOffExtra: this source's kExtraBytes).
@@ -79,42 +76,20 @@ struct StagedDsMlaKeys {
     uint64_t* empty = full + L::kStages;
     uint32_t* mask = reinterpret_cast<uint32_t*>(smem + L::kOffMask);  // [stage][part]
     uint8_t* extra = smem + L::kOffExtra;
-    uint64_t* raw_full = reinterpret_cast<uint64_t*>(extra) + warp;
     uint8_t* raw = extra + slot_offset(warp) + lane * row_bytes(half);  // this lane's raw row
-    if (lane == 0) {
-      ptx::mbar_init(raw_full, 1);
-      ptx::fence_mbarrier_init();
-    }
-    __syncwarp();
 
-    // This lane's copies of its row of the next tile (record at byte offset o when ok): kBulk: cp.async.bulk
-    // completing on raw_full (lane 0 announces the bytes); else 16-byte cp.async, one commit group per tile
-    // (each lane reads only the row it copied: its own wait_group is the hand-over).
+    // This lane's copies of its row of the next tile (record at byte offset o when ok), one commit group.
     auto fetch = [&](bool ok, int64_t o) {
-      const uint8_t* rec = gp.cache + o;
-      if constexpr (kBulk) {
-        const uint32_t rows = __popc(__ballot_sync(0xffffffffu, ok));
-        if (lane == 0) ptx::mbar_arrive_expect_tx(raw_full, rows * static_cast<uint32_t>(row_bytes(half)));
-        __syncwarp();
-        if (!ok) return;
-        if (half == 0) {
-          ptx::bulk_load(raw, rec, 256, raw_full);
-          ptx::bulk_load(raw + 256, rec + kScaleOffset, 16, raw_full);
-        } else {
-          ptx::bulk_load(raw, rec + 256, kRowBytes1, raw_full);
-        }
-      } else {
-        if (ok) {
-          const uint8_t* src = rec + 256 * half;  // codes of this half; then the scales (and the rope)
+      if (ok) {
+        const uint8_t* rec = gp.cache + o;
 #pragma unroll
-          for (int i = 0; i < 16; ++i) ptx::cp_async_16(raw + 16 * i, src + 16 * i);
-          ptx::cp_async_16(raw + 256, rec + kScaleOffset);
-          if (kRopeRaw && half == 1)
+        for (int i = 0; i < 16; ++i) ptx::cp_async_16(raw + 16 * i, rec + 256 * half + 16 * i);
+        ptx::cp_async_16(raw + 256, rec + kScaleOffset);
+        if (kRopeRaw && half == 1)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) ptx::cp_async_16(raw + 272 + 16 * i, rec + kRopeOffset + 16 * i);
-        }
-        ptx::cp_async_commit();
+          for (int i = 0; i < 8; ++i) ptx::cp_async_16(raw + 272 + 16 * i, rec + kRopeOffset + 16 * i);
       }
+      ptx::cp_async_commit();
     };
 
     int64_t off = 0;
@@ -127,8 +102,7 @@ struct StagedDsMlaKeys {
       int64_t off_next = 0;
       const bool ok_next = gather_row_offset(gp, u, k0 + T::kBlockN + r, off_next);  // false past the last tile
       if (half == 0) prefetch_gathered_row<CacheFormat::fp8_ds_mla>(gp, u, k0 + kPrefetch * T::kBlockN + r);
-      if constexpr (kBulk) ptx::mbar_wait(raw_full, it & 1);
-      else ptx::cp_async_wait<0>();
+      ptx::cp_async_wait<0>();
       ptx::mbar_wait(&empty[stage], ((it >> 1) & 1) ^ 1);
       uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
       uint8_t* rope = dst + (T::kPanels - 1) * T::kPanelBytes;
@@ -173,7 +147,7 @@ struct StagedDsMlaKeys {
 
 // The staged source for a small kernel whose own shared memory ends at kOffExtra: the rope in the raw
 // stage where it fits (N 8, 16), else by cp.async (N 32).
-template <int kOffExtra, bool kBulk = false>
-using StagedDsMlaKeysFor = StagedDsMlaKeys<kOffExtra + StagedDsMlaKeys<true>::kExtraBytes + 1024 <= 227 * 1024, kBulk>;
+template <int kOffExtra>
+using StagedDsMlaKeysFor = StagedDsMlaKeys<kOffExtra + StagedDsMlaKeys<true>::kExtraBytes + 1024 <= 227 * 1024>;
 
 }  // namespace mla::cuda::decode_sm90
