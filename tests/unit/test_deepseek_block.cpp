@@ -94,6 +94,23 @@ TEST(DeepseekBlock, W8a8FollowsTransformersWithinActivationRounding) {
       std::printf("  %s w8a8 f64 %s: rel-L2 %.3e\n", f.name.c_str(), s.name, err);
     }
   }
+  // Rank slices off the 128-row block grid keep the dequantised form: tp 2 of the V3 fixture's 2 heads
+  // splits q_b_proj's 384 rows at 192; o_proj's columns split at 128 (on the grid); q_a / kv_a are
+  // replicated.
+  {
+    const Fixture v3 = test::block::load_fixture("v3_fp8");
+    const Checkpoint ck(test::block::fixture_dir() + "/v3_fp8");
+    for (int rank = 0; rank < 2; ++rank) {
+      DeepseekOptions o;
+      o.tp = 2;
+      o.rank = rank;
+      o.fp8_activations = true;
+      const DeepseekAttention blk = DeepseekAttention::load(ck, v3.config, kLayer, o);
+      EXPECT_FALSE(blk.projection_is_fp8("q_b_proj")) << rank;
+      EXPECT_TRUE(blk.projection_is_fp8("o_proj")) << rank;
+      EXPECT_TRUE(blk.projection_is_fp8("q_a_proj") && blk.projection_is_fp8("kv_a_proj_with_mqa")) << rank;
+    }
+  }
   // fp8_activations needs fp8 weights.
   const Fixture f = test::block::load_fixture("v2lite_bf16");
   DeepseekOptions o;
