@@ -25,6 +25,9 @@ namespace {
 // One small CPU layer per (format, sparse, heads, topk): workspace_bytes / max_workspace_bytes only.
 const MlaAttention& layer_for(const LayerOptions& o) {
   static std::map<std::tuple<int, bool, int, int>, std::unique_ptr<MlaAttention>> layers;
+  // Hostile head counts and top-k values make many shapes: keep a few (a million executions kept
+  // every one and ran past libFuzzer's 2 GB limit).
+  if (layers.size() >= 16) layers.clear();
   auto& slot = layers[{static_cast<int>(o.cache_format), o.sparse, o.dims.num_heads, o.dims.index_topk}];
   if (!slot) {
     const ModelDims& d = o.dims;
