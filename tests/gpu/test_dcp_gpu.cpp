@@ -13,6 +13,7 @@
 #include "mla/comm.h"
 #include "mla/dcp.h"
 #include "mla/ops.h"
+#include "mla/variants.h"
 #include "unit/attention_test_util.h"
 
 namespace mla {
@@ -128,6 +129,10 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
         });
       for (auto& t : ranks) t.join();
       for (int r = 0; r < w; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+      if (f == CacheFormat::fp8_ds_mla && last_variant("sparse_mqa") == "sm90") {  // it reads the bf16 upconvert
+        const CacheBuffer up = test::upconverted_cache(pb.cb.cache);
+        sparse_mqa(q_tok, up.cache, slots(pos, global_table), {}, swant, swant_lse, 0.06, test::reference_ctx());
+      }
       auto assemble = [&](std::vector<Tensor>& parts, int64_t rows, int64_t per_row) {
         std::vector<double> all;
         std::vector<std::vector<double>> host;

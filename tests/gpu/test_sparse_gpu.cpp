@@ -84,18 +84,6 @@ bool reads_upconverted(const std::string& variant, CacheFormat format) {
   return variant == "sm90" && format == CacheFormat::fp8_ds_mla;
 }
 
-// The bf16 upconvert of a host fp8_ds_mla cache, slot for slot (the CPU op of SEMANTICS §3.3).
-CacheBuffer upconverted(const KVCache& c) {
-  const int64_t nb = c.num_blocks(), page = c.page_size();
-  CacheBuffer u = test::nan_cache(CacheFormat::bf16, nb, page);
-  std::vector<int32_t> blocks;
-  for (int64_t b = 0; b < nb; ++b) blocks.push_back(static_cast<int32_t>(b));
-  Tensor table = test::int_tensor_2d({blocks});
-  const TensorView dst(u.storage.data(), DType::bf16, {nb * page, 576});
-  upconvert_ds_mla(c, dst, table, test::int_tensor({0}), {}, test::reference_ctx());
-  return u;
-}
-
 // Oracle (host) and GPU run with poisoned outputs; `indices` / `lengths` are host tensors. `act`: the
 // GPU's q / out dtype (q holds bf16 values, passed to the GPU converted: attention_gpu_util.h).
 // `oracle_cache`: the cache the reference reads (default: `cache`; see reads_upconverted).
@@ -125,7 +113,7 @@ void check_sparse(const Tensor& q, const Tensor& cache_storage, const KVCache& c
 void check_variant(const std::string& variant, const Tensor& q, const CacheBuffer& cb, const TensorView& indices,
                    const TensorView& lengths, const std::string& what) {
   if (reads_upconverted(variant, cb.cache.format)) {
-    const CacheBuffer u = upconverted(cb.cache);
+    const CacheBuffer u = test::upconverted_cache(cb.cache);
     check_sparse(q, cb.storage, cb.cache, indices, lengths, 512, what, DType::bf16, &u.cache);
   } else {
     check_sparse(q, cb.storage, cb.cache, indices, lengths, 512, what);

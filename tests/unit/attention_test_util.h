@@ -14,6 +14,7 @@
 #include "cache_test_util.h"
 #include "core/numeric.h"
 #include "mla/cache.h"
+#include "mla/ops.h"
 #include "mla/tensor.h"
 #include "support/test_util.h"
 
@@ -71,6 +72,20 @@ inline CacheBuffer nan_cache(CacheFormat format, int64_t num_blocks, int64_t pag
   CacheBuffer cb = allocate_cache(format, num_blocks, page, Device::cpu(), format == CacheFormat::fp8 ? 0.005f : 1.0f);
   std::memset(cb.storage.data(), 0xff, cb.storage.nbytes());
   return cb;
+}
+
+// The bf16 upconvert of a host fp8_ds_mla cache, slot for slot (the CPU op, SEMANTICS §3.3:
+// bf16(float(code) * scale)): what the sm90 sparse_mqa variant reads for an fp8_ds_mla row
+// (docs/SPARSE.md), hence the cache its float64 oracle reads.
+inline CacheBuffer upconverted_cache(const KVCache& c) {
+  const int64_t nb = c.num_blocks(), page = c.page_size();
+  CacheBuffer u = nan_cache(CacheFormat::bf16, nb, page);
+  std::vector<int32_t> blocks;
+  for (int64_t b = 0; b < nb; ++b) blocks.push_back(static_cast<int32_t>(b));
+  const Tensor table = int_tensor_2d({blocks});
+  const TensorView dst(u.storage.data(), DType::bf16, {nb * page, 576});
+  upconvert_ds_mla(c, dst, table, int_tensor({0}), {}, Context{nullptr, Precision::reference});
+  return u;
 }
 
 // Paged layout of a decode batch: each request owns max_blocks distinct blocks in shuffled order; its
