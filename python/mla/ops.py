@@ -48,6 +48,9 @@ SCHEMAS = {
                               "Tensor row_ends, Tensor(a!) logits) -> ()",
     "indexer_logits_decode": "(Tensor q, Tensor weights, Tensor cache, Tensor block_table, Tensor seq_lens, int s_q, "
                              "Tensor(a!) logits) -> ()",
+    "indexer_prepare": "(Tensor q, Tensor k, Tensor weights_raw, Tensor positions, Tensor cos_sin, "
+                       "Tensor k_norm_weight, Tensor k_norm_bias, Tensor(a!) q_codes, Tensor(b!) weights, "
+                       "Tensor(c!) k_out, float eps, bool hadamard) -> ()",
     "indexer_topk": "(Tensor logits, Tensor? row_starts, Tensor row_ends, Tensor(a!) out) -> ()",
     "indexer_topk_decode": "(Tensor logits, Tensor seq_lens, int s_q, Tensor(a!) out) -> ()",
     "layer_forward": "(int layer, Tensor q, Tensor kv_c, Tensor k_pe, Tensor slot_mapping, Tensor block_table, "
@@ -101,6 +104,7 @@ IMPLS = {
     "indexer_logits_prefill": _mla.indexer_logits_prefill,
     "indexer_logits_decode": lambda q, w, cache, bt, sl, s_q, logits: _mla.indexer_logits_decode(
         q, w, _mla.IndexerKCache(cache), bt, sl, s_q, logits),
+    "indexer_prepare": _mla.indexer_prepare,
     "indexer_topk": _mla.indexer_topk,
     "indexer_topk_decode": _mla.indexer_topk_decode,
     "layer_forward": lambda layer, q, kv_c, k_pe, slots, bt, sl, topk, out, cache, f, s, dq, dr, ws, meta:

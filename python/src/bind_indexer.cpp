@@ -1,5 +1,6 @@
 // The lightning indexer of mla/indexer.h (DeepSeek V3.2), argument for argument: the indexer K cache
-// descriptor and its allocation, the writer, the prefill gather, the fp8 MQA logits and the top-k.
+// descriptor and its allocation, the writer, the prefill gather, the q / k preparation, the fp8 MQA logits
+// and the top-k.
 // Each op takes keyword-only `stream` and `precision` (the Context); the GIL is released while it runs.
 #include "bindings.h"
 #include "mla/indexer.h"
@@ -78,6 +79,20 @@ void bind_indexer(py::module_& m) {
   }, py::arg("q"), py::arg("weights"), py::arg("cache"), py::arg("block_table"), py::arg("seq_lens"), py::arg("s_q"),
      py::arg("logits"), py::kw_only(), stream, precision,
      "Decode logits [b * s_q, N] over each request's causal positions in the paged indexer cache.");
+  m.def("indexer_prepare", [](const A& q, const A& k, const A& weights_raw, const A& positions, const A& cos_sin,
+                              const A& k_norm_weight, const A& k_norm_bias, const A& q_codes, const A& weights,
+                              const A& k_out, double eps, bool hadamard, py::handle s, Precision p) {
+    const mla::Context ctx = to_context(q.view, s, p);
+    without_gil([&] {
+      mla::indexer_prepare(q.view, k.view, weights_raw.view, positions.view, cos_sin.view, k_norm_weight.view,
+                           k_norm_bias.view, q_codes.view, weights.view, k_out.view, eps, hadamard, ctx);
+    });
+  }, py::arg("q"), py::arg("k"), py::arg("weights_raw"), py::arg("positions"), py::arg("cos_sin"),
+     py::arg("k_norm_weight"), py::arg("k_norm_bias"), py::arg("q_codes"), py::arg("weights"), py::arg("k_out"),
+     py::arg("eps") = 1e-6, py::arg("hadamard") = true, py::kw_only(), stream, precision,
+     "The indexer's q / k preparation after its projections (k LayerNorm, non-interleaved rope on dims < 64,\n"
+     "Hadamard, per-head ue8m0 fp8 q with its scale folded into weights): q_codes [T, h, 128] u8/e4m3,\n"
+     "weights [T, h] f32, k_out [T, 128] (write it with indexer_write_k).");
   m.def("indexer_topk", [](const A& logits, const A& row_starts, const A& row_ends, const A& out, py::handle s,
                            Precision p) {
     const mla::Context ctx = to_context(logits.view, s, p);

@@ -163,3 +163,17 @@ def test_bad_input_writes_nothing(rng):
     with pytest.raises(TypeError):
         mla.indexer_write_k("not a tensor", np.array([0]), cache)
     assert E4M3[0x7E] == 448.0
+
+
+def test_prepare_rejects_position_past_table(rng):
+    """indexer_prepare (the end-to-end check is test_indexer_hf.py): a position outside the rope table
+    raises with the library's message and no output is written."""
+    T, h = 3, 4
+    q, k, wr = rng.standard_normal((T, h, D)), rng.standard_normal((T, D)), rng.standard_normal((T, h))
+    cs, kw, kb = np.ones((8, 64), np.float32), np.ones(D, np.float32), np.zeros(D, np.float32)
+    codes, w, k_out = np.full((T, h, D), 5, np.uint8), np.full((T, h), 7.0, np.float32), np.full((T, D), 9.0)
+    with pytest.raises(ValueError, match="indexer_prepare"):
+        mla.indexer_prepare(q, k, wr, np.array([0, 8, 1]), cs, kw, kb, codes, w, k_out)
+    assert (codes == 5).all() and (w == 7).all() and (k_out == 9).all()
+    mla.indexer_prepare(q, k, wr, np.array([0, 7, 1]), cs, kw, kb, codes, w, k_out)
+    assert np.isfinite(w).all() and not (codes == 5).all()

@@ -284,6 +284,11 @@ def op_cases(device):
                                    rnd(T, T, dtype=torch.float32)),
         "indexer_logits_decode": (codes[:4], rnd(4, H, dtype=torch.float32), icache, i32([[1, 0], [0, 1]]),
                                   i32([20, 3]), 2, rnd(4, 24, dtype=torch.float32)),
+        "indexer_prepare": (rnd(T, H, 128, dtype=ab), rnd(T, 128, dtype=ab), rnd(T, H, dtype=ab),
+                            torch.tensor([0, 3, 1, 2, 7], device=device), rnd(8, 64, dtype=torch.float32),
+                            rnd(128, dtype=torch.float32), rnd(128, dtype=torch.float32),
+                            torch.zeros(T, H, 128, dtype=torch.uint8, device=device), rnd(T, H, dtype=torch.float32),
+                            rnd(T, 128, dtype=ab), 1e-6, True),
         "indexer_topk": (rnd(T, 12, dtype=torch.float32), None, i32([12, 5, 0, 9, 3]), i32([[0] * 4] * T)),
         "indexer_topk_decode": (rnd(4, 12, dtype=torch.float32), i32([10, 2]), 2, i32([[0] * 4] * 4)),
     }
