@@ -3,8 +3,8 @@
 # GPU tests and the CLI, run the indexer / variant / PTX tests, memcheck and racecheck on them, the SASS
 # summary of the indexer kernels, the indexer benchmarks (automatic and forced portable variant), and
 # with FULL=1 the whole GPU suite. Logs go to $OUT (or ./gpu-logs). Each step is time-boxed.
-# Usage: scripts/indexer_gpu_check.sh [steps...], steps among  build tests sanitize sass bench
-# (default: all; scripts/py_indexer_gpu_check.sh runs them beside the Python package's checks).
+# Usage: scripts/indexer_gpu_check.sh [steps...], steps among  build tests sanitize sass bench profile
+# (default: all but profile; scripts/py_indexer_gpu_check.sh runs them beside the Python package's checks).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${OUT:-gpu-logs}
@@ -40,6 +40,22 @@ if has bench; then
   timeout 90 ./$B/bin/mla bench --ops ceilings,indexer_logits,indexer_topk --json "$LOG/bench.json" 2>&1 \
     | tee "$LOG/bench.txt" || rc=1
   timeout 40 ./$B/bin/mla bench --ops ceilings,indexer_logits --variant portable 2>&1 | tee "$LOG/bench_portable.txt"
+fi
+if has profile; then
+  # Nsight Compute on the sm90 decode logits at the target shape (b 64, s_k 128K): with --iters 3 each
+  # config launches the kernel ~8 times (warm-up + timed), so launch 19 is one of the 128K ones (its
+  # LaunchStats grid is 2048 CTAs; 8K / 32K give 1024).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU" ]; then
+    timeout 150 "$NCU" --kernel-name regex:logits_sm90 --launch-skip 19 --launch-count 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --section SourceCounters ./$B/bin/mla bench --ops indexer_logits --iters 3 \
+      >"$LOG/ncu_logits.txt" 2>&1 || echo "ncu exit $?"
+    grep -E "Grid Size|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|Stall|Issued Ipc" \
+      "$LOG/ncu_logits.txt" | head -30
+  else
+    echo "no ncu"
+  fi
 fi
 if [ "${FULL:-0}" = 1 ]; then
   timeout 90 ./$B/bin/mla_gpu_tests --gtest_brief=1 >"$LOG/gpu_tests_all.log" 2>&1 || rc=1

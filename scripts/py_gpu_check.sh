@@ -49,20 +49,10 @@ if has bench; then
     python3 -X faulthandler -m mla.bench --only $group --json "$LOG/py_bench_$group.json" 2>&1 | tee -a "$LOG/py_bench.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
-  # The condition of the 2026-11-23 abort: the extension loaded before torch. A copy of the package
-  # without mla/__init__'s torch-first import runs one group; on a crash, the pybind11 ids and a native stack (cuda-gdb:
-  # the image has no gdb).
-  rm -rf /tmp/mla_extfirst && cp -r "$B/python" /tmp/mla_extfirst
-  sed -i 's/^    import torch as _torch .*$/    pass/' /tmp/mla_extfirst/mla/__init__.py
-  grep -q "import torch" /tmp/mla_extfirst/mla/__init__.py && echo "WARNING: torch-first import still in the copy"
-  PYTHONPATH=/tmp/mla_extfirst python3 -X faulthandler -m mla.bench --only merge 2>&1 | tee "$LOG/py_bench_extfirst.txt"
-  if [ "${PIPESTATUS[0]}" != 0 ]; then
-    rc=1
-    { python3 -c "import torch, pybind11; c = torch._C; print('pybind11', pybind11.__version__, 'torch ids',
-[getattr(c, n, None) for n in ('_PYBIND11_COMPILER_TYPE', '_PYBIND11_STDLIB', '_PYBIND11_BUILD_ABI')])"
-      command -v cuda-gdb >/dev/null && PYTHONPATH=/tmp/mla_extfirst timeout 120 cuda-gdb -q -batch -ex run -ex bt \
-        --args python3 -m mla.bench --only merge
-    } >>"$LOG/py_bench_extfirst.txt" 2>&1
+  # `python3 -m mla.bench` loads the extension before torch (the order that aborted torch 2.11's import
+  # until _mla.so stopped exporting libstdc++ functions, docs/PYTHON.md); on a crash, a native stack.
+  if [ $rc != 0 ] && command -v cuda-gdb >/dev/null; then
+    timeout 120 cuda-gdb -q -batch -ex run -ex bt --args python3 -m mla.bench --only merge >"$LOG/py_bench_gdb.txt" 2>&1
   fi
 fi
 echo "py_gpu_check exit $rc"

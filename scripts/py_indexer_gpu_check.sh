@@ -3,7 +3,7 @@
 # indexer fixture generated in the background while one build makes the package, the GPU tests and the
 # CLI; then the pytest suite (checking that fresh fixture too) and the FlashMLA-API script while the
 # sanitizers run the indexer tests; then, alone on the GPU, the timed parts: indexer tests, SASS,
-# indexer benchmarks, the Python benchmark. The device returns at most 8 files: logs and bench JSON are
+# indexer benchmarks, the Python benchmark, then an Nsight Compute profile of the decode logits. The device returns at most 8 files: logs and bench JSON are
 # packed into $OUT/logs.tgz after each stage (and on exit); the fixture and its log lie in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,7 @@ OUT=$OUT/indexer scripts/indexer_gpu_check.sh sanitize >"$OUT/indexer/sanitize.o
 san=$!
 [ -f "$OUT/fixture/v32_indexer.npz" ] && export MLA_INDEXER_FIXTURE=$OUT/fixture/v32_indexer.npz
 scripts/py_gpu_check.sh pytest script || rc=1
-python3 -m pytest -q -p no:cacheprovider -s tests/python/test_indexer_hf.py 2>&1 | grep -E "calc_diff|passed|failed"
+env -u MLA_INDEXER_FIXTURE python3 -m pytest -q -p no:cacheprovider -s tests/python/test_indexer_hf.py 2>&1 | grep -E "calc_diff|passed|failed"
 stamp "pytest + script"
 wait $san || rc=1
 cat "$OUT/indexer/sanitize.out"
@@ -41,5 +41,7 @@ OUT=$OUT/indexer scripts/indexer_gpu_check.sh tests sass bench || rc=1
 stamp "indexer tests + bench"
 scripts/py_gpu_check.sh bench || rc=1
 stamp "py bench"
+OUT=$OUT/indexer scripts/indexer_gpu_check.sh profile
+stamp profile
 echo "py_indexer_gpu_check exit $rc"
 exit $rc

@@ -10,14 +10,6 @@ library's message; nothing is written when an op raises.
 Submodules: ``mla.ops`` (torch custom ops, import needs torch), ``mla.compat.flash_mla`` and
 ``mla.compat.vllm`` (drop-in entry points with the upstream signatures).
 """
-import importlib.util as _importlib_util
-
-# torch, when installed, is loaded before the extension: the reverse order aborted torch 2.11's import
-# on the GPU machine (2026-11-23; python/CMakeLists.txt: mla's pybind11 state is now private, which
-# test_extension_before_torch checks on its own; drop this once that test has passed there).
-if _importlib_util.find_spec("torch") is not None:
-    import torch as _torch  # noqa: F401
-
 from ._mla import *  # noqa: E402,F401,F403  (the binding's names are the package's API)
 from ._mla import __doc__ as _binding_doc  # noqa: E402,F401
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -110,6 +111,8 @@ TEST_P(IndexerLogitsGpu, DecodeMatchesOracle) {
       {{513, 130}, 5, 8, 64},         {{90, 91}, 1, 1, 16},       {{4100}, 1, 64, 64},
   };
   uint64_t seed = 1;
+  int ran = 0;
+  std::string declined;
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "s_q " << c.s_q << " h " << c.h << " page " << c.page << " b " << c.lens.size());
     ix::DecodeProblem p = ix::make_decode_problem(c.lens, c.s_q, c.h, c.page, seed++, 0);
@@ -119,13 +122,22 @@ TEST_P(IndexerLogitsGpu, DecodeMatchesOracle) {
     ix::decode_oracle(p, ref, mag);
     Tensor cache_d = p.cache.storage.to(Device::cuda(0));
     Tensor lg = test::poisoned({T, p.width}, DType::f32, Device::cuda(0));
-    MLA_SKIP_IF_DECLINED(indexer_logits_decode(p.q.to(Device::cuda(0)), p.weights.to(Device::cuda(0)),
-                                               on_device(p.cache.cache, p.cache.storage, cache_d),
-                                               p.block_table.to(Device::cuda(0)), p.seq_lens_t.to(Device::cuda(0)), c.s_q,
-                                               lg));
+    // A case the forced variant declines (sm90: page 1 gives 132-byte blocks, not 16-byte aligned) is
+    // skipped alone: the cases after it still run (2026-11-23: a whole-test skip hid sm90's later cases).
+    try {
+      indexer_logits_decode(p.q.to(Device::cuda(0)), p.weights.to(Device::cuda(0)),
+                            on_device(p.cache.cache, p.cache.storage, cache_d), p.block_table.to(Device::cuda(0)),
+                            p.seq_lens_t.to(Device::cuda(0)), c.s_q, lg);
+    } catch (const VariantUnsupported& e) {
+      declined += std::string(declined.empty() ? "" : "; ") + e.what();
+      continue;
+    }
+    ++ran;
     test::expect_variant_ran("indexer_logits", variant);
     expect_logits_close(test::to_doubles(lg), ref, mag);
   }
+  if (ran == 0) GTEST_SKIP() << declined;
+  if (!declined.empty()) std::printf("[ declined ] %s\n", declined.c_str());
 }
 
 TEST_P(IndexerLogitsGpu, PrefillRaggedRanges) {

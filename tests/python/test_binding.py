@@ -119,3 +119,17 @@ def test_devices_enums_and_sizes():
     assert isinstance(mla.built_with_cuda(), bool) and mla.cuda_device_count() >= 0
     for fam in mla.variant_families():
         assert [v.name for v in mla.list_variants(fam)]
+
+
+def test_extension_exports_only_its_init():
+    """_mla.so exports PyInit__mla alone (python/src/mla_python.map): no libstdc++ or library symbol of
+    mla's can interpose on another extension's (the torch 2.11 import abort, docs/PYTHON.md)."""
+    import shutil
+    import subprocess
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm")
+    out = subprocess.run([nm, "-D", "--defined-only", mla._mla.__file__], stdout=subprocess.PIPE,
+                         universal_newlines=True, check=True).stdout
+    names = [line.split()[-1] for line in out.splitlines() if line.split() and line.split()[-2] in "TWVDBRiu"]
+    assert names == ["PyInit__mla"], names[:20]

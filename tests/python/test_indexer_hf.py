@@ -32,9 +32,6 @@ except ImportError:
     torch = None
     DEVICES = ["cpu"]
 
-pytestmark = pytest.mark.skipif(not os.path.exists(FIX), reason=f"no fixture {FIX}")
-
-
 def load():
     with np.load(FIX) as f:
         fx = {k: f[k] for k in f.files}

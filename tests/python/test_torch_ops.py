@@ -224,8 +224,9 @@ def test_cuda_graph_layer_forward_and_compat():
 
 
 def test_extension_before_torch():
-    """The extension loaded before torch (bypassing mla/__init__, which imports torch first) leaves torch's
-    import and its pybind11 objects intact: mla's pybind11 state is private (python/CMakeLists.txt)."""
+    """The extension loaded before torch leaves torch's import intact (torch 2.11 aborted with "free():
+    invalid pointer" when _mla.so exported libstdc++ functions: python/CMakeLists.txt); the module is
+    loaded by path, without mla/__init__, so nothing else runs first."""
     import subprocess
     import sys
     code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('_mla', sys.argv[1]); "
