@@ -1,42 +1,57 @@
 #!/usr/bin/env bash
 # One GPU call for the sm90 decode work (docs/DECODE.md): build, SASS / register check of the kernel,
 # decode GPU tests (both variants), optional sanitizers, the issue-7 benchmark grid for both variants.
-# Usage on the device machine, from the repo root: scripts/decode_sm90_check.sh [build] [sass] [test] [sanitize] [bench]
-# Logs go to $OUT (or ./gpu-logs). Env: TEST_FILTER, BENCH_ARGS.
+# Steps run in this order: build sass test bench uniform profile sanitize.
+# Usage on the device machine, from the repo root: scripts/decode_sm90_check.sh [build] [sass] [test] [sanitize] [bench] [uniform] [profile]
+# Logs go to $OUT (or ./gpu-logs). Env: TEST_FILTER, SAN_FILTER, RACE_FILTER (racecheck's own), SAN_TOOLS, BENCH_ARGS, BENCH_VARIANTS,
+# UNIFORM_ARGS (bench rows rerun with MLA_DECODE_SM90_SCHEDULE=uniform), PROFILE_ARGS (one shape under ncu).
 set -u
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; B=build-gpu; rc=0
 want() { [ $# -eq 0 ] || [[ " $ARGS " == *" $1 "* ]]; }
 ARGS=" $* "
 if [[ "$ARGS" == *" build "* ]]; then
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 &&
-    ninja -C $B -j16 >"$OUT/build.log" 2>&1 || { grep -E 'error|FAILED' "$OUT/build.log" | head -40; exit 1; }
+    ninja -C $B -j16 ${BUILD_TARGETS:-mla_cli mla_gpu_tests} >"$OUT/build.log" 2>&1 || { grep -E 'error|FAILED' "$OUT/build.log" | head -40; exit 1; }
   echo "build ok"
 fi
 if [[ "$ARGS" == *" sass "* ]]; then
   O=$B/CMakeFiles/mla_cuda.dir/src/cuda/decode_sm90/launch.cu.o
   cuobjdump -sass "$O" >"$OUT/sass.txt" 2>&1
   scripts/sass_summary.sh "$O" decode_sm90 | tee "$OUT/sass_summary.txt"
-  nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -O3 -Iinclude -Isrc -Xptxas -v \
+  [ "${PTXAS:-1}" = 1 ] && nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -O3 -Iinclude -Isrc -Xptxas -v \
     -c src/cuda/decode_sm90/launch.cu -o /tmp/d.o 2>&1 | grep -E "registers|spill|C7508" | tee "$OUT/ptxas.txt"
 fi
 if [[ "$ARGS" == *" test "* ]]; then
   timeout ${TEST_TIMEOUT:-300} ./$B/bin/mla_gpu_tests --gtest_brief=1 \
     --gtest_filter="${TEST_FILTER:-*Decode*:*Ptx*}" >"$OUT/tests.log" 2>&1 || rc=1
+  grep -E "tests? from .* ran" "$OUT/tests.log" | tail -1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|tests ran" "$OUT/tests.log" | sort | uniq | head -30
   grep -B2 -A8 "Failure" "$OUT/tests.log" | head -60
-fi
-if [[ "$ARGS" == *" sanitize "* ]]; then
-  for tool in ${SAN_TOOLS:-memcheck racecheck initcheck}; do
-    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests --gtest_brief=1 \
-      --gtest_filter="${SAN_FILTER:-*DecodeGpuSweep*bf16_page16_h16_sq8_sm90:*DecodeGpuSweep*bf16_page64_h3_sq8_sm90:*GarbageMetadata*}" \
-      >"$OUT/san_$tool.log" 2>&1; echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$tool.log" | tail -1)"
-  done
 fi
 if [[ "$ARGS" == *" bench "* ]]; then
   for v in ${BENCH_VARIANTS:-sm90 portable}; do
     timeout 240 ./$B/bin/mla bench --ops ceilings,mqa_decode ${BENCH_ARGS:---grid issue7} --variant $v \
       --json "$OUT/bench_$v.json" >"$OUT/bench_$v.txt" 2>&1 || rc=1
     grep -E "mqa_decode|b=|copy|gemm|FAILED" "$OUT/bench_$v.txt" | cut -c1-150
+  done
+fi
+if [[ "$ARGS" == *" uniform "* ]]; then  # the same shapes with the uniform split-KV schedule (A/B in one run)
+  while read -r args; do
+    [ -z "$args" ] && continue
+    MLA_DECODE_SM90_SCHEDULE=uniform timeout 60 ./$B/bin/mla bench --ops ceilings,mqa_decode $args --variant sm90 \
+      2>&1 | grep -E "b=|copy" | cut -c1-150 | sed 's/^/uniform: /'
+  done <<<"${UNIFORM_ARGS:-}"
+fi
+if [[ "$ARGS" == *" profile "* ]] && command -v ncu >/dev/null; then  # kernel durations of one shape
+  timeout 120 ncu -k regex:decode --metrics gpu__time_duration.sum,sm__cycles_active.avg,launch__grid_size --launch-skip 10 --launch-count 6 \
+    ./$B/bin/mla bench --ops mqa_decode ${PROFILE_ARGS:---b 4 --s-q 1 --h-q 16 --s-k 1024} --iters 3 --warmup 10 \
+    >"$OUT/ncu.txt" 2>&1; grep -E "decode|combine|duration|grid_size|cycles" "$OUT/ncu.txt" | cut -c1-140 | head -40
+fi
+if [[ "$ARGS" == *" sanitize "* ]]; then
+  for tool in ${SAN_TOOLS:-memcheck racecheck initcheck}; do
+    timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests --gtest_brief=1 \
+      --gtest_filter="$( [ $tool = racecheck ] && [ -n "${RACE_FILTER:-}" ] && echo "$RACE_FILTER" || echo "${SAN_FILTER:-*DecodeGpuSweep*bf16_page16_h16_sq8_sm90:*DecodeGpuSweep*bf16_page64_h3_sq8_sm90:*GarbageMetadata*}")" \
+      >"$OUT/san_$tool.log" 2>&1; echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$tool.log" | tail -1)"
   done
 fi
 exit $rc

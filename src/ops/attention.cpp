@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "core/decode_balance.h"
 #include "core/index_view.h"
 #include "mla/ops.h"
 #include "mla/plan.h"
@@ -62,8 +63,12 @@ std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int6
             b, s_q, h_q, max_seq_len, num_splits);
   if (device.is_cpu()) return 0;
 #if MLA_WITH_CUDA
-  if (num_splits == 0) num_splits = decode_num_splits(b, s_q, h_q, max_seq_len, multiprocessor_count(device));
-  return cuda::decode_workspace_bytes(b, s_q, h_q, std::min(num_splits, kDecodeMaxSplits));
+  const int sms = multiprocessor_count(device);
+  if (num_splits == 0) num_splits = decode_num_splits(b, s_q, h_q, max_seq_len, sms);
+  const std::size_t uniform = cuda::decode_workspace_bytes(b, s_q, h_q, std::min(num_splits, kDecodeMaxSplits));
+  // The sm90 kernel's balanced schedule (<= 32 query rows, smaller batches) takes (b + SMs) partials.
+  const int ctas = max_seq_len > 0 ? balance::ctas_for(b, s_q * h_q, sms) : 0;
+  return std::max(uniform, ctas > 0 ? static_cast<std::size_t>(balance::workspace_bytes(b, s_q * h_q, ctas)) : 0);
 #else
   throw Error("mqa_decode_workspace_bytes: " + to_string(device) + " given, but this build of mla has no CUDA backend");
 #endif

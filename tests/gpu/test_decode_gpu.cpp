@@ -119,6 +119,25 @@ TEST(DecodeGpu, EveryVariantEverySqWithSplits) {
   }
 }
 
+// The sm90 balanced schedule with several segments per CTA (total cost well above one position per CTA):
+// varlen requests with empty ones, split and unsplit requests, the query reloaded per segment, N 16 / 32
+// (one and two epilogue exchange rounds) and 24 rows (h 3, s_q 8); NaN-poisoned pages past every length.
+TEST(DecodeGpu, BalancedManySegments) {
+  MLA_SKIP_WITHOUT_GPU();
+  for (const auto& [h, s_q, page] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{16, 1, 64}, {16, 2, 16}, {3, 8, 64}}) {
+    test::reseed(static_cast<uint64_t>(h * 100 + s_q * 10 + page));
+    std::vector<int32_t> lens(100);
+    std::uniform_int_distribution<int32_t> u(1, 2000);
+    for (std::size_t i = 0; i < lens.size(); ++i) lens[i] = i % 7 == 3 ? 0 : u(test::rng());
+    PagedBatch pb = test::paged_batch(CacheFormat::bf16, page, lens, 2000 / page + 2);
+    Tensor q = test::random_tensor({100, s_q, h, 576}, DType::bf16);
+    DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true);
+    test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse,
+                                 "h " + std::to_string(h) + " s_q " + std::to_string(s_q) + " [" +
+                                     last_variant("mqa_decode") + "]");
+  }
+}
+
 // Long contexts with few CTAs: many KV splits merged by the combine kernel; peaky attention (large q).
 TEST(DecodeGpu, LongContextManySplits) {
   MLA_SKIP_WITHOUT_GPU();

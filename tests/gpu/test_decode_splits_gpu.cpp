@@ -4,9 +4,11 @@
 // device's SM count.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "attention_gpu_util.h"
+#include "cuda/cuda_ops.h"
 #include "runtime/device_api.h"
 #include "mla/error.h"
 #include "mla/plan.h"
@@ -34,12 +36,23 @@ TEST(DecodeSplitsGpu, ExplicitSplitCountsMatchTheOracle) {
   for (int splits : {1, 2, 3, 7, 16, kDecodeMaxSplits}) {
     SCOPED_TRACE(splits);
     const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h, max_len, gpu, splits);
-    EXPECT_EQ(need == 0, splits == 1);
+    // The uniform split partials, or more: the sm90 kernel's balanced schedule takes (b + SMs) partials.
+    const std::size_t uniform = cuda::decode_workspace_bytes(b, s_q, h, splits);
+    EXPECT_GE(need, uniform);
+    EXPECT_EQ(uniform == 0, splits == 1);
     Tensor ws = Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(need, 1))}, DType::u8, gpu);
     Tensor out = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
     mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view(), Context{}, splits);
     cuda_rt::synchronize(0);
     test::expect_attention_close(out, ref_out, lse, ref_lse, "explicit splits");
+    if (uniform > 0) {  // exactly the uniform partials (the backend entry point): the uniform split-KV path
+      fill(out.view(), NAN);
+      fill(lse.view(), NAN);
+      cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view().slice(0, 0, static_cast<int64_t>(uniform)),
+                       Context{}, splits);
+      cuda_rt::synchronize(0);
+      test::expect_attention_close(out, ref_out, lse, ref_lse, "uniform splits");
+    }
     if (splits > 1) {  // the front end insists on the workspace sized for the splits asked for
       EXPECT_THROW(mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view().slice(0, 0, need - 1),
                               Context{}, splits),

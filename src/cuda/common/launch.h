@@ -3,8 +3,10 @@
 // guard, the stream of a Context, launch-error checks and grid sizing.
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "mla/error.h"
 #include "mla/types.h"
@@ -45,6 +47,26 @@ inline unsigned int grid_for(int64_t n, int64_t per_block, const char* what) {
   const int64_t blocks = (n + per_block - 1) / per_block;
   if (blocks > 0x7fffffffLL) throw Error(std::string(what) + ": problem too large for one launch");
   return static_cast<unsigned int>(blocks < 1 ? 1 : blocks);
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch
+// (cudaLaunchAttributeProgrammaticStreamSerialization): it may start before the previous kernel of the
+// stream completes and must call ptx::grid_dependency_wait() (cuda/common/ptx/griddep.cuh) before it
+// reads that kernel's results. Capturable in CUDA graphs (programmatic edges).
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), unsigned grid, unsigned block, std::size_t smem, cudaStream_t stream,
+                      const char* what, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
 }
 
 }  // namespace mla::cuda

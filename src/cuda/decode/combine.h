@@ -10,6 +10,8 @@
 namespace mla::cuda::decode {
 
 // Merges p.num_splits partials (p.ws_lse, p.ws_o) of b requests into p.rows' out / lse on `stream`.
-void launch_combine(const DecodeParams& p, int64_t b, cudaStream_t stream);
+// dependent: a programmatic dependent launch (launch_dependent in cuda/common/launch.h): its CTAs may be
+// scheduled while the attention kernel still runs and wait for it on the device.
+void launch_combine(const DecodeParams& p, int64_t b, cudaStream_t stream, bool dependent = false);
 
 }  // namespace mla::cuda::decode

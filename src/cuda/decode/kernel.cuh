@@ -15,6 +15,7 @@
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mqa_core.cuh"
+#include "cuda/common/ptx/griddep.cuh"
 #include "cuda/decode/params.h"
 #include "cuda/decode/traits.cuh"
 
@@ -78,16 +79,25 @@ struct DecodeKeys {
 };
 
 // One CTA per (request, row): merges the splits' partials into out (activation type Act). Thread s < splits computes split s's weight.
+// Partials of request g: slots g * num_splits + s, or with ws_meta (the sm90 balanced schedule) the
+// slots the meta names (a request with one slot was written by the attention kernel: nothing to do).
 template <class Act>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const DecodeParams p) {
-  __shared__ float weight[kMaxSplits];
+  __shared__ float weight[kMaxCombineSplits];
   __shared__ float total_lse;
+  cuda::ptx::grid_dependency_wait();  // launched as a dependent of the attention kernel: its partials
   const MqaRowParams& rp = p.rows;
-  const int splits = p.num_splits;
   const int64_t m_rows = static_cast<int64_t>(rp.s_q) * rp.h_q;
   const int64_t g = blockIdx.x / m_rows;
   const int row = static_cast<int>(blockIdx.x % m_rows);
-  const float* lse_s = p.ws_lse + g * splits * m_rows + row;  // split s at lse_s[s * m_rows]
+  int splits = p.num_splits;
+  int64_t slot0 = g * splits;
+  if (p.ws_meta != nullptr) {
+    slot0 = p.ws_meta[2 * g];
+    splits = min(p.ws_meta[2 * g + 1], kMaxCombineSplits);
+    if (splits <= 1) return;
+  }
+  const float* lse_s = p.ws_lse + slot0 * m_rows + row;  // split s at lse_s[s * m_rows]
   if (threadIdx.x < 32) {
     float mx = -INFINITY;
     for (int s = threadIdx.x; s < splits; s += 32) mx = fmaxf(mx, lse_s[s * m_rows]);
@@ -112,12 +122,23 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
   if (threadIdx.x == 0 && rp.lse) rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = total_lse;
   auto* out = static_cast<typename Act::Storage*>(rp.out) + g * rp.out_stride_g + i * rp.out_stride_i +
               h * rp.out_stride_h;
-  const float* o_s = p.ws_o + (g * splits * m_rows + row) * int64_t(Traits::kMaxDv);
+  const float* o_s = p.ws_o + (slot0 * m_rows + row) * int64_t(Traits::kMaxDv);
   const int64_t split_stride = m_rows * Traits::kMaxDv;
+  // kBatch partials per column loaded at once (independent loads in flight: one load after the other
+  // took one L2 round trip per split); summed in split order. Skipped splits (weight 0) may hold
+  // garbage: not read.
+  constexpr int kBatch = 8;
   for (int col = threadIdx.x; col < rp.d_v; col += kCombineThreads) {
     float acc = 0.0f;
-    for (int s = 0; s < splits; ++s)
-      if (weight[s] != 0.0f) acc += weight[s] * o_s[s * split_stride + col];  // skipped splits may hold garbage
+    for (int s0 = 0; s0 < splits; s0 += kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        v[j] = s0 + j < splits && weight[s0 + j] != 0.0f ? o_s[(s0 + j) * split_stride + col] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (s0 + j < splits && weight[s0 + j] != 0.0f) acc += weight[s0 + j] * v[j];
+    }
     out[col] = Act::from_float(acc);
   }
 }

@@ -19,11 +19,13 @@ std::size_t decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int num_
   return static_cast<std::size_t>(decode::ws_bytes(b, s_q, h_q, num_splits));
 }
 
-void decode::launch_combine(const DecodeParams& p, int64_t b, cudaStream_t stream) {
+void decode::launch_combine(const DecodeParams& p, int64_t b, cudaStream_t stream, bool dependent) {
   const int64_t rows = b * p.rows.s_q * p.rows.h_q;
+  const unsigned grid = grid_for(rows, 1, "mqa_decode combine");
   dispatch_activation(p.rows.act, "mqa_decode combine", [&](auto act) {
-    decode::decode_combine_kernel<decltype(act)>
-        <<<grid_for(rows, 1, "mqa_decode combine"), decode::kCombineThreads, 0, stream>>>(p);
+    auto* kernel = decode::decode_combine_kernel<decltype(act)>;
+    if (dependent) launch_dependent(kernel, grid, decode::kCombineThreads, 0, stream, "mqa_decode combine", p);
+    else kernel<<<grid, decode::kCombineThreads, 0, stream>>>(p);
   });
   check_launch("mqa_decode combine");
 }

@@ -18,6 +18,10 @@ struct DecodeParams {
   int32_t num_splits;          // KV splits per request (1: the attention kernel writes out / lse itself)
   float* ws_lse;               // [b, num_splits, s_q * h_q] partial LSE (num_splits > 1)
   float* ws_o;                 // [b, num_splits, s_q * h_q, 512] partial O / l (num_splits > 1)
+  // The sm90 balanced schedule's combine (core/decode_balance.h): request g's partials are the slots
+  // ws_meta[2g] .. + ws_meta[2g + 1] - 1 of ws_lse [slots, s_q * h_q] / ws_o [slots, s_q * h_q, 512];
+  // ws_meta[2g + 1] <= 1: the attention kernel wrote the request itself. nullptr: the layout above.
+  const int32_t* ws_meta;
 };
 
 }  // namespace mla::cuda

@@ -11,6 +11,7 @@ using Traits = mqa::Traits;
 
 inline constexpr int kMaxSplits = kDecodeMaxSplits;  // partials per request row (combine keeps their weights in smem)
 inline constexpr int kCombineThreads = 128;
+inline constexpr int kMaxCombineSplits = 256;  // partials one combine row merges (the sm90 balanced schedule: <= its CTAs)
 // The split-KV count is the planner's decision (decode_num_splits in mla/plan.h, sized from the SM
 // count the caller passes); it assumes this kernel's CTA covers kDecodeTileRows query rows.
 static_assert(Traits::kBlockM == kDecodeTileRows, "mla/plan.h's decode schedule models this kernel's tile");

@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   const Unit u(p, !Src::kTma);
-  if (!start_roles<L, Src>(p, &kv_map, u, smem,
+  if (!start_roles<L, Src>(p, &kv_map, u, true, smem,
                            [&](int warp, int lane) { produce_seesaw<Src>(p, &kv_map, u, smem, warp, lane); }))
     return;
   // Q columns 0..511 into 8 swizzled panels, by both consumers.

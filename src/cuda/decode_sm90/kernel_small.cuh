@@ -8,15 +8,23 @@
 //
 // Warp roles: warpgroup 0 is the producer (source.cuh's produce: TMA from warp 0, or gathering warps
 // s and s + 2 for stage s; a staged source's own produce, source_staged.cuh); the consumer warpgroups c = 0, 1
-// take alternate KV tiles (c, c + 2, ...: stage c) and run independent online softmaxes (their own
+// take alternate KV tiles (stage c) and run independent online softmaxes (their own
 // running max, sum and O^T: 4N fp32 registers) with no per-tile synchronisation between them; the row
 // max of a tile is reduced over its 64 keys = 4 warps through smem (named barrier 2 + c). The epilogue
-// merges the two states (m, l, O) through smem (warpgroup 1's O^T goes through its own, drained, KV
-// stage) and warpgroup 0 writes the rows.
+// merges the two states (m, l, O) through smem (warpgroup 1's O^T through the exchange buffer X, in one
+// or two rounds) and warpgroup 0 writes the rows.
+//
+// Units (pipeline.cuh Units): with the uniform split-KV schedule the CTA runs one (split, request); with
+// the balanced schedule (p.balanced, core/decode_balance.h) it first finds its window of the cost line
+// (a block scan over the device seq_lens) and then runs its segments one after the other: the tiles of
+// all its segments form one sequence for the producer (tile `it` into stage it % 2, so the next
+// segment's tiles stream in during an epilogue), and the consumers reload Q and reset their softmax
+// state per segment.
 //
 // Shared memory: Q 9 * N * 128 (<= 36 KiB) + 2 KV stages x 72 KiB + P^T 2 x max(N * 128, 1 KiB) + small
-// tables: <= 190 KiB. Each stage feeds one warpgroup: the producer refills stage c while warpgroup
-// 1 - c computes.
+// tables, then the source's own region: paged: X (16 / 32 / 32 KiB for N 8 / 16 / 32) + the schedule
+// window (<= 223 KiB in all); staged: its raw stage (source_staged.cuh). Each stage feeds one warpgroup:
+// the producer refills stage c while warpgroup 1 - c computes.
 #include <cuda.h>
 
 #include <cstdint>
@@ -24,6 +32,7 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mqa_params.h"
 #include "cuda/common/ptx/fence.cuh"
+#include "cuda/common/ptx/griddep.cuh"
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/ptx/barrier.cuh"
@@ -52,24 +61,39 @@ struct SmallTraits {
   static constexpr int kOffML = kOffRed + 2 * 4 * N * 4;    // [2 wg][m, l][N] fp32
   static constexpr int kOffMask = kOffML + 2 * 2 * N * 4;   // [2] u64
   static constexpr int kOffBar = kOffMask + kStages * 8;    // full[2], empty[2]
+  // Epilogue exchange of warpgroup 1's O^T (fp32), in rounds of kXBlocks of the 8 value blocks.
+  static constexpr int kXRounds = N == 32 ? 2 : 1;
+  static constexpr int kXBlocks = 8 / kXRounds;
+  static constexpr int kXBytes = kXBlocks * (N / 2) * 128 * 4;
   static constexpr int kEmptyArrivals = 128;                // one warpgroup releases a stage
   static constexpr int kFullBarriers = kStages, kEmptyBarriers = kStages;
   static constexpr bool kSeesaw = false;  // register split key (source.cuh producer_regs)
   static constexpr int kPanelsPerFull = T::kPanels;  // one full barrier per stage, carrying the key mask too
   __host__ __device__ static constexpr bool mask_barrier(int) { return true; }
-  static constexpr int kOffExtra = kOffBar + 2 * kStages * 8;  // a staged key source's own (source_staged.cuh)
+  static constexpr int kOffLim = kOffBar + 2 * kStages * 8;  // [N] int32: each query row's largest visible key
+  // The key source's own region after the common plan: a staged source's raw stage (source_staged.cuh), or
+  // for the paged source (mqa_decode: several units per CTA under the balanced schedule) the epilogue
+  // exchange X and the schedule window. Single-unit sources (sparse_mqa) exchange through the drained
+  // KV stage 1 instead (nothing refills it after the unit's last tile).
+  static constexpr int kOffExtra = kOffLim + 32 * 4;
   static constexpr int kSmemBytes = kOffExtra + 1024;
+  static constexpr int kOffX = kOffExtra;
+  static constexpr int kOffSched = kOffX + kXBytes;  // balance::Window, then 32 int64 of scan scratch
+  static constexpr int kPagedExtraBytes = kXBytes + 64 + 32 * 8;
   template <class Src>
   static constexpr int smem_bytes() {
     if constexpr (StagedSource<Src>) return kSmemBytes + Src::kExtraBytes;
+    else if constexpr (Src::kTma) return kSmemBytes + kPagedExtraBytes;
     else return kSmemBytes;
   }
   static_assert(kOffK % 1024 == 0 && kOffP % 1024 == 0, "swizzled tiles are 1024-byte aligned");
-  static_assert(T::kDv * N * 4 <= T::kTileBytes, "the epilogue's O^T exchange fits one KV stage");
+  static_assert(sizeof(balance::Window) <= 64 && kOffX % 16 == 0, "schedule slot");
+  static_assert(kXBytes <= T::kTileBytes, "single-unit sources exchange O^T through KV stage 1");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-// Src: the key source (source.cuh): PagedKeys (mqa_decode) or GatherKeys<F> (sparse_mqa).
+// Src: the key source (source.cuh, source_staged.cuh): PagedKeys (mqa_decode), GatherKeys<F> or a staged
+// source (sparse_mqa).
 template <int N, class Src>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_small_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
@@ -80,11 +104,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint8_t* smem = aligned_smem(smem_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
-  const Unit u(p, !Src::kTma);
+  auto* win = reinterpret_cast<balance::Window*>(smem + L::kOffSched);  // paged source only
   static_assert(L::template smem_bytes<Src>() <= 227 * 1024, "shared memory per block on sm_90");
-  if (!start_roles<L, Src>(p, &kv_map, u, smem, [&](int warp, int lane) {
-        if constexpr (StagedSource<Src>) Src::template produce<L>(p, u, smem, warp, lane);
-        else produce<L, Src>(p, &kv_map, u, smem, warp, lane);
+  ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
+  Unit one{};  // the uniform schedule's unit
+  const bool balanced = Src::kTma && p.balanced;
+  if (balanced) balanced_window(p, win, reinterpret_cast<int64_t*>(smem + L::kOffSched + 64));
+  else one = Unit(p, !Src::kTma);
+  if (!start_roles<L, Src>(p, &kv_map, one, !balanced, smem, [&](int warp, int lane) {
+        if constexpr (StagedSource<Src>) Src::template produce<L>(p, one, smem, warp, lane);
+        else produce<L, Src>(p, &kv_map, win, smem, warp, lane);
       }))
     return;
   const int wg = ptx::warpgroup_index();
@@ -97,178 +126,217 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint8_t* sP = smem + L::kOffP + c * L::kPBytes;
   float* sRed = reinterpret_cast<float*>(smem + L::kOffRed) + c * 4 * N;
   float* sML = reinterpret_cast<float*>(smem + L::kOffML);
+  // Epilogue exchange X: its own region for the paged source, else the drained KV stage 1.
+  float* xo = reinterpret_cast<float*>(smem + (Src::kTma ? L::kOffX : L::kOffK + T::kTileBytes));
+  int* sLim = reinterpret_cast<int*>(smem + L::kOffLim);
   const uint64_t* sMask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask);
-
-  // Q rows [row0, row0 + N) into N-row swizzled panels (zeros past the rows).
-  load_q_panels(rp, u.g, u.row0, u.m_rows, N, T::kPanels, L::kQPanelBytes, sQ, ct, T::kConsumerThreads);
-  ptx::fence_proxy_async_smem();
-  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-
-  // This thread's query rows n(rr) = 8 (rr / 2) + 2 t4 + rr % 2 and their largest visible key.
-  int lim[kRows];
-  float m_run[kRows], l_part[kRows];
-#pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) {
-    const int row = u.row0 + 8 * (rr / 2) + 2 * t4 + rr % 2;
-    const int l = row >= u.m_rows ? -1 : p.causal ? u.seq_len - rp.s_q + row / rp.h_q : u.seq_len - 1;
-    lim[rr] = l < -1 ? -1 : l;
-    m_run[rr] = -INFINITY;
-    l_part[rr] = 0.0f;
-  }
-  float o[8][N / 2];
-#pragma unroll
-  for (int mb = 0; mb < 8; ++mb)
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) o[mb][i] = 0.0f;
-
-  const int key_lo = 16 * w + g8, key_hi = key_lo + 8;  // this thread's keys of the tile (S^T rows)
   uint8_t* sK = smem + L::kOffK + c * T::kTileBytes;
-  for (int t = c; t < u.n_tiles; t += 2) {
-    const uint32_t parity = (t / 2) & 1;
-    const int k0 = u.key_begin + t * T::kBlockN;
-    wait_full<Src>(&full[c], parity);
-    const uint64_t mask = sMask[c];
-    if (!Src::kZeroFilled && mask != ~uint64_t(0)) {  // keys not loaded: zero them before any wgmma reads the tile
-      zero_unloaded_rows(sK, mask, wt, 128);
+  const int key_lo = 16 * w + g8, key_hi = key_lo + 8;  // this thread's keys of a tile (S^T rows)
+
+  // One unit: tiles base .. base + u.n_tiles - 1 of the CTA's tile sequence (tile `it` in stage it % 2 =
+  // consumer c's); seg: its segment of the balanced schedule.
+  auto run_unit = [&](const Unit& u, const balance::Segment& seg, int base) {
+    if (balanced && ct == 0 && seg.t0 == 0) {  // the request's first CTA: its partial slots for the combine
+      p.ws_meta[2 * u.g] = static_cast<int32_t>(seg.first_slot);
+      p.ws_meta[2 * u.g + 1] = static_cast<int32_t>(seg.splits);
+    }
+    if (u.n_tiles == 0) {  // balanced schedule: an empty request (out 0, lse -inf)
+      if (c == 0) write_empty_unit(p, u, wt, 128);
+      return;
+    }
+    // Q rows [row0, row0 + N) into N-row swizzled panels (zeros past the rows). Both warpgroups left the
+    // previous unit's products (the epilogue's last barrier), so sQ is free.
+    load_q_panels(rp, u.g, u.row0, u.m_rows, N, T::kPanels, L::kQPanelBytes, sQ, ct, T::kConsumerThreads);
+    if (ct < N) {
+      const int row = u.row0 + ct;
+      const int l = row >= u.m_rows ? -1 : p.causal ? u.seq_len - rp.s_q + row / rp.h_q : u.seq_len - 1;
+      sLim[ct] = l < -1 ? -1 : l;
+    }
+    ptx::fence_proxy_async_smem();
+    ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+
+    // Each query row's largest visible key, in shared memory (published by the barrier above; registers
+    // are the scarce resource at N 32). This thread's rows: n(rr) = 8 (rr / 2) + 2 t4 + rr % 2.
+    float m_run[kRows], l_part[kRows];
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      m_run[rr] = -INFINITY;
+      l_part[rr] = 0.0f;
+    }
+    float o[8][N / 2];
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) o[mb][i] = 0.0f;
+
+    for (int it = base + ((c - base) & 1); it < base + u.n_tiles; it += 2) {
+      const uint32_t parity = (it / 2) & 1;
+      const int k0 = u.key_begin + (it - base) * T::kBlockN;
+      wait_full<Src>(&full[c], parity);
+      const uint64_t mask = sMask[c];
+      if (!Src::kZeroFilled && mask != ~uint64_t(0)) {  // keys not loaded: zero them before any wgmma reads the tile
+        zero_unloaded_rows(sK, mask, wt, 128);
+        ptx::fence_proxy_async_smem();
+        ptx::named_barrier_sync(wg_bar, 128);
+      }
+
+      // ---- S^T = K Q^T ----
+      float s[N / 2];
+      ptx::wgmma_fence_operand(s);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < T::kDqk / 16; ++ks) {
+        const uint64_t da = ptx::desc_sw128_k_major(sK + (ks / 4) * T::kPanelBytes + (ks % 4) * 32);
+        const uint64_t db = ptx::desc_sw128_k_major(sQ + (ks / 4) * L::kQPanelBytes + (ks % 4) * 32);
+        ptx::wgmma_bf16_ss<N>(s, da, db, ks > 0);
+      }
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand(s);
+
+      // ---- mask, column (= query row) max over the 64 keys ----
+      const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
+      float mx[kRows];
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        const int i = 4 * (rr / 2) + rr % 2;  // s[i]: (key_lo, row rr), s[i + 2]: (key_hi, row rr)
+        const int lim = sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
+        s[i] = in_lo && k0 + key_lo <= lim ? s[i] * rp.scale_log2 : -INFINITY;
+        s[i + 2] = in_hi && k0 + key_hi <= lim ? s[i + 2] * rp.scale_log2 : -INFINITY;
+        float v = fmaxf(s[i], s[i + 2]);
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+        mx[rr] = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+        if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = mx[rr];
+      }
+      ptx::named_barrier_sync(wg_bar, 128);
+      float alpha[kRows];
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
+        const float bm = fmaxf(fmaxf(sRed[n], sRed[N + n]), fmaxf(sRed[2 * N + n], sRed[3 * N + n]));
+        const float nm = fmaxf(m_run[rr], bm);
+        alpha[rr] = nm == -INFINITY ? 1.0f : softmax::exp2_approx(m_run[rr] - nm);
+        m_run[rr] = nm;
+        const float base_m = nm == -INFINITY ? 0.0f : nm;
+        const int i = 4 * (rr / 2) + rr % 2;
+        const float p_lo = softmax::exp2_approx(s[i] - base_m), p_hi = softmax::exp2_approx(s[i + 2] - base_m);
+        l_part[rr] = l_part[rr] * alpha[rr] + p_lo + p_hi;
+        // P^T [n][key] bf16 in the swizzled K-major panel: key k at chunk k / 8, byte 2 (k % 8).
+        *reinterpret_cast<uint16_t*>(sP + swz(n, key_lo >> 3) + 2 * (key_lo & 7)) = dev::float_to_bf16(p_lo);
+        *reinterpret_cast<uint16_t*>(sP + swz(n, key_hi >> 3) + 2 * (key_hi & 7)) = dev::float_to_bf16(p_hi);
+      }
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) o[mb][i] *= alpha[2 * (i / 4) + (i & 1)];
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(wg_bar, 128);
-    }
 
-    // ---- S^T = K Q^T ----
-    float s[N / 2];
-    ptx::wgmma_fence_operand(s);
-    ptx::wgmma_fence();
+      // ---- O^T += V^T P^T: 8 blocks of 64 value columns ----
 #pragma unroll
-    for (int ks = 0; ks < T::kDqk / 16; ++ks) {
-      const uint64_t da = ptx::desc_sw128_k_major(sK + (ks / 4) * T::kPanelBytes + (ks % 4) * 32);
-      const uint64_t db = ptx::desc_sw128_k_major(sQ + (ks / 4) * L::kQPanelBytes + (ks % 4) * 32);
-      ptx::wgmma_bf16_ss<N>(s, da, db, ks > 0);
+      for (int mb = 0; mb < 8; ++mb) ptx::wgmma_fence_operand(o[mb]);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+        for (int ks = 0; ks < T::kBlockN / 16; ++ks) {
+          const uint64_t da = ptx::desc_sw128_mn_major(sK + mb * T::kPanelBytes + ks * 2048, T::kPanelBytes);
+          const uint64_t db = ptx::desc_sw128_k_major(sP + ks * 32);
+          ptx::wgmma_bf16_ss<N, ptx::Major::MN, ptx::Major::K>(o[mb], da, db, true);
+        }
+      }
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) ptx::wgmma_fence_operand(o[mb]);
+      ptx::mbar_arrive(&empty[c]);
     }
-    ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence_operand(s);
 
-    // ---- mask, column (= query row) max over the 64 keys ----
-    const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
-    float mx[kRows];
+    // ---- epilogue: each warpgroup's (m, l) per row, then warpgroup 0 merges both and writes ----
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
-      const int i = 4 * (rr / 2) + rr % 2;  // s[i]: (key_lo, row rr), s[i + 2]: (key_hi, row rr)
-      s[i] = in_lo && k0 + key_lo <= lim[rr] ? s[i] * rp.scale_log2 : -INFINITY;
-      s[i + 2] = in_hi && k0 + key_hi <= lim[rr] ? s[i + 2] * rp.scale_log2 : -INFINITY;
-      float v = fmaxf(s[i], s[i + 2]);
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-      mx[rr] = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-      if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = mx[rr];
+      float v = l_part[rr];
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      v += __shfl_xor_sync(0xffffffffu, v, 8);
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = v;
     }
     ptx::named_barrier_sync(wg_bar, 128);
-    float alpha[kRows];
+    if (w == 0 && g8 == 0) {
 #pragma unroll
-    for (int rr = 0; rr < kRows; ++rr) {
-      const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
-      const float bm = fmaxf(fmaxf(sRed[n], sRed[N + n]), fmaxf(sRed[2 * N + n], sRed[3 * N + n]));
-      const float nm = fmaxf(m_run[rr], bm);
-      alpha[rr] = nm == -INFINITY ? 1.0f : softmax::exp2_approx(m_run[rr] - nm);
-      m_run[rr] = nm;
-      const float base = nm == -INFINITY ? 0.0f : nm;
-      const int i = 4 * (rr / 2) + rr % 2;
-      const float p_lo = softmax::exp2_approx(s[i] - base), p_hi = softmax::exp2_approx(s[i + 2] - base);
-      l_part[rr] = l_part[rr] * alpha[rr] + p_lo + p_hi;
-      // P^T [n][key] bf16 in the swizzled K-major panel: key k at chunk k / 8, byte 2 (k % 8).
-      *reinterpret_cast<uint16_t*>(sP + swz(n, key_lo >> 3) + 2 * (key_lo & 7)) = dev::float_to_bf16(p_lo);
-      *reinterpret_cast<uint16_t*>(sP + swz(n, key_hi >> 3) + 2 * (key_hi & 7)) = dev::float_to_bf16(p_hi);
-    }
-#pragma unroll
-    for (int mb = 0; mb < 8; ++mb)
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) o[mb][i] *= alpha[2 * (i / 4) + (i & 1)];
-    ptx::fence_proxy_async_smem();
-    ptx::named_barrier_sync(wg_bar, 128);
-
-    // ---- O^T += V^T P^T: 8 blocks of 64 value columns ----
-#pragma unroll
-    for (int mb = 0; mb < 8; ++mb) ptx::wgmma_fence_operand(o[mb]);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int mb = 0; mb < 8; ++mb) {
-#pragma unroll
-      for (int ks = 0; ks < T::kBlockN / 16; ++ks) {
-        const uint64_t da = ptx::desc_sw128_mn_major(sK + mb * T::kPanelBytes + ks * 2048, T::kPanelBytes);
-        const uint64_t db = ptx::desc_sw128_k_major(sP + ks * 32);
-        ptx::wgmma_bf16_ss<N, ptx::Major::MN, ptx::Major::K>(o[mb], da, db, true);
+      for (int rr = 0; rr < kRows; ++rr) {
+        const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
+        sML[(c * 2) * N + n] = m_run[rr];
+        sML[(c * 2 + 1) * N + n] = sRed[n] + sRed[N + n] + sRed[2 * N + n] + sRed[3 * N + n];
       }
     }
-    ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
+    // Warpgroup 1's O^T goes through xo in kXRounds rounds (the KV stages keep streaming the next unit's
+    // tiles meanwhile); each round ends with both warpgroups at a barrier, so xo and sML are free after.
+    // Warpgroup 0's row scales (sc0 for its own O^T, sc1 for warpgroup 1's) go through its sRed, free
+    // after the first round's barrier (fewer live registers in the epilogue: N 32 spilled).
+    const bool split = u.ws_slot >= 0;
+    float* sSc = sRed;  // [2][N], c == 0
 #pragma unroll
-    for (int mb = 0; mb < 8; ++mb) ptx::wgmma_fence_operand(o[mb]);
-    ptx::mbar_arrive(&empty[c]);
-  }
+    for (int r = 0; r < L::kXRounds; ++r) {
+      if (c == 1) {
+#pragma unroll
+        for (int mb = 0; mb < L::kXBlocks; ++mb)
+#pragma unroll
+          for (int i = 0; i < N / 2; ++i) xo[(mb * (N / 2) + i) * 128 + wt] = o[r * L::kXBlocks + mb][i];
+      }
+      ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+      if (c == 0) {
+        if (r == 0) {
+          if (w == 0 && g8 == 0) {
+#pragma unroll
+            for (int rr = 0; rr < kRows; ++rr) {
+              const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, row = u.row0 + n;
+              const float m0 = sML[n], l0 = sML[N + n], m1 = sML[2 * N + n], l1 = sML[3 * N + n];
+              const float mm = fmaxf(m0, m1);
+              const float e0 = m0 == -INFINITY ? 0.0f : softmax::exp2_approx(m0 - mm);
+              const float e1 = m1 == -INFINITY ? 0.0f : softmax::exp2_approx(m1 - mm);
+              const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : 1.0f / l;  // NaN l stays NaN (§14.6a)
+              sSc[n] = e0 * inv;
+              sSc[N + n] = e1 * inv;
+              if (row < u.m_rows) {
+                const float lse = l == 0.0f ? -INFINITY : (mm + __log2f(l)) * softmax::kLn2;
+                const int i = row / rp.h_q, h = row % rp.h_q;
+                if (split) p.ws_lse[u.ws_slot * static_cast<int64_t>(u.m_rows) + row] = lse;
+                else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
+              }
+            }
+          }
+          ptx::named_barrier_sync(wg_bar, 128);
+        }
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+          const int n = 8 * (i / 4) + 2 * t4 + (i & 1), row = u.row0 + n;
+          if (row >= u.m_rows) continue;
+          // Element offset of the row in ws_o (fp32 partials) or out (bf16).
+          const int64_t dst = split ? (u.ws_slot * static_cast<int64_t>(u.m_rows) + row) * T::kDv
+                                    : u.g * rp.out_stride_g + (row / rp.h_q) * rp.out_stride_i +
+                                          (row % rp.h_q) * rp.out_stride_h;
+#pragma unroll
+          for (int mb = 0; mb < L::kXBlocks; ++mb) {
+            const int col = 64 * (r * L::kXBlocks + mb) + 16 * w + g8 + 8 * ((i >> 1) & 1);
+            const float v = o[r * L::kXBlocks + mb][i] * sSc[n] + xo[(mb * (N / 2) + i) * 128 + wt] * sSc[N + n];
+            if (split) p.ws_o[dst + col] = v;
+            else static_cast<uint16_t*>(rp.out)[dst + col] = dev::float_to_bf16(v);
+          }
+        }
+      }
+      ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+    }
+  };
 
-  // ---- epilogue: each warpgroup's (m, l) per row, then warpgroup 0 merges both and writes ----
-#pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) {
-    float v = l_part[rr];
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    v += __shfl_xor_sync(0xffffffffu, v, 8);
-    v += __shfl_xor_sync(0xffffffffu, v, 16);
-    if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = v;
-  }
-  ptx::named_barrier_sync(wg_bar, 128);
-  if (w == 0 && g8 == 0) {
-#pragma unroll
-    for (int rr = 0; rr < kRows; ++rr) {
-      const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
-      sML[(c * 2) * N + n] = m_run[rr];
-      sML[(c * 2 + 1) * N + n] = sRed[n] + sRed[N + n] + sRed[2 * N + n] + sRed[3 * N + n];
-    }
-  }
-  float* xo = reinterpret_cast<float*>(smem + L::kOffK + T::kTileBytes);  // warpgroup 1's drained stage
-  if (c == 1) {
-#pragma unroll
-    for (int mb = 0; mb < 8; ++mb)
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) xo[(mb * (N / 2) + i) * 128 + wt] = o[mb][i];
-  }
-  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  if (c == 1) return;
-
-  const bool split = p.num_splits > 1;
-  float sc0[kRows], sc1[kRows];
-#pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) {
-    const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, row = u.row0 + n;
-    const float m0 = sML[n], l0 = sML[N + n], m1 = sML[2 * N + n], l1 = sML[3 * N + n];
-    const float mm = fmaxf(m0, m1);
-    const float e0 = m0 == -INFINITY ? 0.0f : softmax::exp2_approx(m0 - mm);
-    const float e1 = m1 == -INFINITY ? 0.0f : softmax::exp2_approx(m1 - mm);
-    const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : 1.0f / l;  // NaN l stays NaN (§14.6a)
-    sc0[rr] = e0 * inv;
-    sc1[rr] = e1 * inv;
-    if (w == 0 && g8 == 0 && row < u.m_rows) {
-      const float lse = l == 0.0f ? -INFINITY : (mm + __log2f(l)) * softmax::kLn2;
-      const int i = row / rp.h_q, h = row % rp.h_q;
-      if (split) p.ws_lse[(u.g * p.num_splits + u.split) * static_cast<int64_t>(u.m_rows) + row] = lse;
-      else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) {
-    const int rr = 2 * (i / 4) + (i & 1), n = 8 * (i / 4) + 2 * t4 + (i & 1), row = u.row0 + n;
-    if (row >= u.m_rows) continue;
-    const int64_t ws_row = (u.g * p.num_splits + u.split) * static_cast<int64_t>(u.m_rows) + row;
-    float* wdst = split ? p.ws_o + ws_row * T::kDv : nullptr;
-    uint16_t* odst = split ? nullptr
-                           : static_cast<uint16_t*>(rp.out) + u.g * rp.out_stride_g + (row / rp.h_q) * rp.out_stride_i +
-                                 (row % rp.h_q) * rp.out_stride_h;
-#pragma unroll
-    for (int mb = 0; mb < 8; ++mb) {
-      const int col = 64 * mb + 16 * w + g8 + 8 * ((i >> 1) & 1);
-      const float v = o[mb][i] * sc0[rr] + xo[(mb * (N / 2) + i) * 128 + wt] * sc1[rr];
-      if (split) wdst[col] = v;
-      else odst[col] = dev::float_to_bf16(v);
-    }
+  if constexpr (!Src::kTma) {  // sparse_mqa: the uniform schedule's one unit (a loop here made ptxas spill)
+    run_unit(one, balance::Segment{one.g, 0, 0, 1, -1, -1}, 0);
+  } else {  // the CTA's units in order
+    Units<false> units(p, win);
+    Unit u;
+    balance::Segment seg;
+    for (int base = 0; units.next(p, win, u, seg); base += u.n_tiles) run_unit(u, seg, base);
   }
 }
 

@@ -3,7 +3,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/common/launch.h"
 #include "cuda/common/mqa_launch.h"
@@ -12,8 +16,39 @@
 #include "cuda/decode/traits.cuh"
 #include "cuda/decode_sm90/launch_kernels.cuh"
 #include "cuda/decode_sm90/variant.h"
+#include "core/decode_balance.h"
+#include "runtime/device_api.h"
 
 namespace mla::cuda::decode_sm90 {
+
+static_assert(balance::kMaxCtas <= decode::kMaxCombineSplits, "the combine merges up to one partial per CTA");
+
+namespace {
+
+// SMs of a device, read once (the balanced schedule's grid).
+int sm_count(int device) {
+  static std::array<std::atomic<int>, 64> cached{};
+  if (device < 0 || device >= static_cast<int>(cached.size())) return cuda_rt::device_info(device).sm_count;
+  int n = cached[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = cuda_rt::device_info(device).sm_count;
+    cached[static_cast<std::size_t>(device)].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// MLA_DECODE_SM90_SCHEDULE=uniform turns the balanced schedule off (a laboratory switch for A/B
+// measurements with `mla bench`; read once). Anything else: automatic.
+enum class Schedule { automatic, uniform };
+Schedule schedule_mode() {
+  static const Schedule mode = [] {
+    const char* v = std::getenv("MLA_DECODE_SM90_SCHEDULE");
+    return v != nullptr && std::string(v) == "uniform" ? Schedule::uniform : Schedule::automatic;
+  }();
+  return mode;
+}
+
+}  // namespace
 
 const char* supports(const dispatch::DecodeArgs& a) {
   const KVCache& c = a.cache;
@@ -53,18 +88,30 @@ void run(const dispatch::DecodeArgs& a) {
   set_row_tiles(p, s_q * h_q);
   p.out_pairs = out_pairs(a.out);
 
-  // Split-KV as planned (fewer when the workspace holds fewer), the portable family's layout.
-  int splits = std::max(1, std::min(a.num_splits, decode::kMaxSplits));
+  // The balanced schedule where it applies and the workspace holds it (core/decode_balance.h: the
+  // front end's mqa_decode_workspace_bytes sizes for it), else split-KV as planned (fewer splits when the
+  // workspace holds fewer), the portable family's layout.
   const int64_t have = a.workspace.defined() && aligned(a.workspace.data, 16)
                            ? a.workspace.numel() * static_cast<int64_t>(a.workspace.element_size())
                            : 0;
-  while (splits > 1 && decode::ws_bytes(b, s_q, h_q, splits) > have) --splits;
-  p.num_splits = splits;
-  if (splits > 1) {
-    auto* base = static_cast<uint8_t*>(a.workspace.data);
-    p.ws_lse = reinterpret_cast<float*>(base);
-    p.ws_o = reinterpret_cast<float*>(base + decode::ws_lse_bytes(b, s_q, h_q, splits));
+  const int64_t m_rows = s_q * h_q;
+  const int ctas = schedule_mode() == Schedule::uniform ? 0 : balance::ctas_for(b, m_rows, sm_count(q.device.index));
+  auto* base = static_cast<uint8_t*>(a.workspace.data);
+  int splits = std::max(1, std::min(a.num_splits, decode::kMaxSplits));
+  if (ctas > 0 && balance::workspace_bytes(b, m_rows, ctas) <= have) {
+    splits = 1;
+    p.balanced = 1;
+    p.ws_meta = reinterpret_cast<int32_t*>(base);
+    p.ws_lse = reinterpret_cast<float*>(base + balance::meta_bytes(b));
+    p.ws_o = reinterpret_cast<float*>(base + balance::meta_bytes(b) + balance::lse_bytes(b, m_rows, ctas));
+  } else {
+    while (splits > 1 && decode::ws_bytes(b, s_q, h_q, splits) > have) --splits;
+    if (splits > 1) {
+      p.ws_lse = reinterpret_cast<float*>(base);
+      p.ws_o = reinterpret_cast<float*>(base + decode::ws_lse_bytes(b, s_q, h_q, splits));
+    }
   }
+  p.num_splits = splits;
 
   // KV cache as a 3-D tensor [num_blocks][page_size][576] for TMA: boxes of 64 columns x box_rows rows of
   // one page, 128-byte swizzled (the layout the wgmma descriptors read).
@@ -85,15 +132,17 @@ void run(const dispatch::DecodeArgs& a) {
   t.l2_promotion_bytes = 256;
   const CUtensorMap map = ptx::make_tensor_map(t, "mqa_decode (sm90)");
 
-  const unsigned grid = grid_for(int64_t{p.m_tiles} * b * splits, 1, "mqa_decode (sm90)");
+  const unsigned grid =
+      p.balanced ? static_cast<unsigned>(ctas) : grid_for(int64_t{p.m_tiles} * b * splits, 1, "mqa_decode (sm90)");
   launch_kernel<PagedKeys>(p, grid, stream, map, "mqa_decode (sm90)");
-  if (splits > 1) {
+  if (splits > 1 || p.balanced) {
     DecodeParams cp{};
     cp.rows = p.rows;
     cp.num_splits = splits;
     cp.ws_lse = p.ws_lse;
     cp.ws_o = p.ws_o;
-    decode::launch_combine(cp, b, stream);
+    cp.ws_meta = p.ws_meta;
+    decode::launch_combine(cp, b, stream, /*dependent=*/true);
   }
 }
 

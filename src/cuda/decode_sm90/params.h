@@ -24,8 +24,13 @@ struct DecodeSm90Params {
   int32_t tile_rows;           // query rows per CTA: 64 (kernel_seesaw.cuh) or the small kernel's N (8, 16, 32)
   int32_t m_tiles;             // query tiles per request: ceil(s_q * h_q / tile_rows)
   int32_t out_pairs;           // 1 when out rows can take 4-byte (bf16x2) stores
-  float* ws_lse;               // [b, num_splits, s_q * h_q] partial LSE (num_splits > 1)
-  float* ws_o;                 // [b, num_splits, s_q * h_q, 512] partial O / l (num_splits > 1)
+  float* ws_lse;               // [b, num_splits, s_q * h_q] partial LSE (num_splits > 1); balanced: [b + grid, s_q * h_q]
+  float* ws_o;                 // [b, num_splits, s_q * h_q, 512] partial O / l (num_splits > 1); balanced: [b + grid, ...]
+  // 1: the balanced schedule (core/decode_balance.h; small kernel, m_tiles 1, num_splits 1): CTA k of the
+  // grid runs its window's segments and writes partials to slot request + k; ws_meta [b][2] gets each
+  // split request's (first slot, splits) for the combine.
+  int32_t balanced;
+  int32_t* ws_meta;
   // Gathered key source (sparse_mqa: a "request" g is a token, s_q = 1, causal 0; block_table / seq_lens
   // unused). Key j of token g is flat cache row idx = indices[g * indices_stride + j], read only when
   // j < len(g) and 0 <= idx < num_slots; len(g) = topk_length[g] clamped to [0, topk], or topk.

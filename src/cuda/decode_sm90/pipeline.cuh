@@ -14,6 +14,7 @@
 #include "cuda/common/ptx/warpgroup.cuh"
 #include "cuda/decode_sm90/params.h"
 #include "cuda/decode_sm90/traits.cuh"
+#include "core/decode_balance.h"
 
 namespace mla::cuda::decode_sm90 {
 
@@ -22,20 +23,48 @@ inline constexpr int kConsumerBarrier = 1;  // named barrier id of the two consu
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a 128-byte-swizzled panel.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
-// The CTA's unit: request, row tile, key range [key_begin, key_end) in whole tiles, visible limits.
+// The CTA's unit: request, row tile, key range [key_begin, key_end) in whole tiles, visible limits, and
+// where its result goes: ws_slot >= 0: partial slot (rows ws_slot * m_rows + row of ws_lse / ws_o), -1:
+// out / lse directly.
 struct Unit {
-  int64_t g;
+  int64_t g, ws_slot;
   int row0, m_rows, split;
   int seq_len, key_begin, key_end, n_tiles;
 
+  Unit() = default;
+  // The uniform split-KV schedule: unit blockIdx.x = (row tile, split, request).
   // gather: sparse_mqa (the key source's kTma is false): the request is a token, its length its seq_len.
-  __device__ Unit(const DecodeSm90Params& p, bool gather) {
+  __device__ __forceinline__ Unit(const DecodeSm90Params& p, bool gather) {
     const int64_t bid = blockIdx.x;
     row0 = static_cast<int>(bid % p.m_tiles) * p.tile_rows;
     const int64_t rest = bid / p.m_tiles;
     split = static_cast<int>(rest % p.num_splits);
     g = rest / p.num_splits;
     m_rows = p.rows.s_q * p.rows.h_q;
+    seq_len = clamped_len(p, g, gather);
+    const int tiles = (seq_len + Traits::kBlockN - 1) / Traits::kBlockN;
+    const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
+    const int t0 = min(split * per_split, tiles), t1 = min(t0 + per_split, tiles);
+    set_range(t0, t1);
+    ws_slot = p.num_splits > 1 ? g * p.num_splits + split : -1;
+  }
+  // A segment of the balanced schedule (one row tile: m_tiles == 1).
+  __device__ __forceinline__ Unit(const DecodeSm90Params& p, const balance::Segment& s) {
+    g = s.req;
+    row0 = 0;
+    split = 0;
+    m_rows = p.rows.s_q * p.rows.h_q;
+    seq_len = clamped_len(p, g, false);
+    set_range(static_cast<int>(s.t0), static_cast<int>(s.t1));
+    ws_slot = s.slot;
+  }
+  __device__ __forceinline__ void set_range(int t0, int t1) {
+    key_begin = t0 * Traits::kBlockN;
+    key_end = min(t1 * Traits::kBlockN, seq_len);
+    n_tiles = t1 - t0;
+  }
+  // Request g's length clamped to what its block-table row (or top-k row) can hold.
+  __device__ __forceinline__ static int clamped_len(const DecodeSm90Params& p, int64_t g, bool gather) {
     int64_t len, cap;
     if (gather) {  // sparse: the token's valid length of its index row
       cap = p.gather.topk;
@@ -44,13 +73,81 @@ struct Unit {
       cap = p.max_blocks * p.page_size;
       len = p.seq_lens[g * p.seq_lens_stride];
     }
-    seq_len = static_cast<int>(len < 0 ? 0 : len > cap ? cap : len);
-    const int tiles = (seq_len + Traits::kBlockN - 1) / Traits::kBlockN;
-    const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
-    const int t0 = min(split * per_split, tiles), t1 = min(t0 + per_split, tiles);
-    key_begin = t0 * Traits::kBlockN;
-    key_end = min(t1 * Traits::kBlockN, seq_len);
-    n_tiles = t1 - t0;
+    return static_cast<int>(len < 0 ? 0 : len > cap ? cap : len);
+  }
+};
+
+// Tile counts of the balanced schedule's requests (the device twin of the host's tile list).
+struct RequestTiles {
+  const DecodeSm90Params* p;
+  __device__ __forceinline__ int64_t operator()(int64_t g) const { return balance::tiles_of(Unit::clamped_len(*p, g, false)); }
+};
+
+// The balanced schedule's window of this CTA (balance::Window; docs/DECODE.md "Schedule"), found by all
+// threads of the CTA: the costs of every request summed in per-thread runs, a block scan of the runs,
+// and the thread whose run holds the window start walks it. Result in *win (shared); `scratch`: 32 int64
+// of shared memory. Ends with __syncthreads().
+__device__ __forceinline__ void balanced_window(const DecodeSm90Params& p, balance::Window* win, int64_t* scratch) {
+  const int64_t b = p.rows.groups;
+  const int t = threadIdx.x, nt = blockDim.x, lane = t & 31, warp = t >> 5, nwarps = nt >> 5;
+  const RequestTiles tiles{&p};
+  const int64_t run = (b + nt - 1) / nt, i0 = min(int64_t{t} * run, b), i1 = min(i0 + run, b);
+  int64_t mine = 0;
+  for (int64_t i = i0; i < i1; ++i) mine += balance::cost_of(tiles(i));
+  int64_t incl = mine;  // inclusive scan in the warp, then over the warps' totals
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) scratch[warp] = incl;
+  __syncthreads();
+  int64_t before = 0, total = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    before += w < warp ? scratch[w] : 0;
+    total += scratch[w];
+  }
+  const int64_t start = before + incl - mine;  // cost position of request i0
+  const int64_t per = balance::per_cta(total, static_cast<int>(gridDim.x));
+  const int64_t lo = blockIdx.x * per, hi = min(lo + per, total);
+  if (t == 0 && lo >= total) *win = balance::Window{lo, lo, b, total, per};
+  if (lo < total && start <= lo && lo < start + mine) {  // exactly one thread: its run holds position lo
+    int64_t pos = start, i = i0;
+    while (pos + balance::cost_of(tiles(i)) <= lo) pos += balance::cost_of(tiles(i++));
+    *win = balance::Window{lo, hi, i, pos, per};
+  }
+  __syncthreads();
+}
+
+// The units of this CTA in order: the uniform schedule's one (blockIdx.x), or the balanced schedule's
+// segments of the window in shared memory. Every role walks its own copy and sees the same units.
+// State: the position of the balanced cursor only (registers are scarce in the consumers); the window
+// stays in shared memory and the rest comes from the parameters.
+template <bool kGather>
+struct Units {
+  int64_t req = 0, pos = 0;  // uniform schedule: req 1 once its unit was handed out
+  __device__ __forceinline__ Units(const DecodeSm90Params& p, const balance::Window* win) {
+    if (p.balanced) {
+      req = win->req;
+      pos = win->pos;
+    }
+  }
+  // The next unit into u (and its segment's meta for the combine); false when there is none.
+  __device__ __forceinline__ bool next(const DecodeSm90Params& p, const balance::Window* win, Unit& u,
+                                       balance::Segment& s) {
+    if (!p.balanced) {
+      if (req != 0) return false;
+      req = 1;
+      u = Unit(p, kGather);
+      s = balance::Segment{u.g, 0, 0, 1, -1, -1};
+      return true;
+    }
+    balance::Cursor cur(p.rows.groups, req, pos, static_cast<int>(blockIdx.x));
+    const bool more = cur.next(*win, RequestTiles{&p}, s);
+    req = cur.req;
+    pos = cur.pos;
+    if (more) u = Unit(p, s);
+    return more;
   }
 };
 
@@ -58,14 +155,14 @@ struct Unit {
 // (or the same partial for the combine), written by the whole CTA before any role split, so that no
 // barrier, TMA or query load runs for it (padding requests' query rows are never written by the
 // layer: reading them would only read uninitialised memory).
-__device__ __forceinline__ void write_empty_unit(const DecodeSm90Params& p, const Unit& u) {
+__device__ __forceinline__ void write_empty_unit(const DecodeSm90Params& p, const Unit& u, int t, int nthreads) {
   const MqaRowParams& rp = p.rows;
   const int rows = min(p.tile_rows, u.m_rows - u.row0);
-  const bool split = p.num_splits > 1;
+  const bool split = u.ws_slot >= 0;
   constexpr int kChunks = Traits::kDv / 8;  // 16-byte bf16 chunks (or 8-float halves) per row
-  for (int e = threadIdx.x; e < rows * kChunks; e += blockDim.x) {
+  for (int e = t; e < rows * kChunks; e += nthreads) {
     const int row = u.row0 + e / kChunks, ch = e % kChunks;
-    const int64_t ws_row = (u.g * p.num_splits + u.split) * static_cast<int64_t>(u.m_rows) + row;
+    const int64_t ws_row = u.ws_slot * static_cast<int64_t>(u.m_rows) + row;
     if (split) {
       float* dst = p.ws_o + ws_row * Traits::kDv + ch * 8;
       for (int k = 0; k < 8; ++k) dst[k] = 0.0f;
@@ -91,7 +188,9 @@ __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
   return raw + ((1024u - (a & 1023u)) & 1023u);
 }
 
-// Units without keys are written by write_empty_unit and get false. Otherwise initialises layout L's
+// one_unit (uniform schedule): u is the CTA's one unit; a unit without keys is written by
+// write_empty_unit and gets false. Otherwise (balanced schedule) u is unused: the consumers write the
+// empty requests of their segments. Otherwise initialises layout L's
 // barriers (kFullBarriers, each with the arrivals key source Src makes on it per phase: full barrier i
 // carries L::kPanelsPerFull panels and, when L::mask_barrier(i), the tile's key mask; then kEmptyBarriers
 // with kEmptyArrivals, from kOffBar), then splits the roles: warpgroup 0 gives registers back, runs
@@ -99,9 +198,9 @@ __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
 // get true. (setmaxnreg: one branch per warpgroup role; the kernels are __launch_bounds__(384, 1).)
 template <class L, class Src, class Produce>
 __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
-                                            uint8_t* smem, Produce&& produce_fn) {
-  if (u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
-    write_empty_unit(p, u);
+                                            bool one_unit, uint8_t* smem, Produce&& produce_fn) {
+  if (one_unit && u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
+    write_empty_unit(p, u, threadIdx.x, blockDim.x);
     return false;
   }
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kOffBar);

@@ -249,10 +249,12 @@ struct GatherKeys {
 };
 
 // Producer of the kernels with one full / one empty barrier per stage (layout L: kStages 2, kOffK,
-// kOffMask, kOffBar = full[kStages] then empty[kStages]). Paged: warp 0 streams every tile (tile it into
-// stage it % 2); gathered: warps s and s + 2 stream the tiles s, s + 2, ... of stage s, one part each.
+// kOffMask, kOffBar = full[kStages] then empty[kStages]) over the CTA's units in order (Units: one for
+// the uniform schedule, the window's segments for the balanced one). The tiles of all units form one
+// sequence: tile `it` of it goes to stage it % 2. Paged: warp 0 streams every tile; gathered: warps s
+// and s + 2 stream the tiles of stage s, one part each.
 template <class L, class Src>
-__device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
+__device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtensorMap* map, const balance::Window* win,
                                         uint8_t* smem, int warp, int lane) {
   using T = Traits;
   static_assert(L::kStages == 2, "stage s feeds consumer s");
@@ -262,18 +264,23 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
   uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
-  for (int it = kOneWarp ? 0 : warp & 1; it < u.n_tiles; it += kOneWarp ? 1 : 2) {
-    const int stage = it % L::kStages;
-    const uint32_t parity = (it / L::kStages) & 1;
-    const int k0 = u.key_begin + it * T::kBlockN;
-    const typename Src::Tile tl(p, u, k0, part, lane);
-    ptx::mbar_wait(&empty[stage], parity ^ 1);
-    tl.begin(&mask[stage], &full[stage]);
-    tl.announce(p, &full[stage], T::kPanels);
-    __syncwarp();
-    uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
+  Units<!Src::kTma> units(p, win);
+  Unit u;
+  balance::Segment seg;
+  for (int base = 0; units.next(p, win, u, seg); base += u.n_tiles) {
+    for (int it = kOneWarp ? base : base + (((warp & 1) - base) & 1); it < base + u.n_tiles; it += kOneWarp ? 1 : 2) {
+      const int stage = it % L::kStages;
+      const uint32_t parity = (it / L::kStages) & 1;
+      const int k0 = u.key_begin + (it - base) * T::kBlockN;
+      const typename Src::Tile tl(p, u, k0, part, lane);
+      ptx::mbar_wait(&empty[stage], parity ^ 1);
+      tl.begin(&mask[stage], &full[stage]);
+      tl.announce(p, &full[stage], T::kPanels);
+      __syncwarp();
+      uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
 #pragma unroll 1
-    for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c);
+      for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c);
+    }
   }
 }
 

@@ -76,7 +76,7 @@ __device__ __forceinline__ void write_rows_half(const DecodeSm90Params& p, const
                                                 int r_hi, int t4) {
   using T = Traits;
   const MqaRowParams& rp = p.rows;
-  const bool split = p.num_splits > 1;
+  const bool split = u.ws_slot >= 0;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r_hi : r_lo, row = u.row0 + r;
@@ -85,7 +85,7 @@ __device__ __forceinline__ void write_rows_half(const DecodeSm90Params& p, const
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // l == 0: no key; a NaN l propagates (§14.6a)
     const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * softmax::kLn2;
     const int i = row / rp.h_q, h = row % rp.h_q;
-    const int64_t ws_row = ((u.g * p.num_splits + u.split) * static_cast<int64_t>(u.m_rows)) + row;
+    const int64_t ws_row = u.ws_slot * static_cast<int64_t>(u.m_rows) + row;
     if (c == 0 && t4 == 0) {
       if (split) p.ws_lse[ws_row] = lse;
       else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
