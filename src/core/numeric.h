@@ -81,35 +81,47 @@ inline uint8_t float_to_e4m3(float f) {
 inline float round_e4m3(float f) { return e4m3_to_float(float_to_e4m3(f)); }
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
-// Load / store one element of any floating (or integer) dtype as double.
+// Load / store one element of any floating (or integer) dtype as double. The address need not be
+// aligned to the element (issue 14: bf16 values inside byte-addressed fp8_ds_mla rows sit at odd
+// addresses when the row stride is odd): memcpy, which compiles to the same single move.
+template <class T>
+inline T load_as(const void* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+template <class T>
+inline void store_as(void* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
 inline double load(const void* p, DType t) {
   switch (t) {
-    case DType::f32: return *static_cast<const float*>(p);
-    case DType::f64: return *static_cast<const double*>(p);
-    case DType::bf16: return bf16_to_float(*static_cast<const uint16_t*>(p));
-    case DType::f16: return f16_to_float(*static_cast<const uint16_t*>(p));
+    case DType::f32: return load_as<float>(p);
+    case DType::f64: return load_as<double>(p);
+    case DType::bf16: return bf16_to_float(load_as<uint16_t>(p));
+    case DType::f16: return f16_to_float(load_as<uint16_t>(p));
     case DType::fp8_e4m3: return e4m3_to_float(*static_cast<const uint8_t*>(p));
     case DType::u8: return *static_cast<const uint8_t*>(p);
-    case DType::i32: return *static_cast<const int32_t*>(p);
-    case DType::i64: return static_cast<double>(*static_cast<const int64_t*>(p));
+    case DType::i32: return load_as<int32_t>(p);
+    case DType::i64: return static_cast<double>(load_as<int64_t>(p));
   }
   return NAN;
 }
 inline void store(void* p, DType t, double v) {
   switch (t) {
-    case DType::f32: *static_cast<float*>(p) = static_cast<float>(v); return;
-    case DType::f64: *static_cast<double*>(p) = v; return;
-    case DType::bf16: *static_cast<uint16_t*>(p) = float_to_bf16(static_cast<float>(v)); return;
-    case DType::f16: *static_cast<uint16_t*>(p) = float_to_f16(static_cast<float>(v)); return;
+    case DType::f32: store_as(p, static_cast<float>(v)); return;
+    case DType::f64: store_as(p, v); return;
+    case DType::bf16: store_as(p, float_to_bf16(static_cast<float>(v))); return;
+    case DType::f16: store_as(p, float_to_f16(static_cast<float>(v))); return;
     case DType::fp8_e4m3: *static_cast<uint8_t*>(p) = float_to_e4m3(static_cast<float>(v)); return;
     case DType::u8: *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v); return;
-    case DType::i32: *static_cast<int32_t*>(p) = static_cast<int32_t>(v); return;
-    case DType::i64: *static_cast<int64_t*>(p) = static_cast<int64_t>(v); return;
+    case DType::i32: store_as(p, static_cast<int32_t>(v)); return;
+    case DType::i64: store_as(p, static_cast<int64_t>(v)); return;
   }
 }
 // Index load (i32 or i64) as int64.
 inline int64_t load_index(const void* p, DType t) {
-  return t == DType::i64 ? *static_cast<const int64_t*>(p) : *static_cast<const int32_t*>(p);
+  return t == DType::i64 ? load_as<int64_t>(p) : load_as<int32_t>(p);
 }
 
 }  // namespace mla::num

@@ -25,9 +25,9 @@ inline void load_row(const void* src, DType dt, T* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(s[i]);
       return;
     }
-    case DType::bf16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(num::bf16_to_float(s[i]));
+    case DType::bf16: {  // possibly at an odd address (the rope of an fp8_ds_mla row, odd row stride)
+      const char* s = static_cast<const char*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(num::bf16_to_float(num::load_as<uint16_t>(s + 2 * i)));
       return;
     }
     default: {  // f16 (validated callers pass floating dtypes only)
