@@ -29,7 +29,7 @@ if has sanitize; then
     --gtest_filter='*Indexer*:PtxSm80.CpAsync4*' --gtest_brief=1 >"$LOG/memcheck.log" 2>&1 || rc=1
   echo "memcheck: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$LOG/memcheck.log" | tr '\n' ' ')"
   timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 ./$B/bin/mla_gpu_tests \
-    --gtest_filter='All/IndexerLogitsGpu.PrefillRaggedRanges/*:IndexerTopkGpu.EqualsCpuOnSameLogits' --gtest_brief=1 \
+    --gtest_filter='All/IndexerLogitsGpu.PrefillRaggedRanges/*:All/IndexerLogitsGpu.DecodeMatchesOracle/sm90_tma:IndexerTopkGpu.EqualsCpuOnSameLogits' --gtest_brief=1 \
     >"$LOG/racecheck.log" 2>&1 || rc=1
   echo "racecheck: $(grep -E 'ERROR SUMMARY|RACE|PASSED|FAILED' "$LOG/racecheck.log" | head -5 | tr '\n' ' ')"
 fi
@@ -40,14 +40,16 @@ if has bench; then
   timeout 90 ./$B/bin/mla bench --ops ceilings,indexer_logits,indexer_topk --json "$LOG/bench.json" 2>&1 \
     | tee "$LOG/bench.txt" || rc=1
   timeout 40 ./$B/bin/mla bench --ops ceilings,indexer_logits --variant portable 2>&1 | tee "$LOG/bench_portable.txt"
+  # The cp.async kernel (sm90) on the same decode shapes, beside the TMA one (sm90_tma, automatic).
+  timeout 40 ./$B/bin/mla bench --ops indexer_logits --variant sm90 2>&1 | tee "$LOG/bench_sm90.txt"
 fi
 if has profile; then
-  # Nsight Compute on the sm90 decode logits at the target shape (b 64, s_k 128K): with --iters 3 each
-  # config launches the kernel ~8 times (warm-up + timed), so launch 19 is one of the 128K ones (its
-  # LaunchStats grid is 2048 CTAs; 8K / 32K give 1024).
+  # Nsight Compute on the decode logits (sm90_tma) at the target shape (b 64, s_k 128K): with --iters 3
+  # each config launches the kernel ~8 times (warm-up + timed), so launch 19 is one of the 128K ones
+  # (LaunchStats: grid 1024, 128 tiles per CTA; 8K / 32K give 8 / 32 tiles per CTA).
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then
-    timeout 150 "$NCU" --kernel-name regex:logits_sm90 --launch-skip 19 --launch-count 1 --section SpeedOfLight \
+    timeout 150 "$NCU" --kernel-name regex:logits_tma --launch-skip 19 --launch-count 1 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
       --section SchedulerStats --section SourceCounters ./$B/bin/mla bench --ops indexer_logits --iters 3 \
       >"$LOG/ncu_logits.txt" 2>&1 || echo "ncu exit $?"

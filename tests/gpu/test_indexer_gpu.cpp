@@ -2,7 +2,8 @@
 //   cache write and gather: bytes equal to the CPU's (bf16 / f32 k, int32 / int64 slots, slot -1);
 //   logits (every variant of indexer_logits): -inf positions exact, values within the fp8 rule
 //     |got - ref| <= 2e-3 * sum_h |w| sum_d |q k| |s| (fp8 tensor-core sums keep ~14 bits) and vLLM's
-//     calc_diff < 1e-5; s_q 1/2/3/5, pages 1/16/64, h 64/8/1, empty and ragged rows, prefill ranges;
+//     calc_diff < 1e-5; s_q 1/2/3/4/5, pages 1/8/16/32/48/64/128/256, h 64/16/8/1, empty and ragged
+//     rows, odd lengths, prefill ranges;
 //   top-k: exactly the CPU's selection on the same logits (ties, NaN, +-inf, len <= k, k 1/7/2048,
 //     rows of 100K); the pipeline's selection equals the oracle's up to near-ties;
 //   an unaligned q falls back to portable; a block id outside the cache is never read (NaN logit).
@@ -109,6 +110,10 @@ TEST_P(IndexerLogitsGpu, DecodeMatchesOracle) {
   const std::vector<DecodeCase> cases = {
       {{1000, 0, 64, 1}, 1, 64, 64},  {{300, 129, 7}, 2, 64, 16}, {{200, 2, 65}, 3, 64, 1},
       {{513, 130}, 5, 8, 64},         {{90, 91}, 1, 1, 16},       {{4100}, 1, 64, 64},
+      // sm90_tma's page sizes: 8 (8 boxes per tile; 188 pages: the block-table window moves), 32, 128,
+      // 256, 16 with G = 4 rows of 3; 48 (it declines: sm90 runs it); s_q 4 (two wgmma passes).
+      {{777, 0, 1500, 64}, 1, 64, 8}, {{2049, 33}, 2, 64, 32},    {{700, 130, 1}, 4, 64, 128},
+      {{300, 5}, 1, 64, 256},         {{333, 17}, 3, 64, 16},     {{250, 0}, 1, 16, 48},
   };
   uint64_t seed = 1;
   int ran = 0;
