@@ -90,19 +90,11 @@ __global__ void __launch_bounds__(Sm90Traits::kThreads) logits_sm90_kernel(const
     }
   }
   // Tiles cover [t_begin, t_end) (64-key tiles from c0, the last clipped to c1); the rest is -inf.
-  int64_t t_begin = c0, t_end = c0;
-  if (uhi > ulo) {
-    t_begin = c0 + (ulo - c0) / Tr::kTileKeys * Tr::kTileKeys;
-    t_end = c0 + (uhi - c0 + Tr::kTileKeys - 1) / Tr::kTileKeys * Tr::kTileKeys;
-    t_end = t_end < c1 ? t_end : c1;
-  }
-  const float ninf = -__int_as_float(0x7f800000);
-  for (int g = 0; g < nrows; ++g) {
-    float* out = p.logits + (row0 + g) * p.out_row;
-    for (int64_t c = c0 + tid; c < t_begin; c += Tr::kThreads) out[c] = ninf;
-    for (int64_t c = t_end + tid; c < c1; c += Tr::kThreads) out[c] = ninf;
-  }
+  int64_t t_begin, t_end;
+  tile_span(p, row0, nrows, c0, c1, ulo, uhi, tid, Tr::kThreads, t_begin, t_end);
+  static_assert(Tr::kTileKeys == 64, "tile_span's tiles");
   if (t_end <= t_begin) return;
+  const float ninf = -__int_as_float(0x7f800000);
 
   // q panels and weights.
 #pragma unroll
@@ -176,22 +168,13 @@ __global__ void __launch_bounds__(Sm90Traits::kThreads) logits_sm90_kernel(const
     const int64_t col0 = t_begin + it * Tr::kTileKeys;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      float part0 = 0.0f, part1 = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 w = *reinterpret_cast<const float2*>(w_s + g * 64 + 8 * j + 2 * t4);
-        part0 += w.x * mla::indexer::relu_nan(acc[g][4 * j] * s0) + w.y * mla::indexer::relu_nan(acc[g][4 * j + 1] * s0);
-        part1 += w.x * mla::indexer::relu_nan(acc[g][4 * j + 2] * s1) + w.y * mla::indexer::relu_nan(acc[g][4 * j + 3] * s1);
-      }
-      part0 += __shfl_xor_sync(0xffffffffu, part0, 1);
-      part0 += __shfl_xor_sync(0xffffffffu, part0, 2);
-      part1 += __shfl_xor_sync(0xffffffffu, part1, 1);
-      part1 += __shfl_xor_sync(0xffffffffu, part1, 2);
+      const float2 lg = quad_logits(
+          acc[g], s0, s1, [&](int j) { return *reinterpret_cast<const float2*>(w_s + g * 64 + 8 * j + 2 * t4); });
       if (t4 == g % 4 && g < nrows) {
         float* out = p.logits + (row0 + g) * p.out_row;
         const int64_t ca = col0 + r0, cb = col0 + r1;
-        if (ca < t_end) out[ca] = ca >= lo[g] && ca < hi[g] ? part0 : ninf;
-        if (cb < t_end) out[cb] = cb >= lo[g] && cb < hi[g] ? part1 : ninf;
+        if (ca < t_end) out[ca] = ca >= lo[g] && ca < hi[g] ? lg.x : ninf;
+        if (cb < t_end) out[cb] = cb >= lo[g] && cb < hi[g] ? lg.y : ninf;
       }
     }
   }

@@ -94,19 +94,12 @@ __global__ void __launch_bounds__(TmaTraits<G>::kThreads, TmaTraits<G>::kMinBloc
     }
     hi[g] = static_cast<int32_t>(h);
   }
-  int64_t t_begin = c0, t_end = c0;
-  if (uhi > ulo) {
-    t_begin = c0 + (ulo - c0) / Tr::kTileKeys * Tr::kTileKeys;
-    t_end = c0 + (uhi - c0 + Tr::kTileKeys - 1) / Tr::kTileKeys * Tr::kTileKeys;
-    t_end = t_end < c1 ? t_end : c1;
-  }
-  const float ninf = -__int_as_float(0x7f800000);
-  for (int g = 0; g < nrows; ++g) {
-    float* out = p.logits + (row0 + g) * p.out_row;
-    for (int64_t c = c0 + tid; c < t_begin; c += Tr::kThreads) out[c] = ninf;
-    for (int64_t c = t_end + tid; c < c1; c += Tr::kThreads) out[c] = ninf;
-  }
+  // Tiles cover [t_begin, t_end) (64-key tiles from c0, the last clipped to c1); the rest is -inf.
+  int64_t t_begin, t_end;
+  tile_span(p, row0, nrows, c0, c1, ulo, uhi, tid, Tr::kThreads, t_begin, t_end);
+  static_assert(Tr::kTileKeys == 64, "tile_span's tiles");
   if (t_end <= t_begin) return;  // uniform over the CTA
+  const float ninf = -__int_as_float(0x7f800000);
 
   const int ps = p.cache.page_size;
   const int rows = ps >= Tr::kTileKeys ? Tr::kTileKeys : ps;  // keys per box
@@ -227,25 +220,14 @@ __global__ void __launch_bounds__(TmaTraits<G>::kThreads, TmaTraits<G>::kMinBloc
 #pragma unroll
       for (int gg = 0; gg < kPass; ++gg) {
         const int g = g0 + gg;
-        float part0 = 0.0f, part1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 w =
-              kWReg ? wr[kWReg ? g : 0][j] : *reinterpret_cast<const float2*>(w_s + g * 64 + 8 * j + 2 * t4);
-          part0 += w.x * mla::indexer::relu_nan(acc[gg][4 * j] * s0) +
-                   w.y * mla::indexer::relu_nan(acc[gg][4 * j + 1] * s0);
-          part1 += w.x * mla::indexer::relu_nan(acc[gg][4 * j + 2] * s1) +
-                   w.y * mla::indexer::relu_nan(acc[gg][4 * j + 3] * s1);
-        }
-        part0 += __shfl_xor_sync(0xffffffffu, part0, 1);
-        part0 += __shfl_xor_sync(0xffffffffu, part0, 2);
-        part1 += __shfl_xor_sync(0xffffffffu, part1, 1);
-        part1 += __shfl_xor_sync(0xffffffffu, part1, 2);
-        if (t4 == g % 4 && g < nrows) {
+        const float2 lg = quad_logits(acc[gg], s0, s1, [&](int j) {
+          return kWReg ? wr[kWReg ? g : 0][j] : *reinterpret_cast<const float2*>(w_s + g * 64 + 8 * j + 2 * t4);
+        });
+        if (t4 == g % 4 && g < nrows) {  // lane g % 4 of the quad writes row g
           float* out = p.logits + (row0 + g) * p.out_row;
           const int64_t ca = col0 + r0, cb = col0 + r1;
-          if (ca < t_end) out[ca] = ca < hi[g] ? part0 : ninf;
-          if (cb < t_end) out[cb] = cb < hi[g] ? part1 : ninf;
+          if (ca < t_end) out[ca] = ca < hi[g] ? lg.x : ninf;
+          if (cb < t_end) out[cb] = cb < hi[g] ? lg.y : ninf;
         }
       }
     }
