@@ -7,7 +7,9 @@
 // step, a step timed as 8 back to back between two events on the rank's stream (a host barrier
 // lines the ranks up before each timing; caches of GBs: no L2 flush needed). bytes = b·s_k·1152 (the whole cache, read once across the group);
 // FLOPs = 2·b·h·s_k·(576 + 512): one GPU's h heads over the whole context, the work a step of the
-// batch costs whether one GPU or the group does it.
+// batch costs whether one GPU or the group does it. For W > 1 each rank also times its attention alone
+// (mqa_decode of the group's h heads over its shard, no collective): "attn" is the max over ranks of
+// that median and "exch" the step minus it, the exchange's cost per step (gather, all-to-all, combine).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,8 +31,12 @@ struct DcpShape {
   int64_t b, h, s_k, page;
 };
 
+struct RankTimes {
+  double step = 0, attn = 0;  // median ms of a step; of the rank's attention alone (W > 1)
+};
+
 // One rank's timed steps (median ms). world == 1: plain mqa_decode over the whole cache.
-double rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, int warmup, int iters,
+RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, int warmup, int iters,
                   std::barrier<>& sync) {
   const Device dev = Device::cuda(rank);
   if (cudaSetDevice(rank) != cudaSuccess) throw Error("dcp bench: cannot select device " + std::to_string(rank));
@@ -68,29 +74,44 @@ double rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, int 
   // kSteps steps back to back per timing (a serving step runs every layer so): the host's enqueue of
   // the next step overlaps the device work of the current one, as in a model's forward.
   constexpr int kSteps = 8;
-  std::vector<float> ms;
-  for (int i = 0; i < warmup + iters; ++i) {
-    sync.arrive_and_wait();
-    cudaEventRecord(a, stream);
-    for (int k = 0; k < kSteps; ++k) step();
-    cudaEventRecord(z, stream);
-    if (comm) comm->synchronize(ctx);
-    cudaEventSynchronize(z);
-    float t = 0;
-    cudaEventElapsedTime(&t, a, z);
-    if (i >= warmup) ms.push_back(t / kSteps);
+  auto median_ms = [&](auto&& fn) {
+    std::vector<float> ms;
+    for (int i = 0; i < warmup + iters; ++i) {
+      sync.arrive_and_wait();
+      cudaEventRecord(a, stream);
+      for (int k = 0; k < kSteps; ++k) fn();
+      cudaEventRecord(z, stream);
+      if (comm) comm->synchronize(ctx);
+      cudaEventSynchronize(z);
+      float t = 0;
+      cudaEventElapsedTime(&t, a, z);
+      if (i >= warmup) ms.push_back(t / kSteps);
+    }
+    std::sort(ms.begin(), ms.end());
+    return static_cast<double>(ms[ms.size() / 2]);
+  };
+  RankTimes r;
+  r.step = median_ms(step);
+  if (world > 1) {  // the rank's attention alone: the group's s.h heads over its shard, as dcp_mqa_decode runs it
+    Tensor qa = Tensor::empty({s.b, 1, s.h, 576}, DType::bf16, dev);
+    fill_uniform(qa, -1, 1, 91 + rank, stream);
+    Tensor oa = Tensor::empty({s.b, 1, s.h, 512}, DType::bf16, dev), la = Tensor::empty({s.b, 1, s.h}, DType::f32, dev);
+    const std::size_t wa = mqa_decode_workspace_bytes(s.b, 1, s.h, pages * s.page, dev);
+    Tensor wsa = Tensor::empty({std::max<int64_t>(1, static_cast<int64_t>(wa))}, DType::u8, dev);
+    r.attn = median_ms([&] {
+      mqa_decode(qa, cb.cache, table, lens, oa, la, 0.0416, false, wa ? wsa.view() : TensorView{}, ctx);
+    });
   }
   cudaEventDestroy(a);
   cudaEventDestroy(z);
   cudaStreamDestroy(stream);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return r;
 }
 
-double group_ms(const DcpShape& s, int world, int warmup, int iters) {
+RankTimes group_ms(const DcpShape& s, int world, int warmup, int iters) {
   const NcclId id = world > 1 ? nccl_make_id() : NcclId{};
   std::barrier<> sync(world);
-  std::vector<double> ms(static_cast<std::size_t>(world), 0.0);
+  std::vector<RankTimes> ms(static_cast<std::size_t>(world));
   std::vector<std::string> err(static_cast<std::size_t>(world));
   std::vector<std::thread> ranks;
   for (int r = 0; r < world; ++r)
@@ -105,7 +126,12 @@ double group_ms(const DcpShape& s, int world, int warmup, int iters) {
   for (auto& t : ranks) t.join();
   for (int r = 0; r < world; ++r)
     if (!err[r].empty()) throw Error("dcp bench, rank " + std::to_string(r) + ": " + err[r]);
-  return *std::max_element(ms.begin(), ms.end());
+  RankTimes worst;
+  for (const RankTimes& t : ms) {
+    worst.step = std::max(worst.step, t.step);
+    worst.attn = std::max(worst.attn, t.attn);
+  }
+  return worst;
 }
 
 void bench_dcp(BenchContext& ctx) {
@@ -126,17 +152,21 @@ void bench_dcp(BenchContext& ctx) {
     if (s.h % n != 0) continue;  // heads split evenly over the group
     double one = 0;
     for (int w : n > 1 ? std::vector<int>{1, n} : std::vector<int>{1}) {
-      const double ms = group_ms(s, w, warmup, iters);
+      const RankTimes rt = group_ms(s, w, warmup, iters);
+      const double ms = rt.step;
       if (w == 1) one = ms;
       const double bytes = static_cast<double>(s.b) * s.s_k * 1152.0;
       const double flops = 2.0 * s.b * s.h * s.s_k * 1088.0;
-      char cfg[160];
-      std::snprintf(cfg, sizeof cfg, "W=%d b=%lld h=%lld s_k=%lldK  %.0f tok/s  x%.2f", w,
-                    static_cast<long long>(s.b), static_cast<long long>(s.h), static_cast<long long>(s.s_k / 1024),
-                    s.b / (ms * 1e-3), one / ms);
+      char cfg[200];
+      int n_cfg = std::snprintf(cfg, sizeof cfg, "W=%d b=%lld h=%lld s_k=%lldK  %.0f tok/s  x%.2f", w,
+                                static_cast<long long>(s.b), static_cast<long long>(s.h),
+                                static_cast<long long>(s.s_k / 1024), s.b / (ms * 1e-3), one / ms);
+      if (w > 1 && n_cfg > 0 && n_cfg < static_cast<int>(sizeof cfg))
+        std::snprintf(cfg + n_cfg, sizeof cfg - n_cfg, "  attn %.3f ms exch %.0f us", rt.attn,
+                      (ms - rt.attn) * 1e3);
       ctx.report("dcp_decode", cfg, ms, bytes, flops,
                  "bytes = b*s_k*1152 (whole cache, all ranks); FLOPs = 2*b*h*s_k*1088; tok/s = b / step time; "
-                 "xN = speed-up over W=1");
+                 "xN = speed-up over W=1; attn = a rank's attention alone, exch = step - attn");
     }
   }
 }

@@ -59,7 +59,10 @@ void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, con
 // combines the W partials of the rank's own heads (all-to-all of partial outputs and LSEs, then
 // combine_attn_states: exact, §13). Partials travel in q's dtype. Tensors live on comm.device();
 // q, out and lse contiguous. The workspace (u8, caller-owned, >= the size query) holds the gathered
-// q, the partials, both exchange buffers and the decode split scratch; nothing is allocated.
+// q, both exchange buffers and the decode's split scratch (the sparse op also a token-major copy of q
+// and its partials); nothing is allocated. The dense decode runs one mqa_decode over the gathered q
+// viewed [b·s_q, W, h_q, 576] (rank blocks as its query axis, non-causal) and writes its partials
+// straight into the all-to-all's send blocks (strided views), so its exchange copies nothing.
 
 // Dense decode of b requests with s_q queries each, as b·s_q rows of one query (the causal mask of a
 // step is carried by the per-row local lengths, dcp_local_query_lengths).

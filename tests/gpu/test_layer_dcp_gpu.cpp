@@ -29,6 +29,9 @@ TEST(LayerDcpGpu, NcclDecodeStepsMatchTheOracle) {
       sc.h = 16;  // 4 .. 8 heads per rank
       sc.P = sc.V = 128;
       sc.page_size = 64;
+      // The mixed and sparse scenarios' small context workspace (several chunks) in pages of 64: it must
+      // hold one page per prefill with context (two), else plan_context_chunks refuses the step.
+      if (sc.context_workspace_rows > 0) sc.context_workspace_rows = 2 * sc.page_size;
       const StepData d = test::layer::make_step(sc);
       const test::layer::LayerRun oracle =
           test::layer::run_layer(d, Device::cpu(), DType::f64, Precision::reference);
