@@ -5,6 +5,8 @@
 //   portable  CUDA-core kernel (logits_portable.cuh): anything
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "cuda/common/launch.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/dispatch/families.h"
@@ -125,8 +127,19 @@ const char* supports_tma(const IndexerLogitsArgs& a) {
   return nullptr;
 }
 
-// The chunk of key columns per CTA: about two waves of resident CTAs over the whole grid (a CTA per
-// (row group, chunk)), at least 8 tiles (512 keys) per CTA so the ring's fill is amortised.
+// MLA_INDEXER_TMA_WAVES=n (1..8; default 2): how many waves of resident CTAs the sm90_tma grid aims at (a
+// laboratory switch for A/B measurements with `mla bench`; read once).
+int tma_waves() {
+  static const int waves = [] {
+    const char* v = std::getenv("MLA_INDEXER_TMA_WAVES");
+    const int n = v != nullptr ? std::atoi(v) : 2;
+    return n < 1 ? 1 : (n > 8 ? 8 : n);
+  }();
+  return waves;
+}
+
+// The chunk of key columns per CTA: about tma_waves() waves of resident CTAs over the whole grid (a CTA
+// per (row group, chunk)), at least 8 tiles (512 keys) per CTA so the ring's fill is amortised.
 template <int G>
 void launch_tma(const indexer::LogitsParams& p, const IndexerKCache& cache, int64_t num_groups, int64_t groups_per_req,
                 const Context& ctx, int device) {
@@ -139,7 +152,7 @@ void launch_tma(const indexer::LogitsParams& p, const IndexerKCache& cache, int6
              "indexer_logits: occupancy");
   const int64_t resident = int64_t{per_sm < 1 ? 1 : per_sm} * num_sms(device);
   const int64_t tiles = (p.n_cols + Tr::kTileKeys - 1) / Tr::kTileKeys;
-  int64_t chunks = 2 * resident / num_groups;
+  int64_t chunks = tma_waves() * resident / num_groups;
   chunks = chunks < 1 ? 1 : chunks;
   int64_t chunk_tiles = (tiles + chunks - 1) / chunks;
   chunk_tiles = chunk_tiles < 8 ? 8 : chunk_tiles;
