@@ -46,7 +46,8 @@ fi
 if has profile; then
   # Nsight Compute on the decode logits (sm90_tma) at the target shape (b 64, s_k 128K): with --iters 3
   # each config launches the kernel ~8 times (warm-up + timed), so launch 19 is one of the 128K ones
-  # (LaunchStats: grid 1024, 128 tiles per CTA; 8K / 32K give 8 / 32 tiles per CTA).
+  # (LaunchStats: grid 512 = one wave of 4 CTAs / SM, 256 tiles per CTA; 8K / 32K give 16 / 64). Write
+  # few files to $OUT (the device call brings back only a handful): the ncu text stays in one file.
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then
     timeout 150 "$NCU" --kernel-name regex:logits_tma --launch-skip 19 --launch-count 1 --section SpeedOfLight \

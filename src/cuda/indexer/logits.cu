@@ -127,19 +127,23 @@ const char* supports_tma(const IndexerLogitsArgs& a) {
   return nullptr;
 }
 
-// MLA_INDEXER_TMA_WAVES=n (1..8; default 2): how many waves of resident CTAs the sm90_tma grid aims at (a
-// laboratory switch for A/B measurements with `mla bench`; read once).
+// MLA_INDEXER_TMA_WAVES=n (1..8; default 1): how many waves of resident CTAs the sm90_tma grid aims at (a
+// laboratory switch for A/B measurements with `mla bench`; read once). nvidia-h200, 4f18163, b 64 page 64
+// decode, % of copy at s_k 8K / 32K / 128K: 1 wave 56.8 / 73.0 / 80.6, 2 waves 51.5 / 72.6 / 79.2, 4 waves
+// 50.3 / 66.3 / 78.1 (each CTA start costs a block-table and a first-tile DRAM latency).
 int tma_waves() {
   static const int waves = [] {
     const char* v = std::getenv("MLA_INDEXER_TMA_WAVES");
-    const int n = v != nullptr ? std::atoi(v) : 2;
+    const int n = v != nullptr ? std::atoi(v) : 1;
     return n < 1 ? 1 : (n > 8 ? 8 : n);
   }();
   return waves;
 }
 
 // The chunk of key columns per CTA: about tma_waves() waves of resident CTAs over the whole grid (a CTA
-// per (row group, chunk)), at least 8 tiles (512 keys) per CTA so the ring's fill is amortised.
+// per (row group, chunk)), at least 8 tiles (512 keys) per CTA so the ring's fill is amortised. The
+// chunks split the logits width, not the requests' lengths (those live on the device): a batch of very
+// different lengths leaves the CTAs of short requests' far chunks with nothing to do (docs/INDEXER.md §6).
 template <int G>
 void launch_tma(const indexer::LogitsParams& p, const IndexerKCache& cache, int64_t num_groups, int64_t groups_per_req,
                 const Context& ctx, int device) {
