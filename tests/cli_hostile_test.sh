@@ -25,6 +25,11 @@ expect_fail "--max-context" run --backend cpu --max-context 7
 expect_fail "--topk-source" run --backend cpu --sparse --topk-source bogus
 expect_fail "--topk-source applies to --sparse" run --backend cpu --steps 1 --topk-source indexer
 expect_fail "cannot open" run --backend cpu --steps 1 --json /nonexistent-dir/x.json
+expect_fail "--dcp" run --backend cpu --dcp 0
+expect_fail "--dcp" run --backend cpu --dcp 99999999999
+expect_fail "--dcp 3: the layer's 16 query heads" run --backend cpu --dcp 3
+expect_fail "--dcp-interleave 5 must divide --page-size 64" run --backend cpu --dcp 2 --dcp-interleave 5
+expect_fail "--dcp runs the bare layer" run --backend cpu --dcp 2 --block
 if [ -w /dev/full ]; then  # the record is written after the run: a full disk is an error, not exit 0
   expect_fail "writing '/dev/full' failed" run --backend cpu --steps 2 --requests 2 --max-context 64 \
     --check-samples 0 --no-progress --json /dev/full

@@ -34,6 +34,8 @@ struct RunOptions {
   uint64_t seed = 0;
   std::string json_path;
   bool no_progress = false;
+  int dcp = 1;             // ranks of a decode-context-parallel group (threads of this process)
+  int dcp_interleave = 1;  // consecutive positions per rank turn
 };
 CLI::App* add_run_command(CLI::App& app, RunOptions& options);
 int run_command(const RunOptions& options);

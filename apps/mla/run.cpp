@@ -6,6 +6,8 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "mla/comm.h"
+#include "mla/dcp.h"
 #include "mla/error.h"
 #include "mla/plan.h"
 #include "run_internal.h"
@@ -94,6 +96,27 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   }
   if (c.sparse && c.dims.index_topk <= 0)
     throw Error(fmt::format("--sparse needs a model with a top-k indexer (v3.2), got --model {}", c.model));
+  c.dcp = o.dcp;
+  c.dcp_interleave = o.dcp_interleave;
+  if (c.dcp > 1 || c.dcp_interleave != 1) {
+    if (block.enabled) throw Error("--dcp runs the bare layer: it cannot be combined with --checkpoint / --block");
+    if (c.dims.num_heads % c.dcp != 0)
+      throw Error(fmt::format("--dcp {}: the layer's {} query heads (tp {}) must split evenly over the group", c.dcp,
+                              c.dims.num_heads, c.tp));
+    if (o.page_size % c.dcp_interleave != 0)
+      throw Error(fmt::format("--dcp-interleave {} must divide --page-size {}", c.dcp_interleave, o.page_size));
+    validate_dcp_layout({c.dcp, 0, c.dcp_interleave}, o.page_size);
+    if (c.cuda && c.device.index + c.dcp > devices)
+      throw Error(fmt::format("--dcp {}: ranks use CUDA devices {}..{}, {} present", c.dcp, c.device.index,
+                              c.device.index + c.dcp - 1, devices));
+    if (c.cuda && c.dcp > 1 && !nccl_available())
+      throw Error("--dcp with --backend cuda: this build of mla has no NCCL");
+    if (c.dcp > 1)
+      c.notes.push_back(fmt::format("--dcp {}: {} ranks as threads ({}), {} heads and 1/{} of every request's cache "
+                                    "each (interleave {})",
+                                    c.dcp, c.dcp, c.cuda ? "NCCL, one GPU each" : "in-process group",
+                                    c.dims.num_heads / c.dcp, c.dcp, c.dcp_interleave));
+  }
 
   const std::string cache = o.cache.empty() ? (o.sparse ? "fp8_ds_mla" : "bf16") : o.cache;
   c.format = cache_format_from_string(cache);
@@ -202,6 +225,15 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                                                       "steps and over decode, context-prefill and fresh-prefill "
                                                       "tokens; 0 skips the check" + def(&Defaults::check_samples))
       ->check(int_range(0, int64_t(1) << 30));
+  cmd->add_option("--dcp", o.dcp, "Decode context parallelism: run the layer on a group of N ranks (threads of this "
+                                  "process; CUDA: NCCL over GPUs --device .. --device + N - 1), each with 1/N of the "
+                                  "heads and of every request's cache, outputs combined exactly (docs/SCALE.md)")
+      ->check(int_range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--dcp-interleave", o.dcp_interleave, "With --dcp: consecutive positions per rank turn (divides "
+                                                        "the page size)")
+      ->check(int_range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the trace, the inputs and the weights")->capture_default_str();
   cmd->add_option("--json", o.json_path, "Also write the configuration, timings and check results to this file");
   cmd->add_flag("--no-progress", o.no_progress, "Do not report progress on stderr");

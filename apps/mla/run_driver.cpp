@@ -25,18 +25,6 @@
 
 namespace mla::app {
 
-namespace {
-
-// Activations are uniform(-1, 1); kv_b_proj entries uniform(+-1/sqrt(L)) (fan-in initialisation),
-// so that the up-projected K and V have magnitudes like the activations'.
-constexpr double kInputRange = 1.0;
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Every byte 0xff: NaN in bf16 (0xffff), e4m3 (0xff) and fp32, so a read of an unwritten cache row
-// or an output row the layer did not write shows as a NaN.
 void poison(void* p, Device dev, std::size_t bytes) {
   if (bytes == 0) return;
   if (dev.is_cpu()) {
@@ -54,6 +42,26 @@ void synchronize(Device dev) {
 #else
   (void)dev;
 #endif
+}
+
+LayerOptions layer_options(const RunConfig& cfg) {
+  LayerOptions lo;
+  lo.dims = cfg.dims;
+  lo.cache_format = cfg.format;
+  lo.sparse = cfg.sparse;
+  lo.device = cfg.device;
+  lo.dtype = DType::bf16;
+  return lo;
+}
+
+namespace {
+
+// Activations are uniform(-1, 1); kv_b_proj entries uniform(+-1/sqrt(L)) (fan-in initialisation),
+// so that the up-projected K and V have magnitudes like the activations'.
+constexpr double kInputRange = 1.0;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // A host buffer and, on CUDA, its device twin (the same buffer on the CPU). A step uses the leading
@@ -129,6 +137,8 @@ class TraceRunner {
   ForwardArgs forward_args(const StepBatch& batch) const;
   void check(const StepBatch& batch, const Plan& plan, const std::vector<int64_t>& tokens);
   void compute_indexer_topk(const StepBatch& batch, int64_t index);
+  double forward_one(const Plan& plan, const ForwardArgs& args, int64_t T, int64_t index);
+  void record(const StepBatch& batch, const Plan& plan, double secs);
 
   const RunConfig& cfg_;
   int64_t H_, P_, R_, V_, L_, topk_width_;
@@ -148,22 +158,13 @@ class TraceRunner {
   IndexerCacheBuffer icache_;
   Staged ik_, iq_, iw_, izero_, iend_, icu_;
   Tensor igk_, igs_, ilogits_;
+  std::unique_ptr<DcpGroup> dcp_;  // --dcp N > 1: the layer runs on the group (the global cache is one page)
   Scheduler sched_;
   OracleCheck checker_;
   RunStats stats_;
   int64_t tokens_done_ = 0;
   double forward_seconds_ = 0;
 };
-
-LayerOptions layer_options(const RunConfig& cfg) {
-  LayerOptions lo;
-  lo.dims = cfg.dims;
-  lo.cache_format = cfg.format;
-  lo.sparse = cfg.sparse;
-  lo.device = cfg.device;
-  lo.dtype = DType::bf16;
-  return lo;
-}
 
 TraceRunner::TraceRunner(const RunConfig& cfg)
     : cfg_(cfg),
@@ -175,7 +176,8 @@ TraceRunner::TraceRunner(const RunConfig& cfg)
       topk_width_(cfg.sparse ? cfg.dims.index_topk : 0),
       layer_(layer_options(cfg), make_weight(cfg, oracle_).view()),
       planner_(planner_config(cfg)),
-      cache_(allocate_cache(cfg.format, cfg.trace.pool_blocks(), cfg.trace.page_size, cfg.device, cfg.fp8_scale)),
+      cache_(allocate_cache(cfg.format, cfg.dcp > 1 ? 1 : cfg.trace.pool_blocks(), cfg.trace.page_size, cfg.device,
+                            cfg.fp8_scale)),
       page_bytes_(cfg.trace.page_size * cache_entry_bytes(cfg.format)),
       ws_bytes_(layer_.max_workspace_bytes(planner_, cfg.trace.token_budget)),
       workspace_(Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(ws_bytes_, 1))}, DType::u8, cfg.device)),
@@ -199,7 +201,8 @@ TraceRunner::TraceRunner(const RunConfig& cfg)
       icu_({cfg.trace.max_num_seqs + 1}, DType::i32, cfg.device),
       sched_(cfg.trace),
       checker_(oracle_, check_config(cfg)) {
-  poison(cache_.cache.data.data, cfg.device, static_cast<std::size_t>(cfg.trace.pool_blocks() * page_bytes_));
+  poison(cache_.cache.data.data, cfg.device, static_cast<std::size_t>(cache_.storage.nbytes()));
+  if (cfg.dcp > 1) dcp_ = std::make_unique<DcpGroup>(cfg, make_weight(cfg, oracle_));
   if (cfg.real_indexer) {
     icache_ = allocate_indexer_cache(cfg.trace.pool_blocks(), cfg.trace.page_size, cfg.device);
     poison(icache_.cache.data.data, cfg.device, static_cast<std::size_t>(icache_.storage.nbytes()));
@@ -313,6 +316,31 @@ bool TraceRunner::step(int64_t index) {
                             index, need, ws_bytes_, cfg_.trace.token_budget));
   prepare_inputs(batch, index);
   const ForwardArgs args = forward_args(batch);
+  double secs = 0;
+  if (dcp_) {
+    secs = dcp_->forward(batch, {q_.h<uint16_t>(), kv_c_.h<uint16_t>(), k_pe_.h<uint16_t>(),
+                                 cfg_.sparse ? topk_.h<int32_t>() : nullptr, topk_width_},
+                         out_.h<uint16_t>(), index == 0 && cfg_.cuda);
+    out_.upload({T, H_ * V_});  // check() downloads it again
+  } else {
+    secs = forward_one(plan, args, T, index);
+  }
+  record(batch, plan, secs);
+  if (checker_.enabled())
+    if (const std::vector<int64_t> picked = checker_.pick(batch); !picked.empty()) check(batch, plan, picked);
+
+  for (int32_t b : sched_.commit(batch)) {
+    if (dcp_) dcp_->release(b);
+    else poison(cache_.cache.data.select(0, b).data, cfg_.device, static_cast<std::size_t>(page_bytes_));
+    if (cfg_.real_indexer)
+      poison(icache_.cache.data.select(0, b).data, cfg_.device,
+             static_cast<std::size_t>(cfg_.trace.page_size * kIndexerEntryBytes));
+  }
+  return true;
+}
+
+// The single layer's timed step (with an untimed warm-up first on CUDA).
+double TraceRunner::forward_one(const Plan& plan, const ForwardArgs& args, int64_t T, int64_t index) {
   const TensorView ws = workspace_.view();
   if (index == 0 && cfg_.cuda) {
     // Untimed warm-up (library handles, first launches). Rewriting the same rows is idempotent.
@@ -328,8 +356,11 @@ bool TraceRunner::step(int64_t index) {
   upload_step_metadata(plan, meta_staging_.view(), meta_.view());
   layer_.forward(plan, args, cache_.cache, ws);
   synchronize(cfg_.device);
-  const double secs = seconds_since(t0);
+  return seconds_since(t0);
+}
 
+void TraceRunner::record(const StepBatch& batch, const Plan& plan, double secs) {
+  const int64_t T = batch.num_tokens();
   StepRecord rec;
   rec.decode_tokens = plan.split.num_decode_tokens;
   rec.prefill_tokens = plan.split.num_prefill_tokens;
@@ -340,17 +371,6 @@ bool TraceRunner::step(int64_t index) {
   stats_.steps.push_back(rec);
   tokens_done_ += T;
   forward_seconds_ += secs;
-
-  if (checker_.enabled())
-    if (const std::vector<int64_t> picked = checker_.pick(batch); !picked.empty()) check(batch, plan, picked);
-
-  for (int32_t b : sched_.commit(batch)) {
-    poison(cache_.cache.data.select(0, b).data, cfg_.device, static_cast<std::size_t>(page_bytes_));
-    if (cfg_.real_indexer)
-      poison(icache_.cache.data.select(0, b).data, cfg_.device,
-             static_cast<std::size_t>(cfg_.trace.page_size * kIndexerEntryBytes));
-  }
-  return true;
 }
 
 void TraceRunner::check(const StepBatch& batch, const Plan& plan, const std::vector<int64_t>& tokens) {
@@ -366,6 +386,7 @@ void TraceRunner::check(const StepBatch& batch, const Plan& plan, const std::vec
   sd.topk_width = topk_width_;
   sd.out = out_.h<uint16_t>();
   sd.page = [&](int64_t block) -> const uint8_t* {
+    if (dcp_) return dcp_->page(batch, block);
     const TensorView blk = cache_.cache.data.select(0, block);
     if (!cfg_.cuda) return static_cast<const uint8_t*>(blk.data);
     auto& bytes = pages[block];

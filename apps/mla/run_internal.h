@@ -3,11 +3,14 @@
 // into RunStats and the OracleCheck, run_report.cpp prints the summary and writes the JSON record.
 #include <array>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cli_util.h"
 #include "check.h"
+#include "mla/layer.h"
 #include "mla/plan.h"
 #include "mla/safetensors.h"
 #include "mla/tensor.h"
@@ -33,6 +36,11 @@ struct RunConfig {
   int64_t check_samples = 0;
   uint64_t seed = 0;
   TraceConfig trace;
+  // Decode context parallelism (--dcp N, docs/SCALE.md): N ranks, one thread each (CPU: the in-process
+  // group; CUDA: NCCL, rank r on GPU device + r), each with dims.num_heads / N heads and the positions
+  // of every request's cache it owns (turns of dcp_interleave positions). 1 = one layer.
+  int dcp = 1;
+  int dcp_interleave = 1;
   std::vector<std::string> notes;  // defaults and aliases worth telling the user about
 };
 
@@ -66,6 +74,47 @@ struct RunStats {
 int run_trace(const RunConfig& cfg, bool progress, OutputFile& json);
 // The planner settings of the trace (run_driver.cpp): dims, cache, limits, decode threshold.
 PlannerConfig planner_config(const RunConfig& cfg);
+// The layer's options of the trace (run_driver.cpp): dims, cache format, sparse, device, bf16.
+LayerOptions layer_options(const RunConfig& cfg);
+// Every byte of [p, p + bytes) on `dev` set to 0xff (NaN in bf16, e4m3 and fp32): unwritten rows show.
+void poison(void* p, Device dev, std::size_t bytes);
+// Waits for the device's work (no-op on the CPU).
+void synchronize(Device dev);
+
+// The DCP group of a `mla run --dcp N` trace (run_dcp.cpp). The scheduler's pages stay global: each
+// rank's shard is a pool of the same size in which request q's local page k is q's k-th block id, so
+// the step's block table serves every rank; a token's cache row goes to its owner only (slot -1 on the
+// others). Outputs are assembled as one layer's [T, H * V]; the oracle check reads whole pages
+// assembled from the owners' shards.
+class DcpGroup {
+ public:
+  DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj);  // the whole layer's weight, on the CPU
+  ~DcpGroup();
+  DcpGroup(const DcpGroup&) = delete;
+  DcpGroup& operator=(const DcpGroup&) = delete;
+  // Host inputs of one step (bf16 bits; topk may be null) of the whole layer.
+  struct Inputs {
+    const uint16_t *q, *kv_c, *k_pe;
+    const int32_t* topk;
+    int64_t topk_width;
+  };
+  // Runs the step on every rank at once (a plan per rank; warm_up: one untimed forward first) and
+  // writes the group's output into out [T, H * V] (host, bf16 bits). Returns the slowest rank's
+  // seconds for upload + forward + synchronize.
+  double forward(const StepBatch& batch, const Inputs& in, uint16_t* out, bool warm_up);
+  // Global page `block` of the step's batch (a request's block) assembled from its owners' shards on
+  // the host; valid until the next forward(). Rows past the request's length are 0xff.
+  const uint8_t* page(const StepBatch& batch, int64_t block);
+  // A page the scheduler freed: poisoned on every rank.
+  void release(int32_t block);
+
+ private:
+  struct Rank;
+  const RunConfig& cfg_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  int64_t entry_bytes_, page_bytes_;
+  std::map<int64_t, std::vector<uint8_t>> pages_, rank_pages_;  // host copies for the check
+};
 // The trace through the whole DeepSeek block (run_block.cpp).
 int run_block_trace(const RunConfig& cfg, const BlockRunConfig& block, bool progress, OutputFile& json);
 

@@ -181,6 +181,8 @@ void write_json(OutputFile& out, const RunConfig& c, const RunStats& s, const Or
                  {"max_context", c.trace.max_context},
                  {"token_budget", c.trace.token_budget},
                  {"max_seqs", c.trace.max_num_seqs},
+                 {"dcp", c.dcp},
+                 {"dcp_interleave", c.dcp_interleave},
                  {"seed", c.seed},
                  {"check_samples", c.check_samples}};
   nlohmann::json steps = nlohmann::json::array();

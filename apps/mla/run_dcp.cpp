@@ -1,0 +1,243 @@
+// `mla run --dcp N`: the layer of the trace run by a decode-context-parallel group of N ranks, one
+// thread each (CPU: the in-process group; CUDA: NCCL, one GPU per rank). See run_internal.h (DcpGroup)
+// and docs/SCALE.md.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "mla/comm.h"
+#include "mla/dcp.h"
+#include "mla/error.h"
+#include "mla/ops.h"
+#include "mla/step.h"
+#include "run_internal.h"
+
+namespace mla::app {
+
+// One rank: its communicator, heads (layer), planner, shard, workspace, metadata buffers and step
+// inputs (on the CPU the host buffers are the device ones).
+struct DcpGroup::Rank {
+  int r = 0;
+  Device dev;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<MlaAttention> layer;
+  PlannerConfig planner;
+  CacheBuffer cache;
+  Tensor workspace, meta;
+  PinnedBuffer staging;
+  Tensor q_host, slots_host;                                   // this rank's heads of q; its slot mapping
+  Tensor q, kv_c, k_pe, slots, table, lens, topk, out;         // on dev
+  Tensor out_host;
+  double seconds = 0;
+  std::string error;
+};
+
+namespace {
+
+constexpr auto kGroupTimeout = std::chrono::seconds(120);
+
+Tensor on(Device dev, std::initializer_list<int64_t> shape, DType t) { return Tensor::empty(shape, t, dev); }
+
+// The leading elements of a buffer viewed with a step's shape.
+TensorView lead(const Tensor& t, std::initializer_list<int64_t> shape) {
+  return TensorView(t.data(), t.dtype(), shape, t.device());
+}
+
+// Host -> rank buffer (the first `shape` elements of both).
+void upload(const Tensor& dst, const void* src, std::initializer_list<int64_t> shape) {
+  const TensorView d = lead(dst, shape);
+  copy(d, TensorView(const_cast<void*>(src), dst.dtype(), shape, Device::cpu()));
+}
+
+// Runs fn(rank) on one thread per rank; rethrows the first rank's error (the others fail on their
+// collectives within the group's timeout instead of waiting forever).
+template <class Ranks, class Fn>
+void on_every_rank(Ranks& ranks, Fn&& fn) {
+  std::vector<std::thread> threads;
+  for (auto& rk : ranks)
+    threads.emplace_back([&fn, r = rk.get()] {
+      try {
+        r->error.clear();
+        fn(*r);
+      } catch (const std::exception& e) {
+        r->error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& rk : ranks)
+    if (!rk->error.empty()) throw Error(fmt::format("--dcp: rank {}: {}", rk->r, rk->error));
+}
+
+}  // namespace
+
+DcpGroup::DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj) : cfg_(cfg) {
+  const int w = cfg.dcp;
+  const int64_t h = cfg.dims.num_heads, hr = h / w, P = cfg.dims.qk_nope_head_dim, R = cfg.dims.qk_rope_head_dim,
+                V = cfg.dims.v_head_dim, L = cfg.dims.kv_lora_rank, tmax = cfg.trace.token_budget;
+  const int64_t tables = cfg.trace.max_num_seqs * cfg.trace.max_blocks_per_request();
+  const int64_t topk_width = cfg.sparse ? cfg.dims.index_topk : 0;
+  entry_bytes_ = cache_entry_bytes(cfg.format);
+  page_bytes_ = cfg.trace.page_size * entry_bytes_;
+  std::vector<std::unique_ptr<Communicator>> local;
+  NcclId id{};
+  if (cfg.cuda) id = nccl_make_id();
+  else local = make_local_group(w, kGroupTimeout);
+  for (int r = 0; r < w; ++r) {
+    auto rk = std::make_unique<Rank>();
+    rk->r = r;
+    rk->dev = cfg.cuda ? Device::cuda(cfg.device.index + r) : Device::cpu();
+    if (!cfg.cuda) rk->comm = std::move(local[static_cast<std::size_t>(r)]);
+    ranks_.push_back(std::move(rk));
+  }
+  // NCCL ranks must start together: one thread each, as the steps run.
+  on_every_rank(ranks_, [&](Rank& rk) {
+    const Device dev = rk.dev;
+    if (cfg.cuda) rk.comm = make_nccl_communicator(id, w, rk.r, dev.index, kGroupTimeout);
+    rk.planner = planner_config(cfg);
+    rk.planner.dims.num_heads = static_cast<int>(hr);
+    rk.planner.dcp = {w, rk.r, cfg.dcp_interleave};
+    rk.planner.num_sms = multiprocessor_count(dev);
+    rk.planner.validate();
+    LayerOptions lo = layer_options(cfg);
+    lo.dims.num_heads = static_cast<int>(hr);
+    lo.device = dev;
+    lo.dcp_comm = rk.comm.get();
+    const int64_t rows = hr * (P + V);  // kv_b_proj rows of one rank's heads
+    rk.layer = std::make_unique<MlaAttention>(lo, kv_b_proj.view().slice(0, rk.r * rows, (rk.r + 1) * rows));
+    rk.cache = allocate_cache(cfg.format, cfg.trace.pool_blocks(), cfg.trace.page_size, dev, cfg.fp8_scale);
+    poison(rk.cache.storage.data(), dev, static_cast<std::size_t>(rk.cache.storage.nbytes()));
+    const std::size_t ws = rk.layer->max_workspace_bytes(rk.planner, tmax);
+    rk.workspace = on(dev, {static_cast<int64_t>(std::max<std::size_t>(ws, 1))}, DType::u8);
+    rk.staging = PinnedBuffer(max_step_metadata_bytes(rk.planner, tmax));
+    rk.meta = on(dev, {static_cast<int64_t>(std::max<std::size_t>(rk.staging.size(), 16))}, DType::u8);
+    rk.q_host = Tensor::empty({tmax, hr, P + R}, DType::bf16);
+    rk.slots_host = Tensor::empty({tmax}, DType::i64);
+    rk.out_host = Tensor::empty({tmax, hr * V}, DType::bf16);
+    rk.q = on(dev, {tmax, hr, P + R}, DType::bf16);
+    rk.kv_c = on(dev, {tmax, L}, DType::bf16);
+    rk.k_pe = on(dev, {tmax, R}, DType::bf16);
+    rk.slots = on(dev, {tmax}, DType::i64);
+    rk.table = on(dev, {tables}, DType::i32);
+    rk.lens = on(dev, {cfg.trace.max_num_seqs}, DType::i32);
+    rk.topk = on(dev, {std::max<int64_t>(1, tmax * topk_width)}, DType::i32);
+    rk.out = on(dev, {tmax, hr * V}, DType::bf16);
+    synchronize(dev);
+  });
+}
+
+DcpGroup::~DcpGroup() = default;
+
+double DcpGroup::forward(const StepBatch& batch, const Inputs& in, uint16_t* out, bool warm_up) {
+  const int w = cfg_.dcp;
+  const int64_t T = batch.num_tokens(), nr = batch.num_reqs(), mb = batch.max_blocks, page = cfg_.trace.page_size;
+  const int64_t h = cfg_.dims.num_heads, hr = h / w, P = cfg_.dims.qk_nope_head_dim, R = cfg_.dims.qk_rope_head_dim,
+                V = cfg_.dims.v_head_dim, L = cfg_.dims.kv_lora_rank, qw = P + R;
+  BatchDesc desc;
+  desc.query_start_loc = batch.query_start_loc;
+  desc.seq_lens = batch.seq_lens;
+  pages_.clear();
+  rank_pages_.clear();
+  on_every_rank(ranks_, [&](Rank& rk) {
+    const DcpLayout l{w, rk.r, cfg_.dcp_interleave};
+    const Plan plan = make_plan(desc, rk.planner);
+    // This rank's heads of q; its tokens' local slots (the owner's shard only, -1 elsewhere).
+    auto* q = static_cast<uint16_t*>(rk.q_host.data());
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(q + t * hr * qw, in.q + (t * h + rk.r * hr) * qw, static_cast<std::size_t>(hr * qw) * 2);
+    auto* slots = static_cast<int64_t*>(rk.slots_host.data());
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t pos = batch.token_pos[static_cast<std::size_t>(t)], q_req = batch.token_req[static_cast<std::size_t>(t)];
+      if (dcp_owner(pos, l) != rk.r) {
+        slots[t] = -1;
+        continue;
+      }
+      const int64_t lp = dcp_local_position(pos, l);
+      slots[t] = int64_t{batch.block_table[static_cast<std::size_t>(q_req * mb + lp / page)]} * page + lp % page;
+    }
+    upload(rk.q, q, {T, hr, qw});
+    upload(rk.slots, slots, {T});
+    upload(rk.kv_c, in.kv_c, {T, L});
+    upload(rk.k_pe, in.k_pe, {T, R});
+    upload(rk.table, batch.block_table.data(), {nr * mb});
+    upload(rk.lens, batch.seq_lens.data(), {nr});
+    ForwardArgs a;
+    a.q = lead(rk.q, {T, hr, qw});
+    a.kv_c = lead(rk.kv_c, {T, L});
+    a.k_pe = lead(rk.k_pe, {T, R});
+    a.slot_mapping = lead(rk.slots, {T});
+    a.block_table = lead(rk.table, {nr, mb});
+    a.seq_lens = lead(rk.lens, {nr});
+    if (in.topk) {
+      upload(rk.topk, in.topk, {T, in.topk_width});
+      a.topk_indices = lead(rk.topk, {T, in.topk_width});
+    }
+    a.out = lead(rk.out, {T, hr * V});
+    a.metadata = rk.meta.view();
+    const TensorView ws = rk.workspace.view();
+    if (warm_up) {  // untimed (library handles, first launches); rewriting the same rows is idempotent
+      upload_step_metadata(plan, rk.staging.view(), rk.meta.view());
+      rk.layer->forward(plan, a, rk.cache.cache, ws);
+      rk.comm->synchronize({});
+    }
+    poison(a.out.data, rk.dev, static_cast<std::size_t>(T * hr * V) * 2);
+    synchronize(rk.dev);
+    const auto t0 = std::chrono::steady_clock::now();
+    upload_step_metadata(plan, rk.staging.view(), rk.meta.view());
+    rk.layer->forward(plan, a, rk.cache.cache, ws);
+    rk.comm->synchronize({});
+    synchronize(rk.dev);
+    rk.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    copy(lead(rk.out_host, {T, hr * V}), a.out);
+    const auto* o = static_cast<const uint16_t*>(rk.out_host.data());
+    for (int64_t t = 0; t < T; ++t)  // heads of rank r are columns [r·hr·V, (r+1)·hr·V) of the layer's output
+      std::memcpy(out + (t * h + rk.r * hr) * V, o + t * hr * V, static_cast<std::size_t>(hr * V) * 2);
+  });
+  double secs = 0;
+  for (const auto& rk : ranks_) secs = std::max(secs, rk->seconds);
+  return secs;
+}
+
+const uint8_t* DcpGroup::page(const StepBatch& batch, int64_t block) {
+  auto& bytes = pages_[block];
+  if (!bytes.empty()) return bytes.data();
+  bytes.assign(static_cast<std::size_t>(page_bytes_), 0xff);
+  const int64_t page = cfg_.trace.page_size, mb = batch.max_blocks;
+  // Rank r's page b on the host (a copy from the device, once per check).
+  auto rank_page = [&](int r, int64_t b) -> const uint8_t* {
+    const TensorView blk = ranks_[static_cast<std::size_t>(r)]->cache.cache.data.select(0, b);
+    if (!cfg_.cuda) return static_cast<const uint8_t*>(blk.data);
+    auto& host = rank_pages_[b * cfg_.dcp + r];
+    if (host.empty()) {
+      host.resize(static_cast<std::size_t>(page_bytes_));
+      const int64_t elems = page_bytes_ / static_cast<int64_t>(blk.element_size());
+      copy(TensorView(host.data(), blk.dtype, {elems}, Device::cpu()), blk.reshape({elems}));
+    }
+    return host.data();
+  };
+  for (int64_t q = 0; q < batch.num_reqs(); ++q) {
+    const int64_t len = batch.seq_lens[static_cast<std::size_t>(q)];
+    for (int64_t j = 0; j * page < len; ++j) {
+      if (batch.block_table[static_cast<std::size_t>(q * mb + j)] != block) continue;
+      for (int64_t pos = j * page; pos < std::min(len, (j + 1) * page); ++pos) {
+        const DcpLayout l{cfg_.dcp, 0, cfg_.dcp_interleave};
+        const int owner = dcp_owner(pos, l);
+        const int64_t lp = dcp_local_position(pos, l);
+        const int64_t b = batch.block_table[static_cast<std::size_t>(q * mb + lp / page)];
+        std::memcpy(bytes.data() + (pos - j * page) * entry_bytes_, rank_page(owner, b) + (lp % page) * entry_bytes_,
+                    static_cast<std::size_t>(entry_bytes_));
+      }
+      return bytes.data();
+    }
+  }
+  return bytes.data();  // not a page of this batch: every row 0xff
+}
+
+void DcpGroup::release(int32_t block) {
+  for (auto& rk : ranks_)
+    poison(rk->cache.cache.data.select(0, block).data, rk->dev, static_cast<std::size_t>(page_bytes_));
+}
+
+}  // namespace mla::app
