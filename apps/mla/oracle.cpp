@@ -88,6 +88,9 @@ void dequantize_cache_row(CacheFormat format, float fp8_scale, const uint8_t* ro
       for (int i = 0; i < 64; ++i) out[512 + i] = bf16_at(528 + 2 * i);
       return;
     }
+    case CacheFormat::f64:  // float64 values as stored (the CPU-only oracle format)
+      for (int i = 0; i < d_qk; ++i) std::memcpy(out + i, row + 8 * i, 8);
+      return;
   }
   throw Error("oracle: unknown cache format");
 }

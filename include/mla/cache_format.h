@@ -10,6 +10,7 @@
 //   latent  d_latent values of kLatentDType (bf16, or e4m3 codes)
 //   scales  per_tile only: ceil(d_latent / kTile) fp32 scales, tile order
 //   rope    d_rope values of kRopeDType (bf16, or e4m3 codes)
+// (the CPU-only oracle format f64 stores both parts as float64 values).
 // A value is code * scale: none -> 1; per_tensor -> the descriptor's KVCache::scale for latent and
 // rope alike; per_tile -> latent value i uses scales[i / kTile], rope values are unscaled.
 // Adding a format: docs/DEVELOPING.md, "Adding a cache format".
@@ -19,12 +20,17 @@
 #include "mla/dtype.h"  // DType, MLA_HD
 #include "mla/error.h"
 
-// The formats, in enum order: X(name, enum value). The enum, the runtime table and both dispatch
-// helpers are generated from this list; each entry needs a CacheFormatTraits specialisation below.
-#define MLA_CACHE_FORMATS(X) \
-  X(bf16, 0)                 \
-  X(fp8, 1)                  \
+// The formats, in enum order: X(name, enum value). The enum, the runtime table and the dispatch
+// helpers are generated from these lists; each entry needs a CacheFormatTraits specialisation below.
+// Device formats: every backend (CUDA kernels are instantiated for exactly these).
+#define MLA_DEVICE_CACHE_FORMATS(X) \
+  X(bf16, 0)                        \
+  X(fp8, 1)                         \
   X(fp8_ds_mla, 2)
+// Host-only formats: the CPU backend only; a CUDA cache of one is refused by validate_cache.
+#define MLA_HOST_CACHE_FORMATS(X) X(f64, 3)
+// Every format.
+#define MLA_CACHE_FORMATS(X) MLA_DEVICE_CACHE_FORMATS(X) MLA_HOST_CACHE_FORMATS(X)
 
 namespace mla {
 
@@ -92,6 +98,7 @@ struct CacheFormatTraits<CacheFormat::bf16> : detail::CacheLayout<CacheFormatTra
   static constexpr int kTile = 0;            // latent values per scale (per_tile only)
   static constexpr int kDqk = 0, kDrope = 0;  // 0: any d_qk > d_rope > 0 (576 and 320 in use)
   static constexpr int kRowAlign = 2;        // bytes every row start must be aligned to
+  static constexpr bool kDevice = true;      // CUDA kernels exist (MLA_DEVICE_CACHE_FORMATS)
 };
 
 // fp8: [num_blocks, page_size, d_qk] e4m3 (u8 accepted), value = code * KVCache::scale. Writers
@@ -109,6 +116,7 @@ struct CacheFormatTraits<CacheFormat::fp8> : detail::CacheLayout<CacheFormatTrai
   static constexpr int kTile = 0;
   static constexpr int kDqk = 0, kDrope = 0;
   static constexpr int kRowAlign = 1;
+  static constexpr bool kDevice = true;
 };
 
 // fp8_ds_mla (DeepSeek V3.2 / FlashMLA): [num_blocks, page_size, 656] bytes:
@@ -126,6 +134,27 @@ struct CacheFormatTraits<CacheFormat::fp8_ds_mla> : detail::CacheLayout<CacheFor
   static constexpr int kTile = 128;
   static constexpr int kDqk = 576, kDrope = 64;
   static constexpr int kRowAlign = 1;  // bytes; rows of a u8 view may start anywhere
+  static constexpr bool kDevice = true;
+};
+
+// f64 (the float64 oracle's cache, CPU only): [num_blocks, page_size, d_qk] float64, values stored as
+// they are. Every input dtype (bf16, f16, f32, f64) is exact in it, so a float64 layer or block that
+// reads its context back from this cache computes as if the context had never been stored
+// (docs/BLOCK.md, "Accuracy"). Not a serving format: CUDA ops, layers and blocks refuse it.
+template <>
+struct CacheFormatTraits<CacheFormat::f64> : detail::CacheLayout<CacheFormatTraits<CacheFormat::f64>> {
+  static constexpr CacheFormat kFormat = CacheFormat::f64;
+  static constexpr const char* kName = "f64";
+  static constexpr const char* kAliases = "float64";
+  static constexpr DType kDType = DType::f64;
+  static constexpr DType kAltDType = DType::f64;
+  static constexpr DType kLatentDType = DType::f64;
+  static constexpr DType kRopeDType = DType::f64;
+  static constexpr CacheScale kScale = CacheScale::none;
+  static constexpr int kTile = 0;
+  static constexpr int kDqk = 0, kDrope = 0;
+  static constexpr int kRowAlign = 8;
+  static constexpr bool kDevice = false;
 };
 
 // The fixed record of fp8_ds_mla, named (used by tests, tools and kernels specialised to it).
@@ -152,6 +181,7 @@ struct CacheFormatInfo {
   int tile;        // latent values per scale (per_tile), else 0
   int d_qk, d_rope;  // fixed row widths, 0: any
   int row_align;   // bytes
+  bool device;     // CUDA kernels exist (MLA_DEVICE_CACHE_FORMATS); false: CPU only
   int64_t (*entry_bytes)(int64_t d_qk, int64_t d_rope);
   int64_t (*entry_elems)(int64_t d_qk, int64_t d_rope);
   int64_t (*rope_offset)(int64_t d_latent);
@@ -164,7 +194,7 @@ template <class Tr>
 constexpr CacheFormatInfo make_cache_format_info() {
   return {Tr::kFormat,       Tr::kName,        Tr::kDType,       Tr::kAltDType,   Tr::kLatentDType,
           Tr::kRopeDType,    Tr::kScale,       Tr::kTile,        Tr::kDqk,        Tr::kDrope,
-          Tr::kRowAlign,     &Tr::entry_bytes, &Tr::entry_elems, &Tr::rope_offset, &Tr::scale_offset,
+          Tr::kRowAlign,     Tr::kDevice,      &Tr::entry_bytes, &Tr::entry_elems, &Tr::rope_offset, &Tr::scale_offset,
           &Tr::admits,       Tr::kAliases};
 }
 
@@ -200,6 +230,14 @@ inline const CacheFormatInfo& cache_format_info(CacheFormat f) {
   throw Error("cache_format_info: format missing from the table");  // unreachable: the table is the list
 }
 
+// "bf16, fp8, fp8_ds_mla": the device formats' names, for error messages.
+inline std::string device_cache_format_names() {
+  std::string s;
+  for (const CacheFormatInfo& i : kCacheFormatTable)
+    if (i.device) s += s.empty() ? i.name : std::string(", ") + i.name;
+  return s;
+}
+
 const char* to_string(CacheFormat f);                          // the traits' kName; "?" for bad values
 CacheFormat cache_format_from_string(const std::string& s);  // kName or an alias; throws otherwise
 
@@ -220,8 +258,27 @@ decltype(auto) dispatch_cache_format(CacheFormat f, Fn&& fn) {
   return fn(CacheFormatTraits<CacheFormat::bf16>{});  // unreachable
 }
 
+// The same over the device formats only (CUDA launchers: no kernel is instantiated for a host-only
+// format); throws mla::Error naming the formats it takes for a host-only or bad value (validate_cache
+// refuses a CUDA cache of a host-only format before any launcher runs).
+template <class Fn>
+decltype(auto) dispatch_device_cache_format(CacheFormat f, Fn&& fn) {
+  switch (f) {
+#define MLA_X(name, value) \
+  case CacheFormat::name:  \
+    return fn(CacheFormatTraits<CacheFormat::name>{});
+    MLA_DEVICE_CACHE_FORMATS(MLA_X)
+#undef MLA_X
+    default:
+      break;
+  }
+  check_cache_format(f, "dispatch_device_cache_format");
+  throw Error(std::string("dispatch_device_cache_format: the ") + cache_format_info(f).name +
+              " cache format is CPU-only; CUDA takes " + device_cache_format_names());
+}
+
 // Device-side twin for kernels that keep the format as a run-time value (the MQA engine): calls
-// fn(CacheFormatTraits<f>{}) for a valid value, nothing otherwise (front ends reject bad values).
+// fn(CacheFormatTraits<f>{}) for a device format, nothing otherwise (front ends reject the others).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable  // fn is a device lambda in kernels, a host one in host code
 #endif
@@ -232,8 +289,10 @@ MLA_HD inline void visit_cache_format(CacheFormat f, Fn&& fn) {
   case CacheFormat::name:  \
     fn(CacheFormatTraits<CacheFormat::name>{}); \
     return;
-    MLA_CACHE_FORMATS(MLA_X)
+    MLA_DEVICE_CACHE_FORMATS(MLA_X)
 #undef MLA_X
+    default:
+      return;
   }
 }
 

@@ -74,7 +74,7 @@ void bind_tensor(py::module_& m) {
       .value("fast", mla::Precision::fast).value("reference", mla::Precision::reference);
   py::enum_<mla::CacheFormat>(m, "CacheFormat")
       .value("bf16", mla::CacheFormat::bf16).value("fp8", mla::CacheFormat::fp8)
-      .value("fp8_ds_mla", mla::CacheFormat::fp8_ds_mla);
+      .value("fp8_ds_mla", mla::CacheFormat::fp8_ds_mla).value("f64", mla::CacheFormat::f64);
   py::enum_<mla::DsMlaScale>(m, "DsMlaScale").value("amax", mla::DsMlaScale::amax).value("pow2", mla::DsMlaScale::pow2);
 
   py::class_<mla::Device>(m, "Device")

@@ -226,6 +226,10 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
             "{}: computes in bf16, f32 or f64, got {}", kOp, to_string(options.dtype));
   MLA_CHECK(options.device.is_cpu() || options.dtype == DType::bf16, "{}: the CUDA block computes in bf16, got {}",
             kOp, to_string(options.dtype));
+  check_cache_format(options.cache_format, kOp);
+  MLA_CHECK(options.device.is_cpu() || cache_format_info(options.cache_format).device,
+            "{}: the {} cache format is CPU-only (the float64 oracle's cache); the CUDA block takes {}", kOp,
+            to_string(options.cache_format), device_cache_format_names());
   dims_ = c.dims(options.tp);
   const int64_t H = c.hidden_size, h = dims_.num_heads, L = c.kv_lora_rank, P = c.qk_nope_head_dim,
                 R = c.qk_rope_head_dim, V = c.v_head_dim, head0 = options.rank * h;

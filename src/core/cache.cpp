@@ -39,6 +39,9 @@ DType cache_dtype(CacheFormat format) { return cache_format_info(format).dtype; 
 CacheBuffer allocate_cache(CacheFormat format, int64_t num_blocks, int64_t page_size, Device device, float scale,
                            int d_qk, int d_rope) {
   check_cache_format(format, "allocate_cache");
+  MLA_CHECK(cache_format_info(format).device || !device.is_cuda(),
+            "allocate_cache: the {} cache format is CPU-only (the float64 oracle's cache); a CUDA cache is {}",
+            to_string(format), device_cache_format_names());
   MLA_CHECK(num_blocks >= 1 && page_size >= 1, "allocate_cache: num_blocks and page_size must be >= 1, got {} and {}",
             num_blocks, page_size);
   CacheBuffer b;
@@ -51,6 +54,9 @@ CacheBuffer allocate_cache(CacheFormat format, int64_t num_blocks, int64_t page_
 void validate_cache(const KVCache& c, const char* what) {
   check_cache_format(c.format, what);
   const CacheFormatInfo& f = cache_format_info(c.format);
+  MLA_CHECK(f.device || !c.data.device.is_cuda(),
+            "{}: the {} cache format is CPU-only (the float64 oracle's cache); a CUDA cache is {}, got {}", what, f.name,
+            device_cache_format_names(), c.data.describe());
   detail::check_ndim(c.data, 3, what, "cache.data [num_blocks, page_size, entry]");
   MLA_CHECK(c.data.size(0) >= 1 && c.data.size(1) >= 1, "{}: cache needs num_blocks >= 1 and page_size >= 1, got {}",
             what, c.data.describe());

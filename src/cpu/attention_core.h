@@ -53,7 +53,7 @@ class CacheRowReader {
     if constexpr (Fmt::kLatentDType == DType::fp8_e4m3) {
       for (int64_t i = 0; i < n; ++i) out[i] = e4m3_[p[i]] * s;
     } else {
-      load_row(p, Fmt::kLatentDType, out, n);  // bf16: unscaled (CacheScale::none)
+      load_row(p, Fmt::kLatentDType, out, n);  // bf16 or f64: unscaled (CacheScale::none)
     }
   }
   template <class Fmt>

@@ -56,14 +56,19 @@ inline float ds_tile_scale(float amax, DsMlaScale mode) {
   return std::ldexp(1.0f, m == 0.5f ? e - 1 : e);
 }
 
-// One input value stored as a cache code: bf16 bits (correctly rounded, unscaled) or
-// e4m3_satfinite(x / s) with x the input as float and s the scale (§3.2: divide convention).
+// One input value stored as a cache code: bf16 bits (correctly rounded, unscaled), the input as a
+// float64 (exact for every input dtype, unscaled) or e4m3_satfinite(x / s) with x the input as float
+// and s the scale (§3.2: divide convention).
 template <DType D>
 inline void store_code(uint8_t* dst, const char* src, DType src_dtype, float s) {
-  static_assert(D == DType::fp8_e4m3 || D == DType::bf16, "cache values are bf16 or e4m3 codes");
+  static_assert(D == DType::fp8_e4m3 || D == DType::bf16 || D == DType::f64,
+                "cache values are bf16, e4m3 codes or float64");
   if constexpr (D == DType::bf16) {
     const uint16_t h = bf16_bits(src, src_dtype);
     std::memcpy(dst, &h, 2);
+  } else if constexpr (D == DType::f64) {
+    const double d = num::load(src, src_dtype);
+    std::memcpy(dst, &d, 8);
   } else {
     *dst = num::float_to_e4m3(load_f(src, src_dtype) / s);
   }

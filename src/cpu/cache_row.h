@@ -2,7 +2,7 @@
 // Reading one logical cache row on the CPU, for every format: the single place that knows how a
 // slot's bytes turn into values (used by the gathers, decode and sparse attention). Values are the
 // exact dequantised numbers (code * scale, mla/cache_format.h): bf16 -> float; fp8 -> e4m3 * scale;
-// fp8_ds_mla -> e4m3 * tile scale for the latent values, bf16 rope copied.
+// fp8_ds_mla -> e4m3 * tile scale for the latent values, bf16 rope copied; f64 -> the stored double.
 #include <cstdint>
 #include <cstring>
 
@@ -22,12 +22,17 @@ inline uint8_t* cache_row_ptr_mut(const KVCache& c, int64_t slot) {
   return const_cast<uint8_t*>(cache_row_ptr(c, slot));
 }
 
-// One stored value (bf16 bits or an e4m3 code) at any byte address, exactly.
+// One stored value (bf16 bits, an e4m3 code or a float64) at any byte address, exactly.
 template <DType D>
 inline double load_code(const uint8_t* p) {
-  static_assert(D == DType::fp8_e4m3 || D == DType::bf16, "cache values are bf16 or e4m3 codes");
+  static_assert(D == DType::fp8_e4m3 || D == DType::bf16 || D == DType::f64,
+                "cache values are bf16, e4m3 codes or float64");
   if constexpr (D == DType::fp8_e4m3) {
     return num::e4m3_to_float(*p);
+  } else if constexpr (D == DType::f64) {
+    double d;
+    std::memcpy(&d, p, 8);
+    return d;
   } else {
     uint16_t h;
     std::memcpy(&h, p, 2);  // rows of a byte view may sit at odd addresses

@@ -19,7 +19,11 @@ constexpr const char* kFwd = "MlaAttention::forward";
 
 void check_options(const LayerOptions& o) {
   o.dims.validate();
+  check_cache_format(o.cache_format, "MlaAttention");
   if (o.device.is_cuda()) {
+    MLA_CHECK(cache_format_info(o.cache_format).device,
+              "MlaAttention: the {} cache format is CPU-only (the float64 oracle's cache); the CUDA layer takes {}",
+              to_string(o.cache_format), device_cache_format_names());
     MLA_CHECK(built_with_cuda(), "MlaAttention: device {} requested but this build of mla has no CUDA backend",
               to_string(o.device));
     MLA_CHECK(o.device.index >= 0 && o.device.index < cuda_device_count(),
@@ -33,7 +37,6 @@ void check_options(const LayerOptions& o) {
   }
   if (o.sparse)
     MLA_CHECK(o.dims.index_topk > 0, "MlaAttention: sparse mode needs dims.index_topk > 0, got {}", o.dims.index_topk);
-  check_cache_format(o.cache_format, "MlaAttention");
   check_ds_mla_scale(o.ds_scale, "MlaAttention");
   if (o.dcp_comm) {
     MLA_CHECK(o.dcp_comm->device() == o.device, "MlaAttention: the DCP communicator runs on {}, the layer on {}",

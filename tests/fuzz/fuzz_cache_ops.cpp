@@ -26,8 +26,8 @@ struct Cache {
 // A small cache; a bad scale or format byte is kept for the ops to refuse.
 Cache make_cache(Input& in, bool randomize) {
   const uint8_t f = in.byte();
-  const CacheFormat fmt = static_cast<CacheFormat>(f % 16 < 15 ? f % 3 : f);
-  const bool narrow = fmt != CacheFormat::fp8_ds_mla && in.byte() % 4 == 0;  // d_qk 320 (bf16 / fp8 only)
+  const CacheFormat fmt = static_cast<CacheFormat>(f % 16 < 15 ? f % kNumCacheFormats : f);
+  const bool narrow = fmt != CacheFormat::fp8_ds_mla && in.byte() % 4 == 0;  // d_qk 320 (not fp8_ds_mla)
   const CacheFormat alloc = is_valid(fmt) ? fmt : CacheFormat::bf16;
   Cache c;
   CacheBuffer cb = allocate_cache(alloc, in.range(1, 4), in.range(1, 5), Device::cpu(), 1.0f, narrow ? 320 : 576);
@@ -63,8 +63,7 @@ double act_at(const TensorView& t, int64_t r, int64_t c) { return num::load(t.pt
 // Largest expected error of a decoded value for `want` in a row of format f (scale: the per-tensor
 // scale or the row's tile scale).
 double tolerance(CacheFormat f, bool quantised, double want, double scale) {
-  if (!quantised) return std::fabs(want) * std::ldexp(1.0, -8);  // bf16 rounding
-  static_cast<void>(f);
+  if (!quantised) return f == CacheFormat::f64 ? 0.0 : std::fabs(want) * std::ldexp(1.0, -8);  // exact / bf16 rounding
   return std::fabs(want) * std::ldexp(1.0, -4) + std::fabs(scale) * std::ldexp(1.0, -9) + 1e-30;
 }
 

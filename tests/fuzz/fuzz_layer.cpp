@@ -38,7 +38,7 @@ const MlaAttention& layer_for(const StepData& d) {
 
 Scenario scenario(Input& in) {
   Scenario sc;
-  sc.format = static_cast<CacheFormat>(in.byte() % 3);
+  sc.format = static_cast<CacheFormat>(in.byte() % kNumCacheFormats);
   sc.sparse = in.flag();
   sc.h = 2;
   sc.P = sc.V = 16;

@@ -86,7 +86,7 @@ std::string sweep_name(const ::testing::TestParamInfo<SweepParam>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, DecodeGpuSweep,
-                         ::testing::Combine(::testing::ValuesIn(test::kAllFormats), ::testing::Values(1, 16, 64),
+                         ::testing::Combine(::testing::ValuesIn(test::kDeviceFormats), ::testing::Values(1, 16, 64),
                                             ::testing::Values(1, 8, 16, 32, 64, 128), ::testing::Values(1, 2, 4),
                                             ::testing::ValuesIn(test::variants_of("mqa_decode"))),
                          sweep_name);
@@ -95,7 +95,7 @@ INSTANTIATE_TEST_SUITE_P(All, DecodeGpuSweep,
 // panel for pages >= 64, 64 / page boxes below) with s_q = 8 (causal limits differ per query row), a head
 // count that is not a multiple of 8 (24 rows: the swapped kernel), 16 and 128 heads (64-row tiles).
 INSTANTIATE_TEST_SUITE_P(Pages, DecodeGpuSweep,
-                         ::testing::Combine(::testing::ValuesIn(test::kAllFormats),
+                         ::testing::Combine(::testing::ValuesIn(test::kDeviceFormats),
                                             ::testing::Values(1, 16, 32, 64, 128, 256), ::testing::Values(3, 16, 128),
                                             ::testing::Values(8), ::testing::ValuesIn(test::variants_of("mqa_decode"))),
                          sweep_name);
@@ -143,7 +143,7 @@ TEST(DecodeGpu, LongContextManySplits) {
   MLA_SKIP_WITHOUT_GPU();
   test::reseed(11);
   const std::vector<int32_t> lens = {4096, 3001};
-  for (CacheFormat f : test::kAllFormats) {
+  for (CacheFormat f : test::kDeviceFormats) {
     PagedBatch pb = test::paged_batch(f, 64, lens, 65);
     Tensor q = test::random_tensor({2, 1, 16, 576}, DType::bf16, Device::cpu(), -4.0, 4.0);
     DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true);
@@ -158,7 +158,7 @@ TEST(DecodeGpu, F16AndF32Activations) {
   test::reseed(16);
   const std::vector<int32_t> lens = {0, 1, 17, 300, 1500};
   for (DType act : {DType::f16, DType::f32}) {
-    for (CacheFormat f : test::kAllFormats) {
+    for (CacheFormat f : test::kDeviceFormats) {
       PagedBatch pb = test::paged_batch(f, 16, lens, 95);
       Tensor q = test::random_tensor({5, 2, 16, 576}, DType::bf16);
       DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true, true, act);
@@ -218,7 +218,7 @@ TEST(DecodeGpu, NonCausalNarrowValues) {
   MLA_SKIP_WITHOUT_GPU();
   test::reseed(14);
   const std::vector<int32_t> lens = {5, 70, 129, 0};
-  for (CacheFormat f : test::kAllFormats) {
+  for (CacheFormat f : test::kDeviceFormats) {
     PagedBatch pb = test::paged_batch(f, 16, lens, 10);
     Tensor q = test::random_tensor({4, 3, 5, 576}, DType::bf16);
     DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 201, false);
@@ -234,7 +234,7 @@ TEST(DecodeGpu, StridedAndUnalignedViews) {
   test::reseed(15);
   const int64_t b = 3, s_q = 2, h = 6, page = 16, nb = 16, max_blocks = 10, d = 576, dv = 512;
   const std::vector<int32_t> lens = {40, 0, 150};  // 3 + 0 + 10 pages of the 16
-  for (CacheFormat f : test::kAllFormats) {
+  for (CacheFormat f : test::kDeviceFormats) {
     const int64_t entry = cache_entry_elems(f), pad = f == CacheFormat::fp8_ds_mla ? 16 : 5;
     Tensor storage = Tensor::empty({nb, 2, page, entry + pad}, cache_dtype(f));
     std::memset(storage.data(), 0xff, storage.nbytes());

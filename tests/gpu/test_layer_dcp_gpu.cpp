@@ -23,7 +23,7 @@ TEST(LayerDcpGpu, NcclDecodeStepsMatchTheOracle) {
   const int w = std::min(cuda_device_count(), 4);
   if (w < 2) GTEST_SKIP() << "needs 2 or more GPUs (nvidia-h200-x2 / x4)";
   if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";
-  for (CacheFormat f : test::kAllFormats)
+  for (CacheFormat f : test::kDeviceFormats)
     for (Scenario sc : test::dcp_layer::scenarios(f)) {
       SCOPED_TRACE(::testing::Message() << to_string(f) << " W " << w << " pad " << sc.pad_tokens);
       sc.h = 16;  // 4 .. 8 heads per rank

@@ -138,7 +138,7 @@ TEST_P(SparseGpuSweep, MatchesFloat64Oracle) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, SparseGpuSweep,
-                         ::testing::Combine(::testing::ValuesIn(test::kAllFormats), ::testing::Values(1, 16, 64),
+                         ::testing::Combine(::testing::ValuesIn(test::kDeviceFormats), ::testing::Values(1, 16, 64),
                                             ::testing::Values(1, 3, 8, 16, 24, 32, 64, 100, 128),
                                             ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
                          [](const ::testing::TestParamInfo<SweepParam>& info) {
@@ -211,7 +211,7 @@ TEST(SparseGpu, F16AndF32Activations) {
   MLA_SKIP_WITHOUT_GPU();
   test::reseed(310);
   for (DType act : {DType::f16, DType::f32}) {
-    for (CacheFormat f : test::kAllFormats) {
+    for (CacheFormat f : test::kDeviceFormats) {
       const int64_t t = 5, topk = 100, page = 16, nb = 25;
       const SparseCache c = sparse_cache(f, nb, page);
       const Indices ix = make_indices(c, t, topk, nb * page);

@@ -26,6 +26,12 @@ inline constexpr CacheFormat kAllFormats[] = {
     MLA_CACHE_FORMATS(MLA_X)
 #undef MLA_X
 };
+// The formats CUDA serves (GPU sweeps); the host-only ones (f64) are refused there.
+inline constexpr CacheFormat kDeviceFormats[] = {
+#define MLA_X(name, value) CacheFormat::name,
+    MLA_DEVICE_CACHE_FORMATS(MLA_X)
+#undef MLA_X
+};
 
 // Every byte 0xff: NaN in each format (bf16 0xffff, e4m3 0xff, fp32 scales 0xffffffff).
 inline void poison_row(const KVCache& c, int64_t slot) {
@@ -41,7 +47,7 @@ inline uint8_t random_e4m3_code() {
   return static_cast<uint8_t>(b);
 }
 
-// Random finite values in row `slot`, for any format (its traits): bf16 values in [-1, 1]; e4m3 codes
+// Random finite values in row `slot`, for any format (its traits): bf16 / f64 values in [-1, 1]; e4m3 codes
 // of any finite magnitude (values up to 448 * scale); per-tile scales in [1e-3, 4e-3]. Drawn in row
 // byte order (latent, scales, rope).
 inline void randomize_row(const KVCache& c, int64_t slot) {
@@ -53,6 +59,7 @@ inline void randomize_row(const KVCache& c, int64_t slot) {
     auto fill = [&](uint8_t* q, DType dt, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         if (dt == DType::bf16) num::store(q + 2 * i, DType::bf16, u(rng()));
+        else if (dt == DType::f64) num::store(q + 8 * i, DType::f64, u(rng()));
         else q[i] = random_e4m3_code();
       }
     };

@@ -60,7 +60,8 @@ inline std::string untouched_except(const PatternCache& p, const std::set<int64_
   return "";
 }
 
-// Row `slot` decoded from its bytes per §3: bf16 bits; e4m3 * scale; e4m3 * tile scale | bf16 rope.
+// Row `slot` decoded from its bytes per §3: bf16 bits; e4m3 * scale; e4m3 * tile scale | bf16 rope;
+// float64 values (f64).
 inline std::vector<double> decode_row(const KVCache& c, int64_t slot) {
   const uint8_t* p = row_ptr(c, slot);
   std::vector<double> v(static_cast<std::size_t>(c.d_qk));
@@ -83,6 +84,9 @@ inline std::vector<double> decode_row(const KVCache& c, int64_t slot) {
           std::memcpy(&h, p + 528 + 2 * (i - 512), 2);
           v[i] = num::bf16_to_float(h);
         }
+        break;
+      case CacheFormat::f64:
+        std::memcpy(&v[i], p + 8 * i, 8);
         break;
     }
   }

@@ -300,6 +300,7 @@ inline std::vector<double> decode_row(const KVCache& c, int64_t slot) {
           v[i] = num::load(p + 528 + 2 * (i - kL), DType::bf16);
         }
         break;
+      case CacheFormat::f64: std::memcpy(&v[i], p + 8 * i, 8); break;
     }
   }
   return v;

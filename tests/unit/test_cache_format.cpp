@@ -25,6 +25,7 @@ using test::error_of;
 using Bf16 = CacheFormatTraits<CacheFormat::bf16>;
 using Fp8 = CacheFormatTraits<CacheFormat::fp8>;
 using DsMla = CacheFormatTraits<CacheFormat::fp8_ds_mla>;
+using F64 = CacheFormatTraits<CacheFormat::f64>;
 
 // The layouts of DESIGN.md §4, spelled out once here as the independent statement the traits must meet.
 static_assert(Bf16::entry_bytes(576, 64) == 1152 && Bf16::entry_bytes(320, 64) == 640 && Bf16::rope_offset(512) == 1024);
@@ -32,11 +33,13 @@ static_assert(Fp8::entry_bytes(576, 64) == 576 && Fp8::rope_offset(512) == 512 &
 static_assert(DsMla::scale_offset(512) == 512 && DsMla::rope_offset(512) == 528 && DsMla::entry_bytes(576, 64) == 656);
 static_assert(DsMla::num_tiles(512) == 4 && !DsMla::rope_scaled() && !DsMla::uniform());
 static_assert(DsMla::admits(576, 64) && !DsMla::admits(320, 64) && Bf16::admits(320, 64) && !Bf16::admits(64, 64));
+static_assert(F64::entry_bytes(576, 64) == 4608 && F64::entry_elems(576, 64) == 576 && F64::rope_offset(512) == 4096);
+static_assert(F64::uniform() && !F64::rope_scaled() && F64::admits(320, 64) && !F64::kDevice && Bf16::kDevice);
 
 constexpr CacheFormat kBad = static_cast<CacheFormat>(9);
 
 TEST(CacheFormat, TableMatchesTraitsAndDispatch) {
-  ASSERT_EQ(kNumCacheFormats, 3);
+  ASSERT_EQ(kNumCacheFormats, 4);
   for (const CacheFormatInfo& i : kCacheFormatTable) {
     EXPECT_EQ(&cache_format_info(i.format), &i);
     EXPECT_EQ(cache_format_from_string(i.name), i.format);
@@ -51,6 +54,8 @@ TEST(CacheFormat, TableMatchesTraitsAndDispatch) {
   }
   EXPECT_EQ(cache_format_from_string("auto"), CacheFormat::bf16);
   EXPECT_EQ(cache_format_from_string("fp8_e4m3"), CacheFormat::fp8);
+  EXPECT_EQ(cache_format_from_string("float64"), CacheFormat::f64);
+  EXPECT_EQ(device_cache_format_names(), "bf16, fp8, fp8_ds_mla");
   EXPECT_THROW(cache_format_from_string("fp4"), Error);
   // ds_mla's named constants are the traits' values.
   EXPECT_EQ(ds_mla::kRopeOffset, 528);
@@ -163,3 +168,64 @@ TEST(CacheFormat, DsMlaRowsAtOddBytes) {
 
 }  // namespace
 }  // namespace mla::test
+
+namespace mla {
+namespace {
+
+// f64, the float64 oracle's cache: CPU only. CUDA entry points refuse it naming the formats they take;
+// the device dispatch and the device-side visitor never instantiate a kernel for it.
+TEST(CacheFormat, F64IsHostOnly) {
+  const std::string takes = "bf16, fp8, fp8_ds_mla";
+  std::string e = error_of([] { dispatch_device_cache_format(CacheFormat::f64, [](auto) { return 0; }); });
+  EXPECT_NE(e.find("CPU-only"), std::string::npos) << e;
+  EXPECT_NE(e.find(takes), std::string::npos) << e;
+  int calls = 0;
+  visit_cache_format(CacheFormat::f64, [&](auto) { ++calls; });
+  EXPECT_EQ(calls, 0);
+  dispatch_device_cache_format(CacheFormat::fp8, [&](auto fmt) { EXPECT_EQ(decltype(fmt)::kFormat, CacheFormat::fp8); });
+
+  e = error_of([] { allocate_cache(CacheFormat::f64, 1, 4, Device::cuda(0)); });
+  EXPECT_NE(e.find("CPU-only"), std::string::npos) << e;
+  EXPECT_NE(e.find(takes), std::string::npos) << e;
+  CacheBuffer cb = allocate_cache(CacheFormat::f64, 2, 4, Device::cpu(), 1.0f, 320, 64);
+  EXPECT_EQ(cb.storage.dtype(), DType::f64);
+  KVCache on_gpu = cb.cache;
+  on_gpu.data = test::on_fake_cuda(on_gpu.data);
+  e = error_of([&] { validate_cache(on_gpu, "op"); });
+  EXPECT_NE(e.find("op: the f64 cache format is CPU-only"), std::string::npos) << e;
+  EXPECT_NE(e.find(takes), std::string::npos) << e;
+
+  LayerOptions o;
+  o.dims = ModelDims::deepseek_v2_lite();
+  o.dims.num_heads = 2;
+  o.cache_format = CacheFormat::f64;
+  o.device = Device::cuda(0);
+  Tensor w = test::random_tensor({2 * (128 + 128), 512}, DType::bf16);
+  e = error_of([&] { MlaAttention layer(o, w); });
+  EXPECT_NE(e.find("CPU-only"), std::string::npos) << e;
+  EXPECT_NE(e.find(takes), std::string::npos) << e;
+}
+
+// f64 rows hold every input dtype exactly: write then gather gives the inputs back bit for bit.
+TEST(CacheFormat, F64StoresInputsExactly) {
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    CacheBuffer cb = allocate_cache(CacheFormat::f64, 2, 4, Device::cpu());
+    std::memset(cb.storage.data(), 0xff, cb.storage.nbytes());
+    Tensor kv_c = test::random_tensor({3, 512}, dt), k_pe = test::random_tensor({3, 64}, dt);
+    write_cache(kv_c, k_pe, test::int64_tensor({5, -1, 2}), cb.cache);
+    Tensor dst = test::poisoned({2, 576}, DType::f64);
+    gather_cache(cb.cache, dst, test::int_tensor_2d({{0, 1}}), test::int_tensor({0, 2}), test::int_tensor({5}));
+    // dst row 0 = slot 5 = token 0, dst row 1 = slot 6 (never written: NaN).
+    const std::vector<double> kv = test::to_doubles(kv_c), pe = test::to_doubles(k_pe), got = test::to_doubles(dst);
+    for (int i = 0; i < 576; ++i) {
+      const double want = i < 512 ? kv[i] : pe[i - 512];
+      ASSERT_EQ(got[i], want) << to_string(dt) << " column " << i;
+      ASSERT_TRUE(std::isnan(got[576 + i]));
+    }
+    const std::vector<double> row2 = test::decode_row(cb.cache, 2);
+    for (int i = 0; i < 576; ++i) ASSERT_EQ(row2[i], i < 512 ? kv[2 * 512 + i] : pe[2 * 64 + i - 512]);
+  }
+}
+
+}  // namespace
+}  // namespace mla

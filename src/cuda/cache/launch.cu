@@ -59,7 +59,7 @@ void launch_gather(const KVCache& c, const TensorView& dst, const cache::GatherP
     else launch(cache::raw_gather_kernel<false, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
     return;
   }
-  dispatch_cache_format(c.format, [&](auto fmt) {
+  dispatch_device_cache_format(c.format, [&](auto fmt) {
     dispatch_activation(dst.dtype, what, [&](auto act) {
       using Fmt = decltype(fmt);
       using Dst = decltype(act);
@@ -76,7 +76,7 @@ void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorVie
   DeviceGuard guard(cache.data.device);
   const cache::WritePlan w = cache::plan_write(kv_c, k_pe, slot_mapping, cache, ds_scale);
   if (w.p.num_tokens == 0) return;
-  dispatch_cache_format(cache.format, [&](auto fmt) { launch_write<decltype(fmt)>(w, ctx); });
+  dispatch_device_cache_format(cache.format, [&](auto fmt) { launch_write<decltype(fmt)>(w, ctx); });
 }
 
 void gather_cache(const KVCache& cache, const TensorView& dst, const TensorView& block_table,

@@ -65,7 +65,7 @@ inline WritePlan plan_write(const TensorView& kv_c, const TensorView& k_pe, cons
   // bf16 inputs are read in 16-byte chunks of 8 values; the cache is written in 16-byte (bf16,
   // ds_mla) or 8-byte (fp8) pieces.
   const bool in_vec = multiple(p.latent, 8) && multiple(p.rope, 8) && rows_aligned(kv_c, 16) && rows_aligned(k_pe, 16);
-  dispatch_cache_format(cache.format, [&](auto fmt) {
+  dispatch_device_cache_format(cache.format, [&](auto fmt) {
     using Fmt = decltype(fmt);
     // Uniform formats are written in 8-value chunks (16 bytes bf16, 8 bytes e4m3); the tiled writer
     // stores 16-byte pieces.
@@ -114,7 +114,7 @@ inline GatherPlan plan_gather_values(const KVCache& c, const TensorView& dst, co
   p.cache = c.data.data;
   p.dst = dst.data;
   const int64_t d = dst.size(1);
-  dispatch_cache_format(c.format, [&](auto fmt) {
+  dispatch_device_cache_format(c.format, [&](auto fmt) {
     using Fmt = decltype(fmt);
     p.scale = Fmt::kScale == CacheScale::per_tensor ? c.scale : 1.0f;
     if constexpr (Fmt::uniform() && Fmt::kScale == CacheScale::none) {

@@ -30,7 +30,7 @@ inline MqaCacheParams make_cache_params(const KVCache& c) {
   p.num_blocks = c.num_blocks();
   p.page_size = c.page_size();
   p.format = c.format;
-  dispatch_cache_format(c.format, [&](auto fmt) {
+  dispatch_device_cache_format(c.format, [&](auto fmt) {
     using Fmt = decltype(fmt);
     p.direct = direct_format<Fmt>() ? 1 : 0;
     p.row_bytes = static_cast<int32_t>(Fmt::entry_bytes(c.d_qk, c.d_rope));

@@ -22,7 +22,7 @@ constexpr int staged_row_bytes(int max_dqk) {
     const int64_t b = CacheFormatTraits<CacheFormat::name>::entry_bytes(max_dqk, 64);               \
     m = b > m ? b : m;                                                                              \
   }
-  MLA_CACHE_FORMATS(MLA_X)
+  MLA_DEVICE_CACHE_FORMATS(MLA_X)
 #undef MLA_X
   return static_cast<int>((m + 15) / 16 * 16);
 }
