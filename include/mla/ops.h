@@ -115,7 +115,9 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
 //   out         [b, s_q, h_q, d_v]   d_v <= d_latent: values are the first d_v columns of each row
 //   lse         [b, s_q, h_q] fp32 optional
 //   causal: query i of s_q (position seq_len - s_q + i) sees keys [0, seq_len - s_q + i]; else all keys.
-//   workspace: device scratch of at least mqa_decode_workspace_bytes(...) bytes (optional; CPU needs none).
+//   workspace: device scratch (CPU needs none). Required on CUDA: the split-KV partials of num_splits
+//               (0 bytes for one split); mqa_decode_workspace_bytes(...) bytes also let the sm90 kernel run
+//               its balanced (request, key-block) schedule, which it does only when the workspace holds it.
 //   num_splits: KV ranges per request on CUDA (split-KV, merged by a combine kernel). 0 = the planner's
 //               policy decode_num_splits(b, s_q, h_q, max_blocks * page_size, multiprocessor_count(device))
 //               (mla/plan.h); a step plan passes the split of its decode schedule. The CPU backend
@@ -124,8 +126,9 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
                 bool causal = true, const TensorView& workspace = {}, const Context& ctx = {}, int num_splits = 0);
-// Scratch bytes mqa_decode needs for split-KV partials with these sizes and num_splits (0 = the same
-// default as mqa_decode's; 0 bytes on the CPU and for one split).
+// Scratch bytes to give mqa_decode for these sizes and num_splits (0 = the same default as mqa_decode's):
+// the larger of the split-KV partials and, on sm90 for <= 32 query rows, the balanced schedule's partials
+// (0 bytes on the CPU; a one-split call may be given less, down to none: see workspace above).
 std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, Device device,
                                        int num_splits = 0);
 // Streaming multiprocessors of a CUDA device (cached after the first query; 0 for the CPU): pass it

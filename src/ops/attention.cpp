@@ -55,6 +55,18 @@ int multiprocessor_count(Device device) {
 #endif
 }
 
+namespace {
+// Bytes of the split-KV partials of num_splits (>= 1) splits: what a CUDA mqa_decode call must be given.
+std::size_t decode_split_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int num_splits) {
+#if MLA_WITH_CUDA
+  return cuda::decode_workspace_bytes(b, s_q, h_q, std::min(num_splits, kDecodeMaxSplits));
+#else
+  (void)b, (void)s_q, (void)h_q, (void)num_splits;
+  throw Error("mqa_decode: a CUDA device given, but this build of mla has no CUDA backend");
+#endif
+}
+}  // namespace
+
 std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, Device device,
                                        int num_splits) {
   MLA_CHECK(b >= 0 && s_q >= 1 && h_q >= 1 && max_seq_len >= 0 && num_splits >= 0,
@@ -65,7 +77,7 @@ std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int6
 #if MLA_WITH_CUDA
   const int sms = multiprocessor_count(device);
   if (num_splits == 0) num_splits = decode_num_splits(b, s_q, h_q, max_seq_len, sms);
-  const std::size_t uniform = cuda::decode_workspace_bytes(b, s_q, h_q, std::min(num_splits, kDecodeMaxSplits));
+  const std::size_t uniform = decode_split_workspace_bytes(b, s_q, h_q, num_splits);
   // The sm90 kernel's balanced schedule (<= 32 query rows, smaller batches) takes (b + SMs) partials.
   const int ctas = max_seq_len > 0 ? balance::ctas_for(b, s_q * h_q, sms) : 0;
   return std::max(uniform, ctas > 0 ? static_cast<std::size_t>(balance::workspace_bytes(b, s_q * h_q, ctas)) : 0);
@@ -108,13 +120,16 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
       detail::check_block_ids(block_table, r, 0, index_at(seq_lens, r), page, cache.num_blocks(), op);
   } else {
     if (num_splits == 0) num_splits = decode_num_splits(b, s_q, h_q, max_len, multiprocessor_count(dev));
-    const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h_q, max_len, dev, num_splits);
+    // Required: the split-KV partials of num_splits (0 bytes for one split). mqa_decode_workspace_bytes
+    // may ask for more: the balanced schedule's partials, which the sm90 kernel uses only when the
+    // workspace holds them (a smaller workspace runs the split schedule: same contract, other speed).
+    const std::size_t need = decode_split_workspace_bytes(b, s_q, h_q, num_splits);
     const std::size_t have =
         workspace.defined() ? static_cast<std::size_t>(workspace.numel()) * workspace.element_size() : 0;
     MLA_CHECK(have >= need,
-              "{}: needs a workspace of at least {} bytes (mqa_decode_workspace_bytes with max_seq_len = "
-              "max_blocks * page_size = {} and {} splits), got {}",
-              op, need, max_len, num_splits, workspace.defined() ? workspace.describe() : std::string("none"));
+              "{}: needs a workspace of at least {} bytes for {} KV splits (mqa_decode_workspace_bytes with "
+              "max_seq_len = max_blocks * page_size = {} gives a size that also enables the balanced schedule), got {}",
+              op, need, num_splits, max_len, workspace.defined() ? workspace.describe() : std::string("none"));
     if (workspace.defined()) {
       MLA_CHECK(workspace.is_contiguous(), "{}: workspace must be contiguous, got {}", op, workspace.describe());
     }

@@ -212,6 +212,21 @@ TEST(DecodeGpu, LargeBatchNeedsNoWorkspace) {
   test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, "large batch");
 }
 
+// A one-split call needs no workspace even where mqa_decode_workspace_bytes asks for the balanced
+// schedule's partials (small batch, <= 32 query rows): without one the sm90 kernel runs the split
+// schedule with one split; the result is the same within the rule (the Python op passes none).
+TEST(DecodeGpu, OneSplitRunsWithoutTheBalancedWorkspace) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(29);
+  const std::vector<int32_t> lens = {100, 128, 0, 64};  // <= 256 keys: the default policy's one split
+  const int64_t b = static_cast<int64_t>(lens.size()), h = 16, s_q = 2, page = 64, max_blocks = 2;
+  EXPECT_GT(mqa_decode_workspace_bytes(b, s_q, h, max_blocks * page, Device::cuda(0)), 0u);
+  PagedBatch pb = test::paged_batch(CacheFormat::bf16, page, lens, max_blocks);
+  Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16);
+  DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true, false);
+  test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, "one split, no workspace");
+}
+
 // Non-causal multi-token queries see the whole context; d_v < 512 (a partial 128-column tile) keeps the
 // first columns; a head count that is not a multiple of anything.
 TEST(DecodeGpu, NonCausalNarrowValues) {
