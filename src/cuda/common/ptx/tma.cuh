@@ -126,5 +126,9 @@ __device__ __forceinline__ void tma_prefetch_l2_3d(const void* tmap, int32_t c0,
 __device__ __forceinline__ void bulk_prefetch_l2(const void* gmem, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(detail::gaddr(gmem)), "r"(bytes) : "memory");
 }
+// The cache line holding `gmem` (any alignment; no register result, so nothing waits for it).
+__device__ __forceinline__ void prefetch_l2(const void* gmem) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(detail::gaddr(gmem)) : "memory");
+}
 
 }  // namespace mla::cuda::ptx
