@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "cuda/common/launch.h"
@@ -15,9 +14,6 @@
 #include "cuda/decode_sm90/variant.h"
 
 namespace mla::cuda::decode_sm90 {
-
-// launch_sparse_ab.cu (A/B only): the same launch with another gather mapping (mode 1..4).
-void run_sparse_ab(const DecodeSm90Params& p, int mode, bool bf16, unsigned grid, cudaStream_t stream, const char* what);
 
 const char* supports_sparse(const dispatch::SparseArgs& a) {
   const KVCache& c = a.kv;
@@ -67,21 +63,6 @@ void run_sparse(const dispatch::SparseArgs& a) {
   std::memset(&unused, 0, sizeof(unused));
   const unsigned grid = grid_for(int64_t{p.m_tiles} * t, 1, "sparse_mqa (sm90)");
   const char* what = "sparse_mqa (sm90)";
-  // A/B (temporary, docs/SPARSE.md "Coalesced gathers"): MLA_SPARSE_SM90_GATHER=lanes | coalesced |
-  // nodequant | nocopy runs the first (lane-per-row) mapping, the coalesced raw stage without the split
-  // fetch, or the two timing diagnostics (wrong results), compiled in launch_sparse_ab.cu.
-  static const int mode = [] {
-    const char* e = std::getenv("MLA_SPARSE_SM90_GATHER");
-    if (e == nullptr) return 0;
-    const char* names[] = {"lanes", "coalesced", "nodequant", "nocopy"};
-    for (int i = 0; i < 4; ++i)
-      if (std::strcmp(e, names[i]) == 0) return i + 1;
-    return 0;
-  }();
-  if (mode != 0) {
-    run_sparse_ab(p, mode, c.format == CacheFormat::bf16, grid, stream, what);
-    return;
-  }
   if (c.format == CacheFormat::bf16) {
     launch_kernel<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, what);
     return;

@@ -120,6 +120,11 @@ __device__ __forceinline__ bool gather_row_offset(const DecodeSm90Params::Gather
   o = (idx / gp.page_size) * gp.stride_block_bytes + (idx % gp.page_size) * gp.stride_row_bytes;
   return true;
 }
+// The same as one value: the row's byte offset, -1 when the key is not valid.
+__device__ __forceinline__ int64_t gather_offset(const DecodeSm90Params::Gather& gp, const Unit& u, int j) {
+  int64_t o = -1;
+  return gather_row_offset(gp, u, j, o) ? o : -1;
+}
 
 // Key j's whole cache row into L2 (one bulk prefetch) when it is valid; nothing otherwise.
 template <CacheFormat F>
@@ -129,18 +134,8 @@ __device__ __forceinline__ void prefetch_gathered_row(const DecodeSm90Params::Ga
     ptx::bulk_prefetch_l2(gp.cache + o, static_cast<uint32_t>(CacheFormatTraits<F>::entry_bytes(576, 64)));
 }
 
-// The same in two steps, so that an index load can be issued an iteration before its value is used
-// (a load's latency only stalls the instruction that reads the register): the raw index of gathered key
-// j (-1 past the token's length; one 4-byte load), then the row's byte offset (-1 when the index is
-// outside [0, num_slots)).
-__device__ __forceinline__ int32_t gather_index(const DecodeSm90Params::Gather& gp, const Unit& u, int j) {
-  return j < u.key_end ? gp.indices[u.g * gp.indices_stride + j] : -1;
-}
-__device__ __forceinline__ int64_t gather_offset(const DecodeSm90Params::Gather& gp, int32_t idx) {
-  if (idx < 0 || idx >= gp.num_slots) return -1;
-  return (idx / gp.page_size) * gp.stride_block_bytes + (idx % gp.page_size) * gp.stride_row_bytes;
-}
-// The index line (32 keys) of key j into L2 when j is in the token's range (lane 0 of a warp; no wait).
+// The index line (32 keys) of key j into L2 when j is in the token's range (lane 0 of a warp; nothing
+// waits for it).
 __device__ __forceinline__ void prefetch_index_line(const DecodeSm90Params::Gather& gp, const Unit& u, int j) {
   if (j < u.key_end) ptx::prefetch_l2(gp.indices + u.g * gp.indices_stride + j);
 }
@@ -158,15 +153,10 @@ __device__ __forceinline__ void copy_row_chunks(const uint8_t* cache, uint8_t* d
   }
 }
 
-// Top-k rows gathered through the token's index row (sparse_mqa). F: bf16 or fp8_ds_mla. kCoalesced (bf16,
-// the default there): each cp.async instruction of a warp covers 64 contiguous bytes of each of 8 rows
-// (8 requests) instead of 32 bytes of 16 rows; false: lane pairs (bf16) or lane rows (fp8_ds_mla; the
-// coalesced fp8_ds_mla loads measured 1.1-1.3x slower in the seesaw kernel: docs/SPARSE.md "Coalesced
-// gathers").
-template <CacheFormat F, bool kCoalesced = F == CacheFormat::bf16>
+// Top-k rows gathered through the token's index row (sparse_mqa). F: bf16 or fp8_ds_mla.
+template <CacheFormat F>
 struct GatherKeys {
   static_assert(F == CacheFormat::bf16 || F == CacheFormat::fp8_ds_mla, "gathered formats: bf16, fp8_ds_mla");
-  static_assert(!kCoalesced || F == CacheFormat::bf16, "coalesced gathers: bf16 rows");
   using Fmt = CacheFormatTraits<F>;
   static constexpr bool kTma = false;
   static constexpr int kWarpsPerStage = 2;
@@ -179,7 +169,7 @@ struct GatherKeys {
   static constexpr int kScaleOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::scale_offset(512)) : 0;
   static constexpr int kRopeOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::rope_offset(512)) : 1024;
   static_assert(F != CacheFormat::fp8_ds_mla || (kScaleOffset == 512 && kRopeOffset == 528), "fp8_ds_mla record");
-  static constexpr int kIndexAhead = 6;  // tiles ahead whose index lines are prefetched into L2
+  static constexpr int kIndexAhead = 6;  // bf16: tiles ahead whose index lines are prefetched into L2
   // Per panel every lane of both warps arrives once; the mask barrier also gets one plain arrival per
   // warp (lane 0, after publishing its half of the mask: a release the cp.async arrivals do not give).
   __host__ __device__ static constexpr int full_arrivals(int panels, bool mask) {
@@ -187,37 +177,35 @@ struct GatherKeys {
   }
 
   // Warp `part` of a stage owns keys k0 + 32 part .. + 31; lane l reads the index of key 32 part + l.
-  // bf16, coalesced: lane l = 4k + q copies the 32 bytes 32q .. 32q + 31 of each panel row of rows k + 8i
-  //   (i < 4) of the part (the four lanes of a row: its 128 contiguous bytes), zero-filled for invalid keys
-  //   (nothing read); the index line kIndexAhead tiles ahead is prefetched into L2 (the index load of a
-  //   tile is then an L2 hit). Else by lane pairs (lanes 2k, 2k + 1: rows k and k + 16, 64 bytes each).
-  // fp8_ds_mla: lane l = row l, four 16-byte loads of its own row per panel, and the rows of the stage's
-  //   next tile (k0 + 128) prefetched into L2 (one bulk prefetch per row).
+  //   bf16: lane l = 4k + q copies the 32 bytes 32q .. 32q + 31 of each panel row of rows k + 8i (i < 4)
+  //     of the part (the four lanes of a row: its 128 contiguous bytes, so one cp.async instruction makes 8
+  //     requests of 64 bytes; the first mapping, lane pairs with 64 bytes of two rows each, made 16 of 32:
+  //     docs/SPARSE.md "Coalesced gathers"); invalid keys zero-filled by the copy (nothing read). The index
+  //     line kIndexAhead tiles ahead is prefetched into L2, so a tile's index load is an L2 hit.
+  //   fp8_ds_mla: lane l owns its own key row: per latent panel four 16-byte loads (64 codes) in one
+  //     round trip, converted into the row's eight swizzled chunks; the rope panel by eight cp.async. The
+  //     loads are latency-bound (a few in flight per lane), so each tile also prefetches the rows of the
+  //     stage's next tile (k0 + 128) into L2 with one bulk prefetch per row. (Loads spread over four lanes
+  //     per row as for bf16 measured 1.1-1.3x slower here: docs/SPARSE.md "Coalesced gathers".)
   struct Tile {
-    int64_t off[4];      // coalesced: rows k + 8i (-1: not loaded); else bf16 off[0..1] = the two copy rows,
-                         // fp8_ds_mla off[0] = own row
+    int64_t off[4];      // bf16: rows k + 8i (-1: not loaded); fp8_ds_mla: off[0] = own row
     uint32_t mask32;     // loaded keys of the part
     int part, lane;
 
     __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_) : part(part_), lane(lane_) {
       const DecodeSm90Params::Gather& gp = p.gather;
       const int key = k0 + 32 * part + lane;
-      if constexpr (kCoalesced) {
+      if constexpr (F == CacheFormat::bf16) {
         if (lane == 0) prefetch_index_line(gp, u, k0 + kIndexAhead * Traits::kBlockN + 32 * part);
-        const int64_t o = gather_offset(gp, gather_index(gp, u, key));
+        const int64_t o = gather_offset(gp, u, key);
         mask32 = __ballot_sync(0xffffffffu, o >= 0);
 #pragma unroll
         for (int i = 0; i < 4; ++i) off[i] = __shfl_sync(0xffffffffu, o, (lane >> 2) + 8 * i);
       } else {
         int64_t o = 0;
         mask32 = __ballot_sync(0xffffffffu, gather_row_offset(gp, u, key, o));
-        if constexpr (F == CacheFormat::bf16) {
-          off[0] = __shfl_sync(0xffffffffu, o, lane >> 1);
-          off[1] = __shfl_sync(0xffffffffu, o, (lane >> 1) + 16);
-        } else {
-          off[0] = o;
-          prefetch_gathered_row<F>(gp, u, key + 2 * Traits::kBlockN);
-        }
+        off[0] = o;
+        prefetch_gathered_row<F>(gp, u, key + 2 * Traits::kBlockN);
       }
     }
     __device__ void begin(uint64_t* mask_slot, uint64_t* bar) const {
@@ -228,8 +216,8 @@ struct GatherKeys {
     }
     __device__ void announce(const DecodeSm90Params&, uint64_t*, int) const {}
 
-    // Coalesced cp.async of the chunks 2q, 2q + 1 of this lane's four rows of the panel at dp, from the
-    // row bytes at src_off (+ 32 q); zero-filled for rows not loaded (bf16: src_off = 128 c).
+    // bf16: cp.async of the chunks 2q, 2q + 1 of this lane's four rows of the panel at dp, from the row
+    // bytes at src_off (+ 32 q); zero-filled for rows not loaded.
     __device__ void copy_rows(const uint8_t* cache, uint8_t* dp, int src_off) const {
       const int k = lane >> 2, q = lane & 3;
 #pragma unroll
@@ -245,16 +233,8 @@ struct GatherKeys {
     __device__ void panel(const DecodeSm90Params& p, const CUtensorMap*, uint8_t* dst, uint64_t* bar, int c) const {
       const uint8_t* cache = p.gather.cache;
       uint8_t* dp = dst + c * Traits::kPanelBytes;
-      if constexpr (kCoalesced) {
+      if constexpr (F == CacheFormat::bf16) {
         copy_rows(cache, dp, c * 128);
-        ptx::cp_async_arrive_mbarrier(bar);
-      } else if constexpr (F == CacheFormat::bf16) {  // 64 bytes of each of this lane's two rows
-        const int sub = lane & 1;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int k = (lane >> 1) + 16 * h;
-          copy_row_chunks<4>(cache, dp, 32 * part + k, (mask32 >> k) & 1, off[h] + c * 128 + 64 * sub, 4 * sub);
-        }
         ptx::cp_async_arrive_mbarrier(bar);
       } else {
         const int r = 32 * part + lane;

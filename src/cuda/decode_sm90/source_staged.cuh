@@ -43,13 +43,7 @@ namespace mla::cuda::decode_sm90 {
 template <class S>
 concept StagedSource = S::kStaged;
 
-// Producer modes (A/B; docs/SPARSE.md "Coalesced gathers"): kLaneRows the first producer (lane l copies and
-// converts its own row); kCoalesced / kSplit the coalesced copies, kSplit issuing the next tile's first code
-// half between the two conversion halves; kNoDequant / kNoCopy timing diagnostics only (wrong results:
-// the conversion, or the raw copies, left out).
-enum class StageMode { kLaneRows, kCoalesced, kSplit, kNoDequant, kNoCopy };
-
-template <bool kRopeRaw, StageMode kMode = StageMode::kSplit>
+template <bool kRopeRaw>
 struct StagedDsMlaKeys {
   using Fmt = CacheFormatTraits<CacheFormat::fp8_ds_mla>;
   static constexpr bool kTma = false;
@@ -74,162 +68,6 @@ struct StagedDsMlaKeys {
   // kOffK; kOffExtra: this source's kExtraBytes).
   template <class L>
   __device__ static void produce(const DecodeSm90Params& p, const Unit& u, uint8_t* smem, int warp, int lane) {
-    if constexpr (kMode != StageMode::kLaneRows) {
-      if (warp & 1) produce_coalesced<L, 1>(p, u, smem, warp, lane);
-      else produce_coalesced<L, 0>(p, u, smem, warp, lane);
-    } else {
-      produce_lane_rows<L>(p, u, smem, warp, lane);
-    }
-  }
-
-  // The coalesced producer (docs/SPARSE.md "Coalesced gathers"): the same raw rows, stage and barriers as
-  // produce_lane_rows, but
-  //   - the raw copies of the warp's 32 rows are spread over the lanes by position (fetch below): one
-  //     cp.async instruction covers 256 contiguous bytes of each of two rows (a few full-line requests)
-  //     instead of 16 bytes of 32 rows (32 requests); the row offsets come by shuffles from the lane that
-  //     owns the row. The raw row a
-  //     lane converts was copied by other lanes of its warp: cp.async.wait_group then __syncwarp hands it
-  //     over (and a __syncwarp after the conversion, before the next copies overwrite it);
-  //   - no load's value is used in the iteration that issues it: the indices of tile t + 2 (next copies)
-  //     and t + kPrefetch + 1 (L2 row prefetch) are loaded in iteration t and read in iteration t + 1, and
-  //     the index lines kIndexAhead tiles ahead are prefetched into L2 (prefetch.global.L2);
-  //   - N 32 (rope by cp.async from global): four lanes per row, 64 contiguous bytes each.
-  static constexpr int kIndexAhead = 8;
-  template <class L, int kHalf>
-  __device__ static void produce_coalesced(const DecodeSm90Params& p, const Unit& u, uint8_t* smem, int warp,
-                                           int lane) {
-    using T = Traits;
-    static_assert(L::kStages == 2, "stage t % 2 feeds consumer t % 2");
-    constexpr int kRowBytes = row_bytes(kHalf);
-    const DecodeSm90Params::Gather& gp = p.gather;
-    const int part = warp >> 1, r = 32 * part + lane;
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
-    uint64_t* empty = full + L::kStages;
-    uint32_t* mask = reinterpret_cast<uint32_t*>(smem + L::kOffMask);  // [stage][part]
-    uint8_t* slot = smem + L::kOffExtra + slot_offset(warp);
-    const uint8_t* raw = slot + lane * kRowBytes;  // the raw row this lane converts
-
-    // The copies of the warp's 32 rows of a tile (o: this lane's row's record offset, -1 when not loaded),
-    // in two parts of one commit group: (a) code bytes 0..127 of the half, (b) code bytes 128..255, the 16
-    // scale bytes and, half 1 with kRopeRaw, the 128 rope bytes. Codes and rope by 8 lanes per row (four
-    // rows per instruction, 128 contiguous bytes each), the scales one row per lane. Row offsets by
-    // shuffles; every address a base plus an immediate (nothing per copy kept live).
-    const int r8 = lane >> 3, c8 = lane & 7;
-    auto copy_codes = [&](int64_t o, int first) {  // 16-byte chunks first .. first + 7 of the half's codes
-      if constexpr (kMode == StageMode::kNoCopy) return;
-#pragma unroll 1
-      for (int i = 0; i < 8; ++i) {
-        const int64_t src = __shfl_sync(0xffffffffu, o, 4 * i + r8);
-        if (src >= 0)
-          ptx::cp_async_16(slot + (4 * i + r8) * kRowBytes + 16 * (first + c8), gp.cache + src + 256 * kHalf + 16 * (first + c8));
-      }
-    };
-    auto fetch_b = [&](int64_t o) {
-      if constexpr (kMode != StageMode::kNoCopy) {
-        copy_codes(o, 8);
-        if (o >= 0) ptx::cp_async_16(slot + lane * kRowBytes + 256, gp.cache + o + kScaleOffset);  // scales: own row
-        if constexpr (kRopeRaw && kHalf == 1) {
-#pragma unroll 2
-          for (int i = 0; i < 8; ++i) {  // rope: rows 4i + r8, chunk c8
-            const int64_t src = __shfl_sync(0xffffffffu, o, 4 * i + r8);
-            if (src >= 0) ptx::cp_async_16(slot + (4 * i + r8) * kRowBytes + 272 + 16 * c8, gp.cache + src + kRopeOffset + 16 * c8);
-          }
-        }
-      }
-      ptx::cp_async_commit();
-    };
-    auto fetch = [&](int64_t o) {
-      copy_codes(o, 0);
-      fetch_b(o);
-    };
-    auto prefetch_row = [&](int32_t idx) {
-      const int64_t o = gather_offset(gp, idx);
-      if (o >= 0) ptx::bulk_prefetch_l2(gp.cache + o, static_cast<uint32_t>(Fmt::entry_bytes(576, 64)));
-    };
-
-    const int key0 = u.key_begin + r;
-    int64_t off = gather_offset(gp, gather_index(gp, u, key0));  // tile 0
-    fetch(off);
-    if (kHalf == 0) {
-      if (lane == 0)
-        for (int t = 1; t <= kIndexAhead; ++t) prefetch_index_line(gp, u, u.key_begin + t * T::kBlockN + 32 * part);
-      for (int t = 1; t < kPrefetch; ++t) prefetch_row(gather_index(gp, u, key0 + t * T::kBlockN));
-    }
-    int32_t idx_next = gather_index(gp, u, key0 + T::kBlockN);                                  // tile 1
-    int32_t idx_pf = kHalf == 0 ? gather_index(gp, u, key0 + kPrefetch * T::kBlockN) : -1;  // tile kPrefetch
-    for (int it = 0; it < u.n_tiles; ++it) {
-      const int stage = it & 1, kt = key0 + it * T::kBlockN;  // this lane's key of tile it
-      const int64_t off_next = gather_offset(gp, idx_next);  // tile it + 1 (index loaded an iteration ago)
-      idx_next = gather_index(gp, u, kt + 2 * T::kBlockN);
-      if (kHalf == 0) {
-        prefetch_row(idx_pf);  // tile it + kPrefetch
-        idx_pf = gather_index(gp, u, kt + (kPrefetch + 1) * T::kBlockN);
-        if (lane == 0) prefetch_index_line(gp, u, kt - lane + (kIndexAhead + 1) * T::kBlockN);
-      }
-      const bool ok = off >= 0;
-      ptx::cp_async_wait<0>();
-      __syncwarp();  // the warp's copies of tile it landed: every lane's raw row is complete
-      ptx::mbar_wait(&empty[stage], ((it >> 1) & 1) ^ 1);
-      uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
-      uint8_t* rope = dst + (T::kPanels - 1) * T::kPanelBytes;
-      if (kHalf == 0) {
-        const uint32_t m = __ballot_sync(0xffffffffu, ok);
-        if (lane == 0) {
-          mask[2 * stage + part] = m;
-          ptx::mbar_arrive(&full[stage]);  // releases the mask
-        }
-      }
-      if constexpr (!kRopeRaw) {  // chunks 4 kHalf + q of rows 8i + lane / 4: 64 contiguous bytes per row
-        const int k = lane >> 2, q = lane & 3;
-#pragma unroll 1
-        for (int i = 0; i < 4; ++i) {
-          const int64_t o = __shfl_sync(0xffffffffu, off, k + 8 * i);
-          const int ch = 4 * kHalf + q;
-          ptx::cp_async_16_zfill(rope + swz(32 * part + k + 8 * i, ch), o >= 0 ? gp.cache + o + kRopeOffset + 16 * ch : gp.cache,
-                                 o >= 0 ? 16u : 0u);
-        }
-        ptx::cp_async_arrive_mbarrier(&full[stage]);
-      }
-      const bool more = it + 1 < u.n_tiles;
-#pragma unroll 1
-      for (int j = 0; j < 4; j += 2) {  // latent panels 4 kHalf + j, + 1 (one tile scale)
-        if constexpr (kMode != StageMode::kNoDequant) {
-          uint4 v[8];
-          float scale = 0.0f;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) v[i] = ok ? *reinterpret_cast<const uint4*>(raw + 64 * j + 16 * i) : make_uint4(0, 0, 0, 0);
-          if (ok) scale = *reinterpret_cast<const float*>(raw + 256 + 4 * (2 * kHalf + j / 2));
-          uint8_t* dp = dst + (4 * kHalf + j) * T::kPanelBytes;
-          GatherKeys<CacheFormat::fp8_ds_mla>::Tile::store_codes(dp, r, v, scale);
-          GatherKeys<CacheFormat::fp8_ds_mla>::Tile::store_codes(dp + T::kPanelBytes, r, v + 4, scale);
-        }
-        if (kMode != StageMode::kCoalesced && j == 0 && more) {  // code bytes 0..127 are read: copy the next tile's
-          __syncwarp();
-          copy_codes(off_next, 0);
-        }
-      }
-      if constexpr (kRopeRaw) {
-        if (kHalf == 1) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            *reinterpret_cast<uint4*>(rope + swz(r, i)) =
-                ok ? *reinterpret_cast<const uint4*>(raw + 272 + 16 * i) : make_uint4(0, 0, 0, 0);
-        }
-      }
-      ptx::fence_proxy_async_smem();  // the stage for wgmma
-      ptx::mbar_arrive(&full[stage]);
-      if (more) {
-        __syncwarp();  // every lane has read its raw row before the warp's copies overwrite it
-        if constexpr (kMode == StageMode::kCoalesced) fetch(off_next);
-        else fetch_b(off_next);
-      }
-      off = off_next;
-    }
-  }
-
-  // The first producer (lane l copies and converts its own row): kept for A/B.
-  template <class L>
-  __device__ static void produce_lane_rows(const DecodeSm90Params& p, const Unit& u, uint8_t* smem, int warp, int lane) {
     using T = Traits;
     static_assert(L::kStages == 2, "stage t % 2 feeds consumer t % 2");
     const DecodeSm90Params::Gather& gp = p.gather;
@@ -309,7 +147,7 @@ struct StagedDsMlaKeys {
 
 // The staged source for a small kernel whose own shared memory ends at kOffExtra: the rope in the raw
 // stage where it fits (N 8, 16), else by cp.async (N 32).
-template <int kOffExtra, StageMode kMode = StageMode::kSplit>
-using StagedDsMlaKeysFor = StagedDsMlaKeys<kOffExtra + StagedDsMlaKeys<true>::kExtraBytes + 1024 <= 227 * 1024, kMode>;
+template <int kOffExtra>
+using StagedDsMlaKeysFor = StagedDsMlaKeys<kOffExtra + StagedDsMlaKeys<true>::kExtraBytes + 1024 <= 227 * 1024>;
 
 }  // namespace mla::cuda::decode_sm90
