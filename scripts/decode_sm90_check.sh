@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One GPU call for the sm90 decode work (docs/DECODE.md): build, SASS / register check of the kernel,
 # decode GPU tests (both variants), optional sanitizers, the issue-7 benchmark grid for both variants.
-# Steps run in this order: build sass test bench uniform profile sanitize.
-# Usage on the device machine, from the repo root: scripts/decode_sm90_check.sh [build] [sass] [test] [sanitize] [bench] [uniform] [profile]
+# Steps run in this order: build sass test bench ab uniform profile sanitize.
+# Usage on the device machine, from the repo root: scripts/decode_sm90_check.sh [build] [sass] [test] [sanitize] [bench] [ab] [uniform] [profile]
 # Logs go to $OUT (or ./gpu-logs). Env: TEST_FILTER, SAN_FILTER, RACE_FILTER (racecheck's own), SAN_TOOLS, BENCH_ARGS, BENCH_VARIANTS,
-# UNIFORM_ARGS (bench rows rerun with MLA_DECODE_SM90_SCHEDULE=uniform), PROFILE_ARGS (one shape under ncu).
+# UNIFORM_ARGS (bench rows rerun with MLA_DECODE_SM90_SCHEDULE=uniform), PROFILE_ARGS (one shape under ncu),
+# AB_ENV / AB_ARGS / AB_ROUNDS (ab: each shape of AB_ARGS, one per line, timed as is (A) and with the
+# environment AB_ENV, e.g. MLA_DECODE_SM90_RING=0 (B), alternating A B for AB_ROUNDS rounds in one run).
 set -u
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; B=build-gpu; rc=0
 want() { [ $# -eq 0 ] || [[ " $ARGS " == *" $1 "* ]]; }
@@ -34,6 +36,16 @@ if [[ "$ARGS" == *" bench "* ]]; then
       --json "$OUT/bench_$v.json" >"$OUT/bench_$v.txt" 2>&1 || rc=1
     grep -E "mqa_decode|b=|copy|gemm|FAILED" "$OUT/bench_$v.txt" | cut -c1-150
   done
+fi
+if [[ "$ARGS" == *" ab "* ]]; then  # one switch A/B on single shapes, alternating on the same machine
+  while read -r args; do
+    [ -z "$args" ] && continue
+    for r in $(seq "${AB_ROUNDS:-2}"); do
+      timeout 60 ./$B/bin/mla bench --ops mqa_decode $args --variant sm90 2>&1 | grep -E "b=" | cut -c1-150 | sed "s/^/A r$r: /"
+      env ${AB_ENV:-} timeout 60 ./$B/bin/mla bench --ops mqa_decode $args --variant sm90 2>&1 | grep -E "b=" | cut -c1-150 |
+        sed "s/^/B r$r: /"
+    done
+  done <<<"${AB_ARGS:-}" | tee "$OUT/ab.txt"
 fi
 if [[ "$ARGS" == *" uniform "* ]]; then  # the same shapes with the uniform split-KV schedule (A/B in one run)
   while read -r args; do

@@ -310,6 +310,33 @@ TEST(DecodeGpu, LatentWidth256) {
   }
 }
 
+// One CTA per request streaming long contexts (no workspace: one split each, the uniform schedule), so the
+// sm90 small kernel's panel ring (kernel_small.cuh: 20-26 slots of 8 KiB) wraps many times per CTA; N 8 /
+// 16 / 32 rows, pages 64 and 16 (several boxes per panel), lengths ending mid-tile (the last tile's
+// zero-fill through the ring slots), NaN-poisoned pages past every length.
+TEST(DecodeGpu, SmallKernelLongStreams) {
+  MLA_SKIP_WITHOUT_GPU();
+  MLA_FORCE_VARIANT("mqa_decode", "sm90");
+  const Device gpu = Device::cuda(0);
+  for (const auto& [h, s_q, page] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{8, 1, 64}, {16, 1, 16}, {16, 2, 64}, {3, 8, 64}}) {
+    test::reseed(static_cast<uint64_t>(h * 1000 + s_q * 10 + page));
+    const std::vector<int32_t> lens = {4001, 2113, 64};
+    const int64_t b = static_cast<int64_t>(lens.size());
+    PagedBatch pb = test::paged_batch(CacheFormat::bf16, page, lens, 4096 / page + 2);
+    Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
+    Tensor ref_out = test::poisoned({b, s_q, h, 512}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
+    mqa_decode(q, pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
+    test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
+    Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
+    Tensor out = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
+    cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, {}, Context{}, 1);
+    EXPECT_EQ(last_variant("mqa_decode"), "sm90");
+    test::expect_attention_close(out, ref_out, lse, ref_lse,
+                                 "h " + std::to_string(h) + " s_q " + std::to_string(s_q) + " page " + std::to_string(page));
+  }
+}
+
 // Device metadata is not validated (it is not host-readable): seq_len beyond the table, negative
 // lengths and block ids outside the cache must still keep every read inside the cache and the table
 // (run under compute-sanitizer memcheck). Out-of-range pages are skipped; lengths are clamped.

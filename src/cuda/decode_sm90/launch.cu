@@ -48,6 +48,16 @@ Schedule schedule_mode() {
   return mode;
 }
 
+// MLA_DECODE_SM90_RING=0 streams the small kernel's keys through two 72 KiB stages instead of its panel
+// ring (kernel_small.cuh; the A/B switch of docs/DECODE.md "Panel ring"; read once). Default: the ring.
+bool ring_mode() {
+  static const bool ring = [] {
+    const char* v = std::getenv("MLA_DECODE_SM90_RING");
+    return !(v != nullptr && std::string(v) == "0");
+  }();
+  return ring;
+}
+
 }  // namespace
 
 const char* supports(const dispatch::DecodeArgs& a) {
@@ -134,7 +144,7 @@ void run(const dispatch::DecodeArgs& a) {
 
   const unsigned grid =
       p.balanced ? static_cast<unsigned>(ctas) : grid_for(int64_t{p.m_tiles} * b * splits, 1, "mqa_decode (sm90)");
-  launch_kernel<PagedKeys>(p, grid, stream, map, "mqa_decode (sm90)");
+  launch_kernel<PagedKeys>(p, grid, stream, map, "mqa_decode (sm90)", ring_mode());
   if (splits > 1 || p.balanced) {
     DecodeParams cp{};
     cp.rows = p.rows;
