@@ -47,57 +47,39 @@
 
 namespace mla::cuda::decode_sm90 {
 
-// kRing (paged source only, docs/DECODE.md "Panel ring"): the keys stream through a ring of kRingSlots
-// 8 KiB panel slots instead of two 72 KiB stages. Tile `it` (of the CTA's sequence) occupies the slots of
-// global panels 9 it .. 9 it + 8 (slot = panel % kRingSlots), rope panel first; every slot has its own full
-// / empty barrier. S walks the panels as they land; the rope slot is released after S, the value slots
-// after P V (each as soon as its block of P V retired). The epilogue exchange goes through the Q panels
-// (after a barrier that retires both warpgroups' last S), so the ring takes everything else.
-template <int N, bool kRing = false>
+template <int N>
 struct SmallTraits {
   static_assert(N == 8 || N == 16 || N == 32, "rows per CTA: 8, 16 or 32");
   using T = Traits;
-  static constexpr bool kRingMode = kRing;
   static constexpr int kQPanelBytes = N * 128;
-  static constexpr int kQBytes = T::kPanels * kQPanelBytes;
   static constexpr int kPBytes = N * 128 < 1024 ? 1024 : N * 128;  // one P^T panel, 1024-aligned
   static constexpr int kOffQ = 0;
-  static constexpr int kOffK = kQBytes;  // multiple of 1024
-  static constexpr int kStages = 2;      // stage mode: stage c feeds consumer warpgroup c
-  static constexpr int kMaskSlots = kRing ? 4 : kStages;  // ring: tile it's key mask in slot it % 4
-  static constexpr int kSchedBytes = 64 + 32 * 8;          // balance::Window, then 32 int64 of scan scratch
-  // Ring slots: what the rest of the plan leaves of 227 KiB (a full and an empty barrier per slot).
-  static constexpr int kRingFixed = kQBytes + 2 * kPBytes + 2 * 4 * N * 4 + 2 * 2 * N * 4 + kMaskSlots * 8 + 32 * 4 +
-                                    kSchedBytes + 1024;
-  static constexpr int kRingSlots = !kRing ? 0
-                                    : (227 * 1024 - kRingFixed) / (T::kPanelBytes + 16) > 36
-                                        ? 36
-                                        : (227 * 1024 - kRingFixed) / (T::kPanelBytes + 16);
-  static constexpr int kOffP = kOffK + (kRing ? kRingSlots * T::kPanelBytes : kStages * T::kTileBytes);
+  static constexpr int kOffK = T::kPanels * kQPanelBytes;  // multiple of 1024
+  static constexpr int kStages = 2;                        // stage c feeds consumer warpgroup c
+  static constexpr int kOffP = kOffK + kStages * T::kTileBytes;
   static constexpr int kOffRed = kOffP + 2 * kPBytes;       // [2 wg][4 warps][N] fp32
   static constexpr int kOffML = kOffRed + 2 * 4 * N * 4;    // [2 wg][m, l][N] fp32
-  static constexpr int kOffMask = kOffML + 2 * 2 * N * 4;   // [kMaskSlots] u64
-  static constexpr int kOffBar = kOffMask + kMaskSlots * 8; // full[...], empty[...]
+  static constexpr int kOffMask = kOffML + 2 * 2 * N * 4;   // [2] u64
+  static constexpr int kOffBar = kOffMask + kStages * 8;    // full[2], empty[2]
   // Epilogue exchange of warpgroup 1's O^T (fp32), in rounds of kXBlocks of the 8 value blocks.
-  static constexpr int kXRounds = kRing || N == 32 ? 2 : 1;
+  static constexpr int kXRounds = N == 32 ? 2 : 1;
   static constexpr int kXBlocks = 8 / kXRounds;
   static constexpr int kXBytes = kXBlocks * (N / 2) * 128 * 4;
-  static constexpr int kEmptyArrivals = 128;                // one warpgroup releases a stage / slot
-  static constexpr int kFullBarriers = kRing ? kRingSlots : kStages, kEmptyBarriers = kFullBarriers;
+  static constexpr int kEmptyArrivals = 128;                // one warpgroup releases a stage
+  static constexpr int kFullBarriers = kStages, kEmptyBarriers = kStages;
   static constexpr bool kSeesaw = false;  // register split key (source.cuh producer_regs)
-  static constexpr int kPanelsPerFull = kRing ? 1 : T::kPanels;  // stage mode: one full barrier per stage, with the key mask
+  static constexpr int kPanelsPerFull = T::kPanels;  // one full barrier per stage, carrying the key mask too
   __host__ __device__ static constexpr bool mask_barrier(int) { return true; }
-  static constexpr int kOffLim = kOffBar + 2 * kFullBarriers * 8;  // [N] int32: each query row's largest visible key
+  static constexpr int kOffLim = kOffBar + 2 * kStages * 8;  // [N] int32: each query row's largest visible key
   // The key source's own region after the common plan: a staged source's raw stage (source_staged.cuh), or
   // for the paged source (mqa_decode: several units per CTA under the balanced schedule) the epilogue
-  // exchange X (stage mode; the ring exchanges through the Q panels) and the schedule window. Single-unit
-  // sources (sparse_mqa) exchange through the drained KV stage 1 instead (nothing refills it after the
-  // unit's last tile).
+  // exchange X and the schedule window. Single-unit sources (sparse_mqa) exchange through the drained
+  // KV stage 1 instead (nothing refills it after the unit's last tile).
   static constexpr int kOffExtra = kOffLim + 32 * 4;
   static constexpr int kSmemBytes = kOffExtra + 1024;
-  static constexpr int kOffX = kRing ? kOffQ : kOffExtra;
-  static constexpr int kOffSched = kRing ? kOffExtra : kOffX + kXBytes;
-  static constexpr int kPagedExtraBytes = (kRing ? 0 : kXBytes) + kSchedBytes;
+  static constexpr int kOffX = kOffExtra;
+  static constexpr int kOffSched = kOffX + kXBytes;  // balance::Window, then 32 int64 of scan scratch
+  static constexpr int kPagedExtraBytes = kXBytes + 64 + 32 * 8;
   template <class Src>
   static constexpr int smem_bytes() {
     if constexpr (StagedSource<Src>) return kSmemBytes + Src::kExtraBytes;
@@ -105,36 +87,23 @@ struct SmallTraits {
     else return kSmemBytes;
   }
   static_assert(kOffK % 1024 == 0 && kOffP % 1024 == 0, "swizzled tiles are 1024-byte aligned");
-  static_assert(sizeof(balance::Window) <= 64 && kOffSched % 16 == 0, "schedule slot");
-  static_assert(kXBytes <= (kRing ? kQBytes : T::kTileBytes), "the O^T exchange fits its buffer");
-  static_assert(!kRing || (kRingSlots >= 2 * T::kPanels && kRingSlots <= 36), "ring: two tiles at least, mask slots it % 4");
-  static_assert(!kRing || kSmemBytes + kPagedExtraBytes <= 227 * 1024, "ring plan");
+  static_assert(sizeof(balance::Window) <= 64 && kOffX % 16 == 0, "schedule slot");
+  static_assert(kXBytes <= T::kTileBytes, "single-unit sources exchange O^T through KV stage 1");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-// Waits for the wgmma groups of this warpgroup to retire one by one, oldest first (kPending + 1 of them
-// open), calling f(k) after the k-th (from 0).
-template <int kPending, class F>
-__device__ __forceinline__ void retire_groups_in_order(F&& f, int k = 0) {
-  ptx::wgmma_wait_group<kPending>();
-  f(k);
-  if constexpr (kPending > 0) retire_groups_in_order<kPending - 1>(f, k + 1);
-}
-
 // Src: the key source (source.cuh, source_staged.cuh): PagedKeys (mqa_decode), GatherKeys<F> or a staged
-// source (sparse_mqa). kRing: the panel ring (PagedKeys only; SmallTraits).
-template <int N, class Src, bool kRing = false>
+// source (sparse_mqa).
+template <int N, class Src>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_small_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
   using T = Traits;
-  using L = SmallTraits<N, kRing>;
-  static_assert(!kRing || (Src::kTma && !Src::kGenericWrites), "the panel ring streams TMA tiles (PagedKeys)");
-  constexpr int R = L::kRingSlots;
+  using L = SmallTraits<N>;
   constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e, j < N / 8, e < 2
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
-  uint64_t* empty = full + L::kFullBarriers;
+  uint64_t* empty = full + L::kStages;
   auto* win = reinterpret_cast<balance::Window*>(smem + L::kOffSched);  // paged source only
   static_assert(L::template smem_bytes<Src>() <= 227 * 1024, "shared memory per block on sm_90");
   ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
@@ -144,7 +113,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   else one = Unit(p, !Src::kTma);
   if (!start_roles<L, Src>(p, &kv_map, one, !balanced, smem, [&](int warp, int lane) {
         if constexpr (StagedSource<Src>) Src::template produce<L>(p, one, smem, warp, lane);
-        else if constexpr (kRing) produce_ring<L>(p, &kv_map, win, smem, warp, lane);
         else produce<L, Src>(p, &kv_map, win, smem, warp, lane);
       }))
     return;
@@ -158,11 +126,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint8_t* sP = smem + L::kOffP + c * L::kPBytes;
   float* sRed = reinterpret_cast<float*>(smem + L::kOffRed) + c * 4 * N;
   float* sML = reinterpret_cast<float*>(smem + L::kOffML);
-  // Epilogue exchange X: its own region for the paged source (ring: the Q panels), else the drained KV stage 1.
+  // Epilogue exchange X: its own region for the paged source, else the drained KV stage 1.
   float* xo = reinterpret_cast<float*>(smem + (Src::kTma ? L::kOffX : L::kOffK + T::kTileBytes));
   int* sLim = reinterpret_cast<int*>(smem + L::kOffLim);
   const uint64_t* sMask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask);
-  uint8_t* sK = smem + L::kOffK + (kRing ? 0 : c * T::kTileBytes);  // ring: slot 0
+  uint8_t* sK = smem + L::kOffK + c * T::kTileBytes;
   const int key_lo = 16 * w + g8, key_hi = key_lo + 8;  // this thread's keys of a tile (S^T rows)
 
   // One unit: tiles base .. base + u.n_tiles - 1 of the CTA's tile sequence (tile `it` in stage it % 2 =
@@ -204,44 +172,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int it = base + ((c - base) & 1); it < base + u.n_tiles; it += 2) {
       const uint32_t parity = (it / 2) & 1;
       const int k0 = u.key_begin + (it - base) * T::kBlockN;
-      // Where the tile's panels are: stage c, or ring slots (panel position 0 = rope, 1 + b = value block b).
-      const RingTile<kRing ? R : 1> rt(it);
-      auto kpanel = [&](int panel) -> uint8_t* {  // K-dimension panel 0..8 (8: rope)
-        if constexpr (kRing) return sK + rt.slot(panel == T::kPanels - 1 ? 0 : panel + 1) * T::kPanelBytes;
-        else return sK + panel * T::kPanelBytes;
-      };
-      if constexpr (kRing) ptx::mbar_wait(&full[rt.slot(0)], rt.parity(0));  // the rope panel, with the key mask
-      else wait_full<Src>(&full[c], parity);
-      const uint64_t mask = sMask[kRing ? it % L::kMaskSlots : c];
+      wait_full<Src>(&full[c], parity);
+      const uint64_t mask = sMask[c];
       if (!Src::kZeroFilled && mask != ~uint64_t(0)) {  // keys not loaded: zero them before any wgmma reads the tile
-        if constexpr (kRing)
-          for (int pos = 1; pos < T::kPanels; ++pos) ptx::mbar_wait(&full[rt.slot(pos)], rt.parity(pos));
-        zero_unloaded_rows_at(kpanel, mask, wt, 128);
+        zero_unloaded_rows(sK, mask, wt, 128);
         ptx::fence_proxy_async_smem();
         ptx::named_barrier_sync(wg_bar, 128);
       }
 
-      // ---- S^T = K Q^T (ring: rope panel first, each panel as it lands) ----
+      // ---- S^T = K Q^T ----
       float s[N / 2];
       ptx::wgmma_fence_operand(s);
       ptx::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < T::kPanels; ++j) {
-        const int panel = kRing ? (j == 0 ? T::kPanels - 1 : j - 1) : j;
-        if constexpr (kRing)
-          if (j > 0) ptx::mbar_wait(&full[rt.slot(j)], rt.parity(j));
-        uint8_t* kp = kpanel(panel);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const uint64_t da = ptx::desc_sw128_k_major(kp + kk * 32);
-          const uint64_t db = ptx::desc_sw128_k_major(sQ + panel * L::kQPanelBytes + kk * 32);
-          ptx::wgmma_bf16_ss<N>(s, da, db, j > 0 || kk > 0);
-        }
+      for (int ks = 0; ks < T::kDqk / 16; ++ks) {
+        const uint64_t da = ptx::desc_sw128_k_major(sK + (ks / 4) * T::kPanelBytes + (ks % 4) * 32);
+        const uint64_t db = ptx::desc_sw128_k_major(sQ + (ks / 4) * L::kQPanelBytes + (ks % 4) * 32);
+        ptx::wgmma_bf16_ss<N>(s, da, db, ks > 0);
       }
       ptx::wgmma_commit_group();
       ptx::wgmma_wait_group<0>();
       ptx::wgmma_fence_operand(s);
-      if constexpr (kRing) ptx::mbar_arrive(&empty[rt.slot(0)]);  // the rope panel is done
 
       // ---- mask, column (= query row) max over the 64 keys ----
       const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
@@ -288,24 +239,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::wgmma_fence();
 #pragma unroll
       for (int mb = 0; mb < 8; ++mb) {
-        uint8_t* vp = kpanel(mb);
 #pragma unroll
         for (int ks = 0; ks < T::kBlockN / 16; ++ks) {
-          const uint64_t da = ptx::desc_sw128_mn_major(vp + ks * 2048, T::kPanelBytes);
+          const uint64_t da = ptx::desc_sw128_mn_major(sK + mb * T::kPanelBytes + ks * 2048, T::kPanelBytes);
           const uint64_t db = ptx::desc_sw128_k_major(sP + ks * 32);
           ptx::wgmma_bf16_ss<N, ptx::Major::MN, ptx::Major::K>(o[mb], da, db, true);
         }
-        if constexpr (kRing) ptx::wgmma_commit_group();  // one group per value block: its slot is released as it retires
       }
-      if constexpr (kRing) {
-        retire_groups_in_order<7>([&](int mb) { ptx::mbar_arrive(&empty[rt.slot(mb + 1)]); });
-      } else {
-        ptx::wgmma_commit_group();
-        ptx::wgmma_wait_group<0>();
-      }
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
 #pragma unroll
       for (int mb = 0; mb < 8; ++mb) ptx::wgmma_fence_operand(o[mb]);
-      if constexpr (!kRing) ptx::mbar_arrive(&empty[c]);
+      ptx::mbar_arrive(&empty[c]);
     }
 
     // ---- epilogue: each warpgroup's (m, l) per row, then warpgroup 0 merges both and writes ----
@@ -332,8 +277,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // after the first round's barrier (fewer live registers in the epilogue: N 32 spilled).
     const bool split = u.ws_slot >= 0;
     float* sSc = sRed;  // [2][N], c == 0
-    // Ring: X is the Q panels, free once both warpgroups retired their last S.
-    if constexpr (kRing) ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
 #pragma unroll
     for (int r = 0; r < L::kXRounds; ++r) {
       if (c == 1) {

@@ -48,14 +48,23 @@ Schedule schedule_mode() {
   return mode;
 }
 
-// MLA_DECODE_SM90_RING=0 streams the small kernel's keys through two 72 KiB stages instead of its panel
-// ring (kernel_small.cuh; the A/B switch of docs/DECODE.md "Panel ring"; read once). Default: the ring.
-bool ring_mode() {
-  static const bool ring = [] {
-    const char* v = std::getenv("MLA_DECODE_SM90_RING");
-    return !(v != nullptr && std::string(v) == "0");
+// Laboratory switches for A/B measurements with `mla bench` (read once; docs/DECODE.md "Measurements"):
+// MLA_DECODE_SM90_PRODUCERS=2: two producer warps for the small kernel's stages (warp s streams stage s);
+// MLA_DECODE_SM90_L2PROMO=0|64|128|256: the KV tensor map's L2 sector promotion (default 256).
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+int producer_warps() {
+  static const int n = env_int("MLA_DECODE_SM90_PRODUCERS", 1) == 2 ? 2 : 1;
+  return n;
+}
+int l2_promotion() {
+  static const int b = [] {
+    const int v = env_int("MLA_DECODE_SM90_L2PROMO", 256);
+    return v == 0 || v == 64 || v == 128 ? v : 256;
   }();
-  return ring;
+  return b;
 }
 
 }  // namespace
@@ -97,6 +106,7 @@ void run(const dispatch::DecodeArgs& a) {
   p.causal = a.causal ? 1 : 0;
   set_row_tiles(p, s_q * h_q);
   p.out_pairs = out_pairs(a.out);
+  p.producer_warps = producer_warps();
 
   // The balanced schedule where it applies and the workspace holds it (core/decode_balance.h: the
   // front end's mqa_decode_workspace_bytes sizes for it), else split-KV as planned (fewer splits when the
@@ -139,12 +149,12 @@ void run(const dispatch::DecodeArgs& a) {
   t.box[1] = p.box_rows;
   t.box[2] = 1;
   t.swizzle = ptx::TmaSwizzle::b128;
-  t.l2_promotion_bytes = 256;
+  t.l2_promotion_bytes = l2_promotion();
   const CUtensorMap map = ptx::make_tensor_map(t, "mqa_decode (sm90)");
 
   const unsigned grid =
       p.balanced ? static_cast<unsigned>(ctas) : grid_for(int64_t{p.m_tiles} * b * splits, 1, "mqa_decode (sm90)");
-  launch_kernel<PagedKeys>(p, grid, stream, map, "mqa_decode (sm90)", ring_mode());
+  launch_kernel<PagedKeys>(p, grid, stream, map, "mqa_decode (sm90)");
   if (splits > 1 || p.balanced) {
     DecodeParams cp{};
     cp.rows = p.rows;

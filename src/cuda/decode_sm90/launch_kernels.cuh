@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/common/launch.h"
 #include "cuda/decode_sm90/kernel_seesaw.cuh"
@@ -39,29 +38,21 @@ void launch_one(Kernel kernel, int smem, unsigned grid, cudaStream_t stream, con
   check_launch(what);
 }
 
-// The small kernel with N rows and key source Src; ring: its panel ring (paged keys only, SmallTraits).
+// The small kernel with N rows and key source Src.
 template <int N, class Src>
 void launch_small(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
-                  const char* what, bool ring = false) {
-  if constexpr (std::is_same_v<Src, PagedKeys>) {
-    if (ring) {
-      launch_one(decode_sm90_small_kernel<N, Src, true>, SmallTraits<N, true>::template smem_bytes<Src>(), grid,
-                 stream, map, p, what);
-      return;
-    }
-  }
+                  const char* what) {
   launch_one(decode_sm90_small_kernel<N, Src>, SmallTraits<N>::template smem_bytes<Src>(), grid, stream, map, p, what);
 }
 
-// The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests); ring: the
-// small kernel's panel ring where it applies (paged keys).
+// The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests).
 template <class Src>
 void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
-                   const char* what, bool ring = false) {
+                   const char* what) {
   switch (p.tile_rows) {
-    case 8: launch_small<8, Src>(p, grid, stream, map, what, ring); break;
-    case 16: launch_small<16, Src>(p, grid, stream, map, what, ring); break;
-    case 32: launch_small<32, Src>(p, grid, stream, map, what, ring); break;
+    case 8: launch_small<8, Src>(p, grid, stream, map, what); break;
+    case 16: launch_small<16, Src>(p, grid, stream, map, what); break;
+    case 32: launch_small<32, Src>(p, grid, stream, map, what); break;
     default: launch_one(decode_sm90_seesaw_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what); break;
   }
 }

@@ -89,17 +89,12 @@ struct PagedKeys {
     }
     // This lane's TMA boxes of panel `c` (64 columns) into the tile at `dst`, completing on `bar`.
     __device__ void panel(const DecodeSm90Params& p, const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int c) const {
-      panel_at(p, map, dst + c * Traits::kPanelBytes, bar, c);
-    }
-    // The same into the panel at `dst_panel` (the small kernel's panel ring).
-    __device__ void panel_at(const DecodeSm90Params& p, const CUtensorMap* map, uint8_t* dst_panel, uint64_t* bar,
-                             int c) const {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!load[h]) continue;
         const int j = lane + 32 * h, key = k0 + j * p.box_rows;
-        ptx::tma_load_3d(dst_panel + j * p.box_rows * 128, map, bar, c * Traits::kPanelCols, key % p.page_size,
-                         static_cast<int32_t>(blk[h]));
+        ptx::tma_load_3d(dst + c * Traits::kPanelBytes + j * p.box_rows * 128, map, bar, c * Traits::kPanelCols,
+                         key % p.page_size, static_cast<int32_t>(blk[h]));
       }
     }
   };
@@ -291,9 +286,11 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
                                         uint8_t* smem, int warp, int lane) {
   using T = Traits;
   static_assert(L::kStages == 2, "stage s feeds consumer s");
-  constexpr bool kOneWarp = Src::kWarpsPerStage == 1;
-  if (kOneWarp ? warp != 0 : warp >= 2 * Src::kWarpsPerStage) return;
-  const int part = kOneWarp ? 0 : warp >> 1;
+  // One warp for every tile (paged keys, producer_warps <= 1), else warp w streams the tiles of stage w % 2
+  // (paged keys with producer_warps 2: warps 0, 1; gathered keys: part w / 2 of them).
+  const bool one_warp = Src::kWarpsPerStage == 1 && p.producer_warps <= 1;
+  if (warp >= (one_warp ? 1 : 2 * Src::kWarpsPerStage)) return;
+  const int part = Src::kWarpsPerStage == 1 ? 0 : warp >> 1;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
   uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
@@ -301,7 +298,7 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
   Unit u;
   balance::Segment seg;
   for (int base = 0; units.next(p, win, u, seg); base += u.n_tiles) {
-    for (int it = kOneWarp ? base : base + (((warp & 1) - base) & 1); it < base + u.n_tiles; it += kOneWarp ? 1 : 2) {
+    for (int it = one_warp ? base : base + (((warp & 1) - base) & 1); it < base + u.n_tiles; it += one_warp ? 1 : 2) {
       const int stage = it % L::kStages;
       const uint32_t parity = (it / L::kStages) & 1;
       const int k0 = u.key_begin + (it - base) * T::kBlockN;
@@ -313,50 +310,6 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
       uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
 #pragma unroll 1
       for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c);
-    }
-  }
-}
-
-// Slot and phase parity of panel position `pos` (0: rope, 1 + b: value block b) of ring tile `it`: global
-// panel 9 it + pos, slot = panel % R, parity = (panel / R) & 1 (recomputed per use: registers are the
-// scarce resource of the N 32 consumers).
-template <int R>
-struct RingTile {
-  uint32_t g;  // global panel of position 0
-  __device__ __forceinline__ explicit RingTile(int it) : g(9u * static_cast<uint32_t>(it)) {}
-  __device__ __forceinline__ uint32_t slot(int pos) const { return (g + pos) % R; }
-  __device__ __forceinline__ uint32_t parity(int pos) const { return ((g + pos) / R) & 1u; }
-};
-
-// Producer of the small kernel's panel ring (kernel_small.cuh, SmallTraits<N, true>; paged keys): warp 0
-// streams the panels of every tile of the CTA's units in order, rope first, each into its ring slot as
-// soon as that slot was released; tile it's key mask goes to mask slot it % kMaskSlots with the rope panel.
-template <class L>
-__device__ __forceinline__ void produce_ring(const DecodeSm90Params& p, const CUtensorMap* map,
-                                             const balance::Window* win, uint8_t* smem, int warp, int lane) {
-  using T = Traits;
-  constexpr int R = L::kRingSlots;
-  if (warp != 0) return;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
-  uint64_t* empty = full + R;
-  uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
-  uint8_t* ring = smem + L::kOffK;
-  Units<false> units(p, win);
-  Unit u;
-  balance::Segment seg;
-  for (int base = 0; units.next(p, win, u, seg); base += u.n_tiles) {
-    for (int it = base; it < base + u.n_tiles; ++it) {
-      const PagedKeys::Tile tl(p, u, u.key_begin + (it - base) * T::kBlockN, 0, lane);
-      const RingTile<R> rt(it);
-#pragma unroll 1
-      for (int pos = 0; pos < T::kPanels; ++pos) {
-        const uint32_t slot = rt.slot(pos);
-        ptx::mbar_wait(&empty[slot], rt.parity(pos) ^ 1);
-        if (pos == 0) tl.begin(&mask[it % L::kMaskSlots], nullptr);  // released by the rope panel's arrival
-        tl.announce(p, &full[slot], 1);
-        __syncwarp();
-        tl.panel_at(p, map, ring + slot * T::kPanelBytes, &full[slot], pos == 0 ? T::kPanels - 1 : pos - 1);
-      }
     }
   }
 }

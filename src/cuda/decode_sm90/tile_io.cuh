@@ -44,20 +44,15 @@ __device__ __forceinline__ uint32_t load_q_pair(const MqaRowParams& rp, int64_t 
   return src[0] | uint32_t(src[1]) << 16;
 }
 
-// Zeroes, in all nine panels of a 64-key tile (panel c at panel_at(c)), the keys whose bit in `mask` is
-// clear (not loaded: stale or NaN-poisoned bytes must not reach P V as 0 * NaN), by `nthreads` threads
-// (index t).
-template <class PanelAt>
-__device__ __forceinline__ void zero_unloaded_rows_at(PanelAt&& panel_at, uint64_t mask, int t, int nthreads) {
+// Zeroes, in all nine panels of a 64-key tile, the keys whose bit in `mask` is clear (not loaded: stale
+// or NaN-poisoned bytes must not reach P V as 0 * NaN), by `nthreads` threads (index t).
+__device__ __forceinline__ void zero_unloaded_rows(uint8_t* sK, uint64_t mask, int t, int nthreads) {
   using T = Traits;
   for (int e = t; e < T::kBlockN * (T::kDqk / 8); e += nthreads) {
     const int r = e / (T::kDqk / 8), ch = e % (T::kDqk / 8);
-    if (!((mask >> r) & 1)) *reinterpret_cast<uint4*>(panel_at(ch / 8) + swz(r, ch % 8)) = make_uint4(0, 0, 0, 0);
+    if (!((mask >> r) & 1))
+      *reinterpret_cast<uint4*>(sK + (ch / 8) * T::kPanelBytes + swz(r, ch % 8)) = make_uint4(0, 0, 0, 0);
   }
-}
-// The same for panels stored contiguously from sK.
-__device__ __forceinline__ void zero_unloaded_rows(uint8_t* sK, uint64_t mask, int t, int nthreads) {
-  zero_unloaded_rows_at([sK](int c) { return sK + c * Traits::kPanelBytes; }, mask, t, nthreads);
 }
 
 // P (a 64 x 64 wgmma D fragment, fp32) times a per-row factor, as bf16 into a swizzled K-major panel
