@@ -48,23 +48,14 @@ Schedule schedule_mode() {
   return mode;
 }
 
-// Laboratory switches for A/B measurements with `mla bench` (read once; docs/DECODE.md "Measurements"):
-// MLA_DECODE_SM90_PRODUCERS=2: two producer warps for the small kernel's stages (warp s streams stage s);
-// MLA_DECODE_SM90_L2PROMO=0|64|128|256: the KV tensor map's L2 sector promotion (default 256).
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
-int producer_warps() {
-  static const int n = env_int("MLA_DECODE_SM90_PRODUCERS", 1) == 2 ? 2 : 1;
-  return n;
-}
-int l2_promotion() {
-  static const int b = [] {
-    const int v = env_int("MLA_DECODE_SM90_L2PROMO", 256);
-    return v == 0 || v == 64 || v == 128 ? v : 256;
+// MLA_DECODE_SM90_PANEL_MATH=1: the producer's per-panel arithmetic of the earlier issue path (A/B
+// measurements with `mla bench`; read once; params.h panel_math).
+int panel_math() {
+  static const int v = [] {
+    const char* e = std::getenv("MLA_DECODE_SM90_PANEL_MATH");
+    return e != nullptr && std::string(e) == "1" ? 1 : 0;
   }();
-  return b;
+  return v;
 }
 
 }  // namespace
@@ -106,7 +97,7 @@ void run(const dispatch::DecodeArgs& a) {
   p.causal = a.causal ? 1 : 0;
   set_row_tiles(p, s_q * h_q);
   p.out_pairs = out_pairs(a.out);
-  p.producer_warps = producer_warps();
+  p.panel_math = panel_math();
 
   // The balanced schedule where it applies and the workspace holds it (core/decode_balance.h: the
   // front end's mqa_decode_workspace_bytes sizes for it), else split-KV as planned (fewer splits when the
@@ -149,7 +140,7 @@ void run(const dispatch::DecodeArgs& a) {
   t.box[1] = p.box_rows;
   t.box[2] = 1;
   t.swizzle = ptx::TmaSwizzle::b128;
-  t.l2_promotion_bytes = l2_promotion();
+  t.l2_promotion_bytes = 256;
   const CUtensorMap map = ptx::make_tensor_map(t, "mqa_decode (sm90)");
 
   const unsigned grid =

@@ -53,10 +53,12 @@ struct PagedKeys {
   __host__ __device__ static constexpr int producer_regs(bool) { return 40; }
 
   // Which keys of the 64-key tile starting at k0 the producer loads: boxes j = lane, lane + 32 (first
-  // key k0 + j * box_rows) with their page ids, the number of boxes loaded, and the 64-bit mask of
-  // loaded keys (pages outside [0, num_blocks) and keys past the unit's range are not loaded).
+  // key k0 + j * box_rows) with their page ids, rows in the page and shared-memory offsets (computed once
+  // per tile: the nine panels reuse them; an integer division per panel on the producer's issue path cost
+  // ~300 cycles a panel, ncu, docs/DECODE.md), the number of boxes loaded, and the 64-bit mask of loaded
+  // keys (pages outside [0, num_blocks) and keys past the unit's range are not loaded).
   struct Tile {
-    int64_t blk[2];
+    int32_t blk[2], row[2], off[2];  // page id (< 2^31: supports()), row in the page, byte offset in a panel
     bool load[2];
     int loaded, k0, lane;
     uint64_t mask;
@@ -71,9 +73,12 @@ struct PagedKeys {
       };
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int j = lane + 32 * h;
-        blk[h] = j < boxes ? page_of(k0 + j * br) : -1;
-        load[h] = blk[h] >= 0;
+        const int j = lane + 32 * h, key = k0 + j * br;
+        const int64_t b = j < boxes ? page_of(key) : -1;
+        blk[h] = static_cast<int32_t>(b);
+        load[h] = b >= 0;
+        row[h] = key % p.page_size;
+        off[h] = j * br * 128;
       }
       loaded = __popc(__ballot_sync(0xffffffffu, load[0])) + __popc(__ballot_sync(0xffffffffu, load[1]));
       const uint32_t lo = __ballot_sync(0xffffffffu, page_of(k0 + lane) >= 0);
@@ -92,9 +97,13 @@ struct PagedKeys {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!load[h]) continue;
-        const int j = lane + 32 * h, key = k0 + j * p.box_rows;
-        ptx::tma_load_3d(dst + c * Traits::kPanelBytes + j * p.box_rows * 128, map, bar, c * Traits::kPanelCols,
-                         key % p.page_size, static_cast<int32_t>(blk[h]));
+        int r = row[h], o = off[h];
+        if (p.panel_math) {  // A/B switch: the per-panel arithmetic of the earlier issue path
+          const int j = lane + 32 * h, key = k0 + j * p.box_rows;
+          r = key % p.page_size;
+          o = j * p.box_rows * 128;
+        }
+        ptx::tma_load_3d(dst + c * Traits::kPanelBytes + o, map, bar, c * Traits::kPanelCols, r, blk[h]);
       }
     }
   };
@@ -286,11 +295,9 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
                                         uint8_t* smem, int warp, int lane) {
   using T = Traits;
   static_assert(L::kStages == 2, "stage s feeds consumer s");
-  // One warp for every tile (paged keys, producer_warps <= 1), else warp w streams the tiles of stage w % 2
-  // (paged keys with producer_warps 2: warps 0, 1; gathered keys: part w / 2 of them).
-  const bool one_warp = Src::kWarpsPerStage == 1 && p.producer_warps <= 1;
-  if (warp >= (one_warp ? 1 : 2 * Src::kWarpsPerStage)) return;
-  const int part = Src::kWarpsPerStage == 1 ? 0 : warp >> 1;
+  constexpr bool kOneWarp = Src::kWarpsPerStage == 1;
+  if (kOneWarp ? warp != 0 : warp >= 2 * Src::kWarpsPerStage) return;
+  const int part = kOneWarp ? 0 : warp >> 1;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
   uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
@@ -298,7 +305,7 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
   Unit u;
   balance::Segment seg;
   for (int base = 0; units.next(p, win, u, seg); base += u.n_tiles) {
-    for (int it = one_warp ? base : base + (((warp & 1) - base) & 1); it < base + u.n_tiles; it += one_warp ? 1 : 2) {
+    for (int it = kOneWarp ? base : base + (((warp & 1) - base) & 1); it < base + u.n_tiles; it += kOneWarp ? 1 : 2) {
       const int stage = it % L::kStages;
       const uint32_t parity = (it / L::kStages) & 1;
       const int k0 = u.key_begin + (it - base) * T::kBlockN;
