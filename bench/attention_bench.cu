@@ -1,8 +1,8 @@
 // Attention benchmarks (DESIGN.md §6 formulas):
 //   mqa_decode:  default: b in {64, 128} requests x s_k 4096 keys, s_q 1, h in {16, 128}, page 64, bf16
 //                and fp8_ds_mla caches; or one shape from the command line (--b --s-q --h-q --s-k --page
-//                --format --varlen); or a named grid (--grid issue7). Split-KV workspace as sized by
-//                mqa_decode_workspace_bytes. FLOPs = 2*h*s_q*sum(seq_lens)*(576+512);
+//                --format --varlen --sequential-pages); or a named grid (--grid issue7). Split-KV workspace
+//                as sized by mqa_decode_workspace_bytes. FLOPs = 2*h*s_q*sum(seq_lens)*(576+512);
 //                bytes = sum(seq_lens)*row_bytes (cache rows once) + q + out
 //   mha_prefill: default: causal self-attention (b x s tokens, s_q = s_k = s) and a non-causal context
 //                chunk; h 128 / 16, d_qk 192 (k_pe shared by all heads), d_v 128; or one shape from the
@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,13 +55,15 @@ void check_grid_name(const std::string& grid) {
 }
 
 // One mqa_decode shape: b requests of `s_k` keys (varlen: uniform in [1, s_k], seeded), s_q queries,
-// h heads, every request's pages scattered over one cache. flashmla_us > 0 is printed beside the row.
+// h heads, every request's pages scattered over one cache (sequential: request i's pages are i * pages ..,
+// as FlashMLA's benchmark builds its block tables). flashmla_us > 0 is printed beside the row.
 struct DecodeCase {
   int64_t b, s_q, h, s_k, page;
   CacheFormat format;
   bool varlen;
   double flashmla_us;
   int splits = 0;  // 0: the planner's default
+  bool sequential = false;
 };
 
 void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
@@ -69,7 +72,9 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   const int64_t pages = (c.s_k + c.page - 1) / c.page;
   CacheBuffer cb = allocate_cache(c.format, c.b * pages, c.page, dev, c.format == CacheFormat::fp8 ? 0.01f : 1.0f);
   fill_cache(cb.cache, 61, ctx.stream());
-  Tensor bt = device_i32(random_permutation(c.b * pages, 62), {c.b, pages}, dev);
+  std::vector<int32_t> table = random_permutation(c.b * pages, 62);
+  if (c.sequential) std::iota(table.begin(), table.end(), 0);
+  Tensor bt = device_i32(table, {c.b, pages}, dev);
   std::vector<int32_t> lens(static_cast<std::size_t>(c.b), static_cast<int32_t>(c.s_k));
   if (c.varlen) {
     std::mt19937_64 g(64);
@@ -95,7 +100,8 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
                        static_cast<double>(c.b) * c.s_q * c.h * (576 + 512) * 2.0;
   const double flops = 2.0 * c.h * c.s_q * keys * (576 + 512);
   std::string cfg = "b=" + std::to_string(c.b) + " s_q=" + std::to_string(c.s_q) + " h=" + std::to_string(c.h) +
-                    " s_k=" + std::to_string(c.s_k) + (c.varlen ? " varlen" : "") + " p" + std::to_string(c.page) + " " +
+                    " s_k=" + std::to_string(c.s_k) + (c.varlen ? " varlen" : "") + " p" + std::to_string(c.page) +
+                    (c.sequential ? " seq" : "") + " " +
                     to_string(c.format) + (c.splits ? " splits=" + std::to_string(c.splits) : ws_bytes ? " split" : "") + " [" +
                     last_variant("mqa_decode") + "]";
   if (c.flashmla_us > 0) {
@@ -122,6 +128,8 @@ std::vector<DecodeCase> issue7_grid() {
   for (int64_t page : {1, 16, 32, 128, 256}) g.push_back({128, 1, 16, 4096, page, bf, false, 0});
   for (CacheFormat f : {CacheFormat::fp8, CacheFormat::fp8_ds_mla})
     for (int64_t h : {16, 128}) g.push_back({128, 1, h, 4096, 64, f, false, 0});
+  // FlashMLA's benchmark block tables (each request's pages contiguous): the same shapes as its rows above.
+  for (int64_t h : {16, 128}) g.push_back({128, 1, h, 4096, 64, bf, false, h == 16 ? 164.0 : 229.0, 0, true});
   return g;
 }
 
@@ -130,7 +138,8 @@ void bench_decode(BenchContext& ctx) {
   const std::string& grid = ctx.options().decode_grid;
   std::vector<DecodeCase> cases;
   if (d.b > 0) {
-    cases.push_back({d.b, d.s_q, d.h, d.s_k, d.page, cache_format_from_string(d.format), d.varlen, 0, d.splits});
+    cases.push_back({d.b, d.s_q, d.h, d.s_k, d.page, cache_format_from_string(d.format), d.varlen, 0, d.splits,
+                     d.sequential_pages});
   } else if (grid == "issue7") {
     cases = issue7_grid();
   } else {

@@ -31,6 +31,8 @@ struct BenchOptions {
     bool varlen = false;          // seq_lens uniform in [1, s_k] (seeded) instead of all s_k (mha_prefill:
                                   // s_q per request uniform in [1, s_q], s_k = s_q causal, else in [1, s_k])
     bool non_causal = false;      // mha_prefill: a non-causal context chunk instead of causal self-attention
+    bool sequential_pages = false;  // mqa_decode: request i's pages are i * pages .. (the block tables of
+                                    // FlashMLA's benchmark) instead of a random permutation of the cache
     int splits = 0;               // KV splits per request (0: the planner's decode_num_splits)
     int64_t topk = 2048;          // sparse_mqa: indices per token (b = tokens, h, format)
     int64_t pool = 0;             // sparse_mqa: cache rows the indices are drawn from (0: b * topk, each read once)

@@ -310,10 +310,10 @@ TEST(DecodeGpu, LatentWidth256) {
   }
 }
 
-// One CTA per request streaming long contexts (no workspace: one split each, the uniform schedule), so the
-// sm90 small kernel's panel ring (kernel_small.cuh: 20-26 slots of 8 KiB) wraps many times per CTA; N 8 /
-// 16 / 32 rows, pages 64 and 16 (several boxes per panel), lengths ending mid-tile (the last tile's
-// zero-fill through the ring slots), NaN-poisoned pages past every length.
+// One CTA per request streaming long contexts (no workspace: one split each, the uniform schedule): the
+// sm90 small kernel's two stages cycle ~30 times per CTA; N 8 / 16 / 32 rows (h 3 x s_q 8: 24 rows), pages
+// 64 and 16 (several TMA boxes per panel), lengths ending mid-tile (the last tile's zero-fill),
+// NaN-poisoned pages past every length.
 TEST(DecodeGpu, SmallKernelLongStreams) {
   MLA_SKIP_WITHOUT_GPU();
   MLA_FORCE_VARIANT("mqa_decode", "sm90");

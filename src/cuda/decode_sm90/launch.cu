@@ -48,16 +48,6 @@ Schedule schedule_mode() {
   return mode;
 }
 
-// MLA_DECODE_SM90_PANEL_MATH=1: the producer's per-panel arithmetic of the earlier issue path (A/B
-// measurements with `mla bench`; read once; params.h panel_math).
-int panel_math() {
-  static const int v = [] {
-    const char* e = std::getenv("MLA_DECODE_SM90_PANEL_MATH");
-    return e != nullptr && std::string(e) == "1" ? 1 : 0;
-  }();
-  return v;
-}
-
 }  // namespace
 
 const char* supports(const dispatch::DecodeArgs& a) {
@@ -97,7 +87,6 @@ void run(const dispatch::DecodeArgs& a) {
   p.causal = a.causal ? 1 : 0;
   set_row_tiles(p, s_q * h_q);
   p.out_pairs = out_pairs(a.out);
-  p.panel_math = panel_math();
 
   // The balanced schedule where it applies and the workspace holds it (core/decode_balance.h: the
   // front end's mqa_decode_workspace_bytes sizes for it), else split-KV as planned (fewer splits when the

@@ -31,9 +31,6 @@ struct DecodeSm90Params {
   // split request's (first slot, splits) for the combine.
   int32_t balanced;
   int32_t* ws_meta;
-  // Laboratory switch (A/B only, MLA_DECODE_SM90_PANEL_MATH=1): the paged producer recomputes each box's
-  // page row and smem offset per panel, as before 2026-11-23 (source.cuh PagedKeys::Tile).
-  int32_t panel_math;
   // Gathered key source (sparse_mqa: a "request" g is a token, s_q = 1, causal 0; block_table / seq_lens
   // unused). Key j of token g is flat cache row idx = indices[g * indices_stride + j], read only when
   // j < len(g) and 0 <= idx < num_slots; len(g) = topk_length[g] clamped to [0, topk], or topk.

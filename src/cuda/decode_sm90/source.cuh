@@ -60,10 +60,10 @@ struct PagedKeys {
   struct Tile {
     int32_t blk[2], row[2], off[2];  // page id (< 2^31: supports()), row in the page, byte offset in a panel
     bool load[2];
-    int loaded, k0, lane;
+    int loaded, lane;
     uint64_t mask;
 
-    __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0_, int /*part*/, int lane_) : k0(k0_), lane(lane_) {
+    __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int /*part*/, int lane_) : lane(lane_) {
       const int32_t* table = p.block_table + u.g * p.block_table_stride;
       const int br = p.box_rows, boxes = Traits::kBlockN / br;
       auto page_of = [&](int key) -> int64_t {  // block id of key's page, -1 when not loadable
@@ -97,13 +97,7 @@ struct PagedKeys {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!load[h]) continue;
-        int r = row[h], o = off[h];
-        if (p.panel_math) {  // A/B switch: the per-panel arithmetic of the earlier issue path
-          const int j = lane + 32 * h, key = k0 + j * p.box_rows;
-          r = key % p.page_size;
-          o = j * p.box_rows * 128;
-        }
-        ptx::tma_load_3d(dst + c * Traits::kPanelBytes + o, map, bar, c * Traits::kPanelCols, r, blk[h]);
+        ptx::tma_load_3d(dst + c * Traits::kPanelBytes + off[h], map, bar, c * Traits::kPanelCols, row[h], blk[h]);
       }
     }
   };
