@@ -6,7 +6,7 @@
 # Logs go to $OUT (or ./gpu-logs). Env: TEST_FILTER, SAN_FILTER, RACE_FILTER (racecheck's own), SAN_TOOLS, BENCH_ARGS, BENCH_VARIANTS,
 # UNIFORM_ARGS (bench rows rerun with MLA_DECODE_SM90_SCHEDULE=uniform), PROFILE_ARGS (one shape under ncu),
 # AB_ENV / AB_ARGS / AB_ROUNDS (ab: each shape of AB_ARGS, one per line, timed as is (A) and with the
-# environment AB_ENV, e.g. MLA_DECODE_SM90_RING=0 (B), alternating A B for AB_ROUNDS rounds in one run).
+# environment AB_ENV, e.g. MLA_DECODE_SM90_SCHEDULE=uniform (B), alternating A B for AB_ROUNDS rounds in one run).
 set -u
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; B=build-gpu; rc=0
 want() { [ $# -eq 0 ] || [[ " $ARGS " == *" $1 "* ]]; }
