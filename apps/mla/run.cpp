@@ -27,8 +27,8 @@ struct Defaults {
 };
 constexpr Defaults kCpuDefaults{64, 24, 1024, 256, 8, 256, 24};
 constexpr Defaults kCudaDefaults{512, 512, 8192, 8192, 256, 2048, 48};
-// The whole block on the CPU (projections of V3's hidden 7168 are most of the work) with its float64
-// twin: a short trace that still has decodes, chunked prompts and fresh prefills.
+// The whole block (either backend) with its float64 CPU twin (projections of V3's hidden 7168 are most
+// of its work): a short trace that still has decodes, chunked prompts and fresh prefills.
 constexpr Defaults kBlockDefaults{24, 8, 512, 128, 4, 256, 1};
 
 // fp8 per-tensor scale: vLLM's calculate_kv_scales rule, amax(kv_c) / 200, for inputs in [-1, 1).
@@ -38,22 +38,17 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   const int devices = cuda_device_count();
   block.enabled = o.block || !o.checkpoint.empty();
   if (block.enabled) {
-    // The block runs on the CPU in this version (docs/BLOCK.md "Next").
-    if (o.backend == "cuda")
-      throw Error("--checkpoint / --block: the DeepSeek block runs on the CPU only in this version (use --backend cpu)");
     if (!o.checkpoint.empty() && o.block) throw Error("--block builds random weights; it cannot be combined with --checkpoint");
     if (!o.checkpoint.empty() && !o.model.empty())
       throw Error("--model sets random-weight shapes; with --checkpoint the dimensions come from its config.json");
-    if (o.backend == "auto" && devices > 0) c.notes.push_back("the DeepSeek block runs on the CPU in this version");
     block.checkpoint = o.checkpoint;
     block.layer = o.layer;
     block.rank = o.rank;
   } else if (o.layer != 0 || o.rank != 0) {
     throw Error("--layer and --rank select the block of a checkpoint: use them with --checkpoint or --block");
   }
-  if (block.enabled) {
-    c.cuda = false;
-  } else if (o.backend == "auto") {
+  // The block runs on the backend chosen here like the bare layer (its float64 twin on the CPU).
+  if (o.backend == "auto") {
     c.cuda = devices > 0;
   } else if (o.backend == "cuda") {
     if (!built_with_cuda())
@@ -185,8 +180,8 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->check(int_range(1, 4096));
   cmd->add_option("--checkpoint", o.checkpoint, "Run the whole DeepSeek attention block (projections, norms, YaRN "
                                                 "RoPE, MLA, o_proj; docs/BLOCK.md) of this checkpoint directory "
-                                                "(config.json + safetensors), on the CPU, checked every step "
-                                                "against its float64 twin");
+                                                "(config.json + safetensors), on --backend (CUDA or the CPU), "
+                                                "checked every step against its float64 CPU twin");
   cmd->add_option("--layer", o.layer, "With --checkpoint: the layer whose attention block runs (default 0)")
       ->check(int_range(0, 1 << 20));
   cmd->add_option("--rank", o.rank, "With --checkpoint / --block: the tensor-parallel rank whose heads run (default 0)")

@@ -4,7 +4,8 @@
 // block (Precision::reference, its own bf16 cache) serves every step too, and each step's output is
 // compared with it (rel-L2 <= 1e-2, the bf16 rule of docs/BLOCK.md). Without a checkpoint the block
 // gets random weights of the chosen model's shapes (fp8 e4m3 with 128 x 128 block scales for v3 /
-// r1 / v3.2, as published; bf16 for v2-lite). The block runs on the CPU (docs/BLOCK.md "Next").
+// r1 / v3.2, as published; bf16 for v2-lite). The block runs on the backend of --backend (CUDA when a
+// device is present, or the CPU); its float64 twin always runs on the CPU.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,12 +14,14 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 
 #include "commands.h"
 #include "core/numeric.h"
 #include "mla/deepseek.h"
 #include "mla/error.h"
 #include "mla/ops.h"
+#include "mla/step.h"
 #include "progress.h"
 #include "run_internal.h"
 #include "synth.h"
@@ -88,46 +91,92 @@ struct RandomWeights {
   }
 };
 
-DeepseekAttention make_block(const RunConfig& cfg, const BlockRunConfig& b, DType dtype,
+DeepseekAttention make_block(const RunConfig& cfg, const BlockRunConfig& b, DType dtype, Device device,
                              const std::optional<RandomWeights>& random) {
   DeepseekOptions o;
   o.tp = cfg.tp;
   o.rank = b.rank;
   o.cache_format = cfg.format;
   o.sparse = cfg.sparse;
-  o.device = Device::cpu();
+  o.device = device;
   o.dtype = dtype;
   if (random) return DeepseekAttention(b.config, random->w, o);
   return DeepseekAttention::load(Checkpoint(b.checkpoint), b.config, b.layer, o);
 }
 
-// One block, its cache and workspace, fed the trace's steps.
+// A host view's contents copied into `buf` (on the lane's device, at least as many elements), viewed
+// with the same shape; on the CPU the host view itself.
+TensorView on_device(const TensorView& host, const Tensor& buf) {
+  if (!host.defined() || buf.device().is_cpu()) return host;
+  TensorView d(buf.data(), host.dtype, std::span<const int64_t>(host.shape.data(), host.ndim), buf.device());
+  if (host.numel() > 0) copy(d, host);
+  return d;
+}
+
+// One block, its cache and workspace on the block's device, fed the trace's steps. On CUDA the step's
+// inputs are uploaded into device buffers and the plan's metadata once per step (as an engine would).
 struct BlockLane {
   DeepseekAttention block;
+  Device dev;
   CacheBuffer cache;
-  Tensor workspace, out;
+  Tensor workspace, out, out_host;
+  Tensor hidden_dev, positions_dev, slots_dev, table_dev, seq_dev, topk_dev;
+  PinnedBuffer meta_staging;
+  Tensor meta;
   Context ctx;
 
   BlockLane(DeepseekAttention blk, const RunConfig& cfg, const PlannerConfig& pc, Precision precision)
       : block(std::move(blk)),
-        cache(allocate_cache(cfg.format, cfg.trace.pool_blocks(), cfg.trace.page_size, Device::cpu(), cfg.fp8_scale)),
+        dev(block.options().device),
+        cache(allocate_cache(cfg.format, cfg.trace.pool_blocks(), cfg.trace.page_size, dev, cfg.fp8_scale)),
         workspace(Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(
                                     block.max_workspace_bytes(pc, cfg.trace.token_budget), 16))},
-                                DType::u8)),
-        out(Tensor::empty({cfg.trace.token_budget, block.config().hidden_size}, block.options().dtype)),
+                                DType::u8, dev)),
+        out(Tensor::empty({cfg.trace.token_budget, block.config().hidden_size}, block.options().dtype, dev)),
         ctx{nullptr, precision} {
-    std::memset(cache.storage.data(), 0xff, cache.storage.nbytes());  // NaN: unwritten rows show
+    poison(cache.storage.data(), dev, cache.storage.nbytes());  // NaN: unwritten rows show
+    if (dev.is_cuda()) {
+      const int64_t budget = cfg.trace.token_budget, H = block.config().hidden_size;
+      out_host = Tensor::empty({budget, H}, block.options().dtype);
+      hidden_dev = Tensor::empty({budget, H}, block.options().dtype, dev);
+      positions_dev = Tensor::empty({budget}, DType::i64, dev);
+      slots_dev = Tensor::empty({budget}, DType::i64, dev);
+      table_dev = Tensor::empty({cfg.trace.max_num_seqs * cfg.trace.max_blocks_per_request()}, DType::i32, dev);
+      seq_dev = Tensor::empty({cfg.trace.max_num_seqs}, DType::i32, dev);
+      topk_dev = Tensor::empty({std::max<int64_t>(1, budget * (cfg.sparse ? cfg.dims.index_topk : 0))}, DType::i32, dev);
+      meta_staging = PinnedBuffer(max_step_metadata_bytes(pc, budget));
+      meta = Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(meta_staging.size(), 16))}, DType::u8, dev);
+    }
   }
+  // One step (host inputs in `a` and `hidden`, in the block's dtype); returns the output on the
+  // block's device after the device finished.
   TensorView step(const Plan& plan, DeepseekForwardArgs a, const Tensor& hidden) {
     const int64_t T = plan.num_tokens;
-    a.hidden = hidden.view().slice(0, 0, T);
+    a.hidden = on_device(hidden.view().slice(0, 0, T), hidden_dev);
+    a.positions = on_device(a.positions, positions_dev);
+    a.slot_mapping = on_device(a.slot_mapping, slots_dev);
+    a.block_table = on_device(a.block_table, table_dev);
+    a.seq_lens = on_device(a.seq_lens, seq_dev);
+    a.topk_indices = on_device(a.topk_indices, topk_dev);
+    if (dev.is_cuda()) {
+      upload_step_metadata(plan, meta_staging.view(), meta.view());
+      a.metadata = meta.view();
+    }
     a.out = out.view().slice(0, 0, T);
-    std::memset(a.out.data, 0xff, static_cast<std::size_t>(T * a.out.shape[1]) * a.out.element_size());
+    poison(a.out.data, dev, static_cast<std::size_t>(T * a.out.shape[1]) * a.out.element_size());
     block.forward(plan, a, cache.cache, workspace.view(), ctx);
+    synchronize(dev);
     return a.out;
   }
+  // The output of the last step on the host.
+  TensorView host(const TensorView& o) {
+    if (dev.is_cpu()) return o;
+    const TensorView h = out_host.view().slice(0, 0, o.shape[0]);
+    copy(h, o);
+    return h;
+  }
   void release(int32_t b, int64_t page_bytes) {
-    std::memset(cache.cache.data.select(0, b).data, 0xff, static_cast<std::size_t>(page_bytes));
+    poison(cache.cache.data.select(0, b).data, dev, static_cast<std::size_t>(page_bytes));
   }
 };
 
@@ -160,9 +209,10 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
   std::optional<RandomWeights> random;
   if (b.checkpoint.empty()) random.emplace(b.config, substream(cfg.seed, 0));
   const PlannerConfig pc = planner_config(cfg);
-  BlockLane fast(make_block(cfg, b, DType::bf16, random), cfg, pc, Precision::fast);
+  BlockLane fast(make_block(cfg, b, DType::bf16, cfg.device, random), cfg, pc, Precision::fast);
   std::optional<BlockLane> twin;
-  if (cfg.check_samples > 0) twin.emplace(make_block(cfg, b, DType::f64, random), cfg, pc, Precision::reference);
+  if (cfg.check_samples > 0)
+    twin.emplace(make_block(cfg, b, DType::f64, Device::cpu(), random), cfg, pc, Precision::reference);
   random.reset();  // the blocks hold their own rank slices
   const double setup = seconds_since(t_start);
 
@@ -202,7 +252,7 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
     fwd_seconds += seconds_since(t0);
     if (twin) {
       const TensorView ref = twin->step(plan, a, as_dtype(hidden, DType::f64));
-      const double e = rel_l2(out, ref);
+      const double e = rel_l2(fast.host(out), ref);
       worst = std::max(worst, std::isnan(e) ? INFINITY : e);
       if (!(e <= kBlockRule)) ++failures;
     }
@@ -217,8 +267,9 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
   progress.finish();
   const double wall = seconds_since(t_start);
 
-  fmt::print("\n== summary: DeepSeek attention block ({}), layer {}, {} cache, cpu ({}) ==\n",
-             b.checkpoint.empty() ? "random weights" : b.checkpoint, b.layer, to_string(cfg.format), cfg.device_name);
+  fmt::print("\n== summary: DeepSeek attention block ({}), layer {}, {} cache, {} ==\n",
+             b.checkpoint.empty() ? "random weights" : b.checkpoint, b.layer, to_string(cfg.format),
+             cfg.cuda ? cfg.device_name : fmt::format("cpu ({})", cfg.device_name));
   fmt::print("block         hidden {}, {} heads per rank (tp {}, rank {}), q_lora_rank {}, {} weights\n", H,
              cfg.dims.num_heads, cfg.tp, b.rank, b.config.q_lora_rank, b.config.fp8_weights ? "fp8 block-scaled" : "bf16");
   fmt::print("steps         {}; {} tokens; {} of {} requests finished\n", steps, tokens, sched.num_finished(),
@@ -226,7 +277,7 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
   fmt::print("forward       {:.3f} s in bf16 ({:.0f} tokens/s); setup {:.2f} s; wall {:.2f} s\n", fwd_seconds,
              fwd_seconds > 0 ? static_cast<double>(tokens) / fwd_seconds : 0.0, setup, wall);
   if (twin)
-    fmt::print("check         every step against the float64 block: worst rel-L2 {:.3e} (rule {:.0e}): {}\n", worst,
+    fmt::print("check         every step against the float64 CPU block: worst rel-L2 {:.3e} (rule {:.0e}): {}\n", worst,
                kBlockRule, failures == 0 ? "PASS" : fmt::format("FAIL ({} steps)", failures));
   else
     fmt::print("check         skipped (--check-samples 0)\n");
@@ -241,6 +292,8 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
     j["heads_per_rank"] = cfg.dims.num_heads;
     j["fp8_weights"] = b.config.fp8_weights;
     j["cache"] = to_string(cfg.format);
+    j["device"] = cfg.cuda ? "cuda" : "cpu";
+    j["device_name"] = cfg.device_name;
     j["steps"] = steps;
     j["tokens"] = tokens;
     j["forward_seconds"] = fwd_seconds;
