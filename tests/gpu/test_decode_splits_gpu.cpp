@@ -53,10 +53,18 @@ TEST(DecodeSplitsGpu, ExplicitSplitCountsMatchTheOracle) {
       cuda_rt::synchronize(0);
       test::expect_attention_close(out, ref_out, lse, ref_lse, "uniform splits");
     }
-    if (splits > 1) {  // the front end insists on the workspace sized for the splits asked for
-      EXPECT_THROW(mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view().slice(0, 0, need - 1),
-                              Context{}, splits),
+    if (splits > 1) {  // the front end insists on the split partials of the splits asked for
+      EXPECT_THROW(mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true,
+                              ws.view().slice(0, 0, static_cast<int64_t>(uniform) - 1), Context{}, splits),
                    Error);
+    }
+    if (need > uniform) {  // ... and not on the balanced schedule's extra: less runs the split schedule
+      fill(out.view(), NAN);
+      fill(lse.view(), NAN);
+      mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view().slice(0, 0, static_cast<int64_t>(need) - 1),
+                 Context{}, splits);
+      cuda_rt::synchronize(0);
+      test::expect_attention_close(out, ref_out, lse, ref_lse, "workspace short of the balanced schedule");
     }
   }
   // The default is the planner's policy with the device's SM count.
