@@ -1,6 +1,7 @@
 """The DeepSeek attention block (mla.DeepseekAttention) and the checkpoint reader through Python, on the
 transformers fixture (tests/fixtures/block, docs/BLOCK.md): the float64 block in one prefill within 1e-5
-of transformers' output, the block built from a dict of NumPy weights equal to the loaded one."""
+of transformers' output (and in every step split with the f64 cache), the block built from a dict of
+NumPy weights equal to the loaded one."""
 import os
 
 import numpy as np
@@ -13,22 +14,30 @@ LAYER = 1
 PAGE = 64
 
 
-def serve_prefill(blk, hidden, precision):
-    """One prefill of the whole sequence (positions 0..T-1) into a fresh bf16 cache."""
+def serve_prefill(blk, hidden, precision, steps=None, fmt=mla.CacheFormat.bf16):
+    """The whole sequence (positions 0..T-1) in steps of the given query lengths (default: one prefill)
+    into a fresh cache of format fmt."""
     T = hidden.shape[0]
+    steps = steps or [T]
     pc = blk.planner_config()
     pc.page_size, pc.max_model_len, pc.max_num_seqs = PAGE, 4096, 2
-    plan = mla.make_plan(mla.BatchDesc(query_start_loc=[0, T], seq_lens=[T]), pc)
     nb = -(-T // PAGE)
-    cache = mla.allocate_cache(mla.CacheFormat.bf16, nb, PAGE)
+    cache = mla.allocate_cache(fmt, nb, PAGE)
     mla.fill(cache.data, float("nan"))
     table = np.arange(nb, dtype=np.int32)[None][:, ::-1].copy()  # reversed pages
-    pos = np.arange(T, dtype=np.int64)
-    slots = table[0, pos // PAGE].astype(np.int64) * PAGE + pos % PAGE
     out = np.full(hidden.shape, np.nan)
-    blk.forward(plan, cache, mla.empty([blk.workspace_bytes(plan)], "u8"), hidden=hidden, positions=pos,
-                slot_mapping=slots, block_table=table, seq_lens=np.array([T], np.int32), out=out,
-                precision=precision)
+    done = 0
+    for q in steps:
+        plan = mla.make_plan(mla.BatchDesc(query_start_loc=[0, q], seq_lens=[done + q]), pc)
+        pos = np.arange(done, done + q, dtype=np.int64)
+        slots = table[0, pos // PAGE].astype(np.int64) * PAGE + pos % PAGE
+        o = np.full((q, hidden.shape[1]), np.nan)
+        blk.forward(plan, cache, mla.empty([blk.workspace_bytes(plan)], "u8"), hidden=hidden[done:done + q].copy(),
+                    positions=pos, slot_mapping=slots, block_table=table, seq_lens=np.array([done + q], np.int32),
+                    out=o, precision=precision)
+        out[done:done + q] = o
+        done += q
+    assert done == T
     return out
 
 
@@ -56,6 +65,22 @@ def test_block_matches_transformers(name):
         weights[short] = ck.load(n, {"BF16": "bf16", "F32": "f32", "F8_E4M3": "fp8_e4m3"}[dt])
     blk2 = mla.DeepseekAttention(cfg, weights, mla.DeepseekOptions(dtype="f64"))
     np.testing.assert_array_equal(serve_prefill(blk2, hidden, mla.Precision.reference), out)
+
+
+@pytest.mark.parametrize("name", ["v3_fp8", "v2lite_bf16"])
+def test_block_float64_every_split_with_f64_cache(name):
+    """With the f64 cache (the float64 oracle's exact cache, CPU only; docs/BLOCK.md "Accuracy") the float64
+    block stays within 1e-5 of transformers' output in steps that read cached context too (chunked
+    prefill, decodes); with the bf16 cache those steps carry its rounding (~1e-3)."""
+    cfg = mla.DeepseekConfig.from_file(os.path.join(FIX, name, "config.json"))
+    ck = mla.Checkpoint(os.path.join(FIX, name))
+    blk = mla.DeepseekAttention.load(ck, cfg, LAYER, mla.DeepseekOptions(dtype="f64", cache_format=mla.CacheFormat.f64))
+    hidden, ref = load_io(name)
+    T = hidden.shape[0]
+    for steps in ([T], [100, 100, T - 200], [T - 16] + [1] * 16):
+        assert rel_l2(serve_prefill(blk, hidden, mla.Precision.reference, steps, mla.CacheFormat.f64), ref) <= 1e-5, steps
+    blk16 = mla.DeepseekAttention.load(ck, cfg, LAYER, mla.DeepseekOptions(dtype="f64"))
+    assert rel_l2(serve_prefill(blk16, hidden, mla.Precision.reference, [100, 100, T - 200]), ref) > 1e-4
 
 
 def test_block_w8a8():
