@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `mla run --checkpoint` on every backend present (docs/CLI.md, docs/BLOCK.md): the fixture checkpoints'
 # blocks run the serving trace and every step is checked against the float64 CPU block (the run exits
-# non-zero when a step breaks the bf16 rule). The CPU part always runs; the CUDA part runs where a
+# non-zero when a step breaks the bf16 rule, widened for fp8 / fp8_ds_mla caches by twice the cache's
+# own error). The CPU part always runs; the CUDA part runs where a
 # device is present (V3 fp8 and V2-Lite bf16, dense; --backend auto picks CUDA there) and is skipped,
 # with a line saying so, elsewhere.
 # Usage: tests/cli_block_test.sh path/to/mla path/to/tests/fixtures/block
@@ -30,6 +31,9 @@ run() {
 }
 run cpu_v3 cpu --backend cpu --checkpoint "$fix/v3_fp8" --layer 1
 run cpu_v2lite cpu --backend cpu --checkpoint "$fix/v2lite_bf16" --layer 1
+# Quantised caches: the bound adds twice the cache's own error (the twin against the f64-cache block).
+run cpu_v3_fp8_cache cpu --backend cpu --checkpoint "$fix/v3_fp8" --layer 1 --cache fp8
+run cpu_v2lite_ds_mla cpu --backend cpu --checkpoint "$fix/v2lite_bf16" --layer 1 --cache fp8_ds_mla
 
 if "$mla" info --json | tr -d ' \n' | grep -q '"devices":\[\]'; then
   # No device: --backend cuda is refused with a message naming the option.
@@ -43,6 +47,8 @@ else
   run cuda_v3 cuda --backend cuda --checkpoint "$fix/v3_fp8" --layer 1
   run cuda_v3_chunky cuda --backend cuda --checkpoint "$fix/v3_fp8" --layer 1 --token-budget 37 --page-size 16
   run cuda_v2lite cuda --backend cuda --checkpoint "$fix/v2lite_bf16" --layer 1
+  run cuda_v3_ds_mla cuda --backend cuda --checkpoint "$fix/v3_fp8" --layer 1 --cache fp8_ds_mla
+  run cuda_v2lite_fp8 cuda --backend cuda --checkpoint "$fix/v2lite_bf16" --layer 1 --cache fp8
   run auto_v2lite cuda --backend auto --checkpoint "$fix/v2lite_bf16" --layer 1
 fi
 [ $fails -eq 0 ] && echo "cli_block_test: all passed" || echo "cli_block_test: $fails failure(s)"
