@@ -25,6 +25,13 @@ using test::PagedBatch;
 
 constexpr double kScale = 0.0722;  // 1/sqrt(192)
 
+// Whether the mqa_decode variant that ran last reads `format`'s rows as their bf16 upconvert (the sm90
+// variant's fp8 and fp8_ds_mla caches: docs/DECODE.md "fp8 caches"); the float64 oracle then reads
+// test::upconverted_cache, as the sparse tests do.
+bool reads_upconverted(CacheFormat format) {
+  return format != CacheFormat::bf16 && last_variant("mqa_decode") == "sm90";
+}
+
 struct DecodeRun {
   Tensor out, lse;  // GPU results (bf16 out, fp32 lse)
   Tensor ref_out, ref_lse;  // CPU float64 oracle (f64 out, fp32 lse)
@@ -39,10 +46,6 @@ DecodeRun run_decode(const Tensor& q_host, const Tensor& cache_storage, const KV
   const int64_t b = q_host.size(0), s_q = q_host.size(1), h = q_host.size(2);
   const Device gpu = Device::cuda(0);
   DecodeRun r;
-  r.ref_out = test::poisoned({b, s_q, h, dv}, DType::f64);
-  r.ref_lse = test::poisoned({b, s_q, h}, DType::f32);
-  mqa_decode(q_host, cache, block_table, seq_lens, r.ref_out, r.ref_lse, kScale, causal, {}, test::reference_ctx());
-
   test::DeviceCache dc = test::to_device(cache_storage, cache);
   Tensor q = test::converted(q_host, act).to(gpu), bt = block_table.to(gpu), sl = seq_lens.to(gpu);
   r.out = test::poisoned({b, s_q, h, dv}, act, gpu);
@@ -52,6 +55,15 @@ DecodeRun run_decode(const Tensor& q_host, const Tensor& cache_storage, const KV
   if (use_workspace && need > 0) ws = Tensor::empty({static_cast<int64_t>(need)}, DType::u8, gpu);
   mqa_decode(q, dc.cache, bt, sl, r.out, r.lse, kScale, causal, ws.view(), Context{});
   cuda_rt::synchronize(0);
+  // The oracle reads what the variant that ran reads (reads_upconverted).
+  r.ref_out = test::poisoned({b, s_q, h, dv}, DType::f64);
+  r.ref_lse = test::poisoned({b, s_q, h}, DType::f32);
+  if (reads_upconverted(cache.format)) {
+    const CacheBuffer up = test::upconverted_cache(cache);
+    mqa_decode(q_host, up.cache, block_table, seq_lens, r.ref_out, r.ref_lse, kScale, causal, {}, test::reference_ctx());
+  } else {
+    mqa_decode(q_host, cache, block_table, seq_lens, r.ref_out, r.ref_lse, kScale, causal, {}, test::reference_ctx());
+  }
   return r;
 }
 
@@ -98,6 +110,13 @@ INSTANTIATE_TEST_SUITE_P(Pages, DecodeGpuSweep,
                          ::testing::Combine(::testing::ValuesIn(test::kDeviceFormats),
                                             ::testing::Values(1, 16, 32, 64, 128, 256), ::testing::Values(3, 16, 128),
                                             ::testing::Values(8), ::testing::ValuesIn(test::variants_of("mqa_decode"))),
+                         sweep_name);
+
+// fp8 caches at page 128 (two 64-key tiles per page; the sm90 variant's paged row sources) with s_q 1..4.
+INSTANTIATE_TEST_SUITE_P(Fp8Page128, DecodeGpuSweep,
+                         ::testing::Combine(::testing::Values(CacheFormat::fp8, CacheFormat::fp8_ds_mla), ::testing::Values(128),
+                                            ::testing::Values(1, 16, 128), ::testing::Values(1, 2, 4),
+                                            ::testing::ValuesIn(test::variants_of("mqa_decode"))),
                          sweep_name);
 
 // Every variant on the explicit split counts of one long request pair, s_q 1..8 (split boundaries in
@@ -270,9 +289,6 @@ TEST(DecodeGpu, StridedAndUnalignedViews) {
     TensorView q_view = q_store.view().slice(2, 1, h + 1).slice(3, 2, d + 2);
     Tensor q_host = Tensor::empty({b, s_q, h, d}, DType::bf16);
     copy(q_host.view(), q_view);
-    Tensor ref_out = test::poisoned({b, s_q, h, dv}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
-    mqa_decode(q_host, cache, bt, sl, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
-
     const Device gpu = Device::cuda(0);
     test::DeviceCache dc = test::to_device(storage, cache);
     Tensor q_dev = q_store.to(gpu);
@@ -284,6 +300,10 @@ TEST(DecodeGpu, StridedAndUnalignedViews) {
     const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h, max_blocks * page, gpu);
     Tensor ws = need ? Tensor::empty({static_cast<int64_t>(need)}, DType::u8, gpu) : Tensor();
     mqa_decode(qd, dc.cache, btd, sld, out, lse, kScale, true, ws.view(), Context{});
+    Tensor ref_out = test::poisoned({b, s_q, h, dv}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
+    const bool upconverted = reads_upconverted(f);
+    const CacheBuffer up = upconverted ? test::upconverted_cache(cache) : CacheBuffer{};
+    mqa_decode(q_host, upconverted ? up.cache : cache, bt, sl, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
     const test::HostView out_h = test::to_host(out_store, out), lse_h = test::to_host(lse_store, lse);
     test::expect_attention_close(out_h.view, ref_out, lse_h.view, ref_lse, std::string("strided ") + to_string(f));
   }
@@ -313,27 +333,36 @@ TEST(DecodeGpu, LatentWidth256) {
 // One CTA per request streaming long contexts (no workspace: one split each, the uniform schedule): the
 // sm90 small kernel's two stages cycle ~30 times per CTA; N 8 / 16 / 32 rows (h 3 x s_q 8: 24 rows), pages
 // 64 and 16 (several TMA boxes per panel), lengths ending mid-tile (the last tile's zero-fill),
-// NaN-poisoned pages past every length.
+// NaN-poisoned pages past every length. fp8_ds_mla: the paged staged source (small kernel, raw records one
+// tile ahead) and, at 64 / 128 heads, the seesaw kernel's register path; fp8: the register path in both
+// kernels; pages 1 / 16 / 64 / 128, against the float64 oracle on the bf16 upconvert (what the variant reads).
 TEST(DecodeGpu, SmallKernelLongStreams) {
   MLA_SKIP_WITHOUT_GPU();
   MLA_FORCE_VARIANT("mqa_decode", "sm90");
   const Device gpu = Device::cuda(0);
-  for (const auto& [h, s_q, page] :
-       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{8, 1, 64}, {16, 1, 16}, {16, 2, 64}, {3, 8, 64}}) {
-    test::reseed(static_cast<uint64_t>(h * 1000 + s_q * 10 + page));
+  using Case = std::tuple<CacheFormat, int64_t, int64_t, int64_t>;
+  const CacheFormat bf = CacheFormat::bf16, ds = CacheFormat::fp8_ds_mla, f8 = CacheFormat::fp8;
+  for (const auto& [f, h, s_q, page] :
+       std::vector<Case>{{bf, 8, 1, 64}, {bf, 16, 1, 16}, {bf, 16, 2, 64}, {bf, 3, 8, 64}, {ds, 8, 1, 64}, {ds, 16, 1, 16},
+                         {ds, 16, 2, 128}, {ds, 3, 8, 64}, {ds, 16, 1, 1}, {ds, 128, 1, 64}, {ds, 64, 2, 16},
+                         {f8, 16, 1, 64}, {f8, 32, 1, 16}, {f8, 128, 1, 1}}) {
+    test::reseed(static_cast<uint64_t>(h * 1000 + s_q * 10 + page) + static_cast<uint64_t>(f) * 100000);
     const std::vector<int32_t> lens = {4001, 2113, 64};
     const int64_t b = static_cast<int64_t>(lens.size());
-    PagedBatch pb = test::paged_batch(CacheFormat::bf16, page, lens, 4096 / page + 2);
+    PagedBatch pb = test::paged_batch(f, page, lens, 4096 / page + 2);
     Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
     Tensor ref_out = test::poisoned({b, s_q, h, 512}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
-    mqa_decode(q, pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
+    const CacheBuffer up = f != bf ? test::upconverted_cache(pb.cb.cache) : CacheBuffer{};
+    mqa_decode(q, f != bf ? up.cache : pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {},
+               test::reference_ctx());
     test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
     Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
     Tensor out = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
     cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, {}, Context{}, 1);
     EXPECT_EQ(last_variant("mqa_decode"), "sm90");
     test::expect_attention_close(out, ref_out, lse, ref_lse,
-                                 "h " + std::to_string(h) + " s_q " + std::to_string(s_q) + " page " + std::to_string(page));
+                                 std::string(to_string(f)) + " h " + std::to_string(h) + " s_q " + std::to_string(s_q) +
+                                     " page " + std::to_string(page));
   }
 }
 
@@ -342,28 +371,31 @@ TEST(DecodeGpu, SmallKernelLongStreams) {
 // (run under compute-sanitizer memcheck). Out-of-range pages are skipped; lengths are clamped.
 TEST(DecodeGpu, GarbageMetadataStaysInBounds) {
   MLA_SKIP_WITHOUT_GPU();
-  test::reseed(17);
-  const int64_t b = 4, h = 16, page = 16, nb = 8, max_blocks = 3;
-  CacheBuffer cb = allocate_cache(CacheFormat::bf16, nb, page, Device::cpu());
-  for (int64_t s = 0; s < nb * page; ++s) test::randomize_row(cb.cache, s);
-  const std::vector<std::vector<int32_t>> table = {{0, 1, 2}, {7, 1000000, -5}, {3, 4, 5}, {-1, -1, -1}};
-  const std::vector<int32_t> lens = {1 << 30, 40, -7, 48};
-  const Device gpu = Device::cuda(0);
-  test::DeviceCache dc = test::to_device(cb.storage, cb.cache);
-  Tensor q = test::random_tensor({b, 1, h, 576}, DType::bf16, gpu);
-  Tensor bt = test::int_tensor_2d(table, gpu), sl = test::int_tensor(lens, gpu);
-  Tensor out = test::poisoned({b, 1, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, 1, h}, DType::f32, gpu);
-  const std::size_t need = mqa_decode_workspace_bytes(b, 1, h, max_blocks * page, gpu);
-  Tensor ws = need ? Tensor::empty({static_cast<int64_t>(need)}, DType::u8, gpu) : Tensor();
-  ASSERT_NO_THROW(mqa_decode(q, dc.cache, bt, sl, out, lse, kScale, true, ws.view(), Context{}));
-  ASSERT_NO_THROW(cuda_rt::synchronize(0));
-  const std::vector<double> o = test::to_doubles(out), l = test::to_doubles(lse);
-  for (double x : o) ASSERT_TRUE(std::isfinite(x));
-  // Request 2 (negative length) and 3 (no valid page) see no key; request 0 sees its whole table.
-  for (int64_t hh = 0; hh < h; ++hh) {
-    EXPECT_EQ(l[2 * h + hh], -INFINITY);
-    EXPECT_EQ(l[3 * h + hh], -INFINITY);
-    EXPECT_TRUE(std::isfinite(l[hh]));
+  for (CacheFormat f : test::kDeviceFormats) {
+    SCOPED_TRACE(to_string(f));
+    test::reseed(17);
+    const int64_t b = 4, h = 16, page = 16, nb = 8, max_blocks = 3;
+    CacheBuffer cb = allocate_cache(f, nb, page, Device::cpu());
+    for (int64_t s = 0; s < nb * page; ++s) test::randomize_row(cb.cache, s);
+    const std::vector<std::vector<int32_t>> table = {{0, 1, 2}, {7, 1000000, -5}, {3, 4, 5}, {-1, -1, -1}};
+    const std::vector<int32_t> lens = {1 << 30, 40, -7, 48};
+    const Device gpu = Device::cuda(0);
+    test::DeviceCache dc = test::to_device(cb.storage, cb.cache);
+    Tensor q = test::random_tensor({b, 1, h, 576}, DType::bf16, gpu);
+    Tensor bt = test::int_tensor_2d(table, gpu), sl = test::int_tensor(lens, gpu);
+    Tensor out = test::poisoned({b, 1, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, 1, h}, DType::f32, gpu);
+    const std::size_t need = mqa_decode_workspace_bytes(b, 1, h, max_blocks * page, gpu);
+    Tensor ws = need ? Tensor::empty({static_cast<int64_t>(need)}, DType::u8, gpu) : Tensor();
+    ASSERT_NO_THROW(mqa_decode(q, dc.cache, bt, sl, out, lse, kScale, true, ws.view(), Context{}));
+    ASSERT_NO_THROW(cuda_rt::synchronize(0));
+    const std::vector<double> o = test::to_doubles(out), l = test::to_doubles(lse);
+    for (double x : o) ASSERT_TRUE(std::isfinite(x));
+    // Request 2 (negative length) and 3 (no valid page) see no key; request 0 sees its whole table.
+    for (int64_t hh = 0; hh < h; ++hh) {
+      EXPECT_EQ(l[2 * h + hh], -INFINITY);
+      EXPECT_EQ(l[3 * h + hh], -INFINITY);
+      EXPECT_TRUE(std::isfinite(l[hh]));
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include "runtime/device_api.h"
 #include "mla/error.h"
 #include "mla/plan.h"
+#include "mla/variants.h"
 #include "unit/attention_test_util.h"
 
 namespace mla {
@@ -27,11 +28,18 @@ TEST(DecodeSplitsGpu, ExplicitSplitCountsMatchTheOracle) {
   const test::PagedBatch pb = test::paged_batch(CacheFormat::fp8_ds_mla, page, lens, max_blocks);
   const Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16);
   Tensor ref_out = test::poisoned({b, s_q, h, 512}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
-  mqa_decode(q, pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
-
   const Device gpu = Device::cuda(0);
   const test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
   const Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
+  {  // the oracle reads what the variant that runs reads (sm90: the bf16 upconvert of the records)
+    Tensor probe = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu);
+    cuda::mqa_decode(qd, dc.cache, bt, sl, probe, {}, kScale, true, {}, Context{}, 1);
+    cuda_rt::synchronize(0);
+  }
+  const CacheBuffer up = test::upconverted_cache(pb.cb.cache);
+  const KVCache& oracle_cache = last_variant("mqa_decode") == "sm90" ? up.cache : pb.cb.cache;
+  mqa_decode(q, oracle_cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
+
   const int64_t max_len = max_blocks * page;
   for (int splits : {1, 2, 3, 7, 16, kDecodeMaxSplits}) {
     SCOPED_TRACE(splits);

@@ -83,10 +83,23 @@ inline CacheBuffer nan_cache(CacheFormat format, int64_t num_blocks, int64_t pag
 
 // The bf16 upconvert of a host fp8_ds_mla cache, slot for slot (the CPU op, SEMANTICS §3.3:
 // bf16(float(code) * scale)): what the sm90 sparse_mqa variant reads for an fp8_ds_mla row
-// (docs/SPARSE.md), hence the cache its float64 oracle reads.
+// (docs/SPARSE.md), hence the cache its float64 oracle reads. An fp8 (per-tensor) cache likewise, every
+// column times KVCache::scale in fp32, rounded to bf16: what the sm90 mqa_decode variant reads
+// (docs/DECODE.md "fp8 caches").
 inline CacheBuffer upconverted_cache(const KVCache& c) {
   const int64_t nb = c.num_blocks(), page = c.page_size();
   CacheBuffer u = nan_cache(CacheFormat::bf16, nb, page);
+  if (c.format == CacheFormat::fp8) {
+    const auto* src = static_cast<const uint8_t*>(c.data.data);
+    auto* dst = static_cast<uint16_t*>(u.storage.data());
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t r = 0; r < page; ++r)
+        for (int64_t j = 0; j < c.d_qk; ++j) {
+          const float v = num::e4m3_to_float(src[b * c.data.stride[0] + r * c.data.stride[1] + j]) * c.scale;
+          dst[(b * page + r) * c.d_qk + j] = num::float_to_bf16(v);
+        }
+    return u;
+  }
   std::vector<int32_t> blocks;
   for (int64_t b = 0; b < nb; ++b) blocks.push_back(static_cast<int32_t>(b));
   const Tensor table = int_tensor_2d({blocks});

@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using L = SeesawTraits;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
-  const Unit u(p, !Src::kTma);
+  const Unit u(p, Src::kIndexed);
   if (!start_roles<L, Src>(p, &kv_map, u, true, smem,
                            [&](int warp, int lane) { produce_seesaw<Src>(p, &kv_map, u, smem, warp, lane); }))
     return;

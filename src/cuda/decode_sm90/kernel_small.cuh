@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Unit one{};  // the uniform schedule's unit
   const bool balanced = Src::kTma && p.balanced;
   if (balanced) balanced_window(p, win, reinterpret_cast<int64_t*>(smem + L::kOffSched + 64));
-  else one = Unit(p, !Src::kTma);
+  else one = Unit(p, Src::kIndexed);
   if (!start_roles<L, Src>(p, &kv_map, one, !balanced, smem, [&](int warp, int lane) {
         if constexpr (StagedSource<Src>) Src::template produce<L>(p, one, smem, warp, lane);
         else produce<L, Src>(p, &kv_map, win, smem, warp, lane);

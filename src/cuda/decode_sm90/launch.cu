@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/common/launch.h"
@@ -48,22 +49,52 @@ Schedule schedule_mode() {
   return mode;
 }
 
+// KV cache as a 3-D tensor [num_blocks][page_size][576] for TMA: boxes of 64 columns x box_rows rows of
+// one page, 128-byte swizzled (the layout the wgmma descriptors read).
+CUtensorMap paged_tensor_map(const KVCache& cache, int32_t box_rows, const char* what) {
+  ptx::TmaTensor t;
+  t.base = cache.data.data;
+  t.dtype = DType::bf16;
+  t.rank = 3;
+  t.dims[0] = Traits::kDqk;
+  t.dims[1] = cache.page_size();
+  t.dims[2] = cache.num_blocks();
+  t.strides[0] = 1;
+  t.strides[1] = cache.data.stride[1];
+  t.strides[2] = cache.data.stride[0];
+  t.box[0] = Traits::kPanelCols;
+  t.box[1] = box_rows;
+  t.box[2] = 1;
+  t.swizzle = ptx::TmaSwizzle::b128;
+  t.l2_promotion_bytes = 256;
+  return ptx::make_tensor_map(t, what);
+}
+
 }  // namespace
 
 const char* supports(const dispatch::DecodeArgs& a) {
   const KVCache& c = a.cache;
-  if (c.format != CacheFormat::bf16) return "bf16 cache only (fp8 and fp8_ds_mla: not yet)";
+  if (c.format != CacheFormat::bf16 && c.format != CacheFormat::fp8_ds_mla && c.format != CacheFormat::fp8)
+    return "bf16, fp8 and fp8_ds_mla caches only";
   if (c.d_qk != Traits::kDqk || a.q.size(3) != Traits::kDqk) return "d_qk must be 576";
   if (a.out.size(3) != Traits::kDv) return "d_v must be 512";
   if (a.q.dtype != DType::bf16 || a.out.dtype != DType::bf16) return "bf16 q and out only";
+  if (a.q.size(1) * a.q.size(2) > (int64_t(1) << 30)) return "s_q * h_q too large for one launch";
+  if (c.num_blocks() >= (int64_t(1) << 31)) return "more than 2^31 cache pages";
+  if (c.format != CacheFormat::bf16) {  // rows copied by the producer warps (16-byte copies), any page size
+    const int64_t eb = static_cast<int64_t>(c.data.element_size());
+    if (!aligned(c.data.data, 16) || c.data.stride[2] != 1 || (c.data.stride[1] * eb) % 16 != 0 ||
+        (c.data.stride[0] * eb) % 16 != 0)
+      return "cache rows must be contiguous with 16-byte aligned base and strides (16-byte copies)";
+    if (c.page_size() >= (int64_t(1) << 30)) return "page_size too large";
+    return nullptr;
+  }
   const int64_t page = c.page_size();
   if (!(Traits::kBlockN % page == 0 || page % Traits::kBlockN == 0)) return "page_size must divide 64 or be a multiple of 64";
   // TMA: 16-byte aligned base and strides, contiguous rows.
   if (!aligned(c.data.data, 16) || c.data.stride[2] != 1 || (c.data.stride[1] * 2) % 16 != 0 ||
       (c.data.stride[0] * 2) % 16 != 0)
     return "cache rows must be contiguous with 16-byte aligned base and strides (TMA)";
-  if (c.num_blocks() >= (int64_t(1) << 31)) return "more than 2^31 cache pages";
-  if (a.q.size(1) * a.q.size(2) > (int64_t(1) << 30)) return "s_q * h_q too large for one launch";
   return nullptr;
 }
 
@@ -95,7 +126,11 @@ void run(const dispatch::DecodeArgs& a) {
                            ? a.workspace.numel() * static_cast<int64_t>(a.workspace.element_size())
                            : 0;
   const int64_t m_rows = s_q * h_q;
-  const int ctas = schedule_mode() == Schedule::uniform ? 0 : balance::ctas_for(b, m_rows, sm_count(q.device.index));
+  // fp8 / fp8_ds_mla: the uniform schedule only (the row-copying sources run one unit per CTA; the staged
+  // source's raw stage leaves no room for the balanced schedule's exchange region; docs/DECODE.md "fp8 caches").
+  const bool quantized = cache.format != CacheFormat::bf16;
+  const int ctas =
+      schedule_mode() == Schedule::uniform || quantized ? 0 : balance::ctas_for(b, m_rows, sm_count(q.device.index));
   auto* base = static_cast<uint8_t*>(a.workspace.data);
   int splits = std::max(1, std::min(a.num_splits, decode::kMaxSplits));
   if (ctas > 0 && balance::workspace_bytes(b, m_rows, ctas) <= have) {
@@ -113,28 +148,23 @@ void run(const dispatch::DecodeArgs& a) {
   }
   p.num_splits = splits;
 
-  // KV cache as a 3-D tensor [num_blocks][page_size][576] for TMA: boxes of 64 columns x box_rows rows of
-  // one page, 128-byte swizzled (the layout the wgmma descriptors read).
-  ptx::TmaTensor t;
-  t.base = cache.data.data;
-  t.dtype = DType::bf16;
-  t.rank = 3;
-  t.dims[0] = Traits::kDqk;
-  t.dims[1] = cache.page_size();
-  t.dims[2] = cache.num_blocks();
-  t.strides[0] = 1;
-  t.strides[1] = cache.data.stride[1];
-  t.strides[2] = cache.data.stride[0];
-  t.box[0] = Traits::kPanelCols;
-  t.box[1] = p.box_rows;
-  t.box[2] = 1;
-  t.swizzle = ptx::TmaSwizzle::b128;
-  t.l2_promotion_bytes = 256;
-  const CUtensorMap map = ptx::make_tensor_map(t, "mqa_decode (sm90)");
-
+  const char* what = "mqa_decode (sm90)";
   const unsigned grid =
-      p.balanced ? static_cast<unsigned>(ctas) : grid_for(int64_t{p.m_tiles} * b * splits, 1, "mqa_decode (sm90)");
-  launch_kernel<PagedKeys>(p, grid, stream, map, "mqa_decode (sm90)");
+      p.balanced ? static_cast<unsigned>(ctas) : grid_for(int64_t{p.m_tiles} * b * splits, 1, what);
+  if (quantized) {
+    // fp8_ds_mla records / fp8 rows read by the producer warps through the block table (source.cuh
+    // PagedRows) and converted to bf16 in shared memory: no staging copy in global memory.
+    set_gather_cache(p.gather, cache);
+    if (cache.format == CacheFormat::fp8_ds_mla) {
+      launch_ds_mla<PagedRows>(p, grid, stream, what);
+    } else {
+      CUtensorMap unused;  // no TMA
+      std::memset(&unused, 0, sizeof(unused));
+      launch_kernel<GatherKeys<CacheFormat::fp8, PagedRows>>(p, grid, stream, unused, what);
+    }
+  } else {
+    launch_kernel<PagedKeys>(p, grid, stream, paged_tensor_map(cache, p.box_rows, what), what);
+  }
   if (splits > 1 || p.balanced) {
     DecodeParams cp{};
     cp.rows = p.rows;

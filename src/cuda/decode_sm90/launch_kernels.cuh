@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "cuda/common/launch.h"
+#include "mla/cache.h"
 #include "cuda/decode_sm90/kernel_seesaw.cuh"
 #include "cuda/decode_sm90/kernel_small.cuh"
 
@@ -54,6 +56,36 @@ void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
     case 16: launch_small<16, Src>(p, grid, stream, map, what); break;
     case 32: launch_small<32, Src>(p, grid, stream, map, what); break;
     default: launch_one(decode_sm90_seesaw_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what); break;
+  }
+}
+
+// The cache fields of the row-copying sources (GatherKeys, StagedDsMlaKeys): base, byte strides, pages.
+inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
+  const int64_t eb = static_cast<int64_t>(c.data.element_size());
+  g.cache = static_cast<const uint8_t*>(c.data.data);
+  g.stride_block_bytes = c.data.stride[0] * eb;
+  g.stride_row_bytes = c.data.stride[1] * eb;
+  g.num_slots = c.num_blocks() * c.page_size();
+  g.page_size = static_cast<int32_t>(c.page_size());
+  g.scale = c.scale;
+}
+
+// fp8_ds_mla records copied by the producer warps, rows located by Rows (source.cuh: IndexedRows for
+// sparse_mqa, PagedRows for mqa_decode): the small kernels stage the raw records in shared memory
+// (source_staged.cuh); the seesaw kernel has no room for that and dequantises through registers
+// (GatherKeys). No TMA: the tensor map is a zeroed placeholder.
+template <class Rows>
+void launch_ds_mla(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
+  CUtensorMap unused;
+  std::memset(&unused, 0, sizeof(unused));
+  switch (p.tile_rows) {
+    case 8: launch_small<8, StagedDsMlaKeysFor<SmallTraits<8>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
+    case 16: launch_small<16, StagedDsMlaKeysFor<SmallTraits<16>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
+    case 32: launch_small<32, StagedDsMlaKeysFor<SmallTraits<32>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
+    default:
+      launch_one(decode_sm90_seesaw_kernel<GatherKeys<CacheFormat::fp8_ds_mla, Rows>>, SeesawTraits::kSmemBytes, grid,
+                 stream, unused, p, what);
+      break;
   }
 }
 

@@ -45,12 +45,7 @@ void run_sparse(const dispatch::SparseArgs& a) {
   set_row_tiles(p, h_q);
   p.out_pairs = out_pairs(a.out);
   DecodeSm90Params::Gather& g = p.gather;
-  const int64_t eb = static_cast<int64_t>(c.data.element_size());
-  g.cache = static_cast<const uint8_t*>(c.data.data);
-  g.stride_block_bytes = c.data.stride[0] * eb;
-  g.stride_row_bytes = c.data.stride[1] * eb;
-  g.num_slots = c.num_blocks() * c.page_size();
-  g.page_size = static_cast<int32_t>(c.page_size());
+  set_gather_cache(g, c);
   g.topk = static_cast<int32_t>(a.indices.size(1));
   g.indices = static_cast<const int32_t*>(a.indices.data);
   g.indices_stride = a.indices.stride[0];
@@ -59,24 +54,14 @@ void run_sparse(const dispatch::SparseArgs& a) {
     g.topk_length_stride = a.topk_length.stride[0];
   }
 
-  CUtensorMap unused;  // the gathering kernels issue no TMA
-  std::memset(&unused, 0, sizeof(unused));
   const unsigned grid = grid_for(int64_t{p.m_tiles} * t, 1, "sparse_mqa (sm90)");
   const char* what = "sparse_mqa (sm90)";
   if (c.format == CacheFormat::bf16) {
+    CUtensorMap unused;  // the gathering kernels issue no TMA
+    std::memset(&unused, 0, sizeof(unused));
     launch_kernel<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, what);
-    return;
-  }
-  // fp8_ds_mla: the small kernels stage the raw records in shared memory (source_staged.cuh); the seesaw
-  // kernel has no room for that and dequantises through registers (GatherKeys).
-  switch (p.tile_rows) {
-    case 8: launch_small<8, StagedDsMlaKeysFor<SmallTraits<8>::kOffExtra>>(p, grid, stream, unused, what); break;
-    case 16: launch_small<16, StagedDsMlaKeysFor<SmallTraits<16>::kOffExtra>>(p, grid, stream, unused, what); break;
-    case 32: launch_small<32, StagedDsMlaKeysFor<SmallTraits<32>::kOffExtra>>(p, grid, stream, unused, what); break;
-    default:
-      launch_one(decode_sm90_seesaw_kernel<GatherKeys<CacheFormat::fp8_ds_mla>>, SeesawTraits::kSmemBytes, grid, stream,
-                 unused, p, what);
-      break;
+  } else {
+    launch_ds_mla<IndexedRows>(p, grid, stream, what);
   }
 }
 

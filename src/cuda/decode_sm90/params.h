@@ -32,7 +32,7 @@ struct DecodeSm90Params {
   int32_t balanced;
   int32_t* ws_meta;
   // Gathered key source (sparse_mqa: a "request" g is a token, s_q = 1, causal 0; block_table / seq_lens
-  // unused). Key j of token g is flat cache row idx = indices[g * indices_stride + j], read only when
+  // unused). mqa_decode's fp8 / fp8_ds_mla caches use the cache fields only (rows through the block table). Key j of token g is flat cache row idx = indices[g * indices_stride + j], read only when
   // j < len(g) and 0 <= idx < num_slots; len(g) = topk_length[g] clamped to [0, topk], or topk.
   struct Gather {
     const uint8_t* cache;          // row idx at (idx / page_size) * stride_block_bytes + (idx % page_size) * stride_row_bytes
@@ -44,6 +44,7 @@ struct DecodeSm90Params {
     int64_t indices_stride;
     const int32_t* topk_length;    // [T] or nullptr
     int64_t topk_length_stride;
+    float scale;                   // fp8 per-tensor cache: KVCache::scale (latent and rope alike)
   } gather;
 };
 

@@ -33,7 +33,7 @@ struct Unit {
 
   Unit() = default;
   // The uniform split-KV schedule: unit blockIdx.x = (row tile, split, request).
-  // gather: sparse_mqa (the key source's kTma is false): the request is a token, its length its seq_len.
+  // gather: sparse_mqa (the key source's kIndexed): the request is a token, its length its seq_len.
   __device__ __forceinline__ Unit(const DecodeSm90Params& p, bool gather) {
     const int64_t bid = blockIdx.x;
     row0 = static_cast<int>(bid % p.m_tiles) * p.tile_rows;

@@ -15,9 +15,18 @@
 //                   the bf16 rope by cp.async. No staging copy in global memory. (Used by the seesaw
 //                   kernel; the small kernel takes fp8_ds_mla through StagedDsMlaKeys, source_staged.cuh:
 //                   raw records cp.async'd into shared memory a tile ahead, its own producer loop.)
+//   GatherKeys<F, PagedRows>  the paged twin (mqa_decode, fp8_ds_mla): key j of request g is position j,
+//                   at slot block_table[g][j / page_size] * page_size + j % page_size (Rows below); the
+//                   same copies, conversion and masking (positions past the unit's range or pages outside
+//                   [0, num_blocks) are not loaded: zeros, nothing read).
+//   GatherKeys<fp8, PagedRows>  mqa_decode, fp8 per-tensor cache (576 e4m3 codes a row, one scale for the
+//                   cache): every panel, the rope's too, through registers as the fp8_ds_mla latent panels
+//                   (bf16(float(code) * scale)), in the small and the seesaw kernel.
 //
 // Interface (PagedKeys / GatherKeys):
 //   kTma                 the source issues TMA (the tensor map is real)
+//   kIndexed             keys come from index rows (sparse_mqa: a unit's request is a token, its length
+//                        its top-k length); else from the block table (mqa_decode: seq_lens)
 //   kWarpsPerStage       producer warps streaming one stage (tile parts)
 //   kZeroFilled          keys that were not loaded arrive as zeros (else the consumer zero-fills them)
 //   producer_regs(seesaw)   setmaxnreg of the producer warpgroup (consumers: (504 - it) / 2)
@@ -46,6 +55,7 @@ namespace mla::cuda::decode_sm90 {
 // Paged cache through the block table, TMA boxes of 64 columns x min(page, 64) rows.
 struct PagedKeys {
   static constexpr bool kTma = true;
+  static constexpr bool kIndexed = false;
   static constexpr int kWarpsPerStage = 1;
   static constexpr bool kZeroFilled = false;
   static constexpr bool kGenericWrites = false;
@@ -114,27 +124,48 @@ __device__ __forceinline__ uint4 e4m3x8_scaled_to_bf16(uint32_t w0, uint32_t w1,
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// Gathered key j of unit u (sparse_mqa): true with the byte offset of its cache row in `o` when it is
-// valid (j < the token's length, 0 <= index < num_slots); false otherwise (nothing read beyond the index).
-__device__ __forceinline__ bool gather_row_offset(const DecodeSm90Params::Gather& gp, const Unit& u, int j, int64_t& o) {
-  if (j >= u.key_end) return false;
-  const int32_t idx = gp.indices[u.g * gp.indices_stride + j];
-  if (idx < 0 || idx >= gp.num_slots) return false;
-  o = (idx / gp.page_size) * gp.stride_block_bytes + (idx % gp.page_size) * gp.stride_row_bytes;
-  return true;
-}
+// Where key j of unit u lives, for the sources that copy rows themselves (GatherKeys, StagedDsMlaKeys):
+//   IndexedRows  sparse_mqa: flat cache row indices[g][j], valid when j < the token's length and
+//                0 <= index < num_slots (nothing read beyond the index);
+//   PagedRows    mqa_decode: position j of request g, page block_table[g][j / page_size], valid when j is
+//                in the unit's range (j < key_end <= seq_len: rows past seq_len are never read, as invalid
+//                indices) and the page id is in [0, num_blocks).
+// row_offset(p, u, j, o): true with the byte offset of the row in o when valid; else false.
+struct IndexedRows {
+  static constexpr bool kPaged = false;
+  __device__ static __forceinline__ bool row_offset(const DecodeSm90Params& p, const Unit& u, int j, int64_t& o) {
+    const DecodeSm90Params::Gather& gp = p.gather;
+    if (j >= u.key_end) return false;
+    const int32_t idx = gp.indices[u.g * gp.indices_stride + j];
+    if (idx < 0 || idx >= gp.num_slots) return false;
+    o = (idx / gp.page_size) * gp.stride_block_bytes + (idx % gp.page_size) * gp.stride_row_bytes;
+    return true;
+  }
+};
+struct PagedRows {
+  static constexpr bool kPaged = true;
+  __device__ static __forceinline__ bool row_offset(const DecodeSm90Params& p, const Unit& u, int j, int64_t& o) {
+    const DecodeSm90Params::Gather& gp = p.gather;
+    if (j >= u.key_end) return false;
+    const int64_t blk = p.block_table[u.g * p.block_table_stride + j / gp.page_size];
+    if (blk < 0 || blk >= p.num_blocks) return false;
+    o = blk * gp.stride_block_bytes + (j % gp.page_size) * gp.stride_row_bytes;
+    return true;
+  }
+};
 // The same as one value: the row's byte offset, -1 when the key is not valid.
-__device__ __forceinline__ int64_t gather_offset(const DecodeSm90Params::Gather& gp, const Unit& u, int j) {
+template <class Rows>
+__device__ __forceinline__ int64_t row_offset_or_none(const DecodeSm90Params& p, const Unit& u, int j) {
   int64_t o = -1;
-  return gather_row_offset(gp, u, j, o) ? o : -1;
+  return Rows::row_offset(p, u, j, o) ? o : -1;
 }
 
 // Key j's whole cache row into L2 (one bulk prefetch) when it is valid; nothing otherwise.
-template <CacheFormat F>
-__device__ __forceinline__ void prefetch_gathered_row(const DecodeSm90Params::Gather& gp, const Unit& u, int j) {
+template <CacheFormat F, class Rows>
+__device__ __forceinline__ void prefetch_row(const DecodeSm90Params& p, const Unit& u, int j) {
   int64_t o = 0;
-  if (gather_row_offset(gp, u, j, o))
-    ptx::bulk_prefetch_l2(gp.cache + o, static_cast<uint32_t>(CacheFormatTraits<F>::entry_bytes(576, 64)));
+  if (Rows::row_offset(p, u, j, o))
+    ptx::bulk_prefetch_l2(p.gather.cache + o, static_cast<uint32_t>(CacheFormatTraits<F>::entry_bytes(576, 64)));
 }
 
 // The index line (32 keys) of key j into L2 when j is in the token's range (lane 0 of a warp; nothing
@@ -156,12 +187,16 @@ __device__ __forceinline__ void copy_row_chunks(const uint8_t* cache, uint8_t* d
   }
 }
 
-// Top-k rows gathered through the token's index row (sparse_mqa). F: bf16 or fp8_ds_mla.
-template <CacheFormat F>
+// Rows copied by the producer warps: top-k rows through the token's index row (sparse_mqa, IndexedRows)
+// or a request's positions through its block table (mqa_decode, PagedRows). F: bf16 or fp8_ds_mla.
+template <CacheFormat F, class Rows = IndexedRows>
 struct GatherKeys {
-  static_assert(F == CacheFormat::bf16 || F == CacheFormat::fp8_ds_mla, "gathered formats: bf16, fp8_ds_mla");
+  static_assert(F == CacheFormat::bf16 || F == CacheFormat::fp8_ds_mla || F == CacheFormat::fp8, "gathered formats");
+  static_assert(F != CacheFormat::bf16 || !Rows::kPaged, "paged bf16 keys: PagedKeys (TMA)");
+  static_assert(F != CacheFormat::fp8 || Rows::kPaged, "fp8 per-tensor: mqa_decode only");
   using Fmt = CacheFormatTraits<F>;
   static constexpr bool kTma = false;
+  static constexpr bool kIndexed = !Rows::kPaged;
   static constexpr int kWarpsPerStage = 2;
   static constexpr bool kZeroFilled = true;
   static constexpr bool kGenericWrites = true;
@@ -196,19 +231,18 @@ struct GatherKeys {
     int part, lane;
 
     __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_) : part(part_), lane(lane_) {
-      const DecodeSm90Params::Gather& gp = p.gather;
       const int key = k0 + 32 * part + lane;
       if constexpr (F == CacheFormat::bf16) {
-        if (lane == 0) prefetch_index_line(gp, u, k0 + kIndexAhead * Traits::kBlockN + 32 * part);
-        const int64_t o = gather_offset(gp, u, key);
+        if (lane == 0) prefetch_index_line(p.gather, u, k0 + kIndexAhead * Traits::kBlockN + 32 * part);
+        const int64_t o = row_offset_or_none<Rows>(p, u, key);
         mask32 = __ballot_sync(0xffffffffu, o >= 0);
 #pragma unroll
         for (int i = 0; i < 4; ++i) off[i] = __shfl_sync(0xffffffffu, o, (lane >> 2) + 8 * i);
       } else {
         int64_t o = 0;
-        mask32 = __ballot_sync(0xffffffffu, gather_row_offset(gp, u, key, o));
+        mask32 = __ballot_sync(0xffffffffu, Rows::row_offset(p, u, key, o));
         off[0] = o;
-        prefetch_gathered_row<F>(gp, u, key + 2 * Traits::kBlockN);
+        prefetch_row<F, Rows>(p, u, key + 2 * Traits::kBlockN);
       }
     }
     __device__ void begin(uint64_t* mask_slot, uint64_t* bar) const {
@@ -242,12 +276,12 @@ struct GatherKeys {
       } else {
         const int r = 32 * part + lane;
         const bool ok = (mask32 >> lane) & 1;
-        if (c == Traits::kPanels - 1) {  // rope: bf16 bytes 528 .. 655, copied
+        if (F == CacheFormat::fp8_ds_mla && c == Traits::kPanels - 1) {  // rope: bf16 bytes 528 .. 655, copied
           copy_row_chunks<8>(cache, dp, r, ok, off[0] + kRopeOffset, 0);
           ptx::cp_async_arrive_mbarrier(bar);
-        } else {  // latent codes 64c .. 64c + 63 times the tile scale, as bf16
+        } else {  // codes 64c .. 64c + 63 times the tile (fp8: the cache's) scale, as bf16
           uint4 raw[4];
-          const float scale = load_codes<1>(cache, ok, c, raw);
+          const float scale = load_codes<1>(p.gather, ok, c, raw);
           store_codes(dp, r, raw, scale);
           ptx::fence_proxy_async_smem();
           ptx::mbar_arrive(bar);
@@ -256,16 +290,17 @@ struct GatherKeys {
     }
 
     // This lane's row: the codes of kPanels panels from panel c (64 each, 16 bytes per raw entry) and
-    // their tile scale; zeros and scale 0 for a key that is not loaded (nothing read).
+    // their tile scale (fp8: the cache's); zeros and scale 0 for a key that is not loaded (nothing read).
     template <int kPanels>
-    __device__ float load_codes(const uint8_t* cache, bool ok, int c, uint4* raw) const {
+    __device__ float load_codes(const DecodeSm90Params::Gather& gp, bool ok, int c, uint4* raw) const {
 #pragma unroll
       for (int i = 0; i < 4 * kPanels; ++i) raw[i] = make_uint4(0, 0, 0, 0);
       if (!ok) return 0.0f;
-      const uint8_t* src = cache + off[0];
+      const uint8_t* src = gp.cache + off[0];
 #pragma unroll
       for (int i = 0; i < 4 * kPanels; ++i) raw[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 16 * i));
-      return __ldg(reinterpret_cast<const float*>(src + kScaleOffset) + c / 2);
+      if constexpr (F == CacheFormat::fp8) return gp.scale;
+      else return __ldg(reinterpret_cast<const float*>(src + kScaleOffset) + c / 2);
     }
     // 64 codes times `scale` as bf16 into the eight swizzled chunks of row r of the panel at dp.
     __device__ static void store_codes(uint8_t* dp, int r, const uint4* raw, float scale) {
@@ -295,7 +330,7 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
   uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
-  Units<!Src::kTma> units(p, win);
+  Units<Src::kIndexed> units(p, win);
   Unit u;
   balance::Segment seg;
   for (int base = 0; units.next(p, win, u, seg); base += u.n_tiles) {

@@ -43,10 +43,15 @@ namespace mla::cuda::decode_sm90 {
 template <class S>
 concept StagedSource = S::kStaged;
 
-template <bool kRopeRaw>
+// Rows (source.cuh): IndexedRows (sparse_mqa: top-k rows) or PagedRows (mqa_decode: the request's
+// positions through its block table; the uniform schedule's one unit, no balanced schedule: its exchange
+// region X does not fit beside the raw stage at N 16).
+template <bool kRopeRaw, class Rows = IndexedRows>
 struct StagedDsMlaKeys {
   using Fmt = CacheFormatTraits<CacheFormat::fp8_ds_mla>;
+  using RegisterPath = GatherKeys<CacheFormat::fp8_ds_mla, Rows>;  // its conversion (store_codes)
   static constexpr bool kTma = false;
+  static constexpr bool kIndexed = !Rows::kPaged;
   static constexpr bool kStaged = true;
   static constexpr bool kZeroFilled = true;
   static constexpr bool kGenericWrites = true;
@@ -93,15 +98,15 @@ struct StagedDsMlaKeys {
     };
 
     int64_t off = 0;
-    bool ok = gather_row_offset(gp, u, u.key_begin + r, off);
+    bool ok = Rows::row_offset(p, u, u.key_begin + r, off);
     fetch(ok, off);
     if (half == 0)
-      for (int t = 1; t < kPrefetch; ++t) prefetch_gathered_row<CacheFormat::fp8_ds_mla>(gp, u, u.key_begin + t * T::kBlockN + r);
+      for (int t = 1; t < kPrefetch; ++t) prefetch_row<CacheFormat::fp8_ds_mla, Rows>(p, u, u.key_begin + t * T::kBlockN + r);
     for (int it = 0; it < u.n_tiles; ++it) {
       const int stage = it & 1, k0 = u.key_begin + it * T::kBlockN;
       int64_t off_next = 0;
-      const bool ok_next = gather_row_offset(gp, u, k0 + T::kBlockN + r, off_next);  // false past the last tile
-      if (half == 0) prefetch_gathered_row<CacheFormat::fp8_ds_mla>(gp, u, k0 + kPrefetch * T::kBlockN + r);
+      const bool ok_next = Rows::row_offset(p, u, k0 + T::kBlockN + r, off_next);  // false past the last tile
+      if (half == 0) prefetch_row<CacheFormat::fp8_ds_mla, Rows>(p, u, k0 + kPrefetch * T::kBlockN + r);
       ptx::cp_async_wait<0>();
       ptx::mbar_wait(&empty[stage], ((it >> 1) & 1) ^ 1);
       uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
@@ -125,8 +130,8 @@ struct StagedDsMlaKeys {
         for (int i = 0; i < 8; ++i) v[i] = ok ? *reinterpret_cast<const uint4*>(raw + 64 * j + 16 * i) : make_uint4(0, 0, 0, 0);
         if (ok) scale = *reinterpret_cast<const float*>(raw + 256 + 4 * (2 * half + j / 2));
         uint8_t* dp = dst + (4 * half + j) * T::kPanelBytes;
-        GatherKeys<CacheFormat::fp8_ds_mla>::Tile::store_codes(dp, r, v, scale);
-        GatherKeys<CacheFormat::fp8_ds_mla>::Tile::store_codes(dp + T::kPanelBytes, r, v + 4, scale);
+        RegisterPath::Tile::store_codes(dp, r, v, scale);
+        RegisterPath::Tile::store_codes(dp + T::kPanelBytes, r, v + 4, scale);
       }
       if constexpr (kRopeRaw) {
         if (half == 1) {
@@ -147,7 +152,7 @@ struct StagedDsMlaKeys {
 
 // The staged source for a small kernel whose own shared memory ends at kOffExtra: the rope in the raw
 // stage where it fits (N 8, 16), else by cp.async (N 32).
-template <int kOffExtra>
-using StagedDsMlaKeysFor = StagedDsMlaKeys<kOffExtra + StagedDsMlaKeys<true>::kExtraBytes + 1024 <= 227 * 1024>;
+template <int kOffExtra, class Rows = IndexedRows>
+using StagedDsMlaKeysFor = StagedDsMlaKeys<kOffExtra + StagedDsMlaKeys<true>::kExtraBytes + 1024 <= 227 * 1024, Rows>;
 
 }  // namespace mla::cuda::decode_sm90
