@@ -405,7 +405,7 @@ struct SeesawConsumer {
   }
 };
 
-// Src: the key source (source.cuh): PagedKeys (mqa_decode) or GatherKeys<F> (sparse_mqa).
+// Src: the key source (source.cuh): PagedKeys (mqa_decode bf16) or GatherKeys<F, Rows> (sparse_mqa; mqa_decode fp8 / fp8_ds_mla).
 template <class Src>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_seesaw_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {

@@ -92,8 +92,8 @@ struct SmallTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-// Src: the key source (source.cuh, source_staged.cuh): PagedKeys (mqa_decode), GatherKeys<F> or a staged
-// source (sparse_mqa).
+// Src: the key source (source.cuh, source_staged.cuh): PagedKeys (mqa_decode bf16), GatherKeys<F, Rows> or a staged
+// source (sparse_mqa; mqa_decode fp8 / fp8_ds_mla with PagedRows).
 template <int N, class Src>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_small_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
