@@ -13,7 +13,7 @@ using test::nan_check::check_prefill;
 using test::nan_check::check_sparse;
 
 // Runs `body` once per variant of `family` that the device runs, forced; a variant that declines a case
-// (VariantUnsupported, e.g. sm90 decode and fp8 caches) skips that case. Every case must run somewhere.
+// (VariantUnsupported, e.g. sm90 decode and f16 activations) skips that case. Every case must run somewhere.
 template <class Body>
 void per_variant(const char* family, Body&& body) {
   if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device";

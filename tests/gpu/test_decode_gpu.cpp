@@ -1,7 +1,8 @@
 // CUDA mqa_decode against the CPU backend's float64 reference (DESIGN.md §5), every kernel variant
 // (portable, sm90): every cache format, page sizes 1/16/32/64/128/256, h in {1..128}, s_q 1..8, empty requests and lengths on / beside page
 // boundaries, split-KV and the no-split fallback, strided / unaligned views, d_qk 320, narrow d_v, and
-// garbage metadata that must not make the kernel read outside the cache or the block table.
+// garbage metadata that must not make the kernel read outside the cache or the block table. The sm90
+// variant reads fp8 / fp8_ds_mla rows as their bf16 upconvert: its oracle reads test::upconverted_cache.
 #include <gtest/gtest.h>
 
 #include <algorithm>
