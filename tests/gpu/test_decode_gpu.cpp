@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <tuple>
@@ -347,6 +348,10 @@ TEST(DecodeGpu, SmallKernelLongStreams) {
        std::vector<Case>{{bf, 8, 1, 64}, {bf, 16, 1, 16}, {bf, 16, 2, 64}, {bf, 3, 8, 64}, {ds, 8, 1, 64}, {ds, 16, 1, 16},
                          {ds, 16, 2, 128}, {ds, 3, 8, 64}, {ds, 16, 1, 1}, {ds, 128, 1, 64}, {ds, 64, 2, 16},
                          {f8, 16, 1, 64}, {f8, 32, 1, 16}, {f8, 128, 1, 1}}) {
+    // fp8 caches reach the sm90 variant only with MLA_DECODE_SM90_FP8=1 until that path is GPU-verified
+    // (src/cuda/decode_sm90/launch.cu).
+    const char* fp8_switch = std::getenv("MLA_DECODE_SM90_FP8");
+    if (f != bf && (fp8_switch == nullptr || std::string(fp8_switch) != "1")) continue;
     test::reseed(static_cast<uint64_t>(h * 1000 + s_q * 10 + page) + static_cast<uint64_t>(f) * 100000);
     const std::vector<int32_t> lens = {4001, 2113, 64};
     const int64_t b = static_cast<int64_t>(lens.size());
