@@ -9,6 +9,10 @@
 # Environment:
 #   BUILD_DIR  build directory (default build-gpu); BIN the test binary (default $BUILD_DIR/bin/mla_gpu_tests)
 #   FILTER     gtest filter (default '*')
+#   EXCLUDE    gtest patterns to leave out, appended as FILTER's negative part (default none). Whole-suite
+#              racecheck / initcheck did not finish in 150 s with 8 shards (2026-11-23): run them with
+#              EXCLUDE='LayerGraph.*:LayerGpu.*:LayerDcpGpu.*:DeepseekBlock*:PrefillAccuracyGpu.*:BlockOpsGpu.*'
+#              and then FILTER set to those patterns with a larger BUDGET_S
 #   SHARDS     processes per tool, run at once on the one GPU (gtest sharding; default 4)
 #   BUDGET_S   seconds per tool (default 120): a shard still running then is stopped, and the summary
 #              lists the test it was in and how many of its tests it did not reach
@@ -35,10 +39,14 @@ SUMMARY=$LOG/sanitize_summary.txt
 [ -x "$BIN" ] || { echo "gpu_sanitize.sh: $BIN not found (build first: scripts/gpu_check.sh build)"; exit 1; }
 command -v compute-sanitizer >/dev/null || PATH=$PATH:/usr/local/cuda/bin
 
-# Test names of each shard (the same sharding the runs use).
+# EXCLUDE: gtest patterns left out (':'-separated), e.g. the layer / graph / block cases that cost racecheck
+# and initcheck minutes each, to run them in a call of their own (FILTER must then have no '-' part).
+[ -n "${EXCLUDE:-}" ] && FILTER="$FILTER-$EXCLUDE"
+# Test names of each shard, as gtest shards them: the i-th test that passes the filter runs in shard
+# i % SHARDS (--gtest_list_tests ignores the sharding variables, so the split is made here).
+"$BIN" --gtest_filter="$FILTER" --gtest_list_tests | awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}' >"$LOG/all.tests"
 for ((i = 0; i < SHARDS; ++i)); do
-  GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i "$BIN" --gtest_filter="$FILTER" --gtest_list_tests |
-    awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}' >"$LOG/shard_$i.tests"
+  awk -v n="$SHARDS" -v i="$i" '(NR - 1) % n == i' "$LOG/all.tests" >"$LOG/shard_$i.tests"
 done
 total=$(cat "$LOG"/shard_*.tests | wc -l)
 {
