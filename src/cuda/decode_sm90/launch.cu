@@ -40,12 +40,16 @@ int sm_count(int device) {
 
 // MLA_DECODE_SM90_SCHEDULE=uniform turns the balanced schedule off (a laboratory switch for A/B
 // measurements with `mla bench`; read once). Anything else: automatic.
+// Whether environment variable `name` is set to `value` (the switches below; each reads it once).
+bool env_equals(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == value;
+}
+
 enum class Schedule { automatic, uniform };
 Schedule schedule_mode() {
-  static const Schedule mode = [] {
-    const char* v = std::getenv("MLA_DECODE_SM90_SCHEDULE");
-    return v != nullptr && std::string(v) == "uniform" ? Schedule::uniform : Schedule::automatic;
-  }();
+  static const Schedule mode =
+      env_equals("MLA_DECODE_SM90_SCHEDULE", "uniform") ? Schedule::uniform : Schedule::automatic;
   return mode;
 }
 
@@ -75,10 +79,7 @@ CUtensorMap paged_tensor_map(const KVCache& cache, int32_t box_rows, const char*
 // call (docs/DECODE.md "fp8 caches": the one-call verification that turns it on). The sparse_mqa and
 // bf16 decode kernels that share its sources compile to the same PTX as before the change.
 bool fp8_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MLA_DECODE_SM90_FP8");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = env_equals("MLA_DECODE_SM90_FP8", "1");
   return on;
 }
 
