@@ -74,23 +74,12 @@ CUtensorMap paged_tensor_map(const KVCache& cache, int32_t box_rows, const char*
   return ptx::make_tensor_map(t, what);
 }
 
-// MLA_DECODE_SM90_FP8=1 lets this variant take fp8 / fp8_ds_mla caches (read once). Off by default until
-// the path has run on a GPU: it compiled with 0 spills but was written after the session's last device
-// call (docs/DECODE.md "fp8 caches": the one-call verification that turns it on). The sparse_mqa and
-// bf16 decode kernels that share its sources compile to the same PTX as before the change.
-bool fp8_enabled() {
-  static const bool on = env_equals("MLA_DECODE_SM90_FP8", "1");
-  return on;
-}
-
 }  // namespace
 
 const char* supports(const dispatch::DecodeArgs& a) {
   const KVCache& c = a.cache;
   if (c.format != CacheFormat::bf16 && c.format != CacheFormat::fp8_ds_mla && c.format != CacheFormat::fp8)
     return "bf16, fp8 and fp8_ds_mla caches only";
-  if (c.format != CacheFormat::bf16 && !fp8_enabled())
-    return "fp8 / fp8_ds_mla caches only with MLA_DECODE_SM90_FP8=1 (not yet verified on a GPU)";
   if (c.d_qk != Traits::kDqk || a.q.size(3) != Traits::kDqk) return "d_qk must be 576";
   if (a.out.size(3) != Traits::kDv) return "d_v must be 512";
   if (a.q.dtype != DType::bf16 || a.out.dtype != DType::bf16) return "bf16 q and out only";
