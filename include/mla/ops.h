@@ -162,6 +162,40 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
 void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
                 const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx = {});
 
+// DeepSeek-V4 inputs of sparse_mqa (docs/SPARSE.md "DeepSeek-V4", SEMANTICS §11.8). Every member is optional;
+// a default-constructed SparseOptions is the V3.2 op above, bit for bit.
+//
+// A second paged cache attended in the same softmax as the main one (V4: the compressed cache beside the
+// sliding window). It has its own page size, block count and strides, and the main cache's format,
+// d_qk, d_rope (and, fp8, per-tensor scale).
+//   kv          the extra cache; row r = block r / kv.page_size(), offset r % kv.page_size()
+//   indices     [T, extra_topk] int32 rows of kv; < 0 or >= kv.num_slots() invalid (never read)
+//   topk_length [T] int32 optional: entries at positions >= topk_length[t] are invalid
+struct SparseExtraCache {
+  KVCache kv{};
+  TensorView indices{};
+  TensorView topk_length{};
+  bool defined() const { return indices.defined() || kv.data.defined(); }
+};
+struct SparseOptions {
+  // [h_q] fp32: per-head logit (the units of score = (q . k) * softmax_scale) entering the softmax
+  // denominator only, as a key of value 0: l_h = sum_j exp(s_hj - m) + exp(sink_h - m); out = sum_j
+  // exp(s_hj - m) v_j / l_h; lse = m + ln l_h (includes the sink). No valid key: out 0, lse = sink_h;
+  // sink -inf = no sink; a NaN sink makes its head's out and lse NaN.
+  TensorView attn_sink{};
+  SparseExtraCache extra{};
+  // K = V over the whole row: out's d_v may go up to d_qk (values are the first d_v columns, rope
+  // columns included; V4: d_qk = d_v = 512). false: d_v <= d_latent as above.
+  bool values_include_rope = false;
+
+  bool any() const { return attn_sink.defined() || extra.defined() || values_include_rope; }
+};
+// sparse_mqa with DeepSeek-V4 inputs: token t's keys are its valid main rows followed by its valid extra
+// rows, all in one softmax (duplicates within and across the two lists count as separate keys).
+void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
+                const TensorView& out, const TensorView& lse, double softmax_scale, const SparseOptions& opts,
+                const Context& ctx = {});
+
 // ---------------------------------------------------------------------------------------------
 // Matrix products (row-major views with strides; the CUDA backend needs each matrix to have a unit
 // stride in one of its two dims). c = alpha * a @ b + beta * c; accumulation fp32 (fp64 in reference mode).

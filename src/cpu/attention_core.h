@@ -144,6 +144,19 @@ struct SoftmaxTile {
     return m[r] + std::log(l[r]);
   }
 
+  // Adds an attention sink (a logit entering the denominator only: a key of value 0) to row r; call it
+  // once, after the last key and merge. sink -inf changes nothing; a row without keys then gets l = 1,
+  // m = sink (out 0, lse = sink); a NaN sink makes the row NaN.
+  void add_sink(int64_t r, T sink) {
+    const T mx = std::isnan(m[r]) || std::isnan(sink) ? std::numeric_limits<T>::quiet_NaN() : std::max(m[r], sink);
+    if (mx == -std::numeric_limits<T>::infinity()) return;
+    const T f = std::exp(m[r] - mx);  // 0 for a row without keys
+    T* o_r = orow(r);
+    for (int64_t x = 0; x < dv; ++x) o_r[x] *= f;
+    l[r] = l[r] * f + std::exp(sink - mx);
+    m[r] = mx;
+  }
+
   // Folds another partial state of the same rows (a disjoint key range) into this one.
   void merge(const SoftmaxTile& b) {
     for (int64_t r = 0; r < rows; ++r) {

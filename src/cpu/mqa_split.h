@@ -29,12 +29,14 @@ inline constexpr int64_t kMinSplitKeys = 256;
 // Src describes the groups (see mqa_decode / sparse_mqa):
 //   int64_t keys(g)                        keys in group g's sequence
 //   void visible(g, int64_t* vis)          per row: row r sees keys [0, vis[r]) (vis[r] <= keys(g))
-//   int64_t slot(g, j)                     cache slot of key j
+//   int64_t slot(g, j)                     cache slot of key j; with an `extra` cache, a negative value
+//                                          -1 - s names slot s of the extra cache
+//   T sink(g, r)                           optional: row r's attention sink (SoftmaxTile::add_sink)
 //   void load_queries(g, QueryTile<T>&)    fills the rows (q.row(r)) of group g
 //   void store(g, r, const T* o, double lse) writes one finished row
 template <class T, class Src>
 void run_split_mqa(const KVCache& cache, int64_t groups, int64_t rows, int64_t d, int64_t dv, double softmax_scale,
-                   const Src& src) {
+                   const Src& src, const KVCache* extra = nullptr) {
   struct Item {
     int64_t g, k0, k1, part;  // part: index into `partial`, -1 when the item covers its whole group
   };
@@ -67,6 +69,12 @@ void run_split_mqa(const KVCache& cache, int64_t groups, int64_t rows, int64_t d
   const int64_t n_items = static_cast<int64_t>(items.size());
   const T scale = static_cast<T>(softmax_scale);
   const CacheRowReader<T> reader(cache);
+  const CacheRowReader<T> extra_reader(extra ? *extra : cache);
+  // Finishes row r of group g from state st into out_row (the sink, when the source has one, last).
+  auto finish = [&](int64_t g, int64_t r, SoftmaxTile<T>& st, T* out_row) {
+    if constexpr (requires { src.sink(g, r); }) st.add_sink(r, src.sink(g, r));
+    src.store(g, r, out_row, st.finish(r, out_row));
+  };
 
 #pragma omp parallel
   {
@@ -87,12 +95,16 @@ void run_split_mqa(const KVCache& cache, int64_t groups, int64_t rows, int64_t d
       st.reset(rows, dv);
       for (int64_t j0 = it.k0; j0 < it.k1; j0 += kKeyBlock) {
         const int64_t nk = std::min(kKeyBlock, it.k1 - j0);
-        for (int64_t j = 0; j < nk; ++j) reader.read(src.slot(it.g, j0 + j), kbuf.data() + j * d, d);
+        for (int64_t j = 0; j < nk; ++j) {
+          const int64_t s = src.slot(it.g, j0 + j);
+          if (s >= 0) reader.read(s, kbuf.data() + j * d, d);
+          else extra_reader.read(-1 - s, kbuf.data() + j * d, d);
+        }
         for (int64_t r = 0; r < rows; ++r) lim[static_cast<std::size_t>(r)] = std::clamp<int64_t>(vis[r] - j0, 0, nk);
         attend_block(q, kbuf.data(), d, kbuf.data(), d, nk, scale, lim.data(), st, ws);
       }
       if (it.part < 0) {
-        for (int64_t r = 0; r < rows; ++r) src.store(it.g, r, orow.data(), st.finish(r, orow.data()));
+        for (int64_t r = 0; r < rows; ++r) finish(it.g, r, st, orow.data());
       } else {
         partial[static_cast<std::size_t>(it.part)] = st;
       }
@@ -107,7 +119,7 @@ void run_split_mqa(const KVCache& cache, int64_t groups, int64_t rows, int64_t d
       SoftmaxTile<T>& acc = partial[static_cast<std::size_t>(p0)];
       for (int64_t p = p0 + 1; p < p0 + part_count[static_cast<std::size_t>(g)]; ++p)
         acc.merge(partial[static_cast<std::size_t>(p)]);
-      for (int64_t r = 0; r < rows; ++r) src.store(g, r, orow.data(), acc.finish(r, orow.data()));
+      for (int64_t r = 0; r < rows; ++r) finish(g, r, acc, orow.data());
     }
   }
 }

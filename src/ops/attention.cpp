@@ -200,6 +200,58 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
 
 void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
                 const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx) {
+  sparse_mqa(q, kv, indices, topk_length, out, lse, softmax_scale, SparseOptions{}, ctx);
+}
+
+namespace {
+// One index list of sparse_mqa: indices [T, topk] int32 (unit inner stride), optional topk_length [T]
+// (CPU: values in [0, topk]). Returns topk.
+int64_t check_sparse_index_list(const TensorView& indices, const TensorView& topk_length, int64_t t, const char* op,
+                                const char* idx_arg, const char* len_arg) {
+  detail::check_ndim(indices, 2, op, idx_arg);
+  detail::check_dtype(indices, DType::i32, op, idx_arg);
+  detail::check_size(indices, 0, t, op, idx_arg);
+  detail::check_inner_contiguous(indices, op, idx_arg);
+  detail::check_strides(indices, false, op, idx_arg);
+  const int64_t topk = indices.size(1);
+  if (topk_length.defined()) detail::check_i32_vector(topk_length, t, op, len_arg);
+  return topk;
+}
+
+// The DeepSeek-V4 options against the main call's shapes (ops.h, SparseOptions).
+void check_sparse_options(const SparseOptions& o, const KVCache& kv, int64_t t, int64_t h_q, Device dev,
+                          const char* op) {
+  if (o.attn_sink.defined()) {
+    detail::check_ndim(o.attn_sink, 1, op, "attn_sink [h_q]");
+    MLA_CHECK(o.attn_sink.dtype == DType::f32 || (o.attn_sink.dtype == DType::f64 && o.attn_sink.device.is_cpu()),
+              "{}: attn_sink must be f32 (the CPU also takes f64), got {}", op, o.attn_sink.describe());
+    detail::check_size(o.attn_sink, 0, h_q, op, "attn_sink [h_q]");
+    detail::check_strides(o.attn_sink, false, op, "attn_sink");
+    detail::check_device(o.attn_sink, dev, op, "attn_sink");
+  }
+  const SparseExtraCache& e = o.extra;
+  if (!e.defined()) return;
+  MLA_CHECK(e.kv.data.defined() && e.indices.defined(),
+            "{}: an extra cache needs both extra.kv and extra.indices [T, extra_topk], got kv {} and indices {}", op,
+            e.kv.data.describe(), e.indices.describe());
+  detail::check_cache(e.kv, dev, "sparse_mqa (extra cache)");
+  MLA_CHECK(e.kv.format == kv.format && e.kv.d_qk == kv.d_qk && e.kv.d_rope == kv.d_rope,
+            "{}: the extra cache must have the main cache's format, d_qk and d_rope ({}, {}, {}), got {}, {}, {}", op,
+            to_string(kv.format), kv.d_qk, kv.d_rope, to_string(e.kv.format), e.kv.d_qk, e.kv.d_rope);
+  MLA_CHECK(cache_format_info(kv.format).scale != CacheScale::per_tensor || e.kv.scale == kv.scale,
+            "{}: the extra cache's per-tensor scale must equal the main cache's ({}), got {}", op, kv.scale,
+            e.kv.scale);
+  const int64_t topk = check_sparse_index_list(e.indices, e.topk_length, t, op, "extra.indices [T, extra_topk]",
+                                               "extra.topk_length [T]");
+  detail::check_devices(dev, op, {{e.indices, "extra.indices"}, {e.topk_length, "extra.topk_length"}});
+  if (dev.is_cpu() && e.topk_length.defined())
+    detail::check_values_in_range(e.topk_length, 0, topk, op, "extra.topk_length (bounded by extra_topk)");
+}
+}  // namespace
+
+void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
+                const TensorView& out, const TensorView& lse, double softmax_scale, const SparseOptions& opts,
+                const Context& ctx) {
   constexpr const char* op = "sparse_mqa";
   detail::check_ndim(q, 3, op, "q [T, h_q, d_qk]");
   detail::check_activation(q, false, op, "q", detail::CudaActivations::bf16_f16_f32);
@@ -209,27 +261,28 @@ void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indice
   detail::check_cache(kv, dev, op);
   MLA_CHECK(d == kv.d_qk, "{}: q's last dim must equal the cache row width d_qk = {}, got {}", op, kv.d_qk,
             q.describe());
-  detail::check_ndim(indices, 2, op, "indices [T, topk]");
-  detail::check_dtype(indices, DType::i32, op, "indices");
-  detail::check_size(indices, 0, t, op, "indices [T, topk]");
-  detail::check_inner_contiguous(indices, op, "indices");
-  detail::check_strides(indices, false, op, "indices");
-  const int64_t topk = indices.size(1);
-  if (topk_length.defined()) detail::check_i32_vector(topk_length, t, op, "topk_length [T]");
+  const int64_t topk = check_sparse_index_list(indices, topk_length, t, op, "indices [T, topk]", "topk_length [T]");
   detail::check_ndim(out, 3, op, "out [T, h_q, d_v]");
   detail::check_activation(out, true, op, "out", detail::CudaActivations::bf16_f16_f32);
   detail::check_same_dtype_on_cuda(out, q, op, "out", "q");
   detail::check_size(out, 0, t, op, "out [T, h_q, d_v]");
   detail::check_size(out, 1, h_q, op, "out [T, h_q, d_v]");
-  check_dv(out.size(2), kv, op);
+  if (opts.values_include_rope)
+    MLA_CHECK(out.size(2) >= 1 && out.size(2) <= kv.d_qk,
+              "{}: out's last dim (d_v) must lie in [1, d_qk = {}] (values_include_rope: values are the first d_v "
+              "columns of each row), got {}",
+              op, kv.d_qk, out.size(2));
+  else
+    check_dv(out.size(2), kv, op);
   check_lse_out(lse, {t, h_q}, op, "lse [T, h_q]");
   check_scale(softmax_scale, op);
   detail::check_devices(dev, op, {{indices, "indices"}, {topk_length, "topk_length"}, {out, "out"}, {lse, "lse"}});
+  check_sparse_options(opts, kv, t, h_q, dev, op);
   // Index values need no check: any index outside [0, num_slots) is invalid by definition and never read.
   if (dev.is_cpu() && topk_length.defined())
     detail::check_values_in_range(topk_length, 0, topk, op, "topk_length (bounded by topk)");
   if (t == 0) return;
-  MLA_DISPATCH(dev, sparse_mqa, q, kv, indices, topk_length, out, lse, softmax_scale, ctx);
+  MLA_DISPATCH(dev, sparse_mqa, q, kv, indices, topk_length, out, lse, softmax_scale, opts, ctx);
 }
 
 }  // namespace mla

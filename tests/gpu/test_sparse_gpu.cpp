@@ -19,6 +19,7 @@
 #include "attention_gpu_util.h"
 #include "runtime/device_api.h"
 #include "unit/attention_test_util.h"
+#include "unit/sparse_v4_test_util.h"
 #include "variant_test_util.h"
 
 namespace mla {
@@ -27,23 +28,9 @@ namespace {
 constexpr double kScale = 0.0722;
 
 // A cache whose even slots hold random rows ("live") and odd slots stay NaN ("dead"): valid indices
-// pick live rows; entries that must never be read pick dead ones.
-struct SparseCache {
-  CacheBuffer cb;
-  std::vector<int32_t> live, dead;
-};
-SparseCache sparse_cache(CacheFormat f, int64_t nb, int64_t page) {
-  SparseCache s{test::nan_cache(f, nb, page), {}, {}};
-  for (int64_t slot = 0; slot < nb * page; ++slot) {
-    if (slot % 2 == 0) {
-      test::randomize_row(s.cb.cache, slot);
-      s.live.push_back(static_cast<int32_t>(slot));
-    } else {
-      s.dead.push_back(static_cast<int32_t>(slot));
-    }
-  }
-  return s;
-}
+// pick live rows; entries that must never be read pick dead ones (unit/sparse_v4_test_util.h).
+using SparseCache = test::V4Cache;
+SparseCache sparse_cache(CacheFormat f, int64_t nb, int64_t page) { return test::v4_cache(f, 576, nb, page); }
 
 // Index rows [t, topk] and lengths. Token 0: only invalid entries (lonely). Token 1: length 0 (lonely;
 // its entries are dead rows). Token 2: length topk / 3 with dead rows after it. Others: full length

@@ -17,6 +17,8 @@ namespace mla::cuda::decode_sm90 {
 
 const char* supports_sparse(const dispatch::SparseArgs& a) {
   const KVCache& c = a.kv;
+  if (a.opts.attn_sink.defined() || a.opts.extra.defined())
+    return "DeepSeek-V4 options (attention sink, extra cache): portable only";
   if (c.format != CacheFormat::bf16 && c.format != CacheFormat::fp8_ds_mla)
     return "bf16 and fp8_ds_mla caches only (fp8 per-tensor: not yet)";
   if (c.d_qk != Traits::kDqk || a.q.size(2) != Traits::kDqk) return "d_qk must be 576";

@@ -10,6 +10,7 @@
 #include "cuda/dispatch/variant_table.h"
 #include "mla/cache.h"
 #include "mla/indexer.h"
+#include "mla/ops.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
 
@@ -37,6 +38,7 @@ struct SparseArgs {
   const TensorView& out;          // [t, h_q, d_v]
   const TensorView& lse;          // [t, h_q] f32 or undefined
   double softmax_scale;
+  const SparseOptions& opts;      // DeepSeek-V4 inputs (sink, extra cache, whole-row values); opts.any() false: none
   const Context& ctx;
 };
 

@@ -22,6 +22,9 @@ void run_portable(const dispatch::SparseArgs& a) {
   const Context& ctx = a.ctx;
   using sparse::Traits;
   const int64_t t = q.size(0), h_q = q.size(1), topk = indices.size(1);
+  if (a.opts.attn_sink.defined() || a.opts.extra.defined())
+    throw Error("sparse_mqa: the attention sink and the extra cache (SparseOptions) are not implemented by the CUDA "
+                "backend yet (the CPU backend has them)");
   mqa::check_dims("sparse_mqa", q.size(2), out.size(2));
   if (h_q > (int64_t(1) << 30) || topk > (int64_t(1) << 30))
     throw Error("sparse_mqa: h_q or topk too large for one launch");
@@ -65,8 +68,9 @@ dispatch::Table<dispatch::SparseArgs>& dispatch::sparse_mqa_table() {
 }
 
 void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
-                const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx) {
-  dispatch::sparse_mqa_table().run({q, kv, indices, topk_length, out, lse, softmax_scale, ctx},
+                const TensorView& out, const TensorView& lse, double softmax_scale, const SparseOptions& opts,
+                const Context& ctx) {
+  dispatch::sparse_mqa_table().run({q, kv, indices, topk_length, out, lse, softmax_scale, opts, ctx},
                                    dispatch::device_cc(q.device.index));
 }
 
