@@ -83,6 +83,76 @@ TEST(PtxBarrier, ArriveSyncHandOverInALoop) {
   EXPECT_EQ(errors.download()[0], 0);
 }
 
+// The seesaw kernel's epilogue exchange (decode_sm90/kernel_seesaw.cuh run(): each consumer warpgroup
+// writes its row sums, bar.sync on a named barrier counted for the two consumer warpgroups only, then
+// every thread reads both halves), in a 384-thread block whose first warpgroup (the producers) takes no
+// part and exits early. bar.sync on both sides: correct by construction, checked by the values read.
+// Under compute-sanitizer racecheck this is the reference for reports on that exchange (docs/NOTES.md).
+__global__ void partial_sync_exchange_kernel(int rounds, int* errors) {
+  __shared__ float sL[2][128];
+  const int tid = threadIdx.x, wg = tid / 128, local = tid % 128;
+  if (wg == 0) return;  // the producer warpgroup
+  const int c = wg - 1;
+  for (int r = 0; r < rounds; ++r) {
+    if (r > 0) named_barrier_sync(1, 256);  // both consumers read round r - 1 before it is rewritten
+    __nanosleep(100 * (local % 5));
+    sL[c][local] = static_cast<float>(r * 1000 + c * 300 + local);
+    named_barrier_sync(1, 256);
+    const int k = (local + 53) % 128;
+    if (sL[1 - c][k] != static_cast<float>(r * 1000 + (1 - c) * 300 + k)) atomicAdd(errors, 1);
+  }
+}
+
+TEST(PtxBarrier, SyncSyncExchangeBetweenTwoOfThreeWarpgroups) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::DevBuf<int> errors(1);
+  errors.fill_bytes(0);
+  for (const int rounds : {1, 16}) {
+    partial_sync_exchange_kernel<<<1, 384>>>(rounds, errors.p);
+    MLA_CUDA_OK(cudaDeviceSynchronize());
+  }
+  EXPECT_EQ(errors.download()[0], 0);
+}
+
+// Both patterns in one kernel, as the decode kernels have them: per round, consumer 1 hands a buffer to
+// consumer 0 by bar.arrive (id 2) / bar.sync and consumer 0 releases it by bar.arrive (id 3), then the two
+// exchange a second buffer with bar.sync on both sides (id 1), the producer warpgroup idle. Correct by
+// construction (values checked). Under racecheck: whether reports on the sync / sync exchange appear
+// once the same warps also use arrive / sync hand-overs (docs/NOTES.md, the small kernel's epilogue).
+__global__ void mixed_handover_kernel(int rounds, int* errors) {
+  __shared__ float a[128], x[2][128];
+  const int tid = threadIdx.x, wg = tid / 128, local = tid % 128;
+  if (wg == 0) return;
+  const int c = wg - 1;
+  for (int r = 0; r < rounds; ++r) {
+    if (c == 1) {
+      if (r > 0) named_barrier_sync(3, 256);
+      a[(local + 11) % 128] = static_cast<float>(r * 7 + local);
+      named_barrier_arrive(2, 256);
+    } else {
+      named_barrier_sync(2, 256);
+      const int k = (local + 29) % 128;  // written by thread (k + 117) % 128 of consumer 1
+      if (a[k] != static_cast<float>(r * 7 + (k + 117) % 128)) atomicAdd(errors, 1);
+      if (r + 1 < rounds) named_barrier_arrive(3, 256);
+    }
+    __nanosleep(100 * (local % 3));
+    x[c][local] = static_cast<float>(r * 1000 + c * 300 + local);
+    named_barrier_sync(1, 256);
+    const int k = (local + 53) % 128;
+    if (x[1 - c][k] != static_cast<float>(r * 1000 + (1 - c) * 300 + k)) atomicAdd(errors, 1);
+    named_barrier_sync(1, 256);  // both read x before the next round rewrites it
+  }
+}
+
+TEST(PtxBarrier, ArriveSyncHandOverThenSyncSyncExchange) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::DevBuf<int> errors(1);
+  errors.fill_bytes(0);
+  mixed_handover_kernel<<<1, 384>>>(16, errors.p);
+  MLA_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(errors.download()[0], 0);
+}
+
 __host__ __device__ inline uint16_t stm_value(int i, int r, int c) { return static_cast<uint16_t>(i * 64 + r * 8 + c + 1); }
 
 // One warp stores the four matrices (value stm_value) with stmatrix and stmatrix.trans into two 16x16

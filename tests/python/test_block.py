@@ -23,7 +23,7 @@ def serve_prefill(blk, hidden, precision, steps=None, fmt=mla.CacheFormat.bf16):
     pc.page_size, pc.max_model_len, pc.max_num_seqs = PAGE, 4096, 2
     nb = -(-T // PAGE)
     cache = mla.allocate_cache(fmt, nb, PAGE)
-    mla.fill(cache.data, float("nan"))
+    mla.fill(cache.data, 255 if fmt == mla.CacheFormat.fp8_ds_mla else float("nan"))  # byte 0xff: NaN in its fields
     table = np.arange(nb, dtype=np.int32)[None][:, ::-1].copy()  # reversed pages
     out = np.full(hidden.shape, np.nan)
     done = 0
@@ -98,6 +98,59 @@ def test_block_w8a8():
     hidden, ref = load_io(name)
     err = rel_l2(serve_prefill(blk, hidden, mla.Precision.reference), ref)
     assert 1e-2 < err <= 1.3e-1
+
+
+@pytest.mark.parametrize("name,fmt", [("v2lite_bf16", "bf16"), ("v3_fp8", "fp8_ds_mla")])
+def test_block_on_cuda_with_torch_tensors(name, fmt):
+    """mla.DeepseekAttention on CUDA (device="cuda", bf16 block) fed with torch CUDA tensors (DLPack):
+    chunked prefill then decodes, each step with its metadata uploaded, against transformers' output.
+    Bound: the CUDA block's rule of `mla run --checkpoint --backend cuda` (docs/BLOCK.md): rel-L2 1e-2 plus,
+    for an fp8 cache, twice that cache's own error (measured here as the float64 block's error with the same
+    cache format on the CPU)."""
+    torch = pytest.importorskip("torch")
+    if not (torch.cuda.is_available() and mla.cuda_device_count() > 0):
+        pytest.skip("no CUDA device (or mla built without CUDA)")
+    cfmt = getattr(mla.CacheFormat, fmt)
+    cfg = mla.DeepseekConfig.from_file(os.path.join(FIX, name, "config.json"))
+    ck = mla.Checkpoint(os.path.join(FIX, name))
+    blk = mla.DeepseekAttention.load(ck, cfg, LAYER, mla.DeepseekOptions(dtype="bf16", device="cuda", cache_format=cfmt))
+    hidden, ref = load_io(name)
+    T, H = hidden.shape
+    steps = [100, 100, T - 216] + [1] * 16
+    pc = blk.planner_config()
+    pc.page_size, pc.max_model_len, pc.max_num_seqs = PAGE, 4096, 2
+    pc.num_sms = mla.multiprocessor_count("cuda")
+    nb = -(-T // PAGE)
+    row_bytes = {"bf16": 2 * 576, "fp8_ds_mla": 656}[fmt]
+    cache_t = torch.full((nb, PAGE, row_bytes), 0xFF, dtype=torch.uint8, device="cuda")  # NaN in every float format
+    if fmt == "bf16":
+        cache_t = cache_t.view(torch.bfloat16)
+    cache = mla.KVCache(cache_t, cfmt)
+    table_np = np.arange(nb, dtype=np.int32)[::-1].copy()
+    table = torch.from_numpy(table_np)[None].cuda()
+    out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    done = 0
+    for q in steps:
+        plan = mla.make_plan(mla.BatchDesc(query_start_loc=[0, q], seq_lens=[done + q]), pc)
+        meta = torch.zeros(max(plan.metadata.bytes(), 16), dtype=torch.uint8, device="cuda")
+        mla.upload_step_metadata(plan, mla.pinned_buffer(meta.numel()), meta)
+        ws = torch.full((blk.workspace_bytes(plan),), 0xFF, dtype=torch.uint8, device="cuda")
+        pos = np.arange(done, done + q, dtype=np.int64)
+        slots = table_np[pos // PAGE].astype(np.int64) * PAGE + pos % PAGE
+        x = torch.from_numpy(hidden[done:done + q]).to(torch.bfloat16).cuda()
+        blk.forward(plan, cache, ws, hidden=x, positions=torch.from_numpy(pos).cuda(),
+                    slot_mapping=torch.from_numpy(slots).cuda(), block_table=table,
+                    seq_lens=torch.tensor([done + q], dtype=torch.int32, device="cuda"), out=out[done:done + q],
+                    metadata=meta)
+        done += q
+    torch.cuda.synchronize()
+    got = out.double().cpu().numpy()
+    assert np.isfinite(got).all()
+    bound = 1e-2
+    if fmt != "bf16":
+        cpu = mla.DeepseekAttention.load(ck, cfg, LAYER, mla.DeepseekOptions(dtype="f64", cache_format=cfmt))
+        bound += 2 * rel_l2(serve_prefill(cpu, hidden, mla.Precision.reference, steps, cfmt), ref)
+    assert rel_l2(got, ref) <= bound, (rel_l2(got, ref), bound)
 
 
 def load_io(name):
