@@ -14,8 +14,10 @@
 //                fp8_ds_mla; or one shape from the command line (--b = T tokens, --h-q, --topk, --format,
 //                --pool = cache rows the indices are drawn from, 0: T*topk rows, each read once); or a named
 //                grid (--grid issue8: issue 8's table with FlashMLA's times, h 16 / 32 x topk 512 / 1024 /
-//                2048, bf16 rows, the sparse prefill shapes). FLOPs = 2*T*h*topk*(576+512);
-//                bytes = distinct rows * row_bytes + q + out
+//                2048, bf16 rows, the sparse prefill shapes; --grid v4: DeepSeek-V4's decode shape, d_qk 512
+//                K = V, a 128-row window cache + an extra (compressed) cache of top 512 / 1024 rows at page 64,
+//                a per-head sink, h 16 / 64 / 128, bf16 and fp8). FLOPs = 2*T*h*keys*(d_qk+d_v) with
+//                keys = topk (+ extra_topk); bytes = distinct rows * row_bytes + q + out
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -50,8 +52,8 @@ Tensor device_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> 
 
 // The named grids (--grid): each belongs to one op; the other ops run their default rows under it.
 void check_grid_name(const std::string& grid) {
-  if (!grid.empty() && grid != "issue7" && grid != "issue8" && grid != "issue9")
-    throw Error("mla bench: unknown grid '" + grid + "' (known: issue7, issue8, issue9)");
+  if (!grid.empty() && grid != "issue7" && grid != "issue8" && grid != "issue9" && grid != "v4")
+    throw Error("mla bench: unknown grid '" + grid + "' (known: issue7, issue8, issue9, v4)");
 }
 
 // One mqa_decode shape: b requests of `s_k` keys (varlen: uniform in [1, s_k], seeded), s_q queries,
@@ -256,11 +258,15 @@ void bench_prefill(BenchContext& ctx) {
 
 // One sparse_mqa shape: T tokens, h heads, topk indices per token drawn without repetition from `pool`
 // cache rows (page 64; pool 0: T * topk rows, a permutation, so every row is read once), no lengths.
-// flashmla_us > 0 is printed beside the row.
+// flashmla_us > 0 is printed beside the row. DeepSeek-V4 shapes (SparseOptions): d_qk 512 rows with
+// whole-row values (d_v 512), extra_topk > 0 rows per token of a second cache (page 64, T * extra_topk
+// rows, each read once) and a per-head sink.
 struct SparseCase {
   int64_t t, h, topk, pool;
   CacheFormat format;
   double flashmla_us;
+  int d_qk = 576;
+  int64_t extra_topk = 0;
 };
 
 void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
@@ -269,7 +275,9 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   constexpr int64_t page = 64;
   const int64_t rows = ((c.pool > 0 ? c.pool : c.t * c.topk) + page - 1) / page * page;
   if (c.topk > rows) throw Error("mla bench: sparse_mqa --topk larger than the --pool of cache rows");
-  CacheBuffer cb = allocate_cache(c.format, rows / page, page, dev);
+  const bool v4 = c.d_qk != 576 || c.extra_topk > 0;
+  const int64_t d_qk = c.d_qk, d_v = 512;
+  CacheBuffer cb = allocate_cache(c.format, rows / page, page, dev, 1.0f, c.d_qk);
   fill_cache(cb.cache, 81, ctx.stream());
   std::vector<int32_t> idx_host;
   double distinct = 0;
@@ -291,20 +299,39 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
     for (char v : seen) distinct += v;
   }
   Tensor idx = device_i32(idx_host, {c.t, c.topk}, dev);
-  Tensor q = Tensor::empty({c.t, c.h, 576}, DType::bf16, dev);
+  Tensor q = Tensor::empty({c.t, c.h, d_qk}, DType::bf16, dev);
   fill_uniform(q, -1, 1, 83, ctx.stream());
-  Tensor out = Tensor::empty({c.t, c.h, 512}, DType::bf16, dev), lse = Tensor::empty({c.t, c.h}, DType::f32, dev);
+  Tensor out = Tensor::empty({c.t, c.h, d_v}, DType::bf16, dev), lse = Tensor::empty({c.t, c.h}, DType::f32, dev);
+  SparseOptions opts;
+  CacheBuffer extra;
+  Tensor extra_idx, sink;
+  if (v4) {
+    opts.values_include_rope = true;
+    sink = Tensor::empty({c.h}, DType::f32, dev);
+    fill_uniform(sink, -1, 1, 85, ctx.stream());
+    opts.attn_sink = sink.view();
+    if (c.extra_topk > 0) {
+      const int64_t e_rows = (c.t * c.extra_topk + page - 1) / page * page;
+      extra = allocate_cache(c.format, e_rows / page, page, dev, 1.0f, c.d_qk);
+      fill_cache(extra.cache, 86, ctx.stream());
+      extra_idx = device_i32(random_permutation(c.t * c.extra_topk, 87), {c.t, c.extra_topk}, dev);
+      opts.extra = {extra.cache, extra_idx.view(), {}};
+      distinct += static_cast<double>(c.t * c.extra_topk);
+    }
+  }
   double ms = 0;
   try {
-    ms = ctx.time_ms([&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, op); });
+    ms = ctx.time_ms([&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, opts, op); });
   } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
     std::printf("  (skipped: %s)\n", e.what());
     return;
   }
-  const double bytes = distinct * static_cast<double>(cache_entry_bytes(c.format)) +
-                       static_cast<double>(c.t) * c.h * (576 + 512) * 2.0;
-  const double flops = 2.0 * c.t * c.h * c.topk * (576 + 512);
-  std::string cfg = "T=" + std::to_string(c.t) + " topk=" + std::to_string(c.topk) + " h=" + std::to_string(c.h) +
+  const double bytes = distinct * static_cast<double>(cache_entry_bytes(c.format, c.d_qk)) +
+                       static_cast<double>(c.t) * c.h * static_cast<double>(d_qk + d_v) * 2.0;
+  const double flops = 2.0 * c.t * c.h * static_cast<double>(c.topk + c.extra_topk) * static_cast<double>(d_qk + d_v);
+  std::string cfg = "T=" + std::to_string(c.t) + " topk=" + std::to_string(c.topk) +
+                    (c.extra_topk ? "+" + std::to_string(c.extra_topk) + " extra" : "") +
+                    (v4 ? " d_qk=" + std::to_string(c.d_qk) + " sink" : "") + " h=" + std::to_string(c.h) +
                     (c.pool ? " pool=" + std::to_string(c.pool) : "") + " " + to_string(c.format) + " [" +
                     last_variant("sparse_mqa") + "]";
   if (c.flashmla_us > 0) {
@@ -312,7 +339,8 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
     std::snprintf(buf, sizeof(buf), " FlashMLA %.0f us (x%.2f)", c.flashmla_us, ms * 1e3 / c.flashmla_us);
     cfg += buf;
   }
-  ctx.report("sparse_mqa", cfg, ms, bytes, flops, "FLOPs = 2*T*h*topk*(576+512); bytes = distinct rows*row_bytes + q + out");
+  ctx.report("sparse_mqa", cfg, ms, bytes, flops,
+             "FLOPs = 2*T*h*(topk+extra_topk)*(d_qk+d_v); bytes = distinct rows*row_bytes + q + out");
 }
 
 // Issue 8's table (nvidia-h200 FlashMLA times from the issue: fp8_ds_mla, topk 2048, median, L2 flushed;
@@ -329,6 +357,17 @@ std::vector<SparseCase> issue8_grid() {
   return g;
 }
 
+// DeepSeek-V4 decode (docs/SPARSE.md "DeepSeek-V4"): T 128 tokens, a 128-row window (main cache) and the
+// indexer's top 512 (Flash) / 1024 (Pro) rows of the compressed cache (extra), d_qk = d_v = 512, a sink;
+// h 16 / 64 / 128 heads per rank; bf16 and fp8 (per-tensor) rows.
+std::vector<SparseCase> v4_grid() {
+  std::vector<SparseCase> g;
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8})
+    for (int64_t extra : {512, 1024})
+      for (int64_t h : {16, 64, 128}) g.push_back({128, h, 128, 0, f, 0, 512, extra});
+  return g;
+}
+
 void bench_sparse(BenchContext& ctx) {
   const BenchOptions::DecodeShape& d = ctx.options().decode;
   const std::string& grid = ctx.options().decode_grid;
@@ -337,6 +376,8 @@ void bench_sparse(BenchContext& ctx) {
     cases.push_back({d.b, d.h, d.topk, d.pool, cache_format_from_string(d.format), 0});
   } else if (grid == "issue8") {
     cases = issue8_grid();
+  } else if (grid == "v4") {
+    cases = v4_grid();
   } else {
     check_grid_name(grid);
     const std::vector<int64_t> tokens = ctx.quick() ? std::vector<int64_t>{64} : std::vector<int64_t>{64, 128};

@@ -111,13 +111,25 @@ void bind_ops(py::module_& m) {
      py::arg("causal"), py::kw_only(), stream, precision, "Varlen MHA prefill over up-projected K/V (lse [h, Tq]).");
 
   m.def("sparse_mqa", [](const A& q, const K& kv, const A& indices, const A& topk_length, const A& out, const A& lse,
-                         double softmax_scale, py::handle s, Precision p) {
+                         double softmax_scale, py::handle s, Precision p, const A& attn_sink, py::handle extra_kv,
+                         const A& extra_indices, const A& extra_topk_length, bool values_include_rope) {
     const mla::Context ctx = to_context(q.view, s, p);
+    mla::SparseOptions o;
+    o.attn_sink = attn_sink.view;
+    o.values_include_rope = values_include_rope;
+    o.extra.indices = extra_indices.view;
+    o.extra.topk_length = extra_topk_length.view;
+    if (!extra_kv.is_none()) o.extra.kv = extra_kv.cast<const K&>().cache;
     without_gil([&] {
-      mla::sparse_mqa(q.view, kv.cache, indices.view, topk_length.view, out.view, lse.view, softmax_scale, ctx);
+      mla::sparse_mqa(q.view, kv.cache, indices.view, topk_length.view, out.view, lse.view, softmax_scale, o, ctx);
     });
   }, py::arg("q"), py::arg("kv"), py::arg("indices"), py::arg("topk_length"), py::arg("out"), py::arg("lse"),
-     py::arg("softmax_scale"), py::kw_only(), stream, precision, "Sparse MQA over top-k cache rows (lse [T, h_q]).");
+     py::arg("softmax_scale"), py::kw_only(), stream, precision, py::arg("attn_sink") = py::none(),
+     py::arg("extra_kv") = py::none(), py::arg("extra_indices") = py::none(), py::arg("extra_topk_length") = py::none(),
+     py::arg("values_include_rope") = false,
+     "Sparse MQA over top-k cache rows (lse [T, h_q]). DeepSeek-V4 inputs (docs/SPARSE.md): attn_sink [h_q] f32, "
+     "extra_kv / extra_indices [T, k_e] / extra_topk_length [T] (a second cache in the same softmax), "
+     "values_include_rope (d_v up to d_qk).");
 
   m.def("gemm", [](const A& a, const A& b, const A& c, float alpha, float beta, py::handle s, Precision p) {
     const mla::Context ctx = to_context(c.view, s, p);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -224,6 +225,92 @@ TEST(SparseGpu, FlatWorkspaceStridedIndices) {
   check_sparse(q, c.cb.storage, c.cb.cache, idx_store.view().slice(1, 0, topk), test::int_tensor(ix.lengths), dv,
                "flat workspace");
 }
+
+// ---- DeepSeek-V4 options (SparseOptions, SEMANTICS §11.8) ----------------------------------------
+// Every variant (sm90 declines a sink or an extra cache: skipped with its reason) against the CPU
+// backend's float64 reference with the same options (itself checked against the formula in
+// tests/unit/test_sparse_v4.cpp): an extra cache at its own page size with lonely, main-only and
+// extra-only tokens (unit/sparse_v4_test_util.h), duplicate / -1 / out-of-range entries, NaN rows
+// wherever an entry must not be read, odd top-k in both lists, a sink per head (one head -inf),
+// d_qk 512 with whole-row values (d_v 512) or V3.2 rows (576, d_v 512).
+using V4Param = std::tuple<CacheFormat, int /*d_qk*/, int64_t /*h*/, std::string /*variant*/>;
+class SparseGpuV4 : public ::testing::TestWithParam<V4Param> {};
+
+struct V4Shape {
+  int64_t page_main, page_extra, topk_main, topk_extra;
+  bool sink, extra, lengths;
+  DType act;
+};
+
+void check_v4(CacheFormat format, int d_qk, int64_t h, const V4Shape& s, const std::string& what) {
+  const int64_t t = 7, dv = 512;
+  const test::V4Cache main = test::v4_cache(format, d_qk, (300 + s.page_main - 1) / s.page_main, s.page_main);
+  const test::V4Cache extra = test::v4_cache(format, d_qk, (90 + s.page_extra - 1) / s.page_extra, s.page_extra);
+  const test::V4List ml = test::v4_list(main, t, s.topk_main, false), el = test::v4_list(extra, t, s.topk_extra, true);
+  const Tensor m_idx = test::int_tensor_2d(ml.rows), m_len = test::int_tensor(ml.lengths);
+  const Tensor e_idx = test::int_tensor_2d(el.rows), e_len = test::int_tensor(el.lengths);
+  Tensor sink = Tensor::empty({h}, DType::f32);
+  for (int64_t hh = 0; hh < h; ++hh)
+    static_cast<float*>(sink.data())[hh] = hh == 1 ? -INFINITY : static_cast<float>(test::uniform(-3.0, 3.0));
+  Tensor q = test::random_tensor({t, h, d_qk}, DType::bf16);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d_qk));
+
+  SparseOptions host;
+  if (s.sink) host.attn_sink = sink.view();
+  if (s.extra) host.extra = {extra.cb.cache, e_idx.view(), s.lengths ? e_len.view() : TensorView{}};
+  host.values_include_rope = d_qk == 512;
+  Tensor ref_out = test::poisoned({t, h, dv}, DType::f64), ref_lse = test::poisoned({t, h}, DType::f32);
+  sparse_mqa(q, main.cb.cache, m_idx, s.lengths ? m_len.view() : TensorView{}, ref_out, ref_lse, scale, host,
+             test::reference_ctx());
+
+  const Device gpu = Device::cuda(0);
+  const test::DeviceCache dm = test::to_device(main.cb.storage, main.cb.cache);
+  const test::DeviceCache de = test::to_device(extra.cb.storage, extra.cb.cache);
+  const Tensor m_idx_d = m_idx.to(gpu), m_len_d = m_len.to(gpu), e_idx_d = e_idx.to(gpu), e_len_d = e_len.to(gpu);
+  const Tensor sink_d = sink.to(gpu), qd = test::converted(q, s.act).to(gpu);
+  SparseOptions dev = host;
+  if (s.sink) dev.attn_sink = sink_d.view();
+  if (s.extra) dev.extra = {de.cache, e_idx_d.view(), s.lengths ? e_len_d.view() : TensorView{}};
+  Tensor out = test::poisoned({t, h, dv}, s.act, gpu), lse = test::poisoned({t, h}, DType::f32, gpu);
+  sparse_mqa(qd, dm.cache, m_idx_d, s.lengths ? m_len_d.view() : TensorView{}, out, lse, scale, dev, Context{});
+  cuda_rt::synchronize(0);
+  test::expect_attention_close(out, ref_out, lse, ref_lse, what);
+}
+
+std::string v4_name(const ::testing::TestParamInfo<V4Param>& info) {
+  return std::string(to_string(std::get<0>(info.param))) + "_dqk" + std::to_string(std::get<1>(info.param)) + "_h" +
+         std::to_string(std::get<2>(info.param)) + "_" + std::get<3>(info.param);
+}
+
+TEST_P(SparseGpuV4, MatchesFloat64Oracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [format, d_qk, h, variant] = GetParam();
+  MLA_FORCE_VARIANT("sparse_mqa", variant);
+  test::reseed(static_cast<uint64_t>(h * 10 + d_qk) + static_cast<uint64_t>(format) * 100000 + 400);
+  const std::vector<V4Shape> shapes = {
+      {64, 4, 133, 37, true, true, true, DType::bf16},   {16, 1, 37, 200, true, true, true, DType::bf16},
+      {1, 64, 5, 64, true, true, false, DType::bf16},    {64, 16, 70, 13, false, true, true, DType::bf16},
+      {16, 16, 45, 0, true, false, true, DType::bf16},   {64, 4, 33, 21, true, true, true, DType::f32}};
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const V4Shape& s = shapes[i];
+    const std::string what = "shape " + std::to_string(i) + " pages " + std::to_string(s.page_main) + "/" +
+                             std::to_string(s.page_extra) + " topk " + std::to_string(s.topk_main) + "+" +
+                             std::to_string(s.topk_extra);
+    MLA_SKIP_IF_DECLINED(check_v4(format, d_qk, h, s, what));
+    test::expect_variant_ran("sparse_mqa", variant);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, SparseGpuV4,
+    ::testing::Combine(::testing::Values(CacheFormat::bf16, CacheFormat::fp8), ::testing::Values(512),
+                       ::testing::Values(1, 16, 72, 128), ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
+    v4_name);
+INSTANTIATE_TEST_SUITE_P(
+    V32Rows, SparseGpuV4,
+    ::testing::Combine(::testing::Values(CacheFormat::fp8_ds_mla, CacheFormat::bf16), ::testing::Values(576),
+                       ::testing::Values(16, 128), ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
+    v4_name);
 
 }  // namespace
 }  // namespace mla

@@ -179,6 +179,40 @@ def test_sparse_mqa(rng):
     assert (lse[1] == -np.inf).all() and (out[1] == 0).all()
 
 
+def test_sparse_mqa_v4(rng):
+    """DeepSeek-V4 inputs: d_qk 512 with K = V (whole-row values), a per-head sink, an extra cache at its
+    own page size in the same softmax (float64 oracle caches, so the check is exact)."""
+    d = 512
+    main = rng.standard_normal((3, 16, d))
+    extra = rng.standard_normal((5, 4, d))
+    main_c = mla.KVCache(main, mla.CacheFormat.f64, d_qk=d)
+    extra_c = mla.KVCache(extra, mla.CacheFormat.f64, d_qk=d)
+    T, h = 3, 4
+    q = rng.standard_normal((T, h, d))
+    idx = np.array([[0, 47, 5, 5, -1], [-1, -1, -1, -1, 48], [7, 8, 9, 10, 11]], np.int32)
+    e_idx = np.array([[3, 19, -1], [-1, -1, -1], [0, 0, 20]], np.int32)
+    e_len = np.array([3, 3, 2], np.int32)
+    sink = rng.standard_normal(h).astype(np.float32)
+    scale = d ** -0.5
+    out, lse = np.full((T, h, d), np.nan), np.full((T, h), np.nan)
+    mla.sparse_mqa(q, main_c, idx, None, out, lse, scale, precision=REF, attn_sink=sink, extra_kv=extra_c,
+                   extra_indices=e_idx, extra_topk_length=e_len, values_include_rope=True)
+    mr, er = main.reshape(-1, d), extra.reshape(-1, d)
+    for t in range(T):
+        keys = [mr[i] for i in idx[t] if 0 <= i < len(mr)]
+        keys += [er[i] for j, i in enumerate(e_idx[t]) if 0 <= i < len(er) and j < e_len[t]]
+        k = np.array(keys).reshape(-1, d)
+        s = q[t] @ k.T * scale  # [h, n]
+        m = np.maximum(s.max(axis=1, initial=-np.inf), sink)
+        p = np.exp(s - m[:, None])
+        l = p.sum(axis=1) + np.exp(sink - m)
+        np.testing.assert_allclose(out[t], p @ k / l[:, None], **TOL)
+        np.testing.assert_allclose(lse[t], m + np.log(l), rtol=1e-12)
+    assert (out[1] == 0).all() and np.allclose(lse[1], sink.astype(np.float64), rtol=0, atol=0)
+    with pytest.raises(Exception, match="extra"):
+        mla.sparse_mqa(q, main_c, idx, None, out, lse, scale, extra_indices=e_idx, values_include_rope=True)
+
+
 def test_bmm(rng):
     a, b = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 5, 2))
     c = rng.standard_normal((3, 4, 2))

@@ -44,6 +44,15 @@
 //     __device__ int row_limit(int i) const;        // largest visible tag for query i, -1: none
 //     __device__ int64_t row_offset(int key, int& tag) const;  // byte offset of the key's cache row,
 //   };                                                         // -1 = invalid; tag >= 0 when valid
+// Optional members (sparse_mqa's DeepSeek-V4 inputs; a policy without them compiles as before):
+//     __device__ const uint8_t* row_pointer(int key, int& tag) const;  // replaces row_offset: the row's
+//                               address (keys of two caches of one format), nullptr = invalid
+//     __device__ float sink_log2(int head) const;  // the head's attention sink in the log2 domain (-inf:
+//                               none), folded into the row's softmax state in the epilogue
+template <class Keys>
+concept KeysWithRowPointer = requires(const Keys& k, int key, int& tag) { k.row_pointer(key, tag); };
+template <class Keys>
+concept KeysWithSink = requires(const Keys& k, int head) { k.sink_log2(head); };
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -100,12 +109,20 @@ __device__ __forceinline__ void load_key_tile(const Keys& keys, const MqaCachePa
   const int r = threadIdx.x >> 3, sub = threadIdx.x & 7;
   const int key = k0 + r;
   int tag = -1;
-  const int64_t off = key < keys.key_end ? keys.row_offset(key, tag) : int64_t(-1);
+  const uint8_t* src;
+  bool valid;
+  if constexpr (KeysWithRowPointer<Keys>) {
+    src = key < keys.key_end ? keys.row_pointer(key, tag) : nullptr;
+    valid = src != nullptr;
+  } else {
+    const int64_t off = key < keys.key_end ? keys.row_offset(key, tag) : int64_t(-1);
+    valid = off >= 0;
+    src = cp.data + off;
+  }
   const bool raw = !cp.direct;
   uint8_t* dst = raw ? smem + T::kOffRaw + stage * T::kRawStageBytes + r * T::kRawRowBytes
                      : smem + T::kOffK + stage * T::kKStageBytes + r * T::kRowBytes;
-  if (off >= 0) {
-    const uint8_t* src = cp.data + off;
+  if (valid) {
     if (cp.vec16) {
       for (int c = sub; c < cp.row_bytes / 16; c += 8) ptx::cp_async_16(dst + 16 * c, src + 16 * c);
     } else if (cp.elem_bytes == 2) {
@@ -386,14 +403,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mqa_attention_kernel(cons
 
   // ---- epilogue ----
   if (sm_q == 0) {
-    sInvL[sm_row] = st.inv_sum();
     const int row = row0 + sm_row;
+    float inv_l = st.inv_sum(), row_lse = st.lse();
+    if constexpr (KeysWithSink<Keys>) {
+      // The sink joins the row as a key of value 0 (softmax::fold_sink); the accumulators keep their scale.
+      if (row < m_rows) softmax::fold_sink(st, keys.sink_log2(row % rp.h_q), inv_l, row_lse);
+    }
+    sInvL[sm_row] = inv_l;
     if (row < m_rows) {
       if (keys.ws_o) {
-        keys.ws_lse[keys.ws_row0 + row] = st.lse();
+        keys.ws_lse[keys.ws_row0 + row] = row_lse;
       } else if (rp.lse) {
         const int i = row / rp.h_q, h = row % rp.h_q;
-        rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = st.lse();
+        rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = row_lse;
       }
     }
   }

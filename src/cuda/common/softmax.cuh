@@ -51,4 +51,21 @@ struct RowState {
   __device__ __forceinline__ float inv_sum() const { return sum == 0.0f ? 0.0f : 1.0f / sum; }
 };
 
+// A finished row with an attention sink (log2 domain; a key of value 0 entering the denominator only):
+// overwrites `inv` (the factor of the unnormalised output accumulators) and the natural-log `lse` that
+// the row's state gave. -inf: no change. A row without keys gets inv 0 (out 0) and lse = sink; a NaN
+// sink or score makes both NaN.
+__device__ __forceinline__ void fold_sink(const RowState& st, float sink, float& inv, float& lse) {
+  if (sink != sink) {
+    inv = lse = sink;
+    return;
+  }
+  const float new_max = fmaxf(st.max, sink);
+  if (new_max == -INFINITY) return;
+  const float factor = exp2_approx(st.max - new_max);  // 0 for a row without keys (max = -inf)
+  const float sum = st.sum * factor + exp2_approx(sink - new_max);
+  inv = factor / sum;
+  lse = (new_max + __log2f(sum)) * kLn2;
+}
+
 }  // namespace mla::cuda::softmax

@@ -8,6 +8,11 @@
 // r = indices[t, j] (block r / page_size, offset r % page_size); r < 0 or r >= num_blocks * page_size is
 // invalid and never read, as is every entry at j >= topk_length[t]. Duplicates are separate keys (they
 // count twice). A token with no valid entry ("lonely") gets out 0 and lse -inf [PIN].
+//
+// DeepSeek-V4 inputs (SparseOptions, SEMANTICS §11.8): an extra cache of the same format with its own
+// index row and length; its valid entries follow the main ones in the token's key range (key j >=
+// main.len is extra entry j - main.len), so both go through one online softmax. A per-head sink joins
+// each row's state in the epilogue (softmax::fold_sink).
 #include <climits>
 #include <cstdint>
 
@@ -24,33 +29,55 @@ struct SparseKeys {
   float* ws_o = nullptr;  // no split-KV: the engine writes out / lse
   float* ws_lse = nullptr;
   int64_t ws_row0 = 0;
-  const int32_t* row;  // this token's index row
-  int64_t page_size, num_slots, stride_block, stride_row;
+  // One index list over one cache: entries [0, len) of `row` name flat rows of `data`.
+  struct List {
+    const int32_t* row;
+    const uint8_t* data;
+    int64_t page_size, num_slots, stride_block, stride_row;  // strides in elements
+    int len;
+  };
+  List main, extra;  // token t's keys: main entries [0, main.len), then extra entries (extra.len 0: none)
   int elem_bytes;
+  const float* sink;  // [h_q] or nullptr
+  int64_t sink_stride;
+
+  __device__ static int clamp_len(const int32_t* lengths, int64_t stride, int64_t unit, int topk) {
+    if (!lengths) return topk;
+    const int len = lengths[unit * stride];
+    return len < 0 ? 0 : len > topk ? topk : len;
+  }
 
   __device__ SparseKeys(const SparseParams& p, int64_t unit) {
     group = unit;
-    key_begin = 0;
-    key_end = p.topk;
-    if (p.topk_length) {
-      const int len = p.topk_length[unit * p.topk_length_stride];
-      key_end = len < 0 ? 0 : len > p.topk ? p.topk : len;
+    main = {p.indices + unit * p.indices_stride, p.cache.data, p.cache.page_size, p.cache.num_blocks * p.cache.page_size,
+            p.cache.stride_block, p.cache.stride_row, clamp_len(p.topk_length, p.topk_length_stride, unit, p.topk)};
+    if (p.extra_indices) {
+      extra = {p.extra_indices + unit * p.extra_indices_stride, p.extra_data, p.extra_page_size,
+               p.extra_num_blocks * p.extra_page_size, p.extra_stride_block, p.extra_stride_row,
+               clamp_len(p.extra_topk_length, p.extra_topk_length_stride, unit, p.extra_topk)};
+    } else {
+      extra = {nullptr, nullptr, 1, 0, 0, 0, 0};
     }
-    row = p.indices + unit * p.indices_stride;
-    page_size = p.cache.page_size;
-    num_slots = p.cache.num_blocks * page_size;
-    stride_block = p.cache.stride_block;
-    stride_row = p.cache.stride_row;
+    key_begin = 0;
+    key_end = main.len + extra.len;
     elem_bytes = p.cache.elem_bytes;
+    sink = p.sink;
+    sink_stride = p.sink_stride;
   }
 
   __device__ int row_limit(int) const { return INT_MAX; }  // no causal mask: the indices are the mask
 
-  __device__ int64_t row_offset(int j, int& tag) const {
-    const int64_t r = row[j];
-    if (r < 0 || r >= num_slots) return -1;
+  __device__ __forceinline__ const uint8_t* lookup(const List& l, int64_t r, int& tag) const {
+    if (r < 0 || r >= l.num_slots) return nullptr;
     tag = 0;
-    return ((r / page_size) * stride_block + (r % page_size) * stride_row) * elem_bytes;
+    return l.data + ((r / l.page_size) * l.stride_block + (r % l.page_size) * l.stride_row) * elem_bytes;
+  }
+  __device__ const uint8_t* row_pointer(int j, int& tag) const {
+    return j < main.len ? lookup(main, main.row[j], tag) : lookup(extra, extra.row[j - main.len], tag);
+  }
+
+  __device__ float sink_log2(int head) const {
+    return sink ? sink[head * sink_stride] * 1.4426950408889634f : -INFINITY;
   }
 };
 

@@ -21,13 +21,12 @@ void run_portable(const dispatch::SparseArgs& a) {
   const double softmax_scale = a.softmax_scale;
   const Context& ctx = a.ctx;
   using sparse::Traits;
+  const SparseExtraCache& ex = a.opts.extra;
   const int64_t t = q.size(0), h_q = q.size(1), topk = indices.size(1);
-  if (a.opts.attn_sink.defined() || a.opts.extra.defined())
-    throw Error("sparse_mqa: the attention sink and the extra cache (SparseOptions) are not implemented by the CUDA "
-                "backend yet (the CPU backend has them)");
+  const int64_t extra_topk = ex.defined() ? ex.indices.size(1) : 0;
   mqa::check_dims("sparse_mqa", q.size(2), out.size(2));
-  if (h_q > (int64_t(1) << 30) || topk > (int64_t(1) << 30))
-    throw Error("sparse_mqa: h_q or topk too large for one launch");
+  if (h_q > (int64_t(1) << 30) || topk + extra_topk > (int64_t(1) << 30))
+    throw Error("sparse_mqa: h_q or topk (+ extra_topk) too large for one launch");
   DeviceGuard guard(q.device);
 
   SparseParams p{};
@@ -39,6 +38,26 @@ void run_portable(const dispatch::SparseArgs& a) {
   if (topk_length.defined()) {
     p.topk_length = static_cast<const int32_t*>(topk_length.data);
     p.topk_length_stride = topk_length.stride[0];
+  }
+  if (ex.defined()) {  // same format and dims as the main cache (front end): one MqaCacheParams for both
+    const MqaCacheParams ec = mqa::make_cache_params(ex.kv);
+    p.cache.vec16 = p.cache.vec16 && ec.vec16;
+    p.extra_data = ec.data;
+    p.extra_stride_block = ec.stride_block;
+    p.extra_stride_row = ec.stride_row;
+    p.extra_num_blocks = ec.num_blocks;
+    p.extra_page_size = ec.page_size;
+    p.extra_indices = static_cast<const int32_t*>(ex.indices.data);
+    p.extra_indices_stride = ex.indices.stride[0];
+    p.extra_topk = static_cast<int32_t>(extra_topk);
+    if (ex.topk_length.defined()) {
+      p.extra_topk_length = static_cast<const int32_t*>(ex.topk_length.data);
+      p.extra_topk_length_stride = ex.topk_length.stride[0];
+    }
+  }
+  if (a.opts.attn_sink.defined()) {
+    p.sink = static_cast<const float*>(a.opts.attn_sink.data);
+    p.sink_stride = a.opts.attn_sink.stride[0];
   }
 
   const int64_t m_tiles = (h_q + Traits::kBlockM - 1) / Traits::kBlockM;
@@ -63,7 +82,7 @@ dispatch::Table<dispatch::SparseArgs>& dispatch::sparse_mqa_table() {
          "gathering producer + wgmma (src/cuda/decode_sm90, docs/SPARSE.md): bf16 and fp8_ds_mla caches, d_qk 576, "
          "d_v 512, bf16 q / out"},
         decode_sm90::supports_sparse, decode_sm90::run_sparse},
-       {{"portable", 80, 0, "mma.sync MQA engine: every cache format, any top-k and h_q"}, nullptr, run_portable}});
+       {{"portable", 80, 0, "mma.sync MQA engine: every cache format, any top-k and h_q, DeepSeek-V4 options"}, nullptr, run_portable}});
   return table;
 }
 

@@ -14,6 +14,19 @@ struct SparseParams {
   int32_t topk;
   const int32_t* topk_length;  // [T] or nullptr: entries at positions >= topk_length[t] are invalid
   int64_t topk_length_stride;
+
+  // DeepSeek-V4 inputs (SparseOptions); absent when extra_indices / sink are nullptr.
+  // The extra cache has the main cache's format and row bytes (the engine's MqaCacheParams describe
+  // both), its own base, strides and page size. Token t's keys: valid main entries, then extra entries.
+  const uint8_t* extra_data;        // [extra_blocks, extra_page, row_elems] or nullptr
+  int64_t extra_stride_block, extra_stride_row, extra_num_blocks, extra_page_size;  // elements / rows
+  const int32_t* extra_indices;     // [T, extra_topk] flat rows of the extra cache, or nullptr
+  int64_t extra_indices_stride;
+  int32_t extra_topk;
+  const int32_t* extra_topk_length;  // [T] or nullptr
+  int64_t extra_topk_length_stride;
+  const float* sink;                 // [h_q] natural-log logits, or nullptr
+  int64_t sink_stride;
 };
 
 }  // namespace mla::cuda
