@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda/common/launch.h"
@@ -47,6 +48,30 @@ void launch_small(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
   launch_one(decode_sm90_small_kernel<N, Src>, SmallTraits<N>::template smem_bytes<Src>(), grid, stream, map, p, what);
 }
 
+// MLA_DECODE_SM90_SEESAW=serial: the serial seesaw schedule instead of the overlapped one for the TMA
+// source (A/B measurements; read once). The row-copying sources always take the serial one: their
+// overlapped build spills (ptxas, 224 consumer registers) and measured no faster (docs/DECODE.md).
+inline bool seesaw_serial() {
+  static const bool serial = [] {
+    const char* v = std::getenv("MLA_DECODE_SM90_SEESAW");
+    return v != nullptr && std::strcmp(v, "serial") == 0;
+  }();
+  return serial;
+}
+
+// The seesaw kernel (64-row tiles) with key source Src.
+template <class Src>
+void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
+                   const char* what) {
+  if constexpr (Src::kTma) {
+    if (!seesaw_serial()) {
+      launch_one(decode_sm90_seesaw_kernel<Src, true>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
+      return;
+    }
+  }
+  launch_one(decode_sm90_seesaw_kernel<Src, false>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
+}
+
 // The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests).
 template <class Src>
 void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
@@ -55,7 +80,7 @@ void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
     case 8: launch_small<8, Src>(p, grid, stream, map, what); break;
     case 16: launch_small<16, Src>(p, grid, stream, map, what); break;
     case 32: launch_small<32, Src>(p, grid, stream, map, what); break;
-    default: launch_one(decode_sm90_seesaw_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what); break;
+    default: launch_seesaw<Src>(p, grid, stream, map, what); break;
   }
 }
 
@@ -83,8 +108,7 @@ void launch_ds_mla(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
     case 16: launch_small<16, StagedDsMlaKeysFor<SmallTraits<16>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
     case 32: launch_small<32, StagedDsMlaKeysFor<SmallTraits<32>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
     default:
-      launch_one(decode_sm90_seesaw_kernel<GatherKeys<CacheFormat::fp8_ds_mla, Rows>>, SeesawTraits::kSmemBytes, grid,
-                 stream, unused, p, what);
+      launch_seesaw<GatherKeys<CacheFormat::fp8_ds_mla, Rows>>(p, grid, stream, unused, what);
       break;
   }
 }
