@@ -28,10 +28,17 @@
 // one is still being read. Keys that were not loaded (past the split, pages outside the cache, rows
 // past seq_len in the last page) are zero-filled by the owner before any wgmma reads the tile.
 //
+// Two orders of these steps (the math above is the same): the overlapped schedule (SeesawConsumer, the
+// TMA source: consumer 0's remote P V of a pair runs behind the S of its next tile) and the serial one
+// (SeesawSerialConsumer, the row-copying sources, and the TMA source under MLA_DECODE_SM90_SEESAW=serial:
+// both consumers start a pair's S together after the previous pair's products retired). Each struct's
+// comment has its order; docs/DECODE.md the measurements.
+//
 // Consumer hand-overs through named barriers (one warpgroup arrives, the other syncs; 256 threads):
-//   kBarM0 (m0 published), kBarM1 (m1), kBarP0 / kBarP1 (P in smem), kBarP0Free / kBarP1Free (the
-//   other consumer's remote P V retired: the P buffer may be rewritten). Arrivals and syncs are matched
-//   one to one (no arrival is left pending at exit).
+//   kBarM0 (m0 published), kBarM1 (m1), kBarP0 / kBarP1 (P in smem); serial schedule: kBarP0Free /
+//   kBarP1Free (the other consumer's remote P V retired: the P buffer may be rewritten); overlapped
+//   schedule: kBarRemote (consumer 1's remote P V issued). Arrivals and syncs are matched one to one (no
+//   arrival is left pending at exit).
 //
 // Shared memory (SeesawTraits): Q without rope 64 KiB (8 panels; the rope panel lives in registers as
 // the A operand of a register-sourced wgmma) + 2 KV stages x 72 KiB + P0, P1 2 x 8 KiB + maxes, sums,
@@ -78,6 +85,7 @@ struct SeesawTraits {
 
   // Named barriers (1 is kConsumerBarrier); 8 + c: consumer c alone (128 threads).
   static constexpr int kBarM0 = 2, kBarM1 = 3, kBarP0 = 4, kBarP1 = 5, kBarP0Free = 6, kBarP1Free = 7;
+  static constexpr int kBarRemote = 6;  // overlapped schedule (no kBarP*Free there): C1's remote P V issued
 };
 
 // First panel of V half `h` (columns 256h..256h+255) and the panel order of the owner's S for stage s.
@@ -100,13 +108,12 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
     const uint32_t parity = (t / 2) & 1;
     const int k0 = u.key_begin + t * T::kBlockN;
     const typename Src::Tile tl(p, u, k0, part, lane);
-    tl.preload(p, 8);  // register-path sources: panel 8's loads before the wait (source.cuh)
     // Group 0: the rope panel (and the key mask, read by the owner after this panel's barrier).
     ptx::mbar_wait(&empty[0], parity ^ 1);
     tl.begin(mask, &full[8]);
     tl.announce(p, &full[8], 1);
     __syncwarp();
-    tl.panel(p, map, dst, &full[8], 8, half_panel(s));
+    tl.panel(p, map, dst, &full[8], 8);
     // Groups 1 and 2: the owner's V half, then the other half.
 #pragma unroll 1
     for (int g = 1; g <= 2; ++g) {
@@ -115,17 +122,15 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
       for (int c = first; c < first + 4; ++c) tl.announce(p, &full[c], 1);
       __syncwarp();
 #pragma unroll 1
-      for (int c = first; c < first + 4; ++c)
-        tl.panel(p, map, dst, &full[c], c, c + 1 < first + 4 ? c + 1 : g == 1 ? half_panel(1 - s) : -1);
+      for (int c = first; c < first + 4; ++c) tl.panel(p, map, dst, &full[c], c);
     }
   }
 }
 
-// One consumer warpgroup (C = 0: O_L, owner of stage 0; C = 1: O_R, owner of stage 1). Written per
-// consumer and per pair kind (both tiles present or only K0) so that every wgmma sequence is straight-line
-// code: accumulators merged across branches (phi nodes) make ptxas copy or spill them.
+// State and pieces shared by both consumer schedules (C = 0: O_L, owner of stage 0; C = 1: O_R, owner of
+// stage 1): this thread's rows, their visible limits and rope pointers, O half, running max and row sums.
 template <int C, class Src>
-struct SeesawConsumer {
+struct SeesawBase {
   using T = Traits;
   using L = SeesawTraits;
   const DecodeSm90Params& p;
@@ -137,7 +142,7 @@ struct SeesawConsumer {
   float o[T::kDvHalf / 2];
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
-  __device__ __forceinline__ SeesawConsumer(const DecodeSm90Params& p_, const Unit& u_, uint8_t* smem_)
+  __device__ __forceinline__ SeesawBase(const DecodeSm90Params& p_, const Unit& u_, uint8_t* smem_)
       : p(p_), u(u_), smem(smem_) {
     w = ptx::warp_idx_in_warpgroup();
     const int lane = threadIdx.x & 31;
@@ -185,15 +190,8 @@ struct SeesawConsumer {
       o[4 * jj + 3] *= f_hi;
     }
   }
-
-  // S = Q K^T of this consumer's tile of pair j (keys k0..k0+63) in the log2 domain, masked; row maxes.
-  __device__ __forceinline__ void s_product(float (&s)[32], int j, float& mx_lo, float& mx_hi) {
-    const uint32_t parity = j & 1;
-    const int k0 = u.key_begin + (2 * j + C) * T::kBlockN;
-    uint8_t* sK = stage_tile(C);
-    uint64_t* fb = full(C);
-    // The rope columns as rs A fragments, re-read (L1 / L2 hits) per tile: registers are the scarce resource.
-    uint32_t qr[4][4];
+  // The rope columns of Q as rs A fragments, re-read (L1 / L2 hits) per tile: registers are the scarce resource.
+  __device__ __forceinline__ void load_rope(uint32_t (&qr)[4][4]) const {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -204,25 +202,37 @@ struct SeesawConsumer {
                     : q_pairs   ? *reinterpret_cast<const uint32_t*>(row + col)
                                 : row[col] | uint32_t(row[col + 1]) << 16;
       }
-    const MqaRowParams& rp = p.rows;
-    const float sl2 = rp.scale_log2 * code_scale<Src>(p);  // exact-code sources: S times scale * 2^56
+  }
+  // Waits for the rope panel of this consumer's stage (it carries the tile's key mask) and returns the
+  // mask; keys that were not loaded are zero-filled in every panel first (sources that do not zero them).
+  __device__ __forceinline__ uint64_t tile_mask(uint32_t parity) {
+    uint64_t* fb = full(C);
     wait_full<Src>(&fb[8], parity);
     const uint64_t mask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask)[C];
-    if (!Src::kZeroFilled && mask != ~uint64_t(0)) {  // keys not loaded: zero them in every panel first
+    if (!Src::kZeroFilled && mask != ~uint64_t(0)) {
       for (int pc = 0; pc < T::kPanels; ++pc) ptx::mbar_wait(&fb[pc], parity);
-      zero_unloaded_rows(sK, mask, threadIdx.x & 127, 128);
+      zero_unloaded_rows(stage_tile(C), mask, threadIdx.x & 127, 128);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(8 + C, 128);
     }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-    ptx::wgmma_fence_operand(s);
+    return mask;
+  }
+  // Issues S (+)= Q K^T over the panels of this consumer's stage as one commit group: kRope, the rope
+  // panel (rs, zero-initialising S); kOwn, the owner's V half; kOther, the other V half. Each panel after
+  // its full barrier. Not waited.
+  template <bool kRope, bool kOwn, bool kOther>
+  __device__ __forceinline__ void issue_s(float (&s)[32], const uint32_t (&qr)[4][4], uint32_t parity) {
+    uint8_t* sK = stage_tile(C);
+    uint64_t* fb = full(C);
     ptx::wgmma_fence();
+    if constexpr (kRope) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      ptx::wgmma_bf16_rs<T::kBlockN>(s, qr[kk], ptx::desc_sw128_k_major(sK + 8 * T::kPanelBytes + kk * 32), kk > 0);
+      for (int kk = 0; kk < 4; ++kk)
+        ptx::wgmma_bf16_rs<T::kBlockN>(s, qr[kk], ptx::desc_sw128_k_major(sK + 8 * T::kPanelBytes + kk * 32), kk > 0);
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
+      if ((hh == 0 && !kOwn) || (hh == 1 && !kOther)) continue;
       const int first = half_panel(hh == 0 ? C : 1 - C);
 #pragma unroll
       for (int pc = first; pc < first + 4; ++pc) {
@@ -230,15 +240,16 @@ struct SeesawConsumer {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           const int off = pc * T::kPanelBytes + ks * 32;
-          ptx::wgmma_bf16_ss<T::kBlockN>(s, ptx::desc_sw128_k_major(smem + L::kOffQ + off),
+          ptx::wgmma_bf16_ss<T::kBlockN>(s, ptx::desc_sw128_k_major(smem + SeesawTraits::kOffQ + off),
                                          ptx::desc_sw128_k_major(sK + off), true);
         }
       }
     }
     ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence_operand(s);
-    ptx::mbar_arrive(&empty(C)[0]);  // rope panel read
+  }
+  // S of the tile starting at key k0 (retired) in the log2 domain, masked; row maxes.
+  __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
+    const float scale = p.rows.scale_log2;
     mx_lo = -INFINITY;
     mx_hi = -INFINITY;
 #pragma unroll
@@ -249,8 +260,8 @@ struct SeesawConsumer {
         const bool in = (mask >> kk) & 1;
         float& a = s[4 * jj + e];
         float& b = s[4 * jj + 2 + e];
-        a = in && key <= lim_lo ? a * sl2 : -INFINITY;
-        b = in && key <= lim_hi ? b * sl2 : -INFINITY;
+        a = in && key <= lim_lo ? a * scale : -INFINITY;
+        b = in && key <= lim_hi ? b * scale : -INFINITY;
         mx_lo = fmaxf(mx_lo, a);
         mx_hi = fmaxf(mx_hi, b);
       }
@@ -296,28 +307,249 @@ struct SeesawConsumer {
                                                     true);
     ptx::wgmma_commit_group();
   }
-  __device__ __forceinline__ void retire() {
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence_operand(o);
-  }
-
-  // O += P_other V of this consumer's V half of the other consumer's tile of pair j, P from smem.
-  __device__ __forceinline__ void remote_pv(int j) {
+  // O += P_other V of this consumer's V half of the other consumer's tile (P from smem, panels of the other
+  // stage waited with `parity`). Committed, not waited.
+  // real false (consumer 0 before its first pair): the same four products on zeros, so that no branch
+  // merges the accumulators (ptxas serialises wgmma when a branch or a predicate defines accumulators of
+  // an open group): A = the zeroed P of the other consumer, B = the zeroed P buffers read with 2 KiB
+  // between 64-column panels (all reads inside the 16 KiB of P0 and P1). Nothing is waited then.
+  __device__ __forceinline__ void issue_remote_pv(uint32_t parity, bool real = true) {
     constexpr int so = 1 - C;
-    ptx::named_barrier_sync(C == 0 ? L::kBarP1 : L::kBarP0, T::kConsumerThreads);
     uint64_t* fb = full(so);
-    for (int pc = half_panel(C); pc < half_panel(C) + 4; ++pc) wait_full<Src>(&fb[pc], j & 1);
+    if (real)
+      for (int pc = half_panel(C); pc < half_panel(C) + 4; ++pc) wait_full<Src>(&fb[pc], parity);
     const uint8_t* sP = smem + L::kOffP + so * T::kPanelBytes;
-    const uint8_t* sV = stage_tile(so) + half_panel(C) * T::kPanelBytes;
+    const uint8_t* sV = real ? stage_tile(so) + half_panel(C) * T::kPanelBytes : smem + L::kOffP;
+    const uint32_t panel_bytes = real ? T::kPanelBytes : 2048;
     ptx::wgmma_fence_operand(o);
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       ptx::wgmma_bf16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
-          o, ptx::desc_sw128_k_major(sP + ks * 32), ptx::desc_sw128_mn_major(sV + ks * 2048, T::kPanelBytes), true);
+          o, ptx::desc_sw128_k_major(sP + ks * 32), ptx::desc_sw128_mn_major(sV + ks * 2048, panel_bytes), true);
     ptx::wgmma_commit_group();
-    retire();
-    ptx::mbar_arrive(&empty(so)[2]);  // the other stage's second V half read
+  }
+  __device__ __forceinline__ void retire() {
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(o);
+  }
+  // Epilogue: l = l0 + l1 per row, normalise, write this consumer's 256 columns.
+  __device__ __forceinline__ void finish() {
+    float* sL = reinterpret_cast<float*>(smem + L::kOffL);
+    const float q_lo = softmax::quad_sum(l_lo), q_hi = softmax::quad_sum(l_hi);
+    if (t4 == 0) {
+      sL[C * T::kBlockM + r_lo] = q_lo;
+      sL[C * T::kBlockM + r_hi] = q_hi;
+    }
+    ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+    write_rows_half(p, u, o, m_lo, m_hi, sL[r_lo] + sL[T::kBlockM + r_lo], sL[r_hi] + sL[T::kBlockM + r_hi], C, r_lo,
+                    r_hi, t4);
+  }
+};
+
+// The overlapped schedule (after FlashMLA's order of the seesaw steps): consumer 0 issues the S of its
+// next tile behind its remote P V of the previous pair (separate accumulators, no open group touched),
+// consumer 1 issues its remote product right behind its local one. Per pair j (C0: tile 2j, C1: 2j + 1):
+//   C0: S rope part (retired) | remote P1 V1L of pair j - 1 | S own half | retire the remote (other half
+//       of stage 1 free) | S other half | mask, max, publish m0 | P0, O_L *= a0, local P0 V0L; retire
+//       (own half of stage 0 free) | m1 -> a1, a1 P0 to smem | O_L *= a1.  After the last pair: its remote.
+//   C1: S | mask, max | m0 -> m1, publish | O_R *= a0 a1, P1, local P1 V1R, P1 to smem | remote P0 V0R
+//       | retire local (own half of stage 1 free), remote (other half of stage 0 free).
+// The S of C0's tile needs the other V half (freed last, by C1's remote product) only after its rope and
+// own-half products, so that refill overlaps them. What ptxas needs (each measured with -Xptxas -v):
+// S stays local to a pair (an S carried across iterations, or a peeled first pair, spilled); o is never
+// in flight across the loop's back edge or a branch (C7514 / C7515: ptxas serialises every wgmma), hence
+// the remote product at the top of the next pair and pair 0's stand-in product on zeros; the rope A
+// registers are retired before the remote product is issued and the key mask is re-read from shared
+// memory (both spilled otherwise). Hand-overs: kBarM0, kBarM1, kBarP0, kBarP1 as in the serial
+// schedule, kBarRemote (C1's remote P V is issued before C0's, so that stage 0's other half, which C0's
+// next S waits for, is freed first). The P buffers need no "free" barriers: a consumer publishes its next
+// max only after its remote product of the pair retired, and the other writes its P only after syncing
+// on that max. Only for the TMA source: with the row-copying sources' 224 consumer registers it spills.
+template <int C, class Src>
+struct SeesawConsumer : SeesawBase<C, Src> {
+  using B = SeesawBase<C, Src>;
+  using T = Traits;
+  using L = SeesawTraits;
+  using B::B;
+
+  // kHas1: consumer 1 has a tile in pair j (false only for an odd last tile; consumer 0's code does not
+  // depend on it: its remote product is the next pair's business).
+  template <bool kHas1>
+  __device__ __forceinline__ void pair(int j) {
+    float s[32];
+    uint32_t pa[4][4];
+    float mx_lo = -INFINITY, mx_hi = -INFINITY, sum_lo = 0.0f, sum_hi = 0.0f;
+    float* m = this->sM();
+    const int r_lo = this->r_lo, r_hi = this->r_hi;
+    const int k0 = this->u.key_begin + (2 * j + C) * T::kBlockN;
+    const uint32_t par = j & 1;
+    if constexpr (C == 0) {
+      // The rope product first and retired (its A registers must not be live while O is in flight:
+      // ptxas spills), then the previous pair's remote P1 V1L behind it, then the own and other V halves.
+      this->tile_mask(par);
+      uint32_t qr[4][4];
+      this->load_rope(qr);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+      ptx::wgmma_fence_operand(s);
+      this->template issue_s<true, false, false>(s, qr, par);
+      ptx::wgmma_wait_group<0>();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+      // The previous pair's remote product (before pair 0: on the zeroed P buffers, see issue_remote_pv),
+      // so that o is never in flight across iterations.
+      if (j > 0) {
+        ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
+        ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
+      }
+      this->issue_remote_pv(par ^ 1, j > 0);
+      this->template issue_s<false, true, false>(s, qr, par);
+      ptx::wgmma_wait_group<1>();  // the remote product retired
+      if (j > 0) ptx::mbar_arrive(&this->empty(1)[2]);  // stage 1's other V half read
+      this->template issue_s<false, false, true>(s, qr, par);
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand(s);
+      ptx::wgmma_fence_operand(this->o);
+      // The key mask again from shared memory (registers are scarce while o is in flight); the producer
+      // rewrites it only after the rope panel's release below.
+      this->mask_max(s, reinterpret_cast<const uint64_t*>(this->smem + L::kOffMask)[0], k0, mx_lo, mx_hi);
+      ptx::mbar_arrive(&this->empty(0)[0]);  // rope panel read
+      const float n_lo = fmaxf(this->m_lo, mx_lo), n_hi = fmaxf(this->m_hi, mx_hi);  // m0
+      const float a0_lo = B::factor(this->m_lo, n_lo), a0_hi = B::factor(this->m_hi, n_hi);
+      if (this->t4 == 0) {
+        m[r_lo] = n_lo;
+        m[r_hi] = n_hi;
+      }
+      ptx::named_barrier_arrive(L::kBarM0, T::kConsumerThreads);
+      this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
+      this->scale_o(a0_lo, a0_hi);
+      this->local_pv(pa);
+      this->retire();
+      ptx::mbar_arrive(&this->empty(0)[1]);  // own V half of stage 0 read
+      // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product.
+      ptx::named_barrier_sync(L::kBarM1, T::kConsumerThreads);
+      const float m1_lo = m[T::kBlockM + r_lo], m1_hi = m[T::kBlockM + r_hi];
+      const float a1_lo = B::factor(n_lo, m1_lo), a1_hi = B::factor(n_hi, m1_hi);
+      store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
+      this->scale_o(a1_lo, a1_hi);
+      this->l_lo = (this->l_lo * a0_lo + sum_lo) * a1_lo;
+      this->l_hi = (this->l_hi * a0_hi + sum_hi) * a1_hi;
+      this->m_lo = m1_lo;
+      this->m_hi = m1_hi;
+      // kHas1: the remote product P1 V1L is issued by the next pair (or by run() after the last).
+    } else {
+      if constexpr (kHas1) {
+        uint32_t qr[4][4];
+        this->load_rope(qr);
+        const uint64_t mask = this->tile_mask(par);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+        ptx::wgmma_fence_operand(s);
+        this->template issue_s<true, true, true>(s, qr, par);
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(s);
+        ptx::mbar_arrive(&this->empty(1)[0]);  // rope panel read
+        this->mask_max(s, mask, k0, mx_lo, mx_hi);
+      }
+      ptx::named_barrier_sync(L::kBarM0, T::kConsumerThreads);
+      const float m0_lo = m[r_lo], m0_hi = m[r_hi];
+      const float n_lo = fmaxf(m0_lo, mx_lo), n_hi = fmaxf(m0_hi, mx_hi);  // m1
+      const float a_lo = B::factor(this->m_lo, m0_lo) * B::factor(m0_lo, n_lo);
+      const float a_hi = B::factor(this->m_hi, m0_hi) * B::factor(m0_hi, n_hi);
+      if (this->t4 == 0) {
+        m[T::kBlockM + r_lo] = n_lo;
+        m[T::kBlockM + r_hi] = n_hi;
+      }
+      ptx::named_barrier_arrive(L::kBarM1, T::kConsumerThreads);
+      this->scale_o(a_lo, a_hi);
+      if constexpr (kHas1) {
+        this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
+        this->local_pv(pa);
+        store_p(this->smem + L::kOffP + T::kPanelBytes, s, 1.0f, 1.0f, r_lo, r_hi, this->t4);
+        ptx::fence_proxy_async_smem();
+        ptx::named_barrier_arrive(L::kBarP1, T::kConsumerThreads);
+      }
+      this->l_lo = this->l_lo * a_lo + sum_lo;
+      this->l_hi = this->l_hi * a_hi + sum_hi;
+      this->m_lo = n_lo;
+      this->m_hi = n_hi;
+      ptx::named_barrier_sync(L::kBarP0, T::kConsumerThreads);
+      this->issue_remote_pv(par);
+      if constexpr (kHas1) {
+        ptx::named_barrier_arrive(L::kBarRemote, T::kConsumerThreads);  // consumer 0 issues its remote product now
+        ptx::wgmma_wait_group<1>();
+        ptx::mbar_arrive(&this->empty(1)[1]);  // own V half of stage 1 read (local product retired)
+      }
+      this->retire();
+      ptx::mbar_arrive(&this->empty(0)[2]);  // stage 0's other V half read
+    }
+  }
+
+  __device__ __forceinline__ void run() {
+    const int n_pairs = (this->u.n_tiles + 1) / 2, full_pairs = this->u.n_tiles / 2;
+    // Consumer 0's pair does not depend on kHas1 (its remote product is the next pair's business): one
+    // loop, and the last remote product after it. Branches around different wgmma sequences of the same
+    // accumulators make ptxas spill: one loop and at most one tail per consumer, as the serial schedule.
+    if constexpr (C == 0) {  // zero P0 and P1 for pair 0's stand-in remote product (issue_remote_pv)
+      for (int e = threadIdx.x & 127; e < 2 * T::kPanelBytes / 16; e += 128)
+        reinterpret_cast<uint4*>(this->smem + L::kOffP)[e] = make_uint4(0, 0, 0, 0);
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_sync(8, 128);
+#pragma unroll 1
+      for (int j = 0; j < n_pairs; ++j) pair<true>(j);
+      if (n_pairs == full_pairs) {  // the last pair's remote product (an odd last pair issued the previous one)
+        ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
+        ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
+        this->issue_remote_pv((full_pairs - 1) & 1);
+        this->retire();
+        ptx::mbar_arrive(&this->empty(1)[2]);
+      }
+    } else {
+#pragma unroll 1
+      for (int j = 0; j < full_pairs; ++j) pair<true>(j);
+      if (n_pairs > full_pairs) pair<false>(full_pairs);
+    }
+    this->finish();
+  }
+};
+
+// The serial schedule (the first seesaw version; MLA_DECODE_SM90_SEESAW=serial): both consumers start
+// their S of a pair together after the previous pair's products retired. Written per consumer and per
+// pair kind (both tiles present or only K0) so that every wgmma sequence is straight-line code:
+// accumulators merged across branches (phi nodes) make ptxas copy or spill them.
+template <int C, class Src>
+struct SeesawSerialConsumer : SeesawBase<C, Src> {
+  using B = SeesawBase<C, Src>;
+  using T = Traits;
+  using L = SeesawTraits;
+  using B::B;
+
+  // S = Q K^T of this consumer's tile of pair j (keys k0..k0+63) in the log2 domain, masked; row maxes.
+  __device__ __forceinline__ uint64_t s_product(float (&s)[32], int j, float& mx_lo, float& mx_hi) {
+    const int k0 = this->u.key_begin + (2 * j + C) * T::kBlockN;
+    uint32_t qr[4][4];
+    this->load_rope(qr);
+    const uint64_t mask = this->tile_mask(j & 1);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+    ptx::wgmma_fence_operand(s);
+    this->template issue_s<true, true, true>(s, qr, j & 1);
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(s);
+    ptx::mbar_arrive(&this->empty(C)[0]);  // rope panel read
+    this->mask_max(s, mask, k0, mx_lo, mx_hi);
+    return mask;
+  }
+
+  // O += P_other V of this consumer's V half of the other consumer's tile of pair j, P from smem.
+  __device__ __forceinline__ void remote_pv(int j) {
+    ptx::named_barrier_sync(C == 0 ? L::kBarP1 : L::kBarP0, T::kConsumerThreads);
+    this->issue_remote_pv(j & 1);
+    this->retire();
+    ptx::mbar_arrive(&this->empty(1 - C)[2]);  // the other stage's second V half read
   }
 
   // One pair of tiles (j): kHas1 = consumer 1 has a tile too (false only for an odd last tile).
@@ -326,34 +558,35 @@ struct SeesawConsumer {
     float s[32];
     uint32_t pa[4][4];
     float mx_lo = -INFINITY, mx_hi = -INFINITY, sum_lo = 0.0f, sum_hi = 0.0f;
-    float* m = sM();
+    float* m = this->sM();
+    const int r_lo = this->r_lo, r_hi = this->r_hi;
     if constexpr (C == 0) {
       s_product(s, j, mx_lo, mx_hi);
-      const float n_lo = fmaxf(m_lo, mx_lo), n_hi = fmaxf(m_hi, mx_hi);  // m0
-      const float a0_lo = factor(m_lo, n_lo), a0_hi = factor(m_hi, n_hi);
-      if (t4 == 0) {
+      const float n_lo = fmaxf(this->m_lo, mx_lo), n_hi = fmaxf(this->m_hi, mx_hi);  // m0
+      const float a0_lo = B::factor(this->m_lo, n_lo), a0_hi = B::factor(this->m_hi, n_hi);
+      if (this->t4 == 0) {
         m[r_lo] = n_lo;
         m[r_hi] = n_hi;
       }
       ptx::named_barrier_arrive(L::kBarM0, T::kConsumerThreads);
-      exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
-      scale_o(a0_lo, a0_hi);
-      local_pv(pa);
+      this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
+      this->scale_o(a0_lo, a0_hi);
+      this->local_pv(pa);
       // a1 from consumer 1's max; P0 <- a1 P0 into smem for consumer 1's remote product.
       ptx::named_barrier_sync(L::kBarM1, T::kConsumerThreads);
       const float m1_lo = m[T::kBlockM + r_lo], m1_hi = m[T::kBlockM + r_hi];
-      const float a1_lo = factor(n_lo, m1_lo), a1_hi = factor(n_hi, m1_hi);
+      const float a1_lo = B::factor(n_lo, m1_lo), a1_hi = B::factor(n_hi, m1_hi);
       if (j > 0) ptx::named_barrier_sync(L::kBarP0Free, T::kConsumerThreads);
-      store_p(smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, t4);
+      store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
-      retire();
-      ptx::mbar_arrive(&empty(0)[1]);  // own V half of stage 0 read
-      scale_o(a1_lo, a1_hi);
-      l_lo = (l_lo * a0_lo + sum_lo) * a1_lo;
-      l_hi = (l_hi * a0_hi + sum_hi) * a1_hi;
-      m_lo = m1_lo;
-      m_hi = m1_hi;
+      this->retire();
+      ptx::mbar_arrive(&this->empty(0)[1]);  // own V half of stage 0 read
+      this->scale_o(a1_lo, a1_hi);
+      this->l_lo = (this->l_lo * a0_lo + sum_lo) * a1_lo;
+      this->l_hi = (this->l_hi * a0_hi + sum_hi) * a1_hi;
+      this->m_lo = m1_lo;
+      this->m_hi = m1_hi;
       if constexpr (kHas1) {
         remote_pv(j);
         if (more) ptx::named_barrier_arrive(L::kBarP1Free, T::kConsumerThreads);  // consumer 1 may rewrite P1
@@ -363,53 +596,47 @@ struct SeesawConsumer {
       ptx::named_barrier_sync(L::kBarM0, T::kConsumerThreads);
       const float m0_lo = m[r_lo], m0_hi = m[r_hi];
       const float n_lo = fmaxf(m0_lo, mx_lo), n_hi = fmaxf(m0_hi, mx_hi);  // m1
-      const float a_lo = factor(m_lo, m0_lo) * factor(m0_lo, n_lo), a_hi = factor(m_hi, m0_hi) * factor(m0_hi, n_hi);
-      if (t4 == 0) {
+      const float a_lo = B::factor(this->m_lo, m0_lo) * B::factor(m0_lo, n_lo);
+      const float a_hi = B::factor(this->m_hi, m0_hi) * B::factor(m0_hi, n_hi);
+      if (this->t4 == 0) {
         m[T::kBlockM + r_lo] = n_lo;
         m[T::kBlockM + r_hi] = n_hi;
       }
       ptx::named_barrier_arrive(L::kBarM1, T::kConsumerThreads);
-      scale_o(a_lo, a_hi);
+      this->scale_o(a_lo, a_hi);
       if constexpr (kHas1) {
-        exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
-        local_pv(pa);
+        this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
+        this->local_pv(pa);
         if (j > 0) ptx::named_barrier_sync(L::kBarP1Free, T::kConsumerThreads);
-        store_p(smem + L::kOffP + T::kPanelBytes, s, 1.0f, 1.0f, r_lo, r_hi, t4);
+        store_p(this->smem + L::kOffP + T::kPanelBytes, s, 1.0f, 1.0f, r_lo, r_hi, this->t4);
         ptx::fence_proxy_async_smem();
         ptx::named_barrier_arrive(L::kBarP1, T::kConsumerThreads);
-        retire();
-        ptx::mbar_arrive(&empty(1)[1]);  // own V half of stage 1 read
+        this->retire();
+        ptx::mbar_arrive(&this->empty(1)[1]);  // own V half of stage 1 read
       }
-      l_lo = l_lo * a_lo + sum_lo;
-      l_hi = l_hi * a_hi + sum_hi;
-      m_lo = n_lo;
-      m_hi = n_hi;
+      this->l_lo = this->l_lo * a_lo + sum_lo;
+      this->l_hi = this->l_hi * a_hi + sum_hi;
+      this->m_lo = n_lo;
+      this->m_hi = n_hi;
       remote_pv(j);
       if (more) ptx::named_barrier_arrive(L::kBarP0Free, T::kConsumerThreads);  // consumer 0 may rewrite P0
     }
   }
 
   __device__ __forceinline__ void run() {
-    const int n_pairs = (u.n_tiles + 1) / 2, full_pairs = u.n_tiles / 2;
+    const int n_pairs = (this->u.n_tiles + 1) / 2, full_pairs = this->u.n_tiles / 2;
     // P1Free is owed only when consumer 1 writes P1 again (the next pair has its tile); P0Free whenever a
     // next pair exists. Arrivals and syncs stay matched one to one.
     for (int j = 0; j < full_pairs; ++j) pair<true>(j, C == 0 ? j + 1 < full_pairs : j + 1 < n_pairs);
     if (n_pairs > full_pairs) pair<false>(full_pairs, false);
-    // Epilogue: l = l0 + l1 per row, normalise, write this consumer's 256 columns.
-    float* sL = reinterpret_cast<float*>(smem + L::kOffL);
-    const float q_lo = softmax::quad_sum(l_lo), q_hi = softmax::quad_sum(l_hi);
-    if (t4 == 0) {
-      sL[C * T::kBlockM + r_lo] = q_lo;
-      sL[C * T::kBlockM + r_hi] = q_hi;
-    }
-    ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-    write_rows_half(p, u, o, m_lo, m_hi, sL[r_lo] + sL[T::kBlockM + r_lo], sL[r_hi] + sL[T::kBlockM + r_hi], C, r_lo,
-                    r_hi, t4, code_scale<Src>(p));
+    this->finish();
   }
 };
 
 // Src: the key source (source.cuh): PagedKeys (mqa_decode bf16) or GatherKeys<F, Rows> (sparse_mqa; mqa_decode fp8 / fp8_ds_mla).
-template <class Src>
+// kOverlap: the overlapped schedule (SeesawConsumer), else the serial one (SeesawSerialConsumer). The
+// launchers (launch_kernels.cuh launch_seesaw) pick: overlapped for the TMA source, serial for the others.
+template <class Src, bool kOverlap = true>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_seesaw_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
   using T = Traits;
@@ -425,8 +652,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 T::kConsumerThreads);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src>(p, u, smem).run();
-  else SeesawConsumer<1, Src>(p, u, smem).run();
+  if constexpr (kOverlap) {
+    if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src>(p, u, smem).run();
+    else SeesawConsumer<1, Src>(p, u, smem).run();
+  } else {
+    if (ptx::warpgroup_index() == 1) SeesawSerialConsumer<0, Src>(p, u, smem).run();
+    else SeesawSerialConsumer<1, Src>(p, u, smem).run();
+  }
 }
 
 }  // namespace mla::cuda::decode_sm90

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda/common/launch.h"
@@ -47,6 +48,30 @@ void launch_small(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
   launch_one(decode_sm90_small_kernel<N, Src>, SmallTraits<N>::template smem_bytes<Src>(), grid, stream, map, p, what);
 }
 
+// MLA_DECODE_SM90_SEESAW=serial: the serial seesaw schedule instead of the overlapped one for the TMA
+// source (A/B measurements; read once). The row-copying sources always take the serial one: their
+// overlapped build spills (ptxas, 224 consumer registers) and measured no faster (docs/DECODE.md).
+inline bool seesaw_serial() {
+  static const bool serial = [] {
+    const char* v = std::getenv("MLA_DECODE_SM90_SEESAW");
+    return v != nullptr && std::strcmp(v, "serial") == 0;
+  }();
+  return serial;
+}
+
+// The seesaw kernel (64-row tiles) with key source Src.
+template <class Src>
+void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
+                   const char* what) {
+  if constexpr (Src::kTma) {
+    if (!seesaw_serial()) {
+      launch_one(decode_sm90_seesaw_kernel<Src, true>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
+      return;
+    }
+  }
+  launch_one(decode_sm90_seesaw_kernel<Src, false>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
+}
+
 // The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests).
 template <class Src>
 void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
@@ -55,11 +80,11 @@ void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
     case 8: launch_small<8, Src>(p, grid, stream, map, what); break;
     case 16: launch_small<16, Src>(p, grid, stream, map, what); break;
     case 32: launch_small<32, Src>(p, grid, stream, map, what); break;
-    default: launch_one(decode_sm90_seesaw_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what); break;
+    default: launch_seesaw<Src>(p, grid, stream, map, what); break;
   }
 }
 
-// The cache fields of the row-copying sources (GatherKeys, StagedKeys): base, byte strides, pages.
+// The cache fields of the row-copying sources (GatherKeys, StagedDsMlaKeys): base, byte strides, pages.
 inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
   const int64_t eb = static_cast<int64_t>(c.data.element_size());
   g.cache = static_cast<const uint8_t*>(c.data.data);
@@ -70,21 +95,20 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
   g.scale = c.scale;
 }
 
-// fp8_ds_mla records / fp8 (per-tensor) rows copied by the producer warps, rows located by Rows (source.cuh:
-// IndexedRows for sparse_mqa, PagedRows for mqa_decode). Small kernels (source_staged.cuh SmallKeysFor):
-// fp8_ds_mla stages the raw records in shared memory; fp8 (exact codes, source.cuh kExactCodes) too where
-// its raw stage fits (N 8, 16), else (N 32) the register path. The seesaw kernel has no room for a raw
-// stage and dequantises through registers (GatherKeys). No TMA: the tensor map is a zeroed placeholder.
-template <CacheFormat F, class Rows>
-void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
+// fp8_ds_mla records copied by the producer warps, rows located by Rows (source.cuh: IndexedRows for
+// sparse_mqa, PagedRows for mqa_decode): the small kernels stage the raw records in shared memory
+// (source_staged.cuh); the seesaw kernel has no room for that and dequantises through registers
+// (GatherKeys). No TMA: the tensor map is a zeroed placeholder.
+template <class Rows>
+void launch_ds_mla(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
   CUtensorMap unused;
   std::memset(&unused, 0, sizeof(unused));
   switch (p.tile_rows) {
-    case 8: launch_small<8, SmallKeysFor<F, SmallTraits<8>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
-    case 16: launch_small<16, SmallKeysFor<F, SmallTraits<16>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
-    case 32: launch_small<32, SmallKeysFor<F, SmallTraits<32>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
+    case 8: launch_small<8, StagedDsMlaKeysFor<SmallTraits<8>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
+    case 16: launch_small<16, StagedDsMlaKeysFor<SmallTraits<16>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
+    case 32: launch_small<32, StagedDsMlaKeysFor<SmallTraits<32>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
     default:
-      launch_one(decode_sm90_seesaw_kernel<GatherKeys<F, Rows>>, SeesawTraits::kSmemBytes, grid, stream, unused, p, what);
+      launch_seesaw<GatherKeys<CacheFormat::fp8_ds_mla, Rows>>(p, grid, stream, unused, what);
       break;
   }
 }
