@@ -247,6 +247,56 @@ struct SeesawBase {
     }
     ptx::wgmma_commit_group();
   }
+  // The max hand-over of a pair (both schedules). Consumer 0: m0 = max(m, its row max) published
+  // (kBarM0), a0 = 2^(m - m0). Consumer 0 then reads m1 (kBarM1): a1 = 2^(m0 - m1). Consumer 1: reads m0,
+  // publishes m1 = max(m0, its row max) (kBarM1), a = 2^(m - m0) 2^(m0 - m1), O_R *= a.
+  __device__ __forceinline__ void publish_m0(float mx_lo, float mx_hi, float& n_lo, float& n_hi, float& a0_lo,
+                                             float& a0_hi) {
+    float* m = sM();
+    n_lo = fmaxf(m_lo, mx_lo);
+    n_hi = fmaxf(m_hi, mx_hi);
+    a0_lo = factor(m_lo, n_lo);
+    a0_hi = factor(m_hi, n_hi);
+    if (t4 == 0) {
+      m[r_lo] = n_lo;
+      m[r_hi] = n_hi;
+    }
+    ptx::named_barrier_arrive(L::kBarM0, T::kConsumerThreads);
+  }
+  __device__ __forceinline__ void read_m1(float n_lo, float n_hi, float& m1_lo, float& m1_hi, float& a1_lo,
+                                          float& a1_hi) {
+    float* m = sM();
+    ptx::named_barrier_sync(L::kBarM1, T::kConsumerThreads);
+    m1_lo = m[T::kBlockM + r_lo];
+    m1_hi = m[T::kBlockM + r_hi];
+    a1_lo = factor(n_lo, m1_lo);
+    a1_hi = factor(n_hi, m1_hi);
+  }
+  __device__ __forceinline__ void publish_m1(float mx_lo, float mx_hi, float& n_lo, float& n_hi, float& a_lo,
+                                             float& a_hi) {
+    float* m = sM();
+    ptx::named_barrier_sync(L::kBarM0, T::kConsumerThreads);
+    const float m0_lo = m[r_lo], m0_hi = m[r_hi];
+    n_lo = fmaxf(m0_lo, mx_lo);
+    n_hi = fmaxf(m0_hi, mx_hi);
+    a_lo = factor(m_lo, m0_lo) * factor(m0_lo, n_lo);
+    a_hi = factor(m_hi, m0_hi) * factor(m0_hi, n_hi);
+    if (t4 == 0) {
+      m[T::kBlockM + r_lo] = n_lo;
+      m[T::kBlockM + r_hi] = n_hi;
+    }
+    ptx::named_barrier_arrive(L::kBarM1, T::kConsumerThreads);
+    scale_o(a_lo, a_hi);
+  }
+
+  // Row sums and max after a pair: l = (l a + sum) b, m = n (consumer 0: a0, a1, m1; consumer 1: a0 a1, 1, m1).
+  __device__ __forceinline__ void advance(float a_lo, float a_hi, float sum_lo, float sum_hi, float b_lo, float b_hi,
+                                          float n_lo, float n_hi) {
+    l_lo = (l_lo * a_lo + sum_lo) * b_lo;
+    l_hi = (l_hi * a_hi + sum_hi) * b_hi;
+    m_lo = n_lo;
+    m_hi = n_hi;
+  }
   // S of the tile starting at key k0 (retired) in the log2 domain, masked; row maxes.
   __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
     const float scale = p.rows.scale_log2;
@@ -267,6 +317,23 @@ struct SeesawBase {
       }
     mx_lo = softmax::quad_max(mx_lo);
     mx_hi = softmax::quad_max(mx_hi);
+  }
+
+  // S = Q K^T of this consumer's tile of pair j (keys k0..k0+63) in one group, retired, the rope panel
+  // released; in the log2 domain, masked; row maxes.
+  __device__ __forceinline__ void s_product(float (&s)[32], int j, float& mx_lo, float& mx_hi) {
+    const int k0 = u.key_begin + (2 * j + C) * T::kBlockN;
+    uint32_t qr[4][4];
+    load_rope(qr);
+    const uint64_t mask = tile_mask(j & 1);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+    ptx::wgmma_fence_operand(s);
+    issue_s<true, true, true>(s, qr, j & 1);
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(s);
+    ptx::mbar_arrive(&empty(C)[0]);  // rope panel read
+    mask_max(s, mask, k0, mx_lo, mx_hi);
   }
 
   // P = 2^(S - base) in place, returns the row sums; pa = P as bf16 rs A fragments (k-steps of 16 keys).
@@ -380,7 +447,6 @@ struct SeesawConsumer : SeesawBase<C, Src> {
     float s[32];
     uint32_t pa[4][4];
     float mx_lo = -INFINITY, mx_hi = -INFINITY, sum_lo = 0.0f, sum_hi = 0.0f;
-    float* m = this->sM();
     const int r_lo = this->r_lo, r_hi = this->r_hi;
     const int k0 = this->u.key_begin + (2 * j + C) * T::kBlockN;
     const uint32_t par = j & 1;
@@ -415,56 +481,28 @@ struct SeesawConsumer : SeesawBase<C, Src> {
       // rewrites it only after the rope panel's release below.
       this->mask_max(s, reinterpret_cast<const uint64_t*>(this->smem + L::kOffMask)[0], k0, mx_lo, mx_hi);
       ptx::mbar_arrive(&this->empty(0)[0]);  // rope panel read
-      const float n_lo = fmaxf(this->m_lo, mx_lo), n_hi = fmaxf(this->m_hi, mx_hi);  // m0
-      const float a0_lo = B::factor(this->m_lo, n_lo), a0_hi = B::factor(this->m_hi, n_hi);
-      if (this->t4 == 0) {
-        m[r_lo] = n_lo;
-        m[r_hi] = n_hi;
-      }
-      ptx::named_barrier_arrive(L::kBarM0, T::kConsumerThreads);
+      float n_lo, n_hi, a0_lo, a0_hi;  // m0, a0
+      this->publish_m0(mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi);
       this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
       this->scale_o(a0_lo, a0_hi);
       this->local_pv(pa);
       this->retire();
       ptx::mbar_arrive(&this->empty(0)[1]);  // own V half of stage 0 read
       // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product.
-      ptx::named_barrier_sync(L::kBarM1, T::kConsumerThreads);
-      const float m1_lo = m[T::kBlockM + r_lo], m1_hi = m[T::kBlockM + r_hi];
-      const float a1_lo = B::factor(n_lo, m1_lo), a1_hi = B::factor(n_hi, m1_hi);
+      float m1_lo, m1_hi, a1_lo, a1_hi;
+      this->read_m1(n_lo, n_hi, m1_lo, m1_hi, a1_lo, a1_hi);
       store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
       this->scale_o(a1_lo, a1_hi);
-      this->l_lo = (this->l_lo * a0_lo + sum_lo) * a1_lo;
-      this->l_hi = (this->l_hi * a0_hi + sum_hi) * a1_hi;
-      this->m_lo = m1_lo;
-      this->m_hi = m1_hi;
+      this->advance(a0_lo, a0_hi, sum_lo, sum_hi, a1_lo, a1_hi, m1_lo, m1_hi);
       // kHas1: the remote product P1 V1L is issued by the next pair (or by run() after the last).
     } else {
       if constexpr (kHas1) {
-        uint32_t qr[4][4];
-        this->load_rope(qr);
-        const uint64_t mask = this->tile_mask(par);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-        ptx::wgmma_fence_operand(s);
-        this->template issue_s<true, true, true>(s, qr, par);
-        ptx::wgmma_wait_group<0>();
-        ptx::wgmma_fence_operand(s);
-        ptx::mbar_arrive(&this->empty(1)[0]);  // rope panel read
-        this->mask_max(s, mask, k0, mx_lo, mx_hi);
+        this->s_product(s, j, mx_lo, mx_hi);
       }
-      ptx::named_barrier_sync(L::kBarM0, T::kConsumerThreads);
-      const float m0_lo = m[r_lo], m0_hi = m[r_hi];
-      const float n_lo = fmaxf(m0_lo, mx_lo), n_hi = fmaxf(m0_hi, mx_hi);  // m1
-      const float a_lo = B::factor(this->m_lo, m0_lo) * B::factor(m0_lo, n_lo);
-      const float a_hi = B::factor(this->m_hi, m0_hi) * B::factor(m0_hi, n_hi);
-      if (this->t4 == 0) {
-        m[T::kBlockM + r_lo] = n_lo;
-        m[T::kBlockM + r_hi] = n_hi;
-      }
-      ptx::named_barrier_arrive(L::kBarM1, T::kConsumerThreads);
-      this->scale_o(a_lo, a_hi);
+      float n_lo, n_hi, a_lo, a_hi;  // m1, a0 a1
+      this->publish_m1(mx_lo, mx_hi, n_lo, n_hi, a_lo, a_hi);
       if constexpr (kHas1) {
         this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
         this->local_pv(pa);
@@ -472,10 +510,7 @@ struct SeesawConsumer : SeesawBase<C, Src> {
         ptx::fence_proxy_async_smem();
         ptx::named_barrier_arrive(L::kBarP1, T::kConsumerThreads);
       }
-      this->l_lo = this->l_lo * a_lo + sum_lo;
-      this->l_hi = this->l_hi * a_hi + sum_hi;
-      this->m_lo = n_lo;
-      this->m_hi = n_hi;
+      this->advance(a_lo, a_hi, sum_lo, sum_hi, 1.0f, 1.0f, n_lo, n_hi);
       ptx::named_barrier_sync(L::kBarP0, T::kConsumerThreads);
       this->issue_remote_pv(par);
       if constexpr (kHas1) {
@@ -527,23 +562,6 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
   using L = SeesawTraits;
   using B::B;
 
-  // S = Q K^T of this consumer's tile of pair j (keys k0..k0+63) in the log2 domain, masked; row maxes.
-  __device__ __forceinline__ uint64_t s_product(float (&s)[32], int j, float& mx_lo, float& mx_hi) {
-    const int k0 = this->u.key_begin + (2 * j + C) * T::kBlockN;
-    uint32_t qr[4][4];
-    this->load_rope(qr);
-    const uint64_t mask = this->tile_mask(j & 1);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-    ptx::wgmma_fence_operand(s);
-    this->template issue_s<true, true, true>(s, qr, j & 1);
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence_operand(s);
-    ptx::mbar_arrive(&this->empty(C)[0]);  // rope panel read
-    this->mask_max(s, mask, k0, mx_lo, mx_hi);
-    return mask;
-  }
-
   // O += P_other V of this consumer's V half of the other consumer's tile of pair j, P from smem.
   __device__ __forceinline__ void remote_pv(int j) {
     ptx::named_barrier_sync(C == 0 ? L::kBarP1 : L::kBarP0, T::kConsumerThreads);
@@ -558,24 +576,17 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
     float s[32];
     uint32_t pa[4][4];
     float mx_lo = -INFINITY, mx_hi = -INFINITY, sum_lo = 0.0f, sum_hi = 0.0f;
-    float* m = this->sM();
     const int r_lo = this->r_lo, r_hi = this->r_hi;
     if constexpr (C == 0) {
-      s_product(s, j, mx_lo, mx_hi);
-      const float n_lo = fmaxf(this->m_lo, mx_lo), n_hi = fmaxf(this->m_hi, mx_hi);  // m0
-      const float a0_lo = B::factor(this->m_lo, n_lo), a0_hi = B::factor(this->m_hi, n_hi);
-      if (this->t4 == 0) {
-        m[r_lo] = n_lo;
-        m[r_hi] = n_hi;
-      }
-      ptx::named_barrier_arrive(L::kBarM0, T::kConsumerThreads);
+      this->s_product(s, j, mx_lo, mx_hi);
+      float n_lo, n_hi, a0_lo, a0_hi;  // m0, a0
+      this->publish_m0(mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi);
       this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
       this->scale_o(a0_lo, a0_hi);
       this->local_pv(pa);
       // a1 from consumer 1's max; P0 <- a1 P0 into smem for consumer 1's remote product.
-      ptx::named_barrier_sync(L::kBarM1, T::kConsumerThreads);
-      const float m1_lo = m[T::kBlockM + r_lo], m1_hi = m[T::kBlockM + r_hi];
-      const float a1_lo = B::factor(n_lo, m1_lo), a1_hi = B::factor(n_hi, m1_hi);
+      float m1_lo, m1_hi, a1_lo, a1_hi;
+      this->read_m1(n_lo, n_hi, m1_lo, m1_hi, a1_lo, a1_hi);
       if (j > 0) ptx::named_barrier_sync(L::kBarP0Free, T::kConsumerThreads);
       store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
       ptx::fence_proxy_async_smem();
@@ -583,27 +594,15 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
       this->retire();
       ptx::mbar_arrive(&this->empty(0)[1]);  // own V half of stage 0 read
       this->scale_o(a1_lo, a1_hi);
-      this->l_lo = (this->l_lo * a0_lo + sum_lo) * a1_lo;
-      this->l_hi = (this->l_hi * a0_hi + sum_hi) * a1_hi;
-      this->m_lo = m1_lo;
-      this->m_hi = m1_hi;
+      this->advance(a0_lo, a0_hi, sum_lo, sum_hi, a1_lo, a1_hi, m1_lo, m1_hi);
       if constexpr (kHas1) {
         remote_pv(j);
         if (more) ptx::named_barrier_arrive(L::kBarP1Free, T::kConsumerThreads);  // consumer 1 may rewrite P1
       }
     } else {
-      if constexpr (kHas1) s_product(s, j, mx_lo, mx_hi);
-      ptx::named_barrier_sync(L::kBarM0, T::kConsumerThreads);
-      const float m0_lo = m[r_lo], m0_hi = m[r_hi];
-      const float n_lo = fmaxf(m0_lo, mx_lo), n_hi = fmaxf(m0_hi, mx_hi);  // m1
-      const float a_lo = B::factor(this->m_lo, m0_lo) * B::factor(m0_lo, n_lo);
-      const float a_hi = B::factor(this->m_hi, m0_hi) * B::factor(m0_hi, n_hi);
-      if (this->t4 == 0) {
-        m[T::kBlockM + r_lo] = n_lo;
-        m[T::kBlockM + r_hi] = n_hi;
-      }
-      ptx::named_barrier_arrive(L::kBarM1, T::kConsumerThreads);
-      this->scale_o(a_lo, a_hi);
+      if constexpr (kHas1) this->s_product(s, j, mx_lo, mx_hi);
+      float n_lo, n_hi, a_lo, a_hi;  // m1, a0 a1
+      this->publish_m1(mx_lo, mx_hi, n_lo, n_hi, a_lo, a_hi);
       if constexpr (kHas1) {
         this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
         this->local_pv(pa);
@@ -614,10 +613,7 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
         this->retire();
         ptx::mbar_arrive(&this->empty(1)[1]);  // own V half of stage 1 read
       }
-      this->l_lo = this->l_lo * a_lo + sum_lo;
-      this->l_hi = this->l_hi * a_hi + sum_hi;
-      this->m_lo = n_lo;
-      this->m_hi = n_hi;
+      this->advance(a_lo, a_hi, sum_lo, sum_hi, 1.0f, 1.0f, n_lo, n_hi);
       remote_pv(j);
       if (more) ptx::named_barrier_arrive(L::kBarP0Free, T::kConsumerThreads);  // consumer 0 may rewrite P0
     }
