@@ -10,9 +10,14 @@
 // batch costs whether one GPU or the group does it. For W > 1 each rank also times its attention alone
 // (mqa_decode of the group's h heads over its shard, no collective): "attn" is the max over ranks of
 // that median and "exch" the step minus it, the exchange's cost per step (gather, all-to-all, combine).
+// W > 1 also times the other exchanges (DcpExchange: AG+RS, all-to-all over two overlapped
+// half-batches), alternated with the default in two rounds; one row each. "graph" rows: the same 8
+// steps captured once into a CUDA graph and replayed (W = 1 and each exchange), the speed-up against
+// W = 1's graph.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cstdio>
 #include <string>
@@ -31,13 +36,19 @@ struct DcpShape {
   int64_t b, h, s_k, page;
 };
 
+constexpr DcpExchange kExchanges[] = {DcpExchange::all_to_all, DcpExchange::allgather_reduce_scatter,
+                                      DcpExchange::all_to_all_overlap};
+constexpr int kNumExchanges = 3;
+
 struct RankTimes {
-  double step = 0, attn = 0;  // median ms of a step; of the rank's attention alone (W > 1)
+  double step = 0, attn = 0;         // median ms of a step (all_to_all); of the rank's attention alone (W > 1)
+  double exchange[kNumExchanges]{};  // W > 1: median ms of a step with each DcpExchange
+  double graph[kNumExchanges]{};     // the same steps replayed from a CUDA graph (W = 1: graph[0]); 0 = not captured
 };
 
 // One rank's timed steps (median ms). world == 1: plain mqa_decode over the whole cache.
 RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, int warmup, int iters,
-                  std::barrier<>& sync) {
+                  std::barrier<>& sync, std::atomic<int>& capture_failures) {
   const Device dev = Device::cuda(rank);
   if (cudaSetDevice(rank) != cudaSuccess) throw Error("dcp bench: cannot select device " + std::to_string(rank));
   cudaStream_t stream = nullptr;
@@ -60,12 +71,15 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
   Tensor q = Tensor::empty({s.b, 1, h, 576}, DType::bf16, dev);
   fill_uniform(q, -1, 1, 81 + rank, stream);
   Tensor out = Tensor::empty({s.b, 1, h, 512}, DType::bf16, dev), lse = Tensor::empty({s.b, 1, h}, DType::f32, dev);
-  const std::size_t ws_bytes =
-      world > 1 ? dcp_mqa_decode_workspace_bytes(s.b, 1, h, pages, s.page, DType::bf16, world, dev)
-                : mqa_decode_workspace_bytes(s.b, 1, h, pages * s.page, dev);
+  std::size_t ws_bytes = mqa_decode_workspace_bytes(s.b, 1, h, pages * s.page, dev);
+  if (world > 1)
+    for (DcpExchange ex : kExchanges)
+      ws_bytes = std::max(ws_bytes, dcp_mqa_decode_workspace_bytes(s.b, 1, h, pages, s.page, DType::bf16, world, dev,
+                                                                   0, ex));
   Tensor ws = Tensor::empty({std::max<int64_t>(1, static_cast<int64_t>(ws_bytes))}, DType::u8, dev);
+  DcpExchange exchange = DcpExchange::all_to_all;
   auto step = [&] {
-    if (world > 1) dcp_mqa_decode(*comm, q, cb.cache, table, lens, out, lse, 0.0416, ws, ctx);
+    if (world > 1) dcp_mqa_decode(*comm, q, cb.cache, table, lens, out, lse, 0.0416, ws, ctx, 0, exchange);
     else mqa_decode(q, cb.cache, table, lens, out, lse, 0.0416, true, ws_bytes ? ws.view() : TensorView{}, ctx);
   };
   cudaEvent_t a, z;
@@ -74,8 +88,7 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
   // kSteps steps back to back per timing (a serving step runs every layer so): the host's enqueue of
   // the next step overlaps the device work of the current one, as in a model's forward.
   constexpr int kSteps = 8;
-  auto median_ms = [&](auto&& fn) {
-    std::vector<float> ms;
+  auto samples_ms = [&](auto&& fn, std::vector<float>& ms) {
     for (int i = 0; i < warmup + iters; ++i) {
       sync.arrive_and_wait();
       cudaEventRecord(a, stream);
@@ -87,11 +100,77 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
       cudaEventElapsedTime(&t, a, z);
       if (i >= warmup) ms.push_back(t / kSteps);
     }
+  };
+  auto median = [](std::vector<float> ms) {
     std::sort(ms.begin(), ms.end());
     return static_cast<double>(ms[ms.size() / 2]);
   };
+  auto median_ms = [&](auto&& fn) {
+    std::vector<float> ms;
+    samples_ms(fn, ms);
+    return median(ms);
+  };
   RankTimes r;
-  r.step = median_ms(step);
+  if (world == 1) {
+    r.step = median_ms(step);
+  } else {  // the exchanges alternated (A B C A B C: run-to-run drift spreads over all), median of both rounds
+    std::vector<float> ms[kNumExchanges];
+    for (int round = 0; round < 2; ++round)
+      for (int e = 0; e < kNumExchanges; ++e) {
+        exchange = kExchanges[e];
+        samples_ms(step, ms[e]);
+      }
+    for (int e = 0; e < kNumExchanges; ++e) r.exchange[e] = median(ms[e]);
+    r.step = r.exchange[0];
+  }
+  // The same kSteps steps captured once into a CUDA graph and replayed (as an engine runs its decode
+  // steps): the launch gaps between the step's kernels and collectives go. Relaxed capture: the other
+  // ranks' threads keep calling CUDA meanwhile. A rank whose capture fails makes every rank skip it.
+  auto graph_ms = [&](auto&& fn) -> double {
+    if (comm) comm->synchronize(ctx);
+    cudaStreamSynchronize(stream);
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    bool ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) == cudaSuccess;
+    if (ok) {
+      try {
+        for (int k = 0; k < kSteps; ++k) fn();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "dcp bench: rank %d: graph capture: %s\n", rank, e.what());
+        ok = false;
+      }
+      ok = cudaStreamEndCapture(stream, &g) == cudaSuccess && ok && g &&
+           cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    }
+    if (!ok) {
+      cudaGetLastError();
+      capture_failures.fetch_add(1);
+    }
+    sync.arrive_and_wait();  // every rank's capture is done: all replay, or none
+    double med = 0;
+    if (capture_failures.load() == 0) {
+      std::vector<float> ms;
+      for (int i = 0; i < warmup + iters; ++i) {
+        sync.arrive_and_wait();
+        cudaEventRecord(a, stream);
+        cudaGraphLaunch(ge, stream);
+        cudaEventRecord(z, stream);
+        if (comm) comm->synchronize(ctx);
+        cudaEventSynchronize(z);
+        float t = 0;
+        cudaEventElapsedTime(&t, a, z);
+        if (i >= warmup) ms.push_back(t / kSteps);
+      }
+      med = median(ms);
+    }
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    return med;
+  };
+  for (int e = 0; e < (world > 1 ? kNumExchanges : 1); ++e) {
+    exchange = kExchanges[e];
+    r.graph[e] = graph_ms(step);
+  }
   if (world > 1) {  // the rank's attention alone: the group's s.h heads over its shard, as dcp_mqa_decode runs it
     Tensor qa = Tensor::empty({s.b, 1, s.h, 576}, DType::bf16, dev);
     fill_uniform(qa, -1, 1, 91 + rank, stream);
@@ -111,13 +190,14 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
 RankTimes group_ms(const DcpShape& s, int world, int warmup, int iters) {
   const NcclId id = world > 1 ? nccl_make_id() : NcclId{};
   std::barrier<> sync(world);
+  std::atomic<int> capture_failures{0};
   std::vector<RankTimes> ms(static_cast<std::size_t>(world));
   std::vector<std::string> err(static_cast<std::size_t>(world));
   std::vector<std::thread> ranks;
   for (int r = 0; r < world; ++r)
     ranks.emplace_back([&, r] {
       try {
-        ms[r] = rank_steps(s, world, r, id, warmup, iters, sync);
+        ms[r] = rank_steps(s, world, r, id, warmup, iters, sync, capture_failures);
       } catch (const std::exception& e) {
         err[r] = e.what();
         sync.arrive_and_drop();  // let the other ranks' barriers proceed; their NCCL waits time out
@@ -130,6 +210,10 @@ RankTimes group_ms(const DcpShape& s, int world, int warmup, int iters) {
   for (const RankTimes& t : ms) {
     worst.step = std::max(worst.step, t.step);
     worst.attn = std::max(worst.attn, t.attn);
+    for (int e = 0; e < kNumExchanges; ++e) {
+      worst.exchange[e] = std::max(worst.exchange[e], t.exchange[e]);
+      worst.graph[e] = std::max(worst.graph[e], t.graph[e]);
+    }
   }
   return worst;
 }
@@ -150,11 +234,14 @@ void bench_dcp(BenchContext& ctx) {
   const int iters = std::max(5, ctx.options().iters / 3), warmup = std::max(2, ctx.options().warmup / 2);
   for (const DcpShape& s : shapes) {
     if (s.h % n != 0) continue;  // heads split evenly over the group
-    double one = 0;
+    double one = 0, one_graph = 0;
     for (int w : n > 1 ? std::vector<int>{1, n} : std::vector<int>{1}) {
       const RankTimes rt = group_ms(s, w, warmup, iters);
       const double ms = rt.step;
-      if (w == 1) one = ms;
+      if (w == 1) {
+        one = ms;
+        one_graph = rt.graph[0];
+      }
       const double bytes = static_cast<double>(s.b) * s.s_k * 1152.0;
       const double flops = 2.0 * s.b * s.h * s.s_k * 1088.0;
       char cfg[200];
@@ -167,6 +254,24 @@ void bench_dcp(BenchContext& ctx) {
       ctx.report("dcp_decode", cfg, ms, bytes, flops,
                  "bytes = b*s_k*1152 (whole cache, all ranks); FLOPs = 2*b*h*s_k*1088; tok/s = b / step time; "
                  "xN = speed-up over W=1; attn = a rank's attention alone, exch = step - attn");
+      if (w > 1)
+        for (int e = 1; e < kNumExchanges; ++e) {  // the other exchanges of the same run (alternated with it)
+          const double me = rt.exchange[e];
+          std::snprintf(cfg, sizeof cfg, "W=%d b=%lld h=%lld s_k=%lldK %s  %.0f tok/s  x%.2f  exch %.0f us", w,
+                        static_cast<long long>(s.b), static_cast<long long>(s.h),
+                        static_cast<long long>(s.s_k / 1024), to_string(kExchanges[e]), s.b / (me * 1e-3), one / me,
+                        (me - rt.attn) * 1e3);
+          ctx.report("dcp_decode", cfg, me, bytes, flops, "");
+        }
+      for (int e = 0; e < (w > 1 ? kNumExchanges : 1); ++e) {  // CUDA-graph replays (0: capture failed)
+        const double g = rt.graph[e];
+        if (g <= 0) continue;
+        std::snprintf(cfg, sizeof cfg, "W=%d b=%lld h=%lld s_k=%lldK graph%s%s  %.0f tok/s  x%.2f (graph W=1)", w,
+                      static_cast<long long>(s.b), static_cast<long long>(s.h), static_cast<long long>(s.s_k / 1024),
+                      w > 1 ? " " : "", w > 1 ? to_string(kExchanges[e]) : "", s.b / (g * 1e-3),
+                      one_graph > 0 ? one_graph / g : 0.0);
+        ctx.report("dcp_decode", cfg, g, bytes, flops, "");
+      }
     }
   }
 }

@@ -36,6 +36,7 @@ struct RunOptions {
   bool no_progress = false;
   int dcp = 1;             // ranks of a decode-context-parallel group (threads of this process)
   int dcp_interleave = 1;  // consecutive positions per rank turn
+  bool dcp_procs = false;  // one process per rank (this process launches them), not threads
 };
 CLI::App* add_run_command(CLI::App& app, RunOptions& options);
 int run_command(const RunOptions& options);

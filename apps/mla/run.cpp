@@ -97,6 +97,8 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
     throw Error(fmt::format("--sparse needs a model with a top-k indexer (v3.2), got --model {}", c.model));
   c.dcp = o.dcp;
   c.dcp_interleave = o.dcp_interleave;
+  if (c.dcp == 1 && process_group_env_present())
+    c.notes.push_back("RANK / WORLD_SIZE are set but --dcp is 1: this process runs the whole layer alone");
   if (c.dcp > 1 || c.dcp_interleave != 1) {
     if (block.enabled) throw Error("--dcp runs the bare layer: it cannot be combined with --checkpoint / --block");
     if (c.dims.num_heads % c.dcp != 0)
@@ -105,15 +107,31 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
     if (o.page_size % c.dcp_interleave != 0)
       throw Error(fmt::format("--dcp-interleave {} must divide --page-size {}", c.dcp_interleave, o.page_size));
     validate_dcp_layout({c.dcp, 0, c.dcp_interleave}, o.page_size);
-    if (c.cuda && c.device.index + c.dcp > devices)
+    if (process_group_env_present()) {  // one process per rank (our launcher or torchrun)
+      const ProcessGroupEnv env = process_group_env();
+      if (env.world_size != c.dcp)
+        throw Error(fmt::format("--dcp {}: WORLD_SIZE is {} (one process per rank)", c.dcp, env.world_size));
+      c.dcp_rank = env.rank;
+      if (c.cuda) {
+        const int dev = o.device + env.local_rank;
+        if (dev >= devices)
+          throw Error(fmt::format("rank {}: --device {} + LOCAL_RANK {}: {} CUDA device(s) present", env.rank,
+                                  o.device, env.local_rank, devices));
+        c.device = Device::cuda(dev);
+#if MLA_WITH_CUDA
+        c.device_name = fmt::format("cuda:{} {} (one per rank)", dev, cuda_rt::device_info(dev).name);
+#endif
+      }
+    } else if (c.cuda && c.device.index + c.dcp > devices)
       throw Error(fmt::format("--dcp {}: ranks use CUDA devices {}..{}, {} present", c.dcp, c.device.index,
                               c.device.index + c.dcp - 1, devices));
     if (c.cuda && c.dcp > 1 && !nccl_available())
       throw Error("--dcp with --backend cuda: this build of mla has no NCCL");
     if (c.dcp > 1)
-      c.notes.push_back(fmt::format("--dcp {}: {} ranks as threads ({}), {} heads and 1/{} of every request's cache "
+      c.notes.push_back(fmt::format("--dcp {}: {} ranks as {} ({}), {} heads and 1/{} of every request's cache "
                                     "each (interleave {})",
-                                    c.dcp, c.dcp, c.cuda ? "NCCL, one GPU each" : "in-process group",
+                                    c.dcp, c.dcp, c.dcp_rank >= 0 ? "processes" : "threads",
+                                    c.cuda ? "NCCL, one GPU each" : c.dcp_rank >= 0 ? "socket group" : "in-process group",
                                     c.dims.num_heads / c.dcp, c.dcp, c.dcp_interleave));
   }
 
@@ -233,6 +251,10 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                                                         "the page size)")
       ->check(int_range(1, 1 << 20))
       ->capture_default_str();
+  cmd->add_flag("--dcp-procs", o.dcp_procs, "With --dcp N: one process per rank instead of threads (this process "
+                                          "spawns N copies of itself, wired through RANK, WORLD_SIZE, LOCAL_RANK and "
+                                          "MLA_DCP_RENDEZVOUS; a failing rank stops the others). A process started "
+                                          "with those variables set (e.g. by torchrun) runs as that rank");
   cmd->add_option("--seed", o.seed, "Seed of the trace, the inputs and the weights")->capture_default_str();
   cmd->add_option("--json", o.json_path, "Also write the configuration, timings and check results to this file");
   cmd->add_flag("--no-progress", o.no_progress, "Do not report progress on stderr");
@@ -241,8 +263,16 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
 
 int run_command(const RunOptions& options) {
   BlockRunConfig block;
+  if (options.dcp_procs && !process_group_env_present()) {
+    if (options.dcp < 2) throw Error("--dcp-procs needs --dcp N with N >= 2");
+    resolve(options, block);  // refuse a bad configuration before any process starts
+    return launch_dcp_processes(options.dcp, std::chrono::seconds(5));
+  }
   const RunConfig cfg = resolve(options, block);
-  OutputFile json(options.json_path, "--json");  // opened before the run: an unwritable path fails now
+  // One process per rank: rank 0 reports (header, progress, summary, --json); the others only fail loudly.
+  const bool quiet = cfg.dcp_rank > 0;
+  OutputFile json(quiet ? std::string() : options.json_path, "--json");  // opened before the run
+  if (quiet) return run_trace(cfg, false, json);
   print_header(cfg);
   if (block.enabled) return run_block_trace(cfg, block, !options.no_progress, json);
   return run_trace(cfg, !options.no_progress, json);

@@ -1,11 +1,19 @@
 // `mla run --dcp N`: the layer of the trace run by a decode-context-parallel group of N ranks, one
-// thread each (CPU: the in-process group; CUDA: NCCL, one GPU per rank). See run_internal.h (DcpGroup)
-// and docs/SCALE.md.
+// thread each (CPU: the in-process group; CUDA: NCCL, one GPU per rank), or one process each
+// (--dcp-procs / torchrun-style environment: CPU the socket group, CUDA NCCL). See run_internal.h
+// (DcpGroup) and docs/SCALE.md.
 #include <fmt/format.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "mla/comm.h"
@@ -83,19 +91,28 @@ DcpGroup::DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj) : cfg_(cfg) {
   page_bytes_ = cfg.trace.page_size * entry_bytes_;
   std::vector<std::unique_ptr<Communicator>> local;
   NcclId id{};
-  if (cfg.cuda) id = nccl_make_id();
-  else local = make_local_group(w, kGroupTimeout);
-  for (int r = 0; r < w; ++r) {
+  const bool procs = cfg.dcp_rank >= 0;
+  if (procs) {  // this process is one rank: the group's other ranks are processes
     auto rk = std::make_unique<Rank>();
-    rk->r = r;
-    rk->dev = cfg.cuda ? Device::cuda(cfg.device.index + r) : Device::cpu();
-    if (!cfg.cuda) rk->comm = std::move(local[static_cast<std::size_t>(r)]);
+    rk->r = cfg.dcp_rank;
+    rk->dev = cfg.device;
     ranks_.push_back(std::move(rk));
+  } else {
+    if (cfg.cuda) id = nccl_make_id();
+    else local = make_local_group(w, kGroupTimeout);
+    for (int r = 0; r < w; ++r) {
+      auto rk = std::make_unique<Rank>();
+      rk->r = r;
+      rk->dev = cfg.cuda ? Device::cuda(cfg.device.index + r) : Device::cpu();
+      if (!cfg.cuda) rk->comm = std::move(local[static_cast<std::size_t>(r)]);
+      ranks_.push_back(std::move(rk));
+    }
   }
   // NCCL ranks must start together: one thread each, as the steps run.
   on_every_rank(ranks_, [&](Rank& rk) {
     const Device dev = rk.dev;
-    if (cfg.cuda) rk.comm = make_nccl_communicator(id, w, rk.r, dev.index, kGroupTimeout);
+    if (procs) rk.comm = make_process_communicator(process_group_env(), dev);
+    else if (cfg.cuda) rk.comm = make_nccl_communicator(id, w, rk.r, dev.index, kGroupTimeout);
     rk.planner = planner_config(cfg);
     rk.planner.dims.num_heads = static_cast<int>(hr);
     rk.planner.dcp = {w, rk.r, cfg.dcp_interleave};
@@ -124,6 +141,7 @@ DcpGroup::DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj) : cfg_(cfg) {
     rk.lens = on(dev, {cfg.trace.max_num_seqs}, DType::i32);
     rk.topk = on(dev, {std::max<int64_t>(1, tmax * topk_width)}, DType::i32);
     rk.out = on(dev, {tmax, hr * V}, DType::bf16);
+    if (procs) gather_ = on(dev, {std::max(w * tmax * hr * V * 2, w * page_bytes_)}, DType::u8);
     synchronize(dev);
   });
 }
@@ -190,10 +208,23 @@ double DcpGroup::forward(const StepBatch& batch, const Inputs& in, uint16_t* out
     rk.comm->synchronize({});
     synchronize(rk.dev);
     rk.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    copy(lead(rk.out_host, {T, hr * V}), a.out);
-    const auto* o = static_cast<const uint16_t*>(rk.out_host.data());
-    for (int64_t t = 0; t < T; ++t)  // heads of rank r are columns [r·hr·V, (r+1)·hr·V) of the layer's output
-      std::memcpy(out + (t * h + rk.r * hr) * V, o + t * hr * V, static_cast<std::size_t>(hr * V) * 2);
+    if (cfg_.dcp_rank < 0) {
+      copy(lead(rk.out_host, {T, hr * V}), a.out);
+      const auto* o = static_cast<const uint16_t*>(rk.out_host.data());
+      for (int64_t t = 0; t < T; ++t)  // heads of rank r are columns [r·hr·V, (r+1)·hr·V) of the layer's output
+        std::memcpy(out + (t * h + rk.r * hr) * V, o + t * hr * V, static_cast<std::size_t>(hr * V) * 2);
+      return;
+    }
+    // One process per rank: every rank's heads through the group (untimed), [W, T, hr·V] -> [T, h·V].
+    const int64_t n = T * hr * V;
+    rk.comm->all_gather(TensorView(a.out.data, DType::u8, {n * 2}, rk.dev), lead(gather_, {w * n * 2}),
+                        {});
+    rk.comm->synchronize({});
+    std::vector<uint16_t> all(static_cast<std::size_t>(w * n));
+    copy(TensorView(all.data(), DType::u8, {w * n * 2}, Device::cpu()), lead(gather_, {w * n * 2}));
+    for (int r = 0; r < w; ++r)
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(out + (t * h + r * hr) * V, all.data() + r * n + t * hr * V, static_cast<std::size_t>(hr * V) * 2);
   });
   double secs = 0;
   for (const auto& rk : ranks_) secs = std::max(secs, rk->seconds);
@@ -207,6 +238,20 @@ const uint8_t* DcpGroup::page(const StepBatch& batch, int64_t block) {
   const int64_t page = cfg_.trace.page_size, mb = batch.max_blocks;
   // Rank r's page b on the host (a copy from the device, once per check).
   auto rank_page = [&](int r, int64_t b) -> const uint8_t* {
+    if (cfg_.dcp_rank >= 0) {  // processes: page b of every rank's shard through the group, once per check
+      auto& mine = rank_pages_[b * cfg_.dcp + r];
+      if (!mine.empty()) return mine.data();
+      Rank& me = *ranks_[0];
+      const TensorView blk = me.cache.cache.data.select(0, b);
+      const int64_t w = cfg_.dcp;
+      me.comm->all_gather(TensorView(blk.data, DType::u8, {page_bytes_}, me.dev), lead(gather_, {w * page_bytes_}), {});
+      me.comm->synchronize({});
+      std::vector<uint8_t> all(static_cast<std::size_t>(w * page_bytes_));
+      copy(TensorView(all.data(), DType::u8, {w * page_bytes_}, Device::cpu()), lead(gather_, {w * page_bytes_}));
+      for (int64_t p = 0; p < w; ++p)
+        rank_pages_[b * w + p].assign(all.begin() + p * page_bytes_, all.begin() + (p + 1) * page_bytes_);
+      return rank_pages_[b * w + r].data();
+    }
     const TensorView blk = ranks_[static_cast<std::size_t>(r)]->cache.cache.data.select(0, b);
     if (!cfg_.cuda) return static_cast<const uint8_t*>(blk.data);
     auto& host = rank_pages_[b * cfg_.dcp + r];
@@ -233,6 +278,87 @@ const uint8_t* DcpGroup::page(const StepBatch& batch, int64_t block) {
     }
   }
   return bytes.data();  // not a page of this batch: every row 0xff
+}
+
+int launch_dcp_processes(int world, std::chrono::milliseconds grace) {
+  std::vector<std::string> args;  // this process's command line, as the children run it
+  {
+    std::ifstream f("/proc/self/cmdline", std::ios::binary);
+    const std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    for (std::size_t i = 0; i < all.size();) {
+      const std::size_t end = all.find('\0', i);
+      args.push_back(all.substr(i, end == std::string::npos ? std::string::npos : end - i));
+      i = end == std::string::npos ? all.size() : end + 1;
+    }
+  }
+  if (args.empty()) throw Error("--dcp-procs: cannot read this process's command line (/proc/self/cmdline)");
+  std::string dir = (std::filesystem::temp_directory_path() / "mla_dcp_XXXXXX").string();
+  if (!::mkdtemp(dir.data())) throw Error(fmt::format("--dcp-procs: cannot create a directory under /tmp: {}",
+                                                      std::strerror(errno)));
+  const std::string rendezvous = dir + "/rendezvous";
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<pid_t> pids;
+  std::fflush(nullptr);
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+      throw Error(fmt::format("--dcp-procs: fork failed: {}", std::strerror(errno)));
+    }
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("MLA_DCP_RENDEZVOUS", rendezvous.c_str(), 1);
+      ::execv("/proc/self/exe", argv.data());
+      std::fprintf(stderr, "--dcp-procs: rank %d: exec failed: %s\n", r, std::strerror(errno));
+      std::_Exit(127);
+    }
+    pids.push_back(pid);
+  }
+  // Wait for all; the first rank that fails stops the others (they would wait for it until the timeout).
+  int code = 0, failed = -1, left = world;
+  std::vector<bool> done(static_cast<std::size_t>(world));
+  std::chrono::steady_clock::time_point stop_at{};
+  bool terminated = false, killed = false;
+  while (left > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      const auto it = std::find(pids.begin(), pids.end(), pid);
+      if (it == pids.end()) continue;
+      const int r = static_cast<int>(it - pids.begin());
+      done[static_cast<std::size_t>(r)] = true;
+      --left;
+      const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (rc != 0 && failed < 0 && !terminated) {
+        failed = r;
+        code = rc;
+        std::fprintf(stderr, "--dcp-procs: rank %d of %d %s %d; stopping the other ranks\n", r, world,
+                     WIFEXITED(status) ? "exited with code" : "was killed by signal",
+                     WIFEXITED(status) ? rc : WTERMSIG(status));
+        for (int p = 0; p < world; ++p)
+          if (!done[static_cast<std::size_t>(p)]) ::kill(pids[static_cast<std::size_t>(p)], SIGTERM);
+        terminated = true;
+        stop_at = std::chrono::steady_clock::now() + grace;
+      } else if (rc != 0 && code == 0 && !terminated) {
+        code = rc;
+      }
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;
+    if (terminated && !killed && std::chrono::steady_clock::now() > stop_at) {
+      for (int p = 0; p < world; ++p)
+        if (!done[static_cast<std::size_t>(p)]) ::kill(pids[static_cast<std::size_t>(p)], SIGKILL);
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return code;
 }
 
 void DcpGroup::release(int32_t block) {

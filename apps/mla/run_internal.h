@@ -2,6 +2,7 @@
 // `mla run` internals: run.cpp resolves the options into a RunConfig, run_driver.cpp runs the trace
 // into RunStats and the OracleCheck, run_report.cpp prints the summary and writes the JSON record.
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,6 +42,9 @@ struct RunConfig {
   // of every request's cache it owns (turns of dcp_interleave positions). 1 = one layer.
   int dcp = 1;
   int dcp_interleave = 1;
+  // One process per rank (--dcp-procs, or RANK / WORLD_SIZE in the environment): this process is rank
+  // dcp_rank of the group; device is its GPU (--device + LOCAL_RANK). -1: ranks are threads.
+  int dcp_rank = -1;
   std::vector<std::string> notes;  // defaults and aliases worth telling the user about
 };
 
@@ -85,7 +89,10 @@ void synchronize(Device dev);
 // rank's shard is a pool of the same size in which request q's local page k is q's k-th block id, so
 // the step's block table serves every rank; a token's cache row goes to its owner only (slot -1 on the
 // others). Outputs are assembled as one layer's [T, H * V]; the oracle check reads whole pages
-// assembled from the owners' shards.
+// assembled from the owners' shards. With one process per rank (cfg.dcp_rank >= 0) the group holds
+// only this process's rank: the output's heads and the check's pages come from the other processes
+// through the group's communicator (all-gathers; every rank runs the same trace and check, so they
+// call them in the same order).
 class DcpGroup {
  public:
   DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj);  // the whole layer's weight, on the CPU
@@ -114,9 +121,15 @@ class DcpGroup {
   std::vector<std::unique_ptr<Rank>> ranks_;
   int64_t entry_bytes_, page_bytes_;
   std::map<int64_t, std::vector<uint8_t>> pages_, rank_pages_;  // host copies for the check
+  Tensor gather_;  // processes: device buffer of the output's and pages' all-gathers
 };
 // The trace through the whole DeepSeek block (run_block.cpp).
 int run_block_trace(const RunConfig& cfg, const BlockRunConfig& block, bool progress, OutputFile& json);
+
+// `mla run --dcp N --dcp-procs`: spawns N copies of this process (argv from /proc/self/cmdline) with
+// RANK, WORLD_SIZE, LOCAL_RANK and MLA_DCP_RENDEZVOUS set, waits for them; when one fails the others
+// are stopped at once (SIGTERM, then SIGKILL). Returns the exit code (the first failing rank's).
+int launch_dcp_processes(int world, std::chrono::milliseconds grace);
 
 void print_header(const RunConfig& cfg);
 void print_summary(const RunConfig& cfg, const RunStats& stats, const OracleCheck& check);

@@ -28,6 +28,10 @@ class Communicator {
   virtual void all_gather(const TensorView& in, const TensorView& out, const Context& ctx) = 0;
   // in and out hold W equal blocks: block j of rank i's `in` becomes block i of rank j's `out`.
   virtual void all_to_all(const TensorView& in, const TensorView& out, const Context& ctx) = 0;
+  // in holds W equal blocks; out (one block) = the sum over ranks i of block r of rank i's `in` (this
+  // rank r). dtype f32 or bf16 (CPU groups: f64 too; sums in fp32 or better, rounded once on the CPU;
+  // NCCL sums in the dtype).
+  virtual void reduce_scatter(const TensorView& in, const TensorView& out, const Context& ctx) = 0;
   // Waits until every collective this rank issued has completed (CUDA: its stream work too), or
   // throws mla::Error when the group's timeout passes first (a peer failed or never arrived).
   virtual void synchronize(const Context& ctx) = 0;
@@ -55,5 +59,32 @@ NcclId nccl_id_from_hex(const std::string& hex);
 // asynchronous NCCL error the communicator is aborted and mla::Error names the rank and the cause.
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclId& id, int world_size, int rank, int device,
                                                      std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+// ---- processes: one rank per process (torchrun-style) --------------------------------------------
+// A CPU group across processes of one host: rank 0 listens on the Unix socket `path` (created; an old
+// file there is removed), ranks 1..W-1 connect to it within `timeout`. Rank 0 relays every collective
+// (the bytes go through it), checks that all ranks called the same collective with the same sizes and
+// answers every rank; a rank that dies or stays away makes the others throw mla::Error naming it within
+// `timeout`, and the group is unusable afterwards. For tests and CPU runs of the process launcher.
+std::unique_ptr<Communicator> make_socket_communicator(const std::string& path, int world_size, int rank,
+                                                       std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// This process's place in a group, from the environment as torchrun sets it: RANK, WORLD_SIZE,
+// LOCAL_RANK (default RANK); MLA_DCP_RENDEZVOUS: a path every rank knows (CPU: the socket rank 0
+// listens on; CUDA: the file through which rank 0 hands its NCCL id to the others, written atomically;
+// it must not exist before the group starts); MLA_NCCL_ID: the id as 256 hex digits instead of the
+// file (a launcher that made the id itself). MLA_DCP_TIMEOUT_MS: the group's timeout (default 120000).
+struct ProcessGroupEnv {
+  int rank = 0, world_size = 1, local_rank = 0;
+  std::string rendezvous, nccl_id_hex;
+  std::chrono::milliseconds timeout{120000};
+};
+// Whether RANK and WORLD_SIZE are set; throws mla::Error when they are malformed or out of range.
+bool process_group_env_present();
+ProcessGroupEnv process_group_env();
+// The communicator of this process's rank. device: CPU -> make_socket_communicator(rendezvous);
+// CUDA -> NCCL on that device (the id from nccl_id_hex, else through the rendezvous file: rank 0
+// creates it, the others wait for it up to the timeout).
+std::unique_ptr<Communicator> make_process_communicator(const ProcessGroupEnv& env, Device device);
 
 }  // namespace mla

@@ -64,6 +64,21 @@ void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, con
 // viewed [b·s_q, W, h_q, 576] (rank blocks as its query axis, non-causal) and writes its partials
 // straight into the all-to-all's send blocks (strided views), so its exchange copies nothing.
 
+// How dcp_mqa_decode exchanges and combines the partials (all exact, §13; measured in docs/SCALE.md).
+enum class DcpExchange {
+  // One all-to-all of partial outputs + LSEs (rank r receives the W partials of its heads), then
+  // combine_attn_states over them. The default.
+  all_to_all,
+  // vLLM's: all-gather of the LSEs of every head, each rank rescales its partial outputs of every head
+  // to the global LSE (combine_attn_states with the other parts zero), then a reduce-scatter (sum) of
+  // the rescaled outputs in q's dtype (one more rounding than all_to_all: W terms summed in bf16).
+  allgather_reduce_scatter,
+  // all_to_all with the batch's rows in two halves: the first half's exchange and combine run on a
+  // second stream (CUDA; high priority) while the second half attends. Costs one more decode launch.
+  all_to_all_overlap,
+};
+const char* to_string(DcpExchange e);
+
 // Dense decode of b requests with s_q queries each, as b·s_q rows of one query (the causal mask of a
 // step is carried by the per-row local lengths, dcp_local_query_lengths).
 //   q            [b, s_q, h_q, 576]   this rank's heads
@@ -71,12 +86,14 @@ void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, con
 //   local_lens   [b·s_q] int32: row (r, i)'s key count in this shard
 //   out          [b, s_q, h_q, 512], lse [b, s_q, h_q] fp32 optional
 //   num_splits   KV splits of the local decode (mqa_decode's; 0 = its policy for b·s_q rows of W·h_q heads)
+//   exchange     how the partials are combined (above); the workspace query must name the same
 std::size_t dcp_mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_blocks,
                                            int64_t page_size, DType dtype, int world_size, Device device,
-                                           int num_splits = 0);
+                                           int num_splits = 0, DcpExchange exchange = DcpExchange::all_to_all);
 void dcp_mqa_decode(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& block_table,
                     const TensorView& local_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
-                    const TensorView& workspace, const Context& ctx = {}, int num_splits = 0);
+                    const TensorView& workspace, const Context& ctx = {}, int num_splits = 0,
+                    DcpExchange exchange = DcpExchange::all_to_all);
 
 // Sparse attention of T tokens over this shard.
 //   q [T, h_q, 576]; indices [T, topk] int32 slots of this shard (dcp_filter_topk, then the local block

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "bindings.h"
+#include "mla/comm.h"
 #include "mla/layer.h"
 #include "mla/step.h"
 #include "mla/variants.h"
@@ -57,11 +58,16 @@ void bind_layer(py::module_& m) {
 
   py::class_<MlaAttention>(m, "MlaAttention",
                            "One MLA attention layer (RoPE'd q, kv_c, k_pe in; attention output before o_proj out).")
-      .def(py::init([](const LayerOptions& options, const TensorArg& kv_b_proj_weight) {
+      .def(py::init([](const LayerOptions& options, const TensorArg& kv_b_proj_weight,
+                       const std::shared_ptr<Communicator>& dcp_comm) {
+             LayerOptions o = options;
+             o.dcp_comm = dcp_comm.get();  // kept alive by the layer (keep_alive below)
              py::gil_scoped_release release;
-             return std::make_unique<MlaAttention>(options, kv_b_proj_weight.view);
+             return std::make_unique<MlaAttention>(o, kv_b_proj_weight.view);
            }),
-           py::arg("options"), py::arg("kv_b_proj_weight"))
+           py::arg("options"), py::arg("kv_b_proj_weight"), py::arg("dcp_comm") = py::none(), py::keep_alive<1, 4>(),
+           "dcp_comm: this rank's mla.Communicator of a DCP group (docs/SCALE.md): options.dims.num_heads are the "
+           "rank's heads, kv_b_proj_weight their rows, and plans come from a PlannerConfig with dcp set.")
       .def_property_readonly("options", &MlaAttention::options)
       .def_property_readonly("w_uk_t", [](const MlaAttention& l) { return wrap(l.w_uk_t()); })
       .def_property_readonly("w_uv", [](const MlaAttention& l) { return wrap(l.w_uv()); })

@@ -95,11 +95,13 @@ void bind_plan(py::module_& m) {
       MLA_RO(StepMetadata, chunk_cu) MLA_RO(StepMetadata, chunk_starts) MLA_RO(StepMetadata, req_id)
       MLA_RO(StepMetadata, prefill_ids) MLA_RO(StepMetadata, workspace_starts)
       .def("bytes", &StepMetadata::bytes);
+  plain<DcpLayout>(m, "DcpLayout", "This rank's place in a DCP group (mla/dcp.h).")
+      MLA_RW(DcpLayout, world_size) MLA_RW(DcpLayout, rank) MLA_RW(DcpLayout, interleave);
   plain<PlannerConfig>(m, "PlannerConfig") MLA_RW(PlannerConfig, dims) MLA_RW(PlannerConfig, cache_format)
       MLA_RW(PlannerConfig, page_size) MLA_RW(PlannerConfig, max_model_len) MLA_RW(PlannerConfig, max_num_seqs)
       MLA_RW(PlannerConfig, sparse) MLA_RW(PlannerConfig, decode_threshold) MLA_RW(PlannerConfig, require_uniform)
       MLA_RW(PlannerConfig, context_workspace_rows) MLA_RW(PlannerConfig, sparse_workspace_rows)
-      MLA_RW(PlannerConfig, num_sms)
+      MLA_RW(PlannerConfig, num_sms) MLA_RW(PlannerConfig, dcp)
       .def("validate", &PlannerConfig::validate);
   plain<BatchDesc>(m, "BatchDesc") MLA_RW(BatchDesc, query_start_loc) MLA_RW(BatchDesc, seq_lens)
       MLA_RW(BatchDesc, num_tokens) MLA_RW(BatchDesc, decode_seq_len_bound);

@@ -78,6 +78,7 @@ void bind_ops(py::module_& m);
 void bind_plan(py::module_& m);
 void bind_layer(py::module_& m);
 void bind_indexer(py::module_& m);
+void bind_dist(py::module_& m);
 void bind_block(py::module_& m);  // checkpoints and the DeepSeek block
 
 }  // namespace mlapy

@@ -18,6 +18,7 @@ PYBIND11_MODULE(_mla, m) {
   mlapy::bind_tensor(m);
   mlapy::bind_plan(m);
   mlapy::bind_ops(m);
+  mlapy::bind_dist(m);
   mlapy::bind_layer(m);
   mlapy::bind_indexer(m);
   mlapy::bind_block(m);

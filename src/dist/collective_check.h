@@ -3,6 +3,7 @@
 // device, one dtype, and the size relation of the collective. They run before any rank waits, so a
 // bad call throws on its own rank (its peers then time out; see comm.h).
 #include <cstdint>
+#include <vector>
 
 #include "core/check.h"
 #include "mla/tensor.h"
@@ -39,5 +40,21 @@ inline int64_t check_all_to_all(const TensorView& in, const TensorView& out, int
   MLA_CHECK(in.numel() % world == 0, "{}: in must split into {} equal blocks, got {}", what, world, in.describe());
   return in.numel() / world * static_cast<int64_t>(in.element_size());
 }
+
+// Elements of one block (in holds `world` blocks, out one). dtype f32 or bf16 (CPU groups: f64 too).
+inline int64_t check_reduce_scatter(const TensorView& in, const TensorView& out, int world, Device device,
+                                    const char* what) {
+  check_buffer(in, device, what, "in");
+  check_buffer(out, device, what, "out");
+  MLA_CHECK(in.dtype == out.dtype && in.numel() == out.numel() * world,
+            "{}: in must hold {} blocks of out's dtype and size, got {} and {}", what, world, in.describe(),
+            out.describe());
+  MLA_CHECK(in.dtype == DType::f32 || in.dtype == DType::bf16 || (device.is_cpu() && in.dtype == DType::f64),
+            "{}: sums f32 or bf16 (CPU: f64 too), got {}", what, in.describe());
+  return out.numel();
+}
+
+// out[i] = Σ_p blocks[p][i] for `n` elements of dtype (f32, bf16 or f64), summed in double, rounded once.
+void sum_blocks(void* out, const std::vector<const char*>& blocks, int64_t n, DType dtype);
 
 }  // namespace mla::dist

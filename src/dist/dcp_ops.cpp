@@ -135,9 +135,9 @@ TensorView send_lse(const Buffers& b, int64_t t, int64_t h_q, int world, Device 
 }
 
 // Exchange and combine: the send blocks (this rank's partials of every rank's heads, packed as above)
-// -> out / lse of this rank's heads.
-void exchange_and_combine(Communicator& comm, const Buffers& b, int64_t t, int64_t h_q, DType dtype,
-                          const TensorView& out, const TensorView& lse, const Context& ctx) {
+// -> out / lse (nullptr: not wanted) of this rank's heads, t rows [t, h_q, 512] / [t, h_q] contiguous.
+void exchange_and_combine(Communicator& comm, const Buffers& b, int64_t t, int64_t h_q, DType dtype, void* out,
+                          float* lse, const Context& ctx) {
   const int w = comm.world_size();
   const Device dev = comm.device();
   const std::size_t es = dtype_size(dtype);
@@ -148,17 +148,17 @@ void exchange_and_combine(Communicator& comm, const Buffers& b, int64_t t, int64
   const auto block = static_cast<int64_t>(b.block_bytes);
   const int64_t pshape[] = {w, t, h_q, kV}, pstride[] = {block / static_cast<int64_t>(es), h_q * kV, kV, 1};
   const int64_t lshape[] = {w, t, h_q}, lstride[] = {block / 4, h_q, 1};
-  combine_attn_states(TensorView(out.data, dtype, {t, h_q, kV}, dev),
-                      lse.defined() ? TensorView(lse.data, DType::f32, {t, h_q}, dev) : TensorView{},
+  combine_attn_states(TensorView(out, dtype, {t, h_q, kV}, dev),
+                      lse ? TensorView(lse, DType::f32, {t, h_q}, dev) : TensorView{},
                       TensorView(b.recv, dtype, pshape, pstride, dev),
                       TensorView(b.recv + b.out_bytes, DType::f32, lshape, lstride, dev), ctx);
 }
 
 // All-gather q [t, h_q, 576] of every rank into q_recv: W rank blocks [t, h_q, 576].
-void gather_q(Communicator& comm, const TensorView& q, const Buffers& b, int64_t t, int64_t h_q, const Context& ctx) {
+void gather_q(Communicator& comm, const TensorView& q, char* q_recv, int64_t t, int64_t h_q, const Context& ctx) {
   const int64_t n = t * h_q;
   comm.all_gather(TensorView(q.data, q.dtype, {n, kQk}, q.device),
-                  TensorView(b.q_recv, q.dtype, {int64_t(comm.world_size()) * n, kQk}, q.device), ctx);
+                  TensorView(q_recv, q.dtype, {int64_t(comm.world_size()) * n, kQk}, q.device), ctx);
 }
 
 // Split scratch of the dense decode's mqa_decode: t requests, the W rank blocks as s_q, h_q heads.
@@ -166,32 +166,158 @@ std::size_t decode_scratch_bytes(int64_t t, int64_t h_q, int world, int64_t max_
   return mqa_decode_workspace_bytes(t, world, h_q, std::max<int64_t>(1, max_len), dev, num_splits);
 }
 
+// The dense decode's buffers. q_recv as in Buffers. all_to_all: half[0] = the exchange blocks of all t
+// rows; all_to_all_overlap (t >= 2): half[0] for rows [0, t0), half[1] for [t0, t). AG+RS: `parts`
+// holds 2W − 1 blocks of W·t·h_q·512 (the rank's partials of every head at block W − 1, the others
+// zero where a view reads them), the rank's LSEs [W, t, h_q], every rank's [W, W, t, h_q], the rescaled
+// partials [W, t, h_q, 512] and the global LSEs [W, t, h_q].
+struct DenseBuffers {
+  char* q_recv = nullptr;
+  int halves = 1;
+  int64_t t0 = 0;  // rows of the first half
+  Buffers half[2]{};
+  char *parts = nullptr, *scaled = nullptr;
+  std::size_t part_block = 0;
+  float *lse_local = nullptr, *lse_all = nullptr, *lse_global = nullptr;
+  char *table = nullptr, *scratch = nullptr;
+  std::size_t scratch_bytes = 0, total = 0;
+};
+
+DenseBuffers carve_dense(char* base, int64_t t, int64_t h_q, int world, DType dtype, std::size_t scratch,
+                         std::size_t table, DcpExchange ex) {
+  const auto es = static_cast<std::size_t>(dtype_size(dtype));
+  const auto w = static_cast<std::size_t>(world);
+  Carver c{base};
+  DenseBuffers b;
+  b.q_recv = c.take(static_cast<std::size_t>(t * h_q) * w * kQk * es);
+  auto exchange_blocks = [&](int64_t rows) {
+    Buffers x{};
+    const auto n = static_cast<std::size_t>(rows * h_q);
+    x.out_bytes = n * kV * es;
+    x.block_bytes = x.out_bytes + (n * 4 + 15) / 16 * 16;
+    x.send = c.take(x.block_bytes * w);
+    x.recv = c.take(x.block_bytes * w);
+    return x;
+  };
+  if (ex == DcpExchange::allgather_reduce_scatter) {
+    const auto rows = static_cast<std::size_t>(t * h_q) * w;  // (head block, row, head) of the group
+    b.part_block = rows * kV * es;
+    b.parts = c.take(b.part_block * (2 * w - 1));
+    b.lse_local = reinterpret_cast<float*>(c.take(rows * 4));
+    b.lse_all = reinterpret_cast<float*>(c.take(rows * w * 4));
+    b.scaled = c.take(b.part_block);
+    b.lse_global = reinterpret_cast<float*>(c.take(rows * 4));
+  } else if (ex == DcpExchange::all_to_all_overlap && t >= 2) {
+    b.halves = 2;
+    b.t0 = t / 2;
+    b.half[0] = exchange_blocks(b.t0);
+    b.half[1] = exchange_blocks(t - b.t0);
+  } else {
+    b.t0 = t;
+    b.half[0] = exchange_blocks(t);
+  }
+  b.table = c.take(table);
+  b.scratch = c.take(scratch);
+  b.scratch_bytes = scratch;
+  b.total = c.used;
+  return b;
+}
+
+// Scratch of the local decode: the largest of the row counts it runs with (a half may split more).
+std::size_t dense_scratch_bytes(int64_t t, int64_t h_q, int world, int64_t max_len, Device dev, int num_splits,
+                                DcpExchange ex) {
+  std::size_t s = decode_scratch_bytes(t, h_q, world, max_len, dev, num_splits);
+  if (ex == DcpExchange::all_to_all_overlap && t >= 2)
+    for (int64_t rows : {t / 2, t - t / 2})
+      s = std::max(s, decode_scratch_bytes(rows, h_q, world, max_len, dev, num_splits));
+  return s;
+}
+
+void zero_bytes(char* p, std::size_t bytes, Device dev, const Context& ctx) {
+  if (bytes == 0) return;
+  if (dev.is_cpu()) {
+    std::memset(p, 0, bytes);
+    return;
+  }
+#if MLA_WITH_CUDA
+  cuda_rt::memset_async(p, 0, bytes, ctx.stream);
+#else
+  (void)ctx;
+  throw Error("dcp: CUDA tensor given, but this build of mla has no CUDA backend");
+#endif
+}
+
+// AG+RS after the local decode wrote the rank's partials (block W − 1 of b.parts) and LSEs: every
+// rank's LSEs of every head gathered; the rank's partials rescaled to the global LSE by
+// combine_attn_states over W parts of which only the rank's own is non-zero (part i of the view =
+// block W − 1 − r + i: the rank's at i = r, zero blocks elsewhere); a reduce-scatter sums the rescaled
+// partials of rank r's heads over the group into out.
+void allgather_reduce_scatter(Communicator& comm, const DenseBuffers& b, int64_t t, int64_t h_q, DType dtype,
+                              void* out, float* lse, const Context& ctx) {
+  const int w = comm.world_size(), r = comm.rank();
+  const Device dev = comm.device();
+  const int64_t rows = t * h_q * w, es = static_cast<int64_t>(dtype_size(dtype));
+  comm.all_gather(TensorView(b.lse_local, DType::f32, {rows}, dev), TensorView(b.lse_all, DType::f32, {rows * w}, dev),
+                  ctx);
+  // Zero the blocks the view reads besides the rank's: [W − 1 − r, W − 1) and [W, 2W − 1 − r).
+  zero_bytes(b.parts + static_cast<std::size_t>(w - 1 - r) * b.part_block, static_cast<std::size_t>(r) * b.part_block,
+             dev, ctx);
+  zero_bytes(b.parts + static_cast<std::size_t>(w) * b.part_block,
+             static_cast<std::size_t>(w - 1 - r) * b.part_block, dev, ctx);
+  const int64_t pshape[] = {w, w * t, h_q, kV},
+                pstride[] = {static_cast<int64_t>(b.part_block) / es, h_q * kV, kV, 1};
+  combine_attn_states(TensorView(b.scaled, dtype, {w * t, h_q, kV}, dev),
+                      TensorView(b.lse_global, DType::f32, {w * t, h_q}, dev),
+                      TensorView(b.parts + static_cast<std::size_t>(w - 1 - r) * b.part_block, dtype, pshape, pstride,
+                                 dev),
+                      TensorView(b.lse_all, DType::f32, {w, w * t, h_q}, dev), ctx);
+  comm.reduce_scatter(TensorView(b.scaled, dtype, {rows * kV}, dev), TensorView(out, dtype, {t * h_q * kV}, dev), ctx);
+  if (lse)
+    copy_rows(reinterpret_cast<char*>(lse), static_cast<std::size_t>(t * h_q) * 4,
+              reinterpret_cast<const char*>(b.lse_global + r * t * h_q), static_cast<std::size_t>(t * h_q) * 4,
+              static_cast<std::size_t>(t * h_q) * 4, 1, dev, ctx);
+}
+
 }  // namespace
+
+const char* to_string(DcpExchange e) {
+  switch (e) {
+    case DcpExchange::all_to_all: return "all_to_all";
+    case DcpExchange::allgather_reduce_scatter: return "allgather_reduce_scatter";
+    case DcpExchange::all_to_all_overlap: return "all_to_all_overlap";
+  }
+  return "?";
+}
 
 std::size_t dcp_mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int64_t max_blocks,
                                            int64_t page_size, DType dtype, int world_size, Device device,
-                                           int num_splits) {
+                                           int num_splits, DcpExchange exchange) {
   MLA_CHECK(b >= 0 && s_q >= 1 && h_q >= 1 && max_blocks >= 0 && page_size >= 1 && world_size >= 1,
             "dcp_mqa_decode_workspace_bytes: need b >= 0, s_q >= 1, h_q >= 1, max_blocks >= 0, page_size >= 1, "
             "world_size >= 1; got {}, {}, {}, {}, {}, {}",
             b, s_q, h_q, max_blocks, page_size, world_size);
   const int64_t t = b * s_q;
-  const std::size_t scratch = decode_scratch_bytes(t, h_q, world_size, max_blocks * page_size, device, num_splits);
+  const std::size_t scratch =
+      dense_scratch_bytes(t, h_q, world_size, max_blocks * page_size, device, num_splits, exchange);
   const std::size_t table = s_q > 1 ? static_cast<std::size_t>(t * max_blocks) * 4 : 0;
-  return carve(nullptr, t, h_q, world_size, dtype, scratch, table, /*staged=*/false).total;
+  return carve_dense(nullptr, t, h_q, world_size, dtype, scratch, table, exchange).total;
 }
 
 void dcp_mqa_decode(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& block_table,
                     const TensorView& local_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
-                    const TensorView& workspace, const Context& ctx, int num_splits) {
+                    const TensorView& workspace, const Context& ctx, int num_splits, DcpExchange exchange) {
   constexpr const char* op = "dcp_mqa_decode";
   detail::check_ndim(q, 4, op, "q [b, s_q, h_q, 576]");
   detail::check_ndim(block_table, 2, op, "block_table [b, max_blocks]");
+  MLA_CHECK(exchange == DcpExchange::all_to_all || exchange == DcpExchange::allgather_reduce_scatter ||
+                exchange == DcpExchange::all_to_all_overlap,
+            "{}: unknown exchange {}", op, static_cast<int>(exchange));
   const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2), t = b * s_q, mb = block_table.size(1);
   const int w = comm.world_size();
-  const std::size_t scratch = decode_scratch_bytes(t, h_q, w, mb * cache.data.size(1), comm.device(), num_splits);
+  const Device dev = comm.device();
+  const std::size_t scratch = dense_scratch_bytes(t, h_q, w, mb * cache.data.size(1), dev, num_splits, exchange);
   const std::size_t table = s_q > 1 ? static_cast<std::size_t>(t * mb) * 4 : 0;
-  const Buffers need = carve(nullptr, t, h_q, w, q.dtype, scratch, table, /*staged=*/false);
+  const DenseBuffers need = carve_dense(nullptr, t, h_q, w, q.dtype, scratch, table, exchange);
   check_group_call(comm, q, 4, out, lse, workspace, need.total, op);
   MLA_CHECK(out.ndim == 4 && out.size(0) == b && out.size(1) == s_q && out.size(2) == h_q && out.size(3) == kV,
             "{}: out must be [{}, {}, {}, 512], got {}", op, b, s_q, h_q, out.describe());
@@ -201,8 +327,8 @@ void dcp_mqa_decode(Communicator& comm, const TensorView& q, const KVCache& cach
   MLA_CHECK(local_lens.ndim == 1 && local_lens.size(0) == t, "{}: local_lens must be [b * s_q] = [{}], got {}", op, t,
             local_lens.describe());
   if (t == 0) return;
-  const Buffers buf = carve(static_cast<char*>(workspace.data), t, h_q, w, q.dtype, scratch, table, false);
-  const Device dev = comm.device();
+  const DenseBuffers buf = carve_dense(static_cast<char*>(workspace.data), t, h_q, w, q.dtype, scratch, table, exchange);
+  const std::size_t es = dtype_size(q.dtype);
   // Rows (r, i) share request r's block-table row: repeat it s_q times when s_q > 1.
   TensorView rows_table = block_table;
   if (s_q > 1) {
@@ -214,16 +340,53 @@ void dcp_mqa_decode(Communicator& comm, const TensorView& q, const KVCache& cach
                 static_cast<std::size_t>(block_table.stride[0]) * 4, row, static_cast<std::size_t>(b), dev, ctx);
     rows_table = TensorView(buf.table, DType::i32, {t, mb}, dev);
   }
-  gather_q(comm, q, buf, t, h_q, ctx);
-  // Row r of the batch attends as one request whose W "queries" are the rank blocks of q_recv (no
-  // causal mask: every block sees the row's local keys); its partials land in the send blocks.
-  const int64_t qshape[] = {t, w, h_q, kQk}, qstride[] = {h_q * kQk, t * h_q * kQk, kQk, 1};
-  mqa_decode(TensorView(buf.q_recv, q.dtype, qshape, qstride, dev), cache, rows_table, local_lens,
-             send_out(buf, t, h_q, w, q.dtype, dev), send_lse(buf, t, h_q, w, dev), softmax_scale, /*causal=*/false,
-             buf.scratch_bytes ? TensorView(buf.scratch, DType::u8, {static_cast<int64_t>(buf.scratch_bytes)}, dev)
-                               : TensorView{},
-             ctx, num_splits);
-  exchange_and_combine(comm, buf, t, h_q, q.dtype, out, lse, ctx);
+  gather_q(comm, q, buf.q_recv, t, h_q, ctx);
+  const TensorView scratch_view =
+      buf.scratch_bytes ? TensorView(buf.scratch, DType::u8, {static_cast<int64_t>(buf.scratch_bytes)}, dev)
+                        : TensorView{};
+  auto* out_rows = static_cast<char*>(out.data);
+  auto* lse_rows = lse.defined() ? static_cast<float*>(lse.data) : nullptr;
+  // Rows [r0, r1) of the batch attend as requests whose W "queries" are the rank blocks of q_recv (no
+  // causal mask: every block sees the row's local keys); partials into `pout` / `plse` (views [rows, W,
+  // h_q, 512] / [rows, W, h_q]).
+  auto attend = [&](int64_t r0, int64_t r1, const TensorView& pout, const TensorView& plse) {
+    const int64_t qshape[] = {r1 - r0, w, h_q, kQk}, qstride[] = {h_q * kQk, t * h_q * kQk, kQk, 1};
+    mqa_decode(TensorView(buf.q_recv + static_cast<std::size_t>(r0 * h_q * kQk) * es, q.dtype, qshape, qstride, dev),
+               cache, rows_table.slice(0, r0, r1), local_lens.slice(0, r0, r1), pout, plse, softmax_scale,
+               /*causal=*/false, scratch_view, ctx, num_splits);
+  };
+  if (exchange == DcpExchange::allgather_reduce_scatter) {
+    const int64_t oshape[] = {t, w, h_q, kV}, ostride[] = {h_q * kV, t * h_q * kV, kV, 1};
+    const int64_t lshape[] = {t, w, h_q}, lstride[] = {h_q, t * h_q, 1};
+    attend(0, t, TensorView(buf.parts + static_cast<std::size_t>(w - 1) * buf.part_block, q.dtype, oshape, ostride, dev),
+           TensorView(buf.lse_local, DType::f32, lshape, lstride, dev));
+    allgather_reduce_scatter(comm, buf, t, h_q, q.dtype, out_rows, lse_rows, ctx);
+    return;
+  }
+  if (buf.halves == 1) {
+    attend(0, t, send_out(buf.half[0], t, h_q, w, q.dtype, dev), send_lse(buf.half[0], t, h_q, w, dev));
+    exchange_and_combine(comm, buf.half[0], t, h_q, q.dtype, out_rows, lse_rows, ctx);
+    return;
+  }
+  // Two halves: half 0's exchange on the side stream while half 1 attends on the caller's stream (the
+  // CPU runs them in order). Both exchanges go to the side stream, in the same order on every rank.
+  const int64_t rows[2] = {buf.t0, t - buf.t0}, first[2] = {0, buf.t0};
+  Context side = ctx;
+#if MLA_WITH_CUDA
+  if (dev.is_cuda()) side.stream = cuda_rt::side_stream(dev.index);
+#endif
+  for (int k = 0; k < 2; ++k) {
+    attend(first[k], first[k] + rows[k], send_out(buf.half[k], rows[k], h_q, w, q.dtype, dev),
+           send_lse(buf.half[k], rows[k], h_q, w, dev));
+#if MLA_WITH_CUDA
+    if (dev.is_cuda()) cuda_rt::stream_wait(side.stream, ctx.stream, dev.index);
+#endif
+    exchange_and_combine(comm, buf.half[k], rows[k], h_q, q.dtype, out_rows + static_cast<std::size_t>(first[k] * h_q * kV) * es,
+                         lse_rows ? lse_rows + first[k] * h_q : nullptr, side);
+  }
+#if MLA_WITH_CUDA
+  if (dev.is_cuda()) cuda_rt::stream_wait(ctx.stream, side.stream, dev.index);
+#endif
 }
 
 std::size_t dcp_sparse_mqa_workspace_bytes(int64_t t, int64_t h_q, DType dtype, int world_size) {
@@ -250,7 +413,7 @@ void dcp_sparse_mqa(Communicator& comm, const TensorView& q, const KVCache& cach
   const Buffers buf = carve(static_cast<char*>(workspace.data), t, h_q, w, q.dtype, 0, 0, /*staged=*/true);
   const Device dev = comm.device();
   const std::size_t es = dtype_size(q.dtype);
-  gather_q(comm, q, buf, t, h_q, ctx);
+  gather_q(comm, q, buf.q_recv, t, h_q, ctx);
   // sparse_mqa's q and out have one head stride: reorder the rank blocks into token-major order and back.
   blocks_to_tokens(buf.q_all, buf.q_recv, static_cast<std::size_t>(t * h_q * kQk) * es, t, h_q, w, kQk, es, dev, ctx);
   const int64_t hw = h_q * w;
@@ -260,7 +423,8 @@ void dcp_sparse_mqa(Communicator& comm, const TensorView& q, const KVCache& cach
   tokens_to_blocks(buf.send, buf.block_bytes, buf.partial, t, h_q, w, kV, es, dev, ctx);
   tokens_to_blocks(buf.send + buf.out_bytes, buf.block_bytes, reinterpret_cast<const char*>(buf.partial_lse), t, h_q, w,
                    1, 4, dev, ctx);
-  exchange_and_combine(comm, buf, t, h_q, q.dtype, out, lse, ctx);
+  exchange_and_combine(comm, buf, t, h_q, q.dtype, out.data, lse.defined() ? static_cast<float*>(lse.data) : nullptr,
+                       ctx);
 }
 
 }  // namespace mla

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/check.h"
+#include "core/numeric.h"
 #include "dist/collective_check.h"
 #include "mla/comm.h"
 
@@ -79,6 +80,15 @@ class LocalCommunicator final : public Communicator {
                   static_cast<std::size_t>(block));
     });
   }
+  void reduce_scatter(const TensorView& in, const TensorView& out, const Context&) override {
+    const int64_t n = dist::check_reduce_scatter(in, out, world_size(), Device::cpu(), "reduce_scatter");
+    const int64_t block = n * static_cast<int64_t>(in.element_size());
+    std::vector<const char*> peers(static_cast<std::size_t>(world_size()));
+    exchange("reduce_scatter", in, block * world_size(), [&](int peer, const char* peer_in) {
+      peers[static_cast<std::size_t>(peer)] = peer_in + rank_ * block;
+      if (peer == world_size() - 1) dist::sum_blocks(out.data, peers, n, in.dtype);
+    });
+  }
   void synchronize(const Context&) override {
     std::lock_guard lk(r_->mu);
     if (r_->broken) throw Error(r_->why);
@@ -114,6 +124,22 @@ class LocalCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+namespace dist {
+void sum_blocks(void* out, const std::vector<const char*>& blocks, int64_t n, DType dtype) {
+  for (int64_t i = 0; i < n; ++i) {
+    double acc = 0;
+    for (const char* b : blocks) {
+      if (dtype == DType::f64) acc += reinterpret_cast<const double*>(b)[i];
+      else if (dtype == DType::f32) acc += reinterpret_cast<const float*>(b)[i];
+      else acc += num::bf16_to_float(reinterpret_cast<const uint16_t*>(b)[i]);
+    }
+    if (dtype == DType::f64) static_cast<double*>(out)[i] = acc;
+    else if (dtype == DType::f32) static_cast<float*>(out)[i] = static_cast<float>(acc);
+    else static_cast<uint16_t*>(out)[i] = num::float_to_bf16(static_cast<float>(acc));
+  }
+}
+}  // namespace dist
 
 std::vector<std::unique_ptr<Communicator>> make_local_group(int world_size, std::chrono::milliseconds timeout) {
   MLA_CHECK(world_size >= 1 && world_size <= 4096, "make_local_group: world_size must be in [1, 4096], got {}",

@@ -97,6 +97,14 @@ class NcclCommunicator final : public Communicator {
     }
     check(ncclGroupEnd(), "all_to_all");
   }
+  void reduce_scatter(const TensorView& in, const TensorView& out, const Context& ctx) override {
+    const int64_t n = dist::check_reduce_scatter(in, out, world_, device(), "nccl reduce_scatter");
+    usable();
+    set_device();
+    check(ncclReduceScatter(in.data, out.data, static_cast<size_t>(n), in.dtype == DType::f32 ? ncclFloat32 : ncclBfloat16,
+                            ncclSum, comm_, stream(ctx)),
+          "reduce_scatter");
+  }
   void synchronize(const Context& ctx) override {
     usable();
     set_device();

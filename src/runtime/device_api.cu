@@ -102,6 +102,39 @@ void memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t 
         "cudaMemcpy2DAsync");
 }
 
+namespace {
+// Per-thread side streams and join events, one per device (never destroyed: they live as long as the
+// thread's CUDA context does, and destroying them at thread exit could race the context's teardown).
+struct ThreadStreams {
+  cudaStream_t side[64] = {};
+  cudaEvent_t join[64] = {};
+};
+thread_local ThreadStreams t_streams;
+}  // namespace
+
+void* side_stream(int device) {
+  if (device < 0 || device >= 64) throw Error("side_stream: device index out of range");
+  cudaStream_t& s = t_streams.side[device];
+  if (!s) {
+    DeviceGuard g(device);
+    int lo = 0, hi = 0;
+    check(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");
+    check(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi), "cudaStreamCreateWithPriority");
+  }
+  return s;
+}
+
+void stream_wait(void* waiting, void* signalling, int device) {
+  if (device < 0 || device >= 64) throw Error("stream_wait: device index out of range");
+  cudaEvent_t& e = t_streams.join[device];
+  if (!e) {
+    DeviceGuard g(device);
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  }
+  check(cudaEventRecord(e, static_cast<cudaStream_t>(signalling)), "cudaEventRecord");
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiting), e, 0), "cudaStreamWaitEvent");
+}
+
 void synchronize(int device) {
   DeviceGuard g(device);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");

@@ -37,6 +37,13 @@ void memset_async(void* dst, int value, std::size_t bytes, void* stream);
 void memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                     std::size_t height, void* stream);
 void synchronize(int device);
+// This thread's second stream on `device` (created on first use: non-blocking, highest priority), for
+// work that overlaps the caller's stream (the DCP decode's exchange of one half-batch while the other
+// attends). Lives as long as the thread.
+void* side_stream(int device);
+// Stream-ordered join: work enqueued on `waiting` after this call starts only after everything
+// enqueued on `signalling` before it (an event of this thread, recorded and waited on; capturable).
+void stream_wait(void* waiting, void* signalling, int device);
 // Throws mla::Error if the last launch on this thread failed ("<what>: <cuda error>").
 void check_last(const char* what);
 

@@ -1,6 +1,6 @@
 // DCP collectives over NCCL on CUDA (mla/comm.h, mla/dcp.h): one thread per GPU, one NCCL rank each
 // (W = every GPU of the machine, up to 4; on a one-GPU machine W = 1 still runs the gather / reorder /
-// exchange / combine path). dcp_mqa_decode (causal s_q 1 and 2) and dcp_sparse_mqa over the W shards
+// exchange / combine path). dcp_mqa_decode (causal s_q 1 and 2; every DcpExchange) and dcp_sparse_mqa over the W shards
 // are compared with the float64 CPU oracle attending the whole cache, at the bf16 rule plus the
 // extra rounding of the bf16 partials (two bf16 quanta of max|ref|).
 #include <gtest/gtest.h>
@@ -89,7 +89,13 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
       Tensor swant = Tensor::empty({b, w * h, 512}, DType::f64), swant_lse = Tensor::empty({b, w * h}, DType::f64);
       sparse_mqa(q_tok, pb.cb.cache, slots(pos, global_table), {}, swant, swant_lse, 0.06, test::reference_ctx());
 
-      std::vector<Tensor> out(w), lse(w), sout(w), slse(w);
+      constexpr DcpExchange kExchanges[] = {DcpExchange::all_to_all, DcpExchange::allgather_reduce_scatter,
+                                            DcpExchange::all_to_all_overlap};
+      std::vector<Tensor> outs[3], lses[3], sout(w), slse(w);
+      for (int e = 0; e < 3; ++e) {
+        outs[e].resize(w);
+        lses[e].resize(w);
+      }
       std::vector<std::string> err(w);
       std::vector<std::thread> ranks;
       for (int r = 0; r < w; ++r)
@@ -105,13 +111,16 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
             dcp_local_query_lengths(lens, s_q, true, l, ql);
             Tensor q = Tensor::empty({b, s_q, h, 576}, DType::bf16);
             copy(q, q_all.view().slice(2, r * h, (r + 1) * h));
-            out[r] = test::poisoned({b, s_q, h, 512}, DType::bf16, dev);
-            lse[r] = test::poisoned({b, s_q, h}, DType::f32, dev);
-            Tensor ws = Tensor::empty(
-                {static_cast<int64_t>(dcp_mqa_decode_workspace_bytes(b, s_q, h, mb, page, DType::bf16, w, dev))},
-                DType::u8, dev);
-            dcp_mqa_decode(*comm, q.to(dev), cache, test::int_tensor_2d(hs.rows, dev), test::int_tensor(ql, dev), out[r],
-                           lse[r], 0.06, ws);
+            const Tensor qd = q.to(dev), table = test::int_tensor_2d(hs.rows, dev), qlens = test::int_tensor(ql, dev);
+            for (int e = 0; e < 3; ++e) {  // every exchange; the NaN-poisoned workspace shows unwritten reads
+              outs[e][r] = test::poisoned({b, s_q, h, 512}, DType::bf16, dev);
+              lses[e][r] = test::poisoned({b, s_q, h}, DType::f32, dev);
+              const auto wsb = static_cast<int64_t>(
+                  dcp_mqa_decode_workspace_bytes(b, s_q, h, mb, page, DType::bf16, w, dev, 0, kExchanges[e]));
+              const Tensor poison = test::poisoned({(wsb + 1) / 2}, DType::bf16, dev);
+              const TensorView ws(poison.data(), DType::u8, {wsb}, dev);
+              dcp_mqa_decode(*comm, qd, cache, table, qlens, outs[e][r], lses[e][r], 0.06, ws, {}, 0, kExchanges[e]);
+            }
             // Sparse, s_q = 1 tokens (the first query of each request).
             std::vector<std::vector<int32_t>> local = pos;
             for (auto& row : local) dcp_filter_topk(row, l);
@@ -147,8 +156,11 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
             all.insert(all.end(), host[r].begin() + x * per_row, host[r].begin() + (x + 1) * per_row);
         return all;
       };
-      EXPECT_EQ(test::check_close(assemble(out, b * s_q, h * 512), test::to_doubles(want), DType::bf16, 8e-3), "");
-      EXPECT_EQ(test::check_close(assemble(lse, b * s_q, h), test::to_doubles(want_lse), DType::f32, 1e-5), "");
+      for (int e = 0; e < 3; ++e) {
+        SCOPED_TRACE(to_string(kExchanges[e]));
+        EXPECT_EQ(test::check_close(assemble(outs[e], b * s_q, h * 512), test::to_doubles(want), DType::bf16, 8e-3), "");
+        EXPECT_EQ(test::check_close(assemble(lses[e], b * s_q, h), test::to_doubles(want_lse), DType::f32, 1e-5), "");
+      }
       EXPECT_EQ(test::check_close(assemble(sout, b, h * 512), test::to_doubles(swant), DType::bf16, 8e-3), "");
       EXPECT_EQ(test::check_close(assemble(slse, b, h), test::to_doubles(swant_lse), DType::f32, 1e-5), "");
     }

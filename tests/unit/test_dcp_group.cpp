@@ -1,10 +1,17 @@
 // DCP collectives with the in-process group (mla/comm.h make_local_group): W threads play W ranks on
 // the CPU. Checked: all_gather / all_to_all block placement; dcp_mqa_decode (causal s_q 1 and 3) and
 // dcp_sparse_mqa over W shards equal one process attending the whole cache for all W·h_q heads;
-// mismatched collectives and a missing rank throw on every rank instead of hanging.
+// mismatched collectives and a missing rank throw on every rank instead of hanging. The dense decode in
+// each exchange (all-to-all, AG+RS, all-to-all over two half-batches). The socket group (one rank per
+// process; here threads of one process over its Unix socket): the same placement, a decode through it,
+// and a rank that fails or never connects makes the others throw within the timeout.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
+#include <filesystem>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -37,10 +44,10 @@ std::vector<std::string> on_ranks(std::vector<std::unique_ptr<Communicator>>& gr
   return err;
 }
 
-TEST(DcpGroup, AllGatherAndAllToAllPlaceBlocks) {
-  const int w = 3;
-  auto group = make_local_group(w);
-  std::vector<Tensor> gathered(w), exchanged(w);
+// all_gather, all_to_all and reduce_scatter of W ranks through `group`: blocks land where comm.h says.
+void expect_collectives_place_blocks(std::vector<std::unique_ptr<Communicator>>& group) {
+  const int w = static_cast<int>(group.size());
+  std::vector<Tensor> gathered(w), exchanged(w), reduced(w);
   const auto err = on_ranks(group, [&](int r, Communicator& c) {
     Tensor in = Tensor::empty({2, 2}, DType::i32), a2a = Tensor::empty({w, 2}, DType::i32);
     for (int i = 0; i < 4; ++i) static_cast<int32_t*>(in.data())[i] = 100 * r + i;
@@ -50,6 +57,11 @@ TEST(DcpGroup, AllGatherAndAllToAllPlaceBlocks) {
     exchanged[r] = Tensor::empty({w, 2}, DType::i32);
     c.all_gather(in, gathered[r], {});
     c.all_to_all(a2a, exchanged[r], {});
+    Tensor rs = Tensor::empty({w, 3}, DType::f32);
+    for (int j = 0; j < w; ++j)
+      for (int i = 0; i < 3; ++i) static_cast<float*>(rs.data())[j * 3 + i] = static_cast<float>(1000 * j + 10 * r + i);
+    reduced[r] = Tensor::empty({3}, DType::f32);
+    c.reduce_scatter(rs, reduced[r], {});
     c.synchronize({});
   });
   for (int r = 0; r < w; ++r) {
@@ -59,7 +71,14 @@ TEST(DcpGroup, AllGatherAndAllToAllPlaceBlocks) {
       for (int i = 0; i < 4; ++i) EXPECT_EQ(g[p * 4 + i], 100 * p + i);
     for (int p = 0; p < w; ++p)  // block p of my out = block r of rank p's in
       for (int i = 0; i < 2; ++i) EXPECT_EQ(x[p * 2 + i], 100 * p + 10 * r + i);
+    const std::vector<double> sum = test::to_doubles(reduced[r]);  // Σ_p block r of rank p's in
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(sum[i], w * (1000.0 * r + i) + 10.0 * w * (w - 1) / 2);
   }
+}
+
+TEST(DcpGroup, AllGatherAndAllToAllPlaceBlocks) {
+  auto group = make_local_group(3);
+  expect_collectives_place_blocks(group);
 }
 
 TEST(DcpGroup, MismatchAndMissingRankThrowEverywhere) {
@@ -136,8 +155,11 @@ TEST(DcpGroup, DecodeEqualsWholeCache) {
   const int64_t b = static_cast<int64_t>(lens.size());
   for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
     for (int64_t s_q : {1, 3})
-      for (int w : {2, 3}) {
-        const std::string what = std::string(to_string(f)) + " s_q " + std::to_string(s_q) + " W " + std::to_string(w);
+      for (int w : {2, 3})
+        for (DcpExchange ex : {DcpExchange::all_to_all, DcpExchange::allgather_reduce_scatter,
+                               DcpExchange::all_to_all_overlap}) {
+        const std::string what = std::string(to_string(f)) + " s_q " + std::to_string(s_q) + " W " + std::to_string(w) +
+                                 " " + to_string(ex);
         test::PagedBatch pb = test::paged_batch(f, page, lens, mb);
         // The group's heads: rank r holds heads [r·h, (r+1)·h) of q_all.
         Tensor q_all = test::random_tensor({b, s_q, w * h, 576}, DType::f32);
@@ -155,9 +177,10 @@ TEST(DcpGroup, DecodeEqualsWholeCache) {
           out[r] = test::poisoned({b, s_q, h, 512}, DType::f32);
           lse[r] = test::poisoned({b, s_q, h}, DType::f32);
           Tensor ws = Tensor::empty(
-              {static_cast<int64_t>(dcp_mqa_decode_workspace_bytes(b, s_q, h, mb, page, DType::f32, w, Device::cpu()))},
+              {static_cast<int64_t>(
+                  dcp_mqa_decode_workspace_bytes(b, s_q, h, mb, page, DType::f32, w, Device::cpu(), 0, ex))},
               DType::u8);
-          dcp_mqa_decode(c, q, s.cb.cache, s.table, test::int_tensor(ql), out[r], lse[r], 0.08, ws);
+          dcp_mqa_decode(c, q, s.cb.cache, s.table, test::int_tensor(ql), out[r], lse[r], 0.08, ws, {}, 0, ex);
           c.synchronize({});
         });
         std::vector<double> got, got_lse;
@@ -221,6 +244,106 @@ TEST(DcpGroup, SparseEqualsWholeCache) {
     }
   expect_close(got, test::to_doubles(want), 2e-5, "sparse out");
   expect_close(got_lse, test::to_doubles(want_lse), 2e-5, "sparse lse");
+}
+
+// W socket-group ranks on W threads (each connects as a process would; rank 0 listens on `path`).
+std::vector<std::unique_ptr<Communicator>> socket_group(const std::string& path, int w,
+                                                        std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  std::vector<std::unique_ptr<Communicator>> group(static_cast<std::size_t>(w));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w; ++r)
+    threads.emplace_back([&, r] { group[static_cast<std::size_t>(r)] = make_socket_communicator(path, w, r, timeout); });
+  for (auto& t : threads) t.join();
+  return group;
+}
+
+std::string socket_path(const char* name) {
+  return (std::filesystem::temp_directory_path() / (std::string("mla_dcp_") + name + "_" + std::to_string(::getpid())))
+      .string();
+}
+
+TEST(DcpSocketGroup, CollectivesPlaceBlocks) {
+  auto group = socket_group(socket_path("place"), 3);
+  expect_collectives_place_blocks(group);
+  EXPECT_EQ(group[1]->backend(), "socket");
+}
+
+TEST(DcpSocketGroup, DecodeThroughSocketsEqualsLocalGroup) {
+  test::reseed(53);
+  const int64_t page = 16, h = 2, mb = 9, b = 2;
+  const std::vector<int32_t> lens = {70, 33};
+  const int w = 2;
+  test::PagedBatch pb = test::paged_batch(CacheFormat::bf16, page, lens, mb);
+  Tensor q_all = test::random_tensor({b, 1, w * h, 576}, DType::f32);
+  std::vector<std::vector<double>> got(2);
+  for (int kind = 0; kind < 2; ++kind) {
+    auto group = kind == 0 ? make_local_group(w) : socket_group(socket_path("decode"), w);
+    std::vector<Tensor> out(w);
+    const auto err = on_ranks(group, [&](int r, Communicator& c) {
+      const DcpLayout l{w, r, 1};
+      Shard s = shard_of(pb, lens, page, l, mb);
+      std::vector<int32_t> ql(static_cast<std::size_t>(b));
+      dcp_local_query_lengths(lens, 1, true, l, ql);
+      Tensor q = Tensor::empty({b, 1, h, 576}, DType::f32);
+      copy(q, q_all.view().slice(2, r * h, (r + 1) * h));
+      out[r] = test::poisoned({b, 1, h, 512}, DType::f32);
+      Tensor ws = Tensor::empty(
+          {static_cast<int64_t>(dcp_mqa_decode_workspace_bytes(b, 1, h, mb, page, DType::f32, w, Device::cpu()))},
+          DType::u8);
+      dcp_mqa_decode(c, q, s.cb.cache, s.table, test::int_tensor(ql), out[r], {}, 0.08, ws);
+    });
+    for (int r = 0; r < w; ++r) {
+      ASSERT_EQ(err[r], "");
+      const std::vector<double> o = test::to_doubles(out[r]);
+      got[kind].insert(got[kind].end(), o.begin(), o.end());
+    }
+  }
+  EXPECT_EQ(got[0], got[1]);  // the same bytes moved: bit-equal
+}
+
+TEST(DcpSocketGroup, DeadOrAbsentRankThrowsNotHangs) {
+  {  // rank 2 never starts: ranks 0 and 1 throw within the timeout
+    std::vector<std::string> err(2);
+    std::vector<std::thread> threads;
+    const std::string path = socket_path("absent");
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          make_socket_communicator(path, 3, r, std::chrono::milliseconds(300));
+        } catch (const std::exception& e) {
+          err[r] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    EXPECT_NE(err[0].find("only 1 of the other ranks connected"), std::string::npos) << err[0];
+  }
+  {  // rank 1 dies (its connection closes) before a collective: the others throw naming it
+    auto group = socket_group(socket_path("dead"), 3, std::chrono::milliseconds(2000));
+    group[1].reset();
+    std::vector<std::string> err(3);
+    std::vector<std::thread> threads;
+    for (int r : {0, 2})
+      threads.emplace_back([&, r] {
+        try {
+          Tensor in = Tensor::zeros({4}, DType::f32), out = Tensor::zeros({12}, DType::f32);
+          group[static_cast<std::size_t>(r)]->all_gather(in, out, {});
+        } catch (const std::exception& e) {
+          err[r] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    EXPECT_NE(err[0].find("rank 1 of 3 failed"), std::string::npos) << err[0];
+    EXPECT_NE(err[2].find("rank 1 of 3 failed"), std::string::npos) << err[2];
+    EXPECT_THROW(group[0]->synchronize({}), Error);  // unusable afterwards
+  }
+  {  // a mismatch: every rank throws
+    auto group = socket_group(socket_path("mismatch"), 2);
+    const auto err = on_ranks(group, [&](int r, Communicator& c) {
+      Tensor in = Tensor::zeros({r + 1}, DType::f32), out = Tensor::zeros({2 * (r + 1)}, DType::f32);
+      c.all_gather(in, out, {});
+    });
+    for (const std::string& e : err) EXPECT_NE(e.find("rank 0 called"), std::string::npos) << e;
+  }
 }
 
 }  // namespace

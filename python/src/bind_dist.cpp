@@ -1,0 +1,167 @@
+// Decode context parallelism from Python (mla/comm.h, mla/dcp.h; docs/SCALE.md, docs/PYTHON.md):
+// communicators (the in-process thread group, the socket group of one process per rank, NCCL, and the
+// torchrun-style environment), the DCP group ops and the layout helpers. Every call that can wait for
+// peers releases the GIL, so ranks may be Python threads of one process.
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "mla/comm.h"
+#include "mla/dcp.h"
+
+namespace mlapy {
+
+namespace {
+
+using A = TensorArg;
+using K = PyKVCache;
+using mla::Communicator;
+
+std::chrono::milliseconds millis(double seconds) {
+  if (!(seconds > 0)) throw ArgError("timeout must be a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
+}
+
+std::shared_ptr<Communicator> shared(std::unique_ptr<Communicator> c) { return std::shared_ptr<Communicator>(std::move(c)); }
+
+}  // namespace
+
+void bind_dist(py::module_& m) {
+  using namespace mla;
+  const auto stream = py::arg("stream") = py::none();
+
+  py::class_<Communicator, std::shared_ptr<Communicator>>(
+      m, "Communicator",
+      "One rank's handle on a DCP group (mla/comm.h). Every rank calls the same collectives in the same order; a "
+      "rank that fails or stays away makes the others raise ValueError within the group's timeout.")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("world_size", &Communicator::world_size)
+      .def_property_readonly("device", &Communicator::device)
+      .def_property_readonly("backend", &Communicator::backend)
+      .def("all_gather", [](Communicator& c, const A& in, const A& out, py::handle s) {
+        const Context ctx = to_context(in.view, s, Precision::fast);
+        without_gil([&] { c.all_gather(in.view, out.view, ctx); });
+      }, py::arg("input"), py::arg("output"), py::kw_only(), stream)
+      .def("all_to_all", [](Communicator& c, const A& in, const A& out, py::handle s) {
+        const Context ctx = to_context(in.view, s, Precision::fast);
+        without_gil([&] { c.all_to_all(in.view, out.view, ctx); });
+      }, py::arg("input"), py::arg("output"), py::kw_only(), stream)
+      .def("reduce_scatter", [](Communicator& c, const A& in, const A& out, py::handle s) {
+        const Context ctx = to_context(in.view, s, Precision::fast);
+        without_gil([&] { c.reduce_scatter(in.view, out.view, ctx); });
+      }, py::arg("input"), py::arg("output"), py::kw_only(), stream)
+      .def("synchronize", [](Communicator& c, py::handle s) {
+        const Context ctx = to_context(TensorView(nullptr, DType::u8, {0}, c.device()), s, Precision::fast);
+        without_gil([&] { c.synchronize(ctx); });
+      }, py::kw_only(), stream);
+
+  m.def("local_group", [](int world_size, double timeout) {
+    std::vector<std::shared_ptr<Communicator>> out;
+    for (auto& c : make_local_group(world_size, millis(timeout))) out.push_back(shared(std::move(c)));
+    return out;
+  }, py::arg("world_size"), py::arg("timeout") = 60.0,
+     "W communicators of one in-process CPU group: hand communicator r to the Python thread that plays rank r.");
+  m.def("socket_group", [](const std::string& path, int world_size, int rank, double timeout) {
+    std::unique_ptr<Communicator> c;
+    without_gil([&] { c = make_socket_communicator(path, world_size, rank, millis(timeout)); });
+    return shared(std::move(c));
+  }, py::arg("path"), py::arg("world_size"), py::arg("rank"), py::arg("timeout") = 60.0,
+     "This process's rank of a CPU group across processes (rank 0 listens on the Unix socket `path`).");
+  m.def("nccl_available", &nccl_available);
+  m.def("nccl_make_id", [] { return nccl_id_to_hex(nccl_make_id()); },
+        "A new NCCL unique id as 256 hex digits (hand the same string to every rank).");
+  m.def("nccl_group", [](const std::string& id, int world_size, int rank, py::handle device, double timeout) {
+    const Device dev = to_device(device);
+    if (!dev.is_cuda()) throw ArgError("nccl_group: device must be a CUDA device");
+    std::unique_ptr<Communicator> c;
+    without_gil([&] { c = make_nccl_communicator(nccl_id_from_hex(id), world_size, rank, dev.index, millis(timeout)); });
+    return shared(std::move(c));
+  }, py::arg("id"), py::arg("world_size"), py::arg("rank"), py::arg("device"), py::arg("timeout") = 120.0,
+     "This rank of an NCCL group on `device` (id from nccl_make_id, the same on every rank).");
+  m.def("process_group", [](py::handle device) {
+    const ProcessGroupEnv env = process_group_env();
+    Device dev = Device::cpu();
+    if (!device.is_none()) {
+      const bool bare_cuda = py::isinstance<py::str>(device) && device.cast<std::string>() == "cuda";
+      dev = bare_cuda ? Device::cuda(env.local_rank) : to_device(device);
+    }
+    std::unique_ptr<Communicator> c;
+    without_gil([&] { c = make_process_communicator(env, dev); });
+    return shared(std::move(c));
+  }, py::arg("device") = py::none(),
+     "This process's rank from the torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, MLA_DCP_RENDEZVOUS or "
+     "MLA_NCCL_ID, MLA_DCP_TIMEOUT_MS): device None = CPU (socket group), 'cuda' = cuda:LOCAL_RANK, or a device.");
+  m.def("process_group_env", [] {
+    if (!process_group_env_present()) return py::object(py::none());
+    const ProcessGroupEnv e = process_group_env();
+    py::dict d;
+    d["rank"] = e.rank;
+    d["world_size"] = e.world_size;
+    d["local_rank"] = e.local_rank;
+    d["rendezvous"] = e.rendezvous;
+    d["timeout"] = static_cast<double>(e.timeout.count()) / 1000.0;
+    return py::object(d);
+  }, "RANK / WORLD_SIZE / LOCAL_RANK / MLA_DCP_RENDEZVOUS / timeout from the environment as a dict (None if unset).");
+
+  py::enum_<DcpExchange>(m, "DcpExchange")
+      .value("all_to_all", DcpExchange::all_to_all)
+      .value("allgather_reduce_scatter", DcpExchange::allgather_reduce_scatter)
+      .value("all_to_all_overlap", DcpExchange::all_to_all_overlap);
+
+  m.def("dcp_owner", [](int64_t p, int w, int rank, int interleave) { return dcp_owner(p, {w, rank, interleave}); },
+        py::arg("position"), py::arg("world_size"), py::arg("rank") = 0, py::arg("interleave") = 1);
+  m.def("dcp_local_position", [](int64_t p, int w, int rank, int interleave) {
+    return dcp_local_position(p, {w, rank, interleave});
+  }, py::arg("position"), py::arg("world_size"), py::arg("rank") = 0, py::arg("interleave") = 1);
+  m.def("dcp_local_length", [](int64_t n, int w, int rank, int interleave) {
+    return dcp_local_length(n, {w, rank, interleave});
+  }, py::arg("length"), py::arg("world_size"), py::arg("rank"), py::arg("interleave") = 1);
+  m.def("dcp_local_query_lengths", [](const std::vector<int32_t>& seq_lens, int64_t s_q, bool causal, int w, int rank,
+                                      int interleave) {
+    const DcpLayout l{w, rank, interleave};
+    validate_dcp_layout(l);
+    std::vector<int32_t> out(seq_lens.size() * static_cast<std::size_t>(s_q));
+    dcp_local_query_lengths(seq_lens, s_q, causal, l, out);
+    return out;
+  }, py::arg("seq_lens"), py::arg("s_q"), py::arg("causal"), py::arg("world_size"), py::arg("rank"),
+     py::arg("interleave") = 1, "Local key counts of a decode batch's rows (r, i) on this rank (mla/dcp.h).");
+
+  m.def("dcp_mqa_decode_workspace_bytes", [](int64_t b, int64_t s_q, int64_t h_q, int64_t max_blocks, int64_t page_size,
+                                             py::handle dtype, int world_size, py::handle device, int num_splits,
+                                             DcpExchange exchange) {
+    return dcp_mqa_decode_workspace_bytes(b, s_q, h_q, max_blocks, page_size, to_dtype(dtype), world_size,
+                                          to_device(device), num_splits, exchange);
+  }, py::arg("b"), py::arg("s_q"), py::arg("h_q"), py::arg("max_blocks"), py::arg("page_size"), py::arg("dtype"),
+     py::arg("world_size"), py::arg("device"), py::arg("num_splits") = 0, py::arg("exchange") = DcpExchange::all_to_all);
+  m.def("dcp_mqa_decode", [](Communicator& c, const A& q, const K& cache, const A& block_table, const A& local_lens,
+                             const A& out, const A& lse, double softmax_scale, const A& workspace, int num_splits,
+                             DcpExchange exchange, py::handle s) {
+    const Context ctx = to_context(q.view, s, Precision::fast);
+    without_gil([&] {
+      dcp_mqa_decode(c, q.view, cache.cache, block_table.view, local_lens.view, out.view, lse.view, softmax_scale,
+                     workspace.view, ctx, num_splits, exchange);
+    });
+  }, py::arg("comm"), py::arg("q"), py::arg("cache"), py::arg("block_table"), py::arg("local_lens"), py::arg("out"),
+     py::arg("lse"), py::arg("softmax_scale"), py::arg("workspace"), py::arg("num_splits") = 0,
+     py::arg("exchange") = DcpExchange::all_to_all, py::kw_only(), stream,
+     "This rank's step of a DCP decode (mla/dcp.h): q [b, s_q, h_q, 576] of its heads, its cache shard; out / lse "
+     "of its heads over the whole context.");
+  m.def("dcp_sparse_mqa_workspace_bytes", [](int64_t t, int64_t h_q, py::handle dtype, int world_size) {
+    return dcp_sparse_mqa_workspace_bytes(t, h_q, to_dtype(dtype), world_size);
+  }, py::arg("t"), py::arg("h_q"), py::arg("dtype"), py::arg("world_size"));
+  m.def("dcp_sparse_mqa", [](Communicator& c, const A& q, const K& cache, const A& indices, const A& topk_length,
+                             const A& out, const A& lse, double softmax_scale, const A& workspace, py::handle s) {
+    const Context ctx = to_context(q.view, s, Precision::fast);
+    without_gil([&] {
+      dcp_sparse_mqa(c, q.view, cache.cache, indices.view, topk_length.view, out.view, lse.view, softmax_scale,
+                     workspace.view, ctx);
+    });
+  }, py::arg("comm"), py::arg("q"), py::arg("cache"), py::arg("indices"), py::arg("topk_length"), py::arg("out"),
+     py::arg("lse"), py::arg("softmax_scale"), py::arg("workspace"), py::kw_only(), stream);
+}
+
+}  // namespace mlapy

@@ -1,0 +1,394 @@
+// One rank per process (mla/comm.h): the torchrun-style environment, the CPU socket group, and the
+// communicator of a process's rank (socket on the CPU, NCCL on CUDA with the id handed over through a
+// file or the environment).
+//
+// The socket group is a star: rank 0 listens on a Unix socket, every other rank holds one connection
+// to it. A collective: each rank r > 0 sends a header (what it calls, with its byte count) and its
+// input; rank 0 reads them all, checks they agree, computes every rank's output and sends each its
+// own, preceded by a status word (0 = ok, else an error text every rank then throws). Every read and
+// write is bounded by the group's timeout (poll), so a dead or absent rank is an error, never a hang.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+#include "dist/collective_check.h"
+#include "mla/comm.h"
+
+namespace mla {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A connected stream socket with deadline-bounded full reads and writes.
+class Channel {
+ public:
+  Channel() = default;
+  explicit Channel(int fd) : fd_(fd) {}
+  Channel(Channel&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Channel& operator=(Channel&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  ~Channel() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool open() const { return fd_ >= 0; }
+  // false on timeout or a closed peer (why says which); true when all bytes moved.
+  bool write_all(const void* data, std::size_t n, Clock::time_point deadline, std::string& why) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      if (!wait(POLLOUT, deadline, why)) return false;
+      const ssize_t k = ::send(fd_, p, n, MSG_NOSIGNAL);
+      if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (k <= 0) {
+        why = fmt::format("broke its connection ({})", std::strerror(errno));
+        return false;
+      }
+      p += k;
+      n -= static_cast<std::size_t>(k);
+    }
+    return true;
+  }
+  bool read_all(void* data, std::size_t n, Clock::time_point deadline, std::string& why) {
+    char* p = static_cast<char*>(data);
+    while (n > 0) {
+      if (!wait(POLLIN, deadline, why)) return false;
+      const ssize_t k = ::recv(fd_, p, n, 0);
+      if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (k == 0) {
+        why = "closed its connection (the process failed or exited)";
+        return false;
+      }
+      if (k < 0) {
+        why = fmt::format("broke its connection ({})", std::strerror(errno));
+        return false;
+      }
+      p += k;
+      n -= static_cast<std::size_t>(k);
+    }
+    return true;
+  }
+
+ private:
+  bool wait(short events, Clock::time_point deadline, std::string& why) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) {
+        why = "did not answer in time";
+        return false;
+      }
+      pollfd pfd{fd_, events, 0};
+      const int r = ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 1000)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        why = fmt::format("poll failed ({})", std::strerror(errno));
+        return false;
+      }
+      if (r > 0) return true;  // readable / writable, or hung up: the read / write says which
+    }
+  }
+  int fd_ = -1;
+};
+
+sockaddr_un socket_address(const std::string& path) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  MLA_CHECK(!path.empty() && path.size() < sizeof(a.sun_path),
+            "socket group: the rendezvous path must have 1..{} characters, got '{}'", sizeof(a.sun_path) - 1, path);
+  std::memcpy(a.sun_path, path.c_str(), path.size());
+  return a;
+}
+
+struct Header {
+  uint32_t magic = 0x6d6c6163;  // "mlac"
+  uint32_t what_len = 0;
+  int64_t bytes = 0;            // payload bytes that follow the text
+};
+
+class SocketCommunicator final : public Communicator {
+ public:
+  SocketCommunicator(const std::string& path, int world, int rank, std::chrono::milliseconds timeout)
+      : world_(world), rank_(rank), timeout_(timeout) {
+    if (world == 1) return;
+    const sockaddr_un addr = socket_address(path);
+    const auto deadline = Clock::now() + timeout;
+    if (rank == 0) {
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      MLA_CHECK(fd >= 0, "socket group: rank 0 cannot create a socket: {}", std::strerror(errno));
+      Channel listener(fd);
+      ::unlink(path.c_str());
+      if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, world) != 0)
+        throw Error(fmt::format("socket group: rank 0 cannot listen on {}: {}", path, std::strerror(errno)));
+      peers_.resize(static_cast<std::size_t>(world));
+      for (int got = 1; got < world; ++got) {
+        pollfd pfd{fd, POLLIN, 0};
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left)) <= 0) {
+          ::unlink(path.c_str());
+          throw Error(fmt::format("socket group: rank 0 of {}: only {} of the other ranks connected to {} within "
+                                  "{} ms (did every rank start, with the same rendezvous?)",
+                                  world, got - 1, path, timeout.count()));
+        }
+        Channel c(::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
+        if (!c.open()) throw Error(fmt::format("socket group: rank 0: accept failed: {}", std::strerror(errno)));
+        int32_t peer = -1;
+        std::string why;
+        if (!c.read_all(&peer, sizeof peer, deadline, why)) {
+          --got;  // a connection that did not say who it is does not count
+          continue;
+        }
+        if (peer <= 0 || peer >= world || peers_[static_cast<std::size_t>(peer)].open())
+          throw Error(fmt::format("socket group: rank 0: a peer announced itself as rank {} (world {}, or twice)",
+                                  peer, world));
+        peers_[static_cast<std::size_t>(peer)] = std::move(c);
+      }
+      ::unlink(path.c_str());  // every rank is connected: the name is no longer needed
+      return;
+    }
+    for (;;) {  // rank 0 may not listen yet: retry until the deadline
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      MLA_CHECK(fd >= 0, "socket group: rank {} cannot create a socket: {}", rank, std::strerror(errno));
+      Channel c(fd);
+      if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) {
+        const int32_t me = rank;
+        std::string why;
+        if (!c.write_all(&me, sizeof me, deadline, why))
+          throw Error(fmt::format("socket group: rank {}: rank 0 at {}: {}", rank, path, why));
+        root_ = std::move(c);
+        return;
+      }
+      if (Clock::now() > deadline)
+        throw Error(fmt::format("socket group: rank {} of {} could not reach rank 0 at {} within {} ms: {}", rank,
+                                world, path, timeout.count(), std::strerror(errno)));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  Device device() const override { return Device::cpu(); }
+  std::string backend() const override { return "socket"; }
+
+  void all_gather(const TensorView& in, const TensorView& out, const Context&) override {
+    const int64_t bytes = dist::check_all_gather(in, out, world_, Device::cpu(), "socket all_gather");
+    run("all_gather", in, bytes, out, bytes * world_, [&](const std::vector<const char*>& ins, int, char* dst) {
+      for (int p = 0; p < world_; ++p)
+        std::memcpy(dst + p * bytes, ins[static_cast<std::size_t>(p)], static_cast<std::size_t>(bytes));
+    });
+  }
+  void all_to_all(const TensorView& in, const TensorView& out, const Context&) override {
+    const int64_t block = dist::check_all_to_all(in, out, world_, Device::cpu(), "socket all_to_all");
+    run("all_to_all", in, block * world_, out, block * world_,
+        [&](const std::vector<const char*>& ins, int to, char* dst) {
+          for (int p = 0; p < world_; ++p)
+            std::memcpy(dst + p * block, ins[static_cast<std::size_t>(p)] + to * block, static_cast<std::size_t>(block));
+        });
+  }
+  void reduce_scatter(const TensorView& in, const TensorView& out, const Context&) override {
+    const int64_t n = dist::check_reduce_scatter(in, out, world_, Device::cpu(), "socket reduce_scatter");
+    const int64_t block = n * static_cast<int64_t>(in.element_size());
+    run("reduce_scatter", in, block * world_, out, block, [&](const std::vector<const char*>& ins, int to, char* dst) {
+      std::vector<const char*> blocks;
+      for (const char* p : ins) blocks.push_back(p + to * block);
+      dist::sum_blocks(dst, blocks, n, in.dtype);
+    });
+  }
+  void synchronize(const Context&) override {
+    if (!why_.empty()) throw Error(why_);
+  }
+
+ private:
+  [[noreturn]] void fail(std::string why) {
+    why_ = std::move(why);
+    throw Error(why_);
+  }
+
+  // One collective: in_bytes from every rank to rank 0, which writes out_bytes for rank `to` with
+  // make(ins, to, dst) and sends them back.
+  template <class Make>
+  void run(const char* op, const TensorView& in, int64_t in_bytes, const TensorView& out, int64_t out_bytes,
+           Make&& make) {
+    if (!why_.empty()) throw Error(fmt::format("socket group: rank {}: the group failed earlier: {}", rank_, why_));
+    const std::string what = fmt::format("{} of {} bytes ({})", op, in_bytes, to_string(in.dtype));
+    const auto* src = static_cast<const char*>(in.data);
+    if (world_ == 1) {
+      make(std::vector<const char*>{src}, 0, static_cast<char*>(out.data));
+      return;
+    }
+    const auto deadline = Clock::now() + timeout_;
+    std::string why;
+    if (rank_ != 0) {
+      Header h;
+      h.what_len = static_cast<uint32_t>(what.size());
+      h.bytes = in_bytes;
+      if (!root_.write_all(&h, sizeof h, deadline, why) || !root_.write_all(what.data(), what.size(), deadline, why) ||
+          !root_.write_all(src, static_cast<std::size_t>(in_bytes), deadline, why))
+        fail(fmt::format("socket group: rank {} of {}: {}: rank 0 {} (waited up to {} ms)", rank_, world_, op, why,
+                         timeout_.count()));
+      Header r;
+      std::string text;
+      if (root_.read_all(&r, sizeof r, deadline, why)) {
+        text.resize(r.what_len);
+        if (root_.read_all(text.data(), text.size(), deadline, why)) {
+          if (!text.empty()) fail(text);  // rank 0 reports the group's failure
+          if (r.bytes == out_bytes && root_.read_all(out.data, static_cast<std::size_t>(out_bytes), deadline, why))
+            return;
+          if (why.empty()) why = "sent a reply of the wrong size";
+        }
+      }
+      fail(fmt::format("socket group: rank {} of {}: {}: rank 0 {} (waited up to {} ms)", rank_, world_, op, why,
+                       timeout_.count()));
+    }
+    // Rank 0: gather every input, check the calls agree, answer each rank.
+    std::vector<std::vector<char>> bufs(static_cast<std::size_t>(world_));
+    std::vector<const char*> ins(static_cast<std::size_t>(world_));
+    ins[0] = src;
+    std::string error;
+    for (int p = 1; p < world_ && error.empty(); ++p) {
+      Channel& c = peers_[static_cast<std::size_t>(p)];
+      Header h;
+      std::string theirs;
+      if (!c.read_all(&h, sizeof h, deadline, why) || h.magic != Header{}.magic || h.what_len > 4096) {
+        error = fmt::format("socket group: rank {} of {} failed in {}: {} (rank 0 waited up to {} ms); the group "
+                            "is unusable",
+                            p, world_, op, why.empty() ? "sent garbage" : why, timeout_.count());
+        break;
+      }
+      theirs.resize(h.what_len);
+      bufs[static_cast<std::size_t>(p)].resize(static_cast<std::size_t>(std::max<int64_t>(h.bytes, 0)));
+      if (!c.read_all(theirs.data(), theirs.size(), deadline, why) ||
+          !c.read_all(bufs[static_cast<std::size_t>(p)].data(), bufs[static_cast<std::size_t>(p)].size(), deadline,
+                      why)) {
+        error = fmt::format("socket group: rank {} of {} failed in {}: {} (rank 0 waited up to {} ms); the group "
+                            "is unusable",
+                            p, world_, op, why, timeout_.count());
+        break;
+      }
+      if (theirs != what)
+        error = fmt::format("socket group: rank 0 called {} but rank {} called {}", what, p, theirs);
+      ins[static_cast<std::size_t>(p)] = bufs[static_cast<std::size_t>(p)].data();
+    }
+    std::vector<char> reply;
+    for (int p = 1; p < world_; ++p) {
+      Channel& c = peers_[static_cast<std::size_t>(p)];
+      Header r;
+      r.what_len = static_cast<uint32_t>(error.size());
+      r.bytes = error.empty() ? out_bytes : 0;
+      if (error.empty()) {
+        reply.resize(static_cast<std::size_t>(out_bytes));
+        make(ins, p, reply.data());
+      }
+      std::string ignored;  // a peer that is gone cannot be told
+      if (c.write_all(&r, sizeof r, deadline, ignored) && c.write_all(error.data(), error.size(), deadline, ignored) &&
+          error.empty())
+        c.write_all(reply.data(), reply.size(), deadline, ignored);
+    }
+    if (!error.empty()) fail(error);
+    make(ins, 0, static_cast<char*>(out.data));
+  }
+
+  int world_, rank_;
+  std::chrono::milliseconds timeout_;
+  Channel root_;                // ranks > 0: the connection to rank 0
+  std::vector<Channel> peers_;  // rank 0: peers_[p] = rank p's connection
+  std::string why_;             // set when the group failed
+};
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v, &end, 10);
+  MLA_CHECK(errno == 0 && end && *end == '\0' && x >= 0 && x <= 1 << 20,
+            "process group: {}='{}' is not a non-negative integer", name, v);
+  return static_cast<int>(x);
+}
+
+std::string env_str(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_socket_communicator(const std::string& path, int world_size, int rank,
+                                                       std::chrono::milliseconds timeout) {
+  MLA_CHECK(world_size >= 1 && world_size <= 4096 && rank >= 0 && rank < world_size,
+            "make_socket_communicator: need 0 <= rank < world_size <= 4096, got rank {} of {}", rank, world_size);
+  MLA_CHECK(timeout.count() > 0, "make_socket_communicator: the timeout must be positive, got {} ms",
+            timeout.count());
+  return std::make_unique<SocketCommunicator>(path, world_size, rank, timeout);
+}
+
+bool process_group_env_present() { return std::getenv("RANK") && std::getenv("WORLD_SIZE"); }
+
+ProcessGroupEnv process_group_env() {
+  MLA_CHECK(process_group_env_present(), "process group: RANK and WORLD_SIZE must be set (torchrun-style)");
+  ProcessGroupEnv e;
+  e.rank = env_int("RANK", 0);
+  e.world_size = env_int("WORLD_SIZE", 1);
+  e.local_rank = env_int("LOCAL_RANK", e.rank);
+  e.rendezvous = env_str("MLA_DCP_RENDEZVOUS");
+  e.nccl_id_hex = env_str("MLA_NCCL_ID");
+  e.timeout = std::chrono::milliseconds(env_int("MLA_DCP_TIMEOUT_MS", 120000));
+  MLA_CHECK(e.world_size >= 1 && e.rank < e.world_size, "process group: RANK {} must be below WORLD_SIZE {}", e.rank,
+            e.world_size);
+  MLA_CHECK(e.timeout.count() > 0, "process group: MLA_DCP_TIMEOUT_MS must be positive");
+  return e;
+}
+
+std::unique_ptr<Communicator> make_process_communicator(const ProcessGroupEnv& env, Device device) {
+  if (device.is_cpu()) {
+    MLA_CHECK(env.world_size == 1 || !env.rendezvous.empty(),
+              "process group: a CPU group of {} ranks needs MLA_DCP_RENDEZVOUS (a socket path every rank knows)",
+              env.world_size);
+    return make_socket_communicator(env.rendezvous, env.world_size, env.rank, env.timeout);
+  }
+  NcclId id{};
+  if (!env.nccl_id_hex.empty()) {
+    id = nccl_id_from_hex(env.nccl_id_hex);
+  } else {
+    MLA_CHECK(!env.rendezvous.empty(),
+              "process group: a CUDA group needs MLA_NCCL_ID (hex) or MLA_DCP_RENDEZVOUS (a file path for the id)");
+    if (env.rank == 0) {
+      id = nccl_make_id();
+      const std::string tmp = env.rendezvous + ".tmp" + std::to_string(::getpid());
+      {
+        std::ofstream f(tmp);
+        f << nccl_id_to_hex(id);
+        MLA_CHECK(f.good(), "process group: rank 0 cannot write {}", tmp);
+      }
+      MLA_CHECK(std::rename(tmp.c_str(), env.rendezvous.c_str()) == 0, "process group: rank 0 cannot create {}: {}",
+                env.rendezvous, std::strerror(errno));
+    } else {
+      const auto deadline = Clock::now() + env.timeout;
+      std::string hex;
+      for (;;) {
+        std::ifstream f(env.rendezvous);
+        if (f && (f >> hex) && hex.size() == 256) break;
+        if (Clock::now() > deadline)
+          throw Error(fmt::format("process group: rank {} of {}: rank 0's NCCL id did not appear in {} within {} ms "
+                                  "(did rank 0 start?)",
+                                  env.rank, env.world_size, env.rendezvous, env.timeout.count()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      id = nccl_id_from_hex(hex);
+    }
+  }
+  return make_nccl_communicator(id, env.world_size, env.rank, device.index, env.timeout);
+}
+
+}  // namespace mla
