@@ -138,9 +138,9 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
         });
       for (auto& t : ranks) t.join();
       for (int r = 0; r < w; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
-      // The sm90 variants read fp8_ds_mla (sparse_mqa, mqa_decode) and fp8 (mqa_decode) rows as their bf16 upconvert.
+      // The sm90 variants read fp8_ds_mla rows (sparse_mqa, mqa_decode) as their bf16 upconvert (fp8: exact codes).
       const bool sparse_up = f == CacheFormat::fp8_ds_mla && last_variant("sparse_mqa") == "sm90";
-      const bool decode_up = f != CacheFormat::bf16 && last_variant("mqa_decode") == "sm90";
+      const bool decode_up = f == CacheFormat::fp8_ds_mla && last_variant("mqa_decode") == "sm90";
       if (sparse_up || decode_up) {
         const CacheBuffer up = test::upconverted_cache(pb.cb.cache);
         if (sparse_up) sparse_mqa(q_tok, up.cache, slots(pos, global_table), {}, swant, swant_lse, 0.06, test::reference_ctx());

@@ -2,7 +2,7 @@
 // (portable, sm90): every cache format, page sizes 1/16/32/64/128/256, h in {1..128}, s_q 1..8, empty requests and lengths on / beside page
 // boundaries, split-KV and the no-split fallback, strided / unaligned views, d_qk 320, narrow d_v, and
 // garbage metadata that must not make the kernel read outside the cache or the block table. The sm90
-// variant reads fp8 / fp8_ds_mla rows as their bf16 upconvert: its oracle reads test::upconverted_cache.
+// variant reads fp8_ds_mla rows as their bf16 upconvert (its oracle reads test::upconverted_cache) and fp8 rows as exact codes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,10 +28,10 @@ using test::PagedBatch;
 constexpr double kScale = 0.0722;  // 1/sqrt(192)
 
 // Whether the mqa_decode variant that ran last reads `format`'s rows as their bf16 upconvert (the sm90
-// variant's fp8 and fp8_ds_mla caches: docs/DECODE.md "fp8 caches"); the float64 oracle then reads
-// test::upconverted_cache, as the sparse tests do.
+// variant's fp8_ds_mla caches: docs/DECODE.md "fp8 caches"; its fp8 per-tensor rows are exact codes, as the
+// oracle reads them); the float64 oracle then reads test::upconverted_cache, as the sparse tests do.
 bool reads_upconverted(CacheFormat format) {
-  return format != CacheFormat::bf16 && last_variant("mqa_decode") == "sm90";
+  return format == CacheFormat::fp8_ds_mla && last_variant("mqa_decode") == "sm90";
 }
 
 struct DecodeRun {
@@ -336,8 +336,9 @@ TEST(DecodeGpu, LatentWidth256) {
 // sm90 small kernel's two stages cycle ~30 times per CTA; N 8 / 16 / 32 rows (h 3 x s_q 8: 24 rows), pages
 // 64 and 16 (several TMA boxes per panel), lengths ending mid-tile (the last tile's zero-fill),
 // NaN-poisoned pages past every length. fp8_ds_mla: the paged staged source (small kernel, raw records one
-// tile ahead) and, at 64 / 128 heads, the seesaw kernel's register path; fp8: the register path in both
-// kernels; pages 1 / 16 / 64 / 128, against the float64 oracle on the bf16 upconvert (what the variant reads).
+// tile ahead) and, at 64 / 128 heads, the seesaw kernel's register path; fp8: exact codes, staged at N 16,
+// the register path at N 32 and in the seesaw kernel; pages 1 / 16 / 64 / 128, against the float64 oracle
+// on what the variant reads (fp8_ds_mla: the bf16 upconvert; fp8: the codes).
 TEST(DecodeGpu, SmallKernelLongStreams) {
   MLA_SKIP_WITHOUT_GPU();
   MLA_FORCE_VARIANT("mqa_decode", "sm90");
@@ -354,8 +355,8 @@ TEST(DecodeGpu, SmallKernelLongStreams) {
     PagedBatch pb = test::paged_batch(f, page, lens, 4096 / page + 2);
     Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
     Tensor ref_out = test::poisoned({b, s_q, h, 512}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
-    const CacheBuffer up = f != bf ? test::upconverted_cache(pb.cb.cache) : CacheBuffer{};
-    mqa_decode(q, f != bf ? up.cache : pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {},
+    const CacheBuffer up = f == ds ? test::upconverted_cache(pb.cb.cache) : CacheBuffer{};
+    mqa_decode(q, f == ds ? up.cache : pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {},
                test::reference_ctx());
     test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
     Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);

@@ -108,12 +108,13 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
     const uint32_t parity = (t / 2) & 1;
     const int k0 = u.key_begin + t * T::kBlockN;
     const typename Src::Tile tl(p, u, k0, part, lane);
+    tl.preload(p, 8);  // register-path sources: panel 8's loads before the wait (source.cuh)
     // Group 0: the rope panel (and the key mask, read by the owner after this panel's barrier).
     ptx::mbar_wait(&empty[0], parity ^ 1);
     tl.begin(mask, &full[8]);
     tl.announce(p, &full[8], 1);
     __syncwarp();
-    tl.panel(p, map, dst, &full[8], 8);
+    tl.panel(p, map, dst, &full[8], 8, half_panel(s));
     // Groups 1 and 2: the owner's V half, then the other half.
 #pragma unroll 1
     for (int g = 1; g <= 2; ++g) {
@@ -122,7 +123,8 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
       for (int c = first; c < first + 4; ++c) tl.announce(p, &full[c], 1);
       __syncwarp();
 #pragma unroll 1
-      for (int c = first; c < first + 4; ++c) tl.panel(p, map, dst, &full[c], c);
+      for (int c = first; c < first + 4; ++c)
+        tl.panel(p, map, dst, &full[c], c, c + 1 < first + 4 ? c + 1 : g == 1 ? half_panel(1 - s) : -1);
     }
   }
 }
@@ -299,7 +301,7 @@ struct SeesawBase {
   }
   // S of the tile starting at key k0 (retired) in the log2 domain, masked; row maxes.
   __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
-    const float scale = p.rows.scale_log2;
+    const float scale = p.rows.scale_log2 * code_scale<Src>(p);  // exact-code sources: times scale * 2^56
     mx_lo = -INFINITY;
     mx_hi = -INFINITY;
 #pragma unroll
@@ -410,7 +412,7 @@ struct SeesawBase {
     }
     ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
     write_rows_half(p, u, o, m_lo, m_hi, sL[r_lo] + sL[T::kBlockM + r_lo], sL[r_hi] + sL[T::kBlockM + r_hi], C, r_lo,
-                    r_hi, t4);
+                    r_hi, t4, code_scale<Src>(p));
   }
 };
 

@@ -163,6 +163,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       m_run[rr] = -INFINITY;
       l_part[rr] = 0.0f;
     }
+    const float sl2 = rp.scale_log2 * code_scale<Src>(p);  // exact-code sources: S times scale * 2^56
     float o[8][N / 2];
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb)
@@ -201,8 +202,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int rr = 0; rr < kRows; ++rr) {
         const int i = 4 * (rr / 2) + rr % 2;  // s[i]: (key_lo, row rr), s[i + 2]: (key_hi, row rr)
         const int lim = sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
-        s[i] = in_lo && k0 + key_lo <= lim ? s[i] * rp.scale_log2 : -INFINITY;
-        s[i + 2] = in_hi && k0 + key_hi <= lim ? s[i + 2] * rp.scale_log2 : -INFINITY;
+        s[i] = in_lo && k0 + key_lo <= lim ? s[i] * sl2 : -INFINITY;
+        s[i + 2] = in_hi && k0 + key_hi <= lim ? s[i + 2] * sl2 : -INFINITY;
         float v = fmaxf(s[i], s[i + 2]);
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
@@ -296,7 +297,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
               const float mm = fmaxf(m0, m1);
               const float e0 = m0 == -INFINITY ? 0.0f : softmax::exp2_approx(m0 - mm);
               const float e1 = m1 == -INFINITY ? 0.0f : softmax::exp2_approx(m1 - mm);
-              const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : 1.0f / l;  // NaN l stays NaN (§14.6a)
+              // NaN l stays NaN (§14.6a); exact-code sources: times scale * 2^56 (code_scale)
+              const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : code_scale<Src>(p) / l;
               sSc[n] = e0 * inv;
               sSc[N + n] = e1 * inv;
               if (row < u.m_rows) {

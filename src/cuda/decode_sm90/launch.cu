@@ -159,13 +159,8 @@ void run(const dispatch::DecodeArgs& a) {
     // fp8_ds_mla records / fp8 rows read by the producer warps through the block table (source.cuh
     // PagedRows) and converted to bf16 in shared memory: no staging copy in global memory.
     set_gather_cache(p.gather, cache);
-    if (cache.format == CacheFormat::fp8_ds_mla) {
-      launch_ds_mla<PagedRows>(p, grid, stream, what);
-    } else {
-      CUtensorMap unused;  // no TMA
-      std::memset(&unused, 0, sizeof(unused));
-      launch_kernel<GatherKeys<CacheFormat::fp8, PagedRows>>(p, grid, stream, unused, what);
-    }
+    if (cache.format == CacheFormat::fp8_ds_mla) launch_copied<CacheFormat::fp8_ds_mla, PagedRows>(p, grid, stream, what);
+    else launch_copied<CacheFormat::fp8, PagedRows>(p, grid, stream, what);
   } else {
     launch_kernel<PagedKeys>(p, grid, stream, paged_tensor_map(cache, p.box_rows, what), what);
   }

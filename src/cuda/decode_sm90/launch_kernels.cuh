@@ -84,7 +84,7 @@ void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
   }
 }
 
-// The cache fields of the row-copying sources (GatherKeys, StagedDsMlaKeys): base, byte strides, pages.
+// The cache fields of the row-copying sources (GatherKeys, StagedKeys): base, byte strides, pages.
 inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
   const int64_t eb = static_cast<int64_t>(c.data.element_size());
   g.cache = static_cast<const uint8_t*>(c.data.data);
@@ -95,20 +95,21 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
   g.scale = c.scale;
 }
 
-// fp8_ds_mla records copied by the producer warps, rows located by Rows (source.cuh: IndexedRows for
-// sparse_mqa, PagedRows for mqa_decode): the small kernels stage the raw records in shared memory
-// (source_staged.cuh); the seesaw kernel has no room for that and dequantises through registers
-// (GatherKeys). No TMA: the tensor map is a zeroed placeholder.
-template <class Rows>
-void launch_ds_mla(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
+// fp8_ds_mla records / fp8 (per-tensor) rows copied by the producer warps, rows located by Rows (source.cuh:
+// IndexedRows for sparse_mqa, PagedRows for mqa_decode). Small kernels (source_staged.cuh SmallKeysFor):
+// fp8_ds_mla stages the raw records in shared memory; fp8 (exact codes, source.cuh kExactCodes) too where
+// its raw stage fits (N 8, 16), else (N 32) the register path. The seesaw kernel has no room for a raw
+// stage and dequantises through registers (GatherKeys). No TMA: the tensor map is a zeroed placeholder.
+template <CacheFormat F, class Rows>
+void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
   CUtensorMap unused;
   std::memset(&unused, 0, sizeof(unused));
   switch (p.tile_rows) {
-    case 8: launch_small<8, StagedDsMlaKeysFor<SmallTraits<8>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
-    case 16: launch_small<16, StagedDsMlaKeysFor<SmallTraits<16>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
-    case 32: launch_small<32, StagedDsMlaKeysFor<SmallTraits<32>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
+    case 8: launch_small<8, SmallKeysFor<F, SmallTraits<8>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
+    case 16: launch_small<16, SmallKeysFor<F, SmallTraits<16>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
+    case 32: launch_small<32, SmallKeysFor<F, SmallTraits<32>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
     default:
-      launch_seesaw<GatherKeys<CacheFormat::fp8_ds_mla, Rows>>(p, grid, stream, unused, what);
+      launch_seesaw<GatherKeys<F, Rows>>(p, grid, stream, unused, what);
       break;
   }
 }

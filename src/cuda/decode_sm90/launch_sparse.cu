@@ -63,7 +63,7 @@ void run_sparse(const dispatch::SparseArgs& a) {
     std::memset(&unused, 0, sizeof(unused));
     launch_kernel<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, what);
   } else {
-    launch_ds_mla<IndexedRows>(p, grid, stream, what);
+    launch_copied<CacheFormat::fp8_ds_mla, IndexedRows>(p, grid, stream, what);
   }
 }
 

@@ -13,15 +13,18 @@
 //                   latent codes go through registers (16-byte loads), times their tile's fp32 scale,
 //                   rounded to bf16 (the §3.3 upconvert: bf16(float(code) * scale)), stored swizzled;
 //                   the bf16 rope by cp.async. No staging copy in global memory. (Used by the seesaw
-//                   kernel; the small kernel takes fp8_ds_mla through StagedDsMlaKeys, source_staged.cuh:
+//                   kernel; the small kernel takes fp8_ds_mla through StagedKeys, source_staged.cuh:
 //                   raw records cp.async'd into shared memory a tile ahead, its own producer loop.)
 //   GatherKeys<F, PagedRows>  the paged twin (mqa_decode, fp8_ds_mla): key j of request g is position j,
 //                   at slot block_table[g][j / page_size] * page_size + j % page_size (Rows below); the
 //                   same copies, conversion and masking (positions past the unit's range or pages outside
 //                   [0, num_blocks) are not loaded: zeros, nothing read).
 //   GatherKeys<fp8, PagedRows>  mqa_decode, fp8 per-tensor cache (576 e4m3 codes a row, one scale for the
-//                   cache): every panel, the rope's too, through registers as the fp8_ds_mla latent panels
-//                   (bf16(float(code) * scale)), in the small and the seesaw kernel.
+//                   cache): every panel, the rope's too, through registers as the fp8_ds_mla latent panels,
+//                   but as exact codes (kExactCodes: code * 2^-56 in bf16, integer work and one bf16 multiply
+//                   per pair; the cache scale and 2^56 are applied by the consumers to S and to the output,
+//                   code_scale below); the seesaw kernel and the small kernel at N 32. N 8 / 16:
+//                   StagedKeys<fp8> (source_staged.cuh), the same conversion from a raw stage.
 //
 // Interface (PagedKeys / GatherKeys):
 //   kTma                 the source issues TMA (the tensor map is real)
@@ -29,6 +32,8 @@
 //                        its top-k length); else from the block table (mqa_decode: seq_lens)
 //   kWarpsPerStage       producer warps streaming one stage (tile parts)
 //   kZeroFilled          keys that were not loaded arrive as zeros (else the consumer zero-fills them)
+//   kExactCodes          the tile holds e4m3 codes times 2^-56 (exact); the consumers multiply S (before the
+//                        softmax) and O (at the end) by code_scale(p) = cache scale * 2^56
 //   producer_regs(seesaw)   setmaxnreg of the producer warpgroup (consumers: (504 - it) / 2)
 //   kGenericWrites       shared memory is written by the generic proxy (cp.async, st.shared): a consumer
 //                        issues fence.proxy.async after each full-barrier wait, before its wgmma reads
@@ -36,7 +41,10 @@
 //   Tile(p, u, k0, part, lane)          this warp's part of the tile at key k0
 //     begin(mask, bar)   publishes the tile's loaded-key mask (u64 per stage) before `bar` completes
 //     announce(bar, n)   n panels will complete on bar (TMA: the transaction bytes)
-//     panel(p, map, dst, bar, c)        loads panel c of the tile at dst, completing on bar
+//     preload(p, c)      issues the register loads of panel c (register-path code panels; else nothing)
+//     panel(p, map, dst, bar, c, next)  loads panel c of the tile at dst, completing on bar; `next` (-1: none)
+//                        is the panel the warp loads after c: its register loads are issued (preload)
+//                        before c's conversion, so one round trip overlaps the other's dequant
 #include <cuda.h>
 
 #include <cstdint>
@@ -59,6 +67,7 @@ struct PagedKeys {
   static constexpr int kWarpsPerStage = 1;
   static constexpr bool kZeroFilled = false;
   static constexpr bool kGenericWrites = false;
+  static constexpr bool kExactCodes = false;
   __host__ __device__ static constexpr int full_arrivals(int, bool) { return 1; }  // one arrive.expect_tx
   __host__ __device__ static constexpr int producer_regs(bool) { return 40; }
 
@@ -102,8 +111,10 @@ struct PagedKeys {
     __device__ void announce(const DecodeSm90Params& p, uint64_t* bar, int n) const {
       if (lane == 0) ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(n * loaded * p.box_rows * 128));
     }
+    __device__ void preload(const DecodeSm90Params&, int) const {}
     // This lane's TMA boxes of panel `c` (64 columns) into the tile at `dst`, completing on `bar`.
-    __device__ void panel(const DecodeSm90Params& p, const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int c) const {
+    __device__ void panel(const DecodeSm90Params& p, const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int c,
+                          int /*next*/) const {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!load[h]) continue;
@@ -124,7 +135,41 @@ __device__ __forceinline__ uint4 e4m3x8_scaled_to_bf16(uint32_t w0, uint32_t w1,
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// Where key j of unit u lives, for the sources that copy rows themselves (GatherKeys, StagedDsMlaKeys):
+// Exact codes (kExactCodes sources). Every e4m3 value is a bf16 value, so a code converts without rounding:
+// in a 16-bit half holding the code sign-extended (PRMT's sign mode), shifting by 4 puts the code's
+// exponent and mantissa (bits 0..6) at bf16 bits 4..10 and its sign at bit 15; masked, that is the bf16 of
+// value * 2^-120 (the exponent biases differ by 120; e4m3 subnormals land on bf16 subnormals, exactly).
+// The NaN codes (0x7f, 0xff: bits 0..6 all set) get every bit outside that mask set (a NaN). One bf16
+// multiply by 2^64 (exact: a power of two, subnormals supported by fma.rn.bf16x2) leaves value * 2^-56,
+// whose products with q or P stay far from fp32 subnormals in the tensor cores. kExactCodeFactor undoes it.
+// Integer pipes and one FMA-pipe op per pair, no conversion-pipe work (the cvt path: two per pair).
+inline constexpr float kExactCodeFactor = 0x1p56f;
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+// Codes of bytes kByte, kByte + 1 of w as bf16x2 (times 2^-56); nan: (w & 0x7f7f7f7f) + 0x01010101 (bit 7
+// of a byte set for a NaN code).
+template <int kByte>
+__device__ __forceinline__ uint32_t e4m3x2_exact_bf16x2(uint32_t w, uint32_t nan) {
+  // halves: [code, sign(code)] of bytes kByte, kByte + 1; the NaN flags' signs over whole halves
+  constexpr uint32_t kCode = kByte | (0x8u | kByte) << 4 | (kByte + 1) << 8 | (0x8u | (kByte + 1)) << 12;
+  constexpr uint32_t kNan = (0x8u | kByte) * 0x11u | ((0x8u | (kByte + 1)) * 0x11u) << 8;
+  constexpr uint32_t kKeep = 0x87f087f0u;
+  const uint32_t x = (prmt(w, 0, kCode) << 4 & kKeep) | (prmt(nan, 0, kNan) & ~kKeep);  // value * 2^-120
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(x), "r"(0x5f805f80u), "r"(0x80008000u));  // * 2^64 (+ -0)
+  return d;
+}
+// Eight codes (byte i = code i) as bf16 times 2^-56: one 16-byte chunk.
+__device__ __forceinline__ uint4 e4m3x8_exact_to_bf16(uint32_t w0, uint32_t w1) {
+  const uint32_t n0 = (w0 & 0x7f7f7f7fu) + 0x01010101u, n1 = (w1 & 0x7f7f7f7fu) + 0x01010101u;
+  return make_uint4(e4m3x2_exact_bf16x2<0>(w0, n0), e4m3x2_exact_bf16x2<2>(w0, n0), e4m3x2_exact_bf16x2<0>(w1, n1),
+                    e4m3x2_exact_bf16x2<2>(w1, n1));
+}
+
+// Where key j of unit u lives, for the sources that copy rows themselves (GatherKeys, StagedKeys):
 //   IndexedRows  sparse_mqa: flat cache row indices[g][j], valid when j < the token's length and
 //                0 <= index < num_slots (nothing read beyond the index);
 //   PagedRows    mqa_decode: position j of request g, page block_table[g][j / page_size], valid when j is
@@ -188,7 +233,7 @@ __device__ __forceinline__ void copy_row_chunks(const uint8_t* cache, uint8_t* d
 }
 
 // Rows copied by the producer warps: top-k rows through the token's index row (sparse_mqa, IndexedRows)
-// or a request's positions through its block table (mqa_decode, PagedRows). F: bf16 or fp8_ds_mla.
+// or a request's positions through its block table (mqa_decode, PagedRows). F: bf16, fp8_ds_mla or fp8.
 template <CacheFormat F, class Rows = IndexedRows>
 struct GatherKeys {
   static_assert(F == CacheFormat::bf16 || F == CacheFormat::fp8_ds_mla || F == CacheFormat::fp8, "gathered formats");
@@ -200,6 +245,7 @@ struct GatherKeys {
   static constexpr int kWarpsPerStage = 2;
   static constexpr bool kZeroFilled = true;
   static constexpr bool kGenericWrites = true;
+  static constexpr bool kExactCodes = F == CacheFormat::fp8;
   // setmaxnreg split (producer P, consumers (504 - P) / 2: 168 x 3 of __launch_bounds__(384, 1)). ptxas -v:
   // the gathering producers spill at 40 (bf16 4-16 bytes, fp8_ds_mla 20-80); 0 spills at 56 / 224 (the
   // fp8_ds_mla seesaw's consumers spill 32 bytes at 216). fp8_ds_mla in the small kernel: source_staged.cuh.
@@ -229,6 +275,8 @@ struct GatherKeys {
     int64_t off[4];      // bf16: rows k + 8i (-1: not loaded); fp8_ds_mla: off[0] = own row
     uint32_t mask32;     // loaded keys of the part
     int part, lane;
+    mutable uint4 pre[4];     // code panels: the codes of the preloaded panel (preload)
+    mutable float pre_scale;  // and its tile scale
 
     __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_) : part(part_), lane(lane_) {
       const int key = k0 + 32 * part + lane;
@@ -267,7 +315,15 @@ struct GatherKeys {
       }
     }
 
-    __device__ void panel(const DecodeSm90Params& p, const CUtensorMap*, uint8_t* dst, uint64_t* bar, int c) const {
+    // The register loads of code panel c, issued ahead (kPreload: fp8, exact codes; the fp8_ds_mla seesaw
+    // spills 56 bytes at 56 registers with them, its conversion holds more: it loads each panel at its turn).
+    static constexpr bool kPreload = kExactCodes;
+    __device__ void preload(const DecodeSm90Params& p, int c) const {
+      if constexpr (kPreload) pre_scale = load_codes<1>(p.gather, (mask32 >> lane) & 1, c, pre);
+    }
+
+    __device__ void panel(const DecodeSm90Params& p, const CUtensorMap*, uint8_t* dst, uint64_t* bar, int c,
+                          int next) const {
       const uint8_t* cache = p.gather.cache;
       uint8_t* dp = dst + c * Traits::kPanelBytes;
       if constexpr (F == CacheFormat::bf16) {
@@ -279,10 +335,18 @@ struct GatherKeys {
         if (F == CacheFormat::fp8_ds_mla && c == Traits::kPanels - 1) {  // rope: bf16 bytes 528 .. 655, copied
           copy_row_chunks<8>(cache, dp, r, ok, off[0] + kRopeOffset, 0);
           ptx::cp_async_arrive_mbarrier(bar);
-        } else {  // codes 64c .. 64c + 63 times the tile (fp8: the cache's) scale, as bf16
+        } else {  // codes 64c .. 64c + 63 (preloaded) times the tile scale as bf16 (fp8: exact codes, kExactCodes)
           uint4 raw[4];
-          const float scale = load_codes<1>(p.gather, ok, c, raw);
-          store_codes(dp, r, raw, scale);
+          float scale;
+          if constexpr (kPreload) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) raw[i] = pre[i];
+            scale = pre_scale;
+            if (next >= 0) preload(p, next);
+          } else {
+            scale = load_codes<1>(p.gather, ok, c, raw);
+          }
+          store_codes<kExactCodes>(dp, r, raw, scale);
           ptx::fence_proxy_async_smem();
           ptx::mbar_arrive(bar);
         }
@@ -302,12 +366,19 @@ struct GatherKeys {
       if constexpr (F == CacheFormat::fp8) return gp.scale;
       else return __ldg(reinterpret_cast<const float*>(src + kScaleOffset) + c / 2);
     }
-    // 64 codes times `scale` as bf16 into the eight swizzled chunks of row r of the panel at dp.
+    // 64 codes into the eight swizzled chunks of row r of the panel at dp: times `scale`, rounded to bf16;
+    // kExact: exact codes times 2^-56 (`scale` unused).
+    template <bool kExact>
     __device__ static void store_codes(uint8_t* dp, int r, const uint4* raw, float scale) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = e4m3x8_scaled_to_bf16(raw[i].x, raw[i].y, scale);
-        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = e4m3x8_scaled_to_bf16(raw[i].z, raw[i].w, scale);
+        if constexpr (kExact) {
+          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = e4m3x8_exact_to_bf16(raw[i].x, raw[i].y);
+          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = e4m3x8_exact_to_bf16(raw[i].z, raw[i].w);
+        } else {
+          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = e4m3x8_scaled_to_bf16(raw[i].x, raw[i].y, scale);
+          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = e4m3x8_scaled_to_bf16(raw[i].z, raw[i].w, scale);
+        }
       }
     }
 
@@ -339,15 +410,23 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
       const uint32_t parity = (it / L::kStages) & 1;
       const int k0 = u.key_begin + (it - base) * T::kBlockN;
       const typename Src::Tile tl(p, u, k0, part, lane);
+      tl.preload(p, 0);  // register loads need no free stage
       ptx::mbar_wait(&empty[stage], parity ^ 1);
       tl.begin(&mask[stage], &full[stage]);
       tl.announce(p, &full[stage], T::kPanels);
       __syncwarp();
       uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
 #pragma unroll 1
-      for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c);
+      for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c, c + 1 < T::kPanels ? c + 1 : -1);
     }
   }
+}
+
+// What the consumers multiply S and O by: the cache scale times 2^56 for exact-code sources, else 1.
+template <class Src>
+__device__ __forceinline__ float code_scale(const DecodeSm90Params& p) {
+  if constexpr (Src::kExactCodes) return p.gather.scale * kExactCodeFactor;
+  else return 1.0f;
 }
 
 // A consumer's wait for a full barrier: with generically written tiles, the proxy fence that lets the

@@ -1,6 +1,6 @@
 #pragma once
-// fp8_ds_mla key source of the small sm90 kernel (kernel_small.cuh, h_q <= 32) with a raw-record stage in
-// shared memory (docs/SPARSE.md "Raw stage"). GatherKeys<fp8_ds_mla> (source.cuh) loads each record
+// fp8_ds_mla and fp8 key source of the small sm90 kernel (kernel_small.cuh, h_q <= 32) with a raw-record
+// stage in shared memory (docs/SPARSE.md "Raw stage"; fp8 per-tensor rows: StagedKeys<fp8> below). GatherKeys<fp8_ds_mla> (source.cuh) loads each record
 // through registers, a few 16-byte loads per lane per round trip and five dependent round trips per tile;
 // here each lane copies its record's bytes by 16-byte cp.async into a raw stage one tile ahead, so a
 // tile's dequant is a shared -> shared pass and the copies of tile t + 1 are in flight while the
@@ -28,6 +28,7 @@
 //   5. issues tile t + 1's copies into its raw row (one commit group). Invalid keys: nothing is copied or read.
 // Barriers: full[stage] expects 2 (masks) + 128 (dequant) [+ 128 (cp.async rope)] arrivals per phase.
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/ptx/cp_async.cuh"
 #include "cuda/common/ptx/fence.cuh"
@@ -46,23 +47,32 @@ concept StagedSource = S::kStaged;
 // Rows (source.cuh): IndexedRows (sparse_mqa: top-k rows) or PagedRows (mqa_decode: the request's
 // positions through its block table; the uniform schedule's one unit, no balanced schedule: its exchange
 // region X does not fit beside the raw stage at N 16).
-template <bool kRopeRaw, class Rows = IndexedRows>
-struct StagedDsMlaKeys {
-  using Fmt = CacheFormatTraits<CacheFormat::fp8_ds_mla>;
-  using RegisterPath = GatherKeys<CacheFormat::fp8_ds_mla, Rows>;  // its conversion (store_codes)
+// F = fp8 (per-tensor, mqa_decode; kRopeRaw only): 576-byte rows of codes, the rope's 64 codes too; raw rows
+// codes 0..255 | 16 bytes unused (h 0), codes 256..511 | 16 unused | rope codes 512..575 (h 1: 336 bytes,
+// = 5 banks mod 32), converted as exact codes (source.cuh kExactCodes), h 1 also the rope panel.
+template <CacheFormat F, bool kRopeRaw, class Rows = IndexedRows>
+struct StagedKeys {
+  static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
+  static_assert(kDs || (F == CacheFormat::fp8 && kRopeRaw && Rows::kPaged), "fp8_ds_mla, or fp8 with the rope raw");
+  using Fmt = CacheFormatTraits<F>;
+  using RegisterPath = GatherKeys<F, Rows>;  // its conversion (store_codes)
   static constexpr bool kTma = false;
   static constexpr bool kIndexed = !Rows::kPaged;
   static constexpr bool kStaged = true;
   static constexpr bool kZeroFilled = true;
   static constexpr bool kGenericWrites = true;
+  static constexpr bool kExactCodes = !kDs;
   __host__ __device__ static constexpr int producer_regs(bool) { return 72; }
   __host__ __device__ static constexpr int full_arrivals(int, bool) { return 2 + 4 * 32 * (kRopeRaw ? 1 : 2); }
 
-  static constexpr int kScaleOffset = static_cast<int>(Fmt::scale_offset(512));
-  static constexpr int kRopeOffset = static_cast<int>(Fmt::rope_offset(512));
-  static_assert(kScaleOffset == 512 && kRopeOffset == 528 && Fmt::entry_bytes(576, 64) == 656, "fp8_ds_mla record");
-  static constexpr int kRowBytes0 = 256 + 16;                     // codes 0..255 | scales
-  static constexpr int kRowBytes1 = 256 + 16 + (kRopeRaw ? 128 : 0);  // codes 256..511 | scales [| rope]
+  static constexpr int kScaleOffset = kDs ? static_cast<int>(Fmt::scale_offset(512)) : 0;
+  static constexpr int kRopeOffset = kDs ? static_cast<int>(Fmt::rope_offset(512)) : 512;
+  static constexpr int kRopeBytes = kDs ? 128 : 64;  // record bytes of the rope: 64 bf16 or 64 codes
+  static_assert(kDs ? kScaleOffset == 512 && kRopeOffset == 528 && Fmt::entry_bytes(576, 64) == 656
+                    : Fmt::entry_bytes(576, 64) == 576,
+                "fp8_ds_mla / fp8 record");
+  static constexpr int kRowBytes0 = 256 + 16;                            // codes 0..255 | scales (fp8: unused)
+  static constexpr int kRowBytes1 = 256 + 16 + (kRopeRaw ? kRopeBytes : 0);  // codes 256..511 | scales [| rope]
   __host__ __device__ static constexpr int row_bytes(int half) { return half ? kRowBytes1 : kRowBytes0; }
   static constexpr int kPartBytes = 32 * (kRowBytes0 + kRowBytes1);
   static constexpr int kExtraBytes = 2 * kPartBytes;
@@ -89,10 +99,10 @@ struct StagedDsMlaKeys {
         const uint8_t* rec = gp.cache + o;
 #pragma unroll
         for (int i = 0; i < 16; ++i) ptx::cp_async_16(raw + 16 * i, rec + 256 * half + 16 * i);
-        ptx::cp_async_16(raw + 256, rec + kScaleOffset);
+        if constexpr (kDs) ptx::cp_async_16(raw + 256, rec + kScaleOffset);
         if (kRopeRaw && half == 1)
 #pragma unroll
-          for (int i = 0; i < 8; ++i) ptx::cp_async_16(raw + 272 + 16 * i, rec + kRopeOffset + 16 * i);
+          for (int i = 0; i < kRopeBytes / 16; ++i) ptx::cp_async_16(raw + 272 + 16 * i, rec + kRopeOffset + 16 * i);
       }
       ptx::cp_async_commit();
     };
@@ -101,12 +111,12 @@ struct StagedDsMlaKeys {
     bool ok = Rows::row_offset(p, u, u.key_begin + r, off);
     fetch(ok, off);
     if (half == 0)
-      for (int t = 1; t < kPrefetch; ++t) prefetch_row<CacheFormat::fp8_ds_mla, Rows>(p, u, u.key_begin + t * T::kBlockN + r);
+      for (int t = 1; t < kPrefetch; ++t) prefetch_row<F, Rows>(p, u, u.key_begin + t * T::kBlockN + r);
     for (int it = 0; it < u.n_tiles; ++it) {
       const int stage = it & 1, k0 = u.key_begin + it * T::kBlockN;
       int64_t off_next = 0;
       const bool ok_next = Rows::row_offset(p, u, k0 + T::kBlockN + r, off_next);  // false past the last tile
-      if (half == 0) prefetch_row<CacheFormat::fp8_ds_mla, Rows>(p, u, k0 + kPrefetch * T::kBlockN + r);
+      if (half == 0) prefetch_row<F, Rows>(p, u, k0 + kPrefetch * T::kBlockN + r);
       ptx::cp_async_wait<0>();
       ptx::mbar_wait(&empty[stage], ((it >> 1) & 1) ^ 1);
       uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
@@ -128,12 +138,19 @@ struct StagedDsMlaKeys {
         float scale = 0.0f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = ok ? *reinterpret_cast<const uint4*>(raw + 64 * j + 16 * i) : make_uint4(0, 0, 0, 0);
-        if (ok) scale = *reinterpret_cast<const float*>(raw + 256 + 4 * (2 * half + j / 2));
+        if (kDs && ok) scale = *reinterpret_cast<const float*>(raw + 256 + 4 * (2 * half + j / 2));
         uint8_t* dp = dst + (4 * half + j) * T::kPanelBytes;
-        RegisterPath::Tile::store_codes(dp, r, v, scale);
-        RegisterPath::Tile::store_codes(dp + T::kPanelBytes, r, v + 4, scale);
+        RegisterPath::Tile::template store_codes<kExactCodes>(dp, r, v, scale);
+        RegisterPath::Tile::template store_codes<kExactCodes>(dp + T::kPanelBytes, r, v + 4, scale);
       }
-      if constexpr (kRopeRaw) {
+      if constexpr (!kDs) {  // fp8: h 1 converts the rope's 64 codes too
+        if (half == 1) {
+          uint4 v[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[i] = ok ? *reinterpret_cast<const uint4*>(raw + 272 + 16 * i) : make_uint4(0, 0, 0, 0);
+          RegisterPath::Tile::template store_codes<true>(rope, r, v, 0.0f);
+        }
+      } else if constexpr (kRopeRaw) {
         if (half == 1) {
 #pragma unroll
           for (int i = 0; i < 8; ++i)
@@ -150,9 +167,24 @@ struct StagedDsMlaKeys {
   }
 };
 
-// The staged source for a small kernel whose own shared memory ends at kOffExtra: the rope in the raw
-// stage where it fits (N 8, 16), else by cp.async (N 32).
+// The staged source for a small kernel whose own shared memory ends at kOffExtra. fp8_ds_mla: the rope in
+// the raw stage where it fits (N 8, 16), else by cp.async (N 32). fp8: the staged source where it fits (N 8,
+// 16), else the register path (GatherKeys, N 32).
 template <int kOffExtra, class Rows = IndexedRows>
-using StagedDsMlaKeysFor = StagedDsMlaKeys<kOffExtra + StagedDsMlaKeys<true>::kExtraBytes + 1024 <= 227 * 1024, Rows>;
+using StagedDsMlaKeysFor =
+    StagedKeys<CacheFormat::fp8_ds_mla,
+               kOffExtra + StagedKeys<CacheFormat::fp8_ds_mla, true>::kExtraBytes + 1024 <= 227 * 1024, Rows>;
+template <CacheFormat F, int kOffExtra, class Rows>
+struct SmallKeysChoice {
+  using type = StagedDsMlaKeysFor<kOffExtra, Rows>;
+};
+template <int kOffExtra, class Rows>
+struct SmallKeysChoice<CacheFormat::fp8, kOffExtra, Rows> {
+  using type = std::conditional_t<kOffExtra + StagedKeys<CacheFormat::fp8, true, Rows>::kExtraBytes + 1024 <= 227 * 1024,
+                                  StagedKeys<CacheFormat::fp8, true, Rows>, GatherKeys<CacheFormat::fp8, Rows>>;
+};
+// The small kernel's source for the row-copied format F (fp8_ds_mla, fp8).
+template <CacheFormat F, int kOffExtra, class Rows>
+using SmallKeysFor = typename SmallKeysChoice<F, kOffExtra, Rows>::type;
 
 }  // namespace mla::cuda::decode_sm90

@@ -70,10 +70,10 @@ __device__ __forceinline__ void store_p(uint8_t* sP, const float (&s)[32], float
 // Epilogue of consumer c: rows r_lo / r_hi with running max m (log2 domain) and total row sum l;
 // columns 256c .. 256c + 255 of O (a 64 x 256 wgmma D fragment) divided by l, as bf16 out + natural-log
 // LSE (consumer 0 writes the LSE), or fp32 partials and partial LSE for the combine kernel. A row with
-// no visible key gets 0 and -inf.
+// no visible key gets 0 and -inf. out_scale: the source's code_scale (exact-code sources), else 1.
 __device__ __forceinline__ void write_rows_half(const DecodeSm90Params& p, const Unit& u, const float (&o)[128],
                                                 float m_lo, float m_hi, float l_lo, float l_hi, int c, int r_lo,
-                                                int r_hi, int t4) {
+                                                int r_hi, int t4, float out_scale) {
   using T = Traits;
   const MqaRowParams& rp = p.rows;
   const bool split = u.ws_slot >= 0;
@@ -82,7 +82,7 @@ __device__ __forceinline__ void write_rows_half(const DecodeSm90Params& p, const
     const int r = half ? r_hi : r_lo, row = u.row0 + r;
     if (row >= u.m_rows) continue;
     const float l = half ? l_hi : l_lo, m = half ? m_hi : m_lo;
-    const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // l == 0: no key; a NaN l propagates (§14.6a)
+    const float inv = l == 0.0f ? 0.0f : out_scale / l;  // l == 0: no key; a NaN l propagates (§14.6a)
     const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * softmax::kLn2;
     const int i = row / rp.h_q, h = row % rp.h_q;
     const int64_t ws_row = u.ws_slot * static_cast<int64_t>(u.m_rows) + row;
