@@ -148,24 +148,27 @@ struct OracleOut {
 };
 
 // Softmax attention of one query over explicit key / value rows (all float64), appended to `res`.
-// No key -> zeros and -inf (the contract's empty-set rule).
+// No key -> zeros and -inf (the contract's empty-set rule). `sink`: an attention sink (SEMANTICS §11.8: a
+// logit in the denominator only, -inf = none): m = max(max_j s_j, sink), l = sum_j exp(s_j - m) +
+// exp(sink - m), out = sum_j exp(s_j - m) v_j / l, lse = m + ln l.
 inline void oracle_attend(const double* q, const std::vector<const double*>& keys, int64_t d,
-                          const std::vector<const double*>& vals, int64_t dv, double scale, OracleOut& res) {
+                          const std::vector<const double*>& vals, int64_t dv, double scale, OracleOut& res,
+                          double sink = -std::numeric_limits<double>::infinity()) {
   const std::size_t n = keys.size();
-  if (n == 0) {
+  if (n == 0 && sink == -std::numeric_limits<double>::infinity()) {
     res.out.insert(res.out.end(), static_cast<std::size_t>(dv), 0.0);
     res.lse.push_back(-std::numeric_limits<double>::infinity());
     return;
   }
   std::vector<double> s(n);
-  double mx = -std::numeric_limits<double>::infinity();
+  double mx = sink;
   for (std::size_t j = 0; j < n; ++j) {
     double acc = 0;
     for (int64_t x = 0; x < d; ++x) acc += q[x] * keys[j][x];
     s[j] = acc * scale;
     mx = std::max(mx, s[j]);
   }
-  double sum = 0;
+  double sum = std::exp(sink - mx);  // 0 without a sink
   for (double& v : s) sum += (v = std::exp(v - mx));
   for (int64_t x = 0; x < dv; ++x) {
     double acc = 0;

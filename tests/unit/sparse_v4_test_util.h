@@ -2,9 +2,8 @@
 // Inputs and a float64 oracle for sparse_mqa's DeepSeek-V4 options (SparseOptions: attention sink, extra
 // cache, whole-row values), shared by the CPU tests (tests/unit/test_sparse_v4.cpp) and the GPU tests
 // (tests/gpu/test_sparse_gpu.cpp). The oracle is written from the formula of SEMANTICS §11.8, not from
-// the library: per token and head, keys = the valid main rows then the valid extra rows,
-//   m = max(max_j s_j, sink), l = sum_j exp(s_j - m) + exp(sink - m), out = sum_j exp(s_j - m) v_j / l,
-//   lse = m + ln l; no key and sink -inf: out 0, lse -inf.
+// the library: per token and head, keys = the valid main rows then the valid extra rows, softmax with the
+// sink in the denominator (test::oracle_attend).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -92,41 +91,21 @@ inline void v4_append_keys(const KVCache& c, const V4List& l, int64_t tok, bool 
   }
 }
 
-// The formula of the header for q [t, h, d] (float64 values), sinks [h] (empty: none). `extra` may be null.
+// The formula of the header (test::oracle_attend with its sink) for q [t, h, d] (float64 values), sinks
+// [h] (empty: none). `extra` may be null.
 inline OracleOut v4_oracle(const std::vector<double>& q, int64_t t, int64_t h, int64_t d, int64_t dv, double scale,
                            const KVCache& main, const V4List& main_list, bool main_len, const KVCache* extra,
                            const V4List* extra_list, bool extra_len, const std::vector<double>& sinks) {
   OracleOut res;
-  const double ninf = -std::numeric_limits<double>::infinity();
   for (int64_t tok = 0; tok < t; ++tok) {
-    std::vector<std::vector<double>> keys;
-    v4_append_keys(main, main_list, tok, main_len, keys);
-    if (extra) v4_append_keys(*extra, *extra_list, tok, extra_len, keys);
-    for (int64_t hh = 0; hh < h; ++hh) {
-      const double* qr = q.data() + (tok * h + hh) * d;
-      const double sink = sinks.empty() ? ninf : sinks[static_cast<std::size_t>(hh)];
-      std::vector<double> s(keys.size());
-      double m = sink;
-      for (std::size_t j = 0; j < keys.size(); ++j) {
-        double acc = 0;
-        for (int64_t x = 0; x < d; ++x) acc += qr[x] * keys[j][static_cast<std::size_t>(x)];
-        s[j] = acc * scale;
-        m = std::max(m, s[j]);
-      }
-      if (m == ninf) {  // no key, no sink
-        res.out.insert(res.out.end(), static_cast<std::size_t>(dv), 0.0);
-        res.lse.push_back(ninf);
-        continue;
-      }
-      double l = std::exp(sink - m);
-      for (double& v : s) l += (v = std::exp(v - m));
-      for (int64_t x = 0; x < dv; ++x) {
-        double acc = 0;
-        for (std::size_t j = 0; j < keys.size(); ++j) acc += s[j] * keys[j][static_cast<std::size_t>(x)];
-        res.out.push_back(acc / l);
-      }
-      res.lse.push_back(m + std::log(l));
-    }
+    std::vector<std::vector<double>> rows;
+    v4_append_keys(main, main_list, tok, main_len, rows);
+    if (extra) v4_append_keys(*extra, *extra_list, tok, extra_len, rows);
+    std::vector<const double*> keys;
+    for (const auto& r : rows) keys.push_back(r.data());
+    for (int64_t hh = 0; hh < h; ++hh)
+      oracle_attend(q.data() + (tok * h + hh) * d, keys, d, keys, dv, scale, res,
+                    sinks.empty() ? -std::numeric_limits<double>::infinity() : sinks[static_cast<std::size_t>(hh)]);
   }
   return res;
 }
