@@ -53,7 +53,8 @@ class Channel {
       const ssize_t k = ::send(fd_, p, n, MSG_NOSIGNAL);
       if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       if (k <= 0) {
-        why = fmt::format("broke its connection ({})", std::strerror(errno));
+        why = errno == EPIPE || errno == ECONNRESET ? "closed its connection (the process failed or exited)"
+                                                    : fmt::format("broke its connection ({})", std::strerror(errno));
         return false;
       }
       p += k;
@@ -72,7 +73,8 @@ class Channel {
         return false;
       }
       if (k < 0) {
-        why = fmt::format("broke its connection ({})", std::strerror(errno));
+        why = errno == ECONNRESET ? "closed its connection (the process failed or exited)"
+                                  : fmt::format("broke its connection ({})", std::strerror(errno));
         return false;
       }
       p += k;

@@ -336,6 +336,17 @@ TEST(DcpSocketGroup, DeadOrAbsentRankThrowsNotHangs) {
     EXPECT_NE(err[2].find("rank 1 of 3 failed"), std::string::npos) << err[2];
     EXPECT_THROW(group[0]->synchronize({}), Error);  // unusable afterwards
   }
+  {  // rank 0 (the relay) dies: the others throw naming it
+    auto group = socket_group(socket_path("root"), 2, std::chrono::milliseconds(2000));
+    group[0].reset();
+    Tensor in = Tensor::zeros({4}, DType::f32), out = Tensor::zeros({8}, DType::f32);
+    try {
+      group[1]->all_gather(in, out, {});
+      ADD_FAILURE() << "rank 1 did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0 closed its connection"), std::string::npos) << e.what();
+    }
+  }
   {  // a mismatch: every rank throws
     auto group = socket_group(socket_path("mismatch"), 2);
     const auto err = on_ranks(group, [&](int r, Communicator& c) {
