@@ -6,7 +6,9 @@
 # Logs go to $OUT (or ./gpu-logs). Env: TEST_FILTER, SAN_FILTER, RACE_FILTER (racecheck's own), SAN_TOOLS, BENCH_ARGS, BENCH_VARIANTS,
 # UNIFORM_ARGS (bench rows rerun with MLA_DECODE_SM90_SCHEDULE=uniform), PROFILE_ARGS (one shape under ncu),
 # AB_ENV / AB_ARGS / AB_ROUNDS (ab: each shape of AB_ARGS, one per line, timed as is (A) and with the
-# environment AB_ENV, e.g. MLA_DECODE_SM90_SCHEDULE=uniform (B), alternating A B for AB_ROUNDS rounds in one run).
+# environment AB_ENV, e.g. MLA_DECODE_SM90_SCHEDULE=uniform (B), alternating A B for AB_ROUNDS rounds in one run),
+# TEST_ENV (test, sanitize: the tests run under this environment; unset: AB_ENV's, so that `test ab` also
+# tests B; TEST_ENV= runs them as is).
 set -u
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; B=build-gpu; rc=0
 want() { [ $# -eq 0 ] || [[ " $ARGS " == *" $1 "* ]]; }
@@ -21,10 +23,11 @@ if [[ "$ARGS" == *" sass "* ]]; then
   cuobjdump -sass "$O" >"$OUT/sass.txt" 2>&1
   scripts/sass_summary.sh "$O" decode_sm90 | tee "$OUT/sass_summary.txt"
   [ "${PTXAS:-1}" = 1 ] && nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -O3 -Iinclude -Isrc -Xptxas -v \
-    -c src/cuda/decode_sm90/launch.cu -o /tmp/d.o 2>&1 | grep -E "registers|spill|C7508" | tee "$OUT/ptxas.txt"
+    -c src/cuda/decode_sm90/launch.cu -o /tmp/d.o 2>&1 | grep -E "registers|spill|C7508|C751[45]" | tee "$OUT/ptxas.txt"
 fi
 if [[ "$ARGS" == *" test "* ]]; then
-  timeout ${TEST_TIMEOUT:-300} ./$B/bin/mla_gpu_tests --gtest_brief=1 \
+  echo "tests under: ${TEST_ENV-${AB_ENV:-}}"
+  env ${TEST_ENV-${AB_ENV:-}} timeout ${TEST_TIMEOUT:-300} ./$B/bin/mla_gpu_tests --gtest_brief=1 \
     --gtest_filter="${TEST_FILTER:-*Decode*:*Ptx*}" >"$OUT/tests.log" 2>&1 || rc=1
   grep -E "tests? from .* ran" "$OUT/tests.log" | tail -1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|tests ran" "$OUT/tests.log" | sort | uniq | head -30
@@ -61,7 +64,7 @@ if [[ "$ARGS" == *" profile "* ]] && command -v ncu >/dev/null; then  # kernel d
 fi
 if [[ "$ARGS" == *" sanitize "* ]]; then
   for tool in ${SAN_TOOLS:-memcheck racecheck initcheck}; do
-    timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests --gtest_brief=1 \
+    env ${TEST_ENV-${AB_ENV:-}} timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests --gtest_brief=1 \
       --gtest_filter="$( [ $tool = racecheck ] && [ -n "${RACE_FILTER:-}" ] && echo "$RACE_FILTER" || echo "${SAN_FILTER:-*DecodeGpuSweep*bf16_page16_h16_sq8_sm90:*DecodeGpuSweep*bf16_page64_h3_sq8_sm90:*GarbageMetadata*}")" \
       >"$OUT/san_$tool.log" 2>&1; echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$tool.log" | tail -1)"
   done

@@ -338,7 +338,9 @@ TEST(DecodeGpu, LatentWidth256) {
 // NaN-poisoned pages past every length. fp8_ds_mla: the paged staged source (small kernel, raw records one
 // tile ahead) and, at 64 / 128 heads, the seesaw kernel's register path; fp8: exact codes, staged at N 16,
 // the register path at N 32 and in the seesaw kernel; pages 1 / 16 / 64 / 128, against the float64 oracle
-// on what the variant reads (fp8_ds_mla: the bf16 upconvert; fp8: the codes).
+// on what the variant reads (fp8_ds_mla: the bf16 upconvert; fp8: the codes). bf16 at 128 heads and at
+// 64 heads x s_q 2: the TMA seesaw kernel's pairs (63, 34 and 1 tiles: odd and even counts, both barrier
+// parities many times over), under whichever schedule MLA_DECODE_SM90_SEESAW selects.
 TEST(DecodeGpu, SmallKernelLongStreams) {
   MLA_SKIP_WITHOUT_GPU();
   MLA_FORCE_VARIANT("mqa_decode", "sm90");
@@ -346,7 +348,8 @@ TEST(DecodeGpu, SmallKernelLongStreams) {
   using Case = std::tuple<CacheFormat, int64_t, int64_t, int64_t>;
   const CacheFormat bf = CacheFormat::bf16, ds = CacheFormat::fp8_ds_mla, f8 = CacheFormat::fp8;
   for (const auto& [f, h, s_q, page] :
-       std::vector<Case>{{bf, 8, 1, 64}, {bf, 16, 1, 16}, {bf, 16, 2, 64}, {bf, 3, 8, 64}, {ds, 8, 1, 64}, {ds, 16, 1, 16},
+       std::vector<Case>{{bf, 8, 1, 64}, {bf, 16, 1, 16}, {bf, 16, 2, 64}, {bf, 3, 8, 64}, {bf, 128, 1, 64}, {bf, 64, 2, 16},
+                         {ds, 8, 1, 64}, {ds, 16, 1, 16},
                          {ds, 16, 2, 128}, {ds, 3, 8, 64}, {ds, 16, 1, 1}, {ds, 128, 1, 64}, {ds, 64, 2, 16},
                          {f8, 16, 1, 64}, {f8, 32, 1, 16}, {f8, 128, 1, 1}}) {
     test::reseed(static_cast<uint64_t>(h * 1000 + s_q * 10 + page) + static_cast<uint64_t>(f) * 100000);

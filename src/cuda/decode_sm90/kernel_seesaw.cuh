@@ -32,7 +32,31 @@
 // TMA source: consumer 0's remote P V of a pair runs behind the S of its next tile) and the serial one
 // (SeesawSerialConsumer, the row-copying sources, and the TMA source under MLA_DECODE_SM90_SEESAW=serial:
 // both consumers start a pair's S together after the previous pair's products retired). Each struct's
-// comment has its order; docs/DECODE.md the measurements.
+// comment has its order; docs/DECODE.md the measurements. A third, the "next" schedule
+// (decode_sm90_seesaw_next_kernel = SeesawConsumer<C, Src, true>, TMA source, MLA_DECODE_SM90_SEESAW=next,
+// not yet measured), is the overlapped order with the per-tile overheads the profile named taken out:
+//   - the rope part of Q is loaded into registers once per unit (16 per consumer thread; ptxas fits them
+//     at the 232 consumer registers, 0 spills: no setmaxnreg change) instead of 16 global loads per tile;
+//   - consumer 0 no longer retires its rope product on its own: rope S, the previous pair's remote P V
+//     and the own-half S are issued as three groups, then wait_group 1 (rope and remote retired);
+//   - a V half's four panels complete on ONE full barrier (full[s][4h], the group's first panel; the
+//     producer announces the four panels' bytes there in one arrive.expect_tx: produce_seesaw kGroupFull),
+//     so an S waits three times (rope, own half, other half) and a remote product once, instead of 9 / 4
+//     (full[s][4h + 1..3] are initialised and never used); the price: S starts on a V half only when all
+//     its four panels landed;
+//   - wgmma descriptors are base4 (the shared address of smem >> 4, once) + compile-time offsets.
+// Its hand-over protocol is the overlapped schedule's, unchanged: per stage s and tile t = s + 2i, phase
+// parity i & 1 on full[s][8] (rope panel + key mask), full[s][4s] (owner's half), full[s][4(1 - s)] (other
+// half); empty[s][0] released by the owner after its S (mask read), empty[s][1] by the owner after its
+// local P V retired, empty[s][2] by the other consumer after its remote P V retired; the producer waits
+// empty[s][g] with parity (i & 1) ^ 1 before refilling group g. Between the consumers, per pair j: kBarM0
+// (C0 -> C1: m0 in smem), kBarM1 (C1 -> C0: m1), kBarP1 (C1 -> C0: P1 in smem), kBarP0 (C0 -> C1: a1 P0 in
+// smem), kBarRemote (C1 -> C0: C1's remote P0 V0R issued, so that stage 0's other half is freed before C0's
+// next S needs it); C0 syncs kBarP1 and kBarRemote of pair j - 1 at the top of pair j (after issuing its
+// rope product) and those of the last full pair after its loop. P0 is rewritten (pair j + 1) only after C0
+// synced kBarM1 of pair j + 1, which C1 arrives after its remote P0 V0R of pair j retired; P1 likewise only
+// after C1 synced kBarM0 of pair j + 1, which C0 arrives after its remote P1 V1L of pair j retired
+// (wait_group 1 in pair j + 1 precedes mask_max / publish_m0).
 //
 // Consumer hand-overs through named barriers (one warpgroup arrives, the other syncs; 256 threads):
 //   kBarM0 (m0 published), kBarM1 (m1), kBarP0 / kBarP1 (P in smem); serial schedule: kBarP0Free /
@@ -92,8 +116,10 @@ struct SeesawTraits {
 __device__ __forceinline__ int half_panel(int h) { return 4 * h; }
 
 // Producer warp w of stage s = w % 2 (paged: warps 0, 1; gathered: warps 0..3, part w / 2 of each tile):
-// the tiles s, s + 2, ... of the unit into stage s, one release group at a time.
-template <class Src>
+// the tiles s, s + 2, ... of the unit into stage s, one release group at a time. kGroupFull (the "next"
+// schedule, one arrival per phase whatever the panel count: TMA): a V-half group's four panels complete
+// on one full barrier, that of the group's first panel (full[4h]); otherwise each panel on its own.
+template <class Src, bool kGroupFull = false>
 __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
                                                uint8_t* smem, int warp, int lane) {
   using T = Traits;
@@ -120,18 +146,24 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
     for (int g = 1; g <= 2; ++g) {
       const int first = half_panel(g == 1 ? s : 1 - s);
       ptx::mbar_wait(&empty[g], parity ^ 1);
-      for (int c = first; c < first + 4; ++c) tl.announce(p, &full[c], 1);
+      if constexpr (kGroupFull) tl.announce(p, &full[first], 4);
+      else
+        for (int c = first; c < first + 4; ++c) tl.announce(p, &full[c], 1);
       __syncwarp();
 #pragma unroll 1
       for (int c = first; c < first + 4; ++c)
-        tl.panel(p, map, dst, &full[c], c, c + 1 < first + 4 ? c + 1 : g == 1 ? half_panel(1 - s) : -1);
+        tl.panel(p, map, dst, &full[kGroupFull ? first : c], c,
+                 c + 1 < first + 4 ? c + 1 : g == 1 ? half_panel(1 - s) : -1);
     }
   }
 }
 
-// State and pieces shared by both consumer schedules (C = 0: O_L, owner of stage 0; C = 1: O_R, owner of
+// State and pieces shared by the consumer schedules (C = 0: O_L, owner of stage 0; C = 1: O_R, owner of
 // stage 1): this thread's rows, their visible limits and rope pointers, O half, running max and row sums.
-template <int C, class Src>
+// kNext (the "next" schedule, SeesawConsumer<C, Src, true>): a V half's panels complete on one full
+// barrier (produce_seesaw kGroupFull: one wait per release group), and the wgmma descriptors are the shared-memory base's (>> 4, computed
+// once: base4) plus compile-time offsets (one add each instead of a rebuild from the address).
+template <int C, class Src, bool kNext = false>
 struct SeesawBase {
   using T = Traits;
   using L = SeesawTraits;
@@ -143,9 +175,11 @@ struct SeesawBase {
   bool q_pairs;                 // 4-byte loads of column pairs are aligned
   float o[T::kDvHalf / 2];
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+  uint32_t base4;  // kNext: shared address of smem >> 4 (1024-aligned, < 2^18: the 14-bit field never carries)
 
   __device__ __forceinline__ SeesawBase(const DecodeSm90Params& p_, const Unit& u_, uint8_t* smem_)
       : p(p_), u(u_), smem(smem_) {
+    if constexpr (kNext) base4 = ptx::smem_addr(smem_) >> 4;
     w = ptx::warp_idx_in_warpgroup();
     const int lane = threadIdx.x & 31;
     t4 = lane & 3;
@@ -179,6 +213,22 @@ struct SeesawBase {
     return reinterpret_cast<uint64_t*>(smem + L::kOffBar) + L::kFullBarriers + stage * L::kGroups;
   }
   __device__ __forceinline__ uint8_t* stage_tile(int stage) const { return smem + L::kOffK + stage * T::kTileBytes; }
+  // The full barrier that panel `pc` of a stage completes on (kNext: its release group's first panel).
+  static __device__ __forceinline__ int full_of(int pc) { return kNext && pc < 8 ? pc & ~3 : pc; }
+  // 128-byte-swizzled descriptors of the tile at `tile` (inside smem): K-major, and MN-major with 64-column
+  // panels `panel_bytes` apart (ptx::desc_sw128_*; kNext: from base4, SBO 1024, swizzle 128B).
+  __device__ __forceinline__ uint64_t desc_k(const void* tile) const {
+    if constexpr (kNext) return desc_at(tile, 16);
+    else return ptx::desc_sw128_k_major(tile);
+  }
+  __device__ __forceinline__ uint64_t desc_mn(const void* tile, uint32_t panel_bytes) const {
+    if constexpr (kNext) return desc_at(tile, panel_bytes);
+    else return ptx::desc_sw128_mn_major(tile, panel_bytes);
+  }
+  __device__ __forceinline__ uint64_t desc_at(const void* tile, uint32_t lbo_bytes) const {
+    const uint32_t off = static_cast<uint32_t>(static_cast<const uint8_t*>(tile) - smem);
+    return uint64_t{(1024u >> 4) | (1u << 30)} << 32 | (base4 + (off >> 4) + ((lbo_bytes >> 4) << 16));
+  }
   __device__ __forceinline__ float* sM() const { return reinterpret_cast<float*>(smem + L::kOffM); }
   static __device__ __forceinline__ float factor(float from, float to) {
     return to == -INFINITY ? 1.0f : softmax::exp2_approx(from - to);
@@ -212,7 +262,8 @@ struct SeesawBase {
     wait_full<Src>(&fb[8], parity);
     const uint64_t mask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask)[C];
     if (!Src::kZeroFilled && mask != ~uint64_t(0)) {
-      for (int pc = 0; pc < T::kPanels; ++pc) ptx::mbar_wait(&fb[pc], parity);
+      for (int pc = 0; pc < T::kPanels; ++pc)
+        if (full_of(pc) == pc) ptx::mbar_wait(&fb[pc], parity);
       zero_unloaded_rows(stage_tile(C), mask, threadIdx.x & 127, 128);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(8 + C, 128);
@@ -230,7 +281,7 @@ struct SeesawBase {
     if constexpr (kRope) {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        ptx::wgmma_bf16_rs<T::kBlockN>(s, qr[kk], ptx::desc_sw128_k_major(sK + 8 * T::kPanelBytes + kk * 32), kk > 0);
+        ptx::wgmma_bf16_rs<T::kBlockN>(s, qr[kk], desc_k(sK + 8 * T::kPanelBytes + kk * 32), kk > 0);
     }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -238,12 +289,11 @@ struct SeesawBase {
       const int first = half_panel(hh == 0 ? C : 1 - C);
 #pragma unroll
       for (int pc = first; pc < first + 4; ++pc) {
-        wait_full<Src>(&fb[pc], parity);
+        if (full_of(pc) == pc) wait_full<Src>(&fb[pc], parity);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           const int off = pc * T::kPanelBytes + ks * 32;
-          ptx::wgmma_bf16_ss<T::kBlockN>(s, ptx::desc_sw128_k_major(smem + SeesawTraits::kOffQ + off),
-                                         ptx::desc_sw128_k_major(sK + off), true);
+          ptx::wgmma_bf16_ss<T::kBlockN>(s, desc_k(smem + SeesawTraits::kOffQ + off), desc_k(sK + off), true);
         }
       }
     }
@@ -324,9 +374,13 @@ struct SeesawBase {
   // S = Q K^T of this consumer's tile of pair j (keys k0..k0+63) in one group, retired, the rope panel
   // released; in the log2 domain, masked; row maxes.
   __device__ __forceinline__ void s_product(float (&s)[32], int j, float& mx_lo, float& mx_hi) {
-    const int k0 = u.key_begin + (2 * j + C) * T::kBlockN;
     uint32_t qr[4][4];
     load_rope(qr);
+    s_product(s, qr, j, mx_lo, mx_hi);
+  }
+  // The same with the rope A fragments given (kept in registers for the unit: the next schedule).
+  __device__ __forceinline__ void s_product(float (&s)[32], uint32_t (&qr)[4][4], int j, float& mx_lo, float& mx_hi) {
+    const int k0 = u.key_begin + (2 * j + C) * T::kBlockN;
     const uint64_t mask = tile_mask(j & 1);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
@@ -372,8 +426,7 @@ struct SeesawBase {
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
-      ptx::wgmma_bf16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], ptx::desc_sw128_mn_major(sV + ks * 2048, T::kPanelBytes),
-                                                    true);
+      ptx::wgmma_bf16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], desc_mn(sV + ks * 2048, T::kPanelBytes), true);
     ptx::wgmma_commit_group();
   }
   // O += P_other V of this consumer's V half of the other consumer's tile (P from smem, panels of the other
@@ -386,7 +439,8 @@ struct SeesawBase {
     constexpr int so = 1 - C;
     uint64_t* fb = full(so);
     if (real)
-      for (int pc = half_panel(C); pc < half_panel(C) + 4; ++pc) wait_full<Src>(&fb[pc], parity);
+      for (int pc = half_panel(C); pc < half_panel(C) + 4; ++pc)
+        if (full_of(pc) == pc) wait_full<Src>(&fb[pc], parity);
     const uint8_t* sP = smem + L::kOffP + so * T::kPanelBytes;
     const uint8_t* sV = real ? stage_tile(so) + half_panel(C) * T::kPanelBytes : smem + L::kOffP;
     const uint32_t panel_bytes = real ? T::kPanelBytes : 2048;
@@ -395,7 +449,7 @@ struct SeesawBase {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       ptx::wgmma_bf16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
-          o, ptx::desc_sw128_k_major(sP + ks * 32), ptx::desc_sw128_mn_major(sV + ks * 2048, panel_bytes), true);
+          o, desc_k(sP + ks * 32), desc_mn(sV + ks * 2048, panel_bytes), true);
     ptx::wgmma_commit_group();
   }
   __device__ __forceinline__ void retire() {
@@ -435,12 +489,16 @@ struct SeesawBase {
 // next S waits for, is freed first). The P buffers need no "free" barriers: a consumer publishes its next
 // max only after its remote product of the pair retired, and the other writes its P only after syncing
 // on that max. Only for the TMA source: with the row-copying sources' 224 consumer registers it spills.
-template <int C, class Src>
-struct SeesawConsumer : SeesawBase<C, Src> {
-  using B = SeesawBase<C, Src>;
+// kNext: the "next" schedule (file comment): rope of Q in registers for the unit (qr, loaded by run()),
+// consumer 0's rope product retired together with the remote product, grouped full barriers, descriptors
+// from base4 (SeesawBase).
+template <int C, class Src, bool kNext = false>
+struct SeesawConsumer : SeesawBase<C, Src, kNext> {
+  using B = SeesawBase<C, Src, kNext>;
   using T = Traits;
   using L = SeesawTraits;
   using B::B;
+  uint32_t qr[4][4];  // kNext: the rope columns of Q as rs A fragments, loaded once per unit (run)
 
   // kHas1: consumer 1 has a tile in pair j (false only for an odd last tile; consumer 0's code does not
   // depend on it: its remote product is the next pair's business).
@@ -453,32 +511,54 @@ struct SeesawConsumer : SeesawBase<C, Src> {
     const int k0 = this->u.key_begin + (2 * j + C) * T::kBlockN;
     const uint32_t par = j & 1;
     if constexpr (C == 0) {
-      // The rope product first and retired (its A registers must not be live while O is in flight:
-      // ptxas spills), then the previous pair's remote P1 V1L behind it, then the own and other V halves.
-      this->tile_mask(par);
-      uint32_t qr[4][4];
-      this->load_rope(qr);
+      if constexpr (kNext) {
+        // The rope A fragments stay in registers (qr: ptxas fits them at 232, 0 spills): the rope product
+        // is not retired on its own; it runs while this consumer waits for consumer 1's P1 and remote
+        // product (no accumulator is touched by anything but wgmma while the groups are open).
+        this->tile_mask(par);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-      ptx::wgmma_fence_operand(s);
-      this->template issue_s<true, false, false>(s, qr, par);
-      ptx::wgmma_wait_group<0>();
+        for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+        ptx::wgmma_fence_operand(s);
+        this->template issue_s<true, false, false>(s, qr, par);
+        if (j > 0) {
+          ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
+          ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
+        }
+        this->issue_remote_pv(par ^ 1, j > 0);
+        this->template issue_s<false, true, false>(s, qr, par);
+        ptx::wgmma_wait_group<1>();  // the rope and remote products retired
+      } else {
+        // The rope product first and retired (its A registers must not be live while O is in flight:
+        // ptxas spills), then the previous pair's remote P1 V1L behind it, then the own and other V halves.
+        this->tile_mask(par);
+        uint32_t qr[4][4];
+        this->load_rope(qr);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-      // The previous pair's remote product (before pair 0: on the zeroed P buffers, see issue_remote_pv),
-      // so that o is never in flight across iterations.
-      if (j > 0) {
-        ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
-        ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
+        for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+        ptx::wgmma_fence_operand(s);
+        this->template issue_s<true, false, false>(s, qr, par);
+        ptx::wgmma_wait_group<0>();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+        // The previous pair's remote product (before pair 0: on the zeroed P buffers, see issue_remote_pv),
+        // so that o is never in flight across iterations.
+        if (j > 0) {
+          ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
+          ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
+        }
+        this->issue_remote_pv(par ^ 1, j > 0);
+        this->template issue_s<false, true, false>(s, qr, par);
+        ptx::wgmma_wait_group<1>();  // the remote product retired
       }
-      this->issue_remote_pv(par ^ 1, j > 0);
-      this->template issue_s<false, true, false>(s, qr, par);
-      ptx::wgmma_wait_group<1>();  // the remote product retired
       if (j > 0) ptx::mbar_arrive(&this->empty(1)[2]);  // stage 1's other V half read
       this->template issue_s<false, false, true>(s, qr, par);
       ptx::wgmma_wait_group<0>();
       ptx::wgmma_fence_operand(s);
       ptx::wgmma_fence_operand(this->o);
+      if constexpr (kNext) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+      }
       // The key mask again from shared memory (registers are scarce while o is in flight); the producer
       // rewrites it only after the rope panel's release below.
       this->mask_max(s, reinterpret_cast<const uint64_t*>(this->smem + L::kOffMask)[0], k0, mx_lo, mx_hi);
@@ -501,7 +581,8 @@ struct SeesawConsumer : SeesawBase<C, Src> {
       // kHas1: the remote product P1 V1L is issued by the next pair (or by run() after the last).
     } else {
       if constexpr (kHas1) {
-        this->s_product(s, j, mx_lo, mx_hi);
+        if constexpr (kNext) this->s_product(s, qr, j, mx_lo, mx_hi);
+        else this->s_product(s, j, mx_lo, mx_hi);
       }
       float n_lo, n_hi, a_lo, a_hi;  // m1, a0 a1
       this->publish_m1(mx_lo, mx_hi, n_lo, n_hi, a_lo, a_hi);
@@ -530,6 +611,7 @@ struct SeesawConsumer : SeesawBase<C, Src> {
     // Consumer 0's pair does not depend on kHas1 (its remote product is the next pair's business): one
     // loop, and the last remote product after it. Branches around different wgmma sequences of the same
     // accumulators make ptxas spill: one loop and at most one tail per consumer, as the serial schedule.
+    if constexpr (kNext) this->load_rope(qr);
     if constexpr (C == 0) {  // zero P0 and P1 for pair 0's stand-in remote product (issue_remote_pv)
       for (int e = threadIdx.x & 127; e < 2 * T::kPanelBytes / 16; e += 128)
         reinterpret_cast<uint4*>(this->smem + L::kOffP)[e] = make_uint4(0, 0, 0, 0);
@@ -657,6 +739,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (ptx::warpgroup_index() == 1) SeesawSerialConsumer<0, Src>(p, u, smem).run();
     else SeesawSerialConsumer<1, Src>(p, u, smem).run();
   }
+}
+
+// The "next" schedule (MLA_DECODE_SM90_SEESAW=next, TMA source only; docs/DECODE.md "Seesaw: next
+// schedule"): the overlapped schedule with the rope part of Q in registers for the whole unit, one full
+// barrier per V half (one wait per release group) and descriptors from a precomputed base
+// (SeesawConsumer<C, Src, true>). Registers as the others (producers 40, consumers 232: a 24 / 240 split
+// spilled 8 bytes in the producer).
+template <class Src>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    decode_sm90_seesaw_next_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
+  using T = Traits;
+  using L = SeesawTraits;
+  static_assert(Src::kTma && !Src::kGenericWrites && Src::full_arrivals(4, false) == Src::full_arrivals(1, false),
+                "one full barrier per V half needs one arrival per phase whatever the panel count");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = aligned_smem(smem_raw);
+  const Unit u(p, Src::kIndexed);
+  if (!start_roles<L, Src>(p, &kv_map, u, true, smem, [&](int warp, int lane) {
+        produce_seesaw<Src, true>(p, &kv_map, u, smem, warp, lane);
+      }))
+    return;
+  load_q_panels(p.rows, u.g, u.row0, u.m_rows, T::kBlockM, L::kQPanels, T::kPanelBytes, smem + L::kOffQ,
+                static_cast<int>(threadIdx.x) - 128, T::kConsumerThreads);
+  ptx::fence_proxy_async_smem();
+  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+  if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src, true>(p, u, smem).run();
+  else SeesawConsumer<1, Src, true>(p, u, smem).run();
 }
 
 }  // namespace mla::cuda::decode_sm90

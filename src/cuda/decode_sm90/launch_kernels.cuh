@@ -49,14 +49,19 @@ void launch_small(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
 }
 
 // MLA_DECODE_SM90_SEESAW=serial: the serial seesaw schedule instead of the overlapped one for the TMA
-// source (A/B measurements; read once). The row-copying sources always take the serial one: their
-// overlapped build spills (ptxas, 224 consumer registers) and measured no faster (docs/DECODE.md).
-inline bool seesaw_serial() {
-  static const bool serial = [] {
+// source; =next: the overlapped schedule's next step (decode_sm90_seesaw_next_kernel: rope of Q in
+// registers, one full barrier per V half, precomputed descriptors; not yet measured).
+// A/B measurements; read once. The row-copying sources always take the serial one: their overlapped
+// build spills (ptxas, 224 consumer registers) and measured no faster (docs/DECODE.md).
+enum class SeesawSchedule { overlapped, serial, next };
+inline SeesawSchedule seesaw_schedule() {
+  static const SeesawSchedule s = [] {
     const char* v = std::getenv("MLA_DECODE_SM90_SEESAW");
-    return v != nullptr && std::strcmp(v, "serial") == 0;
+    if (v != nullptr && std::strcmp(v, "serial") == 0) return SeesawSchedule::serial;
+    if (v != nullptr && std::strcmp(v, "next") == 0) return SeesawSchedule::next;
+    return SeesawSchedule::overlapped;
   }();
-  return serial;
+  return s;
 }
 
 // The seesaw kernel (64-row tiles) with key source Src.
@@ -64,7 +69,12 @@ template <class Src>
 void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
                    const char* what) {
   if constexpr (Src::kTma) {
-    if (!seesaw_serial()) {
+    const SeesawSchedule s = seesaw_schedule();
+    if (s == SeesawSchedule::next) {
+      launch_one(decode_sm90_seesaw_next_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
+      return;
+    }
+    if (s == SeesawSchedule::overlapped) {
       launch_one(decode_sm90_seesaw_kernel<Src, true>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
       return;
     }
