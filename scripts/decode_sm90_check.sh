@@ -41,14 +41,7 @@ if [[ "$ARGS" == *" bench "* ]]; then
   done
 fi
 if [[ "$ARGS" == *" ab "* ]]; then  # one switch A/B on single shapes, alternating on the same machine
-  while read -r args; do
-    [ -z "$args" ] && continue
-    for r in $(seq "${AB_ROUNDS:-2}"); do
-      timeout 60 ./$B/bin/mla bench --ops mqa_decode $args --variant sm90 2>&1 | grep -E "b=" | cut -c1-150 | sed "s/^/A r$r: /"
-      env ${AB_ENV:-} timeout 60 ./$B/bin/mla bench --ops mqa_decode $args --variant sm90 2>&1 | grep -E "b=" | cut -c1-150 |
-        sed "s/^/B r$r: /"
-    done
-  done <<<"${AB_ARGS:-}" | tee "$OUT/ab.txt"
+  scripts/ab_bench.sh mqa_decode "b=" ./$B/bin/mla | tee "$OUT/ab.txt"
 fi
 if [[ "$ARGS" == *" uniform "* ]]; then  # the same shapes with the uniform split-KV schedule (A/B in one run)
   while read -r args; do

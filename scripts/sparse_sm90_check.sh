@@ -2,10 +2,12 @@
 # One GPU call for the sm90 sparse_mqa work (docs/SPARSE.md): build (mla, mla_gpu_tests), SASS / register
 # check of the sm90 kernels, the sparse + decode + NaN + sparse layer GPU tests (every variant), memcheck
 # on the sparse tests, the issue-8 benchmark grid for the sm90 variant (portable on a few rows).
-# Usage on the device machine, from the repo root: scripts/sparse_sm90_check.sh [build] [sass] [test] [sanitize] [bench]
+# Usage on the device machine, from the repo root: scripts/sparse_sm90_check.sh [build] [sass] [test] [sanitize] [bench] [ab]
 # Env EXTRA_TARGETS: more ninja targets (e.g. mla_unit_tests).
 # Logs go to $LOGS (default $OUT, or ./gpu-logs; the device tool returns only a few files from $OUT, so
-# point LOGS elsewhere and keep the summary this prints). Env: TEST_FILTER, SAN_FILTER, BENCH_ARGS, PORTABLE_ARGS.
+# point LOGS elsewhere and keep the summary this prints). Env: TEST_FILTER, SAN_FILTER, BENCH_ARGS, PORTABLE_ARGS,
+# AB_ENV / AB_ARGS / AB_ROUNDS (ab: each sparse_mqa shape of AB_ARGS, one per line, e.g. `--b 128 --h-q 16 --topk
+# 2048 --format fp8_ds_mla`, timed as is (A) and with the environment AB_ENV (B), alternating for AB_ROUNDS rounds).
 set -u
 OUT=${LOGS:-${OUT:-gpu-logs}}; mkdir -p "$OUT"; B=build-gpu; rc=0
 ARGS=" $* "
@@ -43,5 +45,8 @@ if [[ "$ARGS" == *" bench "* ]]; then
   timeout 120 ./$B/bin/mla bench --ops sparse_mqa --variant portable ${PORTABLE_ARGS:---b 128 --h-q 128 --format fp8_ds_mla} \
     --json "$OUT/bench_portable.json" >"$OUT/bench_portable.txt" 2>&1 || rc=1
   grep -E "T=|FAILED|rror" "$OUT/bench_portable.txt" | cut -c1-170
+fi
+if [[ "$ARGS" == *" ab "* ]]; then  # one switch A/B on single shapes, alternating on the same machine
+  scripts/ab_bench.sh sparse_mqa "T=" ./$B/bin/mla | tee "$OUT/ab.txt"
 fi
 exit $rc

@@ -336,11 +336,12 @@ TEST(DecodeGpu, LatentWidth256) {
 // sm90 small kernel's two stages cycle ~30 times per CTA; N 8 / 16 / 32 rows (h 3 x s_q 8: 24 rows), pages
 // 64 and 16 (several TMA boxes per panel), lengths ending mid-tile (the last tile's zero-fill),
 // NaN-poisoned pages past every length. fp8_ds_mla: the paged staged source (small kernel, raw records one
-// tile ahead) and, at 64 / 128 heads, the seesaw kernel's register path; fp8: exact codes, staged at N 16,
+// tile ahead) and, at 64 / 128 heads, the seesaw kernel's register path; fp8: exact codes, staged at N 8 / 16,
 // the register path at N 32 and in the seesaw kernel; pages 1 / 16 / 64 / 128, against the float64 oracle
 // on what the variant reads (fp8_ds_mla: the bf16 upconvert; fp8: the codes). bf16 at 128 heads and at
 // 64 heads x s_q 2: the TMA seesaw kernel's pairs (63, 34 and 1 tiles: odd and even counts, both barrier
-// parities many times over), under whichever schedule MLA_DECODE_SM90_SEESAW selects.
+// parities many times over), under whichever schedule MLA_DECODE_SM90_SEESAW selects. With
+// MLA_DECODE_SM90_STAGE=ring in the environment the N 8 / 16 fp8 cases run the raw ring (RingKeys).
 TEST(DecodeGpu, SmallKernelLongStreams) {
   MLA_SKIP_WITHOUT_GPU();
   MLA_FORCE_VARIANT("mqa_decode", "sm90");
@@ -351,7 +352,7 @@ TEST(DecodeGpu, SmallKernelLongStreams) {
        std::vector<Case>{{bf, 8, 1, 64}, {bf, 16, 1, 16}, {bf, 16, 2, 64}, {bf, 3, 8, 64}, {bf, 128, 1, 64}, {bf, 64, 2, 16},
                          {ds, 8, 1, 64}, {ds, 16, 1, 16},
                          {ds, 16, 2, 128}, {ds, 3, 8, 64}, {ds, 16, 1, 1}, {ds, 128, 1, 64}, {ds, 64, 2, 16},
-                         {f8, 16, 1, 64}, {f8, 32, 1, 16}, {f8, 128, 1, 1}}) {
+                         {f8, 8, 1, 16}, {f8, 16, 1, 64}, {f8, 32, 1, 16}, {f8, 128, 1, 1}}) {
     test::reseed(static_cast<uint64_t>(h * 1000 + s_q * 10 + page) + static_cast<uint64_t>(f) * 100000);
     const std::vector<int32_t> lens = {4001, 2113, 64};
     const int64_t b = static_cast<int64_t>(lens.size());

@@ -138,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(All, SparseGpuSweep,
 using WidthParam = std::tuple<CacheFormat, int64_t /*topk*/, std::string /*variant*/>;
 class SparseGpuWidths : public ::testing::TestWithParam<WidthParam> {};
 
-// Top-k widths 1, 64, 192, 640 and 2048 at h 16, 32 and 128, page 64, 5 tokens, with lengths (tokens 0-2
+// Top-k widths 1, 64, 192, 640 and 2048 at h 8, 16, 32 and 128 (small kernel N 8 / 16 / 32, seesaw), page 64, 5 tokens, with lengths (tokens 0-2
 // as in make_indices) and, at 2048, without (every entry up to topk counts; invalid values still never
 // read; dead rows replaced by live ones), peaky queries.
 TEST_P(SparseGpuWidths, MatchesFloat64Oracle) {
@@ -148,7 +148,7 @@ TEST_P(SparseGpuWidths, MatchesFloat64Oracle) {
   test::reseed(static_cast<uint64_t>(topk) + static_cast<uint64_t>(format) * 100000 + 301);
   const int64_t t = 5, page = 64, nb = 80;
   const SparseCache c = sparse_cache(format, nb, page);
-  for (int64_t h : {16, 32, 128}) {
+  for (int64_t h : {8, 16, 32, 128}) {
     Indices ix = make_indices(c, t, topk, nb * page);
     Tensor q = test::random_tensor({t, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
     const std::string what = "topk " + std::to_string(topk) + " h " + std::to_string(h);

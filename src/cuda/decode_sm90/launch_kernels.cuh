@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda/common/launch.h"
 #include "mla/cache.h"
@@ -110,14 +111,40 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
 // fp8_ds_mla stages the raw records in shared memory; fp8 (exact codes, source.cuh kExactCodes) too where
 // its raw stage fits (N 8, 16), else (N 32) the register path. The seesaw kernel has no room for a raw
 // stage and dequantises through registers (GatherKeys). No TMA: the tensor map is a zeroed placeholder.
+// MLA_DECODE_SM90_STAGE=ring: the small kernels' staged sources with the raw ring (source_staged.cuh
+// RingKeys: the copies 1.5 tiles ahead of the conversion) where it fits (N 8 / 16), for A/B measurements
+// (read once; docs/DECODE.md "fp8 key producers"). Anything else: the serial raw stage (StagedKeys).
+inline bool stage_ring() {
+  static const bool ring = [] {
+    const char* v = std::getenv("MLA_DECODE_SM90_STAGE");
+    return v != nullptr && std::strcmp(v, "ring") == 0;
+  }();
+  return ring;
+}
+
+// The small kernel with N rows for the row-copied format F (SmallKeysFor, or SmallRingKeysFor under the switch).
+template <int N, CacheFormat F, class Rows>
+void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
+                         const char* what) {
+  using Default = SmallKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
+  using Ring = SmallRingKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
+  if constexpr (!std::is_same_v<Ring, Default>) {
+    if (stage_ring()) {
+      launch_small<N, Ring>(p, grid, stream, map, what);
+      return;
+    }
+  }
+  launch_small<N, Default>(p, grid, stream, map, what);
+}
+
 template <CacheFormat F, class Rows>
 void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
   CUtensorMap unused;
   std::memset(&unused, 0, sizeof(unused));
   switch (p.tile_rows) {
-    case 8: launch_small<8, SmallKeysFor<F, SmallTraits<8>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
-    case 16: launch_small<16, SmallKeysFor<F, SmallTraits<16>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
-    case 32: launch_small<32, SmallKeysFor<F, SmallTraits<32>::kOffExtra, Rows>>(p, grid, stream, unused, what); break;
+    case 8: launch_small_copied<8, F, Rows>(p, grid, stream, unused, what); break;
+    case 16: launch_small_copied<16, F, Rows>(p, grid, stream, unused, what); break;
+    case 32: launch_small_copied<32, F, Rows>(p, grid, stream, unused, what); break;
     default:
       launch_seesaw<GatherKeys<F, Rows>>(p, grid, stream, unused, what);
       break;

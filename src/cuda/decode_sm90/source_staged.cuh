@@ -79,6 +79,25 @@ struct StagedKeys {
   static constexpr int kPrefetch = 3;  // tiles ahead prefetched into L2 (the raw copies run one tile ahead)
   __device__ static int slot_offset(int w) { return (w >> 1) * kPartBytes + (w & 1) * 32 * kRowBytes0; }
 
+  // The start of a tile's stage writes (after the empty wait), shared with RingKeys: h 0 publishes its
+  // part's 32-bit key mask (one plain arrival on full[stage]); without kRopeRaw both halves cp.async their
+  // four rope chunks of the row (record offset o when ok, else zero-filled) straight into the stage's rope
+  // panel, completing by cp.async.mbarrier.arrive on full[stage].
+  __device__ static __forceinline__ void open_stage(const DecodeSm90Params::Gather& gp, uint32_t* mask_slot, uint64_t* full,
+                                                    uint8_t* rope, int r, int half, int lane, bool ok, int64_t o) {
+    if (half == 0) {
+      const uint32_t m = __ballot_sync(0xffffffffu, ok);
+      if (lane == 0) {
+        *mask_slot = m;
+        ptx::mbar_arrive(full);  // releases the mask
+      }
+    }
+    if constexpr (!kRopeRaw) {
+      copy_row_chunks<4>(gp.cache, rope, r, ok, o + kRopeOffset + 64 * half, 4 * half);
+      ptx::cp_async_arrive_mbarrier(full);
+    }
+  }
+
   // Producer warp `warp` (0..3) of the small kernel with layout L (kOffBar: full[2], empty[2]; kOffMask;
   // kOffK; kOffExtra: this source's kExtraBytes).
   template <class L>
@@ -121,17 +140,7 @@ struct StagedKeys {
       ptx::mbar_wait(&empty[stage], ((it >> 1) & 1) ^ 1);
       uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
       uint8_t* rope = dst + (T::kPanels - 1) * T::kPanelBytes;
-      if (half == 0) {
-        const uint32_t m = __ballot_sync(0xffffffffu, ok);
-        if (lane == 0) {
-          mask[2 * stage + part] = m;
-          ptx::mbar_arrive(&full[stage]);  // releases the mask
-        }
-      }
-      if constexpr (!kRopeRaw) {
-        copy_row_chunks<4>(gp.cache, rope, r, ok, off + kRopeOffset + 64 * half, 4 * half);
-        ptx::cp_async_arrive_mbarrier(&full[stage]);
-      }
+      open_stage(gp, &mask[2 * stage + part], &full[stage], rope, r, half, lane, ok, off);
 #pragma unroll 1
       for (int j = 0; j < 4; j += 2) {  // latent panels 4 half + j, + 1 (one tile scale)
         uint4 v[8];
@@ -167,6 +176,185 @@ struct StagedKeys {
   }
 };
 
+// ---- The raw ring (MLA_DECODE_SM90_STAGE=ring, launch_kernels.cuh; not the default, not yet GPU-verified) ----
+// StagedKeys' cycle is serial per warp: a lane's one raw row is refilled (tile t + 1's copies issued) only
+// after tile t's conversion, which itself waits for the stage's empty barrier, so every tile pays copy
+// latency + empty wait + conversion in series (docs/DECODE.md "Next" 4 (c), docs/SPARSE.md "Next" 0 (c)).
+// RingKeys gives each lane a ring of kSlots = 3 raw *chunks* instead: the same warp roles (part p = w / 2:
+// rows 32p .. 32p + 31; half h = w % 2: latent panels 4h .. 4h + 3), each tile's work of a warp cut in two
+// chunks k = 0, 1 (latent panels 4h + 2k, 4h + 2k + 1; for h 1 with kRopeRaw also half the rope), chunk
+// j = 2 t + k of the warp's sequence in slot j % 3. After converting chunk j a lane refills its slot with
+// chunk j + 3, so two chunks (one tile) are always in flight while one converts: the copies run 1.5 tiles
+// ahead and wait for nothing but their slot (not for the stage's empty barrier).
+// (The "two pairs alternating tiles, each with its own raw tile" of that Next item needs a whole raw tile
+// per pair, 2 x 36-42 KiB: it fits at no N for fp8 and only at N 8 for fp8_ds_mla without the rope; and a
+// stage would be filled by two warps instead of four, lengthening the stage cycle that the sparse
+// diagnostics name as the other limit. The ring needs 1.5 raw tiles and keeps four warps per stage.)
+//
+// Slot row of a lane (bytes; strides an odd multiple of 16, so a quarter-warp's 16-byte accesses of eight
+// rows hit distinct banks, except fp8 h 0's 128 bytes, whose eight 16-byte pieces are XOR-swizzled by lane % 8):
+//   fp8         h 0: codes 128 (stride 128, swizzled)    h 1: codes 128 | rope codes 32k .. 32k + 31 (176)
+//   fp8_ds_mla  h 0: codes 128 | scales 16 (144)         h 1: the same [| kRopeRaw: rope bytes 64k .. 64k + 63] (144 / 208)
+// kExtraBytes = 2 parts x 3 slots x 32 rows x (stride h 0 + stride h 1): fp8 58,368; fp8_ds_mla 67,584 (rope
+// raw) / 55,296 (rope by cp.async into the stage). Fits (kOffExtra + kExtraBytes + 1 KiB <= 227 KiB, kOffExtra
+// 159,280 / 170,928 / 194,224 at N 8 / 16 / 32): fp8 at N 8 and 16; fp8_ds_mla with the rope raw at N 8, with
+// the rope by cp.async at N 16; nothing at N 32 (37,200 bytes free: the default sources run there).
+//
+// Protocol per tile t (stage t % 2), lane of warp w; one cp.async commit group per chunk, committed even
+// when nothing is copied (invalid row or a tile past the unit: Rows::row_offset is false there), so that
+// group j is chunk j and wait_group 2 before converting chunk j means "chunks <= j landed" (j + 1, j + 2
+// may be in flight). Prologue: chunks 0, 1 (tile 0) and 2 (tile 1, k 0) into slots 0, 1, 2.
+//   1. row offset of tile t + 2 (!kRopeRaw: after step 3) and the L2 prefetch of tile t + kPrefetch (h 0);
+//   2. wait_group 2 (chunk 2t landed); empty[stage] (parity (t / 2 + 1) & 1: consumer t % 2 released t - 2);
+//   3. h 0: its part's 32-bit key mask, one plain arrival on full[stage];
+//      !kRopeRaw: both halves cp.async their four rope chunks (zero-filled when invalid) straight into the
+//      stage, cp.async.mbarrier.arrive on full[stage] (it tracks all prior copies of the lane: the
+//      arrival also waits for chunks 2t + 1, 2t + 2 already in flight; N 16 fp8_ds_mla only);
+//   4. converts chunk 2t (slot 2t % 3) into the stage, invalid rows as zeros (nothing of the slot is read);
+//   5. refills that slot with chunk 2t + 3 (tile t + 1, k 1);
+//   6. wait_group 2 (chunk 2t + 1 landed), converts it (slot (2t + 1) % 3);
+//   7. fence.proxy.async (the stage for wgmma), one arrival per lane on full[stage];
+//   8. refills that slot with chunk 2t + 4 (tile t + 2, k 0).
+// A slot is rewritten only by the lane that read it, after its reads were consumed (their values feed the
+// stores of step 4 / 6, issued before the refill), so cp.async.wait_group is the only raw hand-over; the
+// stage barriers, their arrival counts (full: 2 + 128 [+ 128], empty: 128) and parities are StagedKeys'.
+// Masked keys (invalid index, position >= the unit's key_end, page outside the cache) are never copied,
+// arrive as zero rows with a clear mask bit (kZeroFilled), so NaN-poisoned rows never reach P V; the
+// consumers are unchanged (kernel_small.cuh).
+template <CacheFormat F, bool kRopeRaw, class Rows = IndexedRows>
+struct RingKeys {
+  using Staged = StagedKeys<F, kRopeRaw, Rows>;  // the record layout, the conversion and the consumer interface
+  using RegisterPath = typename Staged::RegisterPath;
+  static constexpr bool kDs = Staged::kDs;
+  static constexpr bool kTma = false;
+  static constexpr bool kIndexed = Staged::kIndexed;
+  static constexpr bool kStaged = true;
+  static constexpr bool kZeroFilled = true;
+  static constexpr bool kGenericWrites = true;
+  static constexpr bool kExactCodes = Staged::kExactCodes;
+  __host__ __device__ static constexpr int producer_regs(bool s) { return Staged::producer_regs(s); }
+  __host__ __device__ static constexpr int full_arrivals(int n, bool m) { return Staged::full_arrivals(n, m); }
+
+  static constexpr int kSlots = 3;
+  static constexpr int kCodeBytes = 128;                 // two 64-column panels of codes
+  static constexpr int kScaleBytes = kDs ? 16 : 0;       // the record's four scales (one 16-byte copy)
+  static constexpr int kRopeChunk = kRopeRaw ? Staged::kRopeBytes / 2 : 0;  // h 1: half the rope per chunk
+  __host__ __device__ static constexpr int odd16(int b) { return b % 128 == 0 || (b / 16) % 2 == 1 ? b : b + 16; }
+  static constexpr int kStride0 = odd16(kCodeBytes + kScaleBytes);
+  static constexpr int kStride1 = odd16(kCodeBytes + kScaleBytes + kRopeChunk);
+  static constexpr bool kSwizzled0 = kStride0 == 128;  // fp8 h 0: pieces XOR lane % 8
+  static_assert(kStride0 % 16 == 0 && kStride1 % 16 == 0 && (kStride1 / 16) % 2 == 1, "conflict-free slot rows");
+  static constexpr int kPartBytes = kSlots * 32 * (kStride0 + kStride1);
+  static constexpr int kExtraBytes = 2 * kPartBytes;
+  static constexpr int kPrefetch = 4;  // tiles ahead prefetched into L2 (the copies run 1.5 tiles ahead)
+  __device__ static int region_offset(int w) { return (w >> 1) * kPartBytes + (w & 1) * kSlots * 32 * kStride0; }
+
+  template <class L>
+  __device__ static void produce(const DecodeSm90Params& p, const Unit& u, uint8_t* smem, int warp, int lane) {
+    using T = Traits;
+    static_assert(L::kStages == 2, "stage t % 2 feeds consumer t % 2");
+    const int part = warp >> 1, half = warp & 1, r = 32 * part + lane;
+    const int stride = half ? kStride1 : kStride0, slot_bytes = 32 * stride;  // this warp's slot rows
+    const bool swizzled = kSwizzled0 && half == 0;
+    const DecodeSm90Params::Gather& gp = p.gather;
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
+    uint64_t* empty = full + L::kStages;
+    uint32_t* mask = reinterpret_cast<uint32_t*>(smem + L::kOffMask);  // [stage][part]
+    uint8_t* ring = smem + L::kOffExtra + region_offset(warp) + lane * stride;  // slot s at ring + s * slot_bytes
+    auto piece = [&](int i) { return swizzled ? (i ^ (lane & 7)) << 4 : 16 * i; };  // code piece i of a slot row
+
+    // Chunk k of the row at record offset o (when ok) into slot s; one commit group.
+    auto fetch = [&](int s, bool ok, int64_t o, int k) {
+      if (ok) {
+        uint8_t* dst = ring + s * slot_bytes;
+        const uint8_t* rec = gp.cache + o;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ptx::cp_async_16(dst + piece(i), rec + 256 * half + 128 * k + 16 * i);
+        if constexpr (kDs) ptx::cp_async_16(dst + kCodeBytes, rec + Staged::kScaleOffset);
+        if constexpr (kRopeRaw) {
+          if (half == 1)
+#pragma unroll
+            for (int i = 0; i < kRopeChunk / 16; ++i)
+              ptx::cp_async_16(dst + kCodeBytes + kScaleBytes + 16 * i, rec + Staged::kRopeOffset + kRopeChunk * k + 16 * i);
+        }
+      }
+      ptx::cp_async_commit();
+    };
+    // Chunk k of this lane's row of the tile in slot s into the stage at dst (zeros when !ok).
+    auto convert = [&](int s, bool ok, int k, uint8_t* dst) {
+      const uint8_t* src = ring + s * slot_bytes;
+      float scale = 0.0f;
+      if (kDs && ok) scale = *reinterpret_cast<const float*>(src + kCodeBytes + 4 * (2 * half + k));
+#pragma unroll
+      for (int pn = 0; pn < 2; ++pn) {  // one panel at a time (16 registers of codes: 72 per producer thread)
+        uint4 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          v[i] = ok ? *reinterpret_cast<const uint4*>(src + piece(4 * pn + i)) : make_uint4(0, 0, 0, 0);
+        RegisterPath::Tile::template store_codes<kExactCodes>(dst + (4 * half + 2 * k + pn) * T::kPanelBytes, r, v, scale);
+      }
+      if constexpr (kRopeRaw) {
+        if (half == 1) {
+          uint8_t* rope = dst + (T::kPanels - 1) * T::kPanelBytes;
+          const uint8_t* rs = src + kCodeBytes + kScaleBytes;
+          if constexpr (!kDs) {  // fp8: rope codes 32k .. 32k + 31 -> chunks 4k .. 4k + 3
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const uint4 c = ok ? *reinterpret_cast<const uint4*>(rs + 16 * i) : make_uint4(0, 0, 0, 0);
+              *reinterpret_cast<uint4*>(rope + swz(r, 4 * k + 2 * i)) = e4m3x8_exact_to_bf16(c.x, c.y);
+              *reinterpret_cast<uint4*>(rope + swz(r, 4 * k + 2 * i + 1)) = e4m3x8_exact_to_bf16(c.z, c.w);
+            }
+          } else {  // fp8_ds_mla: bf16 rope bytes 64k .. 64k + 63 -> chunks 4k .. 4k + 3
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              *reinterpret_cast<uint4*>(rope + swz(r, 4 * k + i)) =
+                  ok ? *reinterpret_cast<const uint4*>(rs + 16 * i) : make_uint4(0, 0, 0, 0);
+          }
+        }
+      }
+    };
+
+    int64_t off0 = 0, off1 = 0;
+    bool ok0 = Rows::row_offset(p, u, u.key_begin + r, off0);               // tile t
+    bool ok1 = Rows::row_offset(p, u, u.key_begin + T::kBlockN + r, off1);  // tile t + 1
+    fetch(0, ok0, off0, 0);
+    fetch(1, ok0, off0, 1);
+    fetch(2, ok1, off1, 0);
+    if (half == 0)
+      for (int t = 1; t < kPrefetch; ++t) prefetch_row<F, Rows>(p, u, u.key_begin + t * T::kBlockN + r);
+    int s0 = 0;  // slot of chunk 2t: (2t) % 3
+    for (int it = 0; it < u.n_tiles; ++it) {
+      const int stage = it & 1, k0 = u.key_begin + it * T::kBlockN;
+      const int s1 = s0 == 2 ? 0 : s0 + 1;  // slot of chunk 2t + 1
+      // Row of tile t + 2 (false past the last tile): computed before the waits (its index / block-table load
+      // in flight meanwhile), or with the rope by cp.async after the rope's copies (off0 dead: 16 bytes of
+      // spills at 72 registers otherwise).
+      int64_t off2 = 0;
+      bool ok2 = false;
+      if constexpr (kRopeRaw) ok2 = Rows::row_offset(p, u, k0 + 2 * T::kBlockN + r, off2);
+      if (half == 0) prefetch_row<F, Rows>(p, u, k0 + kPrefetch * T::kBlockN + r);
+      ptx::cp_async_wait<2>();
+      ptx::mbar_wait(&empty[stage], ((it >> 1) & 1) ^ 1);
+      uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
+      Staged::open_stage(gp, &mask[2 * stage + part], &full[stage], dst + (T::kPanels - 1) * T::kPanelBytes, r, half, lane,
+                         ok0, off0);
+      if constexpr (!kRopeRaw) ok2 = Rows::row_offset(p, u, k0 + 2 * T::kBlockN + r, off2);
+      convert(s0, ok0, 0, dst);
+      fetch(s0, ok1, off1, 1);  // chunk 2t + 3
+      ptx::cp_async_wait<2>();
+      convert(s1, ok0, 1, dst);
+      ptx::fence_proxy_async_smem();  // the stage for wgmma
+      ptx::mbar_arrive(&full[stage]);
+      fetch(s1, ok2, off2, 0);  // chunk 2t + 4
+      ok0 = ok1;
+      off0 = off1;
+      ok1 = ok2;
+      off1 = off2;
+      s0 = s1 == 2 ? 0 : s1 + 1;
+    }
+  }
+};
+
 // The staged source for a small kernel whose own shared memory ends at kOffExtra. fp8_ds_mla: the rope in
 // the raw stage where it fits (N 8, 16), else by cp.async (N 32). fp8: the staged source where it fits (N 8,
 // 16), else the register path (GatherKeys, N 32).
@@ -186,5 +374,24 @@ struct SmallKeysChoice<CacheFormat::fp8, kOffExtra, Rows> {
 // The small kernel's source for the row-copied format F (fp8_ds_mla, fp8).
 template <CacheFormat F, int kOffExtra, class Rows>
 using SmallKeysFor = typename SmallKeysChoice<F, kOffExtra, Rows>::type;
+
+// The ring variant for the small kernel (launch_kernels.cuh, MLA_DECODE_SM90_STAGE=ring): RingKeys where it
+// fits (fp8_ds_mla: the rope raw, else by cp.async), else SmallKeysFor (N 32: the default source).
+template <class S, int kOffExtra>
+inline constexpr bool kRingFits = kOffExtra + S::kExtraBytes + 1024 <= 227 * 1024;
+template <CacheFormat F, int kOffExtra, class Rows>
+struct SmallRingChoice {
+  using Raw = RingKeys<CacheFormat::fp8_ds_mla, true, Rows>;
+  using Direct = RingKeys<CacheFormat::fp8_ds_mla, false, Rows>;
+  using type = std::conditional_t<kRingFits<Raw, kOffExtra>, Raw,
+                                  std::conditional_t<kRingFits<Direct, kOffExtra>, Direct, SmallKeysFor<F, kOffExtra, Rows>>>;
+};
+template <int kOffExtra, class Rows>
+struct SmallRingChoice<CacheFormat::fp8, kOffExtra, Rows> {
+  using Ring = RingKeys<CacheFormat::fp8, true, Rows>;
+  using type = std::conditional_t<kRingFits<Ring, kOffExtra>, Ring, SmallKeysFor<CacheFormat::fp8, kOffExtra, Rows>>;
+};
+template <CacheFormat F, int kOffExtra, class Rows>
+using SmallRingKeysFor = typename SmallRingChoice<F, kOffExtra, Rows>::type;
 
 }  // namespace mla::cuda::decode_sm90
