@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "cuda/common/launch.h"
 #include "cuda/common/mqa_launch.h"
@@ -40,12 +39,6 @@ int sm_count(int device) {
 
 // MLA_DECODE_SM90_SCHEDULE=uniform turns the balanced schedule off (a laboratory switch for A/B
 // measurements with `mla bench`; read once). Anything else: automatic.
-// Whether environment variable `name` is set to `value` (the switches below; each reads it once).
-bool env_equals(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == value;
-}
-
 enum class Schedule { automatic, uniform };
 Schedule schedule_mode() {
   static const Schedule mode =

@@ -16,6 +16,12 @@
 
 namespace mla::cuda::decode_sm90 {
 
+// Whether environment variable `name` is set to `value` (the A/B switches of this family; each is read once).
+inline bool env_equals(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
 inline bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // Sets p.tile_rows and p.m_tiles for m_rows query rows per request: up to 32 rows, one CTA per (split,
@@ -56,12 +62,9 @@ void launch_small(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
 // build spills (ptxas, 224 consumer registers) and measured no faster (docs/DECODE.md).
 enum class SeesawSchedule { overlapped, serial, next };
 inline SeesawSchedule seesaw_schedule() {
-  static const SeesawSchedule s = [] {
-    const char* v = std::getenv("MLA_DECODE_SM90_SEESAW");
-    if (v != nullptr && std::strcmp(v, "serial") == 0) return SeesawSchedule::serial;
-    if (v != nullptr && std::strcmp(v, "next") == 0) return SeesawSchedule::next;
-    return SeesawSchedule::overlapped;
-  }();
+  static const SeesawSchedule s = env_equals("MLA_DECODE_SM90_SEESAW", "serial") ? SeesawSchedule::serial
+                                  : env_equals("MLA_DECODE_SM90_SEESAW", "next") ? SeesawSchedule::next
+                                                                                  : SeesawSchedule::overlapped;
   return s;
 }
 
@@ -115,10 +118,7 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
 // RingKeys: the copies 1.5 tiles ahead of the conversion) where it fits (N 8 / 16), for A/B measurements
 // (read once; docs/DECODE.md "fp8 key producers"). Anything else: the serial raw stage (StagedKeys).
 inline bool stage_ring() {
-  static const bool ring = [] {
-    const char* v = std::getenv("MLA_DECODE_SM90_STAGE");
-    return v != nullptr && std::strcmp(v, "ring") == 0;
-  }();
+  static const bool ring = env_equals("MLA_DECODE_SM90_STAGE", "ring");
   return ring;
 }
 
