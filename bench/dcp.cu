@@ -88,11 +88,12 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
   // kSteps steps back to back per timing (a serving step runs every layer so): the host's enqueue of
   // the next step overlaps the device work of the current one, as in a model's forward.
   constexpr int kSteps = 8;
-  auto samples_ms = [&](auto&& fn, std::vector<float>& ms) {
+  // Per sample: `calls` calls of fn covering kSteps steps (kSteps eager steps, or one graph launch of them).
+  auto samples_ms = [&](auto&& fn, std::vector<float>& ms, int calls) {
     for (int i = 0; i < warmup + iters; ++i) {
       sync.arrive_and_wait();
       cudaEventRecord(a, stream);
-      for (int k = 0; k < kSteps; ++k) fn();
+      for (int k = 0; k < calls; ++k) fn();
       cudaEventRecord(z, stream);
       if (comm) comm->synchronize(ctx);
       cudaEventSynchronize(z);
@@ -107,7 +108,7 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
   };
   auto median_ms = [&](auto&& fn) {
     std::vector<float> ms;
-    samples_ms(fn, ms);
+    samples_ms(fn, ms, kSteps);
     return median(ms);
   };
   RankTimes r;
@@ -118,7 +119,7 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
     for (int round = 0; round < 2; ++round)
       for (int e = 0; e < kNumExchanges; ++e) {
         exchange = kExchanges[e];
-        samples_ms(step, ms[e]);
+        samples_ms(step, ms[e], kSteps);
       }
     for (int e = 0; e < kNumExchanges; ++e) r.exchange[e] = median(ms[e]);
     r.step = r.exchange[0];
@@ -150,17 +151,7 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
     double med = 0;
     if (capture_failures.load() == 0) {
       std::vector<float> ms;
-      for (int i = 0; i < warmup + iters; ++i) {
-        sync.arrive_and_wait();
-        cudaEventRecord(a, stream);
-        cudaGraphLaunch(ge, stream);
-        cudaEventRecord(z, stream);
-        if (comm) comm->synchronize(ctx);
-        cudaEventSynchronize(z);
-        float t = 0;
-        cudaEventElapsedTime(&t, a, z);
-        if (i >= warmup) ms.push_back(t / kSteps);
-      }
+      samples_ms([&] { cudaGraphLaunch(ge, stream); }, ms, 1);
       med = median(ms);
     }
     if (ge) cudaGraphExecDestroy(ge);

@@ -74,6 +74,26 @@ PROBLEM = textwrap.dedent("""
 exec(PROBLEM)  # noqa: S102  (the module-level helpers above, for the in-process tests)
 
 
+def _run_threads(world, fn, timeout_s):
+    """fn(rank) on one thread per rank; the ranks' results in rank order. Any rank's exception fails the
+    test (a rank that has not finished within timeout_s leaves its result None)."""
+    results, errors = [None] * world, [None] * world
+
+    def run(r):
+        try:
+            results[r] = fn(r)
+        except Exception as e:  # noqa: BLE001
+            errors[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    assert errors == [None] * world
+    return results
+
+
 def check_rank(out, lse, want, want_lse, r):
     np.testing.assert_allclose(out, want[:, :, r * H:(r + 1) * H], rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(lse, want_lse[:, :, r * H:(r + 1) * H], rtol=2e-5, atol=2e-5)
@@ -85,20 +105,7 @@ def test_threads_equal_whole_cache(exchange):
     want, want_lse = reference(w)
     group = mla.local_group(w, timeout=20)
     assert [c.rank for c in group] == [0, 1, 2] and group[0].backend == "local"
-    results, errors = [None] * w, [None] * w
-
-    def run(r):
-        try:
-            results[r] = rank_step(group[r], exchange)
-        except Exception as e:  # noqa: BLE001
-            errors[r] = e
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(w)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert errors == [None] * w
+    results = _run_threads(w, lambda r: rank_step(group[r], exchange), 60)
     for r in range(w):
         check_rank(*results[r], want, want_lse, r)
 
@@ -293,21 +300,12 @@ def test_layer_dcp_threads_equal_one_layer():
     d_rank = mla.ModelDims(kv_lora_rank=L, qk_rope_head_dim=R, qk_nope_head_dim=P, v_head_dim=V, num_heads=hr,
                            softmax_scale=1 / np.sqrt(P + R))
     group = mla.local_group(w, timeout=30)
-    results, errors = [None] * w, [None] * w
 
     def rank_main(r):
-        try:
-            rows = weight[r * hr * (P + V):(r + 1) * hr * (P + V)].copy()
-            results[r] = run(d_rank, rows, q_all[:, r * hr:(r + 1) * hr].copy(), r, group[r])
-        except Exception as e:  # noqa: BLE001
-            errors[r] = e
+        rows = weight[r * hr * (P + V):(r + 1) * hr * (P + V)].copy()
+        return run(d_rank, rows, q_all[:, r * hr:(r + 1) * hr].copy(), r, group[r])
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(w)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert errors == [None] * w
+    results = _run_threads(w, rank_main, 120)
     got = np.concatenate([results[r][0].reshape(len(new), hr, V) for r in range(w)], axis=1).reshape(len(new), -1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # the LSEs travel in fp32 (as test_layer_dcp.cpp)
     for r in range(w):  # every shard holds exactly the rows of the positions its rank owns, new ones included
