@@ -341,7 +341,8 @@ TEST(DecodeGpu, LatentWidth256) {
 // on what the variant reads (fp8_ds_mla: the bf16 upconvert; fp8: the codes). bf16 at 128 heads and at
 // 64 heads x s_q 2: the TMA seesaw kernel's pairs (63, 34 and 1 tiles: odd and even counts, both barrier
 // parities many times over), under whichever schedule MLA_DECODE_SM90_SEESAW selects. With
-// MLA_DECODE_SM90_STAGE=ring in the environment the N 8 / 16 fp8 cases run the raw ring (RingKeys).
+// MLA_DECODE_SM90_STAGE=ring in the environment the N 8 / 16 fp8 cases run the raw ring (RingKeys; by default
+// only N 16 does), =staged the serial raw stage everywhere.
 TEST(DecodeGpu, SmallKernelLongStreams) {
   MLA_SKIP_WITHOUT_GPU();
   MLA_FORCE_VARIANT("mqa_decode", "sm90");

@@ -33,8 +33,8 @@
 // (SeesawSerialConsumer, the row-copying sources, and the TMA source under MLA_DECODE_SM90_SEESAW=serial:
 // both consumers start a pair's S together after the previous pair's products retired). Each struct's
 // comment has its order; docs/DECODE.md the measurements. A third, the "next" schedule
-// (decode_sm90_seesaw_next_kernel = SeesawConsumer<C, Src, true>, TMA source, MLA_DECODE_SM90_SEESAW=next,
-// not yet measured), is the overlapped order with the per-tile overheads the profile named taken out:
+// (decode_sm90_seesaw_next_kernel = SeesawConsumer<C, Src, true>, TMA source, the default since
+// 2026-11-23; MLA_DECODE_SM90_SEESAW=overlapped selects the overlapped one), is the overlapped order with the per-tile overheads the profile named taken out:
 //   - the rope part of Q is loaded into registers once per unit (16 per consumer thread; ptxas fits them
 //     at the 232 consumer registers, 0 spills: no setmaxnreg change) instead of 16 global loads per tile;
 //   - consumer 0 no longer retires its rope product on its own: rope S, the previous pair's remote P V
@@ -741,7 +741,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
 }
 
-// The "next" schedule (MLA_DECODE_SM90_SEESAW=next, TMA source only; docs/DECODE.md "Seesaw: next
+// The "next" schedule (the TMA source's default; MLA_DECODE_SM90_SEESAW=overlapped / serial for the others; docs/DECODE.md "Seesaw: next
 // schedule"): the overlapped schedule with the rope part of Q in registers for the whole unit, one full
 // barrier per V half (one wait per release group) and descriptors from a precomputed base
 // (SeesawConsumer<C, Src, true>). Registers as the others (producers 40, consumers 232: a 24 / 240 split

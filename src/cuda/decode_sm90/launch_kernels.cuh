@@ -55,16 +55,17 @@ void launch_small(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
   launch_one(decode_sm90_small_kernel<N, Src>, SmallTraits<N>::template smem_bytes<Src>(), grid, stream, map, p, what);
 }
 
-// MLA_DECODE_SM90_SEESAW=serial: the serial seesaw schedule instead of the overlapped one for the TMA
-// source; =next: the overlapped schedule's next step (decode_sm90_seesaw_next_kernel: rope of Q in
-// registers, one full barrier per V half, precomputed descriptors; not yet measured).
-// A/B measurements; read once. The row-copying sources always take the serial one: their overlapped
-// build spills (ptxas, 224 consumer registers) and measured no faster (docs/DECODE.md).
+// The TMA source's seesaw schedule. Default: next (decode_sm90_seesaw_next_kernel: rope of Q in registers,
+// one full barrier per V half, precomputed descriptors; nvidia-h200 2026-11-23 at 9f1d265, b 128 page 64:
+// h 128 s_k 4096 0.291 / 0.335 ms against the overlapped schedule's 0.397 / 0.344, docs/DECODE.md).
+// MLA_DECODE_SM90_SEESAW=overlapped / serial selects the earlier schedules for A/B measurements; read once.
+// The row-copying sources always take the serial one: their overlapped build spills (ptxas, 224 consumer
+// registers) and measured no faster (docs/DECODE.md).
 enum class SeesawSchedule { overlapped, serial, next };
 inline SeesawSchedule seesaw_schedule() {
-  static const SeesawSchedule s = env_equals("MLA_DECODE_SM90_SEESAW", "serial") ? SeesawSchedule::serial
-                                  : env_equals("MLA_DECODE_SM90_SEESAW", "next") ? SeesawSchedule::next
-                                                                                  : SeesawSchedule::overlapped;
+  static const SeesawSchedule s = env_equals("MLA_DECODE_SM90_SEESAW", "serial")       ? SeesawSchedule::serial
+                                  : env_equals("MLA_DECODE_SM90_SEESAW", "overlapped") ? SeesawSchedule::overlapped
+                                                                                        : SeesawSchedule::next;
   return s;
 }
 
@@ -114,22 +115,30 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
 // fp8_ds_mla stages the raw records in shared memory; fp8 (exact codes, source.cuh kExactCodes) too where
 // its raw stage fits (N 8, 16), else (N 32) the register path. The seesaw kernel has no room for a raw
 // stage and dequantises through registers (GatherKeys). No TMA: the tensor map is a zeroed placeholder.
-// MLA_DECODE_SM90_STAGE=ring: the small kernels' staged sources with the raw ring (source_staged.cuh
-// RingKeys: the copies 1.5 tiles ahead of the conversion) where it fits (N 8 / 16), for A/B measurements
-// (read once; docs/DECODE.md "fp8 key producers"). Anything else: the serial raw stage (StagedKeys).
-inline bool stage_ring() {
-  static const bool ring = env_equals("MLA_DECODE_SM90_STAGE", "ring");
-  return ring;
+// The raw ring (source_staged.cuh RingKeys: the copies 1.5 tiles ahead of the conversion) where it fits
+// (N 8 / 16) and measured faster: by default the dense decode's N 16 kernel only (nvidia-h200 2026-11-23 at
+// 9f1d265, b 128 s_k 4096 h 16: fp8 0.240-0.243 ms against the serial stage's 0.281-0.283, fp8_ds_mla
+// 0.233-0.275 against 0.292-0.297); at N 8 (h 8 fp8: 0.25-0.28 against 0.23-0.26) and in sparse_mqa
+// (h 16: 0.161-0.171 against 0.133-0.162) it was slower, so those keep the serial raw stage (StagedKeys).
+// MLA_DECODE_SM90_STAGE=ring: the ring wherever it fits; =staged: never. Read once; docs/DECODE.md "Raw ring".
+enum class StageChoice { automatic, ring, staged };
+inline StageChoice stage_choice() {
+  static const StageChoice c = env_equals("MLA_DECODE_SM90_STAGE", "ring")     ? StageChoice::ring
+                               : env_equals("MLA_DECODE_SM90_STAGE", "staged") ? StageChoice::staged
+                                                                                : StageChoice::automatic;
+  return c;
 }
 
-// The small kernel with N rows for the row-copied format F (SmallKeysFor, or SmallRingKeysFor under the switch).
+// The small kernel with N rows for the row-copied format F (SmallKeysFor or SmallRingKeysFor, stage_choice()).
 template <int N, CacheFormat F, class Rows>
 void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
                          const char* what) {
   using Default = SmallKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
   using Ring = SmallRingKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
   if constexpr (!std::is_same_v<Ring, Default>) {
-    if (stage_ring()) {
+    const StageChoice c = stage_choice();
+    const bool ring = c == StageChoice::ring || (c == StageChoice::automatic && N == 16 && std::is_same_v<Rows, PagedRows>);
+    if (ring) {
       launch_small<N, Ring>(p, grid, stream, map, what);
       return;
     }

@@ -176,7 +176,8 @@ struct StagedKeys {
   }
 };
 
-// ---- The raw ring (MLA_DECODE_SM90_STAGE=ring, launch_kernels.cuh; not the default, not yet GPU-verified) ----
+// ---- The raw ring (launch_kernels.cuh stage_choice: the default of the dense decode's N 16 kernel; GPU-tested
+// and measured on nvidia-h200 2026-11-23, docs/DECODE.md "Raw ring") ----
 // StagedKeys' cycle is serial per warp: a lane's one raw row is refilled (tile t + 1's copies issued) only
 // after tile t's conversion, which itself waits for the stage's empty barrier, so every tile pays copy
 // latency + empty wait + conversion in series (docs/DECODE.md "Next" 4 (c), docs/SPARSE.md "Next" 0 (c)).
