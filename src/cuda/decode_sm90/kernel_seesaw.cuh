@@ -34,7 +34,8 @@
 // both consumers start a pair's S together after the previous pair's products retired). Each struct's
 // comment has its order; docs/DECODE.md the measurements. A third, the "next" schedule
 // (decode_sm90_seesaw_next_kernel = SeesawConsumer<C, Src, true>, TMA source, the default since
-// 2026-11-23; MLA_DECODE_SM90_SEESAW=overlapped selects the overlapped one), is the overlapped order with the per-tile overheads the profile named taken out:
+// 2026-11-23; MLA_DECODE_SM90_SEESAW=overlapped selects the overlapped one; also the in-place row source's,
+// InplaceKeys, source_inplace.cuh, under MLA_DECODE_SM90_EXPAND=inplace), is the overlapped order with the per-tile overheads the profile named taken out:
 //   - the rope part of Q is loaded into registers once per unit (16 per consumer thread; ptxas fits them
 //     at the 232 consumer registers, 0 spills: no setmaxnreg change) instead of 16 global loads per tile;
 //   - consumer 0 no longer retires its rope product on its own: rope S, the previous pair's remote P V
@@ -82,6 +83,7 @@
 #include "cuda/decode_sm90/tile_io.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
 #include "cuda/decode_sm90/source.cuh"
+#include "cuda/decode_sm90/source_inplace.cuh"
 
 namespace mla::cuda::decode_sm90 {
 
@@ -117,8 +119,10 @@ __device__ __forceinline__ int half_panel(int h) { return 4 * h; }
 
 // Producer warp w of stage s = w % 2 (paged: warps 0, 1; gathered: warps 0..3, part w / 2 of each tile):
 // the tiles s, s + 2, ... of the unit into stage s, one release group at a time. kGroupFull (the "next"
-// schedule, one arrival per phase whatever the panel count: TMA): a V-half group's four panels complete
-// on one full barrier, that of the group's first panel (full[4h]); otherwise each panel on its own.
+// schedule, one arrival per phase whatever the panel count: TMA, or InplaceKeys' one arrival per lane after
+// the group's conversion): a V-half group's four panels complete on one full barrier, that of the group's
+// first panel (full[4h]); otherwise each panel on its own. GroupwiseSource (InplaceKeys): the source's
+// group<N>() copies and converts a whole release group after its empty wait (source_inplace.cuh).
 template <class Src, bool kGroupFull = false>
 __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
                                                uint8_t* smem, int warp, int lane) {
@@ -140,7 +144,8 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
     tl.begin(mask, &full[8]);
     tl.announce(p, &full[8], 1);
     __syncwarp();
-    tl.panel(p, map, dst, &full[8], 8, half_panel(s));
+    if constexpr (GroupwiseSource<Src>) tl.template group<1>(p, dst, full, 8);
+    else tl.panel(p, map, dst, &full[8], 8, half_panel(s));
     // Groups 1 and 2: the owner's V half, then the other half.
 #pragma unroll 1
     for (int g = 1; g <= 2; ++g) {
@@ -150,10 +155,14 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
       else
         for (int c = first; c < first + 4; ++c) tl.announce(p, &full[c], 1);
       __syncwarp();
+      if constexpr (GroupwiseSource<Src>) {  // InplaceKeys (source_inplace.cuh): the four panels at once
+        tl.template group<4, kGroupFull>(p, dst, full, first);
+      } else {
 #pragma unroll 1
-      for (int c = first; c < first + 4; ++c)
-        tl.panel(p, map, dst, &full[kGroupFull ? first : c], c,
-                 c + 1 < first + 4 ? c + 1 : g == 1 ? half_panel(1 - s) : -1);
+        for (int c = first; c < first + 4; ++c)
+          tl.panel(p, map, dst, &full[kGroupFull ? first : c], c,
+                   c + 1 < first + 4 ? c + 1 : g == 1 ? half_panel(1 - s) : -1);
+      }
     }
   }
 }
@@ -713,7 +722,8 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
   }
 };
 
-// Src: the key source (source.cuh): PagedKeys (mqa_decode bf16) or GatherKeys<F, Rows> (sparse_mqa; mqa_decode fp8 / fp8_ds_mla).
+// Src: the key source (source.cuh): PagedKeys (mqa_decode bf16) or GatherKeys<F, Rows> (sparse_mqa; mqa_decode fp8 / fp8_ds_mla)
+// or InplaceKeys<F, Rows> (source_inplace.cuh, MLA_DECODE_SM90_EXPAND=inplace).
 // kOverlap: the overlapped schedule (SeesawConsumer), else the serial one (SeesawSerialConsumer). The
 // launchers (launch_kernels.cuh launch_seesaw) pick: overlapped for the TMA source, serial for the others.
 template <class Src, bool kOverlap = true>
@@ -745,14 +755,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // schedule"): the overlapped schedule with the rope part of Q in registers for the whole unit, one full
 // barrier per V half (one wait per release group) and descriptors from a precomputed base
 // (SeesawConsumer<C, Src, true>). Registers as the others (producers 40, consumers 232: a 24 / 240 split
-// spilled 8 bytes in the producer).
+// spilled 8 bytes in the producer). Sources: PagedKeys (TMA), InplaceKeys (generic writes: the consumers'
+// full waits fence the proxy, wait_full).
 template <class Src>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_seesaw_next_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
   using T = Traits;
   using L = SeesawTraits;
-  static_assert(Src::kTma && !Src::kGenericWrites && Src::full_arrivals(4, false) == Src::full_arrivals(1, false),
-                "one full barrier per V half needs one arrival per phase whatever the panel count");
+  static_assert((Src::kTma && !Src::kGenericWrites && Src::full_arrivals(4, false) == Src::full_arrivals(1, false)) ||
+                    GroupwiseSource<Src>,
+                "one full barrier per V half needs one arrival per phase whatever the panel count (TMA: one "
+                "arrive.expect_tx; InplaceKeys: one arrival per lane and group)");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   const Unit u(p, Src::kIndexed);

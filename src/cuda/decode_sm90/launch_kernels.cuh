@@ -59,8 +59,9 @@ void launch_small(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
 // one full barrier per V half, precomputed descriptors; nvidia-h200 2026-11-23 at 9f1d265, b 128 page 64:
 // h 128 s_k 4096 0.291 / 0.335 ms against the overlapped schedule's 0.397 / 0.344, docs/DECODE.md).
 // MLA_DECODE_SM90_SEESAW=overlapped / serial selects the earlier schedules for A/B measurements; read once.
-// The row-copying sources always take the serial one: their overlapped build spills (ptxas, 224 consumer
-// registers) and measured no faster (docs/DECODE.md).
+// GatherKeys always takes the serial one: its overlapped build spills (ptxas, 224 consumer registers) and
+// measured no faster (docs/DECODE.md); InplaceKeys (40 producer registers) takes next or, under
+// MLA_DECODE_SM90_SEESAW=serial, serial.
 enum class SeesawSchedule { overlapped, serial, next };
 inline SeesawSchedule seesaw_schedule() {
   static const SeesawSchedule s = env_equals("MLA_DECODE_SM90_SEESAW", "serial")       ? SeesawSchedule::serial
@@ -73,7 +74,12 @@ inline SeesawSchedule seesaw_schedule() {
 template <class Src>
 void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
                    const char* what) {
-  if constexpr (Src::kTma) {
+  if constexpr (GroupwiseSource<Src>) {  // InplaceKeys: next (default) or serial
+    if (seesaw_schedule() == SeesawSchedule::next) {
+      launch_one(decode_sm90_seesaw_next_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
+      return;
+    }
+  } else if constexpr (Src::kTma) {
     const SeesawSchedule s = seesaw_schedule();
     if (s == SeesawSchedule::next) {
       launch_one(decode_sm90_seesaw_next_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
@@ -146,6 +152,21 @@ void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
   launch_small<N, Default>(p, grid, stream, map, what);
 }
 
+// The seesaw kernel's source for the code formats (64-row tiles): GatherKeys (codes through registers, nine
+// round trips per stage tile) or InplaceKeys (source_inplace.cuh: the raw codes cp.async'd into their own
+// panel rows a release group at a time and expanded in place there; two / three round trips; on the next
+// schedule unless MLA_DECODE_SM90_SEESAW=serial). MLA_DECODE_SM90_EXPAND=inplace selects InplaceKeys; default
+// GatherKeys: InplaceKeys measured faster on some rows only (nvidia-h200 2026-11-23 at 188efbe, same-run
+// A/B: dense b 128 s_k 4096 h 128 fp8 0.690 / 0.683 ms against 0.696 / 0.691 (a tie), fp8_ds_mla 0.691 /
+// 0.679 against 0.727 / 0.726; sparse T 128 topk 2048 fp8_ds_mla h 128 317 / 397 us against 387 / 385,
+// h 64 172 / 205 against 226 / 227). Read once; docs/DECODE.md "In-place expansion".
+enum class SeesawExpand { registers, inplace };
+inline SeesawExpand seesaw_expand() {
+  static const SeesawExpand e =
+      env_equals("MLA_DECODE_SM90_EXPAND", "inplace") ? SeesawExpand::inplace : SeesawExpand::registers;
+  return e;
+}
+
 template <CacheFormat F, class Rows>
 void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
   CUtensorMap unused;
@@ -155,7 +176,8 @@ void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
     case 16: launch_small_copied<16, F, Rows>(p, grid, stream, unused, what); break;
     case 32: launch_small_copied<32, F, Rows>(p, grid, stream, unused, what); break;
     default:
-      launch_seesaw<GatherKeys<F, Rows>>(p, grid, stream, unused, what);
+      if (seesaw_expand() == SeesawExpand::inplace) launch_seesaw<InplaceKeys<F, Rows>>(p, grid, stream, unused, what);
+      else launch_seesaw<GatherKeys<F, Rows>>(p, grid, stream, unused, what);
       break;
   }
 }

@@ -25,6 +25,9 @@
 //                   per pair; the cache scale and 2^56 are applied by the consumers to S and to the output,
 //                   code_scale below); the seesaw kernel and the small kernel at N 32. N 8 / 16:
 //                   StagedKeys<fp8> (source_staged.cuh), the same conversion from a raw stage.
+//   InplaceKeys<F, Rows>  (source_inplace.cuh; seesaw kernel, fp8 / fp8_ds_mla, MLA_DECODE_SM90_EXPAND=inplace):
+//                   GatherKeys' rows and numerics, but each release group's raw codes cp.async'd into the
+//                   upper half of their own panel rows and expanded in place (one round trip per group).
 //
 // Interface (PagedKeys / GatherKeys):
 //   kTma                 the source issues TMA (the tensor map is real)
