@@ -16,6 +16,7 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mqa_core.cuh"
 #include "cuda/common/ptx/griddep.cuh"
+#include "cuda/common/ptx/tma.cuh"
 #include "cuda/decode/params.h"
 #include "cuda/decode/traits.cuh"
 
@@ -85,11 +86,17 @@ template <class Act>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const DecodeParams p) {
   __shared__ float weight[kMaxCombineSplits];
   __shared__ float total_lse;
-  cuda::ptx::grid_dependency_wait();  // launched as a dependent of the attention kernel: its partials
   const MqaRowParams& rp = p.rows;
   const int64_t m_rows = static_cast<int64_t>(rp.s_q) * rp.h_q;
   const int64_t g = blockIdx.x / m_rows;
   const int row = static_cast<int>(blockIdx.x % m_rows);
+  const int i = row / rp.h_q, h = row % rp.h_q;
+  auto* out = static_cast<typename Act::Storage*>(rp.out) + g * rp.out_stride_g + i * rp.out_stride_i +
+              h * rp.out_stride_h;
+  // While the attention kernel runs (this grid waits on the device below): the output row's first line
+  // into L2, so that the final stores find it (and its translation) warm after a cold start.
+  if (threadIdx.x == 0) cuda::ptx::prefetch_l2(out);
+  cuda::ptx::grid_dependency_wait();  // launched as a dependent of the attention kernel: its partials
   int splits = p.num_splits;
   int64_t slot0 = g * splits;
   if (p.ws_meta != nullptr) {
@@ -118,10 +125,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
     if (threadIdx.x == 0) total_lse = lse;
   }
   __syncthreads();
-  const int i = row / rp.h_q, h = row % rp.h_q;
   if (threadIdx.x == 0 && rp.lse) rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = total_lse;
-  auto* out = static_cast<typename Act::Storage*>(rp.out) + g * rp.out_stride_g + i * rp.out_stride_i +
-              h * rp.out_stride_h;
   const float* o_s = p.ws_o + (slot0 * m_rows + row) * int64_t(Traits::kMaxDv);
   const int64_t split_stride = m_rows * Traits::kMaxDv;
   // kBatch partials per column loaded at once (independent loads in flight: one load after the other

@@ -107,6 +107,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto* win = reinterpret_cast<balance::Window*>(smem + L::kOffSched);  // paged source only
   static_assert(L::template smem_bytes<Src>() <= 227 * 1024, "shared memory per block on sm_90");
   ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
+  if constexpr (Src::kTma)
+    if (p.warm) warm_start(p);  // L2 prefetches over the grid, then griddepcontrol.wait (pipeline.cuh)
   Unit one{};  // the uniform schedule's unit
   const bool balanced = Src::kTma && p.balanced;
   if (balanced) balanced_window(p, win, reinterpret_cast<int64_t*>(smem + L::kOffSched + 64));
@@ -146,7 +148,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     // Q rows [row0, row0 + N) into N-row swizzled panels (zeros past the rows). Both warpgroups left the
     // previous unit's products (the epilogue's last barrier), so sQ is free.
-    load_q_panels(rp, u.g, u.row0, u.m_rows, N, T::kPanels, L::kQPanelBytes, sQ, ct, T::kConsumerThreads);
+    if (Src::kTma && N <= 16 && p.q_batch)  // N 32 keeps the loop: batched (groups of 3 or 5) it spilled 116 bytes
+      load_q_panels_batched<N, T::kConsumerThreads>(rp, u.g, u.row0, u.m_rows, L::kQPanelBytes, sQ, ct);
+    else load_q_panels(rp, u.g, u.row0, u.m_rows, N, T::kPanels, L::kQPanelBytes, sQ, ct, T::kConsumerThreads);
     if (ct < N) {
       const int row = u.row0 + ct;
       const int l = row >= u.m_rows ? -1 : p.causal ? u.seq_len - rp.s_q + row / rp.h_q : u.seq_len - 1;

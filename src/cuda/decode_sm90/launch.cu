@@ -46,6 +46,18 @@ Schedule schedule_mode() {
   return mode;
 }
 
+// The small kernel's start (params.h q_batch / warm; docs/DECODE.md "Small batch"), for A/B measurements
+// with MLA_DECODE_SM90_START: cold (default: the query rows loaded by a loop, one round trip per
+// iteration), qbatch (the query loads all in flight), warm (qbatch, and the kernel a programmatic
+// dependent launch that first prefetches the call's inputs into L2). Read once.
+enum class Start { cold, qbatch, warm };
+Start start_mode() {
+  static const Start s = env_equals("MLA_DECODE_SM90_START", "warm")     ? Start::warm
+                         : env_equals("MLA_DECODE_SM90_START", "qbatch") ? Start::qbatch
+                                                                         : Start::cold;
+  return s;
+}
+
 // KV cache as a 3-D tensor [num_blocks][page_size][576] for TMA: boxes of 64 columns x box_rows rows of
 // one page, 128-byte swizzled (the layout the wgmma descriptors read).
 CUtensorMap paged_tensor_map(const KVCache& cache, int32_t box_rows, const char* what) {
@@ -144,6 +156,10 @@ void run(const dispatch::DecodeArgs& a) {
     }
   }
   p.num_splits = splits;
+  if (!quantized && p.tile_rows <= 32) {
+    p.q_batch = start_mode() != Start::cold ? 1 : 0;
+    p.warm = start_mode() == Start::warm ? 1 : 0;
+  }
 
   const char* what = "mqa_decode (sm90)";
   const unsigned grid =

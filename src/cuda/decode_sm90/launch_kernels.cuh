@@ -44,6 +44,10 @@ template <class Kernel>
 void launch_one(Kernel kernel, int smem, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
                 const DecodeSm90Params& p, const char* what) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
+  if (p.warm) {  // the warm start waits for the previous kernel itself (griddepcontrol.wait in warm_start)
+    launch_dependent(kernel, grid, Traits::kThreads, static_cast<std::size_t>(smem), stream, what, map, p);
+    return;
+  }
   kernel<<<grid, Traits::kThreads, smem, stream>>>(map, p);
   check_launch(what);
 }

@@ -31,6 +31,13 @@ struct DecodeSm90Params {
   // split request's (first slot, splits) for the combine.
   int32_t balanced;
   int32_t* ws_meta;
+  // Start of the small kernel (paged bf16 only; docs/DECODE.md "Small batch"). q_batch: the consumers
+  // load a segment's query rows with all their loads in flight (tile_io.cuh load_q_panels_batched; N 8 /
+  // 16) instead of one round trip per loop iteration. warm: launched as a programmatic dependent whose
+  // first instructions prefetch the call's seq_lens, block-table rows, query rows, output rows and
+  // workspace into L2, spread over the grid, before griddepcontrol.wait (pipeline.cuh warm_start).
+  int32_t q_batch;
+  int32_t warm;
   // Gathered key source (sparse_mqa: a "request" g is a token, s_q = 1, causal 0; block_table / seq_lens
   // unused). mqa_decode's fp8 / fp8_ds_mla caches use the cache fields only (rows through the block table). Key j of token g is flat cache row idx = indices[g * indices_stride + j], read only when
   // j < len(g) and 0 <= idx < num_slots; len(g) = topk_length[g] clamped to [0, topk], or topk.

@@ -37,6 +37,43 @@ __device__ __forceinline__ void load_q_panels(const MqaRowParams& rp, int64_t g,
   }
 }
 
+// load_q_panels for kRows rows of nine panels by kThreads threads with the loads in flight together,
+// in groups of at most kGroup per thread, each group's loads before its stores (the warm start,
+// p.warm: the loop above issues one dependent global round trip per iteration, 5 at N 16). The N 32
+// kernel keeps the loop (batched, in groups of 3 or 5, it spilled 116 bytes).
+template <int kRows, int kThreads, int kGroup = 5>
+__device__ __forceinline__ void load_q_panels_batched(const MqaRowParams& rp, int64_t g, int row0, int m_rows,
+                                                      int panel_bytes, uint8_t* sQ, int ct) {
+  constexpr int kChunks = Traits::kPanels * 8, kItems = kRows * kChunks;
+  constexpr int kIter = (kItems + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int k0 = 0; k0 < kIter; k0 += kGroup) {
+    uint4 v[kGroup];
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const int e = ct + (k0 + k) * kThreads, r = e / kChunks, ch = e % kChunks, row = row0 + r;
+      v[k] = make_uint4(0, 0, 0, 0);
+      if (k0 + k < kIter && e < kItems && row < m_rows) {
+        const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g +
+                              (row / rp.h_q) * rp.q_stride_i + (row % rp.h_q) * rp.q_stride_h + ch * 8;
+        if (rp.q_vec16) {
+          v[k] = *reinterpret_cast<const uint4*>(src);
+        } else {
+          uint32_t x[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) x[j] = src[2 * j] | uint32_t(src[2 * j + 1]) << 16;
+          v[k] = make_uint4(x[0], x[1], x[2], x[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const int e = ct + (k0 + k) * kThreads, r = e / kChunks, ch = e % kChunks;
+      if (k0 + k < kIter && e < kItems) *reinterpret_cast<uint4*>(sQ + (ch / 8) * panel_bytes + swz(r, ch % 8)) = v[k];
+    }
+  }
+}
+
 // Columns col, col + 1 of query row `row` of request g as a bf16 pair (lower column in the low half).
 __device__ __forceinline__ uint32_t load_q_pair(const MqaRowParams& rp, int64_t g, int row, int col) {
   const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
