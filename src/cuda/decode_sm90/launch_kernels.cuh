@@ -159,15 +159,17 @@ void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
 // The seesaw kernel's source for the code formats (64-row tiles): GatherKeys (codes through registers, nine
 // round trips per stage tile) or InplaceKeys (source_inplace.cuh: the raw codes cp.async'd into their own
 // panel rows a release group at a time and expanded in place there; two / three round trips; on the next
-// schedule unless MLA_DECODE_SM90_SEESAW=serial). MLA_DECODE_SM90_EXPAND=inplace selects InplaceKeys; default
-// GatherKeys: InplaceKeys measured faster on some rows only (nvidia-h200 2026-11-23 at 188efbe, same-run
-// A/B: dense b 128 s_k 4096 h 128 fp8 0.690 / 0.683 ms against 0.696 / 0.691 (a tie), fp8_ds_mla 0.691 /
-// 0.679 against 0.727 / 0.726; sparse T 128 topk 2048 fp8_ds_mla h 128 317 / 397 us against 387 / 385,
-// h 64 172 / 205 against 226 / 227). Read once; docs/DECODE.md "In-place expansion".
-enum class SeesawExpand { registers, inplace };
+// schedule unless MLA_DECODE_SM90_SEESAW=serial). Default: InplaceKeys for fp8_ds_mla (mqa_decode and
+// sparse_mqa), GatherKeys for fp8 per-tensor, from the same-run A/Bs on nvidia-h200 2026-11-23 (188efbe:
+// dense b 128 s_k 4096 h 128 fp8 0.690 / 0.683 ms against 0.696 / 0.691, a tie; fp8_ds_mla 0.691 / 0.679
+// against 0.727 / 0.726; sparse T 128 topk 2048 fp8_ds_mla h 128 317 / 397 us against 387 / 385, h 64
+// 172 / 205 against 226 / 227; the lead's A/B at the flip in docs/DECODE.md "In-place expansion").
+// MLA_DECODE_SM90_EXPAND=inplace / registers forces one source for both formats. Read once.
+enum class SeesawExpand { automatic, registers, inplace };
 inline SeesawExpand seesaw_expand() {
-  static const SeesawExpand e =
-      env_equals("MLA_DECODE_SM90_EXPAND", "inplace") ? SeesawExpand::inplace : SeesawExpand::registers;
+  static const SeesawExpand e = env_equals("MLA_DECODE_SM90_EXPAND", "inplace")     ? SeesawExpand::inplace
+                                : env_equals("MLA_DECODE_SM90_EXPAND", "registers") ? SeesawExpand::registers
+                                                                                     : SeesawExpand::automatic;
   return e;
 }
 
@@ -180,8 +182,13 @@ void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
     case 16: launch_small_copied<16, F, Rows>(p, grid, stream, unused, what); break;
     case 32: launch_small_copied<32, F, Rows>(p, grid, stream, unused, what); break;
     default:
-      if (seesaw_expand() == SeesawExpand::inplace) launch_seesaw<InplaceKeys<F, Rows>>(p, grid, stream, unused, what);
-      else launch_seesaw<GatherKeys<F, Rows>>(p, grid, stream, unused, what);
+      {
+        const SeesawExpand e = seesaw_expand();
+        if (e == SeesawExpand::inplace || (e == SeesawExpand::automatic && F == CacheFormat::fp8_ds_mla))
+          launch_seesaw<InplaceKeys<F, Rows>>(p, grid, stream, unused, what);
+        else
+          launch_seesaw<GatherKeys<F, Rows>>(p, grid, stream, unused, what);
+      }
       break;
   }
 }
