@@ -24,6 +24,10 @@ expect_fail "--requests" run --backend cpu --requests 99999999999
 expect_fail "--max-context" run --backend cpu --max-context 7
 expect_fail "--topk-source" run --backend cpu --sparse --topk-source bogus
 expect_fail "--topk-source applies to --sparse" run --backend cpu --steps 1 --topk-source indexer
+expect_fail "--sparse-prefill" run --backend cpu --sparse --sparse-prefill bogus
+expect_fail "--sparse-prefill applies to --sparse runs with the fp8_ds_mla cache" run --backend cpu --steps 1 --sparse-prefill separate
+expect_fail "--sparse-prefill applies to --sparse runs with the fp8_ds_mla cache" run --backend cpu --sparse --cache bf16 --steps 1 --sparse-prefill mixed
+expect_fail "--sparse-prefill separate cannot be combined with --dcp" run --backend cpu --sparse --dcp 2 --sparse-prefill separate
 expect_fail "cannot open" run --backend cpu --steps 1 --json /nonexistent-dir/x.json
 expect_fail "--dcp" run --backend cpu --dcp 0
 expect_fail "--dcp" run --backend cpu --dcp 99999999999

@@ -31,6 +31,7 @@ struct RunOptions {
   int64_t steps = -1, requests = -1, max_context = -1, token_budget = -1, max_seqs = -1, topk = -1;
   int64_t check_samples = -1;
   std::string topk_source;  // "" = indexer with --sparse; "synthetic" = random rows
+  std::string sparse_prefill;  // "" = auto; "mixed" / "separate" (PlannerConfig::sparse_prefill_mode)
   uint64_t seed = 0;
   std::string json_path;
   bool no_progress = false;

@@ -177,6 +177,14 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   } else if (!o.topk_source.empty()) {
     throw Error("--topk-source applies to --sparse runs only");
   }
+  if (!o.sparse_prefill.empty() && o.sparse_prefill != "auto") {
+    if (!c.sparse || c.format != CacheFormat::fp8_ds_mla)
+      throw Error("--sparse-prefill applies to --sparse runs with the fp8_ds_mla cache only");
+    c.sparse_prefill = o.sparse_prefill == "mixed" ? SparsePrefillMode::mixed_batch : SparsePrefillMode::separate;
+    if (c.dcp > 1 && c.sparse_prefill == SparsePrefillMode::separate)
+      throw Error("--sparse-prefill separate cannot be combined with --dcp: DCP runs every sparse token on the cache "
+                  "shards (the mixed batch)");
+  }
   return c;
 }
 
@@ -238,6 +246,11 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "indexer queries and keys written to an indexer K cache beside the latent cache) or synthetic "
                   "(random positions)")
       ->check(CLI::IsMember({"indexer", "synthetic"}));
+  cmd->add_option("--sparse-prefill", o.sparse_prefill,
+                  "Sparse, fp8_ds_mla cache: how prefill tokens run: auto (default: the mixed batch below 32 heads, "
+                  "as vLLM), mixed (every token on the cache's records) or separate (prefills through the "
+                  "upconverted bf16 workspace); docs/SPARSE.md")
+      ->check(CLI::IsMember({"auto", "mixed", "separate"}));
   cmd->add_option("--check-samples", o.check_samples, "Tokens checked against the float64 oracle, spread over the "
                                                       "steps and over decode, context-prefill and fresh-prefill "
                                                       "tokens; 0 skips the check" + def(&Defaults::check_samples))

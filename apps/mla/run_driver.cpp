@@ -412,6 +412,7 @@ PlannerConfig planner_config(const RunConfig& cfg) {
   pc.sparse = cfg.sparse;
   pc.decode_threshold = cfg.trace.decode_threshold;
   pc.require_uniform = cfg.sparse;  // FlashMLA-sparse: uniform decodes; dense: varlen
+  pc.sparse_prefill_mode = cfg.sparse_prefill;
   pc.num_sms = multiprocessor_count(cfg.device);  // decode split-KV schedule (0 on the CPU)
   pc.validate();
   return pc;

@@ -33,6 +33,8 @@ struct RunConfig {
   bool sparse = false;
   int64_t topk = 0;
   bool real_indexer = false;  // sparse: top-k rows from the lightning indexer (else synthetic rows)
+  // Sparse fp8_ds_mla: how prefill tokens run (--sparse-prefill; PlannerConfig::sparse_prefill_mode).
+  SparsePrefillMode sparse_prefill = SparsePrefillMode::automatic;
   int64_t steps = 0;
   int64_t check_samples = 0;
   uint64_t seed = 0;

@@ -64,8 +64,11 @@ std::array<KindTotals, kNumStepKinds> by_step_kind(const RunStats& s) {
 double rate(double n, double secs) { return secs > 0 ? n / secs : 0.0; }
 
 std::string attention_kind(const RunConfig& c) {
-  return c.sparse ? fmt::format("sparse top-{} ({})", c.topk, c.real_indexer ? "lightning indexer" : "synthetic rows")
-                  : std::string("dense");
+  if (!c.sparse) return "dense";
+  const std::string mode = c.format != CacheFormat::fp8_ds_mla ? ""
+                           : sparse_mixed_batch_for(c.sparse_prefill, c.dims.num_heads) ? ", mixed batch"
+                                                                                         : ", separate prefill";
+  return fmt::format("sparse top-{} ({}{})", c.topk, c.real_indexer ? "lightning indexer" : "synthetic rows", mode);
 }
 
 }  // namespace
@@ -174,6 +177,9 @@ void write_json(OutputFile& out, const RunConfig& c, const RunStats& s, const Or
                  {"sparse", c.sparse},
                  {"topk", c.topk},
                  {"topk_source", c.sparse ? (c.real_indexer ? "indexer" : "synthetic") : ""},
+                 {"sparse_prefill", c.sparse && c.format == CacheFormat::fp8_ds_mla
+                                        ? (sparse_mixed_batch_for(c.sparse_prefill, c.dims.num_heads) ? "mixed" : "separate")
+                                        : ""},
                  {"cache", to_string(c.format)},
                  {"page_size", c.trace.page_size},
                  {"steps", c.steps},

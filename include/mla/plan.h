@@ -102,6 +102,15 @@ std::vector<int32_t> prefill_workspace_starts(const std::vector<int32_t>& seq_le
                                               const std::vector<std::pair<int64_t, int64_t>>& chunks);
 inline constexpr int kMinHeadsForBf16Prefill = 32;
 bool sparse_use_mixed_batch(int num_heads, bool hisparse = false, bool pcp_and_dcp = false);
+// How a sparse fp8_ds_mla step runs its prefill tokens (PlannerConfig::sparse_prefill_mode). automatic:
+// §11.4's rule (sparse_use_mixed_batch: mixed batch below 32 heads, vLLM's choice because its bf16 prefill
+// kernel pads heads to 64 / 128); mixed_batch: every token on the cache's records; separate: prefills
+// through the upconverted bf16 workspace at any head count. The sm90 kernels pad no heads, so the rule's
+// reason does not hold for them; which mode is faster per head count is measured (docs/SPARSE.md).
+enum class SparsePrefillMode : int32_t { automatic = 0, mixed_batch = 1, separate = 2 };
+const char* to_string(SparsePrefillMode m);
+// The mode's decision for num_heads (throws mla::Error for a value outside the enum).
+bool sparse_mixed_batch_for(SparsePrefillMode mode, int num_heads);
 // 64 if <= 64 else 128; beyond FlashMLA's 128, a multiple of 128 (no head count is refused).
 int sparse_fp8_decode_padded_heads(int num_heads);
 int sparse_prefill_padded_heads(int num_heads, bool sm100);  // roundup(N, 64 | 128)
@@ -192,6 +201,9 @@ struct PlannerConfig {
   // Rows of the sparse fp8 prefill upconvert workspace; 0 = sparse_prefill_workspace_rows(max_model_len).
   // Otherwise >= max_model_len: a request is never split across workspace chunks.
   int64_t sparse_workspace_rows = 0;
+  // Sparse fp8_ds_mla steps: mixed batch or separate prefill (SparsePrefillMode above). Other formats
+  // and dense steps ignore it. DCP plans need the mixed batch (make_plan refuses separate with DCP).
+  SparsePrefillMode sparse_prefill_mode = SparsePrefillMode::automatic;
   // Multiprocessors of the device the step runs on (multiprocessor_count(device), mla/ops.h): sizes
   // the decode split-KV schedule. 0 = no split-KV (CPU layers; on CUDA correct but slower).
   int num_sms = 0;
@@ -275,7 +287,8 @@ struct Plan {
 
   // Sparse plans only.
   std::vector<int32_t> req_id_per_token;      // [num_tokens] (padding tokens -> 0)
-  // fp8_ds_mla with sparse_use_mixed_batch(num_heads): all tokens through the cache path.
+  // fp8_ds_mla with sparse_mixed_batch_for(config.sparse_prefill_mode, num_heads): all tokens through the
+  // cache path.
   bool sparse_mixed_batch = false;
   // [num_tokens]: -1 decode (and padding) tokens, prefill-local index otherwise. Filled exactly when
   // sparse_chunks is (fp8_ds_mla separate mode with prefills), empty otherwise.

@@ -74,6 +74,12 @@ void bind_plan(py::module_& m) {
   m.def("prefill_workspace_starts", &prefill_workspace_starts, py::arg("seq_lens"), py::arg("chunks"));
   m.def("sparse_use_mixed_batch", &sparse_use_mixed_batch, py::arg("num_heads"), py::arg("hisparse") = false,
         py::arg("pcp_and_dcp") = false);
+  py::enum_<SparsePrefillMode>(m, "SparsePrefillMode",
+                                "How a sparse fp8_ds_mla step runs its prefill tokens (PlannerConfig.sparse_prefill_mode)")
+      .value("automatic", SparsePrefillMode::automatic)
+      .value("mixed_batch", SparsePrefillMode::mixed_batch)
+      .value("separate", SparsePrefillMode::separate);
+  m.def("sparse_mixed_batch_for", &sparse_mixed_batch_for, py::arg("mode"), py::arg("num_heads"));
   m.def("sparse_fp8_decode_padded_heads", &sparse_fp8_decode_padded_heads, py::arg("num_heads"));
   m.def("sparse_prefill_padded_heads", &sparse_prefill_padded_heads, py::arg("num_heads"), py::arg("sm100"));
   m.def("sparse_prefill_workspace_rows", &sparse_prefill_workspace_rows, py::arg("max_model_len"));
@@ -101,7 +107,7 @@ void bind_plan(py::module_& m) {
       MLA_RW(PlannerConfig, page_size) MLA_RW(PlannerConfig, max_model_len) MLA_RW(PlannerConfig, max_num_seqs)
       MLA_RW(PlannerConfig, sparse) MLA_RW(PlannerConfig, decode_threshold) MLA_RW(PlannerConfig, require_uniform)
       MLA_RW(PlannerConfig, context_workspace_rows) MLA_RW(PlannerConfig, sparse_workspace_rows)
-      MLA_RW(PlannerConfig, num_sms) MLA_RW(PlannerConfig, dcp)
+      MLA_RW(PlannerConfig, sparse_prefill_mode) MLA_RW(PlannerConfig, num_sms) MLA_RW(PlannerConfig, dcp)
       .def("validate", &PlannerConfig::validate);
   plain<BatchDesc>(m, "BatchDesc") MLA_RW(BatchDesc, query_start_loc) MLA_RW(BatchDesc, seq_lens)
       MLA_RW(BatchDesc, num_tokens) MLA_RW(BatchDesc, decode_seq_len_bound);

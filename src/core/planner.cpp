@@ -161,6 +161,7 @@ void PlannerConfig::validate() const {
   MLA_CHECK(sparse_workspace_rows == 0 || sparse_workspace_rows >= max_model_len,
             "PlannerConfig: sparse_workspace_rows must be 0 (5 * max_model_len) or >= max_model_len = {}, got {}",
             max_model_len, sparse_workspace_rows);
+  (void)sparse_mixed_batch_for(sparse_prefill_mode, dims.num_heads);  // the enum value (throws outside it)
   validate_dcp_layout(dcp, page_size);
 }
 
@@ -259,7 +260,7 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
             "make_plan: decode_seq_len_bound must be 0 or in [longest decode seq_len = {}, max_model_len = {}], got {}",
             plan.max_decode_seq_len, config.max_model_len, batch.decode_seq_len_bound);
   const bool ds_mla = config.sparse && config.cache_format == CacheFormat::fp8_ds_mla;
-  plan.sparse_mixed_batch = ds_mla && sparse_use_mixed_batch(config.dims.num_heads);
+  plan.sparse_mixed_batch = ds_mla && sparse_mixed_batch_for(config.sparse_prefill_mode, config.dims.num_heads);
   const bool sparse_separate = ds_mla && !plan.sparse_mixed_batch;
   if (config.require_uniform) check_uniform_decodes(len, plan.split, plan.decode_query_len, "require_uniform");
   if (sparse_separate)

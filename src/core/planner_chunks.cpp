@@ -147,6 +147,26 @@ bool sparse_use_mixed_batch(int num_heads, bool hisparse, bool pcp_and_dcp) {
   return num_heads < kMinHeadsForBf16Prefill && !hisparse && !pcp_and_dcp;
 }
 
+const char* to_string(SparsePrefillMode m) {
+  switch (m) {
+    case SparsePrefillMode::automatic: return "automatic";
+    case SparsePrefillMode::mixed_batch: return "mixed_batch";
+    case SparsePrefillMode::separate: return "separate";
+  }
+  return "invalid";
+}
+
+bool sparse_mixed_batch_for(SparsePrefillMode mode, int num_heads) {
+  switch (mode) {
+    case SparsePrefillMode::automatic: return sparse_use_mixed_batch(num_heads);
+    case SparsePrefillMode::mixed_batch: return true;
+    case SparsePrefillMode::separate: return false;
+  }
+  MLA_CHECK(false, "sparse_prefill_mode must be automatic (0), mixed_batch (1) or separate (2), got {}",
+            static_cast<int32_t>(mode));
+  return false;
+}
+
 int sparse_fp8_decode_padded_heads(int num_heads) {
   MLA_CHECK(num_heads >= 1, "sparse_fp8_decode_padded_heads: num_heads must be >= 1, got {}", num_heads);
   if (num_heads <= 64) return 64;

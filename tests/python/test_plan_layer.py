@@ -25,6 +25,18 @@ def test_planner_functions():
     assert mla.chunked_prefill_workspace_rows(1000, 4, 16) == 8000
     with pytest.raises(ValueError, match="query_start_loc"):
         mla.split_decodes_and_prefills([1, 2], 1, False)
+    # The sparse fp8_ds_mla prefill mode: the head rule by default, or either mode forced.
+    assert mla.sparse_mixed_batch_for(mla.SparsePrefillMode.automatic, 16) == mla.sparse_use_mixed_batch(16)
+    assert not mla.sparse_mixed_batch_for(mla.SparsePrefillMode.separate, 16)
+    ds = mla.ModelDims(kv_lora_rank=L, qk_rope_head_dim=R, qk_nope_head_dim=P, v_head_dim=V, num_heads=16,
+                       softmax_scale=0.1, index_topk=TOPK)
+    cfg = mla.PlannerConfig(dims=ds, cache_format=mla.CacheFormat.fp8_ds_mla, page_size=PAGE, max_model_len=256,
+                            max_num_seqs=8, sparse=True, decode_threshold=1, require_uniform=True)
+    batch = mla.BatchDesc(query_start_loc=[0, 1, 9], seq_lens=[20, 8])
+    assert cfg.sparse_prefill_mode == mla.SparsePrefillMode.automatic and mla.make_plan(batch, cfg).sparse_mixed_batch
+    cfg.sparse_prefill_mode = mla.SparsePrefillMode.separate
+    sep = mla.make_plan(batch, cfg)
+    assert not sep.sparse_mixed_batch and len(sep.sparse_chunks) == 1
 
 
 def dims(sparse):

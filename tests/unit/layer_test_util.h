@@ -46,6 +46,7 @@ struct Scenario {
   int64_t decode_threshold = 1;
   bool require_uniform = false;
   int64_t context_workspace_rows = 0, sparse_workspace_rows = 0;
+  SparsePrefillMode sparse_prefill_mode = SparsePrefillMode::automatic;
   int64_t max_model_len = 256, max_num_seqs = 16;
   int64_t pad_tokens = 0;  // CUDA-graph padding rows after the actual tokens
   // Decode schedule: the SM count it is planned for (H100/H200: 132; the CPU ignores it) and the
@@ -84,6 +85,7 @@ struct Scenario {
     c.require_uniform = require_uniform;
     c.context_workspace_rows = context_workspace_rows;
     c.sparse_workspace_rows = sparse_workspace_rows;
+    c.sparse_prefill_mode = sparse_prefill_mode;
     c.num_sms = num_sms;
     return c;
   }

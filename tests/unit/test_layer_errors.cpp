@@ -255,6 +255,10 @@ TEST(LayerWorkspace, BoundCoversRandomPlans) {
     sc.require_uniform = true;
     sc.sparse_workspace_rows = 150;
     configs.push_back({sc, 300});
+    // The mode against the head rule: 4 heads separate, 32 heads mixed batch.
+    sc.sparse_prefill_mode = h == 4 ? SparsePrefillMode::separate : SparsePrefillMode::mixed_batch;
+    configs.push_back({sc, 300});
+    sc.sparse_prefill_mode = SparsePrefillMode::automatic;
     sc.format = CacheFormat::bf16;
     configs.push_back({sc, 300});
   }

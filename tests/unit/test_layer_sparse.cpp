@@ -68,6 +68,24 @@ TEST(LayerSparse, DsMlaSeparateModeMatchesNaiveTopk) {
   EXPECT_LE(oracle_vs_naive(d), 1.0);
 }
 
+// PlannerConfig::sparse_prefill_mode against §11.4's head rule: 16 heads in the separate mode (prefills
+// through the upconverted workspace, two chunks) and 32 heads in the mixed batch, each against naive
+// attention over the top-k sets.
+TEST(LayerSparse, DsMlaModeChosenAgainstTheHeadRule) {
+  Scenario h16 = sparse_separate();
+  h16.h = 16;
+  h16.sparse_prefill_mode = SparsePrefillMode::separate;
+  const StepData sep = make_step(h16);
+  ASSERT_FALSE(sep.plan.sparse_mixed_batch);
+  ASSERT_EQ(sep.plan.sparse_chunks.size(), 2u);
+  EXPECT_LE(oracle_vs_naive(sep), 1.0);
+  Scenario h32 = sparse_separate();
+  h32.sparse_prefill_mode = SparsePrefillMode::mixed_batch;
+  const StepData mixed = make_step(h32);
+  ASSERT_TRUE(mixed.plan.sparse_mixed_batch);
+  EXPECT_LE(oracle_vs_naive(mixed), 1.0);
+}
+
 TEST(LayerSparse, DecodeOnlyAndPrefillOnlyBatches) {
   Scenario sc = sparse_small_heads(CacheFormat::bf16);
   sc.reqs = {{20, 1}, {40, 1}, {3, 1}};

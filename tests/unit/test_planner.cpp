@@ -558,6 +558,57 @@ TEST(Planner, MakePlanSparseFp8SeparateChunks) {
   EXPECT_TRUE(make_plan(batch_of({2, 2}, {9, 9}), cfg).prefill_request_id.empty());
 }
 
+// PlannerConfig::sparse_prefill_mode overrides §11.4's head rule for fp8_ds_mla and only there.
+TEST(Planner, SparsePrefillModeOverridesTheHeadRule) {
+  EXPECT_EQ(sparse_mixed_batch_for(SparsePrefillMode::automatic, 16), sparse_use_mixed_batch(16));
+  EXPECT_EQ(sparse_mixed_batch_for(SparsePrefillMode::automatic, 32), sparse_use_mixed_batch(32));
+  EXPECT_TRUE(sparse_mixed_batch_for(SparsePrefillMode::mixed_batch, 128));
+  EXPECT_FALSE(sparse_mixed_batch_for(SparsePrefillMode::separate, 1));
+  EXPECT_THROW(sparse_mixed_batch_for(static_cast<SparsePrefillMode>(3), 16), Error);
+  EXPECT_THROW(sparse_mixed_batch_for(static_cast<SparsePrefillMode>(-1), 16), Error);
+  EXPECT_STREQ(to_string(SparsePrefillMode::separate), "separate");
+
+  const BatchDesc batch = batch_of({2, 2, 1, 100, 150}, {50, 60, 31, 100, 150});
+  PlannerConfig h16 = sparse_config(8, CacheFormat::fp8_ds_mla);  // 16 heads: mixed batch by the rule
+  h16.sparse_workspace_rows = 200;
+  h16.sparse_prefill_mode = SparsePrefillMode::separate;
+  const Plan sep = make_plan(batch, h16);
+  EXPECT_FALSE(sep.sparse_mixed_batch);
+  ASSERT_EQ(sep.sparse_chunks.size(), 2u);  // the same chunks as the 128-head separate plan above
+  EXPECT_EQ(sep.sparse_chunks[0].workspace_starts, (std::vector<int32_t>{0, 31}));
+  EXPECT_EQ(sep.prefill_request_id.size(), 255u);
+  h16.sparse_prefill_mode = SparsePrefillMode::automatic;
+  EXPECT_TRUE(make_plan(batch, h16).sparse_mixed_batch);
+
+  PlannerConfig h128 = sparse_config(1, CacheFormat::fp8_ds_mla);  // 128 heads: separate by the rule
+  h128.sparse_prefill_mode = SparsePrefillMode::mixed_batch;
+  const Plan mixed = make_plan(batch, h128);
+  EXPECT_TRUE(mixed.sparse_mixed_batch);
+  EXPECT_TRUE(mixed.sparse_chunks.empty());
+  EXPECT_TRUE(mixed.prefill_request_id.empty());
+  // A plan's digest covers the mode: the same batch under another mode is another plan.
+  h128.sparse_prefill_mode = SparsePrefillMode::separate;
+  EXPECT_NE(make_plan(batch, h128).seal, mixed.seal);
+
+  // Other formats ignore the mode: bf16 sparse plans use global slots for every token.
+  PlannerConfig bf16 = sparse_config(8, CacheFormat::bf16);
+  bf16.sparse_prefill_mode = SparsePrefillMode::separate;
+  EXPECT_FALSE(make_plan(batch, bf16).sparse_mixed_batch);
+  EXPECT_TRUE(make_plan(batch, bf16).sparse_chunks.empty());
+
+  // A value outside the enum is refused by validate() and make_plan; DCP refuses the separate mode.
+  PlannerConfig bad = sparse_config(8, CacheFormat::fp8_ds_mla);
+  bad.sparse_prefill_mode = static_cast<SparsePrefillMode>(7);
+  EXPECT_THROW(bad.validate(), Error);
+  EXPECT_THROW(make_plan(batch, bad), Error);
+  PlannerConfig dcp = sparse_config(8, CacheFormat::fp8_ds_mla);
+  dcp.dcp = {2, 0, 1};
+  dcp.sparse_prefill_mode = SparsePrefillMode::separate;
+  EXPECT_THROW(make_plan(batch, dcp), Error);
+  dcp.sparse_prefill_mode = SparsePrefillMode::mixed_batch;
+  EXPECT_NO_THROW(make_plan(batch, dcp));
+}
+
 TEST(Planner, MakePlanSparseSeparateNeedsUniformDecodes) {
   PlannerConfig cfg = sparse_config(1, CacheFormat::fp8_ds_mla);
   cfg.require_uniform = false;
