@@ -90,6 +90,10 @@ void capture_and_replay(const Scenario& sc, const std::vector<Scenario>& replays
   Tensor meta = Tensor::empty({std::max<int64_t>(static_cast<int64_t>(meta_bytes), 16)}, DType::u8, dev);
   Tensor ws = Tensor::empty({std::max<int64_t>(static_cast<int64_t>(layers[0].layer->workspace_bytes(plan)), 1)},
                             DType::u8, dev);
+  // NaN-poisoned like every layer test's workspace (0xFF bytes: NaN in bf16 and f32): a read of workspace the
+  // step did not write shows in the outputs. It also keeps initcheck off the reads of cuBLAS-written q_abs,
+  // which it cannot see as writes (docs/DEVELOPING.md, the tool-limit probe).
+  fill(ws.view(), 255.0);
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   const Context ctx{stream, Precision::fast};
