@@ -180,6 +180,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, std::size_t size) {
   if (in.byte() % 16 == 0) b.seq_lens.push_back(1);  // one too many
   b.num_tokens = in.flag() ? -1 : wrap_add(b.query_start_loc.back(), in.hostile(0, 8));
   b.decode_seq_len_bound = in.byte() % 4 == 0 ? in.hostile(0, 700) : 0;
+  // A plan's size grows with the token count and with the context chunks (context / workspace rows), and
+  // batches of up to 2^31 - 1 tokens or context positions are valid: planning one of 9e8 tokens, or a 2^31
+  // context through a 229-row workspace (9.4e6 chunks), needs gigabytes, past libFuzzer's 2 GB limit (both
+  // reached on 2026-11-23), and large valid sizes make every run slow. Valid sizes past 2^16 are left out;
+  // out-of-range ones (refused before any allocation) stay.
+  constexpr int64_t kBig = int64_t{1} << 16;
+  const auto huge = [](int64_t v) { return v > kBig && v <= std::numeric_limits<int32_t>::max(); };
+  if (huge(b.num_tokens) || std::any_of(b.query_start_loc.begin(), b.query_start_loc.end(), huge)) return 0;
+  if (std::any_of(b.seq_lens.begin(), b.seq_lens.end(), [&](int32_t s) { return s > kBig && s <= c.max_model_len; }))
+    return 0;
 
   if (std::getenv("FUZZ_VERBOSE")) {  // describe the call (for reproducers)
     std::fprintf(stderr, "config: heads %d sparse %d topk %d format %d page %lld max_model_len %lld max_num_seqs %lld "
