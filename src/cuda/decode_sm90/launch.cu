@@ -42,7 +42,7 @@ int sm_count(int device) {
 enum class Schedule { automatic, uniform };
 Schedule schedule_mode() {
   static const Schedule mode =
-      env_equals("MLA_DECODE_SM90_SCHEDULE", "uniform") ? Schedule::uniform : Schedule::automatic;
+      env_choice("MLA_DECODE_SM90_SCHEDULE", Schedule::automatic, {{"uniform", Schedule::uniform}});
   return mode;
 }
 
@@ -54,9 +54,8 @@ Schedule schedule_mode() {
 // prefetches the call's inputs into L2). Read once.
 enum class Start { cold, qbatch, warm };
 Start start_mode() {
-  static const Start s = env_equals("MLA_DECODE_SM90_START", "warm")   ? Start::warm
-                         : env_equals("MLA_DECODE_SM90_START", "cold") ? Start::cold
-                                                                       : Start::qbatch;
+  static const Start s =
+      env_choice("MLA_DECODE_SM90_START", Start::qbatch, {{"warm", Start::warm}, {"cold", Start::cold}});
   return s;
 }
 

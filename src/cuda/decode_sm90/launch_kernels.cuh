@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/common/launch.h"
 #include "mla/cache.h"
@@ -16,10 +18,14 @@
 
 namespace mla::cuda::decode_sm90 {
 
-// Whether environment variable `name` is set to `value` (the A/B switches of this family; each is read once).
-inline bool env_equals(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
+// The A/B switches of this family: the choice whose text environment variable `name` holds, else
+// `fallback` (unset or any other text). Each caller reads it once into a static.
+template <class E>
+E env_choice(const char* name, E fallback, std::initializer_list<std::pair<const char*, E>> choices) {
+  if (const char* v = std::getenv(name))
+    for (const auto& [text, e] : choices)
+      if (std::strcmp(v, text) == 0) return e;
+  return fallback;
 }
 
 inline bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -68,9 +74,9 @@ void launch_small(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
 // MLA_DECODE_SM90_SEESAW=serial, serial.
 enum class SeesawSchedule { overlapped, serial, next };
 inline SeesawSchedule seesaw_schedule() {
-  static const SeesawSchedule s = env_equals("MLA_DECODE_SM90_SEESAW", "serial")       ? SeesawSchedule::serial
-                                  : env_equals("MLA_DECODE_SM90_SEESAW", "overlapped") ? SeesawSchedule::overlapped
-                                                                                        : SeesawSchedule::next;
+  static const SeesawSchedule s = env_choice(
+      "MLA_DECODE_SM90_SEESAW", SeesawSchedule::next,
+      {{"serial", SeesawSchedule::serial}, {"overlapped", SeesawSchedule::overlapped}});
   return s;
 }
 
@@ -78,17 +84,16 @@ inline SeesawSchedule seesaw_schedule() {
 template <class Src>
 void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
                    const char* what) {
-  if constexpr (GroupwiseSource<Src>) {  // InplaceKeys: next (default) or serial
-    if (seesaw_schedule() == SeesawSchedule::next) {
-      launch_one(decode_sm90_seesaw_next_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
-      return;
-    }
-  } else if constexpr (Src::kTma) {
-    const SeesawSchedule s = seesaw_schedule();
+  // The next schedule: the TMA source and InplaceKeys (GatherKeys has no build of it); the overlapped one:
+  // the TMA source only (InplaceKeys falls back to serial); everything else serial.
+  const SeesawSchedule s = seesaw_schedule();
+  if constexpr (GroupwiseSource<Src> || Src::kTma) {
     if (s == SeesawSchedule::next) {
       launch_one(decode_sm90_seesaw_next_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
       return;
     }
+  }
+  if constexpr (Src::kTma) {
     if (s == SeesawSchedule::overlapped) {
       launch_one(decode_sm90_seesaw_kernel<Src, true>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
       return;
@@ -133,9 +138,8 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
 // MLA_DECODE_SM90_STAGE=ring: the ring wherever it fits; =staged: never. Read once; docs/DECODE.md "Raw ring".
 enum class StageChoice { automatic, ring, staged };
 inline StageChoice stage_choice() {
-  static const StageChoice c = env_equals("MLA_DECODE_SM90_STAGE", "ring")     ? StageChoice::ring
-                               : env_equals("MLA_DECODE_SM90_STAGE", "staged") ? StageChoice::staged
-                                                                                : StageChoice::automatic;
+  static const StageChoice c = env_choice("MLA_DECODE_SM90_STAGE", StageChoice::automatic,
+                                          {{"ring", StageChoice::ring}, {"staged", StageChoice::staged}});
   return c;
 }
 
@@ -167,9 +171,8 @@ void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
 // MLA_DECODE_SM90_EXPAND=inplace / registers forces one source for both formats. Read once.
 enum class SeesawExpand { automatic, registers, inplace };
 inline SeesawExpand seesaw_expand() {
-  static const SeesawExpand e = env_equals("MLA_DECODE_SM90_EXPAND", "inplace")     ? SeesawExpand::inplace
-                                : env_equals("MLA_DECODE_SM90_EXPAND", "registers") ? SeesawExpand::registers
-                                                                                     : SeesawExpand::automatic;
+  static const SeesawExpand e = env_choice("MLA_DECODE_SM90_EXPAND", SeesawExpand::automatic,
+                                           {{"inplace", SeesawExpand::inplace}, {"registers", SeesawExpand::registers}});
   return e;
 }
 
