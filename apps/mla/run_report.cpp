@@ -63,12 +63,17 @@ std::array<KindTotals, kNumStepKinds> by_step_kind(const RunStats& s) {
 
 double rate(double n, double secs) { return secs > 0 ? n / secs : 0.0; }
 
+// The sparse fp8_ds_mla prefill mode the run's plans take: "mixed", "separate", or "" (no such choice).
+const char* sparse_prefill_name(const RunConfig& c) {
+  if (!c.sparse || c.format != CacheFormat::fp8_ds_mla) return "";
+  return sparse_mixed_batch_for(c.sparse_prefill, c.dims.num_heads) ? "mixed" : "separate";
+}
+
 std::string attention_kind(const RunConfig& c) {
   if (!c.sparse) return "dense";
-  const std::string mode = c.format != CacheFormat::fp8_ds_mla ? ""
-                           : sparse_mixed_batch_for(c.sparse_prefill, c.dims.num_heads) ? ", mixed batch"
-                                                                                         : ", separate prefill";
-  return fmt::format("sparse top-{} ({}{})", c.topk, c.real_indexer ? "lightning indexer" : "synthetic rows", mode);
+  const std::string mode = sparse_prefill_name(c);
+  return fmt::format("sparse top-{} ({}{})", c.topk, c.real_indexer ? "lightning indexer" : "synthetic rows",
+                     mode.empty() ? "" : mode == "mixed" ? ", mixed batch" : ", separate prefill");
 }
 
 }  // namespace
@@ -177,9 +182,7 @@ void write_json(OutputFile& out, const RunConfig& c, const RunStats& s, const Or
                  {"sparse", c.sparse},
                  {"topk", c.topk},
                  {"topk_source", c.sparse ? (c.real_indexer ? "indexer" : "synthetic") : ""},
-                 {"sparse_prefill", c.sparse && c.format == CacheFormat::fp8_ds_mla
-                                        ? (sparse_mixed_batch_for(c.sparse_prefill, c.dims.num_heads) ? "mixed" : "separate")
-                                        : ""},
+                 {"sparse_prefill", sparse_prefill_name(c)},
                  {"cache", to_string(c.format)},
                  {"page_size", c.trace.page_size},
                  {"steps", c.steps},
