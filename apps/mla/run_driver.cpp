@@ -158,6 +158,7 @@ class TraceRunner {
   IndexerCacheBuffer icache_;
   Staged ik_, iq_, iw_, izero_, iend_, icu_;
   Tensor igk_, igs_, ilogits_;
+  std::vector<uint16_t> itmp_;  // bf16 staging of the random indexer queries / weights (reused each step)
   std::unique_ptr<DcpGroup> dcp_;  // --dcp N > 1: the layer runs on the group (the global cache is one page)
   Scheduler sched_;
   OracleCheck checker_;
@@ -223,13 +224,21 @@ void TraceRunner::compute_indexer_topk(const StepBatch& batch, int64_t index) {
   const int64_t T = batch.num_tokens(), R = batch.num_reqs();
   const uint64_t stream = step_stream(cfg_.seed, index, 3);
   fill_uniform_bf16(ik_.h<uint16_t>(), T * kIndexerHeadDim, substream(stream, 1), -1.0, 1.0);
-  std::vector<uint16_t> tmp(static_cast<std::size_t>(T * kIndexerHeads * kIndexerHeadDim));
-  fill_uniform_bf16(tmp.data(), static_cast<int64_t>(tmp.size()), substream(stream, 2), -1.0, 1.0);
-  for (std::size_t i = 0; i < tmp.size(); ++i)  // e4m3 codes of values in [-64, 64)
-    iq_.h<uint8_t>()[i] = num::float_to_e4m3(64.0f * num::bf16_to_float(tmp[i]));
-  fill_uniform_bf16(tmp.data(), T * kIndexerHeads, substream(stream, 3), -1.0, 1.0);
+  // Up to token_budget * 8192 values a step: the conversions run on every core like the fills (one
+  // thread made the default trace's input generation, not its forward, the bulk of the wall time).
+  const int64_t nq = T * kIndexerHeads * kIndexerHeadDim;
+  if (static_cast<int64_t>(itmp_.size()) < nq) itmp_.resize(static_cast<std::size_t>(nq));
+  uint16_t* tmp = itmp_.data();
+  uint8_t* iq = iq_.h<uint8_t>();
+  fill_uniform_bf16(tmp, nq, substream(stream, 2), -1.0, 1.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < nq; ++i)  // e4m3 codes of values in [-64, 64)
+    iq[i] = num::float_to_e4m3(64.0f * num::bf16_to_float(tmp[i]));
+  fill_uniform_bf16(tmp, T * kIndexerHeads, substream(stream, 3), -1.0, 1.0);
+  float* iw = iw_.h<float>();
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < T * kIndexerHeads; ++i)
-    iw_.h<float>()[i] = num::bf16_to_float(tmp[static_cast<std::size_t>(i)]) / static_cast<float>(kIndexerHeads);
+    iw[i] = num::bf16_to_float(tmp[i]) / static_cast<float>(kIndexerHeads);
   for (int64_t t = 0; t < T; ++t) iend_.h<int32_t>()[t] = batch.token_pos[static_cast<std::size_t>(t)] + 1;
   int32_t* cu = icu_.h<int32_t>();
   cu[0] = 0;
@@ -265,6 +274,7 @@ void TraceRunner::compute_indexer_topk(const StepBatch& batch, int64_t index) {
 }
 
 void TraceRunner::prepare_inputs(const StepBatch& batch, int64_t index) {
+  const auto t0 = std::chrono::steady_clock::now();
   const int64_t T = batch.num_tokens();
   // Fresh random activations every step; metadata from the scheduler.
   fill_uniform_bf16(q_.h<uint16_t>(), T * H_ * (P_ + R_), step_stream(cfg_.seed, index, 0), -kInputRange,
@@ -284,7 +294,12 @@ void TraceRunner::prepare_inputs(const StepBatch& batch, int64_t index) {
   block_table_.upload({batch.num_reqs() * batch.max_blocks});
   seq_lens_.upload({batch.num_reqs()});
   if (cfg_.sparse && !cfg_.real_indexer) topk_.upload({T, topk_width_});
-  if (cfg_.real_indexer) compute_indexer_topk(batch, index);
+  stats_.inputs_seconds += seconds_since(t0);
+  if (cfg_.real_indexer) {
+    const auto t1 = std::chrono::steady_clock::now();
+    compute_indexer_topk(batch, index);
+    stats_.indexer_seconds += seconds_since(t1);
+  }
 }
 
 ForwardArgs TraceRunner::forward_args(const StepBatch& batch) const {
@@ -327,7 +342,11 @@ bool TraceRunner::step(int64_t index) {
   }
   record(batch, plan, secs);
   if (checker_.enabled())
-    if (const std::vector<int64_t> picked = checker_.pick(batch); !picked.empty()) check(batch, plan, picked);
+    if (const std::vector<int64_t> picked = checker_.pick(batch); !picked.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      check(batch, plan, picked);
+      stats_.check_seconds += seconds_since(t0);
+    }
 
   for (int32_t b : sched_.commit(batch)) {
     if (dcp_) dcp_->release(b);

@@ -71,6 +71,10 @@ struct RunStats {
   std::vector<StepRecord> steps;
   double wall_seconds = 0;  // the whole trace including input generation and checks
   double setup_seconds = 0;
+  // Host-side phases of the wall time (CUDA: each includes its uploads / downloads): random inputs and
+  // metadata, the lightning indexer's top-k rows (sparse runs with the real indexer; its own GPU work
+  // included), and the float64 oracle checks.
+  double inputs_seconds = 0, indexer_seconds = 0, check_seconds = 0;
   int64_t requests_finished = 0;
   double forward_seconds() const;
   int64_t tokens() const;

@@ -113,8 +113,9 @@ void print_summary(const RunConfig& c, const RunStats& s, const OracleCheck& che
              s.requests_finished, c.trace.num_requests);
   fmt::print("forward time  {:.3f} s; per step mean {:.2f} ms, median {:.2f} ms, max {:.2f} ms\n", fwd,
              1e3 * fwd / n_steps, 1e3 * median, 1e3 * maxt);
-  fmt::print("wall time     {:.2f} s (setup {:.2f} s; inputs, uploads and oracle checks {:.2f} s)\n",
-             s.wall_seconds, s.setup_seconds, s.wall_seconds - s.setup_seconds - fwd);
+  fmt::print("wall time     {:.2f} s (setup {:.2f}, inputs {:.2f}, indexer {:.2f}, oracle checks {:.2f}, other {:.2f} s)\n",
+             s.wall_seconds, s.setup_seconds, s.inputs_seconds, s.indexer_seconds, s.check_seconds,
+             s.wall_seconds - s.setup_seconds - s.inputs_seconds - s.indexer_seconds - s.check_seconds - fwd);
 
   fmt::print("\n{:<26}{:>10}{:>14}\n", "phase (planner split)", "tokens", "tokens/s");
   fmt::print("{:<26}{:>10}{:>14.1f}\n", "decode", decode, rate(double(decode), fwd));
@@ -210,6 +211,10 @@ void write_json(OutputFile& out, const RunConfig& c, const RunStats& s, const Or
   const double fwd = s.forward_seconds();
   j["totals"] = {{"forward_seconds", fwd},
                  {"wall_seconds", s.wall_seconds},
+                 {"setup_seconds", s.setup_seconds},
+                 {"inputs_seconds", s.inputs_seconds},
+                 {"indexer_seconds", s.indexer_seconds},
+                 {"check_seconds", s.check_seconds},
                  {"decode_tokens", decode},
                  {"prefill_tokens", prefill},
                  {"decode_tokens_per_s", rate(double(decode), fwd)},
