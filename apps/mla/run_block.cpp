@@ -140,7 +140,7 @@ struct BlockLane {
       : block(std::move(blk)),
         dev(block.options().device),
         pc((planner.cache_format = block.options().cache_format, planner.num_sms = dev.is_cpu() ? 0 : planner.num_sms,
-            planner)),
+            planner.compute_capability = dev.is_cpu() ? 0 : planner.compute_capability, planner)),
         page_bytes(cfg.trace.page_size * cache_entry_bytes(pc.cache_format)),
         cache(allocate_cache(pc.cache_format, cfg.trace.pool_blocks(), cfg.trace.page_size, dev, cfg.fp8_scale)),
         workspace(Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(

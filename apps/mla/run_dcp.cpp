@@ -117,6 +117,7 @@ DcpGroup::DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj) : cfg_(cfg) {
     rk.planner.dims.num_heads = static_cast<int>(hr);
     rk.planner.dcp = {w, rk.r, cfg.dcp_interleave};
     rk.planner.num_sms = multiprocessor_count(dev);
+    rk.planner.compute_capability = compute_capability(dev);
     rk.planner.validate();
     LayerOptions lo = layer_options(cfg);
     lo.dims.num_heads = static_cast<int>(hr);

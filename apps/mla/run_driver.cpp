@@ -433,6 +433,7 @@ PlannerConfig planner_config(const RunConfig& cfg) {
   pc.require_uniform = cfg.sparse;  // FlashMLA-sparse: uniform decodes; dense: varlen
   pc.sparse_prefill_mode = cfg.sparse_prefill;
   pc.num_sms = multiprocessor_count(cfg.device);  // decode split-KV schedule (0 on the CPU)
+  pc.compute_capability = compute_capability(cfg.device);  // the automatic sparse prefill mode
   pc.validate();
   return pc;
 }

@@ -134,6 +134,9 @@ std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int6
 // Streaming multiprocessors of a CUDA device (cached after the first query; 0 for the CPU): pass it
 // as PlannerConfig::num_sms.
 int multiprocessor_count(Device device);
+// Compute capability of a CUDA device, major * 10 + minor (cached; 0 for the CPU): pass it as
+// PlannerConfig::compute_capability.
+int compute_capability(Device device);
 
 // ---------------------------------------------------------------------------------------------
 // MHA prefill over up-projected K/V (varlen, §9-10).

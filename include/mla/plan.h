@@ -102,15 +102,19 @@ std::vector<int32_t> prefill_workspace_starts(const std::vector<int32_t>& seq_le
                                               const std::vector<std::pair<int64_t, int64_t>>& chunks);
 inline constexpr int kMinHeadsForBf16Prefill = 32;
 bool sparse_use_mixed_batch(int num_heads, bool hisparse = false, bool pcp_and_dcp = false);
-// How a sparse fp8_ds_mla step runs its prefill tokens (PlannerConfig::sparse_prefill_mode). automatic:
-// §11.4's rule (sparse_use_mixed_batch: mixed batch below 32 heads, vLLM's choice because its bf16 prefill
-// kernel pads heads to 64 / 128); mixed_batch: every token on the cache's records; separate: prefills
-// through the upconverted bf16 workspace at any head count. The sm90 kernels pad no heads, so the rule's
-// reason does not hold for them; which mode is faster per head count is measured (docs/SPARSE.md).
+// How a sparse fp8_ds_mla step runs its prefill tokens (PlannerConfig::sparse_prefill_mode). mixed_batch:
+// every token on the cache's records; separate: prefills through the upconverted bf16 workspace at any head
+// count. automatic: separate on a compute capability 9.0 device outside DCP (the sm90 kernels pad no heads,
+// and their bf16-row kernel beats the fp8_ds_mla one: the default `mla run --sparse` trace at 16 heads ran
+// its forward 33% faster separate, nvidia-h200, docs/SPARSE.md "Prefill mode"), else §11.4's rule
+// (sparse_use_mixed_batch: mixed batch below 32 heads, vLLM's choice because its bf16 prefill kernel pads
+// heads to 64 / 128; DCP plans need the mixed batch below 32 heads, and make_plan refuses separate there).
 enum class SparsePrefillMode : int32_t { automatic = 0, mixed_batch = 1, separate = 2 };
 const char* to_string(SparsePrefillMode m);
-// The mode's decision for num_heads (throws mla::Error for a value outside the enum).
-bool sparse_mixed_batch_for(SparsePrefillMode mode, int num_heads);
+// The mode's decision for num_heads on a device of compute_capability (major * 10 + minor; 0 = the CPU or
+// not known) in a DCP group of dcp_world_size ranks. Throws mla::Error for a mode outside the enum.
+bool sparse_mixed_batch_for(SparsePrefillMode mode, int num_heads, int compute_capability = 0,
+                            int dcp_world_size = 1);
 // 64 if <= 64 else 128; beyond FlashMLA's 128, a multiple of 128 (no head count is refused).
 int sparse_fp8_decode_padded_heads(int num_heads);
 int sparse_prefill_padded_heads(int num_heads, bool sm100);  // roundup(N, 64 | 128)
@@ -207,12 +211,18 @@ struct PlannerConfig {
   // Multiprocessors of the device the step runs on (multiprocessor_count(device), mla/ops.h): sizes
   // the decode split-KV schedule. 0 = no split-KV (CPU layers; on CUDA correct but slower).
   int num_sms = 0;
+  // Compute capability of that device, major * 10 + minor (compute_capability(device), mla/ops.h; 0 = the
+  // CPU or not known): picks the automatic sparse prefill mode (SparsePrefillMode above). Any value plans
+  // a correct step on any device; it only chooses between two correct modes.
+  int compute_capability = 0;
   // Decode context parallelism (§13): this rank's place in the group. world_size > 1 plans the step
   // for one rank of the group: seq_lens stay global, the block table the layer gets is the rank's
   // shard, each decode row's local key count goes into the metadata (dcp_local_lens). Dense
   // steps, and sparse steps that run every token on the cache (not the fp8_ds_mla separate mode).
   DcpLayout dcp;
-  // Throws mla::Error unless num_sms >= 0, num_heads, page_size, max_num_seqs, decode_threshold >= 1,
+  // The sparse fp8_ds_mla prefill mode this config gives a step (sparse_mixed_batch_for of its fields).
+  bool sparse_mixed_batch() const;
+  // Throws mla::Error unless num_sms >= 0, compute_capability >= 0, num_heads, page_size, max_num_seqs, decode_threshold >= 1,
   // 1 <= max_model_len < 2^31, index_topk >= 0 and the workspace rows are as above.
   void validate() const;
 };

@@ -97,6 +97,8 @@ void bind_ops(py::module_& m) {
   }, py::arg("b"), py::arg("s_q"), py::arg("h_q"), py::arg("max_seq_len"), py::arg("device"), py::arg("num_splits") = 0);
   m.def("multiprocessor_count", [](py::handle device) { return mla::multiprocessor_count(to_device(device)); },
         py::arg("device"));
+  m.def("compute_capability", [](py::handle device) { return mla::compute_capability(to_device(device)); },
+        py::arg("device"), "major * 10 + minor of a CUDA device (0 for the CPU): PlannerConfig.compute_capability");
 
   m.def("mha_prefill", [](const A& q, const A& k_nope, const A& k_pe, const A& v, const A& cu_seqlens_q,
                           const A& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, const A& out, const A& lse,

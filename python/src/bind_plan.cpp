@@ -79,7 +79,8 @@ void bind_plan(py::module_& m) {
       .value("automatic", SparsePrefillMode::automatic)
       .value("mixed_batch", SparsePrefillMode::mixed_batch)
       .value("separate", SparsePrefillMode::separate);
-  m.def("sparse_mixed_batch_for", &sparse_mixed_batch_for, py::arg("mode"), py::arg("num_heads"));
+  m.def("sparse_mixed_batch_for", &sparse_mixed_batch_for, py::arg("mode"), py::arg("num_heads"),
+        py::arg("compute_capability") = 0, py::arg("dcp_world_size") = 1);
   m.def("sparse_fp8_decode_padded_heads", &sparse_fp8_decode_padded_heads, py::arg("num_heads"));
   m.def("sparse_prefill_padded_heads", &sparse_prefill_padded_heads, py::arg("num_heads"), py::arg("sm100"));
   m.def("sparse_prefill_workspace_rows", &sparse_prefill_workspace_rows, py::arg("max_model_len"));
@@ -107,8 +108,9 @@ void bind_plan(py::module_& m) {
       MLA_RW(PlannerConfig, page_size) MLA_RW(PlannerConfig, max_model_len) MLA_RW(PlannerConfig, max_num_seqs)
       MLA_RW(PlannerConfig, sparse) MLA_RW(PlannerConfig, decode_threshold) MLA_RW(PlannerConfig, require_uniform)
       MLA_RW(PlannerConfig, context_workspace_rows) MLA_RW(PlannerConfig, sparse_workspace_rows)
-      MLA_RW(PlannerConfig, sparse_prefill_mode) MLA_RW(PlannerConfig, num_sms) MLA_RW(PlannerConfig, dcp)
-      .def("validate", &PlannerConfig::validate);
+      MLA_RW(PlannerConfig, sparse_prefill_mode) MLA_RW(PlannerConfig, num_sms)
+      MLA_RW(PlannerConfig, compute_capability) MLA_RW(PlannerConfig, dcp)
+      .def("validate", &PlannerConfig::validate).def("sparse_mixed_batch", &PlannerConfig::sparse_mixed_batch);
   plain<BatchDesc>(m, "BatchDesc") MLA_RW(BatchDesc, query_start_loc) MLA_RW(BatchDesc, seq_lens)
       MLA_RW(BatchDesc, num_tokens) MLA_RW(BatchDesc, decode_seq_len_bound);
   py::class_<SparsePrefillChunk>(m, "SparsePrefillChunk") MLA_RO(SparsePrefillChunk, req_begin)

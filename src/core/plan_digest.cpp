@@ -78,9 +78,10 @@ class Fnv {
   }
   void add(const PlannerConfig& c) {
     const auto& [dims, cache_format, page_size, max_model_len, max_num_seqs, sparse, decode_threshold,
-                 require_uniform, context_workspace_rows, sparse_workspace_rows, sparse_prefill_mode, num_sms, dcp] = c;
+                 require_uniform, context_workspace_rows, sparse_workspace_rows, sparse_prefill_mode, num_sms,
+                 compute_capability, dcp] = c;
     all(dims, cache_format, page_size, max_model_len, max_num_seqs, sparse, decode_threshold, require_uniform,
-        context_workspace_rows, sparse_workspace_rows, sparse_prefill_mode, num_sms, dcp);
+        context_workspace_rows, sparse_workspace_rows, sparse_prefill_mode, num_sms, compute_capability, dcp);
   }
   void add(const Split& s) {
     const auto& [num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens] = s;

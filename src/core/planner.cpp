@@ -154,6 +154,8 @@ void PlannerConfig::validate() const {
   MLA_CHECK(decode_threshold >= 1, "PlannerConfig: decode_threshold must be >= 1, got {}", decode_threshold);
   check_cache_format(cache_format, "PlannerConfig");
   MLA_CHECK(num_sms >= 0, "PlannerConfig: num_sms must be >= 0 (0 = no split-KV), got {}", num_sms);
+  MLA_CHECK(compute_capability >= 0, "PlannerConfig: compute_capability must be >= 0 (0 = not known), got {}",
+            compute_capability);
   MLA_CHECK(context_workspace_rows == 0 || context_workspace_rows >= page_size,
             "PlannerConfig: context_workspace_rows must be 0 (formula) or hold at least one page ({} rows), got {}",
             page_size, context_workspace_rows);
@@ -161,8 +163,12 @@ void PlannerConfig::validate() const {
   MLA_CHECK(sparse_workspace_rows == 0 || sparse_workspace_rows >= max_model_len,
             "PlannerConfig: sparse_workspace_rows must be 0 (5 * max_model_len) or >= max_model_len = {}, got {}",
             max_model_len, sparse_workspace_rows);
-  (void)sparse_mixed_batch_for(sparse_prefill_mode, dims.num_heads);  // the enum value (throws outside it)
+  (void)sparse_mixed_batch();  // the enum value (throws outside it)
   validate_dcp_layout(dcp, page_size);
+}
+
+bool PlannerConfig::sparse_mixed_batch() const {
+  return sparse_mixed_batch_for(sparse_prefill_mode, dims.num_heads, compute_capability, dcp.world_size);
 }
 
 // A DCP rank's decode (§13): every decode row's local key count, and the runs re-sized for the shard
@@ -260,7 +266,7 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
             "make_plan: decode_seq_len_bound must be 0 or in [longest decode seq_len = {}, max_model_len = {}], got {}",
             plan.max_decode_seq_len, config.max_model_len, batch.decode_seq_len_bound);
   const bool ds_mla = config.sparse && config.cache_format == CacheFormat::fp8_ds_mla;
-  plan.sparse_mixed_batch = ds_mla && sparse_mixed_batch_for(config.sparse_prefill_mode, config.dims.num_heads);
+  plan.sparse_mixed_batch = ds_mla && config.sparse_mixed_batch();
   const bool sparse_separate = ds_mla && !plan.sparse_mixed_batch;
   if (config.require_uniform) check_uniform_decodes(len, plan.split, plan.decode_query_len, "require_uniform");
   if (sparse_separate)

@@ -156,9 +156,14 @@ const char* to_string(SparsePrefillMode m) {
   return "invalid";
 }
 
-bool sparse_mixed_batch_for(SparsePrefillMode mode, int num_heads) {
+bool sparse_mixed_batch_for(SparsePrefillMode mode, int num_heads, int compute_capability, int dcp_world_size) {
   switch (mode) {
-    case SparsePrefillMode::automatic: return sparse_use_mixed_batch(num_heads);
+    case SparsePrefillMode::automatic:
+      if (compute_capability == 90 && dcp_world_size <= 1) {
+        MLA_CHECK(num_heads >= 1, "sparse_mixed_batch_for: num_heads must be >= 1, got {}", num_heads);
+        return false;  // measured on nvidia-h200 (plan.h)
+      }
+      return sparse_use_mixed_batch(num_heads);
     case SparsePrefillMode::mixed_batch: return true;
     case SparsePrefillMode::separate: return false;
   }

@@ -212,7 +212,8 @@ WorkspaceShape bound_shape(const PlannerConfig& c, int64_t n, const LayerOptions
     s.mqa_tokens = n;
     s.topk = o.dims.index_topk;
     const bool separate_possible =
-        o.cache_format == CacheFormat::fp8_ds_mla && !sparse_mixed_batch_for(c.sparse_prefill_mode, o.dims.num_heads);
+        o.cache_format == CacheFormat::fp8_ds_mla &&
+        !sparse_mixed_batch_for(c.sparse_prefill_mode, o.dims.num_heads, c.compute_capability, c.dcp.world_size);
     if (separate_possible)
       s.upconvert_rows = c.sparse_workspace_rows > 0 ? c.sparse_workspace_rows
                                                      : sparse_prefill_workspace_rows(c.max_model_len);

@@ -37,23 +37,31 @@ void check_scale(double softmax_scale, const char* op) {
 
 }  // namespace
 
-int multiprocessor_count(Device device) {
+namespace {
+// One attribute of a CUDA device's DeviceInfo, read once per device (the query costs microseconds and
+// never changes); 0 for the CPU. `which` names the caller in the errors.
+template <int DeviceAttr>
+int cached_device_attribute(Device device, const char* which) {
   if (device.is_cpu()) return 0;
 #if MLA_WITH_CUDA
-  // Read once per device: the attribute query costs microseconds and never changes.
   static std::array<std::atomic<int>, 64> cached{};
   MLA_CHECK(device.index >= 0 && device.index < static_cast<int>(cached.size()),
-            "multiprocessor_count: device index must be in [0, {}), got {}", cached.size(), device.index);
+            "{}: device index must be in [0, {}), got {}", which, cached.size(), device.index);
   int n = cached[device.index].load(std::memory_order_relaxed);
   if (n == 0) {
-    n = cuda_rt::device_info(device.index).sm_count;
+    const cuda_rt::DeviceInfo info = cuda_rt::device_info(device.index);
+    n = DeviceAttr == 0 ? info.sm_count : info.cc_major * 10 + info.cc_minor;
     cached[device.index].store(n, std::memory_order_relaxed);
   }
   return n;
 #else
-  throw Error("multiprocessor_count: " + to_string(device) + " given, but this build of mla has no CUDA backend");
+  throw Error(std::string(which) + ": " + to_string(device) + " given, but this build of mla has no CUDA backend");
 #endif
 }
+}  // namespace
+
+int multiprocessor_count(Device device) { return cached_device_attribute<0>(device, "multiprocessor_count"); }
+int compute_capability(Device device) { return cached_device_attribute<1>(device, "compute_capability"); }
 
 namespace {
 // Bytes of the split-KV partials of num_splits (>= 1) splits: what a CUDA mqa_decode call must be given.

@@ -28,6 +28,10 @@ def test_planner_functions():
     # The sparse fp8_ds_mla prefill mode: the head rule by default, or either mode forced.
     assert mla.sparse_mixed_batch_for(mla.SparsePrefillMode.automatic, 16) == mla.sparse_use_mixed_batch(16)
     assert not mla.sparse_mixed_batch_for(mla.SparsePrefillMode.separate, 16)
+    # automatic on compute capability 9.0 (the sm90 kernels): separate, except in a DCP group.
+    assert not mla.sparse_mixed_batch_for(mla.SparsePrefillMode.automatic, 16, compute_capability=90)
+    assert mla.sparse_mixed_batch_for(mla.SparsePrefillMode.automatic, 16, compute_capability=90, dcp_world_size=2)
+    assert mla.compute_capability("cpu") == 0
     ds = mla.ModelDims(kv_lora_rank=L, qk_rope_head_dim=R, qk_nope_head_dim=P, v_head_dim=V, num_heads=16,
                        softmax_scale=0.1, index_topk=TOPK)
     cfg = mla.PlannerConfig(dims=ds, cache_format=mla.CacheFormat.fp8_ds_mla, page_size=PAGE, max_model_len=256,
@@ -37,6 +41,10 @@ def test_planner_functions():
     cfg.sparse_prefill_mode = mla.SparsePrefillMode.separate
     sep = mla.make_plan(batch, cfg)
     assert not sep.sparse_mixed_batch and len(sep.sparse_chunks) == 1
+    cfg.sparse_prefill_mode = mla.SparsePrefillMode.automatic
+    cfg.compute_capability = 90
+    assert not cfg.sparse_mixed_batch() and not mla.make_plan(batch, cfg).sparse_mixed_batch
+    cfg.compute_capability = 0
 
 
 def dims(sparse):

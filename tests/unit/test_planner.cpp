@@ -565,6 +565,17 @@ TEST(Planner, SparsePrefillModeOverridesTheHeadRule) {
   EXPECT_TRUE(sparse_mixed_batch_for(SparsePrefillMode::mixed_batch, 128));
   EXPECT_FALSE(sparse_mixed_batch_for(SparsePrefillMode::separate, 1));
   EXPECT_THROW(sparse_mixed_batch_for(static_cast<SparsePrefillMode>(3), 16), Error);
+  EXPECT_THROW(sparse_mixed_batch_for(static_cast<SparsePrefillMode>(3), 16, 90), Error);
+  // automatic on compute capability 9.0 (the sm90 kernels): separate at every head count, except in a
+  // DCP group (mixed batch below 32 heads there, the only mode DCP plans); other devices keep §11.4's rule.
+  for (int h : {1, 16, 31, 32, 128}) {
+    EXPECT_FALSE(sparse_mixed_batch_for(SparsePrefillMode::automatic, h, 90)) << h;
+    EXPECT_EQ(sparse_mixed_batch_for(SparsePrefillMode::automatic, h, 90, 2), sparse_use_mixed_batch(h)) << h;
+    EXPECT_EQ(sparse_mixed_batch_for(SparsePrefillMode::automatic, h, 80), sparse_use_mixed_batch(h)) << h;
+    EXPECT_EQ(sparse_mixed_batch_for(SparsePrefillMode::automatic, h, 100), sparse_use_mixed_batch(h)) << h;
+    EXPECT_TRUE(sparse_mixed_batch_for(SparsePrefillMode::mixed_batch, h, 90)) << h;
+  }
+  EXPECT_THROW(sparse_mixed_batch_for(SparsePrefillMode::automatic, 0, 90), Error);
   EXPECT_THROW(sparse_mixed_batch_for(static_cast<SparsePrefillMode>(-1), 16), Error);
   EXPECT_STREQ(to_string(SparsePrefillMode::separate), "separate");
 
@@ -607,6 +618,22 @@ TEST(Planner, SparsePrefillModeOverridesTheHeadRule) {
   EXPECT_THROW(make_plan(batch, dcp), Error);
   dcp.sparse_prefill_mode = SparsePrefillMode::mixed_batch;
   EXPECT_NO_THROW(make_plan(batch, dcp));
+  // automatic on a compute capability 9.0 device: separate (same chunks as forced), but a DCP rank keeps
+  // the mixed batch at 16 heads; the device is part of the digest; a negative capability is refused.
+  h16.compute_capability = 90;
+  h16.sparse_prefill_mode = SparsePrefillMode::automatic;
+  EXPECT_TRUE(h16.sparse_mixed_batch() == false);
+  const Plan sm90 = make_plan(batch, h16);
+  EXPECT_FALSE(sm90.sparse_mixed_batch);
+  EXPECT_EQ(sm90.sparse_chunks.size(), sep.sparse_chunks.size());
+  h16.compute_capability = 80;
+  EXPECT_TRUE(make_plan(batch, h16).sparse_mixed_batch);
+  EXPECT_NE(make_plan(batch, h16).seal, sm90.seal);
+  dcp.compute_capability = 90;
+  dcp.sparse_prefill_mode = SparsePrefillMode::automatic;
+  EXPECT_TRUE(make_plan(batch, dcp).sparse_mixed_batch);
+  dcp.compute_capability = -1;
+  EXPECT_THROW(dcp.validate(), Error);
 }
 
 TEST(Planner, MakePlanSparseSeparateNeedsUniformDecodes) {
