@@ -59,6 +59,19 @@ Start start_mode() {
   return s;
 }
 
+// Which kernel runs 17..32 query rows per request from a bf16 cache (a laboratory switch for A/B
+// measurements, MLA_DECODE_SM90_ROWS32, read once): small (default: the N 32 small kernel, balanced
+// schedule) or seesaw (one 64-row tile of the seesaw kernel, half of its rows padding, uniform split-KV
+// schedule). Why: at b 128 s_k 4096 the N 32 kernel takes 1.40x the h 16 time for the same bytes (0.253
+// against 0.181 ms) while h 64 on the seesaw kernel takes 0.176 ms (nvidia-h200, tenth-session grid), so
+// at uniform lengths the padded seesaw tile may cost what h 32's bytes cost; varlen batches need the
+// balanced schedule the seesaw kernel does not have. docs/DECODE.md "h 32".
+enum class Rows32 { small, seesaw };
+Rows32 rows32_mode() {
+  static const Rows32 m = env_choice("MLA_DECODE_SM90_ROWS32", Rows32::small, {{"seesaw", Rows32::seesaw}});
+  return m;
+}
+
 // KV cache as a 3-D tensor [num_blocks][page_size][576] for TMA: boxes of 64 columns x box_rows rows of
 // one page, 128-byte swizzled (the layout the wgmma descriptors read).
 CUtensorMap paged_tensor_map(const KVCache& cache, int32_t box_rows, const char* what) {
@@ -127,6 +140,11 @@ void run(const dispatch::DecodeArgs& a) {
   p.seq_lens_stride = a.seq_lens.stride[0];
   p.causal = a.causal ? 1 : 0;
   set_row_tiles(p, s_q * h_q);
+  const bool quantized = cache.format != CacheFormat::bf16;
+  if (!quantized && p.tile_rows == 32 && rows32_mode() == Rows32::seesaw) {
+    p.tile_rows = Traits::kBlockM;
+    p.m_tiles = 1;
+  }
   p.out_pairs = out_pairs(a.out);
 
   // The balanced schedule where it applies and the workspace holds it (core/decode_balance.h: the
@@ -138,9 +156,10 @@ void run(const dispatch::DecodeArgs& a) {
   const int64_t m_rows = s_q * h_q;
   // fp8 / fp8_ds_mla: the uniform schedule only (the row-copying sources run one unit per CTA; the staged
   // source's raw stage leaves no room for the balanced schedule's exchange region; docs/DECODE.md "fp8 caches").
-  const bool quantized = cache.format != CacheFormat::bf16;
-  const int ctas =
-      schedule_mode() == Schedule::uniform || quantized ? 0 : balance::ctas_for(b, m_rows, sm_count(q.device.index));
+  // The seesaw kernel (64-row tiles) has no balanced schedule.
+  const int ctas = schedule_mode() == Schedule::uniform || quantized || p.tile_rows > 32
+                       ? 0
+                       : balance::ctas_for(b, m_rows, sm_count(q.device.index));
   auto* base = static_cast<uint8_t*>(a.workspace.data);
   int splits = std::max(1, std::min(a.num_splits, decode::kMaxSplits));
   if (ctas > 0 && balance::workspace_bytes(b, m_rows, ctas) <= have) {

@@ -15,25 +15,28 @@ namespace mla::cuda::decode_sm90 {
 // Columns 0 .. 64 * panels of query rows [row0, row0 + rows) of request g into swizzled panels of `rows`
 // rows, panel_bytes apart (zeros past the request's rows), by `nthreads` threads (index ct). bf16 q
 // (supports() admits no other).
+// 16-byte chunk ch (columns 8 ch .. 8 ch + 7) of query row `row` of request g: one vector load when the
+// rows allow it (rp.q_vec16), else four bf16 pairs.
+__device__ __forceinline__ uint4 load_q_chunk(const MqaRowParams& rp, int64_t g, int row, int ch) {
+  const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
+                        (row % rp.h_q) * rp.q_stride_h + ch * 8;
+  if (rp.q_vec16) return *reinterpret_cast<const uint4*>(src);
+  uint32_t x[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) x[k] = src[2 * k] | uint32_t(src[2 * k + 1]) << 16;
+  return make_uint4(x[0], x[1], x[2], x[3]);
+}
+// Its place in the swizzled Q panels: panel ch / 8, row r, 16-byte column ch % 8.
+__device__ __forceinline__ void store_q_chunk(uint8_t* sQ, int panel_bytes, int r, int ch, uint4 v) {
+  *reinterpret_cast<uint4*>(sQ + (ch / 8) * panel_bytes + swz(r, ch % 8)) = v;
+}
+
 __device__ __forceinline__ void load_q_panels(const MqaRowParams& rp, int64_t g, int row0, int m_rows, int rows,
                                               int panels, int panel_bytes, uint8_t* sQ, int ct, int nthreads) {
   const int chunks = panels * 8;  // 16-byte chunks per row
   for (int e = ct; e < rows * chunks; e += nthreads) {
     const int r = e / chunks, ch = e % chunks, row = row0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row < m_rows) {
-      const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
-                            (row % rp.h_q) * rp.q_stride_h + ch * 8;
-      if (rp.q_vec16) {
-        v = *reinterpret_cast<const uint4*>(src);
-      } else {
-        uint32_t x[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) x[k] = src[2 * k] | uint32_t(src[2 * k + 1]) << 16;
-        v = make_uint4(x[0], x[1], x[2], x[3]);
-      }
-    }
-    *reinterpret_cast<uint4*>(sQ + (ch / 8) * panel_bytes + swz(r, ch % 8)) = v;
+    store_q_chunk(sQ, panel_bytes, r, ch, row < m_rows ? load_q_chunk(rp, g, row, ch) : make_uint4(0, 0, 0, 0));
   }
 }
 
@@ -52,24 +55,12 @@ __device__ __forceinline__ void load_q_panels_batched(const MqaRowParams& rp, in
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
       const int e = ct + (k0 + k) * kThreads, r = e / kChunks, ch = e % kChunks, row = row0 + r;
-      v[k] = make_uint4(0, 0, 0, 0);
-      if (k0 + k < kIter && e < kItems && row < m_rows) {
-        const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g +
-                              (row / rp.h_q) * rp.q_stride_i + (row % rp.h_q) * rp.q_stride_h + ch * 8;
-        if (rp.q_vec16) {
-          v[k] = *reinterpret_cast<const uint4*>(src);
-        } else {
-          uint32_t x[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) x[j] = src[2 * j] | uint32_t(src[2 * j + 1]) << 16;
-          v[k] = make_uint4(x[0], x[1], x[2], x[3]);
-        }
-      }
+      v[k] = k0 + k < kIter && e < kItems && row < m_rows ? load_q_chunk(rp, g, row, ch) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
       const int e = ct + (k0 + k) * kThreads, r = e / kChunks, ch = e % kChunks;
-      if (k0 + k < kIter && e < kItems) *reinterpret_cast<uint4*>(sQ + (ch / 8) * panel_bytes + swz(r, ch % 8)) = v[k];
+      if (k0 + k < kIter && e < kItems) store_q_chunk(sQ, panel_bytes, r, ch, v[k]);
     }
   }
 }
