@@ -137,6 +137,7 @@ class TraceRunner {
   ForwardArgs forward_args(const StepBatch& batch) const;
   void check(const StepBatch& batch, const Plan& plan, const std::vector<int64_t>& tokens);
   void compute_indexer_topk(const StepBatch& batch, int64_t index);
+  const int32_t* host_topk(int64_t T);
   double forward_one(const Plan& plan, const ForwardArgs& args, int64_t T, int64_t index);
   void record(const StepBatch& batch, const Plan& plan, double secs);
 
@@ -158,6 +159,7 @@ class TraceRunner {
   IndexerCacheBuffer icache_;
   Staged ik_, iq_, iw_, izero_, iend_, icu_;
   Tensor igk_, igs_, ilogits_;
+  bool topk_on_host_ = true;  // false after the indexer wrote this step's rows on the device
   std::vector<uint16_t> itmp_;  // bf16 staging of the random indexer queries / weights (reused each step)
   std::unique_ptr<DcpGroup> dcp_;  // --dcp N > 1: the layer runs on the group (the global cache is one page)
   Scheduler sched_;
@@ -243,14 +245,14 @@ void TraceRunner::compute_indexer_topk(const StepBatch& batch, int64_t index) {
   int32_t* cu = icu_.h<int32_t>();
   cu[0] = 0;
   for (int64_t r = 0; r < R; ++r) cu[r + 1] = cu[r] + batch.seq_lens[static_cast<std::size_t>(r)];
-  int32_t* rows = topk_.h<int32_t>();
-  std::fill(rows, rows + T * topk_width_, -1);
+  // Every row -1 (0xFF bytes) on the device, where the top-k is written: no host fill, no upload.
+  poison(topk_.dev.data(), cfg_.device, static_cast<std::size_t>(T * topk_width_) * sizeof(int32_t));
+  topk_on_host_ = false;
   ik_.upload({T, kIndexerHeadDim});
   iq_.upload({T, kIndexerHeads, kIndexerHeadDim});
   iw_.upload({T, kIndexerHeads});
   iend_.upload({T});
   icu_.upload({R + 1});
-  topk_.upload({T, topk_width_});
 
   const TensorView slots = slots_.dev_view({T}), bt = block_table_.dev_view({R, batch.max_blocks});
   indexer_write_k(ik_.dev_view({T, kIndexerHeadDim}), slots, icache_.cache);
@@ -270,7 +272,14 @@ void TraceRunner::compute_indexer_topk(const StepBatch& batch, int64_t index) {
                            gs.slice(0, cu[r], cu[r + 1]), zero.slice(0, q0, q1), end.slice(0, q0, q1), logits);
     indexer_topk(logits, {}, end.slice(0, q0, q1), out.slice(0, q0, q1));
   }
-  topk_.download({T, topk_width_});
+}
+
+// The step's top-k rows on the host (the oracle check and the DCP group read them there): downloaded
+// once per step, and only when needed, since the indexer writes them on the device.
+const int32_t* TraceRunner::host_topk(int64_t T) {
+  if (!topk_on_host_) topk_.download({T, topk_width_});
+  topk_on_host_ = true;
+  return topk_.h<int32_t>();
 }
 
 void TraceRunner::prepare_inputs(const StepBatch& batch, int64_t index) {
@@ -334,7 +343,7 @@ bool TraceRunner::step(int64_t index) {
   double secs = 0;
   if (dcp_) {
     secs = dcp_->forward(batch, {q_.h<uint16_t>(), kv_c_.h<uint16_t>(), k_pe_.h<uint16_t>(),
-                                 cfg_.sparse ? topk_.h<int32_t>() : nullptr, topk_width_},
+                                 cfg_.sparse ? host_topk(T) : nullptr, topk_width_},
                          out_.h<uint16_t>(), index == 0 && cfg_.cuda);
     out_.upload({T, H_ * V_});  // check() downloads it again
   } else {
@@ -401,7 +410,7 @@ void TraceRunner::check(const StepBatch& batch, const Plan& plan, const std::vec
   sd.q = q_.h<uint16_t>();
   sd.kv_c = kv_c_.h<uint16_t>();
   sd.k_pe = k_pe_.h<uint16_t>();
-  sd.topk = cfg_.sparse ? topk_.h<int32_t>() : nullptr;
+  sd.topk = cfg_.sparse ? host_topk(batch.num_tokens()) : nullptr;
   sd.topk_width = topk_width_;
   sd.out = out_.h<uint16_t>();
   sd.page = [&](int64_t block) -> const uint8_t* {
