@@ -59,16 +59,17 @@ Start start_mode() {
   return s;
 }
 
-// Which kernel runs 17..32 query rows per request from a bf16 cache (a laboratory switch for A/B
-// measurements, MLA_DECODE_SM90_ROWS32, read once): small (default: the N 32 small kernel, balanced
-// schedule) or seesaw (one 64-row tile of the seesaw kernel, half of its rows padding, uniform split-KV
-// schedule). Why: at b 128 s_k 4096 the N 32 kernel takes 1.40x the h 16 time for the same bytes (0.253
-// against 0.181 ms) while h 64 on the seesaw kernel takes 0.176 ms (nvidia-h200, tenth-session grid), so
-// at uniform lengths the padded seesaw tile may cost what h 32's bytes cost; varlen batches need the
-// balanced schedule the seesaw kernel does not have. docs/DECODE.md "h 32".
+// Which kernel runs 17..32 query rows per request from a bf16 cache (MLA_DECODE_SM90_ROWS32, read once):
+// seesaw (default: one 64-row tile of the seesaw kernel, half of its rows padding, uniform split-KV
+// schedule) or small (the N 32 small kernel on the balanced schedule). The N 32 kernel took 1.40x the h 16
+// time for the same bytes; the padded seesaw tile is memory-bound there. Same-run A/B, nvidia-h200,
+// 2026-11-23 (c553037, two rounds each, ms, small / seesaw): b 128 h 32 s_k 4096 0.251-0.254 / 0.181-0.183,
+// s_q 2 h 16 s_k 8192 0.439-0.462 / 0.334-0.339, h 32 varlen s_k <= 8192 0.300-0.328 / 0.269-0.288,
+// b 4 h 32 s_k 1024 0.055-0.057 / 0.027-0.029; `*Decode*` GPU tests under seesaw: 487 passed, 0 failed.
+// docs/DECODE.md "32 rows on the seesaw kernel". fp8 / fp8_ds_mla keep the small kernel (not measured).
 enum class Rows32 { small, seesaw };
 Rows32 rows32_mode() {
-  static const Rows32 m = env_choice("MLA_DECODE_SM90_ROWS32", Rows32::small, {{"seesaw", Rows32::seesaw}});
+  static const Rows32 m = env_choice("MLA_DECODE_SM90_ROWS32", Rows32::seesaw, {{"small", Rows32::small}});
   return m;
 }
 

@@ -33,7 +33,8 @@ inline bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_
 // Sets p.tile_rows and p.m_tiles for m_rows query rows per request: up to 32 rows, one CTA per (split,
 // request) with the rows as wgmma N (kernel_small.cuh, N 8 / 16 / 32); else 64-row tiles with the seesaw
 // schedule (kernel_seesaw.cuh). (32-row tiles of the small kernel for more rows measured slower:
-// docs/DECODE.md.)
+// docs/DECODE.md. mqa_decode over a bf16 cache then moves 17..32 rows to one seesaw tile: launch.cu
+// rows32_mode.)
 inline void set_row_tiles(DecodeSm90Params& p, int64_t m_rows) {
   p.tile_rows = m_rows <= 8 ? 8 : m_rows <= 16 ? 16 : m_rows <= 32 ? 32 : Traits::kBlockM;
   p.m_tiles = static_cast<int32_t>((m_rows + p.tile_rows - 1) / p.tile_rows);
