@@ -66,10 +66,12 @@ Start start_mode() {
 // 2026-11-23 (c553037, two rounds each, ms, small / seesaw): b 128 h 32 s_k 4096 0.251-0.254 / 0.181-0.183,
 // s_q 2 h 16 s_k 8192 0.439-0.462 / 0.334-0.339, h 32 varlen s_k <= 8192 0.300-0.328 / 0.269-0.288,
 // b 4 h 32 s_k 1024 0.055-0.057 / 0.027-0.029; `*Decode*` GPU tests under seesaw: 487 passed, 0 failed.
-// docs/DECODE.md "32 rows on the seesaw kernel". fp8 / fp8_ds_mla keep the small kernel (not measured).
-enum class Rows32 { small, seesaw };
+// docs/DECODE.md "32 rows on the seesaw kernel". fp8 / fp8_ds_mla keep the small kernel (not measured;
+// MLA_DECODE_SM90_ROWS32=all moves them too, for that A/B).
+enum class Rows32 { small, seesaw, all };
 Rows32 rows32_mode() {
-  static const Rows32 m = env_choice("MLA_DECODE_SM90_ROWS32", Rows32::seesaw, {{"small", Rows32::small}});
+  static const Rows32 m =
+      env_choice("MLA_DECODE_SM90_ROWS32", Rows32::seesaw, {{"small", Rows32::small}, {"all", Rows32::all}});
   return m;
 }
 
@@ -142,7 +144,7 @@ void run(const dispatch::DecodeArgs& a) {
   p.causal = a.causal ? 1 : 0;
   set_row_tiles(p, s_q * h_q);
   const bool quantized = cache.format != CacheFormat::bf16;
-  if (!quantized && p.tile_rows == 32 && rows32_mode() == Rows32::seesaw) {
+  if (p.tile_rows == 32 && (rows32_mode() == Rows32::all || (!quantized && rows32_mode() == Rows32::seesaw))) {
     p.tile_rows = Traits::kBlockM;
     p.m_tiles = 1;
   }
