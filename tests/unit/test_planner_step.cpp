@@ -122,6 +122,7 @@ TEST(DecodeSchedule, MakePlanAndGraphBound) {
 // The standalone op's split argument: the CPU needs no scratch and has no SM count; bad counts throw.
 TEST(DecodeSchedule, MqaDecodeSplitArgumentOnTheCpu) {
   EXPECT_EQ(multiprocessor_count(Device::cpu()), 0);
+  EXPECT_EQ(compute_capability(Device::cpu()), 0);  // PlannerConfig::compute_capability's "not a GPU"
   EXPECT_EQ(mqa_decode_workspace_bytes(8, 2, 16, 4096, Device::cpu(), 5), 0u);
   EXPECT_THROW(mqa_decode_workspace_bytes(8, 2, 16, 4096, Device::cpu(), -1), Error);
 }
