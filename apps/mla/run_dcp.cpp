@@ -113,12 +113,7 @@ DcpGroup::DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj) : cfg_(cfg) {
     const Device dev = rk.dev;
     if (procs) rk.comm = make_process_communicator(process_group_env(), dev);
     else if (cfg.cuda) rk.comm = make_nccl_communicator(id, w, rk.r, dev.index, kGroupTimeout);
-    rk.planner = planner_config(cfg);
-    rk.planner.dims.num_heads = static_cast<int>(hr);
-    rk.planner.dcp = {w, rk.r, cfg.dcp_interleave};
-    rk.planner.num_sms = multiprocessor_count(dev);
-    rk.planner.compute_capability = compute_capability(dev);
-    rk.planner.validate();
+    rk.planner = rank_planner_config(cfg, rk.r, dev);
     LayerOptions lo = layer_options(cfg);
     lo.dims.num_heads = static_cast<int>(hr);
     lo.device = dev;

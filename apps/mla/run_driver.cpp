@@ -447,6 +447,16 @@ PlannerConfig planner_config(const RunConfig& cfg) {
   return pc;
 }
 
+PlannerConfig rank_planner_config(const RunConfig& cfg, int rank, Device dev) {
+  PlannerConfig pc = planner_config(cfg);
+  pc.dims.num_heads = cfg.dims.num_heads / cfg.dcp;
+  pc.dcp = {cfg.dcp, rank, cfg.dcp_interleave};
+  pc.num_sms = multiprocessor_count(dev);
+  pc.compute_capability = compute_capability(dev);
+  pc.validate();
+  return pc;
+}
+
 int run_trace(const RunConfig& cfg, bool show_progress, OutputFile& json) {
   const auto t_start = std::chrono::steady_clock::now();
   TraceRunner runner(cfg);

@@ -84,6 +84,9 @@ struct RunStats {
 int run_trace(const RunConfig& cfg, bool progress, OutputFile& json);
 // The planner settings of the trace (run_driver.cpp): dims, cache, limits, decode threshold.
 PlannerConfig planner_config(const RunConfig& cfg);
+// One rank's planner of a --dcp group (cfg.dcp > 1): planner_config with the rank's share of the heads,
+// its place in the group and its device's facts.
+PlannerConfig rank_planner_config(const RunConfig& cfg, int rank, Device dev);
 // The layer's options of the trace (run_driver.cpp): dims, cache format, sparse, device, bf16.
 LayerOptions layer_options(const RunConfig& cfg);
 // Every byte of [p, p + bytes) on `dev` set to 0xff (NaN in bf16, e4m3 and fp32): unwritten rows show.

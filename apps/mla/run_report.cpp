@@ -7,7 +7,6 @@
 
 #include "commands.h"
 #include "mla/error.h"
-#include "mla/ops.h"
 #include "run_internal.h"
 
 namespace mla::app {
@@ -67,11 +66,9 @@ double rate(double n, double secs) { return secs > 0 ? n / secs : 0.0; }
 // The sparse fp8_ds_mla prefill mode the run's plans take: "mixed", "separate", or "" (no such choice).
 const char* sparse_prefill_name(const RunConfig& c) {
   if (!c.sparse || c.format != CacheFormat::fp8_ds_mla) return "";
-  // The planner's decision (planner_config: this device's compute capability; a DCP group of c.dcp ranks).
-  return sparse_mixed_batch_for(c.sparse_prefill, c.dims.num_heads, c.cuda ? compute_capability(c.device) : 0,
-                                std::max(c.dcp, 1))
-             ? "mixed"
-             : "separate";
+  // The planners' decision (with --dcp, each rank plans its share of the heads: rank 0's stands for all).
+  const PlannerConfig pc = c.dcp > 1 ? rank_planner_config(c, 0, c.device) : planner_config(c);
+  return pc.sparse_mixed_batch() ? "mixed" : "separate";
 }
 
 std::string attention_kind(const RunConfig& c) {

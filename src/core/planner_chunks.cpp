@@ -158,12 +158,10 @@ const char* to_string(SparsePrefillMode m) {
 
 bool sparse_mixed_batch_for(SparsePrefillMode mode, int num_heads, int compute_capability, int dcp_world_size) {
   switch (mode) {
-    case SparsePrefillMode::automatic:
-      if (compute_capability == 90 && dcp_world_size <= 1) {
-        MLA_CHECK(num_heads >= 1, "sparse_mixed_batch_for: num_heads must be >= 1, got {}", num_heads);
-        return false;  // measured on nvidia-h200 (plan.h)
-      }
-      return sparse_use_mixed_batch(num_heads);
+    case SparsePrefillMode::automatic: {
+      const bool head_rule = sparse_use_mixed_batch(num_heads);  // also checks num_heads
+      return compute_capability == 90 && dcp_world_size <= 1 ? false : head_rule;  // sm90: measured (plan.h)
+    }
     case SparsePrefillMode::mixed_batch: return true;
     case SparsePrefillMode::separate: return false;
   }
