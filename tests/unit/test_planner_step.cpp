@@ -123,6 +123,10 @@ TEST(DecodeSchedule, MakePlanAndGraphBound) {
 TEST(DecodeSchedule, MqaDecodeSplitArgumentOnTheCpu) {
   EXPECT_EQ(multiprocessor_count(Device::cpu()), 0);
   EXPECT_EQ(compute_capability(Device::cpu()), 0);  // PlannerConfig::compute_capability's "not a GPU"
+  // Device indices outside the cache (and, in a build without CUDA, any CUDA device) are refused.
+  EXPECT_THROW(compute_capability(Device::cuda(-1)), Error);
+  EXPECT_THROW(compute_capability(Device::cuda(1000)), Error);
+  EXPECT_THROW(multiprocessor_count(Device::cuda(1000)), Error);
   EXPECT_EQ(mqa_decode_workspace_bytes(8, 2, 16, 4096, Device::cpu(), 5), 0u);
   EXPECT_THROW(mqa_decode_workspace_bytes(8, 2, 16, 4096, Device::cpu(), -1), Error);
 }
