@@ -59,15 +59,17 @@ Start start_mode() {
   return s;
 }
 
-// Which kernel runs 17..32 query rows per request from a bf16 cache (MLA_DECODE_SM90_ROWS32, read once):
-// seesaw (default: one 64-row tile of the seesaw kernel, half of its rows padding, uniform split-KV
-// schedule) or small (the N 32 small kernel on the balanced schedule). The N 32 kernel took 1.40x the h 16
-// time for the same bytes; the padded seesaw tile is memory-bound there. Same-run A/B, nvidia-h200,
-// 2026-11-23 (c553037, two rounds each, ms, small / seesaw): b 128 h 32 s_k 4096 0.251-0.254 / 0.181-0.183,
-// s_q 2 h 16 s_k 8192 0.439-0.462 / 0.334-0.339, h 32 varlen s_k <= 8192 0.300-0.328 / 0.269-0.288,
-// b 4 h 32 s_k 1024 0.055-0.057 / 0.027-0.029; `*Decode*` GPU tests under seesaw: 487 passed, 0 failed.
-// docs/DECODE.md "32 rows on the seesaw kernel". fp8 / fp8_ds_mla keep the small kernel (not measured;
-// MLA_DECODE_SM90_ROWS32=all moves them too, for that A/B).
+// Which kernel runs 17..32 query rows per request (MLA_DECODE_SM90_ROWS32, read once): seesaw (default: bf16
+// and fp8 per-tensor caches run one 64-row tile of the seesaw kernel, half of its rows padding, uniform
+// split-KV schedule; fp8_ds_mla keeps the N 32 small kernel), small (every format on the N 32 small kernel,
+// the balanced schedule for bf16) or all (fp8_ds_mla on the seesaw tile too). The N 32 kernel took 1.40x
+// the h 16 time for the same bytes; the padded seesaw tile is memory-bound there. Same-run A/Bs, nvidia-h200,
+// ms: bf16 (2026-11-23, c553037, small / seesaw) b 128 h 32 s_k 4096 0.251-0.254 / 0.181-0.183, s_q 2 h 16
+// s_k 8192 0.439-0.462 / 0.334-0.339, h 32 varlen s_k <= 8192 0.300-0.328 / 0.269-0.288, b 4 h 32 s_k 1024
+// 0.055-0.057 / 0.027-0.029 (`*Decode*` GPU tests under seesaw: 487 passed); fp8 (2026-11-23, eleventh
+// session, 2f80a68 + the row-producer divisor, small / seesaw) h 32 s_k 4096 0.376-0.395 / 0.307-0.334,
+// s_q 2 h 16 s_k 8192 0.747-0.772 / 0.619-0.678; fp8_ds_mla the other way: 0.288-0.304 / 0.341-0.358 and
+// 0.530-0.570 / 0.557-0.593 (`*Decode*` under all: 488 passed). docs/DECODE.md "32 rows on the seesaw kernel".
 enum class Rows32 { small, seesaw, all };
 Rows32 rows32_mode() {
   static const Rows32 m =
@@ -144,7 +146,8 @@ void run(const dispatch::DecodeArgs& a) {
   p.causal = a.causal ? 1 : 0;
   set_row_tiles(p, s_q * h_q);
   const bool quantized = cache.format != CacheFormat::bf16;
-  if (p.tile_rows == 32 && (rows32_mode() == Rows32::all || (!quantized && rows32_mode() == Rows32::seesaw))) {
+  if (p.tile_rows == 32 && (rows32_mode() == Rows32::all ||
+                            (cache.format != CacheFormat::fp8_ds_mla && rows32_mode() == Rows32::seesaw))) {
     p.tile_rows = Traits::kBlockM;
     p.m_tiles = 1;
   }

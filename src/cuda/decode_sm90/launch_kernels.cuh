@@ -115,7 +115,8 @@ void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
   }
 }
 
-// The cache fields of the row-copying sources (GatherKeys, StagedKeys): base, byte strides, pages.
+// The cache fields of the row-copying sources (GatherKeys, StagedKeys): base, byte strides, pages (page_size
+// also as a multiply-shift divisor: < 2^30, launch.cu / launch_sparse.cu).
 inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
   const int64_t eb = static_cast<int64_t>(c.data.element_size());
   g.cache = static_cast<const uint8_t*>(c.data.data);
@@ -123,6 +124,7 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
   g.stride_row_bytes = c.data.stride[1] * eb;
   g.num_slots = c.num_blocks() * c.page_size();
   g.page_size = static_cast<int32_t>(c.page_size());
+  g.page_div = make_fast_divisor(static_cast<uint32_t>(g.page_size));
   g.scale = c.scale;
 }
 

@@ -5,6 +5,7 @@
 // elements unless named _bytes.
 #include <cstdint>
 
+#include "core/fast_div.h"
 #include "cuda/common/mqa_params.h"
 
 namespace mla::cuda {
@@ -46,6 +47,7 @@ struct DecodeSm90Params {
     int64_t stride_block_bytes, stride_row_bytes;  // multiples of 16 (launch_sparse.cu declines others)
     int64_t num_slots;             // num_blocks * page_size (< 2^31)
     int32_t page_size;
+    FastDivisor page_div;          // page_size as a multiply-shift divisor (core/fast_div.h): row index / page_size
     int32_t topk;
     const int32_t* indices;        // [T, topk] (inner stride 1)
     int64_t indices_stride;

@@ -58,6 +58,7 @@
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/ptx/tma.cuh"
+#include "core/fast_div.h"
 #include "cuda/decode_sm90/pipeline.cuh"
 #include "mla/cache_format.h"
 
@@ -179,6 +180,9 @@ __device__ __forceinline__ uint4 e4m3x8_exact_to_bf16(uint32_t w0, uint32_t w1) 
 //                in the unit's range (j < key_end <= seq_len: rows past seq_len are never read, as invalid
 //                indices) and the page id is in [0, num_blocks).
 // row_offset(p, u, j, o): true with the byte offset of the row in o when valid; else false.
+// The page split (row / page_size, row % page_size) by the launch's multiply-shift divisor (gather.page_div,
+// core/fast_div.h: rows and positions are < 2^31): three instructions instead of the ~25 of a division by a
+// run-time int32, which the producer paid per row (ncu, docs/SPARSE.md "Tried" 9).
 struct IndexedRows {
   static constexpr bool kPaged = false;
   __device__ static __forceinline__ bool row_offset(const DecodeSm90Params& p, const Unit& u, int j, int64_t& o) {
@@ -186,7 +190,9 @@ struct IndexedRows {
     if (j >= u.key_end) return false;
     const int32_t idx = gp.indices[u.g * gp.indices_stride + j];
     if (idx < 0 || idx >= gp.num_slots) return false;
-    o = (idx / gp.page_size) * gp.stride_block_bytes + (idx % gp.page_size) * gp.stride_row_bytes;
+    uint32_t blk, row;
+    fast_divmod(static_cast<uint32_t>(idx), gp.page_div, blk, row);
+    o = static_cast<int64_t>(blk) * gp.stride_block_bytes + static_cast<int64_t>(row) * gp.stride_row_bytes;
     return true;
   }
 };
@@ -195,9 +201,11 @@ struct PagedRows {
   __device__ static __forceinline__ bool row_offset(const DecodeSm90Params& p, const Unit& u, int j, int64_t& o) {
     const DecodeSm90Params::Gather& gp = p.gather;
     if (j >= u.key_end) return false;
-    const int64_t blk = p.block_table[u.g * p.block_table_stride + j / gp.page_size];
+    uint32_t page, row;
+    fast_divmod(static_cast<uint32_t>(j), gp.page_div, page, row);
+    const int64_t blk = p.block_table[u.g * p.block_table_stride + page];
     if (blk < 0 || blk >= p.num_blocks) return false;
-    o = blk * gp.stride_block_bytes + (j % gp.page_size) * gp.stride_row_bytes;
+    o = blk * gp.stride_block_bytes + static_cast<int64_t>(row) * gp.stride_row_bytes;
     return true;
   }
 };
@@ -208,12 +216,26 @@ __device__ __forceinline__ int64_t row_offset_or_none(const DecodeSm90Params& p,
   return Rows::row_offset(p, u, j, o) ? o : -1;
 }
 
-// Key j's whole cache row into L2 (one bulk prefetch) when it is valid; nothing otherwise.
+// The kBytes-byte record at rec (16-byte aligned) into L2: one prefetch.global.L2 per cache line it
+// touches, from this lane (addresses rec + 128 i, the last clamped to the record's last byte: every line of
+// [rec, rec + kBytes) is hit; fp8_ds_mla's 656 bytes: 6 lines). No uniform operand, so a warp's 32 rows cost
+// 6 instructions per lane (the bulk prefetch, whose address must be warp-uniform, compiled to a waterfall
+// loop over the lanes: ~14.5 R2UR / UBLKPF rounds per warp and call, ncu, docs/SPARSE.md "Tried" 9).
+template <int kBytes>
+__device__ __forceinline__ void prefetch_record_l2(const uint8_t* rec) {
+  constexpr int kLines = (kBytes + 112 + 127) / 128;  // at most, for a start 16 bytes short of a line end
+#pragma unroll
+  for (int i = 0; i < kLines; ++i) ptx::prefetch_l2(rec + (128 * i < kBytes ? 128 * i : kBytes - 1));
+}
+
+// Key j's whole cache row into L2 when it is valid; nothing otherwise, by per-lane line prefetches
+// (prefetch_record_l2).
 template <CacheFormat F, class Rows>
 __device__ __forceinline__ void prefetch_row(const DecodeSm90Params& p, const Unit& u, int j) {
+  constexpr int kBytes = static_cast<int>(CacheFormatTraits<F>::entry_bytes(576, 64));
   int64_t o = 0;
-  if (Rows::row_offset(p, u, j, o))
-    ptx::bulk_prefetch_l2(p.gather.cache + o, static_cast<uint32_t>(CacheFormatTraits<F>::entry_bytes(576, 64)));
+  if (!Rows::row_offset(p, u, j, o)) return;
+  prefetch_record_l2<kBytes>(p.gather.cache + o);
 }
 
 // The index line (32 keys) of key j into L2 when j is in the token's range (lane 0 of a warp; nothing
