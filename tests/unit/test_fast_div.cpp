@@ -39,7 +39,9 @@ void check_divisor(uint32_t d, std::mt19937& rng) {
   ASSERT_GE(md, p) << d;
   ASSERT_LE(md - p, uint64_t{1} << f.s) << d;
   ASSERT_LE(d, uint64_t{1} << f.s) << d;
-  if (f.s > 0) ASSERT_GT(d, uint64_t{1} << (f.s - 1)) << d;
+  if (f.s > 0) {
+    ASSERT_GT(d, uint64_t{1} << (f.s - 1)) << d;
+  }
   for (uint32_t n : numerators(d, rng)) {
     uint32_t q = 0, r = 0;
     mla::fast_divmod(n, f, q, r);
