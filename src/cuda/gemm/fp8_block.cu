@@ -33,25 +33,29 @@ void check_lt(cublasStatus_t s, const char* what) {
                 " (" + cublasGetStatusString(s) + ")");
 }
 
+// One cuBLASLt handle and workspace per device, each with its own lock (the workspace is shared by the
+// device's calls), not one lock for the process: in-process DCP ranks must not wait for each other here
+// (src/cuda/gemm/launch.cu handle_slot says why). The map's lock guards only the slot lookup.
 struct LtDevice {
+  std::mutex mu;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
 };
 
-std::mutex& lt_mutex() {
+// Never destroyed (static destruction would race the runtime's teardown).
+LtDevice& lt_slot(int device) {
   static std::mutex m;
-  return m;
+  static std::map<int, LtDevice> devices;  // node-based: a slot's address is stable
+  std::lock_guard<std::mutex> lock(m);
+  return devices[device];
 }
 
-// Caller holds lt_mutex(). Never destroyed (static destruction would race the runtime's teardown).
-LtDevice& lt_for(int device) {
-  static std::map<int, LtDevice> devices;
-  LtDevice& d = devices[device];
+// Caller holds d.mu.
+void lt_init(LtDevice& d) {
   if (!d.handle) {
     check_lt(cublasLtCreate(&d.handle), "cublasLtCreate");
     check_cuda(cudaMalloc(&d.workspace, kWorkspaceBytes), "gemm_fp8_block: cuBLASLt workspace");
   }
-  return d;
 }
 
 // RAII for the per-call descriptors (host objects only).
@@ -82,8 +86,9 @@ void gemm_fp8_block(const TensorView& a, const TensorView& a_scales, const Tenso
                 ldc = M <= 1 ? N : c.stride[0];
   const cudaDataType_t ct = c.dtype == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
   DeviceGuard guard(c.device);
-  std::lock_guard<std::mutex> lock(lt_mutex());
-  LtDevice& dev = lt_for(c.device.index);
+  LtDevice& dev = lt_slot(c.device.index);
+  std::lock_guard<std::mutex> lock(dev.mu);
+  lt_init(dev);
 
   Descs d;
   check_lt(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");

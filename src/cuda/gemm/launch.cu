@@ -13,9 +13,9 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/launch.h"
@@ -43,21 +43,23 @@ void check_cublas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string(what) + ": " + cublas_status_name(s));
 }
 
-std::mutex& handle_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-// Caller holds handle_mutex(). Handles are never destroyed: destroying them at static destruction
-// would race the CUDA runtime's own teardown.
-cublasHandle_t handle_for(int device) {
-  static std::unordered_map<int, cublasHandle_t> handles;
-  auto it = handles.find(device);
-  if (it != handles.end()) return it->second;
+// One cuBLAS handle per device, each with its own lock (a handle is set to the caller's stream and used
+// under it). Per device, not one lock for the process: the ranks of an in-process DCP group (one thread and
+// GPU each, NCCL between them) must not wait for each other here. A global lock deadlocked `mla run --dcp 2`
+// as threads on nvidia-h200-x2 (2026-11-23): rank 0 held it through a GEMM whose first call loads cuBLAS
+// kernels, which waits for rank 0's GPU, where an NCCL kernel waited for rank 1, which waited for the lock
+// before launching its side of that collective. The map's own lock only guards the slot lookup (no CUDA
+// call under it). Handles are never destroyed: destroying them at static destruction would race the CUDA
+// runtime's own teardown.
+struct HandleSlot {
+  std::mutex mu;
   cublasHandle_t h = nullptr;
-  check_cublas(cublasCreate(&h), "cublasCreate");
-  handles.emplace(device, h);
-  return h;
+};
+HandleSlot& handle_slot(int device) {
+  static std::mutex m;
+  static std::map<int, HandleSlot> slots;  // node-based: a slot's address is stable
+  std::lock_guard<std::mutex> lock(m);
+  return slots[device];
 }
 
 // A row-major view X [rows, cols] (strides s0, s1) as op(M), M column-major with leading dim ld.
@@ -150,8 +152,10 @@ void run_gemm(const TensorView& a, const TensorView& b, const TensorView& c, int
   const int64_t stride_second = nd == 3 ? (swap ? a.stride[0] : b.stride[0]) : 0;
   const int64_t stride_c = nd == 3 ? c.stride[0] : 0;
 
-  std::lock_guard<std::mutex> lock(handle_mutex());
-  cublasHandle_t h = handle_for(c.device.index);
+  HandleSlot& slot = handle_slot(c.device.index);
+  std::lock_guard<std::mutex> lock(slot.mu);
+  if (slot.h == nullptr) check_cublas(cublasCreate(&slot.h), "cublasCreate");
+  cublasHandle_t h = slot.h;
   check_cublas(cublasSetStream(h, stream_of(ctx)), "cublasSetStream");
   if (nd == 2) {
     check_cublas(cublasGemmEx_64(h, first.op, second.op, rows, cols, k, &alpha, first.ptr, CUDA_R_16BF, first.ld,
