@@ -34,8 +34,8 @@ void check_lt(cublasStatus_t s, const char* what) {
 }
 
 // One cuBLASLt handle and workspace per device, each with its own lock (the workspace is shared by the
-// device's calls), not one lock for the process: in-process DCP ranks must not wait for each other here
-// (src/cuda/gemm/launch.cu handle_slot says why). The map's lock guards only the slot lookup.
+// device's calls), not one lock for the process: threads driving different GPUs must not wait for each
+// other here (src/cuda/gemm/launch.cu handle_slot). The map's lock guards only the slot lookup.
 struct LtDevice {
   std::mutex mu;
   cublasLtHandle_t handle = nullptr;

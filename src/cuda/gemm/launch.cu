@@ -44,13 +44,11 @@ void check_cublas(cublasStatus_t s, const char* what) {
 }
 
 // One cuBLAS handle per device, each with its own lock (a handle is set to the caller's stream and used
-// under it). Per device, not one lock for the process: the ranks of an in-process DCP group (one thread and
-// GPU each, NCCL between them) must not wait for each other here. A global lock deadlocked `mla run --dcp 2`
-// as threads on nvidia-h200-x2 (2026-11-23): rank 0 held it through a GEMM whose first call loads cuBLAS
-// kernels, which waits for rank 0's GPU, where an NCCL kernel waited for rank 1, which waited for the lock
-// before launching its side of that collective. The map's own lock only guards the slot lookup (no CUDA
-// call under it). Handles are never destroyed: destroying them at static destruction would race the CUDA
-// runtime's own teardown.
+// under it). Per device, not one lock for the process: threads driving different GPUs (the ranks of an
+// in-process DCP group, one thread and GPU each) must not serialise on each other's GEMMs, nor hold a lock
+// another rank needs while a collective waits for it. The map's own lock only guards the slot lookup (no
+// CUDA call under it). Handles are never destroyed: destroying them at static destruction would race the
+// CUDA runtime's own teardown.
 struct HandleSlot {
   std::mutex mu;
   cublasHandle_t h = nullptr;
