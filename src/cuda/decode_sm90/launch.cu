@@ -77,6 +77,18 @@ Rows32 rows32_mode() {
   return m;
 }
 
+// MLA_DECODE_SM90_ROWS16=seesaw (an A/B switch, read once; default small): 9..16 query rows of a bf16 or fp8
+// cache on the seesaw tile too (three quarters of its rows padding). Why it may win: in the eleventh-session grid
+// (docs/PERFORMANCE.md) h 32 on the seesaw tile took 0.169 ms at s_k 4096 and s_q 2 x h 16 0.316 ms at 8192,
+// against the N 16 small kernel's 0.182 / 0.320 ms for h 16 with the same bytes; but the seesaw tile runs the
+// uniform split-KV schedule, and h 32 varlen there took 0.27-0.29 ms against h 16 varlen's 0.194 on the
+// balanced schedule. Not measured with 16 rows: the next session's A/B (uniform and varlen rows).
+enum class Rows16 { small, seesaw };
+Rows16 rows16_mode() {
+  static const Rows16 m = env_choice("MLA_DECODE_SM90_ROWS16", Rows16::small, {{"seesaw", Rows16::seesaw}});
+  return m;
+}
+
 // KV cache as a 3-D tensor [num_blocks][page_size][576] for TMA: boxes of 64 columns x box_rows rows of
 // one page, 128-byte swizzled (the layout the wgmma descriptors read).
 CUtensorMap paged_tensor_map(const KVCache& cache, int32_t box_rows, const char* what) {
@@ -146,8 +158,9 @@ void run(const dispatch::DecodeArgs& a) {
   p.causal = a.causal ? 1 : 0;
   set_row_tiles(p, s_q * h_q);
   const bool quantized = cache.format != CacheFormat::bf16;
-  if (p.tile_rows == 32 && (rows32_mode() == Rows32::all ||
-                            (cache.format != CacheFormat::fp8_ds_mla && rows32_mode() == Rows32::seesaw))) {
+  const bool ds = cache.format == CacheFormat::fp8_ds_mla;
+  if ((p.tile_rows == 32 && (rows32_mode() == Rows32::all || (!ds && rows32_mode() == Rows32::seesaw))) ||
+      (p.tile_rows == 16 && !ds && rows16_mode() == Rows16::seesaw)) {
     p.tile_rows = Traits::kBlockM;
     p.m_tiles = 1;
   }
