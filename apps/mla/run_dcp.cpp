@@ -8,12 +8,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <thread>
 
 #include "mla/comm.h"
@@ -41,6 +45,16 @@ struct DcpGroup::Rank {
   Tensor out_host;
   double seconds = 0;
   std::string error;
+  // Where the rank's thread is (the threads mode's watchdog reads it): a phase or the last collective
+  // entered / left, and when that changed.
+  std::mutex where_mu;
+  std::string where = "starting";
+  std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  void mark(std::string w) {
+    std::lock_guard<std::mutex> lock(where_mu);
+    where = std::move(w);
+    since = std::chrono::steady_clock::now();
+  }
 };
 
 namespace {
@@ -60,20 +74,93 @@ void upload(const Tensor& dst, const void* src, std::initializer_list<int64_t> s
   copy(d, TensorView(const_cast<void*>(src), dst.dtype(), shape, Device::cpu()));
 }
 
+// The rank's communicator, recording each collective it enters and leaves through `mark` (Rank::mark), so
+// that the watchdog below can say where a stalled group stopped.
+class TracedCommunicator final : public Communicator {
+ public:
+  TracedCommunicator(std::unique_ptr<Communicator> inner, std::function<void(std::string)> mark)
+      : inner_(std::move(inner)), mark_(std::move(mark)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  Device device() const override { return inner_->device(); }
+  std::string backend() const override { return inner_->backend(); }
+  void all_gather(const TensorView& in, const TensorView& out, const Context& ctx) override {
+    traced("all_gather", [&] { inner_->all_gather(in, out, ctx); });
+  }
+  void all_to_all(const TensorView& in, const TensorView& out, const Context& ctx) override {
+    traced("all_to_all", [&] { inner_->all_to_all(in, out, ctx); });
+  }
+  void reduce_scatter(const TensorView& in, const TensorView& out, const Context& ctx) override {
+    traced("reduce_scatter", [&] { inner_->reduce_scatter(in, out, ctx); });
+  }
+  void synchronize(const Context& ctx) override {
+    traced("synchronize", [&] { inner_->synchronize(ctx); });
+  }
+
+ private:
+  template <class F>
+  void traced(const char* what, F&& f) {
+    const int64_t n = ++calls_;
+    mark_(fmt::format("inside {} (collective call {})", what, n));
+    f();
+    mark_(fmt::format("after {} (collective call {})", what, n));
+  }
+  std::unique_ptr<Communicator> inner_;
+  std::function<void(std::string)> mark_;
+  int64_t calls_ = 0;
+};
+
 // Runs fn(rank) on one thread per rank; rethrows the first rank's error (the others fail on their
-// collectives within the group's timeout instead of waiting forever).
+// collectives within the group's timeout instead of waiting forever). With `watchdog` (CUDA ranks): a
+// thread blocked inside a CUDA or NCCL call is past any timeout of the communicator, so when no rank has
+// moved (Rank::mark) for kStall, the process reports where each rank is and exits instead of hanging
+// (ranks as threads of one process on nvidia-h200-x2 hung, docs/SCALE.md "Eleventh session"; threads
+// stuck in a driver call cannot be cancelled, so exiting is the only way out).
 template <class Ranks, class Fn>
-void on_every_rank(Ranks& ranks, Fn&& fn) {
+void on_every_rank(Ranks& ranks, Fn&& fn, bool watchdog = false) {
+  constexpr auto kStall = kGroupTimeout + std::chrono::seconds(60);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t done = 0;
   std::vector<std::thread> threads;
   for (auto& rk : ranks)
-    threads.emplace_back([&fn, r = rk.get()] {
+    threads.emplace_back([&, r = rk.get()] {
       try {
         r->error.clear();
         fn(*r);
       } catch (const std::exception& e) {
         r->error = e.what();
       }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ++done;
+      }
+      cv.notify_all();
     });
+  if (watchdog) {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!cv.wait_for(lock, std::chrono::seconds(5), [&] { return done == ranks.size(); })) {
+      const auto now = std::chrono::steady_clock::now();
+      auto last = std::chrono::steady_clock::time_point::min();
+      for (auto& rk : ranks) {
+        std::lock_guard<std::mutex> w(rk->where_mu);
+        last = std::max(last, rk->since);
+      }
+      if (now - last < kStall) continue;
+      std::string msg = fmt::format("mla: error: --dcp: no rank of the group made progress for {} s (ranks as threads of "
+                                    "one process); ",
+                                    std::chrono::duration_cast<std::chrono::seconds>(now - last).count());
+      for (auto& rk : ranks) {
+        std::lock_guard<std::mutex> w(rk->where_mu);
+        msg += fmt::format("rank {}: {} ({} s ago); ", rk->r, rk->where,
+                           std::chrono::duration_cast<std::chrono::seconds>(now - rk->since).count());
+      }
+      msg += "run the group as processes instead (--dcp-procs)\n";
+      std::fputs(msg.c_str(), stderr);
+      std::fflush(nullptr);
+      std::_Exit(3);
+    }
+  }
   for (auto& t : threads) t.join();
   for (auto& rk : ranks)
     if (!rk->error.empty()) throw Error(fmt::format("--dcp: rank {}: {}", rk->r, rk->error));
@@ -111,8 +198,11 @@ DcpGroup::DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj) : cfg_(cfg) {
   // NCCL ranks must start together: one thread each, as the steps run.
   on_every_rank(ranks_, [&](Rank& rk) {
     const Device dev = rk.dev;
+    rk.mark("creating its communicator");
     if (procs) rk.comm = make_process_communicator(process_group_env(), dev);
     else if (cfg.cuda) rk.comm = make_nccl_communicator(id, w, rk.r, dev.index, kGroupTimeout);
+    rk.comm = std::make_unique<TracedCommunicator>(std::move(rk.comm), [&rk](std::string what) { rk.mark(std::move(what)); });
+    rk.mark("building its layer and buffers");
     rk.planner = rank_planner_config(cfg, rk.r, dev);
     LayerOptions lo = layer_options(cfg);
     lo.dims.num_heads = static_cast<int>(hr);
@@ -139,7 +229,8 @@ DcpGroup::DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj) : cfg_(cfg) {
     rk.out = on(dev, {tmax, hr * V}, DType::bf16);
     if (procs) gather_ = on(dev, {std::max(w * tmax * hr * V * 2, w * page_bytes_)}, DType::u8);
     synchronize(dev);
-  });
+    rk.mark("built");
+  }, cfg.cuda && !procs);
 }
 
 DcpGroup::~DcpGroup() = default;
@@ -155,6 +246,7 @@ double DcpGroup::forward(const StepBatch& batch, const Inputs& in, uint16_t* out
   pages_.clear();
   rank_pages_.clear();
   on_every_rank(ranks_, [&](Rank& rk) {
+    rk.mark("planning and uploading the step");
     const DcpLayout l{w, rk.r, cfg_.dcp_interleave};
     const Plan plan = make_plan(desc, rk.planner);
     // This rank's heads of q; its tokens' local slots (the owner's shard only, -1 elsewhere).
@@ -192,6 +284,7 @@ double DcpGroup::forward(const StepBatch& batch, const Inputs& in, uint16_t* out
     a.metadata = rk.meta.view();
     const TensorView ws = rk.workspace.view();
     if (warm_up) {  // untimed (library handles, first launches); rewriting the same rows is idempotent
+      rk.mark("in the warm-up forward");
       upload_step_metadata(plan, rk.staging.view(), rk.meta.view());
       rk.layer->forward(plan, a, rk.cache.cache, ws);
       rk.comm->synchronize({});
@@ -199,6 +292,7 @@ double DcpGroup::forward(const StepBatch& batch, const Inputs& in, uint16_t* out
     poison(a.out.data, rk.dev, static_cast<std::size_t>(T * hr * V) * 2);
     synchronize(rk.dev);
     const auto t0 = std::chrono::steady_clock::now();
+    rk.mark("in the timed forward");
     upload_step_metadata(plan, rk.staging.view(), rk.meta.view());
     rk.layer->forward(plan, a, rk.cache.cache, ws);
     rk.comm->synchronize({});
@@ -221,7 +315,7 @@ double DcpGroup::forward(const StepBatch& batch, const Inputs& in, uint16_t* out
     for (int r = 0; r < w; ++r)
       for (int64_t t = 0; t < T; ++t)
         std::memcpy(out + (t * h + r * hr) * V, all.data() + r * n + t * hr * V, static_cast<std::size_t>(hr * V) * 2);
-  });
+  }, cfg_.cuda && cfg_.dcp_rank < 0);
   double secs = 0;
   for (const auto& rk : ranks_) secs = std::max(secs, rk->seconds);
   return secs;
