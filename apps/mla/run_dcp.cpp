@@ -114,7 +114,7 @@ class TracedCommunicator final : public Communicator {
 // collectives within the group's timeout instead of waiting forever). With `watchdog` (CUDA ranks): a
 // thread blocked inside a CUDA or NCCL call is past any timeout of the communicator, so when no rank has
 // moved (Rank::mark) for kStall, the process reports where each rank is and exits instead of hanging
-// (ranks as threads of one process on nvidia-h200-x2 hung, docs/SCALE.md "Eleventh session"; threads
+// (a stall of ranks as threads on nvidia-h200-x2 is how the lockstep group came about, docs/SCALE.md; threads
 // stuck in a driver call cannot be cancelled, so exiting is the only way out).
 template <class Ranks, class Fn>
 void on_every_rank(Ranks& ranks, Fn&& fn, bool watchdog = false) {
@@ -195,12 +195,20 @@ DcpGroup::DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj) : cfg_(cfg) {
       ranks_.push_back(std::move(rk));
     }
   }
-  // NCCL ranks must start together: one thread each, as the steps run.
+  // NCCL ranks must start together: one thread each.
+  on_every_rank(ranks_, [&](Rank& rk) {
+    rk.mark("creating its communicator");
+    if (procs) rk.comm = make_process_communicator(process_group_env(), rk.dev);
+    else if (cfg.cuda) rk.comm = make_nccl_communicator(id, w, rk.r, rk.dev.index, kGroupTimeout);
+  }, cfg.cuda && !procs);
+  if (cfg.cuda && !procs) {  // threads driving GPUs through NCCL: collectives in lockstep (mla/comm.h says why)
+    std::vector<std::unique_ptr<Communicator>> comms;
+    for (auto& rk : ranks_) comms.push_back(std::move(rk->comm));
+    comms = make_lockstep_group(std::move(comms), kGroupTimeout);
+    for (int r = 0; r < w; ++r) ranks_[static_cast<std::size_t>(r)]->comm = std::move(comms[static_cast<std::size_t>(r)]);
+  }
   on_every_rank(ranks_, [&](Rank& rk) {
     const Device dev = rk.dev;
-    rk.mark("creating its communicator");
-    if (procs) rk.comm = make_process_communicator(process_group_env(), dev);
-    else if (cfg.cuda) rk.comm = make_nccl_communicator(id, w, rk.r, dev.index, kGroupTimeout);
     rk.comm = std::make_unique<TracedCommunicator>(std::move(rk.comm), [&rk](std::string what) { rk.mark(std::move(what)); });
     rk.mark("building its layer and buffers");
     rk.planner = rank_planner_config(cfg, rk.r, dev);

@@ -60,6 +60,21 @@ NcclId nccl_id_from_hex(const std::string& hex);
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclId& id, int world_size, int rank, int device,
                                                      std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
+// ---- ranks as threads of one process on CUDA: lockstep enqueue ----------------------------------------
+// Ranks of one NCCL group that are threads of one process (one GPU each) can deadlock: some driver calls
+// take a process-wide lock and wait until every GPU of the process drains its queue (cuBLASLt's first use
+// of a kernel sets its attributes that way), so a rank that is inside one while another rank's GPU holds
+// a collective's kernel waiting for this rank never returns (seen on nvidia-h200-x2: docs/SCALE.md).
+// make_lockstep_group wraps such a group's communicators so that every collective is enqueued in
+// lockstep: no rank enqueues collective n before every rank has called it, and none returns before every
+// rank has enqueued it. Then whatever a GPU queue holds has all its peers enqueued and finishes without
+// any host thread, so waiting for it cannot deadlock. Costs two host rendezvous per collective; a rank
+// that does not arrive within `timeout` makes the others throw mla::Error (and the group stays unusable).
+// comms[r] must be rank r's communicator; hand result r to the thread that plays rank r. Processes (one
+// rank each) need none of this.
+std::vector<std::unique_ptr<Communicator>> make_lockstep_group(std::vector<std::unique_ptr<Communicator>> comms,
+                                                               std::chrono::milliseconds timeout);
+
 // ---- processes: one rank per process (torchrun-style) --------------------------------------------
 // A CPU group across processes of one host: rank 0 listens on the Unix socket `path` (created; an old
 // file there is removed), ranks 1..W-1 connect to it within `timeout`. Rank 0 relays every collective

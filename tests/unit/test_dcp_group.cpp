@@ -4,7 +4,8 @@
 // mismatched collectives and a missing rank throw on every rank instead of hanging. The dense decode in
 // each exchange (all-to-all, AG+RS, all-to-all over two half-batches). The socket group (one rank per
 // process; here threads of one process over its Unix socket): the same placement, a decode through it,
-// and a rank that fails or never connects makes the others throw within the timeout.
+// and a rank that fails or never connects makes the others throw within the timeout. The lockstep
+// wrapper (ranks as threads on CUDA): no rank enqueues before all arrived, none returns before all enqueued.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -107,6 +108,89 @@ TEST(DcpGroup, MismatchAndMissingRankThrowEverywhere) {
   EXPECT_THROW(group[0]->all_gather(in, Tensor::zeros({7}, DType::f32), {}), Error);  // refused before waiting
   EXPECT_THROW(group[0]->all_to_all(Tensor::zeros({3}, DType::f32), Tensor::zeros({3}, DType::f32), {}), Error);
   EXPECT_THROW(make_local_group(0), Error);
+}
+
+// A rank that only counts the collectives it is asked to enqueue, and checks on entry that every rank
+// of the group has arrived at this collective (what make_lockstep_group promises).
+class CountingComm final : public Communicator {
+ public:
+  CountingComm(int r, int w, std::atomic<int>& arrived, std::atomic<int>& enqueued)
+      : r_(r), w_(w), arrived_(arrived), enqueued_(enqueued) {}
+  int rank() const override { return r_; }
+  int world_size() const override { return w_; }
+  Device device() const override { return Device::cpu(); }
+  std::string backend() const override { return "counting"; }
+  void all_gather(const TensorView&, const TensorView&, const Context&) override { enqueue(); }
+  void all_to_all(const TensorView&, const TensorView&, const Context&) override { enqueue(); }
+  void reduce_scatter(const TensorView&, const TensorView&, const Context&) override { enqueue(); }
+  void synchronize(const Context&) override {}
+  int64_t calls = 0, early = 0;  // enqueues of this rank; of those, entered before every rank arrived
+
+ private:
+  void enqueue() {
+    ++calls;
+    if (arrived_.load() < w_ * calls) ++early;
+    std::this_thread::sleep_for(std::chrono::milliseconds(r_ * 3));  // slow enqueues: the others must wait
+    ++enqueued_;
+  }
+  int r_, w_;
+  std::atomic<int>& arrived_;
+  std::atomic<int>& enqueued_;
+};
+
+TEST(DcpGroup, LockstepGroupEnqueuesInLockstep) {
+  {  // the wrapped in-process group still places every block
+    auto group = make_lockstep_group(make_local_group(3), std::chrono::seconds(60));
+    expect_collectives_place_blocks(group);
+  }
+  const int w = 3, n = 20;
+  std::atomic<int> arrived{0}, enqueued{0};
+  std::vector<std::unique_ptr<Communicator>> inner;
+  std::vector<CountingComm*> spies;
+  for (int r = 0; r < w; ++r) {
+    inner.push_back(std::make_unique<CountingComm>(r, w, arrived, enqueued));
+    spies.push_back(static_cast<CountingComm*>(inner.back().get()));
+  }
+  auto group = make_lockstep_group(std::move(inner), std::chrono::seconds(60));
+  std::vector<int64_t> late(w, 0);  // returns of a rank before every rank had enqueued that collective
+  const Tensor t = Tensor::zeros({4}, DType::f32);
+  const auto err = on_ranks(group, [&](int r, Communicator& c) {
+    for (int i = 1; i <= n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds((r + i) % w));  // ranks arrive in varying order
+      ++arrived;
+      if (i % 3 == 0) c.all_to_all(t, t, {});
+      else if (i % 3 == 1) c.all_gather(t, t, {});
+      else c.reduce_scatter(t, t, {});
+      if (enqueued.load() < w * i) ++late[static_cast<std::size_t>(r)];
+    }
+  });
+  for (int r = 0; r < w; ++r) {
+    EXPECT_EQ(err[static_cast<std::size_t>(r)], "");
+    EXPECT_EQ(spies[static_cast<std::size_t>(r)]->calls, n);
+    EXPECT_EQ(spies[static_cast<std::size_t>(r)]->early, 0) << "rank " << r << " enqueued before every rank arrived";
+    EXPECT_EQ(late[static_cast<std::size_t>(r)], 0) << "rank " << r << " returned before every rank enqueued";
+  }
+}
+
+TEST(DcpGroup, LockstepGroupMissingRankThrowsNotHangs) {
+  auto group = make_lockstep_group(make_local_group(3, std::chrono::seconds(60)), std::chrono::milliseconds(200));
+  const auto err = on_ranks(group, [&](int r, Communicator& c) {
+    if (r == 1) throw Error("rank 1 gave up");
+    Tensor in = Tensor::zeros({4}, DType::f32), out = Tensor::zeros({12}, DType::f32);
+    c.all_gather(in, out, {});
+  });
+  EXPECT_NE(err[0].find("waited 200 ms before collective call 1"), std::string::npos) << err[0];
+  EXPECT_NE(err[2].find("lockstep group"), std::string::npos) << err[2];
+  Tensor in = Tensor::zeros({4}, DType::f32), out = Tensor::zeros({12}, DType::f32);
+  EXPECT_THROW(group[0]->all_gather(in, out, {}), Error);  // unusable after the timeout
+  // Communicators out of rank order, a null one, no communicator at all, a zero timeout: refused.
+  auto two = make_local_group(2);
+  std::swap(two[0], two[1]);
+  EXPECT_THROW(make_lockstep_group(std::move(two), std::chrono::seconds(1)), Error);
+  std::vector<std::unique_ptr<Communicator>> holes(2);
+  EXPECT_THROW(make_lockstep_group(std::move(holes), std::chrono::seconds(1)), Error);
+  EXPECT_THROW(make_lockstep_group({}, std::chrono::seconds(1)), Error);
+  EXPECT_THROW(make_lockstep_group(make_local_group(2), std::chrono::milliseconds(0)), Error);
 }
 
 // Shard r of a PagedBatch as a cache of its own (rows copied byte for byte) and its local block table.

@@ -1,0 +1,111 @@
+// make_lockstep_group (mla/comm.h): communicators of ranks that are threads of one process, each
+// collective enqueued between two host rendezvous of the group (why: the comment in mla/comm.h).
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "core/check.h"
+#include "mla/comm.h"
+
+namespace mla {
+
+namespace {
+
+// A reusable barrier of W threads with a timeout. Once a wait times out the barrier is broken: every
+// waiting and later arrival throws (a rank that stayed away leaves the group's collectives misaligned).
+class HostRendezvous {
+ public:
+  HostRendezvous(int world, std::chrono::milliseconds timeout) : world_(world), timeout_(timeout) {}
+
+  void arrive_and_wait(int rank, const char* where, int64_t call) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (broken_) throw Error(fmt::format("lockstep group: rank {}: the group is unusable after an earlier timeout", rank));
+    const uint64_t gen = generation_;
+    if (++arrived_ == world_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, timeout_, [&] { return generation_ != gen || broken_; }) || generation_ == gen) {
+      broken_ = true;
+      cv_.notify_all();
+      throw Error(fmt::format("lockstep group: rank {} waited {} ms {} collective call {} for the other ranks "
+                              "(a rank failed, stayed away or called fewer collectives)",
+                              rank, timeout_.count(), where, call));
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int world_;
+  const std::chrono::milliseconds timeout_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool broken_ = false;
+};
+
+class LockstepCommunicator final : public Communicator {
+ public:
+  LockstepCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<HostRendezvous> group)
+      : inner_(std::move(inner)), group_(std::move(group)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  Device device() const override { return inner_->device(); }
+  std::string backend() const override { return inner_->backend(); }
+  void all_gather(const TensorView& in, const TensorView& out, const Context& ctx) override {
+    lockstep([&] { inner_->all_gather(in, out, ctx); });
+  }
+  void all_to_all(const TensorView& in, const TensorView& out, const Context& ctx) override {
+    lockstep([&] { inner_->all_to_all(in, out, ctx); });
+  }
+  void reduce_scatter(const TensorView& in, const TensorView& out, const Context& ctx) override {
+    lockstep([&] { inner_->reduce_scatter(in, out, ctx); });
+  }
+  // Enqueues nothing for the peers: no rendezvous needed.
+  void synchronize(const Context& ctx) override { inner_->synchronize(ctx); }
+
+ private:
+  template <class F>
+  void lockstep(F&& enqueue) {
+    const int64_t call = ++calls_;
+    group_->arrive_and_wait(rank(), "before", call);
+    // A rank whose enqueue throws (bad views) still arrives, so that the others fail on their own
+    // checks or on the collective's timeout instead of on this rendezvous.
+    try {
+      enqueue();
+    } catch (...) {
+      group_->arrive_and_wait(rank(), "after", call);
+      throw;
+    }
+    group_->arrive_and_wait(rank(), "after", call);
+  }
+  std::unique_ptr<Communicator> inner_;
+  std::shared_ptr<HostRendezvous> group_;
+  int64_t calls_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_lockstep_group(std::vector<std::unique_ptr<Communicator>> comms,
+                                                               std::chrono::milliseconds timeout) {
+  const int w = static_cast<int>(comms.size());
+  MLA_CHECK(w >= 1, "make_lockstep_group: expected at least one communicator, got none");
+  MLA_CHECK(timeout.count() > 0, "make_lockstep_group: the timeout must be positive, got {} ms", timeout.count());
+  for (int r = 0; r < w; ++r) {
+    MLA_CHECK(comms[static_cast<std::size_t>(r)] != nullptr, "make_lockstep_group: communicator {} is null", r);
+    const Communicator& c = *comms[static_cast<std::size_t>(r)];
+    MLA_CHECK(c.world_size() == w && c.rank() == r,
+              "make_lockstep_group: communicator {} must be rank {} of a group of {}, got rank {} of {}", r, r, w,
+              c.rank(), c.world_size());
+  }
+  auto group = std::make_shared<HostRendezvous>(w, timeout);
+  std::vector<std::unique_ptr<Communicator>> out;
+  out.reserve(comms.size());
+  for (auto& c : comms) out.push_back(std::make_unique<LockstepCommunicator>(std::move(c), group));
+  return out;
+}
+
+}  // namespace mla
