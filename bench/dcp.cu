@@ -36,9 +36,18 @@ struct DcpShape {
   int64_t b, h, s_k, page;
 };
 
-constexpr DcpExchange kExchanges[] = {DcpExchange::all_to_all, DcpExchange::allgather_reduce_scatter,
-                                      DcpExchange::all_to_all_overlap};
-constexpr int kNumExchanges = 3;
+// The exchanges, each through NCCL, and the default one through the peer windows (make_peer_group:
+// the all_gather of q and the all-to-all by stores into the other GPU's memory, no NCCL kernel).
+struct Variant {
+  DcpExchange exchange;
+  bool peer;
+  const char* name;
+};
+constexpr Variant kExchanges[] = {{DcpExchange::all_to_all, false, "all_to_all"},
+                                  {DcpExchange::allgather_reduce_scatter, false, "allgather_reduce_scatter"},
+                                  {DcpExchange::all_to_all_overlap, false, "all_to_all_overlap"},
+                                  {DcpExchange::all_to_all, true, "all_to_all peer"}};
+constexpr int kNumExchanges = 4;
 
 struct RankTimes {
   double step = 0, attn = 0;         // median ms of a step (all_to_all); of the rank's attention alone (W > 1)
@@ -47,15 +56,15 @@ struct RankTimes {
 };
 
 // One rank's timed steps (median ms). world == 1: plain mqa_decode over the whole cache.
-RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, int warmup, int iters,
-                  std::barrier<>& sync, std::atomic<int>& capture_failures) {
+// nccl / peer: this rank's communicators (world > 1; peer may be null: its rows are then skipped).
+RankTimes rank_steps(const DcpShape& s, int world, int rank, Communicator* nccl, Communicator* peer, int warmup,
+                     int iters, std::barrier<>& sync, std::atomic<int>& capture_failures) {
   const Device dev = Device::cuda(rank);
   if (cudaSetDevice(rank) != cudaSuccess) throw Error("dcp bench: cannot select device " + std::to_string(rank));
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   const Context ctx{stream, Precision::fast};
-  std::unique_ptr<Communicator> comm;
-  if (world > 1) comm = make_nccl_communicator(id, world, rank, rank);
+  Communicator* comm = nccl;  // the variant's communicator (step below)
   const DcpLayout l{world, rank, 1};
   const int64_t local = dcp_local_length(s.s_k, l);
   const int64_t pages = std::max<int64_t>(1, (local + s.page - 1) / s.page);
@@ -73,9 +82,9 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
   Tensor out = Tensor::empty({s.b, 1, h, 512}, DType::bf16, dev), lse = Tensor::empty({s.b, 1, h}, DType::f32, dev);
   std::size_t ws_bytes = mqa_decode_workspace_bytes(s.b, 1, h, pages * s.page, dev);
   if (world > 1)
-    for (DcpExchange ex : kExchanges)
+    for (const Variant& v : kExchanges)
       ws_bytes = std::max(ws_bytes, dcp_mqa_decode_workspace_bytes(s.b, 1, h, pages, s.page, DType::bf16, world, dev,
-                                                                   0, ex));
+                                                                   0, v.exchange));
   Tensor ws = Tensor::empty({std::max<int64_t>(1, static_cast<int64_t>(ws_bytes))}, DType::u8, dev);
   DcpExchange exchange = DcpExchange::all_to_all;
   auto step = [&] {
@@ -118,10 +127,13 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
     std::vector<float> ms[kNumExchanges];
     for (int round = 0; round < 2; ++round)
       for (int e = 0; e < kNumExchanges; ++e) {
-        exchange = kExchanges[e];
+        if (kExchanges[e].peer && !peer) continue;
+        exchange = kExchanges[e].exchange;
+        comm = kExchanges[e].peer ? peer : nccl;
         samples_ms(step, ms[e], kSteps);
       }
-    for (int e = 0; e < kNumExchanges; ++e) r.exchange[e] = median(ms[e]);
+    for (int e = 0; e < kNumExchanges; ++e) r.exchange[e] = ms[e].empty() ? 0 : median(ms[e]);
+    comm = nccl;
     r.step = r.exchange[0];
   }
   // The same kSteps steps captured once into a CUDA graph and replayed (as an engine runs its decode
@@ -159,9 +171,12 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
     return med;
   };
   for (int e = 0; e < (world > 1 ? kNumExchanges : 1); ++e) {
-    exchange = kExchanges[e];
+    if (world > 1 && kExchanges[e].peer && !peer) continue;
+    exchange = kExchanges[e].exchange;
+    comm = world > 1 && kExchanges[e].peer ? peer : nccl;
     r.graph[e] = graph_ms(step);
   }
+  comm = nccl;
   if (world > 1) {  // the rank's attention alone: the group's s.h heads over its shard, as dcp_mqa_decode runs it
     Tensor qa = Tensor::empty({s.b, 1, s.h, 576}, DType::bf16, dev);
     fill_uniform(qa, -1, 1, 91 + rank, stream);
@@ -179,16 +194,39 @@ RankTimes rank_steps(const DcpShape& s, int world, int rank, const NcclId& id, i
 }
 
 RankTimes group_ms(const DcpShape& s, int world, int warmup, int iters) {
-  const NcclId id = world > 1 ? nccl_make_id() : NcclId{};
+  std::vector<std::unique_ptr<Communicator>> comms(static_cast<std::size_t>(world));
+  std::vector<Communicator*> nccl(static_cast<std::size_t>(world), nullptr), peer(nccl);
+  std::vector<std::string> err(static_cast<std::size_t>(world));
+  if (world > 1) {  // NCCL ranks start together (a thread each), then the peer windows on this thread
+    const NcclId id = nccl_make_id();
+    std::vector<std::thread> init;
+    for (int r = 0; r < world; ++r)
+      init.emplace_back([&, r] {
+        try {
+          comms[r] = make_nccl_communicator(id, world, r, r);
+        } catch (const std::exception& e) {
+          err[r] = e.what();
+        }
+      });
+    for (auto& t : init) t.join();
+    for (int r = 0; r < world; ++r)
+      if (!err[r].empty()) throw Error("dcp bench, rank " + std::to_string(r) + ": " + err[r]);
+    for (int r = 0; r < world; ++r) nccl[r] = comms[r].get();
+    try {
+      comms = make_peer_group(std::move(comms), std::chrono::seconds(120));
+      for (int r = 0; r < world; ++r) peer[r] = comms[r].get();
+    } catch (const std::exception& e) {  // the NCCL rows still run; make_peer_group left comms alone
+      std::fprintf(stderr, "dcp bench: no peer exchange: %s\n", e.what());
+    }
+  }
   std::barrier<> sync(world);
   std::atomic<int> capture_failures{0};
   std::vector<RankTimes> ms(static_cast<std::size_t>(world));
-  std::vector<std::string> err(static_cast<std::size_t>(world));
   std::vector<std::thread> ranks;
   for (int r = 0; r < world; ++r)
     ranks.emplace_back([&, r] {
       try {
-        ms[r] = rank_steps(s, world, r, id, warmup, iters, sync, capture_failures);
+        ms[r] = rank_steps(s, world, r, nccl[r], peer[r], warmup, iters, sync, capture_failures);
       } catch (const std::exception& e) {
         err[r] = e.what();
         sync.arrive_and_drop();  // let the other ranks' barriers proceed; their NCCL waits time out
@@ -248,9 +286,10 @@ void bench_dcp(BenchContext& ctx) {
       if (w > 1)
         for (int e = 1; e < kNumExchanges; ++e) {  // the other exchanges of the same run (alternated with it)
           const double me = rt.exchange[e];
+          if (me <= 0) continue;
           std::snprintf(cfg, sizeof cfg, "W=%d b=%lld h=%lld s_k=%lldK %s  %.0f tok/s  x%.2f  exch %.0f us", w,
                         static_cast<long long>(s.b), static_cast<long long>(s.h),
-                        static_cast<long long>(s.s_k / 1024), to_string(kExchanges[e]), s.b / (me * 1e-3), one / me,
+                        static_cast<long long>(s.s_k / 1024), kExchanges[e].name, s.b / (me * 1e-3), one / me,
                         (me - rt.attn) * 1e3);
           ctx.report("dcp_decode", cfg, me, bytes, flops, "");
         }
@@ -259,7 +298,7 @@ void bench_dcp(BenchContext& ctx) {
         if (g <= 0) continue;
         std::snprintf(cfg, sizeof cfg, "W=%d b=%lld h=%lld s_k=%lldK graph%s%s  %.0f tok/s  x%.2f (graph W=1)", w,
                       static_cast<long long>(s.b), static_cast<long long>(s.h), static_cast<long long>(s.s_k / 1024),
-                      w > 1 ? " " : "", w > 1 ? to_string(kExchanges[e]) : "", s.b / (g * 1e-3),
+                      w > 1 ? " " : "", w > 1 ? kExchanges[e].name : "", s.b / (g * 1e-3),
                       one_graph > 0 ? one_graph / g : 0.0);
         ctx.report("dcp_decode", cfg, g, bytes, flops, "");
       }

@@ -196,17 +196,35 @@ DcpGroup::DcpGroup(const RunConfig& cfg, const Tensor& kv_b_proj) : cfg_(cfg) {
     }
   }
   // NCCL ranks must start together: one thread each.
+  // The decode's small all_gather / all-to-all by direct stores into the other GPUs (mla/comm.h, peer
+  // exchange) unless MLA_DCP_PEER=0; NCCL for the rest and where peers cannot map each other's memory.
+  const char* peer_env = std::getenv("MLA_DCP_PEER");
+  const bool peer = cfg.cuda && !(peer_env && std::string(peer_env) == "0");
+  std::vector<std::string> no_peer(static_cast<std::size_t>(w));
   on_every_rank(ranks_, [&](Rank& rk) {
     rk.mark("creating its communicator");
-    if (procs) rk.comm = make_process_communicator(process_group_env(), rk.dev);
-    else if (cfg.cuda) rk.comm = make_nccl_communicator(id, w, rk.r, rk.dev.index, kGroupTimeout);
+    if (procs) {
+      rk.comm = make_process_communicator(process_group_env(), rk.dev);
+      if (peer) rk.comm = make_peer_communicator(std::move(rk.comm), kGroupTimeout, std::size_t{8} << 20, &no_peer[0]);
+    } else if (cfg.cuda) {
+      rk.comm = make_nccl_communicator(id, w, rk.r, rk.dev.index, kGroupTimeout);
+    }
   }, cfg.cuda && !procs);
   if (cfg.cuda && !procs) {  // threads driving GPUs through NCCL: collectives in lockstep (mla/comm.h says why)
     std::vector<std::unique_ptr<Communicator>> comms;
     for (auto& rk : ranks_) comms.push_back(std::move(rk->comm));
+    if (peer) {
+      try {
+        comms = make_peer_group(std::move(comms), kGroupTimeout);
+      } catch (const Error& e) {  // comms unchanged: NCCL does every collective
+        no_peer[0] = e.what();
+      }
+    }
     comms = make_lockstep_group(std::move(comms), kGroupTimeout);
     for (int r = 0; r < w; ++r) ranks_[static_cast<std::size_t>(r)]->comm = std::move(comms[static_cast<std::size_t>(r)]);
   }
+  if (peer && !no_peer[0].empty() && (!procs || cfg.dcp_rank == 0))
+    std::fprintf(stderr, "mla: note: --dcp: no peer exchange (%s); NCCL moves every collective\n", no_peer[0].c_str());
   on_every_rank(ranks_, [&](Rank& rk) {
     const Device dev = rk.dev;
     rk.comm = std::make_unique<TracedCommunicator>(std::move(rk.comm), [&rk](std::string what) { rk.mark(std::move(what)); });

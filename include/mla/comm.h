@@ -75,6 +75,30 @@ std::unique_ptr<Communicator> make_nccl_communicator(const NcclId& id, int world
 std::vector<std::unique_ptr<Communicator>> make_lockstep_group(std::vector<std::unique_ptr<Communicator>> comms,
                                                                std::chrono::milliseconds timeout);
 
+// ---- peer exchange: direct GPU-to-GPU stores within one host ------------------------------------------
+// A DCP decode step exchanges tens of KiB per collective, where NCCL's fixed cost per collective (not
+// bandwidth) is the price. These wrap a CUDA group so that all_gather and all_to_all of blocks up to
+// about window_bytes / (2·W) (multiples of 16 bytes, 16-byte aligned) are one kernel each that stores
+// this rank's blocks straight into the other ranks' windows (device memory every rank maps: peer access
+// between threads, CUDA IPC between processes) and waits for theirs; reduce_scatter, larger or unaligned
+// calls and synchronize go to the wrapped communicator. A kernel waits at most `timeout` for a peer,
+// then the next synchronize() throws mla::Error and the group is unusable. Same results, bit for bit,
+// as the wrapped collectives. W <= 8 ranks on one host.
+// Ranks as threads of one process: comms[r] = rank r's communicator (CUDA); the windows are made and
+// mapped on the calling thread (no collective). The communicators move into the result only when every
+// window is mapped; on a throw (no peer access, ...) comms is left as it was. Wrap the result in
+// make_lockstep_group (above).
+std::vector<std::unique_ptr<Communicator>> make_peer_group(std::vector<std::unique_ptr<Communicator>>&& comms,
+                                                           std::chrono::milliseconds timeout,
+                                                           std::size_t window_bytes = std::size_t{8} << 20);
+// One rank per process: a collective call (every rank calls it, through `inner`). Returns the peer
+// communicator, or `inner` itself when some rank cannot map every window (other hosts, no peer access,
+// a CPU communicator, W == 1, no CUDA in this build), with the reason in *why_not.
+std::unique_ptr<Communicator> make_peer_communicator(std::unique_ptr<Communicator> inner,
+                                                     std::chrono::milliseconds timeout = std::chrono::seconds(120),
+                                                     std::size_t window_bytes = std::size_t{8} << 20,
+                                                     std::string* why_not = nullptr);
+
 // ---- processes: one rank per process (torchrun-style) --------------------------------------------
 // A CPU group across processes of one host: rank 0 listens on the Unix socket `path` (created; an old
 // file there is removed), ranks 1..W-1 connect to it within `timeout`. Rank 0 relays every collective
