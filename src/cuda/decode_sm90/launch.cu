@@ -77,15 +77,21 @@ Rows32 rows32_mode() {
   return m;
 }
 
-// MLA_DECODE_SM90_ROWS16=seesaw (an A/B switch, read once; default small): 9..16 query rows of a bf16 or fp8
-// cache on the seesaw tile too (three quarters of its rows padding). Why it may win: in the eleventh-session grid
-// (docs/PERFORMANCE.md) h 32 on the seesaw tile took 0.169 ms at s_k 4096 and s_q 2 x h 16 0.316 ms at 8192,
-// against the N 16 small kernel's 0.182 / 0.320 ms for h 16 with the same bytes; but the seesaw tile runs the
-// uniform split-KV schedule, and h 32 varlen there took 0.27-0.29 ms against h 16 varlen's 0.194 on the
-// balanced schedule. Not measured with 16 rows: the next session's A/B (uniform and varlen rows).
-enum class Rows16 { small, seesaw };
+// Which kernel runs 9..16 query rows per request (MLA_DECODE_SM90_ROWS16, read once): auto (default) puts a
+// bf16 cache's small batches, b <= kRows16SeesawBatch, on the seesaw tile (three quarters of its rows padding,
+// uniform split-KV schedule) and the rest on the N 16 small kernel (balanced schedule); seesaw puts every
+// batch of a bf16 or fp8 per-tensor cache there; small none. Same-run A/Bs, nvidia-h200, 2026-11-24, twelfth
+// session (docs/DECODE.md "16 rows on the seesaw tile"), small / seesaw, ms: b 4 s_k 1024 0.028-0.032 /
+// 0.025-0.026; b 4 varlen 4096 0.045-0.046 / 0.029-0.034; b 8 4096 0.048 / 0.037-0.038; b 8 varlen 8192
+// 0.056-0.057 / 0.043-0.047; b 16 4096 0.058-0.060 / 0.047-0.049; b 16 varlen 8192 0.065-0.067 / 0.059-0.063;
+// but b 32 varlen 4096 0.060-0.063 / 0.063-0.066, b 128 varlen 8192 0.207-0.210 / 0.266-0.301 (the uniform
+// schedule), b 128 s_k 4096 0.195-0.197 / 0.180-0.181, s_k 8192 even, fp8 b 128 0.208-0.239 / 0.314-0.331.
+// `*Decode*` GPU tests under seesaw: 489 passed.
+enum class Rows16 { automatic, small, seesaw };
+constexpr int64_t kRows16SeesawBatch = 16;
 Rows16 rows16_mode() {
-  static const Rows16 m = env_choice("MLA_DECODE_SM90_ROWS16", Rows16::small, {{"seesaw", Rows16::seesaw}});
+  static const Rows16 m =
+      env_choice("MLA_DECODE_SM90_ROWS16", Rows16::automatic, {{"small", Rows16::small}, {"seesaw", Rows16::seesaw}});
   return m;
 }
 
@@ -159,8 +165,11 @@ void run(const dispatch::DecodeArgs& a) {
   set_row_tiles(p, s_q * h_q);
   const bool quantized = cache.format != CacheFormat::bf16;
   const bool ds = cache.format == CacheFormat::fp8_ds_mla;
+  const bool rows16_seesaw = p.tile_rows == 16 && ((!ds && rows16_mode() == Rows16::seesaw) ||
+                                                    (!quantized && rows16_mode() == Rows16::automatic &&
+                                                     b <= kRows16SeesawBatch));
   if ((p.tile_rows == 32 && (rows32_mode() == Rows32::all || (!ds && rows32_mode() == Rows32::seesaw))) ||
-      (p.tile_rows == 16 && !ds && rows16_mode() == Rows16::seesaw)) {
+      rows16_seesaw) {
     p.tile_rows = Traits::kBlockM;
     p.m_tiles = 1;
   }
