@@ -20,6 +20,7 @@
 #include <atomic>
 #include <barrier>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -259,7 +260,9 @@ void bench_dcp(BenchContext& ctx) {
   if (n > 1 && !nccl_available()) throw Error("dcp bench: this build has no NCCL");
   std::vector<DcpShape> shapes;
   for (int64_t s_k : ctx.quick() ? std::vector<int64_t>{65536} : std::vector<int64_t>{262144, 1048576})
-    for (int64_t h : {16, 128}) shapes.push_back({8, h, s_k, 64});
+    for (int64_t h : {16, 128})  // MLA_BENCH_DCP_H=16 (or 128): one head count only (a shorter call)
+      if (!std::getenv("MLA_BENCH_DCP_H") || std::atoll(std::getenv("MLA_BENCH_DCP_H")) == h)
+        shapes.push_back({8, h, s_k, 64});
   const int iters = std::max(5, ctx.options().iters / 3), warmup = std::max(2, ctx.options().warmup / 2);
   for (const DcpShape& s : shapes) {
     if (s.h % n != 0) continue;  // heads split evenly over the group
