@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -231,7 +232,11 @@ void PeerWindow::launch(const void* in, void* out, std::size_t block, bool gathe
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  static const bool pdl = [] {  // MLA_PEER_PDL=0: a plain launch (an A/B switch, read once)
+    const char* e = std::getenv("MLA_PEER_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  cfg.numAttrs = pdl ? 1 : 0;
   check(cudaLaunchKernelEx(&cfg, peer_exchange_kernel, prm), gather ? "all_gather launch" : "all_to_all launch");
 }
 

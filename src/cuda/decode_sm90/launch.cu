@@ -78,7 +78,8 @@ Rows32 rows32_mode() {
 }
 
 // Which kernel runs 9..16 query rows per request (MLA_DECODE_SM90_ROWS16, read once): auto (default) puts a
-// bf16 cache's small batches, b <= kRows16SeesawBatch, on the seesaw tile (three quarters of its rows padding,
+// bf16 cache's small batches, b <= kRows16SeesawBatch with a context bound (max_blocks · page_size) of at most
+// kRows16SeesawKeys, on the seesaw tile (three quarters of its rows padding,
 // uniform split-KV schedule) and the rest on the N 16 small kernel (balanced schedule); seesaw puts every
 // batch of a bf16 or fp8 per-tensor cache there; small none. Same-run A/Bs, nvidia-h200, 2026-11-24, twelfth
 // session (docs/DECODE.md "16 rows on the seesaw tile"), small / seesaw, ms: b 4 s_k 1024 0.028-0.032 /
@@ -87,8 +88,11 @@ Rows32 rows32_mode() {
 // but b 32 varlen 4096 0.060-0.063 / 0.063-0.066, b 128 varlen 8192 0.207-0.210 / 0.266-0.301 (the uniform
 // schedule), b 128 s_k 4096 0.195-0.197 / 0.180-0.181, s_k 8192 even, fp8 b 128 0.208-0.239 / 0.314-0.331.
 // `*Decode*` GPU tests under seesaw: 489 passed.
+// Long contexts keep the small kernel: at b 8, s_k 512K..1M the balanced schedule streams at 103% of the copy
+// ceiling (2.21 ms at 1M) and the seesaw tile's uniform split-KV schedule at 93% (2.42 ms; nvidia-h200-x2,
+// 2026-11-24, the dcp bench's one-GPU rows); the launcher bounds the context by max_blocks · page_size.
 enum class Rows16 { automatic, small, seesaw };
-constexpr int64_t kRows16SeesawBatch = 16;
+constexpr int64_t kRows16SeesawBatch = 16, kRows16SeesawKeys = 16384;
 Rows16 rows16_mode() {
   static const Rows16 m =
       env_choice("MLA_DECODE_SM90_ROWS16", Rows16::automatic, {{"small", Rows16::small}, {"seesaw", Rows16::seesaw}});
@@ -167,7 +171,8 @@ void run(const dispatch::DecodeArgs& a) {
   const bool ds = cache.format == CacheFormat::fp8_ds_mla;
   const bool rows16_seesaw = p.tile_rows == 16 && ((!ds && rows16_mode() == Rows16::seesaw) ||
                                                     (!quantized && rows16_mode() == Rows16::automatic &&
-                                                     b <= kRows16SeesawBatch));
+                                                     b <= kRows16SeesawBatch &&
+                                                     int64_t{p.max_blocks} * p.page_size <= kRows16SeesawKeys));
   if ((p.tile_rows == 32 && (rows32_mode() == Rows32::all || (!ds && rows32_mode() == Rows32::seesaw))) ||
       rows16_seesaw) {
     p.tile_rows = Traits::kBlockM;
