@@ -14,7 +14,6 @@
 //   4. copies its units of every rank's block to out (this rank's own block from `in`, the others from
 //      this window's slots, read through L2: they were written by other GPUs);
 //   5. the last CTA to finish advances the epoch (read by the next call on this stream).
-// A programmatic dependent launch: griddepcontrol.wait first (the previous kernel's results, the epoch).
 // Why no closing handshake is needed: a peer stores parity p slots of call e + 2 only after its call
 // e + 1 saw this rank's call e + 1 arrivals, i.e. after this rank's call e kernel finished reading them
 // (stream order); call e + 1 uses the other parity. Arrivals are monotonic, so a fast peer's next call
@@ -24,7 +23,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -60,11 +58,6 @@ __device__ unsigned long long global_ns() {
 }
 
 __global__ void __launch_bounds__(kThreads) peer_exchange_kernel(const __grid_constant__ Params p) {
-  // Launched as a programmatic dependent (launch below): resident before the previous kernel of the stream
-  // ends, it reads nothing (epoch, `in`) before that kernel completed; and its own dependent (e.g. the DCP
-  // combine) may become resident at once, waiting in turn for this grid.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   char* own = p.win[p.rank];
   const unsigned e = *reinterpret_cast<volatile unsigned*>(own + kEpoch) + 1;
   const unsigned long long parity = e & 1u;
@@ -224,20 +217,8 @@ void PeerWindow::launch(const void* in, void* out, std::size_t block, bool gathe
   prm.rank = rank_;
   prm.gather = gather ? 1 : 0;
   check(cudaSetDevice(device_), "cudaSetDevice");
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kBlocks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  static const bool pdl = [] {  // MLA_PEER_PDL=0: a plain launch (an A/B switch, read once)
-    const char* e = std::getenv("MLA_PEER_PDL");
-    return !(e && std::string(e) == "0");
-  }();
-  cfg.numAttrs = pdl ? 1 : 0;
-  check(cudaLaunchKernelEx(&cfg, peer_exchange_kernel, prm), gather ? "all_gather launch" : "all_to_all launch");
+  peer_exchange_kernel<<<kBlocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(prm);
+  check(cudaGetLastError(), gather ? "all_gather launch" : "all_to_all launch");
 }
 
 void PeerWindow::all_gather(const void* in, void* out, std::size_t block, void* stream) {
