@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda/common/act_type.cuh"
+#include "cuda/common/ptx/griddep.cuh"
 #include "cuda/common/vec.cuh"
 
 namespace mla::cuda::merge {
@@ -35,6 +36,10 @@ template <class Act, bool kVec>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
   using In = typename Act::Storage;
   __shared__ float factors[kCombineWarps][kCombineSlots];
+  // A programmatic dependent launch (launch.cu): the CTAs may be resident before the previous kernel of the
+  // stream ends (the DCP exchange's); nothing is read or written before it has completed.
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* f = factors[warp];
   const In* parts = static_cast<const In*>(p.parts);

@@ -102,9 +102,12 @@ void combine_attn_states(const TensorView& out, const TensorView& out_lse, const
   const unsigned grid = grid_for(rows, merge::kCombineWarps, "combine_attn_states");
   dispatch_activation(parts.dtype, "combine_attn_states", [&](auto act) {
     using Act = decltype(act);
-    if (vec) merge::combine_kernel<Act, true><<<grid, merge::kCombineWarps * 32, 0, stream_of(ctx)>>>(p);
-    else merge::combine_kernel<Act, false><<<grid, merge::kCombineWarps * 32, 0, stream_of(ctx)>>>(p);
-    check_launch("combine_attn_states");
+    if (vec)
+      launch_dependent(merge::combine_kernel<Act, true>, grid, merge::kCombineWarps * 32, 0, stream_of(ctx),
+                       "combine_attn_states", p);
+    else
+      launch_dependent(merge::combine_kernel<Act, false>, grid, merge::kCombineWarps * 32, 0, stream_of(ctx),
+                       "combine_attn_states", p);
   });
 }
 
