@@ -82,7 +82,7 @@ void bind_dist(py::module_& m) {
     return shared(std::move(c));
   }, py::arg("id"), py::arg("world_size"), py::arg("rank"), py::arg("device"), py::arg("timeout") = 120.0,
      "This rank of an NCCL group on `device` (id from nccl_make_id, the same on every rank).");
-  m.def("process_group", [](py::handle device) {
+  m.def("process_group", [](py::handle device, bool peer) {
     const ProcessGroupEnv env = process_group_env();
     Device dev = Device::cpu();
     if (!device.is_none()) {
@@ -90,11 +90,16 @@ void bind_dist(py::module_& m) {
       dev = bare_cuda ? Device::cuda(env.local_rank) : to_device(device);
     }
     std::unique_ptr<Communicator> c;
-    without_gil([&] { c = make_process_communicator(env, dev); });
+    without_gil([&] {
+      c = make_process_communicator(env, dev);
+      if (peer) c = make_peer_communicator(std::move(c), env.timeout);
+    });
     return shared(std::move(c));
-  }, py::arg("device") = py::none(),
+  }, py::arg("device") = py::none(), py::kw_only(), py::arg("peer") = false,
      "This process's rank from the torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, MLA_DCP_RENDEZVOUS or "
-     "MLA_NCCL_ID, MLA_DCP_TIMEOUT_MS): device None = CPU (socket group), 'cuda' = cuda:LOCAL_RANK, or a device.");
+     "MLA_NCCL_ID, MLA_DCP_TIMEOUT_MS): device None = CPU (socket group), 'cuda' = cuda:LOCAL_RANK, or a device. "
+     "peer=True (a collective call): small all_gathers / all_to_alls by direct stores into the other GPUs' memory "
+     "(CUDA IPC; backend 'nccl+peer'), unchanged where the ranks cannot map each other's memory (CPU, other hosts).");
   m.def("process_group_env", [] {
     if (!process_group_env_present()) return py::object(py::none());
     const ProcessGroupEnv e = process_group_env();

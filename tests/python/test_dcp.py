@@ -141,7 +141,7 @@ RANK_SCRIPT = PROBLEM + textwrap.dedent("""
     if mode == "die" and env["rank"] == 1:
         comm = mla.process_group(device)
         sys.exit(3)                              # a rank that fails after joining
-    comm = mla.process_group(device)
+    comm = mla.process_group(device, peer=mode == "decode_peer")
     if mode == "die":
         try:
             comm.all_gather(np.ones(2, np.float32), np.zeros(4, np.float32))
@@ -210,10 +210,11 @@ def _run_ranks(world, mode, device="cpu", timeout_ms=20000):
         return [p.returncode for p in procs], outs
 
 
-def test_processes_equal_whole_cache():
-    codes, outs = _run_ranks(2, "decode")
+@pytest.mark.parametrize("mode", ["decode", "decode_peer"])
+def test_processes_equal_whole_cache(mode):
+    codes, outs = _run_ranks(2, mode)            # peer=True on the CPU: the socket group, unchanged
     assert codes == [0, 0], outs
-    assert all("RANK OK" in o and "socket" in o for o in outs), outs
+    assert all("RANK OK" in o and "socket" in o and "peer" not in o for o in outs), outs
 
 
 def test_dead_rank_raises_not_hangs():
@@ -233,10 +234,12 @@ def _cuda_gpus():
 
 
 @pytest.mark.skipif(_cuda_gpus() < 2, reason="needs 2 CUDA GPUs, NCCL and torch")
-def test_nccl_processes_equal_whole_cache():
-    codes, outs = _run_ranks(2, "decode", device="cuda", timeout_ms=60000)
+@pytest.mark.parametrize("mode", ["decode", "decode_peer"])
+def test_nccl_processes_equal_whole_cache(mode):
+    codes, outs = _run_ranks(2, mode, device="cuda", timeout_ms=60000)
     assert codes == [0, 0], outs
-    assert all("RANK OK" in o and "nccl" in o for o in outs), outs
+    want = "nccl+peer" if mode == "decode_peer" else "nccl"
+    assert all("RANK OK " in o and o.split("RANK OK ")[1].split()[1] == want for o in outs), outs
 
 
 def test_layer_dcp_threads_equal_one_layer():
