@@ -3,9 +3,11 @@
 // device, one dtype, and the size relation of the collective. They run before any rank waits, so a
 // bad call throws on its own rank (its peers then time out; see comm.h).
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/check.h"
+#include "mla/comm.h"
 #include "mla/tensor.h"
 
 namespace mla::dist {
@@ -53,6 +55,11 @@ inline int64_t check_reduce_scatter(const TensorView& in, const TensorView& out,
             "{}: sums f32 or bf16 (CPU: f64 too), got {}", what, in.describe());
   return out.numel();
 }
+
+// comms[r] is rank r of a group of comms.size() >= 1 communicators, none null: what the wrappers of a
+// whole group (make_lockstep_group, make_peer_group) need before they pair the ranks up. Throws
+// mla::Error starting with `what` (the caller) and saying what was expected and what was got.
+void check_group_ranks(const std::vector<std::unique_ptr<Communicator>>& comms, const char* what);
 
 // out[i] = Σ_p blocks[p][i] for `n` elements of dtype (f32, bf16 or f64), summed in double, rounded once.
 void sum_blocks(void* out, const std::vector<const char*>& blocks, int64_t n, DType dtype);

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "core/check.h"
+#include "dist/collective_check.h"
+#include "dist/forwarding_comm.h"
 #include "mla/comm.h"
 
 namespace mla {
@@ -47,25 +49,20 @@ class HostRendezvous {
   bool broken_ = false;
 };
 
-class LockstepCommunicator final : public Communicator {
+// Forwards synchronize (it enqueues nothing for the peers: no rendezvous needed) and the queries.
+class LockstepCommunicator final : public dist::ForwardingCommunicator {
  public:
   LockstepCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<HostRendezvous> group)
-      : inner_(std::move(inner)), group_(std::move(group)) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  Device device() const override { return inner_->device(); }
-  std::string backend() const override { return inner_->backend(); }
+      : ForwardingCommunicator(std::move(inner)), group_(std::move(group)) {}
   void all_gather(const TensorView& in, const TensorView& out, const Context& ctx) override {
-    lockstep([&] { inner_->all_gather(in, out, ctx); });
+    lockstep([&] { ForwardingCommunicator::all_gather(in, out, ctx); });
   }
   void all_to_all(const TensorView& in, const TensorView& out, const Context& ctx) override {
-    lockstep([&] { inner_->all_to_all(in, out, ctx); });
+    lockstep([&] { ForwardingCommunicator::all_to_all(in, out, ctx); });
   }
   void reduce_scatter(const TensorView& in, const TensorView& out, const Context& ctx) override {
-    lockstep([&] { inner_->reduce_scatter(in, out, ctx); });
+    lockstep([&] { ForwardingCommunicator::reduce_scatter(in, out, ctx); });
   }
-  // Enqueues nothing for the peers: no rendezvous needed.
-  void synchronize(const Context& ctx) override { inner_->synchronize(ctx); }
 
  private:
   template <class F>
@@ -82,7 +79,6 @@ class LockstepCommunicator final : public Communicator {
     }
     group_->arrive_and_wait(rank(), "after", call);
   }
-  std::unique_ptr<Communicator> inner_;
   std::shared_ptr<HostRendezvous> group_;
   int64_t calls_ = 0;
 };
@@ -91,16 +87,9 @@ class LockstepCommunicator final : public Communicator {
 
 std::vector<std::unique_ptr<Communicator>> make_lockstep_group(std::vector<std::unique_ptr<Communicator>> comms,
                                                                std::chrono::milliseconds timeout) {
-  const int w = static_cast<int>(comms.size());
-  MLA_CHECK(w >= 1, "make_lockstep_group: expected at least one communicator, got none");
   MLA_CHECK(timeout.count() > 0, "make_lockstep_group: the timeout must be positive, got {} ms", timeout.count());
-  for (int r = 0; r < w; ++r) {
-    MLA_CHECK(comms[static_cast<std::size_t>(r)] != nullptr, "make_lockstep_group: communicator {} is null", r);
-    const Communicator& c = *comms[static_cast<std::size_t>(r)];
-    MLA_CHECK(c.world_size() == w && c.rank() == r,
-              "make_lockstep_group: communicator {} must be rank {} of a group of {}, got rank {} of {}", r, r, w,
-              c.rank(), c.world_size());
-  }
+  dist::check_group_ranks(comms, "make_lockstep_group");
+  const int w = static_cast<int>(comms.size());
   auto group = std::make_shared<HostRendezvous>(w, timeout);
   std::vector<std::unique_ptr<Communicator>> out;
   out.reserve(comms.size());

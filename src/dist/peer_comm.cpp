@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "dist/collective_check.h"
+#include "dist/forwarding_comm.h"
 #include "mla/comm.h"
 #if MLA_WITH_CUDA
 #include "runtime/peer_exchange.h"
@@ -17,37 +18,56 @@
 
 namespace mla {
 
+namespace {
+
+// The argument checks of both builds (with CUDA or not): bad arguments are refused alike, before a
+// window is made or a collective called, and a refused make_peer_group leaves comms as it was.
+void check_peer_group_args(const std::vector<std::unique_ptr<Communicator>>& comms, std::chrono::milliseconds timeout) {
+  MLA_CHECK(timeout.count() > 0, "make_peer_group: the timeout must be positive, got {} ms", timeout.count());
+  dist::check_group_ranks(comms, "make_peer_group");
+  for (std::size_t r = 0; r < comms.size(); ++r)
+    MLA_CHECK(comms[r]->device().is_cuda(), "make_peer_group: communicator {} is on {}, expected a CUDA device", r,
+              to_string(comms[r]->device()));
+}
+
+void check_peer_communicator_args(const Communicator* inner, std::chrono::milliseconds timeout) {
+  MLA_CHECK(inner != nullptr, "make_peer_communicator: the communicator is null");
+  MLA_CHECK(timeout.count() > 0, "make_peer_communicator: the timeout must be positive, got {} ms", timeout.count());
+  MLA_CHECK(inner->world_size() >= 1 && inner->rank() >= 0 && inner->rank() < inner->world_size(),
+            "make_peer_communicator: expected rank 0..W-1 of a group of W >= 1, got rank {} of {}", inner->rank(),
+            inner->world_size());
+}
+
+}  // namespace
+
 #if MLA_WITH_CUDA
 
 namespace {
 
-class PeerCommunicator final : public Communicator {
+class PeerCommunicator final : public dist::ForwardingCommunicator {
  public:
   PeerCommunicator(std::unique_ptr<Communicator> inner, std::unique_ptr<cuda_rt::PeerWindow> win)
-      : inner_(std::move(inner)), win_(std::move(win)) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  Device device() const override { return inner_->device(); }
-  std::string backend() const override { return inner_->backend() + "+peer"; }
+      : ForwardingCommunicator(std::move(inner)), win_(std::move(win)) {}
+  std::string backend() const override { return ForwardingCommunicator::backend() + "+peer"; }
   void all_gather(const TensorView& in, const TensorView& out, const Context& ctx) override {
     const int64_t bytes = dist::check_all_gather(in, out, world_size(), device(), "peer all_gather");
     usable();
     if (fits(bytes, in, out)) return win_->all_gather(in.data, out.data, static_cast<std::size_t>(bytes), ctx.stream);
-    inner_->all_gather(in, out, ctx);
+    ForwardingCommunicator::all_gather(in, out, ctx);
   }
   void all_to_all(const TensorView& in, const TensorView& out, const Context& ctx) override {
     const int64_t block = dist::check_all_to_all(in, out, world_size(), device(), "peer all_to_all");
     usable();
     if (fits(block, in, out)) return win_->all_to_all(in.data, out.data, static_cast<std::size_t>(block), ctx.stream);
-    inner_->all_to_all(in, out, ctx);
+    ForwardingCommunicator::all_to_all(in, out, ctx);
   }
   void reduce_scatter(const TensorView& in, const TensorView& out, const Context& ctx) override {
     usable();
-    inner_->reduce_scatter(in, out, ctx);
+    ForwardingCommunicator::reduce_scatter(in, out, ctx);
   }
   void synchronize(const Context& ctx) override {
     usable();
-    inner_->synchronize(ctx);
+    ForwardingCommunicator::synchronize(ctx);
     if (win_->timed_out()) {
       broken_ = true;
       throw Error(fmt::format("peer exchange: rank {} of {}: a collective waited longer than the group's timeout for "
@@ -64,32 +84,18 @@ class PeerCommunicator final : public Communicator {
   void usable() const {
     if (broken_) throw Error(fmt::format("peer exchange: rank {}: the group is unusable after a timeout", rank()));
   }
-  std::unique_ptr<Communicator> inner_;
   std::unique_ptr<cuda_rt::PeerWindow> win_;
   bool broken_ = false;
 };
-
-void check_cuda_group(const std::vector<std::unique_ptr<Communicator>>& comms, const char* what) {
-  const int w = static_cast<int>(comms.size());
-  MLA_CHECK(w >= 1 && w <= cuda_rt::kMaxPeerRanks, "{}: expected 1..{} communicators, got {}", what,
-            cuda_rt::kMaxPeerRanks, w);
-  for (int r = 0; r < w; ++r) {
-    const Communicator* c = comms[static_cast<std::size_t>(r)].get();
-    MLA_CHECK(c != nullptr, "{}: communicator {} is null", what, r);
-    MLA_CHECK(c->world_size() == w && c->rank() == r, "{}: communicator {} must be rank {} of a group of {}, got rank {} of {}",
-              what, r, r, w, c->rank(), c->world_size());
-    MLA_CHECK(c->device().is_cuda(), "{}: communicator {} is on {}, expected a CUDA device", what, r,
-              to_string(c->device()));
-  }
-}
 
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_peer_group(std::vector<std::unique_ptr<Communicator>>&& comms,
                                                            std::chrono::milliseconds timeout, std::size_t window_bytes) {
-  check_cuda_group(comms, "make_peer_group");
-  MLA_CHECK(timeout.count() > 0, "make_peer_group: the timeout must be positive, got {} ms", timeout.count());
+  check_peer_group_args(comms, timeout);
   const int w = static_cast<int>(comms.size());
+  MLA_CHECK(w <= cuda_rt::kMaxPeerRanks, "make_peer_group: expected at most {} communicators, got {}",
+            cuda_rt::kMaxPeerRanks, w);
   std::vector<std::unique_ptr<cuda_rt::PeerWindow>> wins;
   std::vector<cuda_rt::PeerRecord> records;
   for (int r = 0; r < w; ++r) {
@@ -109,8 +115,7 @@ std::vector<std::unique_ptr<Communicator>> make_peer_group(std::vector<std::uniq
 std::unique_ptr<Communicator> make_peer_communicator(std::unique_ptr<Communicator> inner,
                                                      std::chrono::milliseconds timeout, std::size_t window_bytes,
                                                      std::string* why_not) {
-  MLA_CHECK(inner != nullptr, "make_peer_communicator: the communicator is null");
-  MLA_CHECK(timeout.count() > 0, "make_peer_communicator: the timeout must be positive, got {} ms", timeout.count());
+  check_peer_communicator_args(inner.get(), timeout);
   const int w = inner->world_size(), r = inner->rank();
   const Device dev = inner->device();
   auto refuse = [&](std::string why) {
@@ -162,12 +167,15 @@ std::unique_ptr<Communicator> make_peer_communicator(std::unique_ptr<Communicato
 
 #else  // no CUDA in this build
 
-std::vector<std::unique_ptr<Communicator>> make_peer_group(std::vector<std::unique_ptr<Communicator>>&&,
-                                                           std::chrono::milliseconds, std::size_t) {
+std::vector<std::unique_ptr<Communicator>> make_peer_group(std::vector<std::unique_ptr<Communicator>>&& comms,
+                                                           std::chrono::milliseconds timeout, std::size_t) {
+  check_peer_group_args(comms, timeout);
   throw Error("make_peer_group: this build of mla has no CUDA backend");
 }
-std::unique_ptr<Communicator> make_peer_communicator(std::unique_ptr<Communicator> inner, std::chrono::milliseconds,
-                                                     std::size_t, std::string* why_not) {
+std::unique_ptr<Communicator> make_peer_communicator(std::unique_ptr<Communicator> inner,
+                                                     std::chrono::milliseconds timeout, std::size_t,
+                                                     std::string* why_not) {
+  check_peer_communicator_args(inner.get(), timeout);
   if (why_not) *why_not = "this build of mla has no CUDA backend";
   return inner;
 }
