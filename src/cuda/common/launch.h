@@ -49,6 +49,19 @@ inline unsigned int grid_for(int64_t n, int64_t per_block, const char* what) {
   return static_cast<unsigned int>(blocks < 1 ? 1 : blocks);
 }
 
+// The cudaLaunchKernelEx configuration of a 1-D launch with one attribute (attr must outlive the launch call).
+inline cudaLaunchConfig_t launch_config(unsigned grid, unsigned block, std::size_t smem, cudaStream_t stream,
+                                        cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch
 // (cudaLaunchAttributeProgrammaticStreamSerialization): it may start before the previous kernel of the
 // stream completes and must call ptx::grid_dependency_wait() (cuda/common/ptx/griddep.cuh) before it
@@ -56,16 +69,27 @@ inline unsigned int grid_for(int64_t n, int64_t per_block, const char* what) {
 template <class... Params, class... Args>
 void launch_dependent(void (*kernel)(Params...), unsigned grid, unsigned block, std::size_t smem, cudaStream_t stream,
                       const char* what, Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(block);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, stream, &attr);
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) in thread-block clusters of `cluster` CTAs
+// along x (cudaLaunchAttributeClusterDimension; grid a multiple of `cluster`): CTAs
+// cluster * k .. cluster * k + cluster - 1 are co-scheduled and share distributed shared memory
+// (cuda/common/ptx/cluster.cuh). Capturable in CUDA graphs.
+template <class... Params, class... Args>
+void launch_cluster(void (*kernel)(Params...), unsigned grid, unsigned cluster, unsigned block, std::size_t smem,
+                    cudaStream_t stream, const char* what, Args&&... args) {
+  if (cluster == 0 || grid % cluster != 0) throw Error(std::string(what) + ": grid is not a whole number of clusters");
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, stream, &attr);
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
 }
 

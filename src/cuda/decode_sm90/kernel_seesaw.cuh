@@ -83,6 +83,7 @@
 #include "cuda/decode_sm90/tile_io.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
 #include "cuda/decode_sm90/source.cuh"
+#include "cuda/decode_sm90/source_cross.cuh"
 #include "cuda/decode_sm90/source_inplace.cuh"
 
 namespace mla::cuda::decode_sm90 {
@@ -140,7 +141,7 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
     const typename Src::Tile tl(p, u, k0, part, lane);
     tl.preload(p, 8);  // register-path sources: panel 8's loads before the wait (source.cuh)
     // Group 0: the rope panel (and the key mask, read by the owner after this panel's barrier).
-    ptx::mbar_wait(&empty[0], parity ^ 1);
+    wait_empty<Src>(&empty[0], parity ^ 1);
     tl.begin(mask, &full[8]);
     tl.announce(p, &full[8], 1);
     __syncwarp();
@@ -150,7 +151,7 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
 #pragma unroll 1
     for (int g = 1; g <= 2; ++g) {
       const int first = half_panel(g == 1 ? s : 1 - s);
-      ptx::mbar_wait(&empty[g], parity ^ 1);
+      wait_empty<Src>(&empty[g], parity ^ 1);
       if constexpr (kGroupFull) tl.announce(p, &full[first], 4);
       else
         for (int c = first; c < first + 4; ++c) tl.announce(p, &full[c], 1);
@@ -184,11 +185,15 @@ struct SeesawBase {
   bool q_pairs;                 // 4-byte loads of column pairs are aligned
   float o[T::kDvHalf / 2];
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-  uint32_t base4;  // kNext: shared address of smem >> 4 (1024-aligned, < 2^18: the 14-bit field never carries)
+  // kNext: the descriptors' 14-bit start-address field of smem (1024-aligned; plus the offsets below it stays
+  // under 2^14: no carry into the next field). Masked: in a cluster launch (CrossKeys) the shared address of
+  // CTA rank r carries the rank above bit 18 (measured: unmasked, rank 1's leading byte offsets were
+  // corrupted, its P V read the wrong panels).
+  uint32_t base4;
 
   __device__ __forceinline__ SeesawBase(const DecodeSm90Params& p_, const Unit& u_, uint8_t* smem_)
       : p(p_), u(u_), smem(smem_) {
-    if constexpr (kNext) base4 = ptx::smem_addr(smem_) >> 4;
+    if constexpr (kNext) base4 = (ptx::smem_addr(smem_) >> 4) & 0x3FFFu;
     w = ptx::warp_idx_in_warpgroup();
     const int lane = threadIdx.x & 31;
     t4 = lane & 3;
@@ -222,6 +227,19 @@ struct SeesawBase {
     return reinterpret_cast<uint64_t*>(smem + L::kOffBar) + L::kFullBarriers + stage * L::kGroups;
   }
   __device__ __forceinline__ uint8_t* stage_tile(int stage) const { return smem + L::kOffK + stage * T::kTileBytes; }
+  // Release group g of a stage (0: rope panel and mask, 1: the owner's V half, 2: the other V half): one
+  // arrival per thread; crossover sources (CrossKeys): a V half also by one cluster-scope arrival per warp
+  // on the peer CTA's same barrier, whose producer writes this CTA's rows of it too.
+  __device__ __forceinline__ void release(int stage, int g) const {
+    uint64_t* bar = &empty(stage)[g];
+    ptx::mbar_arrive(bar);
+    if constexpr (CrossoverSource<Src>) {
+      if (g != 0) {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) ptx::mbar_arrive_cluster(ptx::map_peer(ptx::smem_addr(bar), ptx::cluster_ctarank() ^ 1u));
+      }
+    }
+  }
   // The full barrier that panel `pc` of a stage completes on (kNext: its release group's first panel).
   static __device__ __forceinline__ int full_of(int pc) { return kNext && pc < 8 ? pc & ~3 : pc; }
   // 128-byte-swizzled descriptors of the tile at `tile` (inside smem): K-major, and MN-major with 64-column
@@ -397,7 +415,7 @@ struct SeesawBase {
     issue_s<true, true, true>(s, qr, j & 1);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(s);
-    ptx::mbar_arrive(&empty(C)[0]);  // rope panel read
+    release(C, 0);  // rope panel read
     mask_max(s, mask, k0, mx_lo, mx_hi);
   }
 
@@ -559,7 +577,7 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
         this->template issue_s<false, true, false>(s, qr, par);
         ptx::wgmma_wait_group<1>();  // the remote product retired
       }
-      if (j > 0) ptx::mbar_arrive(&this->empty(1)[2]);  // stage 1's other V half read
+      if (j > 0) this->release(1, 2);  // stage 1's other V half read
       this->template issue_s<false, false, true>(s, qr, par);
       ptx::wgmma_wait_group<0>();
       ptx::wgmma_fence_operand(s);
@@ -571,14 +589,14 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
       // The key mask again from shared memory (registers are scarce while o is in flight); the producer
       // rewrites it only after the rope panel's release below.
       this->mask_max(s, reinterpret_cast<const uint64_t*>(this->smem + L::kOffMask)[0], k0, mx_lo, mx_hi);
-      ptx::mbar_arrive(&this->empty(0)[0]);  // rope panel read
+      this->release(0, 0);  // rope panel read
       float n_lo, n_hi, a0_lo, a0_hi;  // m0, a0
       this->publish_m0(mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi);
       this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
       this->scale_o(a0_lo, a0_hi);
       this->local_pv(pa);
       this->retire();
-      ptx::mbar_arrive(&this->empty(0)[1]);  // own V half of stage 0 read
+      this->release(0, 1);  // own V half of stage 0 read
       // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product.
       float m1_lo, m1_hi, a1_lo, a1_hi;
       this->read_m1(n_lo, n_hi, m1_lo, m1_hi, a1_lo, a1_hi);
@@ -608,10 +626,10 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
       if constexpr (kHas1) {
         ptx::named_barrier_arrive(L::kBarRemote, T::kConsumerThreads);  // consumer 0 issues its remote product now
         ptx::wgmma_wait_group<1>();
-        ptx::mbar_arrive(&this->empty(1)[1]);  // own V half of stage 1 read (local product retired)
+        this->release(1, 1);  // own V half of stage 1 read (local product retired)
       }
       this->retire();
-      ptx::mbar_arrive(&this->empty(0)[2]);  // stage 0's other V half read
+      this->release(0, 2);  // stage 0's other V half read
     }
   }
 
@@ -633,7 +651,7 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
         ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
         this->issue_remote_pv((full_pairs - 1) & 1);
         this->retire();
-        ptx::mbar_arrive(&this->empty(1)[2]);
+        this->release(1, 2);
       }
     } else {
 #pragma unroll 1
@@ -660,7 +678,7 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
     ptx::named_barrier_sync(C == 0 ? L::kBarP1 : L::kBarP0, T::kConsumerThreads);
     this->issue_remote_pv(j & 1);
     this->retire();
-    ptx::mbar_arrive(&this->empty(1 - C)[2]);  // the other stage's second V half read
+    this->release(1 - C, 2);  // the other stage's second V half read
   }
 
   // One pair of tiles (j): kHas1 = consumer 1 has a tile too (false only for an odd last tile).
@@ -685,7 +703,7 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
       this->retire();
-      ptx::mbar_arrive(&this->empty(0)[1]);  // own V half of stage 0 read
+      this->release(0, 1);  // own V half of stage 0 read
       this->scale_o(a1_lo, a1_hi);
       this->advance(a0_lo, a0_hi, sum_lo, sum_hi, a1_lo, a1_hi, m1_lo, m1_hi);
       if constexpr (kHas1) {
@@ -704,7 +722,7 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
         ptx::fence_proxy_async_smem();
         ptx::named_barrier_arrive(L::kBarP1, T::kConsumerThreads);
         this->retire();
-        ptx::mbar_arrive(&this->empty(1)[1]);  // own V half of stage 1 read
+        this->release(1, 1);  // own V half of stage 1 read
       }
       this->advance(a_lo, a_hi, sum_lo, sum_hi, 1.0f, 1.0f, n_lo, n_hi);
       remote_pv(j);
@@ -779,6 +797,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
   if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src, true>(p, u, smem).run();
   else SeesawConsumer<1, Src, true>(p, u, smem).run();
+  if constexpr (CrossoverSource<Src>) ptx::cluster_sync();  // the peer's last releases have arrived here
 }
 
 }  // namespace mla::cuda::decode_sm90

@@ -87,20 +87,27 @@ void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
                    const char* what) {
   // The next schedule: the TMA source and InplaceKeys (GatherKeys has no build of it); the overlapped one:
   // the TMA source only (InplaceKeys falls back to serial); everything else serial.
-  const SeesawSchedule s = seesaw_schedule();
-  if constexpr (GroupwiseSource<Src> || Src::kTma) {
-    if (s == SeesawSchedule::next) {
-      launch_one(decode_sm90_seesaw_next_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
-      return;
+  if constexpr (CrossoverSource<Src>) {  // clusters of the two row tiles of a request (source_cross.cuh)
+    auto kernel = decode_sm90_seesaw_next_kernel<Src>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SeesawTraits::kSmemBytes),
+               what);
+    launch_cluster(kernel, grid, Src::kClusterSize, Traits::kThreads, SeesawTraits::kSmemBytes, stream, what, map, p);
+  } else {
+    const SeesawSchedule s = seesaw_schedule();
+    if constexpr (GroupwiseSource<Src> || Src::kTma) {
+      if (s == SeesawSchedule::next) {
+        launch_one(decode_sm90_seesaw_next_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
+        return;
+      }
     }
-  }
-  if constexpr (Src::kTma) {
-    if (s == SeesawSchedule::overlapped) {
-      launch_one(decode_sm90_seesaw_kernel<Src, true>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
-      return;
+    if constexpr (Src::kTma) {
+      if (s == SeesawSchedule::overlapped) {
+        launch_one(decode_sm90_seesaw_kernel<Src, true>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
+        return;
+      }
     }
+    launch_one(decode_sm90_seesaw_kernel<Src, false>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
   }
-  launch_one(decode_sm90_seesaw_kernel<Src, false>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
 }
 
 // The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests).
@@ -179,6 +186,16 @@ inline SeesawExpand seesaw_expand() {
   return e;
 }
 
+// The crossover (source_cross.cuh CrossKeys: the two row-tile CTAs of a request expand half of every tile
+// each, for both, through a cluster of two) wherever a request has an even number of 64-row tiles (h 128 at
+// s_q 1) on the next schedule and the in-place source would run: by default for both code formats
+// (docs/DECODE.md "Crossover" has the same-run A/B). MLA_DECODE_SM90_CROSS=off keeps InplaceKeys /
+// GatherKeys. Read once.
+inline bool crossover_enabled() {
+  static const bool on = env_choice("MLA_DECODE_SM90_CROSS", true, {{"off", false}});
+  return on;
+}
+
 template <CacheFormat F, class Rows>
 void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
   CUtensorMap unused;
@@ -190,7 +207,10 @@ void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
     default:
       {
         const SeesawExpand e = seesaw_expand();
-        if (e == SeesawExpand::inplace || (e == SeesawExpand::automatic && F == CacheFormat::fp8_ds_mla))
+        if (crossover_enabled() && p.m_tiles % 2 == 0 && e != SeesawExpand::registers &&
+            seesaw_schedule() == SeesawSchedule::next)
+          launch_seesaw<CrossKeys<F, Rows>>(p, grid, stream, unused, what);
+        else if (e == SeesawExpand::inplace || (e == SeesawExpand::automatic && F == CacheFormat::fp8_ds_mla))
           launch_seesaw<InplaceKeys<F, Rows>>(p, grid, stream, unused, what);
         else
           launch_seesaw<GatherKeys<F, Rows>>(p, grid, stream, unused, what);

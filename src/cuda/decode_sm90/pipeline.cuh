@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/ptx/cluster.cuh"
 #include "cuda/common/ptx/cp_async.cuh"
 #include "cuda/common/ptx/griddep.cuh"
 #include "cuda/common/ptx/mbarrier.cuh"
@@ -19,7 +20,13 @@
 
 namespace mla::cuda::decode_sm90 {
 
-inline constexpr int kConsumerBarrier = 1;  // named barrier id of the two consumer warpgroups
+inline constexpr int kConsumerBarrier = 1;
+
+// A key source whose expansion is shared by the two CTAs of a cluster (source_cross.cuh CrossKeys): its
+// kernels run in clusters of two, initialise and leave through cluster_sync, and count the peer's
+// arrivals on their barriers.
+template <class S>
+concept CrossoverSource = requires { requires S::kCrossover; };  // named barrier id of the two consumer warpgroups
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a 128-byte-swizzled panel.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
@@ -246,10 +253,16 @@ __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUt
   if (threadIdx.x == 0) {
     for (int i = 0; i < L::kFullBarriers; ++i)
       ptx::mbar_init(&bars[i], Src::full_arrivals(L::kPanelsPerFull, L::mask_barrier(i)));
-    for (int i = 0; i < L::kEmptyBarriers; ++i) ptx::mbar_init(&bars[L::kFullBarriers + i], L::kEmptyArrivals);
+    for (int i = 0; i < L::kEmptyBarriers; ++i) {
+      int arrivals = L::kEmptyArrivals;
+      if constexpr (CrossoverSource<Src>)  // V-half groups are also released by the peer's consumer warps
+        if (i % L::kGroups != 0) arrivals += Src::kPeerReleases;
+      ptx::mbar_init(&bars[L::kFullBarriers + i], arrivals);
+    }
     ptx::fence_mbarrier_init();
   }
-  __syncthreads();
+  if constexpr (CrossoverSource<Src>) ptx::cluster_sync();  // the peer's barriers exist before any remote use
+  else __syncthreads();
   if (ptx::warpgroup_index() == 0) {
     ptx::setmaxnreg_dec<Src::producer_regs(L::kSeesaw)>();
     if constexpr (Src::kTma)
@@ -259,6 +272,7 @@ __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUt
       ptx::cp_async_commit();
       ptx::cp_async_wait<0>();
     }
+    if constexpr (CrossoverSource<Src>) ptx::cluster_sync();  // the kernel's closing cluster barrier
     return false;
   }
   ptx::setmaxnreg_inc<(504 - Src::producer_regs(L::kSeesaw)) / 2>();

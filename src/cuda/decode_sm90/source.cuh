@@ -53,6 +53,7 @@
 #include <cstdint>
 
 #include "cuda/common/convert.cuh"
+#include "cuda/common/ptx/cluster.cuh"
 #include "cuda/common/ptx/cp_async.cuh"
 #include "cuda/common/ptx/fence.cuh"
 #include "cuda/common/ptx/mbarrier.cuh"
@@ -257,6 +258,19 @@ __device__ __forceinline__ void copy_row_chunks(const uint8_t* cache, uint8_t* d
   }
 }
 
+// One 16-byte raw chunk (16 e4m3 codes) as its two bf16 chunks: kExact, exact codes times 2^-56
+// (e4m3x8_exact_to_bf16, `scale` unused); else each code times `scale`, rounded to bf16 (the pinned upconvert).
+template <bool kExact>
+__device__ __forceinline__ void expand_chunk(const uint4& raw, float scale, uint4& lo, uint4& hi) {
+  if constexpr (kExact) {
+    lo = e4m3x8_exact_to_bf16(raw.x, raw.y);
+    hi = e4m3x8_exact_to_bf16(raw.z, raw.w);
+  } else {
+    lo = e4m3x8_scaled_to_bf16(raw.x, raw.y, scale);
+    hi = e4m3x8_scaled_to_bf16(raw.z, raw.w, scale);
+  }
+}
+
 // Rows copied by the producer warps: top-k rows through the token's index row (sparse_mqa, IndexedRows)
 // or a request's positions through its block table (mqa_decode, PagedRows). F: bf16, fp8_ds_mla or fp8.
 template <CacheFormat F, class Rows = IndexedRows>
@@ -397,13 +411,10 @@ struct GatherKeys {
     __device__ static void store_codes(uint8_t* dp, int r, const uint4* raw, float scale) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (kExact) {
-          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = e4m3x8_exact_to_bf16(raw[i].x, raw[i].y);
-          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = e4m3x8_exact_to_bf16(raw[i].z, raw[i].w);
-        } else {
-          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = e4m3x8_scaled_to_bf16(raw[i].x, raw[i].y, scale);
-          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = e4m3x8_scaled_to_bf16(raw[i].z, raw[i].w, scale);
-        }
+        uint4 lo, hi;
+        expand_chunk<kExact>(raw[i], scale, lo, hi);
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
       }
     }
 
@@ -456,10 +467,20 @@ __device__ __forceinline__ float code_scale(const DecodeSm90Params& p) {
 
 // A consumer's wait for a full barrier: with generically written tiles, the proxy fence that lets the
 // wgmma (async proxy) see the bytes the barrier made visible.
+// Crossover sources (CrossKeys): the peer CTA's producers write this CTA's tiles and arrive at cluster
+// scope, so the wait acquires at cluster scope.
 template <class Src>
 __device__ __forceinline__ void wait_full(uint64_t* bar, uint32_t parity) {
-  ptx::mbar_wait(bar, parity);
+  if constexpr (CrossoverSource<Src>) ptx::mbar_wait_cluster(bar, parity);
+  else ptx::mbar_wait(bar, parity);
   if constexpr (Src::kGenericWrites) ptx::fence_proxy_async_smem();
+}
+// A producer's wait for an empty barrier (crossover sources: the peer's consumers release too, at cluster
+// scope).
+template <class Src>
+__device__ __forceinline__ void wait_empty(uint64_t* bar, uint32_t parity) {
+  if constexpr (CrossoverSource<Src>) ptx::mbar_wait_cluster(bar, parity);
+  else ptx::mbar_wait(bar, parity);
 }
 
 }  // namespace mla::cuda::decode_sm90

@@ -115,13 +115,7 @@ struct InplaceKeys : GatherKeys<F, Rows> {
         for (int i = 0; i < 4; ++i) {
           const uint4 raw = *reinterpret_cast<const uint4*>(dp + swz(r, 4 + i));
           uint4 lo, hi;
-          if constexpr (Base::kExactCodes) {
-            lo = e4m3x8_exact_to_bf16(raw.x, raw.y);
-            hi = e4m3x8_exact_to_bf16(raw.z, raw.w);
-          } else {
-            lo = e4m3x8_scaled_to_bf16(raw.x, raw.y, scale);
-            hi = e4m3x8_scaled_to_bf16(raw.z, raw.w, scale);
-          }
+          expand_chunk<Base::kExactCodes>(raw, scale, lo, hi);
           *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
           *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
         }
