@@ -151,6 +151,7 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
 #pragma unroll 1
     for (int g = 1; g <= 2; ++g) {
       const int first = half_panel(g == 1 ? s : 1 - s);
+      if constexpr (CrossoverSource<Src>) tl.prefetch_group(p, first);  // registers need no free stage
       wait_empty<Src>(&empty[g], parity ^ 1);
       if constexpr (kGroupFull) tl.announce(p, &full[first], 4);
       else

@@ -189,11 +189,14 @@ inline SeesawExpand seesaw_expand() {
 // The crossover (source_cross.cuh CrossKeys: the two row-tile CTAs of a request expand half of every tile
 // each, for both, through a cluster of two) wherever a request has an even number of 64-row tiles (h 128 at
 // s_q 1) on the next schedule and the in-place source would run: by default for both code formats
-// (docs/DECODE.md "Crossover" has the same-run A/B). MLA_DECODE_SM90_CROSS=off keeps InplaceKeys /
-// GatherKeys. Read once.
-inline bool crossover_enabled() {
-  static const bool on = env_choice("MLA_DECODE_SM90_CROSS", true, {{"off", false}});
-  return on;
+// (docs/DECODE.md "Crossover" has the same-run A/Bs), with the first panel of each warp's V-half share loaded
+// into registers before the release (CrossKeys kPrefetch). MLA_DECODE_SM90_CROSS=plain: without that
+// prefetch; =off: InplaceKeys / GatherKeys. Read once.
+enum class Crossover { prefetch, plain, off };
+inline Crossover crossover_mode() {
+  static const Crossover c =
+      env_choice("MLA_DECODE_SM90_CROSS", Crossover::prefetch, {{"off", Crossover::off}, {"plain", Crossover::plain}});
+  return c;
 }
 
 template <CacheFormat F, class Rows>
@@ -207,9 +210,13 @@ void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
     default:
       {
         const SeesawExpand e = seesaw_expand();
-        if (crossover_enabled() && p.m_tiles % 2 == 0 && e != SeesawExpand::registers &&
-            seesaw_schedule() == SeesawSchedule::next)
-          launch_seesaw<CrossKeys<F, Rows>>(p, grid, stream, unused, what);
+        const Crossover x = crossover_mode();
+        const bool cross = x != Crossover::off && p.m_tiles % 2 == 0 && e != SeesawExpand::registers &&
+                           seesaw_schedule() == SeesawSchedule::next;
+        if (cross && x == Crossover::prefetch)
+          launch_seesaw<CrossKeys<F, Rows, true>>(p, grid, stream, unused, what);
+        else if (cross)
+          launch_seesaw<CrossKeys<F, Rows, false>>(p, grid, stream, unused, what);
         else if (e == SeesawExpand::inplace || (e == SeesawExpand::automatic && F == CacheFormat::fp8_ds_mla))
           launch_seesaw<InplaceKeys<F, Rows>>(p, grid, stream, unused, what);
         else

@@ -47,13 +47,18 @@
 
 namespace mla::cuda::decode_sm90 {
 
-template <CacheFormat F, class Rows = IndexedRows>
+// kPrefetch: each producer warp loads the first of its two panels of a V half into registers (a global
+// round trip, 16 registers per lane) before that half's empty wait, so that after the release only the
+// second panel's round trip (cp.async, overlapping the first panel's expansion) is on the path. Producers
+// then take 56 registers (consumers 224; ptxas -v: 0 spills in the next schedule).
+template <CacheFormat F, class Rows = IndexedRows, bool kPrefetch = true>
 struct CrossKeys : InplaceKeys<F, Rows> {
   using Base = InplaceKeys<F, Rows>;
   using G = GatherKeys<F, Rows>;
   static constexpr bool kCrossover = true;
   static constexpr int kClusterSize = 2;
   static constexpr int kPeerReleases = 4;  // per V-half group and phase: lane 0 of each peer consumer warp
+  __host__ __device__ static constexpr int producer_regs(bool) { return kPrefetch ? 56 : 40; }
   // Arrivals per phase: InplaceKeys' (every lane of the stage's two producer warps here; a V half's barrier
   // also counts the peer's bulk copies as transaction bytes, source comment).
 
@@ -81,6 +86,24 @@ struct CrossKeys : InplaceKeys<F, Rows> {
       }
     }
 
+    // kPrefetch: the codes and scale of panel first + 2 part of this lane's row (pre, pre_scale), issued
+    // before the empty wait of the V half starting at panel `first` (produce_seesaw); zeros for a key that is
+    // not loaded (nothing read).
+    __device__ void prefetch_group(const DecodeSm90Params& p, int first) const {
+      if constexpr (kPrefetch) {
+        const int c0 = first + 2 * this->part;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) this->pre[i] = make_uint4(0, 0, 0, 0);
+        this->pre_scale = 0.0f;
+        if (xoff >= 0) {
+          const uint8_t* src = p.gather.cache + xoff;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) this->pre[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 * c0 + 16 * i));
+          if constexpr (Base::kDs) this->pre_scale = __ldg(reinterpret_cast<const float*>(src + G::kScaleOffset) + c0 / 2);
+        }
+      }
+    }
+
     // Panels c0, c0 + 1 (c0 = first + 2 part) of key rows 32 rank .. + 31 (lane l: row r = 32 rank + l):
     // copied raw into the rows' upper halves, expanded in place, then the warp's two 4 KiB row blocks bulk-
     // copied into the peer (completing on its full[first]); one arrival per lane on full[first] here, whose
@@ -95,19 +118,32 @@ struct CrossKeys : InplaceKeys<F, Rows> {
       if (this->lane == 0) ptx::mbar_expect_tx(&full[first], 2 * kBlock);  // the peer's counterpart warp's
       const uint8_t* src = xok ? p.gather.cache + xoff : p.gather.cache;  // not loaded: nothing read
       const uint32_t bytes = xok ? 16u : 0u;
+      constexpr int k0 = kPrefetch ? 1 : 0;  // the first panel with raw codes copied into the stage
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
+      for (int k = k0; k < 2; ++k) {
         uint8_t* dp = dst + (c0 + k) * Traits::kPanelBytes;
 #pragma unroll
         for (int i = 0; i < 4; ++i) ptx::cp_async_16_zfill(dp + swz(r, 4 + i), src + 64 * (c0 + k) + 16 * i, bytes);
       }
       ptx::cp_async_commit();
       float scale = 0.0f;  // fp8_ds_mla: panels 2j, 2j + 1 share scale j; 0 for a key that is not loaded
-      if constexpr (Base::kDs)
+      if constexpr (kPrefetch) {  // panel c0 from the registers loaded before the release
+        scale = this->pre_scale;
+        uint8_t* dp = dst + c0 * Traits::kPanelBytes;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint4 raw = this->pre[i];
+          uint4 lo, hi;
+          expand_chunk<G::kExactCodes>(raw, scale, lo, hi);
+          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
+          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
+        }
+      } else if constexpr (Base::kDs) {
         if (xok) scale = __ldg(reinterpret_cast<const float*>(src + G::kScaleOffset) + c0 / 2);
+      }
       ptx::cp_async_wait<0>();
 #pragma unroll 1
-      for (int k = 0; k < 2; ++k) {
+      for (int k = k0; k < 2; ++k) {
         uint8_t* dp = dst + (c0 + k) * Traits::kPanelBytes;
         // raw chunk i (logical chunk 4 + i) becomes chunks 2i, 2i + 1 (InplaceKeys' order: every store lands
         // on a chunk this lane has already read).
