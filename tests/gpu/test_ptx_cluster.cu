@@ -12,6 +12,8 @@
 #include "cuda/common/ptx/cluster.cuh"
 #include "cuda/common/ptx/fence.cuh"
 #include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/tensor_map.h"
+#include "cuda/common/ptx/tma.cuh"
 #include "ptx_test_util.cuh"
 
 namespace mla {
@@ -80,6 +82,90 @@ TEST(PtxCluster, GridMustBeWholeClusters) {
   test::DevBuf<int> bad(1);
   test::DevBuf<unsigned> ranks(3);
   EXPECT_THROW(cuda::launch_cluster(cluster_exchange_kernel, 3, 2, 64, 0, nullptr, "odd grid", bad.p, ranks.p), Error);
+}
+
+// tma_load_3d_multicast (tma.cuh) with the decode's multicast protocol (decode_sm90 PagedKeys kMulticast):
+// a tile of kBoxes boxes (kBoxRows rows x 64 bf16 columns, 128-byte swizzle) per phase in two stages; CTA
+// rank r issues the boxes b with b % 2 == r, multicast to both CTAs; each CTA's producer announces the
+// whole tile on its own full barrier; each CTA's consumer warp checks every element of its copy, then
+// releases the stage locally (one arrival) and at the peer (one cluster-scope arrival): the empty barrier
+// counts both, so no CTA rewrites a stage the peer still reads. Tile t of the cluster = rows
+// [t * kTileRows, ...) of a [kPages][kBoxRows][64] tensor read as boxes (0, row in page, page).
+constexpr int kBoxRows = 16, kBoxes = 4, kTileRows = kBoxRows * kBoxes, kMcTiles = 9, kMcStages = 2;
+constexpr int kMcTileBytes = kTileRows * 128;
+
+__global__ void multicast_ring_kernel(const __grid_constant__ CUtensorMap map, const uint16_t* src, int* bad) {
+  extern __shared__ uint8_t raw[];
+  uint8_t* stages = align1024(raw);
+  __shared__ alignas(8) uint64_t full[kMcStages], empty[kMcStages];
+  using namespace cuda::ptx;
+  const uint32_t rank = cluster_ctarank(), peer = rank ^ 1u;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kMcStages; ++s) {
+      mbar_init(&full[s], 1);   // this CTA's announcing arrival; both CTAs' copies complete the bytes
+      mbar_init(&empty[s], 2);  // the local consumer warp's lane 0 and the peer's
+    }
+    fence_mbarrier_init();
+  }
+  cluster_sync();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  for (int t = 0; t < kMcTiles; ++t) {
+    const int s = t % kMcStages;
+    const uint32_t parity = (t / kMcStages) & 1;
+    uint8_t* tile = stages + s * kMcTileBytes;
+    if (warp == 0 && lane == 0) {  // producer
+      mbar_wait_cluster(&empty[s], parity ^ 1);
+      mbar_arrive_expect_tx(&full[s], kMcTileBytes);
+      if (blockIdx.x < 2 && t == 0) __nanosleep(2000 * (1 + rank));  // skew the CTAs: early peer copies
+      for (int b = static_cast<int>(rank); b < kBoxes; b += 2) {
+        const int row = t * kTileRows + b * kBoxRows;  // first tensor row of the box
+        tma_load_3d_multicast(tile + b * kBoxRows * 128, &map, &full[s], 0, row % (4 * kBoxRows),
+                              row / (4 * kBoxRows), 0x3);
+      }
+    } else if (warp == 1) {  // consumer
+      mbar_wait_cluster(&full[s], parity);
+      for (int e = lane; e < kTileRows * 64; e += 32) {
+        const int r = e / 64, x = (e % 64) * 2;
+        const int off = r * 128 + (((x / 16) ^ (r % 8)) * 16) + x % 16;
+        const uint16_t have = *reinterpret_cast<const uint16_t*>(tile + off);
+        const uint16_t want = src[static_cast<int64_t>(t * kTileRows + r) * 64 + e % 64];
+        if (have != want) atomicAdd(bad, 1);
+      }
+      if (t % 3 == static_cast<int>(rank)) __nanosleep(5000);  // slow readers: a copy that did not wait shows
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(&empty[s]);
+        mbar_arrive_cluster(map_peer(smem_addr(&empty[s]), peer));
+      }
+    }
+  }
+  cluster_sync();
+}
+
+TEST(PtxCluster, MulticastTmaRingIntoBothCtas) {
+  MLA_SKIP_UNLESS_SM90();
+  const int rows = kMcTiles * kTileRows, pages = rows / (4 * kBoxRows);
+  std::vector<uint16_t> host(static_cast<std::size_t>(rows) * 64);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint16_t>(((i * 2654435761u) >> 9) | 1);
+  test::DevBuf<uint16_t> src(host);
+  cuda::ptx::TmaTensor t;
+  t.base = src.p;
+  t.dtype = DType::bf16;
+  t.rank = 3;
+  t.dims[0] = 64, t.dims[1] = 4 * kBoxRows, t.dims[2] = pages;
+  t.strides[0] = 1, t.strides[1] = 64, t.strides[2] = 64 * 4 * kBoxRows;
+  t.box[0] = 64, t.box[1] = kBoxRows, t.box[2] = 1;
+  t.swizzle = cuda::ptx::TmaSwizzle::b128;
+  const CUtensorMap map = cuda::ptx::make_tensor_map(t, "multicast");
+  const int smem = kMcStages * kMcTileBytes + 1024;
+  MLA_CUDA_OK(cudaFuncSetAttribute(multicast_ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  test::DevBuf<int> bad(1);
+  bad.fill_bytes(0);
+  for (int rep = 0; rep < 3; ++rep)
+    cuda::launch_cluster(multicast_ring_kernel, 16, 2, 64, smem, nullptr, "multicast_ring_kernel", map,
+                         static_cast<const uint16_t*>(src.p), bad.p);
+  MLA_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(bad.download()[0], 0);
 }
 
 }  // namespace

@@ -224,7 +224,12 @@ void run(const dispatch::DecodeArgs& a) {
     if (cache.format == CacheFormat::fp8_ds_mla) launch_copied<CacheFormat::fp8_ds_mla, PagedRows>(p, grid, stream, what);
     else launch_copied<CacheFormat::fp8, PagedRows>(p, grid, stream, what);
   } else {
-    launch_kernel<PagedKeys>(p, grid, stream, paged_tensor_map(cache, p.box_rows, what), what);
+    const CUtensorMap map = paged_tensor_map(cache, p.box_rows, what);
+    if (p.tile_rows > 32 && p.m_tiles % 2 == 0 && multicast_mode() == Multicast::on &&
+        seesaw_schedule() == SeesawSchedule::next)
+      launch_seesaw<PagedKeysT<true>>(p, grid, stream, map, what);  // clusters of the two row tiles (source.cuh)
+    else
+      launch_kernel<PagedKeys>(p, grid, stream, map, what);
   }
   if (splits > 1 || p.balanced) {
     DecodeParams cp{};

@@ -199,6 +199,17 @@ inline Crossover crossover_mode() {
   return c;
 }
 
+// The bf16 multicast (source.cuh PagedKeysT<true>: the two row-tile CTAs of a request as a cluster of two,
+// each V-half panel read once and multicast into both) wherever a request has an even number of 64-row tiles
+// on the next schedule: by default (same-run A/B, nvidia-h100, 2026-11-24, b 128 page 64: h 128 s_k 4096
+// -25%, s_k 8192 -22%, s_q 2 h 128 s_k 8192 -27%, s_q 2 h 64 s_k 4096 -25%; docs/DECODE.md "Multicast").
+// MLA_DECODE_SM90_MCAST=off: every CTA loads its own tiles (PagedKeys). Read once.
+enum class Multicast { on, off };
+inline Multicast multicast_mode() {
+  static const Multicast m = env_choice("MLA_DECODE_SM90_MCAST", Multicast::on, {{"off", Multicast::off}});
+  return m;
+}
+
 template <CacheFormat F, class Rows>
 void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
   CUtensorMap unused;

@@ -84,6 +84,23 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const void* tmap, uint64
       : "memory");
 }
 
+// ---- multicast tensor tile load (thread-block clusters, cluster.cuh) ----
+// tma_load_3d into every CTA of this cluster whose bit is set in `cta_mask` (bit r = cluster rank r): the
+// box lands at the same shared-memory offset (`smem`'s) in each, and its bytes complete as transaction
+// bytes on the mbarrier at the same offset as `bar` in each. One read of global memory / L2 for all of
+// them. Each receiving CTA announces the bytes on its own barrier (expect_tx) and must have released the
+// destination before the issuing CTA writes it (cross-CTA empty barriers: decode_sm90 PagedKeys kMulticast).
+// An issuer's own copy can complete on a peer barrier before that peer announced the bytes: the phase
+// cannot complete while the announcing arrival is pending, so the transient deficit is harmless.
+__device__ __forceinline__ void tma_load_3d_multicast(void* smem, const void* tmap, uint64_t* bar, int32_t c0,
+                                                      int32_t c1, int32_t c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+      "{%3, %4, %5}], [%2], %6;\n" ::"r"(smem_addr(smem)),
+      "l"(detail::gaddr(tmap)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      : "memory");
+}
+
 // Prefetches the tensor map's 128-byte descriptor into the descriptor cache (once per CTA, by the thread
 // that will issue the copies, at kernel start: hides the first copy's descriptor fetch).
 __device__ __forceinline__ void tma_prefetch_descriptor(const void* tmap) {
