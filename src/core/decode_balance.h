@@ -13,6 +13,13 @@
 // request's start position lies in the window. So every CTA gets at most `per` positions of work
 // whatever the lengths are (varlen batches, few long requests, many short ones).
 //
+// Whole requests: when every request fits its own CTA (b <= C) and the longest request costs at most 9/8 of
+// the balanced window (near-uniform lengths), CTA k runs request k whole instead (window = request k's cost
+// range, per = the longest cost; CTAs >= b idle): no request is cut, so no second segment, partial or
+// combine share. Measured (nvidia-h200, 2026-11-24, b 128 h 16, uniform s_k 512 .. 8192): the balanced
+// windows 0.0415 / 0.0615 / 0.116 / 0.187 / 0.324 ms against one request per CTA 0.0382 / 0.0582 / 0.093 /
+// 0.164 / 0.310 (docs/DECODE.md "Schedule"); varlen batches (longest ~2x the window) stay balanced.
+//
 // Output: a request whose tiles all lie in one CTA's window (splits == 1) is written by that CTA as out
 // / lse. A request split over CTAs first .. last writes one partial per CTA into slot req + cta
 // (injective: a later CTA never serves an earlier request, so slots are < b + C) and the combine merges
@@ -44,10 +51,17 @@ MLA_BALANCE_HD constexpr int64_t per_cta(int64_t total, int ctas) {
   return ctas <= 0 || total <= kMinWindow * ctas ? kMinWindow : (total + ctas - 1) / ctas;
 }
 
+inline constexpr int64_t kWholeNum = 9, kWholeDen = 8;  // longest cost <= 9/8 of the window: whole requests
+MLA_BALANCE_HD constexpr bool whole_requests(int64_t b, int ctas, int64_t total, int64_t max_cost) {
+  return b >= 1 && b <= ctas && max_cost * kWholeDen <= per_cta(total, ctas) * kWholeNum;
+}
+
 // CTA `cta`'s window [lo, hi) of the cost line and its first request `req` (the first whose cost range
-// ends past lo; b when none) with that request's start position `pos`.
+// ends past lo; b when none) with that request's start position `pos`; whole: the whole-requests mode (the
+// window is request `req`'s cost range, per the longest cost).
 struct Window {
   int64_t lo, hi, req, pos, per;
+  bool whole = false;
 };
 
 // One request's part in one CTA: tiles [t0, t1) (t0 == t1 == 0: an empty request, out 0 / lse -inf).
@@ -83,7 +97,8 @@ struct Cursor {
       }
       const int64_t t0 = w.lo > start ? w.lo - start : 0, t1 = w.hi - start < n ? w.hi - start : n;
       if (t0 >= t1) continue;  // the window holds only the request's overhead positions
-      const int64_t first = start / w.per, last = (start + n - 1) / w.per, splits = last - first + 1;
+      const int64_t first = w.whole ? cta : start / w.per, last = w.whole ? cta : (start + n - 1) / w.per;
+      const int64_t splits = last - first + 1;
       s = Segment{i, t0, t1, splits, splits > 1 ? i + cta : -1, i + first};
       return true;
     }
@@ -111,12 +126,28 @@ MLA_BALANCE_HD constexpr int ctas_for(int64_t b, int64_t rows, int num_sms) {
 // Host reference of the whole schedule (tests; the kernel finds its window with a block scan): the
 // window of every CTA from the tile counts.
 inline std::vector<Window> windows(const std::vector<int64_t>& tiles, int ctas) {
-  int64_t total = 0;
-  for (int64_t n : tiles) total += cost_of(n);
+  int64_t total = 0, max_cost = 0;
+  for (int64_t n : tiles) {
+    total += cost_of(n);
+    max_cost = cost_of(n) > max_cost ? cost_of(n) : max_cost;
+  }
   const int64_t per = per_cta(total, ctas);
   std::vector<Window> w(static_cast<std::size_t>(ctas > 0 ? ctas : 0));
+  const auto b = static_cast<int64_t>(tiles.size());
   std::size_t i = 0;
   int64_t pos = 0;
+  if (whole_requests(b, ctas, total, max_cost)) {
+    for (int k = 0; k < ctas; ++k) {
+      if (k < b) {
+        const int64_t c = cost_of(tiles[static_cast<std::size_t>(k)]);
+        w[static_cast<std::size_t>(k)] = Window{pos, pos + c, k, pos, max_cost, true};
+        pos += c;
+      } else {
+        w[static_cast<std::size_t>(k)] = Window{total, total, b, total, max_cost, true};
+      }
+    }
+    return w;
+  }
   for (int k = 0; k < ctas; ++k) {
     const int64_t lo = k * per, hi = lo + per < total ? lo + per : total;
     while (i < tiles.size() && pos + cost_of(tiles[i]) <= lo) pos += cost_of(tiles[i++]);

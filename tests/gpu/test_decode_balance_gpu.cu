@@ -77,6 +77,7 @@ void check_twin(const std::vector<int32_t>& lens, int64_t max_blocks, int32_t pa
     EXPECT_EQ(v.req, w.req);
     EXPECT_EQ(v.pos, w.pos);
     EXPECT_EQ(v.per, w.per);
+    EXPECT_EQ(v.whole, w.whole);
     balance::Cursor c(w, b, k);
     balance::Segment s{};
     int n = 0;
@@ -101,6 +102,13 @@ void check_twin(const std::vector<int32_t>& lens, int64_t max_blocks, int32_t pa
 TEST(DecodeBalanceGpu, DeviceTwinMatchesHost) {
   MLA_SKIP_WITHOUT_GPU();
   check_twin({1024, 1024, 1024, 1024}, 16, 64, 132);
+  check_twin(std::vector<int32_t>(128, 4096), 64, 64, 132);  // near-uniform: whole requests
+  {
+    std::vector<int32_t> lens(120, 2000);
+    lens[3] = 0;  // an empty request in the whole-requests mode
+    lens[9] = 2100;
+    check_twin(lens, 40, 64, 132);
+  }
   check_twin({0, 0, 0}, 4, 16, 132);
   check_twin({5000, -3, 0, 70, 1 << 30, 64, 65}, 100, 64, 7);  // negative and too long: clamped
   std::mt19937_64 g(99);

@@ -35,9 +35,13 @@ void check_schedule(const std::vector<int64_t>& tiles, int ctas) {
   const int64_t b = static_cast<int64_t>(tiles.size());
   const auto sched = schedule(tiles, ctas);
   const auto w = balance::windows(tiles, ctas);
-  int64_t total = 0;
-  for (int64_t n : tiles) total += balance::cost_of(n);
-  const int64_t per = balance::per_cta(total, ctas);
+  int64_t total = 0, max_cost = 0;
+  for (int64_t n : tiles) {
+    total += balance::cost_of(n);
+    max_cost = std::max(max_cost, balance::cost_of(n));
+  }
+  const bool whole = balance::whole_requests(b, ctas, total, max_cost);
+  const int64_t per = whole ? max_cost : balance::per_cta(total, ctas);
   std::vector<std::vector<int>> owner(tiles.size());
   for (std::size_t i = 0; i < tiles.size(); ++i) owner[i].assign(static_cast<std::size_t>(tiles[i]), -1);
   std::vector<int> empty_writes(tiles.size(), 0);
@@ -45,6 +49,16 @@ void check_schedule(const std::vector<int64_t>& tiles, int ctas) {
   std::set<int64_t> slots;
   for (int k = 0; k < ctas; ++k) {
     EXPECT_EQ(w[static_cast<std::size_t>(k)].per, per);
+    EXPECT_EQ(w[static_cast<std::size_t>(k)].whole, whole);
+    if (whole) {  // CTA k: request k alone, whole (nothing split), or nothing
+      ASSERT_LE(sched[static_cast<std::size_t>(k)].size(), 1u);
+      EXPECT_EQ(sched[static_cast<std::size_t>(k)].size(), k < b ? 1u : 0u);
+      for (const Segment& s : sched[static_cast<std::size_t>(k)]) {
+        EXPECT_EQ(s.req, k);
+        EXPECT_EQ(s.splits, 1);
+        EXPECT_EQ(s.t1 - s.t0, tiles[static_cast<std::size_t>(k)]);
+      }
+    }
     int64_t work = 0, last_req = -1;
     for (const Segment& s : sched[static_cast<std::size_t>(k)]) {
       ASSERT_GE(s.req, 0);
@@ -109,6 +123,27 @@ TEST(DecodeBalance, PropertiesOnFixedShapes) {
   check_schedule({3, 0, 1, 1, 1, 1, 1, 1, 1, 200, 0}, 5);
 }
 
+// Near-uniform batches that fit one request per CTA run whole requests (no split, no combine share); small
+// batches (a request costs many windows), varlen batches and batches larger than the grid stay balanced.
+TEST(DecodeBalance, WholeRequestsForNearUniformBatches) {
+  auto whole = [](const std::vector<int64_t>& tiles, int ctas) { return balance::windows(tiles, ctas).front().whole; };
+  EXPECT_TRUE(whole(std::vector<int64_t>(128, 64), 132));   // b 128 s_k 4096: 67 positions against 65
+  EXPECT_TRUE(whole(std::vector<int64_t>(128, 128), 132));  // s_k 8192
+  EXPECT_TRUE(whole(std::vector<int64_t>(128, 8), 132));    // s_k 512
+  EXPECT_TRUE(whole(std::vector<int64_t>(132, 64), 132));
+  EXPECT_FALSE(whole(std::vector<int64_t>(133, 64), 132));  // more requests than CTAs
+  EXPECT_FALSE(whole(std::vector<int64_t>(100, 64), 132));  // 32 idle CTAs: the windows are 51 positions
+  EXPECT_FALSE(whole({16, 16, 16, 16}, 132));               // small batch: split over the SMs
+  std::vector<int64_t> mixed(128, 64);
+  mixed[5] = 128;  // one request twice as long
+  EXPECT_FALSE(whole(mixed, 132));
+  std::vector<int64_t> near(128, 64);
+  near[7] = 70;  // within the 9/8
+  EXPECT_TRUE(whole(near, 132));
+  check_schedule(near, 132);
+  check_schedule(std::vector<int64_t>(132, 0), 132);  // every request empty: each written once
+}
+
 TEST(DecodeBalance, PropertiesOnRandomBatches) {
   std::mt19937_64 g(7);
   for (int trial = 0; trial < 300; ++trial) {
@@ -116,7 +151,10 @@ TEST(DecodeBalance, PropertiesOnRandomBatches) {
     const int ctas = std::uniform_int_distribution<int>(1, 264)(g);
     const int64_t max_tiles = std::uniform_int_distribution<int64_t>(0, 300)(g);
     std::vector<int64_t> tiles(static_cast<std::size_t>(b));
-    for (auto& t : tiles) t = std::uniform_int_distribution<int64_t>(0, max_tiles)(g) * (g() % 5 == 0 ? 0 : 1);
+    const bool near_uniform = trial % 3 == 0;  // lengths within ~10%: the whole-requests mode where b <= ctas
+    for (auto& t : tiles)
+      t = near_uniform ? max_tiles - std::uniform_int_distribution<int64_t>(0, max_tiles / 10)(g)
+                       : std::uniform_int_distribution<int64_t>(0, max_tiles)(g) * (g() % 5 == 0 ? 0 : 1);
     SCOPED_TRACE("trial " + std::to_string(trial));
     check_schedule(tiles, ctas);
   }

@@ -201,13 +201,24 @@ inline Crossover crossover_mode() {
 
 // The bf16 multicast (source.cuh PagedKeysT<true>: the two row-tile CTAs of a request as a cluster of two,
 // each V-half panel read once and multicast into both) wherever a request has an even number of 64-row tiles
-// on the next schedule: by default (same-run A/B, nvidia-h100, 2026-11-24, b 128 page 64: h 128 s_k 4096
-// -25%, s_k 8192 -22%, s_q 2 h 128 s_k 8192 -27%, s_q 2 h 64 s_k 4096 -25%; docs/DECODE.md "Multicast").
-// MLA_DECODE_SM90_MCAST=off: every CTA loads its own tiles (PagedKeys). Read once.
+// on the next schedule, under MLA_DECODE_SM90_MCAST=on. Not the default: same-run A/Bs, 2026-11-24, b 128 page
+// 64, h 128 s_k 4096 / 8192, s_q 2 h 128 s_k 8192: on nvidia-h100 -25% / -22% / -27%, on nvidia-h200 +30% /
+// +30% / +31% (docs/DECODE.md "Multicast"); the targets are the H200's. Read once.
 enum class Multicast { on, off };
 inline Multicast multicast_mode() {
-  static const Multicast m = env_choice("MLA_DECODE_SM90_MCAST", Multicast::on, {{"off", Multicast::off}});
+  static const Multicast m = env_choice("MLA_DECODE_SM90_MCAST", Multicast::off, {{"on", Multicast::on}});
   return m;
+}
+
+// sparse_mqa's bf16 rows at h > 32: GroupRows (source_inplace.cuh: GatherKeys' copies a release group at a time,
+// on the next schedule), by default since the same-run A/B on nvidia-h200, 2026-11-24 (T 128 topk 2048: h 128
+// 0.219 / 0.210 / 0.207 ms against GatherKeys' serial 0.237 / 0.245 / 0.232, h 64 0.127 x3 against 0.141 / 0.126 /
+// 0.141, h 100 0.203 / 0.184 / 0.199 against 0.221 / 0.216 / 0.264; sparse prefill T 4096 pool 8192 5.32 / 5.29 /
+// 5.29 against 6.06 / 6.10 / 6.10: 385 -> 441 TFLOP/s; docs/SPARSE.md). MLA_DECODE_SM90_ROWS=gather: GatherKeys.
+enum class SparseRows { gather, groups };
+inline SparseRows sparse_rows_mode() {
+  static const SparseRows r = env_choice("MLA_DECODE_SM90_ROWS", SparseRows::groups, {{"gather", SparseRows::gather}});
+  return r;
 }
 
 template <CacheFormat F, class Rows>

@@ -61,7 +61,10 @@ void run_sparse(const dispatch::SparseArgs& a) {
   if (c.format == CacheFormat::bf16) {
     CUtensorMap unused;  // the gathering kernels issue no TMA
     std::memset(&unused, 0, sizeof(unused));
-    launch_kernel<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, what);
+    if (p.tile_rows > 32 && sparse_rows_mode() == SparseRows::groups)
+      launch_seesaw<GroupRows<>>(p, grid, stream, unused, what);  // next schedule (source_inplace.cuh)
+    else
+      launch_kernel<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, what);
   } else {
     launch_copied<CacheFormat::fp8_ds_mla, IndexedRows>(p, grid, stream, what);
   }

@@ -100,22 +100,40 @@ __device__ __forceinline__ void balanced_window(const DecodeSm90Params& p, balan
   const int t = threadIdx.x, nt = blockDim.x, lane = t & 31, warp = t >> 5, nwarps = nt >> 5;
   const RequestTiles tiles{&p};
   const int64_t run = (b + nt - 1) / nt, i0 = min(int64_t{t} * run, b), i1 = min(i0 + run, b);
-  int64_t mine = 0;
-  for (int64_t i = i0; i < i1; ++i) mine += balance::cost_of(tiles(i));
+  int64_t mine = 0, top = 0;  // this run's cost and its longest request's
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t c = balance::cost_of(tiles(i));
+    mine += c;
+    top = max(top, c);
+  }
   int64_t incl = mine;  // inclusive scan in the warp, then over the warps' totals
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
     if (lane >= o) incl += v;
+    top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
   }
   if (lane == 31) scratch[warp] = incl;
+  if (lane == 0) scratch[16 + warp] = top;  // nwarps <= 16 (384 threads: 12)
   __syncthreads();
-  int64_t before = 0, total = 0;
+  int64_t before = 0, total = 0, max_cost = 0;
   for (int w = 0; w < nwarps; ++w) {
     before += w < warp ? scratch[w] : 0;
     total += scratch[w];
+    max_cost = max(max_cost, scratch[16 + w]);
   }
   const int64_t start = before + incl - mine;  // cost position of request i0
+  if (balance::whole_requests(b, static_cast<int>(gridDim.x), total, max_cost)) {  // CTA k: request k whole
+    const int64_t k = blockIdx.x;
+    if (t == 0 && k >= b) *win = balance::Window{total, total, b, total, max_cost, true};
+    if (k < b && i0 <= k && k < i1) {  // exactly one thread: its run holds request k
+      int64_t pos = start;
+      for (int64_t i = i0; i < k; ++i) pos += balance::cost_of(tiles(i));
+      *win = balance::Window{pos, pos + balance::cost_of(tiles(k)), k, pos, max_cost, true};
+    }
+    __syncthreads();
+    return;
+  }
   const int64_t per = balance::per_cta(total, static_cast<int>(gridDim.x));
   const int64_t lo = blockIdx.x * per, hi = min(lo + per, total);
   if (t == 0 && lo >= total) *win = balance::Window{lo, lo, b, total, per};

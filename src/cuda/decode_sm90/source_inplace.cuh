@@ -132,4 +132,32 @@ struct InplaceKeys : GatherKeys<F, Rows> {
   };
 };
 
+// GroupRows<Rows>: bf16 rows through the index list (sparse_mqa and its prefill at h > 32) copied a release group
+// at a time, so that GatherKeys<bf16>'s rows (four lanes per row, 32 bytes each of a panel row, source.cuh) run the
+// next schedule (one full barrier per V half, the rope of Q in registers, precomputed descriptors) instead of
+// the serial one. Each lane's copies of a group's panels complete on the group's barrier by one
+// cp.async.mbarrier.arrive (it fires when this lane's earlier copies have landed): one arrival per lane and phase
+// whatever the panel count, as full_arrivals(1, ...) counts (the rope's barrier also gets the mask arrivals of
+// GatherKeys' begin()). Rows not loaded are zero-filled by the copies. Registers: GatherKeys' 56 / 224.
+template <class Rows = IndexedRows>
+struct GroupRows : GatherKeys<CacheFormat::bf16, Rows> {
+  using Base = GatherKeys<CacheFormat::bf16, Rows>;
+  static constexpr bool kGroupwise = true;  // produce_seesaw: one group() per release group
+
+  struct Tile : Base::Tile {
+    using BT = typename Base::Tile;
+    __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_) : BT(p, u, k0, part_, lane_) {}
+    // Release group `first` .. first + N - 1 into the tile at dst (kGroupFull: one arrival on full[first]).
+    template <int N, bool kGroupFull = false>
+    __device__ void group(const DecodeSm90Params& p, uint8_t* dst, uint64_t* full, int first) const {
+#pragma unroll 1
+      for (int k = 0; k < N; ++k) {
+        this->copy_rows(p.gather.cache, dst + (first + k) * Traits::kPanelBytes, (first + k) * 128);
+        if constexpr (!kGroupFull) ptx::cp_async_arrive_mbarrier(&full[first + k]);
+      }
+      if constexpr (kGroupFull) ptx::cp_async_arrive_mbarrier(&full[first]);
+    }
+  };
+};
+
 }  // namespace mla::cuda::decode_sm90
