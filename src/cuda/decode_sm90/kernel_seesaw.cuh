@@ -741,6 +741,22 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
   }
 };
 
+// Q columns 0..511 of the unit's 64-row tile into the 8 swizzled Q panels, by both consumer warpgroups. p.q_batch:
+// the 16 loads of each thread in flight together (one global round trip) instead of the loop's 16 dependent ones
+// (ncu, nvidia-h200, 2026-11-24, dense bf16 h 128: the loop's STS waiting on its load held 4.8% of the kernel's
+// stall samples; docs/DECODE.md "Q prologue").
+__device__ __forceinline__ void load_seesaw_q(const DecodeSm90Params& p, const Unit& u, uint8_t* smem) {
+  using T = Traits;
+  using L = SeesawTraits;
+  const int ct = static_cast<int>(threadIdx.x) - 128;
+  if (p.q_batch)
+    load_q_panels_batched<T::kBlockM, T::kConsumerThreads, 16, L::kQPanels>(p.rows, u.g, u.row0, u.m_rows,
+                                                                           T::kPanelBytes, smem + L::kOffQ, ct);
+  else
+    load_q_panels(p.rows, u.g, u.row0, u.m_rows, T::kBlockM, L::kQPanels, T::kPanelBytes, smem + L::kOffQ, ct,
+                  T::kConsumerThreads);
+}
+
 // Src: the key source (source.cuh): PagedKeys (mqa_decode bf16) or GatherKeys<F, Rows> (sparse_mqa; mqa_decode fp8 / fp8_ds_mla)
 // or InplaceKeys<F, Rows> (source_inplace.cuh, MLA_DECODE_SM90_EXPAND=inplace).
 // kOverlap: the overlapped schedule (SeesawConsumer), else the serial one (SeesawSerialConsumer). The
@@ -756,9 +772,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (!start_roles<L, Src>(p, &kv_map, u, true, smem,
                            [&](int warp, int lane) { produce_seesaw<Src>(p, &kv_map, u, smem, warp, lane); }))
     return;
-  // Q columns 0..511 into 8 swizzled panels, by both consumers.
-  load_q_panels(p.rows, u.g, u.row0, u.m_rows, T::kBlockM, L::kQPanels, T::kPanelBytes, smem + L::kOffQ, static_cast<int>(threadIdx.x) - 128,
-                T::kConsumerThreads);
+  load_seesaw_q(p, u, smem);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
   if constexpr (kOverlap) {
@@ -792,8 +806,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         produce_seesaw<Src, true>(p, &kv_map, u, smem, warp, lane);
       }))
     return;
-  load_q_panels(p.rows, u.g, u.row0, u.m_rows, T::kBlockM, L::kQPanels, T::kPanelBytes, smem + L::kOffQ,
-                static_cast<int>(threadIdx.x) - 128, T::kConsumerThreads);
+  load_seesaw_q(p, u, smem);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
   if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src, true>(p, u, smem).run();

@@ -213,6 +213,7 @@ void run(const dispatch::DecodeArgs& a) {
     p.q_batch = start_mode() != Start::cold ? 1 : 0;
     p.warm = start_mode() == Start::warm ? 1 : 0;
   }
+  if (p.tile_rows > 32) p.q_batch = seesaw_q_batch() ? 1 : 0;
 
   const char* what = "mqa_decode (sm90)";
   const unsigned grid =

@@ -28,6 +28,13 @@ E env_choice(const char* name, E fallback, std::initializer_list<std::pair<const
   return fallback;
 }
 
+// The seesaw kernels' Q prologue (kernel_seesaw.cuh load_seesaw_q): all loads in flight (default) or the loop
+// (MLA_DECODE_SM90_SEESAW_Q=loop, for A/B). Read once.
+inline bool seesaw_q_batch() {
+  static const bool b = env_choice("MLA_DECODE_SM90_SEESAW_Q", true, {{"loop", false}});
+  return b;
+}
+
 inline bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // Sets p.tile_rows and p.m_tiles for m_rows query rows per request: up to 32 rows, one CTA per (split,

@@ -45,6 +45,7 @@ void run_sparse(const dispatch::SparseArgs& a) {
   p.rows = mqa::make_row_params(q, a.out, a.lse, /*has_i=*/false, a.softmax_scale);
   p.num_splits = 1;
   set_row_tiles(p, h_q);
+  if (p.tile_rows > 32) p.q_batch = seesaw_q_batch() ? 1 : 0;
   p.out_pairs = out_pairs(a.out);
   DecodeSm90Params::Gather& g = p.gather;
   set_gather_cache(g, c);

@@ -32,7 +32,8 @@ struct DecodeSm90Params {
   // split request's (first slot, splits) for the combine.
   int32_t balanced;
   int32_t* ws_meta;
-  // Start of the small kernel (paged bf16 only; docs/DECODE.md "Small batch"). q_batch: the consumers
+  // Seesaw kernels (64-row tiles, every source): q_batch = the Q tile's loads all in flight (kernel_seesaw.cuh
+  // load_seesaw_q). Start of the small kernel (paged bf16 only; docs/DECODE.md "Small batch"). q_batch: the consumers
   // load a segment's query rows with all their loads in flight (tile_io.cuh load_q_panels_batched; N 8 /
   // 16) instead of one round trip per loop iteration. warm: launched as a programmatic dependent whose
   // first instructions prefetch the call's seq_lens, block-table rows, query rows, output rows and

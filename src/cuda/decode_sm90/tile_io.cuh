@@ -44,10 +44,11 @@ __device__ __forceinline__ void load_q_panels(const MqaRowParams& rp, int64_t g,
 // in groups of at most kGroup per thread, each group's loads before its stores (p.q_batch, the default
 // start of the paged bf16 small kernel: the loop above issues one dependent global round trip per
 // iteration, 5 at N 16). The N 32 kernel keeps the loop (batched, in groups of 3 or 5, it spilled 116 bytes).
-template <int kRows, int kThreads, int kGroup = 5>
+// kPanels: the panels loaded (the seesaw kernel's Q: 8, its rope lives in registers).
+template <int kRows, int kThreads, int kGroup = 5, int kPanels = Traits::kPanels>
 __device__ __forceinline__ void load_q_panels_batched(const MqaRowParams& rp, int64_t g, int row0, int m_rows,
                                                       int panel_bytes, uint8_t* sQ, int ct) {
-  constexpr int kChunks = Traits::kPanels * 8, kItems = kRows * kChunks;
+  constexpr int kChunks = kPanels * 8, kItems = kRows * kChunks;
   constexpr int kIter = (kItems + kThreads - 1) / kThreads;
 #pragma unroll
   for (int k0 = 0; k0 < kIter; k0 += kGroup) {
