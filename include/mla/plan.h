@@ -134,6 +134,11 @@ int64_t sparse_prefill_workspace_rows(int64_t max_model_len);  // 5 * max_model_
 // parallelises over its own OpenMP threads (src/cpu/mqa_split.h).
 inline constexpr int kDecodeMaxSplits = 64;             // partials per request row (combine keeps weights in smem)
 inline constexpr int64_t kDecodeMinSplitKeys = 256;     // a split shorter than 8 key tiles costs more than it saves
+// ... except in short contexts: splits of >= 128 keys while a request has at most 16 of them (nvidia-h200 sweep,
+// 2026-11-24, b 1..16 x h 16 / 128: at s_k 1024 8 splits beat the 256-key rule's 4 by 8-17%; at s_k >= 2048
+// the 256-key rule was already within the spread of the best; docs/DECODE.md "Split policy").
+inline constexpr int64_t kDecodeShortSplitKeys = 128;
+inline constexpr int kDecodeShortSplits = 16;
 inline constexpr int64_t kDecodeTileRows = 64;          // query rows (s_q * h_q) per CTA of the portable kernel
 // KV splits per request for b requests of s_q queries and h_q heads whose keys number at most
 // max_seq_len. The kernel runs one CTA per SM, so ctas = b * ceil(s_q * h_q / kDecodeTileRows) take

@@ -14,8 +14,10 @@ int decode_num_splits(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, 
   const int64_t ctas = b * ((s_q * h_q + kDecodeTileRows - 1) / kDecodeTileRows);
   if (ctas <= 0 || num_sms <= 0) return 1;
   const int64_t sms = num_sms;
-  const int64_t cap = std::min<int64_t>(
-      kDecodeMaxSplits, std::max<int64_t>(1, (max_seq_len + kDecodeMinSplitKeys - 1) / kDecodeMinSplitKeys));
+  const int64_t long_cap = (max_seq_len + kDecodeMinSplitKeys - 1) / kDecodeMinSplitKeys;
+  const int64_t short_cap =
+      std::min<int64_t>(kDecodeShortSplits, (max_seq_len + kDecodeShortSplitKeys - 1) / kDecodeShortSplitKeys);
+  const int64_t cap = std::min<int64_t>(kDecodeMaxSplits, std::max<int64_t>({1, long_cap, short_cap}));
   int best = 1;
   double best_t = static_cast<double>((ctas + sms - 1) / sms);
   for (int s = 2; s <= cap; ++s) {

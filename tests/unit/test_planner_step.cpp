@@ -42,7 +42,11 @@ TEST(DecodeSchedule, SplitPolicy) {
   EXPECT_EQ(decode_num_splits(0, 1, 16, 4096, 132), 1);
   // 4 CTAs on 132 SMs: each split halves the wave time until the key cap, 4096 / 256 = 16 ranges.
   EXPECT_EQ(decode_num_splits(4, 1, 16, 4096, 132), 16);
-  EXPECT_EQ(decode_num_splits(4, 1, 16, 300, 132), 2);  // 300 keys: 2 ranges of >= 256
+  EXPECT_EQ(decode_num_splits(4, 1, 16, 300, 132), 3);  // 300 keys: 3 ranges of >= 128 (at most 16 such)
+  EXPECT_EQ(decode_num_splits(4, 1, 16, 1024, 132), 8);  // short context: 8 ranges of 128, not 4 of 256
+  EXPECT_EQ(decode_num_splits(4, 1, 16, 2048, 132), 16);
+  EXPECT_EQ(decode_num_splits(4, 1, 16, 64, 132), 1);   // one tile: nothing to split
+  EXPECT_EQ(decode_num_splits(1, 1, 16, 8192, 132), 31);  // long: the 256-key cap (32 > 16 short ranges), 5% rule
   // One CTA: many splits, until a further one gains under 5% over the best so far; never past the cap.
   EXPECT_EQ(decode_num_splits(1, 1, 16, 1 << 20, 132), 61);
   EXPECT_EQ(decode_num_splits(1, 1, 16, 1 << 20, 16), 16);
