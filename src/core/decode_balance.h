@@ -25,6 +25,7 @@
 // (injective: a later CTA never serves an earlier request, so slots are < b + C) and the combine merges
 // slots req + first .. req + last; the CTA that owns tile 0 records (first slot, splits) in the meta
 // array for the combine.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -63,6 +64,12 @@ struct Window {
   int64_t lo, hi, req, pos, per;
   bool whole = false;
 };
+
+// The whole-requests window of request `req` (cost range [pos, pos + cost)); req == b with pos = total, cost 0:
+// the empty window of a CTA past the batch.
+MLA_BALANCE_HD constexpr Window whole_window(int64_t req, int64_t pos, int64_t cost, int64_t max_cost) {
+  return Window{pos, pos + cost, req, pos, max_cost, true};
+}
 
 // One request's part in one CTA: tiles [t0, t1) (t0 == t1 == 0: an empty request, out 0 / lse -inf).
 struct Segment {
@@ -129,7 +136,7 @@ inline std::vector<Window> windows(const std::vector<int64_t>& tiles, int ctas) 
   int64_t total = 0, max_cost = 0;
   for (int64_t n : tiles) {
     total += cost_of(n);
-    max_cost = cost_of(n) > max_cost ? cost_of(n) : max_cost;
+    max_cost = std::max(max_cost, cost_of(n));
   }
   const int64_t per = per_cta(total, ctas);
   std::vector<Window> w(static_cast<std::size_t>(ctas > 0 ? ctas : 0));
@@ -138,13 +145,9 @@ inline std::vector<Window> windows(const std::vector<int64_t>& tiles, int ctas) 
   int64_t pos = 0;
   if (whole_requests(b, ctas, total, max_cost)) {
     for (int k = 0; k < ctas; ++k) {
-      if (k < b) {
-        const int64_t c = cost_of(tiles[static_cast<std::size_t>(k)]);
-        w[static_cast<std::size_t>(k)] = Window{pos, pos + c, k, pos, max_cost, true};
-        pos += c;
-      } else {
-        w[static_cast<std::size_t>(k)] = Window{total, total, b, total, max_cost, true};
-      }
+      const int64_t c = k < b ? cost_of(tiles[static_cast<std::size_t>(k)]) : 0;
+      w[static_cast<std::size_t>(k)] = k < b ? whole_window(k, pos, c, max_cost) : whole_window(b, total, 0, max_cost);
+      pos += c;
     }
     return w;
   }

@@ -20,13 +20,13 @@
 
 namespace mla::cuda::decode_sm90 {
 
-inline constexpr int kConsumerBarrier = 1;
+inline constexpr int kConsumerBarrier = 1;  // named barrier id of the two consumer warpgroups
 
-// A key source whose expansion is shared by the two CTAs of a cluster (source_cross.cuh CrossKeys): its
-// kernels run in clusters of two, initialise and leave through cluster_sync, and count the peer's
-// arrivals on their barriers.
+// A key source whose loads or expansion are shared by the two CTAs of a cluster (source_cross.cuh CrossKeys,
+// source.cuh PagedKeysT<true>): its kernels run in clusters of two, initialise and leave through cluster_sync,
+// and count the peer's arrivals on their barriers.
 template <class S>
-concept CrossoverSource = requires { requires S::kCrossover; };  // named barrier id of the two consumer warpgroups
+concept CrossoverSource = requires { requires S::kCrossover; };
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a 128-byte-swizzled panel.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
@@ -125,11 +125,11 @@ __device__ __forceinline__ void balanced_window(const DecodeSm90Params& p, balan
   const int64_t start = before + incl - mine;  // cost position of request i0
   if (balance::whole_requests(b, static_cast<int>(gridDim.x), total, max_cost)) {  // CTA k: request k whole
     const int64_t k = blockIdx.x;
-    if (t == 0 && k >= b) *win = balance::Window{total, total, b, total, max_cost, true};
+    if (t == 0 && k >= b) *win = balance::whole_window(b, total, 0, max_cost);
     if (k < b && i0 <= k && k < i1) {  // exactly one thread: its run holds request k
       int64_t pos = start;
       for (int64_t i = i0; i < k; ++i) pos += balance::cost_of(tiles(i));
-      *win = balance::Window{pos, pos + balance::cost_of(tiles(k)), k, pos, max_cost, true};
+      *win = balance::whole_window(k, pos, balance::cost_of(tiles(k)), max_cost);
     }
     __syncthreads();
     return;
