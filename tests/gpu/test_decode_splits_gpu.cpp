@@ -84,5 +84,46 @@ TEST(DecodeSplitsGpu, ExplicitSplitCountsMatchTheOracle) {
   EXPECT_THROW(mqa_decode(qd, dc.cache, bt, sl, out, {}, kScale, true, {}, Context{}, kDecodeMaxSplits + 1), Error);
 }
 
+// The seesaw tile's splits of a bf16 cache merge inside a thread-block cluster (decode_sm90 cluster_merge.cuh,
+// 2..8 splits): 16 rows at small batch (the seesaw tile), 64 rows and two row tiles, s_q 1 and 2, causal or
+// not, lengths 0, 1 and shorter than the splits (units without keys: LSE -inf partials), with and without the
+// LSE output; the outputs NaN-poisoned before each call.
+TEST(DecodeSplitsGpu, ClusterMergeMatchesTheOracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(22);
+  const std::vector<int32_t> lens = {1900, 0, 1, 65, 700, 256};
+  const int64_t b = static_cast<int64_t>(lens.size()), page = 64, max_blocks = 32;
+  const test::PagedBatch pb = test::paged_batch(CacheFormat::bf16, page, lens, max_blocks);
+  const Device gpu = Device::cuda(0);
+  const test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
+  const Tensor bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
+  struct Shape {
+    int64_t s_q, h;
+  };
+  for (const Shape sh : {Shape{1, 16}, Shape{2, 64}, Shape{1, 128}}) {
+    const Tensor q = test::random_tensor({b, sh.s_q, sh.h, 576}, DType::bf16);
+    const Tensor qd = q.to(gpu);
+    for (const bool causal : {true, false}) {
+      Tensor ref_out = test::poisoned({b, sh.s_q, sh.h, 512}, DType::f64);
+      Tensor ref_lse = test::poisoned({b, sh.s_q, sh.h}, DType::f32);
+      mqa_decode(q, pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, causal, {}, test::reference_ctx());
+      for (int splits : {2, 3, 5, 8}) {
+        SCOPED_TRACE(testing::Message() << "s_q " << sh.s_q << " h " << sh.h << " causal " << causal << " splits " << splits);
+        const std::size_t need = mqa_decode_workspace_bytes(b, sh.s_q, sh.h, max_blocks * page, gpu, splits);
+        Tensor ws = Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(need, 1))}, DType::u8, gpu);
+        Tensor out = test::poisoned({b, sh.s_q, sh.h, 512}, DType::bf16, gpu);
+        Tensor lse = test::poisoned({b, sh.s_q, sh.h}, DType::f32, gpu);
+        mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, causal, ws.view(), Context{}, splits);
+        cuda_rt::synchronize(0);
+        test::expect_attention_close(out, ref_out, lse, ref_lse, "cluster merge");
+        fill(out.view(), NAN);
+        mqa_decode(qd, dc.cache, bt, sl, out, {}, kScale, causal, ws.view(), Context{}, splits);  // no LSE out
+        cuda_rt::synchronize(0);
+        test::expect_attention_close(out, ref_out, lse, ref_lse, "cluster merge without the LSE");
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mla

@@ -77,6 +77,51 @@ TEST(PtxCluster, PairExchangeThroughPeerSharedMemory) {
   for (int i = 0; i < grid; ++i) EXPECT_EQ(r[i], static_cast<unsigned>(i & 1)) << "CTA " << i;
 }
 
+// ld_shared_cluster_f32 / ld_shared_cluster_v4f32 and cluster_nctarank (the decode cluster merge's reads): each
+// CTA of a cluster of `n` fills its shared buffer with ordinary stores, cluster_sync, then every thread reads
+// element i of every rank's buffer (scalar and 16-byte loads), checks it, and a second cluster_sync keeps every
+// buffer alive until all reads are done.
+constexpr int kDsmemFloats = 1024;
+
+__device__ float dsmem_value(unsigned cta, int i) { return static_cast<float>(cta * 4096u + static_cast<unsigned>(i)); }
+
+__global__ void dsmem_read_kernel(int* bad, unsigned* sizes) {
+  __shared__ alignas(16) float buf[kDsmemFloats];
+  using namespace cuda::ptx;
+  const uint32_t n = cluster_nctarank(), rank = cluster_ctarank();
+  const unsigned first = blockIdx.x - rank;  // the cluster's CTAs are consecutive in x
+  for (int i = threadIdx.x; i < kDsmemFloats; i += blockDim.x) buf[i] = dsmem_value(blockIdx.x, i);
+  if (threadIdx.x == 0) sizes[blockIdx.x] = n;
+  cluster_sync();
+  for (uint32_t r = 0; r < n; ++r) {
+    const uint32_t base = map_peer(smem_addr(buf), r);
+    for (int i = threadIdx.x; i < kDsmemFloats; i += blockDim.x)
+      if (ld_shared_cluster_f32(base + 4u * i) != dsmem_value(first + r, i)) atomicAdd(bad, 1);
+    for (int i = threadIdx.x; i < kDsmemFloats / 4; i += blockDim.x) {
+      const float4 v = ld_shared_cluster_v4f32(base + 16u * i);
+      if (v.x != dsmem_value(first + r, 4 * i) || v.y != dsmem_value(first + r, 4 * i + 1) ||
+          v.z != dsmem_value(first + r, 4 * i + 2) || v.w != dsmem_value(first + r, 4 * i + 3))
+        atomicAdd(bad, 1);
+    }
+  }
+  cluster_sync();
+}
+
+TEST(PtxCluster, ReadsEveryRanksSharedMemory) {
+  MLA_SKIP_UNLESS_SM90();
+  for (unsigned n : {2u, 3u, 8u}) {
+    const unsigned grid = 4 * n;
+    test::DevBuf<int> bad(1);
+    test::DevBuf<unsigned> sizes(grid);
+    bad.fill_bytes(0);
+    sizes.fill_bytes(0);
+    cuda::launch_cluster(dsmem_read_kernel, grid, n, 128, 0, nullptr, "dsmem_read_kernel", bad.p, sizes.p);
+    MLA_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(bad.download()[0], 0) << "cluster of " << n;
+    for (unsigned s : sizes.download()) EXPECT_EQ(s, n);
+  }
+}
+
 TEST(PtxCluster, GridMustBeWholeClusters) {
   MLA_SKIP_UNLESS_SM90();
   test::DevBuf<int> bad(1);

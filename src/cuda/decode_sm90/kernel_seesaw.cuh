@@ -115,6 +115,11 @@ struct SeesawTraits {
   static constexpr int kBarRemote = 6;  // overlapped schedule (no kBarP*Free there): C1's remote P V issued
 };
 
+// Whether the kernels built for key source Src take p.cluster_merge (cluster_merge.cuh): the TMA source, whose
+// launcher (launch.cu) sets it; the others are not built with the merge (the crossover's registers would spill).
+template <class Src>
+inline constexpr bool kClusterMerged = Src::kTma && !CrossoverSource<Src>;
+
 // First panel of V half `h` (columns 256h..256h+255) and the panel order of the owner's S for stage s.
 __device__ __forceinline__ int half_panel(int h) { return 4 * h; }
 
@@ -486,6 +491,7 @@ struct SeesawBase {
   }
   // Epilogue: l = l0 + l1 per row, normalise, write this consumer's 256 columns.
   __device__ __forceinline__ void finish() {
+    MLA_DECODE_TRACE_EVENT(5, 128);
     float* sL = reinterpret_cast<float*>(smem + L::kOffL);
     const float q_lo = softmax::quad_sum(l_lo), q_hi = softmax::quad_sum(l_hi);
     if (t4 == 0) {
@@ -493,8 +499,11 @@ struct SeesawBase {
       sL[C * T::kBlockM + r_hi] = q_hi;
     }
     ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+    // Cluster merge: the partial into the KV stages, which no one reads any more (both consumers' products
+    // retired before the barrier above, every tile's bytes landed before its products).
     write_rows_half(p, u, o, m_lo, m_hi, sL[r_lo] + sL[T::kBlockM + r_lo], sL[r_hi] + sL[T::kBlockM + r_hi], C, r_lo,
-                    r_hi, t4, code_scale<Src>(p));
+                    r_hi, t4, code_scale<Src>(p), kClusterMerged<Src> && p.cluster_merge ? smem + L::kOffK : nullptr);
+    MLA_DECODE_TRACE_EVENT(6, 128);
   }
 };
 
@@ -757,6 +766,36 @@ __device__ __forceinline__ void load_seesaw_q(const DecodeSm90Params& p, const U
                   T::kConsumerThreads);
 }
 
+// p.cluster_merge (cluster_merge.cuh): the merge of the cluster's split partials after the unit, with both
+// cluster barriers passed by every thread of the CTA. empty_unit(): before the roles, a unit without keys
+// contributes LSE -inf and merges its columns (true: the kernel returns); consumers(): the consumer warpgroups
+// after their epilogue; producers(): warpgroup 0 after its loop, only the barriers (it runs at 40 registers).
+template <class Src>
+struct SeesawMerge {
+  __device__ __forceinline__ static bool empty_unit(const DecodeSm90Params& p, const Unit& u, uint8_t* smem) {
+    if constexpr (!kClusterMerged<Src>) return false;
+    if (!p.cluster_merge || u.n_tiles > 0) return false;
+    using L = SeesawTraits;
+    if (threadIdx.x < Traits::kBlockM)
+      reinterpret_cast<float*>(smem + L::kOffK + ClusterMerge::kPartialLse)[threadIdx.x] = -INFINITY;
+    consumers(p, u, smem);
+    return true;
+  }
+  __device__ __forceinline__ static void consumers(const DecodeSm90Params& p, const Unit& u, uint8_t* smem) {
+    using L = SeesawTraits;
+    if constexpr (kClusterMerged<Src>)
+      if (p.cluster_merge)
+        cluster_merge_protocol(p, u, smem + L::kOffK, static_cast<int>(threadIdx.x) - 128, Traits::kConsumerThreads);
+  }
+  __device__ __forceinline__ static void producers(const DecodeSm90Params& p) {
+    if constexpr (kClusterMerged<Src>)
+      if (p.cluster_merge) {
+        ptx::cluster_sync();
+        ptx::cluster_sync();
+      }
+  }
+};
+
 // Src: the key source (source.cuh): PagedKeys (mqa_decode bf16) or GatherKeys<F, Rows> (sparse_mqa; mqa_decode fp8 / fp8_ds_mla)
 // or InplaceKeys<F, Rows> (source_inplace.cuh, MLA_DECODE_SM90_EXPAND=inplace).
 // kOverlap: the overlapped schedule (SeesawConsumer), else the serial one (SeesawSerialConsumer). The
@@ -768,13 +807,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using L = SeesawTraits;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
+  MLA_DECODE_TRACE_EVENT(0, 0);
   const Unit u(p, Src::kIndexed);
+  if (SeesawMerge<Src>::empty_unit(p, u, smem)) return;
   if (!start_roles<L, Src>(p, &kv_map, u, true, smem,
-                           [&](int warp, int lane) { produce_seesaw<Src>(p, &kv_map, u, smem, warp, lane); }))
+                           [&](int warp, int lane) { produce_seesaw<Src>(p, &kv_map, u, smem, warp, lane); })) {
+    SeesawMerge<Src>::producers(p);
     return;
+  }
   load_seesaw_q(p, u, smem);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+  MLA_DECODE_TRACE_EVENT(3, 128);
   if constexpr (kOverlap) {
     if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src>(p, u, smem).run();
     else SeesawConsumer<1, Src>(p, u, smem).run();
@@ -782,6 +826,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (ptx::warpgroup_index() == 1) SeesawSerialConsumer<0, Src>(p, u, smem).run();
     else SeesawSerialConsumer<1, Src>(p, u, smem).run();
   }
+  SeesawMerge<Src>::consumers(p, u, smem);
+  MLA_DECODE_TRACE_EVENT(7, 128);
 }
 
 // The "next" schedule (the TMA source's default; MLA_DECODE_SM90_SEESAW=overlapped / serial for the others; docs/DECODE.md "Seesaw: next
@@ -801,17 +847,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 "arrive.expect_tx; InplaceKeys: one arrival per lane and group)");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
+  MLA_DECODE_TRACE_EVENT(0, 0);
   const Unit u(p, Src::kIndexed);
+  if (SeesawMerge<Src>::empty_unit(p, u, smem)) return;
   if (!start_roles<L, Src>(p, &kv_map, u, true, smem, [&](int warp, int lane) {
         produce_seesaw<Src, true>(p, &kv_map, u, smem, warp, lane);
-      }))
+      })) {
+    SeesawMerge<Src>::producers(p);
     return;
+  }
   load_seesaw_q(p, u, smem);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+  MLA_DECODE_TRACE_EVENT(3, 128);
   if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src, true>(p, u, smem).run();
   else SeesawConsumer<1, Src, true>(p, u, smem).run();
   if constexpr (CrossoverSource<Src>) ptx::cluster_sync();  // the peer's last releases have arrived here
+  SeesawMerge<Src>::consumers(p, u, smem);
+  MLA_DECODE_TRACE_EVENT(7, 128);
 }
 
 }  // namespace mla::cuda::decode_sm90

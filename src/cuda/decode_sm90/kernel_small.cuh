@@ -106,6 +106,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint64_t* empty = full + L::kStages;
   auto* win = reinterpret_cast<balance::Window*>(smem + L::kOffSched);  // paged source only
   static_assert(L::template smem_bytes<Src>() <= 227 * 1024, "shared memory per block on sm_90");
+  MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
   if constexpr (Src::kTma)
     if (p.warm) warm_start(p);  // L2 prefetches over the grid, then griddepcontrol.wait (pipeline.cuh)
@@ -158,6 +159,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     ptx::fence_proxy_async_smem();
     ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+    MLA_DECODE_TRACE_EVENT(3, 128, true);
 
     // Each query row's largest visible key, in shared memory (published by the barrier above; registers
     // are the scarce resource at N 32). This thread's rows: n(rr) = 8 (rr / 2) + 2 t4 + rr % 2.
@@ -258,6 +260,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::mbar_arrive(&empty[c]);
     }
 
+    MLA_DECODE_TRACE_EVENT(5, 128);
     // ---- epilogue: each warpgroup's (m, l) per row, then warpgroup 0 merges both and writes ----
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
@@ -334,6 +337,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
     }
+    MLA_DECODE_TRACE_EVENT(6, 128);
   };
 
   if constexpr (!Src::kTma) {  // sparse_mqa: the uniform schedule's one unit (a loop here made ptxas spill)
@@ -344,6 +348,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     balance::Segment seg;
     for (int base = 0; units.next(p, win, u, seg); base += u.n_tiles) run_unit(u, seg, base);
   }
+  MLA_DECODE_TRACE_EVENT(7, 128);
 }
 
 }  // namespace mla::cuda::decode_sm90

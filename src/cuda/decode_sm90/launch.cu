@@ -195,13 +195,22 @@ void run(const dispatch::DecodeArgs& a) {
                        : balance::ctas_for(b, m_rows, sm_count(q.device.index));
   auto* base = static_cast<uint8_t*>(a.workspace.data);
   int splits = std::max(1, std::min(a.num_splits, decode::kMaxSplits));
+  // The cluster merge (cluster_merge.cuh, docs/DECODE.md "Cluster merge"): the seesaw tile's 2..8 splits of a bf16
+  // cache merge inside their cluster (no workspace, no combine launch) where all the grid's clusters are resident
+  // at once, unless the multicast clusters the row tiles instead.
+  const bool multicast = p.tile_rows > 32 && p.m_tiles % 2 == 0 && multicast_mode() == Multicast::on &&
+                         seesaw_schedule() == SeesawSchedule::next;
+  if (!quantized && p.tile_rows > 32 && !multicast && seesaw_schedule() == SeesawSchedule::next &&
+      merge_mode() == Merge::cluster && splits >= 2 && splits <= ClusterMerge::kMaxSplits &&
+      b * p.m_tiles <= seesaw_max_clusters<PagedKeys>(q.device.index, splits))
+    p.cluster_merge = 1;
   if (ctas > 0 && balance::workspace_bytes(b, m_rows, ctas) <= have) {
     splits = 1;
     p.balanced = 1;
     p.ws_meta = reinterpret_cast<int32_t*>(base);
     p.ws_lse = reinterpret_cast<float*>(base + balance::meta_bytes(b));
     p.ws_o = reinterpret_cast<float*>(base + balance::meta_bytes(b) + balance::lse_bytes(b, m_rows, ctas));
-  } else {
+  } else if (!p.cluster_merge) {
     while (splits > 1 && decode::ws_bytes(b, s_q, h_q, splits) > have) --splits;
     if (splits > 1) {
       p.ws_lse = reinterpret_cast<float*>(base);
@@ -226,13 +235,14 @@ void run(const dispatch::DecodeArgs& a) {
     else launch_copied<CacheFormat::fp8, PagedRows>(p, grid, stream, what);
   } else {
     const CUtensorMap map = paged_tensor_map(cache, p.box_rows, what);
-    if (p.tile_rows > 32 && p.m_tiles % 2 == 0 && multicast_mode() == Multicast::on &&
-        seesaw_schedule() == SeesawSchedule::next)
+    if (multicast)
       launch_seesaw<PagedKeysT<true>>(p, grid, stream, map, what);  // clusters of the two row tiles (source.cuh)
+    else if (p.cluster_merge)
+      launch_seesaw_merged<PagedKeys>(p, grid, stream, map, what);  // clusters of the splits
     else
       launch_kernel<PagedKeys>(p, grid, stream, map, what);
   }
-  if (splits > 1 || p.balanced) {
+  if ((splits > 1 && !p.cluster_merge) || p.balanced) {
     DecodeParams cp{};
     cp.rows = p.rows;
     cp.num_splits = splits;
@@ -242,5 +252,18 @@ void run(const dispatch::DecodeArgs& a) {
     decode::launch_combine(cp, b, stream, /*dependent=*/true);
   }
 }
+
+#if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
+bool trace_dump(uint64_t* out) {
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "stamps are 64-bit");
+  check_cuda(cudaDeviceSynchronize(), "decode trace");
+  check_cuda(cudaMemcpyFromSymbol(out, g_trace, sizeof(g_trace)), "decode trace");
+  static const std::array<unsigned long long, kTraceCtas * kTraceEvents> zeros{};
+  check_cuda(cudaMemcpyToSymbol(g_trace, zeros.data(), sizeof(g_trace)), "decode trace");
+  return true;
+}
+#else
+bool trace_dump(uint64_t*) { return false; }
+#endif
 
 }  // namespace mla::cuda::decode_sm90

@@ -4,6 +4,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -115,6 +117,57 @@ void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
     }
     launch_one(decode_sm90_seesaw_kernel<Src, false>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
   }
+}
+
+// The split-KV merge of the seesaw kernels' uniform schedule (cluster_merge.cuh): cluster (default: the splits of
+// a row tile as one cluster merging through distributed shared memory, where launch.cu admits it) or combine
+// (MLA_DECODE_SM90_MERGE=combine: partials in the workspace and the combine kernel, for A/B). Read once.
+enum class Merge { cluster, combine };
+inline Merge merge_mode() {
+  static const Merge m = env_choice("MLA_DECODE_SM90_MERGE", Merge::cluster, {{"combine", Merge::combine}});
+  return m;
+}
+
+// How many clusters of `splits` CTAs of the seesaw kernel (one per SM: its shared memory; a cluster within one
+// GPC) can be resident at once on the current device: cudaOccupancyMaxActiveClusters, once per (device, size);
+// 0 where none fit. The cluster merge runs only where all of a grid's clusters are resident together (a second
+// wave of clusters doubled the time: b 16 s_k 1024 h 16, 8 splits, nvidia-h200 2026-11-24, docs/DECODE.md).
+template <class Src>
+int seesaw_max_clusters(int device, int splits) {
+  static std::array<std::array<std::atomic<int>, ClusterMerge::kMaxSplits + 1>, 64> cached{};  // count + 1; 0 unknown
+  if (device < 0 || device >= 64 || splits < 2 || splits > ClusterMerge::kMaxSplits) return 0;
+  std::atomic<int>& slot = cached[static_cast<std::size_t>(device)][static_cast<std::size_t>(splits)];
+  int v = slot.load(std::memory_order_relaxed);
+  if (v == 0) {
+    auto kernel = decode_sm90_seesaw_next_kernel<Src>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SeesawTraits::kSmemBytes),
+               "mqa_decode (sm90): cluster merge");
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(splits);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = launch_config(static_cast<unsigned>(splits), Traits::kThreads, SeesawTraits::kSmemBytes,
+                                           nullptr, &attr);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // a refusal means "none fit", not a failure of the call
+      clusters = 0;
+    }
+    v = clusters + 1;
+    slot.store(v, std::memory_order_relaxed);
+  }
+  return v - 1;
+}
+
+// The next-schedule seesaw kernel with p.cluster_merge: clusters of p.num_splits CTAs.
+template <class Src>
+void launch_seesaw_merged(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
+                          const char* what) {
+  auto kernel = decode_sm90_seesaw_next_kernel<Src>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SeesawTraits::kSmemBytes), what);
+  launch_cluster(kernel, grid, static_cast<unsigned>(p.num_splits), Traits::kThreads, SeesawTraits::kSmemBytes, stream,
+                 what, map, p);
 }
 
 // The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests).

@@ -17,6 +17,7 @@
 #include "cuda/decode_sm90/params.h"
 #include "cuda/decode_sm90/traits.cuh"
 #include "core/decode_balance.h"
+#include "cuda/decode_sm90/trace.cuh"
 
 namespace mla::cuda::decode_sm90 {
 
@@ -40,21 +41,29 @@ struct Unit {
   int seq_len, key_begin, key_end, n_tiles;
 
   Unit() = default;
-  // The uniform split-KV schedule: unit blockIdx.x = (row tile, split, request).
+  // The uniform split-KV schedule: unit blockIdx.x = (row tile, split, request), with p.cluster_merge
+  // (split, row tile, request): a cluster's CTAs are consecutive in x, so its ranks are the splits.
   // gather: sparse_mqa (the key source's kIndexed): the request is a token, its length its seq_len.
   __device__ __forceinline__ Unit(const DecodeSm90Params& p, bool gather) {
     const int64_t bid = blockIdx.x;
-    row0 = static_cast<int>(bid % p.m_tiles) * p.tile_rows;
-    const int64_t rest = bid / p.m_tiles;
-    split = static_cast<int>(rest % p.num_splits);
-    g = rest / p.num_splits;
+    if (p.cluster_merge) {
+      split = static_cast<int>(bid % p.num_splits);
+      const int64_t rest = bid / p.num_splits;
+      row0 = static_cast<int>(rest % p.m_tiles) * p.tile_rows;
+      g = rest / p.m_tiles;
+    } else {
+      row0 = static_cast<int>(bid % p.m_tiles) * p.tile_rows;
+      const int64_t rest = bid / p.m_tiles;
+      split = static_cast<int>(rest % p.num_splits);
+      g = rest / p.num_splits;
+    }
     m_rows = p.rows.s_q * p.rows.h_q;
     seq_len = clamped_len(p, g, gather);
     const int tiles = (seq_len + Traits::kBlockN - 1) / Traits::kBlockN;
     const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
     const int t0 = min(split * per_split, tiles), t1 = min(t0 + per_split, tiles);
     set_range(t0, t1);
-    ws_slot = p.num_splits > 1 ? g * p.num_splits + split : -1;
+    ws_slot = p.num_splits > 1 && !p.cluster_merge ? g * p.num_splits + split : -1;
   }
   // A segment of the balanced schedule (one row tile: m_tiles == 1).
   __device__ __forceinline__ Unit(const DecodeSm90Params& p, const balance::Segment& s) {
@@ -285,7 +294,9 @@ __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUt
     ptx::setmaxnreg_dec<Src::producer_regs(L::kSeesaw)>();
     if constexpr (Src::kTma)
       if (threadIdx.x == 0) ptx::tma_prefetch_descriptor(map);
+    MLA_DECODE_TRACE_EVENT(1, 0);
     produce_fn(ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
+    MLA_DECODE_TRACE_EVENT(2, 0);
     if constexpr (!Src::kTma) {  // no thread leaves with its cp.async copies in flight
       ptx::cp_async_commit();
       ptx::cp_async_wait<0>();

@@ -61,6 +61,7 @@
 #include "cuda/common/ptx/tma.cuh"
 #include "core/fast_div.h"
 #include "cuda/decode_sm90/pipeline.cuh"
+#include "cuda/decode_sm90/trace.cuh"
 #include "mla/cache_format.h"
 
 namespace mla::cuda::decode_sm90 {
@@ -501,6 +502,7 @@ template <class Src>
 __device__ __forceinline__ void wait_full(uint64_t* bar, uint32_t parity) {
   if constexpr (CrossoverSource<Src>) ptx::mbar_wait_cluster(bar, parity);
   else ptx::mbar_wait(bar, parity);
+  MLA_DECODE_TRACE_EVENT(4, 128, true);
   if constexpr (Src::kGenericWrites) ptx::fence_proxy_async_smem();
 }
 // A producer's wait for an empty barrier (crossover sources: the peer's consumers release too, at cluster

@@ -8,6 +8,7 @@
 #include "cuda/common/mqa_params.h"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/decode_sm90/cluster_merge.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
 
 namespace mla::cuda::decode_sm90 {
@@ -100,12 +101,32 @@ __device__ __forceinline__ void store_p(uint8_t* sP, const float (&s)[32], float
 // columns 256c .. 256c + 255 of O (a 64 x 256 wgmma D fragment) divided by l, as bf16 out + natural-log
 // LSE (consumer 0 writes the LSE), or fp32 partials and partial LSE for the combine kernel. A row with
 // no visible key gets 0 and -inf. out_scale: the source's code_scale (exact-code sources), else 1.
+// partial (p.cluster_merge): the O / l and LSE go into this CTA's shared partial instead (cluster_merge.cuh
+// ClusterMerge layout from `partial` = the KV stages), for the cluster's merge.
 __device__ __forceinline__ void write_rows_half(const DecodeSm90Params& p, const Unit& u, const float (&o)[128],
                                                 float m_lo, float m_hi, float l_lo, float l_hi, int c, int r_lo,
-                                                int r_hi, int t4, float out_scale) {
+                                                int r_hi, int t4, float out_scale, uint8_t* partial = nullptr) {
   using T = Traits;
   const MqaRowParams& rp = p.rows;
   const bool split = u.ws_slot >= 0;
+  if (partial != nullptr) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = half ? r_hi : r_lo;
+      if (u.row0 + r >= u.m_rows) continue;
+      const float l = half ? l_hi : l_lo, m = half ? m_hi : m_lo;
+      const float inv = l == 0.0f ? 0.0f : out_scale / l;
+      if (c == 0 && t4 == 0)
+        reinterpret_cast<float*>(partial + ClusterMerge::kPartialLse)[r] =
+            l == 0.0f ? -INFINITY : (m + __log2f(l)) * softmax::kLn2;
+      float* dst = reinterpret_cast<float*>(partial + ClusterMerge::kPartialO) + r * ClusterMerge::kRowFloats + c * T::kDvHalf;
+#pragma unroll
+      for (int j = 0; j < T::kDvHalf / 8; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j + 2 * t4) =
+            make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+    }
+    return;
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r_hi : r_lo, row = u.row0 + r;

@@ -59,6 +59,31 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t addr) {
 // their cluster-scope arrivals on this CTA's barrier (and what its bulk copies delivered) is visible after it.
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) { mbar_wait<true>(bar, parity); }
 
+// Loads from a peer's shared memory (distributed shared memory) at shared::cluster address `addr` (map_peer):
+// one fp32, or four (16-byte aligned). Ordered after the peer's stores by a cluster-scope hand-over (cluster_sync,
+// or mbar_wait_cluster on a barrier the peer arrived on with release). The decode_sm90 cluster merge reads the
+// split partials of its cluster with them (decode_sm90/cluster_merge.cuh).
+__device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ld_shared_cluster_v4f32(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+// The number of CTAs in this CTA's cluster.
+__device__ __forceinline__ uint32_t cluster_nctarank() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+
 // Barrier over every thread of the cluster (arrive with release, wait with acquire): after it, the
 // peers' mbarrier initialisations (fence_mbarrier_init) and writes before it are visible, and no peer
 // is still before it. Every thread of every CTA of the cluster calls it the same number of times.

@@ -1,0 +1,35 @@
+#pragma once
+// Timeline trace of the sm90 decode kernels, for diagnosing fixed costs (docs/DECODE.md "Where the fixed cost
+// goes"). Compiled only into a build configured with -DMLA_DECODE_TRACE=ON (CMake option; it defines
+// MLA_DECODE_TRACE=1 for the CUDA sources): each CTA x < kTraceCtas stamps the global timer (ns) at kTraceEvents
+// points; trace_dump() (launch.cu) copies the stamps of the last launch out and zeroes them. Without the
+// option every hook is an empty statement and no symbol exists.
+//   0 kernel entry (thread 0)            1 producer start (thread 0)        2 producer loop done (thread 0)
+//   3 consumers' Q loaded (thread 128)   4 first full-barrier wait returned (thread 128, first tile)
+//   5 last products done (thread 128)    6 epilogue written (thread 128)    7 kernel exit (thread 128)
+#include <cstdint>
+
+namespace mla::cuda::decode_sm90 {
+
+inline constexpr int kTraceCtas = 1024, kTraceEvents = 8;
+
+#if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
+__device__ unsigned long long g_trace[kTraceCtas][kTraceEvents];
+
+__device__ __forceinline__ void trace_event(int ev, unsigned thread, bool once = false) {
+  if (threadIdx.x != thread || blockIdx.x >= kTraceCtas) return;
+  if (once && g_trace[blockIdx.x][ev] != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  g_trace[blockIdx.x][ev] = t;
+}
+#define MLA_DECODE_TRACE_EVENT(...) ::mla::cuda::decode_sm90::trace_event(__VA_ARGS__)
+#else
+#define MLA_DECODE_TRACE_EVENT(...) ((void)0)
+#endif
+
+// The stamps of the CTAs of the last traced launch, [kTraceCtas][kTraceEvents] ns (0: not reached), zeroed
+// after the copy; false (and nothing written) in a build without the trace.
+bool trace_dump(uint64_t* out);
+
+}  // namespace mla::cuda::decode_sm90
