@@ -38,8 +38,12 @@
 namespace mla::balance {
 
 inline constexpr int64_t kTileKeys = 64;       // keys per tile (the sm90 kernels' KV tile)
-inline constexpr int64_t kOverheadTiles = 3;   // fixed cost of one segment, in tiles (~1 tile of load time each:
-                                               // the query load after the previous segment, epilogue, partial)
+// Fixed cost of one segment, in tiles: the consumers' epilogue, partial write and query reload after the previous
+// segment, while the producer, two stages ahead, waits. Measured (nvidia-h200, 2026-11-24, trace build, b 128 h 16
+// varlen s_k <= 8192): CTAs with 1 / 2 / 3 / 4 segments ended at 155 / 163 / 167 / 173 µs on average with 3 tiles
+// charged, i.e. each segment costs ~6 tiles (2.2 µs each); charging 6 ran that row 0.1940-0.1963 against
+// 0.1979-0.2038 ms (docs/DECODE.md "Where the fixed cost goes").
+inline constexpr int64_t kOverheadTiles = 6;
 inline constexpr int kMaxCtas = 256;           // CTAs of one balanced launch (the combine's per-row weights)
 inline constexpr int64_t kMaxRows = 32;        // query rows per request (s_q * h_q) the balanced kernel takes
 

@@ -23,6 +23,7 @@
 #include "cuda/common/ptx/cluster.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
+#include "cuda/decode_sm90/trace.cuh"
 
 namespace mla::cuda::decode_sm90 {
 
@@ -50,20 +51,25 @@ __device__ __forceinline__ void merge_cluster_rows(const DecodeSm90Params& p, co
   const MqaRowParams& rp = p.rows;
   const int splits = p.num_splits, rows = min(T::kBlockM, u.m_rows - u.row0);
   const uint32_t rank = ptx::cluster_ctarank();
-  const uint32_t lse_addr = ptx::smem_addr(stage + M::kPartialLse), o_addr = ptx::smem_addr(stage + M::kPartialO);
+  // Each rank's partial in the cluster window, mapped once (ranks past `splits` map rank 0: loaded, not used).
+  uint32_t base[M::kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < M::kMaxSplits; ++s) base[s] = ptx::map_peer(ptx::smem_addr(stage), s < splits ? s : 0);
   const int c0 = static_cast<int>(rank) * M::chunk(splits), c1 = min(T::kDv, c0 + M::chunk(splits));
   const int groups = c1 > c0 ? (c1 - c0) / 4 : 0;
   for (int e = ct; e < rows * groups; e += nthreads) {
     const int r = e / groups, col = c0 + 4 * (e % groups);
+    const uint32_t lse_off = M::kPartialLse + 4u * r, o_off = M::kPartialO + 4u * (r * M::kRowFloats + col);
     float l[M::kMaxSplits];
     float4 v[M::kMaxSplits];
 #pragma unroll
-    for (int s = 0; s < M::kMaxSplits; ++s) {  // every load in flight; an empty split's O (never written) unused
-      const uint32_t peer = static_cast<uint32_t>(s);
-      l[s] = s < splits ? ptx::ld_shared_cluster_f32(ptx::map_peer(lse_addr + 4u * r, peer)) : -INFINITY;
-      v[s] = s < splits ? ptx::ld_shared_cluster_v4f32(ptx::map_peer(o_addr + 4u * (r * M::kRowFloats + col), peer))
-                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < M::kMaxSplits; ++s) {  // every load in flight, unconditionally (no branch between them)
+      l[s] = ptx::ld_shared_cluster_f32(base[s] + lse_off);
+      v[s] = ptx::ld_shared_cluster_v4f32(base[s] + o_off);
     }
+#pragma unroll
+    for (int s = 0; s < M::kMaxSplits; ++s)
+      if (s >= splits) l[s] = -INFINITY;  // an empty split's O (never written) is loaded but not used
     float mx = -INFINITY;
 #pragma unroll
     for (int s = 0; s < M::kMaxSplits; ++s) mx = fmaxf(mx, l[s]);
@@ -103,8 +109,11 @@ __device__ __forceinline__ void merge_cluster_rows(const DecodeSm90Params& p, co
 __device__ __forceinline__ void cluster_merge_protocol(const DecodeSm90Params& p, const Unit& u, const uint8_t* stage,
                                                        int ct, int nthreads) {
   ptx::cluster_sync();  // every rank's partial is written and visible
+  MLA_DECODE_TRACE_EVENT(8, 128);
   if (ct >= 0 && ct < nthreads) merge_cluster_rows(p, u, stage, ct, nthreads);
+  MLA_DECODE_TRACE_EVENT(9, 128);
   ptx::cluster_sync();  // every rank has read every partial: the CTAs may exit
+  MLA_DECODE_TRACE_EVENT(10, 128);
 }
 
 }  // namespace mla::cuda::decode_sm90

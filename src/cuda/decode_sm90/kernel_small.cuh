@@ -346,7 +346,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Units<false> units(p, win);
     Unit u;
     balance::Segment seg;
-    for (int base = 0; units.next(p, win, u, seg); base += u.n_tiles) run_unit(u, seg, base);
+    [[maybe_unused]] int n_units = 0;
+    for (int base = 0; units.next(p, win, u, seg); base += u.n_tiles, ++n_units) run_unit(u, seg, base);
+    MLA_DECODE_TRACE_VALUE(11, 128, static_cast<unsigned long long>(n_units));
   }
   MLA_DECODE_TRACE_EVENT(7, 128);
 }

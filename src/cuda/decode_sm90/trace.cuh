@@ -7,11 +7,13 @@
 //   0 kernel entry (thread 0)            1 producer start (thread 0)        2 producer loop done (thread 0)
 //   3 consumers' Q loaded (thread 128)   4 first full-barrier wait returned (thread 128, first tile)
 //   5 last products done (thread 128)    6 epilogue written (thread 128)    7 kernel exit (thread 128)
+//   8 / 9 / 10 cluster merge: first cluster barrier passed, merge loop done, second barrier passed (thread 128)
+//   11 not a time: the units (segments) the CTA ran (small kernel)
 #include <cstdint>
 
 namespace mla::cuda::decode_sm90 {
 
-inline constexpr int kTraceCtas = 1024, kTraceEvents = 8;
+inline constexpr int kTraceCtas = 1024, kTraceEvents = 12;
 
 #if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
 __device__ unsigned long long g_trace[kTraceCtas][kTraceEvents];
@@ -23,9 +25,14 @@ __device__ __forceinline__ void trace_event(int ev, unsigned thread, bool once =
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   g_trace[blockIdx.x][ev] = t;
 }
+__device__ __forceinline__ void trace_value(int ev, unsigned thread, unsigned long long v) {
+  if (threadIdx.x == thread && blockIdx.x < kTraceCtas) g_trace[blockIdx.x][ev] = v;
+}
 #define MLA_DECODE_TRACE_EVENT(...) ::mla::cuda::decode_sm90::trace_event(__VA_ARGS__)
+#define MLA_DECODE_TRACE_VALUE(...) ::mla::cuda::decode_sm90::trace_value(__VA_ARGS__)
 #else
 #define MLA_DECODE_TRACE_EVENT(...) ((void)0)
+#define MLA_DECODE_TRACE_VALUE(...) ((void)0)
 #endif
 
 // The stamps of the CTAs of the last traced launch, [kTraceCtas][kTraceEvents] ns (0: not reached), zeroed

@@ -61,19 +61,19 @@ __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity
 
 // Loads from a peer's shared memory (distributed shared memory) at shared::cluster address `addr` (map_peer):
 // one fp32, or four (16-byte aligned). Ordered after the peer's stores by a cluster-scope hand-over (cluster_sync,
-// or mbar_wait_cluster on a barrier the peer arrived on with release). The decode_sm90 cluster merge reads the
-// split partials of its cluster with them (decode_sm90/cluster_merge.cuh).
+// or mbar_wait_cluster on a barrier the peer arrived on with release): volatile, so that the compiler keeps them
+// after that hand-over's asm, without a memory clobber, so that several stay in flight (the decode_sm90 cluster
+// merge issues 16 per thread before using any: decode_sm90/cluster_merge.cuh).
 __device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
   float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
   return v;
 }
 __device__ __forceinline__ float4 ld_shared_cluster_v4f32(uint32_t addr) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
+               : "r"(addr));
   return v;
 }
 
