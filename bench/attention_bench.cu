@@ -30,6 +30,7 @@
 #include "mla/error.h"
 #include "mla/ops.h"
 #include "mla/variants.h"
+#include "cuda/decode_sm90/trace.cuh"
 #include "registry.h"
 
 namespace mla::bench {
@@ -48,6 +49,61 @@ Tensor device_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> 
   Tensor h = Tensor::empty(shape, DType::i32);
   std::copy(v.begin(), v.end(), static_cast<int32_t*>(h.data()));
   return h.to(dev);
+}
+
+// --trace: the per-CTA stamps of the sm90 decode kernels (decode_sm90/trace.cuh) of one call, printed as the
+// distribution over CTAs of each event's time after the first CTA's entry, and the CTAs' exit by unit count.
+void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
+  using cuda::decode_sm90::kTraceCtas;
+  using cuda::decode_sm90::kTraceEvents;
+  constexpr int kUnits = 11;  // a value stamp, not a time
+  uint64_t t0 = ~uint64_t{0};
+  for (int c = 0; c < kTraceCtas; ++c)
+    if (st[c * kTraceEvents] != 0) t0 = std::min(t0, st[c * kTraceEvents]);
+  if (t0 == ~uint64_t{0}) return;
+  static const char* names[kTraceEvents] = {"entry",      "prod start", "prod done",  "Q loaded",
+                                            "first full", "last prod",  "epilogue",   "exit",
+                                            "merge bar1", "merge loop", "merge bar2", "units"};
+  std::printf("    trace (%s), us after the first CTA's entry over the CTAs that stamped it:\n", what);
+  for (int e = 0; e < kTraceEvents; ++e) {
+    if (e == kUnits) continue;
+    std::vector<double> v;
+    for (int c = 0; c < kTraceCtas; ++c)
+      if (st[c * kTraceEvents + e] != 0) v.push_back(static_cast<double>(st[c * kTraceEvents + e] - t0) / 1e3);
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::printf("      %-11s n %4zu  min %8.2f  p10 %8.2f  med %8.2f  p90 %8.2f  max %8.2f\n", names[e], v.size(), v.front(),
+                v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+  }
+  for (int k = 1; k < 8; ++k) {
+    double sum = 0, mx = 0;
+    int n = 0;
+    for (int c = 0; c < kTraceCtas; ++c) {
+      const uint64_t units = st[c * kTraceEvents + kUnits], x = st[c * kTraceEvents + 7];
+      if (x == 0 || static_cast<int>(std::min<uint64_t>(units, 7)) != k) continue;
+      const double t = static_cast<double>(x - t0) / 1e3;
+      sum += t;
+      mx = std::max(mx, t);
+      ++n;
+    }
+    if (n) std::printf("      units %d: %4d CTAs, exit mean %8.2f max %8.2f\n", k, n, sum / n, mx);
+  }
+}
+
+void trace_decode_calls(BenchContext& ctx, const std::function<void()>& call) {
+  std::vector<uint64_t> st(static_cast<std::size_t>(cuda::decode_sm90::kTraceCtas) * cuda::decode_sm90::kTraceEvents);
+  call();
+  if (!cuda::decode_sm90::trace_dump(st.data())) {
+    std::printf("    (--trace: this build has no decode trace; configure with -DMLA_DECODE_TRACE=ON)\n");
+    return;
+  }
+  call();  // warm: right after the previous call
+  cuda::decode_sm90::trace_dump(st.data());
+  print_decode_trace("warm", st);
+  ctx.flush_l2();
+  call();
+  cuda::decode_sm90::trace_dump(st.data());
+  print_decode_trace("cold, after the L2 flush", st);
 }
 
 // The named grids (--grid): each belongs to one op; the other ops run their default rows under it.
@@ -113,6 +169,8 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   }
   ctx.report("mqa_decode", cfg, ms, bytes, flops,
              "FLOPs = 2*h*s_q*sum(seq_lens)*(576+512); bytes = sum(seq_lens)*row_bytes + q + out");
+  if (ctx.options().decode.trace)
+    trace_decode_calls(ctx, [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, c.splits); });
 }
 
 // Issue 7's shapes (nvidia-h200 FlashMLA times from the issue, b = 128, page 64, bf16, median, L2

@@ -71,6 +71,10 @@ BenchContext::~BenchContext() {
   cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
 }
 
+void BenchContext::flush_l2() {
+  check(cudaMemsetAsync(flush_, 0x5a, flush_bytes_, static_cast<cudaStream_t>(stream_)), "L2 flush");
+}
+
 double BenchContext::time_ms(const std::function<void()>& launch) {
   auto s = static_cast<cudaStream_t>(stream_);
   auto ev0 = static_cast<cudaEvent_t>(start_), ev1 = static_cast<cudaEvent_t>(stop_);

@@ -55,6 +55,8 @@ class BenchContext {
   // calls, then options().iters calls each timed with CUDA events, the L2 flushed (a memset of a
   // buffer twice the L2 size) before each timed call.
   double time_ms(const std::function<void()>& launch);
+  // Enqueues the L2 flush time_ms does before each timed call (a memset of twice the L2 size) on stream().
+  void flush_l2();
 
   // Prints one result row: time, GB/s = bytes / time, % of the copy ceiling, TFLOP/s = flops /
   // time, % of the GEMM ceiling (the last two only when flops > 0), and records it for --json.
