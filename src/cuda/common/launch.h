@@ -80,17 +80,37 @@ void launch_dependent(void (*kernel)(Params...), unsigned grid, unsigned block, 
 // along x (cudaLaunchAttributeClusterDimension; grid a multiple of `cluster`): CTAs
 // cluster * k .. cluster * k + cluster - 1 are co-scheduled and share distributed shared memory
 // (cuda/common/ptx/cluster.cuh). Capturable in CUDA graphs.
-template <class... Params, class... Args>
-void launch_cluster(void (*kernel)(Params...), unsigned grid, unsigned cluster, unsigned block, std::size_t smem,
-                    cudaStream_t stream, const char* what, Args&&... args) {
-  if (cluster == 0 || grid % cluster != 0) throw Error(std::string(what) + ": grid is not a whole number of clusters");
+inline cudaLaunchAttribute cluster_attribute(unsigned cluster) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = cluster;
   attr.val.clusterDim.y = 1;
   attr.val.clusterDim.z = 1;
+  return attr;
+}
+
+template <class... Params, class... Args>
+void launch_cluster(void (*kernel)(Params...), unsigned grid, unsigned cluster, unsigned block, std::size_t smem,
+                    cudaStream_t stream, const char* what, Args&&... args) {
+  if (cluster == 0 || grid % cluster != 0) throw Error(std::string(what) + ": grid is not a whole number of clusters");
+  cudaLaunchAttribute attr = cluster_attribute(cluster);
   const cudaLaunchConfig_t cfg = launch_config(grid, block, smem, stream, &attr);
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+}
+
+// How many clusters of `cluster` CTAs of `kernel` (block threads, smem dynamic bytes, which the kernel's attribute
+// must already allow) can be resident at once on the current device (cudaOccupancyMaxActiveClusters); 0 where none
+// fit or the query is refused (a refusal means "does not fit" here, not a failure).
+template <class... Params>
+int max_active_clusters(void (*kernel)(Params...), unsigned cluster, unsigned block, std::size_t smem) {
+  cudaLaunchAttribute attr = cluster_attribute(cluster);
+  const cudaLaunchConfig_t cfg = launch_config(cluster, block, smem, nullptr, &attr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return clusters;
 }
 
 }  // namespace mla::cuda

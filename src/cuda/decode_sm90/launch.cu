@@ -238,7 +238,7 @@ void run(const dispatch::DecodeArgs& a) {
     if (multicast)
       launch_seesaw<PagedKeysT<true>>(p, grid, stream, map, what);  // clusters of the two row tiles (source.cuh)
     else if (p.cluster_merge)
-      launch_seesaw_merged<PagedKeys>(p, grid, stream, map, what);  // clusters of the splits
+      launch_seesaw_clusters<PagedKeys>(p, grid, static_cast<unsigned>(p.num_splits), stream, map, what);  // the splits
     else
       launch_kernel<PagedKeys>(p, grid, stream, map, what);
   }

@@ -90,6 +90,16 @@ inline SeesawSchedule seesaw_schedule() {
   return s;
 }
 
+// The next-schedule seesaw kernel in clusters of `cluster` CTAs: the crossover's two row tiles, or the splits of
+// p.cluster_merge (cluster_merge.cuh).
+template <class Src>
+void launch_seesaw_clusters(const DecodeSm90Params& p, unsigned grid, unsigned cluster, cudaStream_t stream,
+                            const CUtensorMap& map, const char* what) {
+  auto kernel = decode_sm90_seesaw_next_kernel<Src>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SeesawTraits::kSmemBytes), what);
+  launch_cluster(kernel, grid, cluster, Traits::kThreads, SeesawTraits::kSmemBytes, stream, what, map, p);
+}
+
 // The seesaw kernel (64-row tiles) with key source Src.
 template <class Src>
 void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
@@ -97,10 +107,7 @@ void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
   // The next schedule: the TMA source and InplaceKeys (GatherKeys has no build of it); the overlapped one:
   // the TMA source only (InplaceKeys falls back to serial); everything else serial.
   if constexpr (CrossoverSource<Src>) {  // clusters of the two row tiles of a request (source_cross.cuh)
-    auto kernel = decode_sm90_seesaw_next_kernel<Src>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SeesawTraits::kSmemBytes),
-               what);
-    launch_cluster(kernel, grid, Src::kClusterSize, Traits::kThreads, SeesawTraits::kSmemBytes, stream, what, map, p);
+    launch_seesaw_clusters<Src>(p, grid, Src::kClusterSize, stream, map, what);
   } else {
     const SeesawSchedule s = seesaw_schedule();
     if constexpr (GroupwiseSource<Src> || Src::kTma) {
@@ -142,33 +149,12 @@ int seesaw_max_clusters(int device, int splits) {
     auto kernel = decode_sm90_seesaw_next_kernel<Src>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SeesawTraits::kSmemBytes),
                "mqa_decode (sm90): cluster merge");
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = static_cast<unsigned>(splits);
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = launch_config(static_cast<unsigned>(splits), Traits::kThreads, SeesawTraits::kSmemBytes,
-                                           nullptr, &attr);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();  // a refusal means "none fit", not a failure of the call
-      clusters = 0;
-    }
-    v = clusters + 1;
+    v = max_active_clusters(kernel, static_cast<unsigned>(splits), Traits::kThreads, SeesawTraits::kSmemBytes) + 1;
     slot.store(v, std::memory_order_relaxed);
   }
   return v - 1;
 }
 
-// The next-schedule seesaw kernel with p.cluster_merge: clusters of p.num_splits CTAs.
-template <class Src>
-void launch_seesaw_merged(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
-                          const char* what) {
-  auto kernel = decode_sm90_seesaw_next_kernel<Src>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SeesawTraits::kSmemBytes), what);
-  launch_cluster(kernel, grid, static_cast<unsigned>(p.num_splits), Traits::kThreads, SeesawTraits::kSmemBytes, stream,
-                 what, map, p);
-}
 
 // The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests).
 template <class Src>

@@ -109,24 +109,6 @@ __device__ __forceinline__ void write_rows_half(const DecodeSm90Params& p, const
   using T = Traits;
   const MqaRowParams& rp = p.rows;
   const bool split = u.ws_slot >= 0;
-  if (partial != nullptr) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = half ? r_hi : r_lo;
-      if (u.row0 + r >= u.m_rows) continue;
-      const float l = half ? l_hi : l_lo, m = half ? m_hi : m_lo;
-      const float inv = l == 0.0f ? 0.0f : out_scale / l;
-      if (c == 0 && t4 == 0)
-        reinterpret_cast<float*>(partial + ClusterMerge::kPartialLse)[r] =
-            l == 0.0f ? -INFINITY : (m + __log2f(l)) * softmax::kLn2;
-      float* dst = reinterpret_cast<float*>(partial + ClusterMerge::kPartialO) + r * ClusterMerge::kRowFloats + c * T::kDvHalf;
-#pragma unroll
-      for (int j = 0; j < T::kDvHalf / 8; ++j)
-        *reinterpret_cast<float2*>(dst + 8 * j + 2 * t4) =
-            make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
-    }
-    return;
-  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r_hi : r_lo, row = u.row0 + r;
@@ -137,15 +119,20 @@ __device__ __forceinline__ void write_rows_half(const DecodeSm90Params& p, const
     const int i = row / rp.h_q, h = row % rp.h_q;
     const int64_t ws_row = u.ws_slot * static_cast<int64_t>(u.m_rows) + row;
     if (c == 0 && t4 == 0) {
-      if (split) p.ws_lse[ws_row] = lse;
+      if (partial != nullptr) reinterpret_cast<float*>(partial + ClusterMerge::kPartialLse)[r] = lse;
+      else if (split) p.ws_lse[ws_row] = lse;
       else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
     }
-    if (split) {
-      float* dst = p.ws_o + ws_row * T::kDv + c * T::kDvHalf;
+    auto store_f32 = [&](float* dst) {  // fp32 O / l of this consumer's columns of the row
 #pragma unroll
       for (int j = 0; j < T::kDvHalf / 8; ++j)
-        *reinterpret_cast<float2*>(dst + 8 * j + 2 * t4) =
+        *reinterpret_cast<float2*>(dst + c * T::kDvHalf + 8 * j + 2 * t4) =
             make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+    };
+    if (partial != nullptr) {  // the cluster's shared partial (a shared-memory pointer: STS)
+      store_f32(reinterpret_cast<float*>(partial + ClusterMerge::kPartialO) + r * ClusterMerge::kRowFloats);
+    } else if (split) {
+      store_f32(p.ws_o + ws_row * T::kDv);
     } else {
       uint16_t* dst = static_cast<uint16_t*>(rp.out) + u.g * rp.out_stride_g + i * rp.out_stride_i +
                       h * rp.out_stride_h + c * T::kDvHalf;  // bf16 out
