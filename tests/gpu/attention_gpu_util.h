@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/numeric.h"
+#include "gpu_test_util.h"
 #include "mla/cache.h"
 #include "mla/ops.h"
 #include "mla/tensor.h"
@@ -72,7 +74,15 @@ inline void expect_attention_close(const TensorView& out, const TensorView& ref_
   }
 }
 
-inline Context reference_ctx() { return Context{nullptr, Precision::reference}; }
+// Whether the sm90 variant reads fp8_ds_mla rows as their bf16 upconvert (SEMANTICS §11.6, docs/DECODE.md "fp8
+// caches") for a launch with `rows` query rows per request (mqa_decode: h · s_q; sparse_mqa: h): the raw-codes
+// kernel (up to 16 rows) reads the codes exactly, as the oracle does; the larger row tiles read the upconvert,
+// and so does every row count under MLA_DECODE_SM90_STAGE=ring / staged (the bf16-stage A/B sources).
+inline bool sm90_ds_upconverts(int64_t rows) {
+  const char* e = std::getenv("MLA_DECODE_SM90_STAGE");
+  const std::string stage = e ? e : "";
+  return rows > 16 || stage == "ring" || stage == "staged";
+}
 
 // A contiguous host copy of `t` (any device) in dtype `dt`, each value rounded once to dt. Attention
 // tests build q as bf16 values and pass f16 / f32 copies of them: the CUDA engine feeds its bf16 tensor

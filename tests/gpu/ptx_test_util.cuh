@@ -54,7 +54,9 @@ struct DevBuf {
 
 using num::bf16_to_float;
 using num::e4m3_to_float;
+using num::f16_to_float;
 using num::float_to_bf16;
+using num::float_to_f16;
 
 // Random bf16 values in [-1, 1) (seeded through test::rng()).
 inline std::vector<uint16_t> random_bf16(std::size_t n) {

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <thread>
 
-#include "gpu_test_util.h"
+#include "attention_gpu_util.h"
 #include "mla/comm.h"
 #include "mla/dcp.h"
 #include "mla/ops.h"
@@ -138,9 +138,12 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
         });
       for (auto& t : ranks) t.join();
       for (int r = 0; r < w; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
-      // The sm90 variants read fp8_ds_mla rows (sparse_mqa, mqa_decode) as their bf16 upconvert (fp8: exact codes).
-      const bool sparse_up = f == CacheFormat::fp8_ds_mla && last_variant("sparse_mqa") == "sm90";
-      const bool decode_up = f == CacheFormat::fp8_ds_mla && last_variant("mqa_decode") == "sm90";
+      // The sm90 variants read fp8_ds_mla rows (sparse_mqa, mqa_decode) as their bf16 upconvert above 16 rows
+      // per request (test::sm90_ds_upconverts; fp8: exact codes). dcp_mqa_decode runs each (request, query)
+      // row as a request whose W queries are the ranks' head blocks: W h rows.
+      const bool ds_sm90 = f == CacheFormat::fp8_ds_mla;
+      const bool sparse_up = ds_sm90 && last_variant("sparse_mqa") == "sm90" && test::sm90_ds_upconverts(h);
+      const bool decode_up = ds_sm90 && last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(w * h);
       if (sparse_up || decode_up) {
         const CacheBuffer up = test::upconverted_cache(pb.cb.cache);
         if (sparse_up) sparse_mqa(q_tok, up.cache, slots(pos, global_table), {}, swant, swant_lse, 0.06, test::reference_ctx());

@@ -27,11 +27,12 @@ using test::PagedBatch;
 
 constexpr double kScale = 0.0722;  // 1/sqrt(192)
 
-// Whether the mqa_decode variant that ran last reads `format`'s rows as their bf16 upconvert (the sm90
-// variant's fp8_ds_mla caches: docs/DECODE.md "fp8 caches"; its fp8 per-tensor rows are exact codes, as the
-// oracle reads them); the float64 oracle then reads test::upconverted_cache, as the sparse tests do.
-bool reads_upconverted(CacheFormat format) {
-  return format == CacheFormat::fp8_ds_mla && last_variant("mqa_decode") == "sm90";
+// Whether the mqa_decode variant that ran last reads `format`'s rows as their bf16 upconvert at `rows` query
+// rows per request (the sm90 variant's fp8_ds_mla caches above 16 rows: test::sm90_ds_upconverts; its fp8
+// per-tensor rows are exact codes, as the oracle reads them); the float64 oracle then reads
+// test::upconverted_cache, as the sparse tests do.
+bool reads_upconverted(CacheFormat format, int64_t rows) {
+  return format == CacheFormat::fp8_ds_mla && last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(rows);
 }
 
 struct DecodeRun {
@@ -60,7 +61,7 @@ DecodeRun run_decode(const Tensor& q_host, const Tensor& cache_storage, const KV
   // The oracle reads what the variant that ran reads (reads_upconverted).
   r.ref_out = test::poisoned({b, s_q, h, dv}, DType::f64);
   r.ref_lse = test::poisoned({b, s_q, h}, DType::f32);
-  if (reads_upconverted(cache.format)) {
+  if (reads_upconverted(cache.format, s_q * h)) {
     const CacheBuffer up = test::upconverted_cache(cache);
     mqa_decode(q_host, up.cache, block_table, seq_lens, r.ref_out, r.ref_lse, kScale, causal, {}, test::reference_ctx());
   } else {
@@ -303,7 +304,7 @@ TEST(DecodeGpu, StridedAndUnalignedViews) {
     Tensor ws = need ? Tensor::empty({static_cast<int64_t>(need)}, DType::u8, gpu) : Tensor();
     mqa_decode(qd, dc.cache, btd, sld, out, lse, kScale, true, ws.view(), Context{});
     Tensor ref_out = test::poisoned({b, s_q, h, dv}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
-    const bool upconverted = reads_upconverted(f);
+    const bool upconverted = reads_upconverted(f, s_q * h);
     const CacheBuffer up = upconverted ? test::upconverted_cache(cache) : CacheBuffer{};
     mqa_decode(q_host, upconverted ? up.cache : cache, bt, sl, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
     const test::HostView out_h = test::to_host(out_store, out), lse_h = test::to_host(lse_store, lse);
@@ -360,8 +361,9 @@ TEST(DecodeGpu, SmallKernelLongStreams) {
     PagedBatch pb = test::paged_batch(f, page, lens, 4096 / page + 2);
     Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
     Tensor ref_out = test::poisoned({b, s_q, h, 512}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
-    const CacheBuffer up = f == ds ? test::upconverted_cache(pb.cb.cache) : CacheBuffer{};
-    mqa_decode(q, f == ds ? up.cache : pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {},
+    const bool upconverted = f == ds && test::sm90_ds_upconverts(h * s_q);
+    const CacheBuffer up = upconverted ? test::upconverted_cache(pb.cb.cache) : CacheBuffer{};
+    mqa_decode(q, upconverted ? up.cache : pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {},
                test::reference_ctx());
     test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
     Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);

@@ -1,6 +1,6 @@
 // Device tests of the wgmma wrappers (src/cuda/common/ptx/wgmma.cuh) against a float64 CPU GEMM: one
 // warpgroup computes D(64 x N) = A(64 x K) * B(K x N) for bf16 with A from shared memory (K-major and
-// MN-major) and from registers, B K-major and MN-major ("transposed"), N = 64 / 128 / 256, and e4m3 with
+// MN-major) and from registers, f16 (both A sources), B K-major and MN-major ("transposed"), N = 64 / 128 / 256, and e4m3 with
 // A from shared memory and registers. Operand tiles arrive by TMA with the 128-byte swizzle (tma.cuh),
 // except in the register-A bf16 case, where the threads write B into the swizzled layout with ordinary
 // stores and publish it with fence_proxy_async_smem (fence.cuh). SASS (scripts/sass_summary.sh, H200,
@@ -24,7 +24,7 @@ namespace {
 
 using namespace cuda::ptx;
 
-template <int N, int K, Major kA, Major kB, bool kRegA, bool kFp8, bool kStoreB>
+template <int N, int K, Major kA, Major kB, bool kRegA, bool kFp8, bool kStoreB, bool kF16 = false>
 struct Cfg {
   static constexpr int kElem = kFp8 ? 1 : 2;
   static constexpr int kKStep = kFp8 ? 32 : 16;
@@ -43,11 +43,11 @@ __device__ __forceinline__ uint32_t k_major_step(int s, int step_bytes, int rows
   return (s * step_bytes / 128) * rows * 128 + (s * step_bytes) % 128;
 }
 
-template <int N, int K, Major kA, Major kB, bool kRegA, bool kFp8, bool kStoreB>
+template <int N, int K, Major kA, Major kB, bool kRegA, bool kFp8, bool kStoreB, bool kF16>
 __global__ void __launch_bounds__(128) wgmma_tile_kernel(const __grid_constant__ CUtensorMap map_a,
                                                          const __grid_constant__ CUtensorMap map_b,
                                                          const uint8_t* a_g, const uint8_t* b_g, float* d_out) {
-  using C = Cfg<N, K, kA, kB, kRegA, kFp8, kStoreB>;
+  using C = Cfg<N, K, kA, kB, kRegA, kFp8, kStoreB, kF16>;
   extern __shared__ uint8_t raw[];
   uint8_t* a_s = align1024(raw);
   uint8_t* b_s = a_s + C::kABytes;
@@ -107,11 +107,13 @@ __global__ void __launch_bounds__(128) wgmma_tile_kernel(const __grid_constant__
                                        : desc_sw128_mn_major(b_s + s * 2048, K * 128);
     if constexpr (kRegA) {
       if constexpr (kFp8) wgmma_e4m3_rs<N>(acc, areg[s], db, s > 0);
+      else if constexpr (kF16) wgmma_f16_rs<N, kB>(acc, areg[s], db, s > 0);
       else wgmma_bf16_rs<N, kB>(acc, areg[s], db, s > 0);
     } else {
       const uint64_t da = kA == Major::K ? desc_sw128_k_major(a_s + k_major_step(s, step_bytes, 64))
                                          : desc_sw128_mn_major(a_s + s * 2048, K * 128);
       if constexpr (kFp8) wgmma_e4m3_ss<N>(acc, da, db, s > 0);
+      else if constexpr (kF16) wgmma_f16_ss<N, kA, kB>(acc, da, db, s > 0);
       else wgmma_bf16_ss<N, kA, kB>(acc, da, db, s > 0);
     }
   }
@@ -143,9 +145,9 @@ CUtensorMap map_2d(const void* base, bool fp8, int64_t rows, int64_t cols, int b
   return make_tensor_map(t, "wgmma test");
 }
 
-template <int N, int K, Major kA, Major kB, bool kRegA, bool kFp8, bool kStoreB>
+template <int N, int K, Major kA, Major kB, bool kRegA, bool kFp8, bool kStoreB, bool kF16 = false>
 void run_case(uint64_t seed) {
-  using C = Cfg<N, K, kA, kB, kRegA, kFp8, kStoreB>;
+  using C = Cfg<N, K, kA, kB, kRegA, kFp8, kStoreB, kF16>;
   test::reseed(seed);
   // Logical A [64][K], B [K][N] as element codes, and their values.
   std::vector<uint16_t> a16, b16;
@@ -155,6 +157,12 @@ void run_case(uint64_t seed) {
     a8 = test::random_e4m3(av.size()), b8 = test::random_e4m3(bv.size());
     for (std::size_t i = 0; i < av.size(); ++i) av[i] = test::e4m3_to_float(a8[i]);
     for (std::size_t i = 0; i < bv.size(); ++i) bv[i] = test::e4m3_to_float(b8[i]);
+  } else if constexpr (kF16) {  // f16 codes of random bf16 values scaled into f16's range (exact: 8 <= 11 bits)
+    a16 = test::random_bf16(av.size()), b16 = test::random_bf16(bv.size());
+    for (uint16_t& x : a16) x = test::float_to_f16(test::bf16_to_float(x) * 64.0f);
+    for (uint16_t& x : b16) x = test::float_to_f16(test::bf16_to_float(x) * 0.25f);
+    for (std::size_t i = 0; i < av.size(); ++i) av[i] = test::f16_to_float(a16[i]);
+    for (std::size_t i = 0; i < bv.size(); ++i) bv[i] = test::f16_to_float(b16[i]);
   } else {
     a16 = test::random_bf16(av.size()), b16 = test::random_bf16(bv.size());
     for (std::size_t i = 0; i < av.size(); ++i) av[i] = test::bf16_to_float(a16[i]);
@@ -189,7 +197,7 @@ void run_case(uint64_t seed) {
   dd.fill_bytes(0xff);  // NaN
   const CUtensorMap ma = kA == Major::K ? map_2d(da.p, kFp8, 64, K, 64) : map_2d(da.p, kFp8, K, 64, K);
   const CUtensorMap mb = kB == Major::K ? map_2d(db.p, kFp8, N, K, N) : map_2d(db.p, kFp8, K, N, K);
-  auto* kernel = wgmma_tile_kernel<N, K, kA, kB, kRegA, kFp8, kStoreB>;
+  auto* kernel = wgmma_tile_kernel<N, K, kA, kB, kRegA, kFp8, kStoreB, kF16>;
   MLA_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   kernel<<<1, 128, C::kSmem>>>(ma, mb, da.p, db.p, dd.p);
   MLA_CUDA_OK(cudaDeviceSynchronize());
@@ -233,6 +241,14 @@ TEST(PtxWgmma, Bf16RegisterA) {
   run_case<128, 128, kK, kK, true, false, true>(31);  // B written by ordinary stores + proxy fence
   run_case<64, 64, kK, kMN, true, false, false>(32);
   run_case<256, 64, kK, kK, true, false, false>(33);
+}
+
+// f16 (the raw-codes decode kernel's S product: e4m3 codes unpacked to f16 in registers).
+TEST(PtxWgmma, F16SmemAndRegisterA) {
+  MLA_SKIP_UNLESS_SM90();
+  run_case<64, 128, kK, kK, false, false, false, true>(51);
+  run_case<16, 128, kK, kK, true, false, true, true>(52);  // B written by ordinary stores
+  run_case<8, 64, kK, kK, true, false, true, true>(53);
 }
 
 TEST(PtxWgmma, E4m3SmemAndRegisterA) {

@@ -67,9 +67,9 @@ Indices make_indices(const SparseCache& c, int64_t t, int64_t topk, int64_t num_
   return ix;
 }
 
-// Whether `variant` reads `format` rows as their bf16 upconvert (the oracle must then too).
-bool reads_upconverted(const std::string& variant, CacheFormat format) {
-  return variant == "sm90" && format == CacheFormat::fp8_ds_mla;
+// Whether `variant` reads `format` rows as their bf16 upconvert at h heads (the oracle must then too).
+bool reads_upconverted(const std::string& variant, CacheFormat format, int64_t h) {
+  return variant == "sm90" && format == CacheFormat::fp8_ds_mla && test::sm90_ds_upconverts(h);
 }
 
 // Oracle (host) and GPU run with poisoned outputs; `indices` / `lengths` are host tensors. `act`: the
@@ -100,7 +100,7 @@ void check_sparse(const Tensor& q, const Tensor& cache_storage, const KVCache& c
 // check_sparse for `variant` (forced by the caller): the oracle reads what the variant reads.
 void check_variant(const std::string& variant, const Tensor& q, const CacheBuffer& cb, const TensorView& indices,
                    const TensorView& lengths, const std::string& what) {
-  if (reads_upconverted(variant, cb.cache.format)) {
+  if (reads_upconverted(variant, cb.cache.format, q.size(1))) {
     const CacheBuffer u = test::upconverted_cache(cb.cache);
     check_sparse(q, cb.storage, cb.cache, indices, lengths, 512, what, DType::bf16, &u.cache);
   } else {

@@ -203,40 +203,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
       // ---- mask, column (= query row) max over the 64 keys ----
       const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
-      float mx[kRows];
 #pragma unroll
       for (int rr = 0; rr < kRows; ++rr) {
         const int i = 4 * (rr / 2) + rr % 2;  // s[i]: (key_lo, row rr), s[i + 2]: (key_hi, row rr)
         const int lim = sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
         s[i] = in_lo && k0 + key_lo <= lim ? s[i] * sl2 : -INFINITY;
         s[i + 2] = in_hi && k0 + key_hi <= lim ? s[i + 2] * sl2 : -INFINITY;
-        float v = fmaxf(s[i], s[i + 2]);
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-        mx[rr] = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-        if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = mx[rr];
       }
-      ptx::named_barrier_sync(wg_bar, 128);
-      float alpha[kRows];
+      float alpha[kRows], p_lo[kRows], p_hi[kRows];
+      small_tile_softmax<N>(s, m_run, l_part, alpha, p_lo, p_hi, sRed, w, g8, t4, wg_bar);
 #pragma unroll
-      for (int rr = 0; rr < kRows; ++rr) {
+      for (int rr = 0; rr < kRows; ++rr) {  // P^T [n][key] bf16 in the swizzled K-major panel: key k at chunk k / 8
         const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
-        const float bm = fmaxf(fmaxf(sRed[n], sRed[N + n]), fmaxf(sRed[2 * N + n], sRed[3 * N + n]));
-        const float nm = fmaxf(m_run[rr], bm);
-        alpha[rr] = nm == -INFINITY ? 1.0f : softmax::exp2_approx(m_run[rr] - nm);
-        m_run[rr] = nm;
-        const float base_m = nm == -INFINITY ? 0.0f : nm;
-        const int i = 4 * (rr / 2) + rr % 2;
-        const float p_lo = softmax::exp2_approx(s[i] - base_m), p_hi = softmax::exp2_approx(s[i + 2] - base_m);
-        l_part[rr] = l_part[rr] * alpha[rr] + p_lo + p_hi;
-        // P^T [n][key] bf16 in the swizzled K-major panel: key k at chunk k / 8, byte 2 (k % 8).
-        *reinterpret_cast<uint16_t*>(sP + swz(n, key_lo >> 3) + 2 * (key_lo & 7)) = dev::float_to_bf16(p_lo);
-        *reinterpret_cast<uint16_t*>(sP + swz(n, key_hi >> 3) + 2 * (key_hi & 7)) = dev::float_to_bf16(p_hi);
+        *reinterpret_cast<uint16_t*>(sP + swz(n, key_lo >> 3) + 2 * (key_lo & 7)) = dev::float_to_bf16(p_lo[rr]);
+        *reinterpret_cast<uint16_t*>(sP + swz(n, key_hi >> 3) + 2 * (key_hi & 7)) = dev::float_to_bf16(p_hi[rr]);
       }
-#pragma unroll
-      for (int mb = 0; mb < 8; ++mb)
-#pragma unroll
-        for (int i = 0; i < N / 2; ++i) o[mb][i] *= alpha[2 * (i / 4) + (i & 1)];
+      small_rescale_o<N>(o, alpha);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(wg_bar, 128);
 
@@ -261,82 +243,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
 
     MLA_DECODE_TRACE_EVENT(5, 128);
-    // ---- epilogue: each warpgroup's (m, l) per row, then warpgroup 0 merges both and writes ----
-#pragma unroll
-    for (int rr = 0; rr < kRows; ++rr) {
-      float v = l_part[rr];
-      v += __shfl_xor_sync(0xffffffffu, v, 4);
-      v += __shfl_xor_sync(0xffffffffu, v, 8);
-      v += __shfl_xor_sync(0xffffffffu, v, 16);
-      if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = v;
-    }
-    ptx::named_barrier_sync(wg_bar, 128);
-    if (w == 0 && g8 == 0) {
-#pragma unroll
-      for (int rr = 0; rr < kRows; ++rr) {
-        const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
-        sML[(c * 2) * N + n] = m_run[rr];
-        sML[(c * 2 + 1) * N + n] = sRed[n] + sRed[N + n] + sRed[2 * N + n] + sRed[3 * N + n];
-      }
-    }
-    // Warpgroup 1's O^T goes through xo in kXRounds rounds (the KV stages keep streaming the next unit's
-    // tiles meanwhile); each round ends with both warpgroups at a barrier, so xo and sML are free after.
-    // Warpgroup 0's row scales (sc0 for its own O^T, sc1 for warpgroup 1's) go through its sRed, free
-    // after the first round's barrier (fewer live registers in the epilogue: N 32 spilled).
-    const bool split = u.ws_slot >= 0;
-    float* sSc = sRed;  // [2][N], c == 0
-#pragma unroll
-    for (int r = 0; r < L::kXRounds; ++r) {
-      if (c == 1) {
-#pragma unroll
-        for (int mb = 0; mb < L::kXBlocks; ++mb)
-#pragma unroll
-          for (int i = 0; i < N / 2; ++i) xo[(mb * (N / 2) + i) * 128 + wt] = o[r * L::kXBlocks + mb][i];
-      }
-      ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-      if (c == 0) {
-        if (r == 0) {
-          if (w == 0 && g8 == 0) {
-#pragma unroll
-            for (int rr = 0; rr < kRows; ++rr) {
-              const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, row = u.row0 + n;
-              const float m0 = sML[n], l0 = sML[N + n], m1 = sML[2 * N + n], l1 = sML[3 * N + n];
-              const float mm = fmaxf(m0, m1);
-              const float e0 = m0 == -INFINITY ? 0.0f : softmax::exp2_approx(m0 - mm);
-              const float e1 = m1 == -INFINITY ? 0.0f : softmax::exp2_approx(m1 - mm);
-              // NaN l stays NaN (§14.6a); exact-code sources: times scale * 2^56 (code_scale)
-              const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : code_scale<Src>(p) / l;
-              sSc[n] = e0 * inv;
-              sSc[N + n] = e1 * inv;
-              if (row < u.m_rows) {
-                const float lse = l == 0.0f ? -INFINITY : (mm + __log2f(l)) * softmax::kLn2;
-                const int i = row / rp.h_q, h = row % rp.h_q;
-                if (split) p.ws_lse[u.ws_slot * static_cast<int64_t>(u.m_rows) + row] = lse;
-                else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
-              }
-            }
-          }
-          ptx::named_barrier_sync(wg_bar, 128);
-        }
-#pragma unroll
-        for (int i = 0; i < N / 2; ++i) {
-          const int n = 8 * (i / 4) + 2 * t4 + (i & 1), row = u.row0 + n;
-          if (row >= u.m_rows) continue;
-          // Element offset of the row in ws_o (fp32 partials) or out (bf16).
-          const int64_t dst = split ? (u.ws_slot * static_cast<int64_t>(u.m_rows) + row) * T::kDv
-                                    : u.g * rp.out_stride_g + (row / rp.h_q) * rp.out_stride_i +
-                                          (row % rp.h_q) * rp.out_stride_h;
-#pragma unroll
-          for (int mb = 0; mb < L::kXBlocks; ++mb) {
-            const int col = 64 * (r * L::kXBlocks + mb) + 16 * w + g8 + 8 * ((i >> 1) & 1);
-            const float v = o[r * L::kXBlocks + mb][i] * sSc[n] + xo[(mb * (N / 2) + i) * 128 + wt] * sSc[N + n];
-            if (split) p.ws_o[dst + col] = v;
-            else static_cast<uint16_t*>(rp.out)[dst + col] = dev::float_to_bf16(v);
-          }
-        }
-      }
-      ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-    }
+    small_epilogue<N, L::kXRounds>(p, u, o, m_run, l_part, sRed, sML, xo, code_scale<Src>(p), c, wg_bar,
+                                   [&](int mb, int i) { return 64 * mb + 16 * w + g8 + 8 * ((i >> 1) & 1); });
     MLA_DECODE_TRACE_EVENT(6, 128);
   };
 

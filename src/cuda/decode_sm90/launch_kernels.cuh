@@ -16,6 +16,7 @@
 #include "cuda/common/launch.h"
 #include "mla/cache.h"
 #include "cuda/decode_sm90/kernel_seesaw.cuh"
+#include "cuda/decode_sm90/kernel_raw.cuh"
 #include "cuda/decode_sm90/kernel_small.cuh"
 
 namespace mla::cuda::decode_sm90 {
@@ -182,20 +183,21 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
 }
 
 // fp8_ds_mla records / fp8 (per-tensor) rows copied by the producer warps, rows located by Rows (source.cuh:
-// IndexedRows for sparse_mqa, PagedRows for mqa_decode). Small kernels (source_staged.cuh SmallKeysFor):
-// fp8_ds_mla stages the raw records in shared memory; fp8 (exact codes, source.cuh kExactCodes) too where
-// its raw stage fits (N 8, 16), else (N 32) the register path. The seesaw kernel has no room for a raw
-// stage and dequantises through registers (GatherKeys). No TMA: the tensor map is a zeroed placeholder.
-// The raw ring (source_staged.cuh RingKeys: the copies 1.5 tiles ahead of the conversion) where it fits
-// (N 8 / 16) and measured faster: by default the dense decode's N 16 kernel only (nvidia-h200 2026-11-23 at
-// 9f1d265, b 128 s_k 4096 h 16: fp8 0.240-0.243 ms against the serial stage's 0.281-0.283, fp8_ds_mla
-// 0.233-0.275 against 0.292-0.297); at N 8 (h 8 fp8: 0.25-0.28 against 0.23-0.26) and in sparse_mqa
-// (h 16: 0.161-0.171 against 0.133-0.162) it was slower, so those keep the serial raw stage (StagedKeys).
-// MLA_DECODE_SM90_STAGE=ring: the ring wherever it fits; =staged: never. Read once; docs/DECODE.md "Raw ring".
-enum class StageChoice { automatic, ring, staged };
+// IndexedRows for sparse_mqa, PagedRows for mqa_decode). N 8 / 16: by default the raw-codes kernel
+// (kernel_raw.cuh: no bf16 stage, the consumers build wgmma's A operand from the codes; exact codes for both
+// formats). Same-run A/B on nvidia-h200, 2026-11-24, b 128 s_k 4096 page 64: h 16 fp8 0.155 ms against the
+// raw ring's 0.234, fp8_ds_mla 0.179 against 0.227; h 8 fp8 0.138 against 0.215, fp8_ds_mla 0.160 against
+// 0.227; sparse_mqa T 128 topk 2048 h 16 fp8_ds_mla 0.116 against the staged 0.140 (docs/DECODE.md "Raw-codes
+// kernel"). MLA_DECODE_SM90_STAGE=ring / staged select the bf16-stage small kernels instead (source_staged.cuh:
+// the raw ring, RingKeys, at N 16 of mqa_decode under `automatic` before; the serial raw stage, StagedKeys),
+// which read fp8_ds_mla as its bf16 upconvert. N 32 (no room for a raw stage): fp8_ds_mla StagedKeys, fp8 the
+// register path (GatherKeys). The seesaw kernel dequantises through registers or in place. No TMA: the
+// tensor map is a zeroed placeholder. Read once.
+enum class StageChoice { automatic, ring, staged, raw };
 inline StageChoice stage_choice() {
-  static const StageChoice c = env_choice("MLA_DECODE_SM90_STAGE", StageChoice::automatic,
-                                          {{"ring", StageChoice::ring}, {"staged", StageChoice::staged}});
+  static const StageChoice c =
+      env_choice("MLA_DECODE_SM90_STAGE", StageChoice::automatic,
+                 {{"ring", StageChoice::ring}, {"staged", StageChoice::staged}, {"raw", StageChoice::raw}});
   return c;
 }
 
@@ -205,9 +207,15 @@ void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
                          const char* what) {
   using Default = SmallKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
   using Ring = SmallRingKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
+  const StageChoice c = stage_choice();
+  if constexpr (N <= 16) {
+    if (c == StageChoice::raw || c == StageChoice::automatic) {
+      launch_one(decode_sm90_raw_kernel<N, F, Rows>, RawTraits<N, F>::kSmemBytes, grid, stream, map, p, what);
+      return;
+    }
+  }
   if constexpr (!std::is_same_v<Ring, Default>) {
-    const StageChoice c = stage_choice();
-    const bool ring = c == StageChoice::ring || (c == StageChoice::automatic && N == 16 && std::is_same_v<Rows, PagedRows>);
+    const bool ring = c == StageChoice::ring;
     if (ring) {
       launch_small<N, Ring>(p, grid, stream, map, what);
       return;

@@ -7,6 +7,7 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mqa_params.h"
 #include "cuda/common/ptx/mma_sync.cuh"
+#include "cuda/common/ptx/barrier.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/decode_sm90/cluster_merge.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
@@ -147,6 +148,146 @@ __device__ __forceinline__ void write_rows_half(const DecodeSm90Params& p, const
         }
       }
     }
+  }
+}
+
+// The online-softmax step of the small kernels for one 64-key tile: s[i] holds this thread's masked, scaled
+// scores (the D fragment of S^T: keys key_lo (i & 2 == 0) / key_hi, query row 8 (i / 4) + 2 t4 + (i & 1)); the
+// tile's column (query row) maxima go through the warp by shuffles and across the warpgroup through sRed
+// ([4 warps][N], one barrier); m_run moves to the new maxima, alpha is the running sums' rescale and
+// p_lo / p_hi the keys' weights exp2(s - m) (0 for masked keys; rows with no key yet keep base 0).
+template <int N>
+__device__ __forceinline__ void small_tile_softmax(const float (&s)[N / 2], float (&m_run)[N / 4],
+                                                   float (&l_part)[N / 4], float (&alpha)[N / 4],
+                                                   float (&p_lo)[N / 4], float (&p_hi)[N / 4], float* sRed, int w,
+                                                   int g8, int t4, int wg_bar) {
+  constexpr int kRows = N / 4;
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    const int i = 4 * (rr / 2) + rr % 2;
+    float v = fmaxf(s[i], s[i + 2]);
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+    if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = v;
+  }
+  ptx::named_barrier_sync(wg_bar, 128);
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, i = 4 * (rr / 2) + rr % 2;
+    const float bm = fmaxf(fmaxf(sRed[n], sRed[N + n]), fmaxf(sRed[2 * N + n], sRed[3 * N + n]));
+    const float nm = fmaxf(m_run[rr], bm);
+    alpha[rr] = nm == -INFINITY ? 1.0f : softmax::exp2_approx(m_run[rr] - nm);
+    m_run[rr] = nm;
+    const float base_m = nm == -INFINITY ? 0.0f : nm;
+    p_lo[rr] = softmax::exp2_approx(s[i] - base_m);
+    p_hi[rr] = softmax::exp2_approx(s[i + 2] - base_m);
+    l_part[rr] = l_part[rr] * alpha[rr] + p_lo[rr] + p_hi[rr];
+  }
+}
+
+// O^T *= alpha per query row (o[mb][i]: row 8 (i / 4) + 2 t4 + (i & 1), alpha from small_tile_softmax), skipped
+// by the whole warp when no row's running max moved (every alpha exactly 1: the products would be exact no-ops;
+// most tiles of a long stream).
+template <int N>
+__device__ __forceinline__ void small_rescale_o(float (&o)[8][N / 2], const float (&alpha)[N / 4]) {
+  bool moved = false;
+#pragma unroll
+  for (int rr = 0; rr < N / 4; ++rr) moved |= alpha[rr] != 1.0f;
+  if (!__any_sync(0xffffffffu, moved)) return;
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) o[mb][i] *= alpha[2 * (i / 4) + (i & 1)];
+}
+
+// Epilogue of the small kernels (kernel_small.cuh, kernel_raw.cuh: N query rows as wgmma N, two consumer
+// warpgroups c = 0, 1 with their own online softmax over alternate tiles): each warpgroup's (m, l) per row,
+// then warpgroup 0 merges both states and writes the rows (out bf16 and LSE, or the split partials).
+// Warpgroup 1's O^T goes to warpgroup 0 through xo (fp32, [kXBlocks][N / 2][128 threads]) in kXRounds rounds
+// of 8 / kXRounds value blocks; each round ends with both warpgroups at a barrier, so xo and sML are free after.
+// Warpgroup 0's row scales (its own O^T's and warpgroup 1's) go through its sRed, free after the first round.
+// o[mb][i]: this thread's O^T accumulator of value block mb (the kernel's D fragment: query row n =
+// 8 (i / 4) + 2 t4 + (i & 1)); col_of(mb, i): the output column it holds (kernel_small: the natural
+// order; kernel_raw: its permuted value rows). out_scale multiplies O / l (exact-code sources).
+template <int N, int kXRounds, class ColOf>
+__device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const Unit& u, const float (&o)[8][N / 2],
+                                               const float (&m_run)[N / 4], const float (&l_part)[N / 4], float* sRed,
+                                               float* sML, float* xo, float out_scale, int c, int wg_bar,
+                                               ColOf&& col_of) {
+  using T = Traits;
+  constexpr int kRows = N / 4, kXBlocks = 8 / kXRounds;
+  const MqaRowParams& rp = p.rows;
+  const int wt = threadIdx.x & 127, w = wt >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    float v = l_part[rr];
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 8);
+    v += __shfl_xor_sync(0xffffffffu, v, 16);
+    if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = v;
+  }
+  ptx::named_barrier_sync(wg_bar, 128);
+  if (w == 0 && g8 == 0) {
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
+      sML[(c * 2) * N + n] = m_run[rr];
+      sML[(c * 2 + 1) * N + n] = sRed[n] + sRed[N + n] + sRed[2 * N + n] + sRed[3 * N + n];
+    }
+  }
+  const bool split = u.ws_slot >= 0;
+  float* sSc = sRed;  // [2][N], c == 0
+#pragma unroll
+  for (int r = 0; r < kXRounds; ++r) {
+    if (c == 1) {
+#pragma unroll
+      for (int mb = 0; mb < kXBlocks; ++mb)
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) xo[(mb * (N / 2) + i) * 128 + wt] = o[r * kXBlocks + mb][i];
+    }
+    ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+    if (c == 0) {
+      if (r == 0) {
+        if (w == 0 && g8 == 0) {
+#pragma unroll
+          for (int rr = 0; rr < kRows; ++rr) {
+            const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, row = u.row0 + n;
+            const float m0 = sML[n], l0 = sML[N + n], m1 = sML[2 * N + n], l1 = sML[3 * N + n];
+            const float mm = fmaxf(m0, m1);
+            const float e0 = m0 == -INFINITY ? 0.0f : softmax::exp2_approx(m0 - mm);
+            const float e1 = m1 == -INFINITY ? 0.0f : softmax::exp2_approx(m1 - mm);
+            const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : out_scale / l;  // NaN l stays NaN (§14.6a)
+            sSc[n] = e0 * inv;
+            sSc[N + n] = e1 * inv;
+            if (row < u.m_rows) {
+              const float lse = l == 0.0f ? -INFINITY : (mm + __log2f(l)) * softmax::kLn2;
+              const int i = row / rp.h_q, h = row % rp.h_q;
+              if (split) p.ws_lse[u.ws_slot * static_cast<int64_t>(u.m_rows) + row] = lse;
+              else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
+            }
+          }
+        }
+        ptx::named_barrier_sync(wg_bar, 128);
+      }
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) {
+        const int n = 8 * (i / 4) + 2 * t4 + (i & 1), row = u.row0 + n;
+        if (row >= u.m_rows) continue;
+        // Element offset of the row in ws_o (fp32 partials) or out (bf16).
+        const int64_t dst = split ? (u.ws_slot * static_cast<int64_t>(u.m_rows) + row) * T::kDv
+                                  : u.g * rp.out_stride_g + (row / rp.h_q) * rp.out_stride_i +
+                                        (row % rp.h_q) * rp.out_stride_h;
+#pragma unroll
+        for (int mb = 0; mb < kXBlocks; ++mb) {
+          const int col = col_of(r * kXBlocks + mb, i);
+          const float v = o[r * kXBlocks + mb][i] * sSc[n] + xo[(mb * (N / 2) + i) * 128 + wt] * sSc[N + n];
+          if (split) p.ws_o[dst + col] = v;
+          else static_cast<uint16_t*>(rp.out)[dst + col] = dev::float_to_bf16(v);
+        }
+      }
+    }
+    ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
   }
 }
 

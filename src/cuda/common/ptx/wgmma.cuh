@@ -1,8 +1,8 @@
 #pragma once
 // wgmma (sm_90a): warpgroup-level asynchronous matrix multiply D(64 x N, fp32) += A(64 x K) * B(K x N),
 // issued by the 128 threads of one warpgroup (warpgroup.cuh), B always from shared memory through a
-// matrix descriptor, A from shared memory (ss) or from registers (rs). K = 16 for bf16, 32 for e4m3.
-// SASS: HGMMA (bf16), QGMMA (fp8). Device test: tests/gpu/test_ptx_wgmma.cu.
+// matrix descriptor, A from shared memory (ss) or from registers (rs). K = 16 for bf16 / f16, 32 for e4m3.
+// SASS: HGMMA (bf16, f16), QGMMA (fp8). Device test: tests/gpu/test_ptx_wgmma.cu.
 //
 // Issue protocol (every thread of the warpgroup executes every step):
 //   wgmma_fence();                       // orders prior register / smem writes before the async reads
@@ -97,6 +97,16 @@ template <int N, Major kB = Major::K>
 __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                               bool accumulate) {
   WgmmaOps<N>::template bf16_rs<static_cast<int>(kB)>(d, a, desc_b, accumulate ? 1 : 0);
+}
+// The same products with f16 inputs (fp32 accumulate): the fragments and shared-memory layouts of bf16.
+template <int N, Major kA = Major::K, Major kB = Major::K>
+__device__ __forceinline__ void wgmma_f16_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  WgmmaOps<N>::template f16_ss<static_cast<int>(kA), static_cast<int>(kB)>(d, desc_a, desc_b, accumulate ? 1 : 0);
+}
+template <int N, Major kB = Major::K>
+__device__ __forceinline__ void wgmma_f16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                             bool accumulate) {
+  WgmmaOps<N>::template f16_rs<static_cast<int>(kB)>(d, a, desc_b, accumulate ? 1 : 0);
 }
 // D(64xN) (+)= A(64x32) * B(32xN), e4m3 in (both K-major: fp8 wgmma has no transposed form), fp32 out.
 template <int N>

@@ -1,0 +1,515 @@
+#pragma once
+// sm90 attention over e4m3-coded rows (fp8 per-tensor rows of mqa_decode, fp8_ds_mla records of mqa_decode and
+// sparse_mqa) for N = 8 / 16 query rows, with no bf16 stage: the raw rows go into a ring of shared-memory slots
+// and the consumers build wgmma's A operand in registers straight from the codes (docs/DECODE.md "Raw-codes
+// kernel"). The staged sources (source_staged.cuh) convert every code to bf16 in shared memory first (four
+// producer warps, a 72 KiB stage per tile, the stage cycle and the conversion rate were the limits); here the
+// copies only move bytes, run two tiles ahead per consumer, and the conversion is spread over 8 consumer warps.
+//
+//   S^T[64 keys x N] = K Q^T     36 x wgmma m64nNk16, A = K from registers (codes -> f16; fp8_ds_mla's rope bf16),
+//                                B = Q (smem, d permuted, f16 / bf16)
+//   O^T[512 x N]    += V^T P^T    8 blocks x 4 x wgmma m64nNk16 bf16, A = V^T from registers, B = P^T (smem)
+//
+// Numerics: exact codes. S: one F2FP turns two e4m3 codes into an exact f16 pair (NaN codes into NaN), Q is
+// stored as f16 times a per-row power of two 2^e that puts the row's largest |q| in [2^14, 2^15) (exact for
+// every element within 2^28 of it; q_row_exponent), fp8_ds_mla's bf16 rope against Q's rope as bf16 times the
+// same 2^e; 2^-e comes back on S with the softmax scale. V: a code converts to bf16 exactly as code * 2^-120
+// (PRMT sign mode, shift, mask: three integer ops per pair; NaN codes come out finite, so a masked key's NaN
+// cannot reach O through P = 0, while an unmasked NaN key's score is NaN and so is its row, SEMANTICS
+// §14.6a), P is stored times 2^56 (exact) so no product is near fp32 subnormals, and 2^64 comes back on O.
+// fp8: S and O times the cache scale; fp8_ds_mla: one S accumulator per 128-column scale group (+ the rope's),
+// combined with the key's four scales in fp32, and one P^T panel per group (P times the key's scale of that
+// group: a value block of 64 rows lies inside one group). This is the portable engine's reading of fp8_ds_mla
+// (codes exact, scales in fp32), not the bf16 upconvert of the 32+-row kernels.
+//
+// Layouts (bank-conflict-free, derived in docs/DECODE.md "Raw-codes kernel"):
+//   ring slot: 64 rows of kStride = 672 bytes (a record, then padding; 672 = 32 mod 128 bytes);
+//   A row rho = 16 w + g (+ 8) of a tile holds key 16 w + sigma(g) (+ 8), sigma = 0 2 4 6 1 3 5 7 (warp w, g = lane / 4);
+//   S: thread t4 = lane % 4 reads bytes 64 j + 16 t4 .. + 15 of its two keys (one 16-byte load each), i.e. k-steps
+//   4j .. 4j + 3, byte 4 i + e -> k-step 4 j + i, column (2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9)[e]; Q's columns are
+//   stored in that permuted order (store_q_permuted); the bf16 rope of fp8_ds_mla the same way in pairs;
+//   V: value block mb, A row 16 w + g + 8 h holds value column 128 (mb / 2) + 32 w + 4 g + 2 (mb % 2) + h, so a
+//   thread's four columns of a scale group are one 4-byte word per key; P^T column rho holds key rho's weight.
+//
+// Warp roles: warpgroup 0 produces (two lanes per row, 16-byte cp.async, zero-filled for keys not loaded,
+// completion by cp.async.mbarrier.arrive on the slot's full barrier, the slot's 64-bit key mask by one arrival
+// per warp); consumer warpgroups c = 0, 1 take alternate tiles (tile it in slot it % 4: consumer c uses slots c
+// and c + 2) with their own online softmax (kernel_small.cuh's), release a slot after their last load from it.
+// Epilogue: tile_io.cuh small_epilogue, warpgroup 1's O^T exchanged through ring slot 1 (drained: one unit).
+//
+// Shared memory (N 16, fp8_ds_mla): Q 18 KiB + 4 slots x 42 KiB + P^T 2 x 4 x 2 KiB + tables = 203 KiB.
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/common/convert.cuh"
+#include "cuda/common/mqa_params.h"
+#include "cuda/common/ptx/barrier.cuh"
+#include "cuda/common/ptx/cp_async.cuh"
+#include "cuda/common/ptx/fence.cuh"
+#include "cuda/common/ptx/griddep.cuh"
+#include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/mma_sync.cuh"
+#include "cuda/common/ptx/setmaxnreg.cuh"
+#include "cuda/common/ptx/warpgroup.cuh"
+#include "cuda/common/ptx/wgmma.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/decode_sm90/pipeline.cuh"
+#include "cuda/decode_sm90/source.cuh"
+#include "cuda/decode_sm90/tile_io.cuh"
+#include "mla/cache_format.h"
+
+namespace mla::cuda::decode_sm90 {
+
+template <int N, CacheFormat F>
+struct RawTraits {
+  static_assert(N == 8 || N == 16, "rows per CTA: 8 or 16");
+  static_assert(F == CacheFormat::fp8 || F == CacheFormat::fp8_ds_mla, "e4m3-coded rows");
+  using T = Traits;
+  static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
+  static constexpr int kRecordBytes = static_cast<int>(CacheFormatTraits<F>::entry_bytes(576, 64));  // 656 / 576
+  static constexpr int kChunks = kRecordBytes / 16;
+  static constexpr int kStride = 672;  // >= the record, = 32 mod 128 (the bank analysis above)
+  static constexpr int kSlotBytes = T::kBlockN * kStride;
+  static constexpr int kSlots = 4;  // tile it in slot it % 4: consumer c owns slots c, c + 2
+  static constexpr int kGroups = kDs ? 4 : 1;  // P^T panels per consumer (one per scale group)
+  static constexpr int kQPanelBytes = N * 128;
+  static constexpr int kPBytes = N * 128 < 1024 ? 1024 : N * 128;
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffRing = T::kPanels * kQPanelBytes;
+  static constexpr int kOffP = kOffRing + kSlots * kSlotBytes;
+  static constexpr int kOffRed = kOffP + 2 * kGroups * kPBytes;  // [2 wg][4 warps][N] fp32
+  static constexpr int kOffML = kOffRed + 2 * 4 * N * 4;         // [2 wg][m, l][N] fp32
+  static constexpr int kOffLim = kOffML + 2 * 2 * N * 4;         // [N] int32
+  static constexpr int kOffAmax = kOffLim + 32 * 4;              // [N] u32: max |q| per row (fp32 bits)
+  static constexpr int kOffQf = kOffAmax + 32 * 4;               // [N] fp32: 2^-e per row (q_row_exponent)
+  static constexpr int kOffMask = kOffQf + 32 * 4;               // [kSlots] u64 (four u16 parts)
+  static constexpr int kOffBar = kOffMask + kSlots * 8;          // full[kSlots], empty[kSlots]
+  static constexpr int kSmemBytes = kOffBar + 2 * kSlots * 8 + 1024;
+  static constexpr int kXRounds = 1;
+  static constexpr int kXBytes = 8 * (N / 2) * 128 * 4;
+  static constexpr int kFullArrivals = 128 + 4;  // one cp.async arrival per producer lane + one mask arrival per warp
+  static constexpr int kProducerRegs = 56;
+  static_assert(kOffRing % 1024 == 0 && kOffP % 1024 == 0, "swizzled panels are 1024-byte aligned");
+  static_assert(kStride % 128 == 32 && kStride >= kRecordBytes, "slot rows");
+  static_assert(kXBytes <= kSlotBytes, "the epilogue exchange fits in ring slot 1");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+};
+
+// ---- exact e4m3 -> bf16 pairs (times 2^-120) ----
+// The pair's two bytes and their sign-replicated bytes as two 16-bit halves (PRMT selector `sel`); shifted by 4,
+// the code's bits 0..6 sit at bf16 bits 4..10 and its sign at bit 15: masked, that is the bf16 of code * 2^-120
+// (the biases differ by 120; e4m3 subnormals land on bf16 subnormals). NaN codes come out finite (flagged apart).
+__device__ __forceinline__ uint32_t raw_pair(uint32_t a, uint32_t b, uint32_t sel) {
+  return (prmt(a, b, sel) << 4) & 0x87f087f0u;
+}
+// Selector of bytes x (from a) and y (from b, 4 + y) with their sign replications.
+__host__ __device__ constexpr uint32_t raw_sel(uint32_t x, uint32_t y) {
+  return x | (x | 8u) << 4 | y << 8 | (y | 8u) << 12;
+}
+
+// Two e4m3 codes (the low or high 16 bits of w) as an f16 pair: exact (every e4m3 value, subnormals included, is
+// a normal f16), NaN codes to NaN. One F2FP per pair.
+__device__ __forceinline__ uint32_t e4m3x2_lo_to_f16x2(uint32_t w) {
+  uint32_t d;
+  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, lo;}" : "=r"(d) : "r"(w));
+  return d;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t w) {
+  uint32_t d;
+  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi;}" : "=r"(d) : "r"(w));
+  return d;
+}
+
+// The power-of-two exponent that brings a query row of largest magnitude `amax_bits` (fp32 bits of max |q|)
+// into [2^14, 2^15): every bf16 value within 2^28 of the row's largest is then a normal f16, so the f16 copy is
+// exact there and the rest are off by at most 2^-39 of the largest (far below fp32 accumulation error). Zero,
+// inf and NaN rows keep 0; the clamp keeps 2^e and 2^-e normal fp32.
+__device__ __forceinline__ int q_row_exponent(uint32_t amax_bits) {
+  const int biased = static_cast<int>(amax_bits >> 23);
+  if (amax_bits == 0 || biased == 255) return 0;
+  const int e = 14 - (biased - 127);
+  return e < -120 ? -120 : e > 120 ? 120 : e;
+}
+__device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
+
+// Query rows [row0, row0 + N) of request g into Q's nine K-major swizzled panels in the consumers' permuted
+// column order, each row times 2^e (q_row_exponent of sAmax[r], the rows' max |q| bits; sQf[r] = 2^-e for the
+// scores), by the 256 consumer threads (index ct): f16 where K comes as e4m3 codes (the latent, fp8's rope),
+// bf16 for fp8_ds_mla's bf16 rope (exact: a power of two). Panel column k = 16 ks + cc of k-step ks holds
+// d = base(ks) + 16 q + 2 h + e for cc = 8 h + 2 q + e (the A fragment's byte order, header comment): latent and
+// fp8 rope ks = 4 j + i: base = 64 j + 4 i; fp8_ds_mla's bf16 rope ks = 32 + s: base = 512 + 32 (s / 2) + 4 (s % 2)
+// with 8 q instead of 16 q (bf16 pairs: a thread's 16-byte load holds two k-steps).
+template <int N, bool kDs>
+__device__ __forceinline__ void store_q_permuted(const MqaRowParams& rp, int64_t g, int row0, int m_rows, uint8_t* sQ,
+                                                 const uint32_t* sAmax, float* sQf, int ct) {
+  constexpr int kItems = N * 36 * 2;  // (row, k-step, half) chunks of 8 columns
+  for (int e = ct; e < kItems; e += Traits::kConsumerThreads) {
+    const int r = e / 72, ks = (e % 72) >> 1, h = e & 1, row = row0 + r;
+    uint32_t v[4] = {0, 0, 0, 0};
+    const int ex = q_row_exponent(sAmax[r]);
+    if (e % 72 == 0) sQf[r] = exp2i(-ex);
+    if (row < m_rows) {
+      const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
+                            (row % rp.h_q) * rp.q_stride_h;
+      const bool rope16 = kDs && ks >= 32;
+      int base, step;
+      if (rope16) {
+        base = 512 + 32 * ((ks - 32) >> 1) + 4 * ((ks - 32) & 1);
+        step = 8;
+      } else {
+        base = 64 * (ks >> 2) + 4 * (ks & 3);
+        step = 16;
+      }
+      const float f = exp2i(ex);
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+        const int d = base + step * qq + 2 * h;
+        const float x0 = dev::bf16_to_float(src[d]) * f, x1 = dev::bf16_to_float(src[d + 1]) * f;
+        v[qq] = rope16 ? ptx::pack_bf16x2(x0, x1) : ptx::pack_f16x2(x0, x1);
+      }
+    }
+    *reinterpret_cast<uint4*>(sQ + (ks >> 2) * (N * 128) + swz(r, 2 * (ks & 3) + h)) = make_uint4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// sAmax[r] = the fp32 bits of max |q| over query row row0 + r (0 past m_rows); sAmax zeroed and published by a
+// consumer barrier before, read after the next one.
+template <int N>
+__device__ __forceinline__ void q_row_amax(const MqaRowParams& rp, int64_t g, int row0, int m_rows, uint32_t* sAmax,
+                                           int ct) {
+  for (int e = ct; e < N * 72; e += Traits::kConsumerThreads) {  // (row, 8 columns)
+    const int r = e / 72, row = row0 + r;
+    if (row >= m_rows) continue;
+    const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
+                          (row % rp.h_q) * rp.q_stride_h + 8 * (e % 72);
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t b = (uint32_t(src[i]) << 16) & 0x7fffffffu;  // |q| as fp32 bits: ordered like the values
+      m = b > m ? b : m;
+    }
+    atomicMax(&sAmax[r], m);
+  }
+}
+
+// Producer warp `warp` (0..3): rows 16 warp .. + 15 of every tile, two lanes per row (chunks of parity lane % 2).
+template <class L, class Rows>
+__device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Unit& u, uint8_t* smem, int warp, int lane) {
+  const int r = 16 * warp + (lane >> 1), hf = lane & 1;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
+  uint64_t* empty = full + L::kSlots;
+  uint16_t* masks = reinterpret_cast<uint16_t*>(smem + L::kOffMask);  // [slot][warp]
+  const uint8_t* cache = p.gather.cache;
+  int64_t off = 0;
+  bool ok = Rows::row_offset(p, u, u.key_begin + r, off);
+  for (int it = 0; it < u.n_tiles; ++it) {
+    const int s = it % L::kSlots;
+    int64_t off_next = 0;  // the next tile's row, its loads in flight during the wait
+    const bool ok_next = Rows::row_offset(p, u, u.key_begin + (it + 1) * Traits::kBlockN + r, off_next);
+    ptx::mbar_wait(&empty[s], ((it / L::kSlots) & 1) ^ 1);
+    uint8_t* dst = smem + L::kOffRing + s * L::kSlotBytes + r * L::kStride;
+    const uint8_t* src = ok ? cache + off : cache;
+#pragma unroll
+    for (int i = 0; i < (L::kChunks + 1) / 2; ++i) {
+      const int ch = 2 * i + hf;
+      if (ch < L::kChunks) ptx::cp_async_16_zfill(dst + 16 * ch, src + (ok ? 16 * ch : 0), ok ? 16u : 0u);
+    }
+    uint32_t m = __ballot_sync(0xffffffffu, ok) & 0x55555555u;  // even lanes: rows 16 warp + lane / 2
+    m = (m | m >> 1) & 0x33333333u;
+    m = (m | m >> 2) & 0x0f0f0f0fu;
+    m = (m | m >> 4) & 0x00ff00ffu;
+    m = (m | m >> 8) & 0x0000ffffu;
+    if (lane == 0) {
+      masks[4 * s + warp] = static_cast<uint16_t>(m);
+      ptx::mbar_arrive(&full[s]);  // releases the mask part
+    }
+    ptx::cp_async_arrive_mbarrier(&full[s]);
+    ok = ok_next;
+    off = off_next;
+  }
+}
+
+// Rows: PagedRows (mqa_decode, the uniform split-KV schedule's one unit per CTA) or IndexedRows (sparse_mqa).
+template <int N, CacheFormat F, class Rows>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    decode_sm90_raw_kernel(const __grid_constant__ CUtensorMap, const DecodeSm90Params p) {
+  using T = Traits;
+  using L = RawTraits<N, F>;
+  constexpr bool kDs = L::kDs;
+  constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e
+  constexpr int kAcc = kDs ? 5 : 1;  // S accumulators: 4 scale groups + the rope, or one
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = aligned_smem(smem_raw);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
+  uint64_t* empty = full + L::kSlots;
+  ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
+  const Unit u(p, !Rows::kPaged);
+  if (u.n_tiles == 0) {  // uniform over the CTA
+    write_empty_unit(p, u, threadIdx.x, blockDim.x);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kSlots; ++s) {
+      ptx::mbar_init(&full[s], L::kFullArrivals);
+      ptx::mbar_init(&empty[s], 128);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (ptx::warpgroup_index() == 0) {
+    ptx::setmaxnreg_dec<L::kProducerRegs>();
+    produce_raw<L, Rows>(p, u, smem, ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
+    ptx::cp_async_commit();  // no lane leaves with copies in flight
+    ptx::cp_async_wait<0>();
+    return;
+  }
+  ptx::setmaxnreg_inc<(504 - L::kProducerRegs) / 2>();
+
+  const MqaRowParams& rp = p.rows;
+  const int c = ptx::warpgroup_index() - 1, ct = threadIdx.x - 128;
+  const int w = ptx::warp_idx_in_warpgroup(), lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
+  const int wg_bar = 2 + c;
+  uint8_t* sQ = smem + L::kOffQ;
+  uint8_t* sP = smem + L::kOffP + c * L::kGroups * L::kPBytes;
+  float* sRed = reinterpret_cast<float*>(smem + L::kOffRed) + c * 4 * N;
+  float* sML = reinterpret_cast<float*>(smem + L::kOffML);
+  int* sLim = reinterpret_cast<int*>(smem + L::kOffLim);
+  const uint64_t* sMask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask);
+  // This thread's S rows: A rows rho_lo = 16 w + g8 and rho_hi = rho_lo + 8 hold keys key_lo, key_hi.
+  const int sig = 2 * (g8 & 3) + (g8 >> 2);
+  const int key_lo = 16 * w + sig, key_hi = key_lo + 8, rho_lo = 16 * w + g8, rho_hi = rho_lo + 8;
+  // V: in each 16-key block, this thread's K columns 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9 are keys kv[0..3]; its
+  // load i reads kv[i ^ (t4 & 1)] (distinct banks over the warp), so pair selectors swap their sources for odd t4.
+  const int s0 = 2 * ((2 * t4) & 3) + ((2 * t4) >> 2), s1 = 2 * ((2 * t4 + 1) & 3) + ((2 * t4 + 1) >> 2);
+  const int kv[4] = {s0, s1, s0 + 8, s1 + 8};
+  int v_off[4];  // byte offsets in a slot of load i (value group 0)
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v_off[i] = ((t4 & 1) ? kv[i ^ 1] : kv[i]) * L::kStride + 4 * (8 * w + g8);
+  uint32_t v_sel[4];  // byte b of the pair's first key, then of its second
+#pragma unroll
+  for (int b = 0; b < 4; ++b) v_sel[b] = (t4 & 1) ? raw_sel(4 + b, b) : raw_sel(b, 4 + b);
+
+  uint32_t* sAmax = reinterpret_cast<uint32_t*>(smem + L::kOffAmax);
+  float* sQf = reinterpret_cast<float*>(smem + L::kOffQf);
+  if (ct < N) {
+    const int row = u.row0 + ct;
+    const int l = row >= u.m_rows ? -1 : p.causal ? u.seq_len - rp.s_q + row / rp.h_q : u.seq_len - 1;
+    sLim[ct] = l < -1 ? -1 : l;
+    sAmax[ct] = 0;
+  }
+  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+  q_row_amax<N>(rp, u.g, u.row0, u.m_rows, sAmax, ct);
+  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+  store_q_permuted<N, kDs>(rp, u.g, u.row0, u.m_rows, sQ, sAmax, sQf, ct);
+  ptx::fence_proxy_async_smem();
+  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+
+  float m_run[kRows], l_part[kRows];
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    m_run[rr] = -INFINITY;
+    l_part[rr] = 0.0f;
+  }
+  // S: Q's rows carry 2^e (q_row_exponent), undone per row with the softmax scale (and fp8's cache scale);
+  // O: 2^64 undoes V's 2^-120 and P's 2^56, fp8 also carries the cache scale.
+  constexpr float kUndo = 0x1p64f;
+  float sl2[kRows];
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr)
+    sl2[rr] = (kDs ? rp.scale_log2 : rp.scale_log2 * p.gather.scale) * sQf[8 * (rr / 2) + 2 * t4 + rr % 2];
+  const float out_scale = kDs ? kUndo : p.gather.scale * kUndo;
+  const uint64_t dQ = ptx::desc_sw128_k_major(sQ), dP = ptx::desc_sw128_k_major(sP);
+  // The rows' last visible key (causal, length): in registers, off the scores' latency chain, where they fit
+  // (fp8: one S accumulator; fp8_ds_mla's five leave no room, its scores read sLim).
+  int lims[kRows];
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) lims[rr] = kDs ? 0 : sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
+  float o[8][N / 2];
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) o[mb][i] = 0.0f;
+
+  for (int it = c; it < u.n_tiles; it += 2) {
+    const int s = it % L::kSlots;
+    const int k0 = u.key_begin + it * T::kBlockN;
+    ptx::mbar_wait(&full[s], (it / L::kSlots) & 1);
+    const uint64_t mask = sMask[s];
+    const uint8_t* slot = smem + L::kOffRing + s * L::kSlotBytes;
+    const uint8_t* row_lo = slot + key_lo * L::kStride;
+    const uint8_t* row_hi = slot + key_hi * L::kStride;
+
+    // ---- S^T = K Q^T: chunk j = k-steps 4j .. 4j + 3 (j 8: the rope), A double-buffered, raw loads one ahead ----
+    float sacc[kAcc][N / 2];
+    uint32_t a[2][16];
+    // [buffer][lo, hi]: chunk j's 16 bytes of each key, loaded kAhead chunks ahead (LDS latency; fp8_ds_mla's five
+    // S accumulators leave registers for one chunk ahead only)
+    constexpr int kAhead = kDs ? 1 : 2;
+    uint4 x[kAhead + 1][2];
+    uint4 xr[2];    // fp8_ds_mla rope: the second 16 bytes (elements 32 + 8 t4 ..) of each key
+    auto load_chunk = [&](int j, uint4 (&dst)[2]) {
+      const int o16 = j < 8 ? 64 * j + 16 * t4 : (kDs ? 528 + 16 * t4 : 512 + 16 * t4);
+      dst[0] = *reinterpret_cast<const uint4*>(row_lo + o16);
+      dst[1] = *reinterpret_cast<const uint4*>(row_hi + o16);
+    };
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) load_chunk(j, x[j]);
+#pragma unroll
+    for (int j = 0; j < 9; ++j) {
+      if (j + kAhead <= 8) load_chunk(j + kAhead, x[(j + kAhead) % (kAhead + 1)]);
+      if (kDs && j == 7) {  // the rope's second half one chunk ahead only (registers)
+        xr[0] = *reinterpret_cast<const uint4*>(row_lo + 592 + 16 * t4);
+        xr[1] = *reinterpret_cast<const uint4*>(row_hi + 592 + 16 * t4);
+      }
+      if (j >= 2) ptx::wgmma_wait_group<1>();  // chunk j - 2's products retired: its A buffer is free
+      uint32_t(&aj)[16] = a[j & 1];
+      ptx::wgmma_fence_operand(aj);
+      const uint4& xl = x[j % (kAhead + 1)][0];
+      const uint4& xh = x[j % (kAhead + 1)][1];
+      const uint32_t wl[4] = {xl.x, xl.y, xl.z, xl.w}, wh[4] = {xh.x, xh.y, xh.z, xh.w};
+      if (kDs && j == 8) {  // bf16 rope: the words are the A pairs (k-steps 32, 33 from x, 34, 35 from xr)
+        const uint32_t rl[4] = {xr[0].x, xr[0].y, xr[0].z, xr[0].w}, rh[4] = {xr[1].x, xr[1].y, xr[1].z, xr[1].w};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          aj[4 * i] = wl[2 * i];
+          aj[4 * i + 1] = wh[2 * i];
+          aj[4 * i + 2] = wl[2 * i + 1];
+          aj[4 * i + 3] = wh[2 * i + 1];
+          aj[8 + 4 * i] = rl[2 * i];
+          aj[8 + 4 * i + 1] = rh[2 * i];
+          aj[8 + 4 * i + 2] = rl[2 * i + 1];
+          aj[8 + 4 * i + 3] = rh[2 * i + 1];
+        }
+      } else {  // e4m3 pairs to f16 (NaN codes to NaN: a NaN key's scores come out NaN)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          aj[4 * i] = e4m3x2_lo_to_f16x2(wl[i]);
+          aj[4 * i + 1] = e4m3x2_lo_to_f16x2(wh[i]);
+          aj[4 * i + 2] = e4m3x2_hi_to_f16x2(wl[i]);
+          aj[4 * i + 3] = e4m3x2_hi_to_f16x2(wh[i]);
+        }
+      }
+      const int acc = kDs ? (j < 8 ? j / 2 : 4) : 0;
+#pragma unroll
+      for (int k = 0; k < kAcc; ++k) ptx::wgmma_fence_operand(sacc[k]);
+      ptx::wgmma_fence_operand(aj);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int ks = 4 * j + i;
+        const uint32_t ai[4] = {aj[4 * i], aj[4 * i + 1], aj[4 * i + 2], aj[4 * i + 3]};
+        const bool accumulate = kDs ? (j < 8 ? (j % 2 != 0 || i > 0) : i > 0) : ks > 0;
+        const uint64_t dq = ptx::desc_advance(dQ, (ks >> 2) * L::kQPanelBytes + (ks & 3) * 32);
+        if (kDs && j == 8) ptx::wgmma_bf16_rs<N>(sacc[acc], ai, dq, accumulate);
+        else ptx::wgmma_f16_rs<N>(sacc[acc], ai, dq, accumulate);
+      }
+      ptx::wgmma_commit_group();
+    }
+    ptx::wgmma_wait_group<0>();
+#pragma unroll
+    for (int k = 0; k < kAcc; ++k) ptx::wgmma_fence_operand(sacc[k]);
+    ptx::wgmma_fence_operand(a[0]);
+    ptx::wgmma_fence_operand(a[1]);
+
+    // ---- scores: the groups' scales (fp8_ds_mla), mask, column (= query row) max over the 64 keys ----
+    float sc_lo[4] = {1.0f, 1.0f, 1.0f, 1.0f}, sc_hi[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    if constexpr (kDs) {
+      const float4 a4 = *reinterpret_cast<const float4*>(row_lo + 512), b4 = *reinterpret_cast<const float4*>(row_hi + 512);
+      sc_lo[0] = a4.x; sc_lo[1] = a4.y; sc_lo[2] = a4.z; sc_lo[3] = a4.w;
+      sc_hi[0] = b4.x; sc_hi[1] = b4.y; sc_hi[2] = b4.z; sc_hi[3] = b4.w;
+    }
+    float sv[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const bool hi = (i & 2) != 0;
+      float v;
+      if constexpr (kDs) {
+        const float* sc = hi ? sc_hi : sc_lo;
+        v = sc[0] * sacc[0][i] + sc[1] * sacc[1][i] + sc[2] * sacc[2][i] + sc[3] * sacc[3][i] + sacc[4][i];
+      } else {
+        v = sacc[0][i];
+      }
+      sv[i] = v;
+    }
+    const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      const int i = 4 * (rr / 2) + rr % 2;  // sv[i]: (key_lo, row rr), sv[i + 2]: (key_hi, row rr)
+      const int lim = kDs ? sLim[8 * (rr / 2) + 2 * t4 + rr % 2] : lims[rr];
+      sv[i] = in_lo && k0 + key_lo <= lim ? sv[i] * sl2[rr] : -INFINITY;
+      sv[i + 2] = in_hi && k0 + key_hi <= lim ? sv[i + 2] * sl2[rr] : -INFINITY;
+    }
+    float alpha[kRows], p_lo[kRows], p_hi[kRows];
+    small_tile_softmax<N>(sv, m_run, l_part, alpha, p_lo, p_hi, sRed, w, g8, t4, wg_bar);
+    // P^T [n][rho] bf16 (times 2^56, and per panel the key's scale of that group), rho at chunk rho / 8; one
+    // conversion for both keys (the conversion unit is scarce).
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
+#pragma unroll
+      for (int gi = 0; gi < L::kGroups; ++gi) {
+        uint8_t* pp = sP + gi * L::kPBytes;
+        const uint32_t pk = ptx::pack_bf16x2(p_lo[rr] * (0x1p56f * sc_lo[gi]), p_hi[rr] * (0x1p56f * sc_hi[gi]));
+        *reinterpret_cast<uint16_t*>(pp + swz(n, rho_lo >> 3) + 2 * (rho_lo & 7)) = static_cast<uint16_t>(pk);
+        *reinterpret_cast<uint16_t*>(pp + swz(n, rho_hi >> 3) + 2 * (rho_hi & 7)) = static_cast<uint16_t>(pk >> 16);
+      }
+    }
+    small_rescale_o<N>(o, alpha);
+    ptx::fence_proxy_async_smem();
+    ptx::named_barrier_sync(wg_bar, 128);
+
+    // ---- O^T += V^T P^T: value group gv = blocks 2 gv, 2 gv + 1; one word per key and group ----
+    uint32_t va[2][32];
+#pragma unroll
+    for (int gv = 0; gv < 4; ++gv) {
+      uint32_t wv[4][4];  // [16-key block][load i]
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          wv[kb][i] = *reinterpret_cast<const uint32_t*>(slot + 16 * kb * L::kStride + v_off[i] + 128 * gv);
+      if (gv >= 2) ptx::wgmma_wait_group<1>();   // group gv - 2's products retired: its A buffer is free
+      uint32_t(&ag)[32] = va[gv & 1];
+      ptx::wgmma_fence_operand(ag);
+#pragma unroll
+      for (int jb = 0; jb < 2; ++jb)      // value block 2 gv + jb: bytes 2 jb (rows g8) and 2 jb + 1 (rows g8 + 8)
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {  // (wv[kb][0], wv[kb][1]): columns 2 t4, 2 t4 + 1; (2, 3): + 8
+          uint32_t* d = ag + 16 * jb + 4 * kb;
+          d[0] = raw_pair(wv[kb][0], wv[kb][1], v_sel[2 * jb]);
+          d[1] = raw_pair(wv[kb][0], wv[kb][1], v_sel[2 * jb + 1]);
+          d[2] = raw_pair(wv[kb][2], wv[kb][3], v_sel[2 * jb]);
+          d[3] = raw_pair(wv[kb][2], wv[kb][3], v_sel[2 * jb + 1]);
+        }
+      if (gv == 3) ptx::mbar_arrive(&empty[s]);  // this thread's last words of the slot are consumed
+      ptx::wgmma_fence_operand(ag);
+      ptx::wgmma_fence_operand(o[2 * gv]);
+      ptx::wgmma_fence_operand(o[2 * gv + 1]);
+      ptx::wgmma_fence();
+      const uint64_t dp = ptx::desc_advance(dP, (kDs ? gv : 0) * L::kPBytes);
+#pragma unroll
+      for (int jb = 0; jb < 2; ++jb)
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+          const uint32_t ai[4] = {ag[16 * jb + 4 * kb], ag[16 * jb + 4 * kb + 1], ag[16 * jb + 4 * kb + 2],
+                                  ag[16 * jb + 4 * kb + 3]};
+          ptx::wgmma_bf16_rs<N>(o[2 * gv + jb], ai, ptx::desc_advance(dp, kb * 32), true);
+        }
+      ptx::wgmma_commit_group();
+    }
+    ptx::wgmma_wait_group<0>();
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) ptx::wgmma_fence_operand(o[mb]);
+    ptx::wgmma_fence_operand(va[0]);
+    ptx::wgmma_fence_operand(va[1]);
+  }
+
+  // ---- epilogue (kernel_small's): warpgroup 1's O^T through ring slot 1 (consumer 1's, drained) ----
+  float* xo = reinterpret_cast<float*>(smem + L::kOffRing + L::kSlotBytes);
+  small_epilogue<N, L::kXRounds>(p, u, o, m_run, l_part, sRed, sML, xo, out_scale, c, wg_bar, [&](int mb, int i) {
+    return 128 * (mb >> 1) + 32 * w + 4 * g8 + 2 * (mb & 1) + ((i >> 1) & 1);
+  });
+}
+
+}  // namespace mla::cuda::decode_sm90
