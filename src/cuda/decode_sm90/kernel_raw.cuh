@@ -83,7 +83,8 @@ struct RawTraits {
   static constexpr int kOffLim = kOffML + 2 * 2 * N * 4;         // [N] int32
   static constexpr int kOffAmax = kOffLim + 32 * 4;              // [N] u32: max |q| per row (fp32 bits)
   static constexpr int kOffQf = kOffAmax + 32 * 4;               // [N] fp32: 2^-e per row (q_row_exponent)
-  static constexpr int kOffMask = kOffQf + 32 * 4;               // [kSlots] u64 (four u16 parts)
+  static constexpr int kOffOver = kOffQf + 32 * 4;               // [2 wg][4 warps] u8: lazy-max overflow flags
+  static constexpr int kOffMask = kOffOver + 16;                 // [kSlots] u64 (four u16 parts)
   static constexpr int kOffBar = kOffMask + kSlots * 8;          // full[kSlots], empty[kSlots]
   static constexpr int kSmemBytes = kOffBar + 2 * kSlots * 8 + 1024;
   static constexpr int kXRounds = 1;
@@ -292,6 +293,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   uint32_t* sAmax = reinterpret_cast<uint32_t*>(smem + L::kOffAmax);
   float* sQf = reinterpret_cast<float*>(smem + L::kOffQf);
+  uint8_t* sOver = smem + L::kOffOver;
   if (ct < N) {
     const int row = u.row0 + ct;
     const int l = row >= u.m_rows ? -1 : p.causal ? u.seq_len - rp.s_q + row / rp.h_q : u.seq_len - 1;
@@ -440,24 +442,55 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       sv[i] = in_lo && k0 + key_lo <= lim ? sv[i] * sl2[rr] : -INFINITY;
       sv[i + 2] = in_hi && k0 + key_hi <= lim ? sv[i + 2] * sl2[rr] : -INFINITY;
     }
-    float alpha[kRows], p_lo[kRows], p_hi[kRows];
-    small_tile_softmax<N>(sv, m_run, l_part, alpha, p_lo, p_hi, sRed, w, g8, t4, wg_bar);
     // P^T [n][rho] bf16 (times 2^56, and per panel the key's scale of that group), rho at chunk rho / 8; one
     // conversion for both keys (the conversion unit is scarce).
+    auto store_pt = [&](const float (&pl)[kRows], const float (&ph)[kRows]) {
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
+#pragma unroll
+        for (int gi = 0; gi < L::kGroups; ++gi) {
+          uint8_t* pp = sP + gi * L::kPBytes;
+          const uint32_t pk = ptx::pack_bf16x2(pl[rr] * (0x1p56f * sc_lo[gi]), ph[rr] * (0x1p56f * sc_hi[gi]));
+          *reinterpret_cast<uint16_t*>(pp + swz(n, rho_lo >> 3) + 2 * (rho_lo & 7)) = static_cast<uint16_t>(pk);
+          *reinterpret_cast<uint16_t*>(pp + swz(n, rho_hi >> 3) + 2 * (rho_hi & 7)) = static_cast<uint16_t>(pk >> 16);
+        }
+      }
+    };
+    // Lazy maximum: the weights are taken against the running maximum m_run as it stands, with no exchange of
+    // the tile's maxima, unless some score exceeds it by more than 2^kLazyLog2 (then p could overflow the
+    // headroom): each warp flags that, the flags ride on the P^T barrier, and a flagged tile (the first of a
+    // unit, a jump of the maximum; uniform over the warpgroup) redoes the exact step (small_tile_softmax, O's
+    // rescale) and P^T. Weights up to 2^8 leave bf16 P (times 2^56 and a scale) and the fp32 sums ample range;
+    // O and l share the reference, so out = O / l and lse = m + log l are unchanged.
+    constexpr float kLazyLog2 = 8.0f;
+    float p_lo[kRows], p_hi[kRows];
+    bool over = false;
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
-      const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
-#pragma unroll
-      for (int gi = 0; gi < L::kGroups; ++gi) {
-        uint8_t* pp = sP + gi * L::kPBytes;
-        const uint32_t pk = ptx::pack_bf16x2(p_lo[rr] * (0x1p56f * sc_lo[gi]), p_hi[rr] * (0x1p56f * sc_hi[gi]));
-        *reinterpret_cast<uint16_t*>(pp + swz(n, rho_lo >> 3) + 2 * (rho_lo & 7)) = static_cast<uint16_t>(pk);
-        *reinterpret_cast<uint16_t*>(pp + swz(n, rho_hi >> 3) + 2 * (rho_hi & 7)) = static_cast<uint16_t>(pk >> 16);
-      }
+      const int i = 4 * (rr / 2) + rr % 2;
+      const float top = m_run[rr] + kLazyLog2;  // -inf before the first key: every finite score is over
+      over |= sv[i] > top || sv[i + 2] > top;   // NaN scores are not over: they turn their row NaN either way
+      const float base_m = m_run[rr] == -INFINITY ? 0.0f : m_run[rr];
+      p_lo[rr] = softmax::exp2_approx(sv[i] - base_m);
+      p_hi[rr] = softmax::exp2_approx(sv[i + 2] - base_m);
     }
-    small_rescale_o<N>(o, alpha);
+    const bool warp_over = __any_sync(0xffffffffu, over);
+    if (lane == 0) sOver[4 * c + w] = warp_over ? 1 : 0;
+    store_pt(p_lo, p_hi);
     ptx::fence_proxy_async_smem();
     ptx::named_barrier_sync(wg_bar, 128);
+    if (*reinterpret_cast<const uint32_t*>(sOver + 4 * c) != 0) {  // the exact step (rare after the first tile)
+      float alpha[kRows];
+      small_tile_softmax<N>(sv, m_run, l_part, alpha, p_lo, p_hi, sRed, w, g8, t4, wg_bar);
+      store_pt(p_lo, p_hi);
+      small_rescale_o<N>(o, alpha);
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_sync(wg_bar, 128);
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) l_part[rr] += p_lo[rr] + p_hi[rr];
+    }
 
     // ---- O^T += V^T P^T: value group gv = blocks 2 gv, 2 gv + 1; one word per key and group ----
     uint32_t va[2][32];
