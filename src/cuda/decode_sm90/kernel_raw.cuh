@@ -104,6 +104,8 @@ struct RawTraits {
 __device__ __forceinline__ uint32_t raw_pair(uint32_t a, uint32_t b, uint32_t sel) {
   return (prmt(a, b, sel) << 4) & 0x87f087f0u;
 }
+// Bit 7 of a byte set where the byte is a NaN code (bits 0..6 all set).
+__device__ __forceinline__ uint32_t nan_bytes(uint32_t w) { return (w & 0x7f7f7f7fu) + 0x01010101u; }
 // Selector of bytes x (from a) and y (from b, 4 + y) with their sign replications.
 __host__ __device__ constexpr uint32_t raw_sel(uint32_t x, uint32_t y) {
   return x | (x | 8u) << 4 | y << 8 | (y | 8u) << 12;
@@ -240,6 +242,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kDs = L::kDs;
   constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e
   constexpr int kAcc = kDs ? 5 : 1;  // S accumulators: 4 scale groups + the rope, or one
+  constexpr bool kF16V = !kDs;       // V as f16 through F2FP (fp8); fp8_ds_mla: bf16 (P times a key's scale)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
@@ -287,9 +290,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   int v_off[4];  // byte offsets in a slot of load i (value group 0)
 #pragma unroll
   for (int i = 0; i < 4; ++i) v_off[i] = ((t4 & 1) ? kv[i ^ 1] : kv[i]) * L::kStride + 4 * (8 * w + g8);
-  uint32_t v_sel[4];  // byte b of the pair's first key, then of its second
+  uint32_t v_sel[4];  // bf16 V: byte b of the pair's first key, then of its second (sign-replicated halves)
 #pragma unroll
   for (int b = 0; b < 4; ++b) v_sel[b] = (t4 & 1) ? raw_sel(4 + b, b) : raw_sel(b, 4 + b);
+  // f16 V (fp8): bytes b of both keys, then bytes b + 1 of both, as one word for two F2FP (b = 0, 2)
+  uint32_t v_sel16[2];
+#pragma unroll
+  for (int jb = 0; jb < 2; ++jb) {
+    const uint32_t b = 2 * jb, x = (t4 & 1) ? 4 : 0, y = 4 - x;  // the first key's word is a (even t4) or b
+    v_sel16[jb] = (b + x) | (b + y) << 4 | (b + 1 + x) << 8 | (b + 1 + y) << 12;
+  }
 
   uint32_t* sAmax = reinterpret_cast<uint32_t*>(smem + L::kOffAmax);
   float* sQf = reinterpret_cast<float*>(smem + L::kOffQf);
@@ -320,13 +330,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr)
     sl2[rr] = (kDs ? rp.scale_log2 : rp.scale_log2 * p.gather.scale) * sQf[8 * (rr / 2) + 2 * t4 + rr % 2];
-  const float out_scale = kDs ? kUndo : p.gather.scale * kUndo;
+  // fp8's V is f16 (exact codes) against P times 2^7: O carries 2^7 instead of 2^64.
+  const float out_scale = kDs ? kUndo : p.gather.scale * 0x1p-7f;
   const uint64_t dQ = ptx::desc_sw128_k_major(sQ), dP = ptx::desc_sw128_k_major(sP);
   // The rows' last visible key (causal, length): in registers, off the scores' latency chain, where they fit
   // (fp8: one S accumulator; fp8_ds_mla's five leave no room, its scores read sLim).
   int lims[kRows];
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) lims[rr] = kDs ? 0 : sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
+  // f16 V turns a NaN code into NaN, and NaN * (P = 0) is NaN: a loaded key that some valid row must not see (the
+  // causal limits of s_q > 1) would poison that row. Such tiles (`clean` false; the last one or two of a request)
+  // first turn NaN codes into 448: rows that see the key are NaN through their score already (S reads the codes
+  // as they are), the others multiply a finite value by 0. Keys past seq_len are never loaded.
+  int lim_min = 0x7fffffff;
+  for (int n = 0; n < N; ++n)
+    if (u.row0 + n < u.m_rows) lim_min = min(lim_min, sLim[n]);
   float o[8][N / 2];
 #pragma unroll
   for (int mb = 0; mb < 8; ++mb)
@@ -336,6 +354,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   for (int it = c; it < u.n_tiles; it += 2) {
     const int s = it % L::kSlots;
     const int k0 = u.key_begin + it * T::kBlockN;
+    const bool clean = min(k0 + T::kBlockN, u.seq_len) - 1 <= lim_min;
     ptx::mbar_wait(&full[s], (it / L::kSlots) & 1);
     const uint64_t mask = sMask[s];
     const uint8_t* slot = smem + L::kOffRing + s * L::kSlotBytes;
@@ -451,7 +470,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
         for (int gi = 0; gi < L::kGroups; ++gi) {
           uint8_t* pp = sP + gi * L::kPBytes;
-          const uint32_t pk = ptx::pack_bf16x2(pl[rr] * (0x1p56f * sc_lo[gi]), ph[rr] * (0x1p56f * sc_hi[gi]));
+          const uint32_t pk = kF16V ? ptx::pack_f16x2(pl[rr] * 0x1p7f, ph[rr] * 0x1p7f)
+                                    : ptx::pack_bf16x2(pl[rr] * (0x1p56f * sc_lo[gi]), ph[rr] * (0x1p56f * sc_hi[gi]));
           *reinterpret_cast<uint16_t*>(pp + swz(n, rho_lo >> 3) + 2 * (rho_lo & 7)) = static_cast<uint16_t>(pk);
           *reinterpret_cast<uint16_t*>(pp + swz(n, rho_hi >> 3) + 2 * (rho_hi & 7)) = static_cast<uint16_t>(pk >> 16);
         }
@@ -505,15 +525,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (gv >= 2) ptx::wgmma_wait_group<1>();   // group gv - 2's products retired: its A buffer is free
       uint32_t(&ag)[32] = va[gv & 1];
       ptx::wgmma_fence_operand(ag);
+      if (kF16V && !clean) {  // NaN codes to 448 (see `clean`)
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) wv[kb][i] &= ~((nan_bytes(wv[kb][i]) & 0x80808080u) >> 7);
+      }
 #pragma unroll
       for (int jb = 0; jb < 2; ++jb)      // value block 2 gv + jb: bytes 2 jb (rows g8) and 2 jb + 1 (rows g8 + 8)
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) {  // (wv[kb][0], wv[kb][1]): columns 2 t4, 2 t4 + 1; (2, 3): + 8
           uint32_t* d = ag + 16 * jb + 4 * kb;
-          d[0] = raw_pair(wv[kb][0], wv[kb][1], v_sel[2 * jb]);
-          d[1] = raw_pair(wv[kb][0], wv[kb][1], v_sel[2 * jb + 1]);
-          d[2] = raw_pair(wv[kb][2], wv[kb][3], v_sel[2 * jb]);
-          d[3] = raw_pair(wv[kb][2], wv[kb][3], v_sel[2 * jb + 1]);
+          if constexpr (kF16V) {
+            const uint32_t x01 = prmt(wv[kb][0], wv[kb][1], v_sel16[jb]), x23 = prmt(wv[kb][2], wv[kb][3], v_sel16[jb]);
+            d[0] = e4m3x2_lo_to_f16x2(x01);
+            d[1] = e4m3x2_hi_to_f16x2(x01);
+            d[2] = e4m3x2_lo_to_f16x2(x23);
+            d[3] = e4m3x2_hi_to_f16x2(x23);
+          } else {
+            d[0] = raw_pair(wv[kb][0], wv[kb][1], v_sel[2 * jb]);
+            d[1] = raw_pair(wv[kb][0], wv[kb][1], v_sel[2 * jb + 1]);
+            d[2] = raw_pair(wv[kb][2], wv[kb][3], v_sel[2 * jb]);
+            d[3] = raw_pair(wv[kb][2], wv[kb][3], v_sel[2 * jb + 1]);
+          }
         }
       if (gv == 3) ptx::mbar_arrive(&empty[s]);  // this thread's last words of the slot are consumed
       ptx::wgmma_fence_operand(ag);
@@ -527,7 +561,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         for (int kb = 0; kb < 4; ++kb) {
           const uint32_t ai[4] = {ag[16 * jb + 4 * kb], ag[16 * jb + 4 * kb + 1], ag[16 * jb + 4 * kb + 2],
                                   ag[16 * jb + 4 * kb + 3]};
-          ptx::wgmma_bf16_rs<N>(o[2 * gv + jb], ai, ptx::desc_advance(dp, kb * 32), true);
+          if constexpr (kF16V) ptx::wgmma_f16_rs<N>(o[2 * gv + jb], ai, ptx::desc_advance(dp, kb * 32), true);
+          else ptx::wgmma_bf16_rs<N>(o[2 * gv + jb], ai, ptx::desc_advance(dp, kb * 32), true);
         }
       ptx::wgmma_commit_group();
     }
