@@ -204,19 +204,28 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
   uint64_t* empty = full + L::kSlots;
   uint16_t* masks = reinterpret_cast<uint16_t*>(smem + L::kOffMask);  // [slot][warp]
   const uint8_t* cache = p.gather.cache;
+  // The key's global read (index / block id) two tiles ahead of its copies, its offset one tile ahead: neither
+  // read's latency sits in front of a tile's copies (sparse: ~740 of the producer's 2570 ncu samples did).
+  constexpr int kB = Traits::kBlockN;
+  const int j0 = u.key_begin + r;
   int64_t off = 0;
-  bool ok = Rows::row_offset(p, u, u.key_begin + r, off);
+  bool ok = Rows::locate(p, j0, Rows::fetch(p, u, j0), off);
+  int32_t raw_next = Rows::fetch(p, u, j0 + kB);
   for (int it = 0; it < u.n_tiles; ++it) {
     const int s = it % L::kSlots;
-    int64_t off_next = 0;  // the next tile's row, its loads in flight during the wait
-    const bool ok_next = Rows::row_offset(p, u, u.key_begin + (it + 1) * Traits::kBlockN + r, off_next);
+    const int32_t raw_next2 = Rows::fetch(p, u, j0 + (it + 2) * kB);
+    int64_t off_next = 0;
+    const bool ok_next = Rows::locate(p, j0 + (it + 1) * kB, raw_next, off_next);
     ptx::mbar_wait(&empty[s], ((it / L::kSlots) & 1) ^ 1);
     uint8_t* dst = smem + L::kOffRing + s * L::kSlotBytes + r * L::kStride;
+    // Keys not loaded copy nothing (source size 0) from the cache's first row, a valid address: one base
+    // register for all chunks (immediate offsets), no per-chunk select whose register an in-flight copy reads.
     const uint8_t* src = ok ? cache + off : cache;
+    const uint32_t bytes = ok ? 16u : 0u;
 #pragma unroll
     for (int i = 0; i < (L::kChunks + 1) / 2; ++i) {
       const int ch = 2 * i + hf;
-      if (ch < L::kChunks) ptx::cp_async_16_zfill(dst + 16 * ch, src + (ok ? 16 * ch : 0), ok ? 16u : 0u);
+      if (ch < L::kChunks) ptx::cp_async_16_zfill(dst + 16 * ch, src + 16 * ch, bytes);
     }
     uint32_t m = __ballot_sync(0xffffffffu, ok) & 0x55555555u;  // even lanes: rows 16 warp + lane / 2
     m = (m | m >> 1) & 0x33333333u;
@@ -230,6 +239,7 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
     ptx::cp_async_arrive_mbarrier(&full[s]);
     ok = ok_next;
     off = off_next;
+    raw_next = raw_next2;
   }
 }
 
@@ -241,7 +251,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using L = RawTraits<N, F>;
   constexpr bool kDs = L::kDs;
   constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e
-  constexpr int kAcc = kDs ? 5 : 1;  // S accumulators: 4 scale groups + the rope, or one
+  // S accumulators: fp8_ds_mla two for the scale groups in turn (group g in buffer g % 2, folded into the scores
+  // with its scale as soon as its chunks retire) + the rope's; fp8 one.
+  constexpr int kAcc = kDs ? 3 : 1;
   constexpr bool kF16V = !kDs;       // V as f16 through F2FP (fp8); fp8_ds_mla: bf16 (P times a key's scale)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
@@ -333,11 +345,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // fp8's V is f16 (exact codes) against P times 2^7: O carries 2^7 instead of 2^64.
   const float out_scale = kDs ? kUndo : p.gather.scale * 0x1p-7f;
   const uint64_t dQ = ptx::desc_sw128_k_major(sQ), dP = ptx::desc_sw128_k_major(sP);
-  // The rows' last visible key (causal, length): in registers, off the scores' latency chain, where they fit
-  // (fp8: one S accumulator; fp8_ds_mla's five leave no room, its scores read sLim).
+  // The rows' last visible key (causal, length), in registers: off the scores' latency chain.
   int lims[kRows];
 #pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) lims[rr] = kDs ? 0 : sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
+  for (int rr = 0; rr < kRows; ++rr) lims[rr] = sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
   // f16 V turns a NaN code into NaN, and NaN * (P = 0) is NaN: a loaded key that some valid row must not see (the
   // causal limits of s_q > 1) would poison that row. Such tiles (`clean` false; the last one or two of a request)
   // first turn NaN codes into 448: rows that see the key are NaN through their score already (S reads the codes
@@ -363,10 +374,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // ---- S^T = K Q^T: chunk j = k-steps 4j .. 4j + 3 (j 8: the rope), A double-buffered, raw loads one ahead ----
     float sacc[kAcc][N / 2];
+    float sv[N / 2];  // fp8_ds_mla: the folded groups' sum so far
     uint32_t a[2][16];
-    // [buffer][lo, hi]: chunk j's 16 bytes of each key, loaded kAhead chunks ahead (LDS latency; fp8_ds_mla's five
-    // S accumulators leave registers for one chunk ahead only)
-    constexpr int kAhead = kDs ? 1 : 2;
+    // [buffer][lo, hi]: chunk j's 16 bytes of each key, loaded kAhead chunks ahead (LDS latency)
+    constexpr int kAhead = 2;
+    // fp8_ds_mla: sv (+)= scale of group g x its accumulator (buffer g % 2), the scales of this thread's two keys.
+    auto fold = [&](int g, float s_lo, float s_hi) {
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) {
+        const float t = ((i & 2) ? s_hi : s_lo) * sacc[g & 1][i];
+        sv[i] = g == 0 ? t : sv[i] + t;
+      }
+    };
     uint4 x[kAhead + 1][2];
     uint4 xr[2];    // fp8_ds_mla rope: the second 16 bytes (elements 32 + 8 t4 ..) of each key
     auto load_chunk = [&](int j, uint4 (&dst)[2]) {
@@ -383,7 +402,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         xr[0] = *reinterpret_cast<const uint4*>(row_lo + 592 + 16 * t4);
         xr[1] = *reinterpret_cast<const uint4*>(row_hi + 592 + 16 * t4);
       }
+      const int g_done = j / 2 - 2;  // fp8_ds_mla, even j >= 4: group j / 2 - 2 retires with chunk j - 2
+      float f_lo = 0.0f, f_hi = 0.0f;
+      if (kDs && j >= 4 && j % 2 == 0) {  // its scales, read before the wait (which orders memory)
+        f_lo = *reinterpret_cast<const float*>(row_lo + 512 + 4 * g_done);
+        f_hi = *reinterpret_cast<const float*>(row_hi + 512 + 4 * g_done);
+      }
       if (j >= 2) ptx::wgmma_wait_group<1>();  // chunk j - 2's products retired: its A buffer is free
+      if (kDs && j >= 4 && j % 2 == 0) {       // and group g_done's accumulator is final: fold it, free its buffer
+        ptx::wgmma_fence_operand(sacc[g_done & 1]);
+        fold(g_done, f_lo, f_hi);
+      }
       uint32_t(&aj)[16] = a[j & 1];
       ptx::wgmma_fence_operand(aj);
       const uint4& xl = x[j % (kAhead + 1)][0];
@@ -411,7 +440,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           aj[4 * i + 3] = e4m3x2_hi_to_f16x2(wh[i]);
         }
       }
-      const int acc = kDs ? (j < 8 ? j / 2 : 4) : 0;
+      const int acc = kDs ? (j < 8 ? (j / 2) & 1 : 2) : 0;
 #pragma unroll
       for (int k = 0; k < kAcc; ++k) ptx::wgmma_fence_operand(sacc[k]);
       ptx::wgmma_fence_operand(aj);
@@ -433,31 +462,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::wgmma_fence_operand(a[0]);
     ptx::wgmma_fence_operand(a[1]);
 
-    // ---- scores: the groups' scales (fp8_ds_mla), mask, column (= query row) max over the 64 keys ----
+    // ---- scores: the last group and the rope (fp8_ds_mla), mask, column (= query row) max over the 64 keys ----
     float sc_lo[4] = {1.0f, 1.0f, 1.0f, 1.0f}, sc_hi[4] = {1.0f, 1.0f, 1.0f, 1.0f};
     if constexpr (kDs) {
       const float4 a4 = *reinterpret_cast<const float4*>(row_lo + 512), b4 = *reinterpret_cast<const float4*>(row_hi + 512);
       sc_lo[0] = a4.x; sc_lo[1] = a4.y; sc_lo[2] = a4.z; sc_lo[3] = a4.w;
       sc_hi[0] = b4.x; sc_hi[1] = b4.y; sc_hi[2] = b4.z; sc_hi[3] = b4.w;
-    }
-    float sv[N / 2];
+      fold(3, sc_lo[3], sc_hi[3]);
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i) {
-      const bool hi = (i & 2) != 0;
-      float v;
-      if constexpr (kDs) {
-        const float* sc = hi ? sc_hi : sc_lo;
-        v = sc[0] * sacc[0][i] + sc[1] * sacc[1][i] + sc[2] * sacc[2][i] + sc[3] * sacc[3][i] + sacc[4][i];
-      } else {
-        v = sacc[0][i];
-      }
-      sv[i] = v;
+      for (int i = 0; i < N / 2; ++i) sv[i] += sacc[2][i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) sv[i] = sacc[0][i];
     }
     const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
       const int i = 4 * (rr / 2) + rr % 2;  // sv[i]: (key_lo, row rr), sv[i + 2]: (key_hi, row rr)
-      const int lim = kDs ? sLim[8 * (rr / 2) + 2 * t4 + rr % 2] : lims[rr];
+      const int lim = lims[rr];
       sv[i] = in_lo && k0 + key_lo <= lim ? sv[i] * sl2[rr] : -INFINITY;
       sv[i + 2] = in_hi && k0 + key_hi <= lim ? sv[i + 2] * sl2[rr] : -INFINITY;
     }

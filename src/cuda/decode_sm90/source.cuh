@@ -213,30 +213,46 @@ __device__ __forceinline__ uint4 e4m3x8_exact_to_bf16(uint32_t w0, uint32_t w1) 
 // The page split (row / page_size, row % page_size) by the launch's multiply-shift divisor (gather.page_div,
 // core/fast_div.h: rows and positions are < 2^31): three instructions instead of the ~25 of a division by a
 // run-time int32, which the producer paid per row (ncu, docs/SPARSE.md "Tried" 9).
+// Each splits into fetch (the one global read a key needs: its index, or its page's block id; kNone past the
+// unit's keys) and locate (that value to the row's byte offset, false when the key is not valid), so that a
+// producer can issue the reads of a later tile before it needs them (kernel_raw.cuh produce_raw).
+inline constexpr int32_t kNoRow = INT32_MIN;
 struct IndexedRows {
   static constexpr bool kPaged = false;
-  __device__ static __forceinline__ bool row_offset(const DecodeSm90Params& p, const Unit& u, int j, int64_t& o) {
+  __device__ static __forceinline__ int32_t fetch(const DecodeSm90Params& p, const Unit& u, int j) {
+    return j >= u.key_end ? kNoRow : p.gather.indices[u.g * p.gather.indices_stride + j];
+  }
+  __device__ static __forceinline__ bool locate(const DecodeSm90Params& p, int j, int32_t idx, int64_t& o) {
     const DecodeSm90Params::Gather& gp = p.gather;
-    if (j >= u.key_end) return false;
-    const int32_t idx = gp.indices[u.g * gp.indices_stride + j];
-    if (idx < 0 || idx >= gp.num_slots) return false;
+    (void)j;
+    if (idx < 0 || idx >= gp.num_slots) return false;  // kNoRow included
     uint32_t blk, row;
     fast_divmod(static_cast<uint32_t>(idx), gp.page_div, blk, row);
     o = static_cast<int64_t>(blk) * gp.stride_block_bytes + static_cast<int64_t>(row) * gp.stride_row_bytes;
     return true;
   }
+  __device__ static __forceinline__ bool row_offset(const DecodeSm90Params& p, const Unit& u, int j, int64_t& o) {
+    return locate(p, j, fetch(p, u, j), o);
+  }
 };
 struct PagedRows {
   static constexpr bool kPaged = true;
-  __device__ static __forceinline__ bool row_offset(const DecodeSm90Params& p, const Unit& u, int j, int64_t& o) {
+  __device__ static __forceinline__ int32_t fetch(const DecodeSm90Params& p, const Unit& u, int j) {
+    if (j >= u.key_end) return kNoRow;
+    uint32_t page, row;
+    fast_divmod(static_cast<uint32_t>(j), p.gather.page_div, page, row);
+    return p.block_table[u.g * p.block_table_stride + page];
+  }
+  __device__ static __forceinline__ bool locate(const DecodeSm90Params& p, int j, int32_t blk, int64_t& o) {
     const DecodeSm90Params::Gather& gp = p.gather;
-    if (j >= u.key_end) return false;
+    if (blk < 0 || blk >= p.num_blocks) return false;  // kNoRow included
     uint32_t page, row;
     fast_divmod(static_cast<uint32_t>(j), gp.page_div, page, row);
-    const int64_t blk = p.block_table[u.g * p.block_table_stride + page];
-    if (blk < 0 || blk >= p.num_blocks) return false;
-    o = blk * gp.stride_block_bytes + static_cast<int64_t>(row) * gp.stride_row_bytes;
+    o = static_cast<int64_t>(blk) * gp.stride_block_bytes + static_cast<int64_t>(row) * gp.stride_row_bytes;
     return true;
+  }
+  __device__ static __forceinline__ bool row_offset(const DecodeSm90Params& p, const Unit& u, int j, int64_t& o) {
+    return locate(p, j, fetch(p, u, j), o);
   }
 };
 // The same as one value: the row's byte offset, -1 when the key is not valid.
