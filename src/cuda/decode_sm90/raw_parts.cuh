@@ -1,0 +1,203 @@
+#pragma once
+// The raw-codes kernel's parts (kernel_raw.cuh has the algorithm, warp roles and shared-memory budget): its
+// shared-memory layout (RawTraits), the code conversions the consumers build wgmma operands with, the query
+// prologue (row maxima, the permuted f16 / bf16 Q panels) and the producer that copies raw rows into the ring.
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/common/convert.cuh"
+#include "cuda/common/mqa_params.h"
+#include "cuda/common/ptx/cp_async.cuh"
+#include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/mma_sync.cuh"
+#include "cuda/decode_sm90/pipeline.cuh"
+#include "cuda/decode_sm90/source.cuh"
+#include "cuda/decode_sm90/tile_io.cuh"
+#include "mla/cache_format.h"
+
+namespace mla::cuda::decode_sm90 {
+
+template <int N, CacheFormat F>
+struct RawTraits {
+  static_assert(N == 8 || N == 16, "rows per CTA: 8 or 16");
+  static_assert(F == CacheFormat::fp8 || F == CacheFormat::fp8_ds_mla, "e4m3-coded rows");
+  using T = Traits;
+  static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
+  static constexpr int kRecordBytes = static_cast<int>(CacheFormatTraits<F>::entry_bytes(576, 64));  // 656 / 576
+  static constexpr int kChunks = kRecordBytes / 16;
+  static constexpr int kStride = 672;  // >= the record, = 32 mod 128 (the bank analysis above)
+  static constexpr int kSlotBytes = T::kBlockN * kStride;
+  static constexpr int kSlots = 4;  // tile it in slot it % 4: consumer c owns slots c, c + 2
+  static constexpr int kGroups = kDs ? 4 : 1;  // P^T panels per consumer (one per scale group)
+  static constexpr int kQPanelBytes = N * 128;
+  static constexpr int kPBytes = N * 128 < 1024 ? 1024 : N * 128;
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffRing = T::kPanels * kQPanelBytes;
+  static constexpr int kOffP = kOffRing + kSlots * kSlotBytes;
+  static constexpr int kOffRed = kOffP + 2 * kGroups * kPBytes;  // [2 wg][4 warps][N] fp32
+  static constexpr int kOffML = kOffRed + 2 * 4 * N * 4;         // [2 wg][m, l][N] fp32
+  static constexpr int kOffLim = kOffML + 2 * 2 * N * 4;         // [N] int32
+  static constexpr int kOffAmax = kOffLim + 32 * 4;              // [N] u32: max |q| per row (fp32 bits)
+  static constexpr int kOffQf = kOffAmax + 32 * 4;               // [N] fp32: 2^-e per row (q_row_exponent)
+  static constexpr int kOffOver = kOffQf + 32 * 4;               // [2 wg][4 warps] u8: lazy-max overflow flags
+  static constexpr int kOffMask = kOffOver + 16;                 // [kSlots] u64 (four u16 parts)
+  static constexpr int kOffBar = kOffMask + kSlots * 8;          // full[kSlots], empty[kSlots]
+  static constexpr int kSmemBytes = kOffBar + 2 * kSlots * 8 + 1024;
+  static constexpr int kXRounds = 1;
+  static constexpr int kXBytes = 8 * (N / 2) * 128 * 4;
+  static constexpr int kFullArrivals = 128 + 4;  // one cp.async arrival per producer lane + one mask arrival per warp
+  static constexpr int kProducerRegs = 56;
+  static_assert(kOffRing % 1024 == 0 && kOffP % 1024 == 0, "swizzled panels are 1024-byte aligned");
+  static_assert(kStride % 128 == 32 && kStride >= kRecordBytes, "slot rows");
+  static_assert(kXBytes <= kSlotBytes, "the epilogue exchange fits in ring slot 1");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+};
+
+// ---- exact e4m3 -> bf16 pairs (times 2^-120) ----
+// The pair's two bytes and their sign-replicated bytes as two 16-bit halves (PRMT selector `sel`); shifted by 4,
+// the code's bits 0..6 sit at bf16 bits 4..10 and its sign at bit 15: masked, that is the bf16 of code * 2^-120
+// (the biases differ by 120; e4m3 subnormals land on bf16 subnormals). NaN codes come out finite (flagged apart).
+__device__ __forceinline__ uint32_t raw_pair(uint32_t a, uint32_t b, uint32_t sel) {
+  return (prmt(a, b, sel) << 4) & 0x87f087f0u;
+}
+// Bit 7 of a byte set where the byte is a NaN code (bits 0..6 all set).
+__device__ __forceinline__ uint32_t nan_bytes(uint32_t w) { return (w & 0x7f7f7f7fu) + 0x01010101u; }
+// Selector of bytes x (from a) and y (from b, 4 + y) with their sign replications.
+__host__ __device__ constexpr uint32_t raw_sel(uint32_t x, uint32_t y) {
+  return x | (x | 8u) << 4 | y << 8 | (y | 8u) << 12;
+}
+
+// Two e4m3 codes (the low or high 16 bits of w) as an f16 pair: exact (every e4m3 value, subnormals included, is
+// a normal f16), NaN codes to NaN. One F2FP per pair.
+__device__ __forceinline__ uint32_t e4m3x2_lo_to_f16x2(uint32_t w) {
+  uint32_t d;
+  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, lo;}" : "=r"(d) : "r"(w));
+  return d;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t w) {
+  uint32_t d;
+  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi;}" : "=r"(d) : "r"(w));
+  return d;
+}
+
+// The power-of-two exponent that brings a query row of largest magnitude `amax_bits` (fp32 bits of max |q|)
+// into [2^14, 2^15): every bf16 value within 2^28 of the row's largest is then a normal f16, so the f16 copy is
+// exact there and the rest are off by at most 2^-39 of the largest (far below fp32 accumulation error). Zero,
+// inf and NaN rows keep 0; the clamp keeps 2^e and 2^-e normal fp32.
+__device__ __forceinline__ int q_row_exponent(uint32_t amax_bits) {
+  const int biased = static_cast<int>(amax_bits >> 23);
+  if (amax_bits == 0 || biased == 255) return 0;
+  const int e = 14 - (biased - 127);
+  return e < -120 ? -120 : e > 120 ? 120 : e;
+}
+__device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
+
+// Query rows [row0, row0 + N) of request g into Q's nine K-major swizzled panels in the consumers' permuted
+// column order, each row times 2^e (q_row_exponent of sAmax[r], the rows' max |q| bits; sQf[r] = 2^-e for the
+// scores), by the 256 consumer threads (index ct): f16 where K comes as e4m3 codes (the latent, fp8's rope),
+// bf16 for fp8_ds_mla's bf16 rope (exact: a power of two). Panel column k = 16 ks + cc of k-step ks holds
+// d = base(ks) + 16 q + 2 h + e for cc = 8 h + 2 q + e (the A fragment's byte order, header comment): latent and
+// fp8 rope ks = 4 j + i: base = 64 j + 4 i; fp8_ds_mla's bf16 rope ks = 32 + s: base = 512 + 32 (s / 2) + 4 (s % 2)
+// with 8 q instead of 16 q (bf16 pairs: a thread's 16-byte load holds two k-steps).
+template <int N, bool kDs>
+__device__ __forceinline__ void store_q_permuted(const MqaRowParams& rp, int64_t g, int row0, int m_rows, uint8_t* sQ,
+                                                 const uint32_t* sAmax, float* sQf, int ct) {
+  constexpr int kItems = N * 36 * 2;  // (row, k-step, half) chunks of 8 columns
+  for (int e = ct; e < kItems; e += Traits::kConsumerThreads) {
+    const int r = e / 72, ks = (e % 72) >> 1, h = e & 1, row = row0 + r;
+    uint32_t v[4] = {0, 0, 0, 0};
+    const int ex = q_row_exponent(sAmax[r]);
+    if (e % 72 == 0) sQf[r] = exp2i(-ex);
+    if (row < m_rows) {
+      const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
+                            (row % rp.h_q) * rp.q_stride_h;
+      const bool rope16 = kDs && ks >= 32;
+      int base, step;
+      if (rope16) {
+        base = 512 + 32 * ((ks - 32) >> 1) + 4 * ((ks - 32) & 1);
+        step = 8;
+      } else {
+        base = 64 * (ks >> 2) + 4 * (ks & 3);
+        step = 16;
+      }
+      const float f = exp2i(ex);
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+        const int d = base + step * qq + 2 * h;
+        const float x0 = dev::bf16_to_float(src[d]) * f, x1 = dev::bf16_to_float(src[d + 1]) * f;
+        v[qq] = rope16 ? ptx::pack_bf16x2(x0, x1) : ptx::pack_f16x2(x0, x1);
+      }
+    }
+    *reinterpret_cast<uint4*>(sQ + (ks >> 2) * (N * 128) + swz(r, 2 * (ks & 3) + h)) = make_uint4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// sAmax[r] = the fp32 bits of max |q| over query row row0 + r (0 past m_rows); sAmax zeroed and published by a
+// consumer barrier before, read after the next one.
+template <int N>
+__device__ __forceinline__ void q_row_amax(const MqaRowParams& rp, int64_t g, int row0, int m_rows, uint32_t* sAmax,
+                                           int ct) {
+  for (int e = ct; e < N * 72; e += Traits::kConsumerThreads) {  // (row, 8 columns)
+    const int r = e / 72, row = row0 + r;
+    if (row >= m_rows) continue;
+    const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
+                          (row % rp.h_q) * rp.q_stride_h + 8 * (e % 72);
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t b = (uint32_t(src[i]) << 16) & 0x7fffffffu;  // |q| as fp32 bits: ordered like the values
+      m = b > m ? b : m;
+    }
+    atomicMax(&sAmax[r], m);
+  }
+}
+
+// Producer warp `warp` (0..3): rows 16 warp .. + 15 of every tile, two lanes per row (chunks of parity lane % 2).
+template <class L, class Rows>
+__device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Unit& u, uint8_t* smem, int warp, int lane) {
+  const int r = 16 * warp + (lane >> 1), hf = lane & 1;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
+  uint64_t* empty = full + L::kSlots;
+  uint16_t* masks = reinterpret_cast<uint16_t*>(smem + L::kOffMask);  // [slot][warp]
+  const uint8_t* cache = p.gather.cache;
+  // The key's global read (index / block id) two tiles ahead of its copies, its offset one tile ahead: neither
+  // read's latency sits in front of a tile's copies (sparse: ~740 of the producer's 2570 ncu samples did).
+  constexpr int kB = Traits::kBlockN;
+  const int j0 = u.key_begin + r;
+  int64_t off = 0;
+  bool ok = Rows::locate(p, j0, Rows::fetch(p, u, j0), off);
+  int32_t raw_next = Rows::fetch(p, u, j0 + kB);
+  for (int it = 0; it < u.n_tiles; ++it) {
+    const int s = it % L::kSlots;
+    const int32_t raw_next2 = Rows::fetch(p, u, j0 + (it + 2) * kB);
+    int64_t off_next = 0;
+    const bool ok_next = Rows::locate(p, j0 + (it + 1) * kB, raw_next, off_next);
+    ptx::mbar_wait(&empty[s], ((it / L::kSlots) & 1) ^ 1);
+    uint8_t* dst = smem + L::kOffRing + s * L::kSlotBytes + r * L::kStride;
+    // Keys not loaded copy nothing (source size 0) from the cache's first row, a valid address: one base
+    // register for all chunks (immediate offsets), no per-chunk select whose register an in-flight copy reads.
+    const uint8_t* src = ok ? cache + off : cache;
+    const uint32_t bytes = ok ? 16u : 0u;
+#pragma unroll
+    for (int i = 0; i < (L::kChunks + 1) / 2; ++i) {
+      const int ch = 2 * i + hf;
+      if (ch < L::kChunks) ptx::cp_async_16_zfill(dst + 16 * ch, src + 16 * ch, bytes);
+    }
+    uint32_t m = __ballot_sync(0xffffffffu, ok) & 0x55555555u;  // even lanes: rows 16 warp + lane / 2
+    m = (m | m >> 1) & 0x33333333u;
+    m = (m | m >> 2) & 0x0f0f0f0fu;
+    m = (m | m >> 4) & 0x00ff00ffu;
+    m = (m | m >> 8) & 0x0000ffffu;
+    if (lane == 0) {
+      masks[4 * s + warp] = static_cast<uint16_t>(m);
+      ptx::mbar_arrive(&full[s]);  // releases the mask part
+    }
+    ptx::cp_async_arrive_mbarrier(&full[s]);
+    ok = ok_next;
+    off = off_next;
+    raw_next = raw_next2;
+  }
+}
+
+}  // namespace mla::cuda::decode_sm90
