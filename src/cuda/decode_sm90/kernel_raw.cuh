@@ -141,9 +141,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   float* sQf = reinterpret_cast<float*>(smem + L::kOffQf);
   uint8_t* sOver = smem + L::kOffOver;
   if (ct < N) {
-    const int row = u.row0 + ct;
-    const int l = row >= u.m_rows ? -1 : p.causal ? u.seq_len - rp.s_q + row / rp.h_q : u.seq_len - 1;
-    sLim[ct] = l < -1 ? -1 : l;
+    sLim[ct] = query_row_limit(p, u, u.row0 + ct);
     sAmax[ct] = 0;
   }
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
@@ -160,7 +158,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     l_part[rr] = 0.0f;
   }
   // S: Q's rows carry 2^e (q_row_exponent), undone per row with the softmax scale (and fp8's cache scale);
-  // O: 2^64 undoes V's 2^-120 and P's 2^56, fp8 also carries the cache scale.
+  // O, fp8_ds_mla: 2^64 undoes V's 2^-120 and P's 2^56.
   constexpr float kUndo = 0x1p64f;
   float sl2[kRows];
 #pragma unroll
@@ -196,7 +194,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const uint8_t* row_lo = slot + key_lo * L::kStride;
     const uint8_t* row_hi = slot + key_hi * L::kStride;
 
-    // ---- S^T = K Q^T: chunk j = k-steps 4j .. 4j + 3 (j 8: the rope), A double-buffered, raw loads one ahead ----
+    // ---- S^T = K Q^T: chunk j = k-steps 4j .. 4j + 3 (j 8: the rope), A double-buffered, raw loads two ahead ----
     float sacc[kAcc][N / 2];
     float sv[N / 2];  // fp8_ds_mla: the folded groups' sum so far
     uint32_t a[2][16];
@@ -288,7 +286,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // ---- scores: the last group and the rope (fp8_ds_mla), mask, column (= query row) max over the 64 keys ----
     float sc_lo[4] = {1.0f, 1.0f, 1.0f, 1.0f}, sc_hi[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    if constexpr (kDs) {
+    if constexpr (kDs) {  // all four scales again, for P^T (held across S they spilled; fold read groups 0..2)
       const float4 a4 = *reinterpret_cast<const float4*>(row_lo + 512), b4 = *reinterpret_cast<const float4*>(row_hi + 512);
       sc_lo[0] = a4.x; sc_lo[1] = a4.y; sc_lo[2] = a4.z; sc_lo[3] = a4.w;
       sc_hi[0] = b4.x; sc_hi[1] = b4.y; sc_hi[2] = b4.z; sc_hi[3] = b4.w;
@@ -307,8 +305,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       sv[i] = in_lo && k0 + key_lo <= lim ? sv[i] * sl2[rr] : -INFINITY;
       sv[i + 2] = in_hi && k0 + key_hi <= lim ? sv[i + 2] * sl2[rr] : -INFINITY;
     }
-    // P^T [n][rho] bf16 (times 2^56, and per panel the key's scale of that group), rho at chunk rho / 8; one
-    // conversion for both keys (the conversion unit is scarce).
+    // P^T [n][rho], rho at chunk rho / 8: fp8 f16 times 2^7; fp8_ds_mla bf16 times 2^56 and, per panel, the key's
+    // scale of that group. One conversion for both keys (the conversion unit is scarce).
     auto store_pt = [&](const float (&pl)[kRows], const float (&ph)[kRows]) {
 #pragma unroll
       for (int rr = 0; rr < kRows; ++rr) {
@@ -327,7 +325,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // the tile's maxima, unless some score exceeds it by more than 2^kLazyLog2 (then p could overflow the
     // headroom): each warp flags that, the flags ride on the P^T barrier, and a flagged tile (the first of a
     // unit, a jump of the maximum; uniform over the warpgroup) redoes the exact step (small_tile_softmax, O's
-    // rescale) and P^T. Weights up to 2^8 leave bf16 P (times 2^56 and a scale) and the fp32 sums ample range;
+    // rescale) and P^T. Weights up to 2^8 leave bf16 P (times 2^56 and a scale), f16 P (times 2^7: <= 2^15) and
+    // the fp32 sums in range;
     // O and l share the reference, so out = O / l and lse = m + log l are unchanged.
     constexpr float kLazyLog2 = 8.0f;
     float p_lo[kRows], p_hi[kRows];

@@ -214,17 +214,12 @@ struct SeesawBase {
     for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
   }
   __device__ __forceinline__ int limit_of(int r) const {  // largest visible key of tile row r, -1 for none
-    const int row = u.row0 + r;
-    if (row >= u.m_rows) return -1;
-    const int lim = p.causal ? u.seq_len - p.rows.s_q + row / p.rows.h_q : u.seq_len - 1;
-    return lim < -1 ? -1 : lim;
+    return query_row_limit(p, u, u.row0 + r);
   }
   __device__ __forceinline__ const uint16_t* rope_row(int r) const {
     const int row = u.row0 + r;
     if (row >= u.m_rows) return nullptr;
-    const MqaRowParams& rp = p.rows;
-    return static_cast<const uint16_t*>(rp.q) + u.g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
-           (row % rp.h_q) * rp.q_stride_h + (T::kDqk - 64);  // bf16 q (supports() admits no other)
+    return q_row_ptr(p.rows, u.g, row, T::kDqk - 64);
   }
   __device__ __forceinline__ uint64_t* full(int stage) const {
     return reinterpret_cast<uint64_t*>(smem + L::kOffBar) + stage * T::kPanels;

@@ -152,11 +152,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (Src::kTma && N <= 16 && p.q_batch)  // N 32 keeps the loop: batched (groups of 3 or 5) it spilled 116 bytes
       load_q_panels_batched<N, T::kConsumerThreads>(rp, u.g, u.row0, u.m_rows, L::kQPanelBytes, sQ, ct);
     else load_q_panels(rp, u.g, u.row0, u.m_rows, N, T::kPanels, L::kQPanelBytes, sQ, ct, T::kConsumerThreads);
-    if (ct < N) {
-      const int row = u.row0 + ct;
-      const int l = row >= u.m_rows ? -1 : p.causal ? u.seq_len - rp.s_q + row / rp.h_q : u.seq_len - 1;
-      sLim[ct] = l < -1 ? -1 : l;
-    }
+    if (ct < N) sLim[ct] = query_row_limit(p, u, u.row0 + ct);
     ptx::fence_proxy_async_smem();
     ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
     MLA_DECODE_TRACE_EVENT(3, 128, true);

@@ -57,7 +57,8 @@ struct RawTraits {
 // ---- exact e4m3 -> bf16 pairs (times 2^-120) ----
 // The pair's two bytes and their sign-replicated bytes as two 16-bit halves (PRMT selector `sel`); shifted by 4,
 // the code's bits 0..6 sit at bf16 bits 4..10 and its sign at bit 15: masked, that is the bf16 of code * 2^-120
-// (the biases differ by 120; e4m3 subnormals land on bf16 subnormals). NaN codes come out finite (flagged apart).
+// (the biases differ by 120; e4m3 subnormals land on bf16 subnormals). NaN codes come out finite (the V operand:
+// a masked key's NaN must not reach O through P = 0).
 __device__ __forceinline__ uint32_t raw_pair(uint32_t a, uint32_t b, uint32_t sel) {
   return (prmt(a, b, sel) << 4) & 0x87f087f0u;
 }
@@ -110,8 +111,7 @@ __device__ __forceinline__ void store_q_permuted(const MqaRowParams& rp, int64_t
     const int ex = q_row_exponent(sAmax[r]);
     if (e % 72 == 0) sQf[r] = exp2i(-ex);
     if (row < m_rows) {
-      const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
-                            (row % rp.h_q) * rp.q_stride_h;
+      const uint16_t* src = q_row_ptr(rp, g, row);
       const bool rope16 = kDs && ks >= 32;
       int base, step;
       if (rope16) {
@@ -141,8 +141,7 @@ __device__ __forceinline__ void q_row_amax(const MqaRowParams& rp, int64_t g, in
   for (int e = ct; e < N * 72; e += Traits::kConsumerThreads) {  // (row, 8 columns)
     const int r = e / 72, row = row0 + r;
     if (row >= m_rows) continue;
-    const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
-                          (row % rp.h_q) * rp.q_stride_h + 8 * (e % 72);
+    const uint16_t* src = q_row_ptr(rp, g, row, 8 * (e % 72));
     uint32_t m = 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {

@@ -17,11 +17,22 @@ namespace mla::cuda::decode_sm90 {
 // Columns 0 .. 64 * panels of query rows [row0, row0 + rows) of request g into swizzled panels of `rows`
 // rows, panel_bytes apart (zeros past the request's rows), by `nthreads` threads (index ct). bf16 q
 // (supports() admits no other).
+// Column col of query row `row` (= query i * h_q + head) of request g, bf16 (supports() admits no other).
+__device__ __forceinline__ const uint16_t* q_row_ptr(const MqaRowParams& rp, int64_t g, int row, int64_t col = 0) {
+  return static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
+         (row % rp.h_q) * rp.q_stride_h + col;
+}
+// The largest key query row `row` may see (causal: its query's position in the step; else the last), -1 for a
+// row past the unit's rows or a request too short for it.
+__device__ __forceinline__ int query_row_limit(const DecodeSm90Params& p, const Unit& u, int row) {
+  if (row >= u.m_rows) return -1;
+  const int lim = p.causal ? u.seq_len - p.rows.s_q + row / p.rows.h_q : u.seq_len - 1;
+  return lim < -1 ? -1 : lim;
+}
 // 16-byte chunk ch (columns 8 ch .. 8 ch + 7) of query row `row` of request g: one vector load when the
 // rows allow it (rp.q_vec16), else four bf16 pairs.
 __device__ __forceinline__ uint4 load_q_chunk(const MqaRowParams& rp, int64_t g, int row, int ch) {
-  const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
-                        (row % rp.h_q) * rp.q_stride_h + ch * 8;
+  const uint16_t* src = q_row_ptr(rp, g, row, ch * 8);
   if (rp.q_vec16) return *reinterpret_cast<const uint4*>(src);
   uint32_t x[4];
 #pragma unroll
@@ -70,8 +81,7 @@ __device__ __forceinline__ void load_q_panels_batched(const MqaRowParams& rp, in
 
 // Columns col, col + 1 of query row `row` of request g as a bf16 pair (lower column in the low half).
 __device__ __forceinline__ uint32_t load_q_pair(const MqaRowParams& rp, int64_t g, int row, int col) {
-  const uint16_t* src = static_cast<const uint16_t*>(rp.q) + g * rp.q_stride_g + (row / rp.h_q) * rp.q_stride_i +
-                        (row % rp.h_q) * rp.q_stride_h + col;
+  const uint16_t* src = q_row_ptr(rp, g, row, col);
   return src[0] | uint32_t(src[1]) << 16;
 }
 
