@@ -215,7 +215,7 @@ __device__ __forceinline__ uint4 e4m3x8_exact_to_bf16(uint32_t w0, uint32_t w1) 
 // run-time int32, which the producer paid per row (ncu, docs/SPARSE.md "Tried" 9).
 // Each splits into fetch (the one global read a key needs: its index, or its page's block id; kNoRow past the
 // unit's keys) and locate (that value to the row's byte offset, false when the key is not valid), so that a
-// producer can issue the reads of a later tile before it needs them (kernel_raw.cuh produce_raw).
+// producer can issue the reads of a later tile before it needs them (raw_parts.cuh produce_raw).
 inline constexpr int32_t kNoRow = INT32_MIN;
 struct IndexedRows {
   static constexpr bool kPaged = false;
