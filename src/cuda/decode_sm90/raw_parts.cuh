@@ -152,10 +152,14 @@ __device__ __forceinline__ void q_row_amax(const MqaRowParams& rp, int64_t g, in
   }
 }
 
-// Producer warp `warp` (0..3): rows 16 warp .. + 15 of every tile, two lanes per row (chunks of parity lane % 2).
+// Producer warp `warp` (0..3): rows 16 warp .. + 15 of every tile. Each lane locates one row (two lanes per row,
+// lane / 2); the copies go eight lanes per row, four rows per instruction (row 4 q + lane / 8 of group q, its
+// 16-byte chunks 8 i + lane % 8), so one cp.async covers 128 contiguous bytes of each of four rows: the copy of a
+// 128-byte global line lands in shared memory in one wavefront (two lanes per row, each instruction touched 16
+// lines and cost 16 wavefronts, ~55% of all shared-memory wavefronts of the kernel: ncu, docs/DECODE.md).
 template <class L, class Rows>
 __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Unit& u, uint8_t* smem, int warp, int lane) {
-  const int r = 16 * warp + (lane >> 1), hf = lane & 1;
+  const int r = 16 * warp + (lane >> 1), l8 = lane & 7, q8 = lane >> 3;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kSlots;
   uint16_t* masks = reinterpret_cast<uint16_t*>(smem + L::kOffMask);  // [slot][warp]
@@ -163,6 +167,7 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
   // The key's global read (index / block id) two tiles ahead of its copies, its offset one tile ahead: neither
   // read's latency sits in front of a tile's copies (sparse: ~740 of the producer's 2570 ncu samples did).
   constexpr int kB = Traits::kBlockN;
+  constexpr int kRounds = (L::kChunks + 7) / 8;
   const int j0 = u.key_begin + r;
   int64_t off = 0;
   bool ok = Rows::locate(p, j0, Rows::fetch(p, u, j0), off);
@@ -172,16 +177,22 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
     const int32_t raw_next2 = Rows::fetch(p, u, j0 + (it + 2) * kB);
     int64_t off_next = 0;
     const bool ok_next = Rows::locate(p, j0 + (it + 1) * kB, raw_next, off_next);
+    // Keys not loaded copy nothing (source size 0) from the cache's first row, a valid address.
+    const int64_t src_off = ok ? off : -1;
     ptx::mbar_wait(&empty[s], ((it / L::kSlots) & 1) ^ 1);
-    uint8_t* dst = smem + L::kOffRing + s * L::kSlotBytes + r * L::kStride;
-    // Keys not loaded copy nothing (source size 0) from the cache's first row, a valid address: one base
-    // register for all chunks (immediate offsets), no per-chunk select whose register an in-flight copy reads.
-    const uint8_t* src = ok ? cache + off : cache;
-    const uint32_t bytes = ok ? 16u : 0u;
+    uint8_t* slot = smem + L::kOffRing + s * L::kSlotBytes + 16 * warp * L::kStride;
 #pragma unroll
-    for (int i = 0; i < (L::kChunks + 1) / 2; ++i) {
-      const int ch = 2 * i + hf;
-      if (ch < L::kChunks) ptx::cp_async_16_zfill(dst + 16 * ch, src + 16 * ch, bytes);
+    for (int q = 0; q < 4; ++q) {
+      const int rq = 4 * q + q8;                                          // row in this warp's 16
+      const int64_t o = __shfl_sync(0xffffffffu, src_off, 2 * rq);  // its locating lane
+      const uint8_t* src = o >= 0 ? cache + o : cache;
+      const uint32_t bytes = o >= 0 ? 16u : 0u;
+      uint8_t* dst = slot + rq * L::kStride;
+#pragma unroll
+      for (int i = 0; i < kRounds; ++i) {
+        const int ch = 8 * i + l8;
+        if (ch < L::kChunks) ptx::cp_async_16_zfill(dst + 16 * ch, src + 16 * ch, bytes);
+      }
     }
     uint32_t m = __ballot_sync(0xffffffffu, ok) & 0x55555555u;  // even lanes: rows 16 warp + lane / 2
     m = (m | m >> 1) & 0x33333333u;
