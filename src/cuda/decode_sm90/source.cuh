@@ -290,16 +290,28 @@ __device__ __forceinline__ void prefetch_index_line(const DecodeSm90Params::Gath
   if (j < u.key_end) ptx::prefetch_l2(gp.indices + u.g * gp.indices_stride + j);
 }
 
-// cp.async of the 16-byte chunks first_chunk + i (i < N) of swizzled panel row r (panel at dp) from the
-// cache bytes at src_off + 16 i; zero-filled, nothing read, when !ok.
-template <int N>
-__device__ __forceinline__ void copy_row_chunks(const uint8_t* cache, uint8_t* dp, int r, bool ok, int64_t src_off,
-                                                int first_chunk) {
-  const uint8_t* src = ok ? cache + src_off : cache;
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int ch = first_chunk + i;
-    ptx::cp_async_16_zfill(dp + swz(r, ch), src + (ok ? 16 * i : 0), ok ? 16u : 0u);
+// cp.async of kN 16-byte chunks of each of a warp's 32 rows, all 32 lanes together: panel row r0 + j (the row
+// of lane j) gets its chunks first_chunk + i (i < kN) of the swizzled panel at dp from cache + off + 16 i, `off`
+// being lane j's value (negative: zero-filled, nothing read). kN lanes per row and 32 / kN rows per instruction,
+// so every instruction reads kN x 16 contiguous bytes of each of its rows: the copy of a global line lands in
+// shared memory in one wavefront (a lane copying its own row touches 32 lines per instruction and costs 32
+// wavefronts: docs/DECODE.md "Raw-codes kernel", the producer's lane mapping). kN 4: the rows of a quarter-warp
+// differ in bit 2, so their chunks (swizzled by row % 8) fall into complementary halves of the banks. A lane's
+// copies are other lanes' rows: a reader of a row in this warp waits (cp.async.wait_group) and __syncwarp()s; an
+// mbarrier that every lane arrives on (cp.async.mbarrier.arrive) covers them all.
+template <int kN>
+__device__ __forceinline__ void copy_warp_rows(const uint8_t* cache, uint8_t* dp, int r0, int64_t off, int lane,
+                                               int first_chunk) {
+  static_assert(kN == 4 || kN == 8, "lanes per row");
+  constexpr int kRowsPer = 32 / kN;
+  const int c = lane % kN, j = lane / kN;
+  const int jr = kN == 4 ? (j >> 1) | ((j & 1) << 2) : j;
+#pragma unroll 1
+  for (int q = 0; q < kN; ++q) {
+    const int row = kRowsPer * q + jr;
+    const int64_t o = __shfl_sync(0xffffffffu, off, row);
+    const bool ok = o >= 0;
+    ptx::cp_async_16_zfill(dp + swz(r0 + row, first_chunk + c), ok ? cache + o + 16 * c : cache, ok ? 16u : 0u);
   }
 }
 
@@ -417,7 +429,7 @@ struct GatherKeys {
         const int r = 32 * part + lane;
         const bool ok = (mask32 >> lane) & 1;
         if (F == CacheFormat::fp8_ds_mla && c == Traits::kPanels - 1) {  // rope: bf16 bytes 528 .. 655, copied
-          copy_row_chunks<8>(cache, dp, r, ok, off[0] + kRopeOffset, 0);
+          copy_warp_rows<8>(cache, dp, 32 * part, ok ? off[0] + kRopeOffset : -1, lane, 0);
           ptx::cp_async_arrive_mbarrier(bar);
         } else {  // codes 64c .. 64c + 63 (preloaded) times the tile scale as bf16 (fp8: exact codes, kExactCodes)
           uint4 raw[4];

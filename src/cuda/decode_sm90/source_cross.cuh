@@ -117,14 +117,13 @@ struct CrossKeys : InplaceKeys<F, Rows> {
       const int r = 32 * static_cast<int>(peer ^ 1u) + this->lane;
       if (this->lane == 0) ptx::mbar_expect_tx(&full[first], 2 * kBlock);  // the peer's counterpart warp's
       const uint8_t* src = xok ? p.gather.cache + xoff : p.gather.cache;  // not loaded: nothing read
-      const uint32_t bytes = xok ? 16u : 0u;
       constexpr int k0 = kPrefetch ? 1 : 0;  // the first panel with raw codes copied into the stage
+      // The warp's rows four lanes per row (copy_warp_rows; a lane expands rows other lanes copied: __syncwarp
+      // after the wait below).
 #pragma unroll
-      for (int k = k0; k < 2; ++k) {
-        uint8_t* dp = dst + (c0 + k) * Traits::kPanelBytes;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) ptx::cp_async_16_zfill(dp + swz(r, 4 + i), src + 64 * (c0 + k) + 16 * i, bytes);
-      }
+      for (int k = k0; k < 2; ++k)
+        copy_warp_rows<4>(p.gather.cache, dst + (c0 + k) * Traits::kPanelBytes, r - this->lane,
+                          xok ? xoff + 64 * (c0 + k) : -1, this->lane, 4);
       ptx::cp_async_commit();
       float scale = 0.0f;  // fp8_ds_mla: panels 2j, 2j + 1 share scale j; 0 for a key that is not loaded
       if constexpr (kPrefetch) {  // panel c0 from the registers loaded before the release
@@ -142,6 +141,7 @@ struct CrossKeys : InplaceKeys<F, Rows> {
         if (xok) scale = __ldg(reinterpret_cast<const float*>(src + G::kScaleOffset) + c0 / 2);
       }
       ptx::cp_async_wait<0>();
+      __syncwarp();
 #pragma unroll 1
       for (int k = k0; k < 2; ++k) {
         uint8_t* dp = dst + (c0 + k) * Traits::kPanelBytes;

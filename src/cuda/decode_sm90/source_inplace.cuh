@@ -78,7 +78,8 @@ struct InplaceKeys : GatherKeys<F, Rows> {
       const bool ok = (this->mask32 >> this->lane) & 1;
       const uint8_t* src = ok ? cache + this->off[0] : cache;
       if constexpr (kDs && N == 1) {  // rope: bf16, copied where it goes
-        copy_row_chunks<8>(cache, dst + 8 * Traits::kPanelBytes, r, ok, this->off[0] + Base::kRopeOffset, 0);
+        copy_warp_rows<8>(cache, dst + 8 * Traits::kPanelBytes, r - this->lane, ok ? this->off[0] + Base::kRopeOffset : -1,
+                          this->lane, 0);
         ptx::cp_async_arrive_mbarrier(&full[8]);
       } else {
         convert<N, kGroupFull>(dst, full, first, r, ok, src);
@@ -88,6 +89,9 @@ struct InplaceKeys : GatherKeys<F, Rows> {
     template <int N, bool kGroupFull>
     __device__ void convert(uint8_t* dst, uint64_t* full, int first, int r, bool ok, const uint8_t* src) const {
       // (a key that is not loaded: src is the cache base, these offsets stay inside its first row; nothing read)
+      // Each lane copies its own row: 16 cp.async per V half back to back. copy_warp_rows (four lanes per row,
+      // one shuffle per row group and panel) measured 13-14% slower here (h 64, nvidia-h200, 2026-11-24): the
+      // shuffles sit on this 40-register producer's critical path, where CrossKeys copies one panel.
       const uint8_t* gs = src + 64 * first;
       const uint32_t bytes = ok ? 16u : 0u;
 #pragma unroll 1

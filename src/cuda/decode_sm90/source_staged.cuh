@@ -12,10 +12,11 @@
 //   half h = w % 2: latent panels 4h .. 4h + 3 (codes 256h .. 256h + 255) of those rows.
 // Raw slot of warp w (one per warp, shared memory after the kernel's own plan, L::kOffExtra):
 //   32 rows x kRowBytes(h): the codes of its half (256 bytes) | the 16 bytes of scales (record bytes
-//   512..527) [| h 1 with kRopeRaw: the bf16 rope, bytes 528..655]; 17 (or 25) cp.async per lane and tile.
+//   512..527) [| h 1 with kRopeRaw: the bf16 rope, bytes 528..655]. The warp copies its 32 rows eight lanes
+//   per row (128 contiguous bytes of four rows per cp.async; each lane its own row's scales), so a lane
+//   converts rows other lanes copied: cp.async.wait_group and __syncwarp are the hand-over (no barrier).
 //   Row strides 272 / 400 bytes (= 4 banks mod 32): a quarter-warp's 16-byte accesses of eight rows hit
-//   distinct banks. Each lane reads only the row it copied, so its own cp.async.wait_group is the
-//   hand-over (no barrier).
+//   distinct banks.
 //   Without kRopeRaw (N = 32: the stage does not fit beside 36 KiB of Q) each half copies its four rope
 //   chunks of the row straight into the swizzled stage by cp.async (completion: cp.async.mbarrier.arrive).
 // Per tile t (stage t % 2), warp w:
@@ -62,7 +63,8 @@ struct StagedKeys {
   static constexpr bool kZeroFilled = true;
   static constexpr bool kGenericWrites = true;
   static constexpr bool kExactCodes = !kDs;
-  __host__ __device__ static constexpr int producer_regs(bool) { return 72; }
+  // fp8 (N 8 / 16 under MLA_DECODE_SM90_STAGE=staged / ring only): 72 spilled 12 bytes with the warp-wide copies.
+  __host__ __device__ static constexpr int producer_regs(bool) { return kDs ? 72 : 88; }
   __host__ __device__ static constexpr int full_arrivals(int, bool) { return 2 + 4 * 32 * (kRopeRaw ? 1 : 2); }
 
   static constexpr int kScaleOffset = kDs ? static_cast<int>(Fmt::scale_offset(512)) : 0;
@@ -93,7 +95,7 @@ struct StagedKeys {
       }
     }
     if constexpr (!kRopeRaw) {
-      copy_row_chunks<4>(gp.cache, rope, r, ok, o + kRopeOffset + 64 * half, 4 * half);
+      copy_warp_rows<4>(gp.cache, rope, r - lane, ok ? o + kRopeOffset + 64 * half : -1, lane, 4 * half);
       ptx::cp_async_arrive_mbarrier(full);
     }
   }
@@ -110,19 +112,32 @@ struct StagedKeys {
     uint64_t* empty = full + L::kStages;
     uint32_t* mask = reinterpret_cast<uint32_t*>(smem + L::kOffMask);  // [stage][part]
     uint8_t* extra = smem + L::kOffExtra;
-    uint8_t* raw = extra + slot_offset(warp) + lane * row_bytes(half);  // this lane's raw row
+    uint8_t* raw0 = extra + slot_offset(warp);          // the warp's 32 raw rows
+    uint8_t* raw = raw0 + lane * row_bytes(half);        // this lane's raw row (the one it converts)
 
-    // This lane's copies of its row of the next tile (record at byte offset o when ok), one commit group.
+    // The warp's copies of its 32 rows of the next tile (lane j's record at byte offset o when ok), one commit
+    // group: eight lanes per row, four rows per instruction (128 contiguous bytes of each row: one shared-memory
+    // wavefront per global line; a lane copying its own row cost 32 per instruction, copy_warp_rows); the scales
+    // by each lane for its own row. A lane converts rows other lanes copied: __syncwarp after the wait, and
+    // before these copies overwrite rows other lanes may still read.
     auto fetch = [&](bool ok, int64_t o) {
-      if (ok) {
-        const uint8_t* rec = gp.cache + o;
+      const int64_t mine = ok ? o : -1;
+      const int c8 = lane & 7;
+#pragma unroll 1
+      for (int q = 0; q < 8; ++q) {
+        const int row = 4 * q + (lane >> 3);
+        const int64_t oq = __shfl_sync(0xffffffffu, mine, row);
+        if (oq >= 0) {
+          const uint8_t* rec = gp.cache + oq;
+          uint8_t* rw = raw0 + row * row_bytes(half);
+          const int rope_off = kRopeRaw && half == 1 && c8 < kRopeBytes / 16 ? kRopeOffset - 256 : -1;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) ptx::cp_async_16(raw + 16 * i, rec + 256 * half + 16 * i);
-        if constexpr (kDs) ptx::cp_async_16(raw + 256, rec + kScaleOffset);
-        if (kRopeRaw && half == 1)
-#pragma unroll
-          for (int i = 0; i < kRopeBytes / 16; ++i) ptx::cp_async_16(raw + 272 + 16 * i, rec + kRopeOffset + 16 * i);
+          for (int i = 0; i < 2; ++i) ptx::cp_async_16(rw + 16 * (8 * i + c8), rec + 256 * half + 16 * (8 * i + c8));
+          if (rope_off >= 0) ptx::cp_async_16(rw + 272 + 16 * c8, rec + 256 * half + rope_off + 16 * c8);
+        }
       }
+      if constexpr (kDs)
+        if (ok) ptx::cp_async_16(raw + 256, gp.cache + o + kScaleOffset);
       ptx::cp_async_commit();
     };
 
@@ -137,6 +152,7 @@ struct StagedKeys {
       const bool ok_next = Rows::row_offset(p, u, k0 + T::kBlockN + r, off_next);  // false past the last tile
       if (half == 0) prefetch_row<F, Rows>(p, u, k0 + kPrefetch * T::kBlockN + r);
       ptx::cp_async_wait<0>();
+      __syncwarp();  // the rows this lane converts were copied by other lanes of the warp (fetch)
       ptx::mbar_wait(&empty[stage], ((it >> 1) & 1) ^ 1);
       uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
       uint8_t* rope = dst + (T::kPanels - 1) * T::kPanelBytes;
@@ -169,6 +185,7 @@ struct StagedKeys {
       }
       ptx::fence_proxy_async_smem();  // the stage for wgmma; this lane's raw reads before the copies below
       ptx::mbar_arrive(&full[stage]);
+      __syncwarp();  // every lane's raw reads of this tile before the warp's copies overwrite the rows
       if (it + 1 < u.n_tiles) fetch(ok_next, off_next);
       ok = ok_next;
       off = off_next;
