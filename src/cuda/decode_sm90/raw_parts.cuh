@@ -153,10 +153,11 @@ __device__ __forceinline__ void q_row_amax(const MqaRowParams& rp, int64_t g, in
 }
 
 // Producer warp `warp` (0..3): rows 16 warp .. + 15 of every tile. Each lane locates one row (two lanes per row,
-// lane / 2); the copies go eight lanes per row, four rows per instruction (row 4 q + lane / 8 of group q, its
-// 16-byte chunks 8 i + lane % 8), so one cp.async covers 128 contiguous bytes of each of four rows: the copy of a
-// 128-byte global line lands in shared memory in one wavefront (two lanes per row, each instruction touched 16
-// lines and cost 16 wavefronts, ~55% of all shared-memory wavefronts of the kernel: ncu, docs/DECODE.md).
+// lane / 2); the copies go eight lanes per row, four rows per instruction (row 4 q + lane / 8 of group q), round i
+// covering the row's bytes in the i-th global 128-byte line it touches: the copy of a line lands in shared memory
+// in one wavefront. (Two lanes per row, each instruction touched 16 lines and cost 16 wavefronts, ~55% of the
+// kernel's shared-memory wavefronts; eight lanes at the row's own offsets still straddled two lines per row and
+// instruction: docs/DECODE.md "Producer lane mapping".)
 template <class L, class Rows>
 __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Unit& u, uint8_t* smem, int warp, int lane) {
   const int r = 16 * warp + (lane >> 1), l8 = lane & 7, q8 = lane >> 3;
@@ -167,7 +168,7 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
   // The key's global read (index / block id) two tiles ahead of its copies, its offset one tile ahead: neither
   // read's latency sits in front of a tile's copies (sparse: ~740 of the producer's 2570 ncu samples did).
   constexpr int kB = Traits::kBlockN;
-  constexpr int kRounds = (L::kChunks + 7) / 8;
+  constexpr int kRounds = (L::kRecordBytes + 112 + 127) / 128;  // lines a 16-byte-aligned row can touch
   const int j0 = u.key_begin + r;
   int64_t off = 0;
   bool ok = Rows::locate(p, j0, Rows::fetch(p, u, j0), off);
@@ -188,10 +189,14 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
       const uint8_t* src = o >= 0 ? cache + o : cache;
       const uint32_t bytes = o >= 0 ? 16u : 0u;
       uint8_t* dst = slot + rq * L::kStride;
+      // Round i copies the row's bytes inside global line i from the row's first line: one line per
+      // instruction and row (a round at the row's own 128-byte offsets straddled two lines when the row is not
+      // line-aligned, as fp8_ds_mla's 656-byte and every other fp8 576-byte row are).
+      const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(src) & 127);  // a multiple of 16
 #pragma unroll
       for (int i = 0; i < kRounds; ++i) {
-        const int ch = 8 * i + l8;
-        if (ch < L::kChunks) ptx::cp_async_16_zfill(dst + 16 * ch, src + 16 * ch, bytes);
+        const int pos = 128 * i + 16 * l8 - mis;
+        if (pos >= 0 && pos < L::kRecordBytes) ptx::cp_async_16_zfill(dst + pos, src + pos, bytes);
       }
     }
     uint32_t m = __ballot_sync(0xffffffffu, ok) & 0x55555555u;  // even lanes: rows 16 warp + lane / 2
