@@ -114,6 +114,40 @@ TEST(PtxBarrier, SyncSyncExchangeBetweenTwoOfThreeWarpgroups) {
   EXPECT_EQ(errors.download()[0], 0);
 }
 
+// The seesaw epilogue's barrier as that kernel reaches it (decode_sm90/kernel_seesaw.cuh SeesawBase<C, ...>::finish):
+// each consumer warpgroup runs its own template instance, so the two reach the 256-thread named barrier from two
+// different PCs, right after a store by one lane in four. Correct by construction (bar.sync on both sides, values
+// checked). Under compute-sanitizer synccheck: the reference for its "Divergent thread(s) in block" report on
+// finish() (docs/NOTES.md, seventeenth session): flagged here too means a tool limit, clean here means a fault there.
+template <int C>
+__device__ __noinline__ void two_pc_exchange_side(float* sL, int r, int local, int* errors) {
+  if ((local & 3) == 0) sL[C * 32 + local / 4] = static_cast<float>(r * 1000 + C * 300 + local / 4);
+  named_barrier_sync(1, 256);
+  const int k = (local / 4 + 7) % 32;
+  if (sL[(1 - C) * 32 + k] != static_cast<float>(r * 1000 + (1 - C) * 300 + k)) atomicAdd(errors, 1);
+  named_barrier_sync(1, 256);  // both sides read round r before it is rewritten
+}
+__global__ void two_pc_exchange_kernel(int rounds, int* errors) {
+  __shared__ float sL[2 * 32];
+  const int tid = threadIdx.x, wg = tid / 128, local = tid % 128;
+  if (wg == 0) return;  // the producer warpgroup
+  for (int r = 0; r < rounds; ++r) {
+    if (wg == 1) two_pc_exchange_side<0>(sL, r, local, errors);
+    else two_pc_exchange_side<1>(sL, r, local, errors);
+  }
+}
+
+TEST(PtxBarrier, NamedBarrierFromTwoTemplateInstances) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::DevBuf<int> errors(1);
+  errors.fill_bytes(0);
+  for (const int rounds : {1, 16}) {
+    two_pc_exchange_kernel<<<1, 384>>>(rounds, errors.p);
+    MLA_CUDA_OK(cudaDeviceSynchronize());
+  }
+  EXPECT_EQ(errors.download()[0], 0);
+}
+
 // Both patterns in one kernel, as the decode kernels have them: per round, consumer 1 hands a buffer to
 // consumer 0 by bar.arrive (id 2) / bar.sync and consumer 0 releases it by bar.arrive (id 3), then the two
 // exchange a second buffer with bar.sync on both sides (id 1), the producer warpgroup idle. Correct by
