@@ -103,15 +103,20 @@ __global__ void partial_sync_exchange_kernel(int rounds, int* errors) {
   }
 }
 
-TEST(PtxBarrier, SyncSyncExchangeBetweenTwoOfThreeWarpgroups) {
-  MLA_SKIP_WITHOUT_GPU();
+// A 384-thread exchange kernel (rounds, error count) run for 1 and 16 rounds: no wrong value read.
+void expect_exchange_clean(void (*kernel)(int, int*)) {
   test::DevBuf<int> errors(1);
   errors.fill_bytes(0);
   for (const int rounds : {1, 16}) {
-    partial_sync_exchange_kernel<<<1, 384>>>(rounds, errors.p);
+    kernel<<<1, 384>>>(rounds, errors.p);
     MLA_CUDA_OK(cudaDeviceSynchronize());
   }
   EXPECT_EQ(errors.download()[0], 0);
+}
+
+TEST(PtxBarrier, SyncSyncExchangeBetweenTwoOfThreeWarpgroups) {
+  MLA_SKIP_WITHOUT_GPU();
+  expect_exchange_clean(partial_sync_exchange_kernel);
 }
 
 // The seesaw epilogue's barrier as that kernel reaches it (decode_sm90/kernel_seesaw.cuh SeesawBase<C, ...>::finish):
@@ -139,13 +144,7 @@ __global__ void two_pc_exchange_kernel(int rounds, int* errors) {
 
 TEST(PtxBarrier, NamedBarrierFromTwoTemplateInstances) {
   MLA_SKIP_WITHOUT_GPU();
-  test::DevBuf<int> errors(1);
-  errors.fill_bytes(0);
-  for (const int rounds : {1, 16}) {
-    two_pc_exchange_kernel<<<1, 384>>>(rounds, errors.p);
-    MLA_CUDA_OK(cudaDeviceSynchronize());
-  }
-  EXPECT_EQ(errors.download()[0], 0);
+  expect_exchange_clean(two_pc_exchange_kernel);
 }
 
 // Both patterns in one kernel, as the decode kernels have them: per round, consumer 1 hands a buffer to
