@@ -1,7 +1,7 @@
 // Device tests of the wgmma wrappers (src/cuda/common/ptx/wgmma.cuh) against a float64 CPU GEMM: one
 // warpgroup computes D(64 x N) = A(64 x K) * B(K x N) for bf16 with A from shared memory (K-major and
-// MN-major) and from registers, f16 (both A sources), B K-major and MN-major ("transposed"), N = 64 / 128 / 256, and e4m3 with
-// A from shared memory and registers. Operand tiles arrive by TMA with the 128-byte swizzle (tma.cuh),
+// MN-major) and from registers, f16 (both A sources), B K-major and MN-major ("transposed"), N = 64 / 128 /
+// 256, and e4m3 with A from shared memory and registers. Operand tiles arrive by TMA with the 128-byte swizzle (tma.cuh),
 // except in the register-A bf16 case, where the threads write B into the swizzled layout with ordinary
 // stores and publish it with fence_proxy_async_smem (fence.cuh). SASS (scripts/sass_summary.sh, H200,
 // 2026-11-22): HGMMA in every bf16 instantiation, QGMMA in every e4m3 one, no LDL/STL (no spills).

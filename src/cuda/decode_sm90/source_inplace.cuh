@@ -78,8 +78,8 @@ struct InplaceKeys : GatherKeys<F, Rows> {
       const bool ok = (this->mask32 >> this->lane) & 1;
       const uint8_t* src = ok ? cache + this->off[0] : cache;
       if constexpr (kDs && N == 1) {  // rope: bf16, copied where it goes
-        copy_warp_rows<8>(cache, dst + 8 * Traits::kPanelBytes, r - this->lane, ok ? this->off[0] + Base::kRopeOffset : -1,
-                          this->lane, 0);
+        copy_warp_rows<8>(cache, dst + 8 * Traits::kPanelBytes, r - this->lane,
+                          ok ? this->off[0] + Base::kRopeOffset : -1, this->lane, 0);
         ptx::cp_async_arrive_mbarrier(&full[8]);
       } else {
         convert<N, kGroupFull>(dst, full, first, r, ok, src);

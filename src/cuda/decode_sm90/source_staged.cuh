@@ -130,10 +130,10 @@ struct StagedKeys {
         if (oq >= 0) {
           const uint8_t* rec = gp.cache + oq;
           uint8_t* rw = raw0 + row * row_bytes(half);
-          const int rope_off = kRopeRaw && half == 1 && c8 < kRopeBytes / 16 ? kRopeOffset - 256 : -1;
 #pragma unroll
           for (int i = 0; i < 2; ++i) ptx::cp_async_16(rw + 16 * (8 * i + c8), rec + 256 * half + 16 * (8 * i + c8));
-          if (rope_off >= 0) ptx::cp_async_16(rw + 272 + 16 * c8, rec + 256 * half + rope_off + 16 * c8);
+          if (kRopeRaw && half == 1 && c8 < kRopeBytes / 16)
+            ptx::cp_async_16(rw + 272 + 16 * c8, rec + kRopeOffset + 16 * c8);
         }
       }
       if constexpr (kDs)
