@@ -90,16 +90,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     write_empty_unit(p, u, threadIdx.x, blockDim.x);
     return;
   }
+  uint64_t* qfull = empty + L::kSlots;
+  uint8_t* q_stage = smem + L::kOffRing + L::kQSlot * L::kSlotBytes;
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kSlots; ++s) {
       ptx::mbar_init(&full[s], L::kFullArrivals);
       ptx::mbar_init(&empty[s], 128);
     }
+    ptx::mbar_init(qfull, 128);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
   if (ptx::warpgroup_index() == 0) {
     ptx::setmaxnreg_dec<L::kProducerRegs>();
+    stage_q<L>(p, u, q_stage, qfull, static_cast<int>(threadIdx.x));
     produce_raw<L, Rows>(p, u, smem, ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
     ptx::cp_async_commit();  // no lane leaves with copies in flight
     ptx::cp_async_wait<0>();
@@ -145,12 +149,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     sLim[ct] = query_row_limit(p, u, u.row0 + ct);
     sAmax[ct] = 0;
   }
+  ptx::mbar_wait(qfull, 0);  // Q's rows staged in slot kQSlot (raw_parts.cuh stage_q)
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  q_row_amax<N>(rp, u.g, u.row0, u.m_rows, sAmax, ct);
+  q_row_amax<N>(q_stage, sAmax, ct);
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  store_q_permuted<N, kDs>(rp, u.g, u.row0, u.m_rows, sQ, sAmax, sQf, ct);
+  store_q_permuted<N, kDs>(q_stage, sQ, sAmax, sQf, ct);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+  if (c == 1) ptx::mbar_arrive(&empty[L::kQSlot]);  // the staged rows are read: the slot goes to its first tile
 
   float m_run[kRows], l_part[kRows];
 #pragma unroll

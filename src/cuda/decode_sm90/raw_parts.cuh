@@ -18,11 +18,15 @@
 
 namespace mla::cuda::decode_sm90 {
 
+// A staged query row: 576 bf16 columns (RawTraits::kQSlot, stage_q).
+inline constexpr int kStagedQRowBytes = 576 * 2;
+
 template <int N, CacheFormat F>
 struct RawTraits {
   static_assert(N == 8 || N == 16, "rows per CTA: 8 or 16");
   static_assert(F == CacheFormat::fp8 || F == CacheFormat::fp8_ds_mla, "e4m3-coded rows");
   using T = Traits;
+  static constexpr int N_ = N;
   static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
   static constexpr int kRecordBytes = static_cast<int>(CacheFormatTraits<F>::entry_bytes(576, 64));  // 656 / 576
   static constexpr int kChunks = kRecordBytes / 16;
@@ -42,8 +46,13 @@ struct RawTraits {
   static constexpr int kOffQf = kOffAmax + 32 * 4;               // [N] fp32: 2^-e per row (q_row_exponent)
   static constexpr int kOffOver = kOffQf + 32 * 4;               // [2 wg][4 warps] u8: lazy-max overflow flags
   static constexpr int kOffMask = kOffOver + 16;                 // [kSlots] u64 (four u16 parts)
-  static constexpr int kOffBar = kOffMask + kSlots * 8;          // full[kSlots], empty[kSlots]
-  static constexpr int kSmemBytes = kOffBar + 2 * kSlots * 8 + 1024;
+  static constexpr int kOffBar = kOffMask + kSlots * 8;          // full[kSlots], empty[kSlots], qfull
+  static constexpr int kSmemBytes = kOffBar + (2 * kSlots + 1) * 8 + 1024;
+  // Q's raw bf16 rows [N][576] are staged in ring slot kQSlot (consumer 1's; its first tile there is tile 3) by the
+  // producer, so the consumers' prologue reads shared memory only; consumer 1 releases the slot on empty[kQSlot]
+  // after the prologue, one phase before the slot's first tile (produce_raw's parity for that slot is shifted).
+  static constexpr int kQSlot = 3;
+  static constexpr int kQRowBytes = kStagedQRowBytes;
   static constexpr int kXRounds = 1;
   static constexpr int kXBytes = 8 * (N / 2) * 128 * 4;
   static constexpr int kFullArrivals = 128 + 4;  // one cp.async arrival per producer lane + one mask arrival per warp
@@ -51,6 +60,7 @@ struct RawTraits {
   static_assert(kOffRing % 1024 == 0 && kOffP % 1024 == 0, "swizzled panels are 1024-byte aligned");
   static_assert(kStride % 128 == 32 && kStride >= kRecordBytes, "slot rows");
   static_assert(kXBytes <= kSlotBytes, "the epilogue exchange fits in ring slot 1");
+  static_assert(N * kQRowBytes <= kSlotBytes && kQSlot % 2 == 1, "Q's staging fits in a slot of consumer 1");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
@@ -94,61 +104,89 @@ __device__ __forceinline__ int q_row_exponent(uint32_t amax_bits) {
 }
 __device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
 
-// Query rows [row0, row0 + N) of request g into Q's nine K-major swizzled panels in the consumers' permuted
-// column order, each row times 2^e (q_row_exponent of sAmax[r], the rows' max |q| bits; sQf[r] = 2^-e for the
-// scores), by the 256 consumer threads (index ct): f16 where K comes as e4m3 codes (the latent, fp8's rope),
+// Staged query row r (< N) of the unit: raw bf16, 576 columns, kQRowBytes apart in ring slot kQSlot (zeros past the
+// unit's rows).
+__device__ __forceinline__ const uint16_t* staged_q_row(const uint8_t* stage, int r) {
+  return reinterpret_cast<const uint16_t*>(stage + r * kStagedQRowBytes);
+}
+
+// Query rows [0, N) of the unit (staged: staged_q_row) into Q's nine K-major swizzled panels in the consumers'
+// permuted column order, each row times 2^e (q_row_exponent of sAmax[r], the rows' max |q| bits; sQf[r] = 2^-e for
+// the scores), by the 256 consumer threads (index ct): f16 where K comes as e4m3 codes (the latent, fp8's rope),
 // bf16 for fp8_ds_mla's bf16 rope (exact: a power of two). Panel column k = 16 ks + cc of k-step ks holds
-// d = base(ks) + 16 q + 2 h + e for cc = 8 h + 2 q + e (the A fragment's byte order, header comment): latent and
-// fp8 rope ks = 4 j + i: base = 64 j + 4 i; fp8_ds_mla's bf16 rope ks = 32 + s: base = 512 + 32 (s / 2) + 4 (s % 2)
+// d = base(ks) + 16 q + 2 h + e for cc = 8 h + 2 q + e (the A fragment's byte order, kernel_raw.cuh's header): latent
+// and fp8 rope ks = 4 j + i: base = 64 j + 4 i; fp8_ds_mla's bf16 rope ks = 32 + s: base = 512 + 32 (s / 2) + 4 (s % 2)
 // with 8 q instead of 16 q (bf16 pairs: a thread's 16-byte load holds two k-steps).
 template <int N, bool kDs>
-__device__ __forceinline__ void store_q_permuted(const MqaRowParams& rp, int64_t g, int row0, int m_rows, uint8_t* sQ,
-                                                 const uint32_t* sAmax, float* sQf, int ct) {
+__device__ __forceinline__ void store_q_permuted(const uint8_t* stage, uint8_t* sQ, const uint32_t* sAmax, float* sQf,
+                                                 int ct) {
   constexpr int kItems = N * 36 * 2;  // (row, k-step, half) chunks of 8 columns
   for (int e = ct; e < kItems; e += Traits::kConsumerThreads) {
-    const int r = e / 72, ks = (e % 72) >> 1, h = e & 1, row = row0 + r;
-    uint32_t v[4] = {0, 0, 0, 0};
+    const int r = e / 72, ks = (e % 72) >> 1, h = e & 1;
+    uint32_t v[4];
     const int ex = q_row_exponent(sAmax[r]);
     if (e % 72 == 0) sQf[r] = exp2i(-ex);
-    if (row < m_rows) {
-      const uint16_t* src = q_row_ptr(rp, g, row);
-      const bool rope16 = kDs && ks >= 32;
-      int base, step;
-      if (rope16) {
-        base = 512 + 32 * ((ks - 32) >> 1) + 4 * ((ks - 32) & 1);
-        step = 8;
-      } else {
-        base = 64 * (ks >> 2) + 4 * (ks & 3);
-        step = 16;
-      }
-      const float f = exp2i(ex);
+    const uint16_t* src = staged_q_row(stage, r);
+    const bool rope16 = kDs && ks >= 32;
+    int base, step;
+    if (rope16) {
+      base = 512 + 32 * ((ks - 32) >> 1) + 4 * ((ks - 32) & 1);
+      step = 8;
+    } else {
+      base = 64 * (ks >> 2) + 4 * (ks & 3);
+      step = 16;
+    }
+    const float f = exp2i(ex);
 #pragma unroll
-      for (int qq = 0; qq < 4; ++qq) {
-        const int d = base + step * qq + 2 * h;
-        const float x0 = dev::bf16_to_float(src[d]) * f, x1 = dev::bf16_to_float(src[d + 1]) * f;
-        v[qq] = rope16 ? ptx::pack_bf16x2(x0, x1) : ptx::pack_f16x2(x0, x1);
-      }
+    for (int qq = 0; qq < 4; ++qq) {
+      const uint32_t pair = *reinterpret_cast<const uint32_t*>(src + base + step * qq + 2 * h);
+      const float x0 = __uint_as_float(pair << 16) * f, x1 = __uint_as_float(pair & 0xffff0000u) * f;
+      v[qq] = rope16 ? ptx::pack_bf16x2(x0, x1) : ptx::pack_f16x2(x0, x1);
     }
     *reinterpret_cast<uint4*>(sQ + (ks >> 2) * (N * 128) + swz(r, 2 * (ks & 3) + h)) = make_uint4(v[0], v[1], v[2], v[3]);
   }
 }
 
-// sAmax[r] = the fp32 bits of max |q| over query row row0 + r (0 past m_rows); sAmax zeroed and published by a
-// consumer barrier before, read after the next one.
+// sAmax[r] = the fp32 bits of max |q| over staged query row r (0 for the zero rows past the unit's); sAmax zeroed and
+// published by a consumer barrier before, read after the next one.
 template <int N>
-__device__ __forceinline__ void q_row_amax(const MqaRowParams& rp, int64_t g, int row0, int m_rows, uint32_t* sAmax,
-                                           int ct) {
+__device__ __forceinline__ void q_row_amax(const uint8_t* stage, uint32_t* sAmax, int ct) {
   for (int e = ct; e < N * 72; e += Traits::kConsumerThreads) {  // (row, 8 columns)
-    const int r = e / 72, row = row0 + r;
-    if (row >= m_rows) continue;
-    const uint16_t* src = q_row_ptr(rp, g, row, 8 * (e % 72));
+    const int r = e / 72;
+    const uint4 x = *reinterpret_cast<const uint4*>(stage + r * kStagedQRowBytes + 16 * (e % 72));
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
     uint32_t m = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t b = (uint32_t(src[i]) << 16) & 0x7fffffffu;  // |q| as fp32 bits: ordered like the values
-      m = b > m ? b : m;
+    for (int i = 0; i < 4; ++i) {  // |q| as fp32 bits: ordered like the values
+      const uint32_t lo = (w[i] << 16) & 0x7fffffffu, hi = w[i] & 0x7fff0000u;
+      m = max(m, max(lo, hi));
     }
     atomicMax(&sAmax[r], m);
+  }
+}
+
+// The producer warpgroup's first job (thread pt of 128): the unit's N query rows into ring slot kQSlot (staged_q_row),
+// zeros past its rows, completing on qfull (128 arrivals). 16-byte cp.async where the rows allow it (rp.q_vec16),
+// else loads and stores (a plain arrival then releases them).
+template <class L>
+__device__ __forceinline__ void stage_q(const DecodeSm90Params& p, const Unit& u, uint8_t* stage, uint64_t* qfull, int pt) {
+  constexpr int kChunks = L::kQRowBytes / 16;
+  const MqaRowParams& rp = p.rows;
+  if (rp.q_vec16) {
+    for (int e = pt; e < L::N_ * kChunks; e += 128) {
+      const int r = e / kChunks, ch = e % kChunks, row = u.row0 + r;
+      const bool ok = row < u.m_rows;
+      ptx::cp_async_16_zfill(stage + r * L::kQRowBytes + 16 * ch, ok ? q_row_ptr(rp, u.g, row, 8 * ch) : rp.q,
+                             ok ? 16u : 0u);
+    }
+    ptx::cp_async_arrive_mbarrier(qfull);
+  } else {
+    for (int e = pt; e < L::N_ * kChunks; e += 128) {
+      const int r = e / kChunks, ch = e % kChunks, row = u.row0 + r;
+      const uint4 v = row < u.m_rows ? load_q_chunk(rp, u.g, row, ch) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(stage + r * L::kQRowBytes + 16 * ch) = v;
+    }
+    ptx::mbar_arrive(qfull);
   }
 }
 
@@ -180,7 +218,8 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
     const bool ok_next = Rows::locate(p, j0 + (it + 1) * kB, raw_next, off_next);
     // Keys not loaded copy nothing (source size 0) from the cache's first row, a valid address.
     const int64_t src_off = ok ? off : -1;
-    ptx::mbar_wait(&empty[s], ((it / L::kSlots) & 1) ^ 1);
+    // Slot kQSlot's empty barrier has one phase more: Q's release by the consumers' prologue (stage_q).
+    ptx::mbar_wait(&empty[s], ((it / L::kSlots) & 1) ^ (s == L::kQSlot ? 0 : 1));
     uint8_t* slot = smem + L::kOffRing + s * L::kSlotBytes + 16 * warp * L::kStride;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
