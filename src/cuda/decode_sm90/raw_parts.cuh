@@ -223,20 +223,24 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
     uint8_t* slot = smem + L::kOffRing + s * L::kSlotBytes + 16 * warp * L::kStride;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const int rq = 4 * q + q8;                                          // row in this warp's 16
+      const int rq = 4 * q + q8;                                     // row in this warp's 16
       const int64_t o = __shfl_sync(0xffffffffu, src_off, 2 * rq);  // its locating lane
       const uint8_t* src = o >= 0 ? cache + o : cache;
-      const uint32_t bytes = o >= 0 ? 16u : 0u;
-      uint8_t* dst = slot + rq * L::kStride;
       // Round i copies the row's bytes inside global line i from the row's first line: one line per
       // instruction and row (a round at the row's own 128-byte offsets straddled two lines when the row is not
-      // line-aligned, as fp8_ds_mla's 656-byte and every other fp8 576-byte row are).
-      const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(src) & 127);  // a multiple of 16
+      // line-aligned, as fp8_ds_mla's 656-byte and every other fp8 576-byte row are). The lane's byte of the
+      // row in round i is rel + 128 i (rel in [-112, 112]): round 0 copies where rel >= 0, round i >= 1 where
+      // rel < kRecordBytes - 128 i; both addresses are one base plus an immediate per round, the zero fill a
+      // predicate (ncu: the per-round 64-bit offsets and src-size arithmetic were ~400 instructions per warp and
+      // tile, a third of each scheduler's issue slots).
+      const int rel = 16 * l8 - static_cast<int>(reinterpret_cast<uintptr_t>(src) & 127);
+      const uint8_t* s0 = src + rel;
+      uint8_t* d0 = slot + rq * L::kStride + rel;
+      const bool zero = o < 0;
 #pragma unroll
-      for (int i = 0; i < kRounds; ++i) {
-        const int pos = 128 * i + 16 * l8 - mis;
-        if (pos >= 0 && pos < L::kRecordBytes) ptx::cp_async_16_zfill(dst + pos, src + pos, bytes);
-      }
+      for (int i = 0; i < kRounds; ++i)
+        if (i == 0 ? rel >= 0 : rel < L::kRecordBytes - 128 * i)
+          ptx::cp_async_16_or_zero(d0 + 128 * i, s0 + 128 * i, zero);
     }
     uint32_t m = __ballot_sync(0xffffffffu, ok) & 0x55555555u;  // even lanes: rows 16 warp + lane / 2
     m = (m | m >> 1) & 0x33333333u;

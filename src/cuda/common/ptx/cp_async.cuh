@@ -21,6 +21,17 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
+// 16-byte copy, or 16 zero bytes where `zero` (the ignore-src predicate: nothing read, gmem still a valid-looking
+// global address). The same copy as cp_async_16_zfill with 0 / 16 source bytes, but the choice is a predicate:
+// ptxas lowers a run-time src-size to per-copy address arithmetic ((16 - size) & 15 added to the source, a test
+// of size), about five instructions per copy that this form does not need (the raw kernel's producer, call sites
+// with many rounds per row).
+__device__ __forceinline__ void cp_async_16_or_zero(void* smem, const void* gmem, bool zero) {
+  asm volatile("{\n.reg .pred z;\nsetp.ne.b32 z, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, z;\n}\n" ::"r"(
+                   smem_addr(smem)),
+               "l"(gmem), "r"(static_cast<int>(zero))
+               : "memory");
+}
 // 4-byte copy through L1 (.ca: the only cache mode for sizes below 16). Preconditions: both addresses
 // 4-byte aligned. Same completion rules as cp_async_16 (e.g. scattered fp32 scales beside 16-byte rows).
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
