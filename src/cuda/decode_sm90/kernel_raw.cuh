@@ -71,7 +71,7 @@ namespace mla::cuda::decode_sm90 {
 // Rows: PagedRows (mqa_decode, the uniform split-KV schedule's one unit per CTA) or IndexedRows (sparse_mqa).
 template <int N, CacheFormat F, class Rows>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    decode_sm90_raw_kernel(const __grid_constant__ CUtensorMap, const DecodeSm90Params p) {
+    decode_sm90_raw_kernel(const __grid_constant__ CUtensorMap map, const DecodeSm90Params p) {
   using T = Traits;
   using L = RawTraits<N, F>;
   constexpr bool kDs = L::kDs;
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (ptx::warpgroup_index() == 0) {
     ptx::setmaxnreg_dec<L::kProducerRegs>();
     stage_q<L>(p, u, q_stage, qfull, static_cast<int>(threadIdx.x));
-    produce_raw<L, Rows>(p, u, smem, ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
+    produce_raw<L, Rows>(p, u, smem, &map, ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
     ptx::cp_async_commit();  // no lane leaves with copies in flight
     ptx::cp_async_wait<0>();
     return;

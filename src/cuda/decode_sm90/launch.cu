@@ -120,6 +120,35 @@ CUtensorMap paged_tensor_map(const KVCache& cache, int32_t box_rows, const char*
   return ptx::make_tensor_map(t, what);
 }
 
+// fp8 / fp8_ds_mla cache for the raw-codes kernel's TMA path (raw_parts.cuh produce_raw): [num_blocks][page_size]
+// [record / 4] int32 words, boxes of 168 words x 16 rows x 1 page = sixteen 672-byte slot rows, the 24 / 4 words
+// past a 576 / 656-byte record read as zeros (out of the tensor's bounds; checked on nvidia-h200: a box wider than
+// the tensor's inner extent is accepted and zero-filled). Whole 16-row runs need page_size % 16 == 0.
+bool raw_rows_by_tma(const DecodeSm90Params::Gather& g) {
+  return g.page_size % 16 == 0 && reinterpret_cast<uintptr_t>(g.cache) % 16 == 0 && g.stride_row_bytes % 16 == 0 &&
+         g.stride_block_bytes % 16 == 0 && g.stride_row_bytes > 0 && g.stride_block_bytes > 0;
+}
+CUtensorMap raw_rows_tensor_map(const KVCache& cache, const DecodeSm90Params::Gather& g, const char* what) {
+  ptx::TmaTensor t;
+  t.base = g.cache;
+  t.dtype = DType::i32;
+  t.rank = 3;
+  t.dims[0] = static_cast<int64_t>(CacheFormatTraits<CacheFormat::fp8>::entry_bytes(576, 64)) / 4;
+  if (cache.format == CacheFormat::fp8_ds_mla)
+    t.dims[0] = static_cast<int64_t>(CacheFormatTraits<CacheFormat::fp8_ds_mla>::entry_bytes(576, 64)) / 4;
+  t.dims[1] = g.page_size;
+  t.dims[2] = cache.num_blocks();
+  t.strides[0] = 1;
+  t.strides[1] = g.stride_row_bytes / 4;
+  t.strides[2] = g.stride_block_bytes / 4;
+  t.box[0] = 168;  // RawTraits::kStride / 4
+  t.box[1] = 16;
+  t.box[2] = 1;
+  t.swizzle = ptx::TmaSwizzle::none;
+  t.l2_promotion_bytes = 256;
+  return ptx::make_tensor_map(t, what);
+}
+
 }  // namespace
 
 const char* supports(const dispatch::DecodeArgs& a) {
@@ -231,8 +260,16 @@ void run(const dispatch::DecodeArgs& a) {
     // fp8_ds_mla records / fp8 rows read by the producer warps through the block table (source.cuh
     // PagedRows) and converted to bf16 in shared memory: no staging copy in global memory.
     set_gather_cache(p.gather, cache);
-    if (cache.format == CacheFormat::fp8_ds_mla) launch_copied<CacheFormat::fp8_ds_mla, PagedRows>(p, grid, stream, what);
-    else launch_copied<CacheFormat::fp8, PagedRows>(p, grid, stream, what);
+    CUtensorMap map;
+    std::memset(&map, 0, sizeof(map));
+    if (raw_rows_by_tma(p.gather)) {
+      map = raw_rows_tensor_map(cache, p.gather, what);
+      p.gather.raw_tma = 1;
+    }
+    if (cache.format == CacheFormat::fp8_ds_mla)
+      launch_copied<CacheFormat::fp8_ds_mla, PagedRows>(p, grid, stream, map, what);
+    else
+      launch_copied<CacheFormat::fp8, PagedRows>(p, grid, stream, map, what);
   } else {
     const CUtensorMap map = paged_tensor_map(cache, p.box_rows, what);
     if (multicast)

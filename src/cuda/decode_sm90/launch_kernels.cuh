@@ -275,13 +275,15 @@ inline SparseRows sparse_rows_mode() {
   return r;
 }
 
+// `map`: the raw-codes kernel's tensor map when p.gather.raw_tma (launch.cu raw_rows_tensor_map), else unused.
 template <CacheFormat F, class Rows>
-void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
+void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
+                   const char* what) {
   CUtensorMap unused;
   std::memset(&unused, 0, sizeof(unused));
   switch (p.tile_rows) {
-    case 8: launch_small_copied<8, F, Rows>(p, grid, stream, unused, what); break;
-    case 16: launch_small_copied<16, F, Rows>(p, grid, stream, unused, what); break;
+    case 8: launch_small_copied<8, F, Rows>(p, grid, stream, map, what); break;
+    case 16: launch_small_copied<16, F, Rows>(p, grid, stream, map, what); break;
     case 32: launch_small_copied<32, F, Rows>(p, grid, stream, unused, what); break;
     default:
       {

@@ -59,15 +59,15 @@ void run_sparse(const dispatch::SparseArgs& a) {
 
   const unsigned grid = grid_for(int64_t{p.m_tiles} * t, 1, "sparse_mqa (sm90)");
   const char* what = "sparse_mqa (sm90)";
+  CUtensorMap unused;  // the gathering kernels issue no TMA (p.gather.raw_tma 0)
+  std::memset(&unused, 0, sizeof(unused));
   if (c.format == CacheFormat::bf16) {
-    CUtensorMap unused;  // the gathering kernels issue no TMA
-    std::memset(&unused, 0, sizeof(unused));
     if (p.tile_rows > 32 && sparse_rows_mode() == SparseRows::groups)
       launch_seesaw<GroupRows<>>(p, grid, stream, unused, what);  // next schedule (source_inplace.cuh)
     else
       launch_kernel<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, what);
   } else {
-    launch_copied<CacheFormat::fp8_ds_mla, IndexedRows>(p, grid, stream, what);
+    launch_copied<CacheFormat::fp8_ds_mla, IndexedRows>(p, grid, stream, unused, what);
   }
 }
 

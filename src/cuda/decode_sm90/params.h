@@ -60,6 +60,10 @@ struct DecodeSm90Params {
     const int32_t* topk_length;    // [T] or nullptr
     int64_t topk_length_stride;
     float scale;                   // fp8 per-tensor cache: KVCache::scale (latent and rope alike)
+    // mqa_decode, fp8 / fp8_ds_mla at N 8 / 16 (kernel_raw.cuh): 1 when the launch's tensor map describes the cache
+    // as [num_blocks][page_size][record / 4] int32 with 168 x 16 x 1 boxes (page_size % 16 == 0): whole 16-row runs
+    // of a page come by TMA (raw_parts.cuh produce_raw). 0: every row by cp.async.
+    int32_t raw_tma;
   } gather;
 };
 

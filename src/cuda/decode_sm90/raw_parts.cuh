@@ -9,8 +9,10 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mqa_params.h"
 #include "cuda/common/ptx/cp_async.cuh"
+#include "cuda/common/ptx/fence.cuh"
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
+#include "cuda/common/ptx/tma.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
 #include "cuda/decode_sm90/source.cuh"
 #include "cuda/decode_sm90/tile_io.cuh"
@@ -186,6 +188,7 @@ __device__ __forceinline__ void stage_q(const DecodeSm90Params& p, const Unit& u
       const uint4 v = row < u.m_rows ? load_q_chunk(rp, u.g, row, ch) : make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>(stage + r * L::kQRowBytes + 16 * ch) = v;
     }
+    ptx::fence_proxy_async_smem();  // the slot's next writer may be a TMA copy (produce_raw)
     ptx::mbar_arrive(qfull);
   }
 }
@@ -196,8 +199,14 @@ __device__ __forceinline__ void stage_q(const DecodeSm90Params& p, const Unit& u
 // in one wavefront. (Two lanes per row, each instruction touched 16 lines and cost 16 wavefronts, ~55% of the
 // kernel's shared-memory wavefronts; eight lanes at the row's own offsets still straddled two lines per row and
 // instruction: docs/DECODE.md "Producer lane mapping".)
+//
+// Paged rows with p.gather.raw_tma (page_size % 16 == 0): a warp whose 16 rows are all loaded and start a 16-row
+// group of one page takes them with one TMA box instead (lane 0; `map` = [num_blocks][page_size][record / 4] int32,
+// boxes of 168 x 16 x 1: the box's 168 words are the 672-byte slot row, the words past the record zero-filled as out
+// of the tensor's bounds), its bytes announced on the full barrier with expect_tx; the cp.async arrivals stay.
 template <class L, class Rows>
-__device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Unit& u, uint8_t* smem, int warp, int lane) {
+__device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Unit& u, uint8_t* smem,
+                                            const CUtensorMap* map, int warp, int lane) {
   const int r = 16 * warp + (lane >> 1), l8 = lane & 7, q8 = lane >> 3;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kSlots;
@@ -209,8 +218,10 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
   constexpr int kRounds = (L::kRecordBytes + 112 + 127) / 128;  // lines a 16-byte-aligned row can touch
   const int j0 = u.key_begin + r;
   int64_t off = 0;
-  bool ok = Rows::locate(p, j0, Rows::fetch(p, u, j0), off);
+  int32_t raw = Rows::fetch(p, u, j0);  // this tile's block id (paged) / index (sparse)
+  bool ok = Rows::locate(p, j0, raw, off);
   int32_t raw_next = Rows::fetch(p, u, j0 + kB);
+  static_assert(16 * L::kStride % 128 == 0 && L::kSlotBytes % 128 == 0, "TMA boxes land 128-byte aligned");
   for (int it = 0; it < u.n_tiles; ++it) {
     const int s = it % L::kSlots;
     const int32_t raw_next2 = Rows::fetch(p, u, j0 + (it + 2) * kB);
@@ -221,26 +232,42 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
     // Slot kQSlot's empty barrier has one phase more: Q's release by the consumers' prologue (stage_q).
     ptx::mbar_wait(&empty[s], ((it / L::kSlots) & 1) ^ (s == L::kQSlot ? 0 : 1));
     uint8_t* slot = smem + L::kOffRing + s * L::kSlotBytes + 16 * warp * L::kStride;
+    bool by_tma = false;
+    if constexpr (Rows::kPaged) {
+      if (p.gather.raw_tma) {  // uniform
+        uint32_t page, prow;
+        fast_divmod(static_cast<uint32_t>(j0 + it * kB), p.gather.page_div, page, prow);
+        // Lane 0 holds row 16 warp: prow % 16 == 0 and page_size % 16 == 0 put the warp's 16 rows in its page.
+        by_tma = __all_sync(0xffffffffu, ok) && (__shfl_sync(0xffffffffu, prow, 0) & 15u) == 0;
+        if (by_tma && lane == 0) {
+          ptx::mbar_expect_tx(&full[s], 16 * L::kStride);
+          ptx::fence_proxy_async_smem();
+          ptx::tma_load_3d(slot, map, &full[s], 0, static_cast<int32_t>(prow), raw);
+        }
+      }
+    }
+    if (!by_tma) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int rq = 4 * q + q8;                                     // row in this warp's 16
-      const int64_t o = __shfl_sync(0xffffffffu, src_off, 2 * rq);  // its locating lane
-      const uint8_t* src = o >= 0 ? cache + o : cache;
-      // Round i copies the row's bytes inside global line i from the row's first line: one line per
-      // instruction and row (a round at the row's own 128-byte offsets straddled two lines when the row is not
-      // line-aligned, as fp8_ds_mla's 656-byte and every other fp8 576-byte row are). The lane's byte of the
-      // row in round i is rel + 128 i (rel in [-112, 112]): round 0 copies where rel >= 0, round i >= 1 where
-      // rel < kRecordBytes - 128 i; both addresses are one base plus an immediate per round, the zero fill a
-      // predicate (ncu: the per-round 64-bit offsets and src-size arithmetic were ~400 instructions per warp and
-      // tile, a third of each scheduler's issue slots).
-      const int rel = 16 * l8 - static_cast<int>(reinterpret_cast<uintptr_t>(src) & 127);
-      const uint8_t* s0 = src + rel;
-      uint8_t* d0 = slot + rq * L::kStride + rel;
-      const bool zero = o < 0;
+      for (int q = 0; q < 4; ++q) {
+        const int rq = 4 * q + q8;                                     // row in this warp's 16
+        const int64_t o = __shfl_sync(0xffffffffu, src_off, 2 * rq);  // its locating lane
+        const uint8_t* src = o >= 0 ? cache + o : cache;
+        // Round i copies the row's bytes inside global line i from the row's first line: one line per
+        // instruction and row (a round at the row's own 128-byte offsets straddled two lines when the row is not
+        // line-aligned, as fp8_ds_mla's 656-byte and every other fp8 576-byte row are). The lane's byte of the
+        // row in round i is rel + 128 i (rel in [-112, 112]): round 0 copies where rel >= 0, round i >= 1 where
+        // rel < kRecordBytes - 128 i; both addresses are one base plus an immediate per round, the zero fill a
+        // predicate (ncu: the per-round 64-bit offsets and src-size arithmetic were ~400 instructions per warp and
+        // tile, a third of each scheduler's issue slots).
+        const int rel = 16 * l8 - static_cast<int>(reinterpret_cast<uintptr_t>(src) & 127);
+        const uint8_t* s0 = src + rel;
+        uint8_t* d0 = slot + rq * L::kStride + rel;
+        const bool zero = o < 0;
 #pragma unroll
-      for (int i = 0; i < kRounds; ++i)
-        if (i == 0 ? rel >= 0 : rel < L::kRecordBytes - 128 * i)
-          ptx::cp_async_16_or_zero(d0 + 128 * i, s0 + 128 * i, zero);
+        for (int i = 0; i < kRounds; ++i)
+          if (i == 0 ? rel >= 0 : rel < L::kRecordBytes - 128 * i)
+            ptx::cp_async_16_or_zero(d0 + 128 * i, s0 + 128 * i, zero);
+      }
     }
     uint32_t m = __ballot_sync(0xffffffffu, ok) & 0x55555555u;  // even lanes: rows 16 warp + lane / 2
     m = (m | m >> 1) & 0x33333333u;
@@ -254,6 +281,7 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
     ptx::cp_async_arrive_mbarrier(&full[s]);
     ok = ok_next;
     off = off_next;
+    raw = raw_next;
     raw_next = raw_next2;
   }
 }
