@@ -35,9 +35,10 @@
 //   V: value block mb, A row 16 w + g + 8 h holds value column 128 (mb / 2) + 32 w + 4 g + 2 (mb % 2) + h, so a
 //   thread's four columns of a scale group are one 4-byte word per key; P^T column rho holds key rho's weight.
 //
-// Warp roles: warpgroup 0 produces (eight lanes per row, one global line per cp.async and row, zero-filled for
-// keys not loaded, completion by cp.async.mbarrier.arrive on the slot's full barrier, the slot's 64-bit key mask
-// by one arrival per warp); consumer warpgroups c = 0, 1 take alternate tiles (tile it in slot it % 4: consumer c
+// Warp roles: warpgroup 0 produces, each warp 16 rows of a tile (paged rows with p.gather.raw_tma: one TMA box
+// when all 16 are loaded and start a 16-row group of one page, bytes by expect_tx; otherwise eight lanes per row,
+// one global line per cp.async and row, zero-filled for keys not loaded), completion by cp.async.mbarrier.arrive
+// on the slot's full barrier, the slot's 64-bit key mask by one arrival per warp; consumer warpgroups c = 0, 1 take alternate tiles (tile it in slot it % 4: consumer c
 // uses slots c and c + 2) with their own online softmax (kernel_small.cuh's), release a slot after their last load
 // from it.
 // Epilogue: tile_io.cuh small_epilogue, warpgroup 1's O^T exchanged through ring slot 1 (drained: one unit).

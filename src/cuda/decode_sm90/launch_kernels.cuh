@@ -191,8 +191,9 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
 // kernel"). MLA_DECODE_SM90_STAGE=ring / staged select the bf16-stage small kernels instead (source_staged.cuh:
 // the raw ring, RingKeys, at N 16 of mqa_decode under `automatic` before; the serial raw stage, StagedKeys),
 // which read fp8_ds_mla as its bf16 upconvert. N 32 (no room for a raw stage): fp8_ds_mla StagedKeys, fp8 the
-// register path (GatherKeys). The seesaw kernel dequantises through registers or in place. No TMA: the
-// tensor map is a zeroed placeholder. Read once.
+// register path (GatherKeys). The seesaw kernel dequantises through registers or in place. TMA only in the raw
+// kernel's paged rows (p.gather.raw_tma, launch.cu raw_rows_tensor_map); otherwise the tensor map is a zeroed
+// placeholder. Read once.
 enum class StageChoice { automatic, ring, staged, raw };
 inline StageChoice stage_choice() {
   static const StageChoice c =
