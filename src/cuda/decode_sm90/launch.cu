@@ -17,6 +17,7 @@
 #include "cuda/decode_sm90/launch_kernels.cuh"
 #include "cuda/decode_sm90/variant.h"
 #include "core/decode_balance.h"
+#include "mla/error.h"
 #include "runtime/device_api.h"
 
 namespace mla::cuda::decode_sm90 {
@@ -263,8 +264,12 @@ void run(const dispatch::DecodeArgs& a) {
     CUtensorMap map;
     std::memset(&map, 0, sizeof(map));
     if (raw_rows_by_tma(p.gather)) {
-      map = raw_rows_tensor_map(cache, p.gather, what);
-      p.gather.raw_tma = 1;
+      try {  // a layout the copy engine cannot describe (e.g. a stride past 2^40 bytes) keeps the cp.async rows
+        map = raw_rows_tensor_map(cache, p.gather, what);
+        p.gather.raw_tma = 1;
+      } catch (const Error&) {
+        p.gather.raw_tma = 0;
+      }
     }
     if (cache.format == CacheFormat::fp8_ds_mla)
       launch_copied<CacheFormat::fp8_ds_mla, PagedRows>(p, grid, stream, map, what);
