@@ -2,7 +2,8 @@
 // ldmatrix.cuh, mma_sync.cuh): one warp copies A (16 x 16, row-major) and B (16 x 8 stored [k][n]) to
 // shared memory with cp.async, loads fragments with ldmatrix / ldmatrix.trans, multiplies with mma.sync
 // over two k-halves of a 16 x 32 problem, and the result is compared with a float64 CPU product.
-// Also checks pack_bf16x2's half order, cp_async_arrive_mbarrier and cp_async_16_or_zero. SASS: LDGSTS, LDSM, HMMA.
+// Also checks pack_bf16x2's half order, cp_async_arrive_mbarrier and cp_async_16_or_zero.
+// SASS: LDGSTS, LDSM, HMMA.
 #include <vector>
 
 #include "cuda/common/ptx/cp_async.cuh"

@@ -38,9 +38,9 @@
 // Warp roles: warpgroup 0 produces, each warp 16 rows of a tile (paged rows with p.gather.raw_tma: one TMA box
 // when all 16 are loaded and start a 16-row group of one page, bytes by expect_tx; otherwise eight lanes per row,
 // one global line per cp.async and row, zero-filled for keys not loaded), completion by cp.async.mbarrier.arrive
-// on the slot's full barrier, the slot's 64-bit key mask by one arrival per warp; consumer warpgroups c = 0, 1 take alternate tiles (tile it in slot it % 4: consumer c
-// uses slots c and c + 2) with their own online softmax (kernel_small.cuh's), release a slot after their last load
-// from it.
+// on the slot's full barrier, the slot's 64-bit key mask by one arrival per warp; consumer warpgroups c = 0, 1 take
+// alternate tiles (tile it in slot it % 4: consumer c uses slots c and c + 2) with their own online softmax
+// (kernel_small.cuh's), release a slot after their last load from it.
 // Epilogue: tile_io.cuh small_epilogue, warpgroup 1's O^T exchanged through ring slot 1 (drained: one unit).
 //
 // Shared memory (N 16, fp8_ds_mla): Q 18 KiB + 4 slots x 42 KiB + P^T 2 x 4 x 2 KiB + tables = 203 KiB.

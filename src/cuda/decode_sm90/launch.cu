@@ -134,16 +134,17 @@ CUtensorMap raw_rows_tensor_map(const KVCache& cache, const DecodeSm90Params::Ga
   t.base = g.cache;
   t.dtype = DType::i32;
   t.rank = 3;
-  t.dims[0] = static_cast<int64_t>(CacheFormatTraits<CacheFormat::fp8>::entry_bytes(576, 64)) / 4;
-  if (cache.format == CacheFormat::fp8_ds_mla)
-    t.dims[0] = static_cast<int64_t>(CacheFormatTraits<CacheFormat::fp8_ds_mla>::entry_bytes(576, 64)) / 4;
+  using Fp8 = RawTraits<16, CacheFormat::fp8>;
+  using Ds = RawTraits<16, CacheFormat::fp8_ds_mla>;
+  static_assert(Fp8::kStride == Ds::kStride && Fp8::kStride % 4 == 0, "one slot row for both formats");
+  t.dims[0] = (cache.format == CacheFormat::fp8_ds_mla ? Ds::kRecordBytes : Fp8::kRecordBytes) / 4;
   t.dims[1] = g.page_size;
   t.dims[2] = cache.num_blocks();
   t.strides[0] = 1;
   t.strides[1] = g.stride_row_bytes / 4;
   t.strides[2] = g.stride_block_bytes / 4;
-  t.box[0] = 168;  // RawTraits::kStride / 4
-  t.box[1] = 16;
+  t.box[0] = Fp8::kStride / 4;  // a box row is one slot row
+  t.box[1] = 16;                // a producer warp's rows (produce_raw)
   t.box[2] = 1;
   t.swizzle = ptx::TmaSwizzle::none;
   t.l2_promotion_bytes = 256;

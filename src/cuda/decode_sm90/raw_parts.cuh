@@ -227,7 +227,7 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
     const int32_t raw_next2 = Rows::fetch(p, u, j0 + (it + 2) * kB);
     int64_t off_next = 0;
     const bool ok_next = Rows::locate(p, j0 + (it + 1) * kB, raw_next, off_next);
-    // Keys not loaded copy nothing (source size 0) from the cache's first row, a valid address.
+    // Keys not loaded: -1, zero-filled with nothing read (the ignore-src predicate) from the cache's first row.
     const int64_t src_off = ok ? off : -1;
     // Slot kQSlot's empty barrier has one phase more: Q's release by the consumers' prologue (stage_q).
     ptx::mbar_wait(&empty[s], ((it / L::kSlots) & 1) ^ (s == L::kQSlot ? 0 : 1));
