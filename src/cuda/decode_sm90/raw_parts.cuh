@@ -235,10 +235,10 @@ __device__ __forceinline__ void produce_raw(const DecodeSm90Params& p, const Uni
     bool by_tma = false;
     if constexpr (Rows::kPaged) {
       if (p.gather.raw_tma) {  // uniform
-        uint32_t page, prow;
-        fast_divmod(static_cast<uint32_t>(j0 + it * kB), p.gather.page_div, page, prow);
-        // Lane 0 holds row 16 warp: prow % 16 == 0 and page_size % 16 == 0 put the warp's 16 rows in its page.
-        by_tma = __all_sync(0xffffffffu, ok) && (__shfl_sync(0xffffffffu, prow, 0) & 15u) == 0;
+        uint32_t page, prow;  // of the warp's first row, 16 warp (the same value in every lane)
+        fast_divmod(static_cast<uint32_t>(u.key_begin + 16 * warp + it * kB), p.gather.page_div, page, prow);
+        // prow % 16 == 0 and page_size % 16 == 0 put the warp's 16 rows in one page.
+        by_tma = __all_sync(0xffffffffu, ok) && (prow & 15u) == 0;
         if (by_tma && lane == 0) {
           ptx::mbar_expect_tx(&full[s], 16 * L::kStride);
           ptx::fence_proxy_async_smem();
