@@ -31,6 +31,7 @@
 #include "mla/ops.h"
 #include "mla/variants.h"
 #include "cuda/decode_sm90/trace.cuh"
+#include "floor.h"
 #include "registry.h"
 
 namespace mla::bench {
@@ -169,6 +170,8 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   }
   ctx.report("mqa_decode", cfg, ms, bytes, flops,
              "FLOPs = 2*h*s_q*sum(seq_lens)*(576+512); bytes = sum(seq_lens)*row_bytes + q + out");
+  report_gather_floor(ctx, cb.cache.data.data, cb.cache.data.stride_of(1) * int64_t(cb.cache.data.element_size()),
+                      cache_entry_bytes(c.format), decode_row_slots(table, lens, pages, c.page));
   if (ctx.options().decode.trace)
     trace_decode_calls(ctx, [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, c.splits); });
 }
@@ -399,6 +402,9 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   }
   ctx.report("sparse_mqa", cfg, ms, bytes, flops,
              "FLOPs = 2*T*h*(topk+extra_topk)*(d_qk+d_v); bytes = distinct rows*row_bytes + q + out");
+  if (!v4 && c.t <= 1024)  // decode shapes (the prefill rows are compute-bound and mostly L2 hits)
+    report_gather_floor(ctx, cb.cache.data.data, cb.cache.data.stride_of(1) * int64_t(cb.cache.data.element_size()),
+                        cache_entry_bytes(c.format, c.d_qk), idx_host);
 }
 
 // Issue 8's table (nvidia-h200 FlashMLA times from the issue: fp8_ds_mla, topk 2048, median, L2 flushed;

@@ -122,6 +122,17 @@ void BenchContext::report(const std::string& op, const std::string& config, doub
   rows_.push_back({op, config, formula, ms, bytes, flops, variant});
 }
 
+void BenchContext::report_floor(double floor_ms, double floor_bytes) {
+  if (rows_.empty() || floor_ms <= 0) return;
+  Row& r = rows_.back();
+  r.floor_ms = floor_ms;
+  const double gbps = floor_bytes / (floor_ms * 1e6);
+  std::printf("    read floor of its rows (load-only kernel) %10.4f %9.1f %6.1f%%   row at %.1f%% of the floor's rate\n",
+              floor_ms, gbps, ceilings_.copy_gbps > 0 ? 100.0 * gbps / ceilings_.copy_gbps : 0.0,
+              r.ms > 0 ? 100.0 * floor_ms / r.ms : 0.0);
+  std::fflush(stdout);
+}
+
 int run(const BenchOptions& o) {
   if (cuda_rt::device_count() <= o.device)
     throw Error(fmt::format("mla bench: CUDA device {} not found ({} present)", o.device, cuda_rt::device_count()));
@@ -198,6 +209,10 @@ int run(const BenchOptions& o) {
                              {"bytes", r.bytes}, {"flops", r.flops}, {"variant", r.variant}, {"gbps", gbps}, {"tflops", tflops},
                              {"pct_copy", ctx.ceilings().copy_gbps > 0 ? 100 * gbps / ctx.ceilings().copy_gbps : 0},
                              {"pct_gemm", ctx.ceilings().gemm_tflops > 0 ? 100 * tflops / ctx.ceilings().gemm_tflops : 0}});
+        if (r.floor_ms > 0) {
+          j["rows"].back()["floor_ms"] = r.floor_ms;
+          j["rows"].back()["pct_floor"] = r.ms > 0 ? 100 * r.floor_ms / r.ms : 0;
+        }
       }
       if (o.write_json) {
         o.write_json(j.dump(2) + "\n");

@@ -35,6 +35,7 @@ struct Row {
   std::string op, config, formula;
   double ms = 0, bytes = 0, flops = 0;
   std::string variant;  // the kernel variant that ran, when `op` is a kernel family with variants
+  double floor_ms = 0;  // the read floor of the rows the op read (floor.h), 0: not measured
 };
 
 class BenchContext {
@@ -63,6 +64,10 @@ class BenchContext {
   // `formula` says how bytes/flops were counted; it is printed once per op.
   void report(const std::string& op, const std::string& config, double ms, double bytes, double flops,
               const std::string& formula);
+  // Attaches a read floor (floor.h: the rows the op read, `floor_bytes` of them, read by a load-only kernel,
+  // same timing) to the last row and prints it under that row: its time, GB/s, % of copy and the row's share
+  // of the floor's rate (floor time / row time).
+  void report_floor(double floor_ms, double floor_bytes);
   const std::vector<Row>& rows() const { return rows_; }
 
  private:

@@ -1,0 +1,126 @@
+// Read floors (floor.h): a load-only gather of the rows an attention call reads.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "floor.h"
+#include "mla/error.h"
+#include "registry.h"
+
+namespace mla::bench {
+namespace {
+
+constexpr int kThreads = 256, kUnroll = 8, kBlocksPerSm = 4;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("mla bench: read floor: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Flattened over (row, 16-byte chunk) in grid-stride order, so a warp's 32 lanes read 512 consecutive bytes of
+// one or two rows; kUnroll independent loads per thread are in flight before any is used. kChunks > 0 fixes
+// the chunk count at compile time (the division becomes a multiply); 0 reads it from `chunks`.
+template <int kChunks>
+__global__ void __launch_bounds__(kThreads) gather_rows_kernel(const uint4* __restrict__ base, int64_t stride16,
+                                                               const int32_t* __restrict__ slots, int64_t n,
+                                                               int64_t chunks, uint32_t* result) {
+  const int64_t c_per_row = kChunks > 0 ? kChunks : chunks;
+  const int64_t total = n * c_per_row, step = int64_t(gridDim.x) * kThreads;
+  uint32_t acc = 0;
+  for (int64_t c0 = int64_t(blockIdx.x) * kThreads + threadIdx.x; c0 < total; c0 += step * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * step;
+      v[u] = make_uint4(0, 0, 0, 0);
+      if (c < total) {
+        const int64_t row = c / c_per_row;
+        const int32_t slot = __ldg(slots + row);
+        if (slot >= 0) v[u] = __ldg(base + int64_t(slot) * stride16 + (c - row * c_per_row));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (int o = 16; o > 0; o /= 2) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x % 32 == 0) atomicXor(result, acc);  // one atomic per warp: keeps every load live
+}
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  return sms;
+}
+
+void launch_gather(const void* base, int64_t stride_bytes, int64_t row_bytes, const int32_t* slots, int64_t n,
+                   uint32_t* result, int sms, cudaStream_t s) {
+  if (n == 0) return;
+  const auto* b = static_cast<const uint4*>(base);
+  const int64_t stride16 = stride_bytes / 16, chunks = row_bytes / 16;
+  const dim3 grid(static_cast<unsigned>(sms * kBlocksPerSm));
+  switch (chunks) {  // the row sizes of the cache formats at d_qk 576 / 512
+    case 32: gather_rows_kernel<32><<<grid, kThreads, 0, s>>>(b, stride16, slots, n, chunks, result); break;
+    case 36: gather_rows_kernel<36><<<grid, kThreads, 0, s>>>(b, stride16, slots, n, chunks, result); break;
+    case 41: gather_rows_kernel<41><<<grid, kThreads, 0, s>>>(b, stride16, slots, n, chunks, result); break;
+    case 64: gather_rows_kernel<64><<<grid, kThreads, 0, s>>>(b, stride16, slots, n, chunks, result); break;
+    case 72: gather_rows_kernel<72><<<grid, kThreads, 0, s>>>(b, stride16, slots, n, chunks, result); break;
+    default: gather_rows_kernel<0><<<grid, kThreads, 0, s>>>(b, stride16, slots, n, chunks, result);
+  }
+  check(cudaGetLastError(), "launch");
+}
+
+}  // namespace
+
+uint32_t gather_rows_xor(const void* base, int64_t stride_bytes, int64_t row_bytes, const int32_t* slots_dev,
+                         int64_t n, uint32_t* result_dev, void* stream) {
+  if (row_bytes <= 0 || row_bytes % 16 || stride_bytes < row_bytes || stride_bytes % 16 ||
+      reinterpret_cast<uintptr_t>(base) % 16)
+    throw Error("mla bench: read floor: rows must be 16-byte multiples at 16-byte aligned addresses (row " +
+                std::to_string(row_bytes) + " B, stride " + std::to_string(stride_bytes) + " B)");
+  auto s = static_cast<cudaStream_t>(stream);
+  check(cudaMemsetAsync(result_dev, 0, sizeof(uint32_t), s), "cudaMemsetAsync");
+  launch_gather(base, stride_bytes, row_bytes, slots_dev, n, result_dev, sm_count(), s);
+  uint32_t h = 0;
+  check(cudaMemcpyAsync(&h, result_dev, sizeof(h), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  return h;
+}
+
+void report_gather_floor(BenchContext& ctx, const void* base, int64_t stride_bytes, int64_t row_bytes,
+                         const std::vector<int32_t>& slots) {
+  auto s = static_cast<cudaStream_t>(ctx.stream());
+  const std::size_t bytes = slots.size() * sizeof(int32_t), padded = (bytes + 15) / 16 * 16;
+  void* mem = nullptr;
+  check(cudaMalloc(&mem, padded + 16), "cudaMalloc");
+  auto* d_slots = static_cast<int32_t*>(mem);
+  auto* d_result = reinterpret_cast<uint32_t*>(static_cast<char*>(mem) + padded);
+  double ms = 0;
+  try {
+    check(cudaMemcpyAsync(d_slots, slots.data(), bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+    const int64_t n = static_cast<int64_t>(slots.size());
+    gather_rows_xor(base, stride_bytes, row_bytes, d_slots, n, d_result, s);  // validates, warms the code
+    const int sms = sm_count();
+    // Timed: the kernel alone (the result word is not reset between runs: only the loads' liveness matters).
+    ms = ctx.time_ms([&] { launch_gather(base, stride_bytes, row_bytes, d_slots, n, d_result, sms, s); });
+  } catch (...) {
+    cudaFree(mem);
+    throw;
+  }
+  check(cudaFree(mem), "cudaFree");
+  const auto rows = std::count_if(slots.begin(), slots.end(), [](int32_t v) { return v >= 0; });
+  ctx.report_floor(ms, static_cast<double>(rows) * static_cast<double>(row_bytes));
+}
+
+std::vector<int32_t> decode_row_slots(const std::vector<int32_t>& table, const std::vector<int32_t>& lens,
+                                      int64_t pages_per_request, int64_t page) {
+  std::vector<int32_t> slots;
+  for (std::size_t r = 0; r < lens.size(); ++r)
+    for (int64_t k = 0; k < lens[r]; ++k) {
+      const int32_t block = table[r * static_cast<std::size_t>(pages_per_request) + static_cast<std::size_t>(k / page)];
+      slots.push_back(block < 0 ? -1 : static_cast<int32_t>(block * page + k % page));
+    }
+  return slots;
+}
+
+}  // namespace mla::bench
