@@ -1,11 +1,12 @@
 #pragma once
-// The read floor of a memory-bound row (DESIGN.md §6, docs/PERFORMANCE.md "Read floors"): the cache rows an
-// attention call reads, read once more by a kernel that only loads them (16-byte loads, eight in flight per
-// thread, four 256-thread blocks per SM, the loaded words XOR-folded into one word so no load is dead), timed
-// the same way as the op (BenchContext::time_ms: cold L2, median). It answers "how fast can these bytes, in
-// this order and granularity, be read at all on this machine, in this methodology": the launch, the first
-// DRAM round trip, the tail and the write-back of the L2 flush's dirty lines are in it as they are in the op.
-// It is a measured reference, not a proof of optimum (a better reading kernel would lower it).
+// The read floor of a memory-bound row (docs/PERFORMANCE.md "Read floors"): the cache rows an attention call
+// reads, read once more by kernels that only read them, timed the same way as the op (BenchContext::time_ms:
+// cold L2, median); the floor is the faster of two forms: `loads` (16-byte loads, eight in flight per
+// thread, four 256-thread blocks per SM, the words XOR-folded into one so no load is dead) and `bulk` (one
+// cp.async.bulk per row into shared memory, 64-row tiles, as many CTAs per SM as fit). It answers "how fast can
+// these bytes, in this order and granularity, be read at all on this machine, in this methodology": the
+// launch, the first DRAM round trip, the tail and the write-back of the L2 flush's dirty lines are in it as
+// they are in the op. A measured reference, not a proof of optimum (a better reading kernel would lower it).
 #include <cstdint>
 #include <vector>
 
@@ -13,11 +14,15 @@ namespace mla::bench {
 
 class BenchContext;
 
-// Rows are `row_bytes` long (a multiple of 16) at base + slot * stride_bytes (base and stride 16-byte
-// aligned), one per entry of `slots` (negative entries skipped). Returns the XOR of every 32-bit word read.
-// Throws mla::Error on a bad argument or a CUDA error. `stream` is a cudaStream_t.
-uint32_t gather_rows_xor(const void* base, int64_t stride_bytes, int64_t row_bytes, const int32_t* slots_dev,
-                         int64_t n, uint32_t* result_dev, void* stream);
+enum class FloorKernel { loads, bulk };
+constexpr int64_t kMaxFloorRowBytes = 2048;  // the bulk form's 64-row tile must fit in shared memory
+
+// Rows are `row_bytes` long (a multiple of 16, at most kMaxFloorRowBytes) at base + slot * stride_bytes (base
+// and stride 16-byte aligned), one per entry of `slots` (negative entries skipped). Returns the XOR of every
+// 32-bit word read (the bulk form folds its rows out of shared memory for it). Throws mla::Error on a bad
+// argument or a CUDA error. `stream` is a cudaStream_t.
+uint32_t gather_rows_xor(FloorKernel kernel, const void* base, int64_t stride_bytes, int64_t row_bytes,
+                         const int32_t* slots_dev, int64_t n, uint32_t* result_dev, void* stream);
 
 // Times gather_rows_xor over `slots` (host list, copied to the device once) in ctx's timing (median, cold L2)
 // and reports it under ctx's last row (BenchContext::report_floor).

@@ -37,16 +37,23 @@ TEST(BenchFloorGpu, GatherReadsExactlyTheListedRows) {
     test::DevBuf<int32_t> d_slots(slots);
     cudaStream_t s;
     MLA_CUDA_OK(cudaStreamCreate(&s));
-    const uint32_t got = bench::gather_rows_xor(d_words.p, stride_bytes, row_bytes, d_slots.p,
-                                                static_cast<int64_t>(slots.size()), result.p, s);
-    EXPECT_EQ(got, host_xor(words, stride_words, row_words, slots)) << "row " << row_bytes << " B";
-    // One row fewer changes the result (the last slot's row is not all zero words).
-    slots.pop_back();
-    while (!slots.empty() && slots.back() < 0) slots.pop_back();
-    const uint32_t fewer = bench::gather_rows_xor(d_words.p, stride_bytes, row_bytes, d_slots.p,
-                                                  static_cast<int64_t>(slots.size()), result.p, s);
-    EXPECT_EQ(fewer, host_xor(words, stride_words, row_words, slots));
-    EXPECT_THROW(bench::gather_rows_xor(d_words.p, stride_bytes, row_bytes + 4, d_slots.p, 1, result.p, s), Error);
+    const uint32_t want = host_xor(words, stride_words, row_words, slots);
+    std::vector<int32_t> fewer = slots;  // one row fewer changes the result (the last row is not all zeros)
+    fewer.pop_back();
+    while (!fewer.empty() && fewer.back() < 0) fewer.pop_back();
+    const uint32_t want_fewer = host_xor(words, stride_words, row_words, fewer);
+    ASSERT_NE(want, want_fewer);
+    for (bench::FloorKernel k : {bench::FloorKernel::loads, bench::FloorKernel::bulk}) {
+      const char* name = k == bench::FloorKernel::loads ? "loads" : "bulk";
+      EXPECT_EQ(bench::gather_rows_xor(k, d_words.p, stride_bytes, row_bytes, d_slots.p,
+                                       static_cast<int64_t>(slots.size()), result.p, s), want)
+          << name << ", row " << row_bytes << " B";
+      EXPECT_EQ(bench::gather_rows_xor(k, d_words.p, stride_bytes, row_bytes, d_slots.p,
+                                       static_cast<int64_t>(fewer.size()), result.p, s), want_fewer)
+          << name << ", row " << row_bytes << " B";
+      EXPECT_THROW(bench::gather_rows_xor(k, d_words.p, stride_bytes, row_bytes + 4, d_slots.p, 1, result.p, s),
+                   Error);
+    }
     MLA_CUDA_OK(cudaStreamDestroy(s));
   }
 }
