@@ -46,6 +46,9 @@ void fill_cache(const KVCache& c, uint64_t seed, void* stream) {
   else fill_uniform(c.data, -1, 1, seed, stream);
 }
 
+// Bytes from one cache row (slot) to the next: the read floor's stride.
+int64_t slot_stride_bytes(const KVCache& c) { return c.data.stride_of(1) * static_cast<int64_t>(c.data.element_size()); }
+
 Tensor device_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> shape, Device dev) {
   Tensor h = Tensor::empty(shape, DType::i32);
   std::copy(v.begin(), v.end(), static_cast<int32_t*>(h.data()));
@@ -170,8 +173,8 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   }
   ctx.report("mqa_decode", cfg, ms, bytes, flops,
              "FLOPs = 2*h*s_q*sum(seq_lens)*(576+512); bytes = sum(seq_lens)*row_bytes + q + out");
-  report_gather_floor(ctx, cb.cache.data.data, cb.cache.data.stride_of(1) * int64_t(cb.cache.data.element_size()),
-                      cache_entry_bytes(c.format), decode_row_slots(table, lens, pages, c.page));
+  report_gather_floor(ctx, cb.cache.data.data, slot_stride_bytes(cb.cache), cache_entry_bytes(c.format),
+                      decode_row_slots(table, lens, pages, c.page));
   if (ctx.options().decode.trace)
     trace_decode_calls(ctx, [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, c.splits); });
 }
@@ -403,8 +406,8 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   ctx.report("sparse_mqa", cfg, ms, bytes, flops,
              "FLOPs = 2*T*h*(topk+extra_topk)*(d_qk+d_v); bytes = distinct rows*row_bytes + q + out");
   if (!v4 && c.t <= 1024)  // decode shapes (the prefill rows are compute-bound and mostly L2 hits)
-    report_gather_floor(ctx, cb.cache.data.data, cb.cache.data.stride_of(1) * int64_t(cb.cache.data.element_size()),
-                        cache_entry_bytes(c.format, c.d_qk), idx_host);
+    report_gather_floor(ctx, cb.cache.data.data, slot_stride_bytes(cb.cache), cache_entry_bytes(c.format, c.d_qk),
+                        idx_host);
 }
 
 // Issue 8's table (nvidia-h200 FlashMLA times from the issue: fp8_ds_mla, topk 2048, median, L2 flushed;

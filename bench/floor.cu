@@ -9,6 +9,7 @@
 #include "cuda/common/ptx/tma.cuh"
 #include "floor.h"
 #include "mla/error.h"
+#include "mla/tensor.h"
 #include "registry.h"
 
 namespace mla::bench {
@@ -115,33 +116,52 @@ void launch_gather(const void* base, int64_t stride_bytes, int64_t row_bytes, co
   check(cudaGetLastError(), "launch");
 }
 
-void launch_bulk(bool fold, const void* base, int64_t stride_bytes, int64_t row_bytes, const int32_t* slots,
-                 int64_t n, uint32_t* result, int sms, cudaStream_t s) {
-  if (n == 0) return;
-  const int smem = 128 + kBulkRows * static_cast<int>(row_bytes);
-  auto kernel = fold ? gather_rows_bulk_kernel<true> : gather_rows_bulk_kernel<false>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
+// The bulk kernel's launch shape: shared memory for one 64-row tile, as many CTAs per SM as fit. Set up once per
+// row size, outside any timed call (the attribute and the occupancy query are host work).
+struct BulkLaunch {
+  void (*kernel)(const char*, int64_t, uint32_t, const int32_t*, int64_t, uint32_t*);
+  dim3 grid;
+  int smem;
+};
+
+BulkLaunch bulk_launch(bool fold, int64_t row_bytes, int sms) {
+  BulkLaunch l{fold ? gather_rows_bulk_kernel<true> : gather_rows_bulk_kernel<false>, dim3(1),
+               128 + kBulkRows * static_cast<int>(row_bytes)};
+  check(cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, l.smem), "cudaFuncSetAttribute");
   int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBulkRows, smem), "occupancy");
-  const dim3 grid(static_cast<unsigned>(sms * std::max(per_sm, 1)));
-  kernel<<<grid, kBulkRows, smem, s>>>(static_cast<const char*>(base), stride_bytes, static_cast<uint32_t>(row_bytes),
-                                       slots, n, result);
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel, kBulkRows, l.smem), "occupancy");
+  l.grid = dim3(static_cast<unsigned>(sms * std::max(per_sm, 1)));
+  return l;
+}
+
+void launch_bulk(const BulkLaunch& l, const void* base, int64_t stride_bytes, int64_t row_bytes, const int32_t* slots,
+                 int64_t n, uint32_t* result, cudaStream_t s) {
+  if (n == 0) return;
+  l.kernel<<<l.grid, kBulkRows, l.smem, s>>>(static_cast<const char*>(base), stride_bytes,
+                                             static_cast<uint32_t>(row_bytes), slots, n, result);
   check(cudaGetLastError(), "launch");
+}
+
+// The rows' preconditions shared by both reading forms.
+void check_rows(const void* base, int64_t stride_bytes, int64_t row_bytes) {
+  if (row_bytes <= 0 || row_bytes % 16 || row_bytes > kMaxFloorRowBytes || stride_bytes < row_bytes ||
+      stride_bytes % 16 || reinterpret_cast<uintptr_t>(base) % 16)
+    throw Error("mla bench: read floor: rows must be 16-byte multiples of at most " +
+                std::to_string(kMaxFloorRowBytes) + " B at 16-byte aligned addresses (row " +
+                std::to_string(row_bytes) + " B, stride " + std::to_string(stride_bytes) + " B)");
 }
 
 }  // namespace
 
 uint32_t gather_rows_xor(FloorKernel kernel, const void* base, int64_t stride_bytes, int64_t row_bytes,
                          const int32_t* slots_dev, int64_t n, uint32_t* result_dev, void* stream) {
-  if (row_bytes <= 0 || row_bytes % 16 || row_bytes > kMaxFloorRowBytes || stride_bytes < row_bytes ||
-      stride_bytes % 16 || reinterpret_cast<uintptr_t>(base) % 16)
-    throw Error("mla bench: read floor: rows must be 16-byte multiples of at most " +
-                std::to_string(kMaxFloorRowBytes) + " B at 16-byte aligned addresses (row " +
-                std::to_string(row_bytes) + " B, stride " + std::to_string(stride_bytes) + " B)");
+  check_rows(base, stride_bytes, row_bytes);
   auto s = static_cast<cudaStream_t>(stream);
   check(cudaMemsetAsync(result_dev, 0, sizeof(uint32_t), s), "cudaMemsetAsync");
-  if (kernel == FloorKernel::loads) launch_gather(base, stride_bytes, row_bytes, slots_dev, n, result_dev, sm_count(), s);
-  else launch_bulk(true, base, stride_bytes, row_bytes, slots_dev, n, result_dev, sm_count(), s);
+  if (kernel == FloorKernel::loads)
+    launch_gather(base, stride_bytes, row_bytes, slots_dev, n, result_dev, sm_count(), s);
+  else
+    launch_bulk(bulk_launch(true, row_bytes, sm_count()), base, stride_bytes, row_bytes, slots_dev, n, result_dev, s);
   uint32_t h = 0;
   check(cudaMemcpyAsync(&h, result_dev, sizeof(h), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
@@ -150,27 +170,22 @@ uint32_t gather_rows_xor(FloorKernel kernel, const void* base, int64_t stride_by
 
 void report_gather_floor(BenchContext& ctx, const void* base, int64_t stride_bytes, int64_t row_bytes,
                          const std::vector<int32_t>& slots) {
+  check_rows(base, stride_bytes, row_bytes);
   auto s = static_cast<cudaStream_t>(ctx.stream());
-  const std::size_t bytes = slots.size() * sizeof(int32_t), padded = (bytes + 15) / 16 * 16;
-  void* mem = nullptr;
-  check(cudaMalloc(&mem, padded + 16), "cudaMalloc");
-  auto* d_slots = static_cast<int32_t*>(mem);
-  auto* d_result = reinterpret_cast<uint32_t*>(static_cast<char*>(mem) + padded);
-  double ms = 0;
-  try {
-    check(cudaMemcpyAsync(d_slots, slots.data(), bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
-    const int64_t n = static_cast<int64_t>(slots.size());
-    gather_rows_xor(FloorKernel::loads, base, stride_bytes, row_bytes, d_slots, n, d_result, s);  // validates
-    const int sms = sm_count();
-    // Timed: the kernels alone (the result word is not reset between runs: only the loads' liveness matters);
-    // the floor is the faster of the two reading forms.
-    ms = std::min(ctx.time_ms([&] { launch_gather(base, stride_bytes, row_bytes, d_slots, n, d_result, sms, s); }),
-                  ctx.time_ms([&] { launch_bulk(false, base, stride_bytes, row_bytes, d_slots, n, d_result, sms, s); }));
-  } catch (...) {
-    cudaFree(mem);
-    throw;
-  }
-  check(cudaFree(mem), "cudaFree");
+  const int64_t n = static_cast<int64_t>(slots.size());
+  // The slots, then one word for the fold's result (not reset between runs: only the loads' liveness matters).
+  Tensor mem = Tensor::empty({n + 1}, DType::i32, Device::cuda(ctx.device()));
+  auto* d_slots = static_cast<int32_t*>(mem.data());
+  auto* d_result = reinterpret_cast<uint32_t*>(d_slots + n);
+  check(cudaMemcpyAsync(d_slots, slots.data(), slots.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s),
+        "cudaMemcpyAsync");
+  check(cudaMemsetAsync(d_result, 0, sizeof(uint32_t), s), "cudaMemsetAsync");
+  const int sms = sm_count();
+  const BulkLaunch bulk = bulk_launch(false, row_bytes, sms);
+  // Timed: the kernels alone; the floor is the faster of the two reading forms.
+  const double ms =
+      std::min(ctx.time_ms([&] { launch_gather(base, stride_bytes, row_bytes, d_slots, n, d_result, sms, s); }),
+               ctx.time_ms([&] { launch_bulk(bulk, base, stride_bytes, row_bytes, d_slots, n, d_result, s); }));
   const auto rows = std::count_if(slots.begin(), slots.end(), [](int32_t v) { return v >= 0; });
   ctx.report_floor(ms, static_cast<double>(rows) * static_cast<double>(row_bytes));
 }
