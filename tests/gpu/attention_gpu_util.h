@@ -76,12 +76,17 @@ inline void expect_attention_close(const TensorView& out, const TensorView& ref_
 
 // Whether the sm90 variant reads fp8_ds_mla rows as their bf16 upconvert (SEMANTICS §11.6, docs/DECODE.md "fp8
 // caches") for a launch with `rows` query rows per request (mqa_decode: h · s_q; sparse_mqa: h): the raw-codes
-// kernel (up to 16 rows) reads the codes exactly, as the oracle does; the larger row tiles read the upconvert,
-// and so does every row count under MLA_DECODE_SM90_STAGE=ring / staged (the bf16-stage A/B sources).
-inline bool sm90_ds_upconverts(int64_t rows) {
-  const char* e = std::getenv("MLA_DECODE_SM90_STAGE");
-  const std::string stage = e ? e : "";
-  return rows > 16 || stage == "ring" || stage == "staged";
+// kernel (up to 32 rows) reads the codes exactly, as the oracle does; the 64-row tiles read the upconvert, and so
+// do 17..32 rows of mqa_decode under MLA_DECODE_SM90_ROWS32=all (the seesaw tile) and every row count under
+// MLA_DECODE_SM90_STAGE=ring / staged (the bf16-stage A/B sources; at 17..32 rows the staged one).
+inline bool sm90_ds_upconverts(int64_t rows, bool mqa_decode) {
+  auto env = [](const char* name) {
+    const char* e = std::getenv(name);
+    return std::string(e ? e : "");
+  };
+  const std::string stage = env("MLA_DECODE_SM90_STAGE");
+  return rows > 32 || (mqa_decode && rows > 16 && env("MLA_DECODE_SM90_ROWS32") == "all") || stage == "ring" ||
+         stage == "staged";
 }
 
 // A contiguous host copy of `t` (any device) in dtype `dt`, each value rounded once to dt. Attention

@@ -138,12 +138,12 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
         });
       for (auto& t : ranks) t.join();
       for (int r = 0; r < w; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
-      // The sm90 variants read fp8_ds_mla rows (sparse_mqa, mqa_decode) as their bf16 upconvert above 16 rows
+      // The sm90 variants read fp8_ds_mla rows (sparse_mqa, mqa_decode) as their bf16 upconvert above 32 rows
       // per request (test::sm90_ds_upconverts; fp8: exact codes). dcp_mqa_decode runs each (request, query)
       // row as a request whose W queries are the ranks' head blocks: W h rows.
       const bool ds_sm90 = f == CacheFormat::fp8_ds_mla;
-      const bool sparse_up = ds_sm90 && last_variant("sparse_mqa") == "sm90" && test::sm90_ds_upconverts(h);
-      const bool decode_up = ds_sm90 && last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(w * h);
+      const bool sparse_up = ds_sm90 && last_variant("sparse_mqa") == "sm90" && test::sm90_ds_upconverts(h, false);
+      const bool decode_up = ds_sm90 && last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(w * h, true);
       if (sparse_up || decode_up) {
         const CacheBuffer up = test::upconverted_cache(pb.cb.cache);
         if (sparse_up) sparse_mqa(q_tok, up.cache, slots(pos, global_table), {}, swant, swant_lse, 0.06, test::reference_ctx());

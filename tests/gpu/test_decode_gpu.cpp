@@ -2,7 +2,8 @@
 // (portable, sm90): every cache format, page sizes 1/16/32/64/128/256, h in {1..128}, s_q 1..8, empty requests and lengths on / beside page
 // boundaries, split-KV and the no-split fallback, strided / unaligned views, d_qk 320, narrow d_v, and
 // garbage metadata that must not make the kernel read outside the cache or the block table. The sm90
-// variant reads fp8_ds_mla rows as their bf16 upconvert (its oracle reads test::upconverted_cache) and fp8 rows as exact codes.
+// variant reads fp8_ds_mla rows as their bf16 upconvert above 32 rows per request (its oracle then reads
+// test::upconverted_cache) and fp8 rows as exact codes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,11 +29,11 @@ using test::PagedBatch;
 constexpr double kScale = 0.0722;  // 1/sqrt(192)
 
 // Whether the mqa_decode variant that ran last reads `format`'s rows as their bf16 upconvert at `rows` query
-// rows per request (the sm90 variant's fp8_ds_mla caches above 16 rows: test::sm90_ds_upconverts; its fp8
+// rows per request (the sm90 variant's fp8_ds_mla caches above 32 rows: test::sm90_ds_upconverts; its fp8
 // per-tensor rows are exact codes, as the oracle reads them); the float64 oracle then reads
 // test::upconverted_cache, as the sparse tests do.
 bool reads_upconverted(CacheFormat format, int64_t rows) {
-  return format == CacheFormat::fp8_ds_mla && last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(rows);
+  return format == CacheFormat::fp8_ds_mla && last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(rows, true);
 }
 
 struct DecodeRun {
@@ -361,7 +362,7 @@ TEST(DecodeGpu, SmallKernelLongStreams) {
     PagedBatch pb = test::paged_batch(f, page, lens, 4096 / page + 2);
     Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
     Tensor ref_out = test::poisoned({b, s_q, h, 512}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
-    const bool upconverted = f == ds && test::sm90_ds_upconverts(h * s_q);
+    const bool upconverted = f == ds && test::sm90_ds_upconverts(h * s_q, true);
     const CacheBuffer up = upconverted ? test::upconverted_cache(pb.cb.cache) : CacheBuffer{};
     mqa_decode(q, upconverted ? up.cache : pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {},
                test::reference_ctx());

@@ -37,7 +37,7 @@ TEST(DecodeSplitsGpu, ExplicitSplitCountsMatchTheOracle) {
     cuda_rt::synchronize(0);
   }
   const CacheBuffer up = test::upconverted_cache(pb.cb.cache);
-  const bool upconverted = last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(h * s_q);
+  const bool upconverted = last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(h * s_q, true);
   const KVCache& oracle_cache = upconverted ? up.cache : pb.cb.cache;
   mqa_decode(q, oracle_cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
 

@@ -69,7 +69,7 @@ Indices make_indices(const SparseCache& c, int64_t t, int64_t topk, int64_t num_
 
 // Whether `variant` reads `format` rows as their bf16 upconvert at h heads (the oracle must then too).
 bool reads_upconverted(const std::string& variant, CacheFormat format, int64_t h) {
-  return variant == "sm90" && format == CacheFormat::fp8_ds_mla && test::sm90_ds_upconverts(h);
+  return variant == "sm90" && format == CacheFormat::fp8_ds_mla && test::sm90_ds_upconverts(h, false);
 }
 
 // Oracle (host) and GPU run with poisoned outputs; `indices` / `lengths` are host tensors. `act`: the

@@ -1,6 +1,6 @@
 #pragma once
 // sm90 attention over e4m3-coded rows (fp8 per-tensor rows of mqa_decode, fp8_ds_mla records of mqa_decode and
-// sparse_mqa) for N = 8 / 16 query rows, with no bf16 stage: the raw rows go into a ring of shared-memory slots
+// sparse_mqa) for N = 8 / 16 / 32 query rows, with no bf16 stage: the raw rows go into a ring of shared-memory slots
 // and the consumers build wgmma's A operand in registers straight from the codes (docs/DECODE.md "Raw-codes
 // kernel"). The staged sources (source_staged.cuh) convert every code to bf16 in shared memory first (four
 // producer warps, a 72 KiB stage per tile, the stage cycle and the conversion rate were the limits); here the
@@ -43,7 +43,20 @@
 // (kernel_small.cuh's), release a slot after their last load from it.
 // Epilogue: tile_io.cuh small_epilogue, warpgroup 1's O^T exchanged through ring slot 1 (drained: one unit).
 //
+// Split by d (N 32, RawTraits::kSplit): O^T of all 512 columns would be 128 registers per thread beside S, so
+// both consumer warpgroups take every tile (tile it in slot it % 3) and split d: warpgroup c computes S over
+// its half of the k-steps (split_scores: the rope's k-steps 32 + 2c, 33 + 2c, then chunks 4c .. 4c + 3; for
+// fp8_ds_mla exactly scale groups 2c and 2c + 1), the partial scores go through shared memory (double-buffered
+// by tile parity: one 256-thread barrier per tile), and both run the same softmax on the same sums (addition
+// commutes, so every lazy-maximum decision agrees) and store the P^T panels of their own value groups 2c,
+// 2c + 1, whose O^T (value blocks 4c .. 4c + 3, 64 registers) they alone hold; the slot is released when both
+// have read it (256 arrivals). Epilogue: tile_io.cuh split_epilogue, no merge (both hold the same m and l).
+// At N 16 the same split measured 14-21% slower than alternate tiles (both warpgroups reach the softmax
+// together, with no tensor work beside it), so N 8 / 16 alternate.
+//
 // Shared memory (N 16, fp8_ds_mla): Q 18 KiB + 4 slots x 42 KiB + P^T 2 x 4 x 2 KiB + tables = 203 KiB.
+// N 32 (fp8_ds_mla): Q 36 KiB + 3 slots x 42 KiB + P^T 2 x 2 x 4 KiB + score exchange 2 x 2 x 8 KiB + tables
+// = 213 KiB.
 #include <cuda.h>
 
 #include <cstdint>
@@ -70,11 +83,105 @@ namespace mla::cuda::decode_sm90 {
 
 
 // Rows: PagedRows (mqa_decode, the uniform split-KV schedule's one unit per CTA) or IndexedRows (sparse_mqa).
+// Split by d: warpgroup c's partial scores of a tile (sv: this thread's elements of S^T, before the softmax scale).
+// Its half of the rope's k-steps (32 + 2c, 33 + 2c) first, straight into sv, then chunks 4c .. 4c + 3 (k-steps
+// 16c .. 16c + 15): fp8 into sv as well; fp8_ds_mla scale groups 2c and 2c + 1 into their own accumulators, folded
+// into sv with the keys' scales once all retired (sc_lo / sc_hi get those two scales: P^T's panels too). Raw loads
+// two ahead and A double-buffered as in the whole-d loop; cvt_chunk: the kernel's e4m3 -> f16 A fragment.
+template <int N, class L, class Cvt>
+__device__ __forceinline__ void split_scores(float (&sv)[N / 2], float (&sc_lo)[L::kGroupsWg],
+                                             float (&sc_hi)[L::kGroupsWg], uint32_t (&a)[2][16], Cvt&& cvt_chunk,
+                                             const uint8_t* row_lo, const uint8_t* row_hi, uint64_t dQ, int c, int t4) {
+  constexpr bool kDs = L::kDs;
+  float sacc[2][N / 2];  // fp8_ds_mla's two scale groups (fp8: unused)
+  // Load k: 0 the rope's half (fp8_ds_mla: 16 bf16 bytes at 528 + 64 c; fp8: the chunk of codes, words 2c, 2c + 1
+  // used), 1..4 chunk 4c + k - 1.
+  auto load = [&](int k, uint4 (&dst)[2]) {
+    const int o16 = k == 0 ? (kDs ? 528 + 64 * c : 512) + 16 * t4 : 64 * (4 * c + k - 1) + 16 * t4;
+    dst[0] = *reinterpret_cast<const uint4*>(row_lo + o16);
+    dst[1] = *reinterpret_cast<const uint4*>(row_hi + o16);
+  };
+  uint4 x[3][2];
+  load(0, x[0]);
+  load(1, x[1]);
+#pragma unroll
+  for (int k = 0; k < 5; ++k) {
+    if (k + 2 <= 4) load(k + 2, x[(k + 2) % 3]);
+    if (k >= 2) ptx::wgmma_wait_group<1>();  // load k - 2's products retired: its A buffer is free
+    uint32_t(&aj)[16] = a[k & 1];
+    ptx::wgmma_fence_operand(aj);
+    const uint4& xl = x[k % 3][0];
+    const uint4& xh = x[k % 3][1];
+    const uint32_t wl[4] = {xl.x, xl.y, xl.z, xl.w}, wh[4] = {xh.x, xh.y, xh.z, xh.w};
+    if (k == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if constexpr (kDs) {  // bf16 pairs: the words are the A pairs
+          aj[4 * i] = wl[2 * i];
+          aj[4 * i + 1] = wh[2 * i];
+          aj[4 * i + 2] = wl[2 * i + 1];
+          aj[4 * i + 3] = wh[2 * i + 1];
+        } else {  // word 2c + i of each key: k-step 32 + 2c + i
+          const uint32_t l = c ? wl[2 + i] : wl[i], h = c ? wh[2 + i] : wh[i];
+          aj[4 * i] = e4m3x2_lo_to_f16x2(l);
+          aj[4 * i + 1] = e4m3x2_lo_to_f16x2(h);
+          aj[4 * i + 2] = e4m3x2_hi_to_f16x2(l);
+          aj[4 * i + 3] = e4m3x2_hi_to_f16x2(h);
+        }
+      }
+    } else {
+      cvt_chunk(wl, wh, aj);
+    }
+    ptx::wgmma_fence_operand(sv);
+    ptx::wgmma_fence_operand(sacc[0]);
+    ptx::wgmma_fence_operand(sacc[1]);
+    ptx::wgmma_fence_operand(aj);
+    ptx::wgmma_fence();
+    if (k == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t ai[4] = {aj[4 * i], aj[4 * i + 1], aj[4 * i + 2], aj[4 * i + 3]};
+        const uint64_t dq = ptx::desc_advance(dQ, 8 * L::kQPanelBytes + (2 * c + i) * 32);  // k-step 32 + 2c + i
+        if constexpr (kDs) ptx::wgmma_bf16_rs<N>(sv, ai, dq, i > 0);
+        else ptx::wgmma_f16_rs<N>(sv, ai, dq, i > 0);
+      }
+    } else {
+      const int j = 4 * c + k - 1;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t ai[4] = {aj[4 * i], aj[4 * i + 1], aj[4 * i + 2], aj[4 * i + 3]};
+        const uint64_t dq = ptx::desc_advance(dQ, j * L::kQPanelBytes + i * 32);  // k-step 4 j + i
+        if constexpr (kDs) ptx::wgmma_f16_rs<N>(sacc[(k - 1) / 2], ai, dq, (k - 1) % 2 != 0 || i > 0);
+        else ptx::wgmma_f16_rs<N>(sv, ai, dq, true);
+      }
+    }
+    ptx::wgmma_commit_group();
+  }
+  ptx::wgmma_wait_group<0>();
+  ptx::wgmma_fence_operand(sv);
+  ptx::wgmma_fence_operand(sacc[0]);
+  ptx::wgmma_fence_operand(sacc[1]);
+  ptx::wgmma_fence_operand(a[0]);
+  ptx::wgmma_fence_operand(a[1]);
+  if constexpr (kDs) {
+    const float2 fl = *reinterpret_cast<const float2*>(row_lo + 512 + 8 * c);
+    const float2 fh = *reinterpret_cast<const float2*>(row_hi + 512 + 8 * c);
+    sc_lo[0] = fl.x;
+    sc_lo[1] = fl.y;
+    sc_hi[0] = fh.x;
+    sc_hi[1] = fh.y;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i)  // sv[i]: key_lo when (i & 2) == 0, else key_hi
+      sv[i] += ((i & 2) ? fh.x : fl.x) * sacc[0][i] + ((i & 2) ? fh.y : fl.y) * sacc[1][i];
+  }
+}
+
 template <int N, CacheFormat F, class Rows>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_raw_kernel(const __grid_constant__ CUtensorMap map, const DecodeSm90Params p) {
   using T = Traits;
   using L = RawTraits<N, F>;
+  constexpr bool kSplit = L::kSplit;  // N 32: both consumer warpgroups on every tile, split by d (header)
   constexpr bool kDs = L::kDs;
   constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e
   // S accumulators: fp8_ds_mla two for the scale groups in turn (group g in buffer g % 2, folded into the scores
@@ -96,7 +203,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kSlots; ++s) {
       ptx::mbar_init(&full[s], L::kFullArrivals);
-      ptx::mbar_init(&empty[s], 128);
+      ptx::mbar_init(&empty[s], L::kEmptyArrivals);
     }
     ptx::mbar_init(qfull, 128);
     ptx::fence_mbarrier_init();
@@ -117,7 +224,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int w = ptx::warp_idx_in_warpgroup(), lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
   const int wg_bar = 2 + c;
   uint8_t* sQ = smem + L::kOffQ;
-  uint8_t* sP = smem + L::kOffP + c * L::kGroups * L::kPBytes;
+  uint8_t* sP = smem + L::kOffP + c * L::kGroupsWg * L::kPBytes;
   float* sRed = reinterpret_cast<float*>(smem + L::kOffRed) + c * 4 * N;
   float* sML = reinterpret_cast<float*>(smem + L::kOffML);
   int* sLim = reinterpret_cast<int*>(smem + L::kOffLim);
@@ -157,7 +264,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   store_q_permuted<N, kDs>(q_stage, sQ, sAmax, sQf, ct);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  if (c == 1) ptx::mbar_arrive(&empty[L::kQSlot]);  // the staged rows are read: the slot goes to its first tile
+  if (kSplit || c == 1) ptx::mbar_arrive(&empty[L::kQSlot]);  // the staged rows are read: the slot goes to its first tile
 
   float m_run[kRows], l_part[kRows];
 #pragma unroll
@@ -186,13 +293,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   int lim_min = 0x7fffffff;
   for (int n = 0; n < N; ++n)
     if (u.row0 + n < u.m_rows) lim_min = min(lim_min, sLim[n]);
-  float o[8][N / 2];
+  constexpr int kOBlocks = kSplit ? 4 : 8;  // value blocks of O^T this warpgroup holds (split: 4c .. 4c + 3)
+  constexpr int kGv = kOBlocks / 2;         // value groups (two blocks each) it multiplies
+  float o[kOBlocks][N / 2];
 #pragma unroll
-  for (int mb = 0; mb < 8; ++mb)
+  for (int mb = 0; mb < kOBlocks; ++mb)
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) o[mb][i] = 0.0f;
 
-  for (int it = c; it < u.n_tiles; it += 2) {
+  for (int it = kSplit ? 0 : c; it < u.n_tiles; it += kSplit ? 1 : 2) {
     const int s = it % L::kSlots;
     const int k0 = u.key_begin + it * T::kBlockN;
     const bool clean = min(k0 + T::kBlockN, u.seq_len) - 1 <= lim_min;
@@ -203,9 +312,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const uint8_t* row_hi = slot + key_hi * L::kStride;
 
     // ---- S^T = K Q^T: chunk j = k-steps 4j .. 4j + 3 (j 8: the rope), A double-buffered, raw loads two ahead ----
-    float sacc[kAcc][N / 2];
-    float sv[N / 2];  // fp8_ds_mla: the folded groups' sum so far
+    float sv[N / 2];  // the scores (fp8_ds_mla: the folded groups' sum so far)
+    // fp8_ds_mla: the keys' scales of the P^T panels this warpgroup stores (split: groups 2c, 2c + 1)
+    float sc_lo[L::kGroupsWg], sc_hi[L::kGroupsWg];
+#pragma unroll
+    for (int gi = 0; gi < L::kGroupsWg; ++gi) sc_lo[gi] = sc_hi[gi] = 1.0f;
     uint32_t a[2][16];
+    // Chunk words of this thread's two keys as the A fragment's f16 pairs: word i of each key is k-step 4 j + i
+    // (e4m3 codes to f16, exact; NaN codes to NaN: a NaN key's scores come out NaN).
+    auto cvt_chunk = [&](const uint32_t (&wl)[4], const uint32_t (&wh)[4], uint32_t (&aj)[16]) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        aj[4 * i] = e4m3x2_lo_to_f16x2(wl[i]);
+        aj[4 * i + 1] = e4m3x2_lo_to_f16x2(wh[i]);
+        aj[4 * i + 2] = e4m3x2_hi_to_f16x2(wl[i]);
+        aj[4 * i + 3] = e4m3x2_hi_to_f16x2(wh[i]);
+      }
+    };
+    if constexpr (!kSplit) {
+    float sacc[kAcc][N / 2];
     // [buffer][lo, hi]: chunk j's 16 bytes of each key, loaded kAhead chunks ahead (LDS latency)
     constexpr int kAhead = 2;
     // fp8_ds_mla: sv (+)= scale of group g x its accumulator (buffer g % 2), the scales of this thread's two keys.
@@ -261,14 +386,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           aj[8 + 4 * i + 2] = rl[2 * i + 1];
           aj[8 + 4 * i + 3] = rh[2 * i + 1];
         }
-      } else {  // e4m3 pairs to f16 (NaN codes to NaN: a NaN key's scores come out NaN)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          aj[4 * i] = e4m3x2_lo_to_f16x2(wl[i]);
-          aj[4 * i + 1] = e4m3x2_lo_to_f16x2(wh[i]);
-          aj[4 * i + 2] = e4m3x2_hi_to_f16x2(wl[i]);
-          aj[4 * i + 3] = e4m3x2_hi_to_f16x2(wh[i]);
-        }
+      } else {
+        cvt_chunk(wl, wh, aj);
       }
       const int acc = kDs ? (j < 8 ? (j / 2) & 1 : 2) : 0;
 #pragma unroll
@@ -292,8 +411,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::wgmma_fence_operand(a[0]);
     ptx::wgmma_fence_operand(a[1]);
 
-    // ---- scores: the last group and the rope (fp8_ds_mla), mask, column (= query row) max over the 64 keys ----
-    float sc_lo[4] = {1.0f, 1.0f, 1.0f, 1.0f}, sc_hi[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    // the last group and the rope (fp8_ds_mla)
     if constexpr (kDs) {  // all four scales again, for P^T (held across S they spilled; fold read groups 0..2)
       const float4 a4 = *reinterpret_cast<const float4*>(row_lo + 512), b4 = *reinterpret_cast<const float4*>(row_hi + 512);
       sc_lo[0] = a4.x; sc_lo[1] = a4.y; sc_lo[2] = a4.z; sc_lo[3] = a4.w;
@@ -305,6 +423,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) sv[i] = sacc[0][i];
     }
+    } else {  // ---- split by d: this warpgroup's half of the k-steps, then the partial scores exchanged ----
+      split_scores<N, L>(sv, sc_lo, sc_hi, a, cvt_chunk, row_lo, row_hi, dQ, c, t4);
+      float* mine = reinterpret_cast<float*>(smem + L::kOffXchg) + ((it & 1) * 2 + c) * (N / 2) * 128;
+      const float* other = reinterpret_cast<const float*>(smem + L::kOffXchg) + ((it & 1) * 2 + (c ^ 1)) * (N / 2) * 128;
+      const int wt = ct & 127;
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) mine[i * 128 + wt] = sv[i];
+      // Both halves written. Buffer it & 1 is next written at tile it + 2, after this barrier's successor, which
+      // the other warpgroup reaches only after its read below: one barrier per tile. (Addition is commutative:
+      // both warpgroups hold the same scores, so every softmax decision below is the same in both.)
+      ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) sv[i] += other[i * 128 + wt];
+    }
+
+    // ---- scores: mask, column (= query row) max over the 64 keys ----
     const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
@@ -320,7 +454,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int rr = 0; rr < kRows; ++rr) {
         const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
 #pragma unroll
-        for (int gi = 0; gi < L::kGroups; ++gi) {
+        for (int gi = 0; gi < L::kGroupsWg; ++gi) {
           uint8_t* pp = sP + gi * L::kPBytes;
           const uint32_t pk = kF16V ? ptx::pack_f16x2(pl[rr] * 0x1p7f, ph[rr] * 0x1p7f)
                                     : ptx::pack_bf16x2(pl[rr] * (0x1p56f * sc_lo[gi]), ph[rr] * (0x1p56f * sc_hi[gi]));
@@ -357,7 +491,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       float alpha[kRows];
       small_tile_softmax<N>(sv, m_run, l_part, alpha, p_lo, p_hi, sRed, w, g8, t4, wg_bar);
       store_pt(p_lo, p_hi);
-      small_rescale_o<N>(o, alpha);
+      small_rescale_o<N, kOBlocks>(o, alpha);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(wg_bar, 128);
     } else {
@@ -368,15 +502,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---- O^T += V^T P^T: value group gv = blocks 2 gv, 2 gv + 1; one word per key and group ----
     uint32_t va[2][32];
 #pragma unroll
-    for (int gv = 0; gv < 4; ++gv) {
+    for (int lg = 0; lg < kGv; ++lg) {
+      const int gv = kSplit ? 2 * c + lg : lg;  // split: warpgroup c's value groups 2c, 2c + 1
       uint32_t wv[4][4];  // [16-key block][load i]
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           wv[kb][i] = *reinterpret_cast<const uint32_t*>(slot + 16 * kb * L::kStride + v_off[i] + 128 * gv);
-      if (gv >= 2) ptx::wgmma_wait_group<1>();   // group gv - 2's products retired: its A buffer is free
-      uint32_t(&ag)[32] = va[gv & 1];
+      if (lg >= 2) ptx::wgmma_wait_group<1>();   // group lg - 2's products retired: its A buffer is free
+      uint32_t(&ag)[32] = va[lg & 1];
       ptx::wgmma_fence_operand(ag);
       if (kF16V && !clean) {  // NaN codes to 448 (see `clean`)
 #pragma unroll
@@ -402,35 +537,42 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             d[3] = raw_pair(wv[kb][2], wv[kb][3], v_sel[2 * jb + 1]);
           }
         }
-      if (gv == 3) ptx::mbar_arrive(&empty[s]);  // this thread's last words of the slot are consumed
+      if (lg == kGv - 1) ptx::mbar_arrive(&empty[s]);  // this thread's last words of the slot are consumed
       ptx::wgmma_fence_operand(ag);
-      ptx::wgmma_fence_operand(o[2 * gv]);
-      ptx::wgmma_fence_operand(o[2 * gv + 1]);
+      ptx::wgmma_fence_operand(o[2 * lg]);
+      ptx::wgmma_fence_operand(o[2 * lg + 1]);
       ptx::wgmma_fence();
-      const uint64_t dp = ptx::desc_advance(dP, (kDs ? gv : 0) * L::kPBytes);
+      const uint64_t dp = ptx::desc_advance(dP, (kDs ? lg : 0) * L::kPBytes);
 #pragma unroll
       for (int jb = 0; jb < 2; ++jb)
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) {
           const uint32_t ai[4] = {ag[16 * jb + 4 * kb], ag[16 * jb + 4 * kb + 1], ag[16 * jb + 4 * kb + 2],
                                   ag[16 * jb + 4 * kb + 3]};
-          if constexpr (kF16V) ptx::wgmma_f16_rs<N>(o[2 * gv + jb], ai, ptx::desc_advance(dp, kb * 32), true);
-          else ptx::wgmma_bf16_rs<N>(o[2 * gv + jb], ai, ptx::desc_advance(dp, kb * 32), true);
+          if constexpr (kF16V) ptx::wgmma_f16_rs<N>(o[2 * lg + jb], ai, ptx::desc_advance(dp, kb * 32), true);
+          else ptx::wgmma_bf16_rs<N>(o[2 * lg + jb], ai, ptx::desc_advance(dp, kb * 32), true);
         }
       ptx::wgmma_commit_group();
     }
     ptx::wgmma_wait_group<0>();
 #pragma unroll
-    for (int mb = 0; mb < 8; ++mb) ptx::wgmma_fence_operand(o[mb]);
+    for (int mb = 0; mb < kOBlocks; ++mb) ptx::wgmma_fence_operand(o[mb]);
     ptx::wgmma_fence_operand(va[0]);
     ptx::wgmma_fence_operand(va[1]);
   }
 
-  // ---- epilogue (kernel_small's): warpgroup 1's O^T through ring slot 1 (consumer 1's, drained) ----
-  float* xo = reinterpret_cast<float*>(smem + L::kOffRing + L::kSlotBytes);
-  small_epilogue<N, L::kXRounds>(p, u, o, m_run, l_part, sRed, sML, xo, out_scale, c, wg_bar, [&](int mb, int i) {
+  // ---- epilogue: split, each warpgroup its own columns; else kernel_small's, warpgroup 1's O^T through ring slot 1
+  // (consumer 1's, drained) ----
+  auto col_of = [&](int mb, int i) {  // value block mb (the kernel's permuted value rows)
     return 128 * (mb >> 1) + 32 * w + 4 * g8 + 2 * (mb & 1) + ((i >> 1) & 1);
-  });
+  };
+  if constexpr (kSplit) {
+    split_epilogue<N>(p, u, o, m_run, l_part, sRed, out_scale, c, wg_bar,
+                      [&](int mb, int i) { return col_of(4 * c + mb, i); });
+  } else {
+    float* xo = reinterpret_cast<float*>(smem + L::kOffRing + L::kSlotBytes);
+    small_epilogue<N, L::kXRounds>(p, u, o, m_run, l_part, sRed, sML, xo, out_scale, c, wg_bar, col_of);
+  }
 }
 
 }  // namespace mla::cuda::decode_sm90

@@ -71,10 +71,12 @@ Start start_mode() {
 // session, 2f80a68 + the row-producer divisor, small / seesaw) h 32 s_k 4096 0.376-0.395 / 0.307-0.334,
 // s_q 2 h 16 s_k 8192 0.747-0.772 / 0.619-0.678; fp8_ds_mla the other way: 0.288-0.304 / 0.341-0.358 and
 // 0.530-0.570 / 0.557-0.593 (`*Decode*` under all: 488 passed). docs/DECODE.md "32 rows on the seesaw kernel".
-enum class Rows32 { small, seesaw, all };
+// Since the split-by-d raw kernel (kernel_raw.cuh, N 32) the default is automatic: bf16 on the seesaw tile, both
+// code formats on the raw kernel; seesaw is the earlier default (fp8 per-tensor on the seesaw tile too).
+enum class Rows32 { automatic, small, seesaw, all };
 Rows32 rows32_mode() {
-  static const Rows32 m =
-      env_choice("MLA_DECODE_SM90_ROWS32", Rows32::seesaw, {{"small", Rows32::small}, {"all", Rows32::all}});
+  static const Rows32 m = env_choice("MLA_DECODE_SM90_ROWS32", Rows32::automatic,
+                                     {{"small", Rows32::small}, {"seesaw", Rows32::seesaw}, {"all", Rows32::all}});
   return m;
 }
 
@@ -204,7 +206,9 @@ void run(const dispatch::DecodeArgs& a) {
                                                     (!quantized && rows16_mode() == Rows16::automatic &&
                                                      b <= kRows16SeesawBatch &&
                                                      int64_t{p.max_blocks} * p.page_size <= kRows16SeesawKeys));
-  if ((p.tile_rows == 32 && (rows32_mode() == Rows32::all || (!ds && rows32_mode() == Rows32::seesaw))) ||
+  const Rows32 r32 = rows32_mode();
+  if ((p.tile_rows == 32 && (r32 == Rows32::all || (!ds && r32 == Rows32::seesaw) ||
+                             (!quantized && r32 == Rows32::automatic))) ||
       rows16_seesaw) {
     p.tile_rows = Traits::kBlockM;
     p.m_tiles = 1;

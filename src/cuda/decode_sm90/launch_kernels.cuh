@@ -183,15 +183,17 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
 }
 
 // fp8_ds_mla records / fp8 (per-tensor) rows copied by the producer warps, rows located by Rows (source.cuh:
-// IndexedRows for sparse_mqa, PagedRows for mqa_decode). N 8 / 16: by default the raw-codes kernel
+// IndexedRows for sparse_mqa, PagedRows for mqa_decode). N 8 / 16 / 32: by default the raw-codes kernel
 // (kernel_raw.cuh: no bf16 stage, the consumers build wgmma's A operand from the codes; exact codes for both
 // formats). Same-run A/B on nvidia-h200, 2026-11-24, b 128 s_k 4096 page 64: h 16 fp8 0.155 ms against the
 // raw ring's 0.234, fp8_ds_mla 0.179 against 0.227; h 8 fp8 0.138 against 0.215, fp8_ds_mla 0.160 against
 // 0.227; sparse_mqa T 128 topk 2048 h 16 fp8_ds_mla 0.116 against the staged 0.140 (docs/DECODE.md "Raw-codes
 // kernel"). MLA_DECODE_SM90_STAGE=ring / staged select the bf16-stage small kernels instead (source_staged.cuh:
 // the raw ring, RingKeys, at N 16 of mqa_decode under `automatic` before; the serial raw stage, StagedKeys),
-// which read fp8_ds_mla as its bf16 upconvert. N 32 (no room for a raw stage): fp8_ds_mla StagedKeys, fp8 the
-// register path (GatherKeys). The seesaw kernel dequantises through registers or in place. TMA only in the raw
+// which read fp8_ds_mla as its bf16 upconvert; at N 32 (no room for a raw stage) fp8_ds_mla StagedKeys, fp8 the
+// register path (GatherKeys). N 32 on the raw kernel (split by d) against those, same run, nvidia-h200,
+// 2026-11-25: sparse T 128 topk 2048 fp8_ds_mla h 32 0.108 ms against 0.151, dense b 128 s_k 4096 h 32 fp8
+// 0.146 against the seesaw tile's 0.304, fp8_ds_mla 0.156 against 0.229 (docs/DECODE.md "Split by d"). The seesaw kernel dequantises through registers or in place. TMA only in the raw
 // kernel's paged rows (p.gather.raw_tma, launch.cu raw_rows_tensor_map); otherwise the tensor map is a zeroed
 // placeholder. Read once.
 enum class StageChoice { automatic, ring, staged, raw };
@@ -209,11 +211,9 @@ void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
   using Default = SmallKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
   using Ring = SmallRingKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
   const StageChoice c = stage_choice();
-  if constexpr (N <= 16) {
-    if (c == StageChoice::raw || c == StageChoice::automatic) {
-      launch_one(decode_sm90_raw_kernel<N, F, Rows>, RawTraits<N, F>::kSmemBytes, grid, stream, map, p, what);
-      return;
-    }
+  if (c == StageChoice::raw || c == StageChoice::automatic) {
+    launch_one(decode_sm90_raw_kernel<N, F, Rows>, RawTraits<N, F>::kSmemBytes, grid, stream, map, p, what);
+    return;
   }
   if constexpr (!std::is_same_v<Ring, Default>) {
     const bool ring = c == StageChoice::ring;
@@ -285,7 +285,7 @@ void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
   switch (p.tile_rows) {
     case 8: launch_small_copied<8, F, Rows>(p, grid, stream, map, what); break;
     case 16: launch_small_copied<16, F, Rows>(p, grid, stream, map, what); break;
-    case 32: launch_small_copied<32, F, Rows>(p, grid, stream, unused, what); break;
+    case 32: launch_small_copied<32, F, Rows>(p, grid, stream, map, what); break;
     default:
       {
         const SeesawExpand e = seesaw_expand();

@@ -23,9 +23,14 @@ namespace mla::cuda::decode_sm90 {
 // A staged query row: 576 bf16 columns (RawTraits::kQSlot, stage_q).
 inline constexpr int kStagedQRowBytes = 576 * 2;
 
+// N 32 splits by d (kernel_raw.cuh "Split by d"): both consumer warpgroups on every tile, one slot per tile in
+// use, the partial scores exchanged through shared memory, each warpgroup half of O's columns (O^T of all 512
+// columns is 128 registers per thread at N 32, too many beside S). At N 16 the split measured 14-21% slower than
+// alternate tiles (docs/DECODE.md), so N 8 / 16 alternate.
 template <int N, CacheFormat F>
 struct RawTraits {
-  static_assert(N == 8 || N == 16, "rows per CTA: 8 or 16");
+  static_assert(N == 8 || N == 16 || N == 32, "rows per CTA: 8, 16 or 32");
+  static constexpr bool kSplit = N == 32;
   static_assert(F == CacheFormat::fp8 || F == CacheFormat::fp8_ds_mla, "e4m3-coded rows");
   using T = Traits;
   static constexpr int N_ = N;
@@ -34,14 +39,21 @@ struct RawTraits {
   static constexpr int kChunks = kRecordBytes / 16;
   static constexpr int kStride = 672;  // >= the record, = 32 mod 128 (the bank analysis above)
   static constexpr int kSlotBytes = T::kBlockN * kStride;
-  static constexpr int kSlots = 4;  // tile it in slot it % 4: consumer c owns slots c, c + 2
-  static constexpr int kGroups = kDs ? 4 : 1;  // P^T panels per consumer (one per scale group)
+  // Alternate tiles: tile it in slot it % 4, consumer c owns slots c, c + 2 (two tiles held, two loading). Split:
+  // one slot held, the rest loading; N 32 has room for three (Q's panels are 36 KiB there).
+  static constexpr int kSlots = N == 32 ? 3 : 4;
+  static constexpr int kGroups = kDs ? 4 : 1;                         // P^T panels (one per scale group)
+  static constexpr int kGroupsWg = kSplit && kDs ? 2 : kGroups;       // of them, those one warpgroup stores
   static constexpr int kQPanelBytes = N * 128;
   static constexpr int kPBytes = N * 128 < 1024 ? 1024 : N * 128;
+  // Split: the partial scores, [tile parity][warpgroup][N / 2][128 threads] fp32 (double-buffered by tile, so a
+  // warpgroup never overwrites what the other has yet to read: one barrier per tile).
+  static constexpr int kXchgBytes = kSplit ? 2 * 2 * (N / 2) * 128 * 4 : 0;
   static constexpr int kOffQ = 0;
   static constexpr int kOffRing = T::kPanels * kQPanelBytes;
   static constexpr int kOffP = kOffRing + kSlots * kSlotBytes;
-  static constexpr int kOffRed = kOffP + 2 * kGroups * kPBytes;  // [2 wg][4 warps][N] fp32
+  static constexpr int kOffXchg = kOffP + 2 * kGroupsWg * kPBytes;
+  static constexpr int kOffRed = kOffXchg + kXchgBytes;          // [2 wg][4 warps][N] fp32
   static constexpr int kOffML = kOffRed + 2 * 4 * N * 4;         // [2 wg][m, l][N] fp32
   static constexpr int kOffLim = kOffML + 2 * 2 * N * 4;         // [N] int32
   static constexpr int kOffAmax = kOffLim + 32 * 4;              // [N] u32: max |q| per row (fp32 bits)
@@ -50,19 +62,21 @@ struct RawTraits {
   static constexpr int kOffMask = kOffOver + 16;                 // [kSlots] u64 (four u16 parts)
   static constexpr int kOffBar = kOffMask + kSlots * 8;          // full[kSlots], empty[kSlots], qfull
   static constexpr int kSmemBytes = kOffBar + (2 * kSlots + 1) * 8 + 1024;
-  // Q's raw bf16 rows [N][576] are staged in ring slot kQSlot (consumer 1's; its first tile there is tile 3) by the
-  // producer, so the consumers' prologue reads shared memory only; consumer 1 releases the slot on empty[kQSlot]
-  // after the prologue, one phase before the slot's first tile (produce_raw's parity for that slot is shifted).
-  static constexpr int kQSlot = 3;
+  // Q's raw bf16 rows [N][576] are staged in ring slot kQSlot by the producer, so the consumers' prologue reads
+  // shared memory only; the consumers that use the slot (consumer 1 when tiles alternate, both when split) release
+  // it on empty[kQSlot] after the prologue, one phase before the slot's first tile (produce_raw's parity for that
+  // slot is shifted).
+  static constexpr int kQSlot = kSlots - 1;
   static constexpr int kQRowBytes = kStagedQRowBytes;
   static constexpr int kXRounds = 1;
   static constexpr int kXBytes = 8 * (N / 2) * 128 * 4;
   static constexpr int kFullArrivals = 128 + 4;  // one cp.async arrival per producer lane + one mask arrival per warp
+  static constexpr int kEmptyArrivals = kSplit ? 256 : 128;  // the consumer threads that read a slot
   static constexpr int kProducerRegs = 56;
   static_assert(kOffRing % 1024 == 0 && kOffP % 1024 == 0, "swizzled panels are 1024-byte aligned");
   static_assert(kStride % 128 == 32 && kStride >= kRecordBytes, "slot rows");
-  static_assert(kXBytes <= kSlotBytes, "the epilogue exchange fits in ring slot 1");
-  static_assert(N * kQRowBytes <= kSlotBytes && kQSlot % 2 == 1, "Q's staging fits in a slot of consumer 1");
+  static_assert(kSplit || kXBytes <= kSlotBytes, "the epilogue exchange fits in ring slot 1");
+  static_assert(N * kQRowBytes <= kSlotBytes && (kSplit || kQSlot % 2 == 1), "Q's staging fits in a slot it reads");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 

@@ -199,16 +199,34 @@ __device__ __forceinline__ void small_tile_softmax(const float (&s)[N / 2], floa
 // O^T *= alpha per query row (o[mb][i]: row 8 (i / 4) + 2 t4 + (i & 1), alpha from small_tile_softmax), skipped
 // by the whole warp when no row's running max moved (every alpha exactly 1: the products would be exact no-ops;
 // most tiles of a long stream).
-template <int N>
-__device__ __forceinline__ void small_rescale_o(float (&o)[8][N / 2], const float (&alpha)[N / 4]) {
+// kBlocks: the value blocks this warpgroup holds (8; 4 in the split-by-d raw kernel).
+template <int N, int kBlocks = 8>
+__device__ __forceinline__ void small_rescale_o(float (&o)[kBlocks][N / 2], const float (&alpha)[N / 4]) {
   bool moved = false;
 #pragma unroll
   for (int rr = 0; rr < N / 4; ++rr) moved |= alpha[rr] != 1.0f;
   if (!__any_sync(0xffffffffu, moved)) return;
 #pragma unroll
-  for (int mb = 0; mb < 8; ++mb)
+  for (int mb = 0; mb < kBlocks; ++mb)
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) o[mb][i] *= alpha[2 * (i / 4) + (i & 1)];
+}
+
+// The small kernels' row sums: this thread's l_part over the warp's 8 lanes of each row (shuffles), one value per
+// (warp, row) into sRed[w][N], published to the warpgroup by its barrier; a row's sum is then the four warps'
+// entries, added in warp order.
+template <int N>
+__device__ __forceinline__ void warp_row_sums(const float (&l_part)[N / 4], float* sRed, int w, int g8, int t4,
+                                              int wg_bar) {
+#pragma unroll
+  for (int rr = 0; rr < N / 4; ++rr) {
+    float v = l_part[rr];
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 8);
+    v += __shfl_xor_sync(0xffffffffu, v, 16);
+    if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = v;
+  }
+  ptx::named_barrier_sync(wg_bar, 128);
 }
 
 // Epilogue of the small kernels (kernel_small.cuh, kernel_raw.cuh: N query rows as wgmma N, two consumer
@@ -229,15 +247,7 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
   constexpr int kRows = N / 4, kXBlocks = 8 / kXRounds;
   const MqaRowParams& rp = p.rows;
   const int wt = threadIdx.x & 127, w = wt >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) {
-    float v = l_part[rr];
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    v += __shfl_xor_sync(0xffffffffu, v, 8);
-    v += __shfl_xor_sync(0xffffffffu, v, 16);
-    if (g8 == 0) sRed[w * N + 8 * (rr / 2) + 2 * t4 + rr % 2] = v;
-  }
-  ptx::named_barrier_sync(wg_bar, 128);
+  warp_row_sums<N>(l_part, sRed, w, g8, t4, wg_bar);
   if (w == 0 && g8 == 0) {
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
@@ -298,6 +308,55 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
       }
     }
     ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+  }
+}
+
+// Epilogue of the split-by-d raw kernel (kernel_raw.cuh kSplit): both warpgroups ran the same online softmax over
+// every tile, so m_run and the row sums agree; warpgroup c holds O^T of value blocks 4c .. 4c + 3 (o[mb], the D
+// fragment as in small_epilogue). Each warpgroup sums its row sums over its warps (sRed, its own), divides its
+// blocks and writes them (bf16 out, or the split's fp32 partials); warpgroup 0 writes the LSE. col_of(mb, i): the
+// output column of o[mb][i]; the element i + 2 holds the next column, so columns go out in pairs.
+template <int N, class ColOf>
+__device__ __forceinline__ void split_epilogue(const DecodeSm90Params& p, const Unit& u, const float (&o)[4][N / 2],
+                                               const float (&m_run)[N / 4], const float (&l_part)[N / 4], float* sRed,
+                                               float out_scale, int c, int wg_bar, ColOf&& col_of) {
+  using T = Traits;
+  constexpr int kRows = N / 4;
+  const MqaRowParams& rp = p.rows;
+  const int w = (threadIdx.x & 127) >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
+  warp_row_sums<N>(l_part, sRed, w, g8, t4, wg_bar);
+  const bool split = u.ws_slot >= 0;
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, row = u.row0 + n, i0 = 4 * (rr / 2) + rr % 2;
+    if (row >= u.m_rows) continue;
+    const float l = sRed[n] + sRed[N + n] + sRed[2 * N + n] + sRed[3 * N + n];
+    const float inv = l == 0.0f ? 0.0f : out_scale / l;  // l == 0: no key; a NaN l propagates (§14.6a)
+    const int i = row / rp.h_q, h = row % rp.h_q;
+    const int64_t ws_row = u.ws_slot * static_cast<int64_t>(u.m_rows) + row;
+    if (c == 0 && w == 0 && g8 == 0) {
+      const float lse = l == 0.0f ? -INFINITY : (m_run[rr] + __log2f(l)) * softmax::kLn2;
+      if (split) p.ws_lse[ws_row] = lse;
+      else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
+    }
+    const int64_t dst = split ? ws_row * T::kDv
+                              : u.g * rp.out_stride_g + i * rp.out_stride_i + h * rp.out_stride_h;
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) {
+      const int col = col_of(mb, i0);  // even; o[mb][i0 + 2] is col + 1
+      const float a = o[mb][i0] * inv, b = o[mb][i0 + 2] * inv;
+      if (split) {
+        *reinterpret_cast<float2*>(p.ws_o + dst + col) = make_float2(a, b);
+      } else {
+        uint16_t* out = static_cast<uint16_t*>(rp.out) + dst + col;
+        if (p.out_pairs) {
+          *reinterpret_cast<uint32_t*>(out) = ptx::pack_bf16x2(a, b);
+        } else {
+          out[0] = dev::float_to_bf16(a);
+          out[1] = dev::float_to_bf16(b);
+        }
+      }
+    }
   }
 }
 
