@@ -82,17 +82,126 @@
 namespace mla::cuda::decode_sm90 {
 
 
-// Rows: PagedRows (mqa_decode, the uniform split-KV schedule's one unit per CTA) or IndexedRows (sparse_mqa).
+// The whole d of a tile's scores (sv: this thread's elements of S^T, before the softmax scale): chunks j = 0 .. 8
+// (j 8: the rope), raw loads kAhead chunks ahead, A double-buffered; fp8_ds_mla's scale groups in two accumulators
+// in turn, each folded into sv with the keys' scales as soon as its chunks retire, the bf16 rope in a third (sc_lo /
+// sc_hi get all four scales: P^T's panels).
+template <int N, class L>
+__device__ __forceinline__ void whole_scores(float (&sv)[N / 2], float (&sc_lo)[L::kGroupsWg],
+                                             float (&sc_hi)[L::kGroupsWg], const uint8_t* row_lo,
+                                             const uint8_t* row_hi, uint64_t dQ, int t4) {
+  static_assert(!L::kSplit, "whole d: N 8 / 16 (sc_lo / sc_hi hold all four groups)");
+  constexpr bool kDs = L::kDs;
+  // S accumulators: fp8_ds_mla two for the scale groups in turn (group g in buffer g % 2, folded into the scores
+  // with its scale as soon as its chunks retire) + the rope's; fp8 one.
+  constexpr int kAcc = kDs ? 3 : 1;
+  uint32_t a[2][16];
+  float sacc[kAcc][N / 2];
+  // [buffer][lo, hi]: chunk j's 16 bytes of each key, loaded kAhead chunks ahead (LDS latency)
+  constexpr int kAhead = 2;
+  // fp8_ds_mla: sv (+)= scale of group g x its accumulator (buffer g % 2), the scales of this thread's two keys.
+  auto fold = [&](int g, float s_lo, float s_hi) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float t = ((i & 2) ? s_hi : s_lo) * sacc[g & 1][i];
+      sv[i] = g == 0 ? t : sv[i] + t;
+    }
+  };
+  uint4 x[kAhead + 1][2];
+  uint4 xr[2];    // fp8_ds_mla rope: the second 16 bytes (elements 32 + 8 t4 ..) of each key
+  auto load_chunk = [&](int j, uint4 (&dst)[2]) {
+    const int o16 = j < 8 ? 64 * j + 16 * t4 : (kDs ? 528 + 16 * t4 : 512 + 16 * t4);
+    dst[0] = *reinterpret_cast<const uint4*>(row_lo + o16);
+    dst[1] = *reinterpret_cast<const uint4*>(row_hi + o16);
+  };
+#pragma unroll
+  for (int j = 0; j < kAhead; ++j) load_chunk(j, x[j]);
+#pragma unroll
+  for (int j = 0; j < 9; ++j) {
+    if (j + kAhead <= 8) load_chunk(j + kAhead, x[(j + kAhead) % (kAhead + 1)]);
+    if (kDs && j == 7) {  // the rope's second half one chunk ahead only (registers)
+      xr[0] = *reinterpret_cast<const uint4*>(row_lo + 592 + 16 * t4);
+      xr[1] = *reinterpret_cast<const uint4*>(row_hi + 592 + 16 * t4);
+    }
+    const int g_done = j / 2 - 2;  // fp8_ds_mla, even j >= 4: group j / 2 - 2 retires with chunk j - 2
+    float f_lo = 0.0f, f_hi = 0.0f;
+    if (kDs && j >= 4 && j % 2 == 0) {  // its scales, read before the wait (which orders memory)
+      f_lo = *reinterpret_cast<const float*>(row_lo + 512 + 4 * g_done);
+      f_hi = *reinterpret_cast<const float*>(row_hi + 512 + 4 * g_done);
+    }
+    if (j >= 2) ptx::wgmma_wait_group<1>();  // chunk j - 2's products retired: its A buffer is free
+    if (kDs && j >= 4 && j % 2 == 0) {       // and group g_done's accumulator is final: fold it, free its buffer
+      ptx::wgmma_fence_operand(sacc[g_done & 1]);
+      fold(g_done, f_lo, f_hi);
+    }
+    uint32_t(&aj)[16] = a[j & 1];
+    ptx::wgmma_fence_operand(aj);
+    const uint4& xl = x[j % (kAhead + 1)][0];
+    const uint4& xh = x[j % (kAhead + 1)][1];
+    const uint32_t wl[4] = {xl.x, xl.y, xl.z, xl.w}, wh[4] = {xh.x, xh.y, xh.z, xh.w};
+    if (kDs && j == 8) {  // bf16 rope: the words are the A pairs (k-steps 32, 33 from x, 34, 35 from xr)
+      const uint32_t rl[4] = {xr[0].x, xr[0].y, xr[0].z, xr[0].w}, rh[4] = {xr[1].x, xr[1].y, xr[1].z, xr[1].w};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        aj[4 * i] = wl[2 * i];
+        aj[4 * i + 1] = wh[2 * i];
+        aj[4 * i + 2] = wl[2 * i + 1];
+        aj[4 * i + 3] = wh[2 * i + 1];
+        aj[8 + 4 * i] = rl[2 * i];
+        aj[8 + 4 * i + 1] = rh[2 * i];
+        aj[8 + 4 * i + 2] = rl[2 * i + 1];
+        aj[8 + 4 * i + 3] = rh[2 * i + 1];
+      }
+    } else {
+      e4m3_chunk_to_a(wl, wh, aj);
+    }
+    const int acc = kDs ? (j < 8 ? (j / 2) & 1 : 2) : 0;
+#pragma unroll
+    for (int k = 0; k < kAcc; ++k) ptx::wgmma_fence_operand(sacc[k]);
+    ptx::wgmma_fence_operand(aj);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int ks = 4 * j + i;
+      const uint32_t ai[4] = {aj[4 * i], aj[4 * i + 1], aj[4 * i + 2], aj[4 * i + 3]};
+      const bool accumulate = kDs ? (j < 8 ? (j % 2 != 0 || i > 0) : i > 0) : ks > 0;
+      const uint64_t dq = ptx::desc_advance(dQ, (ks >> 2) * L::kQPanelBytes + (ks & 3) * 32);
+      if (kDs && j == 8) ptx::wgmma_bf16_rs<N>(sacc[acc], ai, dq, accumulate);
+      else ptx::wgmma_f16_rs<N>(sacc[acc], ai, dq, accumulate);
+    }
+    ptx::wgmma_commit_group();
+  }
+  ptx::wgmma_wait_group<0>();
+#pragma unroll
+  for (int k = 0; k < kAcc; ++k) ptx::wgmma_fence_operand(sacc[k]);
+  ptx::wgmma_fence_operand(a[0]);
+  ptx::wgmma_fence_operand(a[1]);
+
+  // the last group and the rope (fp8_ds_mla)
+  if constexpr (kDs) {  // all four scales again, for P^T (held across S they spilled; fold read groups 0..2)
+    const float4 a4 = *reinterpret_cast<const float4*>(row_lo + 512), b4 = *reinterpret_cast<const float4*>(row_hi + 512);
+    sc_lo[0] = a4.x; sc_lo[1] = a4.y; sc_lo[2] = a4.z; sc_lo[3] = a4.w;
+    sc_hi[0] = b4.x; sc_hi[1] = b4.y; sc_hi[2] = b4.z; sc_hi[3] = b4.w;
+    fold(3, sc_lo[3], sc_hi[3]);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) sv[i] += sacc[2][i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) sv[i] = sacc[0][i];
+  }
+}
+
 // Split by d: warpgroup c's partial scores of a tile (sv: this thread's elements of S^T, before the softmax scale).
 // Its half of the rope's k-steps (32 + 2c, 33 + 2c) first, straight into sv, then chunks 4c .. 4c + 3 (k-steps
 // 16c .. 16c + 15): fp8 into sv as well; fp8_ds_mla scale groups 2c and 2c + 1 into their own accumulators, folded
 // into sv with the keys' scales once all retired (sc_lo / sc_hi get those two scales: P^T's panels too). Raw loads
-// two ahead and A double-buffered as in the whole-d loop; cvt_chunk: the kernel's e4m3 -> f16 A fragment.
-template <int N, class L, class Cvt>
+// two ahead and A double-buffered as in whole_scores.
+template <int N, class L>
 __device__ __forceinline__ void split_scores(float (&sv)[N / 2], float (&sc_lo)[L::kGroupsWg],
-                                             float (&sc_hi)[L::kGroupsWg], uint32_t (&a)[2][16], Cvt&& cvt_chunk,
-                                             const uint8_t* row_lo, const uint8_t* row_hi, uint64_t dQ, int c, int t4) {
+                                             float (&sc_hi)[L::kGroupsWg], const uint8_t* row_lo,
+                                             const uint8_t* row_hi, uint64_t dQ, int c, int t4) {
   constexpr bool kDs = L::kDs;
+  uint32_t a[2][16];
   float sacc[2][N / 2];  // fp8_ds_mla's two scale groups (fp8: unused)
   // Load k: 0 the rope's half (fp8_ds_mla: 16 bf16 bytes at 528 + 64 c; fp8: the chunk of codes, words 2c, 2c + 1
   // used), 1..4 chunk 4c + k - 1.
@@ -130,7 +239,7 @@ __device__ __forceinline__ void split_scores(float (&sv)[N / 2], float (&sc_lo)[
         }
       }
     } else {
-      cvt_chunk(wl, wh, aj);
+      e4m3_chunk_to_a(wl, wh, aj);
     }
     ptx::wgmma_fence_operand(sv);
     ptx::wgmma_fence_operand(sacc[0]);
@@ -176,6 +285,7 @@ __device__ __forceinline__ void split_scores(float (&sv)[N / 2], float (&sc_lo)[
   }
 }
 
+// Rows: PagedRows (mqa_decode, the uniform split-KV schedule's one unit per CTA) or IndexedRows (sparse_mqa).
 template <int N, CacheFormat F, class Rows>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_raw_kernel(const __grid_constant__ CUtensorMap map, const DecodeSm90Params p) {
@@ -184,9 +294,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kSplit = L::kSplit;  // N 32: both consumer warpgroups on every tile, split by d (header)
   constexpr bool kDs = L::kDs;
   constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e
-  // S accumulators: fp8_ds_mla two for the scale groups in turn (group g in buffer g % 2, folded into the scores
-  // with its scale as soon as its chunks retire) + the rope's; fp8 one.
-  constexpr int kAcc = kDs ? 3 : 1;
   constexpr bool kF16V = !kDs;       // V as f16 through F2FP (fp8); fp8_ds_mla: bf16 (P times a key's scale)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
@@ -311,122 +418,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const uint8_t* row_lo = slot + key_lo * L::kStride;
     const uint8_t* row_hi = slot + key_hi * L::kStride;
 
-    // ---- S^T = K Q^T: chunk j = k-steps 4j .. 4j + 3 (j 8: the rope), A double-buffered, raw loads two ahead ----
+    // ---- S^T = K Q^T: the whole d (whole_scores), or this warpgroup's half of it (split_scores) ----
     float sv[N / 2];  // the scores (fp8_ds_mla: the folded groups' sum so far)
     // fp8_ds_mla: the keys' scales of the P^T panels this warpgroup stores (split: groups 2c, 2c + 1)
     float sc_lo[L::kGroupsWg], sc_hi[L::kGroupsWg];
 #pragma unroll
     for (int gi = 0; gi < L::kGroupsWg; ++gi) sc_lo[gi] = sc_hi[gi] = 1.0f;
-    uint32_t a[2][16];
-    // Chunk words of this thread's two keys as the A fragment's f16 pairs: word i of each key is k-step 4 j + i
-    // (e4m3 codes to f16, exact; NaN codes to NaN: a NaN key's scores come out NaN).
-    auto cvt_chunk = [&](const uint32_t (&wl)[4], const uint32_t (&wh)[4], uint32_t (&aj)[16]) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        aj[4 * i] = e4m3x2_lo_to_f16x2(wl[i]);
-        aj[4 * i + 1] = e4m3x2_lo_to_f16x2(wh[i]);
-        aj[4 * i + 2] = e4m3x2_hi_to_f16x2(wl[i]);
-        aj[4 * i + 3] = e4m3x2_hi_to_f16x2(wh[i]);
-      }
-    };
     if constexpr (!kSplit) {
-    float sacc[kAcc][N / 2];
-    // [buffer][lo, hi]: chunk j's 16 bytes of each key, loaded kAhead chunks ahead (LDS latency)
-    constexpr int kAhead = 2;
-    // fp8_ds_mla: sv (+)= scale of group g x its accumulator (buffer g % 2), the scales of this thread's two keys.
-    auto fold = [&](int g, float s_lo, float s_hi) {
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) {
-        const float t = ((i & 2) ? s_hi : s_lo) * sacc[g & 1][i];
-        sv[i] = g == 0 ? t : sv[i] + t;
-      }
-    };
-    uint4 x[kAhead + 1][2];
-    uint4 xr[2];    // fp8_ds_mla rope: the second 16 bytes (elements 32 + 8 t4 ..) of each key
-    auto load_chunk = [&](int j, uint4 (&dst)[2]) {
-      const int o16 = j < 8 ? 64 * j + 16 * t4 : (kDs ? 528 + 16 * t4 : 512 + 16 * t4);
-      dst[0] = *reinterpret_cast<const uint4*>(row_lo + o16);
-      dst[1] = *reinterpret_cast<const uint4*>(row_hi + o16);
-    };
-#pragma unroll
-    for (int j = 0; j < kAhead; ++j) load_chunk(j, x[j]);
-#pragma unroll
-    for (int j = 0; j < 9; ++j) {
-      if (j + kAhead <= 8) load_chunk(j + kAhead, x[(j + kAhead) % (kAhead + 1)]);
-      if (kDs && j == 7) {  // the rope's second half one chunk ahead only (registers)
-        xr[0] = *reinterpret_cast<const uint4*>(row_lo + 592 + 16 * t4);
-        xr[1] = *reinterpret_cast<const uint4*>(row_hi + 592 + 16 * t4);
-      }
-      const int g_done = j / 2 - 2;  // fp8_ds_mla, even j >= 4: group j / 2 - 2 retires with chunk j - 2
-      float f_lo = 0.0f, f_hi = 0.0f;
-      if (kDs && j >= 4 && j % 2 == 0) {  // its scales, read before the wait (which orders memory)
-        f_lo = *reinterpret_cast<const float*>(row_lo + 512 + 4 * g_done);
-        f_hi = *reinterpret_cast<const float*>(row_hi + 512 + 4 * g_done);
-      }
-      if (j >= 2) ptx::wgmma_wait_group<1>();  // chunk j - 2's products retired: its A buffer is free
-      if (kDs && j >= 4 && j % 2 == 0) {       // and group g_done's accumulator is final: fold it, free its buffer
-        ptx::wgmma_fence_operand(sacc[g_done & 1]);
-        fold(g_done, f_lo, f_hi);
-      }
-      uint32_t(&aj)[16] = a[j & 1];
-      ptx::wgmma_fence_operand(aj);
-      const uint4& xl = x[j % (kAhead + 1)][0];
-      const uint4& xh = x[j % (kAhead + 1)][1];
-      const uint32_t wl[4] = {xl.x, xl.y, xl.z, xl.w}, wh[4] = {xh.x, xh.y, xh.z, xh.w};
-      if (kDs && j == 8) {  // bf16 rope: the words are the A pairs (k-steps 32, 33 from x, 34, 35 from xr)
-        const uint32_t rl[4] = {xr[0].x, xr[0].y, xr[0].z, xr[0].w}, rh[4] = {xr[1].x, xr[1].y, xr[1].z, xr[1].w};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          aj[4 * i] = wl[2 * i];
-          aj[4 * i + 1] = wh[2 * i];
-          aj[4 * i + 2] = wl[2 * i + 1];
-          aj[4 * i + 3] = wh[2 * i + 1];
-          aj[8 + 4 * i] = rl[2 * i];
-          aj[8 + 4 * i + 1] = rh[2 * i];
-          aj[8 + 4 * i + 2] = rl[2 * i + 1];
-          aj[8 + 4 * i + 3] = rh[2 * i + 1];
-        }
-      } else {
-        cvt_chunk(wl, wh, aj);
-      }
-      const int acc = kDs ? (j < 8 ? (j / 2) & 1 : 2) : 0;
-#pragma unroll
-      for (int k = 0; k < kAcc; ++k) ptx::wgmma_fence_operand(sacc[k]);
-      ptx::wgmma_fence_operand(aj);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int ks = 4 * j + i;
-        const uint32_t ai[4] = {aj[4 * i], aj[4 * i + 1], aj[4 * i + 2], aj[4 * i + 3]};
-        const bool accumulate = kDs ? (j < 8 ? (j % 2 != 0 || i > 0) : i > 0) : ks > 0;
-        const uint64_t dq = ptx::desc_advance(dQ, (ks >> 2) * L::kQPanelBytes + (ks & 3) * 32);
-        if (kDs && j == 8) ptx::wgmma_bf16_rs<N>(sacc[acc], ai, dq, accumulate);
-        else ptx::wgmma_f16_rs<N>(sacc[acc], ai, dq, accumulate);
-      }
-      ptx::wgmma_commit_group();
-    }
-    ptx::wgmma_wait_group<0>();
-#pragma unroll
-    for (int k = 0; k < kAcc; ++k) ptx::wgmma_fence_operand(sacc[k]);
-    ptx::wgmma_fence_operand(a[0]);
-    ptx::wgmma_fence_operand(a[1]);
-
-    // the last group and the rope (fp8_ds_mla)
-    if constexpr (kDs) {  // all four scales again, for P^T (held across S they spilled; fold read groups 0..2)
-      const float4 a4 = *reinterpret_cast<const float4*>(row_lo + 512), b4 = *reinterpret_cast<const float4*>(row_hi + 512);
-      sc_lo[0] = a4.x; sc_lo[1] = a4.y; sc_lo[2] = a4.z; sc_lo[3] = a4.w;
-      sc_hi[0] = b4.x; sc_hi[1] = b4.y; sc_hi[2] = b4.z; sc_hi[3] = b4.w;
-      fold(3, sc_lo[3], sc_hi[3]);
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) sv[i] += sacc[2][i];
-    } else {
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) sv[i] = sacc[0][i];
-    }
+      whole_scores<N, L>(sv, sc_lo, sc_hi, row_lo, row_hi, dQ, t4);
     } else {  // ---- split by d: this warpgroup's half of the k-steps, then the partial scores exchanged ----
-      split_scores<N, L>(sv, sc_lo, sc_hi, a, cvt_chunk, row_lo, row_hi, dQ, c, t4);
-      float* mine = reinterpret_cast<float*>(smem + L::kOffXchg) + ((it & 1) * 2 + c) * (N / 2) * 128;
-      const float* other = reinterpret_cast<const float*>(smem + L::kOffXchg) + ((it & 1) * 2 + (c ^ 1)) * (N / 2) * 128;
+      split_scores<N, L>(sv, sc_lo, sc_hi, row_lo, row_hi, dQ, c, t4);
+      float* xchg = reinterpret_cast<float*>(smem + L::kOffXchg) + (it & 1) * 2 * (N / 2) * 128;  // [wg][N / 2][128]
+      float* mine = xchg + c * (N / 2) * 128;
+      const float* other = xchg + (c ^ 1) * (N / 2) * 128;
       const int wt = ct & 127;
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) mine[i * 128 + wt] = sv[i];

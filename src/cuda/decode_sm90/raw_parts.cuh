@@ -108,6 +108,18 @@ __device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t w) {
   return d;
 }
 
+// Chunk words of a thread's two keys (wl: key_lo, wh: key_hi; word i = k-step 4 j + i) as the A fragment of four
+// k-steps: f16 pairs, exact, NaN codes to NaN (a NaN key's scores come out NaN).
+__device__ __forceinline__ void e4m3_chunk_to_a(const uint32_t (&wl)[4], const uint32_t (&wh)[4], uint32_t (&aj)[16]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    aj[4 * i] = e4m3x2_lo_to_f16x2(wl[i]);
+    aj[4 * i + 1] = e4m3x2_lo_to_f16x2(wh[i]);
+    aj[4 * i + 2] = e4m3x2_hi_to_f16x2(wl[i]);
+    aj[4 * i + 3] = e4m3x2_hi_to_f16x2(wh[i]);
+  }
+}
+
 // The power-of-two exponent that brings a query row of largest magnitude `amax_bits` (fp32 bits of max |q|)
 // into [2^14, 2^15): every bf16 value within 2^28 of the row's largest is then a normal f16, so the f16 copy is
 // exact there and the rest are off by at most 2^-39 of the largest (far below fp32 accumulation error). Zero,

@@ -108,6 +108,19 @@ __device__ __forceinline__ void store_p(uint8_t* sP, const float (&s)[32], float
   }
 }
 
+// A row's natural-log LSE from its running maximum m (log2 domain) and row sum l: -inf for a row with no visible
+// key (l == 0), a NaN l propagates (§14.6a).
+__device__ __forceinline__ float row_lse(float m, float l) {
+  return l == 0.0f ? -INFINITY : (m + __log2f(l)) * softmax::kLn2;
+}
+// Query row `row` of the unit's LSE into the split's partial LSE (ws_lse) or, unsplit, into lse when given.
+__device__ __forceinline__ void store_row_lse(const DecodeSm90Params& p, const Unit& u, int row, float lse) {
+  const MqaRowParams& rp = p.rows;
+  if (u.ws_slot >= 0) p.ws_lse[u.ws_slot * static_cast<int64_t>(u.m_rows) + row] = lse;
+  else if (rp.lse)
+    rp.lse[u.g * rp.lse_stride_g + (row / rp.h_q) * rp.lse_stride_i + (row % rp.h_q) * rp.lse_stride_h] = lse;
+}
+
 // Epilogue of consumer c: rows r_lo / r_hi with running max m (log2 domain) and total row sum l;
 // columns 256c .. 256c + 255 of O (a 64 x 256 wgmma D fragment) divided by l, as bf16 out + natural-log
 // LSE (consumer 0 writes the LSE), or fp32 partials and partial LSE for the combine kernel. A row with
@@ -126,13 +139,12 @@ __device__ __forceinline__ void write_rows_half(const DecodeSm90Params& p, const
     if (row >= u.m_rows) continue;
     const float l = half ? l_hi : l_lo, m = half ? m_hi : m_lo;
     const float inv = l == 0.0f ? 0.0f : out_scale / l;  // l == 0: no key; a NaN l propagates (§14.6a)
-    const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * softmax::kLn2;
+    const float lse = row_lse(m, l);
     const int i = row / rp.h_q, h = row % rp.h_q;
     const int64_t ws_row = u.ws_slot * static_cast<int64_t>(u.m_rows) + row;
     if (c == 0 && t4 == 0) {
       if (partial != nullptr) reinterpret_cast<float*>(partial + ClusterMerge::kPartialLse)[r] = lse;
-      else if (split) p.ws_lse[ws_row] = lse;
-      else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
+      else store_row_lse(p, u, row, lse);
     }
     auto store_f32 = [&](float* dst) {  // fp32 O / l of this consumer's columns of the row
 #pragma unroll
@@ -280,12 +292,7 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
             const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : out_scale / l;  // NaN l stays NaN (§14.6a)
             sSc[n] = e0 * inv;
             sSc[N + n] = e1 * inv;
-            if (row < u.m_rows) {
-              const float lse = l == 0.0f ? -INFINITY : (mm + __log2f(l)) * softmax::kLn2;
-              const int i = row / rp.h_q, h = row % rp.h_q;
-              if (split) p.ws_lse[u.ws_slot * static_cast<int64_t>(u.m_rows) + row] = lse;
-              else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
-            }
+            if (row < u.m_rows) store_row_lse(p, u, row, row_lse(mm, l));
           }
         }
         ptx::named_barrier_sync(wg_bar, 128);
@@ -334,11 +341,7 @@ __device__ __forceinline__ void split_epilogue(const DecodeSm90Params& p, const 
     const float inv = l == 0.0f ? 0.0f : out_scale / l;  // l == 0: no key; a NaN l propagates (§14.6a)
     const int i = row / rp.h_q, h = row % rp.h_q;
     const int64_t ws_row = u.ws_slot * static_cast<int64_t>(u.m_rows) + row;
-    if (c == 0 && w == 0 && g8 == 0) {
-      const float lse = l == 0.0f ? -INFINITY : (m_run[rr] + __log2f(l)) * softmax::kLn2;
-      if (split) p.ws_lse[ws_row] = lse;
-      else if (rp.lse) rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = lse;
-    }
+    if (c == 0 && w == 0 && g8 == 0) store_row_lse(p, u, row, row_lse(m_run[rr], l));
     const int64_t dst = split ? ws_row * T::kDv
                               : u.g * rp.out_stride_g + i * rp.out_stride_i + h * rp.out_stride_h;
 #pragma unroll
