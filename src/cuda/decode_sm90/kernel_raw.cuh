@@ -487,11 +487,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       p_hi[rr] = softmax::exp2_approx(sv[i + 2] - base_m);
     }
     const bool warp_over = __any_sync(0xffffffffu, over);
-    if (lane == 0) sOver[4 * c + w] = warp_over ? 1 : 0;
+    uint8_t* over_flags = sOver + 8 * ((kSplit ? it : it >> 1) & 1) + 4 * c;  // this warpgroup's tile parity
+    if (lane == 0) over_flags[w] = warp_over ? 1 : 0;
     store_pt(p_lo, p_hi);
     ptx::fence_proxy_async_smem();
     ptx::named_barrier_sync(wg_bar, 128);
-    if (*reinterpret_cast<const uint32_t*>(sOver + 4 * c) != 0) {  // the exact step (rare after the first tile)
+    if (*reinterpret_cast<const uint32_t*>(over_flags) != 0) {  // the exact step (rare after the first tile)
       float alpha[kRows];
       small_tile_softmax<N>(sv, m_run, l_part, alpha, p_lo, p_hi, sRed, w, g8, t4, wg_bar);
       store_pt(p_lo, p_hi);

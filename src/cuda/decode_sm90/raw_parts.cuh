@@ -58,8 +58,11 @@ struct RawTraits {
   static constexpr int kOffLim = kOffML + 2 * 2 * N * 4;         // [N] int32
   static constexpr int kOffAmax = kOffLim + 32 * 4;              // [N] u32: max |q| per row (fp32 bits)
   static constexpr int kOffQf = kOffAmax + 32 * 4;               // [N] fp32: 2^-e per row (q_row_exponent)
-  static constexpr int kOffOver = kOffQf + 32 * 4;               // [2 wg][4 warps] u8: lazy-max overflow flags
-  static constexpr int kOffMask = kOffOver + 16;                 // [kSlots] u64 (four u16 parts)
+  // [2 tile parity][2 wg][4 warps] u8: lazy-max overflow flags. A warpgroup's flags of its k-th tile sit in buffer
+  // k % 2: the next write to that buffer (tile k + 2) comes after the flag barrier of tile k + 1, which every warp
+  // passes only after reading tile k's flags (one buffer: a warp could rewrite its flag while another still read it).
+  static constexpr int kOffOver = kOffQf + 32 * 4;
+  static constexpr int kOffMask = kOffOver + 32;                 // [kSlots] u64 (four u16 parts)
   static constexpr int kOffBar = kOffMask + kSlots * 8;          // full[kSlots], empty[kSlots], qfull
   static constexpr int kSmemBytes = kOffBar + (2 * kSlots + 1) * 8 + 1024;
   // Q's raw bf16 rows [N][576] are staged in ring slot kQSlot by the producer, so the consumers' prologue reads
