@@ -43,20 +43,20 @@
 // (kernel_small.cuh's), release a slot after their last load from it.
 // Epilogue: tile_io.cuh small_epilogue, warpgroup 1's O^T exchanged through ring slot 1 (drained: one unit).
 //
-// Split by d (N 32, RawTraits::kSplit): O^T of all 512 columns would be 128 registers per thread beside S, so
-// both consumer warpgroups take every tile (tile it in slot it % 3) and split d: warpgroup c computes S over
-// its half of the k-steps (split_scores: the rope's k-steps 32 + 2c, 33 + 2c, then chunks 4c .. 4c + 3; for
-// fp8_ds_mla exactly scale groups 2c and 2c + 1), the partial scores go through shared memory (double-buffered
-// by tile parity: one 256-thread barrier per tile), and both run the same softmax on the same sums (addition
-// commutes, so every lazy-maximum decision agrees) and store the P^T panels of their own value groups 2c,
-// 2c + 1, whose O^T (value blocks 4c .. 4c + 3, 64 registers) they alone hold; the slot is released when both
-// have read it (256 arrivals). Epilogue: tile_io.cuh split_epilogue, no merge (both hold the same m and l).
-// At N 16 the same split measured 14-21% slower than alternate tiles (both warpgroups reach the softmax
-// together, with no tensor work beside it), so N 8 / 16 alternate.
+// Ping-pong (N 32, RawTraits::kPingPong): O^T of all 512 columns would be 128 registers per thread beside S, so
+// each warpgroup holds half of it (value groups 2c, 2c + 1: blocks 4c .. 4c + 3, 64 registers) and the two take
+// turns on the tiles (tile t in slot t % 3): warpgroup c owns tiles t = c, c + 2, ... and computes all of S(t), the
+// softmax and P^T(t) of all value groups into its buffer (published on pfull[c] with its lazy-maximum flags and,
+// when flagged, its new maximum); both multiply each tile by their value half, so a slot is free after 256
+// arrivals. Per own tile t, warpgroup c: S(t); the other's tile t - 1 (wait pfull[c ^ 1], take over its maximum
+// and rescale the O half and row sums when it was flagged, P.V(t - 1) left in flight); the softmax of t (its
+// reference is t - 1's maximum, known now) beside those products; publish; P.V(t). One softmax per tile, each
+// beside the other warpgroup's tensor work. Epilogue: tile_io.cuh pingpong_epilogue (both hold the same m and l,
+// each writes its columns). The twentieth session's split by d (both warpgroups on every tile, S split by
+// k-steps, partial scores exchanged, both running every softmax) was 13-16% slower (docs/DECODE.md "Ping-pong").
 //
 // Shared memory (N 16, fp8_ds_mla): Q 18 KiB + 4 slots x 42 KiB + P^T 2 x 4 x 2 KiB + tables = 203 KiB.
-// N 32 (fp8_ds_mla): Q 36 KiB + 3 slots x 42 KiB + P^T 2 x 2 x 4 KiB + score exchange 2 x 2 x 8 KiB + tables
-// = 213 KiB.
+// N 32 (fp8_ds_mla): Q 36 KiB + 3 slots x 42 KiB + P^T 2 x 4 x 4 KiB + tables = 194 KiB.
 #include <cuda.h>
 
 #include <cstdint>
@@ -82,33 +82,31 @@
 namespace mla::cuda::decode_sm90 {
 
 
-// The whole d of a tile's scores (sv: this thread's elements of S^T, before the softmax scale): chunks j = 0 .. 8
-// (j 8: the rope), raw loads kAhead chunks ahead, A double-buffered; fp8_ds_mla's scale groups in two accumulators
-// in turn, each folded into sv with the keys' scales as soon as its chunks retire, the bf16 rope in a third (sc_lo /
-// sc_hi get all four scales: P^T's panels).
+// A tile's scores (sv: this thread's elements of S^T, before the softmax scale): chunks j = 0 .. 8 (j 8: the rope),
+// raw loads kAhead chunks ahead, A double-buffered; fp8_ds_mla's scale groups in two accumulators in turn, each
+// folded into sv with the keys' scales as soon as its chunks retire, the bf16 rope in the first again once group 2
+// is folded (sv is never a wgmma accumulator: a non-wgmma write to one while others are in flight serializes them).
 template <int N, class L>
-__device__ __forceinline__ void whole_scores(float (&sv)[N / 2], float (&sc_lo)[L::kGroupsWg],
-                                             float (&sc_hi)[L::kGroupsWg], const uint8_t* row_lo,
-                                             const uint8_t* row_hi, uint64_t dQ, int t4) {
-  static_assert(!L::kSplit, "whole d: N 8 / 16 (sc_lo / sc_hi hold all four groups)");
+__device__ __forceinline__ void whole_scores(float (&sv)[N / 2], const uint8_t* row_lo, const uint8_t* row_hi,
+                                             uint64_t dQ, int t4) {
   constexpr bool kDs = L::kDs;
-  // S accumulators: fp8_ds_mla two for the scale groups in turn (group g in buffer g % 2, folded into the scores
-  // with its scale as soon as its chunks retire) + the rope's; fp8 one.
-  constexpr int kAcc = kDs ? 3 : 1;
+  // fp8_ds_mla: group g and then the rope in buffer g % 2 (the rope: 0), so a group's products retire while the
+  // next group's issue. Ping-pong (O half, the other's A operand beside S): one buffer, each group retired before
+  // the next starts (the other warpgroup's products keep the tensor pipe busy meanwhile).
+  constexpr int kAcc = kDs && !L::kPingPong ? 2 : 1;
+  constexpr int kAhead = L::kPingPong ? 1 : 2;  // raw loads ahead (LDS latency; N 32: registers)
   uint32_t a[2][16];
   float sacc[kAcc][N / 2];
-  // [buffer][lo, hi]: chunk j's 16 bytes of each key, loaded kAhead chunks ahead (LDS latency)
-  constexpr int kAhead = 2;
   // fp8_ds_mla: sv (+)= scale of group g x its accumulator (buffer g % 2), the scales of this thread's two keys.
   auto fold = [&](int g, float s_lo, float s_hi) {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) {
-      const float t = ((i & 2) ? s_hi : s_lo) * sacc[g & 1][i];
+      const float t = ((i & 2) ? s_hi : s_lo) * sacc[(kAcc - 1) & g][i];
       sv[i] = g == 0 ? t : sv[i] + t;
     }
   };
-  uint4 x[kAhead + 1][2];
-  uint4 xr[2];    // fp8_ds_mla rope: the second 16 bytes (elements 32 + 8 t4 ..) of each key
+  uint4 x[kAhead + 1][2];  // [buffer][lo, hi]: chunk j's 16 bytes of each key
+  uint4 xr[2];             // fp8_ds_mla rope: the second 16 bytes (elements 32 + 8 t4 ..) of each key
   auto load_chunk = [&](int j, uint4 (&dst)[2]) {
     const int o16 = j < 8 ? 64 * j + 16 * t4 : (kDs ? 528 + 16 * t4 : 512 + 16 * t4);
     dst[0] = *reinterpret_cast<const uint4*>(row_lo + o16);
@@ -123,15 +121,19 @@ __device__ __forceinline__ void whole_scores(float (&sv)[N / 2], float (&sc_lo)[
       xr[0] = *reinterpret_cast<const uint4*>(row_lo + 592 + 16 * t4);
       xr[1] = *reinterpret_cast<const uint4*>(row_hi + 592 + 16 * t4);
     }
-    const int g_done = j / 2 - 2;  // fp8_ds_mla, even j >= 4: group j / 2 - 2 retires with chunk j - 2
+    // fp8_ds_mla, j = 4, 6, 8: group j / 2 - 2 retired (its last chunk two steps ago): fold it, its buffer is next;
+    // one buffer: j = 2, 4, 6, 8, group j / 2 - 1 (all products retired first)
+    const bool fold_now = kDs && j >= 2 * kAcc && j % 2 == 0;
+    const int g_done = j / 2 - kAcc;
     float f_lo = 0.0f, f_hi = 0.0f;
-    if (kDs && j >= 4 && j % 2 == 0) {  // its scales, read before the wait (which orders memory)
+    if (fold_now) {  // its scales, read before the wait (which orders memory)
       f_lo = *reinterpret_cast<const float*>(row_lo + 512 + 4 * g_done);
       f_hi = *reinterpret_cast<const float*>(row_hi + 512 + 4 * g_done);
     }
-    if (j >= 2) ptx::wgmma_wait_group<1>();  // chunk j - 2's products retired: its A buffer is free
-    if (kDs && j >= 4 && j % 2 == 0) {       // and group g_done's accumulator is final: fold it, free its buffer
-      ptx::wgmma_fence_operand(sacc[g_done & 1]);
+    if (kAcc == 1 && fold_now) ptx::wgmma_wait_group<0>();
+    else if (j >= 2) ptx::wgmma_wait_group<1>();  // chunk j - 2's products retired: its A buffer is free
+    if (fold_now) {
+      ptx::wgmma_fence_operand(sacc[(kAcc - 1) & g_done]);
       fold(g_done, f_lo, f_hi);
     }
     uint32_t(&aj)[16] = a[j & 1];
@@ -155,7 +157,7 @@ __device__ __forceinline__ void whole_scores(float (&sv)[N / 2], float (&sc_lo)[
     } else {
       e4m3_chunk_to_a(wl, wh, aj);
     }
-    const int acc = kDs ? (j < 8 ? (j / 2) & 1 : 2) : 0;
+    float(&d)[N / 2] = sacc[(kAcc - 1) & (j / 2)];
 #pragma unroll
     for (int k = 0; k < kAcc; ++k) ptx::wgmma_fence_operand(sacc[k]);
     ptx::wgmma_fence_operand(aj);
@@ -164,10 +166,11 @@ __device__ __forceinline__ void whole_scores(float (&sv)[N / 2], float (&sc_lo)[
     for (int i = 0; i < 4; ++i) {
       const int ks = 4 * j + i;
       const uint32_t ai[4] = {aj[4 * i], aj[4 * i + 1], aj[4 * i + 2], aj[4 * i + 3]};
+      // the first k-step into an accumulator initialises it: a group's first chunk, the rope, the first chunk
       const bool accumulate = kDs ? (j < 8 ? (j % 2 != 0 || i > 0) : i > 0) : ks > 0;
       const uint64_t dq = ptx::desc_advance(dQ, (ks >> 2) * L::kQPanelBytes + (ks & 3) * 32);
-      if (kDs && j == 8) ptx::wgmma_bf16_rs<N>(sacc[acc], ai, dq, accumulate);
-      else ptx::wgmma_f16_rs<N>(sacc[acc], ai, dq, accumulate);
+      if (kDs && j == 8) ptx::wgmma_bf16_rs<N>(d, ai, dq, accumulate);
+      else ptx::wgmma_f16_rs<N>(d, ai, dq, accumulate);
     }
     ptx::wgmma_commit_group();
   }
@@ -177,111 +180,14 @@ __device__ __forceinline__ void whole_scores(float (&sv)[N / 2], float (&sc_lo)[
   ptx::wgmma_fence_operand(a[0]);
   ptx::wgmma_fence_operand(a[1]);
 
-  // the last group and the rope (fp8_ds_mla)
-  if constexpr (kDs) {  // all four scales again, for P^T (held across S they spilled; fold read groups 0..2)
-    const float4 a4 = *reinterpret_cast<const float4*>(row_lo + 512), b4 = *reinterpret_cast<const float4*>(row_hi + 512);
-    sc_lo[0] = a4.x; sc_lo[1] = a4.y; sc_lo[2] = a4.z; sc_lo[3] = a4.w;
-    sc_hi[0] = b4.x; sc_hi[1] = b4.y; sc_hi[2] = b4.z; sc_hi[3] = b4.w;
-    fold(3, sc_lo[3], sc_hi[3]);
+  if constexpr (kDs) {  // group 3 (buffer 1; one buffer: folded at j = 8), then the rope (buffer 0)
+    if constexpr (kAcc == 2)
+      fold(3, *reinterpret_cast<const float*>(row_lo + 524), *reinterpret_cast<const float*>(row_hi + 524));
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i) sv[i] += sacc[2][i];
+    for (int i = 0; i < N / 2; ++i) sv[i] += sacc[0][i];
   } else {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) sv[i] = sacc[0][i];
-  }
-}
-
-// Split by d: warpgroup c's partial scores of a tile (sv: this thread's elements of S^T, before the softmax scale).
-// Its half of the rope's k-steps (32 + 2c, 33 + 2c) first, straight into sv, then chunks 4c .. 4c + 3 (k-steps
-// 16c .. 16c + 15): fp8 into sv as well; fp8_ds_mla scale groups 2c and 2c + 1 into their own accumulators, folded
-// into sv with the keys' scales once all retired (sc_lo / sc_hi get those two scales: P^T's panels too). Raw loads
-// two ahead and A double-buffered as in whole_scores.
-template <int N, class L>
-__device__ __forceinline__ void split_scores(float (&sv)[N / 2], float (&sc_lo)[L::kGroupsWg],
-                                             float (&sc_hi)[L::kGroupsWg], const uint8_t* row_lo,
-                                             const uint8_t* row_hi, uint64_t dQ, int c, int t4) {
-  constexpr bool kDs = L::kDs;
-  uint32_t a[2][16];
-  float sacc[2][N / 2];  // fp8_ds_mla's two scale groups (fp8: unused)
-  // Load k: 0 the rope's half (fp8_ds_mla: 16 bf16 bytes at 528 + 64 c; fp8: the chunk of codes, words 2c, 2c + 1
-  // used), 1..4 chunk 4c + k - 1.
-  auto load = [&](int k, uint4 (&dst)[2]) {
-    const int o16 = k == 0 ? (kDs ? 528 + 64 * c : 512) + 16 * t4 : 64 * (4 * c + k - 1) + 16 * t4;
-    dst[0] = *reinterpret_cast<const uint4*>(row_lo + o16);
-    dst[1] = *reinterpret_cast<const uint4*>(row_hi + o16);
-  };
-  uint4 x[3][2];
-  load(0, x[0]);
-  load(1, x[1]);
-#pragma unroll
-  for (int k = 0; k < 5; ++k) {
-    if (k + 2 <= 4) load(k + 2, x[(k + 2) % 3]);
-    if (k >= 2) ptx::wgmma_wait_group<1>();  // load k - 2's products retired: its A buffer is free
-    uint32_t(&aj)[16] = a[k & 1];
-    ptx::wgmma_fence_operand(aj);
-    const uint4& xl = x[k % 3][0];
-    const uint4& xh = x[k % 3][1];
-    const uint32_t wl[4] = {xl.x, xl.y, xl.z, xl.w}, wh[4] = {xh.x, xh.y, xh.z, xh.w};
-    if (k == 0) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        if constexpr (kDs) {  // bf16 pairs: the words are the A pairs
-          aj[4 * i] = wl[2 * i];
-          aj[4 * i + 1] = wh[2 * i];
-          aj[4 * i + 2] = wl[2 * i + 1];
-          aj[4 * i + 3] = wh[2 * i + 1];
-        } else {  // word 2c + i of each key: k-step 32 + 2c + i
-          const uint32_t l = c ? wl[2 + i] : wl[i], h = c ? wh[2 + i] : wh[i];
-          aj[4 * i] = e4m3x2_lo_to_f16x2(l);
-          aj[4 * i + 1] = e4m3x2_lo_to_f16x2(h);
-          aj[4 * i + 2] = e4m3x2_hi_to_f16x2(l);
-          aj[4 * i + 3] = e4m3x2_hi_to_f16x2(h);
-        }
-      }
-    } else {
-      e4m3_chunk_to_a(wl, wh, aj);
-    }
-    ptx::wgmma_fence_operand(sv);
-    ptx::wgmma_fence_operand(sacc[0]);
-    ptx::wgmma_fence_operand(sacc[1]);
-    ptx::wgmma_fence_operand(aj);
-    ptx::wgmma_fence();
-    if (k == 0) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint32_t ai[4] = {aj[4 * i], aj[4 * i + 1], aj[4 * i + 2], aj[4 * i + 3]};
-        const uint64_t dq = ptx::desc_advance(dQ, 8 * L::kQPanelBytes + (2 * c + i) * 32);  // k-step 32 + 2c + i
-        if constexpr (kDs) ptx::wgmma_bf16_rs<N>(sv, ai, dq, i > 0);
-        else ptx::wgmma_f16_rs<N>(sv, ai, dq, i > 0);
-      }
-    } else {
-      const int j = 4 * c + k - 1;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t ai[4] = {aj[4 * i], aj[4 * i + 1], aj[4 * i + 2], aj[4 * i + 3]};
-        const uint64_t dq = ptx::desc_advance(dQ, j * L::kQPanelBytes + i * 32);  // k-step 4 j + i
-        if constexpr (kDs) ptx::wgmma_f16_rs<N>(sacc[(k - 1) / 2], ai, dq, (k - 1) % 2 != 0 || i > 0);
-        else ptx::wgmma_f16_rs<N>(sv, ai, dq, true);
-      }
-    }
-    ptx::wgmma_commit_group();
-  }
-  ptx::wgmma_wait_group<0>();
-  ptx::wgmma_fence_operand(sv);
-  ptx::wgmma_fence_operand(sacc[0]);
-  ptx::wgmma_fence_operand(sacc[1]);
-  ptx::wgmma_fence_operand(a[0]);
-  ptx::wgmma_fence_operand(a[1]);
-  if constexpr (kDs) {
-    const float2 fl = *reinterpret_cast<const float2*>(row_lo + 512 + 8 * c);
-    const float2 fh = *reinterpret_cast<const float2*>(row_hi + 512 + 8 * c);
-    sc_lo[0] = fl.x;
-    sc_lo[1] = fl.y;
-    sc_hi[0] = fh.x;
-    sc_hi[1] = fh.y;
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i)  // sv[i]: key_lo when (i & 2) == 0, else key_hi
-      sv[i] += ((i & 2) ? fh.x : fl.x) * sacc[0][i] + ((i & 2) ? fh.y : fl.y) * sacc[1][i];
   }
 }
 
@@ -291,7 +197,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_raw_kernel(const __grid_constant__ CUtensorMap map, const DecodeSm90Params p) {
   using T = Traits;
   using L = RawTraits<N, F>;
-  constexpr bool kSplit = L::kSplit;  // N 32: both consumer warpgroups on every tile, split by d (header)
+  constexpr bool kPingPong = L::kPingPong;  // N 32: S by tile parity, P.V of every tile by value halves (header)
   constexpr bool kDs = L::kDs;
   constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e
   constexpr bool kF16V = !kDs;       // V as f16 through F2FP (fp8); fp8_ds_mla: bf16 (P times a key's scale)
@@ -306,6 +212,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return;
   }
   uint64_t* qfull = empty + L::kSlots;
+  uint64_t* pfull = qfull + 1;  // ping-pong: [warpgroup] its latest tile's P^T (and flag, maximum) published
   uint8_t* q_stage = smem + L::kOffRing + L::kQSlot * L::kSlotBytes;
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kSlots; ++s) {
@@ -313,6 +220,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::mbar_init(&empty[s], L::kEmptyArrivals);
     }
     ptx::mbar_init(qfull, 128);
+    ptx::mbar_init(&pfull[0], 128);
+    ptx::mbar_init(&pfull[1], 128);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -331,7 +240,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int w = ptx::warp_idx_in_warpgroup(), lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
   const int wg_bar = 2 + c;
   uint8_t* sQ = smem + L::kOffQ;
-  uint8_t* sP = smem + L::kOffP + c * L::kGroupsWg * L::kPBytes;
+  uint8_t* sP = smem + L::kOffP + c * L::kGroups * L::kPBytes;  // P^T of the tiles this warpgroup owns
   float* sRed = reinterpret_cast<float*>(smem + L::kOffRed) + c * 4 * N;
   float* sML = reinterpret_cast<float*>(smem + L::kOffML);
   int* sLim = reinterpret_cast<int*>(smem + L::kOffLim);
@@ -342,20 +251,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // V: in each 16-key block, this thread's K columns 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9 are keys kv[0..3]; its
   // load i reads kv[i ^ (t4 & 1)] (distinct banks over the warp), so pair selectors swap their sources for odd t4.
   const int s0 = 2 * ((2 * t4) & 3) + ((2 * t4) >> 2), s1 = 2 * ((2 * t4 + 1) & 3) + ((2 * t4 + 1) >> 2);
-  const int kv[4] = {s0, s1, s0 + 8, s1 + 8};
-  int v_off[4];  // byte offsets in a slot of load i (value group 0)
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v_off[i] = ((t4 & 1) ? kv[i ^ 1] : kv[i]) * L::kStride + 4 * (8 * w + g8);
-  uint32_t v_sel[4];  // bf16 V: byte b of the pair's first key, then of its second (sign-replicated halves)
-#pragma unroll
-  for (int b = 0; b < 4; ++b) v_sel[b] = (t4 & 1) ? raw_sel(4 + b, b) : raw_sel(b, 4 + b);
-  // f16 V (fp8): bytes b of both keys, then bytes b + 1 of both, as one word for two F2FP (b = 0, 2)
-  uint32_t v_sel16[2];
-#pragma unroll
-  for (int jb = 0; jb < 2; ++jb) {
-    const uint32_t b = 2 * jb, x = (t4 & 1) ? 4 : 0, y = 4 - x;  // the first key's word is a (even t4) or b
-    v_sel16[jb] = (b + x) | (b + y) << 4 | (b + 1 + x) << 8 | (b + 1 + y) << 12;
-  }
+  // Keys kv = (s0, s1, s0 + 8, s1 + 8): loads 2, 3 are loads 0, 1 eight rows on (an immediate offset), so two
+  // registers hold the four offsets (bytes in a slot of load i, value group 0).
+  const int v_off[2] = {((t4 & 1) ? s1 : s0) * L::kStride + 4 * (8 * w + g8),
+                        ((t4 & 1) ? s0 : s1) * L::kStride + 4 * (8 * w + g8)};
+  // bf16 V: selector b (byte b of the pair's first key, then of its second, sign-replicated halves) is v_sel +
+  // b * 0x1111; f16 V (fp8): bytes b of both keys, then bytes b + 1 of both, as one word for two F2FP (b = 0, 2),
+  // v_sel16 + b * 0x1111. One register each (the selectors of a tile are immediates off it).
+  const uint32_t v_sel = (t4 & 1) ? raw_sel(4, 0) : raw_sel(0, 4);
+  const uint32_t v_sel16 = (t4 & 1) ? (4u | 0u << 4 | 5u << 8 | 1u << 12) : (0u | 4u << 4 | 1u << 8 | 5u << 12);
 
   uint32_t* sAmax = reinterpret_cast<uint32_t*>(smem + L::kOffAmax);
   float* sQf = reinterpret_cast<float*>(smem + L::kOffQf);
@@ -371,7 +275,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   store_q_permuted<N, kDs>(q_stage, sQ, sAmax, sQf, ct);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  if (kSplit || c == 1) ptx::mbar_arrive(&empty[L::kQSlot]);  // the staged rows are read: the slot goes to its first tile
+  if (kPingPong || c == 1) ptx::mbar_arrive(&empty[L::kQSlot]);  // the staged rows are read: the slot goes to its first tile
 
   float m_run[kRows], l_part[kRows];
 #pragma unroll
@@ -382,17 +286,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // S: Q's rows carry 2^e (q_row_exponent), undone per row with the softmax scale (and fp8's cache scale);
   // O, fp8_ds_mla: 2^64 undoes V's 2^-120 and P's 2^56.
   constexpr float kUndo = 0x1p64f;
+  const float scale_log2 = kDs ? rp.scale_log2 : rp.scale_log2 * p.gather.scale;
   float sl2[kRows];
 #pragma unroll
-  for (int rr = 0; rr < kRows; ++rr)
-    sl2[rr] = (kDs ? rp.scale_log2 : rp.scale_log2 * p.gather.scale) * sQf[8 * (rr / 2) + 2 * t4 + rr % 2];
+  for (int rr = 0; rr < kRows; ++rr) sl2[rr] = scale_log2 * sQf[8 * (rr / 2) + 2 * t4 + rr % 2];
   // fp8's V is f16 (exact codes) against P times 2^7: O carries 2^7 instead of 2^64.
   const float out_scale = kDs ? kUndo : p.gather.scale * 0x1p-7f;
   const uint64_t dQ = ptx::desc_sw128_k_major(sQ), dP = ptx::desc_sw128_k_major(sP);
-  // The rows' last visible key (causal, length), in registers: off the scores' latency chain.
+  // ping-pong: the other warpgroup's P^T buffer
+  const uint64_t dP_other = ptx::desc_sw128_k_major(smem + L::kOffP + (c ^ 1) * L::kGroups * L::kPBytes);
+  // The rows' last visible key (causal, length), in registers: off the scores' latency chain. Ping-pong (N 32:
+  // 16 registers for both) reads them and the row scales from shared memory.
   int lims[kRows];
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) lims[rr] = sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
+  auto lim_of = [&](int rr) { return kPingPong ? sLim[8 * (rr / 2) + 2 * t4 + rr % 2] : lims[rr]; };
+  auto sl2_of = [&](int rr) { return kPingPong ? scale_log2 * sQf[8 * (rr / 2) + 2 * t4 + rr % 2] : sl2[rr]; };
   // f16 V turns a NaN code into NaN, and NaN * (P = 0) is NaN: a loaded key that some valid row must not see (the
   // causal limits of s_q > 1) would poison that row. Such tiles (`clean` false; the last one or two of a request)
   // first turn NaN codes into 448: rows that see the key are NaN through their score already (S reads the codes
@@ -400,56 +309,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   int lim_min = 0x7fffffff;
   for (int n = 0; n < N; ++n)
     if (u.row0 + n < u.m_rows) lim_min = min(lim_min, sLim[n]);
-  constexpr int kOBlocks = kSplit ? 4 : 8;  // value blocks of O^T this warpgroup holds (split: 4c .. 4c + 3)
-  constexpr int kGv = kOBlocks / 2;         // value groups (two blocks each) it multiplies
+  constexpr int kOBlocks = kPingPong ? 4 : 8;  // value blocks of O^T this warpgroup holds (ping-pong: 4c .. 4c + 3)
+  constexpr int kGv = kOBlocks / 2;            // value groups (two blocks each) it multiplies
   float o[kOBlocks][N / 2];
 #pragma unroll
   for (int mb = 0; mb < kOBlocks; ++mb)
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) o[mb][i] = 0.0f;
 
-  for (int it = kSplit ? 0 : c; it < u.n_tiles; it += kSplit ? 1 : 2) {
-    const int s = it % L::kSlots;
-    const int k0 = u.key_begin + it * T::kBlockN;
-    const bool clean = min(k0 + T::kBlockN, u.seq_len) - 1 <= lim_min;
-    ptx::mbar_wait(&full[s], (it / L::kSlots) & 1);
-    const uint64_t mask = sMask[s];
-    const uint8_t* slot = smem + L::kOffRing + s * L::kSlotBytes;
-    const uint8_t* row_lo = slot + key_lo * L::kStride;
-    const uint8_t* row_hi = slot + key_hi * L::kStride;
-
-    // ---- S^T = K Q^T: the whole d (whole_scores), or this warpgroup's half of it (split_scores) ----
-    float sv[N / 2];  // the scores (fp8_ds_mla: the folded groups' sum so far)
-    // fp8_ds_mla: the keys' scales of the P^T panels this warpgroup stores (split: groups 2c, 2c + 1)
-    float sc_lo[L::kGroupsWg], sc_hi[L::kGroupsWg];
-#pragma unroll
-    for (int gi = 0; gi < L::kGroupsWg; ++gi) sc_lo[gi] = sc_hi[gi] = 1.0f;
-    if constexpr (!kSplit) {
-      whole_scores<N, L>(sv, sc_lo, sc_hi, row_lo, row_hi, dQ, t4);
-    } else {  // ---- split by d: this warpgroup's half of the k-steps, then the partial scores exchanged ----
-      split_scores<N, L>(sv, sc_lo, sc_hi, row_lo, row_hi, dQ, c, t4);
-      float* xchg = reinterpret_cast<float*>(smem + L::kOffXchg) + (it & 1) * 2 * (N / 2) * 128;  // [wg][N / 2][128]
-      float* mine = xchg + c * (N / 2) * 128;
-      const float* other = xchg + (c ^ 1) * (N / 2) * 128;
-      const int wt = ct & 127;
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) mine[i * 128 + wt] = sv[i];
-      // Both halves written. Buffer it & 1 is next written at tile it + 2, after this barrier's successor, which
-      // the other warpgroup reaches only after its read below: one barrier per tile. (Addition is commutative:
-      // both warpgroups hold the same scores, so every softmax decision below is the same in both.)
-      ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) sv[i] += other[i * 128 + wt];
-    }
-
-    // ---- scores: mask, column (= query row) max over the 64 keys ----
+  // ---- the softmax of a tile this warpgroup owns: sv (its scores, before the softmax scale) to P^T panels at sP
+  // (all kGroups; fp8_ds_mla times the keys' scales, read from the slot). Returns whether the tile was flagged
+  // (the exact step ran: m_run moved). Ping-pong: the other's tile's products may be in flight into O, retired
+  // before a rescale of O. `own`: the warpgroup's own tile count so far (its flags' buffer parity). ----
+  auto tile_softmax = [&](float (&sv)[N / 2], const uint8_t* slot, uint64_t mask, int k0, int own) -> bool {
     const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
       const int i = 4 * (rr / 2) + rr % 2;  // sv[i]: (key_lo, row rr), sv[i + 2]: (key_hi, row rr)
-      const int lim = lims[rr];
-      sv[i] = in_lo && k0 + key_lo <= lim ? sv[i] * sl2[rr] : -INFINITY;
-      sv[i + 2] = in_hi && k0 + key_hi <= lim ? sv[i + 2] * sl2[rr] : -INFINITY;
+      const int lim = lim_of(rr);
+      const float sl = sl2_of(rr);
+      sv[i] = in_lo && k0 + key_lo <= lim ? sv[i] * sl : -INFINITY;
+      sv[i + 2] = in_hi && k0 + key_hi <= lim ? sv[i + 2] * sl : -INFINITY;
+    }
+    float sc_lo[L::kGroups], sc_hi[L::kGroups];  // fp8_ds_mla: this thread's keys' scales (P^T's panels)
+#pragma unroll
+    for (int gi = 0; gi < L::kGroups; ++gi) {
+      sc_lo[gi] = kDs ? *reinterpret_cast<const float*>(slot + key_lo * L::kStride + 512 + 4 * gi) : 1.0f;
+      sc_hi[gi] = kDs ? *reinterpret_cast<const float*>(slot + key_hi * L::kStride + 512 + 4 * gi) : 1.0f;
     }
     // P^T [n][rho], rho at chunk rho / 8: fp8 f16 times 2^7; fp8_ds_mla bf16 times 2^56 and, per panel, the key's
     // scale of that group. One conversion for both keys (the conversion unit is scarce).
@@ -458,7 +344,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int rr = 0; rr < kRows; ++rr) {
         const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
 #pragma unroll
-        for (int gi = 0; gi < L::kGroupsWg; ++gi) {
+        for (int gi = 0; gi < L::kGroups; ++gi) {
           uint8_t* pp = sP + gi * L::kPBytes;
           const uint32_t pk = kF16V ? ptx::pack_f16x2(pl[rr] * 0x1p7f, ph[rr] * 0x1p7f)
                                     : ptx::pack_bf16x2(pl[rr] * (0x1p56f * sc_lo[gi]), ph[rr] * (0x1p56f * sc_hi[gi]));
@@ -472,8 +358,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // headroom): each warp flags that, the flags ride on the P^T barrier, and a flagged tile (the first of a
     // unit, a jump of the maximum; uniform over the warpgroup) redoes the exact step (small_tile_softmax, O's
     // rescale) and P^T. Weights up to 2^8 leave bf16 P (times 2^56 and a scale), f16 P (times 2^7: <= 2^15) and
-    // the fp32 sums in range;
-    // O and l share the reference, so out = O / l and lse = m + log l are unchanged.
+    // the fp32 sums in range; O and l share the reference, so out = O / l and lse = m + log l are unchanged.
     constexpr float kLazyLog2 = 8.0f;
     float p_lo[kRows], p_hi[kRows];
     bool over = false;
@@ -487,15 +372,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       p_hi[rr] = softmax::exp2_approx(sv[i + 2] - base_m);
     }
     const bool warp_over = __any_sync(0xffffffffu, over);
-    uint8_t* over_flags = sOver + 8 * ((kSplit ? it : it >> 1) & 1) + 4 * c;  // this warpgroup's tile parity
+    // This warpgroup's flags of its own tile `own` (ping-pong: the other warpgroup reads them too).
+    uint8_t* over_flags = sOver + 8 * (own & 1) + 4 * c;
     if (lane == 0) over_flags[w] = warp_over ? 1 : 0;
     store_pt(p_lo, p_hi);
     ptx::fence_proxy_async_smem();
     ptx::named_barrier_sync(wg_bar, 128);
-    if (*reinterpret_cast<const uint32_t*>(over_flags) != 0) {  // the exact step (rare after the first tile)
+    const bool flagged = *reinterpret_cast<const uint32_t*>(over_flags) != 0;
+    if (flagged) {  // the exact step (rare after the first tile)
       float alpha[kRows];
       small_tile_softmax<N>(sv, m_run, l_part, alpha, p_lo, p_hi, sRed, w, g8, t4, wg_bar);
       store_pt(p_lo, p_hi);
+      if constexpr (kPingPong) {
+        ptx::wgmma_wait_group<0>();
+#pragma unroll
+        for (int mb = 0; mb < kOBlocks; ++mb) ptx::wgmma_fence_operand(o[mb]);
+      }
       small_rescale_o<N, kOBlocks>(o, alpha);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(wg_bar, 128);
@@ -503,76 +395,157 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int rr = 0; rr < kRows; ++rr) l_part[rr] += p_lo[rr] + p_hi[rr];
     }
+    return flagged;
+  };
 
-    // ---- O^T += V^T P^T: value group gv = blocks 2 gv, 2 gv + 1; one word per key and group ----
-    uint32_t va[2][32];
+  // ---- O^T += V^T P^T for this warpgroup's value groups of the tile in slot s (P^T panels at dPb): value group
+  // gv = blocks 2 gv, 2 gv + 1, one word per key and group. Releases the slot after its last load; the products
+  // are left in flight (the caller retires them). ----
+  auto pv = [&](const uint8_t* slot, uint64_t dPb, bool clean, int s) {
+    // A buffers of kJb value blocks each (one commit group), double-buffered. Ping-pong: one block per buffer,
+    // as sv of the next tile is live beside O (two-block buffers there serialized the wgmmas: ptxas C7512).
+    constexpr int kJb = kPingPong ? 1 : 2;
+    uint32_t va[2][16 * kJb];
 #pragma unroll
     for (int lg = 0; lg < kGv; ++lg) {
-      const int gv = kSplit ? 2 * c + lg : lg;  // split: warpgroup c's value groups 2c, 2c + 1
+      const int gv = kPingPong ? 2 * c + lg : lg;  // ping-pong: warpgroup c's value groups 2c, 2c + 1
       uint32_t wv[4][4];  // [16-key block][load i]
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          wv[kb][i] = *reinterpret_cast<const uint32_t*>(slot + 16 * kb * L::kStride + v_off[i] + 128 * gv);
-      if (lg >= 2) ptx::wgmma_wait_group<1>();   // group lg - 2's products retired: its A buffer is free
-      uint32_t(&ag)[32] = va[lg & 1];
-      ptx::wgmma_fence_operand(ag);
+          wv[kb][i] = *reinterpret_cast<const uint32_t*>(slot + (16 * kb + 8 * (i >> 1)) * L::kStride + v_off[i & 1] + 128 * gv);
       if (kF16V && !clean) {  // NaN codes to 448 (see `clean`)
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb)
 #pragma unroll
           for (int i = 0; i < 4; ++i) wv[kb][i] &= ~((nan_bytes(wv[kb][i]) & 0x80808080u) >> 7);
       }
+      const uint64_t dp = ptx::desc_advance(dPb, (kDs ? gv : 0) * L::kPBytes);
 #pragma unroll
-      for (int jb = 0; jb < 2; ++jb)      // value block 2 gv + jb: bytes 2 jb (rows g8) and 2 jb + 1 (rows g8 + 8)
+      for (int h = 0; h < 2 / kJb; ++h) {
+        const int q = lg * (2 / kJb) + h;          // commit group
+        if (q >= 2) ptx::wgmma_wait_group<1>();   // group q - 2's products retired: its A buffer is free
+        uint32_t(&ag)[16 * kJb] = va[q & 1];
+        ptx::wgmma_fence_operand(ag);
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {  // (wv[kb][0], wv[kb][1]): columns 2 t4, 2 t4 + 1; (2, 3): + 8
-          uint32_t* d = ag + 16 * jb + 4 * kb;
-          if constexpr (kF16V) {
-            const uint32_t x01 = prmt(wv[kb][0], wv[kb][1], v_sel16[jb]), x23 = prmt(wv[kb][2], wv[kb][3], v_sel16[jb]);
-            d[0] = e4m3x2_lo_to_f16x2(x01);
-            d[1] = e4m3x2_hi_to_f16x2(x01);
-            d[2] = e4m3x2_lo_to_f16x2(x23);
-            d[3] = e4m3x2_hi_to_f16x2(x23);
-          } else {
-            d[0] = raw_pair(wv[kb][0], wv[kb][1], v_sel[2 * jb]);
-            d[1] = raw_pair(wv[kb][0], wv[kb][1], v_sel[2 * jb + 1]);
-            d[2] = raw_pair(wv[kb][2], wv[kb][3], v_sel[2 * jb]);
-            d[3] = raw_pair(wv[kb][2], wv[kb][3], v_sel[2 * jb + 1]);
+        for (int jj = 0; jj < kJb; ++jj)    // value block 2 gv + jb: bytes 2 jb (rows g8) and 2 jb + 1 (rows g8 + 8)
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {  // (wv[kb][0], wv[kb][1]): columns 2 t4, 2 t4 + 1; (2, 3): + 8
+            const int jb = h * kJb + jj;
+            uint32_t* d = ag + 16 * jj + 4 * kb;
+            if constexpr (kF16V) {
+              const uint32_t x01 = prmt(wv[kb][0], wv[kb][1], v_sel16 + 0x2222u * jb), x23 = prmt(wv[kb][2], wv[kb][3], v_sel16 + 0x2222u * jb);
+              d[0] = e4m3x2_lo_to_f16x2(x01);
+              d[1] = e4m3x2_hi_to_f16x2(x01);
+              d[2] = e4m3x2_lo_to_f16x2(x23);
+              d[3] = e4m3x2_hi_to_f16x2(x23);
+            } else {
+              d[0] = raw_pair(wv[kb][0], wv[kb][1], v_sel + 0x2222u * jb);
+              d[1] = raw_pair(wv[kb][0], wv[kb][1], v_sel + 0x2222u * jb + 0x1111u);
+              d[2] = raw_pair(wv[kb][2], wv[kb][3], v_sel + 0x2222u * jb);
+              d[3] = raw_pair(wv[kb][2], wv[kb][3], v_sel + 0x2222u * jb + 0x1111u);
+            }
           }
-        }
-      if (lg == kGv - 1) ptx::mbar_arrive(&empty[s]);  // this thread's last words of the slot are consumed
-      ptx::wgmma_fence_operand(ag);
-      ptx::wgmma_fence_operand(o[2 * lg]);
-      ptx::wgmma_fence_operand(o[2 * lg + 1]);
-      ptx::wgmma_fence();
-      const uint64_t dp = ptx::desc_advance(dP, (kDs ? lg : 0) * L::kPBytes);
+        if (lg == kGv - 1 && h == 2 / kJb - 1) ptx::mbar_arrive(&empty[s]);  // this thread's last words of the slot
+        ptx::wgmma_fence_operand(ag);
 #pragma unroll
-      for (int jb = 0; jb < 2; ++jb)
+        for (int jj = 0; jj < kJb; ++jj) ptx::wgmma_fence_operand(o[2 * lg + h * kJb + jj]);
+        ptx::wgmma_fence();
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-          const uint32_t ai[4] = {ag[16 * jb + 4 * kb], ag[16 * jb + 4 * kb + 1], ag[16 * jb + 4 * kb + 2],
-                                  ag[16 * jb + 4 * kb + 3]};
-          if constexpr (kF16V) ptx::wgmma_f16_rs<N>(o[2 * lg + jb], ai, ptx::desc_advance(dp, kb * 32), true);
-          else ptx::wgmma_bf16_rs<N>(o[2 * lg + jb], ai, ptx::desc_advance(dp, kb * 32), true);
-        }
-      ptx::wgmma_commit_group();
+        for (int jj = 0; jj < kJb; ++jj)
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {
+            const uint32_t ai[4] = {ag[16 * jj + 4 * kb], ag[16 * jj + 4 * kb + 1], ag[16 * jj + 4 * kb + 2],
+                                    ag[16 * jj + 4 * kb + 3]};
+            float(&acc)[N / 2] = o[2 * lg + h * kJb + jj];
+            if constexpr (kF16V) ptx::wgmma_f16_rs<N>(acc, ai, ptx::desc_advance(dp, kb * 32), true);
+            else ptx::wgmma_bf16_rs<N>(acc, ai, ptx::desc_advance(dp, kb * 32), true);
+          }
+        ptx::wgmma_commit_group();
+      }
     }
+  };
+  auto retire_o = [&]() {
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int mb = 0; mb < kOBlocks; ++mb) ptx::wgmma_fence_operand(o[mb]);
-    ptx::wgmma_fence_operand(va[0]);
-    ptx::wgmma_fence_operand(va[1]);
+  };
+  auto slot_of = [&](int s) { return smem + L::kOffRing + s * L::kSlotBytes; };
+  auto is_clean = [&](int k0) { return min(k0 + T::kBlockN, u.seq_len) - 1 <= lim_min; };
+
+  if constexpr (!kPingPong) {  // ---- alternate tiles: tile it is warpgroup it % 2's, all of it ----
+    for (int it = c; it < u.n_tiles; it += 2) {
+      const int s = it % L::kSlots;
+      const int k0 = u.key_begin + it * T::kBlockN;
+      ptx::mbar_wait(&full[s], (it / L::kSlots) & 1);
+      const uint8_t* slot = slot_of(s);
+      float sv[N / 2];
+      whole_scores<N, L>(sv, slot + key_lo * L::kStride, slot + key_hi * L::kStride, dQ, t4);
+      tile_softmax(sv, slot, sMask[s], k0, it >> 1);
+      pv(slot, dP, is_clean(k0), s);
+      retire_o();
+    }
+  } else {
+    // ---- ping-pong: warpgroup c owns tiles t = c, c + 2, ... (S, softmax, P^T of all value groups into its
+    // buffer, published on pfull[c]); between its S(t) and its softmax of t it multiplies the other's tile t - 1
+    // (P^T from the other's buffer) by its value half, after taking over that tile's maximum when flagged. The
+    // softmaxes form a chain through the two warpgroups (tile t's reference is t - 1's maximum); each runs beside
+    // the other warpgroup's products. Buffer c is rewritten at tile t + 2 only after the other published t + 1,
+    // which it does after its products of tile t retired, and its flags / maximum likewise. ----
+    float* pub_m = sML + c * 2 * N;             // the running maximum after a flagged own tile
+    const float* other_m = sML + (c ^ 1) * 2 * N;
+    for (int t = c;; t += 2) {
+      const bool own = t < u.n_tiles, other = t >= 1 && t <= u.n_tiles;
+      if (!own && !other) break;
+      const int s = t % L::kSlots;
+      const int k0 = u.key_begin + t * T::kBlockN;
+      float sv[N / 2];
+      if (own) {
+        ptx::mbar_wait(&full[s], (t / L::kSlots) & 1);
+        whole_scores<N, L>(sv, slot_of(s) + key_lo * L::kStride, slot_of(s) + key_hi * L::kStride, dQ, t4);
+      }
+      if (other) {  // the other warpgroup's tile r = t - 1
+        const int r = t - 1, sr = r % L::kSlots;
+        ptx::mbar_wait(&pfull[c ^ 1], (r >> 1) & 1);
+        ptx::mbar_wait(&full[sr], (r / L::kSlots) & 1);  // the slot's rows, visible to this warpgroup too
+        if (*reinterpret_cast<const uint32_t*>(sOver + 8 * ((r >> 1) & 1) + 4 * (c ^ 1)) != 0) {
+          // r moved the running maximum: this warpgroup's O half and row sums go to the new reference (the same
+          // alpha the owner applied: the same m before and after)
+          float alpha[kRows];
+#pragma unroll
+          for (int rr = 0; rr < kRows; ++rr) {
+            const float nm = other_m[8 * (rr / 2) + 2 * t4 + rr % 2];
+            alpha[rr] = nm == -INFINITY ? 1.0f : softmax::exp2_approx(m_run[rr] - nm);
+            m_run[rr] = nm;
+            l_part[rr] *= alpha[rr];
+          }
+          small_rescale_o<N, kOBlocks>(o, alpha);
+        }
+        pv(slot_of(sr), dP_other, is_clean(u.key_begin + r * T::kBlockN), sr);
+        if (!own) retire_o();
+      }
+      if (own) {
+        const bool flagged = tile_softmax(sv, slot_of(s), sMask[s], k0, t >> 1);
+        if (other) retire_o();  // tile r's products: the other may rewrite its P^T once this tile is published
+        if (flagged && w == 0 && g8 == 0) {
+#pragma unroll
+          for (int rr = 0; rr < kRows; ++rr) pub_m[8 * (rr / 2) + 2 * t4 + rr % 2] = m_run[rr];
+        }
+        ptx::mbar_arrive(&pfull[c]);  // P^T (fenced for the async proxy in tile_softmax), flags, maximum
+        pv(slot_of(s), dP, is_clean(k0), s);
+      }
+      retire_o();
+    }
   }
 
-  // ---- epilogue: split, each warpgroup its own columns; else kernel_small's, warpgroup 1's O^T through ring slot 1
-  // (consumer 1's, drained) ----
+  // ---- epilogue: ping-pong, each warpgroup its own columns; else kernel_small's, warpgroup 1's O^T through ring
+  // slot 1 (consumer 1's, drained) ----
   auto col_of = [&](int mb, int i) {  // value block mb (the kernel's permuted value rows)
     return 128 * (mb >> 1) + 32 * w + 4 * g8 + 2 * (mb & 1) + ((i >> 1) & 1);
   };
-  if constexpr (kSplit) {
-    split_epilogue<N>(p, u, o, m_run, l_part, sRed, out_scale, c, wg_bar,
+  if constexpr (kPingPong) {
+    pingpong_epilogue<N>(p, u, o, m_run, l_part, reinterpret_cast<float*>(smem + L::kOffRed), out_scale, c, wg_bar,
                       [&](int mb, int i) { return col_of(4 * c + mb, i); });
   } else {
     float* xo = reinterpret_cast<float*>(smem + L::kOffRing + L::kSlotBytes);

@@ -23,14 +23,13 @@ namespace mla::cuda::decode_sm90 {
 // A staged query row: 576 bf16 columns (RawTraits::kQSlot, stage_q).
 inline constexpr int kStagedQRowBytes = 576 * 2;
 
-// N 32 splits by d (kernel_raw.cuh "Split by d"): both consumer warpgroups on every tile, one slot per tile in
-// use, the partial scores exchanged through shared memory, each warpgroup half of O's columns (O^T of all 512
-// columns is 128 registers per thread at N 32, too many beside S). At N 16 the split measured 14-21% slower than
-// alternate tiles (docs/DECODE.md), so N 8 / 16 alternate.
+// N 32 runs ping-pong (kernel_raw.cuh "Ping-pong at N 32"): tiles alternate between the consumer warpgroups for S
+// and the softmax, and both multiply every tile's P^T by their half of V (O^T of all 512 columns is 128 registers
+// per thread at N 32, too many beside S). N 8 / 16 alternate whole tiles (each warpgroup all of O).
 template <int N, CacheFormat F>
 struct RawTraits {
   static_assert(N == 8 || N == 16 || N == 32, "rows per CTA: 8, 16 or 32");
-  static constexpr bool kSplit = N == 32;
+  static constexpr bool kPingPong = N == 32;
   static_assert(F == CacheFormat::fp8 || F == CacheFormat::fp8_ds_mla, "e4m3-coded rows");
   using T = Traits;
   static constexpr int N_ = N;
@@ -39,34 +38,35 @@ struct RawTraits {
   static constexpr int kChunks = kRecordBytes / 16;
   static constexpr int kStride = 672;  // >= the record, = 32 mod 128 (the bank analysis above)
   static constexpr int kSlotBytes = T::kBlockN * kStride;
-  // Alternate tiles: tile it in slot it % 4, consumer c owns slots c, c + 2 (two tiles held, two loading). Split:
-  // one slot held, the rest loading; N 32 has room for three (Q's panels are 36 KiB there).
+  // Alternate tiles: tile it in slot it % 4, consumer c owns slots c, c + 2 (two tiles held, two loading). Ping-pong:
+  // a slot is held by both warpgroups, the owner's S to the other's P.V; N 32 has room for three (Q's panels are
+  // 36 KiB there).
   static constexpr int kSlots = N == 32 ? 3 : 4;
-  static constexpr int kGroups = kDs ? 4 : 1;                         // P^T panels (one per scale group)
-  static constexpr int kGroupsWg = kSplit && kDs ? 2 : kGroups;       // of them, those one warpgroup stores
+  static constexpr int kGroups = kDs ? 4 : 1;  // P^T panels of a tile (one per scale group)
   static constexpr int kQPanelBytes = N * 128;
   static constexpr int kPBytes = N * 128 < 1024 ? 1024 : N * 128;
-  // Split: the partial scores, [tile parity][warpgroup][N / 2][128 threads] fp32 (double-buffered by tile, so a
-  // warpgroup never overwrites what the other has yet to read: one barrier per tile).
-  static constexpr int kXchgBytes = kSplit ? 2 * 2 * (N / 2) * 128 * 4 : 0;
   static constexpr int kOffQ = 0;
   static constexpr int kOffRing = T::kPanels * kQPanelBytes;
   static constexpr int kOffP = kOffRing + kSlots * kSlotBytes;
-  static constexpr int kOffXchg = kOffP + 2 * kGroupsWg * kPBytes;
-  static constexpr int kOffRed = kOffXchg + kXchgBytes;          // [2 wg][4 warps][N] fp32
-  static constexpr int kOffML = kOffRed + 2 * 4 * N * 4;         // [2 wg][m, l][N] fp32
+  // P^T: one buffer per consumer warpgroup (the tiles it owns), kGroups panels each
+  static constexpr int kOffRed = kOffP + 2 * kGroups * kPBytes;  // [2 wg][4 warps][N] fp32
+  // [2 wg][m, l][N] fp32 (ping-pong: [wg][0][N] the running maximum a flagged tile of warpgroup wg publishes)
+  static constexpr int kOffML = kOffRed + 2 * 4 * N * 4;
   static constexpr int kOffLim = kOffML + 2 * 2 * N * 4;         // [N] int32
   static constexpr int kOffAmax = kOffLim + 32 * 4;              // [N] u32: max |q| per row (fp32 bits)
   static constexpr int kOffQf = kOffAmax + 32 * 4;               // [N] fp32: 2^-e per row (q_row_exponent)
   // [2 tile parity][2 wg][4 warps] u8: lazy-max overflow flags. A warpgroup's flags of its k-th tile sit in buffer
   // k % 2: the next write to that buffer (tile k + 2) comes after the flag barrier of tile k + 1, which every warp
   // passes only after reading tile k's flags (one buffer: a warp could rewrite its flag while another still read it).
+  // Ping-pong: the other warpgroup reads them too (after pfull), before it publishes tile k + 1, which the owner
+  // waits for before its tile k + 2.
   static constexpr int kOffOver = kOffQf + 32 * 4;
   static constexpr int kOffMask = kOffOver + 32;                 // [kSlots] u64 (four u16 parts)
-  static constexpr int kOffBar = kOffMask + kSlots * 8;          // full[kSlots], empty[kSlots], qfull
-  static constexpr int kSmemBytes = kOffBar + (2 * kSlots + 1) * 8 + 1024;
+  // full[kSlots], empty[kSlots], qfull, ping-pong: pfull[2] (warpgroup c's P^T of its latest tile, 128 arrivals)
+  static constexpr int kOffBar = kOffMask + kSlots * 8;
+  static constexpr int kSmemBytes = kOffBar + (2 * kSlots + 3) * 8 + 1024;
   // Q's raw bf16 rows [N][576] are staged in ring slot kQSlot by the producer, so the consumers' prologue reads
-  // shared memory only; the consumers that use the slot (consumer 1 when tiles alternate, both when split) release
+  // shared memory only; the consumers that use the slot (consumer 1 when tiles alternate, both in ping-pong) release
   // it on empty[kQSlot] after the prologue, one phase before the slot's first tile (produce_raw's parity for that
   // slot is shifted).
   static constexpr int kQSlot = kSlots - 1;
@@ -74,12 +74,12 @@ struct RawTraits {
   static constexpr int kXRounds = 1;
   static constexpr int kXBytes = 8 * (N / 2) * 128 * 4;
   static constexpr int kFullArrivals = 128 + 4;  // one cp.async arrival per producer lane + one mask arrival per warp
-  static constexpr int kEmptyArrivals = kSplit ? 256 : 128;  // the consumer threads that read a slot
-  static constexpr int kProducerRegs = 56;
+  static constexpr int kEmptyArrivals = kPingPong ? 256 : 128;  // the consumer threads that read a slot
+  static constexpr int kProducerRegs = kPingPong ? 40 : 56;  // ping-pong: the consumers need 232 (O half, S, the other's A operand)
   static_assert(kOffRing % 1024 == 0 && kOffP % 1024 == 0, "swizzled panels are 1024-byte aligned");
   static_assert(kStride % 128 == 32 && kStride >= kRecordBytes, "slot rows");
-  static_assert(kSplit || kXBytes <= kSlotBytes, "the epilogue exchange fits in ring slot 1");
-  static_assert(N * kQRowBytes <= kSlotBytes && (kSplit || kQSlot % 2 == 1), "Q's staging fits in a slot it reads");
+  static_assert(kPingPong || kXBytes <= kSlotBytes, "the epilogue exchange fits in ring slot 1");
+  static_assert(N * kQRowBytes <= kSlotBytes && (kPingPong || kQSlot % 2 == 1), "Q's staging fits in a slot it reads");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 

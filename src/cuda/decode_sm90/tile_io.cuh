@@ -211,7 +211,7 @@ __device__ __forceinline__ void small_tile_softmax(const float (&s)[N / 2], floa
 // O^T *= alpha per query row (o[mb][i]: row 8 (i / 4) + 2 t4 + (i & 1), alpha from small_tile_softmax), skipped
 // by the whole warp when no row's running max moved (every alpha exactly 1: the products would be exact no-ops;
 // most tiles of a long stream).
-// kBlocks: the value blocks this warpgroup holds (8; 4 in the split-by-d raw kernel).
+// kBlocks: the value blocks this warpgroup holds (8; 4 in the raw kernel's ping-pong).
 template <int N, int kBlocks = 8>
 __device__ __forceinline__ void small_rescale_o(float (&o)[kBlocks][N / 2], const float (&alpha)[N / 4]) {
   bool moved = false;
@@ -318,26 +318,31 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
   }
 }
 
-// Epilogue of the split-by-d raw kernel (kernel_raw.cuh kSplit): both warpgroups ran the same online softmax over
-// every tile, so m_run and the row sums agree; warpgroup c holds O^T of value blocks 4c .. 4c + 3 (o[mb], the D
-// fragment as in small_epilogue). Each warpgroup sums its row sums over its warps (sRed, its own), divides its
-// blocks and writes them (bf16 out, or the split's fp32 partials); warpgroup 0 writes the LSE. col_of(mb, i): the
-// output column of o[mb][i]; the element i + 2 holds the next column, so columns go out in pairs.
+// Epilogue of the ping-pong raw kernel (kernel_raw.cuh kPingPong): both warpgroups end at the same running maximum
+// m_run (each took over the other's flagged tiles' maxima) and hold row sums of their own tiles at it; warpgroup c
+// holds O^T of value blocks 4c .. 4c + 3 (o[mb], the D fragment as in small_epilogue) over every tile. Each sums
+// its row sums over its warps into sRed2[c] ([2 wg][4 warps][N]), both wait for the other's, and each divides its
+// blocks by the total and writes them (bf16 out, or the split's fp32 partials); warpgroup 0 writes the LSE.
+// col_of(mb, i): the output column of o[mb][i]; the element i + 2 holds the next column, so columns go out in pairs.
 template <int N, class ColOf>
-__device__ __forceinline__ void split_epilogue(const DecodeSm90Params& p, const Unit& u, const float (&o)[4][N / 2],
-                                               const float (&m_run)[N / 4], const float (&l_part)[N / 4], float* sRed,
-                                               float out_scale, int c, int wg_bar, ColOf&& col_of) {
+__device__ __forceinline__ void pingpong_epilogue(const DecodeSm90Params& p, const Unit& u,
+                                                  const float (&o)[4][N / 2], const float (&m_run)[N / 4],
+                                                  const float (&l_part)[N / 4], float* sRed2, float out_scale, int c,
+                                                  int wg_bar, ColOf&& col_of) {
   using T = Traits;
   constexpr int kRows = N / 4;
   const MqaRowParams& rp = p.rows;
   const int w = (threadIdx.x & 127) >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
-  warp_row_sums<N>(l_part, sRed, w, g8, t4, wg_bar);
+  warp_row_sums<N>(l_part, sRed2 + c * 4 * N, w, g8, t4, wg_bar);
+  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);  // both warpgroups' sums
   const bool split = u.ws_slot >= 0;
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) {
     const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, row = u.row0 + n, i0 = 4 * (rr / 2) + rr % 2;
     if (row >= u.m_rows) continue;
-    const float l = sRed[n] + sRed[N + n] + sRed[2 * N + n] + sRed[3 * N + n];
+    float l = 0.0f;  // in a fixed order (warpgroup, warp): both warpgroups divide by the same sum
+#pragma unroll
+    for (int k = 0; k < 8; ++k) l += sRed2[k * N + n];
     const float inv = l == 0.0f ? 0.0f : out_scale / l;  // l == 0: no key; a NaN l propagates (§14.6a)
     const int i = row / rp.h_q, h = row % rp.h_q;
     const int64_t ws_row = u.ws_slot * static_cast<int64_t>(u.m_rows) + row;
