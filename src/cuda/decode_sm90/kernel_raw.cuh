@@ -70,6 +70,7 @@
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/ptx/setmaxnreg.cuh"
+#include "cuda/common/ptx/stmatrix.cuh"
 #include "cuda/common/ptx/warpgroup.cuh"
 #include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/common/softmax.cuh"
@@ -295,13 +296,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint64_t dQ = ptx::desc_sw128_k_major(sQ), dP = ptx::desc_sw128_k_major(sP);
   // ping-pong: the other warpgroup's P^T buffer
   const uint64_t dP_other = ptx::desc_sw128_k_major(smem + L::kOffP + (c ^ 1) * L::kGroups * L::kPBytes);
-  // The rows' last visible key (causal, length), in registers: off the scores' latency chain. Ping-pong (N 32:
-  // 16 registers for both) reads them and the row scales from shared memory.
+  // The rows' last visible key (causal, length), in registers: off the scores' latency chain (read on tiles that
+  // are not clean only). Ping-pong (N 32) reads them from shared memory: 8 more registers spill there (fp8).
   int lims[kRows];
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) lims[rr] = sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
   auto lim_of = [&](int rr) { return kPingPong ? sLim[8 * (rr / 2) + 2 * t4 + rr % 2] : lims[rr]; };
-  auto sl2_of = [&](int rr) { return kPingPong ? scale_log2 * sQf[8 * (rr / 2) + 2 * t4 + rr % 2] : sl2[rr]; };
   // f16 V turns a NaN code into NaN, and NaN * (P = 0) is NaN: a loaded key that some valid row must not see (the
   // causal limits of s_q > 1) would poison that row. Such tiles (`clean` false; the last one or two of a request)
   // first turn NaN codes into 448: rows that see the key are NaN through their score already (S reads the codes
@@ -309,6 +309,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   int lim_min = 0x7fffffff;
   for (int n = 0; n < N; ++n)
     if (u.row0 + n < u.m_rows) lim_min = min(lim_min, sLim[n]);
+  // Every valid row sees every loaded key of the tile at k0: no per-row limit to apply (the scores), no NaN code to
+  // clear (f16 V). Rows past m_rows are never written.
+  auto is_clean = [&](int k0) { return min(k0 + T::kBlockN, u.seq_len) - 1 <= lim_min; };
   constexpr int kOBlocks = kPingPong ? 4 : 8;  // value blocks of O^T this warpgroup holds (ping-pong: 4c .. 4c + 3)
   constexpr int kGv = kOBlocks / 2;            // value groups (two blocks each) it multiplies
   float o[kOBlocks][N / 2];
@@ -323,13 +326,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // before a rescale of O. `own`: the warpgroup's own tile count so far (its flags' buffer parity). ----
   auto tile_softmax = [&](float (&sv)[N / 2], const uint8_t* slot, uint64_t mask, int k0, int own) -> bool {
     const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
+    if (is_clean(k0)) {  // uniform: only the key mask (most tiles)
 #pragma unroll
-    for (int rr = 0; rr < kRows; ++rr) {
-      const int i = 4 * (rr / 2) + rr % 2;  // sv[i]: (key_lo, row rr), sv[i + 2]: (key_hi, row rr)
-      const int lim = lim_of(rr);
-      const float sl = sl2_of(rr);
-      sv[i] = in_lo && k0 + key_lo <= lim ? sv[i] * sl : -INFINITY;
-      sv[i + 2] = in_hi && k0 + key_hi <= lim ? sv[i + 2] * sl : -INFINITY;
+      for (int rr = 0; rr < kRows; ++rr) {
+        const int i = 4 * (rr / 2) + rr % 2;  // sv[i]: (key_lo, row rr), sv[i + 2]: (key_hi, row rr)
+        const float sl = sl2[rr];
+        sv[i] = in_lo ? sv[i] * sl : -INFINITY;
+        sv[i + 2] = in_hi ? sv[i + 2] * sl : -INFINITY;
+      }
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        const int i = 4 * (rr / 2) + rr % 2;
+        const int lim = lim_of(rr);
+        const float sl = sl2[rr];
+        sv[i] = in_lo && k0 + key_lo <= lim ? sv[i] * sl : -INFINITY;
+        sv[i + 2] = in_hi && k0 + key_hi <= lim ? sv[i + 2] * sl : -INFINITY;
+      }
     }
     float sc_lo[L::kGroups], sc_hi[L::kGroups];  // fp8_ds_mla: this thread's keys' scales (P^T's panels)
 #pragma unroll
@@ -338,18 +351,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       sc_hi[gi] = kDs ? *reinterpret_cast<const float*>(slot + key_hi * L::kStride + 512 + 4 * gi) : 1.0f;
     }
     // P^T [n][rho], rho at chunk rho / 8: fp8 f16 times 2^7; fp8_ds_mla bf16 times 2^56 and, per panel, the key's
-    // scale of that group. One conversion for both keys (the conversion unit is scarce).
+    // scale of that group. N 16 / 32: stmatrix, transposed — the thread's (key, rows n, n + 1) pairs are the
+    // fragment of the 8 x 8 matrices (j, half) = (rows 8j .. 8j + 7, keys 16 w + 8 half + g8), stored as P^T rows
+    // 8j + .. of 16 bytes at chunk 2 w + half (one STSM per four matrices instead of eight 16-bit stores). N 8
+    // (two matrices): one 16-bit store per value, one conversion for both keys.
     auto store_pt = [&](const float (&pl)[kRows], const float (&ph)[kRows]) {
 #pragma unroll
-      for (int rr = 0; rr < kRows; ++rr) {
-        const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
+      for (int gi = 0; gi < L::kGroups; ++gi) {
+        uint8_t* pp = sP + gi * L::kPBytes;
+        const float f_lo = kF16V ? 0x1p7f : 0x1p56f * sc_lo[gi], f_hi = kF16V ? 0x1p7f : 0x1p56f * sc_hi[gi];
+        auto pack = [&](float x, float y) { return kF16V ? ptx::pack_f16x2(x, y) : ptx::pack_bf16x2(x, y); };
+        if constexpr (N >= 16) {
 #pragma unroll
-        for (int gi = 0; gi < L::kGroups; ++gi) {
-          uint8_t* pp = sP + gi * L::kPBytes;
-          const uint32_t pk = kF16V ? ptx::pack_f16x2(pl[rr] * 0x1p7f, ph[rr] * 0x1p7f)
-                                    : ptx::pack_bf16x2(pl[rr] * (0x1p56f * sc_lo[gi]), ph[rr] * (0x1p56f * sc_hi[gi]));
-          *reinterpret_cast<uint16_t*>(pp + swz(n, rho_lo >> 3) + 2 * (rho_lo & 7)) = static_cast<uint16_t>(pk);
-          *reinterpret_cast<uint16_t*>(pp + swz(n, rho_hi >> 3) + 2 * (rho_hi & 7)) = static_cast<uint16_t>(pk >> 16);
+          for (int sm = 0; sm < N / 16; ++sm) {  // matrices i: j = 2 sm + i / 2, half = i % 2
+            uint32_t r[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int j = 2 * sm + (i >> 1);
+              r[i] = (i & 1) ? pack(ph[2 * j] * f_hi, ph[2 * j + 1] * f_hi) : pack(pl[2 * j] * f_lo, pl[2 * j + 1] * f_lo);
+            }
+            const int mi = lane >> 3;  // this lane's row address: row lane % 8 of matrix mi
+            ptx::stmatrix_x4_trans(pp + swz(8 * (2 * sm + (mi >> 1)) + (lane & 7), 2 * w + (mi & 1)), r);
+          }
+        } else {
+#pragma unroll
+          for (int rr = 0; rr < kRows; ++rr) {
+            const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
+            const uint32_t pk = pack(pl[rr] * f_lo, ph[rr] * f_hi);
+            *reinterpret_cast<uint16_t*>(pp + swz(n, rho_lo >> 3) + 2 * (rho_lo & 7)) = static_cast<uint16_t>(pk);
+            *reinterpret_cast<uint16_t*>(pp + swz(n, rho_hi >> 3) + 2 * (rho_hi & 7)) = static_cast<uint16_t>(pk >> 16);
+          }
         }
       }
     };
@@ -472,7 +503,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int mb = 0; mb < kOBlocks; ++mb) ptx::wgmma_fence_operand(o[mb]);
   };
   auto slot_of = [&](int s) { return smem + L::kOffRing + s * L::kSlotBytes; };
-  auto is_clean = [&](int k0) { return min(k0 + T::kBlockN, u.seq_len) - 1 <= lim_min; };
 
   if constexpr (!kPingPong) {  // ---- alternate tiles: tile it is warpgroup it % 2's, all of it ----
     for (int it = c; it < u.n_tiles; it += 2) {
