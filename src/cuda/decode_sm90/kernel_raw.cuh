@@ -325,23 +325,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // (the exact step ran: m_run moved). Ping-pong: the other's tile's products may be in flight into O, retired
   // before a rescale of O. `own`: the warpgroup's own tile count so far (its flags' buffer parity). ----
   auto tile_softmax = [&](float (&sv)[N / 2], const uint8_t* slot, uint64_t mask, int k0, int own) -> bool {
+    // The scores leave this step relative to the running maximum: sv = s * scale - m_run (+ 7 for fp8, whose P^T is
+    // f16 times 2^7: exp2 of it is the stored weight), one FFMA each; a masked score is -inf. `nb` is that shift
+    // per row (-inf before the first key counts as 0 there, as the exact step's reference does).
+    constexpr float kPExp = kF16V ? 7.0f : 0.0f;
+    auto shift_of = [&](int rr) { return kPExp - (m_run[rr] == -INFINITY ? 0.0f : m_run[rr]); };
     const bool in_lo = (mask >> key_lo) & 1, in_hi = (mask >> key_hi) & 1;
     if (is_clean(k0)) {  // uniform: only the key mask (most tiles)
 #pragma unroll
       for (int rr = 0; rr < kRows; ++rr) {
         const int i = 4 * (rr / 2) + rr % 2;  // sv[i]: (key_lo, row rr), sv[i + 2]: (key_hi, row rr)
-        const float sl = sl2[rr];
-        sv[i] = in_lo ? sv[i] * sl : -INFINITY;
-        sv[i + 2] = in_hi ? sv[i + 2] * sl : -INFINITY;
+        const float sl = sl2[rr], nb = shift_of(rr);
+        sv[i] = in_lo ? fmaf(sv[i], sl, nb) : -INFINITY;
+        sv[i + 2] = in_hi ? fmaf(sv[i + 2], sl, nb) : -INFINITY;
       }
     } else {
 #pragma unroll
       for (int rr = 0; rr < kRows; ++rr) {
         const int i = 4 * (rr / 2) + rr % 2;
         const int lim = lim_of(rr);
-        const float sl = sl2[rr];
-        sv[i] = in_lo && k0 + key_lo <= lim ? sv[i] * sl : -INFINITY;
-        sv[i + 2] = in_hi && k0 + key_hi <= lim ? sv[i + 2] * sl : -INFINITY;
+        const float sl = sl2[rr], nb = shift_of(rr);
+        sv[i] = in_lo && k0 + key_lo <= lim ? fmaf(sv[i], sl, nb) : -INFINITY;
+        sv[i + 2] = in_hi && k0 + key_hi <= lim ? fmaf(sv[i + 2], sl, nb) : -INFINITY;
       }
     }
     float sc_lo[L::kGroups], sc_hi[L::kGroups];  // fp8_ds_mla: this thread's keys' scales (P^T's panels)
@@ -355,11 +360,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // fragment of the 8 x 8 matrices (j, half) = (rows 8j .. 8j + 7, keys 16 w + 8 half + g8), stored as P^T rows
     // 8j + .. of 16 bytes at chunk 2 w + half (one STSM per four matrices instead of eight 16-bit stores). N 8
     // (two matrices): one 16-bit store per value, one conversion for both keys.
-    auto store_pt = [&](const float (&pl)[kRows], const float (&ph)[kRows]) {
+    // `scaled`: fp8's weights already carry 2^7 (the lazy step's exponent); the exact step's do not.
+    auto store_pt = [&](const float (&pl)[kRows], const float (&ph)[kRows], bool scaled) {
 #pragma unroll
       for (int gi = 0; gi < L::kGroups; ++gi) {
         uint8_t* pp = sP + gi * L::kPBytes;
-        const float f_lo = kF16V ? 0x1p7f : 0x1p56f * sc_lo[gi], f_hi = kF16V ? 0x1p7f : 0x1p56f * sc_hi[gi];
+        const float f16f = scaled ? 1.0f : 0x1p7f;
+        const float f_lo = kF16V ? f16f : 0x1p56f * sc_lo[gi], f_hi = kF16V ? f16f : 0x1p56f * sc_hi[gi];
         auto pack = [&](float x, float y) { return kF16V ? ptx::pack_f16x2(x, y) : ptx::pack_bf16x2(x, y); };
         if constexpr (N >= 16) {
 #pragma unroll
@@ -396,24 +403,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
       const int i = 4 * (rr / 2) + rr % 2;
-      const float top = m_run[rr] + kLazyLog2;  // -inf before the first key: every finite score is over
-      over |= sv[i] > top || sv[i + 2] > top;   // NaN scores are not over: they turn their row NaN either way
-      const float base_m = m_run[rr] == -INFINITY ? 0.0f : m_run[rr];
-      p_lo[rr] = softmax::exp2_approx(sv[i] - base_m);
-      p_hi[rr] = softmax::exp2_approx(sv[i + 2] - base_m);
+      // -inf before the first key: every finite score is over
+      const float top = m_run[rr] == -INFINITY ? -INFINITY : kLazyLog2 + kPExp;
+      over |= sv[i] > top || sv[i + 2] > top;  // NaN scores are not over: they turn their row NaN either way
+      p_lo[rr] = softmax::exp2_approx(sv[i]);
+      p_hi[rr] = softmax::exp2_approx(sv[i + 2]);
     }
     const bool warp_over = __any_sync(0xffffffffu, over);
     // This warpgroup's flags of its own tile `own` (ping-pong: the other warpgroup reads them too).
     uint8_t* over_flags = sOver + 8 * (own & 1) + 4 * c;
     if (lane == 0) over_flags[w] = warp_over ? 1 : 0;
-    store_pt(p_lo, p_hi);
+    store_pt(p_lo, p_hi, true);
     ptx::fence_proxy_async_smem();
     ptx::named_barrier_sync(wg_bar, 128);
     const bool flagged = *reinterpret_cast<const uint32_t*>(over_flags) != 0;
     if (flagged) {  // the exact step (rare after the first tile)
       float alpha[kRows];
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {  // the scores again (s * scale; to within the FFMA's rounding)
+        const int i = 4 * (rr / 2) + rr % 2;
+        const float nb = shift_of(rr);
+        sv[i] -= nb;
+        sv[i + 2] -= nb;
+      }
       small_tile_softmax<N>(sv, m_run, l_part, alpha, p_lo, p_hi, sRed, w, g8, t4, wg_bar);
-      store_pt(p_lo, p_hi);
+      store_pt(p_lo, p_hi, false);
       if constexpr (kPingPong) {
         ptx::wgmma_wait_group<0>();
 #pragma unroll
@@ -424,7 +438,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::named_barrier_sync(wg_bar, 128);
     } else {
 #pragma unroll
-      for (int rr = 0; rr < kRows; ++rr) l_part[rr] += p_lo[rr] + p_hi[rr];
+      for (int rr = 0; rr < kRows; ++rr) l_part[rr] += (p_lo[rr] + p_hi[rr]) * (kF16V ? 0x1p-7f : 1.0f);
     }
     return flagged;
   };
