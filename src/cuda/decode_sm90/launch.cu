@@ -71,7 +71,7 @@ Start start_mode() {
 // session, 2f80a68 + the row-producer divisor, small / seesaw) h 32 s_k 4096 0.376-0.395 / 0.307-0.334,
 // s_q 2 h 16 s_k 8192 0.747-0.772 / 0.619-0.678; fp8_ds_mla the other way: 0.288-0.304 / 0.341-0.358 and
 // 0.530-0.570 / 0.557-0.593 (`*Decode*` under all: 488 passed). docs/DECODE.md "32 rows on the seesaw kernel".
-// Since the split-by-d raw kernel (kernel_raw.cuh, N 32) the default is automatic: bf16 on the seesaw tile, both
+// Since the raw kernel runs N 32 (kernel_raw.cuh; ping-pong) the default is automatic: bf16 on the seesaw tile, both
 // code formats on the raw kernel; seesaw is the earlier default (fp8 per-tensor on the seesaw tile too).
 enum class Rows32 { automatic, small, seesaw, all };
 Rows32 rows32_mode() {
