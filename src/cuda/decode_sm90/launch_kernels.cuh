@@ -191,12 +191,12 @@ inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
 // kernel"). MLA_DECODE_SM90_STAGE=ring / staged select the bf16-stage small kernels instead (source_staged.cuh:
 // the raw ring, RingKeys, at N 16 of mqa_decode under `automatic` before; the serial raw stage, StagedKeys),
 // which read fp8_ds_mla as its bf16 upconvert; at N 32 (no room for a raw stage) fp8_ds_mla StagedKeys, fp8 the
-// register path (GatherKeys). N 32 on the raw kernel (then split by d) against those, same run,
-// nvidia-h200, 2026-11-25: sparse T 128 topk 2048 fp8_ds_mla h 32 0.108 ms against 0.151, dense b 128 s_k 4096
-// h 32 fp8 0.146 against the seesaw tile's 0.304, fp8_ds_mla 0.156 against 0.229; ping-pong since (0.124 /
-// 0.134 ms dense h 32; docs/DECODE.md "Ping-pong"). The
-// seesaw kernel dequantises through registers or in place. TMA only in the raw kernel's paged rows
-// (p.gather.raw_tma, launch.cu raw_rows_tensor_map); otherwise the tensor map is a zeroed placeholder. Read once.
+// register path (GatherKeys). N 32 on the raw kernel (then split by d) against those, same run, nvidia-h200,
+// 2026-11-25: sparse T 128 topk 2048 fp8_ds_mla h 32 0.108 ms against 0.151, dense b 128 s_k 4096 h 32 fp8 0.146
+// against the seesaw tile's 0.304, fp8_ds_mla 0.156 against 0.229; ping-pong since (0.124 / 0.134 ms dense h 32;
+// docs/DECODE.md "Ping-pong"). The seesaw kernel dequantises through registers or in place. TMA only in the raw
+// kernel's paged rows (p.gather.raw_tma, launch.cu raw_rows_tensor_map); otherwise the tensor map is a zeroed
+// placeholder. Read once.
 enum class StageChoice { automatic, ring, staged, raw };
 inline StageChoice stage_choice() {
   static const StageChoice c =

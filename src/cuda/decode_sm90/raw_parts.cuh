@@ -23,7 +23,7 @@ namespace mla::cuda::decode_sm90 {
 // A staged query row: 576 bf16 columns (RawTraits::kQSlot, stage_q).
 inline constexpr int kStagedQRowBytes = 576 * 2;
 
-// N 32 runs ping-pong (kernel_raw.cuh "Ping-pong at N 32"): tiles alternate between the consumer warpgroups for S
+// N 32 runs ping-pong (kernel_raw.cuh header, "Ping-pong"): tiles alternate between the consumer warpgroups for S
 // and the softmax, and both multiply every tile's P^T by their half of V (O^T of all 512 columns is 128 registers
 // per thread at N 32, too many beside S). N 8 / 16 alternate whole tiles (each warpgroup all of O).
 template <int N, CacheFormat F>
@@ -41,7 +41,7 @@ struct RawTraits {
   // Alternate tiles: tile it in slot it % 4, consumer c owns slots c, c + 2 (two tiles held, two loading). Ping-pong:
   // a slot is held by both warpgroups, the owner's S to the other's P.V; N 32 has room for three (Q's panels are
   // 36 KiB there).
-  static constexpr int kSlots = N == 32 ? 3 : 4;
+  static constexpr int kSlots = kPingPong ? 3 : 4;
   static constexpr int kGroups = kDs ? 4 : 1;  // P^T panels of a tile (one per scale group)
   static constexpr int kQPanelBytes = N * 128;
   static constexpr int kPBytes = N * 128 < 1024 ? 1024 : N * 128;
