@@ -408,6 +408,8 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   if (!v4 && c.t <= 1024)  // decode shapes (the prefill rows are compute-bound and mostly L2 hits)
     report_gather_floor(ctx, cb.cache.data.data, slot_stride_bytes(cb.cache), cache_entry_bytes(c.format, c.d_qk),
                         idx_host);
+  if (ctx.options().decode.trace)
+    trace_decode_calls(ctx, [&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, opts, op); });
 }
 
 // Issue 8's table (nvidia-h200 FlashMLA times from the issue: fp8_ds_mla, topk 2048, median, L2 flushed;

@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "cuda/common/ptx/barrier.cuh"
+#include "cuda/common/ptx/cp_async.cuh"
 #include "cuda/common/ptx/fence.cuh"
 #include "cuda/common/ptx/ldmatrix.cuh"
+#include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/common/ptx/stmatrix.cuh"
 #include "cuda/common/ptx/tensor_map.h"
 #include "cuda/common/ptx/tma_store.cuh"
@@ -80,6 +82,59 @@ TEST(PtxBarrier, ArriveSyncHandOverInALoop) {
   errors.fill_bytes(0);
   barrier_handover_kernel<<<1, 256>>>(64, errors.p);
   MLA_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(errors.download()[0], 0);
+}
+
+// The raw decode kernel's Q slot (decode_sm90/kernel_raw.cuh, RawTraits::kQSlot), in a loop: the producer
+// warpgroup fills a shared buffer by cp.async (completion on the `full` mbarrier), each consumer warpgroup reads
+// its half, the two meet on a 256-thread named barrier, and only consumer warpgroup 1 hands the buffer back (128
+// arrivals on `empty`) before the next round's copies overwrite it. Warpgroup 0's reads are ordered before that
+// release by the named barrier: correct by construction, and delayed so that a hand-over that did not wait reads
+// the next round. Under compute-sanitizer racecheck this is the reference for the reports on the raw kernel's
+// staged Q (store_q_permuted / q_row_amax against produce_raw's copies; docs/DEVELOPING.md's sanitizer table).
+__global__ void slot_release_by_one_group_kernel(const int4* src, int rounds, int* errors) {
+  __shared__ alignas(16) int4 buf[256];
+  __shared__ alignas(8) uint64_t full, empty;
+  const int tid = threadIdx.x, wg = tid / 128;
+  if (tid == 0) {
+    mbar_init(&full, 128);
+    mbar_init(&empty, 128);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  for (int r = 0; r < rounds; ++r) {
+    if (wg == 0) {
+      if (r > 0) mbar_wait(&empty, (r - 1) & 1);
+      for (int i = tid; i < 256; i += 128) cp_async_16_or_zero(&buf[i], &src[r * 256 + i], false);
+      cp_async_arrive_mbarrier(&full);
+    } else {
+      const int c = tid - 128;
+      mbar_wait(&full, r & 1);
+      if (wg == 1) __nanosleep(300 * (c % 7));
+      if (buf[c].x != r * 256 + c) atomicAdd(errors, 1);
+      named_barrier_sync(1, 256);
+      if (wg == 2) mbar_arrive(&empty);
+    }
+  }
+  if (wg == 0) {  // no copies in flight at exit
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+}
+
+TEST(PtxBarrier, SlotReleasedByOneOfTwoReadingWarpgroups) {
+  MLA_SKIP_WITHOUT_GPU();
+  constexpr int kRounds = 16;
+  std::vector<int4> host(kRounds * 256);
+  for (int i = 0; i < kRounds * 256; ++i) host[static_cast<std::size_t>(i)] = make_int4(i, 0, 0, 0);
+  test::DevBuf<int4> src(host.size());
+  src.upload(host);
+  test::DevBuf<int> errors(1);
+  errors.fill_bytes(0);
+  for (const int rounds : {1, kRounds}) {
+    slot_release_by_one_group_kernel<<<1, 384>>>(src.p, rounds, errors.p);
+    MLA_CUDA_OK(cudaDeviceSynchronize());
+  }
   EXPECT_EQ(errors.download()[0], 0);
 }
 

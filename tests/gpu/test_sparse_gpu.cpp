@@ -194,6 +194,33 @@ TEST(SparseGpu, ManyTokensEveryVariant) {
   }
 }
 
+// Small decode steps (T 1 .. 16 tokens of fp8_ds_mla at up to 32 heads): the sm90 variant splits each token's
+// top-k over a thread-block cluster of 2 / 4 / 8 CTAs merged through distributed shared memory
+// (core/sparse_split.h: T 1 / 2 / 5 / 16 x topk 256 / 640 / 2048 take 2, 4 and 8 ranks, some of them without a
+// tile for the shorter tokens), h 1 / 8 / 16 / 24 / 32 (the raw kernel's N 8 / 16 / 32), random lengths, lonely
+// tokens and invalid / duplicate entries as make_indices makes them (T < 5: its tokens 3 .., the full and random
+// ones), peaky queries.
+TEST(SparseGpu, SmallStepsClusterSplit) {
+  MLA_SKIP_WITHOUT_GPU();
+  MLA_FORCE_VARIANT("sparse_mqa", "sm90");
+  const int64_t page = 64, nb = 80;
+  for (int64_t topk : {256, 640, 2048}) {
+    test::reseed(330 + static_cast<uint64_t>(topk));
+    const SparseCache c = sparse_cache(CacheFormat::fp8_ds_mla, nb, page);
+    for (int64_t t : {1, 2, 5, 16})
+      for (int64_t h : {1, 8, 16, 24, 32}) {
+        Indices ix = make_indices(c, t + 3, topk, nb * page);
+        const std::size_t first = t < 5 ? 3 : 0;
+        ix.rows = {ix.rows.begin() + first, ix.rows.begin() + first + t};
+        ix.lengths = {ix.lengths.begin() + first, ix.lengths.begin() + first + t};
+        Tensor q = test::random_tensor({t, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
+        check_variant("sm90", q, c.cb, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths),
+                      "T " + std::to_string(t) + " topk " + std::to_string(topk) + " h " + std::to_string(h));
+        test::expect_variant_ran("sparse_mqa", "sm90");
+      }
+  }
+}
+
 // f16 / f32 q and out (the engine is templated on the activation type), every cache format.
 TEST(SparseGpu, F16AndF32Activations) {
   MLA_SKIP_WITHOUT_GPU();

@@ -43,13 +43,15 @@ struct ClusterMerge {
 
 // Merges rows [u.row0, u.row0 + rows) of the cluster's partials in this rank's columns, by `nthreads` consumer
 // threads (index ct), between the two cluster barriers: each item (a row, 4 columns) loads the row's LSE and
-// its 4 columns from every rank at once (one distributed round trip), weighs and sums them.
+// its 4 columns from every rank at once (one distributed round trip), weighs and sums them. lse_off: the byte
+// offset of the partial LSE in `stage` (the seesaw tile's kPartialLse; the raw kernel's N rows put it after
+// their N rows of O).
 __device__ __forceinline__ void merge_cluster_rows(const DecodeSm90Params& p, const Unit& u, const uint8_t* stage,
-                                                   int ct, int nthreads) {
+                                                   int ct, int nthreads, uint32_t lse_base = ClusterMerge::kPartialLse) {
   using T = Traits;
   using M = ClusterMerge;
   const MqaRowParams& rp = p.rows;
-  const int splits = p.num_splits, rows = min(T::kBlockM, u.m_rows - u.row0);
+  const int splits = p.num_splits, rows = min(p.tile_rows, u.m_rows - u.row0);
   const uint32_t rank = ptx::cluster_ctarank();
   // Each rank's partial in the cluster window, mapped once (ranks past `splits` map rank 0: loaded, not used).
   uint32_t base[M::kMaxSplits];
@@ -59,7 +61,7 @@ __device__ __forceinline__ void merge_cluster_rows(const DecodeSm90Params& p, co
   const int groups = c1 > c0 ? (c1 - c0) / 4 : 0;
   for (int e = ct; e < rows * groups; e += nthreads) {
     const int r = e / groups, col = c0 + 4 * (e % groups);
-    const uint32_t lse_off = M::kPartialLse + 4u * r, o_off = M::kPartialO + 4u * (r * M::kRowFloats + col);
+    const uint32_t lse_off = lse_base + 4u * r, o_off = M::kPartialO + 4u * (r * M::kRowFloats + col);
     float l[M::kMaxSplits];
     float4 v[M::kMaxSplits];
 #pragma unroll
@@ -107,10 +109,11 @@ __device__ __forceinline__ void merge_cluster_rows(const DecodeSm90Params& p, co
 // The two cluster barriers around the merge, for every thread of the CTA: threads with ct in [0, nthreads)
 // merge (the consumers, after writing their partial), the others only pass the barriers.
 __device__ __forceinline__ void cluster_merge_protocol(const DecodeSm90Params& p, const Unit& u, const uint8_t* stage,
-                                                       int ct, int nthreads) {
+                                                       int ct, int nthreads,
+                                                       uint32_t lse_base = ClusterMerge::kPartialLse) {
   ptx::cluster_sync();  // every rank's partial is written and visible
   MLA_DECODE_TRACE_EVENT(8, 128);
-  if (ct >= 0 && ct < nthreads) merge_cluster_rows(p, u, stage, ct, nthreads);
+  if (ct >= 0 && ct < nthreads) merge_cluster_rows(p, u, stage, ct, nthreads, lse_base);
   MLA_DECODE_TRACE_EVENT(9, 128);
   ptx::cluster_sync();  // every rank has read every partial: the CTAs may exit
   MLA_DECODE_TRACE_EVENT(10, 128);

@@ -78,6 +78,7 @@
 #include "cuda/decode_sm90/raw_parts.cuh"
 #include "cuda/decode_sm90/source.cuh"
 #include "cuda/decode_sm90/tile_io.cuh"
+#include "cuda/decode_sm90/trace.cuh"
 #include "mla/cache_format.h"
 
 namespace mla::cuda::decode_sm90 {
@@ -206,9 +207,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint8_t* smem = aligned_smem(smem_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kSlots;
+  MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
   const Unit u(p, !Rows::kPaged);
+  // p.cluster_merge (sparse_mqa, small T): the p.num_splits CTAs of a token are one cluster, each rank attends its
+  // share of the token's tiles and leaves its normalised rows and LSE in ring slot 0 (drained by then; N 32's rows
+  // run into slot 1, free there: ping-pong has no exchange buffer); cluster_merge.cuh merges them into out / lse
+  // between two cluster barriers that every thread of every rank passes (an empty rank too).
+  float* part_o = p.cluster_merge ? reinterpret_cast<float*>(smem + L::kOffRing) : nullptr;
+  float* part_lse = part_o != nullptr ? part_o + N * ClusterMerge::kRowFloats : nullptr;
+  const uint32_t part_lse_off = N * ClusterMerge::kRowFloats * 4;
+  static_assert(N * ClusterMerge::kRowFloats * 4 + N * 4 <= (L::kPingPong ? 2 : 1) * L::kSlotBytes,
+                "the cluster partial fits in the ring slots the epilogue leaves free");
   if (u.n_tiles == 0) {  // uniform over the CTA
+    if (part_o != nullptr) {  // this rank contributes LSE -inf (its O is not read) and merges its columns
+      if (threadIdx.x < N) part_lse[threadIdx.x] = -INFINITY;
+      cluster_merge_protocol(p, u, reinterpret_cast<const uint8_t*>(part_o), static_cast<int>(threadIdx.x) - 128,
+                             T::kConsumerThreads, part_lse_off);
+      return;
+    }
     write_empty_unit(p, u, threadIdx.x, blockDim.x);
     return;
   }
@@ -228,10 +245,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   __syncthreads();
   if (ptx::warpgroup_index() == 0) {
     ptx::setmaxnreg_dec<L::kProducerRegs>();
+    MLA_DECODE_TRACE_EVENT(1, 0);
     stage_q<L>(p, u, q_stage, qfull, static_cast<int>(threadIdx.x));
     produce_raw<L, Rows>(p, u, smem, &map, ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
     ptx::cp_async_commit();  // no lane leaves with copies in flight
     ptx::cp_async_wait<0>();
+    MLA_DECODE_TRACE_EVENT(2, 0);
+    if (p.cluster_merge) {  // the merge's two barriers (the consumers merge)
+      ptx::cluster_sync();
+      ptx::cluster_sync();
+    }
     return;
   }
   ptx::setmaxnreg_inc<(504 - L::kProducerRegs) / 2>();
@@ -277,6 +300,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
   if (kPingPong || c == 1) ptx::mbar_arrive(&empty[L::kQSlot]);  // the staged rows are read: the slot goes to its first tile
+  MLA_DECODE_TRACE_EVENT(3, 128);
 
   float m_run[kRows], l_part[kRows];
 #pragma unroll
@@ -523,6 +547,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const int s = it % L::kSlots;
       const int k0 = u.key_begin + it * T::kBlockN;
       ptx::mbar_wait(&full[s], (it / L::kSlots) & 1);
+      MLA_DECODE_TRACE_EVENT(4, 128, true);
       const uint8_t* slot = slot_of(s);
       float sv[N / 2];
       whole_scores<N, L>(sv, slot + key_lo * L::kStride, slot + key_hi * L::kStride, dQ, t4);
@@ -547,6 +572,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       float sv[N / 2];
       if (own) {
         ptx::mbar_wait(&full[s], (t / L::kSlots) & 1);
+        MLA_DECODE_TRACE_EVENT(4, 128, true);
         whole_scores<N, L>(sv, slot_of(s) + key_lo * L::kStride, slot_of(s) + key_hi * L::kStride, dQ, t4);
       }
       if (other) {  // the other warpgroup's tile r = t - 1
@@ -588,13 +614,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto col_of = [&](int mb, int i) {  // value block mb (the kernel's permuted value rows)
     return 128 * (mb >> 1) + 32 * w + 4 * g8 + 2 * (mb & 1) + ((i >> 1) & 1);
   };
+  MLA_DECODE_TRACE_EVENT(5, 128);
   if constexpr (kPingPong) {
     pingpong_epilogue<N>(p, u, o, m_run, l_part, reinterpret_cast<float*>(smem + L::kOffRed), out_scale, c, wg_bar,
-                      [&](int mb, int i) { return col_of(4 * c + mb, i); });
+                      [&](int mb, int i) { return col_of(4 * c + mb, i); }, part_o, part_lse);
   } else {
     float* xo = reinterpret_cast<float*>(smem + L::kOffRing + L::kSlotBytes);
-    small_epilogue<N, L::kXRounds>(p, u, o, m_run, l_part, sRed, sML, xo, out_scale, c, wg_bar, col_of);
+    small_epilogue<N, L::kXRounds>(p, u, o, m_run, l_part, sRed, sML, xo, out_scale, c, wg_bar, col_of, part_o,
+                                   part_lse);
   }
+  MLA_DECODE_TRACE_EVENT(6, 128);
+  if (part_o != nullptr) {  // the partial's ordinary stores are released by the first cluster barrier
+    cluster_merge_protocol(p, u, reinterpret_cast<const uint8_t*>(part_o), ct, T::kConsumerThreads, part_lse_off);
+  }
+  MLA_DECODE_TRACE_EVENT(7, 128);
 }
 
 }  // namespace mla::cuda::decode_sm90

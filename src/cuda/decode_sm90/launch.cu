@@ -302,11 +302,8 @@ void run(const dispatch::DecodeArgs& a) {
 
 #if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
 bool trace_dump(uint64_t* out) {
-  static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "stamps are 64-bit");
-  check_cuda(cudaDeviceSynchronize(), "decode trace");
-  check_cuda(cudaMemcpyFromSymbol(out, g_trace, sizeof(g_trace)), "decode trace");
-  static const std::array<unsigned long long, kTraceCtas * kTraceEvents> zeros{};
-  check_cuda(cudaMemcpyToSymbol(g_trace, zeros.data(), sizeof(g_trace)), "decode trace");
+  std::fill(out, out + kTraceCtas * kTraceEvents, uint64_t{0});
+  check_cuda(trace_take_tu(out) && trace_take_sparse(out) ? cudaSuccess : cudaErrorUnknown, "decode trace");
   return true;
 }
 #else

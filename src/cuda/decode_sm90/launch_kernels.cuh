@@ -157,6 +157,24 @@ int seesaw_max_clusters(int device, int splits) {
 }
 
 
+// How many clusters of `splits` CTAs of the raw kernel <N, F, Rows> can be resident at once on the current device
+// (one CTA per SM: its shared memory; a cluster within one GPC); 0 where none fit. Once per (device, N, size).
+template <int N, CacheFormat F, class Rows>
+int raw_max_clusters(int device, int splits) {
+  static std::array<std::array<std::atomic<int>, ClusterMerge::kMaxSplits + 1>, 64> cached{};  // count + 1; 0 unknown
+  if (device < 0 || device >= 64 || splits < 2 || splits > ClusterMerge::kMaxSplits) return 0;
+  std::atomic<int>& slot = cached[static_cast<std::size_t>(device)][static_cast<std::size_t>(splits)];
+  int v = slot.load(std::memory_order_relaxed);
+  if (v == 0) {
+    auto kernel = decode_sm90_raw_kernel<N, F, Rows>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, RawTraits<N, F>::kSmemBytes),
+               "sparse_mqa (sm90): cluster split");
+    v = max_active_clusters(kernel, static_cast<unsigned>(splits), Traits::kThreads, RawTraits<N, F>::kSmemBytes) + 1;
+    slot.store(v, std::memory_order_relaxed);
+  }
+  return v - 1;
+}
+
 // The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests).
 template <class Src>
 void launch_kernel(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
@@ -212,6 +230,14 @@ void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
   using Default = SmallKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
   using Ring = SmallRingKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
   const StageChoice c = stage_choice();
+  if (p.cluster_merge) {  // sparse_mqa's small-T split (launch_sparse.cu): the raw kernel only
+    auto kernel = decode_sm90_raw_kernel<N, F, Rows>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, RawTraits<N, F>::kSmemBytes),
+               what);
+    launch_cluster(kernel, grid, static_cast<unsigned>(p.num_splits), Traits::kThreads, RawTraits<N, F>::kSmemBytes,
+                   stream, what, map, p);
+    return;
+  }
   if (c == StageChoice::raw || c == StageChoice::automatic) {
     launch_one(decode_sm90_raw_kernel<N, F, Rows>, RawTraits<N, F>::kSmemBytes, grid, stream, map, p, what);
     return;

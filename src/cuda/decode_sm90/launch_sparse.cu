@@ -1,19 +1,38 @@
 // Launcher of the sm90 sparse_mqa variant: the sm90 decode kernels (kernel_small.cuh for h_q <= 32,
 // kernel_seesaw.cuh for more heads) with the gathering key source (source.cuh, GatherKeys): a token is
-// one "request" of s_q = 1 whose keys are its top-k cache rows. One CTA per (row tile, token), no
-// split over top-k (the workspace-free op has nowhere to put partials), graph-capturable (no host sync).
+// one "request" of s_q = 1 whose keys are its top-k cache rows. One CTA per (row tile, token); for small T
+// (fp8_ds_mla, up to 32 rows) a token's top-k is split over a thread-block cluster of 2..8 CTAs that merge
+// through distributed shared memory (no workspace: the op has none), graph-capturable (no host sync).
 // Algorithm, roles, shared memory and measurements: docs/SPARSE.md.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstring>
 
+#include "core/sparse_split.h"
 #include "cuda/common/launch.h"
 #include "cuda/common/mqa_launch.h"
 #include "cuda/decode_sm90/launch_kernels.cuh"
 #include "cuda/decode_sm90/variant.h"
+#include "runtime/device_api.h"
 
 namespace mla::cuda::decode_sm90 {
+
+namespace {
+
+// MLA_SPARSE_SM90_SPLIT: off keeps one CTA per token at every T; 2 / 4 / 8 force that many splits where they
+// fit at all (A/B); default (unset, auto): core/sparse_split.h chooses. Read once.
+int sparse_split_forced() {
+  static const int m = env_choice("MLA_SPARSE_SM90_SPLIT", 0, {{"off", 1}, {"2", 2}, {"4", 4}, {"8", 8}});
+  return m;
+}
+
+template <int N>
+int raw_clusters(int device, int splits) {
+  return raw_max_clusters<N, CacheFormat::fp8_ds_mla, IndexedRows>(device, splits);
+}
+
+}  // namespace
 
 const char* supports_sparse(const dispatch::SparseArgs& a) {
   const KVCache& c = a.kv;
@@ -57,7 +76,23 @@ void run_sparse(const dispatch::SparseArgs& a) {
     g.topk_length_stride = a.topk_length.stride[0];
   }
 
-  const unsigned grid = grid_for(int64_t{p.m_tiles} * t, 1, "sparse_mqa (sm90)");
+  if (c.format == CacheFormat::fp8_ds_mla && p.tile_rows <= 32 && sparse_split_forced() != 1 &&
+      stage_choice() != StageChoice::ring && stage_choice() != StageChoice::staged) {
+    const int dev = q.device.index;
+    const int64_t tiles = (g.topk + Traits::kBlockN - 1) / Traits::kBlockN;
+    auto max_clusters = [&](int s) {
+      return p.tile_rows == 8 ? raw_clusters<8>(dev, s) : p.tile_rows == 16 ? raw_clusters<16>(dev, s)
+                                                                            : raw_clusters<32>(dev, s);
+    };
+    static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
+    const int splits = sparse_split::cluster_splits(int64_t{p.m_tiles} * t, tiles, cuda_rt::device_info(dev).sm_count,
+                                                    sparse_split_forced(), max_clusters);
+    if (splits > 1) {
+      p.num_splits = splits;
+      p.cluster_merge = 1;
+    }
+  }
+  const unsigned grid = grid_for(int64_t{p.m_tiles} * t * p.num_splits, 1, "sparse_mqa (sm90)");
   const char* what = "sparse_mqa (sm90)";
   CUtensorMap unused;  // the gathering kernels issue no TMA (p.gather.raw_tma 0)
   std::memset(&unused, 0, sizeof(unused));
@@ -70,5 +105,9 @@ void run_sparse(const dispatch::SparseArgs& a) {
     launch_copied<CacheFormat::fp8_ds_mla, IndexedRows>(p, grid, stream, unused, what);
   }
 }
+
+#if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
+bool trace_take_sparse(uint64_t* out) { return trace_take_tu(out); }
+#endif
 
 }  // namespace mla::cuda::decode_sm90

@@ -249,12 +249,13 @@ __device__ __forceinline__ void warp_row_sums(const float (&l_part)[N / 4], floa
 // Warpgroup 0's row scales (its own O^T's and warpgroup 1's) go through its sRed, free after the first round.
 // o[mb][i]: this thread's O^T accumulator of value block mb (the kernel's D fragment: query row n =
 // 8 (i / 4) + 2 t4 + (i & 1)); col_of(mb, i): the output column it holds (kernel_small: the natural
-// order; kernel_raw: its permuted value rows). out_scale multiplies O / l (exact-code sources).
+// order; kernel_raw: its permuted value rows). out_scale multiplies O / l (exact-code sources). part_o / part_lse
+// (the raw kernel under p.cluster_merge): the rows go into the CTA's shared partial instead (as pingpong_epilogue).
 template <int N, int kXRounds, class ColOf>
 __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const Unit& u, const float (&o)[8][N / 2],
                                                const float (&m_run)[N / 4], const float (&l_part)[N / 4], float* sRed,
                                                float* sML, float* xo, float out_scale, int c, int wg_bar,
-                                               ColOf&& col_of) {
+                                               ColOf&& col_of, float* part_o = nullptr, float* part_lse = nullptr) {
   using T = Traits;
   constexpr int kRows = N / 4, kXBlocks = 8 / kXRounds;
   const MqaRowParams& rp = p.rows;
@@ -292,7 +293,10 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
             const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : out_scale / l;  // NaN l stays NaN (§14.6a)
             sSc[n] = e0 * inv;
             sSc[N + n] = e1 * inv;
-            if (row < u.m_rows) store_row_lse(p, u, row, row_lse(mm, l));
+            if (row < u.m_rows) {
+              if (part_lse != nullptr) part_lse[n] = row_lse(mm, l);
+              else store_row_lse(p, u, row, row_lse(mm, l));
+            }
           }
         }
         ptx::named_barrier_sync(wg_bar, 128);
@@ -309,7 +313,8 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
         for (int mb = 0; mb < kXBlocks; ++mb) {
           const int col = col_of(r * kXBlocks + mb, i);
           const float v = o[r * kXBlocks + mb][i] * sSc[n] + xo[(mb * (N / 2) + i) * 128 + wt] * sSc[N + n];
-          if (split) p.ws_o[dst + col] = v;
+          if (part_o != nullptr) part_o[n * ClusterMerge::kRowFloats + col] = v;
+          else if (split) p.ws_o[dst + col] = v;
           else static_cast<uint16_t*>(rp.out)[dst + col] = dev::float_to_bf16(v);
         }
       }
@@ -324,11 +329,14 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
 // its row sums over its warps into sRed2[c] ([2 wg][4 warps][N]), both wait for the other's, and each divides its
 // blocks by the total and writes them (bf16 out, or the split's fp32 partials); warpgroup 0 writes the LSE.
 // col_of(mb, i): the output column of o[mb][i]; the element i + 2 holds the next column, so columns go out in pairs.
+// part_o / part_lse (p.cluster_merge): the normalised rows and their LSE go into this CTA's shared partial instead
+// ([N][ClusterMerge::kRowFloats] fp32 and [N] fp32, row n = u.row0 + n; cluster_merge.cuh merges them).
 template <int N, class ColOf>
 __device__ __forceinline__ void pingpong_epilogue(const DecodeSm90Params& p, const Unit& u,
                                                   const float (&o)[4][N / 2], const float (&m_run)[N / 4],
                                                   const float (&l_part)[N / 4], float* sRed2, float out_scale, int c,
-                                                  int wg_bar, ColOf&& col_of) {
+                                                  int wg_bar, ColOf&& col_of, float* part_o = nullptr,
+                                                  float* part_lse = nullptr) {
   using T = Traits;
   constexpr int kRows = N / 4;
   const MqaRowParams& rp = p.rows;
@@ -346,14 +354,19 @@ __device__ __forceinline__ void pingpong_epilogue(const DecodeSm90Params& p, con
     const float inv = l == 0.0f ? 0.0f : out_scale / l;  // l == 0: no key; a NaN l propagates (§14.6a)
     const int i = row / rp.h_q, h = row % rp.h_q;
     const int64_t ws_row = u.ws_slot * static_cast<int64_t>(u.m_rows) + row;
-    if (c == 0 && w == 0 && g8 == 0) store_row_lse(p, u, row, row_lse(m_run[rr], l));
+    if (c == 0 && w == 0 && g8 == 0) {
+      if (part_lse != nullptr) part_lse[n] = row_lse(m_run[rr], l);
+      else store_row_lse(p, u, row, row_lse(m_run[rr], l));
+    }
     const int64_t dst = split ? ws_row * T::kDv
                               : u.g * rp.out_stride_g + i * rp.out_stride_i + h * rp.out_stride_h;
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb) {
       const int col = col_of(mb, i0);  // even; o[mb][i0 + 2] is col + 1
       const float a = o[mb][i0] * inv, b = o[mb][i0 + 2] * inv;
-      if (split) {
+      if (part_o != nullptr) {
+        *reinterpret_cast<float2*>(part_o + n * ClusterMerge::kRowFloats + col) = make_float2(a, b);
+      } else if (split) {
         *reinterpret_cast<float2*>(p.ws_o + dst + col) = make_float2(a, b);
       } else {
         uint16_t* out = static_cast<uint16_t*>(rp.out) + dst + col;

@@ -16,6 +16,10 @@ namespace mla::cuda::decode_sm90 {
 inline constexpr int kTraceCtas = 1024, kTraceEvents = 12;
 
 #if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
+}  // namespace mla::cuda::decode_sm90
+#include <cuda_runtime.h>
+namespace mla::cuda::decode_sm90 {
+
 __device__ unsigned long long g_trace[kTraceCtas][kTraceEvents];
 
 __device__ __forceinline__ void trace_event(int ev, unsigned thread, bool once = false) {
@@ -30,13 +34,29 @@ __device__ __forceinline__ void trace_value(int ev, unsigned thread, unsigned lo
 }
 #define MLA_DECODE_TRACE_EVENT(...) ::mla::cuda::decode_sm90::trace_event(__VA_ARGS__)
 #define MLA_DECODE_TRACE_VALUE(...) ::mla::cuda::decode_sm90::trace_value(__VA_ARGS__)
+
+// Host: each .cu that launches traced kernels has its own g_trace (no relocatable device code). This one's stamps go
+// into out where out holds 0 (a call's kernels stamp one unit's array), then are zeroed. false when a copy failed.
+static inline bool trace_take_tu(uint64_t* out) {
+  static unsigned long long stamps[kTraceCtas][kTraceEvents];
+  static const unsigned long long zeros[kTraceCtas][kTraceEvents] = {};
+  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(stamps, g_trace, sizeof(g_trace)) != cudaSuccess ||
+      cudaMemcpyToSymbol(g_trace, zeros, sizeof(g_trace)) != cudaSuccess)
+    return false;
+  for (int c = 0; c < kTraceCtas; ++c)
+    for (int e = 0; e < kTraceEvents; ++e)
+      if (out[c * kTraceEvents + e] == 0) out[c * kTraceEvents + e] = stamps[c][e];
+  return true;
+}
+// The sparse launcher's (launch_sparse.cu) share of trace_dump.
+bool trace_take_sparse(uint64_t* out);
 #else
 #define MLA_DECODE_TRACE_EVENT(...) ((void)0)
 #define MLA_DECODE_TRACE_VALUE(...) ((void)0)
 #endif
 
-// The stamps of the CTAs of the last traced launch, [kTraceCtas][kTraceEvents] ns (0: not reached), zeroed
-// after the copy; false (and nothing written) in a build without the trace.
+// The stamps of the CTAs of the last traced launch (mqa_decode's or sparse_mqa's), [kTraceCtas][kTraceEvents] ns
+// (0: not reached), zeroed after the copy; false (and nothing written) in a build without the trace.
 bool trace_dump(uint64_t* out);
 
 }  // namespace mla::cuda::decode_sm90

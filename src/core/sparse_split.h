@@ -1,0 +1,40 @@
+#pragma once
+// The small-T split of the sm90 sparse decode (docs/SPARSE.md "Small-T split"). The sparse op has no
+// workspace, so it cannot split a token's top-k over CTAs that write partials for a combine; instead the
+// `splits` CTAs of one (row tile, token) are a thread-block cluster that merges (m, l, O) through distributed
+// shared memory (src/cuda/decode_sm90/cluster_merge.cuh). Pure code, host only (tests/unit/
+// test_sparse_split.cpp): the launcher asks it once per call with the device's SM count and a query of how
+// many clusters of a size fit on the device at once.
+//
+// Why each rule (measured in the twenty-third session, docs/SPARSE.md):
+//   - one wave: units * splits <= SMs. The raw kernel holds one CTA per SM; a second wave of clusters runs
+//     after the first and doubles the time of what it was meant to shorten.
+//   - every rank at least kMinTilesPerRank tiles: a rank pays a fixed prologue (barrier set-up, Q, the
+//     first tile's index and row latency) and the merge; below two tiles that costs more than it splits.
+//   - all clusters resident together: max_clusters(s) >= units (a cluster lives in one GPC, so 132 SMs do not
+//     hold 16 clusters of 8 on every part).
+//   - no split once the tokens fill the GPU by themselves (units * 2 > SMs).
+#include <cstdint>
+
+namespace mla::sparse_split {
+
+inline constexpr int kMaxSplits = 8;        // the portable cluster size
+inline constexpr int kMinTilesPerRank = 2;  // 64-key tiles per rank at least
+
+// Splits of each token's top-k for `units` (row tiles x tokens) units of `tiles` 64-key tiles each on `sms`
+// SMs: the largest s in {8, 4, 2} that satisfies the rules above, else 1 (one CTA per unit). `forced` (an
+// A/B knob; 0: choose) asks for exactly that s in {2, 4, 8}: granted when every rank gets a tile and one
+// cluster fits at all (max_clusters(s) >= 1), else 1. max_clusters(s): clusters of s CTAs resident at once.
+template <class MaxClusters>
+int cluster_splits(int64_t units, int64_t tiles, int sms, int forced, MaxClusters&& max_clusters) {
+  if (units <= 0 || tiles <= 0 || sms <= 0) return 1;
+  if (forced != 0) {
+    const bool ok = (forced == 2 || forced == 4 || forced == 8) && tiles >= forced && max_clusters(forced) >= 1;
+    return ok ? forced : 1;
+  }
+  for (int s = kMaxSplits; s >= 2; s /= 2)
+    if (units * s <= sms && tiles >= int64_t{kMinTilesPerRank} * s && max_clusters(s) >= units) return s;
+  return 1;
+}
+
+}  // namespace mla::sparse_split
