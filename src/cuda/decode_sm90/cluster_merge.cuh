@@ -7,7 +7,8 @@
 // decode_combine_kernel: an empty split, LSE -inf, weighs 0 and is not read; a NaN LSE makes the row NaN;
 // the splits summed in split order); what goes away is the combine's launch, its wait for the whole attention
 // grid and the workspace round trip (docs/DECODE.md "Cluster merge"). A second cluster barrier keeps every
-// partial alive until all ranks have read it.
+// partial alive until all ranks have read it. The raw kernel's small-T sparse split (kernel_raw.cuh, launch_sparse.cu)
+// uses the same merge for its N 8 / 16 / 32 rows, its partial in its drained ring (lse_base: after its N rows).
 //
 // Every thread of every CTA of the cluster passes both barriers (cluster_merge_protocol): the producers after
 // their loop, an empty unit's whole CTA, the consumers after their epilogue, so no CTA exits while a peer may

@@ -55,6 +55,11 @@
 // each writes its columns). The twentieth session's split by d (both warpgroups on every tile, S split by
 // k-steps, partial scores exchanged, both running every softmax) was 13-16% slower (docs/DECODE.md "Ping-pong").
 //
+// Small-T sparse split (p.cluster_merge, launch_sparse.cu; docs/SPARSE.md "Small-T split"): the p.num_splits CTAs of
+// a (row tile, token) are one cluster, each attends its share of the token's tiles, both epilogues leave O / l and
+// the LSE in the drained ring (slot 0; N 32 into slot 1) instead of out, and cluster_merge.cuh merges them between
+// two cluster barriers that every thread of every rank passes (producers after their loop, a tile-less rank whole).
+//
 // Shared memory (N 16, fp8_ds_mla): Q 18 KiB + 4 slots x 42 KiB + P^T 2 x 4 x 2 KiB + tables = 203 KiB.
 // N 32 (fp8_ds_mla): Q 36 KiB + 3 slots x 42 KiB + P^T 2 x 4 x 4 KiB + tables = 194 KiB.
 #include <cuda.h>
@@ -214,7 +219,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // share of the token's tiles and leaves its normalised rows and LSE in ring slot 0 (drained by then; N 32's rows
   // run into slot 1, free there: ping-pong has no exchange buffer); cluster_merge.cuh merges them into out / lse
   // between two cluster barriers that every thread of every rank passes (an empty rank too).
-  float* part_o = p.cluster_merge ? reinterpret_cast<float*>(smem + L::kOffRing) : nullptr;
+  // mqa_decode (paged rows) never merges in a cluster here: its code carries none of it (kSplit false).
+  constexpr bool kSplit = !Rows::kPaged;
+  const bool merge = kSplit && p.cluster_merge;
+  float* part_o = merge ? reinterpret_cast<float*>(smem + L::kOffRing) : nullptr;
   float* part_lse = part_o != nullptr ? part_o + N * ClusterMerge::kRowFloats : nullptr;
   const uint32_t part_lse_off = N * ClusterMerge::kRowFloats * 4;
   static_assert(N * ClusterMerge::kRowFloats * 4 + N * 4 <= (L::kPingPong ? 2 : 1) * L::kSlotBytes,
@@ -251,7 +259,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::cp_async_commit();  // no lane leaves with copies in flight
     ptx::cp_async_wait<0>();
     MLA_DECODE_TRACE_EVENT(2, 0);
-    if (p.cluster_merge) {  // the merge's two barriers (the consumers merge)
+    if (merge) {  // the merge's two barriers (the consumers merge)
       ptx::cluster_sync();
       ptx::cluster_sync();
     }

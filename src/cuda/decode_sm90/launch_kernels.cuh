@@ -230,13 +230,15 @@ void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
   using Default = SmallKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
   using Ring = SmallRingKeysFor<F, SmallTraits<N>::kOffExtra, Rows>;
   const StageChoice c = stage_choice();
-  if (p.cluster_merge) {  // sparse_mqa's small-T split (launch_sparse.cu): the raw kernel only
-    auto kernel = decode_sm90_raw_kernel<N, F, Rows>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, RawTraits<N, F>::kSmemBytes),
-               what);
-    launch_cluster(kernel, grid, static_cast<unsigned>(p.num_splits), Traits::kThreads, RawTraits<N, F>::kSmemBytes,
-                   stream, what, map, p);
-    return;
+  if constexpr (!Rows::kPaged) {  // mqa_decode's rows never merge in a cluster on this path (launch.cu)
+    if (p.cluster_merge) {  // sparse_mqa's small-T split (launch_sparse.cu): the raw kernel only
+      auto kernel = decode_sm90_raw_kernel<N, F, Rows>;
+      check_cuda(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, RawTraits<N, F>::kSmemBytes), what);
+      launch_cluster(kernel, grid, static_cast<unsigned>(p.num_splits), Traits::kThreads, RawTraits<N, F>::kSmemBytes,
+                     stream, what, map, p);
+      return;
+    }
   }
   if (c == StageChoice::raw || c == StageChoice::automatic) {
     launch_one(decode_sm90_raw_kernel<N, F, Rows>, RawTraits<N, F>::kSmemBytes, grid, stream, map, p, what);
