@@ -35,7 +35,7 @@ struct DecodeSm90Params {
   // 1: the uniform schedule's num_splits (2..8) CTAs of a (request, row tile) run as one thread-block cluster,
   // unit blockIdx.x = (split, row tile, request) with the split innermost (= the cluster rank), and merge their
   // partials through distributed shared memory (decode_sm90/cluster_merge.cuh): no workspace, no combine
-  // launch. Seesaw kernels only (launch.cu).
+  // launch. The seesaw kernels (launch.cu) and the raw kernel's small-T sparse split (launch_sparse.cu).
   int32_t cluster_merge;
   // Seesaw kernels (64-row tiles, every source): q_batch = the Q tile's loads all in flight (kernel_seesaw.cuh
   // load_seesaw_q). Start of the small kernel (paged bf16 only; docs/DECODE.md "Small batch"). q_batch: the consumers
