@@ -414,15 +414,16 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
 
 // Issue 8's table (nvidia-h200 FlashMLA times from the issue: fp8_ds_mla, topk 2048, median, L2 flushed;
 // decode b = 128 tokens of s_q 1 = T 128), then h 16 / 32 x topk 512 / 1024 / 2048 (target: 85% of the
-// copy bandwidth), small decode steps (T 1 / 4 / 16 at h 16: the op runs one CTA per token, docs/SPARSE.md
-// "Small-T sparse decode"), bf16 rows, and the sparse prefill shapes (bf16 kv, 4096 tokens over a pool of s_k
-// rows).
+// copy bandwidth), small decode steps (T 1 / 4 / 16 / 64 at h 16 and 32: a token's top-k split over a cluster,
+// docs/SPARSE.md "Small-T split"), bf16 rows, and the sparse prefill shapes (bf16 kv, 4096 tokens over a pool of
+// s_k rows).
 std::vector<SparseCase> issue8_grid() {
   constexpr CacheFormat ds = CacheFormat::fp8_ds_mla, bf = CacheFormat::bf16;
   std::vector<SparseCase> g = {{128, 128, 2048, 0, ds, 185}, {128, 64, 2048, 0, ds, 118}};
   for (int64_t h : {16, 32})
     for (int64_t topk : {512, 1024, 2048}) g.push_back({128, h, topk, 0, ds, 0});
-  for (int64_t t : {1, 4, 16}) g.push_back({t, 16, 2048, 0, ds, 0});
+  for (int64_t h : {16, 32})
+    for (int64_t t : {1, 4, 16, 64}) g.push_back({t, h, 2048, 0, ds, 0});
   for (int64_t h : {16, 128}) g.push_back({128, h, 2048, 0, bf, 0});
   g.push_back({4096, 128, 2048, 8192, bf, 3546});
   g.push_back({4096, 128, 2048, 131072, bf, 0});

@@ -77,7 +77,7 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
                   "A named list of shapes of one op instead of its default rows (issue7: mqa_decode, issue 7's table "
                   "with FlashMLA's times, small batch, varlen, h 8/32/64, page sizes, fp8 formats; issue9: mha_prefill, "
                   "b 1/4 x s 1024/4096/16384 x h 16/128 causal and s_q 1024 x s_k 8192 non-causal; issue8: sparse_mqa, issue 8's "
-                  "table with FlashMLA's times, h 16/32 x topk 512/1024/2048, T 1/4/16 at h 16, bf16 rows, sparse "
+                  "table with FlashMLA's times, h 16/32 x topk 512/1024/2048, T 1/4/16/64 at h 16/32, bf16 rows, sparse "
                   "prefill 4096 tokens "
                   "over 8192 / 131072 rows; v4: sparse_mqa, DeepSeek-V4 decode: d_qk 512 K = V, window 128 + extra top "
                   "512 / 1024, sink, h 16/64/128, bf16 and fp8)")
