@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Per-kernel SASS size and spill / tensor-core instruction counts of a cubin, without cuobjdump.
+
+This machine has nvcc and ptxas but no cuobjdump or nvdisasm. A cubin is an ELF file whose `.text.<kernel>`
+sections hold the kernels' SASS: 16 bytes per instruction on sm_90, the opcode in the low 12 bits of the first
+64-bit word. This script reads those sections and counts three opcodes, identified in the twenty-third session
+against ptxas and ncu on the same kernels:
+  STL  0x387  local store (a register spill: ptxas's "20 bytes spill stores" were 5 STL there)
+  LDL  0x983  local load
+  HGMMA 0xdf0 warpgroup MMA (the raw decode kernel's 36 + 32 per tile, as ncu's source page counts them)
+Offsets (bytes from the kernel's start) of the STL / LDL tell whether a spill sits in a hot loop: compare them
+with the HGMMA offsets (--where).
+
+Make the cubin with the build's own command for a translation unit (docs/DEVELOPING.md "Code size without the
+device"): `ninja -C build -t commands CMakeFiles/mla_cuda.dir/src/cuda/decode_sm90/launch_sparse.cu.o | tail -1`,
+then `-c` -> `-cubin`, `-o X.cubin`, the `-MD -MT ... -MF ...` flags dropped.
+
+Usage: scripts/cubin_sass_scan.py X.cubin [SUBSTRING] [--where]
+"""
+import re
+import struct
+import sys
+
+OPS = {"STL": 0x387, "LDL": 0x983, "HGMMA": 0xDF0}
+
+
+def text_sections(path):
+    """{section name: bytes} of the ELF64 file's .text.* sections."""
+    with open(path, "rb") as fh:
+        b = fh.read()
+    if b[:4] != b"\x7fELF" or b[4] != 2:
+        sys.exit(f"{path}: not an ELF64 file (a cubin from nvcc -cubin)")
+    shoff = struct.unpack_from("<Q", b, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", b, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQ", b, shoff + i * shentsize) for i in range(shnum)]
+    strtab = heads[shstrndx][4]
+    out = {}
+    for name, _typ, _flags, _addr, off, size in heads:
+        n = b[strtab + name:b.index(b"\0", strtab + name)].decode()
+        if n.startswith(".text."):
+            out[n[len(".text."):]] = b[off:off + size]
+    return out
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    where = "--where" in sys.argv
+    if not args:
+        sys.exit(__doc__)
+    path, sub = args[0], (args[1] if len(args) > 1 else "")
+    print(f"{'bytes':>8} {'instr':>6} {'STL':>4} {'LDL':>4} {'HGMMA':>5}  kernel")
+    for name, code in sorted(text_sections(path).items()):
+        if sub not in name:
+            continue
+        ops = [struct.unpack_from("<Q", code, i)[0] & 0xFFF for i in range(0, len(code), 16)]
+        at = {k: [16 * i for i, o in enumerate(ops) if o == v] for k, v in OPS.items()}
+        short = re.sub(r"^_ZN3mla4cuda\d+\w+?\d+(?=decode|mqa|sparse)", "", name)[:90]
+        print(f"{len(code):8d} {len(ops):6d} {len(at['STL']):4d} {len(at['LDL']):4d} {len(at['HGMMA']):5d}  {short}")
+        if where and (at["STL"] or at["LDL"]):
+            hg = at["HGMMA"]
+            print(f"           HGMMA {hex(hg[0]) if hg else '-'} .. {hex(hg[-1]) if hg else '-'};"
+                  f" STL {[hex(x) for x in at['STL']]}; LDL {[hex(x) for x in at['LDL']]}")
+
+
+if __name__ == "__main__":
+    main()
