@@ -26,18 +26,6 @@ static_assert(balance::kMaxCtas <= decode::kMaxCombineSplits, "the combine merge
 
 namespace {
 
-// SMs of a device, read once (the balanced schedule's grid).
-int sm_count(int device) {
-  static std::array<std::atomic<int>, 64> cached{};
-  if (device < 0 || device >= static_cast<int>(cached.size())) return cuda_rt::device_info(device).sm_count;
-  int n = cached[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
-  if (n == 0) {
-    n = cuda_rt::device_info(device).sm_count;
-    cached[static_cast<std::size_t>(device)].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 // MLA_DECODE_SM90_SCHEDULE=uniform turns the balanced schedule off (a laboratory switch for A/B
 // measurements with `mla bench`; read once). Anything else: automatic.
 enum class Schedule { automatic, uniform };

@@ -15,11 +15,25 @@
 
 #include "cuda/common/launch.h"
 #include "mla/cache.h"
+#include "runtime/device_api.h"
 #include "cuda/decode_sm90/kernel_seesaw.cuh"
 #include "cuda/decode_sm90/kernel_raw.cuh"
 #include "cuda/decode_sm90/kernel_small.cuh"
 
 namespace mla::cuda::decode_sm90 {
+
+// SMs of a device, read once (cudaGetDeviceProperties is far too slow for every call): the balanced schedule's
+// grid (launch.cu), the small-T sparse split (launch_sparse.cu).
+inline int sm_count(int device) {
+  static std::array<std::atomic<int>, 64> cached{};
+  if (device < 0 || device >= static_cast<int>(cached.size())) return cuda_rt::device_info(device).sm_count;
+  int n = cached[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = cuda_rt::device_info(device).sm_count;
+    cached[static_cast<std::size_t>(device)].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
 
 // The A/B switches of this family: the choice whose text environment variable `name` holds, else
 // `fallback` (unset or any other text). Each caller reads it once into a static.

@@ -14,7 +14,6 @@
 #include "cuda/common/mqa_launch.h"
 #include "cuda/decode_sm90/launch_kernels.cuh"
 #include "cuda/decode_sm90/variant.h"
-#include "runtime/device_api.h"
 
 namespace mla::cuda::decode_sm90 {
 
@@ -85,8 +84,8 @@ void run_sparse(const dispatch::SparseArgs& a) {
                                                                             : raw_clusters<32>(dev, s);
     };
     static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
-    const int splits = sparse_split::cluster_splits(int64_t{p.m_tiles} * t, tiles, cuda_rt::device_info(dev).sm_count,
-                                                    sparse_split_forced(), max_clusters);
+    const int splits = sparse_split::cluster_splits(int64_t{p.m_tiles} * t, tiles, sm_count(dev), sparse_split_forced(),
+                                                    max_clusters);
     if (splits > 1) {
       p.num_splits = splits;
       p.cluster_merge = 1;
