@@ -120,4 +120,11 @@ __device__ __forceinline__ void cluster_merge_protocol(const DecodeSm90Params& p
   MLA_DECODE_TRACE_EVENT(10, 128);
 }
 
+// The same two cluster barriers for threads that take no part in the merge and do not hold its arguments (the
+// producers, after their loop).
+__device__ __forceinline__ void cluster_merge_pass() {
+  ptx::cluster_sync();
+  ptx::cluster_sync();
+}
+
 }  // namespace mla::cuda::decode_sm90

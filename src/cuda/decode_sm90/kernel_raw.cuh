@@ -259,10 +259,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::cp_async_commit();  // no lane leaves with copies in flight
     ptx::cp_async_wait<0>();
     MLA_DECODE_TRACE_EVENT(2, 0);
-    if (merge) {  // the merge's two barriers (the consumers merge)
-      ptx::cluster_sync();
-      ptx::cluster_sync();
-    }
+    if (merge) cluster_merge_pass();  // the merge's two barriers (the consumers merge)
     return;
   }
   ptx::setmaxnreg_inc<(504 - L::kProducerRegs) / 2>();

@@ -784,10 +784,7 @@ struct SeesawMerge {
   }
   __device__ __forceinline__ static void producers(const DecodeSm90Params& p) {
     if constexpr (kClusterMerged<Src>)
-      if (p.cluster_merge) {
-        ptx::cluster_sync();
-        ptx::cluster_sync();
-      }
+      if (p.cluster_merge) cluster_merge_pass();
   }
 };
 

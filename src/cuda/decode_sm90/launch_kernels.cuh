@@ -83,6 +83,15 @@ void launch_one(Kernel kernel, int smem, unsigned grid, cudaStream_t stream, con
   check_launch(what);
 }
 
+// `kernel` over `grid` CTAs in clusters of `cluster` consecutive CTAs (the seesaw's row-tile pairs and split
+// merge, the raw kernel's small-T sparse split).
+template <class Kernel>
+void launch_one_clustered(Kernel kernel, int smem, unsigned grid, unsigned cluster, cudaStream_t stream,
+                          const CUtensorMap& map, const DecodeSm90Params& p, const char* what) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
+  launch_cluster(kernel, grid, cluster, Traits::kThreads, static_cast<std::size_t>(smem), stream, what, map, p);
+}
+
 // The small kernel with N rows and key source Src.
 template <int N, class Src>
 void launch_small(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
@@ -110,9 +119,8 @@ inline SeesawSchedule seesaw_schedule() {
 template <class Src>
 void launch_seesaw_clusters(const DecodeSm90Params& p, unsigned grid, unsigned cluster, cudaStream_t stream,
                             const CUtensorMap& map, const char* what) {
-  auto kernel = decode_sm90_seesaw_next_kernel<Src>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SeesawTraits::kSmemBytes), what);
-  launch_cluster(kernel, grid, cluster, Traits::kThreads, SeesawTraits::kSmemBytes, stream, what, map, p);
+  launch_one_clustered(decode_sm90_seesaw_next_kernel<Src>, SeesawTraits::kSmemBytes, grid, cluster, stream, map, p,
+                       what);
 }
 
 // The seesaw kernel (64-row tiles) with key source Src.
@@ -150,43 +158,34 @@ inline Merge merge_mode() {
   return m;
 }
 
-// How many clusters of `splits` CTAs of the seesaw kernel (one per SM: its shared memory; a cluster within one
-// GPC) can be resident at once on the current device: cudaOccupancyMaxActiveClusters, once per (device, size);
-// 0 where none fit. The cluster merge runs only where all of a grid's clusters are resident together (a second
-// wave of clusters doubled the time: b 16 s_k 1024 h 16, 8 splits, nvidia-h200 2026-11-24, docs/DECODE.md).
-template <class Src>
-int seesaw_max_clusters(int device, int splits) {
+// How many clusters of `splits` CTAs of `Kernel` (`smem` bytes of dynamic shared memory: one CTA per SM; a cluster
+// within one GPC) can be resident at once on `device`: cudaOccupancyMaxActiveClusters, once per (kernel, device,
+// size); 0 where none fit. The cluster merges run only where all of a grid's clusters are resident together (a
+// second wave of clusters doubled the time: b 16 s_k 1024 h 16, 8 splits, nvidia-h200 2026-11-24, docs/DECODE.md).
+template <auto Kernel>
+int max_clusters_cached(int device, int splits, int smem, const char* what) {
   static std::array<std::array<std::atomic<int>, ClusterMerge::kMaxSplits + 1>, 64> cached{};  // count + 1; 0 unknown
   if (device < 0 || device >= 64 || splits < 2 || splits > ClusterMerge::kMaxSplits) return 0;
   std::atomic<int>& slot = cached[static_cast<std::size_t>(device)][static_cast<std::size_t>(splits)];
   int v = slot.load(std::memory_order_relaxed);
   if (v == 0) {
-    auto kernel = decode_sm90_seesaw_next_kernel<Src>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SeesawTraits::kSmemBytes),
-               "mqa_decode (sm90): cluster merge");
-    v = max_active_clusters(kernel, static_cast<unsigned>(splits), Traits::kThreads, SeesawTraits::kSmemBytes) + 1;
+    check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
+    v = max_active_clusters(Kernel, static_cast<unsigned>(splits), Traits::kThreads, static_cast<std::size_t>(smem)) + 1;
     slot.store(v, std::memory_order_relaxed);
   }
   return v - 1;
 }
 
-
-// How many clusters of `splits` CTAs of the raw kernel <N, F, Rows> can be resident at once on the current device
-// (one CTA per SM: its shared memory; a cluster within one GPC); 0 where none fit. Once per (device, N, size).
+// The seesaw kernel's (mqa_decode's split merge) and the raw kernel's (sparse_mqa's small-T split).
+template <class Src>
+int seesaw_max_clusters(int device, int splits) {
+  return max_clusters_cached<decode_sm90_seesaw_next_kernel<Src>>(device, splits, SeesawTraits::kSmemBytes,
+                                                                  "mqa_decode (sm90): cluster merge");
+}
 template <int N, CacheFormat F, class Rows>
 int raw_max_clusters(int device, int splits) {
-  static std::array<std::array<std::atomic<int>, ClusterMerge::kMaxSplits + 1>, 64> cached{};  // count + 1; 0 unknown
-  if (device < 0 || device >= 64 || splits < 2 || splits > ClusterMerge::kMaxSplits) return 0;
-  std::atomic<int>& slot = cached[static_cast<std::size_t>(device)][static_cast<std::size_t>(splits)];
-  int v = slot.load(std::memory_order_relaxed);
-  if (v == 0) {
-    auto kernel = decode_sm90_raw_kernel<N, F, Rows>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, RawTraits<N, F>::kSmemBytes),
-               "sparse_mqa (sm90): cluster split");
-    v = max_active_clusters(kernel, static_cast<unsigned>(splits), Traits::kThreads, RawTraits<N, F>::kSmemBytes) + 1;
-    slot.store(v, std::memory_order_relaxed);
-  }
-  return v - 1;
+  return max_clusters_cached<decode_sm90_raw_kernel<N, F, Rows>>(device, splits, RawTraits<N, F>::kSmemBytes,
+                                                                 "sparse_mqa (sm90): cluster split");
 }
 
 // The kernel for p.tile_rows with key source Src over `grid` CTAs (m_tiles x splits x requests).
@@ -246,11 +245,8 @@ void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
   const StageChoice c = stage_choice();
   if constexpr (!Rows::kPaged) {  // mqa_decode's rows never merge in a cluster on this path (launch.cu)
     if (p.cluster_merge) {  // sparse_mqa's small-T split (launch_sparse.cu): the raw kernel only
-      auto kernel = decode_sm90_raw_kernel<N, F, Rows>;
-      check_cuda(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, RawTraits<N, F>::kSmemBytes), what);
-      launch_cluster(kernel, grid, static_cast<unsigned>(p.num_splits), Traits::kThreads, RawTraits<N, F>::kSmemBytes,
-                     stream, what, map, p);
+      launch_one_clustered(decode_sm90_raw_kernel<N, F, Rows>, RawTraits<N, F>::kSmemBytes, grid,
+                           static_cast<unsigned>(p.num_splits), stream, map, p, what);
       return;
     }
   }
