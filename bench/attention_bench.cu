@@ -14,8 +14,9 @@
 //                fp8_ds_mla; or one shape from the command line (--b = T tokens, --h-q, --topk, --format,
 //                --pool = cache rows the indices are drawn from, 0: T*topk rows, each read once); or a named
 //                grid (--grid issue8: issue 8's table with FlashMLA's times, h 16 / 32 x topk 512 / 1024 /
-//                2048, T 1 / 4 / 16 at h 16, bf16 rows, the sparse prefill shapes; --grid v4: DeepSeek-V4's decode shape, d_qk 512
-//                K = V, a 128-row window cache + an extra (compressed) cache of top 512 / 1024 rows at page 64,
+//                2048, T 1 / 4 / 16 / 64 at h 16 / 32, bf16 rows, the sparse prefill shapes; --grid v4:
+//                DeepSeek-V4's decode shape, d_qk 512 K = V, a 128-row window cache + an extra (compressed)
+//                cache of top 512 / 1024 rows at page 64,
 //                a per-head sink, h 16 / 64 / 128, bf16 and fp8). FLOPs = 2*T*h*keys*(d_qk+d_v) with
 //                keys = topk (+ extra_topk); bytes = distinct rows * row_bytes + q + out
 #include <algorithm>

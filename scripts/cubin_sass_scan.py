@@ -3,11 +3,13 @@
 
 This machine has nvcc and ptxas but no cuobjdump or nvdisasm. A cubin is an ELF file whose `.text.<kernel>`
 sections hold the kernels' SASS: 16 bytes per instruction on sm_90, the opcode in the low 12 bits of the first
-64-bit word. This script reads those sections and counts three opcodes, identified in the twenty-third session
+64-bit word. This script reads those sections and counts these opcodes, identified in the twenty-third session
 against ptxas and ncu on the same kernels:
   STL  0x387  local store (a register spill: ptxas's "20 bytes spill stores" were 5 STL there)
   LDL  0x983  local load
-  HGMMA 0xdf0 warpgroup MMA (the raw decode kernel's 36 + 32 per tile, as ncu's source page counts them)
+  HGMMA 0xdf0 and 0x9f0, the two operand forms of the warpgroup MMA (the raw decode kernel's 36 + 32 per tile are
+        0xdf0, as ncu's source page counts them; the small kernel's 68 are 0x9f0; the seesaw has both). QGMMA (fp8
+        operands) is not identified: a kernel on it reads HGMMA 0.
 Offsets (bytes from the kernel's start) of the STL / LDL tell whether a spill sits in a hot loop: compare them
 with the HGMMA offsets (--where).
 
@@ -21,7 +23,7 @@ import re
 import struct
 import sys
 
-OPS = {"STL": 0x387, "LDL": 0x983, "HGMMA": 0xDF0}
+OPS = {"STL": (0x387,), "LDL": (0x983,), "HGMMA": (0xDF0, 0x9F0)}
 
 
 def text_sections(path):
@@ -53,7 +55,7 @@ def main():
         if sub not in name:
             continue
         ops = [struct.unpack_from("<Q", code, i)[0] & 0xFFF for i in range(0, len(code), 16)]
-        at = {k: [16 * i for i, o in enumerate(ops) if o == v] for k, v in OPS.items()}
+        at = {k: [16 * i for i, o in enumerate(ops) if o in v] for k, v in OPS.items()}
         short = re.sub(r"^_ZN3mla4cuda\d+\w+?\d+(?=decode|mqa|sparse)", "", name)[:90]
         print(f"{len(code):8d} {len(ops):6d} {len(at['STL']):4d} {len(at['LDL']):4d} {len(at['HGMMA']):5d}  {short}")
         if where and (at["STL"] or at["LDL"]):
