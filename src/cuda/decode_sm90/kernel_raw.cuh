@@ -41,7 +41,7 @@
 // on the slot's full barrier, the slot's 64-bit key mask by one arrival per warp; consumer warpgroups c = 0, 1 take
 // alternate tiles (tile it in slot it % 4: consumer c uses slots c and c + 2) with their own online softmax
 // (kernel_small.cuh's), release a slot after their last load from it.
-// Epilogue: tile_io.cuh small_epilogue, warpgroup 1's O^T exchanged through ring slot 1 (drained: one unit).
+// Epilogue: tile_io.cuh small_epilogue, both warpgroups' scaled O^T staged in ring slot 1 (drained: one unit).
 //
 // Ping-pong (N 32, RawTraits::kPingPong): O^T of all 512 columns would be 128 registers per thread beside S, so
 // each warpgroup holds half of it (value groups 2c, 2c + 1: blocks 4c .. 4c + 3, 64 registers) and the two take
@@ -330,7 +330,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   int lims[kRows];
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) lims[rr] = sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
-  auto lim_of = [&](int rr) { return kPingPong ? sLim[8 * (rr / 2) + 2 * t4 + rr % 2] : lims[rr]; };
+  // The sparse N 16 kernel reads them there too (with the compact epilogue its registers spilled 20 bytes into the
+  // tile loop otherwise; a sparse row's limit is its length, so only a token's last, partial tile reads them).
+  constexpr bool kLimsShared = kPingPong || (N == 16 && !Rows::kPaged);
+  auto lim_of = [&](int rr) { return kLimsShared ? sLim[8 * (rr / 2) + 2 * t4 + rr % 2] : lims[rr]; };
   // f16 V turns a NaN code into NaN, and NaN * (P = 0) is NaN: a loaded key that some valid row must not see (the
   // causal limits of s_q > 1) would poison that row. Such tiles (`clean` false; the last one or two of a request)
   // first turn NaN codes into 448: rows that see the key are NaN through their score already (S reads the codes
@@ -614,8 +617,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   }
 
-  // ---- epilogue: ping-pong, each warpgroup its own columns; else kernel_small's, warpgroup 1's O^T through ring
-  // slot 1 (consumer 1's, drained) ----
+  // ---- epilogue: ping-pong, each warpgroup its own columns; else kernel_small's, O staged in ring slot 1 (drained)
+  // ----
   auto col_of = [&](int mb, int i) {  // value block mb (the kernel's permuted value rows)
     return 128 * (mb >> 1) + 32 * w + 4 * g8 + 2 * (mb & 1) + ((i >> 1) & 1);
   };
@@ -625,7 +628,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                       [&](int mb, int i) { return col_of(4 * c + mb, i); }, part_o, part_lse);
   } else {
     float* xo = reinterpret_cast<float*>(smem + L::kOffRing + L::kSlotBytes);
-    small_epilogue<N, L::kXRounds>(p, u, o, m_run, l_part, sRed, sML, xo, out_scale, c, wg_bar, col_of, part_o,
+    small_epilogue<N, L::kStageRows>(p, u, o, m_run, l_part, sRed, sML, xo, out_scale, c, wg_bar, col_of, part_o,
                                    part_lse);
   }
   MLA_DECODE_TRACE_EVENT(6, 128);

@@ -11,8 +11,8 @@
 // take alternate KV tiles (stage c) and run independent online softmaxes (their own
 // running max, sum and O^T: 4N fp32 registers) with no per-tile synchronisation between them; the row
 // max of a tile is reduced over its 64 keys = 4 warps through smem (named barrier 2 + c). The epilogue
-// merges the two states (m, l, O) through smem (warpgroup 1's O^T through the exchange buffer X, in one
-// or two rounds) and warpgroup 0 writes the rows.
+// merges the two states (m, l, O) through smem (tile_io.cuh small_epilogue: both warpgroups' scaled O^T staged in
+// X, 8 rows per round, then all 256 threads write the rows).
 //
 // Units (pipeline.cuh Units): with the uniform split-KV schedule the CTA runs one (split, request); with
 // the balanced schedule (p.balanced, core/decode_balance.h) it first finds its window of the cost line
@@ -61,10 +61,9 @@ struct SmallTraits {
   static constexpr int kOffML = kOffRed + 2 * 4 * N * 4;    // [2 wg][m, l][N] fp32
   static constexpr int kOffMask = kOffML + 2 * 2 * N * 4;   // [2] u64
   static constexpr int kOffBar = kOffMask + kStages * 8;    // full[2], empty[2]
-  // Epilogue exchange of warpgroup 1's O^T (fp32), in rounds of kXBlocks of the 8 value blocks.
-  static constexpr int kXRounds = N == 32 ? 2 : 1;
-  static constexpr int kXBlocks = 8 / kXRounds;
-  static constexpr int kXBytes = kXBlocks * (N / 2) * 128 * 4;
+  // Epilogue staging of O (tile_io.cuh small_epilogue): 8 rows of fp32 per round and warpgroup.
+  static constexpr int kStageRows = 8;
+  static constexpr int kXBytes = 2 * kStageRows * ClusterMerge::kRowFloats * 4;
   static constexpr int kEmptyArrivals = 128;                // one warpgroup releases a stage
   static constexpr int kFullBarriers = kStages, kEmptyBarriers = kStages;
   static constexpr bool kSeesaw = false;  // register split key (source.cuh producer_regs)
@@ -239,7 +238,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
 
     MLA_DECODE_TRACE_EVENT(5, 128);
-    small_epilogue<N, L::kXRounds>(p, u, o, m_run, l_part, sRed, sML, xo, code_scale<Src>(p), c, wg_bar,
+    small_epilogue<N, L::kStageRows>(p, u, o, m_run, l_part, sRed, sML, xo, code_scale<Src>(p), c, wg_bar,
                                    [&](int mb, int i) { return 64 * mb + 16 * w + g8 + 8 * ((i >> 1) & 1); });
     MLA_DECODE_TRACE_EVENT(6, 128);
   };

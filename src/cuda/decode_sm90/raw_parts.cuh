@@ -71,14 +71,14 @@ struct RawTraits {
   // slot is shifted).
   static constexpr int kQSlot = kSlots - 1;
   static constexpr int kQRowBytes = kStagedQRowBytes;
-  static constexpr int kXRounds = 1;
-  static constexpr int kXBytes = 8 * (N / 2) * 128 * 4;
+  static constexpr int kStageRows = 8;  // tile_io.cuh small_epilogue: 8 rows per round, both warpgroups' (ring slot 1)
+  static constexpr int kXBytes = 2 * kStageRows * ClusterMerge::kRowFloats * 4;
   static constexpr int kFullArrivals = 128 + 4;  // one cp.async arrival per producer lane + one mask arrival per warp
   static constexpr int kEmptyArrivals = kPingPong ? 256 : 128;  // the consumer threads that read a slot
   static constexpr int kProducerRegs = kPingPong ? 40 : 56;  // ping-pong: the consumers need 232 (O half, S, the other's A operand)
   static_assert(kOffRing % 1024 == 0 && kOffP % 1024 == 0, "swizzled panels are 1024-byte aligned");
   static_assert(kStride % 128 == 32 && kStride >= kRecordBytes, "slot rows");
-  static_assert(kPingPong || kXBytes <= kSlotBytes, "the epilogue exchange fits in ring slot 1");
+  static_assert(kPingPong || kXBytes <= kSlotBytes, "the epilogue staging fits in ring slot 1");
   static_assert(N * kQRowBytes <= kSlotBytes && (kPingPong || kQSlot % 2 == 1), "Q's staging fits in a slot it reads");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };

@@ -242,24 +242,31 @@ __device__ __forceinline__ void warp_row_sums(const float (&l_part)[N / 4], floa
 }
 
 // Epilogue of the small kernels (kernel_small.cuh, kernel_raw.cuh: N query rows as wgmma N, two consumer
-// warpgroups c = 0, 1 with their own online softmax over alternate tiles): each warpgroup's (m, l) per row,
-// then warpgroup 0 merges both states and writes the rows (out bf16 and LSE, or the split partials).
-// Warpgroup 1's O^T goes to warpgroup 0 through xo (fp32, [kXBlocks][N / 2][128 threads]) in kXRounds rounds
-// of 8 / kXRounds value blocks; each round ends with both warpgroups at a barrier, so xo and sML are free after.
-// Warpgroup 0's row scales (its own O^T's and warpgroup 1's) go through its sRed, free after the first round.
+// warpgroups c = 0, 1 with their own online softmax over alternate tiles). Both warpgroups publish their (m, l) per
+// row; every thread then derives its own rows' two scales (e_c / l, the merged state's weights); warpgroup 0 writes
+// the LSE. O goes out through a shared staging area of kStageRows rows x ClusterMerge::kRowFloats fp32 (the cluster
+// partial's layout), kStageRows rows per round: warpgroup 0 stores its scaled O^T, warpgroup 1 adds its own, and
+// then (unless the staging area is the cluster partial itself) all 256 threads copy the round's rows out in 16-byte
+// pieces with one rolled loop (bf16 out, or the split's fp32 workspace rows). This code runs once per unit, at the
+// pace of its first instruction fetches (docs/SPARSE.md "Small-T split": the former per-element stores, compiled
+// for three destinations in every unrolled position, were ~42 KB of SASS at N 16), so it is kept short.
 // o[mb][i]: this thread's O^T accumulator of value block mb (the kernel's D fragment: query row n =
-// 8 (i / 4) + 2 t4 + (i & 1)); col_of(mb, i): the output column it holds (kernel_small: the natural
-// order; kernel_raw: its permuted value rows). out_scale multiplies O / l (exact-code sources). part_o / part_lse
-// (the raw kernel under p.cluster_merge): the rows go into the CTA's shared partial instead (as pingpong_epilogue).
-template <int N, int kXRounds, class ColOf>
+// 8 (i / 4) + 2 t4 + (i & 1)); col_of(mb, i): the output column it holds (kernel_small: the natural order;
+// kernel_raw: its permuted value rows). out_scale multiplies O / l (exact-code sources). xo: the staging area
+// (kStageRows x kRowFloats fp32, free from this call on). part_o / part_lse (the raw kernel under p.cluster_merge):
+// the rows and their LSE go into the CTA's shared partial instead ([N][kRowFloats], [N]; kStageRows == N).
+template <int N, int kStageRows, class ColOf>
 __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const Unit& u, const float (&o)[8][N / 2],
                                                const float (&m_run)[N / 4], const float (&l_part)[N / 4], float* sRed,
                                                float* sML, float* xo, float out_scale, int c, int wg_bar,
                                                ColOf&& col_of, float* part_o = nullptr, float* part_lse = nullptr) {
   using T = Traits;
-  constexpr int kRows = N / 4, kXBlocks = 8 / kXRounds;
+  using M = ClusterMerge;
+  constexpr int kRows = N / 4;
+  static_assert(kStageRows % 8 == 0 && N % kStageRows == 0, "whole 8-row groups of the fragment per round");
   const MqaRowParams& rp = p.rows;
   const int wt = threadIdx.x & 127, w = wt >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
+  const int ct = c * 128 + wt;
   warp_row_sums<N>(l_part, sRed, w, g8, t4, wg_bar);
   if (w == 0 && g8 == 0) {
 #pragma unroll
@@ -269,57 +276,71 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
       sML[(c * 2 + 1) * N + n] = sRed[n] + sRed[N + n] + sRed[2 * N + n] + sRed[3 * N + n];
     }
   }
+  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);  // both warpgroups' (m, l)
+  // The rows' weights of both warpgroups (e_c / l of the merged state) into sSc ([2][N], warpgroup 0's sRed, free
+  // now) and the LSE, by warpgroup 0's lanes g8 == 0 of warp 0; warpgroup 1 reads its weights after the first pass.
+  float* sSc = sRed - c * 4 * N;
+  if (c == 0 && w == 0 && g8 == 0) {
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, row = u.row0 + n;
+      const float m0 = sML[n], l0 = sML[N + n], m1 = sML[2 * N + n], l1 = sML[3 * N + n];
+      const float mm = fmaxf(m0, m1);
+      const float e0 = m0 == -INFINITY ? 0.0f : softmax::exp2_approx(m0 - mm);
+      const float e1 = m1 == -INFINITY ? 0.0f : softmax::exp2_approx(m1 - mm);
+      const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : out_scale / l;  // NaN l stays NaN (§14.6a)
+      sSc[n] = e0 * inv;
+      sSc[N + n] = e1 * inv;
+      if (row < u.m_rows) {
+        if (part_lse != nullptr) part_lse[n] = row_lse(mm, l);
+        else store_row_lse(p, u, row, row_lse(mm, l));
+      }
+    }
+  }
+  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);  // the weights
   const bool split = u.ws_slot >= 0;
-  float* sSc = sRed;  // [2][N], c == 0
+  constexpr int kHalf = kStageRows * M::kRowFloats;  // one warpgroup's rows of a round in xo
 #pragma unroll
-  for (int r = 0; r < kXRounds; ++r) {
-    if (c == 1) {
+  for (int k = 0; k < N / kStageRows; ++k) {
+    // Each warpgroup stores its scaled O^T of round k's rows into its half of xo (no read-modify-write: with one,
+    // ptxas spilled in the raw N 16 kernel).
+    float* mine = xo + c * kHalf;
 #pragma unroll
-      for (int mb = 0; mb < kXBlocks; ++mb)
+    for (int i = 0; i < N / 2; ++i) {
+      if ((i / 4) / (kStageRows / 8) != k) continue;  // the fragment's rows 8 (i / 4) .. + 7: round k's only
+      const int n = 8 * (i / 4) + 2 * t4 + (i & 1);
+      const float f = sSc[c * N + n];
+      float* dst = mine + (n - k * kStageRows) * M::kRowFloats;
 #pragma unroll
-        for (int i = 0; i < N / 2; ++i) xo[(mb * (N / 2) + i) * 128 + wt] = o[r * kXBlocks + mb][i];
+      for (int mb = 0; mb < 8; ++mb) dst[col_of(mb, i)] = o[mb][i] * f;
     }
     ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-    if (c == 0) {
-      if (r == 0) {
-        if (w == 0 && g8 == 0) {
-#pragma unroll
-          for (int rr = 0; rr < kRows; ++rr) {
-            const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, row = u.row0 + n;
-            const float m0 = sML[n], l0 = sML[N + n], m1 = sML[2 * N + n], l1 = sML[3 * N + n];
-            const float mm = fmaxf(m0, m1);
-            const float e0 = m0 == -INFINITY ? 0.0f : softmax::exp2_approx(m0 - mm);
-            const float e1 = m1 == -INFINITY ? 0.0f : softmax::exp2_approx(m1 - mm);
-            const float l = l0 * e0 + l1 * e1, inv = l == 0.0f ? 0.0f : out_scale / l;  // NaN l stays NaN (§14.6a)
-            sSc[n] = e0 * inv;
-            sSc[N + n] = e1 * inv;
-            if (row < u.m_rows) {
-              if (part_lse != nullptr) part_lse[n] = row_lse(mm, l);
-              else store_row_lse(p, u, row, row_lse(mm, l));
-            }
-          }
-        }
-        ptx::named_barrier_sync(wg_bar, 128);
-      }
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) {
-        const int n = 8 * (i / 4) + 2 * t4 + (i & 1), row = u.row0 + n;
-        if (row >= u.m_rows) continue;
-        // Element offset of the row in ws_o (fp32 partials) or out (bf16).
-        const int64_t dst = split ? (u.ws_slot * static_cast<int64_t>(u.m_rows) + row) * T::kDv
-                                  : u.g * rp.out_stride_g + (row / rp.h_q) * rp.out_stride_i +
-                                        (row % rp.h_q) * rp.out_stride_h;
-#pragma unroll
-        for (int mb = 0; mb < kXBlocks; ++mb) {
-          const int col = col_of(r * kXBlocks + mb, i);
-          const float v = o[r * kXBlocks + mb][i] * sSc[n] + xo[(mb * (N / 2) + i) * 128 + wt] * sSc[N + n];
-          if (part_o != nullptr) part_o[n * ClusterMerge::kRowFloats + col] = v;
-          else if (split) p.ws_o[dst + col] = v;
-          else static_cast<uint16_t*>(rp.out)[dst + col] = dev::float_to_bf16(v);
+#pragma unroll 1
+    for (int e = ct; e < kStageRows * (T::kDv / 4); e += T::kConsumerThreads) {  // (row of the round, 4 columns)
+      const int rr = e / (T::kDv / 4), col = 4 * (e % (T::kDv / 4)), n = k * kStageRows + rr, row = u.row0 + n;
+      if (row >= u.m_rows) continue;
+      const float4 a = *reinterpret_cast<const float4*>(xo + rr * M::kRowFloats + col);
+      const float4 b = *reinterpret_cast<const float4*>(xo + kHalf + rr * M::kRowFloats + col);
+      const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+      if (part_o != nullptr) {  // the cluster partial (cluster_merge.cuh takes it from here)
+        *reinterpret_cast<float4*>(part_o + n * M::kRowFloats + col) = v;
+      } else if (split) {
+        *reinterpret_cast<float4*>(p.ws_o + (u.ws_slot * static_cast<int64_t>(u.m_rows) + row) * T::kDv + col) = v;
+      } else {
+        uint16_t* dst = static_cast<uint16_t*>(rp.out) + u.g * rp.out_stride_g + (row / rp.h_q) * rp.out_stride_i +
+                        (row % rp.h_q) * rp.out_stride_h + col;  // bf16 out (supports() admits no other)
+        if (p.out_pairs) {
+          reinterpret_cast<uint32_t*>(dst)[0] = ptx::pack_bf16x2(v.x, v.y);
+          reinterpret_cast<uint32_t*>(dst)[1] = ptx::pack_bf16x2(v.z, v.w);
+        } else {
+          dst[0] = dev::float_to_bf16(v.x);
+          dst[1] = dev::float_to_bf16(v.y);
+          dst[2] = dev::float_to_bf16(v.z);
+          dst[3] = dev::float_to_bf16(v.w);
         }
       }
     }
-    ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+    if (k + 1 < N / kStageRows) ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);  // xo is free
   }
 }
 
