@@ -140,10 +140,26 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
   uint64_t* empty = reinterpret_cast<uint64_t*>(smem + L::kOffBar) + L::kFullBarriers + s * L::kGroups;
   uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask) + s;
   uint8_t* dst = smem + L::kOffK + s * T::kTileBytes;
+  // kFetchAhead (GroupRows): this lane's index entry of the stage's next tile is loaded while the current one is
+  // produced, so its latency (an L2 hit: the line was prefetched) is not paid between a release and the refill
+  // (ncu of the sparse prefill: the use of a just-loaded index was the producer's first stall site).
+  constexpr bool kAhead = IndexAheadSource<Src>;
+  [[maybe_unused]] int32_t ahead = 0;
+  if constexpr (kAhead)
+    if (s < u.n_tiles) ahead = Src::Tile::fetch(p, u, u.key_begin + s * T::kBlockN, part, lane);
   for (int t = s; t < u.n_tiles; t += 2) {
     const uint32_t parity = (t / 2) & 1;
     const int k0 = u.key_begin + t * T::kBlockN;
-    const typename Src::Tile tl(p, u, k0, part, lane);
+    auto make_tile = [&] {
+      if constexpr (kAhead) {
+        const int32_t idx = ahead;
+        ahead = Src::Tile::fetch(p, u, k0 + 2 * T::kBlockN, part, lane);  // past the unit: kNoRow, nothing read
+        return typename Src::Tile(p, u, k0, part, lane, idx);
+      } else {
+        return typename Src::Tile(p, u, k0, part, lane);
+      }
+    };
+    const typename Src::Tile tl = make_tile();
     tl.preload(p, 8);  // register-path sources: panel 8's loads before the wait (source.cuh)
     // Group 0: the rope panel (and the key mask, read by the owner after this panel's barrier).
     wait_empty<Src>(&empty[0], parity ^ 1);

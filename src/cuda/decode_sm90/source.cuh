@@ -374,20 +374,35 @@ struct GatherKeys {
     mutable uint4 pre[4];     // code panels: the codes of the preloaded panel (preload)
     mutable float pre_scale;  // and its tile scale
 
+    // This lane's key of the tile at k0: its index entry (bf16; fetched a tile ahead by the seesaw's producer,
+    // so that the load's latency is not paid between a release and the refill: the constructor below).
+    __device__ static int32_t fetch(const DecodeSm90Params& p, const Unit& u, int k0, int part, int lane) {
+      return Rows::fetch(p, u, k0 + 32 * part + lane);
+    }
     __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_) : part(part_), lane(lane_) {
-      const int key = k0 + 32 * part + lane;
       if constexpr (F == CacheFormat::bf16) {
-        if (lane == 0) prefetch_index_line(p.gather, u, k0 + kIndexAhead * Traits::kBlockN + 32 * part);
-        const int64_t o = row_offset_or_none<Rows>(p, u, key);
-        mask32 = __ballot_sync(0xffffffffu, o >= 0);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) off[i] = __shfl_sync(0xffffffffu, o, (lane >> 2) + 8 * i);
+        init_bf16(p, u, k0, fetch(p, u, k0, part, lane));
       } else {
+        const int key = k0 + 32 * part + lane;
         int64_t o = 0;
         mask32 = __ballot_sync(0xffffffffu, Rows::row_offset(p, u, key, o));
         off[0] = o;
         prefetch_row<F, Rows>(p, u, key + 2 * Traits::kBlockN);
       }
+    }
+    // bf16, the index entry given (fetch above, issued earlier).
+    __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_, int32_t idx)
+        : part(part_), lane(lane_) {
+      static_assert(F == CacheFormat::bf16, "index ahead: bf16 rows");
+      init_bf16(p, u, k0, idx);
+    }
+    __device__ void init_bf16(const DecodeSm90Params& p, const Unit& u, int k0, int32_t idx) {
+      if (lane == 0) prefetch_index_line(p.gather, u, k0 + kIndexAhead * Traits::kBlockN + 32 * part);
+      int64_t o = -1;
+      if (!Rows::locate(p, k0 + 32 * part + lane, idx, o)) o = -1;
+      mask32 = __ballot_sync(0xffffffffu, o >= 0);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) off[i] = __shfl_sync(0xffffffffu, o, (lane >> 2) + 8 * i);
     }
     __device__ void begin(uint64_t* mask_slot, uint64_t* bar) const {
       if (lane == 0) {
@@ -397,18 +412,33 @@ struct GatherKeys {
     }
     __device__ void announce(const DecodeSm90Params&, uint64_t*, int) const {}
 
-    // bf16: cp.async of the chunks 2q, 2q + 1 of this lane's four rows of the panel at dp, from the row
-    // bytes at src_off (+ 32 q); zero-filled for rows not loaded.
+    // bf16: cp.async of the chunks 2q, 2q + 1 of this lane's four rows of kPanels consecutive panels from the one
+    // at dp, from the row bytes at src_off (+ 32 q); zero-filled for rows not loaded (nothing read). The rows
+    // k + 8i of a part are all k mod 8, so a chunk's swizzled place is the same in each (row base + (chunk ^ k) x
+    // 16): one shared address per chunk and one source pointer per row, every copy of the panels at a
+    // compile-time offset from them (8 cp.async and no address arithmetic per panel; the loop with both
+    // addresses recomputed per copy and a run-time src-size ran 86 instructions per 8 copies: ncu, docs/SPARSE.md).
+    template <int kPanels = 1>
     __device__ void copy_rows(const uint8_t* cache, uint8_t* dp, int src_off) const {
       const int k = lane >> 2, q = lane & 3;
+      const uint32_t row = ptx::smem_addr(dp) + static_cast<uint32_t>((32 * part + k) * 128);
+      const uint32_t d[2] = {row + static_cast<uint32_t>(((2 * q) ^ k) << 4),
+                             row + static_cast<uint32_t>(((2 * q + 1) ^ k) << 4)};
+      const uint8_t* src[4];
+      bool zero[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const bool ok = off[i] >= 0;
-        const uint8_t* src = ok ? cache + off[i] + src_off + 32 * q : cache;
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-          ptx::cp_async_16_zfill(dp + swz(32 * part + k + 8 * i, 2 * q + j), src + (ok ? 16 * j : 0), ok ? 16u : 0u);
+        zero[i] = off[i] < 0;
+        src[i] = cache + (zero[i] ? 0 : off[i] + src_off + 32 * q);
       }
+#pragma unroll
+      for (int c = 0; c < kPanels; ++c)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            ptx::cp_async_16_or_zero(d[j] + static_cast<uint32_t>(c * Traits::kPanelBytes + i * 1024),
+                                     src[i] + c * 128 + 16 * j, zero[i]);
     }
 
     // The register loads of code panel c, issued ahead (kPreload: fp8, exact codes; the fp8_ds_mla seesaw

@@ -49,6 +49,9 @@ namespace mla::cuda::decode_sm90 {
 // A source whose seesaw producer works per release group (produce_seesaw calls Tile::group<N>).
 template <class S>
 concept GroupwiseSource = requires { requires S::kGroupwise; };
+// Sources whose tile takes its index entry loaded ahead (GroupRows: Src::Tile::fetch and a Tile(..., idx)).
+template <class S>
+concept IndexAheadSource = requires { requires S::kFetchAhead; };
 
 template <CacheFormat F, class Rows = IndexedRows>
 struct InplaceKeys : GatherKeys<F, Rows> {
@@ -147,19 +150,25 @@ template <class Rows = IndexedRows>
 struct GroupRows : GatherKeys<CacheFormat::bf16, Rows> {
   using Base = GatherKeys<CacheFormat::bf16, Rows>;
   static constexpr bool kGroupwise = true;  // produce_seesaw: one group() per release group
+  static constexpr bool kFetchAhead = true;  // produce_seesaw: the stage's next tile's index entry loaded ahead
 
   struct Tile : Base::Tile {
     using BT = typename Base::Tile;
-    __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_) : BT(p, u, k0, part_, lane_) {}
+    __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_, int32_t idx)
+        : BT(p, u, k0, part_, lane_, idx) {}
     // Release group `first` .. first + N - 1 into the tile at dst (kGroupFull: one arrival on full[first]).
     template <int N, bool kGroupFull = false>
     __device__ void group(const DecodeSm90Params& p, uint8_t* dst, uint64_t* full, int first) const {
+      if constexpr (kGroupFull) {  // the group's panels at once (one source pointer per row for all of them)
+        this->template copy_rows<N>(p.gather.cache, dst + first * Traits::kPanelBytes, first * 128);
+        ptx::cp_async_arrive_mbarrier(&full[first]);
+      } else {
 #pragma unroll 1
-      for (int k = 0; k < N; ++k) {
-        this->copy_rows(p.gather.cache, dst + (first + k) * Traits::kPanelBytes, (first + k) * 128);
-        if constexpr (!kGroupFull) ptx::cp_async_arrive_mbarrier(&full[first + k]);
+        for (int k = 0; k < N; ++k) {
+          this->copy_rows(p.gather.cache, dst + (first + k) * Traits::kPanelBytes, (first + k) * 128);
+          ptx::cp_async_arrive_mbarrier(&full[first + k]);
+        }
       }
-      if constexpr (kGroupFull) ptx::cp_async_arrive_mbarrier(&full[first]);
     }
   };
 };

@@ -32,6 +32,13 @@ __device__ __forceinline__ void cp_async_16_or_zero(void* smem, const void* gmem
                "l"(gmem), "r"(static_cast<int>(zero))
                : "memory");
 }
+// The same with the shared-memory destination as its 32-bit shared address (smem_addr): call sites that add
+// compile-time offsets to one address per lane, so that ptxas folds them into the instruction (LDGSTS [R + imm]).
+__device__ __forceinline__ void cp_async_16_or_zero(uint32_t smem, const void* gmem, bool zero) {
+  asm volatile("{\n.reg .pred z;\nsetp.ne.b32 z, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, z;\n}\n" ::"r"(smem),
+               "l"(gmem), "r"(static_cast<int>(zero))
+               : "memory");
+}
 // 4-byte copy through L1 (.ca: the only cache mode for sizes below 16). Preconditions: both addresses
 // 4-byte aligned. Same completion rules as cp_async_16 (e.g. scattered fp32 scales beside 16-byte rows).
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
