@@ -2,7 +2,7 @@
 // ldmatrix.cuh, mma_sync.cuh): one warp copies A (16 x 16, row-major) and B (16 x 8 stored [k][n]) to
 // shared memory with cp.async, loads fragments with ldmatrix / ldmatrix.trans, multiplies with mma.sync
 // over two k-halves of a 16 x 32 problem, and the result is compared with a float64 CPU product.
-// Also checks pack_bf16x2's half order, cp_async_arrive_mbarrier and cp_async_16_or_zero.
+// Also checks pack_bf16x2's half order, cp_async_arrive_mbarrier and cp_async_16_or_zero (and its _pf256 form).
 // SASS: LDGSTS, LDSM, HMMA.
 #include <vector>
 
@@ -101,32 +101,45 @@ TEST(PtxSm80, CpAsync4CopiesScatteredWords) {
   for (int l = 0; l < 32; ++l) EXPECT_EQ(got[l], src[3 * (31 - l) + 1]) << "lane " << l;
 }
 
-// cp_async_16_or_zero: lane l copies 16 bytes of row l / 2 when its row is odd, zeros otherwise, over shared
-// memory first filled with 0xff bytes; every byte is checked.
+// cp_async_16_or_zero (kPf256: cp_async_16_or_zero_pf256, the shared address given): lane l copies 16 bytes of
+// row l / 2 when its row is odd, zeros otherwise, over shared memory first filled with 0xff bytes; every byte is
+// checked.
+template <bool kPf256>
 __global__ void cp_async_or_zero_kernel(const uint4* src, uint4* dst) {
   __shared__ uint4 s[32];
   const int lane = threadIdx.x;
   s[lane] = make_uint4(~0u, ~0u, ~0u, ~0u);
   __syncwarp();
-  cp_async_16_or_zero(&s[lane], src + lane, (lane / 2) % 2 == 0);
+  if constexpr (kPf256) cp_async_16_or_zero_pf256(smem_addr(&s[lane]), src + lane, (lane / 2) % 2 == 0);
+  else cp_async_16_or_zero(&s[lane], src + lane, (lane / 2) % 2 == 0);
   cp_async_commit();
   cp_async_wait<0>();
   __syncwarp();
   dst[lane] = s[lane];
 }
 
-TEST(PtxSm80, CpAsyncOrZeroCopiesOrZeroFills) {
-  MLA_SKIP_WITHOUT_GPU();
+template <bool kPf256>
+void check_cp_async_or_zero() {
   std::vector<uint32_t> src(128);
   for (int i = 0; i < 128; ++i) src[i] = 0x01020304u * static_cast<uint32_t>(i + 1);
   test::DevBuf<uint32_t> ds(src), dd(128);
-  cp_async_or_zero_kernel<<<1, 32>>>(reinterpret_cast<const uint4*>(ds.p), reinterpret_cast<uint4*>(dd.p));
+  cp_async_or_zero_kernel<kPf256><<<1, 32>>>(reinterpret_cast<const uint4*>(ds.p), reinterpret_cast<uint4*>(dd.p));
   MLA_CUDA_OK(cudaDeviceSynchronize());
   const std::vector<uint32_t> got = dd.download();
   for (int i = 0; i < 128; ++i) {
     const int lane = i / 4;
     EXPECT_EQ(got[i], (lane / 2) % 2 == 0 ? 0u : src[i]) << "word " << i;
   }
+}
+
+TEST(PtxSm80, CpAsyncOrZeroCopiesOrZeroFills) {
+  MLA_SKIP_WITHOUT_GPU();
+  check_cp_async_or_zero<false>();
+}
+
+TEST(PtxSm80, CpAsyncOrZeroPrefetch256CopiesOrZeroFills) {
+  MLA_SKIP_WITHOUT_GPU();
+  check_cp_async_or_zero<true>();
 }
 
 }  // namespace

@@ -417,7 +417,8 @@ struct GatherKeys {
     // k + 8i of a part are all k mod 8, so a chunk's swizzled place is the same in each (row base + (chunk ^ k) x
     // 16): one shared address per chunk and one source pointer per row, every copy of the panels at a
     // compile-time offset from them (8 cp.async and no address arithmetic per panel; the loop with both
-    // addresses recomputed per copy and a run-time src-size ran 86 instructions per 8 copies: ncu, docs/SPARSE.md).
+    // addresses recomputed per copy and a run-time src-size ran 86 instructions per 8 copies: ncu, docs/SPARSE.md),
+    // each with the L2 256-byte prefetch hint (the row's next line comes with the first).
     template <int kPanels = 1>
     __device__ void copy_rows(const uint8_t* cache, uint8_t* dp, int src_off) const {
       const int k = lane >> 2, q = lane & 3;
@@ -437,8 +438,8 @@ struct GatherKeys {
         for (int i = 0; i < 4; ++i)
 #pragma unroll
           for (int j = 0; j < 2; ++j)
-            ptx::cp_async_16_or_zero(d[j] + static_cast<uint32_t>(c * Traits::kPanelBytes + i * 1024),
-                                     src[i] + c * 128 + 16 * j, zero[i]);
+            ptx::cp_async_16_or_zero_pf256(d[j] + static_cast<uint32_t>(c * Traits::kPanelBytes + i * 1024),
+                                           src[i] + c * 128 + 16 * j, zero[i]);
     }
 
     // The register loads of code panel c, issued ahead (kPreload: fp8, exact codes; the fp8_ds_mla seesaw
