@@ -66,11 +66,13 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   for (int c = 0; c < kTraceCtas; ++c)
     if (st[c * kTraceEvents] != 0) t0 = std::min(t0, st[c * kTraceEvents]);
   if (t0 == ~uint64_t{0}) return;
-  static const char* names[kTraceEvents] = {"entry",      "prod start", "prod done",  "Q loaded",
-                                            "first full", "last prod",  "epilogue",   "exit",
-                                            "merge bar1", "merge loop", "merge bar2", "units"};
+  using cuda::decode_sm90::kTracePairBase;
+  using cuda::decode_sm90::kTracePairSteps;
+  static const char* names[kTracePairBase] = {"entry",      "prod start", "prod done",  "Q loaded",
+                                              "first full", "last prod",  "epilogue",   "exit",
+                                              "merge bar1", "merge loop", "merge bar2", "units"};
   std::printf("    trace (%s), us after the first CTA's entry over the CTAs that stamped it:\n", what);
-  for (int e = 0; e < kTraceEvents; ++e) {
+  for (int e = 0; e < kTracePairBase; ++e) {
     if (e == kUnits) continue;
     std::vector<double> v;
     for (int c = 0; c < kTraceCtas; ++c)
@@ -93,6 +95,28 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
     }
     if (n) std::printf("      units %d: %4d CTAs, exit mean %8.2f max %8.2f\n", k, n, sum / n, mx);
   }
+  // The seesaw next schedule's pair steps (trace.cuh: SM cycles of pair kTracePair, relative to consumer 0's
+  // step 0 of the same CTA).
+  static const char* steps[2][kTracePairSteps] = {
+      {"start", "rope landed", "P1+remote", "rope+remote", "S done", "m0 pub", "P0, O*a0", "local PV", "m1 read", "end"},
+      {"start", "S, max", "m1 pub", "P1 stored", "P0 synced", "local PV", "remote PV", "", "", ""}};
+  bool any = false;
+  for (int c = 0; c < kTraceCtas && !any; ++c) any = st[c * kTraceEvents + kTracePairBase] != 0;
+  if (!any) return;
+  std::printf("      pair %d (seesaw), SM cycles after consumer 0's start, over the CTAs that stamped it:\n",
+              cuda::decode_sm90::kTracePair);
+  for (int cons = 0; cons < 2; ++cons)
+    for (int k = 0; k < kTracePairSteps; ++k) {
+      std::vector<double> v;
+      for (int c = 0; c < kTraceCtas; ++c) {
+        const uint64_t t0c = st[c * kTraceEvents + kTracePairBase], t = st[c * kTraceEvents + kTracePairBase + kTracePairSteps * cons + k];
+        if (t0c != 0 && t != 0) v.push_back(static_cast<double>(static_cast<int64_t>(t - t0c)));
+      }
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      std::printf("      C%d %-12s n %4zu  p10 %8.0f  med %8.0f  p90 %8.0f\n", cons, steps[cons][k], v.size(), v[v.size() / 10],
+                  v[v.size() / 2], v[v.size() * 9 / 10]);
+    }
 }
 
 void trace_decode_calls(BenchContext& ctx, const std::function<void()>& call) {

@@ -558,12 +558,14 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
     const int r_lo = this->r_lo, r_hi = this->r_hi;
     const int k0 = this->u.key_begin + (2 * j + C) * T::kBlockN;
     const uint32_t par = j & 1;
+    MLA_DECODE_TRACE_PAIR(C, 0, j);
     if constexpr (C == 0) {
       if constexpr (kNext) {
         // The rope A fragments stay in registers (qr: ptxas fits them at 232, 0 spills): the rope product
         // is not retired on its own; it runs while this consumer waits for consumer 1's P1 and remote
         // product (no accumulator is touched by anything but wgmma while the groups are open).
         this->tile_mask(par);
+        MLA_DECODE_TRACE_PAIR(C, 1, j);  // rope panel (and mask) landed
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
         ptx::wgmma_fence_operand(s);
@@ -572,9 +574,11 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
           ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
           ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
         }
+        MLA_DECODE_TRACE_PAIR(C, 2, j);  // consumer 1's P1 stored and its remote product issued
         this->issue_remote_pv(par ^ 1, j > 0);
         this->template issue_s<false, true, false>(s, qr, par);
         ptx::wgmma_wait_group<1>();  // the rope and remote products retired
+        MLA_DECODE_TRACE_PAIR(C, 3, j);
       } else {
         // The rope product first and retired (its A registers must not be live while O is in flight:
         // ptxas spills), then the previous pair's remote P1 V1L behind it, then the own and other V halves.
@@ -601,6 +605,7 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
       if (j > 0) this->release(1, 2);  // stage 1's other V half read
       this->template issue_s<false, false, true>(s, qr, par);
       ptx::wgmma_wait_group<0>();
+      MLA_DECODE_TRACE_PAIR(C, 4, j);  // S complete
       ptx::wgmma_fence_operand(s);
       ptx::wgmma_fence_operand(this->o);
       if constexpr (kNext) {
@@ -613,27 +618,34 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
       this->release(0, 0);  // rope panel read
       float n_lo, n_hi, a0_lo, a0_hi;  // m0, a0
       this->publish_m0(mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi);
+      MLA_DECODE_TRACE_PAIR(C, 5, j);  // masked, row max, m0 published
       this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
       this->scale_o(a0_lo, a0_hi);
+      MLA_DECODE_TRACE_PAIR(C, 6, j);  // P0 and O_L a0
       this->local_pv(pa);
       this->retire();
+      MLA_DECODE_TRACE_PAIR(C, 7, j);  // local P V retired
       this->release(0, 1);  // own V half of stage 0 read
       // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product.
       float m1_lo, m1_hi, a1_lo, a1_hi;
       this->read_m1(n_lo, n_hi, m1_lo, m1_hi, a1_lo, a1_hi);
+      MLA_DECODE_TRACE_PAIR(C, 8, j);  // m1 read
       store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
       this->scale_o(a1_lo, a1_hi);
       this->advance(a0_lo, a0_hi, sum_lo, sum_hi, a1_lo, a1_hi, m1_lo, m1_hi);
+      MLA_DECODE_TRACE_PAIR(C, 9, j);
       // kHas1: the remote product P1 V1L is issued by the next pair (or by run() after the last).
     } else {
       if constexpr (kHas1) {
         if constexpr (kNext) this->s_product(s, qr, j, mx_lo, mx_hi);
         else this->s_product(s, j, mx_lo, mx_hi);
       }
+      MLA_DECODE_TRACE_PAIR(C, 1, j);  // S complete, masked, row max
       float n_lo, n_hi, a_lo, a_hi;  // m1, a0 a1
       this->publish_m1(mx_lo, mx_hi, n_lo, n_hi, a_lo, a_hi);
+      MLA_DECODE_TRACE_PAIR(C, 2, j);  // m0 read, m1 published, O_R a0 a1
       if constexpr (kHas1) {
         this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
         this->local_pv(pa);
@@ -641,15 +653,19 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
         ptx::fence_proxy_async_smem();
         ptx::named_barrier_arrive(L::kBarP1, T::kConsumerThreads);
       }
+      MLA_DECODE_TRACE_PAIR(C, 3, j);  // P1, local P V issued, P1 stored
       this->advance(a_lo, a_hi, sum_lo, sum_hi, 1.0f, 1.0f, n_lo, n_hi);
       ptx::named_barrier_sync(L::kBarP0, T::kConsumerThreads);
+      MLA_DECODE_TRACE_PAIR(C, 4, j);  // consumer 0's a1 P0 stored
       this->issue_remote_pv(par);
       if constexpr (kHas1) {
         ptx::named_barrier_arrive(L::kBarRemote, T::kConsumerThreads);  // consumer 0 issues its remote product now
         ptx::wgmma_wait_group<1>();
+        MLA_DECODE_TRACE_PAIR(C, 5, j);  // local P V retired
         this->release(1, 1);  // own V half of stage 1 read (local product retired)
       }
       this->retire();
+      MLA_DECODE_TRACE_PAIR(C, 6, j);  // remote P V retired
       this->release(0, 2);  // stage 0's other V half read
     }
   }

@@ -9,11 +9,15 @@
 //   5 last products done (thread 128)    6 epilogue written (thread 128)    7 kernel exit (thread 128)
 //   8 / 9 / 10 cluster merge: first cluster barrier passed, merge loop done, second barrier passed (thread 128)
 //   11 not a time: the units (segments) the CTA ran (small kernel)
+//   12 + 10 c + k: the seesaw next schedule's steps k of consumer c in its pair kTracePair (thread 128 + 128 c), SM
+//      clock cycles (clock64: both consumers run on one SM, so their stamps compare), not ns; the steps are named
+//      by kTracePairSteps (bench/attention_bench.cu prints them relative to consumer 0's step 0).
 #include <cstdint>
 
 namespace mla::cuda::decode_sm90 {
 
-inline constexpr int kTraceCtas = 1024, kTraceEvents = 12;
+inline constexpr int kTraceCtas = 1024, kTracePairBase = 12, kTracePairSteps = 10, kTracePair = 6;
+inline constexpr int kTraceEvents = kTracePairBase + 2 * kTracePairSteps;
 
 #if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
 }  // namespace mla::cuda::decode_sm90
@@ -32,8 +36,14 @@ __device__ __forceinline__ void trace_event(int ev, unsigned thread, bool once =
 __device__ __forceinline__ void trace_value(int ev, unsigned thread, unsigned long long v) {
   if (threadIdx.x == thread && blockIdx.x < kTraceCtas) g_trace[blockIdx.x][ev] = v;
 }
+// Step k of consumer c's pair j, stamped when j is kTracePair.
+__device__ __forceinline__ void trace_pair(int c, int k, int j) {
+  if (j != kTracePair || threadIdx.x != 128u + 128u * static_cast<unsigned>(c) || blockIdx.x >= kTraceCtas) return;
+  g_trace[blockIdx.x][kTracePairBase + kTracePairSteps * c + k] = static_cast<unsigned long long>(clock64());
+}
 #define MLA_DECODE_TRACE_EVENT(...) ::mla::cuda::decode_sm90::trace_event(__VA_ARGS__)
 #define MLA_DECODE_TRACE_VALUE(...) ::mla::cuda::decode_sm90::trace_value(__VA_ARGS__)
+#define MLA_DECODE_TRACE_PAIR(...) ::mla::cuda::decode_sm90::trace_pair(__VA_ARGS__)
 
 // Host: each .cu that launches traced kernels has its own g_trace (no relocatable device code). This one's stamps go
 // into out where out holds 0 (a call's kernels stamp one unit's array), then are zeroed. false when a copy failed.
@@ -53,6 +63,7 @@ bool trace_take_sparse(uint64_t* out);
 #else
 #define MLA_DECODE_TRACE_EVENT(...) ((void)0)
 #define MLA_DECODE_TRACE_VALUE(...) ((void)0)
+#define MLA_DECODE_TRACE_PAIR(...) ((void)0)
 #endif
 
 // The stamps of the CTAs of the last traced launch (mqa_decode's or sparse_mqa's), [kTraceCtas][kTraceEvents] ns
