@@ -255,11 +255,17 @@ struct PagedRows {
     return locate(p, j, fetch(p, u, j), o);
   }
 };
-// The same as one value: the row's byte offset, -1 when the key is not valid.
+// The same as one value: key j's row byte offset from its entry idx (fetched earlier: GroupRows' index ahead), -1
+// when the key is not valid.
+template <class Rows>
+__device__ __forceinline__ int64_t row_offset_or_none(const DecodeSm90Params& p, int j, int32_t idx) {
+  int64_t o = -1;
+  return Rows::locate(p, j, idx, o) ? o : -1;
+}
+// The same with key j's entry fetched here (Rows::fetch).
 template <class Rows>
 __device__ __forceinline__ int64_t row_offset_or_none(const DecodeSm90Params& p, const Unit& u, int j) {
-  int64_t o = -1;
-  return Rows::row_offset(p, u, j, o) ? o : -1;
+  return row_offset_or_none<Rows>(p, j, Rows::fetch(p, u, j));
 }
 
 // The kBytes-byte record at rec (16-byte aligned) into L2: one prefetch.global.L2 per cache line it
@@ -398,8 +404,7 @@ struct GatherKeys {
     }
     __device__ void init_bf16(const DecodeSm90Params& p, const Unit& u, int k0, int32_t idx) {
       if (lane == 0) prefetch_index_line(p.gather, u, k0 + kIndexAhead * Traits::kBlockN + 32 * part);
-      int64_t o = -1;
-      if (!Rows::locate(p, k0 + 32 * part + lane, idx, o)) o = -1;
+      const int64_t o = row_offset_or_none<Rows>(p, k0 + 32 * part + lane, idx);
       mask32 = __ballot_sync(0xffffffffu, o >= 0);
 #pragma unroll
       for (int i = 0; i < 4; ++i) off[i] = __shfl_sync(0xffffffffu, o, (lane >> 2) + 8 * i);
