@@ -317,7 +317,7 @@ __device__ __forceinline__ void copy_warp_rows(const uint8_t* cache, uint8_t* dp
     const int row = kRowsPer * q + jr;
     const int64_t o = __shfl_sync(0xffffffffu, off, row);
     const bool ok = o >= 0;
-    ptx::cp_async_16_zfill(dp + swz(r0 + row, first_chunk + c), ok ? cache + o + 16 * c : cache, ok ? 16u : 0u);
+    ptx::cp_async_16_or_zero(dp + swz(r0 + row, first_chunk + c), ok ? cache + o + 16 * c : cache, !ok);
   }
 }
 

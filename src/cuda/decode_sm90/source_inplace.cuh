@@ -95,13 +95,14 @@ struct InplaceKeys : GatherKeys<F, Rows> {
       // Each lane copies its own row: 16 cp.async per V half back to back. copy_warp_rows (four lanes per row,
       // one shuffle per row group and panel) measured 13-14% slower here (h 64, nvidia-h200, 2026-11-24): the
       // shuffles sit on this 40-register producer's critical path, where CrossKeys copies one panel.
+      // The zero-fill by the ignore-src predicate (cp_async_16_or_zero): a run-time src-size costs ~5 instructions per
+      // copy (ptx/cp_async.cuh).
       const uint8_t* gs = src + 64 * first;
-      const uint32_t bytes = ok ? 16u : 0u;
 #pragma unroll 1
       for (int k = 0; k < N; ++k) {
         uint8_t* dp = dst + (first + k) * Traits::kPanelBytes;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) ptx::cp_async_16_zfill(dp + swz(r, 4 + i), gs + 64 * k + 16 * i, bytes);
+        for (int i = 0; i < 4; ++i) ptx::cp_async_16_or_zero(dp + swz(r, 4 + i), gs + 64 * k + 16 * i, !ok);
       }
       ptx::cp_async_commit();
       // fp8_ds_mla: the scales of the group's panels (2j, 2j + 1 share scale j; first is 0 or 4: a V half),
