@@ -117,6 +117,23 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
       std::printf("      C%d %-12s n %4zu  p10 %8.0f  med %8.0f  p90 %8.0f\n", cons, steps[cons][k], v.size(), v[v.size() / 10],
                   v[v.size() / 2], v[v.size() * 9 / 10]);
     }
+  // The producers' release groups of the same pair (trace.cuh kTraceProdBase: stage s, group g, step k).
+  static const char* gname[3] = {"rope", "own V", "other V"};
+  static const char* kname[3] = {"empty", "landed", "done"};
+  for (int stage = 0; stage < 2; ++stage)
+    for (int g = 0; g < 3; ++g)
+      for (int k = 0; k < 3; ++k) {
+        const int e = cuda::decode_sm90::kTraceProdBase + 3 * (3 * stage + g) + k;
+        std::vector<double> v;
+        for (int c = 0; c < kTraceCtas; ++c) {
+          const uint64_t t0c = st[c * kTraceEvents + kTracePairBase], t = st[c * kTraceEvents + e];
+          if (t0c != 0 && t != 0) v.push_back(static_cast<double>(static_cast<int64_t>(t - t0c)));
+        }
+        if (v.empty()) continue;
+        std::sort(v.begin(), v.end());
+        std::printf("      P%d %-7s %-6s n %4zu  p10 %8.0f  med %8.0f  p90 %8.0f\n", stage, gname[g], kname[k], v.size(),
+                    v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10]);
+      }
 }
 
 void trace_decode_calls(BenchContext& ctx, const std::function<void()>& call) {

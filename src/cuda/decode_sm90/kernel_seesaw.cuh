@@ -130,18 +130,25 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
     const typename Src::Tile tl = make_tile();
     tl.preload(p, 8);  // register-path sources: panel 8's loads before the wait (source.cuh)
     // Group 0: the rope panel (and the key mask, read by the owner after this panel's barrier).
+    [[maybe_unused]] int tslot = trace_prod_slot(s, part, 0, t);  // trace build: this group's stamps
     wait_empty<Src>(&empty[0], parity ^ 1);
+    MLA_DECODE_TRACE_PROD(tslot, 0);
+    if constexpr (GroupwiseSource<Src>) MLA_DECODE_TRACE_SLOT(tl, tslot);
     tl.begin(mask, &full[8]);
     tl.announce(p, &full[8], 1);
     __syncwarp();
     if constexpr (GroupwiseSource<Src>) tl.template group<1>(p, dst, full, 8);
     else tl.panel(p, map, dst, &full[8], 8, half_panel(s));
+    MLA_DECODE_TRACE_PROD(tslot, 2);
     // Groups 1 and 2: the owner's V half, then the other half.
 #pragma unroll 1
     for (int g = 1; g <= 2; ++g) {
       const int first = half_panel(g == 1 ? s : 1 - s);
       if constexpr (CrossoverSource<Src>) tl.prefetch_group(p, first);  // registers need no free stage
       wait_empty<Src>(&empty[g], parity ^ 1);
+      tslot = trace_prod_slot(s, part, g, t);
+      MLA_DECODE_TRACE_PROD(tslot, 0);
+      if constexpr (GroupwiseSource<Src>) MLA_DECODE_TRACE_SLOT(tl, tslot);
       if constexpr (kGroupFull) tl.announce(p, &full[first], 4);
       else
         for (int c = first; c < first + 4; ++c) tl.announce(p, &full[c], 1);
@@ -154,6 +161,7 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
           tl.panel(p, map, dst, &full[kGroupFull ? first : c], c,
                    c + 1 < first + 4 ? c + 1 : g == 1 ? half_panel(1 - s) : -1);
       }
+      MLA_DECODE_TRACE_PROD(tslot, 2);
     }
   }
 }

@@ -378,6 +378,9 @@ struct GatherKeys {
     uint32_t mask32;     // loaded keys of the part
     int part, lane;
     mutable uint4 pre[4];     // code panels: the codes of the preloaded panel (preload)
+#if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
+    mutable int trace_slot = -1;  // trace build: the producer slot this tile's group stamps (trace.cuh)
+#endif
     mutable float pre_scale;  // and its tile scale
 
     // This lane's key of the tile at k0: its index entry (bf16; fetched a tile ahead by the seesaw's producer,

@@ -141,6 +141,7 @@ struct CrossKeys : InplaceKeys<F, Rows> {
         if (xok) scale = __ldg(reinterpret_cast<const float*>(src + G::kScaleOffset) + c0 / 2);
       }
       ptx::cp_async_wait<0>();
+      MLA_DECODE_TRACE_PROD(this->trace_slot, 1);
       __syncwarp();
 #pragma unroll 1
       for (int k = k0; k < 2; ++k) {

@@ -42,6 +42,7 @@
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
 #include "cuda/decode_sm90/source.cuh"
+#include "cuda/decode_sm90/trace.cuh"
 #include "mla/cache_format.h"
 
 namespace mla::cuda::decode_sm90 {
@@ -111,6 +112,7 @@ struct InplaceKeys : GatherKeys<F, Rows> {
       if constexpr (kDs)
         if (ok) sc = __ldg(reinterpret_cast<const float2*>(src + Base::kScaleOffset) + first / 4);
       ptx::cp_async_wait<0>();
+      MLA_DECODE_TRACE_PROD(this->trace_slot, 1);
 #pragma unroll 1
       for (int k = 0; k < N; ++k) {
         uint8_t* dp = dst + (first + k) * Traits::kPanelBytes;

@@ -12,12 +12,21 @@
 //   12 + 10 c + k: the seesaw next schedule's steps k of consumer c in its pair kTracePair (thread 128 + 128 c), SM
 //      clock cycles (clock64: both consumers run on one SM, so their stamps compare), not ns; the steps are named
 //      by kTracePairSteps (bench/attention_bench.cu prints them relative to consumer 0's step 0).
+//   32 + 9 s + 3 g + k: the seesaw producer of stage s (warp s: part 0, lane 0) on its tile of pair kTracePair
+//      (tile 2 kTracePair + s), release group g (0 rope, 1 the owner's V half, 2 the other): k 0 its empty wait
+//      returned, 1 its raw codes landed (code-format sources, after their copy wait), 2 the group issued / expanded
+//      and arrived; SM clock cycles, as the pair steps.
 #include <cstdint>
 
 namespace mla::cuda::decode_sm90 {
 
 inline constexpr int kTraceCtas = 1024, kTracePairBase = 12, kTracePairSteps = 10, kTracePair = 6;
-inline constexpr int kTraceEvents = kTracePairBase + 2 * kTracePairSteps;
+inline constexpr int kTraceProdBase = kTracePairBase + 2 * kTracePairSteps, kTraceProdSteps = 9;
+inline constexpr int kTraceEvents = kTraceProdBase + 2 * kTraceProdSteps;
+// The producer's slot for stage s, group g of tile t (-1: not traced); part 0's warp stamps.
+__device__ __forceinline__ int trace_prod_slot(int s, int part, int g, int t) {
+  return part == 0 && t == 2 * kTracePair + s && blockIdx.x < kTraceCtas ? kTraceProdBase + 3 * (3 * s + g) : -1;
+}
 
 #if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
 }  // namespace mla::cuda::decode_sm90
@@ -41,9 +50,17 @@ __device__ __forceinline__ void trace_pair(int c, int k, int j) {
   if (j != kTracePair || threadIdx.x != 128u + 128u * static_cast<unsigned>(c) || blockIdx.x >= kTraceCtas) return;
   g_trace[blockIdx.x][kTracePairBase + kTracePairSteps * c + k] = static_cast<unsigned long long>(clock64());
 }
+// A stamp into producer slot + k (trace_prod_slot) from lane 0 of that warp.
+__device__ __forceinline__ void trace_prod(int slot, int k) {
+  if (slot >= 0 && (threadIdx.x & 31u) == 0)
+    g_trace[blockIdx.x][slot + k] = static_cast<unsigned long long>(clock64());
+}
 #define MLA_DECODE_TRACE_EVENT(...) ::mla::cuda::decode_sm90::trace_event(__VA_ARGS__)
+#define MLA_DECODE_TRACE_PROD(...) ::mla::cuda::decode_sm90::trace_prod(__VA_ARGS__)
 #define MLA_DECODE_TRACE_VALUE(...) ::mla::cuda::decode_sm90::trace_value(__VA_ARGS__)
 #define MLA_DECODE_TRACE_PAIR(...) ::mla::cuda::decode_sm90::trace_pair(__VA_ARGS__)
+// The producer tile's slot (a member of the code-format tiles in a trace build only, stamped by the source itself).
+#define MLA_DECODE_TRACE_SLOT(tile, v) ((tile).trace_slot = (v))
 
 // Host: each .cu that launches traced kernels has its own g_trace (no relocatable device code). This one's stamps go
 // into out where out holds 0 (a call's kernels stamp one unit's array), then are zeroed. false when a copy failed.
@@ -62,8 +79,10 @@ static inline bool trace_take_tu(uint64_t* out) {
 bool trace_take_sparse(uint64_t* out);
 #else
 #define MLA_DECODE_TRACE_EVENT(...) ((void)0)
+#define MLA_DECODE_TRACE_PROD(...) ((void)0)
 #define MLA_DECODE_TRACE_VALUE(...) ((void)0)
 #define MLA_DECODE_TRACE_PAIR(...) ((void)0)
+#define MLA_DECODE_TRACE_SLOT(tile, v) ((void)0)
 #endif
 
 // The stamps of the CTAs of the last traced launch (mqa_decode's or sparse_mqa's), [kTraceCtas][kTraceEvents] ns
