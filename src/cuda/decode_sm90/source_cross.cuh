@@ -47,10 +47,12 @@
 
 namespace mla::cuda::decode_sm90 {
 
-// kPrefetch: each producer warp loads the first of its two panels of a V half into registers (a global
-// round trip, 16 registers per lane) before that half's empty wait, so that after the release only the
-// second panel's round trip (cp.async, overlapping the first panel's expansion) is on the path. Producers
-// then take 56 registers (consumers 224; ptxas -v: 0 spills in the next schedule).
+// kPrefetch: each producer warp loads its whole share of a V half (its two panels of its 32 rows: 128 code bytes
+// per lane, 32 registers, and the rows' tile scale) into registers before that half's empty wait, so that after
+// the release no global round trip is left on the path, only the expansion and the copies into both CTAs (as
+// FlashMLA's Hopper fp8 kernels load the codes into registers, never into shared memory). The pair trace of the
+// first-panel-only version (nvidia-h200, 2026-11-25: dense fp8 h 128) had the second panel's copy round trip at
+// ~1300-1550 cycles of each V half's ~2600 from release to arrival. Producers take 56 registers (consumers 224).
 template <CacheFormat F, class Rows = IndexedRows, bool kPrefetch = true>
 struct CrossKeys : InplaceKeys<F, Rows> {
   using Base = InplaceKeys<F, Rows>;
@@ -68,6 +70,7 @@ struct CrossKeys : InplaceKeys<F, Rows> {
     // cluster rank), -1 when it is not loaded. (The rank is re-read where needed: the 40-register producer
     // spills with it held.)
     int64_t xoff;
+    mutable uint4 pre1[4];  // kPrefetch: the codes of the second panel (prefetch_group; pre: the first)
 
     __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_)
         : BT(p, u, k0, part_, lane_) {
@@ -86,20 +89,23 @@ struct CrossKeys : InplaceKeys<F, Rows> {
       }
     }
 
-    // kPrefetch: the codes and scale of panel first + 2 part of this lane's row (pre, pre_scale), issued
-    // before the empty wait of the V half starting at panel `first` (produce_seesaw); zeros for a key that is
-    // not loaded (nothing read).
+    // kPrefetch: the codes of panels c0, c0 + 1 (c0 = first + 2 part) of this lane's row (pre, pre1) and their
+    // tile scale (pre_scale), issued before the empty wait of the V half starting at panel `first`
+    // (produce_seesaw); zeros for a key that is not loaded (nothing read).
     __device__ void prefetch_group(const DecodeSm90Params& p, int first) const {
       if constexpr (kPrefetch) {
         const int c0 = first + 2 * this->part;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) this->pre[i] = make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < 4; ++i) this->pre[i] = pre1[i] = make_uint4(0, 0, 0, 0);
         this->pre_scale = 0.0f;
         if (xoff >= 0) {
-          const uint8_t* src = p.gather.cache + xoff;
+          const uint8_t* src = p.gather.cache + xoff + 64 * c0;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) this->pre[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 * c0 + 16 * i));
-          if constexpr (Base::kDs) this->pre_scale = __ldg(reinterpret_cast<const float*>(src + G::kScaleOffset) + c0 / 2);
+          for (int i = 0; i < 4; ++i) {
+            this->pre[i] = __ldg(reinterpret_cast<const uint4*>(src + 16 * i));
+            pre1[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 + 16 * i));
+          }
+          if constexpr (Base::kDs) this->pre_scale = __ldg(reinterpret_cast<const float*>(src - 64 * c0 + G::kScaleOffset) + c0 / 2);
         }
       }
     }
@@ -111,60 +117,62 @@ struct CrossKeys : InplaceKeys<F, Rows> {
     // its previous one completed before the empty wait that let this group start).
     __device__ void cross(const DecodeSm90Params& p, uint8_t* dst, uint64_t* full, int first) const {
       constexpr uint32_t kBlock = 32 * 128;  // 32 rows of one panel: contiguous under the row-wise swizzle
-      const bool xok = xoff >= 0;
       const uint32_t peer = ptx::cluster_ctarank() ^ 1u;
       const int c0 = first + 2 * this->part;
       const int r = 32 * static_cast<int>(peer ^ 1u) + this->lane;
       if (this->lane == 0) ptx::mbar_expect_tx(&full[first], 2 * kBlock);  // the peer's counterpart warp's
-      const uint8_t* src = xok ? p.gather.cache + xoff : p.gather.cache;  // not loaded: nothing read
-      constexpr int k0 = kPrefetch ? 1 : 0;  // the first panel with raw codes copied into the stage
-      // The warp's rows four lanes per row (copy_warp_rows; a lane expands rows other lanes copied: __syncwarp
-      // after the wait below).
-#pragma unroll
-      for (int k = k0; k < 2; ++k)
-        copy_warp_rows<4>(p.gather.cache, dst + (c0 + k) * Traits::kPanelBytes, r - this->lane,
-                          xok ? xoff + 64 * (c0 + k) : -1, this->lane, 4);
-      ptx::cp_async_commit();
-      float scale = 0.0f;  // fp8_ds_mla: panels 2j, 2j + 1 share scale j; 0 for a key that is not loaded
-      if constexpr (kPrefetch) {  // panel c0 from the registers loaded before the release
-        scale = this->pre_scale;
-        uint8_t* dp = dst + c0 * Traits::kPanelBytes;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint4 raw = this->pre[i];
-          uint4 lo, hi;
-          expand_chunk<G::kExactCodes>(raw, scale, lo, hi);
-          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
-          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
+      // Panel c0 + k's 32 rows into the peer (async proxy: after the proxy fence of every lane's stores).
+      auto send = [&](int k) {
+        ptx::fence_proxy_async_smem();
+        __syncwarp();
+        if (this->lane == 0) {
+          const uint32_t block = ptx::smem_addr(dst + (c0 + k) * Traits::kPanelBytes + (r - this->lane) * 128);
+          ptx::bulk_copy_to_peer(ptx::map_peer(block, peer), block, kBlock,
+                                 ptx::map_peer(ptx::smem_addr(&full[first]), peer));
         }
-      } else if constexpr (Base::kDs) {
-        if (xok) scale = __ldg(reinterpret_cast<const float*>(src + G::kScaleOffset) + c0 / 2);
-      }
-      ptx::cp_async_wait<0>();
-      MLA_DECODE_TRACE_PROD(this->trace_slot, 1);
-      __syncwarp();
-#pragma unroll 1
-      for (int k = k0; k < 2; ++k) {
-        uint8_t* dp = dst + (c0 + k) * Traits::kPanelBytes;
-        // raw chunk i (logical chunk 4 + i) becomes chunks 2i, 2i + 1 (InplaceKeys' order: every store lands
-        // on a chunk this lane has already read).
-#pragma unroll 1
-        for (int i = 0; i < 4; ++i) {
-          const uint4 raw = *reinterpret_cast<const uint4*>(dp + swz(r, 4 + i));
-          uint4 lo, hi;
-          expand_chunk<G::kExactCodes>(raw, scale, lo, hi);
-          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
-          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
-        }
-      }
-      ptx::fence_proxy_async_smem();  // the bulk copies (async proxy) read what this lane stored
-      __syncwarp();
-      if (this->lane == 0) {
-        const uint32_t bar = ptx::map_peer(ptx::smem_addr(&full[first]), peer);
+      };
+      if constexpr (kPrefetch) {  // the codes are in registers (prefetch_group): expand, store, send, per panel
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-          const uint32_t block = ptx::smem_addr(dst + (c0 + k) * Traits::kPanelBytes + (r - this->lane) * 128);
-          ptx::bulk_copy_to_peer(ptx::map_peer(block, peer), block, kBlock, bar);
+          uint8_t* dp = dst + (c0 + k) * Traits::kPanelBytes;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            uint4 lo, hi;
+            expand_chunk<G::kExactCodes>(k == 0 ? this->pre[i] : pre1[i], this->pre_scale, lo, hi);
+            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
+            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
+          }
+          send(k);
+        }
+      } else {
+        // The warp's rows four lanes per row (copy_warp_rows; a lane expands rows other lanes copied: __syncwarp
+        // after the wait below), into the rows' upper halves (InplaceKeys' in-place layout).
+        const bool xok = xoff >= 0;
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+          copy_warp_rows<4>(p.gather.cache, dst + (c0 + k) * Traits::kPanelBytes, r - this->lane,
+                            xok ? xoff + 64 * (c0 + k) : -1, this->lane, 4);
+        ptx::cp_async_commit();
+        float scale = 0.0f;  // fp8_ds_mla: panels 2j, 2j + 1 share scale j; 0 for a key that is not loaded
+        if constexpr (Base::kDs)
+          if (xok) scale = __ldg(reinterpret_cast<const float*>(p.gather.cache + xoff + G::kScaleOffset) + c0 / 2);
+        ptx::cp_async_wait<0>();
+        MLA_DECODE_TRACE_PROD(this->trace_slot, 1);
+        __syncwarp();
+#pragma unroll 1
+        for (int k = 0; k < 2; ++k) {
+          uint8_t* dp = dst + (c0 + k) * Traits::kPanelBytes;
+          // raw chunk i (logical chunk 4 + i) becomes chunks 2i, 2i + 1 (InplaceKeys' order: every store lands
+          // on a chunk this lane has already read).
+#pragma unroll 1
+          for (int i = 0; i < 4; ++i) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(dp + swz(r, 4 + i));
+            uint4 lo, hi;
+            expand_chunk<G::kExactCodes>(raw, scale, lo, hi);
+            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
+            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
+          }
+          send(k);
         }
       }
       ptx::mbar_arrive(&full[first]);
