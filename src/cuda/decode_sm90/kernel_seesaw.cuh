@@ -144,7 +144,7 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
 #pragma unroll 1
     for (int g = 1; g <= 2; ++g) {
       const int first = half_panel(g == 1 ? s : 1 - s);
-      if constexpr (CrossoverSource<Src>) tl.prefetch_group(p, first);  // registers need no free stage
+      tl.prefetch_group(p, first);  // code formats: the half's codes into registers (they need no free stage)
       wait_empty<Src>(&empty[g], parity ^ 1);
       tslot = trace_prod_slot(s, part, g, t);
       MLA_DECODE_TRACE_PROD(tslot, 0);

@@ -283,9 +283,10 @@ inline SeesawExpand seesaw_expand() {
 // The crossover (source_cross.cuh CrossKeys: the two row-tile CTAs of a request expand half of every tile
 // each, for both, through a cluster of two) wherever a request has an even number of 64-row tiles (h 128 at
 // s_q 1) on the next schedule and the in-place source would run: by default for both code formats
-// (docs/DECODE.md "Crossover" has the same-run A/Bs), with the first panel of each warp's V-half share loaded
-// into registers before the release (CrossKeys kPrefetch). MLA_DECODE_SM90_CROSS=plain: without that
-// prefetch; =off: InplaceKeys / GatherKeys. Read once.
+// (docs/DECODE.md "Crossover" has the same-run A/Bs), with each warp's whole V-half share (two panels of its 32
+// rows) loaded into registers before the release (CrossKeys kPrefetch; docs/DECODE.md "Register prefetch").
+// MLA_DECODE_SM90_CROSS=plain: the codes cp.async'd after the release instead; =off: InplaceKeys / GatherKeys.
+// Read once.
 enum class Crossover { prefetch, plain, off };
 inline Crossover crossover_mode() {
   static const Crossover c =

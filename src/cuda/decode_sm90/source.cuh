@@ -419,6 +419,7 @@ struct GatherKeys {
       }
     }
     __device__ void announce(const DecodeSm90Params&, uint64_t*, int) const {}
+    __device__ void prefetch_group(const DecodeSm90Params&, int) const {}  // code formats' register prefetch: none
 
     // bf16: cp.async of the chunks 2q, 2q + 1 of this lane's four rows of kPanels consecutive panels from the one
     // at dp, from the row bytes at src_off (+ 32 q); zero-filled for rows not loaded (nothing read). The rows

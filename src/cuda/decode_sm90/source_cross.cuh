@@ -16,12 +16,14 @@
 //     cp.async of the bf16 rope; fp8: exact codes expanded in place); nothing crosses the cluster;
 //   - a V-half group (4 panels): CTA rank k expands key rows 32k .. 32k + 31 only, for both CTAs; of a
 //     stage's two producer warps, part p takes panels first + 2p, first + 2p + 1 (lane = row 32k + lane):
-//     lane 0 first announces on full[first] the 8 KiB the peer's counterpart warp will send; cp.async of
-//     the raw codes into the upper half of its own rows (InplaceKeys' in-place layout), one scale load
-//     (fp8_ds_mla: both panels share scale (first + 2p) / 2), the in-place expansion, the proxy fence; then
-//     lane 0 bulk-copies the warp's two 32-row blocks (4 KiB each: the rows of a panel are contiguous under
-//     the row-wise swizzle) into the same place in the peer, completing on the peer's full[first] (async
-//     proxy, as TMA), and every lane arrives on full[first] here. full[first] thus completes when this
+//     lane 0 first announces on full[first] the 8 KiB the peer's counterpart warp will send; the raw codes
+//     (kPrefetch, the default: both panels loaded into registers before the half's empty wait, with the
+//     scale; plain: cp.async'd into the upper half of its own rows after it, InplaceKeys' in-place layout;
+//     fp8_ds_mla: both panels share scale (first + 2p) / 2) expanded into its rows panel by panel, each
+//     panel followed by the proxy fence and lane 0's bulk copy of the warp's 32-row block of it (4 KiB: the
+//     rows of a panel are contiguous under the row-wise swizzle) into the same place in the peer,
+//     completing on the peer's full[first] (async proxy, as TMA); then every lane arrives on full[first]
+//     here. full[first] thus completes when this
 //     CTA's 64 lanes have arrived and the peer's 16 KiB have landed; the consumers wait on it with acquire
 //     at cluster scope (wait_full). (A first version stored each chunk into the peer with st.shared::cluster
 //     and one cluster-scope arrival per lane there: 16 remote stores per lane and panel pair; it was never
@@ -35,8 +37,8 @@
 //     either CTA exits (a peer's last releases arrive on this CTA's barriers): start_roles and the kernel.
 // Work per CTA and tile: half the expansion (32 rows x 8 panels) and half the raw reads; per producer
 // warp and group 2 panels instead of 4 (the critical path from a group's release to its last arrival).
-// DSMEM traffic: 32 KiB per tile each way, by 4 bulk copies per warp and tile. Registers: producers 40
-// (InplaceKeys'), 0 spills (ptxas -v; the cluster rank is re-read where needed).
+// DSMEM traffic: 32 KiB per tile each way, by 4 bulk copies per warp and tile. Registers: producers 56 (40
+// plain), 0 spills (ptxas -v; the cluster rank is re-read where needed).
 #include <cstdint>
 
 #include "cuda/common/ptx/cluster.cuh"
@@ -70,7 +72,6 @@ struct CrossKeys : InplaceKeys<F, Rows> {
     // cluster rank), -1 when it is not loaded. (The rank is re-read where needed: the 40-register producer
     // spills with it held.)
     int64_t xoff;
-    mutable uint4 pre1[4];  // kPrefetch: the codes of the second panel (prefetch_group; pre: the first)
 
     __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_)
         : BT(p, u, k0, part_, lane_) {
@@ -96,14 +97,14 @@ struct CrossKeys : InplaceKeys<F, Rows> {
       if constexpr (kPrefetch) {
         const int c0 = first + 2 * this->part;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) this->pre[i] = pre1[i] = make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < 4; ++i) this->pre[i] = this->pre1[i] = make_uint4(0, 0, 0, 0);
         this->pre_scale = 0.0f;
         if (xoff >= 0) {
           const uint8_t* src = p.gather.cache + xoff + 64 * c0;
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             this->pre[i] = __ldg(reinterpret_cast<const uint4*>(src + 16 * i));
-            pre1[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 + 16 * i));
+            this->pre1[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 + 16 * i));
           }
           if constexpr (Base::kDs) this->pre_scale = __ldg(reinterpret_cast<const float*>(src - 64 * c0 + G::kScaleOffset) + c0 / 2);
         }
@@ -138,7 +139,7 @@ struct CrossKeys : InplaceKeys<F, Rows> {
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             uint4 lo, hi;
-            expand_chunk<G::kExactCodes>(k == 0 ? this->pre[i] : pre1[i], this->pre_scale, lo, hi);
+            expand_chunk<G::kExactCodes>(k == 0 ? this->pre[i] : this->pre1[i], this->pre_scale, lo, hi);
             *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
             *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
           }

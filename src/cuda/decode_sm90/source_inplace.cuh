@@ -9,12 +9,15 @@
 // Protocol (warp roles, tiles, key masks and full-barrier arrival counts are GatherKeys': two producer warps
 // per stage, part p = keys 32p .. 32p + 31, lane l = key row r = 32p + l; produce_seesaw calls group<N>()
 // once per release group, rope (N 1) then the owner's V half then the other (N 4), each after its empty wait):
-//   1. copy: lane l cp.async's the four 16-byte code chunks i = 0..3 of each panel c of the group into the
-//      upper half of its OWN output row r of panel c, logical chunks 4 + i (swz(r, 4 + i)); a key that is
-//      not loaded (GatherKeys' mask) is zero-filled by the copy, nothing read. One commit group, then
-//      cp.async.wait_group 0: one global round trip per release group (four panels at once).
-//      fp8_ds_mla: the group's two tile scales (record bytes 512 + 8 h, h = the V half) by one 8-byte load
-//      issued behind the copies (0 for a key that is not loaded).
+//   0. V halves: before the half's empty wait (prefetch_group) lane l loads its row's codes of the half's first
+//      panel (four 16-byte chunks) into registers and the half's two tile scales (fp8_ds_mla: record bytes
+//      512 + 8 h, h = the V half); zeros for a key that is not loaded. (twenty-fifth session: this round trip
+//      then runs during the wait; `half`.)
+//   1. copy: lane l cp.async's the four 16-byte code chunks i = 0..3 of each remaining panel c of the group
+//      (a V half's last three; the fp8 rope panel) into the upper half of its OWN output row r of panel c,
+//      logical chunks 4 + i (swz(r, 4 + i)); a key that is not loaded (GatherKeys' mask) is zero-filled by
+//      the copy, nothing read. One commit group; a V half's first panel is expanded from the registers
+//      meanwhile; then cp.async.wait_group 0: one global round trip per release group.
 //   2. convert in place, panel by panel, chunk by chunk: raw chunk i is loaded (ld.shared) and becomes the
 //      bf16 chunks 2i, 2i + 1; every store lands on chunks 0..3 (free) or on a raw chunk this lane has
 //      already loaded (i = 2, 3 overwrite raw chunks 0..3), and a lane touches only its own row, so program
@@ -28,13 +31,15 @@
 //   the consumers apply scale * 2^56 to S and O).
 // Round trips per stage tile and warp: fp8_ds_mla two dependent ones (the V halves; the rope copy overlaps),
 // fp8 three, instead of nine. Shared memory: none beyond the stages (the raw codes live in the rows they
-// expand into; SeesawTraits' 231,632 bytes unchanged). Registers: producer 40 (setmaxnreg; consumers 232,
-// which the next schedule needs): one raw chunk live, the chunk loop not unrolled (unrolled, ptxas kept 12
-// chunk addresses live: 20 bytes of spills at 40, 8-24 at 56 with all 16 raw registers loaded first).
+// expand into; SeesawTraits' 231,632 bytes unchanged). Registers: producer 56 (setmaxnreg; consumers 224,
+// 0 spills): 16 for the prefetched panel, one raw chunk live in the in-place loop, which is not unrolled
+// (unrolled, ptxas kept 12 chunk addresses live: spills at 40). Two panels in registers spilled 52-60 bytes.
 // Bank conflicts: none (a quarter warp's 16-byte accesses are eight rows r .. r + 7 at one logical chunk:
 // distinct physical chunks under the XOR swizzle).
 // Measured (nvidia-h200, 2026-11-23, docs/DECODE.md "In-place expansion"): 0-6% faster on the dense h 128
-// rows, 10-24% on sparse h 64, mixed at sparse h 128: not the default (launch_kernels.cuh seesaw_expand).
+// rows, 10-24% on sparse h 64, mixed at sparse h 128; the default for fp8_ds_mla where the crossover does not
+// run (launch_kernels.cuh seesaw_expand). The register-prefetched first panel (2026-11-25, same-call A/B):
+// dense fp8_ds_mla h 64 -13..-20%, sparse h 64 -8..-10% (docs/DECODE.md "Register prefetch").
 #include <cstdint>
 
 #include "cuda/common/ptx/cp_async.cuh"
@@ -60,15 +65,34 @@ struct InplaceKeys : GatherKeys<F, Rows> {
   using Base = GatherKeys<F, Rows>;
   static constexpr bool kGroupwise = true;  // produce_seesaw: one group() per release group
   static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
-  // setmaxnreg: producers 40, consumers 232 (the next schedule's consumers need 232; ptxas -v 0 spills).
-  __host__ __device__ static constexpr int producer_regs(bool) { return 40; }
+  // setmaxnreg: producers 56 (a V half's first panel of codes in registers: 16), consumers 224 (ptxas -v: 0
+  // spills).
+  __host__ __device__ static constexpr int producer_regs(bool) { return 56; }
 
   struct Tile : Base::Tile {
     using BT = typename Base::Tile;
+    mutable uint4 pre1[4];       // CrossKeys' prefetch_group: its second panel's codes (pre: the first)
+    mutable float pre_scale_hi;  // fp8_ds_mla: the scale of the half's last two panels (pre_scale: first two)
 
     __device__ Tile(const DecodeSm90Params& p, const Unit& u, int k0, int part_, int lane_)
         : BT(p, u, k0, part_, lane_) {}
     __device__ void preload(const DecodeSm90Params&, int) const {}
+
+    // The codes of panel `first` of this lane's row (pre) and the half's two tile scales, issued before the empty
+    // wait of the V half at panel `first` (produce_seesaw): registers need no free stage, so that panel's round
+    // trip runs during the wait; zeros for a key that is not loaded (nothing read).
+    __device__ void prefetch_group(const DecodeSm90Params& p, int first) const {
+      const bool ok = (this->mask32 >> this->lane) & 1;
+      const uint8_t* src = p.gather.cache + (ok ? this->off[0] : 0);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        this->pre[i] = ok ? __ldg(reinterpret_cast<const uint4*>(src + 64 * first + 16 * i)) : make_uint4(0, 0, 0, 0);
+      float2 sc = make_float2(0.0f, 0.0f);
+      if constexpr (kDs)
+        if (ok) sc = __ldg(reinterpret_cast<const float2*>(src + Base::kScaleOffset) + first / 4);
+      this->pre_scale = sc.x;
+      pre_scale_hi = sc.y;
+    }
 
     // Release group `first` .. first + N - 1 (N 1: the rope panel 8, always the tile's first group; N 4: a
     // V half) of the tile at dst; panel c completes on full[c]. Steps: file comment.
@@ -85,42 +109,79 @@ struct InplaceKeys : GatherKeys<F, Rows> {
         copy_warp_rows<8>(cache, dst + 8 * Traits::kPanelBytes, r - this->lane,
                           ok ? this->off[0] + Base::kRopeOffset : -1, this->lane, 0);
         ptx::cp_async_arrive_mbarrier(&full[8]);
+      } else if constexpr (N == 4) {
+        half<kGroupFull>(dst, full, first, r, ok, src);
       } else {
         convert<N, kGroupFull>(dst, full, first, r, ok, src);
       }
     }
-    // The copies of the group's panels into their own rows, then their conversion in place (steps 1, 2).
-    template <int N, bool kGroupFull>
-    __device__ void convert(uint8_t* dst, uint64_t* full, int first, int r, bool ok, const uint8_t* src) const {
-      // (a key that is not loaded: src is the cache base, these offsets stay inside its first row; nothing read)
-      // Each lane copies its own row: 16 cp.async per V half back to back. copy_warp_rows (four lanes per row,
-      // one shuffle per row group and panel) measured 13-14% slower here (h 64, nvidia-h200, 2026-11-24): the
-      // shuffles sit on this 40-register producer's critical path, where CrossKeys copies one panel.
-      // The zero-fill by the ignore-src predicate (cp_async_16_or_zero): a run-time src-size costs ~5 instructions per
-      // copy (ptx/cp_async.cuh).
+    // A V half (panels first .. first + 3): the raw codes of its last three panels cp.async'd into their rows'
+    // upper halves, its first panel expanded from the registers prefetch_group loaded while those copies fly,
+    // then the other three expanded in place (convert's steps). (Two panels in registers spilled 52-60 bytes at
+    // 56 producer registers, with the copies issued before or between their expansions: ptxas -v.)
+    template <bool kGroupFull>
+    __device__ void half(uint8_t* dst, uint64_t* full, int first, int r, bool ok, const uint8_t* src) const {
       const uint8_t* gs = src + 64 * first;
 #pragma unroll 1
-      for (int k = 0; k < N; ++k) {
+      for (int k = 1; k < 4; ++k) {
         uint8_t* dp = dst + (first + k) * Traits::kPanelBytes;
 #pragma unroll
         for (int i = 0; i < 4; ++i) ptx::cp_async_16_or_zero(dp + swz(r, 4 + i), gs + 64 * k + 16 * i, !ok);
       }
       ptx::cp_async_commit();
-      // fp8_ds_mla: the scales of the group's panels (2j, 2j + 1 share scale j; first is 0 or 4: a V half),
-      // one 8-byte load in flight with the copies; 0 for a key that is not loaded.
-      float2 sc = make_float2(0.0f, 0.0f);
-      if constexpr (kDs)
-        if (ok) sc = __ldg(reinterpret_cast<const float2*>(src + Base::kScaleOffset) + first / 4);
+      uint8_t* dp = dst + first * Traits::kPanelBytes;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint4 lo, hi;
+        expand_chunk<Base::kExactCodes>(this->pre[i], this->pre_scale, lo, hi);
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
+      }
+      if constexpr (!kGroupFull) {
+        ptx::fence_proxy_async_smem();
+        ptx::mbar_arrive(&full[first]);
+      }
       ptx::cp_async_wait<0>();
       MLA_DECODE_TRACE_PROD(this->trace_slot, 1);
+      expand_in_place<kGroupFull>(dst, full, first, 1, 2, r, this->pre_scale);
+      expand_in_place<kGroupFull>(dst, full, first, 2, 4, r, pre_scale_hi);
+      if constexpr (kGroupFull) {
+        ptx::fence_proxy_async_smem();
+        ptx::mbar_arrive(&full[first]);
+      }
+    }
+    // The fp8 per-tensor rope panel (N 1; fp8_ds_mla's rope is bf16, copied): its raw codes copied into their own
+    // rows, then expanded in place (steps 1, 2). Each lane copies its own row. (copy_warp_rows, four lanes per row,
+    // measured 13-14% slower for the V halves here when they were copied this way: h 64, nvidia-h200, 2026-11-24.)
+    // The zero-fill by the ignore-src predicate (cp_async_16_or_zero): a run-time src-size costs ~5 instructions
+    // per copy (ptx/cp_async.cuh).
+    template <int N, bool kGroupFull>
+    __device__ void convert(uint8_t* dst, uint64_t* full, int first, int r, bool ok, const uint8_t* src) const {
+      static_assert(N == 1 && !kDs, "the exact-code rope panel only");
+      // (a key that is not loaded: src is the cache base, these offsets stay inside its first row; nothing read)
+      uint8_t* dp = dst + first * Traits::kPanelBytes;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ptx::cp_async_16_or_zero(dp + swz(r, 4 + i), src + 64 * first + 16 * i, !ok);
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<0>();
+      MLA_DECODE_TRACE_PROD(this->trace_slot, 1);
+      expand_in_place<kGroupFull>(dst, full, first, 0, 1, r, 0.0f);
+      if constexpr (kGroupFull) {
+        ptx::fence_proxy_async_smem();
+        ptx::mbar_arrive(&full[first]);
+      }
+    }
+    // Panels first + k0 .. first + k1 - 1, whose raw codes have landed in their rows' upper halves, expanded in
+    // place with one tile scale; kGroupFull false: each panel's arrival on its own full barrier.
+    template <bool kGroupFull>
+    __device__ void expand_in_place(uint8_t* dst, uint64_t* full, int first, int k0, int k1, int r, float scale) const {
 #pragma unroll 1
-      for (int k = 0; k < N; ++k) {
+      for (int k = k0; k < k1; ++k) {
         uint8_t* dp = dst + (first + k) * Traits::kPanelBytes;
-        const float scale = k < 2 ? sc.x : sc.y;
         // raw chunk i (logical chunk 4 + i) becomes chunks 2i, 2i + 1: each write lands on a raw chunk this
         // lane has already read (i = 2, 3 overwrite raw chunks 0..3), so one raw chunk is live at a time.
         // Not unrolled: the chunk addresses are recomputed (unrolled, ptxas keeps 12 of them live and the
-        // 40-register producer spills).
+        // 40-register producer spilled).
 #pragma unroll 1
         for (int i = 0; i < 4; ++i) {
           const uint4 raw = *reinterpret_cast<const uint4*>(dp + swz(r, 4 + i));
@@ -133,10 +194,6 @@ struct InplaceKeys : GatherKeys<F, Rows> {
           ptx::fence_proxy_async_smem();
           ptx::mbar_arrive(&full[first + k]);
         }
-      }
-      if constexpr (kGroupFull) {
-        ptx::fence_proxy_async_smem();
-        ptx::mbar_arrive(&full[first]);
       }
     }
   };
