@@ -105,15 +105,20 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   if (!any) return;
   std::printf("      pair %d (seesaw), SM cycles after consumer 0's start, over the CTAs that stamped it:\n",
               cuda::decode_sm90::kTracePair);
+  // Event e's stamps relative to consumer 0's step 0 of the same CTA, over the CTAs that stamped both, sorted.
+  auto cycles = [&](int e) {
+    std::vector<double> v;
+    for (int c = 0; c < kTraceCtas; ++c) {
+      const uint64_t t0c = st[c * kTraceEvents + kTracePairBase], t = st[c * kTraceEvents + e];
+      if (t0c != 0 && t != 0) v.push_back(static_cast<double>(static_cast<int64_t>(t - t0c)));
+    }
+    std::sort(v.begin(), v.end());
+    return v;
+  };
   for (int cons = 0; cons < 2; ++cons)
     for (int k = 0; k < kTracePairSteps; ++k) {
-      std::vector<double> v;
-      for (int c = 0; c < kTraceCtas; ++c) {
-        const uint64_t t0c = st[c * kTraceEvents + kTracePairBase], t = st[c * kTraceEvents + kTracePairBase + kTracePairSteps * cons + k];
-        if (t0c != 0 && t != 0) v.push_back(static_cast<double>(static_cast<int64_t>(t - t0c)));
-      }
+      const std::vector<double> v = cycles(kTracePairBase + kTracePairSteps * cons + k);
       if (v.empty()) continue;
-      std::sort(v.begin(), v.end());
       std::printf("      C%d %-12s n %4zu  p10 %8.0f  med %8.0f  p90 %8.0f\n", cons, steps[cons][k], v.size(), v[v.size() / 10],
                   v[v.size() / 2], v[v.size() * 9 / 10]);
     }
@@ -123,14 +128,8 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   for (int stage = 0; stage < 2; ++stage)
     for (int g = 0; g < 3; ++g)
       for (int k = 0; k < 3; ++k) {
-        const int e = cuda::decode_sm90::kTraceProdBase + 3 * (3 * stage + g) + k;
-        std::vector<double> v;
-        for (int c = 0; c < kTraceCtas; ++c) {
-          const uint64_t t0c = st[c * kTraceEvents + kTracePairBase], t = st[c * kTraceEvents + e];
-          if (t0c != 0 && t != 0) v.push_back(static_cast<double>(static_cast<int64_t>(t - t0c)));
-        }
+        const std::vector<double> v = cycles(cuda::decode_sm90::kTraceProdBase + 3 * (3 * stage + g) + k);
         if (v.empty()) continue;
-        std::sort(v.begin(), v.end());
         std::printf("      P%d %-7s %-6s n %4zu  p10 %8.0f  med %8.0f  p90 %8.0f\n", stage, gname[g], kname[k], v.size(),
                     v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10]);
       }
