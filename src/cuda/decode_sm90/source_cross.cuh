@@ -135,14 +135,7 @@ struct CrossKeys : InplaceKeys<F, Rows> {
       if constexpr (kPrefetch) {  // the codes are in registers (prefetch_group): expand, store, send, per panel
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-          uint8_t* dp = dst + (c0 + k) * Traits::kPanelBytes;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            uint4 lo, hi;
-            expand_chunk<G::kExactCodes>(k == 0 ? this->pre[i] : this->pre1[i], this->pre_scale, lo, hi);
-            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
-            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
-          }
+          BT::expand_row(dst + (c0 + k) * Traits::kPanelBytes, r, k == 0 ? this->pre : this->pre1, this->pre_scale);
           send(k);
         }
       } else {
@@ -162,17 +155,7 @@ struct CrossKeys : InplaceKeys<F, Rows> {
         __syncwarp();
 #pragma unroll 1
         for (int k = 0; k < 2; ++k) {
-          uint8_t* dp = dst + (c0 + k) * Traits::kPanelBytes;
-          // raw chunk i (logical chunk 4 + i) becomes chunks 2i, 2i + 1 (InplaceKeys' order: every store lands
-          // on a chunk this lane has already read).
-#pragma unroll 1
-          for (int i = 0; i < 4; ++i) {
-            const uint4 raw = *reinterpret_cast<const uint4*>(dp + swz(r, 4 + i));
-            uint4 lo, hi;
-            expand_chunk<G::kExactCodes>(raw, scale, lo, hi);
-            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
-            *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
-          }
+          BT::expand_row_in_place(dst + (c0 + k) * Traits::kPanelBytes, r, scale);
           send(k);
         }
       }

@@ -94,6 +94,31 @@ struct InplaceKeys : GatherKeys<F, Rows> {
       pre_scale_hi = sc.y;
     }
 
+    // Row r of the panel at dp from its four raw 16-byte chunks `raw` (registers) into its eight bf16 chunks.
+    __device__ static void expand_row(uint8_t* dp, int r, const uint4 (&raw)[4], float scale) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint4 lo, hi;
+        expand_chunk<Base::kExactCodes>(raw[i], scale, lo, hi);
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
+      }
+    }
+    // Row r of the panel at dp expanded in place from the raw codes in its upper half: raw chunk i (logical chunk
+    // 4 + i) becomes chunks 2i, 2i + 1; each write lands on a raw chunk this lane has already read (i = 2, 3
+    // overwrite raw chunks 0..3), so one raw chunk is live at a time. Not unrolled: the chunk addresses are
+    // recomputed (unrolled, ptxas keeps 12 of them live and the 40-register producer spilled).
+    __device__ static void expand_row_in_place(uint8_t* dp, int r, float scale) {
+#pragma unroll 1
+      for (int i = 0; i < 4; ++i) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(dp + swz(r, 4 + i));
+        uint4 lo, hi;
+        expand_chunk<Base::kExactCodes>(raw, scale, lo, hi);
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
+      }
+    }
+
     // Release group `first` .. first + N - 1 (N 1: the rope panel 8, always the tile's first group; N 4: a
     // V half) of the tile at dst; panel c completes on full[c]. Steps: file comment.
     // kGroupFull (the next schedule, produce_seesaw): a V half's four panels complete on ONE full barrier,
@@ -129,14 +154,7 @@ struct InplaceKeys : GatherKeys<F, Rows> {
         for (int i = 0; i < 4; ++i) ptx::cp_async_16_or_zero(dp + swz(r, 4 + i), gs + 64 * k + 16 * i, !ok);
       }
       ptx::cp_async_commit();
-      uint8_t* dp = dst + first * Traits::kPanelBytes;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint4 lo, hi;
-        expand_chunk<Base::kExactCodes>(this->pre[i], this->pre_scale, lo, hi);
-        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
-        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
-      }
+      expand_row(dst + first * Traits::kPanelBytes, r, this->pre, this->pre_scale);
       if constexpr (!kGroupFull) {
         ptx::fence_proxy_async_smem();
         ptx::mbar_arrive(&full[first]);
@@ -177,19 +195,7 @@ struct InplaceKeys : GatherKeys<F, Rows> {
     __device__ void expand_in_place(uint8_t* dst, uint64_t* full, int first, int k0, int k1, int r, float scale) const {
 #pragma unroll 1
       for (int k = k0; k < k1; ++k) {
-        uint8_t* dp = dst + (first + k) * Traits::kPanelBytes;
-        // raw chunk i (logical chunk 4 + i) becomes chunks 2i, 2i + 1: each write lands on a raw chunk this
-        // lane has already read (i = 2, 3 overwrite raw chunks 0..3), so one raw chunk is live at a time.
-        // Not unrolled: the chunk addresses are recomputed (unrolled, ptxas keeps 12 of them live and the
-        // 40-register producer spilled).
-#pragma unroll 1
-        for (int i = 0; i < 4; ++i) {
-          const uint4 raw = *reinterpret_cast<const uint4*>(dp + swz(r, 4 + i));
-          uint4 lo, hi;
-          expand_chunk<Base::kExactCodes>(raw, scale, lo, hi);
-          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
-          *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
-        }
+        expand_row_in_place(dst + (first + k) * Traits::kPanelBytes, r, scale);
         if constexpr (!kGroupFull) {
           ptx::fence_proxy_async_smem();
           ptx::mbar_arrive(&full[first + k]);
