@@ -296,12 +296,21 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
       MLA_DECODE_TRACE_PAIR(C, 2, j);  // m0 read, m1 published, O_R a0 a1
       if constexpr (kHas1) {
         this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
+        auto publish_p1 = [&] {  // P1 for consumer 0's remote product (kBarP1)
+          store_p(this->smem + L::kOffP + T::kPanelBytes, s, 1.0f, 1.0f, r_lo, r_hi, this->t4);
+          ptx::fence_proxy_async_smem();
+          ptx::named_barrier_arrive(L::kBarP1, T::kConsumerThreads);
+        };
+        // kP1First: P1 goes to smem before the local product is issued (FlashMLA's order), since consumer 0's
+        // remote product waits for it and a wgmma issue can stall behind consumer 0's products in the tensor
+        // pipe (nvidia-h200, 2026-11-25, same-call A/B: dense fp8 h 128 -2.5%, s_q 2 h 128 -1..-6%, the rest even).
+        // Not for the 224-register consumers of InplaceKeys / GroupRows: ptxas spills 4 bytes there.
+        constexpr bool kP1First = Src::kTma || CrossoverSource<Src>;
+        if constexpr (kP1First) publish_p1();
         this->local_pv(pa);
-        store_p(this->smem + L::kOffP + T::kPanelBytes, s, 1.0f, 1.0f, r_lo, r_hi, this->t4);
-        ptx::fence_proxy_async_smem();
-        ptx::named_barrier_arrive(L::kBarP1, T::kConsumerThreads);
+        if constexpr (!kP1First) publish_p1();
       }
-      MLA_DECODE_TRACE_PAIR(C, 3, j);  // P1, local P V issued, P1 stored
+      MLA_DECODE_TRACE_PAIR(C, 3, j);  // P1 stored and local P V issued
       this->advance(a_lo, a_hi, sum_lo, sum_hi, 1.0f, 1.0f, n_lo, n_hi);
       ptx::named_barrier_sync(L::kBarP0, T::kConsumerThreads);
       MLA_DECODE_TRACE_PAIR(C, 4, j);  // consumer 0's a1 P0 stored
