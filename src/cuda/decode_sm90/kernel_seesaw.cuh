@@ -172,7 +172,8 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
 //   C0: S rope part (retired) | remote P1 V1L of pair j - 1 | S own half | retire the remote (other half
 //       of stage 1 free) | S other half | mask, max, publish m0 | P0, O_L *= a0, local P0 V0L; retire
 //       (own half of stage 0 free) | m1 -> a1, a1 P0 to smem | O_L *= a1.  After the last pair: its remote.
-//   C1: S | mask, max | m0 -> m1, publish | O_R *= a0 a1, P1, local P1 V1R, P1 to smem | remote P0 V0R
+//   C1: S | mask, max | m0 -> m1, publish | O_R *= a0 a1, P1, P1 to smem, local P1 V1R (kP1First; else the
+//       local product before the store) | remote P0 V0R
 //       | retire local (own half of stage 1 free), remote (other half of stage 0 free).
 // The S of C0's tile needs the other V half (freed last, by C1's remote product) only after its rope and
 // own-half products, so that refill overlaps them. What ptxas needs (each measured with -Xptxas -v):
