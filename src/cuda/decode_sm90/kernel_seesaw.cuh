@@ -149,7 +149,9 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
       tslot = trace_prod_slot(s, part, g, t);
       MLA_DECODE_TRACE_PROD(tslot, 0);
       if constexpr (GroupwiseSource<Src>) MLA_DECODE_TRACE_SLOT(tl, tslot);
-      if constexpr (kGroupFull) tl.announce(p, &full[first], 4);
+      // The TMA source's stage 1 under the next schedule: a barrier per panel (seesaw_base.cuh panel_barriers).
+      const bool group_full = kGroupFull && !(kPanelFull<Src> && s == 1);
+      if (group_full) tl.announce(p, &full[first], 4);
       else
         for (int c = first; c < first + 4; ++c) tl.announce(p, &full[c], 1);
       __syncwarp();
@@ -158,7 +160,7 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
       } else {
 #pragma unroll 1
         for (int c = first; c < first + 4; ++c)
-          tl.panel(p, map, dst, &full[kGroupFull ? first : c], c,
+          tl.panel(p, map, dst, &full[group_full ? first : c], c,
                    c + 1 < first + 4 ? c + 1 : g == 1 ? half_panel(1 - s) : -1);
       }
       MLA_DECODE_TRACE_PROD(tslot, 2);

@@ -54,6 +54,18 @@ struct SeesawTraits {
 template <class Src>
 inline constexpr bool kClusterMerged = Src::kTma && !CrossoverSource<Src>;
 
+// The next schedule for the paged TMA source without multicast: stage 1's panels each on their own full barrier
+// (the producer announces and completes them one by one), so that consumer 1's S starts on each panel of the V half
+// refilled last (after consumer 0's remote product) as it lands, FlashMLA's granularity, instead of on the half's
+// last panel; its panels' products are then each their own wgmma commit group, as FlashMLA's are. Stage 0 keeps one
+// barrier per V half: per-panel waits in consumer 0's S, issued while its remote product is in flight, spilled 48
+// bytes (ptxas, 232 consumer registers).
+template <class Src>
+inline constexpr bool kPanelFull = Src::kTma && !CrossoverSource<Src>;
+// Whether stage `stage`'s V-half panels complete on their own full barriers (else on the half's first panel's).
+template <class Src, bool kNext>
+__host__ __device__ constexpr bool panel_barriers(int stage) { return !kNext || (kPanelFull<Src> && stage == 1); }
+
 // First panel of V half `h` (columns 256h..256h+255) and the panel order of the owner's S for stage s.
 __device__ __forceinline__ int half_panel(int h) { return 4 * h; }
 
@@ -125,7 +137,11 @@ struct SeesawBase {
     }
   }
   // The full barrier that panel `pc` of a stage completes on (kNext: its release group's first panel).
-  static __device__ __forceinline__ int full_of(int pc) { return kNext && pc < 8 ? pc & ~3 : pc; }
+  static __device__ __forceinline__ int full_of(int stage, int pc) {
+    return panel_barriers<Src, kNext>(stage) || pc >= 8 ? pc : pc & ~3;
+  }
+  // kNext with stage 1's panel barriers: each panel of consumer 1's S its own commit group (issue_s).
+  static constexpr bool kPanelGroups = kNext && panel_barriers<Src, kNext>(C) && C == 1;
   // 128-byte-swizzled descriptors of the tile at `tile` (inside smem): K-major, and MN-major with 64-column
   // panels `panel_bytes` apart (ptx::desc_sw128_*; kNext: from base4, SBO 1024, swizzle 128B).
   __device__ __forceinline__ uint64_t desc_k(const void* tile) const {
@@ -174,7 +190,7 @@ struct SeesawBase {
     const uint64_t mask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask)[C];
     if (!Src::kZeroFilled && mask != ~uint64_t(0)) {
       for (int pc = 0; pc < T::kPanels; ++pc)
-        if (full_of(pc) == pc) ptx::mbar_wait(&fb[pc], parity);
+        if (full_of(C, pc) == pc) ptx::mbar_wait(&fb[pc], parity);
       zero_unloaded_rows(stage_tile(C), mask, threadIdx.x & 127, 128);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(8 + C, 128);
@@ -194,13 +210,22 @@ struct SeesawBase {
       for (int kk = 0; kk < 4; ++kk)
         ptx::wgmma_bf16_rs<T::kBlockN>(s, qr[kk], desc_k(sK + 8 * T::kPanelBytes + kk * 32), kk > 0);
     }
+    bool open = kRope;  // kPanelGroups: a group is open (committed before the next panel's wait)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       if ((hh == 0 && !kOwn) || (hh == 1 && !kOther)) continue;
       const int first = half_panel(hh == 0 ? C : 1 - C);
 #pragma unroll
       for (int pc = first; pc < first + 4; ++pc) {
-        if (full_of(pc) == pc) wait_full<Src>(&fb[pc], parity);
+        if constexpr (kPanelGroups) {
+          if (open) ptx::wgmma_commit_group();
+          wait_full<Src>(&fb[pc], parity);
+          ptx::wgmma_fence_operand(s);
+          ptx::wgmma_fence();
+          open = true;
+        } else if (full_of(C, pc) == pc) {
+          wait_full<Src>(&fb[pc], parity);
+        }
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           const int off = pc * T::kPanelBytes + ks * 32;
@@ -351,7 +376,7 @@ struct SeesawBase {
     uint64_t* fb = full(so);
     if (real)
       for (int pc = half_panel(C); pc < half_panel(C) + 4; ++pc)
-        if (full_of(pc) == pc) wait_full<Src>(&fb[pc], parity);
+        if (full_of(so, pc) == pc) wait_full<Src>(&fb[pc], parity);
     const uint8_t* sP = smem + L::kOffP + so * T::kPanelBytes;
     const uint8_t* sV = real ? stage_tile(so) + half_panel(C) * T::kPanelBytes : smem + L::kOffP;
     const uint32_t panel_bytes = real ? T::kPanelBytes : 2048;
