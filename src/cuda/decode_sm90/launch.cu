@@ -48,6 +48,23 @@ Start start_mode() {
   return s;
 }
 
+// Stage 1's full barriers in the next seesaw schedule of the bf16 cache without multicast (source.cuh PagedPanelKeys;
+// MLA_DECODE_SM90_PANELS, read once): auto (default) a barrier per panel when a request has more than 16 query rows,
+// else one per V half (PagedKeys); panel; group.
+// Same-call A/B, nvidia-h200, 2026-11-25 (one barrier per half / per panel, 5 rounds, ms): b 128 h 128 s_k 4096
+// 0.301-0.344 / 0.293-0.305, s_k 8192 0.545-0.620 / 0.527-0.534, h 64 even; but b 4 h 16 s_k 1024 (16 rows on the
+// seesaw tile) 0.0174-0.0185 / 0.0185-0.0193.
+enum class Panels { automatic, panel, group };
+Panels panel_mode() {
+  static const Panels m =
+      env_choice("MLA_DECODE_SM90_PANELS", Panels::automatic, {{"panel", Panels::panel}, {"group", Panels::group}});
+  return m;
+}
+bool stage1_panels(int64_t m_rows) {
+  const Panels m = panel_mode();
+  return m == Panels::panel || (m == Panels::automatic && m_rows > 16);
+}
+
 // Which kernel runs 17..32 query rows per request (MLA_DECODE_SM90_ROWS32, read once): seesaw (default: bf16
 // and fp8 per-tensor caches run one 64-row tile of the seesaw kernel, half of its rows padding, uniform
 // split-KV schedule; fp8_ds_mla keeps the N 32 small kernel), small (every format on the N 32 small kernel,
@@ -272,6 +289,8 @@ void run(const dispatch::DecodeArgs& a) {
     const CUtensorMap map = paged_tensor_map(cache, p.box_rows, what);
     if (multicast)
       launch_seesaw<PagedKeysT<true>>(p, grid, stream, map, what);  // clusters of the two row tiles (source.cuh)
+    else if (p.tile_rows == Traits::kBlockM && seesaw_schedule() == SeesawSchedule::next && stage1_panels(m_rows))
+      launch_seesaw_next<PagedPanelKeys>(p, grid, stream, map, what);
     else if (p.cluster_merge)
       launch_seesaw_clusters<PagedKeys>(p, grid, static_cast<unsigned>(p.num_splits), stream, map, what);  // the splits
     else

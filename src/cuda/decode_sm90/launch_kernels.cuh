@@ -123,6 +123,15 @@ void launch_seesaw_clusters(const DecodeSm90Params& p, unsigned grid, unsigned c
                        what);
 }
 
+// The next-schedule seesaw kernel with key source Src, one CTA per unit or, under p.cluster_merge, in clusters of the
+// splits.
+template <class Src>
+void launch_seesaw_next(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
+                        const char* what) {
+  if (p.cluster_merge) launch_seesaw_clusters<Src>(p, grid, static_cast<unsigned>(p.num_splits), stream, map, what);
+  else launch_one(decode_sm90_seesaw_next_kernel<Src>, SeesawTraits::kSmemBytes, grid, stream, map, p, what);
+}
+
 // The seesaw kernel (64-row tiles) with key source Src.
 template <class Src>
 void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,

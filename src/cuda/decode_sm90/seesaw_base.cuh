@@ -54,14 +54,18 @@ struct SeesawTraits {
 template <class Src>
 inline constexpr bool kClusterMerged = Src::kTma && !CrossoverSource<Src>;
 
-// The next schedule for the paged TMA source without multicast: stage 1's panels each on their own full barrier
-// (the producer announces and completes them one by one), so that consumer 1's S starts on each panel of the V half
-// refilled last (after consumer 0's remote product) as it lands, FlashMLA's granularity, instead of on the half's
-// last panel; its panels' products are then each their own wgmma commit group, as FlashMLA's are. Stage 0 keeps one
-// barrier per V half: per-panel waits in consumer 0's S, issued while its remote product is in flight, spilled 48
-// bytes (ptxas, 232 consumer registers).
+// The next schedule for the paged TMA source without multicast, PagedKeysT's kStage1Panels (launch.cu picks it:
+// panel_mode): stage 1's panels each on their own full barrier (the producer announces and completes them one by
+// one), so that consumer 1's S starts on each panel of the V half refilled last (after consumer 0's remote product)
+// as it lands, FlashMLA's granularity, instead of on the half's last panel; its panels' products are then each their
+// own wgmma commit group, as FlashMLA's are. Stage 0 keeps one barrier per V half: per-panel waits in consumer 0's S,
+// issued while its remote product is in flight, spilled 48 bytes (ptxas, 232 consumer registers). A kernel parameter
+// choosing between the two orders at run time spilled 76..188 bytes (ptxas): hence a source type per order.
 template <class Src>
-inline constexpr bool kPanelFull = Src::kTma && !CrossoverSource<Src>;
+inline constexpr bool kPanelFull = [] {
+  if constexpr (requires { Src::kStage1Panels; }) return Src::kTma && !CrossoverSource<Src> && Src::kStage1Panels;
+  else return false;
+}();
 // Whether stage `stage`'s V-half panels complete on their own full barriers (else on the half's first panel's).
 template <class Src, bool kNext>
 __host__ __device__ constexpr bool panel_barriers(int stage) { return !kNext || (kPanelFull<Src> && stage == 1); }

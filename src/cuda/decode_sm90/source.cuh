@@ -76,10 +76,11 @@ namespace mla::cuda::decode_sm90 {
 // released by both CTAs' consumers before either producer refills it: the CrossoverSource machinery (peer
 // arrivals on the empty barriers, cluster-scope waits, cluster_sync at start and exit) is CrossKeys'.
 // Why: L2 -> SM traffic of the two CTAs streaming the same tiles (ncu, docs/DECODE.md "Multicast").
-template <bool kMulticast = false>
+template <bool kMulticast = false, bool kPanels = false>
 struct PagedKeysT {
   static constexpr bool kTma = true;
   static constexpr bool kCrossover = kMulticast;
+  static constexpr bool kStage1Panels = kPanels;  // next schedule: stage 1's panels on their own barriers (seesaw_base.cuh)
   static constexpr int kClusterSize = kMulticast ? 2 : 1;
   static constexpr int kPeerReleases = kMulticast ? 4 : 0;  // per V-half group: lane 0 of each peer consumer warp
   static constexpr bool kIndexed = false;
@@ -157,6 +158,7 @@ struct PagedKeysT {
   };
 };
 using PagedKeys = PagedKeysT<false>;
+using PagedPanelKeys = PagedKeysT<false, true>;  // the next seesaw schedule only (launch.cu)
 
 // Eight e4m3 codes (byte i = code i) times `scale`, each rounded to bf16: one 16-byte chunk.
 __device__ __forceinline__ uint4 e4m3x8_scaled_to_bf16(uint32_t w0, uint32_t w1, float scale) {
