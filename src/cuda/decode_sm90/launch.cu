@@ -263,6 +263,7 @@ void run(const dispatch::DecodeArgs& a) {
     p.warm = start_mode() == Start::warm ? 1 : 0;
   }
   if (p.tile_rows > 32) p.q_batch = seesaw_q_batch() ? 1 : 0;
+  p.defer_s1 = defer_s1() ? 1 : 0;
 
   const char* what = "mqa_decode (sm90)";
   const unsigned grid =

@@ -123,6 +123,17 @@ void launch_seesaw_clusters(const DecodeSm90Params& p, unsigned grid, unsigned c
                        what);
 }
 
+// Consumer 1's S in the next seesaw schedule (params.h defer_s1; MLA_DECODE_SM90_DEFER, read once): on (default)
+// issued after stage 1's other V half was released, or off (at once). nvidia-h200, 2026-11-25, same-call A/B (4 rounds,
+// off / on, ms): sparse prefill T 4096 h 128 4.78-4.79 / 4.66-4.70, dense s_q 2 h 128 0.979-1.035 / 0.982-0.998,
+// dense bf16 / fp8 h 128 and h 64, b 4, sparse fp8_ds_mla h 64 / 128 within the spread. Pair trace (dense h 128):
+// consumer 0's remote product retires ~200 cycles earlier, consumer 1's S ~370; docs/DECODE.md "Twenty-seventh session".
+inline bool defer_s1() {
+  enum class Defer { on, off };
+  static const Defer d = env_choice("MLA_DECODE_SM90_DEFER", Defer::on, {{"off", Defer::off}});
+  return d == Defer::on;
+}
+
 // The next-schedule seesaw kernel with key source Src, one CTA per unit or, under p.cluster_merge, in clusters of the
 // splits.
 template <class Src>

@@ -322,6 +322,13 @@ struct SeesawBase {
   __device__ __forceinline__ void s_product(float (&s)[32], uint32_t (&qr)[4][4], int j, float& mx_lo, float& mx_hi) {
     const int k0 = u.key_begin + (2 * j + C) * T::kBlockN;
     const uint64_t mask = tile_mask(j & 1);
+    // Consumer 1 of the next schedule (p.defer_s1): its S is issued only once consumer 0's remote product of the
+    // previous pair retired (stage 1's other V half released: empty[1][2], the producer's wait for the refill),
+    // so that its rope and own-half products do not share the tensor pipe with that remote product, the one on
+    // the pair's loop (release -> refill -> this S -> P1 -> the remote product); its S then runs while the half
+    // is refilled. No product is in flight here.
+    if constexpr (kNext && C == 1)
+      if (p.defer_s1) ptx::mbar_wait(&empty(1)[2], (j & 1) ^ 1);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
     ptx::wgmma_fence_operand(s);
