@@ -227,8 +227,11 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
         }
         MLA_DECODE_TRACE_PAIR(C, 2, j);  // consumer 1's P1 stored and its remote product issued
         this->issue_remote_pv(par ^ 1, j > 0);
-        this->template issue_s<false, true, false>(s, qr, par);
-        ptx::wgmma_wait_group<1>();  // the rope and remote products retired
+        // The rope and remote products retired before the own half's S is issued: that issue waits for the own
+        // half's refill (released by the previous pair's local product), and stage 1's other half, released below,
+        // is on the pair's loop (its refill feeds consumer 1's S); waiting for the own half first delayed that
+        // release by up to the refill's latency (pair trace, docs/DECODE.md "Twenty-seventh session").
+        ptx::wgmma_wait_group<0>();
         MLA_DECODE_TRACE_PAIR(C, 3, j);
       } else {
         // The rope product first and retired (its A registers must not be live while O is in flight:
@@ -254,7 +257,8 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
         ptx::wgmma_wait_group<1>();  // the remote product retired
       }
       if (j > 0) this->release(1, 2);  // stage 1's other V half read
-      this->template issue_s<false, false, true>(s, qr, par);
+      if constexpr (kNext) this->template issue_s<false, true, true>(s, qr, par);  // own, then other half
+      else this->template issue_s<false, false, true>(s, qr, par);
       ptx::wgmma_wait_group<0>();
       MLA_DECODE_TRACE_PAIR(C, 4, j);  // S complete
       ptx::wgmma_fence_operand(s);
