@@ -294,6 +294,27 @@ struct SeesawBase {
     const float scale = p.rows.scale_log2 * code_scale<Src>(p);  // exact-code sources: times scale * 2^56
     mx_lo = -INFINITY;
     mx_hi = -INFINITY;
+    // The paged TMA source's kernel with stage 1's panel barriers (requests of more than 16 rows): a tile whose 64
+    // keys are all loaded and visible to every row of the warp is only scaled (no per-key tests), since consumer 0's
+    // mask and max are on the pair's loop. Not in the other kernels: at b 4 h 16 the longer pair cost 13..25% in
+    // instruction fetch (docs/DECODE.md "Pair timeline", the clean-tile fast path).
+    if constexpr (kNext && kPanelFull<Src>) {
+      const bool clean = mask == ~uint64_t(0) && k0 + T::kBlockN - 1 <= min(lim_lo, lim_hi);
+      if (__all_sync(0xffffffffu, clean)) {
+#pragma unroll
+        for (int i = 0; i < 32; i += 4) {
+          s[i] *= scale;
+          s[i + 1] *= scale;
+          s[i + 2] *= scale;
+          s[i + 3] *= scale;
+          mx_lo = fmaxf(mx_lo, fmaxf(s[i], s[i + 1]));
+          mx_hi = fmaxf(mx_hi, fmaxf(s[i + 2], s[i + 3]));
+        }
+        mx_lo = softmax::quad_max(mx_lo);
+        mx_hi = softmax::quad_max(mx_hi);
+        return;
+      }
+    }
 #pragma unroll
     for (int jj = 0; jj < T::kBlockN / 8; ++jj)
 #pragma unroll
