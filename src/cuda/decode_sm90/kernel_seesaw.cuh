@@ -38,8 +38,11 @@
 // InplaceKeys, source_inplace.cuh, under MLA_DECODE_SM90_EXPAND=inplace), is the overlapped order with the per-tile overheads the profile named taken out:
 //   - the rope part of Q is loaded into registers once per unit (16 per consumer thread; ptxas fits them
 //     at the 232 consumer registers, 0 spills: no setmaxnreg change) instead of 16 global loads per tile;
-//   - consumer 0 no longer retires its rope product on its own: rope S, the previous pair's remote P V
-//     and the own-half S are issued as three groups, then wait_group 1 (rope and remote retired);
+//   - consumer 0 no longer retires its rope product on its own: rope S and the previous pair's remote P V
+//     are issued as two groups and retired together (wait_group 0), stage 1's other half is released, and only
+//     then the own and other halves' S are issued (their wait for the own half's refill must not delay that
+//     release: docs/DECODE.md "Twenty-seventh session"); consumer 1 issues its S only after that release
+//     (p.defer_s1), so that its products stay out of the tensor pipe while the remote product runs;
 //   - a V half's four panels complete on ONE full barrier (full[s][4h], the group's first panel; the
 //     producer announces the four panels' bytes there in one arrive.expect_tx: produce_seesaw kGroupFull),
 //     so an S waits three times (rope, own half, other half) and a remote product once, instead of 9 / 4
@@ -57,7 +60,7 @@
 // rope product) and those of the last full pair after its loop. P0 is rewritten (pair j + 1) only after C0
 // synced kBarM1 of pair j + 1, which C1 arrives after its remote P0 V0R of pair j retired; P1 likewise only
 // after C1 synced kBarM0 of pair j + 1, which C0 arrives after its remote P1 V1L of pair j retired
-// (wait_group 1 in pair j + 1 precedes mask_max / publish_m0).
+// (the wait for rope and remote in pair j + 1 precedes mask_max / publish_m0).
 //
 // Consumer hand-overs through named barriers (one warpgroup arrives, the other syncs; 256 threads):
 //   kBarM0 (m0 published), kBarM1 (m1), kBarP0 / kBarP1 (P in smem); serial schedule: kBarP0Free /
