@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Same-machine A/B of the working tree against other git refs: each ref becomes its own `mla` binary, built on
+# the GPU machine from the working tree with that ref's versions of the changed files laid over it, and the
+# binaries are timed in alternating rounds in one call (single `mla bench` rows move 3..8% between calls on the
+# H200, so a claim needs both sides in the same run: docs/PERFORMANCE.md).
+#
+# Here, in a clone (the GPU machine gets no .git):
+#   scripts/ab_refs.sh prepare [--paths "DIR ..."] NAME=REF [NAME=REF ...]
+#     For each NAME, REF's contents of every file under the paths (default: src include bench apps) that differs
+#     between REF and the working tree (committed or not) go to .carry/ab/NAME/<path>. Only files present on both
+#     sides: an added or deleted file is named and refused (the build globs sources; lay such a change over by
+#     hand). Then call the device tool with carry [".carry"].
+# On the GPU machine, from the repo root (build dir $B, default build-gpu):
+#   scripts/ab_refs.sh build          the working tree: mla_cli + mla_gpu_tests, the CLI copied to $B/mla_W
+#   scripts/ab_refs.sh variants       for each .carry/ab/NAME: its files laid over, mla_cli rebuilt ($J jobs,
+#                                     default 10), copied to $B/mla_NAME; the working tree's files put back
+#                                     after each and W rebuilt at the end (run it in the background while the
+#                                     tests run: mla_gpu_tests is not relinked)
+#   scripts/ab_refs.sh bench ROUNDS "VARIANT ..." "SHAPE" ["SHAPE" ...]
+#     VARIANT: NAME (W = the working tree) or NAME:VAR=VALUE[,VAR=VALUE] (that binary under those environment
+#     variables, e.g. W:MLA_DECODE_SM90_LAZY=off). SHAPE: the arguments of `mla bench` for one row, e.g.
+#     "--ops mqa_decode --b 128 --h-q 128 --s-k 4096", or a named set (@seesaw-bf16, @seesaw-codes,
+#     @sparse-prefill: shape_set below). Rounds alternate the variants shape by shape; every timing goes to
+#     $OUT/ab.log, and a table of each shape's times per variant (and their median) to stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${B:-build-gpu}
+CARRY=.carry/ab
+
+prepare() {
+  local paths="src include bench apps"
+  if [ "${1:-}" = --paths ]; then paths=$2; shift 2; fi
+  [ $# -gt 0 ] || { echo "prepare: name at least one NAME=REF" >&2; exit 2; }
+  rm -rf "$CARRY" && mkdir -p "$CARRY"
+  for spec in "$@"; do
+    local name=${spec%%=*} ref=${spec#*=}
+    [[ "$spec" == *=* && "$name" =~ ^[A-Za-z0-9_]+$ && "$name" != W ]] || {
+      echo "prepare: '$spec' is not NAME=REF (NAME letters, digits, _; W is the working tree)" >&2; exit 2; }
+    git rev-parse --verify -q "$ref^{commit}" >/dev/null || { echo "prepare: no commit '$ref'" >&2; exit 2; }
+    # shellcheck disable=SC2086
+    local other
+    other=$(git diff --name-only --diff-filter=ADRC "$ref" -- $paths)
+    [ -z "$other" ] || { echo "prepare: $name: files added, deleted or renamed against $ref:" >&2; echo "$other" >&2; exit 2; }
+    local n=0
+    # shellcheck disable=SC2086
+    while read -r f; do
+      [ -n "$f" ] || continue
+      mkdir -p "$CARRY/$name/$(dirname "$f")"
+      git show "$ref:$f" >"$CARRY/$name/$f"
+      n=$((n + 1))
+    done < <(git diff --name-only --diff-filter=M "$ref" -- $paths)
+    echo "$name = $(git rev-parse --short "$ref"): $n files"
+  done
+  du -sh "$CARRY" | cut -f1 | sed 's/^/.carry\/ab: /'
+}
+
+build_w() {
+  [ -f "$B/CMakeCache.txt" ] || cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release >/tmp/ab_cmake.log 2>&1
+  ninja -C "$B" -j"${J:-16}" mla_cli mla_gpu_tests >/tmp/ab_build_W.log 2>&1 || {
+    grep -E 'error|FAILED' /tmp/ab_build_W.log | head -30; exit 1; }
+  cp "$B/bin/mla" "$B/mla_W"
+  echo "built W ($SECONDS s)"
+}
+
+variants() {
+  [ -d "$CARRY" ] || { echo "variants: no $CARRY (prepare here, then carry .carry)" >&2; exit 2; }
+  local keep=/tmp/ab_keep_W
+  for dir in "$CARRY"/*/; do
+    local name
+    name=$(basename "$dir")
+    rm -rf "$keep" && mkdir -p "$keep"
+    (cd "$dir" && find . -type f) >/tmp/ab_files
+    while read -r f; do mkdir -p "$keep/$(dirname "$f")"; cp -p "$f" "$keep/$f"; cp "$dir/$f" "$f"; done </tmp/ab_files
+    local ok=1
+    ninja -C "$B" -j"${J:-10}" mla_cli >"/tmp/ab_build_$name.log" 2>&1 || ok=0
+    while read -r f; do cp "$keep/$f" "$f"; done </tmp/ab_files  # new times: ninja rebuilds W's objects
+    if [ $ok = 1 ]; then cp "$B/bin/mla" "$B/mla_$name"; echo "built $name ($SECONDS s)"
+    else echo "build of $name FAILED:"; grep -E 'error|FAILED' "/tmp/ab_build_$name.log" | head -20; fi
+  done
+  # The working tree's files are back with new times: rebuild, so that the build dir holds W again (a later ninja,
+  # e.g. of the tests, must not link a variant's objects).
+  ninja -C "$B" -j"${J:-10}" mla_cli >/tmp/ab_build_W2.log 2>&1 || true
+  echo "rebuilt W ($SECONDS s)"
+}
+
+# One row: the time (ms), kernel variant and config of the first row `mla bench SHAPE` reports for VARIANT (from
+# its --json), tab-separated; "-" for a run that reported none.
+row() {
+  local v=$1 shape=$2 name=${1%%:*} env=() json=/tmp/ab_row.json
+  [[ "$v" == *:* ]] && IFS=, read -r -a env <<<"${v#*:}"
+  rm -f "$json"
+  # shellcheck disable=SC2086
+  env "${env[@]}" timeout 60 "$B/mla_$name" bench $shape --json "$json" >/tmp/ab_row.log 2>&1 || true
+  python3 -c 'import json, sys
+try:
+    r = json.load(open(sys.argv[1]))["rows"][0]
+    print("%.5f\t%s\t%s" % (r["time_ms"], r["variant"], r["config"]))
+except Exception:
+    print("-\t-\t-")' "$json"
+}
+
+# Named shape sets (SHAPE "@name"): the rows the seesaw kernels' A/Bs have used since the twenty-fourth session.
+shape_set() {
+  case "$1" in
+    @seesaw-bf16)  # dense bf16: h 128 s_k 4096 / 8192, s_q 2 h 128, h 64; b 4 h 16 (16 rows on the seesaw tile)
+      printf '%s\n' "--ops mqa_decode --b 128 --h-q 128 --s-k 4096" "--ops mqa_decode --b 128 --h-q 128 --s-k 8192" \
+        "--ops mqa_decode --b 128 --h-q 128 --s-q 2 --s-k 8192" "--ops mqa_decode --b 128 --h-q 64 --s-k 4096" \
+        "--ops mqa_decode --b 4 --h-q 16 --s-k 1024" ;;
+    @seesaw-codes)  # the code formats on the seesaw: crossover (h 128) and in-place (h 64), dense and sparse
+      printf '%s\n' "--ops mqa_decode --b 128 --h-q 128 --s-k 4096 --format fp8" \
+        "--ops mqa_decode --b 128 --h-q 64 --s-k 4096 --format fp8_ds_mla" \
+        "--ops sparse_mqa --b 128 --h-q 128 --topk 2048 --format fp8_ds_mla" \
+        "--ops sparse_mqa --b 128 --h-q 64 --topk 2048 --format fp8_ds_mla" ;;
+    @sparse-prefill)  # issue 8's prefill row (GroupRows, bf16 rows)
+      printf '%s\n' "--ops sparse_mqa --b 4096 --h-q 128 --topk 2048 --pool 8192 --format bf16 --iters 8" ;;
+    @*) echo "bench: unknown shape set $1 (@seesaw-bf16, @seesaw-codes, @sparse-prefill)" >&2; exit 2 ;;
+    *) printf '%s\n' "$1" ;;
+  esac
+}
+
+bench() {
+  local rounds=$1 vars=$2
+  shift 2
+  local shapes=() line
+  for a in "$@"; do
+    shape_set "$a" >/dev/null || exit 2
+    while IFS= read -r line; do shapes+=("$line"); done < <(shape_set "$a")
+  done
+  set -- "${shapes[@]}"
+  mkdir -p "${OUT:-/tmp}"
+  local log=${OUT:-/tmp}/ab.log
+  for r in $(seq "$rounds"); do
+    local i=0
+    for shape in "$@"; do
+      i=$((i + 1))
+      for v in $vars; do printf '%s\t%d\t%d\t%s\n' "$v" "$i" "$r" "$(row "$v" "$shape")" >>"$log"; done
+    done
+  done
+  local i=0
+  for shape in "$@"; do
+    i=$((i + 1))
+    echo "shape $i: $shape"
+    for v in $vars; do
+      awk -F'\t' -v v="$v" -v i="$i" '$1 == v && $2 == i {
+          ts = ts " " $4; if ($4 != "-") x[++c] = $4 + 0; k = $5
+        }
+        END {
+          for (a = 1; a <= c; a++) for (b = a + 1; b <= c; b++) if (x[b] < x[a]) { y = x[a]; x[a] = x[b]; x[b] = y }
+          med = c ? (c % 2 ? x[(c + 1) / 2] : (x[c / 2] + x[c / 2 + 1]) / 2) : 0
+          printf "  %-34s %s   median %.4f  [%s]\n", v, ts, med, k
+        }' "$log"
+    done
+  done
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  prepare) prepare "$@" ;;
+  build) build_w ;;
+  variants) variants ;;
+  bench) bench "$@" ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2 ;;
+esac
