@@ -24,7 +24,8 @@
 # Reading the summary: "api" reports are CUDA API calls that returned an error (NCCL probes driver
 # entry points with cuGetProcAddress and reports nothing itself: those are listed under their
 # library); "kernel" reports are device accesses and name the kernel. Each report must be read before
-# it is called a false positive (docs/NOTES.md: the tool does not model every TMA / mbarrier case).
+# it is called a false positive (docs/DEVELOPING.md "GPU sanitizers": the tool does not model every TMA /
+# mbarrier case).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-gpu}

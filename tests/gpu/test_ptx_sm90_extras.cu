@@ -142,7 +142,8 @@ TEST(PtxBarrier, SlotReleasedByOneOfTwoReadingWarpgroups) {
 // writes its row sums, bar.sync on a named barrier counted for the two consumer warpgroups only, then
 // every thread reads both halves), in a 384-thread block whose first warpgroup (the producers) takes no
 // part and exits early. bar.sync on both sides: correct by construction, checked by the values read.
-// Under compute-sanitizer racecheck this is the reference for reports on that exchange (docs/NOTES.md).
+// Under compute-sanitizer racecheck this is the reference for reports on that exchange (docs/DEVELOPING.md "GPU
+// sanitizers").
 __global__ void partial_sync_exchange_kernel(int rounds, int* errors) {
   __shared__ float sL[2][128];
   const int tid = threadIdx.x, wg = tid / 128, local = tid % 128;
@@ -178,7 +179,8 @@ TEST(PtxBarrier, SyncSyncExchangeBetweenTwoOfThreeWarpgroups) {
 // each consumer warpgroup runs its own template instance, so the two reach the 256-thread named barrier from two
 // different PCs, right after a store by one lane in four. Correct by construction (bar.sync on both sides, values
 // checked). Under compute-sanitizer synccheck: the reference for its "Divergent thread(s) in block" report on
-// finish() (docs/NOTES.md, seventeenth session): flagged here too means a tool limit, clean here means a fault there.
+// finish() (docs/DEVELOPING.md "GPU sanitizers"; docs/NOTES_ARCHIVE.md, seventeenth session): flagged here too means
+// a tool limit, clean here means a fault there.
 template <int C>
 __device__ __noinline__ void two_pc_exchange_side(float* sL, int r, int local, int* errors) {
   if ((local & 3) == 0) sL[C * 32 + local / 4] = static_cast<float>(r * 1000 + C * 300 + local / 4);
@@ -206,7 +208,8 @@ TEST(PtxBarrier, NamedBarrierFromTwoTemplateInstances) {
 // consumer 0 by bar.arrive (id 2) / bar.sync and consumer 0 releases it by bar.arrive (id 3), then the two
 // exchange a second buffer with bar.sync on both sides (id 1), the producer warpgroup idle. Correct by
 // construction (values checked). Under racecheck: whether reports on the sync / sync exchange appear
-// once the same warps also use arrive / sync hand-overs (docs/NOTES.md, the small kernel's epilogue).
+// once the same warps also use arrive / sync hand-overs (docs/DEVELOPING.md "GPU sanitizers", the small kernel's
+// epilogue).
 __global__ void mixed_handover_kernel(int rounds, int* errors) {
   __shared__ float a[128], x[2][128];
   const int tid = threadIdx.x, wg = tid / 128, local = tid % 128;
