@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-kernel SASS size and spill / tensor-core instruction counts of a cubin, without cuobjdump.
+"""Per-kernel SASS size and spill / tensor-core / warpgroup-sync instruction counts of a cubin, without cuobjdump.
 
 This machine has nvcc and ptxas but no cuobjdump or nvdisasm. A cubin is an ELF file whose `.text.<kernel>`
 sections hold the kernels' SASS: 16 bytes per instruction on sm_90, the opcode in the low 12 bits of the first
@@ -10,6 +10,10 @@ against ptxas and ncu on the same kernels:
   HGMMA 0xdf0 and 0x9f0, the two operand forms of the warpgroup MMA (the raw decode kernel's 36 + 32 per tile are
         0xdf0, as ncu's source page counts them; the small kernel's 68 are 0x9f0; the seesaw has both). QGMMA (fp8
         operands) is not identified: a kernel on it reads HGMMA 0.
+  WGSYNC 0x9c5, WARPGROUP.ARRIVE (wgmma.fence) and WARPGROUP.DEPBAR (wgmma.wait_group) alike: identified in the
+        twenty-eighth session with probe kernels (one more fence or one more wait_group each added one). A change
+        whose kernels gain WGSYNC without a new fence or wait in the source made ptxas insert warpgroup syncs (its
+        C7519 note, or silently: the serialised products of docs/DEVELOPING.md's wgmma rules).
 Offsets (bytes from the kernel's start) of the STL / LDL tell whether a spill sits in a hot loop: compare them
 with the HGMMA offsets (--where).
 
@@ -23,7 +27,7 @@ import re
 import struct
 import sys
 
-OPS = {"STL": (0x387,), "LDL": (0x983,), "HGMMA": (0xDF0, 0x9F0)}
+OPS = {"STL": (0x387,), "LDL": (0x983,), "HGMMA": (0xDF0, 0x9F0), "WGSYNC": (0x9C5,)}
 
 
 def text_sections(path):
@@ -50,14 +54,15 @@ def main():
     if not args:
         sys.exit(__doc__)
     path, sub = args[0], (args[1] if len(args) > 1 else "")
-    print(f"{'bytes':>8} {'instr':>6} {'STL':>4} {'LDL':>4} {'HGMMA':>5}  kernel")
+    print(f"{'bytes':>8} {'instr':>6} {'STL':>4} {'LDL':>4} {'HGMMA':>5} {'WGSYNC':>6}  kernel")
     for name, code in sorted(text_sections(path).items()):
         if sub not in name:
             continue
         ops = [struct.unpack_from("<Q", code, i)[0] & 0xFFF for i in range(0, len(code), 16)]
         at = {k: [16 * i for i, o in enumerate(ops) if o in v] for k, v in OPS.items()}
         short = re.sub(r"^_ZN3mla4cuda\d+\w+?\d+(?=decode|mqa|sparse)", "", name)[:90]
-        print(f"{len(code):8d} {len(ops):6d} {len(at['STL']):4d} {len(at['LDL']):4d} {len(at['HGMMA']):5d}  {short}")
+        print(f"{len(code):8d} {len(ops):6d} {len(at['STL']):4d} {len(at['LDL']):4d} {len(at['HGMMA']):5d}"
+              f" {len(at['WGSYNC']):6d}  {short}")
         if where and (at["STL"] or at["LDL"]):
             hg = at["HGMMA"]
             print(f"           HGMMA {hex(hg[0]) if hg else '-'} .. {hex(hg[-1]) if hg else '-'};"
