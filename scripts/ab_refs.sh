@@ -37,10 +37,11 @@ prepare() {
     [[ "$spec" == *=* && "$name" =~ ^[A-Za-z0-9_]+$ && "$name" != W ]] || {
       echo "prepare: '$spec' is not NAME=REF (NAME letters, digits, _; W is the working tree)" >&2; exit 2; }
     git rev-parse --verify -q "$ref^{commit}" >/dev/null || { echo "prepare: no commit '$ref'" >&2; exit 2; }
-    # shellcheck disable=SC2086
     local other
+    # shellcheck disable=SC2086
     other=$(git diff --name-only --diff-filter=ADRC "$ref" -- $paths)
-    [ -z "$other" ] || { echo "prepare: $name: files added, deleted or renamed against $ref:" >&2; echo "$other" >&2; exit 2; }
+    [ -z "$other" ] || {
+      echo "prepare: $name: files added, deleted or renamed against $ref:" >&2; echo "$other" >&2; exit 2; }
     local n=0
     # shellcheck disable=SC2086
     while read -r f; do
@@ -128,14 +129,18 @@ bench() {
   done
   set -- "${shapes[@]}"
   mkdir -p "${OUT:-/tmp}"
-  local log=${OUT:-/tmp}/ab.log
+  # This call's rows (the table below reads only them: shape numbers restart with every call), then appended to
+  # $OUT/ab.log, which keeps every call's.
+  local rows
+  rows=$(mktemp)
   for r in $(seq "$rounds"); do
     local i=0
     for shape in "$@"; do
       i=$((i + 1))
-      for v in $vars; do printf '%s\t%d\t%d\t%s\n' "$v" "$i" "$r" "$(row "$v" "$shape")" >>"$log"; done
+      for v in $vars; do printf '%s\t%d\t%d\t%s\n' "$v" "$i" "$r" "$(row "$v" "$shape")" >>"$rows"; done
     done
   done
+  cat "$rows" >>"${OUT:-/tmp}/ab.log"
   local i=0
   for shape in "$@"; do
     i=$((i + 1))
@@ -148,9 +153,10 @@ bench() {
           for (a = 1; a <= c; a++) for (b = a + 1; b <= c; b++) if (x[b] < x[a]) { y = x[a]; x[a] = x[b]; x[b] = y }
           med = c ? (c % 2 ? x[(c + 1) / 2] : (x[c / 2] + x[c / 2 + 1]) / 2) : 0
           printf "  %-34s %s   median %.4f  [%s]\n", v, ts, med, k
-        }' "$log"
+        }' "$rows"
     done
   done
+  rm -f "$rows"
 }
 
 cmd=${1:-}
