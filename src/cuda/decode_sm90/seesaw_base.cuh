@@ -294,11 +294,11 @@ struct SeesawBase {
     const float scale = p.rows.scale_log2 * code_scale<Src>(p);  // exact-code sources: times scale * 2^56
     mx_lo = -INFINITY;
     mx_hi = -INFINITY;
-    // The paged TMA source's kernel with stage 1's panel barriers (requests of more than 16 rows): a tile whose 64
-    // keys are all loaded and visible to every row of the warp is only scaled (no per-key tests), since consumer 0's
-    // mask and max are on the pair's loop. Not in the other kernels: at b 4 h 16 the longer pair cost 13..25% in
-    // instruction fetch (docs/DECODE.md "Pair timeline", the clean-tile fast path).
-    if constexpr (kNext && kPanelFull<Src>) {
+    // Every next-schedule kernel but the paged TMA source's for at most 16 rows (PagedKeys): a tile whose 64 keys are
+    // all loaded and visible to every row of the warp is only scaled (no per-key tests), since consumer 0's mask and
+    // max are on the pair's loop. Not in PagedKeys' kernel: at b 4 h 16 the longer pair cost 13..25% in instruction
+    // fetch (docs/DECODE.md "Pair timeline", the clean-tile fast path).
+    if constexpr (kNext && !std::is_same_v<Src, PagedKeysT<false>>) {
       const bool clean = mask == ~uint64_t(0) && k0 + T::kBlockN - 1 <= min(lim_lo, lim_hi);
       if (__all_sync(0xffffffffu, clean)) {
 #pragma unroll
