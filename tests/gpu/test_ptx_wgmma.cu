@@ -1,7 +1,8 @@
 // Device tests of the wgmma wrappers (src/cuda/common/ptx/wgmma.cuh) against a float64 CPU GEMM: one
 // warpgroup computes D(64 x N) = A(64 x K) * B(K x N) for bf16 with A from shared memory (K-major and
 // MN-major) and from registers, f16 (both A sources), B K-major and MN-major ("transposed"), N = 64 / 128 /
-// 256, and e4m3 with A from shared memory and registers. Operand tiles arrive by TMA with the 128-byte swizzle (tma.cuh),
+// 256, and e4m3 with A from shared memory and registers; and the in-place row scaling of a D fragment
+// (wgmma_scale_rows_if). Operand tiles arrive by TMA with the 128-byte swizzle (tma.cuh),
 // except in the register-A bf16 case, where the threads write B into the swizzled layout with ordinary
 // stores and publish it with fence_proxy_async_smem (fence.cuh). SASS (scripts/sass_summary.sh, H200,
 // 2026-11-22): HGMMA in every bf16 instantiation, QGMMA in every e4m3 one, no LDL/STL (no spills).
@@ -256,6 +257,55 @@ TEST(PtxWgmma, E4m3SmemAndRegisterA) {
   run_case<128, 128, kK, kK, false, true, false>(41);
   run_case<256, 128, kK, kK, false, true, false>(42);
   run_case<64, 256, kK, kK, true, true, false>(43);
+}
+
+// wgmma_scale_rows_if: a D fragment (no product needed: its layout is what the wrapper assumes) filled with
+// distinct values; warp w's `any` is taken from the host's flags, the factors depend on the row. Rows of warps
+// with any = 0 must come back untouched, the others multiplied by their row's factor, with no lane left out.
+template <int N>
+__global__ void __launch_bounds__(128) scale_rows_kernel(const int* any_of_warp, float* d_out) {
+  const int tid = threadIdx.x, w = tid / 32, g = (tid & 31) / 4, t = tid & 3;
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = static_cast<float>(tid * 256 + i);
+  const float f_lo = 0.5f + (16 * w + g), f_hi = 0.25f + (16 * w + g + 8);  // products below 2^21 in quarters: exact
+  wgmma_scale_rows_if<N>(d, any_of_warp[w] != 0, f_lo, f_hi);
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * w + g + 8 * (e >> 1), col = 8 * j + 2 * t + (e & 1);
+      d_out[row * N + col] = d[4 * j + e];
+    }
+}
+
+template <int N>
+void run_scale_rows(const std::vector<int>& any_of_warp) {
+  test::DevBuf<int> dany(any_of_warp);
+  test::DevBuf<float> dd(static_cast<std::size_t>(64) * N);
+  dd.fill_bytes(0xff);  // NaN: every element must be written
+  scale_rows_kernel<N><<<1, 128>>>(dany.p, dd.p);
+  MLA_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> got = dd.download();
+  int bad = 0;
+  for (int row = 0; row < 64; ++row)
+    for (int col = 0; col < N; ++col) {
+      const int w = row / 16, g = row % 8, hi = (row % 16) / 8, t = (col % 8) / 2, j = col / 8;
+      const int tid = 32 * w + 4 * g + t, i = 4 * j + 2 * hi + (col & 1);
+      const double f = hi ? 0.25 + row : 0.5 + row;
+      const double want = (tid * 256.0 + i) * (any_of_warp[w] ? f : 1.0);
+      if (got[static_cast<std::size_t>(row) * N + col] != want && ++bad <= 5)
+        ADD_FAILURE() << "N " << N << " D[" << row << "][" << col << "] = " << got[row * N + col] << ", want " << want;
+    }
+  EXPECT_EQ(bad, 0) << "of " << 64 * N;
+}
+
+TEST(PtxWgmma, ScaleRowsIf) {
+  MLA_SKIP_UNLESS_SM90();
+  run_scale_rows<256>({1, 0, 1, 0});  // the seesaw's O half (kernel_seesaw.cuh rescale_o)
+  run_scale_rows<256>({0, 0, 0, 0});
+  run_scale_rows<64>({0, 1, 1, 1});
+  run_scale_rows<8>({1, 1, 0, 1});
 }
 
 }  // namespace

@@ -278,7 +278,7 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
       this->publish_m0(mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi);
       MLA_DECODE_TRACE_PAIR(C, 5, j);  // masked, row max, m0 published
       this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
-      this->scale_o(a0_lo, a0_hi);
+      this->rescale_o(a0_lo, a0_hi);
       MLA_DECODE_TRACE_PAIR(C, 6, j);  // P0 and O_L a0
       this->local_pv(pa);
       this->retire();
@@ -291,7 +291,7 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
       store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
-      this->scale_o(a1_lo, a1_hi);
+      this->rescale_o(a1_lo, a1_hi);
       this->advance(a0_lo, a0_hi, sum_lo, sum_hi, a1_lo, a1_hi, m1_lo, m1_hi);
       MLA_DECODE_TRACE_PAIR(C, 9, j);
       // kHas1: the remote product P1 V1L is issued by the next pair (or by run() after the last).
@@ -397,7 +397,7 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
       float n_lo, n_hi, a0_lo, a0_hi;  // m0, a0
       this->publish_m0(mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi);
       this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
-      this->scale_o(a0_lo, a0_hi);
+      this->rescale_o(a0_lo, a0_hi);
       this->local_pv(pa);
       // a1 from consumer 1's max; P0 <- a1 P0 into smem for consumer 1's remote product.
       float m1_lo, m1_hi, a1_lo, a1_hi;
@@ -408,7 +408,7 @@ struct SeesawSerialConsumer : SeesawBase<C, Src> {
       ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
       this->retire();
       this->release(0, 1);  // own V half of stage 0 read
-      this->scale_o(a1_lo, a1_hi);
+      this->rescale_o(a1_lo, a1_hi);
       this->advance(a0_lo, a0_hi, sum_lo, sum_hi, a1_lo, a1_hi, m1_lo, m1_hi);
       if constexpr (kHas1) {
         remote_pv(j);

@@ -264,6 +264,7 @@ void run(const dispatch::DecodeArgs& a) {
   }
   if (p.tile_rows > 32) p.q_batch = seesaw_q_batch() ? 1 : 0;
   p.defer_s1 = defer_s1() ? 1 : 0;
+  p.lazy_log2 = lazy_log2();
 
   const char* what = "mqa_decode (sm90)";
   const unsigned grid =

@@ -123,6 +123,14 @@ void launch_seesaw_clusters(const DecodeSm90Params& p, unsigned grid, unsigned c
                        what);
 }
 
+// The seesaw kernels' lazy maximum (params.h lazy_log2, seesaw_base.cuh next_ref; MLA_DECODE_SM90_LAZY, read once):
+// tau = 8 (default: P below 2^8, FlashAttention-4's threshold), 4, or off (0: the running maximum, every tile's
+// O scaled as before). Not yet measured on a GPU (branch lazy, twenty-eighth session): the A/B decides the default.
+inline float lazy_log2() {
+  static const float t = env_choice("MLA_DECODE_SM90_LAZY", 8.0f, {{"off", 0.0f}, {"0", 0.0f}, {"4", 4.0f}, {"8", 8.0f}});
+  return t;
+}
+
 // Consumer 1's S in the next seesaw schedule (params.h defer_s1; MLA_DECODE_SM90_DEFER, read once): on (default)
 // issued after stage 1's other V half was released, or off (at once). nvidia-h200, 2026-11-25, same-call A/B (4 rounds,
 // off / on, ms): sparse prefill T 4096 h 128 4.78-4.79 / 4.66-4.70, dense s_q 2 h 128 0.979-1.035 / 0.982-0.998,

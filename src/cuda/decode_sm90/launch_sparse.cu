@@ -65,6 +65,7 @@ void run_sparse(const dispatch::SparseArgs& a) {
   set_row_tiles(p, h_q);
   if (p.tile_rows > 32) p.q_batch = seesaw_q_batch() ? 1 : 0;
   p.defer_s1 = defer_s1() ? 1 : 0;
+  p.lazy_log2 = lazy_log2();
   p.out_pairs = out_pairs(a.out);
   DecodeSm90Params::Gather& g = p.gather;
   set_gather_cache(g, c);

@@ -46,6 +46,9 @@ struct DecodeSm90Params {
   int32_t q_batch;
   int32_t warm;
   int32_t defer_s1;  // 1: the next seesaw schedule's consumer 1 issues its S after stage 1's other V half's release
+  // Seesaw kernels: the lazy maximum's threshold tau (log2 domain; seesaw_base.cuh next_ref): a row's reference
+  // maximum moves only when a tile's row max exceeds it by more than tau. 0: the running maximum.
+  float lazy_log2;
   // Gathered key source (sparse_mqa: a "request" g is a token, s_q = 1, causal 0; block_table / seq_lens
   // unused). mqa_decode's fp8 / fp8_ds_mla caches use the cache fields only (rows through the block table). Key j of token g is flat cache row idx = indices[g * indices_stride + j], read only when
   // j < len(g) and 0 <= idx < num_slots; len(g) = topk_length[g] clamped to [0, topk], or topk.

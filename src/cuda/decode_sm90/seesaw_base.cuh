@@ -161,17 +161,23 @@ struct SeesawBase {
     return uint64_t{(1024u >> 4) | (1u << 30)} << 32 | (base4 + (off >> 4) + ((lbo_bytes >> 4) << 16));
   }
   __device__ __forceinline__ float* sM() const { return reinterpret_cast<float*>(smem + L::kOffM); }
+  // The factor that takes a row's O and sum from reference maximum `from` to `to`: exactly 1 when it did not move
+  // (rescale_o tests for 1).
   static __device__ __forceinline__ float factor(float from, float to) {
-    return to == -INFINITY ? 1.0f : softmax::exp2_approx(from - to);
+    return to == -INFINITY || from == to ? 1.0f : softmax::exp2_approx(from - to);
   }
-  __device__ __forceinline__ void scale_o(float f_lo, float f_hi) {
-#pragma unroll
-    for (int jj = 0; jj < T::kDvHalf / 8; ++jj) {
-      o[4 * jj] *= f_lo;
-      o[4 * jj + 1] *= f_lo;
-      o[4 * jj + 2] *= f_hi;
-      o[4 * jj + 3] *= f_hi;
-    }
+  // The reference maximum a row's P, O and sum are kept relative to, after a tile whose row max is mx (log2
+  // domain). p.lazy_log2 = tau > 0, the lazy maximum (FlashAttention-4's rescale threshold): the reference moves
+  // to mx only when mx exceeds it by more than tau, so P = 2^(S - ref) stays below 2^tau (bf16 P and the fp32
+  // sums and O hold that with the same relative precision; LSE = ref + log2 l is exact whatever the reference),
+  // and after the first tiles O keeps its scale: rescale_o skips the 128 multiplies per consumer thread that sit
+  // on both consumers' chains (kernel_seesaw.cuh). tau = 0: the running maximum (fmaxf's: a NaN mx keeps ref).
+  __device__ __forceinline__ float next_ref(float ref, float mx) const { return mx > ref + p.lazy_log2 ? mx : ref; }
+  // O *= f, skipped when no row of this warp moved its reference (f == 1 in every lane: the common case under
+  // the lazy maximum, next_ref). O is never in flight here (every caller retired its products first). The skip is
+  // ptx::wgmma_scale_rows_if's asm branch: the same branch in C++ spilled 41..62 bytes in every seesaw kernel.
+  __device__ __forceinline__ void rescale_o(float f_lo, float f_hi) {
+    ptx::wgmma_scale_rows_if<T::kDvHalf>(o, __any_sync(0xffffffffu, f_lo != 1.0f || f_hi != 1.0f), f_lo, f_hi);
   }
   // The rope columns of Q as rs A fragments, re-read (L1 / L2 hits) per tile: registers are the scarce resource.
   __device__ __forceinline__ void load_rope(uint32_t (&qr)[4][4]) const {
@@ -239,14 +245,14 @@ struct SeesawBase {
     }
     ptx::wgmma_commit_group();
   }
-  // The max hand-over of a pair (both schedules). Consumer 0: m0 = max(m, its row max) published
+  // The max hand-over of a pair (both schedules). Consumer 0: m0 = next_ref(m, its row max) published
   // (kBarM0), a0 = 2^(m - m0). Consumer 0 then reads m1 (kBarM1): a1 = 2^(m0 - m1). Consumer 1: reads m0,
-  // publishes m1 = max(m0, its row max) (kBarM1), a = 2^(m - m0) 2^(m0 - m1), O_R *= a.
+  // publishes m1 = next_ref(m0, its row max) (kBarM1), a = 2^(m - m0) 2^(m0 - m1), O_R *= a.
   __device__ __forceinline__ void publish_m0(float mx_lo, float mx_hi, float& n_lo, float& n_hi, float& a0_lo,
                                              float& a0_hi) {
     float* m = sM();
-    n_lo = fmaxf(m_lo, mx_lo);
-    n_hi = fmaxf(m_hi, mx_hi);
+    n_lo = next_ref(m_lo, mx_lo);
+    n_hi = next_ref(m_hi, mx_hi);
     a0_lo = factor(m_lo, n_lo);
     a0_hi = factor(m_hi, n_hi);
     if (t4 == 0) {
@@ -269,8 +275,8 @@ struct SeesawBase {
     float* m = sM();
     ptx::named_barrier_sync(L::kBarM0, T::kConsumerThreads);
     const float m0_lo = m[r_lo], m0_hi = m[r_hi];
-    n_lo = fmaxf(m0_lo, mx_lo);
-    n_hi = fmaxf(m0_hi, mx_hi);
+    n_lo = next_ref(m0_lo, mx_lo);
+    n_hi = next_ref(m0_hi, mx_hi);
     a_lo = factor(m_lo, m0_lo) * factor(m0_lo, n_lo);
     a_hi = factor(m_hi, m0_hi) * factor(m0_hi, n_hi);
     if (t4 == 0) {
@@ -278,7 +284,7 @@ struct SeesawBase {
       m[T::kBlockM + r_hi] = n_hi;
     }
     ptx::named_barrier_arrive(L::kBarM1, T::kConsumerThreads);
-    scale_o(a_lo, a_hi);
+    rescale_o(a_lo, a_hi);
   }
 
   // Row sums and max after a pair: l = (l a + sum) b, m = n (consumer 0: a0, a1, m1; consumer 1: a0 a1, 1, m1).

@@ -119,4 +119,15 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[N / 2], const uint32_t 
   WgmmaOps<N>::e4m3_rs(d, a, desc_b, accumulate ? 1 : 0);
 }
 
+// D's rows times per-row factors, in place: f_lo for this thread's row 16w+g (d[4j], d[4j+1]), f_hi for row 16w+g+8
+// (d[4j+2], d[4j+3]); all of it skipped by one branch when `any` is 0. `any` must be the same in every lane of the
+// warp (a vote: __any_sync of "some factor is not 1"), since the branch is bra.uni. Why asm: the same branch in C++
+// around the multiplies made ptxas spill 41..62 bytes in each seesaw kernel at 232 registers (the join keeps two
+// versions of the accumulators); inside one asm block the registers are modified in place. Not with a group open.
+// Device test: tests/gpu/test_ptx_wgmma.cu (PtxWgmma.ScaleRowsIf).
+template <int N>
+__device__ __forceinline__ void wgmma_scale_rows_if(float (&d)[N / 2], bool any, float f_lo, float f_hi) {
+  WgmmaOps<N>::scale_rows_if(d, any ? 1 : 0, f_lo, f_hi);
+}
+
 }  // namespace mla::cuda::ptx
