@@ -176,7 +176,8 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
 // consumer 1 issues its remote product right behind its local one. Per pair j (C0: tile 2j, C1: 2j + 1):
 //   C0: S rope part (retired) | remote P1 V1L of pair j - 1 | S own half | retire the remote (other half
 //       of stage 1 free) | S other half | mask, max, publish m0 | P0, O_L *= a0, local P0 V0L; retire
-//       (own half of stage 0 free) | m1 -> a1, a1 P0 to smem | O_L *= a1.  After the last pair: its remote.
+//       (own half of stage 0 free) | m1 -> a1, a1 P0 to smem | O_L *= a1 (kP0Early, the TMA source's next
+//       schedule: a1 P0 to smem before the retire).  After the last pair: its remote.
 //   C1: S | mask, max | m0 -> m1, publish | O_R *= a0 a1, P1, P1 to smem, local P1 V1R (kP1First; else the
 //       local product before the store) | remote P0 V0R
 //       | retire local (own half of stage 1 free), remote (other half of stage 0 free).
@@ -281,16 +282,27 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
       this->rescale_o(a0_lo, a0_hi);
       MLA_DECODE_TRACE_PAIR(C, 6, j);  // P0 and O_L a0
       this->local_pv(pa);
+      // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product. kP0Early (the paged TMA source's
+      // next schedule): while the local product runs (it reads pa, not s), so that consumer 1's remote P0 V0R, whose
+      // retirement releases stage 0's other V half for this consumer's next S, is issued right behind consumer 1's
+      // local product instead of after this one's local product retired (that product took ~1400 cycles in the pair
+      // trace of dense bf16 h 128, docs/DECODE.md "Twenty-seventh session"); the own half's release then waits for
+      // m1, its refill being needed only by the next pair's own-half S. Not for the other sources: ptxas spills 8..12
+      // bytes there (224-register consumers, CrossKeys' prefetching form).
+      constexpr bool kP0Early = kNext && Src::kTma && !CrossoverSource<Src>;
+      float m1_lo, m1_hi, a1_lo, a1_hi;
+      auto publish_p0 = [&] {
+        this->read_m1(n_lo, n_hi, m1_lo, m1_hi, a1_lo, a1_hi);
+        MLA_DECODE_TRACE_PAIR(C, 8, j);  // m1 read
+        store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
+        ptx::fence_proxy_async_smem();
+        ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
+      };
+      if constexpr (kP0Early) publish_p0();
       this->retire();
       MLA_DECODE_TRACE_PAIR(C, 7, j);  // local P V retired
       this->release(0, 1);  // own V half of stage 0 read
-      // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product.
-      float m1_lo, m1_hi, a1_lo, a1_hi;
-      this->read_m1(n_lo, n_hi, m1_lo, m1_hi, a1_lo, a1_hi);
-      MLA_DECODE_TRACE_PAIR(C, 8, j);  // m1 read
-      store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
-      ptx::fence_proxy_async_smem();
-      ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
+      if constexpr (!kP0Early) publish_p0();
       this->rescale_o(a1_lo, a1_hi);
       this->advance(a0_lo, a0_hi, sum_lo, sum_hi, a1_lo, a1_hi, m1_lo, m1_hi);
       MLA_DECODE_TRACE_PAIR(C, 9, j);
