@@ -80,24 +80,30 @@ variants() {
   done
   # The working tree's files are back with new times: rebuild, so that the build dir holds W again (a later ninja,
   # e.g. of the tests, must not link a variant's objects).
+  # NO_REBUILD=1 skips it (~2 min of device time) when nothing is built after the variants: then $B's objects are
+  # the last variant's, and mla_W is still the working tree's CLI.
+  if [ "${NO_REBUILD:-0}" = 1 ]; then echo "W not rebuilt (NO_REBUILD=1): $B holds the last variant's objects"; return; fi
   ninja -C "$B" -j"${J:-10}" mla_cli >/tmp/ab_build_W2.log 2>&1 || true
   echo "rebuilt W ($SECONDS s)"
 }
 
-# One row: the time (ms), kernel variant and config of the first row `mla bench SHAPE` reports for VARIANT (from
-# its --json), tab-separated; "-" for a run that reported none.
+# One row: the time (ms), kernel variant and config of the first row of SHAPE's op that `mla bench SHAPE` reports
+# for VARIANT (from its --json), tab-separated; "-" for a run that reported none.
 row() {
   local v=$1 shape=$2 name=${1%%:*} env=() json=/tmp/ab_row.json
   [[ "$v" == *:* ]] && IFS=, read -r -a env <<<"${v#*:}"
   rm -f "$json"
   # shellcheck disable=SC2086
   env "${env[@]}" timeout 60 "$B/mla_$name" bench $shape --json "$json" >/tmp/ab_row.log 2>&1 || true
+  # The op's own row: `mla bench` reports the ceilings' rows first (op "ceiling: copy", ...) whatever --ops says.
+  local op
+  op=$(sed -n 's/.*--ops[ =]\([^ ]*\).*/\1/p' <<<"$shape")
   python3 -c 'import json, sys
 try:
-    r = json.load(open(sys.argv[1]))["rows"][0]
+    r = [r for r in json.load(open(sys.argv[1]))["rows"] if r["op"] == sys.argv[2]][0]
     print("%.5f\t%s\t%s" % (r["time_ms"], r["variant"], r["config"]))
 except Exception:
-    print("-\t-\t-")' "$json"
+    print("-\t-\t-")' "$json" "$op"
 }
 
 # Named shape sets (SHAPE "@name"): the rows the seesaw kernels' A/Bs have used since the twenty-fourth session.
