@@ -125,7 +125,10 @@ void launch_seesaw_clusters(const DecodeSm90Params& p, unsigned grid, unsigned c
 
 // The seesaw kernels' lazy maximum (params.h lazy_log2, seesaw_base.cuh next_ref; MLA_DECODE_SM90_LAZY, read once):
 // tau = 8 (default: P below 2^8, FlashAttention-4's threshold), 4, or off (0: the running maximum, every tile's
-// O scaled as before). Not yet measured on a GPU (branch lazy, twenty-eighth session): the A/B decides the default.
+// O scaled as before). nvidia-h100, 2026-11-25, same-call A/B against off (medians of 5..6 rounds, ms): dense bf16
+// h 128 s_k 4096 0.292-0.295 / 0.303-0.310, s_k 8192 0.518-0.525 / 0.530-0.533, s_q 2 0.940-0.942 / 0.943-0.959,
+// h 64 even, the code formats within their 5..10% spread; 4 was not better than 8 (docs/DECODE.md "Twenty-ninth
+// session"). GroupRows (sparse prefill) compiles the running maximum instead (seesaw_base.cuh kLazy).
 inline float lazy_log2() {
   static const float t = env_choice("MLA_DECODE_SM90_LAZY", 8.0f, {{"off", 0.0f}, {"0", 0.0f}, {"4", 4.0f}, {"8", 8.0f}});
   return t;

@@ -161,10 +161,16 @@ struct SeesawBase {
     return uint64_t{(1024u >> 4) | (1u << 30)} << 32 | (base4 + (off >> 4) + ((lbo_bytes >> 4) << 16));
   }
   __device__ __forceinline__ float* sM() const { return reinterpret_cast<float*>(smem + L::kOffM); }
-  // The factor that takes a row's O and sum from reference maximum `from` to `to`: exactly 1 when it did not move
-  // (rescale_o tests for 1).
+  // The lazy maximum (next_ref) is compiled in unless the source opts out with kRunningMax (GroupRows: on the
+  // sparse prefill row its code cost 1.6% at tau 8 and 3.3% switched off, while the dense bf16 / code-format
+  // rows gained or stayed even: nvidia-h100, 2026-11-25, same-call A/B, docs/DECODE.md "Twenty-ninth session").
+  // Without it the kernel is the running maximum's exactly (factor, next_ref and rescale_o below as before).
+  static constexpr bool kLazy = !requires { requires Src::kRunningMax; };
+  // The factor that takes a row's O and sum from reference maximum `from` to `to`; under kLazy exactly 1 when it
+  // did not move (rescale_o tests for 1).
   static __device__ __forceinline__ float factor(float from, float to) {
-    return to == -INFINITY || from == to ? 1.0f : softmax::exp2_approx(from - to);
+    if constexpr (kLazy) return to == -INFINITY || from == to ? 1.0f : softmax::exp2_approx(from - to);
+    else return to == -INFINITY ? 1.0f : softmax::exp2_approx(from - to);
   }
   // The reference maximum a row's P, O and sum are kept relative to, after a tile whose row max is mx (log2
   // domain). p.lazy_log2 = tau > 0, the lazy maximum (FlashAttention-4's rescale threshold): the reference moves
@@ -172,12 +178,26 @@ struct SeesawBase {
   // sums and O hold that with the same relative precision; LSE = ref + log2 l is exact whatever the reference),
   // and after the first tiles O keeps its scale: rescale_o skips the 128 multiplies per consumer thread that sit
   // on both consumers' chains (kernel_seesaw.cuh). tau = 0: the running maximum (fmaxf's: a NaN mx keeps ref).
-  __device__ __forceinline__ float next_ref(float ref, float mx) const { return mx > ref + p.lazy_log2 ? mx : ref; }
-  // O *= f, skipped when no row of this warp moved its reference (f == 1 in every lane: the common case under
-  // the lazy maximum, next_ref). O is never in flight here (every caller retired its products first). The skip is
-  // ptx::wgmma_scale_rows_if's asm branch: the same branch in C++ spilled 41..62 bytes in every seesaw kernel.
+  __device__ __forceinline__ float next_ref(float ref, float mx) const {
+    if constexpr (kLazy) return mx > ref + p.lazy_log2 ? mx : ref;
+    else return fmaxf(ref, mx);
+  }
+  // O *= f, under kLazy skipped when no row of this warp moved its reference (f == 1 in every lane: the common
+  // case under the lazy maximum, next_ref). O is never in flight here (every caller retired its products first).
+  // The skip is ptx::wgmma_scale_rows_if's asm branch: the same branch in C++ spilled 41..62 bytes in every seesaw
+  // kernel.
   __device__ __forceinline__ void rescale_o(float f_lo, float f_hi) {
-    ptx::wgmma_scale_rows_if<T::kDvHalf>(o, __any_sync(0xffffffffu, f_lo != 1.0f || f_hi != 1.0f), f_lo, f_hi);
+    if constexpr (kLazy) {
+      ptx::wgmma_scale_rows_if<T::kDvHalf>(o, __any_sync(0xffffffffu, f_lo != 1.0f || f_hi != 1.0f), f_lo, f_hi);
+    } else {
+#pragma unroll
+      for (int jj = 0; jj < T::kDvHalf / 8; ++jj) {
+        o[4 * jj] *= f_lo;
+        o[4 * jj + 1] *= f_lo;
+        o[4 * jj + 2] *= f_hi;
+        o[4 * jj + 3] *= f_hi;
+      }
+    }
   }
   // The rope columns of Q as rs A fragments, re-read (L1 / L2 hits) per tile: registers are the scarce resource.
   __device__ __forceinline__ void load_rope(uint32_t (&qr)[4][4]) const {

@@ -217,6 +217,7 @@ struct GroupRows : GatherKeys<CacheFormat::bf16, Rows> {
   using Base = GatherKeys<CacheFormat::bf16, Rows>;
   static constexpr bool kGroupwise = true;  // produce_seesaw: one group() per release group
   static constexpr bool kFetchAhead = true;  // produce_seesaw: the stage's next tile's index entry loaded ahead
+  static constexpr bool kRunningMax = true;  // seesaw_base.cuh kLazy: the lazy maximum's code cost more than it saved
 
   struct Tile : Base::Tile {
     using BT = typename Base::Tile;
