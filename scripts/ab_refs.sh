@@ -16,6 +16,16 @@
 #                                     default 10), copied to $B/mla_NAME; the working tree's files put back
 #                                     after each and W rebuilt at the end (run it in the background while the
 #                                     tests run: mla_gpu_tests is not relinked)
+# Or build the binaries here (no device time; a variant is 2..5 minutes of two cores) and carry them compressed:
+#   B=build J=2 scripts/ab_refs.sh build; B=build J=2 NO_REBUILD=1 scripts/ab_refs.sh variants
+#   B=build scripts/ab_refs.sh pack   $B/mla_* and $B/bin/mla_gpu_tests, xz-compressed, to .carry/bin (~5 MB each;
+#                                     the call's carry is 64 MiB in all), then carry [".carry/bin"] and on the device
+#   scripts/ab_refs.sh unpack         them into $B (default build-gpu): $B/mla_NAME, $B/bin/mla_gpu_tests; fails
+#                                     when a library they need is missing there (then build there as above).
+#                                     Run the tests with MLA_FIXTURE_DIR=$PWD/tests/fixtures (built here, they
+#                                     name this checkout's path).
+#   Built here, they link the CUDA toolkit's libraries by their run path /usr/local/cuda/lib, and Debian's fmt 9,
+#   OpenBLAS and libstdc++, which the GPU machine's Ubuntu has too.
 #   scripts/ab_refs.sh bench ROUNDS "VARIANT ..." "SHAPE" ["SHAPE" ...]
 #     VARIANT: NAME (W = the working tree) or NAME:VAR=VALUE[,VAR=VALUE] (that binary under those environment
 #     variables, e.g. W:MLA_DECODE_SM90_LAZY=off). SHAPE: the arguments of `mla bench` for one row, e.g.
@@ -85,6 +95,39 @@ variants() {
   if [ "${NO_REBUILD:-0}" = 1 ]; then echo "W not rebuilt (NO_REBUILD=1): $B holds the last variant's objects"; return; fi
   ninja -C "$B" -j"${J:-10}" mla_cli >/tmp/ab_build_W2.log 2>&1 || true
   echo "rebuilt W ($SECONDS s)"
+}
+
+BIN=.carry/bin
+
+pack() {
+  rm -rf "$BIN" && mkdir -p "$BIN"
+  local f n=0
+  for f in "$B"/mla_* "$B/bin/mla_gpu_tests"; do
+    [ -f "$f" ] && [ -x "$f" ] || continue
+    xz -T0 -6 -c "$f" >"$BIN/$(basename "$f").xz"
+    n=$((n + 1))
+  done
+  [ $n -gt 0 ] || { echo "pack: no $B/mla_* nor $B/bin/mla_gpu_tests (build them first)" >&2; exit 2; }
+  du -sh "$BIN" | cut -f1 | sed "s|^|$BIN: $n binaries, |"
+}
+
+unpack() {
+  [ -d "$BIN" ] || { echo "unpack: no $BIN (pack here, then carry .carry/bin)" >&2; exit 2; }
+  mkdir -p "$B/bin"
+  local f name dst missing=0
+  for f in "$BIN"/*.xz; do
+    name=$(basename "$f" .xz)
+    dst="$B/$name"
+    [ "$name" = mla_gpu_tests ] && dst="$B/bin/$name"
+    if command -v xz >/dev/null; then xz -dc "$f" >"$dst"
+    else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$f" >"$dst"; fi
+    chmod +x "$dst"
+    if ldd "$dst" | grep -q 'not found'; then
+      echo "unpack: $name needs libraries this machine lacks:"; ldd "$dst" | grep 'not found'; missing=1
+    fi
+  done
+  [ $missing = 0 ] || exit 1
+  echo "unpacked: $(cd "$BIN" && ls | sed 's/\.xz$//' | tr '\n' ' ')"
 }
 
 # One row: the time (ms), kernel variant and config of the first row of SHAPE's op that `mla bench SHAPE` reports
@@ -172,5 +215,7 @@ case "$cmd" in
   build) build_w ;;
   variants) variants ;;
   bench) bench "$@" ;;
+  pack) pack ;;
+  unpack) unpack ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2 ;;
 esac

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -19,7 +20,12 @@
 
 namespace mla::test::block {
 
-inline std::string fixture_dir() { return std::string(MLA_FIXTURE_DIR) + "/block"; }
+// The source tree's fixtures, or $MLA_FIXTURE_DIR's where set: a test binary built on one machine and run from
+// another checkout (scripts/ab_refs.sh pack / unpack) finds them there.
+inline std::string fixture_dir() {
+  const char* env = std::getenv("MLA_FIXTURE_DIR");
+  return std::string(env && *env ? env : MLA_FIXTURE_DIR) + "/block";
+}
 inline constexpr int kLayer = 1;
 
 struct Fixture {
