@@ -123,6 +123,42 @@ INSTANTIATE_TEST_SUITE_P(Fp8Page128, DecodeGpuSweep,
                                             ::testing::ValuesIn(test::variants_of("mqa_decode"))),
                          sweep_name);
 
+// Logits whose row maxima jump across 64-key tiles by more and by less than the lazy maximum's threshold
+// (unit/attention_test_util.h logit_jump_scale: the sm90 kernels move a row's reference maximum only past
+// tau = 8 in log2 units, so with the sweeps' small logits their O rescaling after the first tile never ran).
+// bf16 and fp8_ds_mla rows (their magnitudes scale per row), the small, raw and seesaw kernels (16..256 rows
+// per request), lengths that end in every phase of the pattern, NaN-poisoned pages past them.
+using JumpParam = std::tuple<CacheFormat, int64_t /*h*/, int64_t /*s_q*/, std::string /*variant*/>;
+class DecodeGpuLogitJumps : public ::testing::TestWithParam<JumpParam> {};
+
+TEST_P(DecodeGpuLogitJumps, MatchesFloat64Oracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [format, h, s_q, variant] = GetParam();
+  MLA_FORCE_VARIANT("mqa_decode", variant);
+  test::reseed(static_cast<uint64_t>(h * 10 + s_q) + static_cast<uint64_t>(format) * 1000 + 17);
+  const std::vector<int32_t> lens = {1500, 0, 65, 700, 1, 200};
+  const int64_t page = 64;
+  PagedBatch pb = test::paged_batch(format, page, lens, 1500 / page + 2);
+  for (const auto& slots : pb.slots)
+    for (std::size_t pos = 0; pos < slots.size(); ++pos)
+      ASSERT_TRUE(test::scale_row(pb.cb.cache, slots[pos], test::logit_jump_scale(static_cast<int64_t>(pos) / 64)));
+  Tensor q = test::random_tensor({static_cast<int64_t>(lens.size()), s_q, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
+  DecodeRun r;
+  MLA_SKIP_IF_DECLINED(r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true));
+  test::expect_variant_ran("mqa_decode", variant);
+  test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, "logit jumps");
+}
+
+INSTANTIATE_TEST_SUITE_P(All, DecodeGpuLogitJumps,
+                         ::testing::Combine(::testing::Values(CacheFormat::bf16, CacheFormat::fp8_ds_mla),
+                                            ::testing::Values(16, 64, 128), ::testing::Values(1, 2),
+                                            ::testing::ValuesIn(test::variants_of("mqa_decode"))),
+                         [](const ::testing::TestParamInfo<JumpParam>& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_h" +
+                                  std::to_string(std::get<1>(info.param)) + "_sq" +
+                                  std::to_string(std::get<2>(info.param)) + "_" + std::get<3>(info.param);
+                         });
+
 // Every variant on the explicit split counts of one long request pair, s_q 1..8 (split boundaries in
 // whole 64-key tiles, the combine kernel merging partials that end mid-tile).
 TEST(DecodeGpu, EveryVariantEverySqWithSplits) {

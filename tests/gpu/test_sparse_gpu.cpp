@@ -173,6 +173,46 @@ INSTANTIATE_TEST_SUITE_P(All, SparseGpuWidths,
                                   std::to_string(std::get<1>(info.param)) + "_" + std::get<2>(info.param);
                          });
 
+// Logits whose row maxima jump across 64-entry tiles by more and by less than the lazy maximum's threshold
+// (unit/attention_test_util.h logit_jump_scale; test_decode_gpu.cpp DecodeGpuLogitJumps says why). Slot j holds
+// tile j / 64's magnitude; token 0 reads the slots in order, token 1 too with a length that ends mid-tile, token 2
+// in reverse (its maximum comes first and never moves) and token 3 in order with every third entry invalid.
+using JumpParam = std::tuple<CacheFormat, int64_t /*h*/, std::string /*variant*/>;
+class SparseGpuLogitJumps : public ::testing::TestWithParam<JumpParam> {};
+
+TEST_P(SparseGpuLogitJumps, MatchesFloat64Oracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [format, h, variant] = GetParam();
+  MLA_FORCE_VARIANT("sparse_mqa", variant);
+  test::reseed(static_cast<uint64_t>(h) + static_cast<uint64_t>(format) * 1000 + 302);
+  const int64_t topk = 2048, page = 64, nb = topk / page + 1;
+  const CacheBuffer cb = test::nan_cache(format, nb, page);
+  for (int64_t j = 0; j < topk; ++j) {
+    test::randomize_row(cb.cache, j);
+    ASSERT_TRUE(test::scale_row(cb.cache, j, test::logit_jump_scale(j / 64)));
+  }
+  std::vector<std::vector<int32_t>> rows(4);
+  for (int32_t j = 0; j < topk; ++j) {
+    rows[0].push_back(j);
+    rows[1].push_back(j);
+    rows[2].push_back(static_cast<int32_t>(topk) - 1 - j);
+    rows[3].push_back(j % 3 == 1 ? -1 : j);
+  }
+  Tensor q = test::random_tensor({4, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
+  MLA_SKIP_IF_DECLINED(check_variant(variant, q, cb, test::int_tensor_2d(rows),
+                                     test::int_tensor({2048, 1000, 2048, 2048}), "logit jumps"));
+  test::expect_variant_ran("sparse_mqa", variant);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, SparseGpuLogitJumps,
+                         ::testing::Combine(::testing::Values(CacheFormat::bf16, CacheFormat::fp8_ds_mla),
+                                            ::testing::Values(16, 32, 64, 128),
+                                            ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
+                         [](const ::testing::TestParamInfo<JumpParam>& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_h" +
+                                  std::to_string(std::get<1>(info.param)) + "_" + std::get<2>(info.param);
+                         });
+
 // Many tokens (more CTAs than SMs at h 128: two waves; each token's entries spread over the whole cache) at
 // h 128 and 32, fp8_ds_mla and bf16, every variant.
 TEST(SparseGpu, ManyTokensEveryVariant) {

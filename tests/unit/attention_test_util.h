@@ -73,6 +73,51 @@ inline void randomize_row(const KVCache& c, int64_t slot) {
   });
 }
 
+// Multiplies the key / value of row `slot` by m where the format allows it per row: bf16 / f64 values, and
+// fp8_ds_mla's per-tile scales with its bf16 rope. False for fp8 per-tensor (one scale for the whole cache, codes
+// of any magnitude): the row is left as it was.
+inline bool scale_row(const KVCache& c, int64_t slot, double m) {
+  auto* p = const_cast<uint8_t*>(row_ptr(c, slot));
+  bool ok = true;
+  dispatch_cache_format(c.format, [&](auto fmt) {
+    using F = decltype(fmt);
+    auto scale = [&](uint8_t* v, DType dt, int64_t n) {
+      const int64_t w = dtype_bytes(dt);
+      for (int64_t i = 0; i < n; ++i) num::store(v + w * i, dt, num::load(v + w * i, dt) * m);
+    };
+    const int64_t latent = c.d_latent();
+    const bool codes = F::kLatentDType == DType::fp8_e4m3;
+    if (codes && F::num_tiles(latent) == 0) {
+      ok = false;
+      return;
+    }
+    if (codes) {
+      for (int64_t t = 0; t < F::num_tiles(latent); ++t) {
+        float s;
+        std::memcpy(&s, p + F::scale_offset(latent) + 4 * t, 4);
+        s = static_cast<float>(s * m);
+        std::memcpy(p + F::scale_offset(latent) + 4 * t, &s, 4);
+      }
+    } else {
+      scale(p, F::kLatentDType, latent);
+    }
+    scale(p + F::rope_offset(latent), F::kRopeDType, c.d_rope);
+  });
+  return ok;
+}
+
+// Key magnitudes per 64-key tile that make the logits' row maxima jump across tiles, for the kernels' lazy
+// maximum (a row's reference maximum moves only when a tile's max exceeds it by more than tau = 8 in log2
+// units, and O is rescaled only then). With q in [-3, 3] and keys in [-1, 1] times this, a tile's row max is
+// ~6x it in log2 units at kScale 0.0722: tiles 4i + 1 raise it by ~10 (over tau: the rescale), 4i + 3 and 4i + 4
+// by ~2 (under tau: P up to 2^8 against an unmoved reference), and tiles 4i + 2 hold small keys (no new max);
+// per-row spreads mix the cases further as the magnitudes grow.
+inline double logit_jump_scale(int64_t tile) {
+  double base = 1.0;
+  for (int64_t t = 1; t <= tile; ++t) base += t % 4 == 1 ? 1.6 : t % 4 == 2 ? 0.0 : 0.3;
+  return tile % 4 == 2 ? 0.4 : base;
+}
+
 // A cache whose rows are all NaN; tests randomise the rows they mean to be read. fp8 scale 1/200 keeps
 // dequantised values within +-2.24 (e4m3 max 448).
 inline CacheBuffer nan_cache(CacheFormat format, int64_t num_blocks, int64_t page) {
