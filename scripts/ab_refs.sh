@@ -19,7 +19,9 @@
 # Or build the binaries here (no device time; a variant is 2..5 minutes of two cores) and carry them compressed:
 #   B=build J=2 scripts/ab_refs.sh build; B=build J=2 NO_REBUILD=1 scripts/ab_refs.sh variants
 #   B=build scripts/ab_refs.sh pack   $B/mla_* and $B/bin/mla_gpu_tests, xz-compressed, to .carry/bin (~5 MB each;
-#                                     the call's carry is 64 MiB in all), then carry [".carry/bin"] and on the device
+#                                     the call's carry is 64 MiB in all), then carry [".carry/bin"] and on the device.
+#                                     $B/bin/mla_gpu_tests is taken as W's: a branch's test binary copied to
+#                                     $B/mla_gpu_tests_NAME travels as that, so rebuild W's after building it.
 #   scripts/ab_refs.sh unpack         them into $B (default build-gpu): $B/mla_NAME, $B/bin/mla_gpu_tests; fails
 #                                     when a library they need is missing there (then build there as above).
 #                                     Run the tests with MLA_FIXTURE_DIR=$PWD/tests/fixtures (built here, they
