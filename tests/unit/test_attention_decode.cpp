@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -227,25 +228,31 @@ TEST(AttentionDecode, SplitKeyRangesMatchOracle) {
   }
 }
 
+// Fast mode against reference mode on the same batch (CPU backend, causal, scale 0.0722): out within bf16
+// rounding and lse within f32's, each plus f32 accumulation.
+void expect_fast_near_reference(const Tensor& q, const PagedBatch& pb, const std::string& what) {
+  const int64_t b = q.size(0), s_q = q.size(1), h = q.size(2), dv = 512;
+  Tensor out_ref = Tensor::empty({b, s_q, h, dv}, DType::f64), out = Tensor::empty({b, s_q, h, dv}, DType::bf16);
+  Tensor lse_ref = Tensor::empty({b, h, s_q}, DType::f32), lse = Tensor::empty({b, h, s_q}, DType::f32);
+  run_decode(q, pb, out_ref, lse_ref, 0.0722, true, Precision::reference);
+  run_decode(q, pb, out, lse, 0.0722, true, Precision::fast);
+  const auto close = [](const Tensor& got, const Tensor& ref, DType storage) {
+    return test::check_close(test::to_doubles(got.view()), test::to_doubles(ref.view()), storage, kF32Accum);
+  };
+  EXPECT_EQ(close(out, out_ref, DType::bf16), "") << what << ": out";
+  EXPECT_EQ(close(lse, lse_ref, DType::f32), "") << what << ": lse";
+}
+
 // DeepSeek-V3 per-rank shape with thousands of keys: fast mode stays within bf16 tolerance of the
 // reference mode, for every cache format.
 TEST(AttentionDecode, FastWithinBf16OfReferenceLongContext) {
   test::reseed(4);
   const std::vector<int32_t> lens = {2100, 777};
-  const int64_t b = 2, s_q = 2, h = 16, d = 576, dv = 512, page = 64;
+  const int64_t b = 2, s_q = 2, h = 16, d = 576, page = 64;
   for (CacheFormat f : test::kAllFormats) {
     PagedBatch pb = test::paged_batch(f, page, lens, 34);
     Tensor q = test::random_tensor({b, s_q, h, d}, DType::bf16);
-    Tensor out_ref = Tensor::empty({b, s_q, h, dv}, DType::f64), out = Tensor::empty({b, s_q, h, dv}, DType::bf16);
-    Tensor lse_ref = Tensor::empty({b, h, s_q}, DType::f32), lse = Tensor::empty({b, h, s_q}, DType::f32);
-    run_decode(q, pb, out_ref, lse_ref, 0.0722, true, Precision::reference);
-    run_decode(q, pb, out, lse, 0.0722, true, Precision::fast);
-    EXPECT_EQ(test::check_close(test::to_doubles(out.view()), test::to_doubles(out_ref.view()), DType::bf16, kF32Accum),
-              "")
-        << to_string(f);
-    EXPECT_EQ(test::check_close(test::to_doubles(lse.view()), test::to_doubles(lse_ref.view()), DType::f32, kF32Accum),
-              "")
-        << to_string(f);
+    expect_fast_near_reference(q, pb, to_string(f));
   }
 }
 
@@ -257,7 +264,7 @@ TEST(AttentionDecode, FastWithinBf16OfReferenceLongContext) {
 TEST(AttentionDecode, FastWithinBf16OfReferenceLogitJumps) {
   test::reseed(5);
   const std::vector<int32_t> lens = {1500, 65, 700};
-  const int64_t b = 3, s_q = 2, h = 16, d = 576, dv = 512, page = 64;
+  const int64_t b = 3, s_q = 2, h = 16, d = 576, page = 64;
   for (CacheFormat f : test::kDeviceFormats) {
     PagedBatch pb = test::paged_batch(f, page, lens, 1500 / page + 2);
     bool scaled = true;
@@ -267,16 +274,7 @@ TEST(AttentionDecode, FastWithinBf16OfReferenceLogitJumps) {
                  scaled;
     EXPECT_EQ(scaled, f != CacheFormat::fp8) << to_string(f);  // fp8 per-tensor: one scale for the cache
     Tensor q = test::random_tensor({b, s_q, h, d}, DType::bf16, Device::cpu(), -3.0, 3.0);
-    Tensor out_ref = Tensor::empty({b, s_q, h, dv}, DType::f64), out = Tensor::empty({b, s_q, h, dv}, DType::bf16);
-    Tensor lse_ref = Tensor::empty({b, h, s_q}, DType::f32), lse = Tensor::empty({b, h, s_q}, DType::f32);
-    run_decode(q, pb, out_ref, lse_ref, 0.0722, true, Precision::reference);
-    run_decode(q, pb, out, lse, 0.0722, true, Precision::fast);
-    EXPECT_EQ(test::check_close(test::to_doubles(out.view()), test::to_doubles(out_ref.view()), DType::bf16, kF32Accum),
-              "")
-        << to_string(f);
-    EXPECT_EQ(test::check_close(test::to_doubles(lse.view()), test::to_doubles(lse_ref.view()), DType::f32, kF32Accum),
-              "")
-        << to_string(f);
+    expect_fast_near_reference(q, pb, to_string(f));
   }
 }
 
