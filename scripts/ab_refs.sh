@@ -16,7 +16,10 @@
 #                                     default 10), copied to $B/mla_NAME; the working tree's files put back
 #                                     after each and W rebuilt at the end (run it in the background while the
 #                                     tests run: mla_gpu_tests is not relinked)
-# Or build the binaries here (no device time; a variant is 2..5 minutes of two cores) and carry them compressed:
+# Or build the binaries here (no device time; a variant is 1..5 minutes of two cores) and carry them compressed;
+# in one command (B_LOCAL, default build, is this machine's build dir):
+#   scripts/ab_refs.sh local NAME=REF ...   each ref's mla and mla_gpu_tests, then W's, packed into .carry/bin
+# or step by step:
 #   B=build J=2 scripts/ab_refs.sh build; B=build J=2 NO_REBUILD=1 scripts/ab_refs.sh variants
 #   B=build scripts/ab_refs.sh pack   $B/mla_* and $B/bin/mla_gpu_tests, xz-compressed, to .carry/bin (~5 MB each;
 #                                     the call's carry is 64 MiB in all), then carry [".carry/bin"] and on the device.
@@ -84,10 +87,15 @@ variants() {
     rm -rf "$keep" && mkdir -p "$keep"
     (cd "$dir" && find . -type f) >/tmp/ab_files
     while read -r f; do mkdir -p "$keep/$(dirname "$f")"; cp -p "$f" "$keep/$f"; cp "$dir/$f" "$f"; done </tmp/ab_files
-    local ok=1
-    ninja -C "$B" -j"${J:-10}" mla_cli >"/tmp/ab_build_$name.log" 2>&1 || ok=0
+    local ok=1 targets=mla_cli
+    [ "${TESTS:-0}" = 1 ] && targets="mla_cli mla_gpu_tests"
+    # shellcheck disable=SC2086
+    ninja -C "$B" -j"${J:-10}" $targets >"/tmp/ab_build_$name.log" 2>&1 || ok=0
     while read -r f; do cp "$keep/$f" "$f"; done </tmp/ab_files  # new times: ninja rebuilds W's objects
-    if [ $ok = 1 ]; then cp "$B/bin/mla" "$B/mla_$name"; echo "built $name ($SECONDS s)"
+    if [ $ok = 1 ]; then
+      cp "$B/bin/mla" "$B/mla_$name"
+      [ "${TESTS:-0}" = 1 ] && cp "$B/bin/mla_gpu_tests" "$B/mla_gpu_tests_$name"
+      echo "built $name ($SECONDS s)"
     else echo "build of $name FAILED:"; grep -E 'error|FAILED' "/tmp/ab_build_$name.log" | head -20; fi
   done
   # The working tree's files are back with new times: rebuild, so that the build dir holds W again (a later ninja,
@@ -101,8 +109,23 @@ variants() {
 
 BIN=.carry/bin
 
+# Here: every binary an A/B call needs, built on this machine and packed (no build on the device). For each
+# NAME=REF its mla and mla_gpu_tests (REF's files under src include bench apps tests laid over the working tree),
+# then the working tree's (W), then pack. B defaults to build here; J to 2.
+local_all() {
+  [ $# -gt 0 ] || { echo "local: name at least one NAME=REF" >&2; exit 2; }
+  prepare --paths "src include bench apps tests" "$@"
+  local f
+  for f in "$B"/mla_*; do [ -f "$f" ] && [ -x "$f" ] && rm -f "$f"; done  # earlier binaries (not CMake's files)
+  TESTS=1 NO_REBUILD=1 variants
+  build_w  # W's objects and test binary again, after the variants'
+  pack  # a trace binary: copy it to $B/mla_T afterwards and pack again (COMMIT stays)
+  { git rev-parse --short HEAD; for spec in "$@"; do echo "${spec%%=*} = $(git rev-parse --short "${spec#*=}")"; done; } \
+    >"$BIN/COMMIT"
+}
+
 pack() {
-  rm -rf "$BIN" && mkdir -p "$BIN"
+  mkdir -p "$BIN" && rm -f "$BIN"/*.xz  # COMMIT (local's note of the trees) stays
   local f n=0
   for f in "$B"/mla_* "$B/bin/mla_gpu_tests"; do
     [ -f "$f" ] && [ -x "$f" ] || continue
@@ -218,6 +241,7 @@ case "$cmd" in
   variants) variants ;;
   bench) bench "$@" ;;
   pack) pack ;;
+  local) B=${B_LOCAL:-build} J=${J:-2} local_all "$@" ;;
   unpack) unpack ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2 ;;
 esac
