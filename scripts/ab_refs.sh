@@ -128,7 +128,7 @@ pack() {
   mkdir -p "$BIN" && rm -f "$BIN"/*.xz  # COMMIT (local's note of the trees) stays
   local f n=0
   for f in "$B"/mla_* "$B/bin/mla_gpu_tests"; do
-    [ -f "$f" ] && [ -x "$f" ] || continue
+    if [ ! -f "$f" ] || [ ! -x "$f" ]; then continue; fi
     xz -T0 -6 -c "$f" >"$BIN/$(basename "$f").xz"
     n=$((n + 1))
   done
@@ -152,7 +152,7 @@ unpack() {
     fi
   done
   [ $missing = 0 ] || exit 1
-  echo "unpacked: $(cd "$BIN" && ls | sed 's/\.xz$//' | tr '\n' ' ')"
+  echo "unpacked: $(cd "$BIN" && for f in *.xz; do printf '%s ' "${f%.xz}"; done)"
 }
 
 # One row: the time (ms), kernel variant and config of the first row of SHAPE's op that `mla bench SHAPE` reports
