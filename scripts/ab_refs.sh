@@ -116,7 +116,7 @@ local_all() {
   [ $# -gt 0 ] || { echo "local: name at least one NAME=REF" >&2; exit 2; }
   prepare --paths "src include bench apps tests" "$@"
   local f
-  for f in "$B"/mla_*; do [ -f "$f" ] && [ -x "$f" ] && rm -f "$f"; done  # earlier binaries (not CMake's files)
+  while read -r f; do rm -f "$f"; done < <(binaries)  # earlier binaries
   TESTS=1 NO_REBUILD=1 variants
   build_w  # W's objects and test binary again, after the variants'
   pack  # a trace binary: copy it to $B/mla_T afterwards and pack again (COMMIT stays)
@@ -124,14 +124,22 @@ local_all() {
     >"$BIN/COMMIT"
 }
 
+# The copies this script made in $B: mla_NAME / mla_gpu_tests_NAME (executable files only: CMake writes
+# mla_gpu_tests[1]_*.cmake beside them); one per line. `with_tests`: then W's bin/mla_gpu_tests too.
+binaries() {
+  local f
+  for f in "$B"/mla_* ${1:+"$B/bin/mla_gpu_tests"}; do
+    if [ -f "$f" ] && [ -x "$f" ]; then echo "$f"; fi
+  done
+}
+
 pack() {
   mkdir -p "$BIN" && rm -f "$BIN"/*.xz  # COMMIT (local's note of the trees) stays
   local f n=0
-  for f in "$B"/mla_* "$B/bin/mla_gpu_tests"; do
-    if [ ! -f "$f" ] || [ ! -x "$f" ]; then continue; fi
+  while read -r f; do
     xz -T0 -6 -c "$f" >"$BIN/$(basename "$f").xz"
     n=$((n + 1))
-  done
+  done < <(binaries with_tests)
   [ $n -gt 0 ] || { echo "pack: no $B/mla_* nor $B/bin/mla_gpu_tests (build them first)" >&2; exit 2; }
   du -sh "$BIN" | cut -f1 | sed "s|^|$BIN: $n binaries, |"
 }

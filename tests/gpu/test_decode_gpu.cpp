@@ -139,9 +139,7 @@ TEST_P(DecodeGpuLogitJumps, MatchesFloat64Oracle) {
   const std::vector<int32_t> lens = {1500, 0, 65, 700, 1, 200};
   const int64_t page = 64;
   PagedBatch pb = test::paged_batch(format, page, lens, 1500 / page + 2);
-  for (const auto& slots : pb.slots)
-    for (std::size_t pos = 0; pos < slots.size(); ++pos)
-      ASSERT_TRUE(test::scale_row(pb.cb.cache, slots[pos], test::logit_jump_scale(static_cast<int64_t>(pos) / 64)));
+  ASSERT_TRUE(test::scale_to_logit_jumps(pb));
   Tensor q = test::random_tensor({static_cast<int64_t>(lens.size()), s_q, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
   DecodeRun r;
   MLA_SKIP_IF_DECLINED(r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true));

@@ -187,6 +187,16 @@ inline PagedBatch paged_batch(CacheFormat format, int64_t page, const std::vecto
   return pb;
 }
 
+// Every request's key at position pos times logit_jump_scale(pos / 64) (scale_row); false where the format has no
+// per-row scaling (fp8 per-tensor: its rows are left as they were).
+inline bool scale_to_logit_jumps(const PagedBatch& pb) {
+  bool scaled = true;
+  for (const auto& slots : pb.slots)
+    for (std::size_t pos = 0; pos < slots.size(); ++pos)
+      scaled = scale_row(pb.cb.cache, slots[pos], logit_jump_scale(static_cast<int64_t>(pos) / 64)) && scaled;
+  return scaled;
+}
+
 // Result of the oracle: out [rows, dv] and lse [rows] in float64.
 struct OracleOut {
   std::vector<double> out, lse;

@@ -267,12 +267,7 @@ TEST(AttentionDecode, FastWithinBf16OfReferenceLogitJumps) {
   const int64_t b = 3, s_q = 2, h = 16, d = 576, page = 64;
   for (CacheFormat f : test::kDeviceFormats) {
     PagedBatch pb = test::paged_batch(f, page, lens, 1500 / page + 2);
-    bool scaled = true;
-    for (const auto& slots : pb.slots)
-      for (std::size_t pos = 0; pos < slots.size(); ++pos)
-        scaled = test::scale_row(pb.cb.cache, slots[pos], test::logit_jump_scale(static_cast<int64_t>(pos) / 64)) &&
-                 scaled;
-    EXPECT_EQ(scaled, f != CacheFormat::fp8) << to_string(f);  // fp8 per-tensor: one scale for the cache
+    EXPECT_EQ(test::scale_to_logit_jumps(pb), f != CacheFormat::fp8) << to_string(f);  // fp8: one scale for the cache
     Tensor q = test::random_tensor({b, s_q, h, d}, DType::bf16, Device::cpu(), -3.0, 3.0);
     expect_fast_near_reference(q, pb, to_string(f));
   }

@@ -169,8 +169,7 @@ struct SeesawBase {
   // The factor that takes a row's O and sum from reference maximum `from` to `to`; under kLazy exactly 1 when it
   // did not move (rescale_o tests for 1).
   static __device__ __forceinline__ float factor(float from, float to) {
-    if constexpr (kLazy) return to == -INFINITY || from == to ? 1.0f : softmax::exp2_approx(from - to);
-    else return to == -INFINITY ? 1.0f : softmax::exp2_approx(from - to);
+    return to == -INFINITY || (kLazy && from == to) ? 1.0f : softmax::exp2_approx(from - to);
   }
   // The reference maximum a row's P, O and sum are kept relative to, after a tile whose row max is mx (log2
   // domain). p.lazy_log2 = tau > 0, the lazy maximum (FlashAttention-4's rescale threshold): the reference moves
@@ -324,7 +323,7 @@ struct SeesawBase {
     // all loaded and visible to every row of the warp is only scaled (no per-key tests), since consumer 0's mask and
     // max are on the pair's loop. Not in PagedKeys' kernel: at b 4 h 16 the longer pair cost 13..25% in instruction
     // fetch (docs/DECODE.md "Pair timeline", the clean-tile fast path).
-    if constexpr (kNext && !std::is_same_v<Src, PagedKeysT<false>>) {
+    if constexpr (kNext && !std::is_same_v<Src, PagedKeys>) {
       const bool clean = mask == ~uint64_t(0) && k0 + T::kBlockN - 1 <= min(lim_lo, lim_hi);
       if (__all_sync(0xffffffffu, clean)) {
 #pragma unroll
