@@ -105,17 +105,24 @@ struct InplaceKeys : GatherKeys<F, Rows> {
       }
     }
     // Row r of the panel at dp expanded in place from the raw codes in its upper half: raw chunk i (logical chunk
-    // 4 + i) becomes chunks 2i, 2i + 1; each write lands on a raw chunk this lane has already read (i = 2, 3
-    // overwrite raw chunks 0..3), so one raw chunk is live at a time. Not unrolled: the chunk addresses are
-    // recomputed (unrolled, ptxas keeps 12 of them live and the 40-register producer spilled).
+    // 4 + i) becomes chunks 2i, 2i + 1. Two raw chunks per iteration, both read before either is expanded (two
+    // independent load -> expand -> store chains: the twenty-fifth session's trace put this loop at ~1150 cycles
+    // per panel, one chain at a time); every write lands on a raw chunk already read (iteration 0 writes chunks
+    // 0..3, free; iteration 1 writes 4..7 = raw chunks 0..3, the last two read at its start). Not unrolled further:
+    // the chunk addresses are recomputed (fully unrolled, ptxas kept 12 of them live and the then 40-register
+    // producer spilled).
     __device__ static void expand_row_in_place(uint8_t* dp, int r, float scale) {
 #pragma unroll 1
-      for (int i = 0; i < 4; ++i) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(dp + swz(r, 4 + i));
-        uint4 lo, hi;
-        expand_chunk<Base::kExactCodes>(raw, scale, lo, hi);
-        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo;
-        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi;
+      for (int i = 0; i < 4; i += 2) {
+        const uint4 raw0 = *reinterpret_cast<const uint4*>(dp + swz(r, 4 + i));
+        const uint4 raw1 = *reinterpret_cast<const uint4*>(dp + swz(r, 5 + i));
+        uint4 lo0, hi0, lo1, hi1;
+        expand_chunk<Base::kExactCodes>(raw0, scale, lo0, hi0);
+        expand_chunk<Base::kExactCodes>(raw1, scale, lo1, hi1);
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i)) = lo0;
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 1)) = hi0;
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 2)) = lo1;
+        *reinterpret_cast<uint4*>(dp + swz(r, 2 * i + 3)) = hi1;
       }
     }
 
