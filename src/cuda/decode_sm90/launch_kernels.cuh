@@ -298,12 +298,14 @@ void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
 // The seesaw kernel's source for the code formats (64-row tiles): GatherKeys (codes through registers, nine
 // round trips per stage tile) or InplaceKeys (source_inplace.cuh: the raw codes cp.async'd into their own
 // panel rows a release group at a time and expanded in place there; two / three round trips; on the next
-// schedule unless MLA_DECODE_SM90_SEESAW=serial). Default: InplaceKeys for fp8_ds_mla (mqa_decode and
-// sparse_mqa), GatherKeys for fp8 per-tensor, from the same-run A/Bs on nvidia-h200 2026-11-23 (188efbe:
-// dense b 128 s_k 4096 h 128 fp8 0.690 / 0.683 ms against 0.696 / 0.691, a tie; fp8_ds_mla 0.691 / 0.679
-// against 0.727 / 0.726; sparse T 128 topk 2048 fp8_ds_mla h 128 317 / 397 us against 387 / 385, h 64
-// 172 / 205 against 226 / 227; the lead's A/B at the flip in docs/DECODE.md "In-place expansion").
-// MLA_DECODE_SM90_EXPAND=inplace / registers forces one source for both formats. Read once.
+// schedule unless MLA_DECODE_SM90_SEESAW=serial). Default: InplaceKeys for both formats (mqa_decode and
+// sparse_mqa) wherever the crossover does not run (an odd number of 64-row tiles, e.g. h 64 at s_q 1). fp8_ds_mla
+// since the same-run A/Bs on nvidia-h200 2026-11-23 (188efbe: dense b 128 s_k 4096 h 128 fp8_ds_mla 0.691 /
+// 0.679 ms against 0.727 / 0.726; sparse T 128 topk 2048 fp8_ds_mla h 128 317 / 397 us against 387 / 385, h 64
+// 172 / 205 against 226 / 227; docs/DECODE.md "In-place expansion"); fp8 per-tensor since the in-place loop
+// expands two raw chunks per iteration (nvidia-h200 2026-11-25: dense b 128 s_k 4096 h 64 fp8 0.251 ms against
+// GatherKeys' 0.312, four rounds in one call; it had been a tie at h 128 before). MLA_DECODE_SM90_EXPAND=inplace /
+// registers forces one source for both formats. Read once.
 enum class SeesawExpand { automatic, registers, inplace };
 inline SeesawExpand seesaw_expand() {
   static const SeesawExpand e = env_choice("MLA_DECODE_SM90_EXPAND", SeesawExpand::automatic,
@@ -367,7 +369,7 @@ void launch_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
           launch_seesaw<CrossKeys<F, Rows, true>>(p, grid, stream, unused, what);
         else if (cross)
           launch_seesaw<CrossKeys<F, Rows, false>>(p, grid, stream, unused, what);
-        else if (e == SeesawExpand::inplace || (e == SeesawExpand::automatic && F == CacheFormat::fp8_ds_mla))
+        else if (e != SeesawExpand::registers)
           launch_seesaw<InplaceKeys<F, Rows>>(p, grid, stream, unused, what);
         else
           launch_seesaw<GatherKeys<F, Rows>>(p, grid, stream, unused, what);
