@@ -43,9 +43,11 @@
 // (kernel_small.cuh's), release a slot after their last load from it.
 // Epilogue: tile_io.cuh small_epilogue, both warpgroups' scaled O^T staged in ring slot 1 (drained: one unit).
 //
-// Ping-pong (N 32, RawTraits::kPingPong): O^T of all 512 columns would be 128 registers per thread beside S, so
+// Ping-pong (N 32, and N 16 for sparse_mqa's indexed rows: RawTraitsFor; RawTraits::kPingPong): O^T of all 512
+// columns would be 128 registers per thread beside S at N 32 (at N 16 the overlap of one warpgroup's softmax with
+// the other's products is the gain: the same-call A/B at RawTraitsFor), so
 // each warpgroup holds half of it (value groups 2c, 2c + 1: blocks 4c .. 4c + 3, 64 registers) and the two take
-// turns on the tiles (tile t in slot t % 3): warpgroup c owns tiles t = c, c + 2, ... and computes all of S(t), the
+// turns on the tiles (tile t in slot t % kSlots): warpgroup c owns tiles t = c, c + 2, ... and computes all of S(t), the
 // softmax and P^T(t) of all value groups into its buffer (published on pfull[c] with its lazy-maximum flags and,
 // when flagged, its new maximum); both multiply each tile by their value half, so a slot is free after 256
 // arrivals. Per own tile t, warpgroup c: S(t); the other's tile t - 1 (wait pfull[c ^ 1], take over its maximum
@@ -203,7 +205,7 @@ template <int N, CacheFormat F, class Rows>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_raw_kernel(const __grid_constant__ CUtensorMap map, const DecodeSm90Params p) {
   using T = Traits;
-  using L = RawTraits<N, F>;
+  using L = RawTraitsFor<N, F, Rows>;
   constexpr bool kPingPong = L::kPingPong;  // N 32: S by tile parity, P.V of every tile by value halves (header)
   constexpr bool kDs = L::kDs;
   constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e

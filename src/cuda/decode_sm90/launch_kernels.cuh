@@ -215,7 +215,7 @@ int seesaw_max_clusters(int device, int splits) {
 }
 template <int N, CacheFormat F, class Rows>
 int raw_max_clusters(int device, int splits) {
-  return max_clusters_cached<decode_sm90_raw_kernel<N, F, Rows>>(device, splits, RawTraits<N, F>::kSmemBytes,
+  return max_clusters_cached<decode_sm90_raw_kernel<N, F, Rows>>(device, splits, RawTraitsFor<N, F, Rows>::kSmemBytes,
                                                                  "sparse_mqa (sm90): cluster split");
 }
 
@@ -276,13 +276,13 @@ void launch_small_copied(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
   const StageChoice c = stage_choice();
   if constexpr (!Rows::kPaged) {  // mqa_decode's rows never merge in a cluster on this path (launch.cu)
     if (p.cluster_merge) {  // sparse_mqa's small-T split (launch_sparse.cu): the raw kernel only
-      launch_one_clustered(decode_sm90_raw_kernel<N, F, Rows>, RawTraits<N, F>::kSmemBytes, grid,
+      launch_one_clustered(decode_sm90_raw_kernel<N, F, Rows>, RawTraitsFor<N, F, Rows>::kSmemBytes, grid,
                            static_cast<unsigned>(p.num_splits), stream, map, p, what);
       return;
     }
   }
   if (c == StageChoice::raw || c == StageChoice::automatic) {
-    launch_one(decode_sm90_raw_kernel<N, F, Rows>, RawTraits<N, F>::kSmemBytes, grid, stream, map, p, what);
+    launch_one(decode_sm90_raw_kernel<N, F, Rows>, RawTraitsFor<N, F, Rows>::kSmemBytes, grid, stream, map, p, what);
     return;
   }
   if constexpr (!std::is_same_v<Ring, Default>) {

@@ -23,13 +23,15 @@ namespace mla::cuda::decode_sm90 {
 // A staged query row: 576 bf16 columns (RawTraits::kQSlot, stage_q).
 inline constexpr int kStagedQRowBytes = 576 * 2;
 
-// N 32 runs ping-pong (kernel_raw.cuh header, "Ping-pong"): tiles alternate between the consumer warpgroups for S
-// and the softmax, and both multiply every tile's P^T by their half of V (O^T of all 512 columns is 128 registers
-// per thread at N 32, too many beside S). N 8 / 16 alternate whole tiles (each warpgroup all of O).
-template <int N, CacheFormat F>
+// kPP: ping-pong (kernel_raw.cuh header, "Ping-pong"): tiles alternate between the consumer warpgroups for S and
+// the softmax, and both multiply every tile's P^T by their half of V. N 32 always (O^T of all 512 columns is 128
+// registers per thread there, too many beside S); N 16 for sparse_mqa's indexed rows (raw_ping_pong below). Else
+// the warpgroups alternate whole tiles (each all of O).
+template <int N, CacheFormat F, bool kPP = N == 32>
 struct RawTraits {
   static_assert(N == 8 || N == 16 || N == 32, "rows per CTA: 8, 16 or 32");
-  static constexpr bool kPingPong = N == 32;
+  static_assert(kPP == (N == 32) || N == 16, "ping-pong at N 32 always, optional at N 16, never at N 8");
+  static constexpr bool kPingPong = kPP;
   static_assert(F == CacheFormat::fp8 || F == CacheFormat::fp8_ds_mla, "e4m3-coded rows");
   using T = Traits;
   static constexpr int N_ = N;
@@ -41,7 +43,7 @@ struct RawTraits {
   // Alternate tiles: tile it in slot it % 4, consumer c owns slots c, c + 2 (two tiles held, two loading). Ping-pong:
   // a slot is held by both warpgroups, the owner's S to the other's P.V; N 32 has room for three (Q's panels are
   // 36 KiB there).
-  static constexpr int kSlots = kPingPong ? 3 : 4;
+  static constexpr int kSlots = N == 32 ? 3 : 4;
   static constexpr int kGroups = kDs ? 4 : 1;  // P^T panels of a tile (one per scale group)
   static constexpr int kQPanelBytes = N * 128;
   static constexpr int kPBytes = N * 128 < 1024 ? 1024 : N * 128;
@@ -82,6 +84,14 @@ struct RawTraits {
   static_assert(N * kQRowBytes <= kSlotBytes && (kPingPong || kQSlot % 2 == 1), "Q's staging fits in a slot it reads");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
+
+// The raw kernel's traits for a row locator (source.cuh): ping-pong at N 16 for sparse_mqa's indexed rows only.
+// Same-call A/Bs against alternating tiles, nvidia-h200 2026-11-25 (branch pp16, medians of 4 / 6 rounds): sparse
+// fp8_ds_mla T 128 h 16 topk 2048 0.0743 / 0.0723 ms against 0.0772 / 0.0762, topk 1024 0.0479 against 0.0488;
+// mqa_decode b 128 h 16 s_k 4096 fp8 0.1026 / 0.1031 against 0.0995 / 0.0996, fp8_ds_mla 0.1137 / 0.1155 against
+// 0.1147 / 0.1100 (docs/DECODE.md "Thirtieth session").
+template <int N, CacheFormat F, class Rows>
+using RawTraitsFor = RawTraits<N, F, N == 32 || (N == 16 && !Rows::kPaged)>;
 
 // ---- exact e4m3 -> bf16 pairs (times 2^-120) ----
 // The pair's two bytes and their sign-replicated bytes as two 16-bit halves (PRMT selector `sel`); shifted by 4,
