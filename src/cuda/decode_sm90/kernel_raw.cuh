@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_raw_kernel(const __grid_constant__ CUtensorMap map, const DecodeSm90Params p) {
   using T = Traits;
   using L = RawTraitsFor<N, F, Rows>;
-  constexpr bool kPingPong = L::kPingPong;  // N 32: S by tile parity, P.V of every tile by value halves (header)
+  constexpr bool kPingPong = L::kPingPong;  // N 32, N 16 indexed: S by tile parity, P.V by value halves (header)
   constexpr bool kDs = L::kDs;
   constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e
   constexpr bool kF16V = !kDs;       // V as f16 through F2FP (fp8); fp8_ds_mla: bf16 (P times a key's scale)

@@ -25,7 +25,7 @@ inline constexpr int kStagedQRowBytes = 576 * 2;
 
 // kPP: ping-pong (kernel_raw.cuh header, "Ping-pong"): tiles alternate between the consumer warpgroups for S and
 // the softmax, and both multiply every tile's P^T by their half of V. N 32 always (O^T of all 512 columns is 128
-// registers per thread there, too many beside S); N 16 for sparse_mqa's indexed rows (raw_ping_pong below). Else
+// registers per thread there, too many beside S); N 16 for sparse_mqa's indexed rows (RawTraitsFor below). Else
 // the warpgroups alternate whole tiles (each all of O).
 template <int N, CacheFormat F, bool kPP = N == 32>
 struct RawTraits {
