@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Attention benchmarks (DESIGN.md §6 formulas):
 //   mqa_decode:  default: b in {64, 128} requests x s_k 4096 keys, s_q 1, h in {16, 128}, page 64, bf16
 //                and fp8_ds_mla caches; or one shape from the command line (--b --s-q --h-q --s-k --page

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // `mla bench`: kernel and layer benchmarks. Every benchmark prints time (median of many runs after
 // warm-up, L2 flushed between runs), TFLOP/s, GB/s and the share of the ceilings measured in the

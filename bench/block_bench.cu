@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The DeepSeek attention block on CUDA (DeepseekAttention::forward, docs/BLOCK.md): V3 shapes of one
 // tensor-parallel rank of 8 (16 heads; hidden 7168, q_lora_rank 1536, kv_lora_rank 512), random fp8
 // weights with 128 x 128 block scales, served two ways: dequantised to bf16 at load (cuBLAS bf16

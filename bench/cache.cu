@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cache data-movement benchmarks: write_cache, gather_cache / cp_gather_cache, upconvert_ds_mla.
 // Sizes: 2^21 tokens (2^16 with --quick), page 64, blocks scattered by a random permutation (as a
 // serving cache's pages are). Bytes counted are the minimum each op must move: every input row read

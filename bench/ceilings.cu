@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The two ceilings every benchmark row is compared with (DESIGN.md §6), measured in the same run:
 //   copy  cudaMemcpyAsync device-to-device of 2 GiB (0.25 GiB with --quick);
 //         GB/s = 2 * size / time (each byte is read once and written once)

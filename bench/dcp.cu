@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode context parallelism benchmark (`mla bench --ops dcp [--dcp N]`, issue 13): decode tokens per
 // second of a long-context batch attended by one GPU (plain mqa_decode over the whole cache) and by a
 // DCP group of N GPUs (dcp_mqa_decode: every rank holds 1/N of each request's cache and h/N of the

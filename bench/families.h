@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The list of benchmark families (registry.h says how to add one). Each family is one bench/*.cu file
 // defining its register_* function; CUDA builds only.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device fills for benchmark inputs (registry.h): counter-based random values, so that multi-GB
 // tensors fill in milliseconds and never hold zeros.
 #include <cuda_runtime.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Read floors (floor.h): a load-only gather of the rows an attention call reads.
 #include <cuda_runtime.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The read floor of a memory-bound row (docs/PERFORMANCE.md "Read floors"): the cache rows an attention call
 // reads, read once more by kernels that only read them, timed the same way as the op (BenchContext::time_ms:

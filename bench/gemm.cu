@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The layer's matrix products through mla::gemm / mla::bmm (cuBLAS), as shares of the GEMM ceiling:
 //   kv_b_proj   [T, 512] x [512, N*(P+V)]                          T = 8192, N = 128: 2*T*512*32768 flops
 //   q absorb    (N, B, P) x (N, P, L): q_nope strided out of q [B, N, 192], ql written into [B, N, 512]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Lightning-indexer benchmarks (docs/INDEXER.md §5): b = 64 decode requests (s_q 1, h 64, page 64) at
 // s_k in {8K, 32K, 128K} (--quick: b 8), each request's pages scattered over one cache written by
 // indexer_write_k from random bf16 keys.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Whole-layer step benchmarks: MlaAttention::forward on CUDA for one scheduler step (write_cache of
 // the new tokens, query absorption, attention, V up-projection, and for prefills kv_b_proj, chunked
 // context and merges). The timed region is one step of one layer: the plan's metadata upload from

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // merge_attn_states and convert_topk_indices benchmarks.
 //   merge: prefill context merges (D = 128 per head, 32768 tokens x 128 heads) and latent-space
 //          merges (D = 512, 8192 x 128); bf16 and fp8 outputs. bytes = pairs * (2 D * 2 read +

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mla::bench::run / available, the benchmark context (timing, L2 flush, result rows, JSON record).
 // Compiled in every build; without CUDA, run() throws and available() is empty.
 #include "registry.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The benchmark registry behind `mla bench` (bench.h). Plain C++ (no fmt, no JSON types): benchmark
 // sources may be .cu files compiled by nvcc.

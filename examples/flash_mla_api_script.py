@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A script written against FlashMLA's Python API (deepseek-ai/FlashMLA, flash_mla/flash_mla_interface.py)
 that runs on mla unchanged: the import line is the only difference (`import flash_mla` there).
 

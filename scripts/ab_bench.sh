@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One environment switch A/B on single shapes, alternating on the same machine (the `ab` step of
 # decode_sm90_check.sh and sparse_sm90_check.sh). Usage: scripts/ab_bench.sh <op> <line regex> <mla binary>
 # Env: AB_ARGS (one shape per line), AB_ENV (B's environment, e.g. MLA_DECODE_SM90_STAGE=ring), AB_ROUNDS.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Same-machine A/B of the working tree against other git refs: each ref becomes its own `mla` binary, built on
 # the GPU machine from the working tree with that ref's versions of the changed files laid over it, and the
 # binaries are timed in alternating rounds in one call (single `mla bench` rows move 3..8% between calls on the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One-call GPU verification of the DeepSeek block on CUDA (docs/BLOCK.md) on the device machine: build
 # the GPU tests and the CLI, run the block tests (ops vs the CPU backend, the block vs transformers and
 # the float64 CPU block), memcheck / racecheck on them, the SASS summary of the block's kernels and the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Configures and builds mla into ${BUILD_DIR:-build}. Extra arguments go to cmake's configure step
 # (e.g. -DMLA_WITH_CUDA=OFF). Uses every core.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fails when an #include crosses a layer the wrong way. The layers and what each may include are
 # written once, below (docs/DEVELOPING.md "Layers"):
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Per-kernel SASS size and spill / tensor-core / warpgroup-sync instruction counts of a cubin, without cuobjdump.
 
 This machine has nvcc and ptxas but no cuobjdump or nvdisasm. A cubin is an ELF file whose `.text.<kernel>`

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One-call DCP device run (issue 13; nvidia-h200-x2), every step bounded so the whole call fits LIMIT
 # seconds (default 280; with the machine start it needs ~330 s of x2 budget): build the CLI and the GPU tests (and the Python package with PY=1), the DCP GPU
 # tests (every exchange), `mla bench --ops ceilings,dcp --dcp 2` (W = 1 vs 2; the three exchanges

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One GPU call for the sm90 decode work (docs/DECODE.md): build, SASS / register check of the kernel,
 # decode GPU tests (both variants), optional sanitizers, the issue-7 benchmark grid for both variants.
 # Steps run in this order: build sass test bench ab uniform profile sanitize.

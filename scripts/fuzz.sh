@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Long fuzzing runs (docs/DEVELOPING.md "Hostile input"): builds the libFuzzer targets with clang,
 # ASan and UBSan (as scripts/sanitize.sh) and runs each target for RUNS executions (default 10^6),
 # one process per target at a time, printing each target's execution count and the time it took.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Many-core fuzzing pass with prebuilt libFuzzer binaries (docs/DEVELOPING.md "Hostile input"): used to
 # reach 10^6 executions per target on the GPU machine's 16 cores, where nothing is built.
 #   scripts/fuzz_parallel.sh pack DIR   copies build-sanitize/bin/fuzz/fuzz_* (BUILD_DIR) without debug

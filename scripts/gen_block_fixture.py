@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Ground truth for the DeepSeek attention block (docs/BLOCK.md "The fixture").
 
 Builds two small random checkpoints in the published forms and runs HuggingFace transformers'

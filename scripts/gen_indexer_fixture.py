@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Ground truth for the lightning indexer from HuggingFace transformers (docs/INDEXER.md §7).
 
 Builds a small random DeepSeek-V3.2 indexer with transformers' own module (DeepseekV32Indexer of

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One-call GPU verification on the device machine (build there, then tests, sanitizers, benchmarks,
 # the main job). Usage: scripts/gpu_check.sh [steps...] with steps among
 #   build tests sanitize bench run   (default: all). Logs go to $OUT (when set) or ./gpu-logs.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # compute-sanitizer over the whole GPU test binary (issue 14: "the GPU suite stays compute-sanitizer
 # clean: memcheck, racecheck, initcheck"), within a time budget per tool, with a summary that names
 # every report's test, kind and source (a kernel of ours, NCCL, a CUDA API call) and the tests the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One-call GPU verification of the lightning indexer (docs/INDEXER.md) on the device machine: build the
 # GPU tests and the CLI, run the indexer / variant / PTX tests, memcheck and racecheck on them, the SASS
 # summary of the indexer kernels, the indexer benchmarks (automatic and forced portable variant), and

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Where a kernel's instructions and stall samples go, from an ncu source page.
 
 Input: the CSV of `ncu -i REPORT --page source --csv --print-source sass` (plain or .gz), taken from a report

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One-call check of the Python package on the device machine (docs/PYTHON.md): build the library and
 # the package there (-j16), then the whole pytest suite with the machine's torch (CUDA cases included:
 # custom ops under torch.compile, CUDA graph capture and replay, torch's op checker, compat on cuda),

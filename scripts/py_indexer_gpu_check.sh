@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Issues 10 and 12 in one device call (docs/PYTHON.md, docs/INDEXER.md): transformers' DeepseekV32
 # indexer fixture generated in the background while one build makes the package, the GPU tests and the
 # CLI; then the pytest suite (checking that fresh fixture too) and the FlashMLA-API script while the

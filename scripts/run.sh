@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Quick start, command 1: set up, build, and run the main job (`mla run` on the best backend present).
 # Arguments go to `mla run` (see `build/bin/mla run --help`).
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Hostile-input check (issue 14, docs/DEVELOPING.md "Hostile input"): builds mla with clang under
 # AddressSanitizer + UndefinedBehaviorSanitizer (every target; any report aborts the test) together
 # with the libFuzzer targets, then runs the CPU unit suite (`ctest -L unit`) and a short fuzz pass

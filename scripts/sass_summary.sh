@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Per-kernel SASS summary of a CUDA binary: counts of the instructions that tell which hardware path a
 # kernel took (HGMMA/QGMMA = wgmma, HMMA = mma.sync, LDSM/STSM = ldmatrix/stmatrix, UTMALDG/UTMASTG =
 # TMA tile load/store, UBLKCP = bulk copy, UTMAPF/UBLKPF = L2 prefetches, UTMACCTL = tensor-map

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian packages mla builds against (idempotent; skips what is present).
 # Needs root or sudo. The CUDA toolkit is not installed here: CUDA is used when /usr/local/cuda exists.
 set -euo pipefail

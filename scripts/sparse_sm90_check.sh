@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One GPU call for the sm90 sparse_mqa work (docs/SPARSE.md): build (mla, mla_gpu_tests), SASS / register
 # check of the sm90 kernels, the sparse + decode + NaN + sparse layer GPU tests (every variant), memcheck
 # on the sparse tests, the issue-8 benchmark grid for the sm90 variant (portable on a few rows).

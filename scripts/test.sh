@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Quick start, command 2: set up, build, and run the tests (CPU tests everywhere; GPU tests, label
 # `gpu`, run on a machine with a CUDA device and skip with a message elsewhere).
 set -euo pipefail

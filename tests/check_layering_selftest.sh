@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Self-test of scripts/check_layering.sh: on copies of the tree, each planted wrong-way include must
 # make the check fail and be named in its output; the unmodified copy must pass. Keeps the layering
 # check from passing silently (e.g. after a rule or a folder name changes).

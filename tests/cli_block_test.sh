@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `mla run --checkpoint` on every backend present (docs/CLI.md, docs/BLOCK.md): the fixture checkpoints'
 # blocks run the serving trace and every step is checked against the float64 CPU block (the run exits
 # non-zero when a step breaks the bf16 rule, widened for fp8 / fp8_ds_mla caches by twice the cache's

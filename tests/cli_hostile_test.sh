@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Hostile command lines of `mla` (issue 14): each must fail fast with a non-zero exit and a message that
 # names the option or command, never abort, corrupt the heap or silently mean "default".
 # Usage: tests/cli_hostile_test.sh path/to/mla

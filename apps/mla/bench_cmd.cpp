@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `mla bench`: option parsing for mla::bench::run (bench/, CUDA builds).
 #include <fmt/format.h>
 

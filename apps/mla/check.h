@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The oracle check of `mla run`: picks a sample of tokens of several steps (decode, context-prefill
 // and fresh-prefill tokens alike), recomputes each one's output with the float64 oracle over exactly

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Option checking and output files of the `mla` program (issue 14): every integer option is range-checked
 // with a short message naming the bound, and --json files are opened before the work starts, so that an

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The subcommands of the `mla` program. Each add_* registers its options on the CLI11 app; main()
 // calls the matching *_command after parsing. Commands return the process exit code.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `mla info`: version, build, backends, devices.
 #include <fmt/format.h>
 #include <omp.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mla: run, check and benchmark one DeepSeek MLA attention layer.
 //   mla run    a synthetic continuous-batching trace through MlaAttention, checked against a float64 oracle
 //   mla info   build, backends, devices

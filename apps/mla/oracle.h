@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The float64 oracle of `mla run`: one MLA attention output recomputed the naive way, independently
 // of the library's ops — explicit up-projection of every visible latent row with the original

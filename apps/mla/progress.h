@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Progress of `mla run` on stderr: a redrawn bar when stderr is a terminal, otherwise one line every
 // tenth of the run (and at least every 10 s), so that logs and CI output stay readable.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `mla run`: options, backend-dependent defaults, and their resolution into a RunConfig. The trace
 // itself runs in run_driver.cpp.
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `mla run --checkpoint DIR [--layer N]` and `mla run --block`: the same continuous-batching trace
 // (trace.h) through the whole DeepSeek attention block (mla/deepseek.h) instead of the bare layer:
 // random bf16 hidden states in, the o_proj output out. With --check-samples > 0 a float64 twin of the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `mla run --dcp N`: the layer of the trace run by a decode-context-parallel group of N ranks, one
 // thread each (CPU: the in-process group; CUDA: NCCL, one GPU per rank), or one process each
 // (--dcp-procs / torchrun-style environment: CPU the socket group, CUDA NCCL). See run_internal.h

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The body of `mla run`: the trace through MlaAttention, step by step — schedule, plan, seeded
 // inputs, forward (timed, device synchronised), oracle check on sampled steps, commit.
 #include <fmt/format.h>

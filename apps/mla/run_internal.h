@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // `mla run` internals: run.cpp resolves the options into a RunConfig, run_driver.cpp runs the trace
 // into RunStats and the OracleCheck, run_report.cpp prints the summary and writes the JSON record.

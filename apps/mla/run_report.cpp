@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The summary `mla run` prints, and its JSON record.
 #include <fmt/format.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Seeded synthetic data for `mla run`: bulk bf16 activations and the sparse top-k rows a V3.2
 // indexer would hand the layer. splitmix64 streams rather than <random>'s engines: a CUDA run draws

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The synthetic continuous-batching trace behind `mla run`: requests arrive with prompts, a
 // vLLM-v1-style scheduler fills each step up to a token budget (running requests first: one token

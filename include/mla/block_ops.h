@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The DeepSeek attention block's own ops (DeepseekAttention, mla/deepseek.h, docs/BLOCK.md): RMSNorm,
 // YaRN RoPE, 1 x 128 fp8 activation quantisation and the block-scaled fp8 GEMM (DeepSeek's 128 x 128

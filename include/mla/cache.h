@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Paged latent KV cache: the descriptor every cache-reading/writing op takes, and the exact byte
 // layout of each format (DESIGN.md §4, docs/SEMANTICS.md §3).

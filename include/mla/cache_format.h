@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The one description of the paged latent-cache formats (DESIGN.md §4): per format a constexpr traits
 // type (CacheFormatTraits<F>), a runtime table built from them (cache_format_info) and a dispatch

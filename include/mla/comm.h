@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Collective communication for decode context parallelism (semantics §13). A Communicator is one
 // rank's handle on a group of W ranks, one device each (or one thread each, for the in-process CPU

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Decode context parallelism (DCP, semantics §13): the KV cache of every request is spread over the
 // W ranks of a group. Positions go to ranks in turns of `interleave` consecutive tokens: position p

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // DeepseekAttention: the whole DeepSeek V2 / V3 attention block of one layer, from hidden states to
 // the o_proj output, with the weights of a published checkpoint (docs/BLOCK.md):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // DLPack interoperability (import any DLPack producer's tensor as a view; export a view).
 // Only this header and src/core/dlpack.cpp see DLPack types: kernels and other headers do not.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Element types (split out of types.h so that the cache-format description, which device code
 // includes, needs nothing else). Values are stable (used in JSON records and the Python binding).

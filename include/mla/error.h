@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // mla::Error: the one exception type of the library. Every public entry point validates its input
 // before touching memory and throws Error with a message that says what was expected and what came.

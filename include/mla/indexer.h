@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // DeepSeek-V3.2 lightning indexer (docs/INDEXER.md, semantics §12): the indexer K cache (a second
 // cache kind beside the latent KVCache), its writer and prefill gather, the fp8 MQA logits

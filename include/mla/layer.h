@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // MlaAttention: one DeepSeek MLA attention layer (the part between RoPE and o_proj), as vLLM's
 // MLAAttention forward runs it (docs/SEMANTICS.md §2):

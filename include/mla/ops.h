@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Functional ops. Each validates its arguments (throwing mla::Error before anything is written) and
 // dispatches on the device of its tensors: all tensors of one call must live on one device. The CPU

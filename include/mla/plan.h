@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The Planner: pure host functions that turn a scheduler batch into a step Plan (decode/prefill
 // split, the decode schedule, context chunks, sparse mapping, the packed metadata the kernels read).

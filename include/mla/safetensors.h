@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Checkpoint reading (docs/BLOCK.md "Checkpoints"): safetensors files, sharded checkpoint
 // directories and DeepSeek's config.json.

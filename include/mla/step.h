@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // One step's plan on the device, FlashInfer's plan/run split: the host plans once per step
 // (make_plan, mla/plan.h), writes the plan's packed metadata into a pinned host buffer it owns and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // TensorView: a non-owning, strided view of memory on one device, the currency of every op.
 // Tensor: an owning buffer (host or CUDA) that hands out views; used by the CLI, tests and layer setup.

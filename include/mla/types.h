@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Element types (dtype.h), cache formats (cache_format.h), devices, execution context and model-dimension presets.
 #include <cstddef>

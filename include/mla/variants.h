@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Kernel variants: the architecture axis of the CUDA backend. Each kernel family (mqa_decode,
 // sparse_mqa, mha_prefill) has a dispatch table listing its variants best first, e.g. "sm90" (TMA +

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """mla: DeepSeek Multi-head Latent Attention for Python (docs/PYTHON.md).
 
 The C++ library's public API (include/mla/*.h) under the same names: cache allocation and formats,

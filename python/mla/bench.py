@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python -m mla.bench: the compat entry points against torch baselines on a CUDA device.
 
   dense decode   flash_mla_with_kvcache (bf16 and fp8_ds_mla cache)  vs  torch SDPA over K/V gathered

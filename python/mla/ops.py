@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """torch custom ops (``torch.ops.mla.*``) for every functional op and the layer forward.
 
 Importing this module registers the ops with torch.library: one schema per op (outputs are mutated

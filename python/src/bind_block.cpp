@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoints (mla/safetensors.h) and the whole DeepSeek attention block (mla/deepseek.h).
 #include <pybind11/stl.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode context parallelism from Python (mla/comm.h, mla/dcp.h; docs/SCALE.md, docs/PYTHON.md):
 // communicators (the in-process thread group, the socket group of one process per rank, NCCL, and the
 // torchrun-style environment), the DCP group ops and the layout helpers. Every call that can wait for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lightning indexer of mla/indexer.h (DeepSeek V3.2), argument for argument: the indexer K cache
 // descriptor and its allocation, the writer, the prefill gather, the q / k preparation, the fp8 MQA logits
 // and the top-k.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The step upload (mla/step.h), MlaAttention (mla/layer.h) and the kernel-variant controls
 // (mla/variants.h).
 #include <pybind11/stl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The functional ops of mla/ops.h, argument for argument (the C++ comments there are the reference).
 // Each op takes keyword-only `stream` and `precision` (the Context); the GIL is released while it runs.
 #include <pybind11/stl.h>

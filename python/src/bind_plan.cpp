@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ModelDims (mla/types.h) and the planner (mla/plan.h): plain structs with keyword constructors and
 // attribute access, the planner functions with the C++ argument names.
 #include <pybind11/stl.h>

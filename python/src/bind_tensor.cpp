@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mla.Tensor (owning or keep-alive buffers, exported through DLPack and as NumPy views), the enums,
 // devices, and the cache descriptor / allocation of mla/cache.h.
 #include <pybind11/numpy.h>

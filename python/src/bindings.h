@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Shared declarations of the binding's translation units: one bind_* function per public header
 // group, the cache descriptor with its keep-alive, and wrappers that hand C++ tensors to Python.

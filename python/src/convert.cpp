@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Argument conversion (convert.h): DLPack import of any tensor-like Python object, devices, streams.
 #include "convert.h"
 

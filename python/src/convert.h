@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Argument conversion of the Python binding (no logic beyond conversion):
 //   * TensorArg: any tensor argument. Accepted: mla.Tensor (the binding's own buffers), torch.Tensor

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mla._mla: the pybind11 extension behind the `mla` package. It converts arguments (convert.h) and
 // calls the public C++ API; no logic lives here. Errors: mla::Error (including VariantUnsupported)
 // -> ValueError, argument conversion failures -> TypeError, both with the library's text.

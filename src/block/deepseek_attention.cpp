@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DeepseekAttention (mla/deepseek.h, docs/BLOCK.md): weight loading for a tensor-parallel rank (exact
 // fp8 block dequantisation, or the e4m3 codes with their scales for w8a8), YaRN tables, and the
 // forward step on the CPU and CUDA: projections through mla::gemm (or quantize_fp8_groups +

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Validation helpers shared by every op front end. MLA_CHECK(cond, fmt, args...) throws mla::Error
 // with a formatted message; messages say what was expected and what came.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Checked size arithmetic (issue 14): every size, stride, offset and count that user input reaches is
 // combined through these, so that a product or sum past int64 (or size_t) throws mla::Error naming

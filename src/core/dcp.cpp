@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode context parallelism layout (mla/dcp.h, semantics §13).
 #include "mla/dcp.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The balanced split-KV schedule of the sm90 decode kernel for <= 32 query rows per request
 // (docs/DECODE.md "Schedule"). Pure code: compiled for the host (workspace sizing in the front end, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DLPack import/export. The header comes from Debian's libdlpack-dev (<dlpack/dlpack.h>) or, on
 // machines without it, from PyTorch's copy (<ATen/dlpack.h>); CMake picks one (MLA_DLPACK_ATEN).
 #include "mla/dlpack.h"

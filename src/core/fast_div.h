@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Division by a run-time constant with a multiply and a shift (Granlund-Montgomery, round-up multiplier),
 // for numerators 0 <= n < 2^31 and divisors 1 <= d <= 2^31. The sm90 row-copying producers divide every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host reads of integer metadata views (i32 or i64, any strides). Shared by the CPU backend, the
 // value-range checks of the op front ends and the layer, so all read metadata the same way.

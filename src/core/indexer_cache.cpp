@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The indexer K cache descriptor (mla/indexer.h, docs/INDEXER.md §1): allocation and validation.
 #include "core/check.h"
 #include "core/checked.h"

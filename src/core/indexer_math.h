@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Scalar rules of the lightning indexer shared bit for bit by the CPU backend and the CUDA kernels
 // (docs/INDEXER.md): the writer's scale, relu with NaN propagation, and the top-k order key.

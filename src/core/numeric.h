@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host-side scalar conversions with the exact rounding the contract names: bf16 and f16 round to
 // nearest even; e4m3 (OCP e4m3fn) rounds to nearest even and saturates to +-448 (satfinite), NaN stays

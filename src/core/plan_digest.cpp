@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // plan_digest: a 64-bit FNV-1a digest of every field of a Plan (except its seal), so that
 // MlaAttention::forward can refuse a plan edited after make_plan before it writes anything.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Planner, part 3: config validation and make_plan, which validates one scheduler batch and
 // assembles the Plan from the pieces of planner_split.cpp and planner_chunks.cpp.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Planner, part 2: workspace sizes, dense context chunks (docs/SEMANTICS.md §9) and the sparse
 // prefill workspace chunks and head padding (§11.4-11.5).
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Planner, part 1: request classification, batch reorder, decode/prefill split and decode
 // thresholds (docs/SEMANTICS.md §8).
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Planner, part 4: what a step plan owns beyond the split — the decode schedule (runs and split-KV
 // counts of the portable decode kernel, sized from the SM count passed in) and the packed metadata
 // the kernels read on the device (one upload per step, however many layers run).

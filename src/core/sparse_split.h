@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The small-T split of the sm90 sparse decode (docs/SPARSE.md "Small-T split"). The sparse op has no
 // workspace, so it cannot split a token's top-k over CTAs that write partials for a combine; instead the

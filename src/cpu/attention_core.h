@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Shared core of the CPU attention ops (mqa_decode, mha_prefill, sparse_mqa).
 //

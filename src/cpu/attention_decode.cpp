@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU mqa_decode: absorbed MQA over the paged latent cache (docs/SEMANTICS.md §6, ops.h).
 //
 // One group per request: its rows are every (query of the step, head) pair, row r = i * h_q + head, and

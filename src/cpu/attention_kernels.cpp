@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hot loops of the CPU attention ops (declared in attention_core.h): the scores of a key block against
 // the query tile, the online-softmax update and the probability-weighted sum of value rows.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU mha_prefill: varlen multi-head attention over up-projected K/V (docs/SEMANTICS.md §9-10, ops.h).
 //
 // Work item = (request, head, span of up to kTilesPerItem tiles of kQueryTile query rows). Each tile's

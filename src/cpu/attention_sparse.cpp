@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU sparse_mqa: MQA of each query token over its own top-k cache rows (FlashMLA-sparse semantics,
 // docs/SEMANTICS.md §11, ops.h).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU backend of the DeepSeek block's ops (mla/block_ops.h): RMSNorm and RoPE per element in float64
 // (rounded once into the output dtype, as a fused epilogue would), the 1 x 128 activation quantiser,
 // and the block-scaled fp8 GEMM as dequantise-then-gemm (the codes times their scales are exact in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU cache write and gathers (semantics §3-§5). Arguments were validated by the front ends in
 // src/ops/cache_ops.cpp; here every slot and block id is known to be inside the cache.
 #include <algorithm>

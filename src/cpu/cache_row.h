@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Reading one logical cache row on the CPU, for every format: the single place that knows how a
 // slot's bytes turn into values (used by the gathers, decode and sparse attention). Values are the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Row conversions between activation dtypes (bf16 / f16 / f32 / f64) and an accumulation type T (float
 // or double), shared by the CPU attention ops and gemm. Inputs are converted once per row into T

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // CPU backend entry points, called by the front ends in src/ops/ after validation (shapes, dtypes,
 // devices checked). float64 accumulation when ctx.precision == Precision::reference.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU gemm / bmm: c = alpha * a @ b + beta * c through OpenBLAS (float: cblas_sgemm in Precision::fast,
 // double: cblas_dgemm in reference mode).
 //

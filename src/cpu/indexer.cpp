@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU backend of the lightning indexer (mla/indexer.h, docs/INDEXER.md). The logits are computed from
 // the exact e4m3 values with Acc = double sums in Precision::reference (the oracle the CUDA kernels
 // are tested against) and float sums in Precision::fast. Top-k is exact on the given logits (the same

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU merge_attn_states (semantics §7, edge rules [PIN] in ops.h). Float accumulation, double in
 // Precision::reference.
 #include <algorithm>

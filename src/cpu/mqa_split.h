@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Split-KV execution of MQA over the latent cache, shared by mqa_decode and sparse_mqa.
 //

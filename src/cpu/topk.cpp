@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU top-k index conversion (semantics §11.3): request-local positions -> flat cache rows, or
 // prefill-workspace rows for tokens that read the workspace.
 #include <cstdint>

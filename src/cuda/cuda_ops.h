@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // CUDA backend entry points, called by the front ends in src/ops/ after validation. Plain C++
 // declarations (no CUDA headers) so that src/ops/ compiles with the host compiler; only linked when

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // check_group_ranks (collective_check.h): one rank-order check for every wrapper of a whole group.
 #include "dist/collective_check.h"
 

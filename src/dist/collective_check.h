@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Argument checks shared by the communicators (mla/comm.h): contiguous views on the communicator's
 // device, one dtype, and the size relation of the collective. They run before any rank waits, so a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Collectives of a DCP group (mla/dcp.h, semantics §13): all-gather q over heads, attend the rank's
 // shard for the group's W·h_q heads, exchange the partials of each rank's heads (all-to-all) and
 // combine them (combine_attn_states). The dense decode reads the gathered q and writes its partials

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A Communicator that forwards every call to the one it wraps. The wrappers of src/dist (lockstep,
 // peer) derive from it and override only the calls they change, so a new Communicator virtual is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The in-process communicator (mla/comm.h): W ranks as W threads sharing one rendezvous. A collective
 // is two barriers: after the first every rank has published its buffers and reads its peers' inputs
 // straight into its own output; the second keeps every input alive until all peers have read it.

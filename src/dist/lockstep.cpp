@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // make_lockstep_group (mla/comm.h): communicators of ranks that are threads of one process, each
 // collective enqueued between two host rendezvous of the group (why: the comment in mla/comm.h).
 #include <condition_variable>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The NCCL communicator (mla/comm.h). The communicator is created non-blocking (ncclConfig_t
 // blocking = 0), so neither its initialisation nor a collective can block the host forever: every
 // call that returns ncclInProgress is polled with ncclCommGetAsyncError, and synchronize() polls the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Peer communicators (mla/comm.h make_peer_group / make_peer_communicator): all_gather and all_to_all
 // of at most the window's slot by runtime/peer_exchange (stores into the peers' windows), everything
 // else by the wrapped communicator. Setup: ranks as threads exchange their windows' records on the host

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One rank per process (mla/comm.h): the torchrun-style environment, the CPU socket group, and the
 // communicator of a process's rank (socket on the CPU, NCCL on CUDA with the id handed over through a
 // file or the environment).

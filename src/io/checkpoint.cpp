@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoint directories (index JSON / shards) and DeepSeek config.json (mla/safetensors.h).
 #include <algorithm>
 #include <cmath>

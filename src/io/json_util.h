@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Strict JSON parsing for checkpoint files (safetensors headers, index and config files): RFC 8259
 // via nlohmann/json (no comments, valid UTF-8), plus what the library refuses on top of it: nesting

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // safetensors reader: mapping, header validation, tensor access (mla/safetensors.h).
 #include "mla/safetensors.h"
 

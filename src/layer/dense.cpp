@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Dense MLA: decode tokens through the absorbed MQA over the latent cache, prefill tokens through
 // MHA with up-projected K/V and the chunked context merged by LSE (docs/SEMANTICS.md §2, §9).
 #include <utility>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MlaAttention: weight absorption, workspace sizing, argument validation and the forward step
 // (docs/SEMANTICS.md §2). The step itself lives in dense.cpp / sparse.cpp; the workspace layout is
 // documented in layer_internal.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Internals of MlaAttention shared by the layer's translation units:
 //   workspace.cpp  workspace layout and sizes, the facts forward() derives from a plan

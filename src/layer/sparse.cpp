@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sparse (DSA) MLA: every token through sparse MQA over its top-k rows (docs/SEMANTICS.md §11).
 //   bf16 / fp8 cache, or fp8_ds_mla in mixed-batch mode: one sparse_mqa over the cache for all tokens.
 //   fp8_ds_mla separate mode (h >= 32): decode tokens on the cache; each prefill chunk's requests are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The host half of a step on the device: pinned staging memory and the one metadata upload per step
 // (mla/step.h). The layer's forward() only reads what this file copied.
 #include <cstdint>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small pieces of one forward step: workspace and metadata views, row copies and the two
 // head-batched products that move between the MHA head space (P, V) and the latent space (L).
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MlaAttention workspace: the facts forward() derives from a plan, the layout of the caller's
 // workspace (documented in layer_internal.h) and its sizes — exact per plan, and an upper bound per
 // planner config. The decode schedule and the packed metadata come from the plan (mla/plan.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Front ends of the attention ops (mqa_decode, mha_prefill, sparse_mqa; semantics §6, §9-11): every
 // argument is validated (shapes consistent across arguments, dtypes, one device, strides; on the CPU also
 // the values of the integer metadata) before the backend runs, so a bad call writes nothing.

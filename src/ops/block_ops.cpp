@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Front ends of the DeepSeek block's ops (mla/block_ops.h): shapes, dtypes, devices, strides and
 // aliasing are checked before dispatch, so a refused call writes nothing.
 #include "mla/block_ops.h"

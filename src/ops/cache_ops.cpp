@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Front ends of the cache data-movement ops (semantics §4, §5): validation, then backend dispatch.
 // Everything is checked before the backend runs, so a rejected call writes nothing.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Backend dispatch for the op front ends: validated arguments go to mla::cpu:: or mla::cuda::.
 #include "core/check.h"

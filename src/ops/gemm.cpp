@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Front ends of gemm and bmm: c = alpha * a @ b + beta * c over row-major strided views. Validation of
 // shapes, dtypes, devices and strides comes first, so a bad call writes nothing.
 #include <cmath>

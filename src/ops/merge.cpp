@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Front end of merge_attn_states (semantics §7): validation, then backend dispatch.
 #include <cmath>
 

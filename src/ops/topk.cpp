@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Front end of convert_topk_indices (semantics §11.3): validation, then backend dispatch.
 #include <limits>
 

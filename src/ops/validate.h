@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Validation shared by the op front ends (cache ops, merge, top-k, attention). Structural checks
 // (shape, dtype, device, strides) apply to every device; the *_values checks read integer metadata

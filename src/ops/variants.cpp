@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Public variant API (include/mla/variants.h) over the CUDA dispatch tables (src/cuda/dispatch/).
 #include "mla/variants.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <cuda_runtime.h>
 
 #include "runtime/device_api.h"

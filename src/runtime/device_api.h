@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host-callable CUDA runtime helpers with plain C++ signatures, so that core/ and the CLI can use
 // device memory without including CUDA headers. Only compiled when MLA_WITH_CUDA. Every call checks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PeerWindow (peer_exchange.h): all_gather / all_to_all by stores into the peers' windows.
 //
 // Window of each rank (bytes): [0] u32 epoch (calls completed), [4] u32 blocks finished in the running

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Direct GPU-to-GPU all_gather / all_to_all for the ranks of one host (the DCP exchange of a decode
 // step moves tens of KiB, where NCCL's per-collective latency, not bandwidth, sets the cost). Each

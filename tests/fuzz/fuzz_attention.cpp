@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: mqa_decode and sparse_mqa on the CPU with hostile shapes, dtypes, block tables,
 // seq_lens, top-k indices and lengths, split counts and causal flags; sparse_mqa also with the
 // DeepSeek-V4 options (SparseOptions: an extra cache of the same or another layout with its own index

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A CPU cache for the fuzz targets' two-poison runs: the rows a call may read hold the same random
 // finite values in every run (drawn once), every other row holds poison 0xff (NaN in every format) in

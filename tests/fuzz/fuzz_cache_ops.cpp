@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: write_cache and gather_cache with hostile formats, scales, shapes, strides, dtypes,
 // slots, block tables, cu_seq_lens and starts, on the CPU.
 // Contract (each call runs twice, its destination filled with two different poisons first):

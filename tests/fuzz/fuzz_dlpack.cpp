@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: from_dlpack on arbitrary DLTensor fields (rank, null or hostile shape / strides, data
 // pointers that are null, misaligned or arbitrary, byte offsets up to 2^64, any dtype code / bits /
 // lanes, device types outside the enum). Contract: either mla::Error, or a view whose rank, extents,

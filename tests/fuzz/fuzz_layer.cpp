@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: MlaAttention::forward on small CPU layers of every cache format, dense and sparse
 // (fp8_ds_mla sparse in mixed-batch and separate mode), for valid plans with hostile ForwardArgs:
 // slots, block-table entries, seq_lens, top-k positions (past seq_len, negative, huge), tensor

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: make_plan over hostile configs and batches (any cache-format byte, page sizes,
 // workspace rows and counts up to the int64 edges, unordered or inconsistent batches, padding).
 // Contract: either mla::Error, or a sealed plan that covers every token and every context position:

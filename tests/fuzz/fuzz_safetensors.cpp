@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the checkpoint reader (mla/safetensors.h, docs/BLOCK.md "Checkpoints") and DeepSeek's
 // config.json. The input is either a raw file image or edits (byte flips, header-length lies, cuts,
 // insertions of JSON punctuation and numbers near the integer limits) of a well-formed two-tensor

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Shared pieces of the libFuzzer targets (tests/fuzz/fuzz_*.cpp, docs/DEVELOPING.md "Hostile input"):
 // a reader that turns the fuzzer's bytes into sizes, indices and edge values; FUZZ_REQUIRE, which

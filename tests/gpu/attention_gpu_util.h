@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Shared pieces of the attention GPU tests (decode, prefill, sparse): device copies of host-built
 // caches, the tolerances of the CUDA kernels against the float64 CPU oracle, and comparisons.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Mirrored paged caches for the GPU cache-op tests: host storage (the CPU oracle's cache) and its
 // device copy, poisoned with 0xFF bytes (NaN in bf16, e4m3 and the fp32 scales) wherever no token was

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device-side checks of the reciprocal division of src/cuda/cache/quant.cuh (see cache_quant_check.h).
 // The kernels run the shipped device functions; the reference is IEEE division on the same GPU
 // (correctly rounded, like the CPU's float division), and the codes the same e4m3 conversion.

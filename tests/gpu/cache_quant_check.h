@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Device-side checks of the cache writers' reciprocal division (src/cuda/cache/quant.cuh) against
 // IEEE division on the same GPU (cache_quant_check.cu; gtest cases in test_cache_ops_gpu.cpp).

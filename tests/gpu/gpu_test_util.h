@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Helpers for the GPU tests of the data-movement ops: mirrored host/device buffers (the CPU backend
 // runs on the host copy as the oracle, the CUDA backend on the device copy, both through the same

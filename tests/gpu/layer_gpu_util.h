@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The MlaAttention GPU tests' acceptance rule (DESIGN §5 applied to a whole layer), shared by
 // test_layer_gpu.cpp and test_layer_graph_gpu.cpp.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Helpers of the PTX wrapper device tests (test_ptx_*.cu): CUDA error checks, a typed device buffer,
 // the Hopper skip, 1024-byte alignment of dynamic shared memory, and random bf16 / e4m3 operands.

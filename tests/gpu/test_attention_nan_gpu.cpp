@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The NaN rule of the attention ops on CUDA, every registered variant of each family
 // (attention_nan_check.h; docs/SEMANTICS.md §14.6a): the same expectations as the CPU backend.
 #include <gtest/gtest.h>

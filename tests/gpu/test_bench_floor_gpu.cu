@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device test of the benchmark's read floor (bench/floor.h): the load-only gather must read exactly the
 // listed rows — each 16-byte chunk of every non-negative slot's row, repeats read again, nothing else — so its
 // XOR of the 32-bit words read equals the host's over the same rows; and decode_row_slots must list

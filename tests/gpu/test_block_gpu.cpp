@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The DeepSeek block on CUDA (docs/BLOCK.md): its ops (mla/block_ops.h) against the CPU backend's
 // float64 results, and DeepseekAttention on the fixture checkpoints (tests/fixtures/block) against
 // transformers' float64 output and the float64 CPU block, V3 and V2-Lite shapes, fp8 and bf16 weights

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // write_cache, gather_cache, cp_gather_cache and upconvert_ds_mla on CUDA against the CPU backend
 // (reference precision). All four are exact: cache bytes, fp8 codes and ds_mla scales, gathered bf16
 // bits and raw bytes must equal the CPU's byte for byte, over the whole (poisoned) cache storage and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DCP collectives over NCCL on CUDA (mla/comm.h, mla/dcp.h): one thread per GPU, one NCCL rank each
 // (W = every GPU of the machine, up to 4; on a one-GPU machine W = 1 still runs the gather / reorder /
 // exchange / combine path). dcp_mqa_decode (causal s_q 1 and 2; every DcpExchange) and dcp_sparse_mqa over the W shards

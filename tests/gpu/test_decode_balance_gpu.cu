@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The device twin of the balanced decode schedule (core/decode_balance.h): every CTA of a launch finds its
 // window with the kernel's block scan over the device seq_lens (decode_sm90 pipeline.cuh
 // balanced_window, 384 threads like the kernels) and walks its segments with the kernels' Units; the

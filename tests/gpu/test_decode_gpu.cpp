@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA mqa_decode against the CPU backend's float64 reference (DESIGN.md §5), every kernel variant
 // (portable, sm90): every cache format, page sizes 1/16/32/64/128/256, h in {1..128}, s_q 1..8, empty requests and lengths on / beside page
 // boundaries, split-KV and the no-split fallback, strided / unaligned views, d_qk 320, narrow d_v, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mqa_decode with the split count as an explicit argument (the step plan's decode schedule passes its
 // own): every count from one to the cap matches the CPU float64 oracle with the workspace that
 // mqa_decode_workspace_bytes sizes for that count, and the default (0) is the planner's policy for the

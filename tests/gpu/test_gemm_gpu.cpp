@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gemm / bmm on CUDA (cuBLAS) against the CPU backend (float64 reference). Tolerance: DESIGN.md §5 at
 // c's storage precision plus extra_rel 1e-5 of max|ref|, the size of fp32 accumulation error over
 // k <= 576 random terms (the oracle accumulates in double). Covered: row- and column-major views of

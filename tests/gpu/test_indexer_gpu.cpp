@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lightning indexer on CUDA (docs/INDEXER.md) against the CPU backend and the float64 oracle:
 //   cache write and gather: bytes equal to the CPU's (bf16 / f32 k, int32 / int64 slots, slot -1);
 //   logits (every variant of indexer_logits): -inf positions exact, values within the fp8 rule

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MlaAttention's DCP mode on CUDA over NCCL: one thread, GPU and NCCL rank per rank of the group (W =
 // every GPU of the machine, up to 4; skipped on one GPU). The group's decode step against the float64
 // one-layer oracle at the bf16 rule, with the slack of one more bf16 rounding (the partials travel in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MlaAttention on CUDA (bf16) against the float64 CPU oracle layer on the same inputs: dense mixed
 // batches in every cache format, chunked context, and sparse mode in both fp8_ds_mla modes. Every
 // step kind captured in a CUDA graph: test_layer_graph_gpu.cpp.

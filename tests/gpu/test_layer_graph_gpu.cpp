@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every step kind through a CUDA graph, with CUDA-graph padding (zero-length requests, padded token
 // rows). One captured step = upload_step_metadata + forward() of two layers (their own weights, caches
 // and inputs; one plan, one workspace, one metadata buffer). The graph is replayed with the inputs it

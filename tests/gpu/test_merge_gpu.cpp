@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // merge_attn_states on CUDA against the CPU backend (float64 reference). Tolerance: DESIGN.md §5
 // (check_close at the output's storage precision) plus extra_rel 1e-6 of max|ref| because the GPU
 // forms the two weights and the lse with fp32 exp/log (a few ulp each) where the oracle uses double;

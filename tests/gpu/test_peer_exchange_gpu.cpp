@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The peer exchange (mla/comm.h make_peer_group; runtime/peer_exchange.cu): ranks as threads, one GPU
 // each (every GPU up to 4; W = 1 on a one-GPU machine still runs the kernel's own-block path and its
 // epochs). all_gather / all_to_all put every byte where NCCL does, over many calls (both window

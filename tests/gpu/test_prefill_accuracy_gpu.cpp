@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 9's accuracy item: single output elements of the CUDA prefill path were seen 0.6-0.7 off at
 // |x| ~ 3 in 128-head mixed batches with page 16, against a float64 reference that rounds to bf16 where
 // vLLM's does, while the CPU backend stayed within 0.5. This test builds such a batch with inputs that

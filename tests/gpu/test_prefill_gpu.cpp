@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA mha_prefill against the CPU backend's float64 reference (DESIGN.md §5), every variant
 // (portable: 64-row tiles, sm90: 128-row / 128-key tiles): varlen batches with empty requests, sq > sk
 // (causal rows with no key), lengths on / beside both tile sizes, causal and non-causal, h in {1..128},

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device test of cluster.cuh with launch_cluster (cuda/common/launch.h), in clusters of two CTAs over several
 // phases, the hand-overs of the decode crossover (decode_sm90/source_cross.cuh): each CTA's writer warp fills
 // its own staging buffer with ordinary stores, fences the proxy and bulk-copies it into the PEER's receive

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device test of griddep.cuh with launch_dependent (cuda/common/launch.h): a primary grid that lets its
 // dependent launch at once (launch_dependents at its start) and then spins ~50 us before writing every
 // element; the dependent grid, launched as a programmatic dependent, waits (grid_dependency_wait) and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device test of a warp-specialised pipeline built from the Hopper wrappers (setmaxnreg.cuh,
 // warpgroup.cuh, mbarrier.cuh, tma.cuh bulk copies): per CTA, warpgroup 0 gives registers back
 // (setmaxnreg_dec) and one elected thread streams 16 KiB chunks of a 48 MiB array into a 4-stage ring with

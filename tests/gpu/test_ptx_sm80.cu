@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device tests of the sm_80 wrappers the portable kernels use (src/cuda/common/ptx/cp_async.cuh,
 // ldmatrix.cuh, mma_sync.cuh): one warp copies A (16 x 16, row-major) and B (16 x 8 stored [k][n]) to
 // shared memory with cp.async, loads fragments with ldmatrix / ldmatrix.trans, multiplies with mma.sync

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device tests of the Hopper helpers around the main pipeline: named barriers (barrier.cuh), stmatrix
 // (stmatrix.cuh) and TMA stores with bulk async-groups (tma_store.cuh). Each can fail: the barrier test
 // delays writers so that a barrier that did not wait shows stale values; stmatrix's placement is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device tests of the TMA and mbarrier wrappers (src/cuda/common/ptx/tma.cuh, mbarrier.cuh,
 // tensor_map.h): tensor tile loads of rank 2..5 with and without the 128-byte swizzle, each shared-memory
 // byte checked against the placement the copy engine promises (out-of-bounds elements as zeros, over a

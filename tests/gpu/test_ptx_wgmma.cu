@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device tests of the wgmma wrappers (src/cuda/common/ptx/wgmma.cuh) against a float64 CPU GEMM: one
 // warpgroup computes D(64 x N) = A(64 x K) * B(K x N) for bf16 with A from shared memory (K-major and
 // MN-major) and from registers, f16 (both A sources), B K-major and MN-major ("transposed"), N = 64 / 128 /

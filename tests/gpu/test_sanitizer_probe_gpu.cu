@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What compute-sanitizer initcheck sees of cuBLAS's stores (issue 14; docs/DEVELOPING.md "GPU sanitizers";
 // docs/NOTES_ARCHIVE.md, seventh session, "initcheck in the CUDA-graph layer tests"). The layer's query absorption
 // is a bmm (cuBLAS) into the first 512 columns of q_abs [n, h, 576], and the sm90 decode kernel's load_q_panels

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA sparse_mqa against the CPU backend's float64 reference (DESIGN.md §5), every registered variant:
 // every cache format, page sizes 1/16/64, h in {1..128} (3 and 24 included), top-k widths that are not
 // multiples of 64 (133, 192, 640, 2048), indices that are invalid (negative, >= num_slots), duplicated

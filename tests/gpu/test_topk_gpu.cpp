@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // convert_topk_indices on CUDA against the CPU backend: exact int32 outputs and valid counts. Covered:
 // topk 2048 / 64 / 37 (the element-wise variant), page sizes 1/16/64, block_stride_rows of a flat
 // multi-layer row view, prefill-workspace rows, negative and out-of-table positions, NaN-free int

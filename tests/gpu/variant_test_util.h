@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Running the GPU tests of a kernel family once per registered variant (include/mla/variants.h). A
 // sweep takes the variant name as one more parameter, from the library's own list, so a new variant is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared helpers of the Python tests: seeded inputs, float64 NumPy decoders of the cache formats and
 the references every op is checked against (independent of the library: plain NumPy)."""
 import numpy as np

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The binding's conversions: DLPack import from NumPy, torch, capsules and foreign __dlpack__
 objects (zero copy, strides kept), mla.Tensor export, devices, enums and error mapping."""
 import numpy as np

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DeepSeek attention block (mla.DeepseekAttention) and the checkpoint reader through Python, on the
 transformers fixture (tests/fixtures/block, docs/BLOCK.md): the float64 block in one prefill within 1e-5
 of transformers' output (and in every step split with the f64 cache), the block built from a dict of

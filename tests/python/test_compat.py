@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """mla.compat.flash_mla and mla.compat.vllm with the upstream call shapes, against float64 torch
 references (FlashMLA's ref.py formulation) with FlashMLA's bf16 tolerance, on every device."""
 import pytest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Decode context parallelism from Python (docs/SCALE.md): W ranks as Python threads over the in-process
 group, and as processes (torchrun-style environment: the CPU socket group; on a machine with 2+ GPUs,
 NCCL), each attending its shard of every request's cache for the group's heads; the outputs of its own

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The 20-line decode example of docs/PYTHON.md runs as printed (CPU here, CUDA where present)."""
 import os
 import re

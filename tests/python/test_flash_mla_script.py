@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """examples/flash_mla_api_script.py: a script written against FlashMLA's Python API, run unchanged with
 ``import mla.compat.flash_mla as flash_mla``, checks itself against float64 references (exit 0 = all match).
 Here it runs its small case list (--quick) on each device; scripts/py_gpu_check.sh runs the full list on

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The lightning indexer (mla/indexer.h) from Python against float64 NumPy references: the K cache
 writer (ue8m0 / amax scales, SoA bytes per block), the prefill gather, the fp8 MQA logits (prefill and
 paged decode), the top-k per row (tie and NaN rules); bad input raises ValueError and writes nothing."""

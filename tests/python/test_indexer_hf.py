@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The lightning indexer against HuggingFace transformers' DeepseekV32Indexer (docs/INDEXER.md §7).
 
 tests/fixtures/indexer/v32_indexer.npz (scripts/gen_indexer_fixture.py, generated on the GPU machine)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every functional op of mla/ops.h on the CPU against a float64 NumPy reference (reference
 precision, f64 activations: agreement to ~1e-12), with seeded inputs and NaN-poisoned outputs."""
 import numpy as np

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The planner and the step plan through Python, and MlaAttention (dense and sparse, the float64 oracle
 layer and the bf16 fast layer) against a naive float64 NumPy MHA with explicit K/V up-projection."""
 import numpy as np

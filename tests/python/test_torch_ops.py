@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """torch custom ops (mla.ops): results against float64 references on every device, fake tensors,
 torch's op checker, torch.compile and CUDA graph capture / replay (the latter three need torch 2)."""
 import math

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers of the torch-based tests: the devices to run on, and float64 torch references over the
 dequantised cache (FlashMLA's tests/ref.py formulation: gather rows, softmax in float64)."""
 import numpy as np

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Independent oracles of the lightning indexer for the CPU and GPU tests (docs/INDEXER.md). They do
 // not call the library's helpers (own e4m3 decoder, own cache byte layout, own order rule), so a wrong

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Shared test helpers: seeded random tensors, NaN poisoning, host copies and the DESIGN.md §5
 // tolerance rule. Used by tests/unit (CPU) and tests/gpu.

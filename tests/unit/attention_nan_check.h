@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The NaN rule of the attention ops (docs/SEMANTICS.md §14.6a), checked the same way on every backend:
 // a visible key with a NaN score turns its whole output row and LSE into NaN (even when every visible

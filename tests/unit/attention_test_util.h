@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Helpers for the attention tests: caches with random rows in every format and NaN everywhere else
 // (so a stray read shows), and a float64 softmax-attention oracle written directly from the formula.

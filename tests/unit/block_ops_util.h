@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Inputs and independent references of the DeepSeek block's ops (mla/block_ops.h), shared by the CPU
 // unit tests (tests/unit/test_block_ops.cpp) and the GPU tests (tests/gpu/test_block_gpu.cpp). The

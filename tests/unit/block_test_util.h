@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The DeepSeek block fixture (tests/fixtures/block, scripts/gen_block_fixture.py, docs/BLOCK.md) and
 // a driver that serves its sequence through DeepseekAttention in a given split of steps.

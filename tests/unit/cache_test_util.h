@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Helpers for the cache-op tests: pattern-filled caches (so that a stray write shows as a changed
 // byte), an independent decoder of cache rows (not the library's reader), and e4m3 step sizes.

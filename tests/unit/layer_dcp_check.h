@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The DCP layer check shared by the CPU test (in-process thread group, float64) and the GPU test (NCCL,
 // one thread and GPU per rank, bf16): W ranks each hold h/W of the layer's heads and the positions of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Scenario builder and independent float64 reference for the MlaAttention tests (tests/unit and
 // tests/gpu). A Scenario lists requests (context, new tokens); make_step draws seeded inputs whose

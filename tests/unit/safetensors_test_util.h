@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Test-side safetensors writer: builds file images from a header string and data bytes (malformed
 // files by hand), or from named tensors (well-formed files, offsets in insertion order).

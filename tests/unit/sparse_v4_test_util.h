@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Inputs and a float64 oracle for sparse_mqa's DeepSeek-V4 options (SparseOptions: attention sink, extra
 // cache, whole-row values), shared by the CPU tests (tests/unit/test_sparse_v4.cpp) and the GPU tests

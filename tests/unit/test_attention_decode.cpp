@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mqa_decode on the CPU: the absorbed-vs-naive identity, a float64 oracle sweep over formats, page
 // sizes, head counts and s_q, and fast (float32) vs reference (float64) accumulation.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bad inputs to mqa_decode, mha_prefill and sparse_mqa raise mla::Error and leave every output untouched.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The NaN rule of the attention ops on the CPU backend, fast and reference precision (attention_nan_check.h;
 // docs/SEMANTICS.md §14.6a). Before the rule was pinned, one NaN key turned a CPU row into "empty"
 // (out 0, LSE -inf) while the GPU gave NaN out with LSE -inf.

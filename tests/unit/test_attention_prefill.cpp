@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mha_prefill on the CPU against a float64 formula: varlen batches with zero-length requests,
 // sq != sk (bottom-right causal alignment), a k_pe shared by all heads (head stride 0), a strided
 // [h, Tq] lse, padding rows past cu_seqlens_q[B] left untouched.

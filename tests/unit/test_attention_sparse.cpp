@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sparse_mqa on the CPU against a float64 formula: invalid (negative, >= num_slots), duplicate and
 // beyond-topk_length indices, lonely rows (out 0, lse -inf), every cache format and page size.
 #include <gtest/gtest.h>

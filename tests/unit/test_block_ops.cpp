@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The DeepSeek block's ops on the CPU (mla/block_ops.h): RMSNorm and RoPE against their formulas
 // (in place, interleaved and half-split pairs, the rope_dim 0 copy), the 1 x 128 quantiser (codes,
 // scale layout, padding rows, all-zero groups), the block-scaled fp8 GEMM against a float64 sum, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cache-format description (mla/cache_format.h): the traits give the documented byte layouts,
 // the runtime table and the dispatch helper agree with them, and an out-of-range CacheFormat or
 // DsMlaScale is rejected at every public entry with a message naming the value, writing nothing.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // write_cache (concat_and_cache_mla, semantics §3-§4) on the CPU: per-format round trips, skipped
 // slots, padded inputs, strided views, saturation, and rejected inputs that must write nothing.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Front-end rules for the CUDA activation dtypes (no device needed: only rejections are exercised, on
 // views that claim to be on CUDA, so no kernel runs). CUDA takes bf16, f16 and f32 for merge inputs /
 // outputs, gather destinations and attention q / out, one dtype per call; f64 and mixes are rejected

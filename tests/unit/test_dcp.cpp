@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode context parallelism on the CPU with W simulated ranks (semantics §13): the layout functions
 // (mla/dcp.h), the N-way combine op, and the end-to-end claim that attending every rank's shard and
 // combining the partials equals attending the whole cache (dense causal s_q 1 and 3, sparse with the

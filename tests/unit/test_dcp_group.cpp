@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DCP collectives with the in-process group (mla/comm.h make_local_group): W threads play W ranks on
 // the CPU. Checked: all_gather / all_to_all block placement; dcp_mqa_decode (causal s_q 1 and 3) and
 // dcp_sparse_mqa over W shards equal one process attending the whole cache for all W·h_q heads;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bad arguments to the group wrappers of mla/comm.h, on the CPU (no GPU needed, with or without CUDA in
 // the build): make_peer_group, make_peer_communicator and make_lockstep_group refuse empty groups, null
 // entries, ranks out of order, mismatched world sizes and non-positive timeouts with an mla::Error naming

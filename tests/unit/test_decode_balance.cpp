@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The balanced split-KV schedule of the sm90 decode kernel (src/core/decode_balance.h), on the host:
 // every tile of every request is run by exactly one CTA, every empty request written by exactly one,
 // no CTA gets more than `per` positions of work, the split counts and slots the combine reads are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DeepseekAttention (mla/deepseek.h) against transformers' DeepseekV3Attention on the fixture
 // checkpoints (tests/fixtures/block, docs/BLOCK.md): V3 shapes (fp8 as published, and dequantised to
 // bf16) and V2-Lite shapes (bf16 as published, and quantised to fp8), each served in several step

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DLPack import/export (include/mla/dlpack.h): views round-trip without copies, the exported wrapper
 // keeps its owner alive until the consumer's deleter runs, and unsupported tensors are refused.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Out-of-range enum values (a cast integer, a corrupted struct, a binding passing a raw int) are refused
 // with mla::Error at every public entry that takes them, before anything is written (issue 14): DType,
 // Device type, Precision, CacheFormat, DsMlaScale, QueryLenSupport.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // core/fast_div.h: the host-built (m, s) and the host emulation of the device formula against n / d, for
 // every page size 1..512, a set of large divisors, and numerators at both sides of every multiple near the
 // ends of the range, 2^31 - 1 included, plus pseudo-random ones.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gather_cache, cp_gather_cache and upconvert_ds_mla (semantics §5) on the CPU: every format and
 // page size, unaligned starts, zero-length requests, out-of-table blocks (never read, dst rows left
 // untouched), strided views, and rejected inputs that must write nothing.

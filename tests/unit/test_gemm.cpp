@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gemm / bmm on the CPU against a naive float64 product: strided and transposed views, mixed dtypes,
 // beta (including beta = 0 over a NaN-poisoned c, which must not be read), k = 0.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lightning indexer on the CPU (docs/INDEXER.md): the K cache writer (byte layout, both scale
 // rules, slot -1), the prefill gather, logits (reference mode equals the independent float64 oracle,
 // fast mode within fp32 rounding, prefill over the gathered K equals decode over the pages), top-k (the

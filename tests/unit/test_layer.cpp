@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MlaAttention, dense mode: the float64 oracle layer (CPU, f64, Precision::reference) against an
 // independent naive MHA per token, chunked context against unchunked, and the bf16 fast layer
 // against the oracle; layers sharing one plan, metadata upload and workspace.

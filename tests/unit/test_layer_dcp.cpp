@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MlaAttention's DCP mode on the CPU (LayerOptions::dcp_comm, PlannerConfig::dcp; semantics §13) with
 // the in-process thread group, float64: layer_dcp_check.h says what is checked.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MlaAttention: bad input raises mla::Error before anything is written (out and cache untouched),
 // the exact workspace suffices (nothing past it is touched), and max_workspace_bytes /
 // max_step_metadata_bytes bound workspace_bytes / plan.metadata.bytes() over random plans of a config.

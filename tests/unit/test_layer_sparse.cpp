@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MlaAttention, sparse (DSA) mode: the float64 oracle layer against naive attention over each
 // token's top-k set (explicit up-projection), for a bf16 cache, a per-tensor fp8 cache and the
 // fp8_ds_mla cache in both its mixed-batch (h < 32) and separate (h >= 32, upconverted bf16 prefill

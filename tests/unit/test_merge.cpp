@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // merge_attn_states (semantics §7 with the [PIN] edge rules) on the CPU.
 #include <gtest/gtest.h>
 

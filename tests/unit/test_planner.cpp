@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Planner tests: every worked example of docs/SEMANTICS.md §8, §9 and §11.4-11.5, the Plan
 // assembled by make_plan, bad input, and randomized coverage properties.
 #include <gtest/gtest.h>

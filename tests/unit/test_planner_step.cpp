@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Step-plan tests: the decode schedule (split-KV policy sized from the SM count passed in, runs of
 // equal query length, the CUDA-graph length bound) and the packed step metadata (offsets and values
 // in every mode, its size bound).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // safetensors reader, checkpoint directories and config.json (mla/safetensors.h): well-formed files
 // read back exactly; every malformed file (truncated, lying or overlapping headers, bad JSON, dtype,
 // shape, offsets) gives an mla::Error naming the problem, and random corruptions never crash.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The small-T split of the sm90 sparse decode (src/core/sparse_split.h): the largest split that keeps one wave,
 // at least two tiles per rank and every cluster resident; none once the tokens fill the GPU; a forced split only
 // where each rank gets a tile and a cluster fits.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sparse_mqa's DeepSeek-V4 options on the CPU (SparseOptions, SEMANTICS §11.8) against the float64
 // formula of sparse_v4_test_util.h: a per-head attention sink (lonely rows give out 0, lse = sink), an
 // extra cache at its own page size attended in the same softmax (main-only, extra-only and lonely

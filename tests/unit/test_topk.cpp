@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // convert_topk_indices (semantics §11.3) on the CPU: the worked cases, workspace rows (re-zeroed per
 // chunk, no block-table bound check), block_stride_rows, valid counts, and rejected inputs.
 #include <gtest/gtest.h>

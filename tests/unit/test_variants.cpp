@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kernel-variant axis: the dispatch table's selection (rank order, compute-capability range,
 // supports predicate), the override (forced variant, unknown names, restoring), the record of the last
 // choice, and the public API of include/mla/variants.h. CPU only: a fake family stands in for kernels.

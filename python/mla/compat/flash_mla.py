@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Drop-in replacement of FlashMLA's Python API (deepseek-ai/FlashMLA, flash_mla/flash_mla_interface.py):
 ``import mla.compat.flash_mla as flash_mla`` and keep the script.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Drop-in versions of the vLLM MLA cache / merge / index ops (vllm._custom_ops, vLLM's
 merge_attn_states and sparse_utils), with vLLM's signatures and semantics (docs/SEMANTICS.md).
 

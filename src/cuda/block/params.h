@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Launch parameters of the DeepSeek block's element-wise kernels (mla/block_ops.h; rms_norm.cu,
 // rope.cu, quantize.cu). Raw pointers, strides in elements, each pointer with its shape.

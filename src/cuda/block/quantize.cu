@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // 1 x 128 fp8 activation quantisation on CUDA (mla::quantize_fp8_groups), DeepSeek's act_quant:
 // scale = amax / 448 of each row's group of 128 columns (1 for an all-zero group), codes =
 // e4m3(x / scale) (round to nearest even, saturating), scales stored group-major [K / 128, M_pad]

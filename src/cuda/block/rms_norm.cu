@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RMSNorm on CUDA (mla::rms_norm): y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w.
 //
 // Algorithm: one warp per row (8 rows per 256-thread CTA); lanes stride the row (coalesced), sum

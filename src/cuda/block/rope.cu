@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RoPE on CUDA (mla::apply_rope): dst = src with rotary embedding on the last rope_dim columns of
 // each group, the first D - rope_dim copied (rope_dim 0: a converting copy).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Gather kernels: gather_cache (§5.1), cp_gather_cache (§5.2), upconvert_ds_mla (§5.3).
 //

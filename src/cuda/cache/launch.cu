@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launchers of the cache kernels: params and the vector / element-wise choice come from setup.h;
 // here the kernel configuration is picked and launched on ctx.stream.
 #include "cuda/cache/gather_kernel.cuh"

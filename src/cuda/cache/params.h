@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Launch parameters of the cache kernels (write_cache, gather_cache, cp_gather_cache,
 // upconvert_ds_mla). Plain data: raw pointers with their shapes, strides in elements of the pointed

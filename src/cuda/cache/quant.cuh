@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Quantisation of bf16 chunks to e4m3 codes for the cache writers: q8 = e4m3_satfinite(x / s), bit
 // for bit the CPU's (src/cpu/cache_ops.cpp: IEEE float x / scale, then num::float_to_e4m3).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host side of the cache kernels: POD params from validated views, and the choice between the
 // vector and the element-wise variant from the actual alignment. Shared by launch.cu and the kernel

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Cache write kernels (concat_and_cache_mla, semantics §3-§4). Quantisation (x / scale to e4m3, bit
 // for bit the CPU's) is in quant.cuh.

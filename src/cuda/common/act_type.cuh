@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Activation element types of the CUDA kernels (bf16, f16, f32: the dtypes vLLM's ops take for q,
 // out, merge inputs and gather destinations). A tag carries the storage type and the conversions

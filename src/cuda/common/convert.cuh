@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Element conversions on the device, with the rounding the numerical contract names (and that
 // src/core/numeric.h implements on the host, bit for bit):

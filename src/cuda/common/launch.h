@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host-side helpers shared by the CUDA launchers (.cu files; no fmt, no core/check.h): the device
 // guard, the stream of a Context, launch-error checks and grid sizing.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Latent-cache MQA engine shared by mqa_decode (decode/) and sparse_mqa (sparse/).
 //

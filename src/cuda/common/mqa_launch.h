@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host-side construction of the MQA engine's parameters from validated views (decode/ and sparse/
 // launchers). No CUDA headers needed; no fmt.

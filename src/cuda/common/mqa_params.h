@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // POD parameters shared by the two latent-cache MQA kernel families (decode/ and sparse/): the
 // query/output rows of one "group" (a decode request or a sparse token) and the paged cache.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Tile sizes and the shared-memory plan of the latent-cache MQA engine (mqa_core.cuh), used by the
 // decode and sparse families. All sizes in bytes unless named otherwise.

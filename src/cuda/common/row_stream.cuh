@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The "resolve rows, then stream chunks" block schedule shared by the memory-bound row kernels
 // (cache write, gathers, upconvert, merge).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Online-softmax helpers shared by the attention kernels. Scores are kept in the log2 domain
 // (score * softmax_scale * log2(e)) so that exp is one ex2.approx; LSE is converted back to natural

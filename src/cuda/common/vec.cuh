@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Register arrays and global-memory moves of whole chunks. A "chunk" is a small fixed number of
 // consecutive elements one thread moves; the memory-bound kernels of this library stream rows as

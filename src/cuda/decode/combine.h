@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The split-KV combine of mqa_decode (decode_combine_kernel, kernel.cuh) as a host call, shared by the
 // decode variants that write the [b, num_splits, s_q * h_q] partials of DecodeParams' workspace layout.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // mqa_decode: absorbed MQA over the paged latent cache (docs/SEMANTICS.md §6), split-KV.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launcher of the CUDA mqa_decode (kernel.cuh) and its workspace sizing (declared in cuda/cuda_ops.h).
 #include <cuda_runtime.h>
 

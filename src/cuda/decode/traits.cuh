@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Decode tiling (the MQA engine's, common/mqa_traits.cuh) and the split-KV workspace layout.
 #include <cstdint>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The split-KV merge inside a thread-block cluster (p.cluster_merge): with the seesaw kernels' uniform schedule
 // and 2..8 splits, the num_splits CTAs of one (request, row tile) are one cluster (Unit: split = cluster rank),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // sm90 attention over e4m3-coded rows (fp8 per-tensor rows of mqa_decode, fp8_ds_mla records of mqa_decode and
 // sparse_mqa) for N = 8 / 16 / 32 query rows, with no bf16 stage: the raw rows go into a ring of shared-memory slots

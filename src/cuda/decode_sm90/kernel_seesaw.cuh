@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // sm90 mqa_decode for more than 32 query rows: 64-row tiles (h 64 at s_q 1 = one tile, h 128 = two), the
 // "seesaw" schedule (FlashMLA's Hopper decode design, written here from its published description): the

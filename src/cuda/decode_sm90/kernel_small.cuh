@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // sm90 mqa_decode for s_q * h_q <= 32 query rows (h 8 / 16 / 32 at s_q 1, h 16 at s_q 2, ...): the
 // swapped products, so that the rows are wgmma's N (8, 16 or 32) and pay no padding to 64.

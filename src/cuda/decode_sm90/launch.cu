@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launcher of the sm90 mqa_decode variant (kernel_small.cuh, kernel_seesaw.cuh): which launches it takes, the KV tensor map,
 // the split-KV workspace (the portable family's layout and combine kernel, decode/combine.h).
 #include <cuda_runtime.h>

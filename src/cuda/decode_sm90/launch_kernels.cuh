@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host side shared by the sm90 launchers (launch.cu: mqa_decode, launch_sparse.cu: sparse_mqa): the row
 // tiling (which kernel takes a problem) and the launch of the chosen kernel for a key source.

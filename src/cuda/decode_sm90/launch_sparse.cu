@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launcher of the sm90 sparse_mqa variant: the sm90 decode kernels (kernel_small.cuh for h_q <= 32,
 // kernel_seesaw.cuh for more heads) with the gathering key source (source.cuh, GatherKeys): a token is
 // one "request" of s_q = 1 whose keys are its top-k cache rows. One CTA per (row tile, token); for small T

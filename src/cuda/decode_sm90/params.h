@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Launch parameters of the sm90 attention kernels over a latent cache (POD, host-includable): mqa_decode
 // (paged keys through a TMA tensor map passed beside these params, launch.cu builds it) and sparse_mqa

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Pieces shared by the sm90 decode kernels (kernel_seesaw.cuh: 64-row tiles, kernel_small.cuh: <= 32 rows):
 // the CTA's unit of work, its start (barriers, role split). The key sources (TMA pages, gathered rows)

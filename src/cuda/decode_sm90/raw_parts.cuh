@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The raw-codes kernel's parts (kernel_raw.cuh has the algorithm, warp roles and shared-memory budget): its
 // shared-memory layout (RawTraits), the code conversions the consumers build wgmma operands with, the query

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The seesaw kernel's shared-memory plan (SeesawTraits) and the state and steps its consumer schedules share
 // (SeesawBase: this thread's rows, O half, running max and row sums; S, the max hand-over, P, the local and remote

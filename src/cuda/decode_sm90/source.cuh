@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Key sources of the sm90 kernels (kernel_small.cuh, kernel_seesaw.cuh take one as a template
 // parameter): where the nine 64-column panels of a 64-key tile come from. Both fill the same layout,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // CrossKeys<F, Rows>: the seesaw kernel's fp8_ds_mla / fp8 key source for requests of two 64-row tiles
 // (h 128 at s_q 1, any even m_tiles) with the expansion shared by the two row-tile CTAs of a request: the

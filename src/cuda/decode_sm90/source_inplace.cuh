@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // InplaceKeys<F, Rows>: the seesaw kernel's (kernel_seesaw.cuh, 64-row tiles) fp8_ds_mla / fp8 key source
 // with the codes expanded in place (docs/SPARSE.md "Next" 2, docs/DECODE.md "In-place expansion").

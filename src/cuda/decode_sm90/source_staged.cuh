@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // fp8_ds_mla and fp8 key source of the small sm90 kernel (kernel_small.cuh, h_q <= 32) with a raw-record
 // stage in shared memory (docs/SPARSE.md "Raw stage"; fp8 per-tensor rows: StagedKeys<fp8> below). GatherKeys<fp8_ds_mla> (source.cuh) loads each record

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Shared-memory and global I/O pieces of the sm90 decode kernels with 64-row tiles: query rows into
 // swizzled panels and register fragments, zero-filling keys that were not loaded, P to smem, and the

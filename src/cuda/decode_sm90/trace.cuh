@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Timeline trace of the sm90 decode kernels, for diagnosing fixed costs (docs/DECODE.md "Where the fixed cost
 // goes"). Compiled only into a build configured with -DMLA_DECODE_TRACE=ON (CMake option; it defines

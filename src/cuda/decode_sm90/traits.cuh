@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Tile sizes shared by the sm90 decode kernels (kernel_small.cuh, kernel_seesaw.cuh; each has its own
 // shared-memory plan next to it). Sizes in bytes.

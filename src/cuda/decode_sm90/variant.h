@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The "sm90" variants of mqa_decode and sparse_mqa (kernel_small.cuh, kernel_seesaw.cuh with a paged or a
 // gathering key source), as entries of the families' dispatch tables (src/cuda/decode/launch.cu,

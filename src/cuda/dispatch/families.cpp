@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The list of dispatch tables and the device compute-capability lookup (families.h).
 #include "cuda/dispatch/families.h"
 

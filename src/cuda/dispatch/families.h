@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The CUDA kernel families that have a dispatch table (variant_table.h), their launch arguments, and
 // the accessors the public variant API (src/ops/variants.cpp) and the launchers use. Plain C++.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The dispatch table of one CUDA kernel family (include/mla/variants.h is the public face). Plain C++,
 // no CUDA headers: the selection logic is unit-tested on the CPU (tests/unit/test_variants.cpp).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Block-scaled fp8 GEMM on CUDA (mla::gemm_fp8_block) through cuBLASLt: DeepSeek's w8a8 recipe,
 // weights e4m3 with one f32 scale per 128 x 128 block, activations e4m3 with one f32 scale per row
 // and 128 columns. cuBLASLt 12.9+ runs it on sm_90 (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gemm / bmm on CUDA through cuBLAS: c = alpha * a @ b + beta * c, bf16 a and b, bf16 or f32 c,
 // fp32 accumulation (CUBLAS_COMPUTE_32F), 64-bit sizes (the *_64 entry points).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // convert_topk_indices (semantics §11.3): request-local top-k positions -> flat cache rows
 // (block_table[req][idx / page] * block_stride_rows + idx % page) or prefill-workspace rows

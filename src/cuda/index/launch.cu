@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launcher of convert_topk_indices: one block per token row (grid.x = T).
 #include "cuda/common/launch.h"
 #include "cuda/cuda_ops.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // dcp_localize_topk on CUDA (mla/dcp.h, semantics §13): per top-k entry, the owner test
 // (p / I) % W == rank and the local position (p / (W·I))·I + p % I, -1 for other ranks' positions,
 // negative entries and positions at or past the request's length. One thread per entry, grid-stride;

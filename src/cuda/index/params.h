@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Launch parameters of convert_topk_indices (semantics §11.3). Strides in elements, 64-bit.
 #include <cstdint>

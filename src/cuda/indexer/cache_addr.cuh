@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Byte addresses inside the indexer K cache (docs/INDEXER.md §1): block b starts at base + b *
 // block_stride; token o's codes at o * 128, its fp32 scale at page_size * 128 + o * 4.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Indexer K cache kernels (docs/INDEXER.md §1). Included by launch.cu only (non-template kernels are
 // defined here: one translation unit).

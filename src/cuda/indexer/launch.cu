@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launchers of the indexer cache kernels (cache_kernel.cuh) and the top-k (topk_kernel.cuh). The
 // logits launchers and their dispatch table are in logits.cu.
 #include <cuda_runtime.h>

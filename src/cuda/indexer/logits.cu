@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launchers of the indexer logits (kernel family "indexer_logits", variants best first):
 //   sm90_tma  paged decode, pages by TMA into an mbarrier ring (logits_tma.cuh): h <= 64, 16-byte aligned
 //             q heads and cache blocks, page_size 8, 16, 32 or a multiple of 64

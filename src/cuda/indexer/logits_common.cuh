@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Pieces shared by the logits kernels (logits_sm90.cuh, logits_tma.cuh, logits_portable.cuh): a row's
 // visible key range, the address of key j of a row (contiguous K or paged cache), the sm90 kernels' tile

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Indexer logits on CUDA cores (variant "portable" of indexer_logits; docs/INDEXER.md §3): any h, any
 // alignment, sm_80+. The fallback of the sm90 variant and a second, independent GPU formulation.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Indexer logits on Hopper tensor cores (variant "sm90" of indexer_logits; docs/INDEXER.md §3).
 //

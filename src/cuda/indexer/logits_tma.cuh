@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Paged decode indexer logits, bandwidth kernel (variant "sm90_tma" of indexer_logits; docs/INDEXER.md §4).
 //

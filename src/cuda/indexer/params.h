@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Launch parameters of the lightning-indexer kernels (docs/INDEXER.md). Strides in elements (bytes
 // for the u8 cache and e4m3 codes), 64-bit. The cache of a launch is a run of blocks `block_stride`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Indexer query / key preparation (mla/indexer.h indexer_prepare; docs/INDEXER.md §6). Included by
 // launch.cu only.

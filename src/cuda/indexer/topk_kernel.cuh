@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Top-k per row (docs/INDEXER.md §4): one CTA of 1024 threads per row, exact radix select on the
 // 32-bit order key of core/indexer_math.h (larger key first; NaN -> 0), then one ordered output pass.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // combine_attn_states (semantics §13, rules [PIN] in ops.h): N partial attentions over disjoint key
 // sets -> one. Per (token, head) row: m = max of the finite part LSEs, w_n = exp(lse_n - m) for

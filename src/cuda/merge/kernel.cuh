@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // merge_attn_states (semantics §7, edge rules [PIN] of ops.h):
 //   p, s = prefix/suffix lse with +-inf read as -inf; both -inf -> out = prefix, lse = -inf;

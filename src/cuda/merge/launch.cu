@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launcher of merge_attn_states: POD params from the validated views, one kernel per activation type
 // (bf16 / f16 / f32), vector variant when every row start is 16-byte aligned (8-byte for fp8 output)
 // and D is a multiple of 8.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Launch parameters of merge_attn_states (semantics §7). Strides in elements, 64-bit.
 #include <cstdint>

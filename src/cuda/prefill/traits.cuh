@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // mha_prefill tile sizes and shared-memory plan (bytes unless named otherwise).
 #include <cstdint>

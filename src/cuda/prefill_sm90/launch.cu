@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launcher of the sm90 mha_prefill variant (kernel.cuh): which launches it takes, the four TMA tensor
 // maps (q, k_nope, k_pe, v as [rows, heads, columns] with the views' strides), the grid.
 #include <cuda_runtime.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Tile sizes and shared-memory plan of the sm90 mha_prefill (kernel.cuh). Sizes in bytes unless named
 // otherwise. Every tile is a set of 128-byte-swizzled panels of 64 bf16 columns (wgmma.cuh, TMA b128).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // sparse_mqa: MQA of each token's heads over its own top-k cache rows (FlashMLA-sparse semantics,
 // docs/SEMANTICS.md §11.6, ops.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launcher of the CUDA sparse_mqa (kernel.cuh).
 #include <cuda_runtime.h>
 

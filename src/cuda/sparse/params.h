@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Launch parameters of the CUDA sparse_mqa (POD, host-includable). Strides in elements.
 #include <cstdint>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Named CTA barriers (bar.sync / bar.arrive, sm_70+): synchronise a subset of the CTA's warps, e.g. the
 // consumer warpgroups of a warp-specialised kernel without the producer (which __syncthreads would

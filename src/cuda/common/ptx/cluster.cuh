@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Thread-block clusters and distributed shared memory (sm_90). A kernel launched with a cluster
 // dimension (launch_cluster in cuda/common/launch.h) runs its CTAs in groups that are co-scheduled on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // cp.async (sm_80+): per-thread asynchronous 16-byte global -> shared copies, completed by commit
 // groups (SASS: LDGSTS). The portable kernels' pipeline; Hopper kernels move tiles with the copy

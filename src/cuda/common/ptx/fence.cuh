@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Proxy fence (sm_90): orders this thread's ordinary ("generic proxy") shared-memory accesses with
 // later accesses by the async proxy (wgmma operand reads, TMA stores, bulk copies), or the reverse.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Programmatic dependent launch (sm_90): a kernel launched with the attribute
 // cudaLaunchAttributeProgrammaticStreamSerialization (launch_dependent() in cuda/common/launch.h) may

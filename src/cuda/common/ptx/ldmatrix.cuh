@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ldmatrix (sm_75+): a warp loads four 8x8 b16 matrices from shared memory straight into the mma.sync
 // fragment layout (mma_sync.cuh). SASS: LDSM.

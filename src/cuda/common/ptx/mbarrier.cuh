@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // mbarrier (sm_90 for the transaction-count forms): a 64-bit shared-memory barrier object that
 // completes a *phase* when (a) the expected number of arrivals has arrived and (b) the transaction

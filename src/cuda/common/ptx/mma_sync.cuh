@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // mma.sync m16n8k16 bf16 x bf16 -> fp32 (sm_80+): the warp-level tensor-core product of the portable
 // kernels. On sm_90 it runs at about a third of wgmma's rate (SASS: HMMA); Hopper variants use

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // setmaxnreg (sm_90a): moves registers between warpgroups of a warp-specialised kernel; producers
 // (TMA issuers) give registers back, consumers (wgmma math) take them. SASS: USETMAXREG.

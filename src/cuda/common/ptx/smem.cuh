@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Shared-memory addressing shared by every PTX wrapper in this folder.
 #include <cstdint>

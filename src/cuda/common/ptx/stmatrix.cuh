@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // stmatrix (sm_90): the inverse of ldmatrix: a warp stores four 8x8 b16 matrices from registers in the
 // mma / wgmma fragment layout to shared memory (e.g. P = softmax(Q K^T) as bf16 for a shared-memory

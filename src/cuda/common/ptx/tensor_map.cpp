@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-side tensor-map encoding (tensor_map.h).
 #include "cuda/common/ptx/tensor_map.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // TMA tensor maps, host side: builds the 128-byte CUtensorMap that describes a strided tensor of rank
 // 1..5 and the box (tile) one cp.async.bulk.tensor copy moves (device side: tma.cuh). The driver's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Tensor Memory Accelerator, device side (sm_90): the copy engine moves a box of a tensor (described by
 // a CUtensorMap built on the host, tensor_map.h) or a plain byte range from global into shared memory

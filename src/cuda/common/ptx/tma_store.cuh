@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Tensor Memory Accelerator, shared -> global (sm_90): one thread stores a box of shared memory into the
 // tensor a CUtensorMap describes (tensor_map.h; the map's box and swizzle give the shared layout, as for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Warp and warpgroup indices as warp-uniform values, and elect.one (sm_90). wgmma and setmaxnreg act
 // per warpgroup (4 consecutive warps starting at a warp index divisible by 4): kernels branch on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // wgmma (sm_90a): warpgroup-level asynchronous matrix multiply D(64 x N, fp32) += A(64 x K) * B(K x N),
 // issued by the 128 threads of one warpgroup (warpgroup.cuh), B always from shared memory through a
