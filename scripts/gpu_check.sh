@@ -1,50 +1,163 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# One-call GPU verification on the device machine (build there, then tests, sanitizers, benchmarks,
-# the main job). Usage: scripts/gpu_check.sh [steps...] with steps among
-#   build tests sanitize bench run   (default: all). Logs go to $OUT (when set) or ./gpu-logs.
+# The whole GPU check (docs/DEVELOPING.md "The GPU check"): run on the GPU machine from a clean checkout
+# before any issue that touches GPU code is resolved, and on a machine of two or four GPUs whenever DCP
+# code changed. Parts, in order (default: all of the required ones):
+#   build   configure and build everything (library, CLI, tests, Python package) into build-gpu
+#   unit    the CPU unit tests (mla_unit_tests)
+#   gpu     every GPU test case (mla_gpu_tests, all GPUs visible: the DCP cases run at W = min(GPUs, 4))
+#   pytest  the whole pytest suite with the machine's torch (torch ops, torch.compile, CUDA graphs, compat,
+#           DCP processes at every GPU count present)
+#   dcp     per GPU count W in {2, 4} that the machine has: the DCP GPU tests with W GPUs visible (the full
+#           gpu part already ran them at the largest W), `mla run --backend cuda --dcp W` as threads and as
+#           processes, and the DCP pytest cases of that W
+#   run     `mla run --backend cuda` dense and sparse (the serving trace against the float64 oracle)
+# Optional parts (named explicitly): sanitize (memcheck / racecheck / initcheck over the kernel families at
+# small sizes), bench (`mla bench --json`).
+# Usage: scripts/gpu_check.sh [parts...]. A part that fails prints FAIL and the script goes on; the exit
+# status is non-zero when any part failed. One summary line per part at the end (also in summary.txt). Logs
+# go to $GPU_CHECK_LOGS (default gpu-logs); under the device tool, $OUT gets summary.txt and one archive of
+# the logs. Parts can be split across calls of a warm machine: the build stays in build-gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOG=${OUT:-gpu-logs}
+PARTS=${*:-build unit gpu pytest dcp run}
+LOG=${GPU_CHECK_LOGS:-gpu-logs}
+B=${BUILD_DIR:-build-gpu}
 mkdir -p "$LOG"
-STEPS=${*:-build tests sanitize bench run}
-B=build-gpu
-rc=0
-has() { [[ " $STEPS " == *" $1 "* ]]; }
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$LOG/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee "$LOG/commit.txt"
+export PATH=$PATH:/usr/local/cuda/bin
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/$B/python
+# Never NVLink multicast on the lent machines (their fabric refuses it).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+JOBS=$(nproc)
+GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+SUMMARY="$LOG/summary.txt"
+: >"$SUMMARY"
+failed=0
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+# record PART STATUS DETAIL SECONDS
+record() {
+  local line
+  line=$(printf '%-28s %-4s %s (%ss)' "$1" "$2" "$3" "$4")
+  echo "== $line"
+  echo "$line" >>"$SUMMARY"
+  [ "$2" = PASS ] || failed=1
+}
+# gtest_counts LOG: "N passed, M skipped, K failed" from a --gtest_brief log.
+gtest_counts() {
+  local p s f
+  p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$1" | grep -oE '[0-9]+$' | tail -1)
+  s=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$1" | grep -oE '[0-9]+$' | tail -1)
+  f=$(grep -cE '^\[  FAILED  \] [A-Za-z]' "$1")
+  echo "${p:-0} passed, ${s:-0} skipped, $f failed"
+}
+# gtest PART LOG [env...] -- args: runs the GPU test binary, records the counts.
+gtest() {
+  local part=$1 log=$2 t0=$SECONDS
+  shift 2
+  env "$@" >"$log" 2>&1
+  local rc=$?
+  local st=PASS
+  [ $rc = 0 ] || st=FAIL
+  record "$part" $st "$(gtest_counts "$log"), exit $rc" $((SECONDS - t0))
+  [ $st = PASS ] || grep -E '^\[  FAILED  \] [A-Za-z]|Failure$' "$log" | head -20
+}
+# pytest_run PART LOG args...: records pytest's last line.
+pytest_run() {
+  local part=$1 log=$2 t0=$SECONDS
+  shift 2
+  timeout "${PYTEST_TIMEOUT:-1200}" python3 -m pytest -q -p no:cacheprovider -rs "$@" >"$log" 2>&1
+  local rc=$? st=PASS
+  [ $rc = 0 ] || st=FAIL
+  record "$part" $st "$(tail -1 "$log"), exit $rc" $((SECONDS - t0))
+  [ $st = PASS ] || grep -E "^FAILED|Error" "$log" | head -20
+}
+# cli PART LOG args...: `mla` with a time limit; passes on exit 0.
+cli() {
+  local part=$1 log=$2 t0=$SECONDS
+  shift 2
+  timeout "${RUN_TIMEOUT:-300}" ./$B/bin/mla "$@" >"$log" 2>&1
+  local rc=$? st=PASS
+  [ $rc = 0 ] || st=FAIL
+  record "$part" $st "$(grep -E 'PASSED|FAILED|passed|failed' "$log" | tail -1 | cut -c1-90), exit $rc" $((SECONDS - t0))
+  [ $st = PASS ] || tail -15 "$log"
+}
+# first_gpus N: CUDA_VISIBLE_DEVICES for the first N GPUs.
+first_gpus() { seq -s, 0 $(($1 - 1)); }
+
+{
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+  echo "commit ${MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  $(date -u '+%F %T') UTC  gpus $GPUS"
+} | tee "$LOG/machine.txt"
+
 if has build; then
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release >"$LOG/cmake.log" 2>&1 || { tail -30 "$LOG/cmake.log"; exit 1; }
-  ninja -C $B -j16 >"$LOG/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG/build.log" | head -40; exit 1; }
-  echo "build ok"
+  t0=$SECONDS
+  if cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release >"$LOG/cmake.log" 2>&1 &&
+     ninja -C $B -j"$JOBS" >"$LOG/build.log" 2>&1; then
+    record build PASS "$(grep -E 'mla: (CUDA|Python|NCCL)' "$LOG/cmake.log" | tr '\n' ' ' | cut -c1-100)" $((SECONDS - t0))
+  else
+    record build FAIL "see build.log" $((SECONDS - t0))
+    grep -E "error|FAILED" "$LOG/build.log" "$LOG/cmake.log" | head -30
+    PARTS=""  # nothing else can run
+  fi
 fi
-if has tests; then
-  # The binaries directly (one process each): ctest would start one process per test case.
-  ./$B/bin/mla_gpu_tests --gtest_brief=1 >"$LOG/gpu_tests.log" 2>&1 || rc=1
-  grep -E "^\[  (PASSED|FAILED|SKIPPED)|tests? from .* ran" "$LOG/gpu_tests.log" | tail -12
-  ./$B/bin/mla_unit_tests --gtest_brief=1 >"$LOG/unit_tests.log" 2>&1 || rc=1
-  grep -E "^\[  (PASSED|FAILED)|ran\." "$LOG/unit_tests.log" | tail -5
+if has unit; then
+  gtest unit "$LOG/unit.log" OMP_WAIT_POLICY=passive ./$B/bin/mla_unit_tests --gtest_brief=1
 fi
-# Sanitizers on every kernel family at small sizes (the exhaustive and multi-GB cases are left out:
-# they take minutes under instrumentation). Each tool is time-boxed.
-MEM_FILTER=${MEM_FILTER:-'Formats/WriteCacheGpu.*page16*:Formats/GatherGpu.*:GatherGpuEdge.*:DecodeGpu.*:PrefillGpu.*:All/PrefillGpuVariant.*:All/PrefillGpuSweep.*/h3_*:SparseGpu.*:MergeGpu*:TopkGpuEdge.*:LayerGpu.*:LayerGraph.*:DecodeSplitsGpu.*:All/DecodeGpuSweep.*page16_h16_*:All/DecodeGpuSweep.*page64_h128_sq2_*:Ptx*:GemmGpu*:BmmGpu*:WriteCacheGpuEdge.NarrowRowsMatchCpu-DecodeGpu.LongContextManySplits:LayerGpu.WorkspaceBoundCoversRandomPlans'}
-RACE_FILTER=${RACE_FILTER:-'DecodeGpu.NonCausalNarrowValues:DecodeGpu.StridedAndUnalignedViews:PrefillGpu.UnalignedViews:All/PrefillGpuVariant.*sm90:SparseGpu.FlatWorkspaceStridedIndices:MergeGpu.Shapes:GatherGpuEdge.*:Formats/WriteCacheGpu.*page16_i64*:TopkGpuEdge.*:LayerGpu.SmallMixedDenseAllFormats:LayerGraph.DecodeOnly*:All/DecodeGpuSweep.*bf16_page64_h16_sq1_sm90:All/DecodeGpuSweep.*bf16_page64_h128_sq2_sm90:PtxPipeline.*:PtxTma.*:PtxBarrier.*'}
+if has gpu; then
+  gtest "gpu (W=$(( GPUS < 4 ? GPUS : 4 )))" "$LOG/gpu.log" ./$B/bin/mla_gpu_tests --gtest_brief=1
+fi
+if has pytest; then
+  pytest_run "pytest (GPUs $GPUS)" "$LOG/pytest.log" tests/python
+fi
+if has dcp; then
+  for w in 2 4; do
+    [ "$GPUS" -ge $w ] || continue
+    vis=$(first_gpus $w)
+    if [ "$w" -lt "$GPUS" ] || ! has gpu; then  # the gpu part ran these at the largest W already
+      gtest "dcp W=$w gtest" "$LOG/dcp${w}_gtest.log" CUDA_VISIBLE_DEVICES=$vis ./$B/bin/mla_gpu_tests --gtest_brief=1 \
+        --gtest_filter='*Dcp*:PeerExchange*:CombineGpu*'
+    fi
+    CUDA_VISIBLE_DEVICES=$vis cli "dcp W=$w run threads" "$LOG/dcp${w}_run.log" run --backend cuda --dcp $w --no-progress
+    CUDA_VISIBLE_DEVICES=$vis cli "dcp W=$w run processes" "$LOG/dcp${w}_procs.log" run --backend cuda --dcp $w \
+      --dcp-procs --no-progress
+    if [ "$w" -lt "$GPUS" ] || ! has pytest; then  # the pytest part ran the largest W's cases already
+      CUDA_VISIBLE_DEVICES=$vis pytest_run "dcp W=$w pytest" "$LOG/dcp${w}_pytest.log" tests/python/test_dcp.py
+    fi
+  done
+  [ "$GPUS" -ge 2 ] || record dcp PASS "one GPU: W = 1 ran in the gpu part; no multi-GPU DCP here" 0
+fi
+if has run; then
+  cli "run dense" "$LOG/run_dense.log" run --backend cuda --no-progress
+  cli "run sparse" "$LOG/run_sparse.log" run --backend cuda --sparse --no-progress
+fi
 if has sanitize; then
+  MEM_FILTER=${MEM_FILTER:-'Formats/WriteCacheGpu.*page16*:Formats/GatherGpu.*:GatherGpuEdge.*:DecodeGpu.*:PrefillGpu.*:All/PrefillGpuVariant.*:All/PrefillGpuSweep.*/h3_*:SparseGpu.*:MergeGpu*:TopkGpuEdge.*:LayerGpu.*:LayerGraph.*:DecodeSplitsGpu.*:All/DecodeGpuSweep.*page16_h16_*:All/DecodeGpuSweep.*page64_h128_sq2_*:Ptx*:GemmGpu*:BmmGpu*:WriteCacheGpuEdge.*-DecodeGpu.LongContextManySplits:LayerGpu.WorkspaceBoundCoversRandomPlans'}
+  RACE_FILTER=${RACE_FILTER:-'DecodeGpu.NonCausalNarrowValues:DecodeGpu.StridedAndUnalignedViews:PrefillGpu.UnalignedViews:All/PrefillGpuVariant.*sm90:SparseGpu.FlatWorkspaceStridedIndices:MergeGpu.Shapes:GatherGpuEdge.*:Formats/WriteCacheGpu.*page16_i64*:TopkGpuEdge.*:LayerGpu.SmallMixedDenseAllFormats:LayerGraph.DecodeOnly*:All/DecodeGpuSweep.*bf16_page64_h16_sq1_sm90:All/DecodeGpuSweep.*bf16_page64_h128_sq2_sm90:PtxPipeline.*:PtxTma.*:PtxBarrier.*'}
   for tool in memcheck racecheck initcheck; do
     filter=$RACE_FILTER
     [ $tool = memcheck ] && filter=$MEM_FILTER
-    timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests \
+    t0=$SECONDS
+    timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 ./$B/bin/mla_gpu_tests \
       --gtest_filter="$filter" --gtest_brief=1 >"$LOG/sanitize_$tool.log" 2>&1
-    status=$?
-    [ $status = 0 ] || rc=1
-    echo "$tool (exit $status): $(grep -E 'ERROR SUMMARY|tests? from .* ran|PASSED|FAILED' "$LOG/sanitize_$tool.log" | tr '\n' ' ')"
+    st=$?
+    res=PASS
+    [ $st = 0 ] || res=FAIL
+    record "sanitize $tool" $res "$(grep -E 'ERROR SUMMARY' "$LOG/sanitize_$tool.log" | tail -1), $(gtest_counts "$LOG/sanitize_$tool.log"), exit $st" $((SECONDS - t0))
   done
 fi
 if has bench; then
-  ./$B/bin/mla bench --json "$LOG/bench.json" 2>&1 | tee "$LOG/bench.txt" || rc=1
+  t0=$SECONDS
+  if ./$B/bin/mla bench --json "$LOG/bench.json" >"$LOG/bench.txt" 2>&1; then
+    record bench PASS "bench.json" $((SECONDS - t0))
+  else
+    record bench FAIL "see bench.txt" $((SECONDS - t0))
+  fi
 fi
-if has run; then
-  ./$B/bin/mla run --backend cuda 2>&1 | tail -25 | tee "$LOG/run_dense.txt"; [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  ./$B/bin/mla run --backend cuda --sparse 2>&1 | tail -25 | tee "$LOG/run_sparse.txt"; [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+
+echo "---- summary ($(cat "$LOG/machine.txt" | tail -1))"
+cat "$SUMMARY"
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+  cp "$SUMMARY" "$OUT/summary.txt"
+  tar czf "$OUT/gpu_check_logs.tgz" -C "$LOG" . 2>/dev/null
 fi
-exit $rc
+exit $failed

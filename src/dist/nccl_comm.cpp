@@ -16,6 +16,8 @@
 #if MLA_WITH_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "runtime/device_api.h"
 #endif
 
 namespace mla {
@@ -53,7 +55,7 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const NcclId& id, int world, int rank, int device, std::chrono::milliseconds timeout)
       : world_(world), rank_(rank), device_(device), timeout_(timeout) {
-    set_device();
+    const cuda_rt::ScopedDevice on_device(device_, "nccl");
     ncclUniqueId uid;
     static_assert(sizeof(uid.internal) == sizeof(NcclId), "NCCL unique id size");
     std::memcpy(uid.internal, id.data(), id.size());
@@ -79,14 +81,14 @@ class NcclCommunicator final : public Communicator {
   void all_gather(const TensorView& in, const TensorView& out, const Context& ctx) override {
     const int64_t bytes = dist::check_all_gather(in, out, world_, device(), "nccl all_gather");
     usable();
-    set_device();
+    const cuda_rt::ScopedDevice on_device(device_, "nccl");
     check(ncclAllGather(in.data, out.data, static_cast<size_t>(bytes), ncclUint8, comm_, stream(ctx)),
           "all_gather");
   }
   void all_to_all(const TensorView& in, const TensorView& out, const Context& ctx) override {
     const int64_t block = dist::check_all_to_all(in, out, world_, device(), "nccl all_to_all");
     usable();
-    set_device();
+    const cuda_rt::ScopedDevice on_device(device_, "nccl");
     check(ncclGroupStart(), "all_to_all");
     for (int p = 0; p < world_; ++p) {
       check(ncclSend(static_cast<const char*>(in.data) + p * block, static_cast<size_t>(block), ncclUint8, p, comm_,
@@ -101,14 +103,14 @@ class NcclCommunicator final : public Communicator {
   void reduce_scatter(const TensorView& in, const TensorView& out, const Context& ctx) override {
     const int64_t n = dist::check_reduce_scatter(in, out, world_, device(), "nccl reduce_scatter");
     usable();
-    set_device();
+    const cuda_rt::ScopedDevice on_device(device_, "nccl");
     check(ncclReduceScatter(in.data, out.data, static_cast<size_t>(n), in.dtype == DType::f32 ? ncclFloat32 : ncclBfloat16,
                             ncclSum, comm_, stream(ctx)),
           "reduce_scatter");
   }
   void synchronize(const Context& ctx) override {
     usable();
-    set_device();
+    const cuda_rt::ScopedDevice on_device(device_, "nccl");
     const auto start = Clock::now();
     for (;;) {
       const cudaError_t e = cudaStreamQuery(stream(ctx));
@@ -123,11 +125,6 @@ class NcclCommunicator final : public Communicator {
 
  private:
   static cudaStream_t stream(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
-  void set_device() const {
-    const cudaError_t e = cudaSetDevice(device_);
-    if (e != cudaSuccess)
-      throw Error(fmt::format("nccl: rank {}: cannot use CUDA device {}: {}", rank_, device_, cudaGetErrorString(e)));
-  }
   void usable() const {
     if (aborted_) throw Error(fmt::format("nccl: rank {}: the communicator was aborted earlier: {}", rank_, why_));
   }

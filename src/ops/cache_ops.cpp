@@ -72,10 +72,10 @@ void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorVie
   validate_cache(cache, op);
   const Device dev = cache.data.device;
   detail::check_ndim(kv_c, 2, op, "kv_c [T, L]");
-  detail::check_activation(kv_c, false, op, "kv_c");
+  detail::check_activation(kv_c, false, op, "kv_c", detail::CudaActivations::bf16_f16_f32);
   detail::check_size(kv_c, 1, cache.d_latent(), op, "kv_c");
   detail::check_ndim(k_pe, 2, op, "k_pe [T, R]");
-  detail::check_activation(k_pe, false, op, "k_pe");
+  detail::check_activation(k_pe, false, op, "k_pe", detail::CudaActivations::bf16_f16_f32);
   detail::check_size(k_pe, 1, cache.d_rope, op, "k_pe");
   detail::check_size(k_pe, 0, kv_c.size(0), op, "k_pe (same token count as kv_c)");
   detail::check_ndim(slot_mapping, 1, op, "slot_mapping");

@@ -143,4 +143,22 @@ void synchronize(int device) {
 
 void check_last(const char* what) { check(cudaGetLastError(), what); }
 
+ScopedDevice::ScopedDevice(int device, const char* who) {
+  if (cudaGetDevice(&prev_) != cudaSuccess) {
+    cudaGetLastError();
+    prev_ = -1;
+  }
+  if (prev_ == device) return;
+  const cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(std::string(who) + ": cannot use CUDA device " + std::to_string(device) + ": " + cudaGetErrorString(e));
+  }
+}
+
+ScopedDevice::~ScopedDevice() {
+  int cur = -1;
+  if (prev_ >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
+}
+
 }  // namespace mla::cuda_rt

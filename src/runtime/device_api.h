@@ -48,4 +48,19 @@ void stream_wait(void* waiting, void* signalling, int device);
 // Throws mla::Error if the last launch on this thread failed ("<what>: <cuda error>").
 void check_last(const char* what);
 
+// Makes `device` this thread's current CUDA device for the guard's lifetime and restores the previous one
+// after: no library call leaves the caller's current device changed (a caller's cudaMalloc or default-stream
+// launch after it must still land where the caller put it). Throws mla::Error naming `who` when the device
+// cannot be used.
+class ScopedDevice {
+ public:
+  ScopedDevice(int device, const char* who);
+  ~ScopedDevice();
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
 }  // namespace mla::cuda_rt

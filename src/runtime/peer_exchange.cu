@@ -28,6 +28,7 @@
 #include <string>
 
 #include "mla/error.h"
+#include "runtime/device_api.h"
 #include "runtime/peer_exchange.h"
 
 namespace mla::cuda_rt {
@@ -132,7 +133,7 @@ PeerWindow::PeerWindow(int device, int rank, int world, std::size_t bytes)
           "need 1 <= world <= " + str(kMaxPeerRanks) + " and 0 <= rank < world, got rank " + str(rank) + " of " +
               str(world));
   slot_ = (bytes_ - kData) / (2 * static_cast<std::size_t>(world)) / 256 * 256;
-  check(cudaSetDevice(device_), "cudaSetDevice");
+  const ScopedDevice on_device(device_, "peer exchange");
   check(cudaMalloc(&base_, bytes_), "cudaMalloc of the window");
   check(cudaMemset(base_, 0, bytes_), "cudaMemset of the window");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -144,10 +145,13 @@ PeerWindow::PeerWindow(int device, int rank, int world, std::size_t bytes)
 }
 
 PeerWindow::~PeerWindow() {
+  int prev = -1;
+  const bool restore = cudaGetDevice(&prev) == cudaSuccess && prev != device_;
   cudaSetDevice(device_);
   for (int r = 0; r < world_; ++r)
     if (ipc_[static_cast<std::size_t>(r)]) cudaIpcCloseMemHandle(peers_[static_cast<std::size_t>(r)]);
   if (base_) cudaFree(base_);
+  if (restore) cudaSetDevice(prev);
   cudaGetLastError();  // nothing to report from a destructor
 }
 
@@ -159,7 +163,7 @@ PeerRecord PeerWindow::record() const {
   r.world = world_;
   r.base = reinterpret_cast<unsigned long long>(base_);
   ::gethostname(r.host, sizeof r.host - 1);
-  check(cudaSetDevice(device_), "cudaSetDevice");
+  const ScopedDevice on_device(device_, "peer exchange");
   check(cudaIpcGetMemHandle(&r.ipc, base_), "cudaIpcGetMemHandle");
   PeerRecord out{};
   std::memcpy(out.data(), &r, sizeof r);
@@ -169,7 +173,7 @@ PeerRecord PeerWindow::record() const {
 void PeerWindow::open(const std::vector<PeerRecord>& records) {
   require(static_cast<int>(records.size()) == world_,
           "expected " + str(world_) + " records, got " + str(static_cast<long long>(records.size())));
-  check(cudaSetDevice(device_), "cudaSetDevice");
+  const ScopedDevice on_device(device_, "peer exchange");
   Record me{};
   std::memcpy(&me, records[static_cast<std::size_t>(rank_)].data(), sizeof me);
   for (int p = 0; p < world_; ++p) {
@@ -217,7 +221,7 @@ void PeerWindow::launch(const void* in, void* out, std::size_t block, bool gathe
   prm.world = world_;
   prm.rank = rank_;
   prm.gather = gather ? 1 : 0;
-  check(cudaSetDevice(device_), "cudaSetDevice");
+  const ScopedDevice on_device(device_, "peer exchange");
   peer_exchange_kernel<<<kBlocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(prm);
   check(cudaGetLastError(), gather ? "all_gather launch" : "all_to_all launch");
 }
@@ -231,7 +235,7 @@ void PeerWindow::all_to_all(const void* in, void* out, std::size_t block, void* 
 
 bool PeerWindow::timed_out() const {
   unsigned flag = 0;
-  check(cudaSetDevice(device_), "cudaSetDevice");
+  const ScopedDevice on_device(device_, "peer exchange");
   check(cudaMemcpy(&flag, base_ + kTimedOut, sizeof flag, cudaMemcpyDeviceToHost), "reading the timeout flag");
   return flag != 0;
 }

@@ -88,6 +88,28 @@ INSTANTIATE_TEST_SUITE_P(Formats, WriteCacheGpu,
                                   (std::get<4>(info.param) ? "_misaligned" : "");
                          });
 
+// f16 / f32 activations (vLLM's cache write takes every activation dtype; CUDA reads them element-wise in
+// write_act_kernel): every format, the two dtypes alone and mixed (kv_c f32 with k_pe f16), strided rows at an
+// odd element offset, values past bf16's precision and past e4m3's range; bytes equal to the CPU writer's.
+TEST(WriteCacheGpuEdge, F16AndF32ActivationsMatchCpuBytes) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(4242);
+  const int64_t T = 41, page = 16, blocks = (2 * T) / page + 2;
+  for (CacheFormat format : {CacheFormat::bf16, CacheFormat::fp8, CacheFormat::fp8_ds_mla})
+    for (auto [kv_t, pe_t] : {std::pair{DType::f16, DType::f16}, std::pair{DType::f32, DType::f32},
+                              std::pair{DType::f32, DType::f16}}) {
+      SCOPED_TRACE(to_string(format) + " kv_c " + to_string(kv_t) + " k_pe " + to_string(pe_t));
+      CacheMirror cm(format, blocks, page, 0.04f);
+      Mirror kv(test::random_tensor({T, 515}, kv_t, Device::cpu(), -30, 30));
+      Mirror pe(test::random_tensor({T, 67}, pe_t, Device::cpu(), -30, 30));
+      const TensorView kv_c = kv.host.view().slice(1, 3, 515), k_pe = pe.host.view().slice(1, 1, 65);
+      const std::vector<int64_t> slots = random_slots(T, cm.host.num_slots());
+      write_cache(kv_c, k_pe, slot_tensor(slots, true), cm.host, DsMlaScale::amax, test::reference_ctx());
+      write_cache(kv.on_dev(kv_c), pe.on_dev(k_pe), slot_tensor(slots, true).to(Device::cuda(0)), cm.dev);
+      EXPECT_EQ(test::byte_diff(cm.dev_bytes_all(), cm.host_bytes_all()), "");
+    }
+}
+
 // Conversion edge values through both quantising formats: infinities, NaN of both signs, the
 // saturation boundary (448, 464 = tie to 480 -> saturates, 480, 1e6), e4m3 subnormals and their ties,
 // signed zeros; ds_mla tiles that are all zero, hold an infinity, hold NaN (ignored by amax), or are

@@ -133,6 +133,35 @@ TEST(PeerExchangeGpu, BlocksLandWhereNcclPutsThem) {
   for (int r = 0; r < w; ++r) EXPECT_EQ(err[static_cast<std::size_t>(r)], "") << "rank " << r;
 }
 
+// No library call changes the calling thread's current device: making the group (the windows are mapped on
+// this thread, one per GPU) and every rank's collectives leave each thread on the device it chose. A caller's
+// plain cudaMalloc or default-stream kernel after them must still land on that device.
+TEST(PeerExchangeGpu, LeavesEveryThreadsCurrentDevice) {
+  MLA_SKIP_WITHOUT_GPU();
+  if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";
+  const int w = gpus();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  auto group = peer_group(w);
+  int cur = -1;
+  ASSERT_EQ(cudaGetDevice(&cur), cudaSuccess);
+  EXPECT_EQ(cur, 0) << "making the peer group moved the main thread to device " << cur;
+  const auto err = on_ranks(w, [&](int r) {
+    const int mine = w - 1 - r;  // a device other than the rank's own wherever there are two or more
+    if (cudaSetDevice(mine) != cudaSuccess) throw Error("cudaSetDevice failed");
+    const Device dev = Device::cuda(r);
+    Tensor in = Tensor::empty({256}, DType::u8, dev), out = Tensor::empty({256 * w}, DType::u8, dev);
+    Tensor back = Tensor::empty({256 * w}, DType::u8, dev);
+    Communicator& c = *group[static_cast<std::size_t>(r)];
+    c.all_gather(in.view(), out.view(), {});
+    c.all_to_all(out.view(), back.view(), {});
+    c.synchronize({});
+    int now = -1;
+    cudaGetDevice(&now);
+    if (now != mine) throw Error("rank " + std::to_string(r) + "'s collectives moved its thread to device " + std::to_string(now));
+  });
+  for (int r = 0; r < w; ++r) EXPECT_EQ(err[static_cast<std::size_t>(r)], "") << "rank " << r;
+}
+
 TEST(PeerExchangeGpu, DcpDecodeEqualsNcclBitForBit) {
   MLA_SKIP_WITHOUT_GPU();
   if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";

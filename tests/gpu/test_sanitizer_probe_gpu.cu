@@ -39,6 +39,10 @@ TEST(SanitizerProbeGpu, CublasBmmIntoFreshAllocationThenKernelReads) {
   MLA_SKIP_WITHOUT_GPU();
   const int64_t n = 96, h = 16, P = 128, L = 512, d_qk = 576;
   const Device gpu = Device::cuda(0);
+  // The raw allocation and the plain kernel below run on the thread's current device, the bmm on `gpu`: make
+  // them the same device (the library restores the caller's current device after every call, so this holds
+  // whatever ran before, but the probe states it).
+  ASSERT_EQ(cudaSetDevice(gpu.index), cudaSuccess);
   test::reseed(14);
   // q [n, h, P] and w_uk_t [h, P, L] (random, uploaded: initialised by a copy).
   Tensor q = test::random_tensor({n, h, P}, DType::bf16), w = test::random_tensor({h, P, L}, DType::bf16);

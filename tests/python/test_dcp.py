@@ -234,11 +234,14 @@ def _cuda_gpus():
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-@pytest.mark.skipif(_cuda_gpus() < 2, reason="needs 2 CUDA GPUs, NCCL and torch")
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("mode", ["decode", "decode_peer"])
-def test_nccl_processes_equal_whole_cache(mode):
-    codes, outs = _run_ranks(2, mode, device="cuda", timeout_ms=60000)
-    assert codes == [0, 0], outs
+def test_nccl_processes_equal_whole_cache(mode, world):
+    """One process per GPU at every group size the machine has (2, and 4 where four GPUs are visible)."""
+    if _cuda_gpus() < world:
+        pytest.skip(f"needs {world} CUDA GPUs, NCCL and torch")
+    codes, outs = _run_ranks(world, mode, device="cuda", timeout_ms=60000)
+    assert codes == [0] * world, outs
     want = "nccl+peer" if mode == "decode_peer" else "nccl"
     assert all("RANK OK " in o and o.split("RANK OK ")[1].split()[1] == want for o in outs), outs
 

@@ -68,5 +68,16 @@ TEST(CudaActivationDtypes, GatherRejectsF64Destination) {
             std::string::npos);
 }
 
+TEST(CudaActivationDtypes, WriteCacheTakesTheActivationDtypesAndRejectsF64) {
+  auto pc = test::pattern_cache(CacheFormat::fp8, 2, 4);
+  KVCache c = pc.cache;
+  c.data = on_fake_cuda(c.data);
+  Tensor kv64 = test::random_tensor({2, 512}, DType::f64), pe64 = test::random_tensor({2, 64}, DType::f64);
+  Tensor slots = test::int_tensor({0, 1});
+  EXPECT_NE(error_of([&] { write_cache(on_fake_cuda(kv64), on_fake_cuda(pe64), on_fake_cuda(slots), c); })
+                .find("kv_c must be bf16, f16 or f32 on CUDA"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace mla

@@ -38,6 +38,10 @@ void launch_write_warp(const cache::WritePlan& w, const Context& ctx) {
 // formats take the tiled kernel.
 template <class Fmt>
 void launch_write(const cache::WritePlan& w, const Context& ctx) {
+  if (w.act) {  // f16 / f32 activations: a warp per token
+    const unsigned grid = grid_for(w.p.num_tokens, kThreads / 32, "write_cache");
+    return launch(cache::write_act_kernel<Fmt>, grid, w.p, ctx, "write_cache");
+  }
   if constexpr (Fmt::kScale == CacheScale::per_tile) {
     const unsigned grid = grid_for(w.p.num_tokens, kDsTokensPerWarp * kThreads / 32, "write_cache");
     if (w.vec) launch(cache::write_tiled_kernel<Fmt, true, kDsTokensPerWarp>, grid, w.p, ctx, "write_cache");

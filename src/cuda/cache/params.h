@@ -9,8 +9,8 @@ namespace mla::cuda::cache {
 
 // concat_and_cache_mla (semantics §4).
 struct WriteParams {
-  const uint16_t* kv_c;   // [num_tokens, latent] bf16, row stride kv_c_stride
-  const uint16_t* k_pe;   // [num_tokens, rope] bf16, row stride k_pe_stride
+  const uint16_t* kv_c;   // [num_tokens, latent] of dtype kv_c_dtype (bf16 except in write_act_kernel), row stride kv_c_stride
+  const uint16_t* k_pe;   // [num_tokens, rope] of dtype k_pe_dtype, row stride k_pe_stride
   const void* slots;      // [num_tokens] int64 (slots_i64) or int32, stride slot_stride; < 0: skip
   void* cache;            // [num_blocks, page_size, entry] bf16 / e4m3 / ds_mla bytes
   int64_t kv_c_stride, k_pe_stride, slot_stride;
@@ -20,6 +20,9 @@ struct WriteParams {
   float scale;            // fp8: per-tensor scale (write x / scale)
   bool slots_i64;
   bool ds_pow2;           // fp8_ds_mla: power-of-two tile scales instead of amax / 448
+  // Activation dtypes of kv_c / k_pe: the fast kernels read bf16 only; write_act_kernel any of these.
+  enum class Act : uint8_t { bf16, f16, f32 };
+  Act kv_c_dtype = Act::bf16, k_pe_dtype = Act::bf16;
 };
 
 // Output row -> cache row (§5.1-5.3). Request b owns output rows [starts[b], end_b) where end_b is

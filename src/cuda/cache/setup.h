@@ -40,7 +40,18 @@ struct WritePlan {
   bool warp = false;   // bf16 / fp8: DeepSeek row shape, write_warp_kernel (latent_steps = latent / 256)
   int latent_steps = 0;
   bool recip = false;  // fp8: the per-tensor scale is in the reciprocal division's exact range
+  bool act = false;    // kv_c or k_pe is f16 / f32: write_act_kernel (element-wise, any format)
 };
+
+inline WriteParams::Act write_act(DType t) {
+  switch (t) {
+    case DType::bf16: return WriteParams::Act::bf16;
+    case DType::f16: return WriteParams::Act::f16;
+    case DType::f32: return WriteParams::Act::f32;
+    default: break;
+  }
+  throw Error(std::string("write_cache: kv_c and k_pe must be bf16, f16 or f32 on CUDA, got ") + to_string(t));
+}
 
 inline WritePlan plan_write(const TensorView& kv_c, const TensorView& k_pe, const TensorView& slot_mapping,
                             const KVCache& cache, DsMlaScale ds_scale) {
@@ -63,6 +74,9 @@ inline WritePlan plan_write(const TensorView& kv_c, const TensorView& k_pe, cons
   p.scale = cache_format_info(cache.format).scale == CacheScale::per_tensor ? cache.scale : 1.0f;
   p.slots_i64 = slot_mapping.dtype == DType::i64;
   p.ds_pow2 = ds_scale == DsMlaScale::pow2;
+  p.kv_c_dtype = write_act(kv_c.dtype);
+  p.k_pe_dtype = write_act(k_pe.dtype);
+  w.act = p.kv_c_dtype != WriteParams::Act::bf16 || p.k_pe_dtype != WriteParams::Act::bf16;
   // bf16 inputs are read in 16-byte chunks of 8 values; the cache is written in 16-byte (bf16,
   // ds_mla) or 8-byte (fp8) pieces.
   const bool in_vec = multiple(p.latent, 8) && multiple(p.rope, 8) && rows_aligned(kv_c, 16) && rows_aligned(k_pe, 16);

@@ -26,6 +26,8 @@
 // the 128 rope bytes. Slots are resolved one per lane and shuffled, as above. All loads of the
 // warp's tokens are issued before the first use, so each warp keeps kTokens * 1152 bytes in flight.
 // Memory per token: 1152 bytes read, 656 written.
+#include <cuda_fp16.h>
+
 #include <cfloat>
 #include <cstdint>
 #include <type_traits>
@@ -287,6 +289,65 @@ __global__ void __launch_bounds__(256) write_tiled_kernel(WriteParams p) {
   for (int k = 0; k < kTokens; ++k) {
     const int64_t off = slots.off(k);  // -1 past num_tokens: the warp's shuffles still run, nothing is stored
     tiled_store_token<Fmt, kVec, kRecip>(p, off, a[k], b[k], r[k], lane);
+  }
+}
+
+// ---- f16 / f32 activations, every format ---------------------------------------------------------
+
+// One activation value as float (exact for every dtype here).
+__device__ __forceinline__ float load_act(const void* base, WriteParams::Act t, int64_t i) {
+  switch (t) {
+    case WriteParams::Act::f32: return static_cast<const float*>(base)[i];
+    case WriteParams::Act::f16: return __half2float(__ushort_as_half(static_cast<const uint16_t*>(base)[i]));
+    default: return dev::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+  }
+}
+
+// write_cache from f16 / f32 kv_c or k_pe (vLLM's writer takes every activation dtype): a warp per token,
+// element-wise, each value converted to float exactly and stored as the CPU writer stores it (semantics
+// §3-§4): bf16 rounded to nearest even; e4m3 of x / scale by IEEE division; fp8_ds_mla tile scales from the
+// amax of the float values (NaN never raises it), the rope rounded to bf16. Serving activations are bf16 and
+// take the vectorised kernels above; this path trades their speed for any dtype and any alignment.
+template <class Fmt>
+__global__ void __launch_bounds__(256) write_act_kernel(WriteParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t >= p.num_tokens) return;  // uniform across the warp
+  const int64_t off = slot_row_offset(p, t);
+  if (off < 0) return;
+  const char* kv = reinterpret_cast<const char*>(p.kv_c);
+  const char* pe = reinterpret_cast<const char*>(p.k_pe);
+  const int64_t kv_es = p.kv_c_dtype == WriteParams::Act::f32 ? 4 : 2, pe_es = p.k_pe_dtype == WriteParams::Act::f32 ? 4 : 2;
+  const void* kv_row = kv + t * p.kv_c_stride * kv_es;
+  const void* pe_row = pe + t * p.k_pe_stride * pe_es;
+  if constexpr (Fmt::kScale == CacheScale::per_tile) {
+    using R = TiledRecord<Fmt>;
+    constexpr int kPerLane = Fmt::kTile / 32;
+    uint8_t* row = static_cast<uint8_t*>(p.cache) + off;
+    for (int tile = 0; tile < R::kLatent / Fmt::kTile; ++tile) {
+      float x[kPerLane], amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        x[i] = load_act(kv_row, p.kv_c_dtype, tile * Fmt::kTile + lane + 32 * i);
+        amax = fmaxf(amax, fabsf(x[i]));
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float s = ds_tile_scale(amax, p.ds_pow2);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) row[tile * Fmt::kTile + lane + 32 * i] = dev::float_to_e4m3(__fdiv_rn(x[i], s));
+      if (lane == 0) dev::copy_bytes(row + R::kScales + 4 * tile, &s, 4);  // the row may sit at any byte offset
+    }
+    for (int j = lane; j < p.rope; j += 32) {
+      const uint16_t h = dev::float_to_bf16(load_act(pe_row, p.k_pe_dtype, j));
+      dev::copy_bytes(row + R::kRope + 2 * j, &h, 2);
+    }
+  } else {
+    for (int i = lane; i < p.latent + p.rope; i += 32) {
+      const float x = i < p.latent ? load_act(kv_row, p.kv_c_dtype, i) : load_act(pe_row, p.k_pe_dtype, i - p.latent);
+      if constexpr (kBf16Rows<Fmt>) static_cast<uint16_t*>(p.cache)[off + i] = dev::float_to_bf16(x);
+      else static_cast<uint8_t*>(p.cache)[off + i] = dev::float_to_e4m3(__fdiv_rn(x, p.scale));
+    }
   }
 }
 
