@@ -23,16 +23,11 @@ inline constexpr int kMaxSplits = 8;        // the portable cluster size
 inline constexpr int kMinTilesPerRank = 2;  // 64-key tiles per rank at least
 
 // Splits of each token's top-k for `units` (row tiles x tokens) units of `tiles` 64-key tiles each on `sms`
-// SMs: the largest s in {8, 4, 2} that satisfies the rules above, else 1 (one CTA per unit). `forced` (an
-// A/B knob; 0: choose) asks for exactly that s in {2, 4, 8}: granted when every rank gets a tile and one
-// cluster fits at all (max_clusters(s) >= 1), else 1. max_clusters(s): clusters of s CTAs resident at once.
+// SMs: the largest s in {8, 4, 2} that satisfies the rules above, else 1 (one CTA per unit).
+// max_clusters(s): clusters of s CTAs resident at once.
 template <class MaxClusters>
-int cluster_splits(int64_t units, int64_t tiles, int sms, int forced, MaxClusters&& max_clusters) {
+int cluster_splits(int64_t units, int64_t tiles, int sms, MaxClusters&& max_clusters) {
   if (units <= 0 || tiles <= 0 || sms <= 0) return 1;
-  if (forced != 0) {
-    const bool ok = (forced == 2 || forced == 4 || forced == 8) && tiles >= forced && max_clusters(forced) >= 1;
-    return ok ? forced : 1;
-  }
   for (int s = kMaxSplits; s >= 2; s /= 2)
     if (units * s <= sms && tiles >= int64_t{kMinTilesPerRank} * s && max_clusters(s) >= units) return s;
   return 1;

@@ -16,6 +16,7 @@
 #include "mla/cache.h"
 #include "mla/ops.h"
 #include "mla/tensor.h"
+#include "mla/variants.h"
 #include "support/test_util.h"
 
 namespace mla::test {
@@ -75,20 +76,18 @@ inline void expect_attention_close(const TensorView& out, const TensorView& ref_
   }
 }
 
-// Whether the sm90 variant reads fp8_ds_mla rows as their bf16 upconvert (SEMANTICS §11.6, docs/DECODE.md "fp8
-// caches") for a launch with `rows` query rows per request (mqa_decode: h · s_q; sparse_mqa: h): the raw-codes
-// kernel (up to 32 rows) reads the codes exactly, as the oracle does; the 64-row tiles read the upconvert, and so
-// do 17..32 rows of mqa_decode under MLA_DECODE_SM90_ROWS32=all (the seesaw tile) and every row count under
-// MLA_DECODE_SM90_STAGE=ring / staged (the bf16-stage A/B sources; at 17..32 rows the staged one).
-inline bool sm90_ds_upconverts(int64_t rows, bool mqa_decode) {
-  auto env = [](const char* name) {
-    const char* e = std::getenv(name);
-    return std::string(e ? e : "");
-  };
-  const std::string stage = env("MLA_DECODE_SM90_STAGE");
-  return rows > 32 || (mqa_decode && rows > 16 && env("MLA_DECODE_SM90_ROWS32") == "all") || stage == "ring" ||
-         stage == "staged";
+// Whether `variant` (of mqa_decode or sparse_mqa) reads `format`'s rows as their bf16 upconvert: the sm90 seesaw
+// kernel over fp8_ds_mla records (docs/SEMANTICS.md §14.9); every other kernel reads exact codes, as the oracle does.
+inline bool variant_upconverts(const std::string& variant, CacheFormat format) {
+  return variant == "sm90_seesaw" && format == CacheFormat::fp8_ds_mla;
 }
+// The same for the variant that ran last in `family`.
+inline bool ran_upconverted(const std::string& family, CacheFormat format) {
+  return variant_upconverts(last_variant(family), format);
+}
+// Whether automatic selection runs the seesaw kernel (so reads fp8_ds_mla as its upconvert) for `rows` query rows
+// per request (mqa_decode: h · s_q; sparse_mqa: h): more than 32 (core/decode_regime.h).
+inline bool sm90_ds_upconverts(int64_t rows) { return rows > 32; }
 
 // A contiguous host copy of `t` (any device) in dtype `dt`, each value rounded once to dt. Attention
 // tests build q as bf16 values and pass f16 / f32 copies of them: the CUDA engine feeds its bf16 tensor

@@ -59,12 +59,17 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
   if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";
   const int w = gpus();
   test::reseed(61);
-  const int64_t page = 64, h = 16, mb = 40;
+  const int64_t page = 64, mb = 40;
   const std::vector<int32_t> lens = {2000, 0, 37, 2500, 700};
   const int64_t b = static_cast<int64_t>(lens.size());
+  // Heads per rank: 16, and 64 / W where that differs, so that every W runs a 64-row problem on each rank
+  // (the sparse op attends W h heads per rank; the decode op W h rows per request).
+  std::vector<int64_t> heads = {16};
+  if (64 / w != 16) heads.push_back(64 / w);
+  for (const int64_t h : heads)
   for (CacheFormat f : test::kDeviceFormats)
     for (int64_t s_q : {1, 2}) {
-      SCOPED_TRACE(::testing::Message() << to_string(f) << " s_q " << s_q << " W " << w);
+      SCOPED_TRACE(::testing::Message() << to_string(f) << " s_q " << s_q << " W " << w << " h " << h);
       const NcclId id = nccl_make_id();  // one id per communicator group: NCCL refuses a reused one
       test::PagedBatch pb = test::paged_batch(f, page, lens, mb);
       Tensor q_all = test::random_tensor({b, s_q, w * h, 576}, DType::bf16);
@@ -139,12 +144,13 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
         });
       for (auto& t : ranks) t.join();
       for (int r = 0; r < w; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
-      // The sm90 variants read fp8_ds_mla rows (sparse_mqa, mqa_decode) as their bf16 upconvert above 32 rows
-      // per request (test::sm90_ds_upconverts; fp8: exact codes). dcp_mqa_decode runs each (request, query)
-      // row as a request whose W queries are the ranks' head blocks: W h rows.
-      const bool ds_sm90 = f == CacheFormat::fp8_ds_mla;
-      const bool sparse_up = ds_sm90 && last_variant("sparse_mqa") == "sm90" && test::sm90_ds_upconverts(h, false);
-      const bool decode_up = ds_sm90 && last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(w * h, true);
+      // The sm90 seesaw kernel reads fp8_ds_mla rows (sparse_mqa, mqa_decode) as their bf16 upconvert (fp8: exact
+      // codes; docs/SEMANTICS.md §14.9); automatic selection runs it above 32 rows per request. Each rank runs the
+      // group's W h heads over its shard: dcp_sparse_mqa gathers every rank's queries (W h heads per token),
+      // and dcp_mqa_decode runs each (request, query) row as a request whose W queries are the ranks' head
+      // blocks (W h rows).
+      const bool sparse_up = test::ran_upconverted("sparse_mqa", f);
+      const bool decode_up = test::ran_upconverted("mqa_decode", f);
       if (sparse_up || decode_up) {
         const CacheBuffer up = test::upconverted_cache(pb.cb.cache);
         if (sparse_up) sparse_mqa(q_tok, up.cache, slots(pos, global_table), {}, swant, swant_lse, 0.06, test::reference_ctx());

@@ -29,13 +29,10 @@ using test::PagedBatch;
 
 constexpr double kScale = 0.0722;  // 1/sqrt(192)
 
-// Whether the mqa_decode variant that ran last reads `format`'s rows as their bf16 upconvert at `rows` query
-// rows per request (the sm90 variant's fp8_ds_mla caches above 32 rows: test::sm90_ds_upconverts; its fp8
-// per-tensor rows are exact codes, as the oracle reads them); the float64 oracle then reads
-// test::upconverted_cache, as the sparse tests do.
-bool reads_upconverted(CacheFormat format, int64_t rows) {
-  return format == CacheFormat::fp8_ds_mla && last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(rows, true);
-}
+// Whether the mqa_decode variant that ran last reads `format`'s rows as their bf16 upconvert (the sm90 seesaw
+// kernel's fp8_ds_mla records: test::ran_upconverted; fp8 per-tensor rows are exact codes everywhere, as the oracle
+// reads them); the float64 oracle then reads test::upconverted_cache, as the sparse tests do.
+bool reads_upconverted(CacheFormat format, int64_t /*rows*/) { return test::ran_upconverted("mqa_decode", format); }
 
 struct DecodeRun {
   Tensor out, lse;  // GPU results (bf16 out, fp32 lse)
@@ -372,17 +369,13 @@ TEST(DecodeGpu, LatentWidth256) {
 // One CTA per request streaming long contexts (no workspace: one split each, the uniform schedule): the
 // sm90 small kernel's two stages cycle ~30 times per CTA; N 8 / 16 / 32 rows (h 3 x s_q 8: 24 rows), pages
 // 64 and 16 (several TMA boxes per panel), lengths ending mid-tile (the last tile's zero-fill),
-// NaN-poisoned pages past every length. fp8_ds_mla: the paged staged source (small kernel, raw records one
-// tile ahead) and, at 64 / 128 heads, the seesaw kernel's register path; fp8: exact codes, staged at N 8 / 16,
-// the register path at N 32 and in the seesaw kernel; pages 1 / 16 / 64 / 128, against the float64 oracle
-// on what the variant reads (fp8_ds_mla: the bf16 upconvert; fp8: the codes). bf16 at 128 heads and at
-// 64 heads x s_q 2: the TMA seesaw kernel's pairs (63, 34 and 1 tiles: odd and even counts, both barrier
-// parities many times over), under whichever schedule MLA_DECODE_SM90_SEESAW selects. With
-// MLA_DECODE_SM90_STAGE=ring in the environment the N 8 / 16 fp8 cases run the raw ring (RingKeys; by default
-// only N 16 does), =staged the serial raw stage everywhere.
+// NaN-poisoned pages past every length. The code formats: the raw kernel up to 32 rows (exact codes), the seesaw
+// kernel at 64 / 128 heads (fp8_ds_mla through its bf16 upconvert, fp8 as exact codes); pages 1 / 16 / 64 / 128,
+// against the float64 oracle on what the kernel reads. bf16 at 128 heads and at 64 heads x s_q 2: the TMA seesaw
+// kernel's pairs (63, 34 and 1 tiles: odd and even counts, both barrier parities many times over).
 TEST(DecodeGpu, SmallKernelLongStreams) {
   MLA_SKIP_WITHOUT_GPU();
-  MLA_FORCE_VARIANT("mqa_decode", "sm90");
+  if (!variant_runs_on_device("mqa_decode", "sm90_seesaw", 0)) GTEST_SKIP() << "the sm90 kernels do not run here";
   const Device gpu = Device::cuda(0);
   using Case = std::tuple<CacheFormat, int64_t, int64_t, int64_t>;
   const CacheFormat bf = CacheFormat::bf16, ds = CacheFormat::fp8_ds_mla, f8 = CacheFormat::fp8;
@@ -397,7 +390,7 @@ TEST(DecodeGpu, SmallKernelLongStreams) {
     PagedBatch pb = test::paged_batch(f, page, lens, 4096 / page + 2);
     Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
     Tensor ref_out = test::poisoned({b, s_q, h, 512}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
-    const bool upconverted = f == ds && test::sm90_ds_upconverts(h * s_q, true);
+    const bool upconverted = f == ds && test::sm90_ds_upconverts(h * s_q);
     const CacheBuffer up = upconverted ? test::upconverted_cache(pb.cb.cache) : CacheBuffer{};
     mqa_decode(q, upconverted ? up.cache : pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {},
                test::reference_ctx());
@@ -405,7 +398,7 @@ TEST(DecodeGpu, SmallKernelLongStreams) {
     Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
     Tensor out = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
     cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, {}, Context{}, 1);
-    EXPECT_EQ(last_variant("mqa_decode"), "sm90");
+    EXPECT_EQ(last_variant("mqa_decode").rfind("sm90_", 0), 0u) << last_variant("mqa_decode");
     test::expect_attention_close(out, ref_out, lse, ref_lse,
                                  std::string(to_string(f)) + " h " + std::to_string(h) + " s_q " + std::to_string(s_q) +
                                      " page " + std::to_string(page));

@@ -32,13 +32,13 @@ TEST(DecodeSplitsGpu, ExplicitSplitCountsMatchTheOracle) {
   const Device gpu = Device::cuda(0);
   const test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
   const Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
-  {  // the oracle reads what the variant that runs reads (sm90 at 32 rows: the bf16 upconvert of the records)
+  {  // the oracle reads what the variant that runs reads (the sm90 seesaw kernel: the bf16 upconvert of the records)
     Tensor probe = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu);
     cuda::mqa_decode(qd, dc.cache, bt, sl, probe, {}, kScale, true, {}, Context{}, 1);
     cuda_rt::synchronize(0);
   }
   const CacheBuffer up = test::upconverted_cache(pb.cb.cache);
-  const bool upconverted = last_variant("mqa_decode") == "sm90" && test::sm90_ds_upconverts(h * s_q, true);
+  const bool upconverted = test::ran_upconverted("mqa_decode", pb.cb.cache.format);
   const KVCache& oracle_cache = upconverted ? up.cache : pb.cb.cache;
   mqa_decode(q, oracle_cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
 

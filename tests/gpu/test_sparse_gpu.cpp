@@ -69,8 +69,8 @@ Indices make_indices(const SparseCache& c, int64_t t, int64_t topk, int64_t num_
 }
 
 // Whether `variant` reads `format` rows as their bf16 upconvert at h heads (the oracle must then too).
-bool reads_upconverted(const std::string& variant, CacheFormat format, int64_t h) {
-  return variant == "sm90" && format == CacheFormat::fp8_ds_mla && test::sm90_ds_upconverts(h, false);
+bool reads_upconverted(const std::string& variant, CacheFormat format, int64_t /*h*/) {
+  return test::variant_upconverts(variant, format);
 }
 
 // Oracle (host) and GPU run with poisoned outputs; `indices` / `lengths` are host tensors. `act`: the
@@ -243,7 +243,7 @@ TEST(SparseGpu, ManyTokensEveryVariant) {
 // ones), peaky queries.
 TEST(SparseGpu, SmallStepsClusterSplit) {
   MLA_SKIP_WITHOUT_GPU();
-  MLA_FORCE_VARIANT("sparse_mqa", "sm90");
+  MLA_FORCE_VARIANT("sparse_mqa", "sm90_raw");
   const int64_t page = 64, nb = 80;
   for (int64_t topk : {256, 640, 2048}) {
     test::reseed(330 + static_cast<uint64_t>(topk));
@@ -255,9 +255,9 @@ TEST(SparseGpu, SmallStepsClusterSplit) {
         ix.rows = {ix.rows.begin() + first, ix.rows.begin() + first + t};
         ix.lengths = {ix.lengths.begin() + first, ix.lengths.begin() + first + t};
         Tensor q = test::random_tensor({t, h, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
-        check_variant("sm90", q, c.cb, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths),
+        check_variant("sm90_raw", q, c.cb, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths),
                       "T " + std::to_string(t) + " topk " + std::to_string(topk) + " h " + std::to_string(h));
-        test::expect_variant_ran("sparse_mqa", "sm90");
+        test::expect_variant_ran("sparse_mqa", "sm90_raw");
       }
   }
 }

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The small-T split of the sm90 sparse decode (src/core/sparse_split.h): the largest split that keeps one wave,
-// at least two tiles per rank and every cluster resident; none once the tokens fill the GPU; a forced split only
-// where each rank gets a tile and a cluster fits.
+// at least two tiles per rank and every cluster resident; none once the tokens fill the GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -24,57 +23,47 @@ struct Gpcs {
 int h200_clusters(int s) { return s == 8 ? 15 : s == 4 ? 30 : s == 2 ? 66 : 0; }
 
 TEST(SparseSplit, LargestSplitInOneWave) {
-  EXPECT_EQ(cluster_splits(1, 32, 132, 0, h200_clusters), 8);   // T 1, topk 2048
-  EXPECT_EQ(cluster_splits(15, 32, 132, 0, h200_clusters), 8);  // 120 CTAs
-  EXPECT_EQ(cluster_splits(16, 32, 132, 0, h200_clusters), 4);  // 16 clusters of 8 are not resident together
-  EXPECT_EQ(cluster_splits(30, 32, 132, 0, h200_clusters), 4);
-  EXPECT_EQ(cluster_splits(31, 32, 132, 0, h200_clusters), 2);
-  EXPECT_EQ(cluster_splits(64, 32, 132, 0, h200_clusters), 2);
-  EXPECT_EQ(cluster_splits(66, 32, 132, 0, h200_clusters), 2);
-  EXPECT_EQ(cluster_splits(67, 32, 132, 0, h200_clusters), 1);  // the tokens fill the GPU
-  EXPECT_EQ(cluster_splits(128, 32, 132, 0, h200_clusters), 1);
+  EXPECT_EQ(cluster_splits(1, 32, 132, h200_clusters), 8);   // T 1, topk 2048
+  EXPECT_EQ(cluster_splits(15, 32, 132, h200_clusters), 8);  // 120 CTAs
+  EXPECT_EQ(cluster_splits(16, 32, 132, h200_clusters), 4);  // 16 clusters of 8 are not resident together
+  EXPECT_EQ(cluster_splits(30, 32, 132, h200_clusters), 4);
+  EXPECT_EQ(cluster_splits(31, 32, 132, h200_clusters), 2);
+  EXPECT_EQ(cluster_splits(64, 32, 132, h200_clusters), 2);
+  EXPECT_EQ(cluster_splits(66, 32, 132, h200_clusters), 2);
+  EXPECT_EQ(cluster_splits(67, 32, 132, h200_clusters), 1);  // the tokens fill the GPU
+  EXPECT_EQ(cluster_splits(128, 32, 132, h200_clusters), 1);
   const Gpcs whole{8, 16};  // a part of whole GPCs: the one-wave rule binds first
-  EXPECT_EQ(cluster_splits(16, 32, 132, 0, whole), 8);   // 128 CTAs
-  EXPECT_EQ(cluster_splits(17, 32, 132, 0, whole), 4);   // 136 > 132
-  EXPECT_EQ(cluster_splits(33, 32, 132, 0, whole), 2);   // 132 < 33 * 4
+  EXPECT_EQ(cluster_splits(16, 32, 132, whole), 8);   // 128 CTAs
+  EXPECT_EQ(cluster_splits(17, 32, 132, whole), 4);   // 136 > 132
+  EXPECT_EQ(cluster_splits(33, 32, 132, whole), 2);   // 132 < 33 * 4
 }
 
 TEST(SparseSplit, AtLeastTwoTilesPerRank) {
   const Gpcs g{8, 16};
-  EXPECT_EQ(cluster_splits(1, 16, 132, 0, g), 8);  // topk 1024: 2 tiles per rank
-  EXPECT_EQ(cluster_splits(1, 15, 132, 0, g), 4);
-  EXPECT_EQ(cluster_splits(1, 8, 132, 0, g), 4);   // topk 512
-  EXPECT_EQ(cluster_splits(1, 4, 132, 0, g), 2);
-  EXPECT_EQ(cluster_splits(1, 3, 132, 0, g), 1);   // topk 133 / 192
-  EXPECT_EQ(cluster_splits(1, 1, 132, 0, g), 1);
+  EXPECT_EQ(cluster_splits(1, 16, 132, g), 8);  // topk 1024: 2 tiles per rank
+  EXPECT_EQ(cluster_splits(1, 15, 132, g), 4);
+  EXPECT_EQ(cluster_splits(1, 8, 132, g), 4);   // topk 512
+  EXPECT_EQ(cluster_splits(1, 4, 132, g), 2);
+  EXPECT_EQ(cluster_splits(1, 3, 132, g), 1);   // topk 133 / 192
+  EXPECT_EQ(cluster_splits(1, 1, 132, g), 1);
 }
 
 TEST(SparseSplit, EveryClusterResident) {
   const Gpcs small{7, 14};  // 7 GPCs of 14: one cluster of 8 per GPC, three of 4
-  EXPECT_EQ(cluster_splits(7, 32, 132, 0, small), 8);
-  EXPECT_EQ(cluster_splits(8, 32, 132, 0, small), 4);   // 8 clusters of 8 do not fit together
-  EXPECT_EQ(cluster_splits(21, 32, 132, 0, small), 4);
-  EXPECT_EQ(cluster_splits(22, 32, 132, 0, small), 2);
+  EXPECT_EQ(cluster_splits(7, 32, 132, small), 8);
+  EXPECT_EQ(cluster_splits(8, 32, 132, small), 4);   // 8 clusters of 8 do not fit together
+  EXPECT_EQ(cluster_splits(21, 32, 132, small), 4);
+  EXPECT_EQ(cluster_splits(22, 32, 132, small), 2);
   auto none = [](int) { return 0; };  // clusters not launchable (shared memory, a part without clusters)
-  EXPECT_EQ(cluster_splits(1, 32, 132, 0, none), 1);
-}
-
-TEST(SparseSplit, ForcedSplit) {
-  const Gpcs g{8, 16};
-  EXPECT_EQ(cluster_splits(128, 32, 132, 2, g), 2);  // forced past one wave
-  EXPECT_EQ(cluster_splits(1, 4, 132, 4, g), 4);     // one tile per rank
-  EXPECT_EQ(cluster_splits(1, 3, 132, 4, g), 1);     // a rank without a tile
-  EXPECT_EQ(cluster_splits(1, 32, 132, 3, g), 1);    // not a cluster size
-  EXPECT_EQ(cluster_splits(1, 32, 132, 16, g), 1);   // past the portable size
-  EXPECT_EQ(cluster_splits(1, 32, 132, 8, [](int) { return 0; }), 1);
+  EXPECT_EQ(cluster_splits(1, 32, 132, none), 1);
 }
 
 TEST(SparseSplit, DegenerateShapes) {
   const Gpcs g{8, 16};
-  EXPECT_EQ(cluster_splits(0, 32, 132, 0, g), 1);  // no tokens
-  EXPECT_EQ(cluster_splits(1, 0, 132, 0, g), 1);   // topk 0
-  EXPECT_EQ(cluster_splits(1, 32, 0, 0, g), 1);
-  EXPECT_EQ(cluster_splits(int64_t{1} << 40, 32, 132, 0, g), 1);  // no overflow of units * s
+  EXPECT_EQ(cluster_splits(0, 32, 132, g), 1);  // no tokens
+  EXPECT_EQ(cluster_splits(1, 0, 132, g), 1);   // topk 0
+  EXPECT_EQ(cluster_splits(1, 32, 0, g), 1);
+  EXPECT_EQ(cluster_splits(int64_t{1} << 40, 32, 132, g), 1);  // no overflow of units * s
 }
 
 }  // namespace

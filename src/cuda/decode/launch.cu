@@ -94,8 +94,18 @@ void run_portable(const dispatch::DecodeArgs& a) {
 // Variants best first (variant_table.h); the first that can run the launch on the device runs it.
 dispatch::Table<dispatch::DecodeArgs>& dispatch::mqa_decode_table() {
   static Table<DecodeArgs> table(
-      "mqa_decode", {{{"sm90", 90, 90, "TMA + wgmma, warp-specialised (src/cuda/decode_sm90): bf16 cache, d_qk 576, d_v 512"},
-                      decode_sm90::supports, decode_sm90::run},
+      "mqa_decode", {{{"sm90_small", 90, 90,
+                       "N 8 / 16 / 32 row tiles, TMA + wgmma, balanced split-KV schedule (decode_sm90/kernel_small.cuh): "
+                       "bf16 cache, s_q * h_q <= 32"},
+                      decode_sm90::supports_small, decode_sm90::run_small, decode_sm90::prefers_small},
+                     {{"sm90_raw", 90, 90,
+                       "raw records staged, exact codes into wgmma (decode_sm90/kernel_raw.cuh): fp8 and fp8_ds_mla "
+                       "caches, s_q * h_q <= 32"},
+                      decode_sm90::supports_raw, decode_sm90::run_raw, decode_sm90::prefers_raw},
+                     {{"sm90_seesaw", 90, 90,
+                       "64-row tiles, two consumer warpgroups over a two-stage pipeline, cluster split merge "
+                       "(decode_sm90/kernel_seesaw.cuh): bf16, fp8 and fp8_ds_mla caches"},
+                      decode_sm90::supports_seesaw, decode_sm90::run_seesaw, decode_sm90::prefers_seesaw},
                      {{"portable", 80, 0, "mma.sync MQA engine: every cache format, page size, h_q and s_q"},
                       nullptr, run_portable}});
   return table;

@@ -29,28 +29,23 @@
 // one is still being read. Keys that were not loaded (past the split, pages outside the cache, rows
 // past seq_len in the last page) are zero-filled by the owner before any wgmma reads the tile.
 //
-// Two orders of these steps (the math above is the same): the overlapped schedule (SeesawConsumer, the
-// TMA source: consumer 0's remote P V of a pair runs behind the S of its next tile) and the serial one
-// (SeesawSerialConsumer, the row-copying sources, and the TMA source under MLA_DECODE_SM90_SEESAW=serial:
-// both consumers start a pair's S together after the previous pair's products retired). Each struct's
-// comment has its order; docs/DECODE.md the measurements. A third, the "next" schedule
-// (decode_sm90_seesaw_next_kernel = SeesawConsumer<C, Src, true>, TMA source, the default since
-// 2026-11-23; MLA_DECODE_SM90_SEESAW=overlapped selects the overlapped one; also the in-place row source's,
-// InplaceKeys, source_inplace.cuh, under MLA_DECODE_SM90_EXPAND=inplace), is the overlapped order with the per-tile overheads the profile named taken out:
+// The order of these steps (SeesawConsumer below; the math above is the same in any order) is FlashMLA's
+// overlapped one, consumer 0's remote P V of a pair running behind the S of its next tile, with the per-tile
+// overheads taken out:
 //   - the rope part of Q is loaded into registers once per unit (16 per consumer thread; ptxas fits them
 //     at the 232 consumer registers, 0 spills: no setmaxnreg change) instead of 16 global loads per tile;
 //   - consumer 0 no longer retires its rope product on its own: rope S and the previous pair's remote P V
 //     are issued as two groups and retired together (wait_group 0), stage 1's other half is released, and only
 //     then the own and other halves' S are issued (their wait for the own half's refill must not delay that
-//     release: docs/DECODE.md "Twenty-seventh session"); consumer 1 issues its S only after that release
-//     (p.defer_s1), so that its products stay out of the tensor pipe while the remote product runs;
+//     release); consumer 1 issues its S only after that release, so that its products stay out of the tensor
+//     pipe while the remote product runs;
 //   - a V half's four panels complete on ONE full barrier (full[s][4h], the group's first panel; the
-//     producer announces the four panels' bytes there in one arrive.expect_tx: produce_seesaw kGroupFull),
+//     producer announces the four panels' bytes there in one arrive.expect_tx: produce_seesaw),
 //     so an S waits three times (rope, own half, other half) and a remote product once, instead of 9 / 4
 //     (full[s][4h + 1..3] are initialised and never used); the price: S starts on a V half only when all
 //     its four panels landed;
 //   - wgmma descriptors are base4 (the shared address of smem >> 4, once) + compile-time offsets.
-// Its hand-over protocol is the overlapped schedule's, unchanged: per stage s and tile t = s + 2i, phase
+// The hand-over protocol: per stage s and tile t = s + 2i, phase
 // parity i & 1 on full[s][8] (rope panel + key mask), full[s][4s] (owner's half), full[s][4(1 - s)] (other
 // half); empty[s][0] released by the owner after its S (mask read), empty[s][1] by the owner after its
 // local P V retired, empty[s][2] by the other consumer after its remote P V retired; the producer waits
@@ -101,7 +96,7 @@ namespace mla::cuda::decode_sm90 {
 // the group's conversion): a V-half group's four panels complete on one full barrier, that of the group's
 // first panel (full[4h]); otherwise each panel on its own. GroupwiseSource (InplaceKeys): the source's
 // group<N>() copies and converts a whole release group after its empty wait (source_inplace.cuh).
-template <class Src, bool kGroupFull = false>
+template <class Src>
 __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
                                                uint8_t* smem, int warp, int lane) {
   using T = Traits;
@@ -153,14 +148,14 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
       tslot = trace_prod_slot(s, part, g, t);
       MLA_DECODE_TRACE_PROD(tslot, 0);
       if constexpr (GroupwiseSource<Src>) MLA_DECODE_TRACE_SLOT(tl, tslot);
-      // The TMA source's stage 1 under the next schedule: a barrier per panel (seesaw_base.cuh panel_barriers).
-      const bool group_full = kGroupFull && !(kPanelFull<Src> && s == 1);
+      // PagedPanelKeys' stage 1: a barrier per panel (seesaw_base.cuh panel_barriers).
+      const bool group_full = !(kPanelFull<Src> && s == 1);
       if (group_full) tl.announce(p, &full[first], 4);
       else
         for (int c = first; c < first + 4; ++c) tl.announce(p, &full[c], 1);
       __syncwarp();
       if constexpr (GroupwiseSource<Src>) {  // InplaceKeys (source_inplace.cuh): the four panels at once
-        tl.template group<4, kGroupFull>(p, dst, full, first);
+        tl.template group<4, true>(p, dst, full, first);
       } else {
 #pragma unroll 1
         for (int c = first; c < first + 4; ++c)
@@ -172,37 +167,30 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
   }
 }
 
-// The overlapped schedule (after FlashMLA's order of the seesaw steps): consumer 0 issues the S of its
-// next tile behind its remote P V of the previous pair (separate accumulators, no open group touched),
-// consumer 1 issues its remote product right behind its local one. Per pair j (C0: tile 2j, C1: 2j + 1):
-//   C0: S rope part (retired) | remote P1 V1L of pair j - 1 | S own half | retire the remote (other half
-//       of stage 1 free) | S other half | mask, max, publish m0 | P0, O_L *= a0, local P0 V0L; retire
-//       (own half of stage 0 free) | m1 -> a1, a1 P0 to smem | O_L *= a1 (kP0Early, the TMA source's next
-//       schedule: a1 P0 to smem before the retire).  After the last pair: its remote.
-//   C1: S | mask, max | m0 -> m1, publish | O_R *= a0 a1, P1, P1 to smem, local P1 V1R (kP1First; else the
-//       local product before the store) | remote P0 V0R
-//       | retire local (own half of stage 1 free), remote (other half of stage 0 free).
-// The S of C0's tile needs the other V half (freed last, by C1's remote product) only after its rope and
-// own-half products, so that refill overlaps them. What ptxas needs (each measured with -Xptxas -v):
-// S stays local to a pair (an S carried across iterations, or a peeled first pair, spilled); o is never
-// in flight across the loop's back edge or a branch (C7514 / C7515: ptxas serialises every wgmma), hence
-// the remote product at the top of the next pair and pair 0's stand-in product on zeros; the rope A
-// registers are retired before the remote product is issued and the key mask is re-read from shared
-// memory (both spilled otherwise). Hand-overs: kBarM0, kBarM1, kBarP0, kBarP1 as in the serial
-// schedule, kBarRemote (C1's remote P V is issued before C0's, so that stage 0's other half, which C0's
-// next S waits for, is freed first). The P buffers need no "free" barriers: a consumer publishes its next
-// max only after its remote product of the pair retired, and the other writes its P only after syncing
-// on that max. Only for the TMA source: with the row-copying sources' 224 consumer registers it spills.
-// kNext: the "next" schedule (file comment): rope of Q in registers for the unit (qr, loaded by run()),
-// consumer 0's rope product retired together with the remote product, grouped full barriers, descriptors
-// from base4 (SeesawBase).
-template <int C, class Src, bool kNext = false>
-struct SeesawConsumer : SeesawBase<C, Src, kNext> {
-  using B = SeesawBase<C, Src, kNext>;
+// The consumers' schedule (FlashMLA's order of the seesaw steps, with the per-tile overheads taken out: the file
+// comment). Per pair j (C0: tile 2j, C1: 2j + 1):
+//   C0: S rope part | remote P1 V1L of pair j - 1 | retire both (other half of stage 1 free) | S own half, other
+//       half | mask, max, publish m0 | P0, O_L *= a0, local P0 V0L | (kP0Early: m1 -> a1, a1 P0 to smem) | retire
+//       (own half of stage 0 free) | (else: m1 -> a1, a1 P0 to smem) | O_L *= a1.  After the last pair: its remote.
+//   C1: (wait for stage 1's other half's release) S | mask, max | m0 -> m1, publish | O_R *= a0 a1, P1 |
+//       (kP1First: P1 to smem) local P1 V1R (else P1 to smem after) | remote P0 V0R | retire local (own half of
+//       stage 1 free), remote (other half of stage 0 free).
+// The S of C0's tile needs the other V half (freed last, by C1's remote product) only after its rope and own-half
+// products, so that refill overlaps them. What ptxas needs (each checked with -Xptxas -v): S stays local to a pair
+// (an S carried across iterations, or a peeled first pair, spilled); o is never in flight across the loop's back
+// edge or a branch (C7514 / C7515: ptxas serialises every wgmma), hence the remote product at the top of the next
+// pair and pair 0's stand-in product on zeros; the key mask is re-read from shared memory. Hand-overs: kBarM0,
+// kBarM1, kBarP0, kBarP1, and kBarRemote (C1's remote P V is issued before C0's, so that stage 0's other half,
+// which C0's next S waits for, is freed first). The P buffers need no "free" barriers: a consumer publishes its
+// next max only after its remote product of the pair retired, and the other writes its P only after syncing on
+// that max.
+template <int C, class Src>
+struct SeesawConsumer : SeesawBase<C, Src> {
+  using B = SeesawBase<C, Src>;
   using T = Traits;
   using L = SeesawTraits;
   using B::B;
-  uint32_t qr[4][4];  // kNext: the rope columns of Q as rs A fragments, loaded once per unit (run)
+  uint32_t qr[4][4];  // the rope columns of Q as rs A fragments, loaded once per unit (run)
 
   // kHas1: consumer 1 has a tile in pair j (false only for an odd last tile; consumer 0's code does not
   // depend on it: its remote product is the next pair's business).
@@ -216,62 +204,36 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
     const uint32_t par = j & 1;
     MLA_DECODE_TRACE_PAIR(C, 0, j);
     if constexpr (C == 0) {
-      if constexpr (kNext) {
-        // The rope A fragments stay in registers (qr: ptxas fits them at 232, 0 spills): the rope product
-        // is not retired on its own; it runs while this consumer waits for consumer 1's P1 and remote
-        // product (no accumulator is touched by anything but wgmma while the groups are open).
-        this->tile_mask(par);
-        MLA_DECODE_TRACE_PAIR(C, 1, j);  // rope panel (and mask) landed
+      // The rope A fragments stay in registers (qr: ptxas fits them at 232, 0 spills): the rope product
+      // is not retired on its own; it runs while this consumer waits for consumer 1's P1 and remote
+      // product (no accumulator is touched by anything but wgmma while the groups are open).
+      this->tile_mask(par);
+      MLA_DECODE_TRACE_PAIR(C, 1, j);  // rope panel (and mask) landed
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-        ptx::wgmma_fence_operand(s);
-        this->template issue_s<true, false, false>(s, qr, par);
-        if (j > 0) {
-          ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
-          ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
-        }
-        MLA_DECODE_TRACE_PAIR(C, 2, j);  // consumer 1's P1 stored and its remote product issued
-        this->issue_remote_pv(par ^ 1, j > 0);
-        // The rope and remote products retired before the own half's S is issued: that issue waits for the own
-        // half's refill (released by the previous pair's local product), and stage 1's other half, released below,
-        // is on the pair's loop (its refill feeds consumer 1's S); waiting for the own half first delayed that
-        // release by up to the refill's latency (pair trace, docs/DECODE.md "Twenty-seventh session").
-        ptx::wgmma_wait_group<0>();
-        MLA_DECODE_TRACE_PAIR(C, 3, j);
-      } else {
-        // The rope product first and retired (its A registers must not be live while O is in flight:
-        // ptxas spills), then the previous pair's remote P1 V1L behind it, then the own and other V halves.
-        this->tile_mask(par);
-        uint32_t qr[4][4];
-        this->load_rope(qr);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-        ptx::wgmma_fence_operand(s);
-        this->template issue_s<true, false, false>(s, qr, par);
-        ptx::wgmma_wait_group<0>();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-        // The previous pair's remote product (before pair 0: on the zeroed P buffers, see issue_remote_pv),
-        // so that o is never in flight across iterations.
-        if (j > 0) {
-          ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
-          ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
-        }
-        this->issue_remote_pv(par ^ 1, j > 0);
-        this->template issue_s<false, true, false>(s, qr, par);
-        ptx::wgmma_wait_group<1>();  // the remote product retired
+      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+      ptx::wgmma_fence_operand(s);
+      this->template issue_s<true, false, false>(s, qr, par);
+      if (j > 0) {
+        ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
+        ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
       }
+      MLA_DECODE_TRACE_PAIR(C, 2, j);  // consumer 1's P1 stored and its remote product issued
+      this->issue_remote_pv(par ^ 1, j > 0);
+      // The rope and remote products retired before the own half's S is issued: that issue waits for the own
+      // half's refill (released by the previous pair's local product), and stage 1's other half, released below,
+      // is on the pair's loop (its refill feeds consumer 1's S); waiting for the own half first delayed that
+      // release by up to the refill's latency (pair trace, docs/DECODE.md "Twenty-seventh session").
+      ptx::wgmma_wait_group<0>();
+      MLA_DECODE_TRACE_PAIR(C, 3, j);
+
       if (j > 0) this->release(1, 2);  // stage 1's other V half read
-      if constexpr (kNext) this->template issue_s<false, true, true>(s, qr, par);  // own, then other half
-      else this->template issue_s<false, false, true>(s, qr, par);
+      this->template issue_s<false, true, true>(s, qr, par);  // own, then other half
       ptx::wgmma_wait_group<0>();
       MLA_DECODE_TRACE_PAIR(C, 4, j);  // S complete
       ptx::wgmma_fence_operand(s);
       ptx::wgmma_fence_operand(this->o);
-      if constexpr (kNext) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-      }
+      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
       // The key mask again from shared memory (registers are scarce while o is in flight); the producer
       // rewrites it only after the rope panel's release below.
       this->mask_max(s, reinterpret_cast<const uint64_t*>(this->smem + L::kOffMask)[0], k0, mx_lo, mx_hi);
@@ -290,7 +252,7 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
       // trace of dense bf16 h 128, docs/DECODE.md "Twenty-seventh session"); the own half's release then waits for
       // m1, its refill being needed only by the next pair's own-half S. Not for the other sources: ptxas spills 8..12
       // bytes there (224-register consumers, CrossKeys' prefetching form).
-      constexpr bool kP0Early = kNext && Src::kTma && !CrossoverSource<Src>;
+      constexpr bool kP0Early = Src::kTma && !CrossoverSource<Src>;
       float m1_lo, m1_hi, a1_lo, a1_hi;
       auto publish_p0 = [&] {
         this->read_m1(n_lo, n_hi, m1_lo, m1_hi, a1_lo, a1_hi);
@@ -309,10 +271,7 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
       MLA_DECODE_TRACE_PAIR(C, 9, j);
       // kHas1: the remote product P1 V1L is issued by the next pair (or by run() after the last).
     } else {
-      if constexpr (kHas1) {
-        if constexpr (kNext) this->s_product(s, qr, j, mx_lo, mx_hi);
-        else this->s_product(s, j, mx_lo, mx_hi);
-      }
+      if constexpr (kHas1) this->s_product(s, qr, j, mx_lo, mx_hi);
       MLA_DECODE_TRACE_PAIR(C, 1, j);  // S complete, masked, row max
       float n_lo, n_hi, a_lo, a_hi;  // m1, a0 a1
       this->publish_m1(mx_lo, mx_hi, n_lo, n_hi, a_lo, a_hi);
@@ -355,7 +314,7 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
     // Consumer 0's pair does not depend on kHas1 (its remote product is the next pair's business): one
     // loop, and the last remote product after it. Branches around different wgmma sequences of the same
     // accumulators make ptxas spill: one loop and at most one tail per consumer, as the serial schedule.
-    if constexpr (kNext) this->load_rope(qr);
+    this->load_rope(qr);
     if constexpr (C == 0) {  // zero P0 and P1 for pair 0's stand-in remote product (issue_remote_pv)
       for (int e = threadIdx.x & 127; e < 2 * T::kPanelBytes / 16; e += 128)
         reinterpret_cast<uint4*>(this->smem + L::kOffP)[e] = make_uint4(0, 0, 0, 0);
@@ -379,98 +338,14 @@ struct SeesawConsumer : SeesawBase<C, Src, kNext> {
   }
 };
 
-// The serial schedule (the first seesaw version; MLA_DECODE_SM90_SEESAW=serial): both consumers start
-// their S of a pair together after the previous pair's products retired. Written per consumer and per
-// pair kind (both tiles present or only K0) so that every wgmma sequence is straight-line code:
-// accumulators merged across branches (phi nodes) make ptxas copy or spill them.
-template <int C, class Src>
-struct SeesawSerialConsumer : SeesawBase<C, Src> {
-  using B = SeesawBase<C, Src>;
-  using T = Traits;
-  using L = SeesawTraits;
-  using B::B;
-
-  // O += P_other V of this consumer's V half of the other consumer's tile of pair j, P from smem.
-  __device__ __forceinline__ void remote_pv(int j) {
-    ptx::named_barrier_sync(C == 0 ? L::kBarP1 : L::kBarP0, T::kConsumerThreads);
-    this->issue_remote_pv(j & 1);
-    this->retire();
-    this->release(1 - C, 2);  // the other stage's second V half read
-  }
-
-  // One pair of tiles (j): kHas1 = consumer 1 has a tile too (false only for an odd last tile).
-  template <bool kHas1>
-  __device__ __forceinline__ void pair(int j, bool more) {
-    float s[32];
-    uint32_t pa[4][4];
-    float mx_lo = -INFINITY, mx_hi = -INFINITY, sum_lo = 0.0f, sum_hi = 0.0f;
-    const int r_lo = this->r_lo, r_hi = this->r_hi;
-    if constexpr (C == 0) {
-      this->s_product(s, j, mx_lo, mx_hi);
-      float n_lo, n_hi, a0_lo, a0_hi;  // m0, a0
-      this->publish_m0(mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi);
-      this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
-      this->rescale_o(a0_lo, a0_hi);
-      this->local_pv(pa);
-      // a1 from consumer 1's max; P0 <- a1 P0 into smem for consumer 1's remote product.
-      float m1_lo, m1_hi, a1_lo, a1_hi;
-      this->read_m1(n_lo, n_hi, m1_lo, m1_hi, a1_lo, a1_hi);
-      if (j > 0) ptx::named_barrier_sync(L::kBarP0Free, T::kConsumerThreads);
-      store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
-      ptx::fence_proxy_async_smem();
-      ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
-      this->retire();
-      this->release(0, 1);  // own V half of stage 0 read
-      this->rescale_o(a1_lo, a1_hi);
-      this->advance(a0_lo, a0_hi, sum_lo, sum_hi, a1_lo, a1_hi, m1_lo, m1_hi);
-      if constexpr (kHas1) {
-        remote_pv(j);
-        if (more) ptx::named_barrier_arrive(L::kBarP1Free, T::kConsumerThreads);  // consumer 1 may rewrite P1
-      }
-    } else {
-      if constexpr (kHas1) this->s_product(s, j, mx_lo, mx_hi);
-      float n_lo, n_hi, a_lo, a_hi;  // m1, a0 a1
-      this->publish_m1(mx_lo, mx_hi, n_lo, n_hi, a_lo, a_hi);
-      if constexpr (kHas1) {
-        this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
-        this->local_pv(pa);
-        if (j > 0) ptx::named_barrier_sync(L::kBarP1Free, T::kConsumerThreads);
-        store_p(this->smem + L::kOffP + T::kPanelBytes, s, 1.0f, 1.0f, r_lo, r_hi, this->t4);
-        ptx::fence_proxy_async_smem();
-        ptx::named_barrier_arrive(L::kBarP1, T::kConsumerThreads);
-        this->retire();
-        this->release(1, 1);  // own V half of stage 1 read
-      }
-      this->advance(a_lo, a_hi, sum_lo, sum_hi, 1.0f, 1.0f, n_lo, n_hi);
-      remote_pv(j);
-      if (more) ptx::named_barrier_arrive(L::kBarP0Free, T::kConsumerThreads);  // consumer 0 may rewrite P0
-    }
-  }
-
-  __device__ __forceinline__ void run() {
-    const int n_pairs = (this->u.n_tiles + 1) / 2, full_pairs = this->u.n_tiles / 2;
-    // P1Free is owed only when consumer 1 writes P1 again (the next pair has its tile); P0Free whenever a
-    // next pair exists. Arrivals and syncs stay matched one to one.
-    for (int j = 0; j < full_pairs; ++j) pair<true>(j, C == 0 ? j + 1 < full_pairs : j + 1 < n_pairs);
-    if (n_pairs > full_pairs) pair<false>(full_pairs, false);
-    this->finish();
-  }
-};
-
-// Q columns 0..511 of the unit's 64-row tile into the 8 swizzled Q panels, by both consumer warpgroups. p.q_batch:
-// the 16 loads of each thread in flight together (one global round trip) instead of the loop's 16 dependent ones
-// (ncu, nvidia-h200, 2026-11-24, dense bf16 h 128: the loop's STS waiting on its load held 4.8% of the kernel's
-// stall samples; docs/DECODE.md "Q prologue").
+// Q columns 0..511 of the unit's 64-row tile into the 8 swizzled Q panels, by both consumer warpgroups, the 16
+// loads of each thread in flight together (one global round trip).
 __device__ __forceinline__ void load_seesaw_q(const DecodeSm90Params& p, const Unit& u, uint8_t* smem) {
   using T = Traits;
   using L = SeesawTraits;
   const int ct = static_cast<int>(threadIdx.x) - 128;
-  if (p.q_batch)
-    load_q_panels_batched<T::kBlockM, T::kConsumerThreads, 16, L::kQPanels>(p.rows, u.g, u.row0, u.m_rows,
-                                                                           T::kPanelBytes, smem + L::kOffQ, ct);
-  else
-    load_q_panels(p.rows, u.g, u.row0, u.m_rows, T::kBlockM, L::kQPanels, T::kPanelBytes, smem + L::kOffQ, ct,
-                  T::kConsumerThreads);
+  load_q_panels_batched<T::kBlockM, T::kConsumerThreads, 16, L::kQPanels>(p.rows, u.g, u.row0, u.m_rows,
+                                                                         T::kPanelBytes, smem + L::kOffQ, ct);
 }
 
 // p.cluster_merge (cluster_merge.cuh): the merge of the cluster's split partials after the unit, with both
@@ -500,40 +375,6 @@ struct SeesawMerge {
   }
 };
 
-// Src: the key source (source.cuh): PagedKeys (mqa_decode bf16) or GatherKeys<F, Rows> (sparse_mqa; mqa_decode fp8 / fp8_ds_mla)
-// or InplaceKeys<F, Rows> (source_inplace.cuh, MLA_DECODE_SM90_EXPAND=inplace).
-// kOverlap: the overlapped schedule (SeesawConsumer), else the serial one (SeesawSerialConsumer). The
-// launchers (launch_kernels.cuh launch_seesaw) pick: overlapped for the TMA source, serial for the others.
-template <class Src, bool kOverlap = true>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    decode_sm90_seesaw_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
-  using T = Traits;
-  using L = SeesawTraits;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = aligned_smem(smem_raw);
-  MLA_DECODE_TRACE_EVENT(0, 0);
-  const Unit u(p, Src::kIndexed);
-  if (SeesawMerge<Src>::empty_unit(p, u, smem)) return;
-  if (!start_roles<L, Src>(p, &kv_map, u, true, smem,
-                           [&](int warp, int lane) { produce_seesaw<Src>(p, &kv_map, u, smem, warp, lane); })) {
-    SeesawMerge<Src>::producers(p);
-    return;
-  }
-  load_seesaw_q(p, u, smem);
-  ptx::fence_proxy_async_smem();
-  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  MLA_DECODE_TRACE_EVENT(3, 128);
-  if constexpr (kOverlap) {
-    if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src>(p, u, smem).run();
-    else SeesawConsumer<1, Src>(p, u, smem).run();
-  } else {
-    if (ptx::warpgroup_index() == 1) SeesawSerialConsumer<0, Src>(p, u, smem).run();
-    else SeesawSerialConsumer<1, Src>(p, u, smem).run();
-  }
-  SeesawMerge<Src>::consumers(p, u, smem);
-  MLA_DECODE_TRACE_EVENT(7, 128);
-}
-
 // The "next" schedule (the TMA source's default; MLA_DECODE_SM90_SEESAW=overlapped / serial for the others; docs/DECODE.md "Seesaw: next
 // schedule"): the overlapped schedule with the rope part of Q in registers for the whole unit, one full
 // barrier per V half (one wait per release group) and descriptors from a precomputed base
@@ -555,7 +396,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const Unit u(p, Src::kIndexed);
   if (SeesawMerge<Src>::empty_unit(p, u, smem)) return;
   if (!start_roles<L, Src>(p, &kv_map, u, true, smem, [&](int warp, int lane) {
-        produce_seesaw<Src, true>(p, &kv_map, u, smem, warp, lane);
+        produce_seesaw<Src>(p, &kv_map, u, smem, warp, lane);
       })) {
     SeesawMerge<Src>::producers(p);
     return;
@@ -564,8 +405,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
   MLA_DECODE_TRACE_EVENT(3, 128);
-  if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src, true>(p, u, smem).run();
-  else SeesawConsumer<1, Src, true>(p, u, smem).run();
+  if (ptx::warpgroup_index() == 1) SeesawConsumer<0, Src>(p, u, smem).run();
+  else SeesawConsumer<1, Src>(p, u, smem).run();
   if constexpr (CrossoverSource<Src>) ptx::cluster_sync();  // the peer's last releases have arrived here
   SeesawMerge<Src>::consumers(p, u, smem);
   MLA_DECODE_TRACE_EVENT(7, 128);

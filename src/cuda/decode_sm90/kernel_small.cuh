@@ -8,7 +8,7 @@
 //                                     B = P^T (bf16 [N rows][64 keys], K-major, this warpgroup's smem)
 //
 // Warp roles: warpgroup 0 is the producer (source.cuh's produce: TMA from warp 0, or gathering warps
-// s and s + 2 for stage s; a staged source's own produce, source_staged.cuh); the consumer warpgroups c = 0, 1
+// s and s + 2 for stage s); the consumer warpgroups c = 0, 1
 // take alternate KV tiles (stage c) and run independent online softmaxes (their own
 // running max, sum and O^T: 4N fp32 registers) with no per-tile synchronisation between them; the row
 // max of a tile is reduced over its 64 keys = 4 warps through smem (named barrier 2 + c). The epilogue
@@ -24,7 +24,7 @@
 //
 // Shared memory: Q 9 * N * 128 (<= 36 KiB) + 2 KV stages x 72 KiB + P^T 2 x max(N * 128, 1 KiB) + small
 // tables, then the source's own region: paged: X (16 / 32 / 32 KiB for N 8 / 16 / 32) + the schedule
-// window (<= 223 KiB in all); staged: its raw stage (source_staged.cuh). Each stage feeds one warpgroup:
+// window (<= 223 KiB in all). Each stage feeds one warpgroup:
 // the producer refills stage c while warpgroup 1 - c computes.
 #include <cuda.h>
 
@@ -43,7 +43,6 @@
 #include "cuda/common/softmax.cuh"
 #include "cuda/decode_sm90/pipeline.cuh"
 #include "cuda/decode_sm90/source.cuh"
-#include "cuda/decode_sm90/source_staged.cuh"
 #include "cuda/decode_sm90/tile_io.cuh"
 
 namespace mla::cuda::decode_sm90 {
@@ -71,8 +70,7 @@ struct SmallTraits {
   static constexpr int kPanelsPerFull = T::kPanels;  // one full barrier per stage, carrying the key mask too
   __host__ __device__ static constexpr bool mask_barrier(int) { return true; }
   static constexpr int kOffLim = kOffBar + 2 * kStages * 8;  // [N] int32: each query row's largest visible key
-  // The key source's own region after the common plan: a staged source's raw stage (source_staged.cuh), or
-  // for the paged source (mqa_decode: several units per CTA under the balanced schedule) the epilogue
+  // The key source's own region after the common plan: for the paged source (mqa_decode: several units per CTA under the balanced schedule) the epilogue
   // exchange X and the schedule window. Single-unit sources (sparse_mqa) exchange through the drained
   // KV stage 1 instead (nothing refills it after the unit's last tile).
   static constexpr int kOffExtra = kOffLim + 32 * 4;
@@ -82,8 +80,7 @@ struct SmallTraits {
   static constexpr int kPagedExtraBytes = kXBytes + 64 + 32 * 8;
   template <class Src>
   static constexpr int smem_bytes() {
-    if constexpr (StagedSource<Src>) return kSmemBytes + Src::kExtraBytes;
-    else if constexpr (Src::kTma) return kSmemBytes + kPagedExtraBytes;
+    if constexpr (Src::kTma) return kSmemBytes + kPagedExtraBytes;
     else return kSmemBytes;
   }
   static_assert(kOffK % 1024 == 0 && kOffP % 1024 == 0, "swizzled tiles are 1024-byte aligned");
@@ -92,8 +89,8 @@ struct SmallTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-// Src: the key source (source.cuh, source_staged.cuh): PagedKeys (mqa_decode bf16), GatherKeys<F, Rows> or a staged
-// source (sparse_mqa; mqa_decode fp8 / fp8_ds_mla with PagedRows).
+// Src: the key source (source.cuh): PagedKeys (mqa_decode over a bf16 cache) or GatherKeys<bf16> (sparse_mqa's
+// bf16 rows).
 template <int N, class Src>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_small_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
@@ -108,15 +105,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   static_assert(L::template smem_bytes<Src>() <= 227 * 1024, "shared memory per block on sm_90");
   MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
-  if constexpr (Src::kTma)
-    if (p.warm) warm_start(p);  // L2 prefetches over the grid, then griddepcontrol.wait (pipeline.cuh)
   Unit one{};  // the uniform schedule's unit
   const bool balanced = Src::kTma && p.balanced;
   if (balanced) balanced_window(p, win, reinterpret_cast<int64_t*>(smem + L::kOffSched + 64));
   else one = Unit(p, Src::kIndexed);
   if (!start_roles<L, Src>(p, &kv_map, one, !balanced, smem, [&](int warp, int lane) {
-        if constexpr (StagedSource<Src>) Src::template produce<L>(p, one, smem, warp, lane);
-        else produce<L, Src>(p, &kv_map, win, smem, warp, lane);
+        produce<L, Src>(p, &kv_map, win, smem, warp, lane);
       }))
     return;
   const int wg = ptx::warpgroup_index();
@@ -149,7 +143,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     // Q rows [row0, row0 + N) into N-row swizzled panels (zeros past the rows). Both warpgroups left the
     // previous unit's products (the epilogue's last barrier), so sQ is free.
-    if (Src::kTma && N <= 16 && p.q_batch)  // N 32 keeps the loop: batched (groups of 3 or 5) it spilled 116 bytes
+    if (Src::kTma && N <= 16)  // N 32 keeps the loop: batched (groups of 3 or 5) it spilled 116 bytes
       load_q_panels_batched<N, T::kConsumerThreads>(rp, u.g, u.row0, u.m_rows, L::kQPanelBytes, sQ, ct);
     else load_q_panels(rp, u.g, u.row0, u.m_rows, N, T::kPanels, L::kQPanelBytes, sQ, ct, T::kConsumerThreads);
     if (ct < N) sLim[ct] = query_row_limit(p, u, u.row0 + ct);

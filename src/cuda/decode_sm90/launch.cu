@@ -7,7 +7,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "cuda/common/launch.h"
@@ -26,87 +25,6 @@ namespace mla::cuda::decode_sm90 {
 static_assert(balance::kMaxCtas <= decode::kMaxCombineSplits, "the combine merges up to one partial per CTA");
 
 namespace {
-
-// MLA_DECODE_SM90_SCHEDULE=uniform turns the balanced schedule off (a laboratory switch for A/B
-// measurements with `mla bench`; read once). Anything else: automatic.
-enum class Schedule { automatic, uniform };
-Schedule schedule_mode() {
-  static const Schedule mode =
-      env_choice("MLA_DECODE_SM90_SCHEDULE", Schedule::automatic, {{"uniform", Schedule::uniform}});
-  return mode;
-}
-
-// The small kernel's start (params.h q_batch / warm; docs/DECODE.md "Small batch"), for A/B measurements
-// with MLA_DECODE_SM90_START: qbatch (default since the ninth session: the query loads all in flight;
-// nvidia-h200 2026-11-23, varlen b 128 h 16 −5..−8% in both paired rounds, b 4 and uniform b 128 unchanged;
-// `*Decode*:*Sparse*:LayerGraph*` 706 cases, 0 failed under it), cold (the query rows loaded by a loop,
-// one round trip per iteration), warm (qbatch, and the kernel a programmatic dependent launch that first
-// prefetches the call's inputs into L2). Read once.
-enum class Start { cold, qbatch, warm };
-Start start_mode() {
-  static const Start s =
-      env_choice("MLA_DECODE_SM90_START", Start::qbatch, {{"warm", Start::warm}, {"cold", Start::cold}});
-  return s;
-}
-
-// Stage 1's full barriers in the next seesaw schedule of the bf16 cache without multicast (source.cuh PagedPanelKeys;
-// MLA_DECODE_SM90_PANELS, read once): auto (default) a barrier per panel when a request has more than 16 query rows,
-// else one per V half (PagedKeys); panel; group.
-// Same-call A/B, nvidia-h200, 2026-11-25 (one barrier per half / per panel, 5 rounds, ms): b 128 h 128 s_k 4096
-// 0.301-0.344 / 0.293-0.305, s_k 8192 0.545-0.620 / 0.527-0.534, h 64 even; but b 4 h 16 s_k 1024 (16 rows on the
-// seesaw tile) 0.0174-0.0185 / 0.0185-0.0193.
-enum class Panels { automatic, panel, group };
-Panels panel_mode() {
-  static const Panels m =
-      env_choice("MLA_DECODE_SM90_PANELS", Panels::automatic, {{"panel", Panels::panel}, {"group", Panels::group}});
-  return m;
-}
-bool stage1_panels(int64_t m_rows) {
-  const Panels m = panel_mode();
-  return m == Panels::panel || (m == Panels::automatic && m_rows > 16);
-}
-
-// Which kernel runs 17..32 query rows per request (MLA_DECODE_SM90_ROWS32, read once): seesaw (default: bf16
-// and fp8 per-tensor caches run one 64-row tile of the seesaw kernel, half of its rows padding, uniform
-// split-KV schedule; fp8_ds_mla keeps the N 32 small kernel), small (every format on the N 32 small kernel,
-// the balanced schedule for bf16) or all (fp8_ds_mla on the seesaw tile too). The N 32 kernel took 1.40x
-// the h 16 time for the same bytes; the padded seesaw tile is memory-bound there. Same-run A/Bs, nvidia-h200,
-// ms: bf16 (2026-11-23, c553037, small / seesaw) b 128 h 32 s_k 4096 0.251-0.254 / 0.181-0.183, s_q 2 h 16
-// s_k 8192 0.439-0.462 / 0.334-0.339, h 32 varlen s_k <= 8192 0.300-0.328 / 0.269-0.288, b 4 h 32 s_k 1024
-// 0.055-0.057 / 0.027-0.029 (`*Decode*` GPU tests under seesaw: 487 passed); fp8 (2026-11-23, eleventh
-// session, 2f80a68 + the row-producer divisor, small / seesaw) h 32 s_k 4096 0.376-0.395 / 0.307-0.334,
-// s_q 2 h 16 s_k 8192 0.747-0.772 / 0.619-0.678; fp8_ds_mla the other way: 0.288-0.304 / 0.341-0.358 and
-// 0.530-0.570 / 0.557-0.593 (`*Decode*` under all: 488 passed). docs/DECODE.md "32 rows on the seesaw kernel".
-// Since the raw kernel runs N 32 (kernel_raw.cuh; ping-pong) the default is automatic: bf16 on the seesaw tile, both
-// code formats on the raw kernel; seesaw is the earlier default (fp8 per-tensor on the seesaw tile too).
-enum class Rows32 { automatic, small, seesaw, all };
-Rows32 rows32_mode() {
-  static const Rows32 m = env_choice("MLA_DECODE_SM90_ROWS32", Rows32::automatic,
-                                     {{"small", Rows32::small}, {"seesaw", Rows32::seesaw}, {"all", Rows32::all}});
-  return m;
-}
-
-// Which kernel runs 9..16 query rows per request (MLA_DECODE_SM90_ROWS16, read once): auto (default) puts a
-// bf16 cache's small batches, b <= kRows16SeesawBatch with a context bound (max_blocks · page_size) of at most
-// kRows16SeesawKeys, on the seesaw tile (three quarters of its rows padding,
-// uniform split-KV schedule) and the rest on the N 16 small kernel (balanced schedule); seesaw puts every
-// batch of a bf16 or fp8 per-tensor cache there; small none. Same-run A/Bs, nvidia-h200, 2026-11-24, twelfth
-// session (docs/DECODE.md "16 rows on the seesaw tile"), small / seesaw, ms: b 4 s_k 1024 0.028-0.032 /
-// 0.025-0.026; b 4 varlen 4096 0.045-0.046 / 0.029-0.034; b 8 4096 0.048 / 0.037-0.038; b 8 varlen 8192
-// 0.056-0.057 / 0.043-0.047; b 16 4096 0.058-0.060 / 0.047-0.049; b 16 varlen 8192 0.065-0.067 / 0.059-0.063;
-// but b 32 varlen 4096 0.060-0.063 / 0.063-0.066, b 128 varlen 8192 0.207-0.210 / 0.266-0.301 (the uniform
-// schedule), b 128 s_k 4096 0.195-0.197 / 0.180-0.181, s_k 8192 even, fp8 b 128 0.208-0.239 / 0.314-0.331.
-// `*Decode*` GPU tests under seesaw: 489 passed.
-// Long contexts keep the small kernel: at b 8, s_k 512K..1M the balanced schedule streams at 103% of the copy
-// ceiling (2.21 ms at 1M) and the seesaw tile's uniform split-KV schedule at 93% (2.42 ms; nvidia-h200-x2,
-// 2026-11-24, the dcp bench's one-GPU rows); the launcher bounds the context by max_blocks · page_size.
-enum class Rows16 { automatic, small, seesaw };
-constexpr int64_t kRows16SeesawBatch = 16, kRows16SeesawKeys = 16384;
-Rows16 rows16_mode() {
-  static const Rows16 m =
-      env_choice("MLA_DECODE_SM90_ROWS16", Rows16::automatic, {{"small", Rows16::small}, {"seesaw", Rows16::seesaw}});
-  return m;
-}
 
 // KV cache as a 3-D tensor [num_blocks][page_size][576] for TMA: boxes of 64 columns x box_rows rows of
 // one page, 128-byte swizzled (the layout the wgmma descriptors read).
@@ -159,9 +77,16 @@ CUtensorMap raw_rows_tensor_map(const KVCache& cache, const DecodeSm90Params::Ga
   return ptx::make_tensor_map(t, what);
 }
 
-}  // namespace
+// The launch's problem for the regime rule (core/decode_regime.h).
+decode_regime::Problem problem_of(const dispatch::DecodeArgs& a) {
+  return {.format = a.cache.format,
+          .rows = a.q.size(1) * a.q.size(2),
+          .batch = a.q.size(0),
+          .context_bound = a.block_table.size(1) * a.cache.page_size()};
+}
 
-const char* supports(const dispatch::DecodeArgs& a) {
+// What every sm90 decode kernel needs (nullptr), else why not.
+const char* supports_common(const dispatch::DecodeArgs& a) {
   const KVCache& c = a.cache;
   if (c.format != CacheFormat::bf16 && c.format != CacheFormat::fp8_ds_mla && c.format != CacheFormat::fp8)
     return "bf16, fp8 and fp8_ds_mla caches only";
@@ -187,7 +112,12 @@ const char* supports(const dispatch::DecodeArgs& a) {
   return nullptr;
 }
 
-void run(const dispatch::DecodeArgs& a) {
+const char* supports_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel k) {
+  if (const char* why = supports_common(a)) return why;
+  return decode_regime::supports(problem_of(a), k);
+}
+
+void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
   const TensorView& q = a.q;
   const KVCache& cache = a.cache;
   const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2);
@@ -205,20 +135,9 @@ void run(const dispatch::DecodeArgs& a) {
   p.seq_lens = static_cast<const int32_t*>(a.seq_lens.data);
   p.seq_lens_stride = a.seq_lens.stride[0];
   p.causal = a.causal ? 1 : 0;
-  set_row_tiles(p, s_q * h_q);
   const bool quantized = cache.format != CacheFormat::bf16;
-  const bool ds = cache.format == CacheFormat::fp8_ds_mla;
-  const bool rows16_seesaw = p.tile_rows == 16 && ((!ds && rows16_mode() == Rows16::seesaw) ||
-                                                    (!quantized && rows16_mode() == Rows16::automatic &&
-                                                     b <= kRows16SeesawBatch &&
-                                                     int64_t{p.max_blocks} * p.page_size <= kRows16SeesawKeys));
-  const Rows32 r32 = rows32_mode();
-  if ((p.tile_rows == 32 && (r32 == Rows32::all || (!ds && r32 == Rows32::seesaw) ||
-                             (!quantized && r32 == Rows32::automatic))) ||
-      rows16_seesaw) {
-    p.tile_rows = Traits::kBlockM;
-    p.m_tiles = 1;
-  }
+  const decode_regime::Regime regime = decode_regime::tile_for(problem_of(a), kernel);
+  set_row_tiles(p, regime);
   p.out_pairs = out_pairs(a.out);
 
   // The balanced schedule where it applies and the workspace holds it (core/decode_balance.h: the
@@ -228,22 +147,16 @@ void run(const dispatch::DecodeArgs& a) {
                            ? a.workspace.numel() * static_cast<int64_t>(a.workspace.element_size())
                            : 0;
   const int64_t m_rows = s_q * h_q;
-  // fp8 / fp8_ds_mla: the uniform schedule only (the row-copying sources run one unit per CTA; the staged
-  // source's raw stage leaves no room for the balanced schedule's exchange region; docs/DECODE.md "fp8 caches").
-  // The seesaw kernel (64-row tiles) has no balanced schedule.
-  const int ctas = schedule_mode() == Schedule::uniform || quantized || p.tile_rows > 32
-                       ? 0
-                       : balance::ctas_for(b, m_rows, sm_count(q.device.index));
+  // The balanced schedule is the small kernel's (bf16 paged rows, up to 32 rows per request); the raw and seesaw
+  // kernels run the uniform split-KV schedule (one unit per CTA).
+  const int ctas = regime.kernel == decode_regime::Kernel::small ? balance::ctas_for(b, m_rows, sm_count(q.device.index))
+                                                                  : 0;
   auto* base = static_cast<uint8_t*>(a.workspace.data);
   int splits = std::max(1, std::min(a.num_splits, decode::kMaxSplits));
-  // The cluster merge (cluster_merge.cuh, docs/DECODE.md "Cluster merge"): the seesaw tile's 2..8 splits of a bf16
-  // cache merge inside their cluster (no workspace, no combine launch) where all the grid's clusters are resident
-  // at once, unless the multicast clusters the row tiles instead.
-  const bool multicast = p.tile_rows > 32 && p.m_tiles % 2 == 0 && multicast_mode() == Multicast::on &&
-                         seesaw_schedule() == SeesawSchedule::next;
-  if (!quantized && p.tile_rows > 32 && !multicast && seesaw_schedule() == SeesawSchedule::next &&
-      merge_mode() == Merge::cluster && splits >= 2 && splits <= ClusterMerge::kMaxSplits &&
-      b * p.m_tiles <= seesaw_max_clusters<PagedKeys>(q.device.index, splits))
+  // The cluster merge (cluster_merge.cuh): the seesaw tile's 2..8 splits of a bf16 cache merge inside their cluster
+  // (no workspace, no combine launch) where all the grid's clusters are resident at once.
+  if (!quantized && regime.kernel == decode_regime::Kernel::seesaw && splits >= 2 &&
+      splits <= ClusterMerge::kMaxSplits && b * p.m_tiles <= seesaw_max_clusters<PagedKeys>(q.device.index, splits))
     p.cluster_merge = 1;
   if (ctas > 0 && balance::workspace_bytes(b, m_rows, ctas) <= have) {
     splits = 1;
@@ -259,13 +172,6 @@ void run(const dispatch::DecodeArgs& a) {
     }
   }
   p.num_splits = splits;
-  if (!quantized && p.tile_rows <= 32) {
-    p.q_batch = start_mode() != Start::cold ? 1 : 0;
-    p.warm = start_mode() == Start::warm ? 1 : 0;
-  }
-  if (p.tile_rows > 32) p.q_batch = seesaw_q_batch() ? 1 : 0;
-  p.defer_s1 = defer_s1() ? 1 : 0;
-  p.lazy_log2 = lazy_log2();
 
   const char* what = "mqa_decode (sm90)";
   const unsigned grid =
@@ -285,19 +191,17 @@ void run(const dispatch::DecodeArgs& a) {
       }
     }
     if (cache.format == CacheFormat::fp8_ds_mla)
-      launch_copied<CacheFormat::fp8_ds_mla, PagedRows>(p, grid, stream, map, what);
+      launch_codes<CacheFormat::fp8_ds_mla, PagedRows>(p, grid, stream, map, what);
     else
-      launch_copied<CacheFormat::fp8, PagedRows>(p, grid, stream, map, what);
+      launch_codes<CacheFormat::fp8, PagedRows>(p, grid, stream, map, what);
   } else {
     const CUtensorMap map = paged_tensor_map(cache, p.box_rows, what);
-    if (multicast)
-      launch_seesaw<PagedKeysT<true>>(p, grid, stream, map, what);  // clusters of the two row tiles (source.cuh)
-    else if (p.tile_rows == Traits::kBlockM && seesaw_schedule() == SeesawSchedule::next && stage1_panels(m_rows))
-      launch_seesaw_next<PagedPanelKeys>(p, grid, stream, map, what);
-    else if (p.cluster_merge)
-      launch_seesaw_clusters<PagedKeys>(p, grid, static_cast<unsigned>(p.num_splits), stream, map, what);  // the splits
+    if (regime.kernel == decode_regime::Kernel::small)
+      launch_small_rows<PagedKeys>(p, grid, stream, map, what);
+    else if (regime.stage1_panels)
+      launch_seesaw<PagedPanelKeys>(p, grid, stream, map, what);
     else
-      launch_kernel<PagedKeys>(p, grid, stream, map, what);
+      launch_seesaw<PagedKeys>(p, grid, stream, map, what);
   }
   if ((splits > 1 && !p.cluster_merge) || p.balanced) {
     DecodeParams cp{};
@@ -309,6 +213,19 @@ void run(const dispatch::DecodeArgs& a) {
     decode::launch_combine(cp, b, stream, /*dependent=*/true);
   }
 }
+
+}  // namespace
+
+using decode_regime::Kernel;
+const char* supports_small(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::small); }
+const char* supports_raw(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::raw); }
+const char* supports_seesaw(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::seesaw); }
+bool prefers_small(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::small; }
+bool prefers_raw(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::raw; }
+bool prefers_seesaw(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::seesaw; }
+void run_small(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::small); }
+void run_raw(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::raw); }
+void run_seesaw(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::seesaw); }
 
 #if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
 bool trace_dump(uint64_t* out) {

@@ -20,21 +20,17 @@ namespace mla::cuda::decode_sm90 {
 
 namespace {
 
-// MLA_SPARSE_SM90_SPLIT: off keeps one CTA per token at every T; 2 / 4 / 8 force that many splits where they
-// fit at all (A/B); default (unset, auto): core/sparse_split.h chooses. Read once.
-int sparse_split_forced() {
-  static const int m = env_choice("MLA_SPARSE_SM90_SPLIT", 0, {{"off", 1}, {"2", 2}, {"4", 4}, {"8", 8}});
-  return m;
-}
-
 template <int N>
 int raw_clusters(int device, int splits) {
   return raw_max_clusters<N, CacheFormat::fp8_ds_mla, IndexedRows>(device, splits);
 }
 
-}  // namespace
+decode_regime::Problem problem_of(const dispatch::SparseArgs& a) {
+  return {.format = a.kv.format, .rows = a.q.size(1), .batch = a.q.size(0), .sparse = true};
+}
 
-const char* supports_sparse(const dispatch::SparseArgs& a) {
+// What every sm90 sparse kernel needs (nullptr), else why not.
+const char* supports_common(const dispatch::SparseArgs& a) {
   const KVCache& c = a.kv;
   if (a.opts.attn_sink.defined() || a.opts.extra.defined())
     return "DeepSeek-V4 options (attention sink, extra cache): portable only";
@@ -53,7 +49,12 @@ const char* supports_sparse(const dispatch::SparseArgs& a) {
   return nullptr;
 }
 
-void run_sparse(const dispatch::SparseArgs& a) {
+const char* supports_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel k) {
+  if (const char* why = supports_common(a)) return why;
+  return decode_regime::supports(problem_of(a), k);
+}
+
+void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
   const TensorView& q = a.q;
   const KVCache& c = a.kv;
   const int64_t t = q.size(0), h_q = q.size(1);
@@ -63,10 +64,8 @@ void run_sparse(const dispatch::SparseArgs& a) {
   DecodeSm90Params p{};
   p.rows = mqa::make_row_params(q, a.out, a.lse, /*has_i=*/false, a.softmax_scale);
   p.num_splits = 1;
-  set_row_tiles(p, h_q);
-  if (p.tile_rows > 32) p.q_batch = seesaw_q_batch() ? 1 : 0;
-  p.defer_s1 = defer_s1() ? 1 : 0;
-  p.lazy_log2 = lazy_log2();
+  const decode_regime::Regime regime = decode_regime::tile_for(problem_of(a), kernel);
+  set_row_tiles(p, regime);
   p.out_pairs = out_pairs(a.out);
   DecodeSm90Params::Gather& g = p.gather;
   set_gather_cache(g, c);
@@ -78,8 +77,7 @@ void run_sparse(const dispatch::SparseArgs& a) {
     g.topk_length_stride = a.topk_length.stride[0];
   }
 
-  if (c.format == CacheFormat::fp8_ds_mla && p.tile_rows <= 32 && sparse_split_forced() != 1 &&
-      stage_choice() != StageChoice::ring && stage_choice() != StageChoice::staged) {
+  if (regime.kernel == decode_regime::Kernel::raw) {
     const int dev = q.device.index;
     const int64_t tiles = (g.topk + Traits::kBlockN - 1) / Traits::kBlockN;
     auto max_clusters = [&](int s) {
@@ -87,8 +85,7 @@ void run_sparse(const dispatch::SparseArgs& a) {
                                                                             : raw_clusters<32>(dev, s);
     };
     static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
-    const int splits = sparse_split::cluster_splits(int64_t{p.m_tiles} * t, tiles, sm_count(dev), sparse_split_forced(),
-                                                    max_clusters);
+    const int splits = sparse_split::cluster_splits(int64_t{p.m_tiles} * t, tiles, sm_count(dev), max_clusters);
     if (splits > 1) {
       p.num_splits = splits;
       p.cluster_merge = 1;
@@ -99,14 +96,29 @@ void run_sparse(const dispatch::SparseArgs& a) {
   CUtensorMap unused;  // the gathering kernels issue no TMA (p.gather.raw_tma 0)
   std::memset(&unused, 0, sizeof(unused));
   if (c.format == CacheFormat::bf16) {
-    if (p.tile_rows > 32 && sparse_rows_mode() == SparseRows::groups)
-      launch_seesaw<GroupRows<>>(p, grid, stream, unused, what);  // next schedule (source_inplace.cuh)
+    if (regime.kernel == decode_regime::Kernel::seesaw)
+      launch_seesaw<GroupRows<>>(p, grid, stream, unused, what);  // rows copied a release group at a time
     else
-      launch_kernel<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, what);
+      launch_small_rows<GatherKeys<CacheFormat::bf16>>(p, grid, stream, unused, what);
   } else {
-    launch_copied<CacheFormat::fp8_ds_mla, IndexedRows>(p, grid, stream, unused, what);
+    launch_codes<CacheFormat::fp8_ds_mla, IndexedRows>(p, grid, stream, unused, what);
   }
 }
+
+}  // namespace
+
+using decode_regime::Kernel;
+const char* supports_sparse_small(const dispatch::SparseArgs& a) { return supports_kernel(a, Kernel::small); }
+const char* supports_sparse_raw(const dispatch::SparseArgs& a) { return supports_kernel(a, Kernel::raw); }
+const char* supports_sparse_seesaw(const dispatch::SparseArgs& a) { return supports_kernel(a, Kernel::seesaw); }
+bool prefers_sparse_small(const dispatch::SparseArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::small; }
+bool prefers_sparse_raw(const dispatch::SparseArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::raw; }
+bool prefers_sparse_seesaw(const dispatch::SparseArgs& a) {
+  return decode_regime::preferred(problem_of(a)) == Kernel::seesaw;
+}
+void run_sparse_small(const dispatch::SparseArgs& a) { run_kernel(a, Kernel::small); }
+void run_sparse_raw(const dispatch::SparseArgs& a) { run_kernel(a, Kernel::raw); }
+void run_sparse_seesaw(const dispatch::SparseArgs& a) { run_kernel(a, Kernel::seesaw); }
 
 #if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
 bool trace_take_sparse(uint64_t* out) { return trace_take_tu(out); }

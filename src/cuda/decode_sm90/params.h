@@ -38,18 +38,6 @@ struct DecodeSm90Params {
   // partials through distributed shared memory (decode_sm90/cluster_merge.cuh): no workspace, no combine
   // launch. The seesaw kernels (launch.cu) and the raw kernel's small-T sparse split (launch_sparse.cu).
   int32_t cluster_merge;
-  // Seesaw kernels (64-row tiles, every source): q_batch = the Q tile's loads all in flight (kernel_seesaw.cuh
-  // load_seesaw_q). Start of the small kernel (paged bf16 only; docs/DECODE.md "Small batch"). q_batch: the consumers
-  // load a segment's query rows with all their loads in flight (tile_io.cuh load_q_panels_batched; N 8 /
-  // 16) instead of one round trip per loop iteration. warm: launched as a programmatic dependent whose
-  // first instructions prefetch the call's seq_lens, block-table rows, query rows, output rows and
-  // workspace into L2, spread over the grid, before griddepcontrol.wait (pipeline.cuh warm_start).
-  int32_t q_batch;
-  int32_t warm;
-  int32_t defer_s1;  // 1: the next seesaw schedule's consumer 1 issues its S after stage 1's other V half's release
-  // Seesaw kernels: the lazy maximum's threshold tau (log2 domain; seesaw_base.cuh next_ref): a row's reference
-  // maximum moves only when a tile's row max exceeds it by more than tau. 0: the running maximum.
-  float lazy_log2;
   // Gathered key source (sparse_mqa: a "request" g is a token, s_q = 1, causal 0; block_table / seq_lens
   // unused). mqa_decode's fp8 / fp8_ds_mla caches use the cache fields only (rows through the block table). Key j of token g is flat cache row idx = indices[g * indices_stride + j], read only when
   // j < len(g) and 0 <= idx < num_slots; len(g) = topk_length[g] clamped to [0, topk], or topk.

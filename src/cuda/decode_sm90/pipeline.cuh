@@ -155,44 +155,6 @@ __device__ __forceinline__ void balanced_window(const DecodeSm90Params& p, balan
   __syncthreads();
 }
 
-// The warm start (p.warm; docs/DECODE.md "Small batch"): a small-batch call is a chain of dependent cold
-// reads (seq_lens -> window -> block table -> KV; the query rows; the combine's partials -> out) after
-// the benchmark's L2 flush. Every thread of the grid first issues L2 prefetches, item i by CTA i % grid
-// and thread i / grid (each line once over the grid): seq_lens, the first 4 lines of every block-table
-// row, every query row (9 lines of 1152 bytes: 10 prefetches, any alignment), the first line of every
-// output row and one line per 64 KiB of the balanced schedule's workspace. Then griddepcontrol.wait (the
-// kernel is a programmatic dependent launch: all of the above may overlap the previous kernel; nothing is
-// read or written before it). Prefetches have no result: nothing waits for them. (A first version also
-// prefetched every request's KV boxes after the wait, for small caches: one seq_len and one block-table
-// read per box before the window scan's own reads, +2 us at b 4 s_k 1024: removed.)
-__device__ __forceinline__ void warm_start(const DecodeSm90Params& p) {
-  const MqaRowParams& rp = p.rows;
-  const int64_t b = rp.groups, m = static_cast<int64_t>(rp.s_q) * rp.h_q;
-  const int64_t grid = gridDim.x, step = grid * blockDim.x, first = blockIdx.x + grid * threadIdx.x;
-  for (int64_t i = first; i < b; i += step) ptx::prefetch_l2(p.seq_lens + i * p.seq_lens_stride);
-  for (int64_t i = first; i < 4 * b; i += step) {
-    const int64_t e = 32 * (i & 3);
-    if (e < p.max_blocks) ptx::prefetch_l2(p.block_table + (i >> 2) * p.block_table_stride + e);
-  }
-  const auto* q = static_cast<const uint16_t*>(rp.q);
-  const auto* out = static_cast<const uint16_t*>(rp.out);
-  for (int64_t i = first; i < b * m; i += step) {  // one query row (10 lines) and one output line per item
-    const int64_t g = i / m;
-    const int row = static_cast<int>(i - g * m), ri = row / rp.h_q, rh = row - ri * rp.h_q;
-    const uint16_t* qr = q + g * rp.q_stride_g + ri * rp.q_stride_i + rh * rp.q_stride_h;
-#pragma unroll
-    for (int j = 0; j < 9; ++j) ptx::prefetch_l2(qr + 64 * j);
-    ptx::prefetch_l2(qr + Traits::kDqk - 1);
-    ptx::prefetch_l2(out + g * rp.out_stride_g + ri * rp.out_stride_i + rh * rp.out_stride_h);
-  }
-  if (p.balanced) {  // partial O of slots [0, b + grid): one line per 64 KiB; the meta's first line
-    const int64_t lines = ((b + grid) * m * Traits::kDv * 4 + 65535) / 65536;
-    for (int64_t i = first; i < lines; i += step) ptx::prefetch_l2(reinterpret_cast<const uint8_t*>(p.ws_o) + i * 65536);
-    if (first == 0) ptx::prefetch_l2(p.ws_meta);
-  }
-  ptx::grid_dependency_wait();
-}
-
 // The units of this CTA in order: the uniform schedule's one (blockIdx.x), or the balanced schedule's
 // segments of the window in shared memory. Every role walks its own copy and sees the same units.
 // State: the position of the balanced cursor only (registers are scarce in the consumers); the window

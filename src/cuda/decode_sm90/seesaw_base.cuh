@@ -55,31 +55,31 @@ struct SeesawTraits {
 template <class Src>
 inline constexpr bool kClusterMerged = Src::kTma && !CrossoverSource<Src>;
 
-// The next schedule for the paged TMA source without multicast, PagedKeysT's kStage1Panels (launch.cu picks it:
-// panel_mode): stage 1's panels each on their own full barrier (the producer announces and completes them one by
-// one), so that consumer 1's S starts on each panel of the V half refilled last (after consumer 0's remote product)
-// as it lands, FlashMLA's granularity, instead of on the half's last panel; its panels' products are then each their
-// own wgmma commit group, as FlashMLA's are. Stage 0 keeps one barrier per V half: per-panel waits in consumer 0's S,
-// issued while its remote product is in flight, spilled 48 bytes (ptxas, 232 consumer registers). A kernel parameter
-// choosing between the two orders at run time spilled 76..188 bytes (ptxas): hence a source type per order.
+// PagedPanelKeys (PagedKeysT's kStage1Panels; core/decode_regime.h picks it above 16 rows): stage 1's panels each on
+// their own full barrier (the producer announces and completes them one by one), so that consumer 1's S starts on
+// each panel of the V half refilled last (after consumer 0's remote product) as it lands, FlashMLA's granularity,
+// instead of on the half's last panel; its panels' products are then each their own wgmma commit group, as
+// FlashMLA's are. Stage 0 keeps one barrier per V half: per-panel waits in consumer 0's S, issued while its remote
+// product is in flight, spilled 48 bytes (ptxas, 232 consumer registers). A kernel parameter choosing between the
+// two orders at run time spilled 76..188 bytes (ptxas): hence a source type per order.
 template <class Src>
 inline constexpr bool kPanelFull = [] {
   if constexpr (requires { Src::kStage1Panels; }) return Src::kTma && !CrossoverSource<Src> && Src::kStage1Panels;
   else return false;
 }();
 // Whether stage `stage`'s V-half panels complete on their own full barriers (else on the half's first panel's).
-template <class Src, bool kNext>
-__host__ __device__ constexpr bool panel_barriers(int stage) { return !kNext || (kPanelFull<Src> && stage == 1); }
+template <class Src>
+__host__ __device__ constexpr bool panel_barriers(int stage) { return kPanelFull<Src> && stage == 1; }
 
 // First panel of V half `h` (columns 256h..256h+255) and the panel order of the owner's S for stage s.
 __device__ __forceinline__ int half_panel(int h) { return 4 * h; }
 
 // State and pieces shared by the consumer schedules (C = 0: O_L, owner of stage 0; C = 1: O_R, owner of
 // stage 1): this thread's rows, their visible limits and rope pointers, O half, running max and row sums.
-// kNext (the "next" schedule, SeesawConsumer<C, Src, true>): a V half's panels complete on one full
-// barrier (produce_seesaw kGroupFull: one wait per release group), and the wgmma descriptors are the shared-memory base's (>> 4, computed
-// once: base4) plus compile-time offsets (one add each instead of a rebuild from the address).
-template <int C, class Src, bool kNext = false>
+// A V half's panels complete on one full barrier (produce_seesaw kGroupFull: one wait per release group; stage 1
+// of PagedPanelKeys per panel), and the wgmma descriptors are the shared-memory base's (>> 4, computed once: base4)
+// plus compile-time offsets (one add each instead of a rebuild from the address).
+template <int C, class Src>
 struct SeesawBase {
   using T = Traits;
   using L = SeesawTraits;
@@ -91,7 +91,7 @@ struct SeesawBase {
   bool q_pairs;                 // 4-byte loads of column pairs are aligned
   float o[T::kDvHalf / 2];
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-  // kNext: the descriptors' 14-bit start-address field of smem (1024-aligned; plus the offsets below it stays
+  // The descriptors' 14-bit start-address field of smem (1024-aligned; plus the offsets below it stays
   // under 2^14: no carry into the next field). Masked: in a cluster launch (CrossKeys) the shared address of
   // CTA rank r carries the rank above bit 18 (measured: unmasked, rank 1's leading byte offsets were
   // corrupted, its P V read the wrong panels).
@@ -99,7 +99,7 @@ struct SeesawBase {
 
   __device__ __forceinline__ SeesawBase(const DecodeSm90Params& p_, const Unit& u_, uint8_t* smem_)
       : p(p_), u(u_), smem(smem_) {
-    if constexpr (kNext) base4 = (ptx::smem_addr(smem_) >> 4) & 0x3FFFu;
+    base4 = (ptx::smem_addr(smem_) >> 4) & 0x3FFFu;
     w = ptx::warp_idx_in_warpgroup();
     const int lane = threadIdx.x & 31;
     t4 = lane & 3;
@@ -141,21 +141,17 @@ struct SeesawBase {
       }
     }
   }
-  // The full barrier that panel `pc` of a stage completes on (kNext: its release group's first panel).
+  // The full barrier that panel `pc` of a stage completes on (its release group's first panel, or its own).
   static __device__ __forceinline__ int full_of(int stage, int pc) {
-    return panel_barriers<Src, kNext>(stage) || pc >= 8 ? pc : pc & ~3;
+    return panel_barriers<Src>(stage) || pc >= 8 ? pc : pc & ~3;
   }
-  // kNext with stage 1's panel barriers: each panel of consumer 1's S its own commit group (issue_s).
-  static constexpr bool kPanelGroups = kNext && panel_barriers<Src, kNext>(C) && C == 1;
+  // Stage 1's panel barriers: each panel of consumer 1's S its own commit group (issue_s).
+  static constexpr bool kPanelGroups = panel_barriers<Src>(C) && C == 1;
   // 128-byte-swizzled descriptors of the tile at `tile` (inside smem): K-major, and MN-major with 64-column
-  // panels `panel_bytes` apart (ptx::desc_sw128_*; kNext: from base4, SBO 1024, swizzle 128B).
-  __device__ __forceinline__ uint64_t desc_k(const void* tile) const {
-    if constexpr (kNext) return desc_at(tile, 16);
-    else return ptx::desc_sw128_k_major(tile);
-  }
+  // panels `panel_bytes` apart (from base4, SBO 1024, swizzle 128B).
+  __device__ __forceinline__ uint64_t desc_k(const void* tile) const { return desc_at(tile, 16); }
   __device__ __forceinline__ uint64_t desc_mn(const void* tile, uint32_t panel_bytes) const {
-    if constexpr (kNext) return desc_at(tile, panel_bytes);
-    else return ptx::desc_sw128_mn_major(tile, panel_bytes);
+    return desc_at(tile, panel_bytes);
   }
   __device__ __forceinline__ uint64_t desc_at(const void* tile, uint32_t lbo_bytes) const {
     const uint32_t off = static_cast<uint32_t>(static_cast<const uint8_t*>(tile) - smem);
@@ -172,14 +168,16 @@ struct SeesawBase {
   static __device__ __forceinline__ float factor(float from, float to) {
     return to == -INFINITY || (kLazy && from == to) ? 1.0f : softmax::exp2_approx(from - to);
   }
+  // The lazy maximum's threshold tau (log2 domain; FlashAttention-4's rescale threshold).
+  static constexpr float kLazyLog2 = 8.0f;
   // The reference maximum a row's P, O and sum are kept relative to, after a tile whose row max is mx (log2
-  // domain). p.lazy_log2 = tau > 0, the lazy maximum (FlashAttention-4's rescale threshold): the reference moves
-  // to mx only when mx exceeds it by more than tau, so P = 2^(S - ref) stays below 2^tau (bf16 P and the fp32
-  // sums and O hold that with the same relative precision; LSE = ref + log2 l is exact whatever the reference),
-  // and after the first tiles O keeps its scale: rescale_o skips the 128 multiplies per consumer thread that sit
-  // on both consumers' chains (kernel_seesaw.cuh). tau = 0: the running maximum (fmaxf's: a NaN mx keeps ref).
+  // domain). Under kLazy the reference moves to mx only when mx exceeds it by more than tau, so P = 2^(S - ref)
+  // stays below 2^tau (bf16 P and the fp32 sums and O hold that with the same relative precision; LSE = ref +
+  // log2 l is exact whatever the reference), and after the first tiles O keeps its scale: rescale_o skips the
+  // 128 multiplies per consumer thread that sit on both consumers' chains (kernel_seesaw.cuh). A NaN mx keeps
+  // ref (the comparison is false), as fmaxf's running maximum does.
   __device__ __forceinline__ float next_ref(float ref, float mx) const {
-    if constexpr (kLazy) return mx > ref + p.lazy_log2 ? mx : ref;
+    if constexpr (kLazy) return mx > ref + kLazyLog2 ? mx : ref;
     else return fmaxf(ref, mx);
   }
   // O *= f, under kLazy skipped when no row of this warp moved its reference (f == 1 in every lane: the common
@@ -324,7 +322,7 @@ struct SeesawBase {
     // all loaded and visible to every row of the warp is only scaled (no per-key tests), since consumer 0's mask and
     // max are on the pair's loop. Not in PagedKeys' kernel: at b 4 h 16 the longer pair cost 13..25% in instruction
     // fetch (docs/DECODE.md "Pair timeline", the clean-tile fast path).
-    if constexpr (kNext && !std::is_same_v<Src, PagedKeys>) {
+    if constexpr (!std::is_same_v<Src, PagedKeys>) {
       const bool clean = mask == ~uint64_t(0) && k0 + T::kBlockN - 1 <= min(lim_lo, lim_hi);
       if (__all_sync(0xffffffffu, clean)) {
 #pragma unroll
@@ -369,13 +367,12 @@ struct SeesawBase {
   __device__ __forceinline__ void s_product(float (&s)[32], uint32_t (&qr)[4][4], int j, float& mx_lo, float& mx_hi) {
     const int k0 = u.key_begin + (2 * j + C) * T::kBlockN;
     const uint64_t mask = tile_mask(j & 1);
-    // Consumer 1 of the next schedule (p.defer_s1): its S is issued only once consumer 0's remote product of the
+    // Consumer 1: its S is issued only once consumer 0's remote product of the
     // previous pair retired (stage 1's other V half released: empty[1][2], the producer's wait for the refill),
     // so that its rope and own-half products do not share the tensor pipe with that remote product, the one on
     // the pair's loop (release -> refill -> this S -> P1 -> the remote product); its S then runs while the half
     // is refilled. No product is in flight here.
-    if constexpr (kNext && C == 1)
-      if (p.defer_s1) ptx::mbar_wait(&empty(1)[2], (j & 1) ^ 1);
+    if constexpr (C == 1) ptx::mbar_wait(&empty(1)[2], (j & 1) ^ 1);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
     ptx::wgmma_fence_operand(s);

@@ -67,23 +67,15 @@
 
 namespace mla::cuda::decode_sm90 {
 
-// Paged cache through the block table, TMA boxes of 64 columns x min(page, 64) rows.
-// kMulticast (the bf16 counterpart of CrossKeys' crossover, source_cross.cuh; the next schedule only): the
-// two row-tile CTAs of a request (row tiles 2k, 2k + 1: same keys, same key mask) run as a cluster of two,
-// and each V-half panel is read from L2 once for both: CTA rank r issues the panels c of a V half with
-// c % 2 == r as multicast TMA boxes into both CTAs (tma_load_3d_multicast), completing on the same full
-// barrier in each; each CTA still announces the whole group's bytes on its own barrier (one arrival, as
-// without). The rope panel stays local (its group is released by the owner alone). A V-half group is thus
-// released by both CTAs' consumers before either producer refills it: the CrossoverSource machinery (peer
-// arrivals on the empty barriers, cluster-scope waits, cluster_sync at start and exit) is CrossKeys'.
-// Why: L2 -> SM traffic of the two CTAs streaming the same tiles (ncu, docs/DECODE.md "Multicast").
-template <bool kMulticast = false, bool kPanels = false>
+// Paged cache through the block table, TMA boxes of 64 columns x min(page, 64) rows. kPanels: the seesaw kernel's
+// stage 1 completes each panel on its own full barrier (PagedPanelKeys, seesaw_base.cuh kPanelFull).
+template <bool kPanels = false>
 struct PagedKeysT {
   static constexpr bool kTma = true;
-  static constexpr bool kCrossover = kMulticast;
-  static constexpr bool kStage1Panels = kPanels;  // next schedule: stage 1's panels on their own barriers (seesaw_base.cuh)
-  static constexpr int kClusterSize = kMulticast ? 2 : 1;
-  static constexpr int kPeerReleases = kMulticast ? 4 : 0;  // per V-half group: lane 0 of each peer consumer warp
+  static constexpr bool kCrossover = false;
+  static constexpr bool kStage1Panels = kPanels;  // stage 1's panels on their own barriers (seesaw_base.cuh)
+  static constexpr int kClusterSize = 1;
+  static constexpr int kPeerReleases = 0;
   static constexpr bool kIndexed = false;
   static constexpr int kWarpsPerStage = 1;
   static constexpr bool kZeroFilled = false;
@@ -134,22 +126,9 @@ struct PagedKeysT {
     }
     __device__ void preload(const DecodeSm90Params&, int) const {}
     __device__ void prefetch_group(const DecodeSm90Params&, int) const {}  // CrossoverSource hook: nothing
-    // This lane's TMA boxes of panel `c` (64 columns) into the tile at `dst`, completing on `bar`
-    // (kMulticast: V panels of this CTA's parity into both CTAs, the others by the peer; the rope panel 8 here).
+    // This lane's TMA boxes of panel `c` (64 columns) into the tile at `dst`, completing on `bar`.
     __device__ void panel(const DecodeSm90Params& p, const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int c,
                           int /*next*/) const {
-      if constexpr (kMulticast) {
-        if (c < Traits::kPanels - 1) {
-          if (((static_cast<uint32_t>(c) ^ ptx::cluster_ctarank()) & 1u) != 0) return;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (!load[h]) continue;
-            ptx::tma_load_3d_multicast(dst + c * Traits::kPanelBytes + off[h], map, bar, c * Traits::kPanelCols,
-                                       row[h], blk[h], 0x3);
-          }
-          return;
-        }
-      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!load[h]) continue;
@@ -159,7 +138,7 @@ struct PagedKeysT {
   };
 };
 using PagedKeys = PagedKeysT<false>;
-using PagedPanelKeys = PagedKeysT<false, true>;  // the next seesaw schedule only (launch.cu)
+using PagedPanelKeys = PagedKeysT<true>;  // the seesaw kernel at more than 16 rows (core/decode_regime.h)
 
 // Eight e4m3 codes (byte i = code i) times `scale`, each rounded to bf16: one 16-byte chunk.
 __device__ __forceinline__ uint4 e4m3x8_scaled_to_bf16(uint32_t w0, uint32_t w1, float scale) {

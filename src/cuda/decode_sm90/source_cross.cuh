@@ -18,18 +18,14 @@
 //   - a V-half group (4 panels): CTA rank k expands key rows 32k .. 32k + 31 only, for both CTAs; of a
 //     stage's two producer warps, part p takes panels first + 2p, first + 2p + 1 (lane = row 32k + lane):
 //     lane 0 first announces on full[first] the 8 KiB the peer's counterpart warp will send; the raw codes
-//     (kPrefetch, the default: both panels loaded into registers before the half's empty wait, with the
-//     scale; plain: cp.async'd into the upper half of its own rows after it, InplaceKeys' in-place layout;
-//     fp8_ds_mla: both panels share scale (first + 2p) / 2) expanded into its rows panel by panel, each
+//     (both panels loaded into registers before the half's empty wait, with the scale; fp8_ds_mla: both
+//     panels share scale (first + 2p) / 2) expanded into its rows panel by panel, each
 //     panel followed by the proxy fence and lane 0's bulk copy of the warp's 32-row block of it (4 KiB: the
 //     rows of a panel are contiguous under the row-wise swizzle) into the same place in the peer,
 //     completing on the peer's full[first] (async proxy, as TMA); then every lane arrives on full[first]
 //     here. full[first] thus completes when this
 //     CTA's 64 lanes have arrived and the peer's 16 KiB have landed; the consumers wait on it with acquire
-//     at cluster scope (wait_full). (A first version stored each chunk into the peer with st.shared::cluster
-//     and one cluster-scope arrival per lane there: 16 remote stores per lane and panel pair; it was never
-//     measured correct, its tests failing on the descriptor bug of SeesawBase::base4, docs/DECODE.md
-//     "Crossover".)
+//     at cluster scope (wait_full).
 //   - releases: a consumer's release of a V-half group (empty[1], empty[2]) is one arrival per thread
 //     here, as before, plus one cluster-scope arrival per warp (lane 0, after __syncwarp) on the peer's
 //     same barrier: the peer's producer writes into this CTA's stage too (kPeerReleases = 4 per group);
@@ -38,8 +34,8 @@
 //     either CTA exits (a peer's last releases arrive on this CTA's barriers): start_roles and the kernel.
 // Work per CTA and tile: half the expansion (32 rows x 8 panels) and half the raw reads; per producer
 // warp and group 2 panels instead of 4 (the critical path from a group's release to its last arrival).
-// DSMEM traffic: 32 KiB per tile each way, by 4 bulk copies per warp and tile. Registers: producers 56 (40
-// plain), 0 spills (ptxas -v; the cluster rank is re-read where needed).
+// DSMEM traffic: 32 KiB per tile each way, by 4 bulk copies per warp and tile. Registers: producers 56, 0 spills
+// (ptxas -v; the cluster rank is re-read where needed).
 #include <cstdint>
 
 #include "cuda/common/ptx/cluster.cuh"
@@ -50,20 +46,19 @@
 
 namespace mla::cuda::decode_sm90 {
 
-// kPrefetch: each producer warp loads its whole share of a V half (its two panels of its 32 rows: 128 code bytes
-// per lane, 32 registers, and the rows' tile scale) into registers before that half's empty wait, so that after
-// the release no global round trip is left on the path, only the expansion and the copies into both CTAs (as
-// FlashMLA's Hopper fp8 kernels load the codes into registers, never into shared memory). The pair trace of the
-// first-panel-only version (nvidia-h200, 2026-11-25: dense fp8 h 128) had the second panel's copy round trip at
-// ~1300-1550 cycles of each V half's ~2600 from release to arrival. Producers take 56 registers (consumers 224).
-template <CacheFormat F, class Rows = IndexedRows, bool kPrefetch = true>
+// Each producer warp loads its whole share of a V half (its two panels of its 32 rows: 128 code bytes per lane, 32
+// registers, and the rows' tile scale) into registers before that half's empty wait, so that after the release no
+// global round trip is left on the path, only the expansion and the copies into both CTAs (as FlashMLA's Hopper
+// fp8 kernels load the codes into registers, never into shared memory). Producers take 56 registers (consumers
+// 224).
+template <CacheFormat F, class Rows = IndexedRows>
 struct CrossKeys : InplaceKeys<F, Rows> {
   using Base = InplaceKeys<F, Rows>;
   using G = GatherKeys<F, Rows>;
   static constexpr bool kCrossover = true;
   static constexpr int kClusterSize = 2;
   static constexpr int kPeerReleases = 4;  // per V-half group and phase: lane 0 of each peer consumer warp
-  __host__ __device__ static constexpr int producer_regs(bool) { return kPrefetch ? 56 : 40; }
+  __host__ __device__ static constexpr int producer_regs(bool) { return 56; }
   // Arrivals per phase: InplaceKeys' (every lane of the stage's two producer warps here; a V half's barrier
   // also counts the peer's bulk copies as transaction bytes, source comment).
 
@@ -91,29 +86,27 @@ struct CrossKeys : InplaceKeys<F, Rows> {
       }
     }
 
-    // kPrefetch: the codes of panels c0, c0 + 1 (c0 = first + 2 part) of this lane's row (pre, pre1) and their
+    // The codes of panels c0, c0 + 1 (c0 = first + 2 part) of this lane's row (pre, pre1) and their
     // tile scale (pre_scale), issued before the empty wait of the V half starting at panel `first`
     // (produce_seesaw); zeros for a key that is not loaded (nothing read).
     __device__ void prefetch_group(const DecodeSm90Params& p, int first) const {
-      if constexpr (kPrefetch) {
-        const int c0 = first + 2 * this->part;
+      const int c0 = first + 2 * this->part;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) this->pre[i] = this->pre1[i] = make_uint4(0, 0, 0, 0);
-        this->pre_scale = 0.0f;
-        if (xoff >= 0) {
-          const uint8_t* src = p.gather.cache + xoff + 64 * c0;
+      for (int i = 0; i < 4; ++i) this->pre[i] = this->pre1[i] = make_uint4(0, 0, 0, 0);
+      this->pre_scale = 0.0f;
+      if (xoff >= 0) {
+        const uint8_t* src = p.gather.cache + xoff + 64 * c0;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            this->pre[i] = __ldg(reinterpret_cast<const uint4*>(src + 16 * i));
-            this->pre1[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 + 16 * i));
-          }
-          if constexpr (Base::kDs) this->pre_scale = __ldg(reinterpret_cast<const float*>(src - 64 * c0 + G::kScaleOffset) + c0 / 2);
+        for (int i = 0; i < 4; ++i) {
+          this->pre[i] = __ldg(reinterpret_cast<const uint4*>(src + 16 * i));
+          this->pre1[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 + 16 * i));
         }
+        if constexpr (Base::kDs) this->pre_scale = __ldg(reinterpret_cast<const float*>(src - 64 * c0 + G::kScaleOffset) + c0 / 2);
       }
     }
 
     // Panels c0, c0 + 1 (c0 = first + 2 part) of key rows 32 rank .. + 31 (lane l: row r = 32 rank + l):
-    // copied raw into the rows' upper halves, expanded in place, then the warp's two 4 KiB row blocks bulk-
+    // expanded from the prefetched codes, then the warp's two 4 KiB row blocks bulk-
     // copied into the peer (completing on its full[first]); one arrival per lane on full[first] here, whose
     // phase also waits for the peer's two blocks (announced first: the barrier is already in this tile's phase,
     // its previous one completed before the empty wait that let this group start).
@@ -133,32 +126,11 @@ struct CrossKeys : InplaceKeys<F, Rows> {
                                  ptx::map_peer(ptx::smem_addr(&full[first]), peer));
         }
       };
-      if constexpr (kPrefetch) {  // the codes are in registers (prefetch_group): expand, store, send, per panel
+      // The codes are in registers (prefetch_group): expand, store, send, per panel.
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          BT::expand_row(dst + (c0 + k) * Traits::kPanelBytes, r, k == 0 ? this->pre : this->pre1, this->pre_scale);
-          send(k);
-        }
-      } else {
-        // The warp's rows four lanes per row (copy_warp_rows; a lane expands rows other lanes copied: __syncwarp
-        // after the wait below), into the rows' upper halves (InplaceKeys' in-place layout).
-        const bool xok = xoff >= 0;
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-          copy_warp_rows<4>(p.gather.cache, dst + (c0 + k) * Traits::kPanelBytes, r - this->lane,
-                            xok ? xoff + 64 * (c0 + k) : -1, this->lane, 4);
-        ptx::cp_async_commit();
-        float scale = 0.0f;  // fp8_ds_mla: panels 2j, 2j + 1 share scale j; 0 for a key that is not loaded
-        if constexpr (Base::kDs)
-          if (xok) scale = __ldg(reinterpret_cast<const float*>(p.gather.cache + xoff + G::kScaleOffset) + c0 / 2);
-        ptx::cp_async_wait<0>();
-        MLA_DECODE_TRACE_PROD(this->trace_slot, 1);
-        __syncwarp();
-#pragma unroll 1
-        for (int k = 0; k < 2; ++k) {
-          BT::expand_row_in_place(dst + (c0 + k) * Traits::kPanelBytes, r, scale);
-          send(k);
-        }
+      for (int k = 0; k < 2; ++k) {
+        BT::expand_row(dst + (c0 + k) * Traits::kPanelBytes, r, k == 0 ? this->pre : this->pre1, this->pre_scale);
+        send(k);
       }
       ptx::mbar_arrive(&full[first]);
     }

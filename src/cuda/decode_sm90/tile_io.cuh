@@ -55,9 +55,9 @@ __device__ __forceinline__ void load_q_panels(const MqaRowParams& rp, int64_t g,
 }
 
 // load_q_panels for kRows rows of nine panels by kThreads threads with the loads in flight together,
-// in groups of at most kGroup per thread, each group's loads before its stores (p.q_batch, the default
-// start of the paged bf16 small kernel: the loop above issues one dependent global round trip per
-// iteration, 5 at N 16). The N 32 kernel keeps the loop (batched, in groups of 3 or 5, it spilled 116 bytes).
+// in groups of at most kGroup per thread, each group's loads before its stores (the paged bf16 small kernel at
+// N 8 / 16 and the seesaw kernel: the loop above issues one dependent global round trip per iteration, 5 at N 16).
+// The N 32 small kernel keeps the loop (batched, in groups of 3 or 5, it spilled 116 bytes).
 // kPanels: the panels loaded (the seesaw kernel's Q: 8, its rope lives in registers).
 template <int kRows, int kThreads, int kGroup = 5, int kPanels = Traits::kPanels>
 __device__ __forceinline__ void load_q_panels_batched(const MqaRowParams& rp, int64_t g, int row0, int m_rows,

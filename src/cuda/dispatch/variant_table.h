@@ -80,6 +80,10 @@ class Table final : public Family {
     VariantInfo info;
     const char* (*supports)(const Args&);  // nullptr (the function or its result): supported
     void (*run)(const Args&);
+    // Automatic selection only: whether the family's host rule picks this variant for `a` among those that
+    // support it (nullptr: always). A forced variant runs wherever it is supported; the rule chooses among
+    // kernels that could all run a problem (e.g. the sm90 decode kernels, core/decode_regime.h).
+    bool (*prefers)(const Args&) = nullptr;
   };
 
   Table(std::string family, std::vector<Variant> list) : Family(std::move(family)), list_(std::move(list)) {}
@@ -91,7 +95,8 @@ class Table final : public Family {
   }
 
   // The variant that runs `a` on a device of compute capability `cc` (major * 10 + minor): the forced one
-  // (VariantUnsupported when it cannot), else the first in rank order that can (Error when none can).
+  // (VariantUnsupported when it cannot), else the first in rank order that can and that its rule prefers (Error
+  // when none can).
   const Variant& select(const Args& a, int cc) const {
     const std::string want = forced();
     std::string why_not;
@@ -102,6 +107,8 @@ class Table final : public Family {
         r = "needs compute capability " + cc_range_string(v.info) + ", the device has " + cc_string(cc);
       else if (const char* why = v.supports != nullptr ? v.supports(a) : nullptr)
         r = why;
+      else if (want.empty() && v.prefers != nullptr && !v.prefers(a))
+        r = "the host rule prefers another kernel for this problem";
       if (r.empty()) return v;
       if (!want.empty())
         throw VariantUnsupported(name() + ": forced variant '" + want + "' cannot run this launch: " + r);

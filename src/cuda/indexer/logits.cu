@@ -128,20 +128,11 @@ const char* supports_tma(const IndexerLogitsArgs& a) {
   return nullptr;
 }
 
-// MLA_INDEXER_TMA_WAVES=n (1..8; default 1): how many waves of resident CTAs the sm90_tma grid aims at (a
-// laboratory switch for A/B measurements with `mla bench`; read once). nvidia-h200, 4f18163, b 64 page 64
-// decode, % of copy at s_k 8K / 32K / 128K: 1 wave 56.8 / 73.0 / 80.6, 2 waves 51.5 / 72.6 / 79.2, 4 waves
-// 50.3 / 66.3 / 78.1 (each CTA start costs a block-table and a first-tile DRAM latency).
-int tma_waves() {
-  static const int waves = [] {
-    const char* v = std::getenv("MLA_INDEXER_TMA_WAVES");
-    const int n = v != nullptr ? std::atoi(v) : 1;
-    return n < 1 ? 1 : (n > 8 ? 8 : n);
-  }();
-  return waves;
-}
+// The sm90_tma grid aims at one wave of resident CTAs: each CTA start costs a block-table and a first-tile DRAM
+// latency, and two or four waves of shorter CTAs were slower at every context length measured (docs/INDEXER.md).
+constexpr int kTmaWaves = 1;
 
-// The chunk of key columns per CTA: about tma_waves() waves of resident CTAs over the whole grid (a CTA
+// The chunk of key columns per CTA: about kTmaWaves waves of resident CTAs over the whole grid (a CTA
 // per (row group, chunk)), at least 8 tiles (512 keys) per CTA so the ring's fill is amortised. The
 // chunks split the logits width, not the requests' lengths (those live on the device): a batch of very
 // different lengths leaves the CTAs of short requests' far chunks with nothing to do (docs/INDEXER.md §6).
@@ -157,7 +148,7 @@ void launch_tma(const indexer::LogitsParams& p, const IndexerKCache& cache, int6
              "indexer_logits: occupancy");
   const int64_t resident = int64_t{per_sm < 1 ? 1 : per_sm} * num_sms(device);
   const int64_t tiles = (p.n_cols + Tr::kTileKeys - 1) / Tr::kTileKeys;
-  int64_t chunks = tma_waves() * resident / num_groups;
+  int64_t chunks = kTmaWaves * resident / num_groups;
   chunks = chunks < 1 ? 1 : chunks;
   int64_t chunk_tiles = (tiles + chunks - 1) / chunks;
   chunk_tiles = chunk_tiles < 8 ? 8 : chunk_tiles;

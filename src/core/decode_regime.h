@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Which sm90 attention kernel runs a decode or sparse problem, and how its rows are tiled: the rule the sm90
+// launchers (src/cuda/decode_sm90/launch.cu, launch_sparse.cu) execute. Pure host code with CPU tests
+// (tests/unit/test_decode_regime.cpp); the design note (docs/design/attention_sm90.md) gives the measurements
+// behind each threshold.
+//
+// The kernels (query rows per request m = s_q * h_q for mqa_decode, h_q for sparse_mqa, whose "requests" are
+// tokens):
+//   small   N-row tiles (N 8 / 16 / 32, the rows as wgmma N) over a bf16 cache: paged keys by TMA (mqa_decode)
+//           or gathered rows (sparse_mqa); the balanced split-KV schedule for mqa_decode (core/decode_balance.h).
+//   raw     N-row tiles over the code formats (fp8 per-tensor, fp8_ds_mla): the raw records staged in shared
+//           memory and turned into wgmma operands by the consumers (exact codes).
+//   seesaw  64-row tiles (m > 32; and padded small problems where it measured faster): two consumer
+//           warpgroups splitting O by columns over a two-stage pipeline, with a key source per format.
+//
+// The rules:
+//   - m <= 8 / 16 / 32 takes an N 8 / 16 / 32 tile, m > 32 ceil(m / 64) seesaw tiles.
+//   - The code formats take the raw kernel up to 32 rows, the seesaw kernel above.
+//   - A bf16 cache at 17..32 rows per request runs one padded seesaw tile: its stream is memory-bound at half
+//     its rows, and it outran the N 32 small kernel 1.1..2x on every bf16 row measured.
+//   - mqa_decode over a bf16 cache at 9..16 rows runs one padded seesaw tile for small batches with short
+//     contexts (b <= kRows16SeesawBatch, context bound <= kRows16SeesawKeys): there the seesaw tile's uniform
+//     split-KV schedule beat the small kernel's balanced one; larger batches and long contexts (where the
+//     balanced schedule streams above copy speed) keep the small kernel. Sparse keeps the small kernel.
+//   - The seesaw kernel's stage 1 over a bf16 paged cache completes each panel on its own barrier when a
+//     request has more than 16 rows (the h 64 / 128 rows), one barrier per V half otherwise.
+#include <cstdint>
+
+#include "mla/cache.h"
+
+namespace mla::decode_regime {
+
+enum class Kernel { small, raw, seesaw };
+
+inline constexpr int kSeesawRows = 64;               // rows of a seesaw tile
+inline constexpr int64_t kRows16SeesawBatch = 16;    // mqa_decode, bf16, 9..16 rows: seesaw tile up to this batch
+inline constexpr int64_t kRows16SeesawKeys = 16384;  // ... and up to this context bound (max_blocks * page_size)
+
+struct Problem {
+  CacheFormat format = CacheFormat::bf16;
+  int64_t rows = 0;           // query rows per request: s_q * h_q (mqa_decode), h_q (sparse_mqa)
+  int64_t batch = 0;          // requests (mqa_decode) or tokens (sparse_mqa)
+  int64_t context_bound = 0;  // mqa_decode: max_blocks * page_size (the keys a request can have); sparse: unused
+  bool sparse = false;
+};
+
+struct Regime {
+  Kernel kernel = Kernel::small;
+  int tile_rows = 8;   // 8, 16, 32 (small / raw) or 64 (seesaw)
+  int m_tiles = 1;     // row tiles per request
+  bool stage1_panels = false;  // seesaw over a bf16 paged cache: stage 1 completes per panel
+};
+
+inline constexpr bool is_code_format(CacheFormat f) { return f == CacheFormat::fp8 || f == CacheFormat::fp8_ds_mla; }
+
+// Whether kernel k can run problem p at all (nullptr), else why not: what a forced variant may run. The small
+// kernel reads bf16 caches, the raw kernel the code formats, both up to 32 rows; the seesaw kernel every format
+// at any row count (sparse_mqa: bf16 and fp8_ds_mla only, for all three kernels).
+inline constexpr const char* supports(const Problem& p, Kernel k) {
+  if (p.sparse && p.format == CacheFormat::fp8) return "sparse_mqa over an fp8 per-tensor cache: portable engine only";
+  const bool codes = is_code_format(p.format);
+  if (!codes && p.format != CacheFormat::bf16) return "bf16, fp8 and fp8_ds_mla caches only";
+  switch (k) {
+    case Kernel::small:
+      if (codes) return "the small kernel reads bf16 caches (the code formats take the raw kernel)";
+      return p.rows <= 32 ? nullptr : "the small kernel takes at most 32 query rows per request";
+    case Kernel::raw:
+      if (!codes) return "the raw kernel reads fp8 and fp8_ds_mla caches";
+      return p.rows <= 32 ? nullptr : "the raw kernel takes at most 32 query rows per request";
+    case Kernel::seesaw: return nullptr;
+  }
+  return "unknown kernel";
+}
+
+// The tiling of problem p on kernel k (which supports it): N 8 / 16 / 32 tiles on the small and raw kernels, 64-row
+// tiles (padded below 64) on the seesaw kernel.
+inline constexpr Regime tile_for(const Problem& p, Kernel k) {
+  Regime r;
+  const int64_t m = p.rows < 1 ? 1 : p.rows;
+  r.kernel = k;
+  r.tile_rows = k == Kernel::seesaw ? kSeesawRows : m <= 8 ? 8 : m <= 16 ? 16 : 32;
+  r.m_tiles = static_cast<int>((m + r.tile_rows - 1) / r.tile_rows);
+  r.stage1_panels = k == Kernel::seesaw && !p.sparse && p.format == CacheFormat::bf16 && m > 16;
+  return r;
+}
+
+// The kernel the rules above choose for problem p (rows >= 1; formats outside bf16 / fp8 / fp8_ds_mla are the
+// launcher's to refuse).
+inline constexpr Kernel preferred(const Problem& p) {
+  const int64_t m = p.rows < 1 ? 1 : p.rows;
+  if (m > 32) return Kernel::seesaw;
+  if (is_code_format(p.format)) return Kernel::raw;
+  if (!p.sparse && (m > 16 || (m > 8 && p.batch <= kRows16SeesawBatch && p.context_bound <= kRows16SeesawKeys)))
+    return Kernel::seesaw;  // one padded 64-row tile
+  return Kernel::small;
+}
+
+// The regime of problem p: its preferred kernel and that kernel's tiling.
+inline constexpr Regime choose(const Problem& p) { return tile_for(p, preferred(p)); }
+
+inline constexpr const char* to_string(Kernel k) {
+  return k == Kernel::small ? "small" : k == Kernel::raw ? "raw" : "seesaw";
+}
+
+}  // namespace mla::decode_regime

@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+// The sm90 regime rule (src/core/decode_regime.h): which kernel runs a decode or sparse problem and how its rows
+// are tiled, for every format, row count, batch and context bound the rule distinguishes.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "core/decode_regime.h"
+
+namespace mla {
+namespace {
+
+using decode_regime::choose;
+using decode_regime::Kernel;
+using decode_regime::Problem;
+
+Problem dense(CacheFormat f, int64_t rows, int64_t b = 128, int64_t bound = 8192) {
+  return {.format = f, .rows = rows, .batch = b, .context_bound = bound};
+}
+Problem sparse(CacheFormat f, int64_t h, int64_t t = 128) { return {.format = f, .rows = h, .batch = t, .sparse = true}; }
+
+TEST(DecodeRegime, RowTilesFollowTheRowCount) {
+  for (CacheFormat f : {CacheFormat::fp8, CacheFormat::fp8_ds_mla}) {
+    EXPECT_EQ(choose(dense(f, 1)).tile_rows, 8);
+    EXPECT_EQ(choose(dense(f, 8)).tile_rows, 8);
+    EXPECT_EQ(choose(dense(f, 9)).tile_rows, 16);
+    EXPECT_EQ(choose(dense(f, 16)).tile_rows, 16);
+    EXPECT_EQ(choose(dense(f, 17)).tile_rows, 32);
+    EXPECT_EQ(choose(dense(f, 32)).tile_rows, 32);
+    for (int64_t m : {1, 8, 16, 32}) {
+      EXPECT_EQ(choose(dense(f, m)).kernel, Kernel::raw) << m;
+      EXPECT_EQ(choose(dense(f, m)).m_tiles, 1);
+    }
+    EXPECT_EQ(choose(dense(f, 33)).kernel, Kernel::seesaw);
+    EXPECT_EQ(choose(dense(f, 33)).m_tiles, 1);
+    EXPECT_EQ(choose(dense(f, 64)).m_tiles, 1);
+    EXPECT_EQ(choose(dense(f, 65)).m_tiles, 2);
+    EXPECT_EQ(choose(dense(f, 128)).m_tiles, 2);  // h 128: the crossover's even tile count
+    EXPECT_EQ(choose(dense(f, 256)).m_tiles, 4);  // s_q 2 h 128
+    EXPECT_EQ(choose(dense(f, 1024)).tile_rows, 64);
+    EXPECT_FALSE(choose(dense(f, 128)).stage1_panels);  // the code formats have no TMA stage
+  }
+}
+
+TEST(DecodeRegime, Bf16DenseRowsOnTheSeesawTile) {
+  const CacheFormat bf = CacheFormat::bf16;
+  EXPECT_EQ(choose(dense(bf, 8)).kernel, Kernel::small);  // 8 rows: the N 8 tile at every batch
+  EXPECT_EQ(choose(dense(bf, 8, 4, 1024)).kernel, Kernel::small);
+  // 17..32 rows: one padded seesaw tile at every batch and context.
+  for (int64_t m : {17, 24, 32})
+    for (int64_t b : {1, 128})
+      for (int64_t bound : {int64_t{1024}, int64_t{1} << 20}) {
+        const auto r = choose(dense(bf, m, b, bound));
+        EXPECT_EQ(r.kernel, Kernel::seesaw);
+        EXPECT_EQ(r.tile_rows, 64);
+        EXPECT_EQ(r.m_tiles, 1);
+        EXPECT_TRUE(r.stage1_panels);  // more than 16 rows
+      }
+  // 9..16 rows: the seesaw tile for small batches with short contexts only.
+  const auto small_batch = choose(dense(bf, 16, 4, 1024));
+  EXPECT_EQ(small_batch.kernel, Kernel::seesaw);
+  EXPECT_EQ(small_batch.tile_rows, 64);
+  EXPECT_FALSE(small_batch.stage1_panels);  // 16 rows: one barrier per V half
+  EXPECT_EQ(choose(dense(bf, 16, 16, 16384)).kernel, Kernel::seesaw);
+  EXPECT_EQ(choose(dense(bf, 16, 17, 16384)).kernel, Kernel::small);
+  EXPECT_EQ(choose(dense(bf, 16, 16, 16385)).kernel, Kernel::small);
+  EXPECT_EQ(choose(dense(bf, 16, 8, int64_t{1} << 20)).kernel, Kernel::small);  // long contexts: balanced schedule
+  EXPECT_EQ(choose(dense(bf, 16, 128, 4096)).tile_rows, 16);
+  // More than 32 rows.
+  EXPECT_EQ(choose(dense(bf, 64)).kernel, Kernel::seesaw);
+  EXPECT_TRUE(choose(dense(bf, 128)).stage1_panels);
+  EXPECT_EQ(choose(dense(bf, 128)).m_tiles, 2);
+}
+
+TEST(DecodeRegime, SparseRows) {
+  for (int64_t h : {1, 8, 16, 32}) {
+    EXPECT_EQ(choose(sparse(CacheFormat::bf16, h)).kernel, Kernel::small) << h;
+    EXPECT_EQ(choose(sparse(CacheFormat::bf16, h, 1)).kernel, Kernel::small) << h;  // no padded tile for tokens
+    EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, h)).kernel, Kernel::raw) << h;
+  }
+  EXPECT_EQ(choose(sparse(CacheFormat::bf16, 32)).tile_rows, 32);
+  for (int64_t h : {33, 64, 100, 128}) {
+    const auto r = choose(sparse(CacheFormat::bf16, h));
+    EXPECT_EQ(r.kernel, Kernel::seesaw);
+    EXPECT_FALSE(r.stage1_panels);  // gathered rows: no paged TMA stage
+    EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, h)).kernel, Kernel::seesaw);
+  }
+  EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, 128)).m_tiles, 2);
+}
+
+TEST(DecodeRegime, DegenerateRowCountsTakeTheSmallestTile) {
+  EXPECT_EQ(choose(dense(CacheFormat::bf16, 0)).tile_rows, 8);
+  EXPECT_EQ(choose(dense(CacheFormat::bf16, -5)).m_tiles, 1);
+  EXPECT_EQ(choose(dense(CacheFormat::fp8, int64_t{1} << 30)).m_tiles, 1 << 24);
+}
+
+}  // namespace
+}  // namespace mla
