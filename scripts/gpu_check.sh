@@ -16,8 +16,8 @@
 # small sizes), bench (`mla bench --json`).
 # Usage: scripts/gpu_check.sh [parts...]. A part that fails prints FAIL and the script goes on; the exit
 # status is non-zero when any part failed. One summary line per part at the end (also in summary.txt). Logs
-# go to $GPU_CHECK_LOGS (default gpu-logs); under the device tool, $OUT gets summary.txt and one archive of
-# the logs. Parts can be split across calls of a warm machine: the build stays in build-gpu.
+# go to $GPU_CHECK_LOGS (default gpu-logs); under the device tool, $OUT gets summary_<parts>.txt and one archive
+# of the logs per call. Parts can be split across calls of a warm machine: the build stays in build-gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PARTS=${*:-build unit gpu pytest dcp run}
@@ -54,7 +54,7 @@ gtest_counts() {
 gtest() {
   local part=$1 log=$2 t0=$SECONDS
   shift 2
-  env "$@" >"$log" 2>&1
+  timeout "${GTEST_TIMEOUT:-1500}" env "$@" >"$log" 2>&1
   local rc=$?
   local st=PASS
   [ $rc = 0 ] || st=FAIL
@@ -157,7 +157,8 @@ fi
 echo "---- summary ($(cat "$LOG/machine.txt" | tail -1))"
 cat "$SUMMARY"
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp "$SUMMARY" "$OUT/summary.txt"
-  tar czf "$OUT/gpu_check_logs.tgz" -C "$LOG" . 2>/dev/null
+  tag=$(echo "$PARTS" | tr -s ' ' '_')
+  cp "$SUMMARY" "$OUT/summary_${tag:-none}.txt"
+  tar czf "$OUT/logs_${tag:-none}.tgz" -C "$LOG" . 2>/dev/null
 fi
 exit $failed
