@@ -98,7 +98,7 @@ TEST(WriteCacheGpuEdge, F16AndF32ActivationsMatchCpuBytes) {
   for (CacheFormat format : {CacheFormat::bf16, CacheFormat::fp8, CacheFormat::fp8_ds_mla})
     for (auto [kv_t, pe_t] : {std::pair{DType::f16, DType::f16}, std::pair{DType::f32, DType::f32},
                               std::pair{DType::f32, DType::f16}}) {
-      SCOPED_TRACE(to_string(format) + " kv_c " + to_string(kv_t) + " k_pe " + to_string(pe_t));
+      SCOPED_TRACE(std::string(to_string(format)) + " kv_c " + to_string(kv_t) + " k_pe " + to_string(pe_t));
       CacheMirror cm(format, blocks, page, 0.04f);
       Mirror kv(test::random_tensor({T, 515}, kv_t, Device::cpu(), -30, 30));
       Mirror pe(test::random_tensor({T, 67}, pe_t, Device::cpu(), -30, 30));
