@@ -37,7 +37,7 @@ for grid in "$@"; do
     done
   done
   python3 - "$dir" "$g" "$rounds" "$grid" "${LIMIT:-2}" <<'EOF' | tee -a "${report:-/dev/null}"
-import json, os, statistics, sys
+import json, os, re, statistics, sys
 d, g, rounds, grid, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
 def load(side):
     runs = []
@@ -49,19 +49,20 @@ def load(side):
 A, B = load("A"), load("B")
 if not A or not B:
     print(f"grid {grid}: no results"); sys.exit(0)
-def key(row):
-    return (row["op"], row["config"])
+def key(row):  # the shape without the variant tag (the two binaries may name their kernels differently)
+    return (row["op"], re.sub(r"\s*\[[^\]]*\]\s*$", "", row["config"]))
 def times(runs):
-    t = {}
+    t, v = {}, {}
     for run in runs:
         for row in run.get("rows", []):
             t.setdefault(key(row), []).append(row["time_ms"])
-    return t
-ta, tb = times(A), times(B)
+            v[key(row)] = row.get("variant", "")
+    return t, v
+(ta, va), (tb, vb) = times(A), times(B)
 meta = A[0]
 print(f"== grid {grid}: {meta.get('device')} commit A {A[0].get('commit')} B {B[0].get('commit')} {meta.get('date')} "
       f"rounds {rounds}; copy {meta['ceilings']['copy_gbps']:.0f} GB/s, gemm {meta['ceilings']['gemm_tflops']:.0f} TFLOP/s")
-print(f"{'op':<12} {'config':<58} {'A ms':>9} {'B ms':>9} {'B/A':>6}")
+print(f"{'op':<12} {'config':<58} {'A ms':>9} {'B ms':>9} {'B/A':>6}  B's kernel")
 slower = []
 for k in ta:
     if k not in tb:
@@ -69,7 +70,7 @@ for k in ta:
     ma, mb = statistics.median(ta[k]), statistics.median(tb[k])
     ratio = mb / ma if ma > 0 else float("nan")
     flag = " <" if ratio > 1 + limit / 100 else ""
-    print(f"{k[0]:<12} {k[1][:58]:<58} {ma:9.4f} {mb:9.4f} {ratio:6.3f}{flag}")
+    print(f"{k[0]:<12} {k[1][:58]:<58} {ma:9.4f} {mb:9.4f} {ratio:6.3f}{flag:2}  {vb.get(k, '')}")
     if flag:
         slower.append((k, ratio))
 print(f"rows slower by more than {limit}%: {len(slower)}" + "".join(f"\n  {k[0]} {k[1]}: {r:.3f}" for k, r in slower))

@@ -106,7 +106,29 @@ TEST(WriteCacheGpuEdge, F16AndF32ActivationsMatchCpuBytes) {
       const std::vector<int64_t> slots = random_slots(T, cm.host.num_slots());
       write_cache(kv_c, k_pe, slot_tensor(slots, true), cm.host, DsMlaScale::amax, test::reference_ctx());
       write_cache(kv.on_dev(kv_c), pe.on_dev(k_pe), slot_tensor(slots, true).to(Device::cuda(0)), cm.dev);
-      EXPECT_EQ(test::byte_diff(cm.dev_bytes_all(), cm.host_bytes_all()), "");
+      const std::vector<uint8_t> got = cm.dev_bytes_all(), want = cm.host_bytes_all();
+      EXPECT_EQ(test::byte_diff(got, want), "");
+      // Where a record differs: the token, the byte of its row and the input there (latent column or rope).
+      const int64_t es = static_cast<int64_t>(cm.host.data.element_size());
+      const int64_t base = (static_cast<const uint8_t*>(cm.host.data.data) -
+                            static_cast<const uint8_t*>(cm.host_storage.data()));
+      const int64_t row_bytes = cache_entry_bytes(format, cm.host.d_qk);
+      for (std::size_t t = 0; t < slots.size(); ++t) {
+        if (slots[t] < 0) continue;
+        const int64_t at = base + (slots[t] / page) * cm.host.data.stride[0] * es + (slots[t] % page) * cm.host.data.stride[1] * es;
+        for (int64_t i = 0; i < row_bytes; ++i)
+          if (got[static_cast<std::size_t>(at + i)] != want[static_cast<std::size_t>(at + i)]) {
+            std::string g, w;
+            for (int64_t k = i; k < std::min(i + 8, row_bytes); ++k) {
+              g += " " + std::to_string(got[static_cast<std::size_t>(at + k)]);
+              w += " " + std::to_string(want[static_cast<std::size_t>(at + k)]);
+            }
+            ADD_FAILURE() << "token " << t << " slot " << slots[t] << " row byte " << i << ": got" << g << " want" << w
+                          << "; k_pe[t][0..1] = " << test::to_doubles(pe.host)[t * 67 + 1] << ", "
+                          << test::to_doubles(pe.host)[t * 67 + 2];
+            break;
+          }
+      }
     }
 }
 

@@ -162,15 +162,24 @@ TEST(DecodeGpu, EveryVariantEverySqWithSplits) {
   for (const std::string& variant : test::variants_of("mqa_decode")) {
     if (!variant_runs_on_device("mqa_decode", variant, 0)) continue;
     ForceVariant force("mqa_decode", variant);
+    int ran = 0;
     for (int64_t s_q = 1; s_q <= 8; ++s_q) {
       test::reseed(static_cast<uint64_t>(s_q) + 900);
       const std::vector<int32_t> lens = {1500, 77, 0, 1023};
       PagedBatch pb = test::paged_batch(CacheFormat::bf16, 32, lens, 48);
       Tensor q = test::random_tensor({4, s_q, 12, 576}, DType::bf16, Device::cpu(), -3.0, 3.0);
-      DecodeRun r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true);
+      DecodeRun r;
+      try {
+        r = run_decode(q, pb.cb.storage, pb.cb.cache, pb.block_table, pb.seq_lens, 512, true);
+      } catch (const VariantUnsupported&) {
+        continue;  // e.g. the small kernel past 32 rows, the raw kernel over a bf16 cache
+      }
+      ++ran;
       EXPECT_EQ(last_variant("mqa_decode"), variant);
       test::expect_attention_close(r.out, r.ref_out, r.lse, r.ref_lse, variant + " s_q " + std::to_string(s_q));
     }
+    // Every kernel that reads bf16 caches runs some of these s_q (the raw kernel reads only the code formats).
+    if (variant != "sm90_raw") EXPECT_GT(ran, 0) << variant;
   }
 }
 

@@ -221,6 +221,7 @@ TEST(SparseGpu, ManyTokensEveryVariant) {
   for (const std::string& variant : test::variants_of("sparse_mqa")) {
     if (!variant_runs_on_device("sparse_mqa", variant, 0)) continue;
     ForceVariant force("sparse_mqa", variant);
+    int ran = 0;
     for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
       for (int64_t h : {32, 128}) {
         test::reseed(320 + static_cast<uint64_t>(h));
@@ -228,10 +229,16 @@ TEST(SparseGpu, ManyTokensEveryVariant) {
         const SparseCache c = sparse_cache(f, nb, page);
         const Indices ix = make_indices(c, t, topk, nb * page);
         Tensor q = test::random_tensor({t, h, 576}, DType::bf16);
-        check_variant(variant, q, c.cb, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths),
-                      variant + " " + to_string(f) + " h " + std::to_string(h));
+        try {
+          check_variant(variant, q, c.cb, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths),
+                        variant + " " + to_string(f) + " h " + std::to_string(h));
+        } catch (const VariantUnsupported&) {
+          continue;  // the small / raw kernels past 32 heads, or over the other format
+        }
+        ++ran;
         test::expect_variant_ran("sparse_mqa", variant);
       }
+    EXPECT_GT(ran, 0) << variant;
   }
 }
 

@@ -336,11 +336,16 @@ __global__ void __launch_bounds__(256) write_act_kernel(WriteParams p) {
       const float s = ds_tile_scale(amax, p.ds_pow2);
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) row[tile * Fmt::kTile + lane + 32 * i] = dev::float_to_e4m3(__fdiv_rn(x[i], s));
-      if (lane == 0) dev::copy_bytes(row + R::kScales + 4 * tile, &s, 4);  // the row may sit at any byte offset
+      if (lane == 0) {  // the row may sit at any byte offset: byte stores, little-endian
+        const uint32_t bits = __float_as_uint(s);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) row[R::kScales + 4 * tile + b] = static_cast<uint8_t>(bits >> (8 * b));
+      }
     }
     for (int j = lane; j < p.rope; j += 32) {
       const uint16_t h = dev::float_to_bf16(load_act(pe_row, p.k_pe_dtype, j));
-      dev::copy_bytes(row + R::kRope + 2 * j, &h, 2);
+      row[R::kRope + 2 * j] = static_cast<uint8_t>(h & 0xffu);
+      row[R::kRope + 2 * j + 1] = static_cast<uint8_t>(h >> 8);
     }
   } else {
     for (int i = lane; i < p.latent + p.rope; i += 32) {
