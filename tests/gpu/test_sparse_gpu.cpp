@@ -235,7 +235,7 @@ TEST(SparseGpu, ManyTokensEveryVariant) {
   }
 }
 
-// Small decode steps (T 1 .. 16 tokens of fp8_ds_mla at up to 32 heads): the sm90 variant splits each token's
+// Small decode steps (T 1 .. 16 tokens of fp8_ds_mla at up to 32 heads): sm90_raw splits each token's
 // top-k over a thread-block cluster of 2 / 4 / 8 CTAs merged through distributed shared memory
 // (core/sparse_split.h: T 1 / 2 / 5 / 16 x topk 256 / 640 / 2048 take 2, 4 and 8 ranks, some of them without a
 // tile for the shorter tokens), h 1 / 8 / 16 / 24 / 32 (the raw kernel's N 8 / 16 / 32), random lengths, lonely
