@@ -96,7 +96,7 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
     }
     if (n) std::printf("      units %d: %4d CTAs, exit mean %8.2f max %8.2f\n", k, n, sum / n, mx);
   }
-  // The seesaw next schedule's pair steps (trace.cuh: SM cycles of pair kTracePair, relative to consumer 0's
+  // The seesaw kernel's pair steps (trace.cuh: SM cycles of pair kTracePair, relative to consumer 0's
   // step 0 of the same CTA).
   static const char* steps[2][kTracePairSteps] = {
       {"start", "rope landed", "P1+remote", "rope+remote", "S done", "m0 pub", "P0, O*a0", "local PV", "m1 read", "end"},
@@ -457,7 +457,7 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
 // Issue 8's table (nvidia-h200 FlashMLA times from the issue: fp8_ds_mla, topk 2048, median, L2 flushed;
 // decode b = 128 tokens of s_q 1 = T 128), then h 16 / 32 x topk 512 / 1024 / 2048 (target: 85% of the
 // copy bandwidth), small decode steps (T 1 / 4 / 16 / 64 at h 16 and 32: a token's top-k split over a cluster,
-// docs/SPARSE.md "Small-T split"), bf16 rows, and the sparse prefill shapes (bf16 kv, 4096 tokens over a pool of
+// core/sparse_split.h), bf16 rows, and the sparse prefill shapes (bf16 kv, 4096 tokens over a pool of
 // s_k rows).
 std::vector<SparseCase> issue8_grid() {
   constexpr CacheFormat ds = CacheFormat::fp8_ds_mla, bf = CacheFormat::bf16;
@@ -472,7 +472,7 @@ std::vector<SparseCase> issue8_grid() {
   return g;
 }
 
-// DeepSeek-V4 decode (docs/SPARSE.md "DeepSeek-V4"): T 128 tokens, a 128-row window (main cache) and the
+// DeepSeek-V4 decode (SEMANTICS §11.8; the portable engine): T 128 tokens, a 128-row window (main cache) and the
 // indexer's top 512 (Flash) / 1024 (Pro) rows of the compressed cache (extra), d_qk = d_v = 512, a sink;
 // h 16 / 64 / 128 heads per rank; bf16 and fp8 (per-tensor) rows.
 std::vector<SparseCase> v4_grid() {

@@ -34,8 +34,9 @@
 #   OpenBLAS and libstdc++, which the GPU machine's Ubuntu has too.
 #   scripts/ab_refs.sh bench ROUNDS "VARIANT ..." "SHAPE" ["SHAPE" ...]
 #     VARIANT: NAME (W = the working tree) or NAME:VAR=VALUE[,VAR=VALUE] (that binary under those environment
-#     variables, e.g. W:MLA_DECODE_SM90_LAZY=off). SHAPE: the arguments of `mla bench` for one row, e.g.
-#     "--ops mqa_decode --b 128 --h-q 128 --s-k 4096", or a named set (@seesaw-bf16, @seesaw-codes,
+#     variables; the kernels read none, so this is for deployment settings). SHAPE: the arguments of `mla bench`
+#     for one row, e.g. "--ops mqa_decode --b 128 --h-q 128 --s-k 4096"; to compare kernels of one binary, force
+#     one in the shape ("... --variant sm90_seesaw", or sm90_small / sm90_raw / portable), or a named set (@seesaw-bf16, @seesaw-codes,
 #     @sparse-prefill: shape_set below). Rounds alternate the variants shape by shape; every timing goes to
 #     $OUT/ab.log, and a table of each shape's times per variant (and their median) to stdout.
 set -euo pipefail
@@ -183,7 +184,7 @@ except Exception:
     print("-\t-\t-")' "$json" "$op"
 }
 
-# Named shape sets (SHAPE "@name"): the rows the seesaw kernels' A/Bs have used since the twenty-fourth session.
+# Named shape sets (SHAPE "@name"): the rows the seesaw kernel's A/Bs use.
 shape_set() {
   case "$1" in
     @seesaw-bf16)  # dense bf16: h 128 s_k 4096 / 8192, s_q 2 h 128, h 64; b 4 h 16 (16 rows on the seesaw tile)

@@ -4,15 +4,15 @@
 
 This machine has nvcc and ptxas but no cuobjdump or nvdisasm. A cubin is an ELF file whose `.text.<kernel>`
 sections hold the kernels' SASS: 16 bytes per instruction on sm_90, the opcode in the low 12 bits of the first
-64-bit word. This script reads those sections and counts these opcodes, identified in the twenty-third session
+64-bit word. This script reads those sections and counts these opcodes, identified
 against ptxas and ncu on the same kernels:
   STL  0x387  local store (a register spill: ptxas's "20 bytes spill stores" were 5 STL there)
   LDL  0x983  local load
   HGMMA 0xdf0 and 0x9f0, the two operand forms of the warpgroup MMA (the raw decode kernel's 36 + 32 per tile are
         0xdf0, as ncu's source page counts them; the small kernel's 68 are 0x9f0; the seesaw has both). QGMMA (fp8
         operands) is not identified: a kernel on it reads HGMMA 0.
-  WGSYNC 0x9c5, WARPGROUP.ARRIVE (wgmma.fence) and WARPGROUP.DEPBAR (wgmma.wait_group) alike: identified in the
-        twenty-eighth session with probe kernels (one more fence or one more wait_group each added one). A change
+  WGSYNC 0x9c5, WARPGROUP.ARRIVE (wgmma.fence) and WARPGROUP.DEPBAR (wgmma.wait_group) alike: identified with
+        probe kernels (one more fence or one more wait_group each added one). A change
         whose kernels gain WGSYNC without a new fence or wait in the source made ptxas insert warpgroup syncs (its
         C7519 note, or silently: the serialised products of docs/DEVELOPING.md's wgmma rules).
 Offsets (bytes from the kernel's start) of the STL / LDL tell whether a spill sits in a hot loop: compare them

@@ -11,7 +11,7 @@
 #   BUILD_DIR  build directory (default build-gpu); BIN the test binary (default $BUILD_DIR/bin/mla_gpu_tests)
 #   FILTER     gtest filter (default '*')
 #   EXCLUDE    gtest patterns to leave out, appended as FILTER's negative part (default none). Whole-suite
-#              racecheck / initcheck did not finish in 150 s with 8 shards (2026-11-23): run them with
+#              racecheck / initcheck do not finish in 150 s with 8 shards: run them with
 #              EXCLUDE='LayerGraph.*:LayerGpu.*:LayerDcpGpu.*:DeepseekBlock*:PrefillAccuracyGpu.*:BlockOpsGpu.*'
 #              and then FILTER set to those patterns with a larger BUDGET_S
 #   SHARDS     processes per tool, run at once on the one GPU (gtest sharding; default 4)

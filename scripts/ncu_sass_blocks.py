@@ -9,7 +9,7 @@ recorded with `--set full --import-source yes` (or at least the SourceCounters s
     run's length, its count (executions per warp summed over warps), its share of all executed instructions,
     its stall samples and its opcode mix.
 A run whose count is (tiles x warps that execute it) names a per-tile phase; a two-instruction run with a huge
-count is a barrier wait loop (SYNCS ... TRYWAIT + BRA). Used in docs/DECODE.md "Profile of the ping-pong".
+count is a barrier wait loop (SYNCS ... TRYWAIT + BRA). Used to profile the code-format kernel's ping-pong (docs/LAB.md).
 
 Usage: scripts/ncu_sass_blocks.py SOURCE.csv[.gz] [BLOCKS=16]
 """

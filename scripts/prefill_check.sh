@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# One GPU call for the sm90 prefill work (docs/PREFILL.md, issue 9): build, SASS / register check of the
+# One GPU call for the sm90 prefill work (docs/design/prefill_sm90.md, issue 9): build, SASS / register check of the
 # kernel, prefill + layer GPU tests (every variant), sanitizers on the prefill tests, the issue-9 grid per
 # variant, the layer bench with per-phase times; SM clock / power logged during the benchmarks.
 # Usage on the device machine, from the repo root:

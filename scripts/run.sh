@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # OpenMP threads that spin while waiting starve each other when processes share few cores (ctest -j,
-# a busy machine): sleep instead. No cost on an idle machine (measured 2026-11-22).
+# a busy machine): sleep instead. No cost on an idle machine (measured).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 ./scripts/setup.sh
 ./scripts/build.sh

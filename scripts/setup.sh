@@ -8,7 +8,7 @@ PKGS=(build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev nlohm
       python3-dev pybind11-dev python3-numpy python3-pytest
       clang libclang-rt-14-dev)  # scripts/sanitize.sh, scripts/fuzz.sh: clang 14 with ASan/UBSan and libFuzzer
 # The Python package's torch tests (custom ops, the compat modules, torch tensors) need python3-torch
-# (CPU, 1.13): about 1.6 min to install on a 2-core machine (measured 2026-11-22); MLA_SETUP_TORCH=0
+# (CPU, 1.13): about 1.6 min to install on a 2-core machine (measured); MLA_SETUP_TORCH=0
 # skips it and those tests skip with a reason.
 [ "${MLA_SETUP_TORCH:-1}" = 1 ] && PKGS+=(python3-torch)
 missing=()

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# One GPU call for the sm90 sparse_mqa work (docs/SPARSE.md): build (mla, mla_gpu_tests), SASS / register
+# One GPU call for the sm90 sparse_mqa work (docs/design/attention_sm90.md): build (mla, mla_gpu_tests), SASS / register
 # check of the sm90 kernels, the sparse + decode + NaN + sparse layer GPU tests (every variant), memcheck
-# on the sparse tests, the issue-8 benchmark grid for the sm90 variant (portable on a few rows).
+# on the sparse tests, the issue-8 benchmark grid with the automatic choice of kernel (portable on a few rows).
 # Usage on the device machine, from the repo root: scripts/sparse_sm90_check.sh [build] [sass] [test] [sanitize] [bench] [ab]
 # Env EXTRA_TARGETS: more ninja targets (e.g. mla_unit_tests).
 # Logs go to $LOGS (default $OUT, or ./gpu-logs; the device tool returns only a few files from $OUT, so
 # point LOGS elsewhere and keep the summary this prints). Env: TEST_FILTER, SAN_FILTER, BENCH_ARGS, PORTABLE_ARGS,
-# AB_ENV / AB_ARGS / AB_ROUNDS (ab: each sparse_mqa shape of AB_ARGS, one per line, e.g. `--b 128 --h-q 16 --topk
-# 2048 --format fp8_ds_mla`, timed as is (A) and with the environment AB_ENV (B), alternating for AB_ROUNDS rounds).
+# AB_A / AB_B / AB_ARGS / AB_ROUNDS (ab: each sparse_mqa shape of AB_ARGS, one per line, e.g. `--b 128 --h-q 16
+# --topk 2048 --format fp8_ds_mla`, timed with kernel choice A and B (`mla bench --variant`, e.g. AB_B=sm90_raw)
+# alternately for AB_ROUNDS rounds; see scripts/ab_bench.sh).
 set -u
 OUT=${LOGS:-${OUT:-gpu-logs}}; mkdir -p "$OUT"; B=build-gpu; rc=0
 ARGS=" $* "
@@ -47,7 +48,7 @@ if [[ "$ARGS" == *" bench "* ]]; then
     --json "$OUT/bench_portable.json" >"$OUT/bench_portable.txt" 2>&1 || rc=1
   grep -E "T=|FAILED|rror" "$OUT/bench_portable.txt" | cut -c1-170
 fi
-if [[ "$ARGS" == *" ab "* ]]; then  # one switch A/B on single shapes, alternating on the same machine
+if [[ "$ARGS" == *" ab "* ]]; then  # two kernel choices A/B on single shapes, alternating on the same machine
   scripts/ab_bench.sh sparse_mqa "T=" ./$B/bin/mla | tee "$OUT/ab.txt"
 fi
 exit $rc

@@ -71,7 +71,7 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
   cmd->add_flag("--trace", o.decode.trace,
                 "mqa_decode: after each row, the sm90 kernels' per-CTA timeline of a warm and a cold call (needs a build "
-                "configured with -DMLA_DECODE_TRACE=ON; docs/DECODE.md \"Where the fixed cost goes\")");
+                "configured with -DMLA_DECODE_TRACE=ON; docs/design/attention_sm90.md \"10. Where the time goes\")");
   cmd->add_option("--splits", o.decode.splits, "mqa_decode shape: KV splits per request (0: the planner's policy)")
       ->check(int_range(0, kDecodeMaxSplits));
   cmd->add_option("--grid", o.decode_grid,

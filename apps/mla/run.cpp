@@ -36,7 +36,7 @@ constexpr Defaults kBlockDefaults{24, 8, 512, 128, 4, 256, 1};
 constexpr float kFp8Scale = 1.0f / 200.0f;
 // The block's kv_c is RMS-normalised (unit rms times the norm weight) and its rope key unnormalised:
 // 1/200 (amax 2.24) saturates them (the fp8 cache's own error 0.25 / 0.34 rel-L2 on the V3 / V2-Lite
-// fixtures, 2026-11-23); 1/50 .. 1/5 all give the e4m3 floor (5.1e-2 / 3.2e-2). 1/16: amax 28, exact.
+// fixtures); 1/50 .. 1/5 all give the e4m3 floor (5.1e-2 / 3.2e-2). 1/16: amax 28, exact.
 constexpr float kBlockFp8Scale = 1.0f / 16.0f;
 RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   RunConfig c;
@@ -248,9 +248,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "(random positions)")
       ->check(CLI::IsMember({"indexer", "synthetic"}));
   cmd->add_option("--sparse-prefill", o.sparse_prefill,
-                  "Sparse, fp8_ds_mla cache: how prefill tokens run: auto (default: the mixed batch below 32 heads, "
-                  "as vLLM), mixed (every token on the cache's records) or separate (prefills through the "
-                  "upconverted bf16 workspace); docs/SPARSE.md")
+                  "Sparse, fp8_ds_mla cache: how prefill tokens run: auto (default: separate on compute capability 9.0 "
+                  "outside DCP, else the mixed batch below 32 heads, as vLLM), mixed (every token on the cache's "
+                  "records) or separate (prefills through the upconverted bf16 workspace); docs/design/attention_sm90.md")
       ->check(CLI::IsMember({"auto", "mixed", "separate"}));
   cmd->add_option("--check-samples", o.check_samples, "Tokens checked against the float64 oracle, spread over the "
                                                       "steps and over decode, context-prefill and fresh-prefill "

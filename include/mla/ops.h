@@ -166,7 +166,8 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
 void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
                 const TensorView& out, const TensorView& lse, double softmax_scale, const Context& ctx = {});
 
-// DeepSeek-V4 inputs of sparse_mqa (docs/SPARSE.md "DeepSeek-V4", SEMANTICS §11.8). Every member is optional;
+// DeepSeek-V4 inputs of sparse_mqa (SEMANTICS §11.8; docs/design/attention_portable.md "DeepSeek-V4 on
+// `sparse_mqa`"). Every member is optional;
 // a default-constructed SparseOptions is the V3.2 op above, bit for bit.
 //
 // A second paged cache attended in the same softmax as the main one (V4: the compressed cache beside the

@@ -107,7 +107,7 @@ bool sparse_use_mixed_batch(int num_heads, bool hisparse = false, bool pcp_and_d
 // every token on the cache's records; separate: prefills through the upconverted bf16 workspace at any head
 // count. automatic: separate on a compute capability 9.0 device outside DCP (the sm90 kernels pad no heads,
 // and their bf16-row kernel beats the fp8_ds_mla one: the default `mla run --sparse` trace at 16 heads ran
-// its forward 33% faster separate, nvidia-h200, docs/SPARSE.md "Prefill mode"), else §11.4's rule
+// its forward 33% faster separate; docs/design/attention_sm90.md "8. The selection rule"), else §11.4's rule
 // (sparse_use_mixed_batch: mixed batch below 32 heads, vLLM's choice because its bf16 prefill kernel pads
 // heads to 64 / 128; DCP plans need the mixed batch below 32 heads, and make_plan refuses separate there).
 enum class SparsePrefillMode : int32_t { automatic = 0, mixed_batch = 1, separate = 2 };
@@ -135,9 +135,9 @@ int64_t sparse_prefill_workspace_rows(int64_t max_model_len);  // 5 * max_model_
 // parallelises over its own OpenMP threads (src/cpu/mqa_split.h).
 inline constexpr int kDecodeMaxSplits = 64;             // partials per request row (combine keeps weights in smem)
 inline constexpr int64_t kDecodeMinSplitKeys = 256;     // a split shorter than 8 key tiles costs more than it saves
-// ... except in short contexts: splits of >= 128 keys while a request has at most 16 of them (nvidia-h200 sweep,
-// 2026-11-24, b 1..16 x h 16 / 128: at s_k 1024 8 splits beat the 256-key rule's 4 by 8-17%; at s_k >= 2048
-// the 256-key rule was already within the spread of the best; docs/DECODE.md "Split policy").
+// ... except in short contexts: splits of >= 128 keys while a request has at most 16 of them (measured over
+// b 1..16 x h 16 / 128: at s_k 1024 8 splits beat the 256-key rule's 4; from s_k 2048 the 256-key rule was
+// within the spread of the best; docs/LAB.md, split counts).
 inline constexpr int64_t kDecodeShortSplitKeys = 128;
 inline constexpr int kDecodeShortSplits = 16;
 inline constexpr int64_t kDecodeTileRows = 64;          // query rows (s_q * h_q) per CTA of the portable kernel

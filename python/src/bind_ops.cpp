@@ -130,7 +130,7 @@ void bind_ops(py::module_& m) {
      py::arg("softmax_scale"), py::kw_only(), stream, precision, py::arg("attn_sink") = py::none(),
      py::arg("extra_kv") = py::none(), py::arg("extra_indices") = py::none(), py::arg("extra_topk_length") = py::none(),
      py::arg("values_include_rope") = false,
-     "Sparse MQA over top-k cache rows (lse [T, h_q]). DeepSeek-V4 inputs (docs/SPARSE.md): attn_sink [h_q] f32, "
+     "Sparse MQA over top-k cache rows (lse [T, h_q]). DeepSeek-V4 inputs (SEMANTICS §11.8): attn_sink [h_q] f32, "
      "extra_kv / extra_indices [T, k_e] / extra_topk_length [T] (a second cache in the same softmax), "
      "values_include_rope (d_v up to d_qk).");
 

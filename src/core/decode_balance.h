@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The balanced split-KV schedule of the sm90 decode kernel for <= 32 query rows per request
-// (docs/DECODE.md "Schedule"). Pure code: compiled for the host (workspace sizing in the front end, the
+// (docs/design/attention_sm90.md "7. Schedules and the combine"). Pure code: compiled for the host (workspace sizing in the front end, the
 // CPU unit tests in tests/unit/test_decode_balance.cpp) and, through MLA_BALANCE_HD, for the device:
 // the kernel computes its own part of the schedule from the device seq_lens (src/cuda/decode_sm90/
 // pipeline.cuh), so the launch needs no host sync and no schedule upload (CUDA-graph capturable).
@@ -17,9 +17,9 @@
 // Whole requests: when every request fits its own CTA (b <= C) and the longest request costs at most 9/8 of
 // the balanced window (near-uniform lengths), CTA k runs request k whole instead (window = request k's cost
 // range, per = the longest cost; CTAs >= b idle): no request is cut, so no second segment, partial or
-// combine share. Measured (nvidia-h200, 2026-11-24, b 128 h 16, uniform s_k 512 .. 8192): the balanced
-// windows 0.0415 / 0.0615 / 0.116 / 0.187 / 0.324 ms against one request per CTA 0.0382 / 0.0582 / 0.093 /
-// 0.164 / 0.310 (docs/DECODE.md "Schedule"); varlen batches (longest ~2x the window) stay balanced.
+// combine share. Measured faster than the balanced windows on uniform batches at every length (b 128 h 16, s_k
+// 512 .. 8192; docs/PERFORMANCE.md, docs/LAB.md on the balanced schedule); varlen batches (longest ~2x the
+// window) stay balanced.
 //
 // Output: a request whose tiles all lie in one CTA's window (splits == 1) is written by that CTA as out
 // / lse. A request split over CTAs first .. last writes one partial per CTA into slot req + cta
@@ -40,10 +40,9 @@ namespace mla::balance {
 
 inline constexpr int64_t kTileKeys = 64;       // keys per tile (the sm90 kernels' KV tile)
 // Fixed cost of one segment, in tiles: the consumers' epilogue, partial write and query reload after the previous
-// segment, while the producer, two stages ahead, waits. Measured (nvidia-h200, 2026-11-24, trace build, b 128 h 16
-// varlen s_k <= 8192): CTAs with 1 / 2 / 3 / 4 segments ended at 155 / 163 / 167 / 173 µs on average with 3 tiles
-// charged, i.e. each segment costs ~6 tiles (2.2 µs each); charging 6 ran that row 0.1940-0.1963 against
-// 0.1979-0.2038 ms (docs/DECODE.md "Where the fixed cost goes").
+// segment, while the producer, two stages ahead, waits. Measured with the trace build (b 128 h 16 varlen): each
+// further segment of a CTA delayed its end by about 6 tiles' time, and charging 6 rather than 3 ran that row
+// faster (docs/LAB.md, fixed costs of the small kernel).
 inline constexpr int64_t kOverheadTiles = 6;
 inline constexpr int kMaxCtas = 256;           // CTAs of one balanced launch (the combine's per-row weights)
 inline constexpr int64_t kMaxRows = 32;        // query rows per request (s_q * h_q) the balanced kernel takes

@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The small-T split of the sm90 sparse decode (docs/SPARSE.md "Small-T split"). The sparse op has no
+// The small-T split of the sm90 sparse decode (docs/design/attention_sm90.md "7. Schedules and the combine"). The
+// sparse op has no
 // workspace, so it cannot split a token's top-k over CTAs that write partials for a combine; instead the
 // `splits` CTAs of one (row tile, token) are a thread-block cluster that merges (m, l, O) through distributed
 // shared memory (src/cuda/decode_sm90/cluster_merge.cuh). Pure code, host only (tests/unit/
 // test_sparse_split.cpp): the launcher asks it once per call with the device's SM count and a query of how
 // many clusters of a size fit on the device at once.
 //
-// Why each rule (measured in the twenty-third session, docs/SPARSE.md):
+// Why each rule (measured; docs/LAB.md, the small-T split):
 //   - one wave: units * splits <= SMs. The raw kernel holds one CTA per SM; a second wave of clusters runs
 //     after the first and doubles the time of what it was meant to shorten.
 //   - every rank at least kMinTilesPerRank tiles: a rank pays a fixed prologue (barrier set-up, Q, the

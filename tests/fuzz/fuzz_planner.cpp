@@ -183,8 +183,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, std::size_t size) {
   b.decode_seq_len_bound = in.byte() % 4 == 0 ? in.hostile(0, 700) : 0;
   // A plan's size grows with the token count and with the context chunks (context / workspace rows), and
   // batches of up to 2^31 - 1 tokens or context positions are valid: planning one of 9e8 tokens, or a 2^31
-  // context through a 229-row workspace (9.4e6 chunks), needs gigabytes, past libFuzzer's 2 GB limit (both
-  // reached on 2026-11-23), and large valid sizes make every run slow. Valid sizes past 2^16 are left out;
+  // context through a 229-row workspace (9.4e6 chunks), needs gigabytes, past libFuzzer's 2 GB limit (the fuzzer
+  // reached both), and large valid sizes make every run slow. Valid sizes past 2^16 are left out;
   // out-of-range ones (refused before any allocation) stay.
   constexpr int64_t kBig = int64_t{1} << 16;
   const auto huge = [](int64_t v) { return v > kBig && v <= std::numeric_limits<int32_t>::max(); };

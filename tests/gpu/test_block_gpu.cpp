@@ -92,7 +92,7 @@ TEST(BlockOpsGpu, QuantizeFp8GroupsBitExactWithCpu) {
 
 // cuBLASLt's block-scaled GEMM against the CPU's float64 sum. The fp8 tensor cores accumulate each
 // 128-deep k block at reduced precision before the fp32 promotion: measured rel-L2 2.1e-4 on f32
-// outputs at every shape (H200, 2026-11-23), bounded by 5e-4; bf16 outputs get the bf16 rule widened
+// outputs at every shape (H200), bounded by 5e-4; bf16 outputs get the bf16 rule widened
 // by 1e-3 of the largest |c| (near-cancelling sums of 7168 products keep that accumulation error).
 TEST(BlockOpsGpu, GemmFp8BlockMatchesFloat64) {
   MLA_SKIP_WITHOUT_GPU();

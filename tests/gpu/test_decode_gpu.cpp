@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA mqa_decode against the CPU backend's float64 reference (DESIGN.md §5), every kernel variant
-// (portable, sm90): every cache format, page sizes 1/16/32/64/128/256, h in {1..128}, s_q 1..8, empty requests and lengths on / beside page
-// boundaries, split-KV and the no-split fallback, strided / unaligned views, d_qk 320, narrow d_v, and
-// garbage metadata that must not make the kernel read outside the cache or the block table. The sm90
-// variant reads fp8_ds_mla rows as their bf16 upconvert above 32 rows per request (its oracle then reads
-// test::upconverted_cache) and fp8 rows as exact codes.
+// (sm90_small, sm90_raw, sm90_seesaw, portable): every cache format, page sizes 1/16/32/64/128/256, h in {1..128},
+// s_q 1..8, empty requests and lengths on / beside page boundaries, split-KV and the no-split fallback, strided /
+// unaligned views, d_qk 320, narrow d_v, and garbage metadata that must not make the kernel read outside the cache
+// or the block table. sm90_seesaw reads fp8_ds_mla rows as their bf16 upconvert (its oracle then reads
+// test::upconverted_cache); every variant reads fp8 rows as exact codes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -105,7 +105,7 @@ INSTANTIATE_TEST_SUITE_P(All, DecodeGpuSweep,
                                             ::testing::ValuesIn(test::variants_of("mqa_decode"))),
                          sweep_name);
 
-// Every page size (the sm90 variant loads 64-key tiles as TMA boxes of min(page, 64) rows: one box per
+// Every page size (the sm90 kernels over bf16 load 64-key tiles as TMA boxes of min(page, 64) rows: one box per
 // panel for pages >= 64, 64 / page boxes below) with s_q = 8 (causal limits differ per query row), a head
 // count that is not a multiple of 8 (24 rows: the swapped kernel), 16 and 128 heads (64-row tiles).
 INSTANTIATE_TEST_SUITE_P(Pages, DecodeGpuSweep,
@@ -114,7 +114,7 @@ INSTANTIATE_TEST_SUITE_P(Pages, DecodeGpuSweep,
                                             ::testing::Values(8), ::testing::ValuesIn(test::variants_of("mqa_decode"))),
                          sweep_name);
 
-// fp8 caches at page 128 (two 64-key tiles per page; the sm90 variant's paged row sources) with s_q 1..4.
+// fp8 caches at page 128 (two 64-key tiles per page; the sm90 kernels' paged row sources) with s_q 1..4.
 INSTANTIATE_TEST_SUITE_P(Fp8Page128, DecodeGpuSweep,
                          ::testing::Combine(::testing::Values(CacheFormat::fp8, CacheFormat::fp8_ds_mla), ::testing::Values(128),
                                             ::testing::Values(1, 16, 128), ::testing::Values(1, 2, 4),

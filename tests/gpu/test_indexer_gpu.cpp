@@ -129,7 +129,7 @@ TEST_P(IndexerLogitsGpu, DecodeMatchesOracle) {
     Tensor cache_d = p.cache.storage.to(Device::cuda(0));
     Tensor lg = test::poisoned({T, p.width}, DType::f32, Device::cuda(0));
     // A case the forced variant declines (sm90: page 1 gives 132-byte blocks, not 16-byte aligned) is
-    // skipped alone: the cases after it still run (2026-11-23: a whole-test skip hid sm90's later cases).
+    // skipped alone: the cases after it still run (a whole-test skip would hide the variant's later cases).
     try {
       indexer_logits_decode(p.q.to(Device::cuda(0)), p.weights.to(Device::cuda(0)),
                             on_device(p.cache.cache, p.cache.storage, cache_d), p.block_table.to(Device::cuda(0)),

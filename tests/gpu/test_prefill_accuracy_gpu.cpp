@@ -11,7 +11,7 @@
 // For each pair it prints the largest element difference, where it sits (decode token, prefill token
 // with context, fresh prefill token) and how many elements differ by more than 0.1 / 0.25, and it
 // requires DESIGN §5 against both references: the GPU's error is at most twice the CPU backend's plus
-// one bf16 quantum of the output magnitude. docs/PREFILL.md ("Accuracy") records the figures.
+// one bf16 quantum of the output magnitude. docs/LAB.md (dense prefill, accuracy) records the figures.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -130,7 +130,7 @@ TEST(PtxCluster, GridMustBeWholeClusters) {
   EXPECT_THROW(cuda::launch_cluster(cluster_exchange_kernel, 3, 2, 64, 0, nullptr, "odd grid", bad.p, ranks.p), Error);
 }
 
-// tma_load_3d_multicast (tma.cuh) with the decode's multicast protocol (decode_sm90 PagedKeys kMulticast):
+// tma_load_3d_multicast (tma.cuh) with a two-CTA multicast ring protocol (the one a paged decode source would use):
 // a tile of kBoxes boxes (kBoxRows rows x 64 bf16 columns, 128-byte swizzle) per phase in two stages; CTA
 // rank r issues the boxes b with b % 2 == r, multicast to both CTAs; each CTA's producer announces the
 // whole tile on its own full barrier; each CTA's consumer warp checks every element of its copy, then

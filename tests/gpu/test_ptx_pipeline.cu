@@ -5,7 +5,7 @@
 // cp.async.bulk; warpgroups 1 and 2 take registers (setmaxnreg_inc), each transforms half of every
 // stage into the output and releases the stage. Every output byte is checked. Also checks elect.one
 // picks exactly one lane per warp and that the warp / warpgroup indices agree with threadIdx.
-// SASS (scripts/sass_summary.sh, H200, 2026-11-22): USETMAXREG x2, UBLKCP, no LDL/STL; the build
+// SASS (scripts/sass_summary.sh, sm_90a): USETMAXREG x2, UBLKCP, no LDL/STL; the build
 // prints no C7508 (setmaxnreg ignored) warning.
 #include <vector>
 

@@ -180,7 +180,7 @@ TEST(PtxBarrier, SyncSyncExchangeBetweenTwoOfThreeWarpgroups) {
 // each consumer warpgroup runs its own template instance, so the two reach the 256-thread named barrier from two
 // different PCs, right after a store by one lane in four. Correct by construction (bar.sync on both sides, values
 // checked). Under compute-sanitizer synccheck: the reference for its "Divergent thread(s) in block" report on
-// finish() (docs/DEVELOPING.md "GPU sanitizers"; docs/NOTES_ARCHIVE.md, seventeenth session): flagged here too means
+// finish() (docs/DEVELOPING.md "GPU sanitizers"): flagged here too means
 // a tool limit, clean here means a fault there.
 template <int C>
 __device__ __noinline__ void two_pc_exchange_side(float* sL, int r, int local, int* errors) {

@@ -4,7 +4,7 @@
 // byte checked against the placement the copy engine promises (out-of-bounds elements as zeros, over a
 // poisoned tile), the plain bulk copy, mbarrier arrival / transaction counting and phase parity, and a
 // 3-stage producer/consumer ring over 11 tiles whose slow consumers would expose a producer that did not
-// wait for its stage to be released. SASS of these kernels (scripts/sass_summary.sh, H200, 2026-11-22):
+// wait for its stage to be released. SASS of these kernels (scripts/sass_summary.sh, sm_90a):
 // UTMALDG in the tile kernels, UBLKCP in the bulk one, SYNCS for the barriers; no LDL/STL.
 #include <cuda.h>
 

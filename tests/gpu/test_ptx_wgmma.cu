@@ -5,8 +5,8 @@
 // 256, and e4m3 with A from shared memory and registers; and the in-place row scaling of a D fragment
 // (wgmma_scale_rows_if). Operand tiles arrive by TMA with the 128-byte swizzle (tma.cuh),
 // except in the register-A bf16 case, where the threads write B into the swizzled layout with ordinary
-// stores and publish it with fence_proxy_async_smem (fence.cuh). SASS (scripts/sass_summary.sh, H200,
-// 2026-11-22): HGMMA in every bf16 instantiation, QGMMA in every e4m3 one, no LDL/STL (no spills).
+// stores and publish it with fence_proxy_async_smem (fence.cuh). SASS (scripts/sass_summary.sh, sm_90a):
+// HGMMA in every bf16 instantiation, QGMMA in every e4m3 one, no LDL/STL (no spills).
 #include <cuda.h>
 
 #include <string>

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// What compute-sanitizer initcheck sees of cuBLAS's stores (issue 14; docs/DEVELOPING.md "GPU sanitizers";
-// docs/NOTES_ARCHIVE.md, seventh session, "initcheck in the CUDA-graph layer tests"). The layer's query absorption
-// is a bmm (cuBLAS) into the first 512 columns of q_abs [n, h, 576], and the sm90 decode kernel's load_q_panels
+// What compute-sanitizer initcheck sees of cuBLAS's stores (issue 14; docs/DEVELOPING.md "GPU sanitizers"). The
+// layer's query absorption is a bmm (cuBLAS) into the first 512 columns of q_abs [n, h, 576], and the sm90 decode kernel's load_q_panels
 // reads those rows. initcheck reported that read only in the CUDA-graph layer tests, whose workspace is a fresh
 // allocation that nothing but the bmm ever writes (the other layer tests poison their workspace first, which
 // initcheck counts as a write). This test is that sequence alone, at the layer's shape: the bmm into a fresh

@@ -5,9 +5,9 @@
 // or cut off by topk_length (the cut-off ones point at NaN rows, so a stray read shows), lonely tokens
 // (out 0, lse -inf), a flat bf16 workspace as the key source and strided index rows.
 //
-// The sm90 variant reads an fp8_ds_mla row as its bf16 upconvert (SEMANTICS §3.3: bf16(code * scale),
-// docs/SPARSE.md): its oracle is the float64 reference over the upconverted cache; the portable
-// variant keeps the codes exact and applies the scales in fp32, its oracle reads the fp8 cache.
+// The sm90_seesaw kernel reads an fp8_ds_mla row as its bf16 upconvert (SEMANTICS §3.3: bf16(code * scale)):
+// its oracle is the float64 reference over the upconverted cache; sm90_raw and the portable variant keep the
+// codes exact and apply the scales in fp32, their oracle reads the fp8 cache.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -242,7 +242,7 @@ TEST(SparseGpu, ManyTokensEveryVariant) {
   }
 }
 
-// Small decode steps (T 1 .. 16 tokens of fp8_ds_mla at up to 32 heads): the sm90 variant splits each token's
+// Small decode steps (T 1 .. 16 tokens of fp8_ds_mla at up to 32 heads): sm90_raw splits each token's
 // top-k over a thread-block cluster of 2 / 4 / 8 CTAs merged through distributed shared memory
 // (core/sparse_split.h: T 1 / 2 / 5 / 16 x topk 256 / 640 / 2048 take 2, 4 and 8 ranks, some of them without a
 // tile for the shorter tokens), h 1 / 8 / 16 / 24 / 32 (the raw kernel's N 8 / 16 / 32), random lengths, lonely

@@ -128,10 +128,10 @@ inline CacheBuffer nan_cache(CacheFormat format, int64_t num_blocks, int64_t pag
 }
 
 // The bf16 upconvert of a host fp8_ds_mla cache, slot for slot (the CPU op, SEMANTICS §3.3:
-// bf16(float(code) * scale)): what the sm90 sparse_mqa variant reads for an fp8_ds_mla row
-// (docs/SPARSE.md), hence the cache its float64 oracle reads. An fp8 (per-tensor) cache likewise, every
-// column times KVCache::scale in fp32, rounded to bf16: what the sm90 mqa_decode variant reads
-// (docs/DECODE.md "fp8 caches").
+// bf16(float(code) * scale)): what the sm90_seesaw kernel reads for an fp8_ds_mla row (docs/design/
+// attention_sm90.md "2. What every kernel shares", exact codes), hence the cache its float64 oracle reads. An fp8
+// (per-tensor) cache likewise, every column times KVCache::scale in fp32, rounded to bf16 (the sm90 kernels read
+// fp8 per-tensor rows as exact codes, so their oracles keep the fp8 cache).
 inline CacheBuffer upconverted_cache(const KVCache& c) {
   const int64_t nb = c.num_blocks(), page = c.page_size();
   CacheBuffer u = nan_cache(CacheFormat::bf16, nb, page);

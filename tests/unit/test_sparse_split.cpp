@@ -18,7 +18,7 @@ struct Gpcs {
   int operator()(int s) const { return gpcs * (per_gpc / s); }
 };
 
-// The raw kernel's resident clusters on nvidia-h200 (132 SMs; cudaOccupancyMaxActiveClusters, twenty-third session):
+// The raw kernel's resident clusters on nvidia-h200 (132 SMs; as cudaOccupancyMaxActiveClusters reported them):
 // 15 of 8, 30 of 4, 66 of 2.
 int h200_clusters(int s) { return s == 8 ? 15 : s == 4 ? 30 : s == 2 ? 66 : 0; }
 

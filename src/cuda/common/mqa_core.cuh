@@ -31,9 +31,8 @@
 // Shared memory (Traits): Q 73 KiB, K 2 x 36.5 KiB, S 10 KiB, small tables; + 41 KiB raw staging for fp8
 // caches: 158 KiB (bf16) / 199 KiB (fp8) -> one CTA per SM; pipeline depth 2 (fp8 caches: two raw stages,
 // one converted K tile).
-// Measured (H200, 2026-11-22): ~6 us per 32-key tile per CTA whatever the format or head count, i.e.
-// latency-bound (8 warps per SM, 5 barriers per tile): 10-20% of the copy ceiling. Deeper pipelines,
-// fewer barriers and smaller row tiles for h_q <= 16 are the obvious next steps.
+// Measured: ~6 us per 32-key tile per CTA whatever the format or head count, i.e. latency-bound (8 warps per
+// SM, 5 barriers per tile): 10-20% of the copy ceiling (docs/design/attention_portable.md "Performance").
 //
 // The key source (decode: paged positions through the block table; sparse: top-k rows) is a policy:
 //   struct Keys {

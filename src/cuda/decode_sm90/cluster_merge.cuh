@@ -7,7 +7,7 @@
 // writes out (bf16), rank 0 also the LSE. The arithmetic is the combine kernel's (decode/kernel.cuh
 // decode_combine_kernel: an empty split, LSE -inf, weighs 0 and is not read; a NaN LSE makes the row NaN;
 // the splits summed in split order); what goes away is the combine's launch, its wait for the whole attention
-// grid and the workspace round trip (docs/DECODE.md "Cluster merge"). A second cluster barrier keeps every
+// grid and the workspace round trip (docs/design/attention_sm90.md "7. Schedules and the combine"). A second cluster barrier keeps every
 // partial alive until all ranks have read it. The raw kernel's small-T sparse split (kernel_raw.cuh, launch_sparse.cu)
 // uses the same merge for its N 8 / 16 / 32 rows, its partial in its drained ring (lse_base: after its N rows).
 //

@@ -2,10 +2,10 @@
 #pragma once
 // sm90 attention over e4m3-coded rows (fp8 per-tensor rows of mqa_decode, fp8_ds_mla records of mqa_decode and
 // sparse_mqa) for N = 8 / 16 / 32 query rows, with no bf16 stage: the raw rows go into a ring of shared-memory slots
-// and the consumers build wgmma's A operand in registers straight from the codes (docs/DECODE.md "Raw-codes
-// kernel"). The staged sources (source_staged.cuh) convert every code to bf16 in shared memory first (four
-// producer warps, a 72 KiB stage per tile, the stage cycle and the conversion rate were the limits); here the
-// copies only move bytes, run two tiles ahead per consumer, and the conversion is spread over 8 consumer warps.
+// and the consumers build wgmma's A operand in registers straight from the codes (docs/design/attention_sm90.md
+// "4. The code-format kernel"). The producer's copies only move bytes and run two tiles ahead per consumer; the
+// conversion is spread over the 8 consumer warps (a bf16 stage written by the producers would be bounded by the
+// stage cycle and the conversion rate).
 // Its parts (shared-memory layout RawTraits, code conversions, Q prologue, producer): raw_parts.cuh.
 //
 //   S^T[64 keys x N] = K Q^T     36 x wgmma m64nNk16, A = K from registers (codes -> f16; fp8_ds_mla's rope bf16),
@@ -25,9 +25,9 @@
 // fp8_ds_mla: group g's S accumulator is folded into the scores with the key's scale as soon as its chunks
 // retire (+ the rope's accumulator), and one P^T panel per group (a value block of 64 rows lies inside one
 // group). This is the portable engine's reading of fp8_ds_mla (codes exact, scales in fp32), not the bf16
-// upconvert of the 32+-row kernels. Softmax: the lazy maximum (docs/DECODE.md), exact step on flagged tiles.
+// upconvert of the seesaw kernel. Softmax: the lazy maximum (the consumer loop's comment), exact step on flagged tiles.
 //
-// Layouts (bank-conflict-free, derived in docs/DECODE.md "Raw-codes kernel"):
+// Layouts (bank-conflict-free: each load phase's eight lanes hit eight distinct bank groups):
 //   ring slot: 64 rows of kStride = 672 bytes (a record, then padding; 672 = 32 mod 128 bytes);
 //   A row rho = 16 w + g (+ 8) of a tile holds key 16 w + sigma(g) (+ 8), sigma = 0 2 4 6 1 3 5 7 (warp w, g = lane / 4);
 //   S: thread t4 = lane % 4 reads bytes 64 j + 16 t4 .. + 15 of its two keys (one 16-byte load each), i.e. k-steps
@@ -46,7 +46,7 @@
 //
 // Ping-pong (N 32, and N 16 for sparse_mqa's indexed rows: RawTraitsFor; RawTraits::kPingPong): O^T of all 512
 // columns would be 128 registers per thread beside S at N 32 (at N 16 the overlap of one warpgroup's softmax with
-// the other's products is the gain: the same-call A/B at RawTraitsFor), so
+// the other's products is the gain where RawTraitsFor chooses it), so
 // each warpgroup holds half of it (value groups 2c, 2c + 1: blocks 4c .. 4c + 3, 64 registers) and the two take
 // turns on the tiles (tile t in slot t % kSlots): warpgroup c owns tiles t = c, c + 2, ... and computes all of S(t), the
 // softmax and P^T(t) of all value groups into its buffer (published on pfull[c] with its lazy-maximum flags and,
@@ -55,10 +55,10 @@
 // and rescale the O half and row sums when it was flagged, P.V(t - 1) left in flight); the softmax of t (its
 // reference is t - 1's maximum, known now) beside those products; publish; P.V(t). One softmax per tile, each
 // beside the other warpgroup's tensor work. Epilogue: tile_io.cuh pingpong_epilogue (both hold the same m and l,
-// each writes its columns). The twentieth session's split by d (both warpgroups on every tile, S split by
-// k-steps, partial scores exchanged, both running every softmax) was 13-16% slower (docs/DECODE.md "Ping-pong").
+// each writes its columns). A split by d (both warpgroups on every tile, S split by k-steps, partial scores
+// exchanged, both running every softmax) measured slower (docs/LAB.md, code formats at <= 32 rows).
 //
-// Small-T sparse split (p.cluster_merge, launch_sparse.cu; docs/SPARSE.md "Small-T split"): the p.num_splits CTAs of
+// Small-T sparse split (p.cluster_merge, launch_sparse.cu, core/sparse_split.h): the p.num_splits CTAs of
 // a (row tile, token) are one cluster, each attends its share of the token's tiles, both epilogues leave O / l and
 // the LSE in the drained ring (slot 0; N 32 into slot 1) instead of out, and cluster_merge.cuh merges them between
 // two cluster barriers that every thread of every rank passes (producers after their loop, a tile-less rank whole).

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// sm90 mqa_decode for more than 32 query rows: 64-row tiles (h 64 at s_q 1 = one tile, h 128 = two), the
-// "seesaw" schedule (FlashMLA's Hopper decode design, written here from its published description): the
-// output O [64 x 512] fp32 is too large for one warpgroup's registers next to S, so it is split by
-// columns, O_L = columns 0..255 in consumer 0, O_R = 256..511 in consumer 1, and the two consumers take
+// sm90 mqa_decode and sparse_mqa for more than 32 query rows: 64-row tiles (h 64 at s_q 1 = one tile, h 128 =
+// two; bf16 mqa_decode at 9..32 rows on one padded tile where core/decode_regime.h says so), the "seesaw"
+// schedule (FlashMLA's Hopper decode design, written here from its published description): the output
+// O [64 x 512] fp32 is too large for one warpgroup's registers next to S, so it is split by columns, O_L = columns 0..255 in consumer 0, O_R = 256..511 in consumer 1, and the two consumers take
 // alternate KV tiles for S, so that one warpgroup's softmax runs while the other's products keep the
 // tensor cores busy. Per pair of tiles (K0 owned by consumer 0, K1 by consumer 1; V = K's first 512
 // columns, V0L / V0R its halves), with m the running row max (the same in both warpgroups):
@@ -20,30 +20,27 @@
 // streams the tiles of stage s (tiles s, s + 2, ...: those of consumer s); warpgroups 1 and 2 =
 // consumers 0 and 1 (232 registers: O half 128, S 32, P fragments 16, rope part of Q 16).
 //
-// Pipeline: 2 stages, one per consumer. A stage's nine 64-column panels each have their own `full`
-// mbarrier, so S starts on the first panel to land; they are released in three groups as soon as no
-// one reads them any more (empty barriers, one warpgroup arrives): panel 8 (rope: only the owner's S),
-// the owner's V half (its S and its local P V) and the other V half (the owner's S and the other
+// Pipeline: 2 stages, one per consumer, each nine 64-column panels. A stage's panels are released in
+// three groups as soon as no one reads them any more (empty barriers, one warpgroup arrives): panel 8
+// (rope: only the owner's S), the owner's V half (its S and its local P V) and the other V half (the owner's S and the other
 // consumer's remote P V). The producer loads the groups in that order and the owner's S walks the
 // panels in the same order (8, own half, other half), so the next tile streams in while the current
 // one is still being read. Keys that were not loaded (past the split, pages outside the cache, rows
 // past seq_len in the last page) are zero-filled by the owner before any wgmma reads the tile.
 //
-// The order of these steps (SeesawConsumer below; the math above is the same in any order) is FlashMLA's
-// overlapped one, consumer 0's remote P V of a pair running behind the S of its next tile, with the per-tile
-// overheads taken out:
+// The order of these steps (SeesawConsumer below; the math above is the same in any order) is FlashMLA's:
+// consumer 0's remote P V of a pair runs behind the S of its next tile. Per unit and tile:
 //   - the rope part of Q is loaded into registers once per unit (16 per consumer thread; ptxas fits them
-//     at the 232 consumer registers, 0 spills: no setmaxnreg change) instead of 16 global loads per tile;
-//   - consumer 0 no longer retires its rope product on its own: rope S and the previous pair's remote P V
-//     are issued as two groups and retired together (wait_group 0), stage 1's other half is released, and only
-//     then the own and other halves' S are issued (their wait for the own half's refill must not delay that
-//     release); consumer 1 issues its S only after that release, so that its products stay out of the tensor
-//     pipe while the remote product runs;
+//     at the 232 consumer registers, 0 spills);
+//   - consumer 0 issues rope S and the previous pair's remote P V as two groups and retires them together
+//     (wait_group 0), releases stage 1's other half, and only then issues the own and other halves' S (their
+//     wait for the own half's refill must not delay that release); consumer 1 issues its S only after that
+//     release, so that its products stay out of the tensor pipe while the remote product runs;
 //   - a V half's four panels complete on ONE full barrier (full[s][4h], the group's first panel; the
 //     producer announces the four panels' bytes there in one arrive.expect_tx: produce_seesaw),
-//     so an S waits three times (rope, own half, other half) and a remote product once, instead of 9 / 4
-//     (full[s][4h + 1..3] are initialised and never used); the price: S starts on a V half only when all
-//     its four panels landed;
+//     so an S waits three times (rope, own half, other half) and a remote product once (full[s][4h + 1..3]
+//     are initialised and never used); the price: S starts on a V half only when all its four panels landed.
+//     Exception: PagedPanelKeys' stage 1 completes each panel on its own barrier (seesaw_base.cuh kPanelFull);
 //   - wgmma descriptors are base4 (the shared address of smem >> 4, once) + compile-time offsets.
 // The hand-over protocol: per stage s and tile t = s + 2i, phase
 // parity i & 1 on full[s][8] (rope panel + key mask), full[s][4s] (owner's half), full[s][4(1 - s)] (other
@@ -59,10 +56,8 @@
 // (the wait for rope and remote in pair j + 1 precedes mask_max / publish_m0).
 //
 // Consumer hand-overs through named barriers (one warpgroup arrives, the other syncs; 256 threads):
-//   kBarM0 (m0 published), kBarM1 (m1), kBarP0 / kBarP1 (P in smem); serial schedule: kBarP0Free /
-//   kBarP1Free (the other consumer's remote P V retired: the P buffer may be rewritten); overlapped
-//   schedule: kBarRemote (consumer 1's remote P V issued). Arrivals and syncs are matched one to one (no
-//   arrival is left pending at exit).
+//   kBarM0 (m0 published), kBarM1 (m1), kBarP0 / kBarP1 (P in smem), kBarRemote (consumer 1's remote P V
+//   issued). Arrivals and syncs are matched one to one (no arrival is left pending at exit).
 //
 // SeesawTraits (the plan below) and SeesawBase (the consumers' shared state and steps) are in seesaw_base.cuh.
 //
@@ -91,10 +86,10 @@
 namespace mla::cuda::decode_sm90 {
 
 // Producer warp w of stage s = w % 2 (paged: warps 0, 1; gathered: warps 0..3, part w / 2 of each tile):
-// the tiles s, s + 2, ... of the unit into stage s, one release group at a time. kGroupFull (the "next"
-// schedule, one arrival per phase whatever the panel count: TMA, or InplaceKeys' one arrival per lane after
-// the group's conversion): a V-half group's four panels complete on one full barrier, that of the group's
-// first panel (full[4h]); otherwise each panel on its own. GroupwiseSource (InplaceKeys): the source's
+// the tiles s, s + 2, ... of the unit into stage s, one release group at a time. A V-half group's four
+// panels complete on one full barrier, that of the group's first panel (full[4h]): one arrival per phase whatever
+// the panel count (TMA, or InplaceKeys' one arrival per lane after the group's conversion); PagedPanelKeys' stage 1
+// completes each panel on its own (kPanelFull). GroupwiseSource (InplaceKeys): the source's
 // group<N>() copies and converts a whole release group after its empty wait (source_inplace.cuh).
 template <class Src>
 __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
@@ -127,7 +122,7 @@ __device__ __forceinline__ void produce_seesaw(const DecodeSm90Params& p, const 
       }
     };
     const typename Src::Tile tl = make_tile();
-    tl.preload(p, 8);  // register-path sources: panel 8's loads before the wait (source.cuh)
+    tl.preload(p, 8);  // Tile::preload (source.cuh): register loads before the wait; nothing in the seesaw's sources
     // Group 0: the rope panel (and the key mask, read by the owner after this panel's barrier).
     [[maybe_unused]] int tslot = trace_prod_slot(s, part, 0, t);  // trace build: this group's stamps
     wait_empty<Src>(&empty[0], parity ^ 1);
@@ -222,7 +217,8 @@ struct SeesawConsumer : SeesawBase<C, Src> {
       // The rope and remote products retired before the own half's S is issued: that issue waits for the own
       // half's refill (released by the previous pair's local product), and stage 1's other half, released below,
       // is on the pair's loop (its refill feeds consumer 1's S); waiting for the own half first delayed that
-      // release by up to the refill's latency (pair trace, docs/DECODE.md "Twenty-seventh session").
+      // release by up to the refill's latency (measured in the pair trace: docs/design/attention_sm90.md
+      // "5. The seesaw kernel", consumer order).
       ptx::wgmma_wait_group<0>();
       MLA_DECODE_TRACE_PAIR(C, 3, j);
 
@@ -245,13 +241,12 @@ struct SeesawConsumer : SeesawBase<C, Src> {
       this->rescale_o(a0_lo, a0_hi);
       MLA_DECODE_TRACE_PAIR(C, 6, j);  // P0 and O_L a0
       this->local_pv(pa);
-      // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product. kP0Early (the paged TMA source's
-      // next schedule): while the local product runs (it reads pa, not s), so that consumer 1's remote P0 V0R, whose
-      // retirement releases stage 0's other V half for this consumer's next S, is issued right behind consumer 1's
-      // local product instead of after this one's local product retired (that product took ~1400 cycles in the pair
-      // trace of dense bf16 h 128, docs/DECODE.md "Twenty-seventh session"); the own half's release then waits for
-      // m1, its refill being needed only by the next pair's own-half S. Not for the other sources: ptxas spills 8..12
-      // bytes there (224-register consumers, CrossKeys' prefetching form).
+      // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product. kP0Early (the paged TMA sources):
+      // while the local product runs (it reads pa, not s), so that consumer 1's remote P0 V0R, whose retirement
+      // releases stage 0's other V half for this consumer's next S, is issued right behind consumer 1's local product
+      // rather than after this one's local product retired (a product of ~1400 cycles in the pair trace of dense bf16
+      // h 128); the own half's release then waits for m1, its refill being needed only by the next pair's own-half S.
+      // Not for the other sources: ptxas spills 8..12 bytes there (224-register consumers, CrossKeys).
       constexpr bool kP0Early = Src::kTma && !CrossoverSource<Src>;
       float m1_lo, m1_hi, a1_lo, a1_hi;
       auto publish_p0 = [&] {
@@ -285,7 +280,7 @@ struct SeesawConsumer : SeesawBase<C, Src> {
         };
         // kP1First: P1 goes to smem before the local product is issued (FlashMLA's order), since consumer 0's
         // remote product waits for it and a wgmma issue can stall behind consumer 0's products in the tensor
-        // pipe (nvidia-h200, 2026-11-25, same-call A/B: dense fp8 h 128 -2.5%, s_q 2 h 128 -1..-6%, the rest even).
+        // pipe (measured faster on the dense h 128 rows, even elsewhere: docs/LAB.md, the seesaw kernel).
         // Not for the 224-register consumers of InplaceKeys / GroupRows: ptxas spills 4 bytes there.
         constexpr bool kP1First = Src::kTma || CrossoverSource<Src>;
         if constexpr (kP1First) publish_p1();
@@ -313,7 +308,7 @@ struct SeesawConsumer : SeesawBase<C, Src> {
     const int n_pairs = (this->u.n_tiles + 1) / 2, full_pairs = this->u.n_tiles / 2;
     // Consumer 0's pair does not depend on kHas1 (its remote product is the next pair's business): one
     // loop, and the last remote product after it. Branches around different wgmma sequences of the same
-    // accumulators make ptxas spill: one loop and at most one tail per consumer, as the serial schedule.
+    // accumulators make ptxas spill: one loop and at most one tail per consumer.
     this->load_rope(qr);
     if constexpr (C == 0) {  // zero P0 and P1 for pair 0's stand-in remote product (issue_remote_pv)
       for (int e = threadIdx.x & 127; e < 2 * T::kPanelBytes / 16; e += 128)
@@ -375,12 +370,11 @@ struct SeesawMerge {
   }
 };
 
-// The "next" schedule (the TMA source's default; MLA_DECODE_SM90_SEESAW=overlapped / serial for the others; docs/DECODE.md "Seesaw: next
-// schedule"): the overlapped schedule with the rope part of Q in registers for the whole unit, one full
-// barrier per V half (one wait per release group) and descriptors from a precomputed base
-// (SeesawConsumer<C, Src, true>). Registers as the others (producers 40, consumers 232: a 24 / 240 split
-// spilled 8 bytes in the producer). Sources: PagedKeys (TMA), InplaceKeys (generic writes: the consumers'
-// full waits fence the proxy, wait_full).
+// The seesaw kernel (the "next" in its name is historical; it has one schedule, the file comment's): the rope part
+// of Q in registers for the whole unit, one full barrier per V half (one wait per release group) and descriptors
+// from a precomputed base (SeesawConsumer). Registers: producers 40 (TMA) or 56, consumers 232 or 224 (source.cuh
+// producer_regs; a 24 / 240 split spilled 8 bytes in the producer). Sources: PagedKeys / PagedPanelKeys (TMA),
+// InplaceKeys, CrossKeys and GroupRows (generic writes: the consumers' full waits fence the proxy, wait_full).
 template <class Src>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_seesaw_next_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {

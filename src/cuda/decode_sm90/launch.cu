@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Launcher of the sm90 mqa_decode variant (kernel_small.cuh, kernel_seesaw.cuh): which launches it takes, the KV tensor map,
-// the split-KV workspace (the portable family's layout and combine kernel, decode/combine.h).
+// Launcher of the sm90 mqa_decode variants (sm90_small, sm90_raw, sm90_seesaw; variant.h): which launches each kernel
+// takes (core/decode_regime.h supports), the KV tensor maps, the schedule (balanced, uniform split-KV, cluster merge)
+// and the split-KV workspace (the portable family's layout and combine kernel, decode/combine.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>

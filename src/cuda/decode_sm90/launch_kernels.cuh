@@ -102,7 +102,7 @@ void launch_seesaw(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream
 // How many clusters of `splits` CTAs of `Kernel` (`smem` bytes of dynamic shared memory: one CTA per SM; a cluster
 // within one GPC) can be resident at once on `device`: cudaOccupancyMaxActiveClusters, once per (kernel, device,
 // size); 0 where none fit. The cluster merges run only where all of a grid's clusters are resident together (a
-// second wave of clusters doubled the time: b 16 s_k 1024 h 16, 8 splits, nvidia-h200 2026-11-24, docs/DECODE.md).
+// second wave of clusters measured twice the time: docs/design/attention_sm90.md "7. Schedules and the combine").
 template <auto Kernel>
 int max_clusters_cached(int device, int splits, int smem, const char* what) {
   static std::array<std::array<std::atomic<int>, ClusterMerge::kMaxSplits + 1>, 64> cached{};  // count + 1; 0 unknown
@@ -140,7 +140,8 @@ void launch_small_rows(const DecodeSm90Params& p, unsigned grid, cudaStream_t st
   }
 }
 
-// The cache fields of the row-copying sources (GatherKeys, StagedKeys): base, byte strides, pages (page_size
+// The cache fields of the row-copying sources and the raw kernel's producer (GatherKeys and the sources built on
+// it, raw_parts.cuh): base, byte strides, pages (page_size
 // also as a multiply-shift divisor: < 2^30, launch.cu / launch_sparse.cu).
 inline void set_gather_cache(DecodeSm90Params::Gather& g, const KVCache& c) {
   const int64_t eb = static_cast<int64_t>(c.data.element_size());

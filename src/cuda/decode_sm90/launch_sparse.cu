@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Launcher of the sm90 sparse_mqa variant: the sm90 decode kernels (kernel_small.cuh for h_q <= 32,
-// kernel_seesaw.cuh for more heads) with the gathering key source (source.cuh, GatherKeys): a token is
-// one "request" of s_q = 1 whose keys are its top-k cache rows. One CTA per (row tile, token); for small T
+// Launcher of the sm90 sparse_mqa variants (sm90_small, sm90_raw, sm90_seesaw; variant.h): the sm90 decode kernels
+// over gathered rows, a token being one "request" of s_q = 1 whose keys are its top-k cache rows. bf16 rows:
+// kernel_small.cuh with GatherKeys for h_q <= 32, kernel_seesaw.cuh with GroupRows above; fp8_ds_mla records:
+// kernel_raw.cuh (IndexedRows) for h_q <= 32, kernel_seesaw.cuh with CrossKeys / InplaceKeys above. Which kernel
+// runs is core/decode_regime.h's rule unless a variant is forced. One CTA per (row tile, token); for small T
 // (fp8_ds_mla, up to 32 rows) a token's top-k is split over a thread-block cluster of 2..8 CTAs that merge
 // through distributed shared memory (no workspace: the op has none), graph-capturable (no host sync).
-// Algorithm, roles, shared memory and measurements: docs/SPARSE.md.
+// Algorithm, roles, shared memory: docs/design/attention_sm90.md.
 #include <cuda_runtime.h>
 
 #include <cstdint>

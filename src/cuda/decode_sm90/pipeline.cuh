@@ -24,8 +24,7 @@ namespace mla::cuda::decode_sm90 {
 
 inline constexpr int kConsumerBarrier = 1;  // named barrier id of the two consumer warpgroups
 
-// A key source whose loads or expansion are shared by the two CTAs of a cluster (source_cross.cuh CrossKeys,
-// source.cuh PagedKeysT<true>): its kernels run in clusters of two, initialise and leave through cluster_sync,
+// A key source whose expansion is shared by the two CTAs of a cluster (source_cross.cuh CrossKeys): its kernels run in clusters of two, initialise and leave through cluster_sync,
 // and count the peer's arrivals on their barriers.
 template <class S>
 concept CrossoverSource = requires { requires S::kCrossover; };
@@ -101,7 +100,7 @@ struct RequestTiles {
   __device__ __forceinline__ int64_t operator()(int64_t g) const { return balance::tiles_of(Unit::clamped_len(*p, g, false)); }
 };
 
-// The balanced schedule's window of this CTA (balance::Window; docs/DECODE.md "Schedule"), found by all
+// The balanced schedule's window of this CTA (balance::Window, core/decode_balance.h), found by all
 // threads of the CTA: the costs of every request summed in per-thread runs, a block scan of the runs,
 // and the thread whose run holds the window start walks it. Result in *win (shared); `scratch`: 32 int64
 // of shared memory. Ends with __syncthreads().
@@ -218,7 +217,7 @@ __device__ __forceinline__ void write_empty_unit(const DecodeSm90Params& p, cons
 // Shared-memory base of the CTA rounded up to 1024 bytes (128-byte-swizzled tiles need it; the kernels
 // request 1 KiB of slack).
 // The result is `raw` plus an offset, not an integer cast back to a pointer, so that the compiler keeps
-// knowing it points into shared memory (LDS / STS instead of generic LD / ST: measured, docs/DECODE.md).
+// knowing it points into shared memory (LDS / STS rather than generic LD / ST: checked in the SASS).
 __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
   const uint32_t a = ptx::smem_addr(raw);
   return raw + ((1024u - (a & 1023u)) & 1023u);

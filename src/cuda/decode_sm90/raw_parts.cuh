@@ -86,11 +86,9 @@ struct RawTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-// The raw kernel's traits for a row locator (source.cuh): ping-pong at N 16 for sparse_mqa's indexed rows only.
-// Same-call A/Bs against alternating tiles, nvidia-h200 2026-11-25 (branch pp16, medians of 4 / 6 rounds): sparse
-// fp8_ds_mla T 128 h 16 topk 2048 0.0743 / 0.0723 ms against 0.0772 / 0.0762, topk 1024 0.0479 against 0.0488;
-// mqa_decode b 128 h 16 s_k 4096 fp8 0.1026 / 0.1031 against 0.0995 / 0.0996, fp8_ds_mla 0.1137 / 0.1155 against
-// 0.1147 / 0.1100 (docs/DECODE.md "Thirtieth session").
+// The raw kernel's traits for a row locator (source.cuh): ping-pong at N 32, and at N 16 for sparse_mqa's indexed
+// rows only. At N 16 the ping-pong measured faster than alternating tiles on the gathered sparse rows and slower or
+// even on the paged rows of mqa_decode (docs/design/attention_sm90.md "4. The code-format kernel").
 template <int N, CacheFormat F, class Rows>
 using RawTraitsFor = RawTraits<N, F, N == 32 || (N == 16 && !Rows::kPaged)>;
 
@@ -238,7 +236,7 @@ __device__ __forceinline__ void stage_q(const DecodeSm90Params& p, const Unit& u
 // covering the row's bytes in the i-th global 128-byte line it touches: the copy of a line lands in shared memory
 // in one wavefront. (Two lanes per row, each instruction touched 16 lines and cost 16 wavefronts, ~55% of the
 // kernel's shared-memory wavefronts; eight lanes at the row's own offsets still straddled two lines per row and
-// instruction: docs/DECODE.md "Producer lane mapping".)
+// instruction.)
 //
 // Paged rows with p.gather.raw_tma (page_size % 16 == 0): a warp whose 16 rows are all loaded and start a 16-row
 // group of one page takes them with one TMA box instead (lane 0; `map` = [num_blocks][page_size][record / 4] int32,

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The seesaw kernel's shared-memory plan (SeesawTraits) and the state and steps its consumer schedules share
+// The seesaw kernel's shared-memory plan (SeesawTraits) and the state and steps its two consumers share
 // (SeesawBase: this thread's rows, O half, running max and row sums; S, the max hand-over, P, the local and remote
-// products, the epilogue). The algorithm, warp roles, hand-over protocol and the schedules that order these steps
+// products, the epilogue). The algorithm, warp roles, hand-over protocol and the schedule that orders these steps
 // are in kernel_seesaw.cuh, which includes this file.
 #include <cuda.h>
 
@@ -45,9 +45,10 @@ struct SeesawTraits {
   static_assert(kOffK % 1024 == 0 && kOffP % 1024 == 0, "swizzled tiles are 1024-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
-  // Named barriers (1 is kConsumerBarrier); 8 + c: consumer c alone (128 threads).
+  // Named barriers (1 is kConsumerBarrier); 8 + c: consumer c alone (128 threads). The consumers use kBarM0, kBarM1,
+  // kBarP0, kBarP1 and kBarRemote; kBarP0Free / kBarP1Free name ids no barrier of this kernel uses (6 is kBarRemote's).
   static constexpr int kBarM0 = 2, kBarM1 = 3, kBarP0 = 4, kBarP1 = 5, kBarP0Free = 6, kBarP1Free = 7;
-  static constexpr int kBarRemote = 6;  // overlapped schedule (no kBarP*Free there): C1's remote P V issued
+  static constexpr int kBarRemote = 6;  // C1's remote P V issued
 };
 
 // Whether the kernels built for key source Src take p.cluster_merge (cluster_merge.cuh): the TMA source, whose
@@ -74,11 +75,11 @@ __host__ __device__ constexpr bool panel_barriers(int stage) { return kPanelFull
 // First panel of V half `h` (columns 256h..256h+255) and the panel order of the owner's S for stage s.
 __device__ __forceinline__ int half_panel(int h) { return 4 * h; }
 
-// State and pieces shared by the consumer schedules (C = 0: O_L, owner of stage 0; C = 1: O_R, owner of
+// State and pieces shared by the two consumers (C = 0: O_L, owner of stage 0; C = 1: O_R, owner of
 // stage 1): this thread's rows, their visible limits and rope pointers, O half, running max and row sums.
-// A V half's panels complete on one full barrier (produce_seesaw kGroupFull: one wait per release group; stage 1
-// of PagedPanelKeys per panel), and the wgmma descriptors are the shared-memory base's (>> 4, computed once: base4)
-// plus compile-time offsets (one add each instead of a rebuild from the address).
+// A V half's panels complete on one full barrier (produce_seesaw: one wait per release group; stage 1 of
+// PagedPanelKeys per panel), and the wgmma descriptors are the shared-memory base's (>> 4, computed once: base4)
+// plus compile-time offsets (one add each, no rebuild from the address).
 template <int C, class Src>
 struct SeesawBase {
   using T = Traits;
@@ -158,10 +159,10 @@ struct SeesawBase {
     return uint64_t{(1024u >> 4) | (1u << 30)} << 32 | (base4 + (off >> 4) + ((lbo_bytes >> 4) << 16));
   }
   __device__ __forceinline__ float* sM() const { return reinterpret_cast<float*>(smem + L::kOffM); }
-  // The lazy maximum (next_ref) is compiled in unless the source opts out with kRunningMax (GroupRows: on the
-  // sparse prefill row its code cost 1.6% at tau 8 and 3.3% switched off, while the dense bf16 / code-format
-  // rows gained or stayed even: nvidia-h100, 2026-11-25, same-call A/B, docs/DECODE.md "Twenty-ninth session").
-  // Without it the kernel is the running maximum's exactly (factor, next_ref and rescale_o below as before).
+  // The lazy maximum (next_ref) is compiled in unless the source opts out with kRunningMax (GroupRows: measured, its
+  // code cost the sparse prefill row more than it saved, while the dense bf16 / code-format rows gained or stayed
+  // even: docs/design/attention_sm90.md "2. What every kernel shares", softmax). Without it the kernel keeps the
+  // running maximum exactly (factor, next_ref and rescale_o below).
   static constexpr bool kLazy = !requires { requires Src::kRunningMax; };
   // The factor that takes a row's O and sum from reference maximum `from` to `to`; under kLazy exactly 1 when it
   // did not move (rescale_o tests for 1).
@@ -318,10 +319,10 @@ struct SeesawBase {
     const float scale = p.rows.scale_log2 * code_scale<Src>(p);  // exact-code sources: times scale * 2^56
     mx_lo = -INFINITY;
     mx_hi = -INFINITY;
-    // Every next-schedule kernel but the paged TMA source's for at most 16 rows (PagedKeys): a tile whose 64 keys are
-    // all loaded and visible to every row of the warp is only scaled (no per-key tests), since consumer 0's mask and
-    // max are on the pair's loop. Not in PagedKeys' kernel: at b 4 h 16 the longer pair cost 13..25% in instruction
-    // fetch (docs/DECODE.md "Pair timeline", the clean-tile fast path).
+    // Every source but PagedKeys (the paged TMA source for at most 16 rows): a tile whose 64 keys are all loaded and
+    // visible to every row of the warp is only scaled (no per-key tests), since consumer 0's mask and max are on the
+    // pair's loop. Not with PagedKeys: measured, at b 4 h 16 the longer pair cost more in instruction fetch than it
+    // saved (docs/design/attention_sm90.md "5. The seesaw kernel", clean tiles).
     if constexpr (!std::is_same_v<Src, PagedKeys>) {
       const bool clean = mask == ~uint64_t(0) && k0 + T::kBlockN - 1 <= min(lim_lo, lim_hi);
       if (__all_sync(0xffffffffu, clean)) {
@@ -363,7 +364,7 @@ struct SeesawBase {
     load_rope(qr);
     s_product(s, qr, j, mx_lo, mx_hi);
   }
-  // The same with the rope A fragments given (kept in registers for the unit: the next schedule).
+  // The same with the rope A fragments given (kept in registers for the unit: SeesawConsumer).
   __device__ __forceinline__ void s_product(float (&s)[32], uint32_t (&qr)[4][4], int j, float& mx_lo, float& mx_hi) {
     const int k0 = u.key_begin + (2 * j + C) * T::kBlockN;
     const uint64_t mask = tile_mask(j & 1);

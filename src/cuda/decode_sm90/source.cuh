@@ -13,9 +13,9 @@
 //                   copy itself (src-size 0: nothing is read). F = fp8_ds_mla (656-byte records): the
 //                   latent codes go through registers (16-byte loads), times their tile's fp32 scale,
 //                   rounded to bf16 (the §3.3 upconvert: bf16(float(code) * scale)), stored swizzled;
-//                   the bf16 rope by cp.async. No staging copy in global memory. (Used by the seesaw
-//                   kernel; the small kernel takes fp8_ds_mla through StagedKeys, source_staged.cuh:
-//                   raw records cp.async'd into shared memory a tile ahead, its own producer loop.)
+//                   the bf16 rope by cp.async. No staging copy in global memory. The small kernel runs
+//                   GatherKeys<bf16> (sparse bf16 rows, h <= 32); the code formats' row locating, masks and
+//                   conversions are the base of InplaceKeys (the seesaw kernel's code-format source).
 //   GatherKeys<F, PagedRows>  the paged twin (mqa_decode, fp8_ds_mla): key j of request g is position j,
 //                   at slot block_table[g][j / page_size] * page_size + j % page_size (Rows below); the
 //                   same copies, conversion and masking (positions past the unit's range or pages outside
@@ -24,11 +24,13 @@
 //                   cache): every panel, the rope's too, through registers as the fp8_ds_mla latent panels,
 //                   but as exact codes (kExactCodes: code * 2^-56 in bf16, integer work and one bf16 multiply
 //                   per pair; the cache scale and 2^56 are applied by the consumers to S and to the output,
-//                   code_scale below); the seesaw kernel and the small kernel at N 32. N 8 / 16:
-//                   StagedKeys<fp8> (source_staged.cuh), the same conversion from a raw stage.
-//   InplaceKeys<F, Rows>  (source_inplace.cuh; seesaw kernel, fp8 / fp8_ds_mla, MLA_DECODE_SM90_EXPAND=inplace):
-//                   GatherKeys' rows and numerics, but each release group's raw codes cp.async'd into the
-//                   upper half of their own panel rows and expanded in place (one round trip per group).
+//                   code_scale below); the base of InplaceKeys<fp8, PagedRows>.
+//   InplaceKeys<F, Rows>  (source_inplace.cuh; the seesaw kernel over fp8 / fp8_ds_mla): GatherKeys' rows and
+//                   numerics, but each release group's raw codes cp.async'd into the upper half of their own
+//                   panel rows and expanded in place (one round trip per group). CrossKeys (source_cross.cuh)
+//                   and GroupRows (source_inplace.cuh) build on it.
+// (The code-format kernel, kernel_raw.cuh, takes no key source: its rows are located by IndexedRows /
+// PagedRows below and copied raw by raw_parts.cuh.)
 //
 // Interface (PagedKeys / GatherKeys):
 //   kTma                 the source issues TMA (the tensor map is real)
@@ -45,7 +47,7 @@
 //   Tile(p, u, k0, part, lane)          this warp's part of the tile at key k0
 //     begin(mask, bar)   publishes the tile's loaded-key mask (u64 per stage) before `bar` completes
 //     announce(bar, n)   n panels will complete on bar (TMA: the transaction bytes)
-//     preload(p, c)      issues the register loads of panel c (register-path code panels; else nothing)
+//     preload(p, c)      issues the register loads of panel c (GatherKeys<fp8>'s code panels; else nothing)
 //     panel(p, map, dst, bar, c, next)  loads panel c of the tile at dst, completing on bar; `next` (-1: none)
 //                        is the panel the warp loads after c: its register loads are issued (preload)
 //                        before c's conversion, so one round trip overlaps the other's dequant
@@ -87,7 +89,7 @@ struct PagedKeysT {
   // Which keys of the 64-key tile starting at k0 the producer loads: boxes j = lane, lane + 32 (first
   // key k0 + j * box_rows) with their page ids, rows in the page and shared-memory offsets (computed once
   // per tile: the nine panels reuse them; an integer division per panel on the producer's issue path cost
-  // ~300 cycles a panel, ncu, docs/DECODE.md), the number of boxes loaded, and the 64-bit mask of loaded
+  // ~300 cycles a panel under ncu), the number of boxes loaded, and the 64-bit mask of loaded
   // keys (pages outside [0, num_blocks) and keys past the unit's range are not loaded).
   struct Tile {
     int32_t blk[2], row[2], off[2];  // page id (< 2^31: supports()), row in the page, byte offset in a panel
@@ -185,7 +187,8 @@ __device__ __forceinline__ uint4 e4m3x8_exact_to_bf16(uint32_t w0, uint32_t w1) 
                     e4m3x2_exact_bf16x2<2>(w1, n1));
 }
 
-// Where key j of unit u lives, for the sources that copy rows themselves (GatherKeys, StagedKeys):
+// Where key j of unit u lives, for the sources and kernels that copy rows themselves (GatherKeys and the sources
+// built on it, the code-format kernel's producer):
 //   IndexedRows  sparse_mqa: flat cache row indices[g][j], valid when j < the token's length and
 //                0 <= index < num_slots (nothing read beyond the index);
 //   PagedRows    mqa_decode: position j of request g, page block_table[g][j / page_size], valid when j is
@@ -194,7 +197,7 @@ __device__ __forceinline__ uint4 e4m3x8_exact_to_bf16(uint32_t w0, uint32_t w1) 
 // row_offset(p, u, j, o): true with the byte offset of the row in o when valid; else false.
 // The page split (row / page_size, row % page_size) by the launch's multiply-shift divisor (gather.page_div,
 // core/fast_div.h: rows and positions are < 2^31): three instructions instead of the ~25 of a division by a
-// run-time int32, which the producer paid per row (ncu, docs/SPARSE.md "Tried" 9).
+// run-time int32, which the producer paid per row (ncu).
 // Each splits into fetch (the one global read a key needs: its index, or its page's block id; kNoRow past the
 // unit's keys) and locate (that value to the row's byte offset, false when the key is not valid), so that a
 // producer can issue the reads of a later tile before it needs them (raw_parts.cuh produce_raw).
@@ -254,7 +257,7 @@ __device__ __forceinline__ int64_t row_offset_or_none(const DecodeSm90Params& p,
 // touches, from this lane (addresses rec + 128 i, the last clamped to the record's last byte: every line of
 // [rec, rec + kBytes) is hit; fp8_ds_mla's 656 bytes: 6 lines). No uniform operand, so a warp's 32 rows cost
 // 6 instructions per lane (the bulk prefetch, whose address must be warp-uniform, compiled to a waterfall
-// loop over the lanes: ~14.5 R2UR / UBLKPF rounds per warp and call, ncu, docs/SPARSE.md "Tried" 9).
+// loop over the lanes: ~14.5 R2UR / UBLKPF rounds per warp and call under ncu).
 template <int kBytes>
 __device__ __forceinline__ void prefetch_record_l2(const uint8_t* rec) {
   constexpr int kLines = (kBytes + 112 + 127) / 128;  // at most, for a start 16 bytes short of a line end
@@ -283,10 +286,10 @@ __device__ __forceinline__ void prefetch_index_line(const DecodeSm90Params::Gath
 // being lane j's value (negative: zero-filled, nothing read). kN lanes per row and 32 / kN rows per instruction,
 // so every instruction reads kN x 16 contiguous bytes of each of its rows: the copy of a global line lands in
 // shared memory in one wavefront (a lane copying its own row touches 32 lines per instruction and costs 32
-// wavefronts: docs/DECODE.md "Raw-codes kernel", the producer's lane mapping). kN 4: the rows of a quarter-warp
-// differ in bit 2, so their chunks (swizzled by row % 8) fall into complementary halves of the banks. A lane's
-// copies are other lanes' rows: a reader of a row in this warp waits (cp.async.wait_group) and __syncwarp()s; an
-// mbarrier that every lane arrives on (cp.async.mbarrier.arrive) covers them all.
+// wavefronts: docs/design/attention_sm90.md "4. The code-format kernel", warp roles). kN 4: the rows of a
+// quarter-warp differ in bit 2, so their chunks (swizzled by row % 8) fall into complementary halves of the
+// banks. A lane's copies are other lanes' rows: a reader of a row in this warp waits (cp.async.wait_group) and
+// __syncwarp()s; an mbarrier that every lane arrives on (cp.async.mbarrier.arrive) covers them all.
 template <int kN>
 __device__ __forceinline__ void copy_warp_rows(const uint8_t* cache, uint8_t* dp, int r0, int64_t off, int lane,
                                                int first_chunk) {
@@ -332,7 +335,7 @@ struct GatherKeys {
   static constexpr bool kExactCodes = F == CacheFormat::fp8;
   // setmaxnreg split (producer P, consumers (504 - P) / 2: 168 x 3 of __launch_bounds__(384, 1)). ptxas -v:
   // the gathering producers spill at 40 (bf16 4-16 bytes, fp8_ds_mla 20-80); 0 spills at 56 / 224 (the
-  // fp8_ds_mla seesaw's consumers spill 32 bytes at 216). fp8_ds_mla in the small kernel: source_staged.cuh.
+  // fp8_ds_mla seesaw's consumers spill 32 bytes at 216).
   __host__ __device__ static constexpr int producer_regs(bool) { return 56; }
   static constexpr int kScaleOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::scale_offset(512)) : 0;
   static constexpr int kRopeOffset = F == CacheFormat::fp8_ds_mla ? static_cast<int>(Fmt::rope_offset(512)) : 1024;
@@ -347,14 +350,14 @@ struct GatherKeys {
   // Warp `part` of a stage owns keys k0 + 32 part .. + 31; lane l reads the index of key 32 part + l.
   //   bf16: lane l = 4k + q copies the 32 bytes 32q .. 32q + 31 of each panel row of rows k + 8i (i < 4)
   //     of the part (the four lanes of a row: its 128 contiguous bytes, so one cp.async instruction makes 8
-  //     requests of 64 bytes; the first mapping, lane pairs with 64 bytes of two rows each, made 16 of 32:
-  //     docs/SPARSE.md "Coalesced gathers"); invalid keys zero-filled by the copy (nothing read). The index
+  //     requests of 64 bytes; lane pairs with 64 bytes of two rows each would make 16 of 32); invalid keys
+  //     zero-filled by the copy (nothing read). The index
   //     line kIndexAhead tiles ahead is prefetched into L2, so a tile's index load is an L2 hit.
   //   fp8_ds_mla: lane l owns its own key row: per latent panel four 16-byte loads (64 codes) in one
   //     round trip, converted into the row's eight swizzled chunks; the rope panel by eight cp.async. The
   //     loads are latency-bound (a few in flight per lane), so each tile also prefetches the rows of the
   //     stage's next tile (k0 + 128) into L2 with one bulk prefetch per row. (Loads spread over four lanes
-  //     per row as for bf16 measured 1.1-1.3x slower here: docs/SPARSE.md "Coalesced gathers".)
+  //     per row as for bf16 measured 1.1-1.3x slower here: docs/LAB.md, sparse attention.)
   struct Tile {
     int64_t off[4];      // bf16: rows k + 8i (-1: not loaded); fp8_ds_mla: off[0] = own row
     uint32_t mask32;     // loaded keys of the part
@@ -408,7 +411,7 @@ struct GatherKeys {
     // k + 8i of a part are all k mod 8, so a chunk's swizzled place is the same in each (row base + (chunk ^ k) x
     // 16): one shared address per chunk and one source pointer per row, every copy of the panels at a
     // compile-time offset from them (8 cp.async and no address arithmetic per panel; the loop with both
-    // addresses recomputed per copy and a run-time src-size ran 86 instructions per 8 copies: ncu, docs/SPARSE.md),
+    // addresses recomputed per copy and a run-time src-size ran 86 instructions per 8 copies under ncu),
     // each with the L2 256-byte prefetch hint (the row's next line comes with the first).
     template <int kPanels = 1>
     __device__ void copy_rows(const uint8_t* cache, uint8_t* dp, int src_off) const {

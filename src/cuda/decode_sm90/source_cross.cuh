@@ -5,14 +5,14 @@
 // "crossover" of FlashMLA's Hopper fp8 decode (its published description: each of the two CTAs that
 // attend the same keys dequantises half of every K/V tile and writes it into both CTAs' shared memory
 // through the cluster). Without it both CTAs expand the same tile (InplaceKeys, source_inplace.cuh), and
-// the expansion by four 40-register producer warps bounds the kernel: nvidia-h200, 2026-11-24, ncu of
-// dense b 128 s_k 4096 h 128 fp8: 549 us against bf16's 292, IPC 1.45, no pipe above 30%, half of the
-// stall cycles on shared-memory loads of the producers' convert loop (docs/DECODE.md "Crossover").
+// the expansion by the producer warps bounds the kernel (measured under ncu: no pipe busy, half of the stall
+// cycles on shared-memory loads of the producers' convert loop; docs/design/attention_sm90.md "6. The seesaw's
+// key sources").
 //
 // Launch: clusters of two CTAs along x (launch_cluster), i.e. row tiles 2k and 2k + 1 of one (split,
 // request) of the uniform schedule (Unit: the row tile is blockIdx.x's fastest index), so both CTAs see
 // the same keys, the same loaded-key masks and the same tile count; cluster rank = row tile parity.
-// Protocol (InplaceKeys' otherwise; produce_seesaw with kGroupFull, the next schedule only):
+// Protocol (InplaceKeys' otherwise; produce_seesaw's V halves with kGroupFull):
 //   - rope group (panel 8, and the key mask): as InplaceKeys, each CTA for all 64 rows itself (fp8_ds_mla:
 //     cp.async of the bf16 rope; fp8: exact codes expanded in place); nothing crosses the cluster;
 //   - a V-half group (4 panels): CTA rank k expands key rows 32k .. 32k + 31 only, for both CTAs; of a
@@ -27,13 +27,13 @@
 //     CTA's 64 lanes have arrived and the peer's 16 KiB have landed; the consumers wait on it with acquire
 //     at cluster scope (wait_full).
 //   - releases: a consumer's release of a V-half group (empty[1], empty[2]) is one arrival per thread
-//     here, as before, plus one cluster-scope arrival per warp (lane 0, after __syncwarp) on the peer's
+//     here, as for InplaceKeys, plus one cluster-scope arrival per warp (lane 0, after __syncwarp) on the peer's
 //     same barrier: the peer's producer writes into this CTA's stage too (kPeerReleases = 4 per group);
 //     the producer waits its empty barriers with acquire at cluster scope (wait_empty).
 //   - cluster_sync after the barriers' initialisation (before any remote access) and before any thread of
 //     either CTA exits (a peer's last releases arrive on this CTA's barriers): start_roles and the kernel.
 // Work per CTA and tile: half the expansion (32 rows x 8 panels) and half the raw reads; per producer
-// warp and group 2 panels instead of 4 (the critical path from a group's release to its last arrival).
+// warp and group 2 panels, not 4 (the critical path from a group's release to its last arrival).
 // DSMEM traffic: 32 KiB per tile each way, by 4 bulk copies per warp and tile. Registers: producers 56, 0 spills
 // (ptxas -v; the cluster rank is re-read where needed).
 #include <cstdint>
@@ -81,7 +81,7 @@ struct CrossKeys : InplaceKeys<F, Rows> {
       if constexpr (N == 1) {
         BT::template group<1, kGroupFull>(p, dst, full, first);  // the rope panel: each CTA its own
       } else {
-        static_assert(N == 4 && kGroupFull, "crossover: V-half groups on the next schedule only");
+        static_assert(N == 4 && kGroupFull, "crossover: a V half completes on one full barrier (kGroupFull)");
         cross(p, dst, full, first);
       }
     }

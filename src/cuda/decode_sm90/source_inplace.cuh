@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // InplaceKeys<F, Rows>: the seesaw kernel's (kernel_seesaw.cuh, 64-row tiles) fp8_ds_mla / fp8 key source
-// with the codes expanded in place (docs/SPARSE.md "Next" 2, docs/DECODE.md "In-place expansion").
+// with the codes expanded in place (docs/design/attention_sm90.md "6. The seesaw's key sources").
 // GatherKeys<F, Rows> (source.cuh) loads each latent panel's codes into registers and converts them: per
 // stage tile and producer warp nine dependent global round trips (eight latent panels + the rope). The
 // seesaw kernel has no room for a raw stage (0.8 KiB spare), but each 8 KiB stage panel has room for its
@@ -12,8 +12,8 @@
 // once per release group, rope (N 1) then the owner's V half then the other (N 4), each after its empty wait):
 //   0. V halves: before the half's empty wait (prefetch_group) lane l loads its row's codes of the half's first
 //      panel (four 16-byte chunks) into registers and the half's two tile scales (fp8_ds_mla: record bytes
-//      512 + 8 h, h = the V half); zeros for a key that is not loaded. (twenty-fifth session: this round trip
-//      then runs during the wait; `half`.)
+//      512 + 8 h, h = the V half); zeros for a key that is not loaded. This round trip then runs during the
+//      wait (`half`).
 //   1. copy: lane l cp.async's the four 16-byte code chunks i = 0..3 of each remaining panel c of the group
 //      (a V half's last three; the fp8 rope panel) into the upper half of its OWN output row r of panel c,
 //      logical chunks 4 + i (swz(r, 4 + i)); a key that is not loaded (GatherKeys' mask) is zero-filled by
@@ -22,25 +22,25 @@
 //   2. convert in place, panel by panel, chunk by chunk: raw chunk i is loaded (ld.shared) and becomes the
 //      bf16 chunks 2i, 2i + 1; every store lands on chunks 0..3 (free) or on a raw chunk this lane has
 //      already loaded (i = 2, 3 overwrite raw chunks 0..3), and a lane touches only its own row, so program
-//      order is the only hand-over (no warp barrier). Then fence.proxy.async and the lane's arrival: on
-//      each panel's full barrier (serial schedule), or once per group on full[first] (kGroupFull, the next
-//      schedule: one arrival per lane and phase, as full_arrivals counts).
+//      order is the only hand-over (no warp barrier). Then fence.proxy.async and the lane's arrival, once per
+//      group on full[first] (one arrival per lane and phase, as full_arrivals counts: group<1> for the rope
+//      panel, group<4, kGroupFull = true> for a V half).
 //   fp8_ds_mla: values bf16(float(code) * scale) (SEMANTICS 3.3, the pinned upconvert: GatherKeys'
 //   e4m3x8_scaled_to_bf16); the rope panel (bf16 bytes 528..655) is cp.async'd into its swizzled place and
 //   completes on full[8] by cp.async.mbarrier.arrive (no wait, no conversion). fp8 per-tensor: every
 //   panel, the rope's too, as exact codes (source.cuh kExactCodes, e4m3x8_exact_to_bf16: code * 2^-56;
 //   the consumers apply scale * 2^56 to S and O).
 // Round trips per stage tile and warp: fp8_ds_mla two dependent ones (the V halves; the rope copy overlaps),
-// fp8 three, instead of nine. Shared memory: none beyond the stages (the raw codes live in the rows they
-// expand into; SeesawTraits' 231,632 bytes unchanged). Registers: producer 56 (setmaxnreg; consumers 224,
+// fp8 three (GatherKeys' panel-by-panel conversion would take nine). Shared memory: none beyond the stages (the
+// raw codes live in the rows they expand into; SeesawTraits' 231,632 bytes). Registers: producer 56 (setmaxnreg; consumers 224,
 // 0 spills): 16 for the prefetched panel, one raw chunk live in the in-place loop, which is not unrolled
 // (unrolled, ptxas kept 12 chunk addresses live: spills at 40). Two panels in registers spilled 52-60 bytes.
 // Bank conflicts: none (a quarter warp's 16-byte accesses are eight rows r .. r + 7 at one logical chunk:
 // distinct physical chunks under the XOR swizzle).
-// Measured (nvidia-h200, 2026-11-23, docs/DECODE.md "In-place expansion"): 0-6% faster on the dense h 128
-// rows, 10-24% on sparse h 64, mixed at sparse h 128; the default for fp8_ds_mla where the crossover does not
-// run (launch_kernels.cuh seesaw_expand). The register-prefetched first panel (2026-11-25, same-call A/B):
-// dense fp8_ds_mla h 64 -13..-20%, sparse h 64 -8..-10% (docs/DECODE.md "Register prefetch").
+// The code formats' seesaw source wherever the crossover does not run (an odd number of row tiles:
+// launch_kernels.cuh launch_codes). Chosen by measurement over converting through registers, and the
+// register-prefetched first panel over copying it too (docs/design/attention_sm90.md "6. The seesaw's key
+// sources"; the figures in docs/LAB.md, code formats on the seesaw tile).
 #include <cstdint>
 
 #include "cuda/common/ptx/cp_async.cuh"
@@ -107,8 +107,8 @@ struct InplaceKeys : GatherKeys<F, Rows> {
     }
     // Row r of the panel at dp expanded in place from the raw codes in its upper half: raw chunk i (logical chunk
     // 4 + i) becomes chunks 2i, 2i + 1. Two raw chunks per iteration, both read before either is expanded (two
-    // independent load -> expand -> store chains: the twenty-fifth session's trace put this loop at ~1150 cycles
-    // per panel, one chain at a time); every write lands on a raw chunk already read (iteration 0 writes chunks
+    // independent load -> expand -> store chains: with one chain at a time the trace put this loop at ~1150
+    // cycles per panel); every write lands on a raw chunk already read (iteration 0 writes chunks
     // 0..3, free; iteration 1 writes 4..7 = raw chunks 0..3, the last two read at its start). Not unrolled further:
     // the chunk addresses are recomputed (fully unrolled, ptxas kept 12 of them live and the then 40-register
     // producer spilled).
@@ -129,9 +129,9 @@ struct InplaceKeys : GatherKeys<F, Rows> {
 
     // Release group `first` .. first + N - 1 (N 1: the rope panel 8, always the tile's first group; N 4: a
     // V half) of the tile at dst; panel c completes on full[c]. Steps: file comment.
-    // kGroupFull (the next schedule, produce_seesaw): a V half's four panels complete on ONE full barrier,
-    // full[first]: one arrival per lane after all four are converted (so one arrival per phase, whatever
-    // the panel count, as full_arrivals counts it).
+    // kGroupFull (produce_seesaw's V halves): the four panels complete on ONE full barrier, full[first]: one
+    // arrival per lane after all four are converted (so one arrival per phase, whatever the panel count, as
+    // full_arrivals counts it).
     template <int N, bool kGroupFull = false>
     __device__ void group(const DecodeSm90Params& p, uint8_t* dst, uint64_t* full, int first) const {
       const uint8_t* cache = p.gather.cache;
@@ -178,7 +178,7 @@ struct InplaceKeys : GatherKeys<F, Rows> {
     }
     // The fp8 per-tensor rope panel (N 1; fp8_ds_mla's rope is bf16, copied): its raw codes copied into their own
     // rows, then expanded in place (steps 1, 2). Each lane copies its own row. (copy_warp_rows, four lanes per row,
-    // measured 13-14% slower for the V halves here when they were copied this way: h 64, nvidia-h200, 2026-11-24.)
+    // measured 13-14% slower for the V halves at h 64 when they were copied that way.)
     // The zero-fill by the ignore-src predicate (cp_async_16_or_zero): a run-time src-size costs ~5 instructions
     // per copy (ptx/cp_async.cuh).
     template <int N, bool kGroupFull>
@@ -214,9 +214,9 @@ struct InplaceKeys : GatherKeys<F, Rows> {
 };
 
 // GroupRows<Rows>: bf16 rows through the index list (sparse_mqa and its prefill at h > 32) copied a release group
-// at a time, so that GatherKeys<bf16>'s rows (four lanes per row, 32 bytes each of a panel row, source.cuh) run the
-// next schedule (one full barrier per V half, the rope of Q in registers, precomputed descriptors) instead of
-// the serial one. Each lane's copies of a group's panels complete on the group's barrier by one
+// at a time, so that GatherKeys<bf16>'s rows (four lanes per row, 32 bytes each of a panel row, source.cuh) feed the
+// seesaw kernel's schedule (one full barrier per V half, the rope of Q in registers, precomputed descriptors).
+// Each lane's copies of a group's panels complete on the group's barrier by one
 // cp.async.mbarrier.arrive (it fires when this lane's earlier copies have landed): one arrival per lane and phase
 // whatever the panel count, as full_arrivals(1, ...) counts (the rope's barrier also gets the mask arrivals of
 // GatherKeys' begin()). Rows not loaded are zero-filled by the copies. Registers: GatherKeys' 56 / 224.

@@ -249,8 +249,8 @@ __device__ __forceinline__ void warp_row_sums(const float (&l_part)[N / 4], floa
 // partial's layout), kStageRows rows per round: warpgroup 0 stores its scaled O^T, warpgroup 1 adds its own, and
 // then (unless the staging area is the cluster partial itself) all 256 threads copy the round's rows out in 16-byte
 // pieces with one rolled loop (bf16 out, or the split's fp32 workspace rows). This code runs once per unit, at the
-// pace of its first instruction fetches (docs/SPARSE.md "Small-T split": the former per-element stores, compiled
-// for three destinations in every unrolled position, were ~42 KB of SASS at N 16), so it is kept short.
+// pace of its first instruction fetches (per-element stores compiled for three destinations in every unrolled
+// position came to ~42 KB of SASS at N 16), so it is kept short.
 // o[mb][i]: this thread's O^T accumulator of value block mb (the kernel's D fragment: query row n =
 // 8 (i / 4) + 2 t4 + (i & 1)); col_of(mb, i): the output column it holds (kernel_small: the natural order;
 // kernel_raw: its permuted value rows). out_scale multiplies O / l (exact-code sources). xo: the staging area

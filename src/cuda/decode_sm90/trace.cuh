@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Timeline trace of the sm90 decode kernels, for diagnosing fixed costs (docs/DECODE.md "Where the fixed cost
-// goes"). Compiled only into a build configured with -DMLA_DECODE_TRACE=ON (CMake option; it defines
+// Timeline trace of the sm90 decode kernels, for diagnosing fixed costs (docs/design/attention_sm90.md "10. Where
+// the time goes"). Compiled only into a build configured with -DMLA_DECODE_TRACE=ON (CMake option; it defines
 // MLA_DECODE_TRACE=1 for the CUDA sources): each CTA x < kTraceCtas stamps the global timer (ns) at kTraceEvents
 // points; trace_dump() (launch.cu) copies the stamps of the last launch out and zeroes them. Without the
 // option every hook is an empty statement and no symbol exists.
@@ -10,7 +10,7 @@
 //   5 last products done (thread 128)    6 epilogue written (thread 128)    7 kernel exit (thread 128)
 //   8 / 9 / 10 cluster merge: first cluster barrier passed, merge loop done, second barrier passed (thread 128)
 //   11 not a time: the units (segments) the CTA ran (small kernel)
-//   12 + 10 c + k: the seesaw next schedule's steps k of consumer c in its pair kTracePair (thread 128 + 128 c), SM
+//   12 + 10 c + k: the seesaw kernel's steps k of consumer c in its pair kTracePair (thread 128 + 128 c), SM
 //      clock cycles (clock64: both consumers run on one SM, so their stamps compare), not ns; the steps are named
 //      by kTracePairSteps (bench/attention_bench.cu prints them relative to consumer 0's step 0).
 //   32 + 9 s + 3 g + k: the seesaw producer of stage s (warp s: part 0, lane 0) on its tile of pair kTracePair

@@ -2,7 +2,7 @@
 #pragma once
 // sm90 mha_prefill: varlen multi-head attention over up-projected K/V (docs/SEMANTICS.md §9-10, ops.h;
 // the same contract as the portable kernel, src/cuda/prefill/kernel.cuh), FlashAttention-3 style.
-// Design notes and measurements: docs/PREFILL.md.
+// Design note: docs/design/prefill_sm90.md.
 //
 // Work: one CTA per (128-query tile, head, request), heavy causal tiles of a head first. q rows are
 // [nope 128 | rope 64] (192 columns), K rows [k_nope 128 | k_pe 64] (k_pe's head stride may be 0),
@@ -58,7 +58,7 @@ namespace mla::cuda::prefill_sm90 {
 
 inline constexpr int kConsumerBarrier = 1;  // named barrier of the two consumer warpgroups (2, 3: pingpong turns)
 
-// Refinements of 2026-11-23 (kernel template parameter kOpts, a bit set; launch.cu's kAllOpts is what
+// Refinements (kernel template parameter kOpts, a bit set; launch.cu's kAllOpts is what
 // the variants in use run: kHalfFirstTile; sm90_r0 runs none, sm90_loads all three, for A/Bs):
 //   kHalfFirstTile: a consumer warpgroup whose rows see none of the upper 64 keys of the first-processed
 //     (masked) key tile, e.g. warpgroup 0 on an aligned causal diagonal tile, computes only its lower
@@ -66,8 +66,8 @@ inline constexpr int kConsumerBarrier = 1;  // named barrier of the two consumer
 //   kEarlyNext: produce()'s early next-unit loads (persistent only);
 //   kWarpRelease: the consumers release Q / K / V stages once per warp (lane 0 after the warp's wgmma
 //     wait; the empty barriers count 8 arrivals) instead of once per thread (256).
-// Interleaved A/B (nvidia-h200, docs/PREFILL.md): kHalfFirstTile +2.5% at b 4 s 4096 h 128 causal; the
-// other two together -1.2% there and down to -13% at h 16, so they are off in the variants in use.
+// Measured by interleaved A/B (docs/design/prefill_sm90.md): kHalfFirstTile gains on causal units; the other
+// two together lose, down to -13% at h 16, so they are off in the variants in use.
 inline constexpr int kHalfFirstTile = 1, kEarlyNext = 2, kWarpRelease = 4;
 
 __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
@@ -328,7 +328,7 @@ __device__ __forceinline__ void zero_v_tail(uint8_t* sv, int valid, int ct) {
 // FA3's inter-warpgroup schedule), so that one warpgroup's softmax runs under the other's wgmmas.
 // kPersistent: gridDim.x <= #SMs CTAs loop over the units (Schedule); the next unit's Q and first
 // K / V tiles load while the current one finishes. Else one CTA per unit.
-// kOpts: the refinements of 2026-11-23 (Opts), each selectable for an interleaved A/B (docs/PREFILL.md).
+// kOpts: the refinements (kHalfFirstTile, kEarlyNext, kWarpRelease), each selectable for an interleaved A/B.
 template <bool kPingpong, bool kPersistent, int kOpts>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     mha_prefill_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kn_map,
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // The unit's products, as one straight pipeline per kHalf: a branch between a wgmma's issue and its
     // wait (e.g. choosing the first tile's P V length inside the loop) makes ptxas stall the products
-    // it has in flight there, silently: the first try of kHalfFirstTile had one and lost 22% (docs/PREFILL.md).
+    // it has in flight there, silently (a kHalfFirstTile built that way measured 22% slower).
     // So the choice is made once per unit, around a whole pipeline whose every branch point has no
     // product in flight.
     auto mainloop = [&](auto half_c) {

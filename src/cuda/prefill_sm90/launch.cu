@@ -72,7 +72,7 @@ namespace {
 // unit count that the default variant makes.
 enum class Sched { one_per_cta, persistent, automatic };
 // kernel.cuh's kOpts of the variants in use: the half first tile only. The early next-unit loads and the
-// per-warp releases measured slower (interleaved A/B, docs/PREFILL.md) and run only in sm90_loads.
+// per-warp releases measured slower (interleaved A/B: docs/design/prefill_sm90.md) and run only in sm90_loads.
 constexpr int kAllOpts = kHalfFirstTile;
 
 template <bool kPingpong, Sched kSched, int kOpts = kAllOpts>
@@ -117,8 +117,8 @@ void run_kernel(const dispatch::PrefillArgs& a) {
   const int64_t units = q_tiles * heads * batch;
   int sms = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device.index), "mha_prefill (sm90): SM count");
-  // Persistent pairs need two units per SM to fill the machine. Interleaved A/B on nvidia-h200
-  // (docs/PREFILL.md): causal with q tiles <= 32 (s_q <= 4096: short units, per-CTA start-up and the
+  // Persistent pairs need two units per SM to fill the machine. Measured by interleaved A/B
+  // (docs/design/prefill_sm90.md "Schedule rule"): causal with q tiles <= 32 (s_q <= 4096: short units, per-CTA start-up and the
   // causal imbalance matter) gains 2-26%; s_q 16384 causal is within -1.5%, and non-causal loses 0-14%
   // (a head's units run two by two on one CTA, so fewer CTAs share its K / V tiles in L2 at a time).
   // `automatic` takes them exactly there.

@@ -15,9 +15,9 @@ void run(const dispatch::PrefillArgs& a);
 void run_one_per_cta(const dispatch::PrefillArgs& a);
 void run_persistent(const dispatch::PrefillArgs& a);
 void run_no_pingpong(const dispatch::PrefillArgs& a);  // consumers issue independently
-// run (automatic schedule) with other sets of kernel.cuh's refinements of 2026-11-23 (kOpts), for
-// interleaved A/Bs (docs/PREFILL.md): none (the kernel as of 6a95c2a); all three (kHalfFirstTile +
-// kEarlyNext + kWarpRelease, measured slower than the half first tile alone).
+// run (automatic schedule) with other sets of kernel.cuh's refinements (kOpts), for interleaved A/Bs
+// (docs/design/prefill_sm90.md): none (the kernel without them); all three (kHalfFirstTile + kEarlyNext +
+// kWarpRelease, measured slower than the half first tile alone).
 void run_opts_none(const dispatch::PrefillArgs& a);
 void run_opts_loads(const dispatch::PrefillArgs& a);
 

@@ -90,7 +90,8 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const void* tmap, uint64
 // box lands at the same shared-memory offset (`smem`'s) in each, and its bytes complete as transaction
 // bytes on the mbarrier at the same offset as `bar` in each. One read of global memory / L2 for all of
 // them. Each receiving CTA announces the bytes on its own barrier (expect_tx) and must have released the
-// destination before the issuing CTA writes it (cross-CTA empty barriers: decode_sm90 PagedKeys kMulticast).
+// destination before the issuing CTA writes it (cross-CTA empty barriers; the protocol tests/gpu/test_ptx_cluster.cu
+// checks). No shipped kernel multicasts today.
 // An issuer's own copy can complete on a peer barrier before that peer announced the bytes: the phase
 // cannot complete while the announcing arrival is pending, so the transient deficit is harmless.
 __device__ __forceinline__ void tma_load_3d_multicast(void* smem, const void* tmap, uint64_t* bar, int32_t c0,
