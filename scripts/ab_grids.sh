@@ -50,7 +50,7 @@ A, B = load("A"), load("B")
 if not A or not B:
     print(f"grid {grid}: no results"); sys.exit(0)
 def key(row):  # the shape without the variant tag (the two binaries may name their kernels differently)
-    return (row["op"], re.sub(r"\s*\[[^\]]*\]\s*$", "", row["config"]))
+    return (row["op"], re.sub(r"\s*\[[^\]]*\]", "", row["config"]))
 def times(runs):
     t, v = {}, {}
     for run in runs:
