@@ -31,6 +31,7 @@
 #include "mla/cache.h"
 #include "mla/error.h"
 #include "mla/ops.h"
+#include "mla/plan.h"
 #include "mla/variants.h"
 #include "cuda/decode_sm90/trace.cuh"
 #include "floor.h"
@@ -193,9 +194,17 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   Tensor out = Tensor::empty({c.b, c.s_q, c.h, 512}, DType::bf16, dev), lse = Tensor::empty({c.b, c.s_q, c.h}, DType::f32, dev);
   const std::size_t ws_bytes = mqa_decode_workspace_bytes(c.b, c.s_q, c.h, pages * c.page, dev, c.splits);
   Tensor ws = ws_bytes ? Tensor::empty({static_cast<int64_t>(ws_bytes)}, DType::u8, dev) : Tensor();
+  // What a step plan would pass for these host lengths (mla/plan.h DecodeRun::whole_requests), as the layer does.
+  bool whole = false;
+  if (c.splits == 0) {
+    std::vector<int32_t> qsl(static_cast<std::size_t>(c.b) + 1);
+    for (std::size_t i = 0; i < qsl.size(); ++i) qsl[i] = static_cast<int32_t>(i * c.s_q);
+    const DecodeSchedule sched = plan_decode_schedule(qsl, lens, c.b, c.page, c.h, multiprocessor_count(dev));
+    whole = sched.runs.size() == 1 && sched.runs[0].whole_requests;
+  }
   double ms = 0;
   try {
-    ms = ctx.time_ms([&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, c.splits); });
+    ms = ctx.time_ms([&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, c.splits, whole); });
   } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
     std::printf("  (skipped: %s)\n", e.what());
     return;
@@ -218,7 +227,7 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   report_gather_floor(ctx, cb.cache.data.data, slot_stride_bytes(cb.cache), cache_entry_bytes(c.format),
                       decode_row_slots(table, lens, pages, c.page));
   if (ctx.options().decode.trace)
-    trace_decode_calls(ctx, [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, c.splits); });
+    trace_decode_calls(ctx, [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, c.splits, whole); });
 }
 
 // Issue 7's shapes (nvidia-h200 FlashMLA times from the issue, b = 128, page 64, bf16, median, L2

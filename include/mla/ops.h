@@ -123,10 +123,15 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
 //               policy decode_num_splits(b, s_q, h_q, max_blocks * page_size, multiprocessor_count(device))
 //               (mla/plan.h); a step plan passes the split of its decode schedule. The CPU backend
 //               parallelises over its own threads and ignores it.
+//   whole_requests: what the caller knows of the lengths on the host (a step plan's DecodeRun::whole_requests):
+//               they are near-uniform, so one CTA per request is the best split of the batch; the sm90 kernel
+//               then runs it without the balanced schedule's combine launch. A hint only: any value gives the
+//               same result; false (the default) assumes nothing.
 // Any page size >= 1, any h_q >= 1, any s_q >= 1. seq_len 0 (or no visible key) -> out 0, lse -inf.
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
-                bool causal = true, const TensorView& workspace = {}, const Context& ctx = {}, int num_splits = 0);
+                bool causal = true, const TensorView& workspace = {}, const Context& ctx = {}, int num_splits = 0,
+                bool whole_requests = false);
 // Scratch bytes to give mqa_decode for these sizes and num_splits (0 = the same default as mqa_decode's):
 // the larger of the split-KV partials and, on sm90 for <= 32 query rows, the balanced schedule's partials
 // (0 bytes on the CPU; a one-split call may be given less, down to none: see workspace above).

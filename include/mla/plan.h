@@ -157,6 +157,10 @@ struct DecodeRun {
   // BatchDesc::decode_seq_len_bound). The kernel's split-KV ranges and scratch are sized from it.
   int64_t block_cols = 0;
   int num_splits = 1;  // decode_num_splits(b, s_q, num_heads, block_cols * page_size, num_sms)
+  // The run's host lengths are near-uniform: one request per CTA is what the sm90 kernel's balanced schedule would
+  // run (core/decode_balance.h whole_requests, one planned split, the lengths known: no seq_len_bound), so it runs
+  // that without the combine launch (mqa_decode's whole_requests hint).
+  bool whole_requests = false;
   friend bool operator==(const DecodeRun&, const DecodeRun&) = default;
 };
 struct DecodeSchedule {

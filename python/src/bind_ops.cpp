@@ -83,15 +83,16 @@ void bind_ops(py::module_& m) {
      "Request-local top-k positions -> cache slots / workspace rows (positions >= seq_lens[req] invalid).");
 
   m.def("mqa_decode", [](const A& q, const K& cache, const A& block_table, const A& seq_lens, const A& out, const A& lse,
-                         double softmax_scale, bool causal, const A& workspace, int num_splits, py::handle s, Precision p) {
+                         double softmax_scale, bool causal, const A& workspace, int num_splits, bool whole_requests,
+                         py::handle s, Precision p) {
     const mla::Context ctx = to_context(q.view, s, p);
     without_gil([&] {
       mla::mqa_decode(q.view, cache.cache, block_table.view, seq_lens.view, out.view, lse.view, softmax_scale, causal,
-                      workspace.view, ctx, num_splits);
+                      workspace.view, ctx, num_splits, whole_requests);
     });
   }, py::arg("q"), py::arg("cache"), py::arg("block_table"), py::arg("seq_lens"), py::arg("out"), py::arg("lse"),
      py::arg("softmax_scale"), py::arg("causal") = true, py::arg("workspace") = py::none(), py::arg("num_splits") = 0,
-     py::kw_only(), stream, precision, "Absorbed MQA decode over the paged cache (q [b, s_q, h_q, d_qk]).");
+     py::arg("whole_requests") = false, py::kw_only(), stream, precision, "Absorbed MQA decode over the paged cache (q [b, s_q, h_q, d_qk]).");
   m.def("mqa_decode_workspace_bytes", [](int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, py::handle device,
                                          int num_splits) {
     return mla::mqa_decode_workspace_bytes(b, s_q, h_q, max_seq_len, to_device(device), num_splits);

@@ -92,6 +92,7 @@ void bind_plan(py::module_& m) {
         py::arg("num_sms"));
   plain<DecodeRun>(m, "DecodeRun") MLA_RW(DecodeRun, req_begin) MLA_RW(DecodeRun, req_end) MLA_RW(DecodeRun, s_q)
       MLA_RW(DecodeRun, token_begin) MLA_RW(DecodeRun, block_cols) MLA_RW(DecodeRun, num_splits)
+      MLA_RW(DecodeRun, whole_requests)
       .def("__eq__", [](const DecodeRun& a, const DecodeRun& b) { return a == b; });
   plain<DecodeSchedule>(m, "DecodeSchedule") MLA_RW(DecodeSchedule, runs);
   m.def("plan_decode_schedule", &plan_decode_schedule, py::arg("query_start_loc"), py::arg("seq_lens"),

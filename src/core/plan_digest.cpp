@@ -101,8 +101,8 @@ class Fnv {
     all(req_begin, req_end, token_begin, token_end, total_rows, workspace_starts);
   }
   void add(const DecodeRun& r) {
-    const auto& [req_begin, req_end, s_q, token_begin, block_cols, num_splits] = r;
-    all(req_begin, req_end, s_q, token_begin, block_cols, num_splits);
+    const auto& [req_begin, req_end, s_q, token_begin, block_cols, num_splits, whole_requests] = r;
+    all(req_begin, req_end, s_q, token_begin, block_cols, num_splits, whole_requests);
   }
   void add(const DcpSegment& g) {
     const auto& [dst_row, src_row, rows, count] = g;

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/checked.h"
+#include "core/decode_balance.h"
 #include "core/planner_util.h"
 #include "mla/plan.h"
 
@@ -55,6 +56,16 @@ DecodeSchedule plan_decode_schedule(const std::vector<int32_t>& qsl, const std::
       run.token_begin = qsl[r];
       run.block_cols = (longest + page_size - 1) / page_size;
       run.num_splits = decode_num_splits(e - r, s_q, num_heads, run.block_cols * page_size, num_sms);
+      if (seq_len_bound <= 0 && run.num_splits == 1) {
+        int64_t total = 0, max_cost = 0;
+        for (int64_t i = r; i < e; ++i) {
+          const int64_t c = balance::cost_of(balance::tiles_of(seq_lens[static_cast<std::size_t>(i)]));
+          total += c;
+          max_cost = std::max(max_cost, c);
+        }
+        run.whole_requests =
+            balance::whole_requests(e - r, balance::ctas_for(e - r, s_q * num_heads, num_sms), total, max_cost);
+      }
       s.runs.push_back(run);
     }
     r = e;

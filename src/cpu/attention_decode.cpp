@@ -52,7 +52,8 @@ void decode_impl(const TensorView& q, const KVCache& cache, const TensorView& bl
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
                 const TensorView& /*workspace: the CPU needs none*/, const Context& ctx,
-                int /*num_splits: the CPU splits over its own threads (cpu/mqa_split.h)*/) {
+                int /*num_splits: the CPU splits over its own threads (cpu/mqa_split.h)*/,
+                bool /*whole_requests: a CUDA schedule hint*/) {
   if (ctx.precision == Precision::reference)
     decode_impl<double>(q, cache, block_table, seq_lens, out, lse, softmax_scale, causal);
   else

@@ -39,22 +39,16 @@ void check_scale(double softmax_scale, const char* op) {
 }  // namespace
 
 namespace {
-// One attribute of a CUDA device's DeviceInfo, read once per device (the query costs microseconds and
-// never changes); 0 for the CPU. `which` names the caller in the errors.
+// One attribute of a CUDA device's DeviceInfo (cuda_rt::device_info reads it once per device: the query costs
+// microseconds and never changes); 0 for the CPU. `which` names the caller in the errors.
 template <int DeviceAttr>
 int cached_device_attribute(Device device, const char* which) {
   if (device.is_cpu()) return 0;
 #if MLA_WITH_CUDA
-  static std::array<std::atomic<int>, 64> cached{};
-  MLA_CHECK(device.index >= 0 && device.index < static_cast<int>(cached.size()),
-            "{}: device index must be in [0, {}), got {}", which, cached.size(), device.index);
-  int n = cached[device.index].load(std::memory_order_relaxed);
-  if (n == 0) {
-    const cuda_rt::DeviceInfo info = cuda_rt::device_info(device.index);
-    n = DeviceAttr == 0 ? info.sm_count : info.cc_major * 10 + info.cc_minor;
-    cached[device.index].store(n, std::memory_order_relaxed);
-  }
-  return n;
+  MLA_CHECK(device.index >= 0 && device.index < 64, "{}: device index must be in [0, 64), got {}", which,
+            device.index);
+  const cuda_rt::DeviceInfo& info = cuda_rt::device_info(device.index);  // the runtime's cache
+  return DeviceAttr == 0 ? info.sm_count : info.cc_major * 10 + info.cc_minor;
 #else
   throw Error(std::string(which) + ": " + to_string(device) + " given, but this build of mla has no CUDA backend");
 #endif
@@ -97,7 +91,7 @@ std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int6
 
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
-                const TensorView& workspace, const Context& ctx, int num_splits) {
+                const TensorView& workspace, const Context& ctx, int num_splits, bool whole_requests) {
   constexpr const char* op = "mqa_decode";
   detail::check_ndim(q, 4, op, "q [b, s_q, h_q, d_qk]");
   detail::check_activation(q, false, op, "q", detail::CudaActivations::bf16_f16_f32);
@@ -145,7 +139,7 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
   }
   if (b == 0) return;
   MLA_DISPATCH(dev, mqa_decode, q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx,
-               num_splits);
+               num_splits, whole_requests);
 }
 
 void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,

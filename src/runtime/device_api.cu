@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <cuda_runtime.h>
 
+#include <array>
+#include <memory>
+#include <mutex>
+#include <string>
+
 #include "runtime/device_api.h"
 #include "mla/error.h"
 
@@ -32,7 +37,8 @@ int device_count() {
   return n;
 }
 
-DeviceInfo device_info(int device) {
+namespace {
+DeviceInfo read_device_info(int device) {
   cudaDeviceProp p{};
   check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
   DeviceInfo i;
@@ -44,6 +50,20 @@ DeviceInfo device_info(int device) {
   i.l2_bytes = static_cast<std::size_t>(p.l2CacheSize);
   i.smem_per_block_optin = p.sharedMemPerBlockOptin;
   return i;
+}
+}  // namespace
+
+const DeviceInfo& device_info(int device) {
+  constexpr int kDevices = 64;
+  static std::mutex mu;
+  static std::array<std::unique_ptr<DeviceInfo>, kDevices> cache;
+  if (device < 0 || device >= kDevices)
+    throw Error("device_info: CUDA device index must be in [0, " + std::to_string(kDevices) + "), got " +
+                std::to_string(device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = cache[static_cast<std::size_t>(device)];
+  if (!slot) slot = std::make_unique<DeviceInfo>(read_device_info(device));  // throws before caching on failure
+  return *slot;
 }
 
 void* malloc(std::size_t bytes, int device) {

@@ -17,7 +17,9 @@ struct DeviceInfo {
   int cc_major = 0, cc_minor = 0;
   std::size_t total_mem = 0, l2_bytes = 0, smem_per_block_optin = 0;
 };
-DeviceInfo device_info(int device);
+// The device's facts, read once per device and cached for the process (the one device-info cache: the
+// dispatch tables' compute capability, the planner's and launchers' SM count read it). Thread-safe.
+const DeviceInfo& device_info(int device);
 
 void* malloc(std::size_t bytes, int device);
 void free(void* p, int device) noexcept;

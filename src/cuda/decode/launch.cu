@@ -113,9 +113,9 @@ dispatch::Table<dispatch::DecodeArgs>& dispatch::mqa_decode_table() {
 
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
-                const TensorView& workspace, const Context& ctx, int num_splits) {
+                const TensorView& workspace, const Context& ctx, int num_splits, bool whole_requests) {
   dispatch::mqa_decode_table().run(
-      {q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx, num_splits},
+      {q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx, num_splits, whole_requests},
       dispatch::device_cc(q.device.index));
 }
 

@@ -18,6 +18,7 @@
 #include "cuda/decode_sm90/launch_kernels.cuh"
 #include "cuda/decode_sm90/variant.h"
 #include "core/decode_balance.h"
+#include "core/decode_schedule.h"
 #include "mla/error.h"
 #include "runtime/device_api.h"
 
@@ -141,36 +142,43 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
   set_row_tiles(p, regime);
   p.out_pairs = out_pairs(a.out);
 
-  // The balanced schedule where it applies and the workspace holds it (core/decode_balance.h: the
-  // front end's mqa_decode_workspace_bytes sizes for it), else split-KV as planned (fewer splits when the
-  // workspace holds fewer), the portable family's layout.
+  // The schedule (core/decode_schedule.h) from the facts: the device's SM count and resident clusters, the
+  // workspace the caller gave (the front end's mqa_decode_workspace_bytes sizes it for the balanced schedule),
+  // the planned splits and the caller's host knowledge of the lengths.
   const int64_t have = a.workspace.defined() && aligned(a.workspace.data, 16)
                            ? a.workspace.numel() * static_cast<int64_t>(a.workspace.element_size())
                            : 0;
   const int64_t m_rows = s_q * h_q;
-  // The balanced schedule is the small kernel's (bf16 paged rows, up to 32 rows per request); the raw and seesaw
-  // kernels run the uniform split-KV schedule (one unit per CTA).
-  const int ctas = regime.kernel == decode_regime::Kernel::small ? balance::ctas_for(b, m_rows, sm_count(q.device.index))
-                                                                  : 0;
+  decode_schedule::Facts facts;
+  facts.regime = regime;
+  facts.format = cache.format;
+  facts.batch = b;
+  facts.rows = m_rows;
+  facts.planned_splits = std::max(1, std::min(a.num_splits, decode::kMaxSplits));
+  facts.sms = sm_count(q.device.index);
+  facts.max_ws_splits = facts.planned_splits;
+  while (facts.max_ws_splits > 1 && decode::ws_bytes(b, s_q, h_q, facts.max_ws_splits) > have) --facts.max_ws_splits;
+  const int balanced_ctas = decode_schedule::balanced_ctas(facts);
+  facts.balanced_fits = balanced_ctas > 0 && balance::workspace_bytes(b, m_rows, balanced_ctas) <= have;
+  if (regime.kernel == decode_regime::Kernel::seesaw && !quantized && facts.planned_splits >= 2 &&
+      facts.planned_splits <= ClusterMerge::kMaxSplits)
+    facts.max_clusters = seesaw_max_clusters<PagedKeys>(q.device.index, facts.planned_splits);
+  facts.whole_requests = a.whole_requests;
+  const decode_schedule::Schedule sched = decode_schedule::choose(facts);
+  static_assert(decode_schedule::kMaxClusterSplits == ClusterMerge::kMaxSplits, "one cluster size");
+
   auto* base = static_cast<uint8_t*>(a.workspace.data);
-  int splits = std::max(1, std::min(a.num_splits, decode::kMaxSplits));
-  // The cluster merge (cluster_merge.cuh): the seesaw tile's 2..8 splits of a bf16 cache merge inside their cluster
-  // (no workspace, no combine launch) where all the grid's clusters are resident at once.
-  if (!quantized && regime.kernel == decode_regime::Kernel::seesaw && splits >= 2 &&
-      splits <= ClusterMerge::kMaxSplits && b * p.m_tiles <= seesaw_max_clusters<PagedKeys>(q.device.index, splits))
-    p.cluster_merge = 1;
-  if (ctas > 0 && balance::workspace_bytes(b, m_rows, ctas) <= have) {
-    splits = 1;
+  const int splits = sched.kind == decode_schedule::Kind::balanced ? 1 : sched.splits;
+  const int ctas = sched.ctas;
+  if (sched.kind == decode_schedule::Kind::cluster) p.cluster_merge = 1;
+  if (sched.kind == decode_schedule::Kind::balanced) {
     p.balanced = 1;
     p.ws_meta = reinterpret_cast<int32_t*>(base);
     p.ws_lse = reinterpret_cast<float*>(base + balance::meta_bytes(b));
     p.ws_o = reinterpret_cast<float*>(base + balance::meta_bytes(b) + balance::lse_bytes(b, m_rows, ctas));
-  } else if (!p.cluster_merge) {
-    while (splits > 1 && decode::ws_bytes(b, s_q, h_q, splits) > have) --splits;
-    if (splits > 1) {
-      p.ws_lse = reinterpret_cast<float*>(base);
-      p.ws_o = reinterpret_cast<float*>(base + decode::ws_lse_bytes(b, s_q, h_q, splits));
-    }
+  } else if (splits > 1 && sched.combine) {
+    p.ws_lse = reinterpret_cast<float*>(base);
+    p.ws_o = reinterpret_cast<float*>(base + decode::ws_lse_bytes(b, s_q, h_q, splits));
   }
   p.num_splits = splits;
 
@@ -204,7 +212,7 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
     else
       launch_seesaw<PagedKeys>(p, grid, stream, map, what);
   }
-  if ((splits > 1 && !p.cluster_merge) || p.balanced) {
+  if (sched.combine) {
     DecodeParams cp{};
     cp.rows = p.rows;
     cp.num_splits = splits;

@@ -22,16 +22,7 @@ namespace mla::cuda::decode_sm90 {
 
 // SMs of a device, read once (cudaGetDeviceProperties is far too slow for every call): the balanced schedule's
 // grid (launch.cu), the small-T sparse split (launch_sparse.cu).
-inline int sm_count(int device) {
-  static std::array<std::atomic<int>, 64> cached{};
-  if (device < 0 || device >= static_cast<int>(cached.size())) return cuda_rt::device_info(device).sm_count;
-  int n = cached[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
-  if (n == 0) {
-    n = cuda_rt::device_info(device).sm_count;
-    cached[static_cast<std::size_t>(device)].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
+inline int sm_count(int device) { return cuda_rt::device_info(device).sm_count; }
 
 inline bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 

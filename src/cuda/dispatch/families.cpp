@@ -2,11 +2,7 @@
 // The list of dispatch tables and the device compute-capability lookup (families.h).
 #include "cuda/dispatch/families.h"
 
-#include <cuda_runtime.h>
-
-#include <array>
-#include <atomic>
-#include <string>
+#include "runtime/device_api.h"
 
 namespace mla::cuda::dispatch {
 
@@ -15,20 +11,8 @@ std::vector<Family*> all_families() {
 }
 
 int device_cc(int device) {
-  static std::array<std::atomic<int>, 64> cache{};  // 0 = not read yet
-  const bool cached = device >= 0 && device < static_cast<int>(cache.size());
-  if (cached) {
-    if (const int cc = cache[device].load(std::memory_order_relaxed)) return cc;
-  }
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    cudaGetLastError();
-    throw Error("kernel dispatch: cannot read the compute capability of CUDA device " + std::to_string(device));
-  }
-  const int cc = major * 10 + minor;
-  if (cached) cache[device].store(cc, std::memory_order_relaxed);
-  return cc;
+  const cuda_rt::DeviceInfo& info = cuda_rt::device_info(device);  // the runtime's per-device cache
+  return info.cc_major * 10 + info.cc_minor;
 }
 
 }  // namespace mla::cuda::dispatch

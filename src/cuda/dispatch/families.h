@@ -29,6 +29,7 @@ struct DecodeArgs {
   const TensorView& workspace;    // split-KV scratch (may be undefined)
   const Context& ctx;
   int num_splits;                 // planned splits (the variant may use fewer when the workspace is short)
+  bool whole_requests = false;    // host-known near-uniform lengths (mla/ops.h mqa_decode): a schedule hint
 };
 
 struct SparseArgs {

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The split-KV schedule of an sm90 mqa_decode launch: which of the kernels' three schedules runs and with how
+// many splits. Pure host code with CPU tests (tests/unit/test_decode_schedule.cpp); the sm90 launcher
+// (src/cuda/decode_sm90/launch.cu) gathers the facts (the device's SM count, how many clusters fit, the
+// workspace it was given) and executes what this returns.
+//
+//   uniform   one CTA per (split, row tile, request); with more than one split the partials go to the
+//             workspace and the combine kernel merges them (no combine for one split).
+//   balanced  the small kernel's cost-line schedule (core/decode_balance.h): `ctas` CTAs, each a window of
+//             (request, key tile) positions; partials and the combine for the requests that a window cuts.
+//   cluster   the seesaw kernel's 2..8 splits of a (request, row tile) as one thread-block cluster merging
+//             through distributed shared memory: no workspace, no combine.
+//
+// The rules:
+//   - the small kernel (bf16, up to 32 rows) takes the balanced schedule where it applies (small and medium
+//     batches, balance::ctas_for) and the workspace holds it; but a batch whose host-known lengths are
+//     near-uniform (the plan's whole_requests: one request per CTA is what the balanced schedule would run)
+//     with one planned split runs uniform, without the combine launch that has nothing to merge.
+//   - the seesaw kernel over a bf16 cache merges its 2..8 splits in a cluster where all the grid's clusters are
+//     resident at once (a second wave of clusters doubled the time).
+//   - everything else runs uniform with the planned splits, fewer when the workspace holds fewer partials.
+#include <algorithm>
+#include <cstdint>
+
+#include "core/decode_balance.h"
+#include "core/decode_regime.h"
+#include "mla/cache.h"
+
+namespace mla::decode_schedule {
+
+enum class Kind { uniform, balanced, cluster };
+
+inline constexpr int kMaxClusterSplits = 8;  // the portable cluster size
+
+struct Facts {
+  decode_regime::Regime regime;
+  CacheFormat format = CacheFormat::bf16;
+  int64_t batch = 0;          // requests
+  int64_t rows = 0;           // query rows per request (s_q * h_q)
+  int planned_splits = 1;     // the caller's split-KV count (>= 1)
+  int sms = 0;                // the device's SM count
+  int max_ws_splits = 1;      // the largest split count <= planned_splits whose partials the workspace holds
+  bool balanced_fits = false;  // the workspace holds the balanced schedule's partials (balance::workspace_bytes)
+  int max_clusters = 0;       // clusters of planned_splits seesaw CTAs resident at once on the device (0: none)
+  bool whole_requests = false;  // the caller's host lengths: one request per CTA is the balanced answer
+};
+
+struct Schedule {
+  Kind kind = Kind::uniform;
+  int splits = 1;   // KV splits per (request, row tile): uniform and cluster
+  int ctas = 0;     // balanced: the grid
+  bool combine = false;  // the combine kernel runs after the attention kernel
+};
+
+// The balanced schedule's CTA count for the facts' batch (0: it does not apply).
+inline int balanced_ctas(const Facts& f) {
+  if (f.regime.kernel != decode_regime::Kernel::small) return 0;
+  return balance::ctas_for(f.batch, f.rows, f.sms);
+}
+
+inline Schedule choose(const Facts& f) {
+  Schedule s;
+  const int planned = std::max(1, f.planned_splits);
+  if (f.regime.kernel == decode_regime::Kernel::small) {
+    const int ctas = balanced_ctas(f);
+    const bool whole = f.whole_requests && planned == 1;
+    if (ctas > 0 && !whole && f.balanced_fits) {
+      s.kind = Kind::balanced;
+      s.ctas = ctas;
+      s.combine = true;
+      return s;
+    }
+  } else if (f.regime.kernel == decode_regime::Kernel::seesaw && f.format == CacheFormat::bf16 && planned >= 2 &&
+             planned <= kMaxClusterSplits && f.batch * f.regime.m_tiles <= f.max_clusters) {
+    s.kind = Kind::cluster;
+    s.splits = planned;
+    return s;
+  }
+  s.splits = std::max(1, std::min(planned, f.max_ws_splits));
+  s.combine = s.splits > 1;
+  return s;
+}
+
+inline constexpr const char* to_string(Kind k) {
+  return k == Kind::uniform ? "uniform" : k == Kind::balanced ? "balanced" : "cluster";
+}
+
+}  // namespace mla::decode_schedule

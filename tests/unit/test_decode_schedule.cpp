@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// The sm90 mqa_decode schedule (src/core/decode_schedule.h) from the launch's facts, and the plan's whole-requests
+// hint (plan_decode_schedule) that lets a near-uniform batch skip the balanced schedule's combine.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/decode_schedule.h"
+#include "mla/plan.h"
+
+namespace mla {
+namespace {
+
+using decode_schedule::choose;
+using decode_schedule::Facts;
+using decode_schedule::Kind;
+
+Facts facts(CacheFormat f, int64_t b, int64_t rows, int splits, int64_t bound = 4096) {
+  Facts x;
+  x.regime = decode_regime::choose({.format = f, .rows = rows, .batch = b, .context_bound = bound});
+  x.format = f;
+  x.batch = b;
+  x.rows = rows;
+  x.planned_splits = splits;
+  x.sms = 132;
+  x.max_ws_splits = splits;
+  x.balanced_fits = true;
+  x.max_clusters = 66;
+  return x;
+}
+
+TEST(DecodeSchedule, SmallKernelTakesTheBalancedSchedule) {
+  const auto s = choose(facts(CacheFormat::bf16, 128, 16, 1));
+  EXPECT_EQ(s.kind, Kind::balanced);
+  EXPECT_EQ(s.ctas, 132);
+  EXPECT_TRUE(s.combine);
+  // ... unless the workspace cannot hold it: uniform with what the workspace holds.
+  Facts f = facts(CacheFormat::bf16, 128, 16, 4);
+  f.balanced_fits = false;
+  f.max_ws_splits = 2;
+  const auto u = choose(f);
+  EXPECT_EQ(u.kind, Kind::uniform);
+  EXPECT_EQ(u.splits, 2);
+  EXPECT_TRUE(u.combine);
+  // Batches of two CTAs per SM and more: the hardware's scheduler balances the waves (balance::ctas_for).
+  EXPECT_EQ(choose(facts(CacheFormat::bf16, 264, 16, 1)).kind, Kind::uniform);
+}
+
+TEST(DecodeSchedule, WholeRequestsSkipTheCombine) {
+  Facts f = facts(CacheFormat::bf16, 128, 16, 1);
+  f.whole_requests = true;
+  const auto s = choose(f);
+  EXPECT_EQ(s.kind, Kind::uniform);
+  EXPECT_EQ(s.splits, 1);
+  EXPECT_FALSE(s.combine);
+  // The hint needs one planned split: with more, the balanced schedule still decides.
+  Facts g = facts(CacheFormat::bf16, 4, 16, 8, 1 << 20);
+  g.whole_requests = true;
+  EXPECT_EQ(choose(g).kind, Kind::balanced);
+  // Other kernels ignore it.
+  Facts h = facts(CacheFormat::fp8, 128, 16, 1);
+  h.whole_requests = true;
+  EXPECT_EQ(choose(h).kind, Kind::uniform);
+}
+
+TEST(DecodeSchedule, SeesawSplitsMergeInAClusterWhenAllFit) {
+  const auto c = choose(facts(CacheFormat::bf16, 16, 128, 4));  // 32 row tiles in clusters of 4
+  EXPECT_EQ(c.kind, Kind::cluster);
+  EXPECT_EQ(c.splits, 4);
+  EXPECT_FALSE(c.combine);
+  Facts f = facts(CacheFormat::bf16, 64, 128, 4);
+  f.max_clusters = 30;  // 128 clusters do not fit at once
+  const auto u = choose(f);
+  EXPECT_EQ(u.kind, Kind::uniform);
+  EXPECT_EQ(u.splits, 4);
+  EXPECT_TRUE(u.combine);
+  EXPECT_EQ(choose(facts(CacheFormat::bf16, 4, 128, 16)).kind, Kind::uniform);  // past the cluster size
+  EXPECT_EQ(choose(facts(CacheFormat::fp8_ds_mla, 4, 128, 4)).kind, Kind::uniform);  // code formats: no merge
+  const auto one = choose(facts(CacheFormat::bf16, 4, 128, 1));
+  EXPECT_EQ(one.kind, Kind::uniform);
+  EXPECT_FALSE(one.combine);
+}
+
+TEST(DecodeSchedule, RawKernelRunsUniformWithinTheWorkspace) {
+  Facts f = facts(CacheFormat::fp8_ds_mla, 4, 16, 8);
+  EXPECT_EQ(choose(f).kind, Kind::uniform);
+  EXPECT_EQ(choose(f).splits, 8);
+  f.max_ws_splits = 1;  // no workspace: one split, no combine
+  EXPECT_EQ(choose(f).splits, 1);
+  EXPECT_FALSE(choose(f).combine);
+}
+
+TEST(DecodeSchedule, PlanMarksNearUniformRuns) {
+  // 128 decodes of h 16 (one split each on 132 SMs): uniform lengths are whole requests, a long outlier is not.
+  std::vector<int32_t> qsl(129), uniform(128, 4096), varlen(128, 4096);
+  for (int i = 0; i <= 128; ++i) qsl[static_cast<std::size_t>(i)] = i;
+  varlen[7] = 16384;
+  const DecodeSchedule a = plan_decode_schedule(qsl, uniform, 128, 64, 16, 132);
+  ASSERT_EQ(a.runs.size(), 1u);
+  EXPECT_EQ(a.runs[0].num_splits, 1);
+  EXPECT_TRUE(a.runs[0].whole_requests);
+  EXPECT_FALSE(plan_decode_schedule(qsl, varlen, 128, 64, 16, 132).runs[0].whole_requests);
+  // A length bound (CUDA graphs) says nothing about the lengths of a replay; a CPU plan knows no SMs.
+  EXPECT_FALSE(plan_decode_schedule(qsl, uniform, 128, 64, 16, 132, 8192).runs[0].whole_requests);
+  EXPECT_FALSE(plan_decode_schedule(qsl, uniform, 128, 64, 16, 0).runs[0].whole_requests);
+}
+
+}  // namespace
+}  // namespace mla
