@@ -50,7 +50,7 @@ A, B = load("A"), load("B")
 if not A or not B:
     print(f"grid {grid}: no results"); sys.exit(0)
 def key(row):  # the shape without the variant tag (the two binaries may name their kernels differently)
-    return (row["op"], re.sub(r"\s*\[[^\]]*\]", "", row["config"]))
+    return (row["op"], re.sub(r"\s*\(x[0-9.]+\)", "", re.sub(r"\s*\[[^\]]*\]", "", row["config"])))
 def times(runs):
     t, v = {}, {}
     for run in runs:
@@ -73,6 +73,8 @@ for k in ta:
     print(f"{k[0]:<12} {k[1][:58]:<58} {ma:9.4f} {mb:9.4f} {ratio:6.3f}{flag:2}  {vb.get(k, '')}")
     if flag:
         slower.append((k, ratio))
-print(f"rows slower by more than {limit}%: {len(slower)}" + "".join(f"\n  {k[0]} {k[1]}: {r:.3f}" for k, r in slower))
+print(f"rows slower by more than {limit}%: {len(slower)}" + "".join(
+    f"\n  {k[0]} {k[1]}: {r:.3f}\n    A {' '.join(f'{t:.4f}' for t in ta[k])}\n    B {' '.join(f'{t:.4f}' for t in tb[k])}"
+    for k, r in slower))
 EOF
 done
