@@ -4,25 +4,20 @@
 #include <omp.h>
 
 #include <fstream>
+#include <string_view>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "mla/tensor.h"
+#include "mla/version.h"
 #if MLA_WITH_CUDA
 #include "runtime/device_api.h"
 #endif
 
 namespace mla::app {
 
-// CMake knows the project version and build type; until it passes them as definitions the CLI
-// falls back to the values below (keep in step with project(mla VERSION ...)).
-std::string version_string() {
-#ifdef MLA_VERSION
-  return MLA_VERSION;
-#else
-  return "0.1.0";
-#endif
-}
+// The version of project(mla VERSION ...), through the generated mla/version.h.
+std::string version_string() { return MLA_VERSION_STRING; }
 
 std::string build_type() {
 #ifdef MLA_BUILD_TYPE
@@ -59,8 +54,16 @@ int info_command(const InfoOptions& o) {
   nlohmann::json j;
   j["version"] = version_string();
   j["build_type"] = build_type();
-  j["compiler"] = __VERSION__;
+  j["commit"] = MLA_GIT_COMMIT;
+  j["compiler"] = MLA_CXX_COMPILER;
   j["cuda_built"] = built_with_cuda();
+  j["cuda_toolkit"] = MLA_CUDA_TOOLKIT_VERSION;  // "" without the CUDA backend
+  j["cuda_archs"] = nlohmann::json::array();     // GPU code built: sm_XY machine code, compute_XY PTX
+  for (std::string_view rest = MLA_CUDA_ARCHS; !rest.empty();) {
+    const size_t sp = rest.find(' ');
+    if (sp != 0) j["cuda_archs"].push_back(std::string(rest.substr(0, sp)));
+    rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
+  }
   j["cpu"] = cpu_name();
   j["openmp_threads"] = openmp_threads();
   j["devices"] = nlohmann::json::array();
@@ -83,8 +86,12 @@ int info_command(const InfoOptions& o) {
   }
   fmt::print("mla {} — DeepSeek Multi-head Latent Attention (dense and sparse), CPU and CUDA backends\n",
              version_string());
-  fmt::print("  build:          {}, {}\n", build_type(), __VERSION__);
-  fmt::print("  CUDA backend:   {}\n", built_with_cuda() ? "built (sm_90a)" : "not built (-DMLA_WITH_CUDA=OFF or no nvcc)");
+  fmt::print("  commit:         {}\n", MLA_GIT_COMMIT);
+  fmt::print("  build:          {}, {}\n", build_type(), MLA_CXX_COMPILER);
+  if (built_with_cuda())
+    fmt::print("  CUDA backend:   built with CUDA {} for {}\n", MLA_CUDA_TOOLKIT_VERSION, MLA_CUDA_ARCHS);
+  else
+    fmt::print("  CUDA backend:   not built (-DMLA_WITH_CUDA=OFF or no nvcc)\n");
   fmt::print("  CPU backend:    {} ({} OpenMP threads)\n", cpu_name(), openmp_threads());
   if (!built_with_cuda()) {
     fmt::print("  CUDA devices:   - (not built)\n");

@@ -13,8 +13,7 @@ Submodules: ``mla.ops`` (torch custom ops, import needs torch), ``mla.compat.fla
 """
 from ._mla import *  # noqa: E402,F401,F403  (the binding's names are the package's API)
 from ._mla import __doc__ as _binding_doc  # noqa: E402,F401
-
-__version__ = "0.1.0"
+from ._mla import __version__  # noqa: E402,F401  (CMake's project version, compiled into the extension)
 
 
 def oracle_layer_options(dims, cache_format=None, sparse=False):

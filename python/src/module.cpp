@@ -4,9 +4,11 @@
 // -> ValueError, argument conversion failures -> TypeError, both with the library's text.
 #include "bindings.h"
 #include "mla/error.h"
+#include "mla/version.h"
 
 PYBIND11_MODULE(_mla, m) {
   m.doc() = "mla: DeepSeek Multi-head Latent Attention (C++/CUDA) for Python; see docs/PYTHON.md";
+  m.attr("__version__") = MLA_VERSION_STRING;  // project(mla VERSION ...), through mla/version.h
   pybind11::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
