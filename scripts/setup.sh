@@ -6,6 +6,7 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev
       libdlpack-dev libgtest-dev libgmock-dev libbenchmark-dev libomp-dev libopenblas-dev
       python3-dev pybind11-dev python3-numpy python3-pytest
+      python3-venv  # ctest python.wheel: the wheel installed into a fresh virtual environment
       clang libclang-rt-14-dev)  # scripts/sanitize.sh, scripts/fuzz.sh: clang 14 with ASan/UBSan and libFuzzer
 # The Python package's torch tests (custom ops, the compat modules, torch tensors) need python3-torch
 # (CPU, 1.13): about 1.6 min to install on a 2-core machine (measured); MLA_SETUP_TORCH=0
