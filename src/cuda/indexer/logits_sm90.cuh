@@ -49,7 +49,7 @@ __device__ __forceinline__ uint8_t* swz(uint8_t* tile, int r, int cc) {
 template <int G>
 __global__ void __launch_bounds__(Sm90Traits::kThreads) logits_sm90_kernel(const LogitsParams p, int64_t chunk_keys,
                                                                            int64_t num_groups, int64_t groups_per_req) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma: sm_90a only (the fat build compiles this file for every target)
   using Tr = Sm90Traits;
   constexpr int S = Tr::kStages;
   extern __shared__ uint8_t smem_raw[];

@@ -58,7 +58,7 @@ template <int G>
 __global__ void __launch_bounds__(TmaTraits<G>::kThreads, TmaTraits<G>::kMinBlocks)
     logits_tma_kernel(const __grid_constant__ CUtensorMap kmap, const LogitsParams p, int64_t chunk_keys,
                       int64_t num_groups, int64_t groups_per_req) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma: sm_90a only (the fat build compiles this file for every target)
   using Tr = TmaTraits<G>;
   constexpr int S = Tr::kStages;
   extern __shared__ uint8_t smem_raw[];
