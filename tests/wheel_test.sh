@@ -24,5 +24,7 @@ echo "built $(basename "$wheel") in $(($(date +%s) - t0)) s"
 # The package must come from the environment, not from the checkout or the build tree.
 cd "$work"
 "$py" -c "import mla, sys; print('mla', mla.__version__, 'from', mla.__file__); assert mla.__file__.startswith(sys.prefix), mla.__file__"
-"$py" -m pip show mla | grep -q "^Version: $("$py" -c 'import mla; print(mla.__version__)')$"
+# pip's output captured first: `pip show | grep -q` fails under pipefail when grep exits before pip has written.
+show=$("$py" -m pip show mla)
+grep -q "^Version: $("$py" -c 'import mla; print(mla.__version__)')$" <<<"$show"
 "$py" -m pytest -q -p no:cacheprovider "$src/tests/python"
