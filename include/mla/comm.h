@@ -61,6 +61,15 @@ NcclId nccl_id_from_hex(const std::string& hex);
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclId& id, int world_size, int rank, int device,
                                                      std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
+// This process's rank of a group the caller already has: `nccl_comm` is an ncclComm_t (an engine's
+// context-parallel group) on CUDA device `device`; rank and world size are the communicator's. The caller
+// keeps ownership: it must outlive the result, which never finalizes or aborts it. Collectives and
+// synchronize are bounded by `timeout` as above; on a timeout or an asynchronous NCCL error mla::Error says
+// so and the result is unusable (the caller decides whether to abort its communicator). Blocking and
+// non-blocking communicators both work.
+std::unique_ptr<Communicator> make_nccl_communicator_from(void* nccl_comm, int device,
+                                                          std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
 // ---- ranks as threads of one process on CUDA: lockstep enqueue ----------------------------------------
 // Ranks of one NCCL group that are threads of one process (one GPU each) can deadlock: some driver calls
 // take a process-wide lock and wait until every GPU of the process drains its queue (cuBLASLt's first use
