@@ -122,10 +122,15 @@ std::unique_ptr<Communicator> make_socket_communicator(const std::string& path, 
 // LOCAL_RANK (default RANK); MLA_DCP_RENDEZVOUS: a path every rank knows (CPU: the socket rank 0
 // listens on; CUDA: the file through which rank 0 hands its NCCL id to the others, written atomically;
 // it must not exist before the group starts); MLA_NCCL_ID: the id as 256 hex digits instead of the
-// file (a launcher that made the id itself). MLA_DCP_TIMEOUT_MS: the group's timeout (default 120000).
+// file (a launcher that made the id itself). Without either, MASTER_ADDR (torchrun's, for ranks on
+// several hosts): rank 0 listens on TCP port MLA_DCP_PORT, default MASTER_PORT + 1 (torchrun's store
+// holds MASTER_PORT), and hands the others its NCCL id (CPU: the path of its socket group, every rank
+// on rank 0's host). MLA_DCP_TIMEOUT_MS: the group's timeout (default 120000).
 struct ProcessGroupEnv {
   int rank = 0, world_size = 1, local_rank = 0;
   std::string rendezvous, nccl_id_hex;
+  std::string master_addr;  // MASTER_ADDR ("" = unset)
+  int master_port = 0;      // the TCP rendezvous's port (MLA_DCP_PORT, else MASTER_PORT + 1; 0 = unset)
   std::chrono::milliseconds timeout{120000};
 };
 // Whether RANK and WORLD_SIZE are set; throws mla::Error when they are malformed or out of range.
@@ -133,7 +138,8 @@ bool process_group_env_present();
 ProcessGroupEnv process_group_env();
 // The communicator of this process's rank. device: CPU -> make_socket_communicator(rendezvous);
 // CUDA -> NCCL on that device (the id from nccl_id_hex, else through the rendezvous file: rank 0
-// creates it, the others wait for it up to the timeout).
+// creates it, the others wait for it up to the timeout). With neither rendezvous nor nccl_id_hex but
+// master_addr and master_port: the TCP rendezvous above.
 std::unique_ptr<Communicator> make_process_communicator(const ProcessGroupEnv& env, Device device);
 
 }  // namespace mla
