@@ -379,6 +379,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the small CPU case list on any device")
     ap.add_argument("--flashmla-only", action="store_true", help="skip the dense fp8 cases (an mla extension)")
     a = ap.parse_args()
+    if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {a.device}: this torch ({torch.__version__}) has no CUDA device "
+                 "(torch.cuda.is_available() is False); run with --device cpu")
     run = {"dense": dense_case, "dense fp8": dense_case, "sparse decode": sparse_decode_case,
            "sparse prefill": sparse_prefill_case}
     passed, failed, t0 = {}, 0, time.time()

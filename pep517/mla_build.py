@@ -159,7 +159,7 @@ def _package_files():
     for d, dirs, files in os.walk(src):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
         for f in sorted(files):
-            if f.endswith((".pyc", ".pyo")) or f.startswith("_mla."):
+            if f.endswith((".pyc", ".pyo")) or (f.startswith("_mla.") and f != "_mla.pyi"):  # the stub ships
                 continue
             full = os.path.join(d, f)
             out.append((os.path.relpath(full, os.path.join(ROOT, "python")).replace(os.sep, "/"), full))

@@ -67,6 +67,37 @@ expect_fail "--splits" bench --splits 65
 expect_fail "--format" bench --format fp7
 expect_fail "--grid" bench --grid issue10
 expect_fail "cannot open" bench --json /nonexistent-dir/x.json
+# Options that matter only with another one are refused with a sentence, not ignored (issue 52).
+expect_fail "--topk 5 applies to --sparse runs only" run --backend cpu --steps 1 --topk 5
+expect_fail "--dcp-interleave 2 applies to a DCP group" run --backend cpu --steps 1 --dcp-interleave 2
+expect_fail "--dcp-interleave 1 applies to a DCP group" run --backend cpu --steps 1 --dcp 1 --dcp-interleave 1
+expect_fail "--dcp-procs needs --dcp N" run --backend cpu --steps 1 --dcp-procs
+expect_fail "--device 1 selects a CUDA device, and --backend cpu" run --backend cpu --steps 1 --device 1
+expect_fail "--layer selects a layer of --checkpoint" run --backend cpu --block --layer 1
+expect_fail "--layer and --rank select the block" run --backend cpu --steps 1 --rank 0
+expect_fail "--sparse-prefill applies to --sparse runs" run --backend cpu --steps 1 --sparse-prefill auto
+expect_fail "--topk-source applies to the bare layer" run --backend cpu --block --sparse --topk-source synthetic
+expect_fail "--sparse-prefill applies to the bare layer" run --backend cpu --block --sparse --sparse-prefill mixed
+expect_fail "--s-q shapes the single row that --b selects" bench --s-q 2
+expect_fail "--non-causal applies to mha_prefill only, and --ops mqa_decode" bench --ops mqa_decode --b 4 --non-causal
+expect_fail "--dcp applies to dcp only" bench --dcp 2
+expect_fail "--trace applies to mqa_decode only" bench --ops sparse_mqa --trace
+expect_fail "--b and --grid both choose the rows" bench --b 4 --grid issue7
+expect_fail "--grid issue9 is a list of mha_prefill rows" bench --ops mqa_decode --grid issue9
+# Parse failures in the program's voice: what was given, what is accepted, where the help is; exit 3.
+expect_fail "mla run: unknown option '--topkk' (did you mean --topk?)" run --topkk 5
+expect_fail "see \`mla run --help\`" run --topkk 5
+expect_fail "mla run accepts --backend, --device" run --frobnicate
+expect_fail "unexpected argument 'extra'" run --backend cpu extra
+expect_fail "mla bench: unknown option '--quik' (did you mean --quick?)" bench --quik
+expect_fail "a command is required: run, info, bench"
+expect_fail "mla: unknown option '--frob'" --frob
+expect_fail "see \`mla run --help\`" run --steps
+for args in "run --topkk 5" "bench --quik" "run --steps abc" "info --frob"; do
+  # shellcheck disable=SC2086
+  "$mla" $args >/dev/null 2>&1; rc=$?
+  if [ $rc -ne 3 ]; then echo "FAIL: mla $args -> exit $rc, wanted 3 (the error code of mla)"; fails=$((fails + 1)); fi
+done
 # Range messages stay short (no 300-digit bounds).
 out=$("$mla" run --backend cpu --steps 0 2>&1)
 if [ ${#out} -gt 200 ]; then echo "FAIL: --steps 0 message is ${#out} characters"; fails=$((fails + 1)); fi

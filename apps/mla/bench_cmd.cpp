@@ -2,8 +2,11 @@
 // `mla bench`: option parsing for mla::bench::run (bench/, CUDA builds).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <set>
+#include <vector>
 
 #include "cli_util.h"
 #include "commands.h"
@@ -90,7 +93,61 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
   return cmd;
 }
 
-int bench_command(const bench::BenchOptions& options) {
+namespace {
+
+// Refuses options that would change nothing: a shape option of ops that do not run, a shape option
+// without --b (the single row it shapes), --b with --grid (both choose the rows).
+void check_relevance(const bench::BenchOptions& o, const std::set<std::string>& given) {
+  struct Rule {
+    const char* option;
+    std::vector<std::string> ops;  // the benchmarks that read it
+    bool needs_b;                  // it shapes the single --b row only
+  };
+  const std::string decode = "mqa_decode", prefill = "mha_prefill", sparse = "sparse_mqa";
+  const std::vector<Rule> rules = {
+      {"--b", {decode, prefill, sparse}, false},  {"--s-q", {decode, prefill}, true},
+      {"--h-q", {decode, prefill, sparse}, true}, {"--s-k", {decode, prefill}, true},
+      {"--page", {decode}, true},                 {"--format", {decode, sparse}, true},
+      {"--varlen", {decode, prefill}, true},      {"--sequential-pages", {decode}, true},
+      {"--non-causal", {prefill}, true},          {"--topk", {sparse}, true},
+      {"--pool", {sparse}, true},                 {"--splits", {decode}, true},
+      {"--trace", {decode}, false},               {"--dcp", {"dcp"}, false},
+  };
+  auto runs = [&](const std::string& op) {
+    // dcp is opt-in: the default selection (every benchmark) leaves it out.
+    if (o.ops.empty()) return op != "dcp";
+    return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end();
+  };
+  for (const Rule& r : rules) {
+    if (!given.count(r.option)) continue;
+    if (!std::any_of(r.ops.begin(), r.ops.end(), runs)) {
+      std::string ops;
+      for (const std::string& op : r.ops) ops += (ops.empty() ? "" : ", ") + op;
+      std::string selected;
+      for (const std::string& op : o.ops) selected += (selected.empty() ? "--ops " : ",") + op;
+      throw Error(fmt::format("{} applies to {} only, and {} does not run {}", r.option, ops,
+                              o.ops.empty() ? "the default selection (every benchmark but the opt-in dcp)" : selected,
+                              r.ops.size() == 1 ? "it" : "any of them"));
+    }
+    if (r.needs_b && !given.count("--b"))
+      throw Error(fmt::format("{} shapes the single row that --b selects: give --b too (without --b the ops run "
+                              "their default rows{})",
+                              r.option, o.decode_grid.empty() ? "" : " or --grid's"));
+  }
+  if (given.count("--b") && given.count("--grid"))
+    throw Error("--b and --grid both choose the rows to run: give one of them");
+  if (!o.decode_grid.empty()) {
+    const std::string grid_op = o.decode_grid == "issue7" ? decode : o.decode_grid == "issue9" ? prefill : sparse;
+    if (!runs(grid_op))
+      throw Error(fmt::format("--grid {} is a list of {} rows, and --ops does not run {}", o.decode_grid, grid_op,
+                              grid_op));
+  }
+}
+
+}  // namespace
+
+int bench_command(const bench::BenchOptions& options, const std::set<std::string>& given) {
+  check_relevance(options, given);
   // The record file is opened first: an unwritable --json fails before any work, and a failed write
   // of the record is an error (cli_util.h).
   auto json = std::make_shared<OutputFile>(options.json_path, "--json");

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstdint>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "mla/error.h"
@@ -28,6 +29,15 @@ inline CLI::Validator int_range(int64_t lo, int64_t hi) {
       },
       fmt::format("INT in [{}, {}]", lo, hi));
 }
+
+// The long names ("--topk") of the options of `cmd` that the command line gave, after parsing: an option
+// that only matters with another one is refused when given alone, whatever its value.
+std::set<std::string> given_options(const CLI::App& cmd);
+
+// Parses the command line. Help and --version print and return 0; any other parse failure prints one
+// message in the program's voice (what was given, what the command accepts, `mla <command> --help`)
+// and returns the error exit code; a successful parse returns -1.
+int parse_command_line(CLI::App& app, int argc, char** argv);
 
 // A file opened for writing when constructed (throws mla::Error naming the option when it cannot be);
 // write() replaces its contents and throws when the bytes did not all reach the file.

@@ -4,6 +4,7 @@
 // calls the matching *_command after parsing. Commands return the process exit code.
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "bench.h"
@@ -39,6 +40,7 @@ struct RunOptions {
   int dcp = 1;             // ranks of a decode-context-parallel group (threads of this process)
   int dcp_interleave = 1;  // consecutive positions per rank turn
   bool dcp_procs = false;  // one process per rank (this process launches them), not threads
+  std::set<std::string> given;  // long names of the options on the command line (irrelevant ones are refused)
 };
 CLI::App* add_run_command(CLI::App& app, RunOptions& options);
 int run_command(const RunOptions& options);
@@ -50,7 +52,8 @@ CLI::App* add_info_command(CLI::App& app, InfoOptions& options);
 int info_command(const InfoOptions& options);
 
 CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& options);
-int bench_command(const bench::BenchOptions& options);
+// given: the long names of the options on the command line (shape options of ops that do not run are refused).
+int bench_command(const bench::BenchOptions& options, const std::set<std::string>& given);
 
 // Build facts shared by `mla info` and the run summary.
 std::string version_string();

@@ -9,6 +9,7 @@
 #include <exception>
 #include <new>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "mla/error.h"
 
@@ -42,11 +43,14 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "mla: unknown command '{}' (expected run, info or bench; see `mla --help`)\n", argv[1]);
     return kExitError;
   }
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = parse_command_line(app, argc, argv); rc >= 0) return rc;
   try {
-    if (run->parsed()) return run_command(run_opts);
+    if (run->parsed()) {
+      run_opts.given = given_options(*run);
+      return run_command(run_opts);
+    }
     if (info->parsed()) return info_command(info_opts);
-    if (bench->parsed()) return bench_command(bench_opts);
+    if (bench->parsed()) return bench_command(bench_opts, given_options(*bench));
   } catch (const mla::Error& e) {
     fmt::print(stderr, "mla: error: {}\n", e.what());
     return kExitError;

@@ -38,7 +38,33 @@ constexpr float kFp8Scale = 1.0f / 200.0f;
 // 1/200 (amax 2.24) saturates them (the fp8 cache's own error 0.25 / 0.34 rel-L2 on the V3 / V2-Lite
 // fixtures); 1/50 .. 1/5 all give the e4m3 floor (5.1e-2 / 3.2e-2). 1/16: amax 28, exact.
 constexpr float kBlockFp8Scale = 1.0f / 16.0f;
+// Options that only matter with another one are refused when given without it (whatever their value),
+// so that a command line never means less than it says.
+void check_relevance(const RunOptions& o) {
+  auto given = [&](const char* name) { return o.given.count(name) > 0; };
+  const bool block = o.block || !o.checkpoint.empty();
+  if (given("--device") && o.backend == "cpu")
+    throw Error(fmt::format("--device {} selects a CUDA device, and --backend cpu runs on the CPU", o.device));
+  if ((given("--layer") || given("--rank")) && !block)
+    throw Error("--layer and --rank select the block of a checkpoint: use them with --checkpoint or --block");
+  if (given("--layer") && o.checkpoint.empty())
+    throw Error("--layer selects a layer of --checkpoint's weights; --block makes one layer of random weights");
+  if (given("--topk") && !o.sparse)
+    throw Error(fmt::format("--topk {} applies to --sparse runs only (a dense run attends to every cached token)",
+                            o.topk));
+  if (given("--topk-source") && !o.sparse) throw Error("--topk-source applies to --sparse runs only");
+  if (given("--topk-source") && block)
+    throw Error("--topk-source applies to the bare layer: the block (--checkpoint / --block) draws random top-k rows");
+  if (given("--sparse-prefill") && block)
+    throw Error("--sparse-prefill applies to the bare layer, not to --checkpoint / --block");
+  if (given("--dcp-interleave") && o.dcp < 2)
+    throw Error(fmt::format("--dcp-interleave {} applies to a DCP group: give --dcp N with N >= 2 too",
+                            o.dcp_interleave));
+  if (o.dcp_procs && o.dcp < 2) throw Error("--dcp-procs needs --dcp N with N >= 2");
+}
+
 RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
+  check_relevance(o);
   RunConfig c;
   const int devices = cuda_device_count();
   block.enabled = o.block || !o.checkpoint.empty();
@@ -178,9 +204,9 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   } else if (!o.topk_source.empty()) {
     throw Error("--topk-source applies to --sparse runs only");
   }
+  if (!o.sparse_prefill.empty() && (!c.sparse || c.format != CacheFormat::fp8_ds_mla))  // given (auto included)
+    throw Error("--sparse-prefill applies to --sparse runs with the fp8_ds_mla cache only");
   if (!o.sparse_prefill.empty() && o.sparse_prefill != "auto") {
-    if (!c.sparse || c.format != CacheFormat::fp8_ds_mla)
-      throw Error("--sparse-prefill applies to --sparse runs with the fp8_ds_mla cache only");
     c.sparse_prefill = o.sparse_prefill == "mixed" ? SparsePrefillMode::mixed_batch : SparsePrefillMode::separate;
     if (c.dcp > 1 && c.sparse_prefill == SparsePrefillMode::separate)
       throw Error("--sparse-prefill separate cannot be combined with --dcp: DCP runs every sparse token on the cache "
@@ -278,7 +304,6 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
 int run_command(const RunOptions& options) {
   BlockRunConfig block;
   if (options.dcp_procs && !process_group_env_present()) {
-    if (options.dcp < 2) throw Error("--dcp-procs needs --dcp N with N >= 2");
     resolve(options, block);  // refuse a bad configuration before any process starts
     return launch_dcp_processes(options.dcp, std::chrono::seconds(5));
   }

@@ -61,6 +61,15 @@ NcclId nccl_id_from_hex(const std::string& hex);
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclId& id, int world_size, int rank, int device,
                                                      std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
+// This process's rank of a group the caller already has: `nccl_comm` is an ncclComm_t (an engine's
+// context-parallel group) on CUDA device `device`; rank and world size are the communicator's. The caller
+// keeps ownership: it must outlive the result, which never finalizes or aborts it. Collectives and
+// synchronize are bounded by `timeout` as above; on a timeout or an asynchronous NCCL error mla::Error says
+// so and the result is unusable (the caller decides whether to abort its communicator). Blocking and
+// non-blocking communicators both work.
+std::unique_ptr<Communicator> make_nccl_communicator_from(void* nccl_comm, int device,
+                                                          std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
 // ---- ranks as threads of one process on CUDA: lockstep enqueue ----------------------------------------
 // Ranks of one NCCL group that are threads of one process (one GPU each) can deadlock: some driver calls
 // take a process-wide lock and wait until every GPU of the process drains its queue (cuBLASLt's first use
@@ -113,10 +122,15 @@ std::unique_ptr<Communicator> make_socket_communicator(const std::string& path, 
 // LOCAL_RANK (default RANK); MLA_DCP_RENDEZVOUS: a path every rank knows (CPU: the socket rank 0
 // listens on; CUDA: the file through which rank 0 hands its NCCL id to the others, written atomically;
 // it must not exist before the group starts); MLA_NCCL_ID: the id as 256 hex digits instead of the
-// file (a launcher that made the id itself). MLA_DCP_TIMEOUT_MS: the group's timeout (default 120000).
+// file (a launcher that made the id itself). Without either, MASTER_ADDR (torchrun's, for ranks on
+// several hosts): rank 0 listens on TCP port MLA_DCP_PORT, default MASTER_PORT + 1 (torchrun's store
+// holds MASTER_PORT), and hands the others its NCCL id (CPU: the path of its socket group, every rank
+// on rank 0's host). MLA_DCP_TIMEOUT_MS: the group's timeout (default 120000).
 struct ProcessGroupEnv {
   int rank = 0, world_size = 1, local_rank = 0;
   std::string rendezvous, nccl_id_hex;
+  std::string master_addr;  // MASTER_ADDR ("" = unset)
+  int master_port = 0;      // the TCP rendezvous's port (MLA_DCP_PORT, else MASTER_PORT + 1; 0 = unset)
   std::chrono::milliseconds timeout{120000};
 };
 // Whether RANK and WORLD_SIZE are set; throws mla::Error when they are malformed or out of range.
@@ -124,7 +138,8 @@ bool process_group_env_present();
 ProcessGroupEnv process_group_env();
 // The communicator of this process's rank. device: CPU -> make_socket_communicator(rendezvous);
 // CUDA -> NCCL on that device (the id from nccl_id_hex, else through the rendezvous file: rank 0
-// creates it, the others wait for it up to the timeout).
+// creates it, the others wait for it up to the timeout). With neither rendezvous nor nccl_id_hex but
+// master_addr and master_port: the TCP rendezvous above.
 std::unique_ptr<Communicator> make_process_communicator(const ProcessGroupEnv& env, Device device);
 
 }  // namespace mla

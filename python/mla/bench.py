@@ -216,7 +216,8 @@ def main(argv=None):
         return 2
     if not torch.cuda.is_available():
         print(f"mla.bench: torch {torch.__version__} sees no CUDA device (a CPU-only torch, or no GPU); "
-              "the benchmark needs one", file=sys.stderr)
+              "the benchmark needs one. Without a GPU, `mla run --backend cpu` runs and checks a layer on the CPU, "
+              "and `python -m pytest tests/python` runs the CPU tests.", file=sys.stderr)
         return 2
     print(f"peers: flash_mla {'present' if FLASH_MLA else FLASH_MLA_MISSING}; flash_attn "
           f"{'present' if FLASH_ATTN else FLASH_ATTN_MISSING}; torch {torch.__version__} SDPA", flush=True)

@@ -69,14 +69,16 @@ _STEP = {"plan": None}
 
 
 def register_layer(layer):
-    """Handle of an mla.MlaAttention for torch.ops.mla.layer_forward (the layer stays alive)."""
+    """Int handle of an mla.MlaAttention for torch.ops.mla.layer_forward's ``layer`` argument (the layer stays
+    alive as long as the process)."""
     handle = len(_LAYERS)
     _LAYERS[handle] = layer
     return handle
 
 
 def set_step(plan):
-    """The plan every following torch.ops.mla.layer_forward runs with (call once per step)."""
+    """The mla.Plan (from mla.make_plan) every following torch.ops.mla.layer_forward runs with; call once per
+    step, outside a compiled or captured region."""
     _STEP["plan"] = plan
 
 
@@ -138,5 +140,7 @@ _register()
 
 
 def cache_args(cache):
-    """(tensor, format, scale, d_qk, d_rope) of an mla.KVCache for the ops' cache parameters."""
+    """(tensor, format, scale, d_qk, d_rope) of an mla.KVCache for the ops' cache parameters: the cache tensor
+    ([blocks, page, 576] bf16 / fp8_e4m3, [blocks, page, 656] u8 for fp8_ds_mla), format as int (mla.CacheFormat),
+    scale as float (fp8's per-tensor scale), d_qk and d_rope as int (576 and 64 for DeepSeek)."""
     return cache.data, int(cache.format), float(cache.scale), cache.d_qk, cache.d_rope

@@ -31,23 +31,23 @@ void bind_block(py::module_& m) {
       MLA_RW(DeepseekConfig, yarn_mscale_all_dim) MLA_RW(DeepseekConfig, fp8_weights)
       MLA_RW(DeepseekConfig, weight_block_rows) MLA_RW(DeepseekConfig, weight_block_cols)
       MLA_RW(DeepseekConfig, index_topk)
-      .def("softmax_scale", &DeepseekConfig::softmax_scale)
-      .def("dims", &DeepseekConfig::dims, py::arg("tp") = 1);
+      .def("softmax_scale", &DeepseekConfig::softmax_scale, "qk_head_dim^-0.5 times yarn_mscale(factor, mscale_all_dim)^2 (the correction only when mscale_all_dim is set).")
+      .def("dims", &DeepseekConfig::dims, py::arg("tp") = 1, "The MLA ModelDims of one tensor-parallel rank of `tp`.");
 
   py::class_<Checkpoint>(m, "Checkpoint",
                          "A checkpoint directory (model.safetensors.index.json or its *.safetensors), read-only.")
       .def(py::init<const std::string&>(), py::arg("dir"))
       .def_property_readonly("dir", &Checkpoint::dir)
-      .def("has", &Checkpoint::has, py::arg("name"))
-      .def("names", &Checkpoint::names)
-      .def("shape", [](const Checkpoint& c, const std::string& n) { return c.info(n).shape; }, py::arg("name"))
+      .def("has", &Checkpoint::has, py::arg("name"), "Whether the checkpoint has a tensor of this name.")
+      .def("names", &Checkpoint::names, "Every tensor name of the checkpoint.")
+      .def("shape", [](const Checkpoint& c, const std::string& n) { return c.info(n).shape; }, py::arg("name"), "The shape of a tensor (list of ints).")
       .def("dtype", [](const Checkpoint& c, const std::string& n) { return std::string(to_string(c.info(n).dtype)); },
-           py::arg("name"))
+           py::arg("name"), "The dtype name of a tensor as stored (e.g. 'bf16', 'fp8_e4m3').")
       .def("load", [](const Checkpoint& c, const std::string& n, py::handle dtype) {
              return wrap(c.load(n, to_dtype(dtype)));
            }, py::arg("name"), py::arg("dtype"), "A host copy of the tensor converted to dtype (mla.Tensor).");
 
-  py::class_<DeepseekOptions>(m, "DeepseekOptions")
+  py::class_<DeepseekOptions>(m, "DeepseekOptions", "Options of a DeepseekAttention block: tp and rank, cache format, sparse, ds_scale, device, dtype (bf16, f32 or f64; CUDA bf16), fp8_activations (keyword constructor).")
       .def(py::init(&options_from_kwargs<DeepseekOptions>))
       MLA_RW(DeepseekOptions, tp) MLA_RW(DeepseekOptions, rank) MLA_RW(DeepseekOptions, cache_format)
       MLA_RW(DeepseekOptions, sparse) MLA_RW(DeepseekOptions, ds_scale) MLA_RW(DeepseekOptions, device)
@@ -97,11 +97,11 @@ void bind_block(py::module_& m) {
       .def_property_readonly("config", &DeepseekAttention::config)
       .def_property_readonly("options", &DeepseekAttention::options)
       .def_property_readonly("layer_options", &DeepseekAttention::layer_options)
-      .def("planner_config", &DeepseekAttention::planner_config)
+      .def("planner_config", &DeepseekAttention::planner_config, "Planner settings matching the block (one rank's dims, cache format, sparse); set the serving limits (page size, max_model_len, ...) yourself.")
       .def("projection_is_fp8", &DeepseekAttention::projection_is_fp8, py::arg("name"),
            "True when the projection runs w8a8 (fp8_activations and a block-aligned rank slice).")
-      .def("workspace_bytes", &DeepseekAttention::workspace_bytes, py::arg("plan"))
-      .def("max_workspace_bytes", &DeepseekAttention::max_workspace_bytes, py::arg("config"), py::arg("max_num_tokens"))
+      .def("workspace_bytes", &DeepseekAttention::workspace_bytes, py::arg("plan"), "Bytes of the u8 workspace forward() needs for `plan`.")
+      .def("max_workspace_bytes", &DeepseekAttention::max_workspace_bytes, py::arg("config"), py::arg("max_num_tokens"), "Bytes of a workspace that serves every plan of `config` with at most max_num_tokens tokens.")
       .def("forward", [](const DeepseekAttention& b, const Plan& plan, const PyKVCache& cache, const TensorArg& workspace,
                          const TensorArg& hidden, const TensorArg& positions, const TensorArg& slot_mapping,
                          const TensorArg& block_table, const TensorArg& seq_lens, const TensorArg& out,

@@ -21,6 +21,12 @@ namespace {
 using A = TensorArg;
 using K = PyKVCache;
 using mla::Communicator;
+using mla::Context;
+using mla::Device;
+using mla::DType;
+using mla::Error;
+using mla::TensorView;
+using mla::to_string;
 
 std::chrono::milliseconds millis(double seconds) {
   if (!(seconds > 0)) throw ArgError("timeout must be a positive number of seconds");
@@ -28,6 +34,85 @@ std::chrono::milliseconds millis(double seconds) {
 }
 
 std::shared_ptr<Communicator> shared(std::unique_ptr<Communicator> c) { return std::shared_ptr<Communicator>(std::move(c)); }
+
+// A Communicator whose collectives are a Python object's methods (mla.dist.TorchCommunicator runs them
+// with torch.distributed): impl.all_gather(input, output, stream), all_to_all, reduce_scatter and
+// synchronize(stream) receive mla.Tensor views (valid during the call only; torch.from_dlpack shares their
+// memory) and the CUDA stream as an int (0: the default stream, or a CPU group). Views are checked here
+// as by every communicator before the call; a Python exception becomes mla::Error with its text. The
+// calls take the GIL: the ranks of such a group are processes (or threads that release it, as the ops do).
+class CallbackCommunicator final : public Communicator {
+ public:
+  CallbackCommunicator(py::object impl, int rank, int world, Device device, std::string backend)
+      : impl_(std::move(impl)), rank_(rank), world_(world), device_(device), backend_(std::move(backend)) {}
+  ~CallbackCommunicator() override {
+    py::gil_scoped_acquire gil;
+    impl_ = py::object();
+  }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  Device device() const override { return device_; }
+  std::string backend() const override { return backend_; }
+
+  void all_gather(const TensorView& in, const TensorView& out, const Context& ctx) override {
+    check_views(in, out, in.numel() * world_, "all_gather");
+    call("all_gather", in, out, ctx);
+  }
+  void all_to_all(const TensorView& in, const TensorView& out, const Context& ctx) override {
+    check_views(in, out, in.numel(), "all_to_all");
+    if (in.numel() % world_ != 0)
+      throw Error(fmt_what("all_to_all", "input of " + std::to_string(in.numel()) + " elements is not " +
+                                             std::to_string(world_) + " equal blocks"));
+    call("all_to_all", in, out, ctx);
+  }
+  void reduce_scatter(const TensorView& in, const TensorView& out, const Context& ctx) override {
+    check_views(in, out, out.numel() * world_, "reduce_scatter", true);
+    if (in.dtype != DType::f32 && in.dtype != DType::bf16 && in.dtype != DType::f64)
+      throw Error(fmt_what("reduce_scatter", std::string("dtype ") + to_string(in.dtype) + " (expected f32, bf16 or f64)"));
+    call("reduce_scatter", in, out, ctx);
+  }
+  void synchronize(const Context& ctx) override {
+    py::gil_scoped_acquire gil;
+    try {
+      impl_.attr("synchronize")(reinterpret_cast<uintptr_t>(ctx.stream));
+    } catch (py::error_already_set& e) {
+      throw Error(fmt_what("synchronize", e.what()));
+    }
+  }
+
+ private:
+  std::string fmt_what(const char* op, const std::string& why) const {
+    return backend_ + " communicator, rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + op +
+           ": " + why;
+  }
+  // Contiguous views of one dtype on the group's device; `in` holds `in_elems` elements (out, for
+  // reduce_scatter: in = W blocks of out's size).
+  void check_views(const TensorView& in, const TensorView& out, int64_t want, const char* op,
+                   bool in_is_whole = false) const {
+    if (!in.is_contiguous() || !out.is_contiguous()) throw Error(fmt_what(op, "views must be contiguous"));
+    if (in.dtype != out.dtype)
+      throw Error(fmt_what(op, std::string("input is ") + to_string(in.dtype) + ", output " + to_string(out.dtype)));
+    if (!(in.device == device_) || !(out.device == device_))
+      throw Error(fmt_what(op, "views must be on the group's device " + to_string(device_)));
+    const int64_t got = in_is_whole ? in.numel() : out.numel();
+    if (got != want)
+      throw Error(fmt_what(op, (in_is_whole ? "input has " : "output has ") + std::to_string(got) +
+                                   " elements, expected " + std::to_string(want)));
+  }
+  void call(const char* op, const TensorView& in, const TensorView& out, const Context& ctx) {
+    py::gil_scoped_acquire gil;
+    try {
+      impl_.attr(op)(wrap_view(in, nullptr), wrap_view(out, nullptr), reinterpret_cast<uintptr_t>(ctx.stream));
+    } catch (py::error_already_set& e) {
+      throw Error(fmt_what(op, e.what()));
+    }
+  }
+
+  py::object impl_;
+  int rank_, world_;
+  Device device_;
+  std::string backend_;
+};
 
 }  // namespace
 
@@ -39,26 +124,33 @@ void bind_dist(py::module_& m) {
       m, "Communicator",
       "One rank's handle on a DCP group (mla/comm.h). Every rank calls the same collectives in the same order; a "
       "rank that fails or stays away makes the others raise ValueError within the group's timeout.")
-      .def_property_readonly("rank", &Communicator::rank)
-      .def_property_readonly("world_size", &Communicator::world_size)
-      .def_property_readonly("device", &Communicator::device)
-      .def_property_readonly("backend", &Communicator::backend)
+      .def_property_readonly("rank", &Communicator::rank, "This process's (or thread's) rank, 0 .. world_size - 1.")
+      .def_property_readonly("world_size", &Communicator::world_size, "Ranks in the group.")
+      .def_property_readonly("device", &Communicator::device, "The device of the tensors the collectives take.")
+      .def_property_readonly("backend", &Communicator::backend,
+                             "local, socket, nccl, nccl+peer, or torch:<backend> (mla.dist.torch_group).")
       .def("all_gather", [](Communicator& c, const A& in, const A& out, py::handle s) {
         const Context ctx = to_context(in.view, s, Precision::fast);
         without_gil([&] { c.all_gather(in.view, out.view, ctx); });
-      }, py::arg("input"), py::arg("output"), py::kw_only(), stream)
+      }, py::arg("input"), py::arg("output"), py::kw_only(), stream,
+         "output [W * n] = every rank's input [n] in rank order (contiguous, one dtype, the group's device).")
       .def("all_to_all", [](Communicator& c, const A& in, const A& out, py::handle s) {
         const Context ctx = to_context(in.view, s, Precision::fast);
         without_gil([&] { c.all_to_all(in.view, out.view, ctx); });
-      }, py::arg("input"), py::arg("output"), py::kw_only(), stream)
+      }, py::arg("input"), py::arg("output"), py::kw_only(), stream,
+         "input and output [W * n]: block j of rank i's input becomes block i of rank j's output.")
       .def("reduce_scatter", [](Communicator& c, const A& in, const A& out, py::handle s) {
         const Context ctx = to_context(in.view, s, Precision::fast);
         without_gil([&] { c.reduce_scatter(in.view, out.view, ctx); });
-      }, py::arg("input"), py::arg("output"), py::kw_only(), stream)
+      }, py::arg("input"), py::arg("output"), py::kw_only(), stream,
+         "output [n] = the sum over ranks of block `rank` of their input [W * n]; f32 or bf16 (CPU groups: f64 "
+         "too).")
       .def("synchronize", [](Communicator& c, py::handle s) {
         const Context ctx = to_context(TensorView(nullptr, DType::u8, {0}, c.device()), s, Precision::fast);
         without_gil([&] { c.synchronize(ctx); });
-      }, py::kw_only(), stream);
+      }, py::kw_only(), stream,
+         "Wait until every collective this rank issued (CUDA: its stream work) completed, or raise ValueError "
+         "after the group's timeout.");
 
   m.def("local_group", [](int world_size, double timeout) {
     std::vector<std::shared_ptr<Communicator>> out;
@@ -72,7 +164,7 @@ void bind_dist(py::module_& m) {
     return shared(std::move(c));
   }, py::arg("path"), py::arg("world_size"), py::arg("rank"), py::arg("timeout") = 60.0,
      "This process's rank of a CPU group across processes (rank 0 listens on the Unix socket `path`).");
-  m.def("nccl_available", &nccl_available);
+  m.def("nccl_available", &nccl_available, "Whether this build has NCCL (CUDA groups).");
   m.def("nccl_make_id", [] { return nccl_id_to_hex(nccl_make_id()); },
         "A new NCCL unique id as 256 hex digits (hand the same string to every rank).");
   m.def("nccl_group", [](const std::string& id, int world_size, int rank, py::handle device, double timeout) {
@@ -101,6 +193,28 @@ void bind_dist(py::module_& m) {
      "MLA_NCCL_ID, MLA_DCP_TIMEOUT_MS): device None = CPU (socket group), 'cuda' = cuda:LOCAL_RANK, or a device. "
      "peer=True (a collective call): small all_gathers / all_to_alls by direct stores into the other GPUs' memory "
      "(CUDA IPC; backend 'nccl+peer'), unchanged where the ranks cannot map each other's memory (CPU, other hosts).");
+  m.def("callback_group", [](py::object impl, int rank, int world_size, py::handle device, const std::string& backend) {
+    if (world_size < 1 || rank < 0 || rank >= world_size)
+      throw ArgError("callback_group: need 0 <= rank < world_size, got rank " + std::to_string(rank) + " of " +
+                     std::to_string(world_size));
+    for (const char* name : {"all_gather", "all_to_all", "reduce_scatter", "synchronize"})
+      if (!py::hasattr(impl, name)) throw ArgError(std::string("callback_group: impl has no method '") + name + "'");
+    return std::shared_ptr<Communicator>(
+        std::make_shared<CallbackCommunicator>(std::move(impl), rank, world_size, to_device(device), backend));
+  }, py::arg("impl"), py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("backend") = "python",
+     "A communicator whose collectives call impl.all_gather(input, output, stream), impl.all_to_all(...), "
+     "impl.reduce_scatter(...) and impl.synchronize(stream): input / output are mla.Tensor views valid during the "
+     "call (torch.from_dlpack shares them), stream the CUDA stream as an int (0 on the CPU). mla.dist.torch_group "
+     "builds one over a torch.distributed process group.");
+  m.def("nccl_group_from", [](uintptr_t comm, py::handle device, double timeout) {
+    const Device dev = to_device(device);
+    if (!dev.is_cuda()) throw ArgError("nccl_group_from: device must be a CUDA device");
+    std::unique_ptr<Communicator> c;
+    without_gil([&] { c = make_nccl_communicator_from(reinterpret_cast<void*>(comm), dev.index, millis(timeout)); });
+    return shared(std::move(c));
+  }, py::arg("comm"), py::arg("device"), py::arg("timeout") = 120.0,
+     "This rank of an NCCL communicator the caller owns: comm is the ncclComm_t as an int (it must outlive the "
+     "result, which never destroys or aborts it); rank and size are the communicator's.");
   m.def("process_group_env", [] {
     if (!process_group_env_present()) return py::object(py::none());
     const ProcessGroupEnv e = process_group_env();
@@ -109,23 +223,28 @@ void bind_dist(py::module_& m) {
     d["world_size"] = e.world_size;
     d["local_rank"] = e.local_rank;
     d["rendezvous"] = e.rendezvous;
+    d["master_addr"] = e.master_addr;
+    d["master_port"] = e.master_port;
     d["timeout"] = static_cast<double>(e.timeout.count()) / 1000.0;
     return py::object(d);
   }, "RANK / WORLD_SIZE / LOCAL_RANK / MLA_DCP_RENDEZVOUS / timeout from the environment as a dict (None if unset).");
 
-  py::enum_<DcpExchange>(m, "DcpExchange")
+  py::enum_<DcpExchange>(m, "DcpExchange", "How dcp_mqa_decode combines the ranks' partial outputs (mla/dcp.h).")
       .value("all_to_all", DcpExchange::all_to_all)
       .value("allgather_reduce_scatter", DcpExchange::allgather_reduce_scatter)
       .value("all_to_all_overlap", DcpExchange::all_to_all_overlap);
 
   m.def("dcp_owner", [](int64_t p, int w, int rank, int interleave) { return dcp_owner(p, {w, rank, interleave}); },
-        py::arg("position"), py::arg("world_size"), py::arg("rank") = 0, py::arg("interleave") = 1);
+        py::arg("position"), py::arg("world_size"), py::arg("rank") = 0, py::arg("interleave") = 1,
+        "The rank holding cache position p: (p // interleave) % world_size.");
   m.def("dcp_local_position", [](int64_t p, int w, int rank, int interleave) {
     return dcp_local_position(p, {w, rank, interleave});
-  }, py::arg("position"), py::arg("world_size"), py::arg("rank") = 0, py::arg("interleave") = 1);
+  }, py::arg("position"), py::arg("world_size"), py::arg("rank") = 0, py::arg("interleave") = 1,
+     "Where position p lies in its owner's shard of the request.");
   m.def("dcp_local_length", [](int64_t n, int w, int rank, int interleave) {
     return dcp_local_length(n, {w, rank, interleave});
-  }, py::arg("length"), py::arg("world_size"), py::arg("rank"), py::arg("interleave") = 1);
+  }, py::arg("length"), py::arg("world_size"), py::arg("rank"), py::arg("interleave") = 1,
+     "Positions of a request of `length` tokens that rank `rank` holds.");
   m.def("dcp_local_query_lengths", [](const std::vector<int32_t>& seq_lens, int64_t s_q, bool causal, int w, int rank,
                                       int interleave) {
     const DcpLayout l{w, rank, interleave};
@@ -142,7 +261,8 @@ void bind_dist(py::module_& m) {
     return dcp_mqa_decode_workspace_bytes(b, s_q, h_q, max_blocks, page_size, to_dtype(dtype), world_size,
                                           to_device(device), num_splits, exchange);
   }, py::arg("b"), py::arg("s_q"), py::arg("h_q"), py::arg("max_blocks"), py::arg("page_size"), py::arg("dtype"),
-     py::arg("world_size"), py::arg("device"), py::arg("num_splits") = 0, py::arg("exchange") = DcpExchange::all_to_all);
+     py::arg("world_size"), py::arg("device"), py::arg("num_splits") = 0, py::arg("exchange") = DcpExchange::all_to_all,
+     "Bytes of the u8 workspace dcp_mqa_decode needs for these sizes (the rank's h_q heads) and exchange.");
   m.def("dcp_mqa_decode", [](Communicator& c, const A& q, const K& cache, const A& block_table, const A& local_lens,
                              const A& out, const A& lse, double softmax_scale, const A& workspace, int num_splits,
                              DcpExchange exchange, py::handle s) {
@@ -154,11 +274,14 @@ void bind_dist(py::module_& m) {
   }, py::arg("comm"), py::arg("q"), py::arg("cache"), py::arg("block_table"), py::arg("local_lens"), py::arg("out"),
      py::arg("lse"), py::arg("softmax_scale"), py::arg("workspace"), py::arg("num_splits") = 0,
      py::arg("exchange") = DcpExchange::all_to_all, py::kw_only(), stream,
-     "This rank's step of a DCP decode (mla/dcp.h): q [b, s_q, h_q, 576] of its heads, its cache shard; out / lse "
-     "of its heads over the whole context.");
+     "This rank's step of a DCP decode (mla/dcp.h): q [b, s_q, h_q, 576] of its heads (bf16 on CUDA), its cache "
+     "shard, block_table [b, max_blocks] int32 of the shard, local_lens [b * s_q] int32 (dcp_local_query_lengths); "
+     "out [b, s_q, h_q, 512] / lse [b, s_q, h_q] fp32 of its heads over the whole context; workspace u8 "
+     "[dcp_mqa_decode_workspace_bytes(...)].");
   m.def("dcp_sparse_mqa_workspace_bytes", [](int64_t t, int64_t h_q, py::handle dtype, int world_size) {
     return dcp_sparse_mqa_workspace_bytes(t, h_q, to_dtype(dtype), world_size);
-  }, py::arg("t"), py::arg("h_q"), py::arg("dtype"), py::arg("world_size"));
+  }, py::arg("t"), py::arg("h_q"), py::arg("dtype"), py::arg("world_size"),
+     "Bytes of the u8 workspace dcp_sparse_mqa needs for t tokens and the rank's h_q heads.");
   m.def("dcp_sparse_mqa", [](Communicator& c, const A& q, const K& cache, const A& indices, const A& topk_length,
                              const A& out, const A& lse, double softmax_scale, const A& workspace, py::handle s) {
     const Context ctx = to_context(q.view, s, Precision::fast);
@@ -167,7 +290,11 @@ void bind_dist(py::module_& m) {
                      workspace.view, ctx);
     });
   }, py::arg("comm"), py::arg("q"), py::arg("cache"), py::arg("indices"), py::arg("topk_length"), py::arg("out"),
-     py::arg("lse"), py::arg("softmax_scale"), py::arg("workspace"), py::kw_only(), stream);
+     py::arg("lse"), py::arg("softmax_scale"), py::arg("workspace"), py::kw_only(), stream,
+     "This rank's step of a DCP sparse attention: q [T, h_q, 576] of its heads, its cache shard, indices "
+     "[T, topk] int32 rows of the shard (-1: a key another rank holds), topk_length [T] int32 or None; "
+     "out [T, h_q, 512] / lse [T, h_q] fp32 over every rank's keys; workspace u8 "
+     "[dcp_sparse_mqa_workspace_bytes(...)].");
 }
 
 }  // namespace mlapy

@@ -38,7 +38,7 @@ void bind_indexer(py::module_& m) {
       .def_property_readonly("page_size", [](const K& c) { return c.cache.page_size(); })
       .def_property_readonly("num_slots", [](const K& c) { return c.cache.num_slots(); })
       .def_property_readonly("data", [](const K& c) { return c.source; }, "The tensor the descriptor was made from.")
-      .def("validate", [](const K& c) { mla::validate_indexer_cache(c.cache); });
+      .def("validate", [](const K& c) { mla::validate_indexer_cache(c.cache); }, "Check the descriptor against its tensor; raises ValueError.");
   m.def("allocate_indexer_cache", [](int64_t num_blocks, int64_t page_size, py::handle device) {
     mla::IndexerCacheBuffer b = mla::allocate_indexer_cache(num_blocks, page_size, to_device(device));
     py::object t = wrap(b.storage);

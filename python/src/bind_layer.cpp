@@ -39,7 +39,7 @@ void bind_layer(py::module_& m) {
   }, py::arg("bytes"),
      "Page-locked host staging buffer (u8 [bytes]; ordinary memory without a CUDA device) as an mla.Tensor.");
   m.def("write_step_metadata", [](const Plan& plan, const TensorArg& staging) { write_step_metadata(plan, staging.view); },
-        py::arg("plan"), py::arg("staging"));
+        py::arg("plan"), py::arg("staging"), "Write the plan's packed metadata into staging (u8 [>= plan.metadata.bytes()], host memory).");
   m.def("upload_step_metadata", [](const Plan& plan, const TensorArg& staging, const TensorArg& device_metadata,
                                    py::handle stream) {
     const Context ctx = to_context(device_metadata.view, stream, Precision::fast);
@@ -48,7 +48,7 @@ void bind_layer(py::module_& m) {
      "Write the plan's metadata into the pinned staging buffer and copy it to device_metadata on the stream.");
 
   // ---- layer ----
-  py::class_<LayerOptions>(m, "LayerOptions")
+  py::class_<LayerOptions>(m, "LayerOptions", "Options of an MlaAttention layer: dims, sparse, cache format, device, dtype of weights and activations (keyword constructor).")
       .def(py::init(&options_from_kwargs<LayerOptions>))
       .def_readwrite("dims", &LayerOptions::dims)
       .def_readwrite("cache_format", &LayerOptions::cache_format)
@@ -73,8 +73,8 @@ void bind_layer(py::module_& m) {
       .def_property_readonly("w_uk_t", [](const MlaAttention& l) { return wrap(l.w_uk_t()); })
       .def_property_readonly("w_uv", [](const MlaAttention& l) { return wrap(l.w_uv()); })
       .def_property_readonly("w_kv_b", [](const MlaAttention& l) { return wrap(l.w_kv_b()); })
-      .def("workspace_bytes", &MlaAttention::workspace_bytes, py::arg("plan"))
-      .def("max_workspace_bytes", &MlaAttention::max_workspace_bytes, py::arg("config"), py::arg("max_num_tokens"))
+      .def("workspace_bytes", &MlaAttention::workspace_bytes, py::arg("plan"), "Bytes of the u8 workspace forward() needs for `plan`.")
+      .def("max_workspace_bytes", &MlaAttention::max_workspace_bytes, py::arg("config"), py::arg("max_num_tokens"), "Bytes of a workspace that serves every plan of `config` with at most max_num_tokens tokens.")
       .def("forward", [](const MlaAttention& l, const Plan& plan, const PyKVCache& cache, const TensorArg& workspace,
                          const TensorArg& q, const TensorArg& kv_c, const TensorArg& k_pe, const TensorArg& slot_mapping,
                          const TensorArg& block_table, const TensorArg& seq_lens, const TensorArg& out,
@@ -95,14 +95,14 @@ void bind_layer(py::module_& m) {
          "Run one step (mla/layer.h ForwardArgs): writes the cache at slot_mapping and out [T, h_q * V].");
 
   // ---- kernel variants ----
-  py::class_<VariantInfo>(m, "VariantInfo")
+  py::class_<VariantInfo>(m, "VariantInfo", "One kernel variant: name, min_cc / max_cc (compute capability x 10), description.")
       .def_readonly("name", &VariantInfo::name).def_readonly("min_cc", &VariantInfo::min_cc)
       .def_readonly("max_cc", &VariantInfo::max_cc).def_readonly("description", &VariantInfo::description);
-  m.def("variant_families", &variant_families);
-  m.def("list_variants", &list_variants, py::arg("family"));
-  m.def("variant_runs_on_device", &variant_runs_on_device, py::arg("family"), py::arg("variant"), py::arg("device"));
-  m.def("last_variant", &last_variant, py::arg("family"));
-  m.def("forced_variant", &forced_variant, py::arg("family"));
+  m.def("variant_families", &variant_families, "The kernel families that have variants (mqa_decode, sparse_mqa, mha_prefill, indexer_logits).");
+  m.def("list_variants", &list_variants, py::arg("family"), "The variants of a family, best first (name, compute-capability range, description).");
+  m.def("variant_runs_on_device", &variant_runs_on_device, py::arg("family"), py::arg("variant"), py::arg("device"), "Whether the variant can run on CUDA device `device` (its compute capability).");
+  m.def("last_variant", &last_variant, py::arg("family"), "The variant that ran the family's last launch in this thread ('' before any).");
+  m.def("forced_variant", &forced_variant, py::arg("family"), "The variant forced for the family ('' = automatic selection).");
   py::class_<ForceVariantCM>(m, "force_variant", "with mla.force_variant(family, variant): ... (\"\" = automatic)")
       .def(py::init<std::string, std::string>(), py::arg("family"), py::arg("variant"))
       .def("__enter__", [](ForceVariantCM& c) { c.enter(); return &c; }, py::return_value_policy::reference)

@@ -78,7 +78,7 @@ void bind_tensor(py::module_& m) {
       .value("fp8_ds_mla", mla::CacheFormat::fp8_ds_mla).value("f64", mla::CacheFormat::f64);
   py::enum_<mla::DsMlaScale>(m, "DsMlaScale").value("amax", mla::DsMlaScale::amax).value("pow2", mla::DsMlaScale::pow2);
 
-  py::class_<mla::Device>(m, "Device")
+  py::class_<mla::Device>(m, "Device", "A device: mla.Device('cpu'), mla.Device('cuda:1'); equal to another of the same type and index.")
       .def(py::init([](py::handle spec) { return to_device(spec); }), py::arg("spec"))
       .def_readonly("index", &mla::Device::index)
       .def_property_readonly("type", [](const mla::Device& d) { return d.is_cuda() ? "cuda" : "cpu"; })
@@ -97,7 +97,7 @@ void bind_tensor(py::module_& m) {
       .def_property_readonly("device", [](const Buffer& b) { return b.view.device; })
       .def_property_readonly("nbytes", [](const Buffer& b) { return b.view.numel() * int64_t(b.view.element_size()); })
       .def_property_readonly("data_ptr", [](const Buffer& b) { return reinterpret_cast<uintptr_t>(b.view.data); })
-      .def("numel", [](const Buffer& b) { return b.view.numel(); })
+      .def("numel", [](const Buffer& b) { return b.view.numel(); }, "Number of elements.")
       .def("__dlpack__", [](const Buffer& b, py::handle /*stream*/) { return to_capsule(b); }, py::arg("stream") = py::none(),
            "DLPack capsule (no copy). The library enqueues work only on the streams callers pass, so no "
            "stream synchronisation is needed here.")
@@ -115,16 +115,16 @@ void bind_tensor(py::module_& m) {
 
   m.def("empty", [](const std::vector<int64_t>& shape, py::handle dtype, py::handle device) {
     return own(mla::Tensor::empty(shape, to_dtype(dtype), to_device(device)));
-  }, py::arg("shape"), py::arg("dtype"), py::arg("device") = "cpu");
+  }, py::arg("shape"), py::arg("dtype"), py::arg("device") = "cpu", "A new uninitialised mla.Tensor of `shape` (list of ints), `dtype` (mla.DType or its name: f32, f64, bf16, f16, fp8_e4m3, u8, i32, i64) on `device` ('cpu', 'cuda', 'cuda:N', torch.device or mla.Device); a CUDA device that is not present raises ValueError ('no CUDA device').");
   m.def("zeros", [](const std::vector<int64_t>& shape, py::handle dtype, py::handle device) {
     return own(mla::Tensor::zeros(shape, to_dtype(dtype), to_device(device)));
-  }, py::arg("shape"), py::arg("dtype"), py::arg("device") = "cpu");
+  }, py::arg("shape"), py::arg("dtype"), py::arg("device") = "cpu", "As empty(shape, dtype, device), filled with zeros.");
   m.def("copy", [](const TensorArg& dst, const TensorArg& src) { mla::copy(dst.view, src.view); }, py::arg("dst"), py::arg("src"),
         "Copy src into dst (same shape and dtype; synchronous).");
-  m.def("fill", [](const TensorArg& dst, double v) { mla::fill(dst.view, v); }, py::arg("dst"), py::arg("value"));
-  m.def("cuda_device_count", &mla::cuda_device_count);
-  m.def("built_with_cuda", &mla::built_with_cuda);
-  m.def("dtype_size", &mla::dtype_size, py::arg("dtype"));
+  m.def("fill", [](const TensorArg& dst, double v) { mla::fill(dst.view, v); }, py::arg("dst"), py::arg("value"), "Set every element of dst (any dtype and device) to value.");
+  m.def("cuda_device_count", &mla::cuda_device_count, "CUDA devices this process sees (0 without a driver, a device or a CUDA build).");
+  m.def("built_with_cuda", &mla::built_with_cuda, "Whether this build of mla has the CUDA backend.");
+  m.def("dtype_size", &mla::dtype_size, py::arg("dtype"), "Bytes per element of an mla.DType.");
 
   // ---- cache (mla/cache.h) ----
   py::class_<PyKVCache>(m, "KVCache", "Descriptor of one layer's paged latent cache; holds its tensor alive.")
@@ -146,7 +146,7 @@ void bind_tensor(py::module_& m) {
       .def_property_readonly("page_size", [](const PyKVCache& c) { return c.cache.page_size(); })
       .def_property_readonly("num_slots", [](const PyKVCache& c) { return c.cache.num_slots(); })
       .def_property_readonly("data", [](const PyKVCache& c) { return c.source; }, "The tensor the descriptor was made from.")
-      .def("validate", [](const PyKVCache& c) { mla::validate_cache(c.cache); });
+      .def("validate", [](const PyKVCache& c) { mla::validate_cache(c.cache); }, "Check the descriptor against its tensor (shape [blocks, page, row], dtype, strides); raises ValueError.");
 
   m.def("allocate_cache", [](mla::CacheFormat format, int64_t num_blocks, int64_t page_size, py::handle device, float scale,
                              int d_qk, int d_rope) {
@@ -158,9 +158,9 @@ void bind_tensor(py::module_& m) {
   }, py::arg("format"), py::arg("num_blocks"), py::arg("page_size"), py::arg("device") = "cpu", py::arg("scale") = 1.0f,
      py::arg("d_qk") = 576, py::arg("d_rope") = 64,
      "Allocate a cache (contents undefined); .data is the mla.Tensor holding it.");
-  m.def("cache_entry_bytes", &mla::cache_entry_bytes, py::arg("format"), py::arg("d_qk") = 576, py::arg("d_rope") = 64);
-  m.def("cache_entry_elems", &mla::cache_entry_elems, py::arg("format"), py::arg("d_qk") = 576, py::arg("d_rope") = 64);
-  m.def("cache_dtype", &mla::cache_dtype, py::arg("format"));
+  m.def("cache_entry_bytes", &mla::cache_entry_bytes, py::arg("format"), py::arg("d_qk") = 576, py::arg("d_rope") = 64, "Bytes of one cache row (token) of `format` for d_qk / d_rope (bf16 576 x 2, fp8 576, fp8_ds_mla 656).");
+  m.def("cache_entry_elems", &mla::cache_entry_elems, py::arg("format"), py::arg("d_qk") = 576, py::arg("d_rope") = 64, "Elements of one cache row of `format` in its tensor's dtype.");
+  m.def("cache_dtype", &mla::cache_dtype, py::arg("format"), "The dtype of a cache tensor of `format` (bf16, fp8_e4m3, u8 for fp8_ds_mla, f64).");
 }
 
 }  // namespace mlapy

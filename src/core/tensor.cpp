@@ -194,6 +194,12 @@ Tensor Tensor::empty(std::span<const int64_t> shape, DType dtype, Device device)
     t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   } else {
 #if MLA_WITH_CUDA
+    // Without a device the CUDA runtime's own error names the driver ("driver version is insufficient").
+    const int devices = cuda_rt::device_count();
+    MLA_CHECK(device.index < devices,
+              "Tensor::empty: no CUDA device: cuda:{} was asked for and {} (`mla info` lists the devices)",
+              device.index, devices == 0 ? std::string("the CUDA runtime finds none (no GPU, or no driver)")
+                                         : fmt::format("{} is present (cuda:0 .. cuda:{})", devices, devices - 1));
     void* p = cuda_rt::malloc(bytes, device.index);
     const int dev = device.index;
     t.storage_ = std::shared_ptr<void>(p, [dev](void* q) { cuda_rt::free(q, dev); });

@@ -67,11 +67,21 @@ class NcclCommunicator final : public Communicator {
                               ncclGetErrorString(r)));
     wait_ready("initialisation (did every rank start, with the same id?)");
   }
+  // Over a communicator the caller made and keeps (an engine's group): never finalized or aborted here;
+  // rank and size come from it, and it must live on `device`.
+  NcclCommunicator(ncclComm_t comm, int device, std::chrono::milliseconds timeout)
+      : comm_(comm), owned_(false), world_(0), rank_(0), device_(device), timeout_(timeout) {
+    int cu_device = -1;
+    check(ncclCommCount(comm_, &world_), "ncclCommCount");
+    check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check(ncclCommCuDevice(comm_, &cu_device), "ncclCommCuDevice");
+    if (cu_device != device)
+      throw Error(fmt::format("make_nccl_communicator_from: the communicator lives on CUDA device {}, not {}",
+                              cu_device, device));
+    set_device();
+  }
   ~NcclCommunicator() override {
-    if (comm_) {
-      if (aborted_) return;
-      ncclCommAbort(comm_);  // non-blocking communicators: abort never waits for peers
-    }
+    if (comm_ && owned_ && !aborted_) ncclCommAbort(comm_);  // non-blocking: abort never waits for peers
   }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
@@ -129,10 +139,10 @@ class NcclCommunicator final : public Communicator {
     if (aborted_) throw Error(fmt::format("nccl: rank {}: the communicator was aborted earlier: {}", rank_, why_));
   }
   [[noreturn]] void fail(const std::string& what) {
-    why_ = fmt::format("nccl: rank {} of {}: {} (waited up to {} ms); communicator aborted", rank_, world_, what,
-                       timeout_.count());
+    why_ = fmt::format("nccl: rank {} of {}: {} (waited up to {} ms); {}", rank_, world_, what, timeout_.count(),
+                       owned_ ? "communicator aborted" : "the caller's communicator is unusable: abort it (ncclCommAbort)");
     aborted_ = true;
-    ncclCommAbort(comm_);
+    if (owned_) ncclCommAbort(comm_);
     throw Error(why_);
   }
   void poll_async(const char* what) {
@@ -160,6 +170,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ncclComm_t comm_ = nullptr;
+  bool owned_ = true;
   int world_, rank_, device_;
   std::chrono::milliseconds timeout_;
   bool aborted_ = false;
@@ -188,12 +199,24 @@ std::unique_ptr<Communicator> make_nccl_communicator(const NcclId& id, int world
   return std::make_unique<NcclCommunicator>(id, world_size, rank, device, timeout);
 }
 
+std::unique_ptr<Communicator> make_nccl_communicator_from(void* nccl_comm, int device,
+                                                          std::chrono::milliseconds timeout) {
+  MLA_CHECK(nccl_comm != nullptr, "make_nccl_communicator_from: the ncclComm_t is null");
+  MLA_CHECK(device >= 0, "make_nccl_communicator_from: device must be >= 0, got {}", device);
+  MLA_CHECK(timeout.count() > 0, "make_nccl_communicator_from: the timeout must be positive, got {} ms",
+            timeout.count());
+  return std::make_unique<NcclCommunicator>(static_cast<ncclComm_t>(nccl_comm), device, timeout);
+}
+
 #else  // no NCCL in this build
 
 bool nccl_available() { return false; }
 NcclId nccl_make_id() { throw Error("nccl_make_id: this build of mla has no NCCL (configure with CUDA and NCCL)"); }
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclId&, int, int, int, std::chrono::milliseconds) {
   throw Error("make_nccl_communicator: this build of mla has no NCCL (configure with CUDA and NCCL)");
+}
+std::unique_ptr<Communicator> make_nccl_communicator_from(void*, int, std::chrono::milliseconds) {
+  throw Error("make_nccl_communicator_from: this build of mla has no NCCL (configure with CUDA and NCCL)");
 }
 
 #endif

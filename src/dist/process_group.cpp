@@ -25,6 +25,7 @@
 
 #include "core/check.h"
 #include "dist/collective_check.h"
+#include "dist/tcp_rendezvous.h"
 #include "mla/comm.h"
 
 namespace mla {
@@ -346,6 +347,9 @@ ProcessGroupEnv process_group_env() {
   e.local_rank = env_int("LOCAL_RANK", e.rank);
   e.rendezvous = env_str("MLA_DCP_RENDEZVOUS");
   e.nccl_id_hex = env_str("MLA_NCCL_ID");
+  e.master_addr = env_str("MASTER_ADDR");
+  if (!e.master_addr.empty() && e.rendezvous.empty() && e.nccl_id_hex.empty())  // only then is the port used
+    e.master_port = dist::tcp_rendezvous_port_from_env();
   e.timeout = std::chrono::milliseconds(env_int("MLA_DCP_TIMEOUT_MS", 120000));
   MLA_CHECK(e.world_size >= 1 && e.rank < e.world_size, "process group: RANK {} must be below WORLD_SIZE {}", e.rank,
             e.world_size);
@@ -354,9 +358,12 @@ ProcessGroupEnv process_group_env() {
 }
 
 std::unique_ptr<Communicator> make_process_communicator(const ProcessGroupEnv& env, Device device) {
+  if (env.world_size > 1 && env.rendezvous.empty() && env.nccl_id_hex.empty() && !env.master_addr.empty())
+    return dist::make_tcp_process_communicator(env, device);
   if (device.is_cpu()) {
     MLA_CHECK(env.world_size == 1 || !env.rendezvous.empty(),
-              "process group: a CPU group of {} ranks needs MLA_DCP_RENDEZVOUS (a socket path every rank knows)",
+              "process group: a CPU group of {} ranks needs MLA_DCP_RENDEZVOUS (a socket path every rank knows) or "
+              "MASTER_ADDR and MASTER_PORT (a TCP rendezvous)",
               env.world_size);
     return make_socket_communicator(env.rendezvous, env.world_size, env.rank, env.timeout);
   }
@@ -365,7 +372,8 @@ std::unique_ptr<Communicator> make_process_communicator(const ProcessGroupEnv& e
     id = nccl_id_from_hex(env.nccl_id_hex);
   } else {
     MLA_CHECK(!env.rendezvous.empty(),
-              "process group: a CUDA group needs MLA_NCCL_ID (hex) or MLA_DCP_RENDEZVOUS (a file path for the id)");
+              "process group: a CUDA group needs MLA_NCCL_ID (hex), MLA_DCP_RENDEZVOUS (a file path for the id) or "
+              "MASTER_ADDR and MASTER_PORT (a TCP rendezvous)");
     if (env.rank == 0) {
       id = nccl_make_id();
       const std::string tmp = env.rendezvous + ".tmp" + std::to_string(::getpid());

@@ -71,6 +71,24 @@ PROBLEM = textwrap.dedent("""
         mla.dcp_mqa_decode(comm, q, c, table, local, out, lse, SCALE, ws, exchange=exchange)
         comm.synchronize()
         return out, lse
+
+    def cuda_rank_inputs(w, r, dev):
+        # Rank r's inputs as torch tensors on dev: its cache shard (bf16), block table, local lengths, q.
+        import torch
+        keys, q_all = problem(w)
+        shard = [np.array([k[p] for p in range(len(k)) if mla.dcp_owner(p, w) == r]).reshape(-1, D_QK) for k in keys]
+        cache_t = torch.zeros((len(LENS) * MB, PAGE, D_QK), dtype=torch.bfloat16, device=dev)
+        c = mla.KVCache(cache_t, mla.CacheFormat.bf16)
+        for b, rows in enumerate(shard):
+            if len(rows):
+                slots = torch.tensor([(b * MB + p // PAGE) * PAGE + p % PAGE for p in range(len(rows))], device=dev)
+                t = torch.tensor(rows, dtype=torch.bfloat16, device=dev)
+                mla.write_cache(t[:, :L].contiguous(), t[:, L:].contiguous(), slots, c)
+        table = torch.tensor([[b * MB + j for j in range(MB)] for b in range(len(LENS))], dtype=torch.int32,
+                             device=dev)
+        local = torch.tensor(mla.dcp_local_query_lengths(LENS, 1, True, w, r), dtype=torch.int32, device=dev)
+        q = torch.tensor(q_all[:, :, r * H:(r + 1) * H], dtype=torch.bfloat16, device=dev).contiguous()
+        return c, table, local, q
 """)
 exec(PROBLEM)  # noqa: S102  (the module-level helpers above, for the in-process tests)
 
@@ -126,13 +144,26 @@ def test_thread_group_collectives_and_missing_rank():
         group[0].all_gather(np.ones(2, np.float32), out)
 
 
-def _env(rank, world, rendezvous, timeout_ms=20000):
+def _env(rank, world, rendezvous, timeout_ms=20000, master_port=None):
     env = dict(os.environ)
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(mla.__file__)))
     env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MLA_DCP_RENDEZVOUS=rendezvous,
-               MLA_DCP_TIMEOUT_MS=str(timeout_ms))
+    for k in ("MLA_DCP_RENDEZVOUS", "MLA_NCCL_ID", "MASTER_ADDR", "MASTER_PORT", "MLA_DCP_PORT"):
+        env.pop(k, None)
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MLA_DCP_TIMEOUT_MS=str(timeout_ms))
+    if master_port is None:
+        env["MLA_DCP_RENDEZVOUS"] = rendezvous
+    else:  # torchrun's TCP rendezvous: rank 0 listens on MASTER_PORT + 1
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port - 1))
     return env
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    import socket  # noqa: PLC0415
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 RANK_SCRIPT = PROBLEM + textwrap.dedent("""
@@ -163,19 +194,7 @@ RANK_SCRIPT = PROBLEM + textwrap.dedent("""
         dev = torch.device("cuda", env["local_rank"])
         w, r = comm.world_size, comm.rank
         want, want_lse = reference(w)
-        keys, q_all = problem(w)
-        shard = [np.array([k[p] for p in range(len(k)) if mla.dcp_owner(p, w) == r]).reshape(-1, D_QK) for k in keys]
-        nb = len(LENS) * MB
-        cache_t = torch.empty((nb, PAGE, D_QK), dtype=torch.bfloat16, device=dev)
-        c = mla.KVCache(cache_t, mla.CacheFormat.bf16)
-        for b, rows in enumerate(shard):
-            if len(rows):
-                slots = torch.tensor([(b * MB + p // PAGE) * PAGE + p % PAGE for p in range(len(rows))], device=dev)
-                t = torch.tensor(rows, dtype=torch.bfloat16, device=dev)
-                mla.write_cache(t[:, :L].contiguous(), t[:, L:].contiguous(), slots, c)
-        table = torch.tensor([[b * MB + j for j in range(MB)] for b in range(len(LENS))], dtype=torch.int32, device=dev)
-        local = torch.tensor(mla.dcp_local_query_lengths(LENS, 1, True, w, r), dtype=torch.int32, device=dev)
-        q = torch.tensor(q_all[:, :, r * H:(r + 1) * H], dtype=torch.bfloat16, device=dev).contiguous()
+        c, table, local, q = cuda_rank_inputs(w, r, dev)
         for ex in [mla.DcpExchange.all_to_all, mla.DcpExchange.allgather_reduce_scatter,
                    mla.DcpExchange.all_to_all_overlap]:
             out = torch.full((len(LENS), 1, H, D_V), float("nan"), dtype=torch.bfloat16, device=dev)
@@ -191,24 +210,30 @@ RANK_SCRIPT = PROBLEM + textwrap.dedent("""
 """)
 
 
-def _run_ranks(world, mode, device="cpu", timeout_ms=20000):
+def _run_ranks(world, mode, device="cpu", timeout_ms=20000, master_port=None):
     with tempfile.TemporaryDirectory() as d:
         script = os.path.join(d, "rank.py")
         with open(script, "w") as f:
             f.write(RANK_SCRIPT)
         rdv = os.path.join(d, "rendezvous")
-        procs = [subprocess.Popen([sys.executable, script, mode, device], env=_env(r, world, rdv, timeout_ms),
+        procs = [subprocess.Popen([sys.executable, script, mode, device],
+                                  env=_env(r, world, rdv, timeout_ms, master_port),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for r in range(world)]
-        outs = []
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=120)[0])
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise
-        return [p.returncode for p in procs], outs
+        return wait_all(procs, 120)
+
+
+def wait_all(procs, timeout_s):
+    """(exit codes, outputs) of the rank processes; all are killed when one outlives timeout_s."""
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout_s)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    return [p.returncode for p in procs], outs
 
 
 @pytest.mark.parametrize("mode", ["decode", "decode_peer"])
@@ -216,6 +241,13 @@ def test_processes_equal_whole_cache(mode):
     codes, outs = _run_ranks(2, mode)            # peer=True on the CPU: the socket group, unchanged
     assert codes == [0, 0], outs
     assert all("RANK OK" in o and "socket" in o and "peer" not in o for o in outs), outs
+
+
+def test_tcp_rendezvous_processes_equal_whole_cache():
+    """MASTER_ADDR / MASTER_PORT instead of a rendezvous path: rank 0 hands the socket group's path over TCP."""
+    codes, outs = _run_ranks(2, "decode", master_port=free_port())
+    assert codes == [0, 0], outs
+    assert all("RANK OK" in o and "socket" in o for o in outs), outs
 
 
 def test_dead_rank_raises_not_hangs():
@@ -235,12 +267,13 @@ def _cuda_gpus():
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("mode", ["decode", "decode_peer"])
-def test_nccl_processes_equal_whole_cache(mode, world):
-    """One process per GPU at every group size the machine has (2, and 4 where four GPUs are visible)."""
+@pytest.mark.parametrize("mode,tcp", [("decode", False), ("decode_peer", False), ("decode", True)])
+def test_nccl_processes_equal_whole_cache(mode, tcp, world):
+    """One process per GPU at every group size the machine has (2, and 4 where four GPUs are visible); tcp:
+    through torchrun's MASTER_ADDR / MASTER_PORT rendezvous instead of a rendezvous file."""
     if _cuda_gpus() < world:
         pytest.skip(f"needs {world} CUDA GPUs, NCCL and torch")
-    codes, outs = _run_ranks(world, mode, device="cuda", timeout_ms=60000)
+    codes, outs = _run_ranks(world, mode, device="cuda", timeout_ms=60000, master_port=free_port() if tcp else None)
     assert codes == [0] * world, outs
     want = "nccl+peer" if mode == "decode_peer" else "nccl"
     assert all("RANK OK " in o and o.split("RANK OK ")[1].split()[1] == want for o in outs), outs
