@@ -78,7 +78,6 @@ class NcclCommunicator final : public Communicator {
     if (cu_device != device)
       throw Error(fmt::format("make_nccl_communicator_from: the communicator lives on CUDA device {}, not {}",
                               cu_device, device));
-    set_device();
   }
   ~NcclCommunicator() override {
     if (comm_ && owned_ && !aborted_) ncclCommAbort(comm_);  // non-blocking: abort never waits for peers
