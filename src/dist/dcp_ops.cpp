@@ -77,7 +77,7 @@ void copy_rows(char* dst, std::size_t dpitch, const char* src, std::size_t spitc
     return;
   }
 #if MLA_WITH_CUDA
-  cuda_rt::memcpy2d_async(dst, dpitch, src, spitch, width, rows, ctx.stream);
+  cuda_rt::memcpy2d_async(dst, dpitch, src, spitch, width, rows, ctx.stream, dev.index);
 #else
   (void)ctx;
   throw Error("dcp: CUDA tensor given, but this build of mla has no CUDA backend");
@@ -241,7 +241,7 @@ void zero_bytes(char* p, std::size_t bytes, Device dev, const Context& ctx) {
     return;
   }
 #if MLA_WITH_CUDA
-  cuda_rt::memset_async(p, 0, bytes, ctx.stream);
+  cuda_rt::memset_async(p, 0, bytes, ctx.stream, dev.index);
 #else
   (void)ctx;
   throw Error("dcp: CUDA tensor given, but this build of mla has no CUDA backend");

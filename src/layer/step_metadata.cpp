@@ -67,7 +67,7 @@ void upload_step_metadata(const Plan& plan, const TensorView& staging, const Ten
     return;
   }
 #if MLA_WITH_CUDA
-  cuda_rt::memcpy_async(device_metadata.data, staging.data, bytes, ctx.stream);
+  cuda_rt::memcpy_async(device_metadata.data, staging.data, bytes, ctx.stream, device_metadata.device.index);
 #else
   (void)ctx;
   throw Error(std::string(op) + ": CUDA tensors in a build without the CUDA backend");

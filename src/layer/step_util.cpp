@@ -48,15 +48,15 @@ void copy_rows(const TensorView& dst, const TensorView& src, const Context& ctx)
   if (h == 1 || flat) {
     const int64_t ds = h == 1 ? dst.stride[0] : dst.stride[1], ss = h == 1 ? src.stride[0] : src.stride[1];
     cuda_rt::memcpy2d_async(dst.data, bytes(ds), src.data, bytes(ss), width, static_cast<std::size_t>(n * h),
-                            ctx.stream);
+                            ctx.stream, dst.device.index);
   } else if (h <= n) {
     for (int64_t j = 0; j < h; ++j)
       cuda_rt::memcpy2d_async(dst.ptr_at({0, j}), bytes(dst.stride[0]), src.ptr_at({0, j}), bytes(src.stride[0]),
-                              width, static_cast<std::size_t>(n), ctx.stream);
+                              width, static_cast<std::size_t>(n), ctx.stream, dst.device.index);
   } else {
     for (int64_t t = 0; t < n; ++t)
       cuda_rt::memcpy2d_async(dst.ptr_at({t, 0}), bytes(dst.stride[1]), src.ptr_at({t, 0}), bytes(src.stride[1]),
-                              width, static_cast<std::size_t>(h), ctx.stream);
+                              width, static_cast<std::size_t>(h), ctx.stream, dst.device.index);
   }
 #else
   (void)ctx;

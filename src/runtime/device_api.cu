@@ -105,19 +105,22 @@ void memset(void* dst, int device, int value, std::size_t bytes) {
   check(cudaMemset(dst, value, bytes), "cudaMemset");
 }
 
-void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
+void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream, int device) {
   if (bytes == 0) return;
+  DeviceGuard g(device);
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)), "cudaMemcpyAsync");
 }
 
-void memset_async(void* dst, int value, std::size_t bytes, void* stream) {
+void memset_async(void* dst, int value, std::size_t bytes, void* stream, int device) {
   if (bytes == 0) return;
+  DeviceGuard g(device);
   check(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
 }
 
 void memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-                    std::size_t height, void* stream) {
+                    std::size_t height, void* stream, int device) {
   if (width == 0 || height == 0) return;
+  DeviceGuard g(device);
   check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault,
                           static_cast<cudaStream_t>(stream)),
         "cudaMemcpy2DAsync");

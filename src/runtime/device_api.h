@@ -30,15 +30,16 @@ void host_free(void* p) noexcept;
 // Synchronous copy between any two devices (host <-> device, device <-> device).
 void memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes);
 void memset(void* dst, int device, int value, std::size_t bytes);
-// Stream-ordered copy (stream = cudaStream_t). Host memory should be pinned for true asynchrony;
-// pageable host memory makes the call return only after the host buffer was staged.
-void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream);
-void memset_async(void* dst, int value, std::size_t bytes, void* stream);
+// Stream-ordered copy (stream = cudaStream_t of `device`, the device whose memory is written; nullptr: that
+// device's legacy default stream, whatever the calling thread's current device is). Host memory should be
+// pinned for true asynchrony; pageable host memory makes the call return only after the host buffer was staged.
+void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream, int device);
+void memset_async(void* dst, int value, std::size_t bytes, void* stream, int device);
 // Stream-ordered 2-D copy (cudaMemcpy2DAsync): `height` rows of `width` bytes, row r read at
 // src + r * spitch and written at dst + r * dpitch. The layer uses it to place q_pe beside the
 // absorbed query without a kernel of its own.
 void memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-                    std::size_t height, void* stream);
+                    std::size_t height, void* stream, int device);
 void synchronize(int device);
 // This thread's second stream on `device` (created on first use: non-blocking, highest priority), for
 // work that overlaps the caller's stream (the DCP decode's exchange of one half-batch while the other
