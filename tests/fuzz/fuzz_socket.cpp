@@ -68,7 +68,7 @@ SocketFrame frame(Input& in, SocketFrame f) {
       case 1: f.kind = static_cast<uint32_t>(in.hostile(0, 5)); break;
       case 2: f.rank = static_cast<int32_t>(in.hostile(-1, 3)); break;
       case 3: f.dtype = static_cast<int32_t>(in.hostile(-1, 8)); break;
-      case 4: f.bytes = in.hostile(-1, f.bytes + 8); break;
+      case 4: f.bytes = in.hostile(-1, std::clamp<int64_t>(f.bytes, -1, 1 << 20) + 8); break;
       case 5: f.text_len = static_cast<uint32_t>(in.hostile(0, 5000)); break;
       default: f.reserved = static_cast<uint32_t>(in.range(1, 255)); break;
     }
