@@ -96,12 +96,13 @@ void check_dense_metadata(const Plan& p, int64_t nd, int64_t np) {
 // before anything is written.
 void check_plan_vectors(const Plan& p, const LayerOptions& o) {
   constexpr const char* op = "MlaAttention";
+  p.config.validate();  // a made plan's config passes; every bound below leans on it
   const int64_t nr = p.num_reqs, nd = p.split.num_decodes, np = p.split.num_prefills;
   MLA_CHECK(nr >= 0 && static_cast<int64_t>(p.query_start_loc.size()) == nr + 1 &&
                 static_cast<int64_t>(p.seq_lens.size()) == nr,
             "{}: plan with num_reqs {} needs query_start_loc of {} and seq_lens of {} entries, got {} and {}", op, nr,
             nr + 1, nr, p.query_start_loc.size(), p.seq_lens.size());
-  MLA_CHECK(nd >= 0 && np >= 0 && nd + np == nr,
+  MLA_CHECK(nd >= 0 && np >= 0 && nd <= nr && np == nr - nd,
             "{}: plan split has {} decodes + {} prefills but the batch has {} requests", op, nd, np, nr);
   MLA_CHECK(p.query_start_loc.back() == p.num_actual_tokens && p.num_actual_tokens <= p.num_tokens,
             "{}: plan has query_start_loc.back() = {}, num_actual_tokens = {}, num_tokens = {}; expected the first two "
@@ -116,12 +117,17 @@ void check_plan_vectors(const Plan& p, const LayerOptions& o) {
   }
   if (!o.sparse) {
     int64_t prev_end = 0;
+    const int64_t decode_tokens = p.query_start_loc[nd];
+    // A made run's block columns cover at most max_model_len keys (its bound or longest seq_len).
+    const int64_t page = std::max<int64_t>(p.config.page_size, 1);
+    const int64_t max_cols = p.config.max_model_len / page + (p.config.max_model_len % page != 0);
     for (std::size_t i = 0; i < p.decode.runs.size(); ++i) {
       const DecodeRun& r = p.decode.runs[i];
-      const int64_t b = r.req_end - r.req_begin;
-      MLA_CHECK(r.req_begin >= prev_end && b >= 1 && r.req_end <= nd && r.s_q >= 1 && r.token_begin >= 0 &&
-                    r.token_begin + b * r.s_q <= p.query_start_loc[nd] && r.block_cols >= 1 && r.num_splits >= 1 &&
-                    r.num_splits <= kDecodeMaxSplits,
+      // In this order, so that no difference or product below can overflow.
+      const bool ranges = r.req_begin >= prev_end && r.req_end > r.req_begin && r.req_end <= nd && r.s_q >= 1 &&
+                          r.s_q <= decode_tokens && r.token_begin >= 0 && r.token_begin <= decode_tokens;
+      MLA_CHECK(ranges && r.token_begin + (r.req_end - r.req_begin) * r.s_q <= decode_tokens && r.block_cols >= 1 &&
+                    r.block_cols <= max_cols && r.num_splits >= 1 && r.num_splits <= kDecodeMaxSplits,
                 "{}: decode run {} (requests [{}, {}), s_q {}, tokens from {}, {} block columns, {} splits) does not "
                 "fit the plan's {} decodes",
                 op, i, r.req_begin, r.req_end, r.s_q, r.token_begin, r.block_cols, r.num_splits, nd);

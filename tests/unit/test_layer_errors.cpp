@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <limits>
 
 #include "layer/layer_internal.h"
 #include "layer_test_util.h"
@@ -182,6 +183,7 @@ TEST(LayerErrors, ResealedPlansAreRefusedBeforeAWrite) {
   const Context ctx{nullptr, Precision::reference};
   ASSERT_FALSE(d.plan.context.chunks.empty());
   ASSERT_GT(d.plan.context.chunks[0].total, 0);
+  ASSERT_FALSE(d.plan.decode.runs.empty());
   const std::vector<std::pair<const char*, std::function<void(Plan&)>>> edits = {
       {"prefill_qsl offset near 2^62", [](Plan& p) { p.metadata.prefill_qsl = int64_t(1) << 62; }},
       {"prefill_qsl offset wrapping to -1 words", [](Plan& p) { p.metadata.prefill_qsl = (int64_t(1) << 62) - 1; }},
@@ -191,6 +193,13 @@ TEST(LayerErrors, ResealedPlansAreRefusedBeforeAWrite) {
       {"chunk_cu entry missing", [](Plan& p) { p.metadata.chunk_cu.pop_back(); }},
       {"an extra DCP chunk", [](Plan& p) { p.dcp_chunks.emplace_back(); }},
       {"an extra context chunk", [](Plan& p) { p.context.chunks.push_back(p.context.chunks[0]); }},
+      // Found by fuzz_step: block columns near 2^62 overflowed the decode scratch's key count.
+      {"decode run block_cols near 2^62", [](Plan& p) { p.decode.runs[0].block_cols = int64_t(1) << 62; }},
+      {"decode run s_q near 2^62", [](Plan& p) { p.decode.runs[0].s_q = int64_t(1) << 62; }},
+      {"decode run past int64", [](Plan& p) { p.decode.runs[0].req_begin = std::numeric_limits<int64_t>::min(); }},
+      {"split counts summing past int64",
+       [](Plan& p) { p.split.num_decodes = p.split.num_prefills = int64_t(1) << 62; }},
+      {"config with page size 0", [](Plan& p) { p.config.page_size = 0; }},
   };
   for (const auto& [what, edit] : edits) {
     Plan plan = d.plan;
