@@ -76,7 +76,7 @@ bool edit_plan(Plan& p, Input& in) {
     case 15: if (auto* x = pick(p.req_id_per_token)) return *x = static_cast<int32_t>(big), true; return false;
     case 16: if (auto* x = pick(p.prefill_query_start_loc)) return *x = static_cast<int32_t>(big), true; return false;
     case 17: p.num_tokens = wrap_add(p.num_tokens, in.hostile(-2, 2)); return true;
-    case 18: p.split.num_decodes = wrap_add(p.split.num_decodes, in.hostile(-1, 1)); p.split.num_prefills = p.num_reqs - p.split.num_decodes; return true;
+    case 18: p.split.num_decodes = wrap_add(p.split.num_decodes, in.hostile(-1, 1)); p.split.num_prefills = static_cast<int64_t>(static_cast<uint64_t>(p.num_reqs) - static_cast<uint64_t>(p.split.num_decodes)); return true;
     default: if (auto* x = pick(p.dcp_local_lens)) return *x = static_cast<int32_t>(big), true; p.dcp_local_lens.push_back(static_cast<int32_t>(big)); return true;
   }
 }
