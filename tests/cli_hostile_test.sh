@@ -5,11 +5,12 @@
 # Usage: tests/cli_hostile_test.sh path/to/mla
 set -u
 mla=$1
+run_mla=("$mla")  # how expect_fail runs it (under `timeout` where a hang is the failure looked for)
 fails=0
 expect_fail() {  # expect_fail "<text the message must contain>" args...
   local want=$1; shift
   local out rc
-  out=$("$mla" "$@" 2>&1); rc=$?
+  out=$("${run_mla[@]}" "$@" 2>&1); rc=$?
   if [ $rc -eq 0 ] || [ $rc -ge 128 ] || [[ "$out" != *"$want"* ]]; then
     echo "FAIL: mla $* -> exit $rc, wanted a message with '$want', got: $(echo "$out" | tail -3)"
     fails=$((fails + 1))
@@ -52,6 +53,26 @@ fixture=$(cd "$(dirname "$0")" && pwd)/fixtures/block/v3_fp8
 if [ -d "$fixture" ]; then
   expect_fail "no tensor 'model.layers.7" run --backend cpu --checkpoint "$fixture" --layer 7 --steps 1
   expect_fail "must divide" run --backend cpu --checkpoint "$fixture" --layer 1 --tp 4 --steps 1
+fi
+# --seed: a negative or too large seed is refused, not wrapped to 2^64 - 1 (issue 51).
+expect_fail "--seed" run --backend cpu --steps 1 --seed -1
+expect_fail "--seed" run --backend cpu --steps 1 --seed 18446744073709551616
+expect_fail "--seed" run --backend cpu --steps 1 --seed +5
+# Checkpoint directories that used to hang (a FIFO named as a shard) or escape as "unexpected failure"
+# (a *.safetensors symlink loop); each must fail within the timeout with the entry named.
+if [ -d "$fixture" ] && command -v mkfifo >/dev/null && command -v timeout >/dev/null; then
+  tmp=$(mktemp -d)
+  cp "$fixture/config.json" "$tmp/"
+  mkfifo "$tmp/pipe.safetensors"
+  sed 's/model-0000[0-9]-of-0000[0-9]\.safetensors/pipe.safetensors/' "$fixture/model.safetensors.index.json" \
+    >"$tmp/model.safetensors.index.json"
+  run_mla=(timeout 60 "$mla")
+  expect_fail "not a regular file" run --backend cpu --checkpoint "$tmp" --layer 1 --steps 1
+  rm "$tmp/model.safetensors.index.json" "$tmp/pipe.safetensors"
+  ln -s loop.safetensors "$tmp/loop.safetensors"
+  expect_fail "loop.safetensors is not a readable regular file" run --backend cpu --checkpoint "$tmp" --layer 1 --steps 1
+  run_mla=("$mla")
+  rm -rf "$tmp"
 fi
 # mla bench: every numeric option range-checked at parse time (before the CUDA check), unknown formats
 # and grids named, --json opened before any work.

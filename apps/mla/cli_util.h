@@ -39,6 +39,21 @@ std::set<std::string> given_options(const CLI::App& cmd);
 // and returns the error exit code; a successful parse returns -1.
 int parse_command_line(CLI::App& app, int argc, char** argv);
 
+// An unsigned 64-bit integer, decimal digits only: CLI11 would read "-1" as 2^64 - 1 and wrap a value
+// past 2^64 - 1 instead of refusing it.
+inline CLI::Validator uint64_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        const char* end = s.data() + s.size();
+        const auto [p, ec] = std::from_chars(s.data(), end, v);
+        if (s.empty() || s[0] == '-' || s[0] == '+' || ec != std::errc() || p != end)
+          return fmt::format("expected an integer in [0, 2^64 - 1], got '{}'", s);
+        return {};
+      },
+      "UINT64");
+}
+
 // A file opened for writing when constructed (throws mla::Error naming the option when it cannot be);
 // write() replaces its contents and throws when the bytes did not all reach the file.
 class OutputFile {

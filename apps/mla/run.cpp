@@ -295,7 +295,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                                           "spawns N copies of itself, wired through RANK, WORLD_SIZE, LOCAL_RANK and "
                                           "MLA_DCP_RENDEZVOUS; a failing rank stops the others). A process started "
                                           "with those variables set (e.g. by torchrun) runs as that rank");
-  cmd->add_option("--seed", o.seed, "Seed of the trace, the inputs and the weights")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the trace, the inputs and the weights")
+      ->check(uint64_value())
+      ->capture_default_str();
   cmd->add_option("--json", o.json_path, "Also write the configuration, timings and check results to this file");
   cmd->add_flag("--no-progress", o.no_progress, "Do not report progress on stderr");
   return cmd;

@@ -110,11 +110,13 @@ std::unique_ptr<Communicator> make_peer_communicator(std::unique_ptr<Communicato
                                                      std::string* why_not = nullptr);
 
 // ---- processes: one rank per process (torchrun-style) --------------------------------------------
-// A CPU group across processes of one host: rank 0 listens on the Unix socket `path` (created; an old
-// file there is removed), ranks 1..W-1 connect to it within `timeout`. Rank 0 relays every collective
-// (the bytes go through it), checks that all ranks called the same collective with the same sizes and
-// answers every rank; a rank that dies or stays away makes the others throw mla::Error naming it within
-// `timeout`, and the group is unusable afterwards. For tests and CPU runs of the process launcher.
+// A CPU group across processes of one host: rank 0 listens on the Unix socket `path` (which must not
+// exist: rank 0 creates the socket and removes only that socket, once every rank is connected or the
+// group fails), ranks 1..W-1 connect to it within `timeout`. Rank 0 relays every collective (the bytes
+// go through it), checks each rank's frame (collective, rank, dtype, sizes) against its own call before
+// reading its payload, and answers every rank; a mismatch, a rank that dies or stays away makes every
+// rank throw mla::Error naming it within `timeout`, and the group is unusable afterwards. For tests and
+// CPU runs of the process launcher.
 std::unique_ptr<Communicator> make_socket_communicator(const std::string& path, int world_size, int rank,
                                                        std::chrono::milliseconds timeout = std::chrono::seconds(60));
 

@@ -19,12 +19,12 @@
 namespace mla {
 
 struct DcpLayout {
-  int world_size = 1;  // W ranks in the group, >= 1
+  int world_size = 1;  // W ranks in the group, 1..4096
   int rank = 0;        // this rank, in [0, W)
   int interleave = 1;  // I consecutive positions per turn, >= 1; divides the cache's page size
 };
 
-// Throws mla::Error unless 1 <= W, 0 <= rank < W, I >= 1 and (page_size > 0) page_size % I == 0.
+// Throws mla::Error unless 1 <= W <= 4096, 0 <= rank < W, I >= 1 and (page_size > 0) page_size % I == 0.
 void validate_dcp_layout(const DcpLayout& layout, int64_t page_size = 0);
 
 // The rank that owns position p >= 0.

@@ -40,6 +40,13 @@ namespace {
 constexpr const char* kOp = "DeepseekAttention";
 constexpr std::size_t kAlign = 256;
 
+// Whether two views with non-negative strides share a byte (empty views share none).
+bool bytes_overlap(const TensorView& a, const TensorView& b) {
+  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  return a0 < b0 + static_cast<uintptr_t>(b.span_bytes()) && b0 < a0 + static_cast<uintptr_t>(a.span_bytes());
+}
+
 std::size_t region_bytes(int64_t rows, int64_t cols, DType t, const char* what) {
   const int64_t n = detail::checked_mul(detail::checked_mul(rows, cols, what), static_cast<int64_t>(dtype_size(t)), what);
   return detail::checked_round_up(detail::checked_size(n, what), kAlign, 0, what);
@@ -407,6 +414,19 @@ void DeepseekAttention::forward(const Plan& plan, const DeepseekForwardArgs& a, 
             "{}: workspace must be a contiguous, 16-byte aligned u8 buffer of at least workspace_bytes(plan) = {} "
             "bytes, got {} at {}", op, workspace_bytes(plan), workspace.describe(), workspace.data);
   MLA_CHECK(!(a.hidden.data == a.out.data && t_act > 0), "{}: out must not alias hidden", op);
+  // out's rows must neither overlap nor run backwards, and out must not share a byte with hidden or
+  // the workspace: the projections that write it run after the cache was written, so each of these
+  // would otherwise fail (or corrupt an input) after a write.
+  detail::check_strides(a.out, true, op, "out [T, hidden_size]");
+  detail::check_strides(a.hidden, false, op, "hidden [T, hidden_size]");
+  MLA_CHECK(t_act <= 1 || a.out.stride[0] >= H, "{}: out's rows overlap (row stride {} < hidden_size {}), got {}", op,
+            a.out.stride[0], H, a.out.describe());
+  if (t_act > 0) {
+    const TensorView y = a.out.slice(0, 0, t_act);
+    for (const auto& [view, name] : {std::pair{&a.hidden, "hidden"}, {&workspace, "workspace"}})
+      MLA_CHECK(!bytes_overlap(y, *view), "{}: out overlaps {}: got out {} at {} and {} {} at {}", op, name,
+                y.describe(), y.data, name, view->describe(), view->data);
+  }
 
   // Carve the workspace (layout at the top of this file).
   auto* base = static_cast<std::byte*>(workspace.data);

@@ -9,8 +9,13 @@
 
 namespace mla {
 
+// The largest group: the socket and NCCL groups' own limit. The planner keeps per-rank vectors for
+// every context chunk (W of them), so an unbounded W made make_plan allocate without limit.
+constexpr int kMaxDcpWorldSize = 4096;
+
 void validate_dcp_layout(const DcpLayout& l, int64_t page_size) {
-  MLA_CHECK(l.world_size >= 1, "dcp: world_size must be >= 1, got {}", l.world_size);
+  MLA_CHECK(l.world_size >= 1 && l.world_size <= kMaxDcpWorldSize, "dcp: world_size must be in [1, {}], got {}",
+            kMaxDcpWorldSize, l.world_size);
   MLA_CHECK(l.rank >= 0 && l.rank < l.world_size, "dcp: rank must be in [0, {}), got {}", l.world_size, l.rank);
   MLA_CHECK(l.interleave >= 1, "dcp: interleave must be >= 1, got {}", l.interleave);
   MLA_CHECK(page_size <= 0 || page_size % l.interleave == 0,

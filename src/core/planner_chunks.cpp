@@ -109,7 +109,7 @@ std::vector<std::pair<int64_t, int64_t>> split_prefill_chunks(const std::vector<
     int64_t total = 0;
     // Greedy: take requests while the running sum still fits (every single one fits, so each
     // chunk holds at least one request and the loop advances).
-    while (i < n && total + seq_lens[i] <= workspace_rows) total += seq_lens[i++];
+    while (i < n && seq_lens[i] <= workspace_rows - total) total += seq_lens[i++];  // no overflow: total <= rows
     chunks.emplace_back(start + request_offset, i + request_offset);
   }
   return chunks;
@@ -171,16 +171,28 @@ bool sparse_mixed_batch_for(SparsePrefillMode mode, int num_heads, int compute_c
   return false;
 }
 
+namespace {
+// num_heads rounded up to a multiple of `multiple`, refused when that is past the int range (it was
+// cast back to int: INT_MAX heads came back as INT_MIN).
+int padded_heads(int num_heads, int64_t multiple, const char* op) {
+  MLA_CHECK(num_heads >= 1, "{}: num_heads must be >= 1, got {}", op, num_heads);
+  const int64_t padded = round_up(num_heads, multiple);
+  MLA_CHECK(padded <= std::numeric_limits<int>::max(), "{}: num_heads {} padded to a multiple of {} exceeds the int "
+            "range", op, num_heads, multiple);
+  return static_cast<int>(padded);
+}
+}  // namespace
+
 int sparse_fp8_decode_padded_heads(int num_heads) {
-  MLA_CHECK(num_heads >= 1, "sparse_fp8_decode_padded_heads: num_heads must be >= 1, got {}", num_heads);
+  constexpr const char* op = "sparse_fp8_decode_padded_heads";
+  MLA_CHECK(num_heads >= 1, "{}: num_heads must be >= 1, got {}", op, num_heads);
   if (num_heads <= 64) return 64;
   // FlashMLA stops at 128; larger counts (no input is refused, DESIGN §4) pad to a multiple of 128.
-  return static_cast<int>(round_up(num_heads, 128));
+  return padded_heads(num_heads, 128, op);
 }
 
 int sparse_prefill_padded_heads(int num_heads, bool sm100) {
-  MLA_CHECK(num_heads >= 1, "sparse_prefill_padded_heads: num_heads must be >= 1, got {}", num_heads);
-  return static_cast<int>(round_up(num_heads, sm100 ? 128 : 64));
+  return padded_heads(num_heads, sm100 ? 128 : 64, "sparse_prefill_padded_heads");
 }
 
 int64_t sparse_prefill_workspace_rows(int64_t max_model_len) {

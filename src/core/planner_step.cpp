@@ -12,13 +12,24 @@
 
 namespace mla {
 
+namespace {
+// ceil(x / d) for x >= 0 without forming x + d - 1 (x may be near 2^63).
+int64_t ceil_div(int64_t x, int64_t d) { return x / d + (x % d != 0); }
+}  // namespace
+
 int decode_num_splits(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, int num_sms) {
-  const int64_t ctas = b * ((s_q * h_q + kDecodeTileRows - 1) / kDecodeTileRows);
-  if (ctas <= 0 || num_sms <= 0) return 1;
+  if (b <= 0 || s_q <= 0 || h_q <= 0 || num_sms <= 0) return 1;
   const int64_t sms = num_sms;
-  const int64_t long_cap = (max_seq_len + kDecodeMinSplitKeys - 1) / kDecodeMinSplitKeys;
-  const int64_t short_cap =
-      std::min<int64_t>(kDecodeShortSplits, (max_seq_len + kDecodeShortSplitKeys - 1) / kDecodeShortSplitKeys);
+  // Splitting pays only while ctas < 19 * sms: then ceil(ctas·s / sms) / s >= ctas / sms > 0.95 ·
+  // ceil(ctas / sms) for every s. Larger (or unrepresentable) CTA counts take one split, so every
+  // product below stays far inside int64.
+  const __int128 ctas_wide = static_cast<__int128>(b) * ceil_div(std::min<int64_t>(s_q, INT64_MAX / h_q) * h_q,
+                                                                   kDecodeTileRows);
+  if (ctas_wide >= static_cast<__int128>(19) * sms) return 1;
+  const int64_t ctas = static_cast<int64_t>(ctas_wide);
+  const int64_t keys = std::max<int64_t>(max_seq_len, 0);
+  const int64_t long_cap = ceil_div(keys, kDecodeMinSplitKeys);
+  const int64_t short_cap = std::min<int64_t>(kDecodeShortSplits, ceil_div(keys, kDecodeShortSplitKeys));
   const int64_t cap = std::min<int64_t>(kDecodeMaxSplits, std::max<int64_t>({1, long_cap, short_cap}));
   int best = 1;
   double best_t = static_cast<double>((ctas + sms - 1) / sms);
@@ -54,8 +65,10 @@ DecodeSchedule plan_decode_schedule(const std::vector<int32_t>& qsl, const std::
       run.req_end = e;
       run.s_q = s_q;
       run.token_begin = qsl[r];
-      run.block_cols = (longest + page_size - 1) / page_size;
-      run.num_splits = decode_num_splits(e - r, s_q, num_heads, run.block_cols * page_size, num_sms);
+      run.block_cols = ceil_div(std::max<int64_t>(longest, 0), page_size);
+      run.num_splits = decode_num_splits(e - r, s_q, num_heads,
+                                         detail::checked_mul(run.block_cols, page_size, "plan_decode_schedule: keys"),
+                                         num_sms);
       if (seq_len_bound <= 0 && run.num_splits == 1) {
         int64_t total = 0, max_cost = 0;
         for (int64_t i = r; i < e; ++i) {

@@ -29,6 +29,30 @@ void set_shape(TensorView& v, std::span<const int64_t> shape) {
     v.shape[i] = shape[i];
   }
 }
+// The address of index `at` along dim d (at <= shape[d]). A non-empty view's elements lie inside its
+// representable span, so the offset is exact; an empty view addresses nothing and keeps its pointer
+// (its extents may be near 2^62, where start * stride * element size would overflow).
+void* offset_data(const TensorView& v, int d, int64_t at) {
+  if (v.numel() == 0 || at == 0) return v.data;
+  const int64_t off = detail::checked_mul(detail::checked_mul(at, v.stride[d], "tensor: element offset"),
+                                          static_cast<int64_t>(v.element_size()), "tensor: byte offset");
+  return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(v.data) + static_cast<uintptr_t>(off));
+}
+// Elements of a strided view with data must not lie below address 0 or wrap past the top of the
+// address space (negative strides reach below data): pointer arithmetic on them would overflow.
+void check_address_range(const TensorView& v) {
+  if (v.data == nullptr || v.numel() == 0) return;
+  __int128 lo = 0, hi = 0;
+  for (int i = 0; i < v.ndim; ++i) {
+    const __int128 reach = static_cast<__int128>(v.shape[i] - 1) * v.stride[i];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const __int128 es = static_cast<__int128>(v.element_size());
+  const __int128 base = static_cast<__int128>(reinterpret_cast<uintptr_t>(v.data));
+  const __int128 top = static_cast<__int128>(~uintptr_t(0));
+  MLA_CHECK(base + lo * es >= 0 && base + (hi + 1) * es - 1 <= top,
+            "tensor: the elements of a {} view at {} reach outside the address space", v.shape_str(), v.data);
+}
 // numel * element size, checked (numel() itself is checked).
 int64_t byte_count(const TensorView& v) {
   return detail::checked_mul(v.numel(), static_cast<int64_t>(dtype_size(v.dtype)), "tensor: size in bytes");
@@ -52,6 +76,7 @@ TensorView::TensorView(void* d, DType t, std::span<const int64_t> shp, std::span
   for (int i = 0; i < ndim; ++i) stride[i] = str[i];
   (void)byte_count(*this);
   (void)span_bytes();  // the farthest element's byte offset must be representable
+  check_address_range(*this);
 }
 
 int64_t TensorView::size(int d) const { return shape[norm_dim(d, ndim, "size")]; }
@@ -96,7 +121,7 @@ TensorView TensorView::slice(int dim, int64_t start, int64_t end) const {
   MLA_CHECK(0 <= start && start <= end && end <= shape[d], "slice: [{}, {}) out of range for dim {} of {}", start,
             end, d, describe());
   TensorView v = *this;
-  v.data = static_cast<char*>(data) + start * stride[d] * static_cast<int64_t>(element_size());
+  v.data = offset_data(*this, d, start);
   v.shape[d] = end - start;
   return v;
 }
@@ -106,7 +131,7 @@ TensorView TensorView::select(int dim, int64_t index) const {
   MLA_CHECK(ndim >= 2, "select: needs at least 2 dims, got {}", describe());
   MLA_CHECK(0 <= index && index < shape[d], "select: index {} out of range for dim {} of {}", index, d, describe());
   TensorView v = *this;
-  v.data = static_cast<char*>(data) + index * stride[d] * static_cast<int64_t>(element_size());
+  v.data = offset_data(*this, d, index);
   for (int i = d; i + 1 < ndim; ++i) {
     v.shape[i] = shape[i + 1];
     v.stride[i] = stride[i + 1];
@@ -264,7 +289,9 @@ void copy(const TensorView& dst, const TensorView& src) {
     }
     auto* d = static_cast<char*>(dst.data);
     const auto* s = static_cast<const char*>(src.data);
-    for_each_index(dst, src, [&](int64_t od, int64_t os) { std::memcpy(d + od * es, s + os * es, es); });
+    // Signed byte offsets: an element offset times an unsigned size would wrap for negative strides.
+    const auto ses = static_cast<int64_t>(es);
+    for_each_index(dst, src, [&](int64_t od, int64_t os) { std::memcpy(d + od * ses, s + os * ses, es); });
     return;
   }
 #if MLA_WITH_CUDA
@@ -278,13 +305,22 @@ void copy(const TensorView& dst, const TensorView& src) {
 }
 
 void fill(const TensorView& dst, double value) {
+  // An integer dtype takes only values it can hold (a float -> int conversion out of range is
+  // undefined): NaN, infinities and values past the type's range are refused.
+  double lo = 0, hi = -1;  // [lo, hi): the representable range (empty for float dtypes)
+  if (dst.dtype == DType::u8) lo = 0, hi = 256;
+  if (dst.dtype == DType::i32) lo = -2147483648.0, hi = 2147483648.0;
+  if (dst.dtype == DType::i64) lo = -9223372036854775808.0, hi = 9223372036854775808.0;
+  MLA_CHECK(hi < lo || (value >= lo && value < hi), "fill: {} does not fit the {} view {} (range [{}, {}))", value,
+            to_string(dst.dtype), dst.describe(), lo, hi);
   if (dst.numel() == 0) return;
   if (dst.device.is_cpu()) {
     std::array<unsigned char, 8> bytes{};
     num::store(bytes.data(), dst.dtype, value);
     const std::size_t es = dst.element_size();
     auto* d = static_cast<char*>(dst.data);
-    for_each_index(dst, dst, [&](int64_t o, int64_t) { std::memcpy(d + o * es, bytes.data(), es); });
+    const auto ses = static_cast<int64_t>(es);  // signed: negative strides give negative offsets
+    for_each_index(dst, dst, [&](int64_t o, int64_t) { std::memcpy(d + o * ses, bytes.data(), es); });
     return;
   }
   MLA_CHECK(dst.is_contiguous(), "fill: CUDA views must be contiguous, got {}", dst.describe());

@@ -157,10 +157,14 @@ void dequant_rows(const KVCache& c, const TensorView& dst, const std::vector<int
 void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorView& slot_mapping, const KVCache& cache,
                  DsMlaScale ds_scale, const Context&) {
   const int64_t n = slot_mapping.size(0);
+  // The slots as validated, read before any row is written: slot_mapping may live inside the cache
+  // tensor (or alias kv_c / k_pe), and a row written first must not change a later token's slot.
+  std::vector<int64_t> slots(static_cast<std::size_t>(n));
+  for (int64_t t = 0; t < n; ++t) slots[static_cast<std::size_t>(t)] = index_at(slot_mapping, t);
   dispatch_cache_format(cache.format, [&](auto fmt) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < n; ++t) {
-      const int64_t slot = index_at(slot_mapping, t);
+      const int64_t slot = slots[static_cast<std::size_t>(t)];
       if (slot < 0) continue;  // PAD_SLOT_ID: nothing written
       write_row<decltype(fmt)>(cache, cache_row_ptr_mut(cache, slot), kv_c, k_pe, t, ds_scale);
     }

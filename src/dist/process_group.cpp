@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@
 
 #include "core/check.h"
 #include "dist/collective_check.h"
+#include "dist/socket_group.h"
 #include "dist/tcp_rendezvous.h"
 #include "mla/comm.h"
 
@@ -115,14 +117,57 @@ sockaddr_un socket_address(const std::string& path) {
   return a;
 }
 
-struct Header {
-  uint32_t magic = 0x6d6c6163;  // "mlac"
-  uint32_t what_len = 0;
-  int64_t bytes = 0;            // payload bytes that follow the text
+using Frame = dist::SocketFrame;
+
+const char* kind_name(uint32_t kind) {
+  switch (kind) {
+    case Frame::kHello: return "hello";
+    case Frame::kAllGather: return "all_gather";
+    case Frame::kAllToAll: return "all_to_all";
+    case Frame::kReduceScatter: return "reduce_scatter";
+  }
+  return "an unknown message";
+}
+
+std::string describe(const Frame& f) {
+  const bool known_dtype = f.dtype >= 0 && f.dtype <= static_cast<int32_t>(DType::i64);
+  return fmt::format("{} of {} bytes ({})", kind_name(f.kind), f.bytes,
+                     known_dtype ? to_string(static_cast<DType>(f.dtype)) : fmt::format("dtype {}", f.dtype));
+}
+
+// The socket file rank 0 bound: removed only while the path still names that very socket.
+class BoundPath {
+ public:
+  BoundPath() = default;
+  BoundPath(const BoundPath&) = delete;
+  BoundPath& operator=(const BoundPath&) = delete;
+  ~BoundPath() { remove(); }
+  void adopt(const std::string& path) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+      path_ = path;
+      dev_ = st.st_dev;
+      ino_ = st.st_ino;
+    }
+  }
+  void remove() {
+    if (path_.empty()) return;
+    struct stat st {};
+    if (::lstat(path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == dev_ && st.st_ino == ino_)
+      ::unlink(path_.c_str());
+    path_.clear();
+  }
+
+ private:
+  std::string path_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
 };
 
 class SocketCommunicator final : public Communicator {
  public:
+  // Rank 0 listens on `path` (which must not exist: it creates the socket and removes only that);
+  // the other ranks connect to it.
   SocketCommunicator(const std::string& path, int world, int rank, std::chrono::milliseconds timeout)
       : world_(world), rank_(rank), timeout_(timeout) {
     if (world == 1) return;
@@ -132,33 +177,48 @@ class SocketCommunicator final : public Communicator {
       const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
       MLA_CHECK(fd >= 0, "socket group: rank 0 cannot create a socket: {}", std::strerror(errno));
       Channel listener(fd);
-      ::unlink(path.c_str());
-      if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, world) != 0)
+      struct stat st {};
+      if (::lstat(path.c_str(), &st) == 0)
+        throw Error(fmt::format("socket group: rank 0: the rendezvous path {} already exists ({}); the group creates "
+                                "its socket there and removes only that: remove it or choose a fresh path",
+                                path, S_ISSOCK(st.st_mode) ? "a socket, maybe of a group still running" : "not a socket"));
+      if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
+        throw Error(fmt::format("socket group: rank 0 cannot listen on {}: {}", path, std::strerror(errno)));
+      BoundPath bound;
+      bound.adopt(path);
+      if (::listen(fd, world) != 0)
         throw Error(fmt::format("socket group: rank 0 cannot listen on {}: {}", path, std::strerror(errno)));
       peers_.resize(static_cast<std::size_t>(world));
       for (int got = 1; got < world; ++got) {
         pollfd pfd{fd, POLLIN, 0};
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left)) <= 0) {
-          ::unlink(path.c_str());
-          throw Error(fmt::format("socket group: rank 0 of {}: only {} of the other ranks connected to {} within "
-                                  "{} ms (did every rank start, with the same rendezvous?)",
-                                  world, got - 1, path, timeout.count()));
-        }
+        if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left)) <= 0)
+          refuse_peers(fmt::format("socket group: rank 0 of {}: only {} of the other ranks connected to {} within "
+                                   "{} ms (did every rank start, with the same rendezvous?)",
+                                   world, got - 1, path, timeout.count()),
+                       deadline);
         Channel c(::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
-        if (!c.open()) throw Error(fmt::format("socket group: rank 0: accept failed: {}", std::strerror(errno)));
-        int32_t peer = -1;
+        if (!c.open()) refuse_peers(fmt::format("socket group: rank 0: accept failed: {}", std::strerror(errno)), deadline);
+        Frame hello;
         std::string why;
-        if (!c.read_all(&peer, sizeof peer, deadline, why)) {
-          --got;  // a connection that did not say who it is does not count
+        // A connection that does not say who it is, in the group's format, does not count.
+        if (!c.read_all(&hello, sizeof hello, deadline, why) || hello.magic != Frame::kMagic) {
+          --got;
           continue;
         }
-        if (peer <= 0 || peer >= world || peers_[static_cast<std::size_t>(peer)].open())
-          throw Error(fmt::format("socket group: rank 0: a peer announced itself as rank {} (world {}, or twice)",
-                                  peer, world));
+        const int peer = hello.rank;
+        if (!hello_ok(hello, peer) || peers_[static_cast<std::size_t>(peer)].open()) {
+          const std::string error = fmt::format(
+              "socket group: rank 0 of {}: a peer announced itself as rank {} of a group of {} (out of range, the "
+              "wrong world size, or twice)",
+              world, hello.rank, hello.bytes);
+          send_status(c, Frame::kHello, peer, -1, 0, error, deadline);
+          refuse_peers(error, deadline);
+        }
         peers_[static_cast<std::size_t>(peer)] = std::move(c);
       }
-      ::unlink(path.c_str());  // every rank is connected: the name is no longer needed
+      bound.remove();  // every rank is connected: the name is no longer needed
+      welcome(deadline);
       return;
     }
     for (;;) {  // rank 0 may not listen yet: retry until the deadline
@@ -166,11 +226,8 @@ class SocketCommunicator final : public Communicator {
       MLA_CHECK(fd >= 0, "socket group: rank {} cannot create a socket: {}", rank, std::strerror(errno));
       Channel c(fd);
       if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) {
-        const int32_t me = rank;
-        std::string why;
-        if (!c.write_all(&me, sizeof me, deadline, why))
-          throw Error(fmt::format("socket group: rank {}: rank 0 at {}: {}", rank, path, why));
         root_ = std::move(c);
+        join(deadline, path);
         return;
       }
       if (Clock::now() > deadline)
@@ -180,6 +237,39 @@ class SocketCommunicator final : public Communicator {
     }
   }
 
+  // Over connected sockets (dist::socket_communicator_from_fds).
+  SocketCommunicator(int world, int rank, std::vector<int> fds, std::chrono::milliseconds timeout)
+      : world_(world), rank_(rank), timeout_(timeout) {
+    std::vector<Channel> channels;
+    for (int fd : fds) channels.emplace_back(fd);  // adopted at once: closed on every path
+    if (world == 1) return;
+    const auto deadline = Clock::now() + timeout;
+    if (rank > 0) {
+      MLA_CHECK(!channels.empty() && channels[0].open(), "socket group: rank {} needs its connection to rank 0", rank);
+      root_ = std::move(channels[0]);
+      join(deadline, "its connection");
+      return;
+    }
+    MLA_CHECK(static_cast<int>(channels.size()) == world, "socket group: rank 0 needs {} connections, got {}", world,
+              channels.size());
+    peers_.resize(static_cast<std::size_t>(world));
+    for (int p = 1; p < world; ++p) {
+      Channel& c = channels[static_cast<std::size_t>(p)];
+      MLA_CHECK(c.open(), "socket group: rank 0 has no connection for rank {}", p);
+      Frame hello;
+      std::string why;
+      if (!c.read_all(&hello, sizeof hello, deadline, why) || hello.magic != Frame::kMagic || !hello_ok(hello, p) ||
+          hello.rank != p) {
+        const std::string error = fmt::format("socket group: rank 0 of {}: the connection of rank {} {}", world, p,
+                                              why.empty() ? "did not introduce itself as that rank" : why);
+        send_status(c, Frame::kHello, p, -1, 0, error, deadline);
+        refuse_peers(error, deadline);
+      }
+      peers_[static_cast<std::size_t>(p)] = std::move(c);
+    }
+    welcome(deadline);
+  }
+
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   Device device() const override { return Device::cpu(); }
@@ -187,14 +277,14 @@ class SocketCommunicator final : public Communicator {
 
   void all_gather(const TensorView& in, const TensorView& out, const Context&) override {
     const int64_t bytes = dist::check_all_gather(in, out, world_, Device::cpu(), "socket all_gather");
-    run("all_gather", in, bytes, out, bytes * world_, [&](const std::vector<const char*>& ins, int, char* dst) {
+    run(Frame::kAllGather, in, bytes, out, bytes * world_, [&](const std::vector<const char*>& ins, int, char* dst) {
       for (int p = 0; p < world_; ++p)
         std::memcpy(dst + p * bytes, ins[static_cast<std::size_t>(p)], static_cast<std::size_t>(bytes));
     });
   }
   void all_to_all(const TensorView& in, const TensorView& out, const Context&) override {
     const int64_t block = dist::check_all_to_all(in, out, world_, Device::cpu(), "socket all_to_all");
-    run("all_to_all", in, block * world_, out, block * world_,
+    run(Frame::kAllToAll, in, block * world_, out, block * world_,
         [&](const std::vector<const char*>& ins, int to, char* dst) {
           for (int p = 0; p < world_; ++p)
             std::memcpy(dst + p * block, ins[static_cast<std::size_t>(p)] + to * block, static_cast<std::size_t>(block));
@@ -203,11 +293,12 @@ class SocketCommunicator final : public Communicator {
   void reduce_scatter(const TensorView& in, const TensorView& out, const Context&) override {
     const int64_t n = dist::check_reduce_scatter(in, out, world_, Device::cpu(), "socket reduce_scatter");
     const int64_t block = n * static_cast<int64_t>(in.element_size());
-    run("reduce_scatter", in, block * world_, out, block, [&](const std::vector<const char*>& ins, int to, char* dst) {
-      std::vector<const char*> blocks;
-      for (const char* p : ins) blocks.push_back(p + to * block);
-      dist::sum_blocks(dst, blocks, n, in.dtype);
-    });
+    run(Frame::kReduceScatter, in, block * world_, out, block,
+        [&](const std::vector<const char*>& ins, int to, char* dst) {
+          std::vector<const char*> blocks;
+          for (const char* p : ins) blocks.push_back(p + to * block);
+          dist::sum_blocks(dst, blocks, n, in.dtype);
+        });
   }
   void synchronize(const Context&) override {
     if (!why_.empty()) throw Error(why_);
@@ -219,13 +310,79 @@ class SocketCommunicator final : public Communicator {
     throw Error(why_);
   }
 
+  bool hello_ok(const Frame& f, int peer) const {
+    return f.kind == Frame::kHello && peer > 0 && peer < world_ && f.bytes == world_ && f.dtype == -1 &&
+           f.text_len == 0 && f.reserved == 0;
+  }
+
+  // A status frame: ok (error empty: `bytes` of payload follow, sent by the caller) or the group's
+  // failure text (cut to kMaxText). false when the peer cannot be told (it is gone).
+  static bool send_status(Channel& c, uint32_t kind, int to, int32_t dtype, int64_t bytes, const std::string& error,
+                          Clock::time_point deadline) {
+    Frame f;
+    f.kind = kind;
+    f.rank = to;
+    f.dtype = dtype;
+    f.text_len = static_cast<uint32_t>(std::min<std::size_t>(error.size(), Frame::kMaxText));
+    f.bytes = error.empty() ? bytes : 0;
+    std::string ignored;
+    return c.write_all(&f, sizeof f, deadline, ignored) && c.write_all(error.data(), f.text_len, deadline, ignored);
+  }
+
+  // Rank 0: tell every connected rank that the group failed, then throw.
+  [[noreturn]] void refuse_peers(const std::string& error, Clock::time_point deadline) {
+    for (int p = 1; p < static_cast<int>(peers_.size()); ++p)
+      if (peers_[static_cast<std::size_t>(p)].open())
+        send_status(peers_[static_cast<std::size_t>(p)], Frame::kHello, p, -1, 0, error, deadline);
+    fail(error);
+  }
+
+  // Rank 0: every rank is connected; each gets its welcome.
+  void welcome(Clock::time_point deadline) {
+    for (int p = 1; p < world_; ++p)
+      send_status(peers_[static_cast<std::size_t>(p)], Frame::kHello, p, -1, world_, "", deadline);
+  }
+
+  // A rank > 0: introduce itself, then wait for rank 0's welcome (or the group's failure).
+  void join(Clock::time_point deadline, const std::string& where) {
+    Frame hello;
+    hello.kind = Frame::kHello;
+    hello.rank = rank_;
+    hello.bytes = world_;
+    std::string why;
+    if (!root_.write_all(&hello, sizeof hello, deadline, why))
+      fail(fmt::format("socket group: rank {}: rank 0 at {}: {}", rank_, where, why));
+    Frame w;
+    if (!root_.read_all(&w, sizeof w, deadline, why))
+      fail(fmt::format("socket group: rank {} of {}: rank 0 at {} {} before every rank joined (waited up to {} ms)",
+                       rank_, world_, where, why, timeout_.count()));
+    if (w.magic != Frame::kMagic || w.kind != Frame::kHello || w.rank != rank_ || w.dtype != -1 ||
+        w.text_len > Frame::kMaxText || w.reserved != 0 || (w.text_len == 0 && w.bytes != world_) ||
+        (w.text_len > 0 && w.bytes != 0))
+      fail(fmt::format("socket group: rank {} of {}: rank 0 at {} answered with a malformed welcome", rank_, world_,
+                       where));
+    if (w.text_len > 0) {
+      std::string text(w.text_len, '\0');
+      if (!root_.read_all(text.data(), text.size(), deadline, why))
+        fail(fmt::format("socket group: rank {} of {}: rank 0 at {} failed the group and then {}", rank_, world_,
+                         where, why));
+      fail(text);
+    }
+  }
+
   // One collective: in_bytes from every rank to rank 0, which writes out_bytes for rank `to` with
-  // make(ins, to, dst) and sends them back.
+  // make(ins, to, dst) and sends them back. Every frame is checked against this rank's own call
+  // before any payload byte is read, and payloads land in buffers sized by this call.
   template <class Make>
-  void run(const char* op, const TensorView& in, int64_t in_bytes, const TensorView& out, int64_t out_bytes,
+  void run(uint32_t kind, const TensorView& in, int64_t in_bytes, const TensorView& out, int64_t out_bytes,
            Make&& make) {
+    const char* op = kind_name(kind);
     if (!why_.empty()) throw Error(fmt::format("socket group: rank {}: the group failed earlier: {}", rank_, why_));
-    const std::string what = fmt::format("{} of {} bytes ({})", op, in_bytes, to_string(in.dtype));
+    Frame mine;
+    mine.kind = kind;
+    mine.rank = rank_;
+    mine.dtype = static_cast<int32_t>(in.dtype);
+    mine.bytes = in_bytes;
     const auto* src = static_cast<const char*>(in.data);
     if (world_ == 1) {
       make(std::vector<const char*>{src}, 0, static_cast<char*>(out.data));
@@ -234,22 +391,27 @@ class SocketCommunicator final : public Communicator {
     const auto deadline = Clock::now() + timeout_;
     std::string why;
     if (rank_ != 0) {
-      Header h;
-      h.what_len = static_cast<uint32_t>(what.size());
-      h.bytes = in_bytes;
-      if (!root_.write_all(&h, sizeof h, deadline, why) || !root_.write_all(what.data(), what.size(), deadline, why) ||
+      if (!root_.write_all(&mine, sizeof mine, deadline, why) ||
           !root_.write_all(src, static_cast<std::size_t>(in_bytes), deadline, why))
         fail(fmt::format("socket group: rank {} of {}: {}: rank 0 {} (waited up to {} ms)", rank_, world_, op, why,
                          timeout_.count()));
-      Header r;
-      std::string text;
+      Frame r;
       if (root_.read_all(&r, sizeof r, deadline, why)) {
-        text.resize(r.what_len);
-        if (root_.read_all(text.data(), text.size(), deadline, why)) {
-          if (!text.empty()) fail(text);  // rank 0 reports the group's failure
-          if (r.bytes == out_bytes && root_.read_all(out.data, static_cast<std::size_t>(out_bytes), deadline, why))
+        if (r.magic != Frame::kMagic || r.kind != kind || r.rank != rank_ || r.dtype != mine.dtype ||
+            r.reserved != 0 || r.text_len > Frame::kMaxText || (r.text_len > 0 && r.bytes != 0) ||
+            (r.text_len == 0 && r.bytes != out_bytes))
+          fail(fmt::format("socket group: rank {} of {}: {} of {} bytes: rank 0 answered with {} for rank {}; the "
+                           "group is unusable",
+                           rank_, world_, op, out_bytes, describe(r), r.rank));
+        if (r.text_len > 0) {
+          std::string text(r.text_len, '\0');
+          if (root_.read_all(text.data(), text.size(), deadline, why)) fail(text);  // rank 0 reports the failure
+        } else {
+          std::vector<char> reply(static_cast<std::size_t>(out_bytes));
+          if (root_.read_all(reply.data(), reply.size(), deadline, why)) {
+            if (out_bytes > 0) std::memcpy(out.data, reply.data(), reply.size());
             return;
-          if (why.empty()) why = "sent a reply of the wrong size";
+          }
         }
       }
       fail(fmt::format("socket group: rank {} of {}: {}: rank 0 {} (waited up to {} ms)", rank_, world_, op, why,
@@ -262,41 +424,42 @@ class SocketCommunicator final : public Communicator {
     std::string error;
     for (int p = 1; p < world_ && error.empty(); ++p) {
       Channel& c = peers_[static_cast<std::size_t>(p)];
-      Header h;
-      std::string theirs;
-      if (!c.read_all(&h, sizeof h, deadline, why) || h.magic != Header{}.magic || h.what_len > 4096) {
-        error = fmt::format("socket group: rank {} of {} failed in {}: {} (rank 0 waited up to {} ms); the group "
-                            "is unusable",
-                            p, world_, op, why.empty() ? "sent garbage" : why, timeout_.count());
-        break;
-      }
-      theirs.resize(h.what_len);
-      bufs[static_cast<std::size_t>(p)].resize(static_cast<std::size_t>(std::max<int64_t>(h.bytes, 0)));
-      if (!c.read_all(theirs.data(), theirs.size(), deadline, why) ||
-          !c.read_all(bufs[static_cast<std::size_t>(p)].data(), bufs[static_cast<std::size_t>(p)].size(), deadline,
-                      why)) {
+      Frame h;
+      if (!c.read_all(&h, sizeof h, deadline, why)) {
         error = fmt::format("socket group: rank {} of {} failed in {}: {} (rank 0 waited up to {} ms); the group "
                             "is unusable",
                             p, world_, op, why, timeout_.count());
         break;
       }
-      if (theirs != what)
-        error = fmt::format("socket group: rank 0 called {} but rank {} called {}", what, p, theirs);
-      ins[static_cast<std::size_t>(p)] = bufs[static_cast<std::size_t>(p)].data();
+      if (h.magic != Frame::kMagic || h.rank != p || h.text_len != 0 || h.reserved != 0) {
+        error = fmt::format("socket group: rank {} of {} sent a malformed frame in {} (as rank {}); the group is "
+                            "unusable",
+                            p, world_, op, h.rank);
+        break;
+      }
+      if (h.kind != kind || h.dtype != mine.dtype || h.bytes != in_bytes) {
+        error = fmt::format("socket group: rank 0 called {} but rank {} called {}", describe(mine), p, describe(h));
+        break;
+      }
+      std::vector<char>& buf = bufs[static_cast<std::size_t>(p)];
+      buf.resize(static_cast<std::size_t>(in_bytes));  // this rank's own size, never the frame's
+      if (!c.read_all(buf.data(), buf.size(), deadline, why)) {
+        error = fmt::format("socket group: rank {} of {} failed in {}: {} (rank 0 waited up to {} ms); the group "
+                            "is unusable",
+                            p, world_, op, why, timeout_.count());
+        break;
+      }
+      ins[static_cast<std::size_t>(p)] = buf.data();
     }
     std::vector<char> reply;
     for (int p = 1; p < world_; ++p) {
       Channel& c = peers_[static_cast<std::size_t>(p)];
-      Header r;
-      r.what_len = static_cast<uint32_t>(error.size());
-      r.bytes = error.empty() ? out_bytes : 0;
       if (error.empty()) {
         reply.resize(static_cast<std::size_t>(out_bytes));
         make(ins, p, reply.data());
       }
       std::string ignored;  // a peer that is gone cannot be told
-      if (c.write_all(&r, sizeof r, deadline, ignored) && c.write_all(error.data(), error.size(), deadline, ignored) &&
-          error.empty())
+      if (send_status(c, kind, p, mine.dtype, out_bytes, error, deadline) && error.empty())
         c.write_all(reply.data(), reply.size(), deadline, ignored);
     }
     if (!error.empty()) fail(error);
@@ -335,6 +498,18 @@ std::unique_ptr<Communicator> make_socket_communicator(const std::string& path, 
   MLA_CHECK(timeout.count() > 0, "make_socket_communicator: the timeout must be positive, got {} ms",
             timeout.count());
   return std::make_unique<SocketCommunicator>(path, world_size, rank, timeout);
+}
+
+std::unique_ptr<Communicator> dist::socket_communicator_from_fds(int world_size, int rank, std::vector<int> fds,
+                                                                 std::chrono::milliseconds timeout) {
+  if (!(world_size >= 1 && world_size <= 4096 && rank >= 0 && rank < world_size && timeout.count() > 0)) {
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+    throw Error(fmt::format("socket_communicator_from_fds: need 0 <= rank < world_size <= 4096 and a positive "
+                            "timeout, got rank {} of {}, {} ms",
+                            rank, world_size, timeout.count()));
+  }
+  return std::make_unique<SocketCommunicator>(world_size, rank, std::move(fds), timeout);
 }
 
 bool process_group_env_present() { return std::getenv("RANK") && std::getenv("WORLD_SIZE"); }
@@ -382,8 +557,13 @@ std::unique_ptr<Communicator> make_process_communicator(const ProcessGroupEnv& e
         f << nccl_id_to_hex(id);
         MLA_CHECK(f.good(), "process group: rank 0 cannot write {}", tmp);
       }
-      MLA_CHECK(std::rename(tmp.c_str(), env.rendezvous.c_str()) == 0, "process group: rank 0 cannot create {}: {}",
-                env.rendezvous, std::strerror(errno));
+      // link() publishes the complete file atomically and, unlike rename(), never replaces a file
+      // that is already there (the path must not exist before the group starts, mla/comm.h).
+      const int linked = ::link(tmp.c_str(), env.rendezvous.c_str());
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      MLA_CHECK(linked == 0, "process group: rank 0 cannot create {}: {}", env.rendezvous,
+                err == EEXIST ? "it already exists (remove it or choose a fresh path)" : std::strerror(err));
     } else {
       const auto deadline = Clock::now() + env.timeout;
       std::string hex;

@@ -28,7 +28,9 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   std::error_code ec;
   MLA_CHECK(fs::is_directory(dir, ec), "checkpoint '{}' is not a directory", dir);
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  if (fs::exists(index, ec)) {
+  // Any entry of that name (a symlink too, even a broken or looping one) is the index: read_text_file
+  // refuses what is not a readable regular file. No std::filesystem call below may throw.
+  if (fs::exists(fs::symlink_status(index, ec))) {
     const std::string what = index.string();
     const nlohmann::json j = io::parse_json_strict(io::read_text_file(what, kMaxJsonFile), what, 4);
     MLA_CHECK(j.is_object(), "{}: not a JSON object", what);
@@ -43,9 +45,20 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     return;
   }
   // No index: every *.safetensors file of the directory.
+  // Every entry named *.safetensors must resolve to a regular file: a symlink loop, a dangling link,
+  // a FIFO or a directory of that name is refused by name (error codes throughout: a directory
+  // iterator's increment or an entry's status would otherwise throw std::filesystem_error).
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path().filename().string());
+  fs::directory_iterator it(dir, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const fs::path& p = it->path();
+    if (p.extension() != ".safetensors") continue;
+    std::error_code sec;
+    const fs::file_status st = fs::status(p, sec);
+    MLA_CHECK(!sec && fs::is_regular_file(st), "checkpoint '{}': {} is not a readable regular file{}", dir,
+              p.filename().string(), sec ? " (" + sec.message() + ")" : std::string());
+    files.push_back(p.filename().string());
+  }
   MLA_CHECK(!ec, "checkpoint '{}': cannot list the directory: {}", dir, ec.message());
   MLA_CHECK(!files.empty(), "checkpoint '{}' has neither model.safetensors.index.json nor *.safetensors files", dir);
   std::sort(files.begin(), files.end());

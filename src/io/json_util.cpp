@@ -1,8 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "io/json_util.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -54,16 +59,44 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& what,
   return j;
 }
 
+int open_regular_file(const std::string& path, uint64_t& size) {
+  // stat first: a FIFO, socket or device is refused without being opened (opening a FIFO blocks
+  // until a writer comes). O_NONBLOCK covers the path being swapped for one in between, and fstat of
+  // the opened descriptor decides.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) throw Error(fmt::format("{}: not a regular file", path));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(fmt::format("{}: not a regular file", path));
+  }
+  size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
 std::string read_text_file(const std::string& path, std::size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open", path));
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, size);
   std::string s;
   char buf[65536];
-  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    s.append(buf, static_cast<std::size_t>(in.gcount()));
-    if (s.size() > max_bytes) throw Error(fmt::format("{}: larger than {} bytes", path, max_bytes));
+  for (;;) {
+    const ssize_t k = ::read(fd, buf, sizeof buf);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(fmt::format("{}: read error: {}", path, std::strerror(err)));
+    }
+    if (k == 0) break;
+    s.append(buf, static_cast<std::size_t>(k));
+    if (s.size() > max_bytes) {
+      ::close(fd);
+      throw Error(fmt::format("{}: larger than {} bytes", path, max_bytes));
+    }
   }
-  if (in.bad()) throw Error(fmt::format("{}: read error", path));
+  ::close(fd);
   return s;
 }
 

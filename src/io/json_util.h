@@ -7,13 +7,18 @@
 // first). Errors are mla::Error "<what>: ...".
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace mla::io {
 
 nlohmann::json parse_json_strict(std::string_view text, const std::string& what, int max_depth);
-// Reads a whole (small) file; throws mla::Error naming it when it cannot be read or exceeds max_bytes.
+// Opens `path` read-only when it is a regular file (following symlinks) and returns the descriptor
+// with the file's size; throws mla::Error naming it otherwise. A FIFO, socket or device is refused
+// before it is opened, so a hostile directory entry cannot block the caller.
+int open_regular_file(const std::string& path, uint64_t& size);
+// Reads a whole (small) regular file; throws mla::Error naming it when it cannot be read or exceeds max_bytes.
 std::string read_text_file(const std::string& path, std::size_t max_bytes);
 
 }  // namespace mla::io

@@ -192,23 +192,17 @@ void parse_header(SafetensorsFile::Impl& f) {
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   auto impl = std::make_shared<Impl>();
   impl->path = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, "not a regular file");
-  }
-  impl->file_size = static_cast<uint64_t>(st.st_size);
+  // A regular file only, checked before it is opened (a FIFO named as a shard would block open()).
+  const int fd = io::open_regular_file(path, impl->file_size);
   if (impl->file_size > 0) {
-    void* p = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = mmap(nullptr, static_cast<std::size_t>(impl->file_size), PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
       fail(path, fmt::format("mmap failed: {}", std::strerror(err)));
     }
     impl->map = p;
-    impl->map_size = static_cast<std::size_t>(st.st_size);
+    impl->map_size = static_cast<std::size_t>(impl->file_size);
     impl->file = static_cast<const std::byte*>(p);
   }
   ::close(fd);

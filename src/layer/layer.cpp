@@ -19,6 +19,8 @@ namespace {
 constexpr const char* kFwd = "MlaAttention::forward";
 
 void check_options(const LayerOptions& o) {
+  // A DeviceType outside the enum is neither CPU nor CUDA: refused here, not taken for a CPU layer.
+  detail::check_device_value(o.device, "MlaAttention", "options.device");
   o.dims.validate();
   check_cache_format(o.cache_format, "MlaAttention");
   if (o.device.is_cuda()) {

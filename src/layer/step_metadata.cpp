@@ -57,11 +57,24 @@ void upload_step_metadata(const Plan& plan, const TensorView& staging, const Ten
                           const Context& ctx) {
   constexpr const char* op = "upload_step_metadata";
   const std::size_t bytes = plan.metadata.bytes();
+  // Both buffers are checked before the staging buffer is written: nothing is written when the
+  // device copy cannot be made.
+  check_bytes(staging, bytes, op, "staging");
+  MLA_CHECK(staging.device.is_cpu(), "{}: staging must be host memory, got {}", op, staging.describe());
   check_bytes(device_metadata, bytes, op, "device_metadata");
+  detail::check_device_value(device_metadata.device, op, "device_metadata");
   MLA_CHECK(bytes == 0 || reinterpret_cast<uintptr_t>(device_metadata.data) % 16 == 0,
             "{}: device_metadata must be 16-byte aligned, got address {}", op, device_metadata.data);
+  MLA_CHECK(device_metadata.device.is_cpu() || device_metadata.device.index < cuda_device_count(),
+            "{}: device_metadata is on {} but {} CUDA device(s) are present{}", op, to_string(device_metadata.device),
+            cuda_device_count(), built_with_cuda() ? "" : " (this build of mla has no CUDA backend)");
+  if (bytes > 0 && device_metadata.device.is_cpu()) {
+    const auto s0 = reinterpret_cast<uintptr_t>(staging.data), d0 = reinterpret_cast<uintptr_t>(device_metadata.data);
+    MLA_CHECK(s0 == d0 || s0 + bytes <= d0 || d0 + bytes <= s0,
+              "{}: staging and device_metadata overlap without being the same buffer", op);
+  }
   write_step_metadata(plan, staging);
-  if (bytes == 0) return;
+  if (bytes == 0 || device_metadata.data == staging.data) return;
   if (device_metadata.device.is_cpu()) {
     std::memcpy(device_metadata.data, staging.data, bytes);
     return;
@@ -69,8 +82,7 @@ void upload_step_metadata(const Plan& plan, const TensorView& staging, const Ten
 #if MLA_WITH_CUDA
   cuda_rt::memcpy_async(device_metadata.data, staging.data, bytes, ctx.stream, device_metadata.device.index);
 #else
-  (void)ctx;
-  throw Error(std::string(op) + ": CUDA tensors in a build without the CUDA backend");
+  (void)ctx;  // a CUDA device_metadata was refused above
 #endif
 }
 

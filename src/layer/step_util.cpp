@@ -20,7 +20,8 @@ TensorView Step::view(const Region& r, DType t, std::initializer_list<int64_t> s
 }
 
 TensorView Step::meta_view(int64_t at, int64_t n) const {
-  MLA_CHECK(at >= 0 && n >= 0 && static_cast<std::size_t>((at + n) * 4) <= plan.metadata.bytes(),
+  const auto words = static_cast<int64_t>(plan.metadata.data.size());  // no sum or product can overflow
+  MLA_CHECK(at >= 0 && n >= 0 && at <= words && n <= words - at,
             "MlaAttention: internal error: metadata [{}, {}) outside the plan's {} bytes", at, at + n,
             plan.metadata.bytes());
   return TensorView(static_cast<uint8_t*>(meta) + at * 4, DType::i32, {n}, opt.device);

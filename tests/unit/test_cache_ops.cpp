@@ -188,6 +188,23 @@ TEST(WriteCacheEdges, PaddedTokensAndInt32Slots) {
   EXPECT_EQ(untouched_except(pc, {3, 17, 0, 31}), "");
 }
 
+// Issue 51: slot_mapping stored inside the cache tensor (in the row of the first token's slot). The
+// slots are read as validated before any row is written; re-reading them after the first row was
+// written took a bf16 row for a slot and wrote far outside the cache.
+TEST(WriteCacheEdges, SlotMappingInsideTheCache) {
+  auto pc = pattern_cache(CacheFormat::bf16, 2, 16);
+  Tensor kv_c = test::random_tensor({3, 512}, DType::bf16), k_pe = test::random_tensor({3, 64}, DType::bf16);
+  fill(kv_c.view().slice(0, 0, 1), 1e30);  // the row that lands on the slots: no slot value survives it
+  const std::vector<int64_t> s = {5, 9, 30};
+  auto* row5 = const_cast<uint8_t*>(test::row_ptr(pc.cache, 5));
+  std::memcpy(row5, s.data(), sizeof(int64_t) * s.size());
+  const TensorView slots(row5, DType::i64, {3});
+  write_cache(kv_c, k_pe, slots, pc.cache);
+  EXPECT_EQ(untouched_except(pc, {5, 9, 30}), "");
+  for (int t = 0; t < 3; ++t)
+    EXPECT_EQ(std::memcmp(test::row_ptr(pc.cache, s[t]), kv_c.view().ptr_at({t, 0}), 1024), 0) << t;
+}
+
 TEST(WriteCacheEdges, StridedInputsAndStridedCacheView) {
   // kv_c and k_pe are column ranges of one [T, 600] buffer; the cache is layer 1 of a 3-layer allocation.
   for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8, CacheFormat::fp8_ds_mla}) {

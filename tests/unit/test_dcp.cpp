@@ -319,18 +319,41 @@ TEST(Dcp, SparseShardsCombineToFullAttention) {
 namespace mla {
 namespace {
 
+// Issue 51: the world size is bounded (4096, the groups' limit): 2^24 ranks took a second and a
+// gigabyte in make_plan, 2^31 - 1 let std::bad_alloc escape.
+// A dense config with a 96-row context workspace and a batch of a decode, an extend, a long-context
+// prefill and a fresh prefill.
+PlannerConfig context_config() {
+  PlannerConfig c;
+  c.dims.num_heads = 4;
+  c.page_size = 16;
+  c.max_model_len = 512;
+  c.context_workspace_rows = 96;
+  return c;
+}
+const BatchDesc kContextBatch{{0, 1, 6, 15, 20}, {41, 55, 300, 5}};
+
+TEST(DcpPlan, WorldSizeIsBounded) {
+  PlannerConfig c = context_config();
+  const BatchDesc& batch = kContextBatch;
+  c.dcp = {4096, 4095, 1};
+  EXPECT_NO_THROW(make_plan(batch, c));
+  EXPECT_NO_THROW(validate_dcp_layout({4096, 0, 1}));
+  for (int w : {4097, 1 << 24, std::numeric_limits<int>::max()}) {
+    c.dcp = {w, 0, 1};
+    EXPECT_THROW(make_plan(batch, c), Error) << w;
+    EXPECT_THROW(validate_dcp_layout({w, 0, 1}), Error) << w;
+    EXPECT_THROW(dcp_local_length(100, {w, 0, 1}), Error) << w;
+  }
+}
+
 // make_plan's DCP context chunks: every rank's local ranges, all-gather blocks and copy segments put
 // exactly the chunk's global positions into request order (simulated on positions, every rank).
 TEST(DcpPlan, ContextSegmentsReassembleEveryChunk) {
   for (int w : {2, 3, 4})
     for (int il : {1, 4, 16}) {
-      PlannerConfig c;
-      c.dims.num_heads = 4;
-      c.page_size = 16;
-      c.max_model_len = 512;
-      c.context_workspace_rows = 96;
-      // decode, extend, long-context prefill, fresh prefill
-      const BatchDesc batch{{0, 1, 6, 15, 20}, {41, 55, 300, 5}};
+      PlannerConfig c = context_config();
+      const BatchDesc& batch = kContextBatch;
       for (int r = 0; r < w; ++r) {
         c.dcp = {w, r, il};
         const Plan p = make_plan(batch, c);

@@ -9,17 +9,21 @@
 // wrapper (ranks as threads on CUDA): no rank enqueues before all arrived, none returns before all enqueued.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <cstring>
 #include <functional>
 #include <thread>
 #include <vector>
 
 #include "attention_test_util.h"
+#include "dist/socket_group.h"
 #include "mla/comm.h"
 #include "mla/dcp.h"
 #include "mla/ops.h"
@@ -440,6 +444,163 @@ TEST(DcpSocketGroup, DeadOrAbsentRankThrowsNotHangs) {
     });
     for (const std::string& e : err) EXPECT_NE(e.find("rank 0 called"), std::string::npos) << e;
   }
+}
+
+// A peer that lies (issue 51): the frames are checked against the caller's own collective before a
+// payload byte is read, and every rank throws.
+using dist::SocketFrame;
+
+dist::SocketFrame frame(uint32_t kind, int rank, int32_t dtype, int64_t bytes) {
+  SocketFrame f;
+  f.kind = kind;
+  f.rank = rank;
+  f.dtype = dtype;
+  f.bytes = bytes;
+  return f;
+}
+
+int connect_to(const std::string& path) {
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path.c_str(), path.size());
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0) return fd;
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+void send_bytes(int fd, const void* p, std::size_t n) { ASSERT_EQ(::send(fd, p, n, MSG_NOSIGNAL), ssize_t(n)); }
+
+TEST(DcpSocketGroup, LyingPeerIsRefusedOnEveryRankBeforeItsPayload) {
+  // Ranks 0 and 2 call all_gather of 1024 floats; "rank 1" announces a 1-byte payload. The old relay
+  // sized its buffer by the peer's word and sent rank 0's heap bytes past it to every rank.
+  const std::string path = socket_path("liar");
+  std::vector<std::unique_ptr<Communicator>> group(3);
+  std::vector<std::string> err(3);
+  std::vector<Tensor> outs(3);
+  std::vector<std::thread> threads;
+  for (int r : {0, 2})
+    threads.emplace_back([&, r] {
+      try {
+        group[r] = make_socket_communicator(path, 3, r, std::chrono::milliseconds(5000));
+        Tensor in = Tensor::zeros({1024}, DType::f32);
+        outs[r] = test::poisoned({3 * 1024}, DType::f32);
+        group[r]->all_gather(in, outs[r], {});
+      } catch (const std::exception& e) {
+        err[r] = e.what();
+      }
+    });
+  const int fd = connect_to(path);
+  ASSERT_GE(fd, 0);
+  const SocketFrame hello = frame(SocketFrame::kHello, 1, -1, 3);
+  send_bytes(fd, &hello, sizeof hello);
+  SocketFrame w{};
+  ASSERT_EQ(::recv(fd, &w, sizeof w, MSG_WAITALL), ssize_t(sizeof w));
+  EXPECT_EQ(w.kind, SocketFrame::kHello);
+  EXPECT_EQ(w.bytes, 3);
+  const SocketFrame lie = frame(SocketFrame::kAllGather, 1, static_cast<int32_t>(DType::f32), 1);
+  send_bytes(fd, &lie, sizeof lie);
+  send_bytes(fd, "x", 1);
+  // The liar's reply: the failure, no payload.
+  SocketFrame r{};
+  ASSERT_EQ(::recv(fd, &r, sizeof r, MSG_WAITALL), ssize_t(sizeof r));
+  EXPECT_EQ(r.bytes, 0);
+  EXPECT_GT(r.text_len, 0u);
+  for (auto& t : threads) t.join();
+  ::close(fd);
+  for (int k : {0, 2})
+    EXPECT_NE(err[k].find("rank 0 called all_gather of 4096 bytes (f32) but rank 1 called all_gather of 1 bytes"),
+              std::string::npos)
+        << "rank " << k << ": " << err[k];
+  const Tensor fresh = test::poisoned({3 * 1024}, DType::f32);
+  EXPECT_EQ(std::memcmp(outs[2].data(), fresh.data(), fresh.nbytes()), 0);  // nothing written
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(DcpSocketGroup, LyingRootIsRefusedBeforeItsPayload) {
+  // Rank 1 over a socket pair; this test plays rank 0 and answers with frames that do not match.
+  struct Case {
+    SocketFrame reply;
+    const char* want;
+  };
+  const int32_t f32 = static_cast<int32_t>(DType::f32);
+  const std::vector<Case> cases = {
+      {frame(SocketFrame::kAllGather, 1, f32, 7), "rank 0 answered with all_gather of 7 bytes"},
+      {frame(SocketFrame::kAllToAll, 1, f32, 32), "rank 0 answered with all_to_all"},
+      {frame(SocketFrame::kAllGather, 0, f32, 32), "for rank 0"},
+      {frame(SocketFrame::kAllGather, 1, static_cast<int32_t>(DType::i32), 32), "(i32)"},
+      [&] {
+        Case c{frame(SocketFrame::kAllGather, 1, f32, 0), "answered with all_gather of 0 bytes"};
+        c.reply.text_len = SocketFrame::kMaxText + 1;  // an error text longer than any the group sends
+        return c;
+      }(),
+  };
+  for (const Case& c : cases) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    const SocketFrame welcome = frame(SocketFrame::kHello, 1, -1, 2);
+    send_bytes(sv[1], &welcome, sizeof welcome);
+    auto rank1 = dist::socket_communicator_from_fds(2, 1, {sv[0]}, std::chrono::milliseconds(2000));
+    send_bytes(sv[1], &c.reply, sizeof c.reply);
+    send_bytes(sv[1], std::vector<char>(64, 'z').data(), 64);  // bytes the frame promises, never read
+    Tensor in = Tensor::zeros({4}, DType::f32), out = test::poisoned({8}, DType::f32);
+    const Tensor fresh = test::poisoned({8}, DType::f32);
+    try {
+      rank1->all_gather(in, out, {});
+      ADD_FAILURE() << "accepted " << c.want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(std::memcmp(out.data(), fresh.data(), fresh.nbytes()), 0) << c.want;
+    EXPECT_THROW(rank1->synchronize({}), Error);
+    ::close(sv[1]);
+  }
+}
+
+TEST(DcpSocketGroup, HelloOfAnotherWorldFailsEveryRank) {
+  const std::string path = socket_path("world");
+  std::vector<std::string> err(2);
+  std::thread root([&] {
+    try {
+      make_socket_communicator(path, 3, 0, std::chrono::milliseconds(5000));
+    } catch (const std::exception& e) {
+      err[0] = e.what();
+    }
+  });
+  std::thread good([&] {
+    try {
+      make_socket_communicator(path, 3, 2, std::chrono::milliseconds(5000));
+    } catch (const std::exception& e) {
+      err[1] = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const int fd = connect_to(path);
+  ASSERT_GE(fd, 0);
+  const SocketFrame hello = frame(SocketFrame::kHello, 1, -1, 4);  // a group of 4
+  send_bytes(fd, &hello, sizeof hello);
+  root.join();
+  good.join();
+  ::close(fd);
+  for (const std::string& e : err) EXPECT_NE(e.find("a group of 4"), std::string::npos) << e;
+}
+
+TEST(DcpSocketGroup, RendezvousRemovesOnlyItsOwnSocket) {
+  // A file at the rendezvous path is not the group's: refused, left in place (it used to be unlinked).
+  const std::string path = socket_path("keep");
+  { std::ofstream(path) << "precious"; }
+  EXPECT_THROW(make_socket_communicator(path, 2, 0, std::chrono::milliseconds(200)), Error);
+  std::ifstream in(path);
+  std::string text;
+  in >> text;
+  EXPECT_EQ(text, "precious");
+  std::filesystem::remove(path);
+  // The group's own socket is gone after a failed rendezvous (rank 1 never came).
+  EXPECT_THROW(make_socket_communicator(path, 2, 0, std::chrono::milliseconds(100)), Error);
+  EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 }  // namespace

@@ -238,6 +238,24 @@ TEST(DeepseekBlock, RefusesBadStepArguments) {
   a = good;
   a.topk_indices = topk;
   refused(a, ws, "top-k indices for a dense block");
+  // out's rows overlapping or running backwards, out overlapping hidden or the workspace (issue 51:
+  // these failed in the output projection, after the cache was written).
+  const int64_t rows_stride0[] = {0, 1}, backwards[] = {-H, 1}, shape[] = {T, H};
+  a = good;
+  a.out = TensorView(out.data(), DType::f32, shape, rows_stride0);
+  refused(a, ws, "out rows on top of each other");
+  a.out = TensorView(static_cast<float*>(out.data()) + (T - 1) * H, DType::f32, shape, backwards);
+  refused(a, ws, "out rows running backwards");
+  Tensor both = Tensor::empty({2 * T, H}, DType::f32);
+  copy(both.view().slice(0, 0, T), hidden);
+  a = good;
+  a.hidden = both.view().slice(0, 0, T);
+  a.out = both.view().slice(0, T / 2, T / 2 + T);
+  refused(a, ws, "out overlapping hidden");
+  ASSERT_GT(ws.nbytes(), static_cast<std::size_t>(T * H * 4 + 256));
+  a = good;
+  a.out = TensorView(static_cast<uint8_t*>(ws.data()) + 256, DType::f32, shape);
+  refused(a, ws, "out inside the workspace");
   // The good step runs and writes every row.
   blk.forward(plan, good, cb.cache, ws);
   for (double v : test::to_doubles(out)) ASSERT_TRUE(std::isfinite(v));

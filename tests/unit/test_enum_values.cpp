@@ -118,6 +118,18 @@ TEST(EnumValues, PlannerAndLayerRefuseBadEnums) {
     if (which == 3) o.device = Device{bad<DeviceType>(7), 0};
     EXPECT_THROW(MlaAttention(o, w), Error) << "LayerOptions field " << which;
   }
+  // Issue 51: a DeviceType outside the enum is refused by the constructor, naming the device (it
+  // used to construct a layer whose workspace_bytes then failed with a misleading message).
+  for (int v : {0, 3, 7, 0x77}) {
+    LayerOptions o = opt;
+    o.device = Device{bad<DeviceType>(v), 0};
+    try {
+      MlaAttention layer(o, w);
+      ADD_FAILURE() << "constructed on DeviceType " << int(v);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("options.device"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

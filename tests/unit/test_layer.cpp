@@ -155,6 +155,41 @@ TEST(LayerChunked, WorkspaceSizesEqualUnchunked) {
 // caches and inputs share one plan, one uploaded metadata buffer and one workspace, and each gives
 // exactly the output of its own single-layer step; a CPU layer without ForwardArgs::metadata reads the
 // plan's host copy and gives the same bits.
+// Issue 51: a device buffer the upload cannot copy to (no such CUDA device, an unknown device type)
+// or a bad staging buffer is refused before the staging buffer is written.
+TEST(LayerStep, UploadRefusesBeforeWritingTheStaging) {
+  Scenario sc = mixed_dense(CacheFormat::fp8);
+  sc.context_workspace_rows = 48;
+  const StepData d = make_step(sc);
+  const std::size_t n = d.plan.metadata.bytes();
+  ASSERT_GT(n, 0u);
+  PinnedBuffer staging(n + 64);
+  alignas(16) static uint8_t aligned[1 << 16];
+  ASSERT_LE(n, sizeof aligned);
+  Device unknown = Device::cpu();
+  unknown.type = static_cast<DeviceType>(7);
+  const std::vector<std::pair<const char*, TensorView>> bad = {
+      {"a CUDA device that is not there", TensorView(aligned, DType::u8, {int64_t(n)}, Device::cuda(1000))},
+      {"a device type outside the enum", TensorView(aligned, DType::u8, {int64_t(n)}, unknown)},
+      {"overlapping the staging buffer", TensorView(static_cast<uint8_t*>(staging.view().data) + 16, DType::u8,
+                                                    {int64_t(n)}, Device::cpu())},
+  };
+  for (const auto& [what, dev] : bad) {
+    std::memset(staging.view().data, 0x5a, n + 64);
+    EXPECT_THROW(upload_step_metadata(d.plan, staging.view(), dev), Error) << what;
+    for (std::size_t i = 0; i < n + 64; ++i)
+      ASSERT_EQ(static_cast<const uint8_t*>(staging.view().data)[i], 0x5a) << what << ": staging written";
+  }
+  Tensor meta = Tensor::empty({static_cast<int64_t>(n)}, DType::u8);
+  std::memset(staging.view().data, 0x5a, n + 64);
+  EXPECT_THROW(upload_step_metadata(d.plan, staging.view().slice(0, 0, int64_t(n) - 1), meta), Error);
+  EXPECT_EQ(static_cast<const uint8_t*>(staging.view().data)[0], 0x5a);
+  upload_step_metadata(d.plan, staging.view(), meta);  // the good call; in place (staging as the copy) too
+  EXPECT_EQ(std::memcmp(meta.data(), d.plan.metadata.data.data(), n), 0);
+  upload_step_metadata(d.plan, staging.view(), staging.view());
+  EXPECT_EQ(std::memcmp(staging.view().data, d.plan.metadata.data.data(), n), 0);
+}
+
 TEST(LayerStep, LayersShareOnePlanUploadAndWorkspace) {
   Scenario sc = mixed_dense(CacheFormat::fp8);
   sc.context_workspace_rows = 48;  // several context chunks: metadata for every chunk

@@ -4,9 +4,13 @@
 // max_step_metadata_bytes bound workspace_bytes / plan.metadata.bytes() over random plans of a config.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
+#include <limits>
 
+#include "layer/layer_internal.h"
 #include "layer_test_util.h"
+#include "mla/dcp.h"
 
 namespace mla::test::layer {
 namespace {
@@ -25,14 +29,25 @@ Scenario error_scenario() {
 
 using Mutation = std::function<void(ForwardArgs&, Plan&, KVCache&, TensorView&)>;
 
-TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
+// The error scenario's step on an f64 CPU layer, its cache's bytes before any call, and its arguments.
+struct ErrorStep {
   const StepData d = make_step(error_scenario());
-  const Scenario& sc = d.sc;
-  const MlaAttention layer(sc.options(Device::cpu(), DType::f64), d.weight);
+  const MlaAttention layer{d.sc.options(Device::cpu(), DType::f64), d.weight};
   CacheBuffer cb = make_cache(d, Device::cpu());
   const std::vector<uint8_t> cache_before = bytes_of(cb.storage);
   DeviceArgs a = device_args(d, Device::cpu(), DType::f64);
   const int64_t need = static_cast<int64_t>(layer.workspace_bytes(d.plan));
+};
+
+TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
+  ErrorStep e;
+  const StepData& d = e.d;
+  const Scenario& sc = d.sc;
+  const MlaAttention& layer = e.layer;
+  CacheBuffer& cb = e.cb;
+  const std::vector<uint8_t>& cache_before = e.cache_before;
+  DeviceArgs& a = e.a;
+  const int64_t need = e.need;
   Tensor ws = Tensor::empty({need + 64}, DType::u8);
   const Context ctx{nullptr, Precision::reference};
   const int64_t nr = d.plan.num_reqs, T = d.T;
@@ -157,6 +172,46 @@ TEST(LayerErrors, BadInputsThrowAndWriteNothing) {
   for (int64_t i = 0; i < d.t_act * sc.h * sc.V; ++i) ASSERT_TRUE(std::isfinite(out[i])) << i;
 }
 
+// Issue 51: a plan edited and re-sealed with plan_digest is outside the contract, but forward and
+// workspace_bytes still refuse its inconsistent vectors and metadata offsets before anything is
+// written (an offset near 2^62 made mha_prefill read before the metadata; an extra DCP chunk made
+// workspace_bytes read past the context chunks).
+TEST(LayerErrors, ResealedPlansAreRefusedBeforeAWrite) {
+  ErrorStep e;
+  const StepData& d = e.d;
+  Tensor ws = Tensor::empty({e.need * 2 + 4096}, DType::u8);
+  const Context ctx{nullptr, Precision::reference};
+  ASSERT_FALSE(d.plan.context.chunks.empty());
+  ASSERT_GT(d.plan.context.chunks[0].total, 0);
+  ASSERT_FALSE(d.plan.decode.runs.empty());
+  const std::vector<std::pair<const char*, std::function<void(Plan&)>>> edits = {
+      {"prefill_qsl offset near 2^62", [](Plan& p) { p.metadata.prefill_qsl = int64_t(1) << 62; }},
+      {"prefill_qsl offset wrapping to -1 words", [](Plan& p) { p.metadata.prefill_qsl = (int64_t(1) << 62) - 1; }},
+      {"chunk_cu offset near 2^62", [](Plan& p) { p.metadata.chunk_cu[0] = int64_t(1) << 62; }},
+      {"chunk_cu offset negative", [](Plan& p) { p.metadata.chunk_cu[0] = -2; }},
+      {"chunk_starts past the end", [](Plan& p) { p.metadata.chunk_starts[0] = static_cast<int64_t>(p.metadata.data.size()); }},
+      {"chunk_cu entry missing", [](Plan& p) { p.metadata.chunk_cu.pop_back(); }},
+      {"an extra DCP chunk", [](Plan& p) { p.dcp_chunks.emplace_back(); }},
+      {"an extra context chunk", [](Plan& p) { p.context.chunks.push_back(p.context.chunks[0]); }},
+      // Found by fuzz_step: block columns near 2^62 overflowed the decode scratch's key count.
+      {"decode run block_cols near 2^62", [](Plan& p) { p.decode.runs[0].block_cols = int64_t(1) << 62; }},
+      {"decode run s_q near 2^62", [](Plan& p) { p.decode.runs[0].s_q = int64_t(1) << 62; }},
+      {"decode run past int64", [](Plan& p) { p.decode.runs[0].req_begin = std::numeric_limits<int64_t>::min(); }},
+      {"split counts summing past int64",
+       [](Plan& p) { p.split.num_decodes = p.split.num_prefills = int64_t(1) << 62; }},
+      {"config with page size 0", [](Plan& p) { p.config.page_size = 0; }},
+  };
+  for (const auto& [what, edit] : edits) {
+    Plan plan = d.plan;
+    edit(plan);
+    plan.seal = plan_digest(plan);
+    EXPECT_THROW((void)e.layer.workspace_bytes(plan), Error) << what;
+    EXPECT_THROW(e.layer.forward(plan, e.a.args(), e.cb.cache, ws.view(), ctx), Error) << what;
+    for (double x : to_doubles(e.a.out)) ASSERT_TRUE(std::isnan(x)) << what << ": out was written";
+    ASSERT_EQ(bytes_of(e.cb.storage), e.cache_before) << what << ": the cache was written";
+  }
+}
+
 TEST(LayerErrors, SparseLayerNeedsTopkIndices) {
   Scenario sc;
   sc.sparse = true;
@@ -224,6 +279,77 @@ TEST(LayerWorkspace, HugeBoundsThrow) {
   PlannerConfig big = pc;
   big.context_workspace_rows = int64_t(1) << 60;
   EXPECT_THROW(layer.max_workspace_bytes(big, 1000), Error);
+}
+
+// Issue 51: the decode-run part of max_workspace_bytes enumerates only the runs that can split or
+// take the balanced schedule's scratch; it equals the old exhaustive maximum over every (s_q, b)
+// pair, and no longer takes time in proportion to n * ln(n) (44 s at max_num_seqs = 10^5).
+int64_t exhaustive_decode_scratch(const PlannerConfig& c, int64_t n, const LayerOptions& o) {
+  int64_t best = 0;
+  const int64_t max_sq = std::min(n, c.decode_threshold), h = o.dims.num_heads, w = c.dcp.world_size;
+  const int64_t max_len = (c.max_model_len + c.page_size - 1) / c.page_size * c.page_size;
+  const int64_t local = dcp_local_length(max_len, {c.dcp.world_size, 0, c.dcp.interleave});
+  const int64_t cols = std::max<int64_t>(1, (local + c.page_size - 1) / c.page_size);
+  for (int64_t s_q = 1; s_q <= max_sq; ++s_q)
+    for (int64_t b = 1; b <= std::min(c.max_num_seqs, n / s_q); ++b) {
+      const int64_t bytes =
+          w > 1 ? static_cast<int64_t>(dcp_mqa_decode_workspace_bytes(
+                      b, s_q, h, cols, c.page_size, o.dtype, c.dcp.world_size, o.device,
+                      decode_num_splits(b * s_q, 1, h * w, cols * c.page_size, c.num_sms)))
+                : static_cast<int64_t>(mqa_decode_workspace_bytes(b, s_q, h, max_len, o.device,
+                                                                  decode_num_splits(b, s_q, h, max_len, c.num_sms)));
+      best = std::max(best, bytes);
+    }
+  return best;
+}
+
+TEST(LayerWorkspace, DecodeBoundEqualsTheExhaustiveMaximumQuickly) {
+  std::vector<Device> devices = {Device::cpu()};
+  if (cuda_device_count() > 0) devices.push_back(Device::cuda(0));
+  int checked = 0;
+  for (const Device dev : devices)
+    for (int w : {1, 2, 4})
+      for (int h : {1, 16, 128})
+        for (int sms : {0, 8, 132})
+          for (int64_t threshold : {1, 40})
+            for (int64_t seqs : {7, 300})
+              for (int64_t n : {50, 700}) {
+                PlannerConfig c;
+                c.dims.num_heads = h;
+                c.page_size = 16;
+                c.max_model_len = 500;
+                c.max_num_seqs = seqs;
+                c.decode_threshold = threshold;
+                c.num_sms = sms;
+                c.dcp = {w, 0, 1};
+                LayerOptions o;
+                o.dims = c.dims;
+                o.device = dev;
+                o.dtype = dev.is_cuda() ? DType::bf16 : DType::f32;
+                const int64_t got = layer_detail::bound_shape(c, n, o).decode_scratch_bytes;
+                ASSERT_EQ(got, exhaustive_decode_scratch(c, n, o))
+                    << to_string(dev) << " W " << w << " h " << h << " sms " << sms << " threshold " << threshold
+                    << " seqs " << seqs << " n " << n;
+                ++checked;
+              }
+  EXPECT_GT(checked, 0);
+  // The size that took 44 s: 10^5 sequences, 10^6 tokens, any query length a decode.
+  for (int w : {1, 2}) {
+    PlannerConfig c;
+    c.dims.num_heads = 16;
+    c.page_size = 64;
+    c.max_model_len = 4096;
+    c.max_num_seqs = 100000;
+    c.decode_threshold = 1000000;
+    c.num_sms = 132;
+    c.dcp = {w, 0, 1};
+    LayerOptions o;
+    o.dims = c.dims;
+    o.dtype = DType::f32;
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_GE(layer_detail::bound_shape(c, 1000000, o).decode_scratch_bytes, 0);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0) << "W " << w;
+  }
 }
 
 TEST(LayerWorkspace, BoundCoversRandomPlans) {

@@ -334,6 +334,10 @@ TEST(Planner, SplitPrefillChunksSpecExamples) {
   EXPECT_THROW(split_prefill_chunks({2, 6, 1}, 5), Error);  // one request beyond the workspace
   EXPECT_THROW(split_prefill_chunks({2, -1}, 5), Error);
   EXPECT_THROW(split_prefill_chunks({2}, 0), Error);
+  // Issue 51: a workspace near 2^63 rows (total + seq_len overflowed int64; UBSan).
+  constexpr int32_t big = std::numeric_limits<int32_t>::max();
+  EXPECT_EQ(split_prefill_chunks({big, big, 1}, std::numeric_limits<int64_t>::max()), (Ranges{{0, 3}}));
+  EXPECT_EQ(split_prefill_chunks({big, big, 1}, int64_t(big) * 2), (Ranges{{0, 2}, {2, 3}}));
 }
 
 TEST(Planner, PrefillWorkspaceStartsRezeroPerChunk) {
@@ -766,6 +770,33 @@ TEST(Planner, MakePlanPropertyRandom) {
   // The random batches must actually exercise multi-chunk plans.
   EXPECT_GT(multi_context_chunks, 20);
   EXPECT_GT(multi_sparse_chunks, 10);
+}
+
+// Issue 51: head padding past the int range is refused (INT_MAX heads came back as INT_MIN), and the
+// decode split count and schedule stay defined at the int64 edges (signed overflows under UBSan).
+TEST(PlannerEdges, IntEdgesAreRefusedOrExact) {
+  constexpr int imax = std::numeric_limits<int>::max();
+  constexpr int64_t lmax = std::numeric_limits<int64_t>::max();
+  EXPECT_THROW(sparse_fp8_decode_padded_heads(imax), Error);
+  EXPECT_THROW(sparse_prefill_padded_heads(imax, false), Error);
+  EXPECT_THROW(sparse_prefill_padded_heads(imax - 60, true), Error);
+  EXPECT_EQ(sparse_prefill_padded_heads(imax - 190, false), imax - 127);  // the last multiple of 64 below 2^31
+  EXPECT_EQ(sparse_fp8_decode_padded_heads(129), 256);
+  for (int64_t b : {int64_t(1), int64_t(1) << 40, lmax})
+    for (int64_t s_q : {int64_t(1), int64_t(1) << 40, lmax})
+      for (int64_t len : {int64_t(0), int64_t(1) << 40, lmax, -lmax}) {
+        const int s = decode_num_splits(b, s_q, 128, len, imax);
+        EXPECT_GE(s, 1);
+        EXPECT_LE(s, kDecodeMaxSplits);
+      }
+  EXPECT_EQ(decode_num_splits(1, 1, 16, lmax, 132), decode_num_splits(1, 1, 16, int64_t(1) << 40, 132));
+  EXPECT_GT(decode_num_splits(1, 1, 16, lmax, 132), 1);
+  EXPECT_EQ(decode_num_splits(-4, -4, 16, 4096, 132), 1);
+  // A bound past the page arithmetic: refused, never wrapped.
+  EXPECT_THROW(plan_decode_schedule({0, 1}, {5}, 1, 16, 16, 132, lmax - 3), Error);
+  const DecodeSchedule big = plan_decode_schedule({0, 1}, {5}, 1, 16, 16, 132, int64_t(1) << 40);
+  ASSERT_EQ(big.runs.size(), 1u);
+  EXPECT_EQ(big.runs[0].block_cols, (int64_t(1) << 40) / 16);
 }
 
 }  // namespace

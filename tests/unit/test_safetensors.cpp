@@ -4,6 +4,13 @@
 // shape, offsets) gives an mla::Error naming the problem, and random corruptions never crash.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <future>
 #include <random>
 
 #include "core/numeric.h"
@@ -235,6 +242,71 @@ TEST(Checkpoint, BadIndexOrShards) {
   test::write_file(dir.path / "s2.safetensors", st_build({{"w.a", "F32", {2}, bytes_of(a)}}));
   EXPECT_THROW(Checkpoint{dir.path.string()}, Error);  // w.a in two files
   EXPECT_THROW(Checkpoint{(dir.path / "none").string()}, Error);
+}
+
+// Issue 51: a FIFO named as a shard (or as the index or config.json) must be refused, not block the
+// loader in open(); entries named *.safetensors that are symlink loops, dangling links, FIFOs or
+// directories are refused by name with mla::Error (a loop escaped as std::filesystem_error).
+bool throws_error_in_time(const std::function<void()>& f, const std::filesystem::path& fifo) {
+  auto done = std::async(std::launch::async, [&] {
+    try {
+      f();
+    } catch (const Error&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+    return false;
+  });
+  if (done.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return done.get();
+  // Blocked in open(): a writer end releases it, so that the test can report and go on.
+  const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+  if (fd >= 0) ::close(fd);
+  done.wait();
+  return false;
+}
+
+TEST(Checkpoint, SpecialFilesAndSymlinkLoopsAreRefused) {
+  test::TempDir dir("ckpt_special");
+  std::vector<float> a = {1, 2};
+  test::write_file(dir.path / "s1.safetensors", st_build({{"w.a", "F32", {2}, bytes_of(a)}}));
+  const auto fifo = dir.path / "pipe.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto index = dir.path / "model.safetensors.index.json";
+  test::write_file(index, R"({"weight_map":{"w.a":"s1.safetensors","w.p":"pipe.safetensors"}})");
+  {
+    const Checkpoint c(dir.path.string());
+    EXPECT_TRUE(throws_error_in_time([&] { (void)c.info("w.p"); }, fifo)) << "a FIFO shard";
+    EXPECT_EQ(test::to_doubles(c.load("w.a", DType::f64)), (std::vector<double>{1, 2}));
+  }
+  EXPECT_TRUE(throws_error_in_time([&] { (void)SafetensorsFile::open(fifo.string()); }, fifo)) << "SafetensorsFile";
+  const auto cfg = dir.path / "config.json";
+  ASSERT_EQ(::mkfifo(cfg.c_str(), 0600), 0);
+  EXPECT_TRUE(throws_error_in_time([&] { (void)DeepseekConfig::from_file(cfg.string()); }, cfg)) << "config.json";
+  std::filesystem::remove(index);
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  EXPECT_TRUE(throws_error_in_time([&] { Checkpoint{dir.path.string()}; }, index)) << "a FIFO index";
+  std::filesystem::remove(index);
+  // Without an index, every *.safetensors entry: the FIFO, then loops, dangling links, directories.
+  EXPECT_TRUE(throws_error_in_time([&] { Checkpoint{dir.path.string()}; }, fifo)) << "a FIFO in the listing";
+  std::filesystem::remove(fifo);
+  const auto loop = dir.path / "loop.safetensors";
+  std::filesystem::create_symlink(loop.filename(), loop);
+  EXPECT_THROW(Checkpoint{dir.path.string()}, Error);
+  std::filesystem::remove(loop);
+  std::filesystem::create_symlink("missing", loop);
+  EXPECT_THROW(Checkpoint{dir.path.string()}, Error);
+  std::filesystem::remove(loop);
+  std::filesystem::create_directory(loop);
+  EXPECT_THROW(Checkpoint{dir.path.string()}, Error);
+  std::filesystem::remove(loop);
+  std::filesystem::create_symlink(index.filename(), index);  // an index that is a symlink loop
+  EXPECT_THROW(Checkpoint{dir.path.string()}, Error);
+  std::filesystem::remove(index);
+  std::filesystem::create_symlink("s1.safetensors", dir.path / "link.safetensors");  // a link to a shard is fine
+  EXPECT_THROW(Checkpoint{dir.path.string()}, Error);  // ... but w.a is now in two files
+  std::filesystem::remove(dir.path / "link.safetensors");
+  EXPECT_EQ(Checkpoint(dir.path.string()).names(), (std::vector<std::string>{"w.a"}));
 }
 
 constexpr const char* kV3Config = R"({

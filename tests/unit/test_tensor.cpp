@@ -135,5 +135,40 @@ TEST(Cache, AllocationSizesAreChecked) {
   EXPECT_THROW(allocate_cache(CacheFormat::bf16, int64_t(1) << 62, int64_t(1) << 62, Device::cpu()), Error);
 }
 
+// Issue 51: fill() of an integer view refuses values it cannot hold (float -> int conversion out of
+// range is undefined), views whose negative strides reach below address 0 are refused, and slicing an
+// empty view with an extent near 2^62 does not overflow its pointer offset.
+TEST(Tensor, HostileFillStridesAndEmptySlices) {
+  Tensor i32 = Tensor::zeros({3}, DType::i32), i64 = Tensor::zeros({3}, DType::i64), u8 = Tensor::zeros({3}, DType::u8);
+  for (double v : std::initializer_list<double>{NAN, INFINITY, -INFINITY, 2147483648.0, -2147483649.0, 1e300})
+    EXPECT_THROW(fill(i32, v), Error) << v;
+  for (double v : std::initializer_list<double>{NAN, 9223372036854775808.0, -1e19}) EXPECT_THROW(fill(i64, v), Error) << v;
+  for (double v : std::initializer_list<double>{NAN, 256.0, -1.0}) EXPECT_THROW(fill(u8, v), Error) << v;
+  for (double x : test::to_doubles(i32)) EXPECT_EQ(x, 0.0);
+  fill(i32, -2147483648.0);
+  EXPECT_EQ(test::to_doubles(i32)[2], -2147483648.0);
+  fill(i64, -9223372036854775808.0);
+  fill(u8, 255.0);
+  EXPECT_EQ(test::to_doubles(u8)[0], 255.0);
+  fill(Tensor::zeros({2}, DType::f32), NAN);  // floats take anything
+  // Negative strides below address 0, and positive ones past the top of the address space.
+  const int64_t shape[] = {4}, back[] = {-1}, fwd[] = {1};
+  EXPECT_THROW(TensorView(reinterpret_cast<void*>(uintptr_t(8)), DType::f32, shape, back), Error);
+  EXPECT_NO_THROW(TensorView(reinterpret_cast<void*>(uintptr_t(12)), DType::f32, shape, back));
+  EXPECT_THROW(TensorView(reinterpret_cast<void*>(~uintptr_t(0) - 8), DType::f32, shape, fwd), Error);
+  float buf[4] = {1, 2, 3, 4};
+  const TensorView rev(buf + 3, DType::f32, shape, back);
+  Tensor dst = Tensor::zeros({4}, DType::f32);
+  copy(dst, rev);
+  EXPECT_EQ(test::to_doubles(dst), (std::vector<double>{4, 3, 2, 1}));
+  // An empty view with an extent near 2^62: slices and selects keep its pointer.
+  const int64_t wide[] = {0, int64_t(1) << 62};
+  const TensorView empty(buf, DType::f32, wide);
+  const TensorView tail = empty.slice(1, (int64_t(1) << 62) - 1, int64_t(1) << 62);
+  EXPECT_EQ(tail.data, empty.data);
+  EXPECT_EQ(tail.numel(), 0);
+  EXPECT_EQ(empty.select(1, (int64_t(1) << 62) - 1).data, empty.data);
+}
+
 }  // namespace
 }  // namespace mla
