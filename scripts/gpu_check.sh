@@ -42,23 +42,27 @@ record() {
   echo "$line" >>"$SUMMARY"
   [ "$2" = PASS ] || failed=1
 }
-# gtest_counts LOG: "N passed, M skipped, K failed" from a --gtest_brief log.
+# gtest_counts LOG: "N passed, M skipped, K failed" from a gtest log.
 gtest_counts() {
   local p s f
   p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$1" | grep -oE '[0-9]+$' | tail -1)
   s=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$1" | grep -oE '[0-9]+$' | tail -1)
-  f=$(grep -cE '^\[  FAILED  \] [A-Za-z]' "$1")
-  echo "${p:-0} passed, ${s:-0} skipped, $f failed"
+  f=$(grep -oE '^ *[0-9]+ FAILED TESTS?' "$1" | grep -oE '[0-9]+' | tail -1)
+  echo "${p:-0} passed, ${s:-0} skipped, ${f:-0} failed"
 }
 # gtest PART LOG [env...] -- args: runs the GPU test binary, records the counts.
 gtest() {
   local part=$1 log=$2 t0=$SECONDS
   shift 2
-  timeout "${GTEST_TIMEOUT:-1500}" env "$@" >"$log" 2>&1
+  # Line-buffered, so that a run stopped at its time limit still names the test it was in.
+  timeout "${GTEST_TIMEOUT:-540}" stdbuf -oL -eL env "$@" >"$log" 2>&1
   local rc=$?
   local st=PASS
   [ $rc = 0 ] || st=FAIL
-  record "$part" $st "$(gtest_counts "$log"), exit $rc" $((SECONDS - t0))
+  local detail
+  detail="$(gtest_counts "$log"), exit $rc"
+  [ $rc = 124 ] && detail="$detail, timed out in $(grep -E '^\[ RUN +\]' "$log" | tail -1 | sed -E 's/^\[ RUN +\] //')"
+  record "$part" $st "$detail" $((SECONDS - t0))
   [ $st = PASS ] || grep -E '^\[  FAILED  \] [A-Za-z]|Failure$' "$log" | head -20
 }
 # pytest_run PART LOG args...: records pytest's last line.
@@ -104,7 +108,7 @@ if has unit; then
   gtest unit "$LOG/unit.log" OMP_WAIT_POLICY=passive ./$B/bin/mla_unit_tests --gtest_brief=1
 fi
 if has gpu; then
-  gtest "gpu (W=$(( GPUS < 4 ? GPUS : 4 )))" "$LOG/gpu.log" ./$B/bin/mla_gpu_tests --gtest_brief=1
+  gtest "gpu (W=$(( GPUS < 4 ? GPUS : 4 )))" "$LOG/gpu.log" ./$B/bin/mla_gpu_tests
 fi
 if has pytest; then
   pytest_run "pytest (GPUs $GPUS)" "$LOG/pytest.log" tests/python
@@ -114,7 +118,7 @@ if has dcp; then
     [ "$GPUS" -ge $w ] || continue
     vis=$(first_gpus $w)
     if [ "$w" -lt "$GPUS" ] || ! has gpu; then  # the gpu part ran these at the largest W already
-      gtest "dcp W=$w gtest" "$LOG/dcp${w}_gtest.log" CUDA_VISIBLE_DEVICES=$vis ./$B/bin/mla_gpu_tests --gtest_brief=1 \
+      gtest "dcp W=$w gtest" "$LOG/dcp${w}_gtest.log" CUDA_VISIBLE_DEVICES=$vis ./$B/bin/mla_gpu_tests \
         --gtest_filter='*Dcp*:PeerExchange*:CombineGpu*'
     fi
     CUDA_VISIBLE_DEVICES=$vis cli "dcp W=$w run threads" "$LOG/dcp${w}_run.log" run --backend cuda --dcp $w --no-progress
