@@ -45,9 +45,8 @@ struct SeesawTraits {
   static_assert(kOffK % 1024 == 0 && kOffP % 1024 == 0, "swizzled tiles are 1024-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
-  // Named barriers (1 is kConsumerBarrier); 8 + c: consumer c alone (128 threads). The consumers use kBarM0, kBarM1,
-  // kBarP0, kBarP1 and kBarRemote; kBarP0Free / kBarP1Free name ids no barrier of this kernel uses (6 is kBarRemote's).
-  static constexpr int kBarM0 = 2, kBarM1 = 3, kBarP0 = 4, kBarP1 = 5, kBarP0Free = 6, kBarP1Free = 7;
+  // Named barriers (1 is kConsumerBarrier); 8 + c: consumer c alone (128 threads).
+  static constexpr int kBarM0 = 2, kBarM1 = 3, kBarP0 = 4, kBarP1 = 5;
   static constexpr int kBarRemote = 6;  // C1's remote P V issued
 };
 
@@ -359,12 +358,7 @@ struct SeesawBase {
 
   // S = Q K^T of this consumer's tile of pair j (keys k0..k0+63) in one group, retired, the rope panel
   // released; in the log2 domain, masked; row maxes.
-  __device__ __forceinline__ void s_product(float (&s)[32], int j, float& mx_lo, float& mx_hi) {
-    uint32_t qr[4][4];
-    load_rope(qr);
-    s_product(s, qr, j, mx_lo, mx_hi);
-  }
-  // The same with the rope A fragments given (kept in registers for the unit: SeesawConsumer).
+  // The rope A fragments come in registers (loaded once per unit: SeesawConsumer::run).
   __device__ __forceinline__ void s_product(float (&s)[32], uint32_t (&qr)[4][4], int j, float& mx_lo, float& mx_hi) {
     const int k0 = u.key_begin + (2 * j + C) * T::kBlockN;
     const uint64_t mask = tile_mask(j & 1);
