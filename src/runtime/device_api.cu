@@ -150,11 +150,10 @@ void* side_stream(int device) {
 
 void stream_wait(void* waiting, void* signalling, int device) {
   if (device < 0 || device >= 64) throw Error("stream_wait: device index out of range");
+  // Both streams belong to `device`; a null stream names that device's legacy stream only while it is current.
+  DeviceGuard g(device);
   cudaEvent_t& e = t_streams.join[device];
-  if (!e) {
-    DeviceGuard g(device);
-    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  }
+  if (!e) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   check(cudaEventRecord(e, static_cast<cudaStream_t>(signalling)), "cudaEventRecord");
   check(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiting), e, 0), "cudaStreamWaitEvent");
 }

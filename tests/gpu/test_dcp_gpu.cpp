@@ -104,6 +104,8 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
       }
       std::vector<std::string> err(w);
       std::vector<std::thread> ranks;
+      // The rank threads never choose a current device (every thread stays on device 0): each call must run on
+      // the device of its tensors and communicator, null streams included.
       for (int r = 0; r < w; ++r)
         ranks.emplace_back([&, r] {
           try {
