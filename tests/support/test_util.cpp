@@ -94,7 +94,14 @@ std::vector<int32_t> to_ints(const TensorView& t) {
 
 Tensor poisoned(std::initializer_list<int64_t> shape, DType dtype, Device device) {
   Tensor t = Tensor::empty(shape, dtype, device);
-  fill(t.view(), NAN);
+  // Integers have no NaN: their poison is the largest value (u8 0xff is also an e4m3 NaN code; i32 / i64
+  // maxima are no valid index, position or length).
+  switch (dtype) {
+    case DType::u8: fill(t.view(), 255.0); break;
+    case DType::i32: fill(t.view(), 2147483647.0); break;
+    case DType::i64: fill(t.view(), std::ldexp(1.0, 62)); break;
+    default: fill(t.view(), NAN);
+  }
   return t;
 }
 

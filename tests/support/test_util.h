@@ -34,7 +34,7 @@ Tensor int64_tensor(const std::vector<int64_t>& values, Device device = Device::
 std::vector<double> to_doubles(const TensorView& t);  // any device, any dtype, row-major order
 std::vector<int32_t> to_ints(const TensorView& t);    // i32/i64 -> int32
 
-// A NaN-poisoned tensor (outputs before a kernel runs; unused cache pages).
+// A poisoned tensor (outputs before a kernel runs; unused cache pages): NaN, or an integer dtype's maximum.
 Tensor poisoned(std::initializer_list<int64_t> shape, DType dtype, Device device = Device::cpu());
 
 // DESIGN.md §5: a result passes when |got - ref| <= 2 * |round_storage(ref) - ref| + quantum(ref)
