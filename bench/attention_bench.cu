@@ -33,7 +33,7 @@
 #include "mla/ops.h"
 #include "mla/plan.h"
 #include "mla/variants.h"
-#include "cuda/decode_sm90/trace.cuh"
+#include "cuda/attention/sm90/common/trace.cuh"
 #include "floor.h"
 #include "registry.h"
 
@@ -58,7 +58,7 @@ Tensor device_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> 
   return h.to(dev);
 }
 
-// --trace: the per-CTA stamps of the sm90 decode kernels (decode_sm90/trace.cuh) of one call, printed as the
+// --trace: the per-CTA stamps of the sm90 decode kernels (attention/sm90/common/trace.cuh) of one call, printed as the
 // distribution over CTAs of each event's time after the first CTA's entry, and the CTAs' exit by unit count.
 void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   using cuda::decode_sm90::kTraceCtas;

@@ -38,7 +38,7 @@ struct BenchOptions {
     int64_t topk = 2048;          // sparse_mqa: indices per token (b = tokens, h, format)
     int64_t pool = 0;             // sparse_mqa: cache rows the indices are drawn from (0: b * topk, each read once)
     bool trace = false;           // mqa_decode: after each row, the sm90 kernels' timeline of one warm and one cold
-                                  // call (a build configured with -DMLA_DECODE_TRACE=ON; decode_sm90/trace.cuh)
+                                  // call (a build configured with -DMLA_DECODE_TRACE=ON; attention/sm90/common/trace.cuh)
   } decode;
   std::string decode_grid;
   int dcp = 0;                   // dcp: GPUs of the DCP group (0 = every GPU of the machine)

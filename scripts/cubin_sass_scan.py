@@ -19,7 +19,7 @@ Offsets (bytes from the kernel's start) of the STL / LDL tell whether a spill si
 with the HGMMA offsets (--where).
 
 Make the cubin with the build's own command for a translation unit (docs/DEVELOPING.md "Code size without the
-device"): `ninja -C build -t commands CMakeFiles/mla_cuda.dir/src/cuda/decode_sm90/launch_sparse.cu.o | tail -1`,
+device"): `ninja -C build -t commands CMakeFiles/mla_cuda.dir/src/cuda/attention/sm90/seesaw/instantiations/ds_indexed.cu.o | tail -1`,
 then `-c` -> `-cubin`, `-o X.cubin`, the `-MD -MT ... -MF ...` flags dropped.
 
 Usage: scripts/cubin_sass_scan.py X.cubin [SUBSTRING] [--where]

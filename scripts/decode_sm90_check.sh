@@ -21,11 +21,20 @@ if [[ "$ARGS" == *" build "* ]]; then
   echo "build ok"
 fi
 if [[ "$ARGS" == *" sass "* ]]; then
-  O=$B/CMakeFiles/mla_cuda.dir/src/cuda/decode_sm90/launch.cu.o
-  cuobjdump -sass "$O" >"$OUT/sass.txt" 2>&1
-  scripts/sass_summary.sh "$O" decode_sm90 | tee "$OUT/sass_summary.txt"
-  [ "${PTXAS:-1}" = 1 ] && nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -O3 -Iinclude -Isrc -Xptxas -v \
-    -c src/cuda/decode_sm90/launch.cu -o /tmp/d.o 2>&1 | grep -E "registers|spill|C7508|C751[45]" | tee "$OUT/ptxas.txt"
+  # The kernels live in the instantiation files of each kernel folder (src/cuda/attention/sm90/*/instantiations/).
+  : >"$OUT/sass.txt"; : >"$OUT/sass_summary.txt"; : >"$OUT/ptxas.txt"
+  for O in $(find $B/CMakeFiles/mla_cuda.dir/src/cuda/attention/sm90 -path '*instantiations*' -name '*.cu.o' | sort); do
+    cuobjdump -sass "$O" >>"$OUT/sass.txt" 2>&1
+    scripts/sass_summary.sh "$O" decode_sm90 | tee -a "$OUT/sass_summary.txt"
+  done
+  if [ "${PTXAS:-1}" = 1 ]; then
+    for f in src/cuda/attention/sm90/*/instantiations/*.cu; do
+      echo "== $f" >>"$OUT/ptxas.txt"
+      nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -O3 -Iinclude -Isrc -Xptxas -v \
+        -c "$f" -o /tmp/d.o 2>&1 | grep -E "registers|spill|C7508|C751[45]" >>"$OUT/ptxas.txt"
+    done
+    cat "$OUT/ptxas.txt"
+  fi
 fi
 if [[ "$ARGS" == *" test "* ]]; then
   echo "tests under: ${TEST_ENV:-}"

@@ -20,8 +20,8 @@ if [[ "$ARGS" == *" build "* ]]; then
   echo "build ok"
 fi
 if [[ "$ARGS" == *" sass "* ]]; then
-  for f in launch_sparse launch; do
-    O=$B/CMakeFiles/mla_cuda.dir/src/cuda/decode_sm90/$f.cu.o
+  for O in $(find $B/CMakeFiles/mla_cuda.dir/src/cuda/attention/sm90 -path '*instantiations*' -name '*.cu.o' | sort); do
+    f=$(echo "$O" | sed -E 's#.*/sm90/##; s#/instantiations/#_#; s#\.cu\.o$##')
     scripts/sass_summary.sh "$O" decode_sm90 | tee "$OUT/sass_$f.txt"
   done
 fi

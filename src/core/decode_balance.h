@@ -3,7 +3,7 @@
 // The balanced split-KV schedule of the sm90 decode kernel for <= 32 query rows per request
 // (docs/design/attention_sm90.md "7. Schedules and the combine"). Pure code: compiled for the host (workspace sizing in the front end, the
 // CPU unit tests in tests/unit/test_decode_balance.cpp) and, through MLA_BALANCE_HD, for the device:
-// the kernel computes its own part of the schedule from the device seq_lens (src/cuda/decode_sm90/
+// the kernel computes its own part of the schedule from the device seq_lens (src/cuda/attention/sm90/
 // pipeline.cuh), so the launch needs no host sync and no schedule upload (CUDA-graph capturable).
 //
 // The cost line: request i costs tiles_i + kOverheadTiles positions (its 64-key tiles after a fixed

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Which sm90 attention kernel runs a decode or sparse problem, and how its rows are tiled: the rule the sm90
-// launchers (src/cuda/decode_sm90/launch.cu, launch_sparse.cu) execute. Pure host code with CPU tests
+// launchers (src/cuda/attention/sm90/mqa_decode.cu, sparse_mqa.cu) execute. Pure host code with CPU tests
 // (tests/unit/test_decode_regime.cpp); the design note (docs/design/attention_sm90.md) gives the measurements
 // behind each threshold.
 //

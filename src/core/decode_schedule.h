@@ -2,7 +2,7 @@
 #pragma once
 // The split-KV schedule of an sm90 mqa_decode launch: which of the kernels' three schedules runs and with how
 // many splits. Pure host code with CPU tests (tests/unit/test_decode_schedule.cpp); the sm90 launcher
-// (src/cuda/decode_sm90/launch.cu) gathers the facts (the device's SM count, how many clusters fit, the
+// (src/cuda/attention/sm90/mqa_decode.cu) gathers the facts (the device's SM count, how many clusters fit, the
 // workspace it was given) and executes what this returns.
 //
 //   uniform   one CTA per (split, row tile, request); with more than one split the partials go to the

@@ -2,7 +2,7 @@
 #pragma once
 // Division by a run-time constant with a multiply and a shift (Granlund-Montgomery, round-up multiplier),
 // for numerators 0 <= n < 2^31 and divisors 1 <= d <= 2^31. The sm90 row-copying producers divide every
-// key's cache row index (or position) by the page size (src/cuda/decode_sm90/source.cuh IndexedRows,
+// key's cache row index (or position) by the page size (src/cuda/attention/sm90/common/source.cuh IndexedRows,
 // PagedRows); a division by a run-time int32 compiles to ~25 instructions (IABS, I2F.RP, MUFU.RCP, F2I,
 // IMAD.HI, corrections), this to three (SHF/IADD, IMAD.HI, SHF). Pure code: the host builds the divisor
 // (the launchers, beside page_size), the device divides, the CPU unit tests check the host emulation

@@ -4,7 +4,7 @@
 // sparse op has no
 // workspace, so it cannot split a token's top-k over CTAs that write partials for a combine; instead the
 // `splits` CTAs of one (row tile, token) are a thread-block cluster that merges (m, l, O) through distributed
-// shared memory (src/cuda/decode_sm90/cluster_merge.cuh). Pure code, host only (tests/unit/
+// shared memory (src/cuda/attention/sm90/common/cluster_merge.cuh). Pure code, host only (tests/unit/
 // test_sparse_split.cpp): the launcher asks it once per call with the device's SM count and a query of how
 // many clusters of a size fit on the device at once.
 //

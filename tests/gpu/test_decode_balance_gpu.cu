@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/decode_sm90/pipeline.cuh"
+#include "cuda/attention/sm90/common/pipeline.cuh"
 #include "ptx_test_util.cuh"
 
 namespace mla {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device test of cluster.cuh with launch_cluster (cuda/common/launch.h), in clusters of two CTAs over several
-// phases, the hand-overs of the decode crossover (decode_sm90/source_cross.cuh): each CTA's writer warp fills
+// phases, the hand-overs of the decode crossover (attention/sm90/seesaw/source_cross.cuh): each CTA's writer warp fills
 // its own staging buffer with ordinary stores, fences the proxy and bulk-copies it into the PEER's receive
 // buffer (bulk_copy_to_peer), completing on the peer's `full` barrier, whose receiving CTA announced the bytes
 // (expect_tx) and waits (mbar_wait_cluster); the reader checks every element, then arrives on the writer's

@@ -54,7 +54,7 @@ TEST(PtxBarrier, NamedBarriersSyncOnlyTheirWarps) {
   EXPECT_EQ(errors.download()[0], 0);
 }
 
-// The hand-over protocol of the seesaw decode kernel (decode_sm90/kernel_seesaw.cuh), in a loop: warpgroup
+// The hand-over protocol of the seesaw decode kernel (attention/sm90/seesaw/kernel.cuh), in a loop: warpgroup
 // 0 writes a buffer and bar.arrive's on id 2; warpgroup 1 bar.sync's on it, checks every value, and
 // bar.arrive's on id 3 (owed only when another round follows) before warpgroup 0 may rewrite the buffer
 // (bar.sync on 3). Writers are delayed so that a hand-over that did not wait reads the previous round.
@@ -86,7 +86,7 @@ TEST(PtxBarrier, ArriveSyncHandOverInALoop) {
   EXPECT_EQ(errors.download()[0], 0);
 }
 
-// The raw decode kernel's Q slot (decode_sm90/kernel_raw.cuh, RawTraits::kQSlot), in a loop: the producer
+// The raw decode kernel's Q slot (attention/sm90/raw/kernel.cuh, RawTraits::kQSlot), in a loop: the producer
 // warpgroup fills a shared buffer by cp.async (completion on the `full` mbarrier), each consumer warpgroup reads
 // its half, the two meet on a 256-thread named barrier, and only consumer warpgroup 1 hands the buffer back (128
 // arrivals on `empty`) before the next round's copies overwrite it. Warpgroup 0's reads are ordered before that
@@ -139,7 +139,7 @@ TEST(PtxBarrier, SlotReleasedByOneOfTwoReadingWarpgroups) {
   EXPECT_EQ(errors.download()[0], 0);
 }
 
-// The seesaw kernel's epilogue exchange (decode_sm90/kernel_seesaw.cuh run(): each consumer warpgroup
+// The seesaw kernel's epilogue exchange (attention/sm90/seesaw/kernel.cuh run(): each consumer warpgroup
 // writes its row sums, bar.sync on a named barrier counted for the two consumer warpgroups only, then
 // every thread reads both halves), in a 384-thread block whose first warpgroup (the producers) takes no
 // part and exits early. bar.sync on both sides: correct by construction, checked by the values read.
@@ -176,7 +176,7 @@ TEST(PtxBarrier, SyncSyncExchangeBetweenTwoOfThreeWarpgroups) {
   expect_exchange_clean(partial_sync_exchange_kernel);
 }
 
-// The seesaw epilogue's barrier as that kernel reaches it (decode_sm90/kernel_seesaw.cuh SeesawBase<C, ...>::finish):
+// The seesaw epilogue's barrier as that kernel reaches it (attention/sm90/seesaw/kernel.cuh SeesawBase<C, ...>::finish):
 // each consumer warpgroup runs its own template instance, so the two reach the 256-thread named barrier from two
 // different PCs, right after a store by one lane in four. Correct by construction (bar.sync on both sides, values
 // checked). Under compute-sanitizer synccheck: the reference for its "Divergent thread(s) in block" report on

@@ -303,7 +303,7 @@ void run_scale_rows(const std::vector<int>& any_of_warp) {
 
 TEST(PtxWgmma, ScaleRowsIf) {
   MLA_SKIP_UNLESS_SM90();
-  run_scale_rows<256>({1, 0, 1, 0});  // the seesaw's O half (kernel_seesaw.cuh rescale_o)
+  run_scale_rows<256>({1, 0, 1, 0});  // the seesaw's O half (seesaw/kernel.cuh rescale_o)
   run_scale_rows<256>({0, 0, 0, 0});
   run_scale_rows<64>({0, 1, 1, 1});
   run_scale_rows<8>({1, 1, 0, 1});

@@ -10,25 +10,14 @@
 #include "cuda/common/mqa_launch.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/decode/kernel.cuh"
-#include "cuda/decode/combine.h"
-#include "cuda/decode_sm90/variant.h"
+#include "cuda/attention/combine/split_kv.h"
+#include "cuda/attention/sm90/variant.h"
 #include "cuda/dispatch/families.h"
 
 namespace mla::cuda {
 
 std::size_t decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int num_splits) {
-  return static_cast<std::size_t>(decode::ws_bytes(b, s_q, h_q, num_splits));
-}
-
-void decode::launch_combine(const DecodeParams& p, int64_t b, cudaStream_t stream, bool dependent) {
-  const int64_t rows = b * p.rows.s_q * p.rows.h_q;
-  const unsigned grid = grid_for(rows, 1, "mqa_decode combine");
-  dispatch_activation(p.rows.act, "mqa_decode combine", [&](auto act) {
-    auto* kernel = decode::decode_combine_kernel<decltype(act)>;
-    if (dependent) launch_dependent(kernel, grid, decode::kCombineThreads, 0, stream, "mqa_decode combine", p);
-    else kernel<<<grid, decode::kCombineThreads, 0, stream>>>(p);
-  });
-  check_launch("mqa_decode combine");
+  return static_cast<std::size_t>(combine::ws_bytes(b, s_q, h_q, num_splits));
 }
 
 namespace {
@@ -67,12 +56,12 @@ void run_portable(const dispatch::DecodeArgs& a) {
   const int64_t have = workspace.defined() && mqa::aligned16(workspace.data)
                            ? workspace.numel() * static_cast<int64_t>(workspace.element_size())
                            : 0;
-  while (splits > 1 && decode::ws_bytes(b, s_q, h_q, splits) > have) --splits;
+  while (splits > 1 && combine::ws_bytes(b, s_q, h_q, splits) > have) --splits;
   p.num_splits = splits;
   if (splits > 1) {
     auto* base = static_cast<uint8_t*>(workspace.data);
     p.ws_lse = reinterpret_cast<float*>(base);
-    p.ws_o = reinterpret_cast<float*>(base + decode::ws_lse_bytes(b, s_q, h_q, splits));
+    p.ws_o = reinterpret_cast<float*>(base + combine::ws_lse_bytes(b, s_q, h_q, splits));
   }
 
   const unsigned grid = grid_for(decode::m_tiles(s_q, h_q) * b * splits, 1, "mqa_decode");
@@ -86,7 +75,7 @@ void run_portable(const dispatch::DecodeArgs& a) {
     kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
     check_launch("mqa_decode");
   });
-  if (splits > 1) decode::launch_combine(p, b, stream);
+  if (splits > 1) combine::launch_split_kv({p.rows, p.num_splits, p.ws_lse, p.ws_o, nullptr}, b, stream);
 }
 
 }  // namespace
@@ -95,16 +84,16 @@ void run_portable(const dispatch::DecodeArgs& a) {
 dispatch::Table<dispatch::DecodeArgs>& dispatch::mqa_decode_table() {
   static Table<DecodeArgs> table(
       "mqa_decode", {{{"sm90_small", 90, 90,
-                       "N 8 / 16 / 32 row tiles, TMA + wgmma, balanced split-KV schedule (decode_sm90/kernel_small.cuh): "
+                       "N 8 / 16 / 32 row tiles, TMA + wgmma, balanced split-KV schedule (attention/sm90/small/kernel.cuh): "
                        "bf16 cache, s_q * h_q <= 32"},
                       decode_sm90::supports_small, decode_sm90::run_small, decode_sm90::prefers_small},
                      {{"sm90_raw", 90, 90,
-                       "raw records staged, exact codes into wgmma (decode_sm90/kernel_raw.cuh): fp8 and fp8_ds_mla "
+                       "raw records staged, exact codes into wgmma (attention/sm90/raw/kernel.cuh): fp8 and fp8_ds_mla "
                        "caches, s_q * h_q <= 32"},
                       decode_sm90::supports_raw, decode_sm90::run_raw, decode_sm90::prefers_raw},
                      {{"sm90_seesaw", 90, 90,
                        "64-row tiles, two consumer warpgroups over a two-stage pipeline, cluster split merge "
-                       "(decode_sm90/kernel_seesaw.cuh): bf16, fp8 and fp8_ds_mla caches"},
+                       "(attention/sm90/seesaw/kernel.cuh): bf16, fp8 and fp8_ds_mla caches"},
                       decode_sm90::supports_seesaw, decode_sm90::run_seesaw, decode_sm90::prefers_seesaw},
                      {{"portable", 80, 0, "mma.sync MQA engine: every cache format, page size, h_q and s_q"},
                       nullptr, run_portable}});

@@ -5,7 +5,7 @@
 #include "cuda/common/launch.h"
 #include "cuda/cuda_ops.h"
 #include "mla/ops.h"
-#include "cuda/merge/combine_kernel.cuh"
+#include "cuda/attention/combine/n_way_kernel.cuh"
 #include "cuda/merge/kernel.cuh"
 
 namespace mla::cuda {

@@ -7,7 +7,7 @@
 #include "cuda/common/launch.h"
 #include "cuda/common/mqa_launch.h"
 #include "cuda/cuda_ops.h"
-#include "cuda/decode_sm90/variant.h"
+#include "cuda/attention/sm90/variant.h"
 #include "cuda/dispatch/families.h"
 #include "cuda/sparse/kernel.cuh"
 
@@ -80,15 +80,15 @@ dispatch::Table<dispatch::SparseArgs>& dispatch::sparse_mqa_table() {
   static Table<SparseArgs> table(
       "sparse_mqa",
       {{{"sm90_small", 90, 90,
-         "N 8 / 16 / 32 row tiles, rows gathered by cp.async, wgmma (decode_sm90/kernel_small.cuh): bf16 cache, "
+         "N 8 / 16 / 32 row tiles, rows gathered by cp.async, wgmma (attention/sm90/small/kernel.cuh): bf16 cache, "
          "h_q <= 32"},
         decode_sm90::supports_sparse_small, decode_sm90::run_sparse_small, decode_sm90::prefers_sparse_small},
        {{"sm90_raw", 90, 90,
-         "raw records staged, exact codes into wgmma (decode_sm90/kernel_raw.cuh): fp8_ds_mla cache, h_q <= 32, "
+         "raw records staged, exact codes into wgmma (attention/sm90/raw/kernel.cuh): fp8_ds_mla cache, h_q <= 32, "
          "small-T cluster split"},
         decode_sm90::supports_sparse_raw, decode_sm90::run_sparse_raw, decode_sm90::prefers_sparse_raw},
        {{"sm90_seesaw", 90, 90,
-         "64-row tiles, two consumer warpgroups over a two-stage pipeline (decode_sm90/kernel_seesaw.cuh): bf16 and "
+         "64-row tiles, two consumer warpgroups over a two-stage pipeline (attention/sm90/seesaw/kernel.cuh): bf16 and "
          "fp8_ds_mla caches"},
         decode_sm90::supports_sparse_seesaw, decode_sm90::run_sparse_seesaw, decode_sm90::prefers_sparse_seesaw},
        {{"portable", 80, 0, "mma.sync MQA engine: every cache format, any top-k and h_q, DeepSeek-V4 options"}, nullptr, run_portable}});

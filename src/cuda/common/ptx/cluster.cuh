@@ -4,14 +4,14 @@
 // dimension (launch_cluster in cuda/common/launch.h) runs its CTAs in groups that are co-scheduled on
 // one GPC; a CTA may copy into and arrive on the mbarriers of a peer CTA's shared memory through a
 // shared::cluster address (map_peer). The two hand-overs the sm90 decode crossover
-// (decode_sm90/source_cross.cuh) builds on:
+// (attention/sm90/seesaw/source_cross.cuh) builds on:
 //   data: the writer's bulk_copy_to_peer completes transaction bytes on the peer's mbarrier, which the
 //         peer announced (expect_tx) and waits for: as with a TMA load, the bytes come through the async
 //         proxy, so the peer's wgmma may read them after its wait;
 //   signal: mbar_arrive_cluster on a peer's mbarrier (release at cluster scope), mbar_wait_cluster on
 //         one's own (acquire at cluster scope).
 // In a cluster launch, smem_addr of CTA rank r is not below 2^18: mask it before packing it into a
-// 14-bit field (wgmma descriptors: decode_sm90 kernel_seesaw.cuh base4).
+// 14-bit field (wgmma descriptors: decode_sm90 seesaw/kernel.cuh base4).
 // A CTA must not exit while a peer may still address its shared memory: cluster_sync() by every thread
 // of both CTAs at the end (and after mbarrier initialisation, before the first remote access).
 // Device test: tests/gpu/test_ptx_cluster.cu.
@@ -64,7 +64,7 @@ __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity
 // one fp32, or four (16-byte aligned). Ordered after the peer's stores by a cluster-scope hand-over (cluster_sync,
 // or mbar_wait_cluster on a barrier the peer arrived on with release): volatile, so that the compiler keeps them
 // after that hand-over's asm, without a memory clobber, so that several stay in flight (the decode_sm90 cluster
-// merge issues 16 per thread before using any: decode_sm90/cluster_merge.cuh).
+// merge issues 16 per thread before using any: attention/sm90/common/cluster_merge.cuh).
 __device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
   float v;
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));

@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: Apache-2.0
+// Launcher of the split-KV combine (split_kv.h).
+#include <cuda_runtime.h>
+
+#include "cuda/attention/combine/split_kv.h"
+#include "cuda/attention/combine/split_kv_kernel.cuh"
+#include "cuda/common/act_type.cuh"
+#include "cuda/common/launch.h"
+
+namespace mla::cuda::combine {
+
+void launch_split_kv(const SplitKvParams& p, int64_t b, cudaStream_t stream, bool dependent) {
+  const int64_t rows = b * p.rows.s_q * p.rows.h_q;
+  const unsigned grid = grid_for(rows, 1, "mqa_decode combine");
+  dispatch_activation(p.rows.act, "mqa_decode combine", [&](auto act) {
+    auto* kernel = split_kv_kernel<decltype(act)>;
+    if (dependent) launch_dependent(kernel, grid, kThreads, 0, stream, "mqa_decode combine", p);
+    else kernel<<<grid, kThreads, 0, stream>>>(p);
+  });
+  check_launch("mqa_decode combine");
+}
+
+}  // namespace mla::cuda::combine

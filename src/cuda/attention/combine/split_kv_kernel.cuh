@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The split-KV combine kernel (split_kv.h): one CTA per output row (request g, row (i, h)); warp 0 weighs the
+// row's partials by the merge rule (merge_rule.cuh), then every thread sums its columns in split order.
+#include <cstdint>
+
+#include "cuda/attention/combine/merge_rule.cuh"
+#include "cuda/attention/combine/split_kv.h"
+#include "cuda/common/convert.cuh"
+#include "cuda/common/ptx/griddep.cuh"
+#include "cuda/common/ptx/tma.cuh"
+
+namespace mla::cuda::combine {
+
+template <class Act>
+__global__ void __launch_bounds__(kThreads) split_kv_kernel(const SplitKvParams p) {
+  __shared__ float weight[kMaxMergedSplits];
+  __shared__ float total_lse;
+  const MqaRowParams& rp = p.rows;
+  const int64_t m_rows = static_cast<int64_t>(rp.s_q) * rp.h_q;
+  const int64_t g = blockIdx.x / m_rows;
+  const int row = static_cast<int>(blockIdx.x % m_rows);
+  const int i = row / rp.h_q, h = row % rp.h_q;
+  auto* out = static_cast<typename Act::Storage*>(rp.out) + g * rp.out_stride_g + i * rp.out_stride_i +
+              h * rp.out_stride_h;
+  // While the attention kernel runs (this grid waits on the device below): the output row's first line
+  // into L2, so that the final stores find it (and its translation) warm after a cold start.
+  if (threadIdx.x == 0) cuda::ptx::prefetch_l2(out);
+  cuda::ptx::grid_dependency_wait();  // launched as a dependent of the attention kernel: its partials
+  int splits = p.num_splits;
+  int64_t slot0 = g * splits;
+  if (p.ws_meta != nullptr) {
+    slot0 = p.ws_meta[2 * g];
+    splits = min(p.ws_meta[2 * g + 1], kMaxMergedSplits);
+    if (splits <= 1) return;
+  }
+  const float* lse_s = p.ws_lse + slot0 * m_rows + row;  // split s at lse_s[s * m_rows]
+  if (threadIdx.x < 32) {
+    const MergeState st = warp_merge_lse([&](int64_t s) { return lse_s[s * m_rows]; }, splits);
+    // A NaN split makes every weight NaN, hence every column (an empty split's weight is 0: not read).
+    for (int s = threadIdx.x; s < splits; s += 32) weight[s] = st.nan ? NAN : st.factor(lse_s[s * m_rows]);
+    if (threadIdx.x == 0) total_lse = st.lse();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && rp.lse) rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = total_lse;
+  const float* o_s = p.ws_o + (slot0 * m_rows + row) * int64_t(kMaxDv);
+  const int64_t split_stride = m_rows * kMaxDv;
+  // kBatch partials per column loaded at once (independent loads in flight: one load after the other
+  // took one L2 round trip per split); summed in split order. Skipped splits (weight 0) may hold
+  // garbage: not read.
+  constexpr int kBatch = 8;
+  for (int col = threadIdx.x; col < rp.d_v; col += kThreads) {
+    float acc = 0.0f;
+    for (int s0 = 0; s0 < splits; s0 += kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        v[j] = s0 + j < splits && weight[s0 + j] != 0.0f ? o_s[(s0 + j) * split_stride + col] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (s0 + j < splits && weight[s0 + j] != 0.0f) acc += weight[s0 + j] * v[j];
+    }
+    out[col] = Act::from_float(acc);
+  }
+}
+
+}  // namespace mla::cuda::combine

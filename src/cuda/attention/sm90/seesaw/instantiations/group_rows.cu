@@ -1,0 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
+// The seesaw kernel over a token's top-k bf16 rows, copied a release group at a time (sparse_mqa): GroupRows.
+#include "cuda/attention/sm90/seesaw/launch.cuh"
+
+namespace mla::cuda::decode_sm90 {
+
+void launch_seesaw_group_rows(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
+  launch_seesaw<GroupRows<>>(p, grid, stream, no_tensor_map(), what);
+}
+
+}  // namespace mla::cuda::decode_sm90

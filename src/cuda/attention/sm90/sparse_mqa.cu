@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// Launcher of the sm90 sparse_mqa variants (sm90_small, sm90_raw, sm90_seesaw; variant.h): the sm90 decode kernels
+// over gathered rows, a token being one "request" of s_q = 1 whose keys are its top-k cache rows. bf16 rows:
+// small/kernel.cuh with GatherKeys for h_q <= 32, seesaw/kernel.cuh with GroupRows above; fp8_ds_mla records:
+// raw/kernel.cuh (IndexedRows) for h_q <= 32, seesaw/kernel.cuh with CrossKeys / InplaceKeys above. Which kernel
+// runs is core/decode_regime.h's rule unless a variant is forced. One CTA per (row tile, token); for small T
+// (fp8_ds_mla, up to 32 rows) a token's top-k is split over a thread-block cluster of 2..8 CTAs that merge
+// through distributed shared memory (no workspace: the op has none), graph-capturable (no host sync).
+// Algorithm, roles, shared memory: docs/design/attention_sm90.md.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/sparse_split.h"
+#include "cuda/common/launch.h"
+#include "cuda/common/mqa_launch.h"
+#include "cuda/attention/sm90/common/launch_util.cuh"
+#include "cuda/attention/sm90/raw/launch.h"
+#include "cuda/attention/sm90/seesaw/launch.h"
+#include "cuda/attention/sm90/small/launch.h"
+#include "cuda/attention/sm90/variant.h"
+
+namespace mla::cuda::decode_sm90 {
+
+namespace {
+
+decode_regime::Problem problem_of(const dispatch::SparseArgs& a) {
+  return {.format = a.kv.format, .rows = a.q.size(1), .batch = a.q.size(0), .sparse = true};
+}
+
+// What every sm90 sparse kernel needs (nullptr), else why not.
+const char* supports_common(const dispatch::SparseArgs& a) {
+  const KVCache& c = a.kv;
+  if (a.opts.attn_sink.defined() || a.opts.extra.defined())
+    return "DeepSeek-V4 options (attention sink, extra cache): portable only";
+  if (c.format != CacheFormat::bf16 && c.format != CacheFormat::fp8_ds_mla)
+    return "bf16 and fp8_ds_mla caches only (fp8 per-tensor: not yet)";
+  if (c.d_qk != Traits::kDqk || a.q.size(2) != Traits::kDqk) return "d_qk must be 576";
+  if (a.out.size(2) != Traits::kDv) return "d_v must be 512";
+  if (a.q.dtype != DType::bf16 || a.out.dtype != DType::bf16) return "bf16 q and out only";
+  const int64_t eb = static_cast<int64_t>(c.data.element_size());
+  if (!aligned(c.data.data, 16) || c.data.stride[2] != 1 || (c.data.stride[1] * eb) % 16 != 0 ||
+      (c.data.stride[0] * eb) % 16 != 0)
+    return "cache rows must be contiguous with 16-byte aligned base and strides (16-byte copies)";
+  if (c.num_blocks() * c.page_size() > INT32_MAX) return "more than 2^31 cache rows";
+  if (a.indices.stride[1] != 1) return "index rows must be contiguous";
+  if (a.q.size(1) > (int64_t(1) << 30) || a.indices.size(1) > (int64_t(1) << 30)) return "h_q or topk too large";
+  return nullptr;
+}
+
+const char* supports_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel k) {
+  if (const char* why = supports_common(a)) return why;
+  return decode_regime::supports(problem_of(a), k);
+}
+
+void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
+  const TensorView& q = a.q;
+  const KVCache& c = a.kv;
+  const int64_t t = q.size(0), h_q = q.size(1);
+  DeviceGuard guard(q.device);
+  cudaStream_t stream = stream_of(a.ctx);
+
+  DecodeSm90Params p{};
+  p.rows = mqa::make_row_params(q, a.out, a.lse, /*has_i=*/false, a.softmax_scale);
+  p.num_splits = 1;
+  const decode_regime::Regime regime = decode_regime::tile_for(problem_of(a), kernel);
+  set_row_tiles(p, regime);
+  p.out_pairs = out_pairs(a.out);
+  DecodeSm90Params::Gather& g = p.gather;
+  set_gather_cache(g, c);
+  g.topk = static_cast<int32_t>(a.indices.size(1));
+  g.indices = static_cast<const int32_t*>(a.indices.data);
+  g.indices_stride = a.indices.stride[0];
+  if (a.topk_length.defined()) {
+    g.topk_length = static_cast<const int32_t*>(a.topk_length.data);
+    g.topk_length_stride = a.topk_length.stride[0];
+  }
+
+  if (regime.kernel == decode_regime::Kernel::raw) {
+    const int dev = q.device.index;
+    const int64_t tiles = (g.topk + Traits::kBlockN - 1) / Traits::kBlockN;
+    auto max_clusters = [&](int s) { return raw_ds_indexed_max_clusters(dev, p.tile_rows, s); };
+    static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
+    const int splits = sparse_split::cluster_splits(int64_t{p.m_tiles} * t, tiles, sm_count(dev), max_clusters);
+    if (splits > 1) {
+      p.num_splits = splits;
+      p.cluster_merge = 1;
+    }
+  }
+  const unsigned grid = grid_for(int64_t{p.m_tiles} * t * p.num_splits, 1, "sparse_mqa (sm90)");
+  const char* what = "sparse_mqa (sm90)";
+  // The gathering kernels issue no TMA (p.gather.raw_tma 0).
+  if (c.format == CacheFormat::bf16) {
+    if (regime.kernel == decode_regime::Kernel::seesaw)
+      launch_seesaw_group_rows(p, grid, stream, what);
+    else
+      launch_small_gathered(p, grid, stream, what);
+  } else if (regime.kernel == decode_regime::Kernel::raw) {
+    launch_raw_ds_indexed(p, grid, stream, what);
+  } else {
+    launch_seesaw_ds_indexed(p, grid, stream, what);
+  }
+}
+
+}  // namespace
+
+using decode_regime::Kernel;
+const char* supports_sparse_small(const dispatch::SparseArgs& a) { return supports_kernel(a, Kernel::small); }
+const char* supports_sparse_raw(const dispatch::SparseArgs& a) { return supports_kernel(a, Kernel::raw); }
+const char* supports_sparse_seesaw(const dispatch::SparseArgs& a) { return supports_kernel(a, Kernel::seesaw); }
+bool prefers_sparse_small(const dispatch::SparseArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::small; }
+bool prefers_sparse_raw(const dispatch::SparseArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::raw; }
+bool prefers_sparse_seesaw(const dispatch::SparseArgs& a) {
+  return decode_regime::preferred(problem_of(a)) == Kernel::seesaw;
+}
+void run_sparse_small(const dispatch::SparseArgs& a) { run_kernel(a, Kernel::small); }
+void run_sparse_raw(const dispatch::SparseArgs& a) { run_kernel(a, Kernel::raw); }
+void run_sparse_seesaw(const dispatch::SparseArgs& a) { run_kernel(a, Kernel::seesaw); }
+
+}  // namespace mla::cuda::decode_sm90
