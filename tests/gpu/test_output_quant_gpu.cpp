@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -42,6 +43,36 @@ std::string compare_bytes(const std::vector<uint8_t>& got, const std::vector<uin
     const bool nan = e4m3 && (got[i] & 0x7f) == 0x7f && (want[i] & 0x7f) == 0x7f;
     if (got[i] != want[i] && !nan)
       return "byte " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]);
+  }
+  return "";
+}
+
+// Codes within one code of each other (the signed code index: magnitude with the sign applied), scales
+// within one code (nvfp4's e4m3 scale codes) or 2^-7 relative (f32 group scales; NaN equal to NaN).
+std::string compare_within_one_code(const QuantOut& got, const QuantOut& want, OutputQuant k) {
+  const bool fp4 = k == OutputQuant::nvfp4;
+  auto index = [](int mag, bool neg) { return neg ? -mag : mag; };
+  const std::vector<uint8_t> gc = host_bytes(got.codes), wc = host_bytes(want.codes);
+  if (gc.size() != wc.size()) return "code sizes differ";
+  for (std::size_t i = 0; i < gc.size(); ++i)
+    for (int half = 0; half < (fp4 ? 2 : 1); ++half) {
+      const int a = fp4 ? (gc[i] >> (4 * half)) & 0xf : gc[i], b = fp4 ? (wc[i] >> (4 * half)) & 0xf : wc[i];
+      const int mask = fp4 ? 0x7 : 0x7f, sign = fp4 ? 0x8 : 0x80;
+      if (!fp4 && (a & mask) == 0x7f && (b & mask) == 0x7f) continue;  // NaN codes
+      if (std::abs(index(a & mask, a & sign) - index(b & mask, b & sign)) > 1)
+        return "code at byte " + std::to_string(i) + ": " + std::to_string(a) + " vs " + std::to_string(b);
+    }
+  const std::vector<uint8_t> gs = host_bytes(got.scales), ws = host_bytes(want.scales);
+  if (gs.size() != ws.size()) return "scale sizes differ";
+  for (std::size_t i = 0; fp4 && i < gs.size(); ++i)
+    if (std::abs(index(gs[i] & 0x7f, gs[i] & 0x80) - index(ws[i] & 0x7f, ws[i] & 0x80)) > 1)
+      return "scale code " + std::to_string(i);
+  for (std::size_t i = 0; !fp4 && i + 4 <= gs.size(); i += 4) {
+    float a, b;
+    std::memcpy(&a, &gs[i], 4);
+    std::memcpy(&b, &ws[i], 4);
+    if (!(std::fabs(a - b) <= 0x1.0p-7 * std::fabs(b) || (std::isnan(a) && std::isnan(b))))
+      return "scale " + std::to_string(i / 4) + ": " + std::to_string(a) + " vs " + std::to_string(b);
   }
   return "";
 }
@@ -88,7 +119,8 @@ TEST(OutputQuantGpu, AbsMaxMatchesCpu) {
 }
 
 // The CUDA layer's quantised output equals the CPU quantize_output of the CUDA layer's unquantised
-// output (the CUDA layer writes its bf16 output, then quantises it in a separate pass).
+// output (the CUDA layer writes its bf16 output, then quantises it in a separate pass) within one code:
+// the two CUDA steps may round an output value differently where the kernels' schedule differs.
 void expect_layer_matches(const Scenario& sc) {
   const StepData d = make_step(sc);
   const int64_t rows = d.t_act + 3;
@@ -104,7 +136,7 @@ void expect_layer_matches(const Scenario& sc) {
     const QuantOut want = quant_out(k, rows, d.sc.h * d.sc.V, Device::cpu());
     quantize_output(unfused.view().slice(0, 0, d.t_act), k, want.codes,
                     want.scales.defined() ? want.scales.view() : TensorView{}, key_scale(k));
-    expect_same(got, want, k, sc.sparse ? "sparse" : "dense");
+    EXPECT_EQ(compare_within_one_code(got, want, k), "") << to_string(k) << (sc.sparse ? " sparse" : " dense");
   }
 }
 
