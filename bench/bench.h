@@ -44,6 +44,11 @@ struct BenchOptions {
   int dcp = 0;                   // dcp: GPUs of the DCP group (0 = every GPU of the machine)
   std::string variant;           // force this kernel variant (include/mla/variants.h) in every family
                                  // that has one of that name; empty = automatic selection
+  // layer: the output format (an mla::OutputQuant key; other than none, every row runs unquantised and
+  // then quantised, in the same call) and the fp8 cache's scale ("fixed", or "auto": calibrated from
+  // the first timed step; fp8 rows only).
+  std::string out_quant = "none";
+  std::string kv_scales = "fixed";
 };
 
 // Runs the selected benchmarks on CUDA device `device` and prints tables. Returns a process exit code.

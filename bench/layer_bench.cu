@@ -195,13 +195,16 @@ class PhaseTimer {
   std::vector<std::pair<std::string, std::vector<float>>> phases_;
 };
 
-// One layer per (format, sparse, h), built once: deriving W_UK_T / W_UV / kv_b_proj on the host takes
+// fp8's static and nvfp4's global output scale for outputs of magnitude below ~4.
+float out_scale(OutputQuant q) { return q == OutputQuant::nvfp4 ? 448.0f * 6.0f / 4.0f : 1.0f / 64.0f; }
+
+// One layer per (format, sparse, h, output format, KV-scale mode), built once: deriving W_UK_T / W_UV / kv_b_proj on the host takes
 // seconds at h = 128.
 class Layers {
  public:
   explicit Layers(BenchContext& ctx) : ctx_(ctx) {}
-  const MlaAttention& get(CacheFormat f, bool sparse, int h) {
-    auto& slot = layers_[{f, sparse, h}];
+  const MlaAttention& get(CacheFormat f, bool sparse, int h, OutputQuant q, KvScales k) {
+    auto& slot = layers_[{f, sparse, h, q, k}];
     if (!slot) {
       const Device dev = Device::cuda(ctx_.device());
       LayerOptions o;
@@ -210,6 +213,9 @@ class Layers {
       o.sparse = sparse;
       o.device = dev;
       o.dtype = DType::bf16;
+      o.out_quant = q;
+      o.out_scale = out_scale(q);
+      o.kv_scales = k;
       Tensor w = Tensor::empty({h * int64_t{128 + 128}, 512}, DType::bf16, dev);
       fill_uniform(w, -0.05, 0.05, 91, ctx_.stream());
       // The constructor copies the weight on the legacy stream, which does not wait for ours.
@@ -222,13 +228,15 @@ class Layers {
 
  private:
   BenchContext& ctx_;
-  std::map<std::tuple<CacheFormat, bool, int>, std::unique_ptr<MlaAttention>> layers_;
+  std::map<std::tuple<CacheFormat, bool, int, OutputQuant, KvScales>, std::unique_ptr<MlaAttention>> layers_;
 };
 
-void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s) {
+void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuant quant) {
   const Device dev = Device::cuda(ctx.device());
   const PlannerConfig pc = config_for(s, dev);
-  const MlaAttention& layer = layers.get(s.format, s.sparse, s.h);
+  const KvScales kv = ctx.options().kv_scales == "auto" && s.format == CacheFormat::fp8 ? KvScales::from_first_batch
+                                                                                          : KvScales::fixed;
+  const MlaAttention& layer = layers.get(s.format, s.sparse, s.h, quant, kv);
   const int64_t h = s.h, nr = static_cast<int64_t>(s.reqs.size()), topk = pc.dims.index_topk;
   const double row = static_cast<double>(cache_entry_bytes(s.format));
 
@@ -333,6 +341,17 @@ void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s) {
   a.seq_lens = seq_dev;
   if (s.sparse) a.topk_indices = topk_dev;
   a.out = out;
+  // A quantised output: codes and scales in quantize_output's layouts for the step's T rows.
+  Tensor qcodes, qscales;
+  if (quant != OutputQuant::none) {
+    const int64_t W = h * 128, G = output_quant_group(quant);
+    qcodes = Tensor::empty({T, quant == OutputQuant::nvfp4 ? W / 2 : W},
+                           quant == OutputQuant::nvfp4 ? DType::u8 : DType::fp8_e4m3, dev);
+    if (quant == OutputQuant::nvfp4) qscales = Tensor::empty({T, W / 16}, DType::fp8_e4m3, dev);
+    else if (G > 0) qscales = Tensor::empty({W / G, T}, DType::f32, dev);
+    a.out = qcodes;
+    if (qscales.defined()) a.out_scales = qscales;
+  }
   PinnedBuffer staging(plan.metadata.bytes());
   Tensor meta = Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(staging.size(), 16))}, DType::u8, dev);
   a.metadata = meta;
@@ -353,6 +372,8 @@ void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s) {
   phases.finish();
 
   std::string label = s.label + " h=" + std::to_string(h) + " " + to_string(s.format);
+  if (quant != OutputQuant::none) label += std::string(" out=") + to_string(quant);
+  if (kv == KvScales::from_first_batch) label += " kv-scales=auto";
   if (!s.sparse && !plan.context.chunks.empty()) label += " (" + std::to_string(plan.context.chunks.size()) + " chunks)";
   if (s.sparse && s.format == CacheFormat::fp8_ds_mla) label += plan.sparse_mixed_batch ? " mixed-batch" : " separate";
   const char* formula =
@@ -384,6 +405,12 @@ void bench_layer(BenchContext& ctx) {
   const std::vector<int64_t> batches = quick ? std::vector<int64_t>{16} : std::vector<int64_t>{64, 128};
   const std::vector<int> heads = quick ? std::vector<int>{16, 32} : std::vector<int>{16, 128};
   Layers layers(ctx);
+  // Every row unquantised, then (--out-quant) with the quantised output, in the same call.
+  const OutputQuant quant = parse_output_quant(ctx.options().out_quant);
+  auto run = [&](const StepSpec& s) {
+    run_step(ctx, layers, s, OutputQuant::none);
+    if (quant != OutputQuant::none) run_step(ctx, layers, s, quant);
+  };
 
   auto decodes = [&](int64_t b) { return std::vector<Req>(static_cast<std::size_t>(b), Req{seq - 1, 1}); };
   auto mixed = [&](int64_t context) {
@@ -398,24 +425,21 @@ void bench_layer(BenchContext& ctx) {
   for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8, CacheFormat::fp8_ds_mla})
     for (int64_t b : batches)
       for (int h : heads)
-        run_step(ctx, layers,
-                 {"layer_decode", "b=" + std::to_string(b) + " s_k=" + std::to_string(seq), f, false, h, decodes(b)});
+        run({"layer_decode", "b=" + std::to_string(b) + " s_k=" + std::to_string(seq), f, false, h, decodes(b)});
   for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
     for (int h : heads) {
       // A 4096-row context workspace (quick: 512) makes the 8192-token context take two chunks.
       StepSpec s{"layer_mixed", mixed_label + std::to_string(ctx_dense) + " + " + std::to_string(new_tokens), f,
                  false, h, mixed(ctx_dense)};
       s.context_workspace_rows = ctx_dense / 2;
-      run_step(ctx, layers, s);
+      run(s);
     }
   for (int64_t b : batches)
     for (int h : heads)
-      run_step(ctx, layers,
-               {"layer_sparse_decode", "b=" + std::to_string(b) + " s_k=" + std::to_string(seq) + " topk=2048",
+      run({"layer_sparse_decode", "b=" + std::to_string(b) + " s_k=" + std::to_string(seq) + " topk=2048",
                 CacheFormat::fp8_ds_mla, true, h, decodes(b)});
   for (int h : heads)
-    run_step(ctx, layers,
-             {"layer_sparse_mixed", mixed_label + std::to_string(ctx_sparse) + " + " + std::to_string(new_tokens),
+    run({"layer_sparse_mixed", mixed_label + std::to_string(ctx_sparse) + " + " + std::to_string(new_tokens),
               CacheFormat::fp8_ds_mla, true, h, mixed(ctx_sparse)});
 }
 

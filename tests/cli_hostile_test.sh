@@ -36,6 +36,12 @@ expect_fail "--dcp" run --backend cpu --dcp 99999999999
 expect_fail "--dcp 3: the layer's 16 query heads" run --backend cpu --dcp 3
 expect_fail "--dcp-interleave 5 must divide --page-size 64" run --backend cpu --dcp 2 --dcp-interleave 5
 expect_fail "--dcp runs the bare layer" run --backend cpu --dcp 2 --block
+expect_fail "--out-quant" run --backend cpu --steps 1 --out-quant int8
+expect_fail "--kv-scales" run --backend cpu --steps 1 --kv-scales sometimes
+expect_fail "--kv-scales auto sets the one scale of the per-tensor fp8 cache" run --backend cpu --steps 1 --kv-scales auto
+expect_fail "--out-quant and --kv-scales apply to the bare layer" run --backend cpu --steps 1 --block --out-quant fp8
+expect_fail "--out-quant and --kv-scales apply to the bare layer" run --backend cpu --steps 1 --dcp 2 --out-quant nvfp4
+expect_fail "--out-quant" bench --ops mha_prefill --out-quant fp8
 if [ -w /dev/full ]; then  # the record is written after the run: a full disk is an error, not exit 0
   expect_fail "writing '/dev/full' failed" run --backend cpu --steps 2 --requests 2 --max-context 64 \
     --check-samples 0 --no-progress --json /dev/full

@@ -89,6 +89,15 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
   cmd->add_option("--dcp", o.dcp, "dcp: GPUs of the decode-context-parallel group (0: every GPU)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
+  cmd->add_option("--out-quant", o.out_quant,
+                  "layer: also time every row with the output written in this format (none, fp8, fp8_group128, "
+                  "fp8_group64, nvfp4), beside the unquantised row")
+      ->check(CLI::IsMember({"none", "fp8", "fp8_group128", "fp8_group64", "nvfp4"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-scales", o.kv_scales,
+                  "layer: fp8 cache scale, fixed or auto (calibrated from the first step's max |kv_c| / 200)")
+      ->check(CLI::IsMember({"fixed", "auto"}))
+      ->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "Untimed warm-up iterations")->check(int_range(0, 1000000))->capture_default_str();
   return cmd;
 }
@@ -112,6 +121,7 @@ void check_relevance(const bench::BenchOptions& o, const std::set<std::string>& 
       {"--non-causal", {prefill}, true},          {"--topk", {sparse}, true},
       {"--pool", {sparse}, true},                 {"--splits", {decode}, true},
       {"--trace", {decode}, false},               {"--dcp", {"dcp"}, false},
+      {"--out-quant", {"layer"}, false},          {"--kv-scales", {"layer"}, false},
   };
   auto runs = [&](const std::string& op) {
     // dcp is opt-in: the default selection (every benchmark) leaves it out.

@@ -25,7 +25,41 @@ double e4m3_step(double x) {
   return std::ldexp(1.0, std::max(e, -6) - 3);
 }
 
+// Gap from an e4m3 code's magnitude to the next code up (448 -> 480: one more step of its binade).
+double e4m3_gap_up(uint8_t code) {
+  const uint8_t mag = code & 0x7fu;
+  if (mag >= 0x7eu) return 32.0;
+  return num::e4m3_to_float(static_cast<uint8_t>(mag + 1)) - num::e4m3_to_float(mag);
+}
+
+double e2m1_gap_up(uint8_t code) {
+  const uint8_t mag = code & 0x7u;
+  return mag == 7 ? 2.0 : num::e2m1_to_float(static_cast<uint8_t>(mag + 1)) - num::e2m1_to_float(mag);
+}
+
 }  // namespace
+
+void dequantize_output(OutputQuant key, const uint8_t* codes, const void* scales, float scale, int64_t T, int64_t W,
+                       double* values, double* steps) {
+  const int64_t G = output_quant_group(key);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < W; ++j) {
+      const int64_t at = t * W + j;
+      if (key == OutputQuant::nvfp4) {
+        const uint8_t byte = codes[t * (W / 2) + j / 2];
+        const uint8_t code = j % 2 == 0 ? byte & 0xfu : byte >> 4;
+        const double m = static_cast<double>(num::e4m3_to_float(static_cast<const uint8_t*>(scales)[t * (W / 16) + j / 16])) /
+                         scale;
+        values[at] = num::e2m1_to_float(code) * m;
+        steps[at] = e2m1_gap_up(code) * std::fabs(m);
+        continue;
+      }
+      const uint8_t code = codes[at];
+      const double s = key == OutputQuant::fp8 ? scale : static_cast<const float*>(scales)[(j / G) * T + t];
+      values[at] = num::e4m3_to_float(code) * s;
+      steps[at] = e4m3_gap_up(code) * std::fabs(s);
+    }
+}
 
 OracleCheck::OracleCheck(const OracleModel& model, const Config& config)
     : model_(model), config_(config), tol_(bf16_layer_tolerance()), rng_(config.seed ^ 0xc4ecull) {
@@ -116,7 +150,7 @@ void OracleCheck::check(const StepData& s, const std::vector<int64_t>& tokens) {
   // Every output of the step must be finite: rows were NaN-poisoned before the layer ran.
   int64_t bad = 0, first_bad = -1;
   for (int64_t i = 0; i < T * H * V; ++i)
-    if (!bf16_finite(s.out[i]) && bad++ == 0) first_bad = i;
+    if (!(s.out_values ? std::isfinite(s.out_values[i]) : bf16_finite(s.out[i])) && bad++ == 0) first_bad = i;
   if (bad > 0)
     fail(fmt::format("step {}: {} of {} output values are not finite, the first at token {} head {} "
                      "(an output row the layer did not write, or a read of a NaN-poisoned cache page)",
@@ -185,8 +219,13 @@ void OracleCheck::check(const StepData& s, const std::vector<int64_t>& tokens) {
       for (int64_t p : visible_pos[i]) visible.push_back(index_of[static_cast<std::size_t>(p)]);
       const std::vector<double> ref = oracle_attention(model_, q.data(), keys, visible);
       std::vector<double> got(static_cast<std::size_t>(H * V));
-      for (std::size_t j = 0; j < got.size(); ++j) got[j] = bf16_value(s.out[t * H * V + static_cast<int64_t>(j)]);
-      const Comparison c = compare_bf16(got, ref, tol_);
+      std::vector<double> step;
+      for (std::size_t j = 0; j < got.size(); ++j) {
+        const int64_t at = t * H * V + static_cast<int64_t>(j);
+        got[j] = s.out_values ? s.out_values[at] : bf16_value(s.out[at]);
+        if (s.out_code_step) step.push_back(s.out_code_step[at]);
+      }
+      const Comparison c = compare_bf16(got, ref, tol_, s.out_code_step ? &step : nullptr);
 
       const TokenKind kind = sr.kind;
       KindReport& rep = reports_[static_cast<int>(kind)];

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "mla/block_ops.h"
 #include "mla/cache.h"
 #include "mla/plan.h"
 #include "oracle.h"
@@ -28,7 +29,12 @@ struct StepData {
   const uint16_t* k_pe = nullptr;  // [T, R]
   const int32_t* topk = nullptr;   // [T, topk_width] request-local positions (sparse only)
   int64_t topk_width = 0;
-  const uint16_t* out = nullptr;   // [T, h_q * V] the layer's output
+  const uint16_t* out = nullptr;   // [T, h_q * V] the layer's output (bf16; unused when out_values is set)
+  // A quantised output (--out-quant): its dequantised values [T, h_q * V] and, per value, one code step
+  // (the gap to the next code up, times the value's scale): the value must meet the bf16 rule against
+  // the oracle widened by that step (quantize(unfused output) within one code).
+  const double* out_values = nullptr;
+  const double* out_code_step = nullptr;
   // Bytes of one cache page [page_size, entry] on the host (the CUDA driver copies it down).
   std::function<const uint8_t*(int64_t block)> page;
 };
@@ -41,6 +47,13 @@ struct KindReport {
   int64_t max_keys = 0;    // most keys one sampled token attended to
   double kappa_needed = 0; // largest Comparison::kappa_needed of the samples
 };
+
+// A quantised layer output of T rows, W values each (quantize_output's layouts with M_pad = T: codes
+// [T, W] e4m3 or [T, W / 2] packed e2m1; group scales f32 [W / G, T]; nvfp4 scales e4m3 [T, W / 16];
+// `scale` the fp8 static or nvfp4 global scale) into its values and, per value, one code step: the gap
+// from its code to the next code up, in value units.
+void dequantize_output(OutputQuant key, const uint8_t* codes, const void* scales, float scale, int64_t T, int64_t W,
+                       double* values, double* steps);
 
 class OracleCheck {
  public:
@@ -60,6 +73,8 @@ class OracleCheck {
   // Checks the picked tokens of one step and the finiteness of all its outputs.
   void check(const StepData& step, const std::vector<int64_t>& tokens);
 
+  // The fp8 cache's scale from now on (the layer's calibrated one, --kv-scales auto).
+  void set_fp8_scale(float scale) { config_.fp8_scale = scale; }
   bool enabled() const { return config_.samples > 0; }
   bool passed() const { return failures_.empty() && total_samples() > 0; }
   int64_t total_samples() const;

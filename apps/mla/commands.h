@@ -40,6 +40,8 @@ struct RunOptions {
   int dcp = 1;             // ranks of a decode-context-parallel group (threads of this process)
   int dcp_interleave = 1;  // consecutive positions per rank turn
   bool dcp_procs = false;  // one process per rank (this process launches them), not threads
+  std::string out_quant = "none";  // the layer's output format (mla::OutputQuant key)
+  std::string kv_scales = "fixed";  // fixed, or auto: the fp8 cache's scale from the first batch
   std::set<std::string> given;  // long names of the options on the command line (irrelevant ones are refused)
 };
 CLI::App* add_run_command(CLI::App& app, RunOptions& options);

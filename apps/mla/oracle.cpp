@@ -119,9 +119,10 @@ double bf16_ulp(double x) {  // one unit in the last place of bf16 at |x|, floor
 }
 }  // namespace
 
-Comparison compare_bf16(const std::vector<double>& got, const std::vector<double>& ref, const Tolerance& tol) {
+Comparison compare_bf16(const std::vector<double>& got, const std::vector<double>& ref, const Tolerance& tol,
+                        const std::vector<double>* extra) {
   Comparison c;
-  if (got.size() != ref.size()) {
+  if (got.size() != ref.size() || (extra && extra->size() != got.size())) {
     c.ok = false;
     c.problem = fmt::format("{} outputs against {} reference values", got.size(), ref.size());
     return c;
@@ -140,7 +141,7 @@ Comparison compare_bf16(const std::vector<double>& got, const std::vector<double
       return c;
     }
     const double err = std::fabs(g - r);
-    const double base = 2.0 * std::fabs(bf16_round(r) - r) + bf16_ulp(r);
+    const double base = 2.0 * std::fabs(bf16_round(r) - r) + bf16_ulp(r) + (extra ? (*extra)[i] : 0.0);
     const double bound = base + row_term;
     c.max_abs_err = std::max(c.max_abs_err, err);
     if (c.max_ref > 0) c.kappa_needed = std::max(c.kappa_needed, (err - base) / (0x1.0p-8 * c.max_ref));

@@ -65,6 +65,9 @@ struct Comparison {
   double kappa_needed = 0;  // smallest kappa under which this row passes (how much of the allowance is used)
   std::string problem;  // non-empty when !ok: what went wrong, for the message
 };
-Comparison compare_bf16(const std::vector<double>& got, const std::vector<double>& ref, const Tolerance& tol);
+// extra (optional, one per element): an allowance added to each element's bound (a quantised output's
+// one code step, docs/CLI.md "--out-quant").
+Comparison compare_bf16(const std::vector<double>& got, const std::vector<double>& ref, const Tolerance& tol,
+                        const std::vector<double>* extra = nullptr);
 
 }  // namespace mla::app

@@ -38,6 +38,11 @@ constexpr float kFp8Scale = 1.0f / 200.0f;
 // 1/200 (amax 2.24) saturates them (the fp8 cache's own error 0.25 / 0.34 rel-L2 on the V3 / V2-Lite
 // fixtures); 1/50 .. 1/5 all give the e4m3 floor (5.1e-2 / 3.2e-2). 1/16: amax 28, exact.
 constexpr float kBlockFp8Scale = 1.0f / 16.0f;
+// --out-quant fp8's static scale and nvfp4's global scale for the trace's outputs (weighted averages of
+// up-projected values of magnitude below ~2): fp8 represents |x| <= 448 / 64 = 7 unsaturated; nvfp4's
+// global scale is vLLM's 448 * 6 / amax for an amax of 4.
+constexpr float kOutFp8Scale = 1.0f / 64.0f;
+constexpr float kOutNvfp4GlobalScale = 448.0f * 6.0f / 4.0f;
 // Options that only matter with another one are refused when given without it (whatever their value),
 // so that a command line never means less than it says.
 void check_relevance(const RunOptions& o) {
@@ -61,6 +66,9 @@ void check_relevance(const RunOptions& o) {
     throw Error(fmt::format("--dcp-interleave {} applies to a DCP group: give --dcp N with N >= 2 too",
                             o.dcp_interleave));
   if (o.dcp_procs && o.dcp < 2) throw Error("--dcp-procs needs --dcp N with N >= 2");
+  if ((given("--out-quant") || given("--kv-scales")) && (block || o.dcp > 1))
+    throw Error("--out-quant and --kv-scales apply to the bare layer on one rank, not to --checkpoint / --block "
+                "(the block quantises o_proj's input itself when its weights are fp8) or --dcp");
 }
 
 RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
@@ -170,6 +178,20 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
     c.notes.push_back("--cache fp8 with --sparse means fp8_ds_mla (as in vLLM's sparse backend)");
   }
   c.fp8_scale = c.format == CacheFormat::fp8 ? (block.enabled ? kBlockFp8Scale : kFp8Scale) : 1.0f;
+  c.out_quant = parse_output_quant(o.out_quant);
+  c.out_scale = c.out_quant == OutputQuant::fp8 ? kOutFp8Scale
+                : c.out_quant == OutputQuant::nvfp4 ? kOutNvfp4GlobalScale
+                                                    : 1.0f;
+  if (c.out_quant == OutputQuant::fp8 || c.out_quant == OutputQuant::nvfp4)
+    c.notes.push_back(fmt::format("--out-quant {}: {} scale {}", o.out_quant,
+                                  c.out_quant == OutputQuant::fp8 ? "static" : "global", c.out_scale));
+  if (o.kv_scales != "fixed" && o.kv_scales != "auto")
+    throw Error(fmt::format("--kv-scales: expected fixed or auto, got '{}'", o.kv_scales));
+  c.kv_scales = o.kv_scales == "auto" ? KvScales::from_first_batch : KvScales::fixed;
+  if (c.kv_scales == KvScales::from_first_batch && c.format != CacheFormat::fp8)
+    throw Error(fmt::format("--kv-scales auto sets the one scale of the per-tensor fp8 cache (--cache fp8); the {} "
+                            "cache has none to set",
+                            to_string(c.format)));
 
   c.steps = pick(o.steps, def.steps);
   c.check_samples = pick(o.check_samples, def.check_samples);
@@ -295,6 +317,16 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                                           "spawns N copies of itself, wired through RANK, WORLD_SIZE, LOCAL_RANK and "
                                           "MLA_DCP_RENDEZVOUS; a failing rank stops the others). A process started "
                                           "with those variables set (e.g. by torchrun) runs as that rank");
+  cmd->add_option("--out-quant", o.out_quant,
+                  "Format the layer writes its output in: none, fp8 (static scale), fp8_group128 / fp8_group64 "
+                  "(dynamic per-token group scales), nvfp4; checked against quantize(oracle) within one code")
+      ->check(CLI::IsMember({"none", "fp8", "fp8_group128", "fp8_group64", "nvfp4"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-scales", o.kv_scales,
+                  "fp8 cache scale: fixed (1/200), or auto: max |kv_c| / 200 of the first batch (vLLM's "
+                  "calc_kv_scales), fixed from then on")
+      ->check(CLI::IsMember({"fixed", "auto"}))
+      ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the trace, the inputs and the weights")
       ->check(uint64_value())
       ->capture_default_str();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "check.h"
 #include "commands.h"
@@ -52,6 +53,9 @@ LayerOptions layer_options(const RunConfig& cfg) {
   lo.sparse = cfg.sparse;
   lo.device = cfg.device;
   lo.dtype = DType::bf16;
+  lo.out_quant = cfg.out_quant;
+  lo.out_scale = cfg.out_scale;
+  lo.kv_scales = cfg.kv_scales;
   return lo;
 }
 
@@ -139,7 +143,7 @@ class TraceRunner {
   void check(const StepBatch& batch, const Plan& plan, const std::vector<int64_t>& tokens);
   void compute_indexer_topk(const StepBatch& batch, int64_t index);
   const int32_t* host_topk(int64_t T);
-  double forward_one(const Plan& plan, const ForwardArgs& args, int64_t T, int64_t index);
+  double forward_one(const Plan& plan, const ForwardArgs& args, int64_t index);
   void record(const StepBatch& batch, const Plan& plan, double secs);
 
   const RunConfig& cfg_;
@@ -154,6 +158,11 @@ class TraceRunner {
   PinnedBuffer meta_staging_;  // the plan's metadata, written once per step ...
   Tensor meta_;                // ... and uploaded here once: every layer's forward() reads it
   Staged q_, kv_c_, k_pe_, out_, slots_, block_table_, seq_lens_, topk_;
+  // --out-quant: the layer's codes and scales (quantize_output's layouts for the step's T rows), and
+  // their dequantised values and code steps for the check.
+  int64_t out_width_ = 0;
+  Staged qcodes_, qscales_;
+  std::vector<double> qvalues_, qsteps_;
   // The lightning indexer (sparse runs with real_indexer): its K cache shares the latent cache's
   // block ids; per step the new tokens' random indexer keys are written, each request's keys gathered,
   // and its tokens' logits and top-k rows computed from random fp8 indexer queries.
@@ -196,6 +205,14 @@ TraceRunner::TraceRunner(const RunConfig& cfg)
       block_table_({cfg.trace.max_num_seqs * cfg.trace.max_blocks_per_request()}, DType::i32, cfg.device),
       seq_lens_({cfg.trace.max_num_seqs}, DType::i32, cfg.device),
       topk_({std::max<int64_t>(1, cfg.trace.token_budget * topk_width_)}, DType::i32, cfg.device),
+      out_width_(H_ * V_),
+      qcodes_({cfg.out_quant == OutputQuant::none ? 1
+                                                  : cfg.trace.token_budget * (cfg.out_quant == OutputQuant::nvfp4
+                                                                                  ? out_width_ / 2 : out_width_)},
+              cfg.out_quant == OutputQuant::nvfp4 ? DType::u8 : DType::fp8_e4m3, cfg.device),
+      qscales_({std::max<int64_t>(1, output_quant_group(cfg.out_quant) == 0
+                                          ? 0 : cfg.trace.token_budget * out_width_ / output_quant_group(cfg.out_quant))},
+               cfg.out_quant == OutputQuant::nvfp4 ? DType::fp8_e4m3 : DType::f32, cfg.device),
       ik_({cfg.real_indexer ? cfg.trace.token_budget : 1, kIndexerHeadDim}, DType::bf16, cfg.device),
       iq_({cfg.real_indexer ? cfg.trace.token_budget : 1, kIndexerHeads, kIndexerHeadDim}, DType::fp8_e4m3,
           cfg.device),
@@ -323,6 +340,12 @@ ForwardArgs TraceRunner::forward_args(const StepBatch& batch) const {
   args.seq_lens = seq_lens_.dev_view({Rq});
   if (cfg_.sparse) args.topk_indices = topk_.dev_view({T, topk_width_});
   args.out = out_.dev_view({T, H_ * V_});
+  if (const OutputQuant k = cfg_.out_quant; k != OutputQuant::none) {
+    const int64_t G = output_quant_group(k);
+    args.out = qcodes_.dev_view({T, k == OutputQuant::nvfp4 ? out_width_ / 2 : out_width_});
+    if (k == OutputQuant::nvfp4) args.out_scales = qscales_.dev_view({T, out_width_ / 16});
+    else if (G > 0) args.out_scales = qscales_.dev_view({out_width_ / G, T});
+  }
   args.metadata = meta_.view();
   return args;
 }
@@ -348,7 +371,7 @@ bool TraceRunner::step(int64_t index) {
                          out_.h<uint16_t>(), index == 0 && cfg_.cuda);
     out_.upload({T, H_ * V_});  // check() downloads it again
   } else {
-    secs = forward_one(plan, args, T, index);
+    secs = forward_one(plan, args, index);
   }
   record(batch, plan, secs);
   if (checker_.enabled())
@@ -369,7 +392,7 @@ bool TraceRunner::step(int64_t index) {
 }
 
 // The single layer's timed step (with an untimed warm-up first on CUDA).
-double TraceRunner::forward_one(const Plan& plan, const ForwardArgs& args, int64_t T, int64_t index) {
+double TraceRunner::forward_one(const Plan& plan, const ForwardArgs& args, int64_t index) {
   const TensorView ws = workspace_.view();
   if (index == 0 && cfg_.cuda) {
     // Untimed warm-up (library handles, first launches). Rewriting the same rows is idempotent.
@@ -377,7 +400,9 @@ double TraceRunner::forward_one(const Plan& plan, const ForwardArgs& args, int64
     layer_.forward(plan, args, cache_.cache, ws);
     synchronize(cfg_.device);
   }
-  poison(args.out.data, cfg_.device, static_cast<std::size_t>(T * H_ * V_) * sizeof(uint16_t));
+  poison(args.out.data, cfg_.device, static_cast<std::size_t>(args.out.span_bytes()));
+  if (args.out_scales.defined())
+    poison(args.out_scales.data, cfg_.device, static_cast<std::size_t>(args.out_scales.span_bytes()));
   synchronize(cfg_.device);
 
   // The timed step: one metadata upload, then the layer (an engine runs every layer here).
@@ -385,7 +410,10 @@ double TraceRunner::forward_one(const Plan& plan, const ForwardArgs& args, int64
   upload_step_metadata(plan, meta_staging_.view(), meta_.view());
   layer_.forward(plan, args, cache_.cache, ws);
   synchronize(cfg_.device);
-  return seconds_since(t0);
+  const double secs = seconds_since(t0);
+  // --kv-scales auto: once the layer calibrated, its scale is the cache's (the check reads rows with it).
+  if (const std::optional<float> scale = layer_.kv_scale()) checker_.set_fp8_scale(*scale);
+  return secs;
 }
 
 void TraceRunner::record(const StepBatch& batch, const Plan& plan, double secs) {
@@ -403,7 +431,20 @@ void TraceRunner::record(const StepBatch& batch, const Plan& plan, double secs) 
 }
 
 void TraceRunner::check(const StepBatch& batch, const Plan& plan, const std::vector<int64_t>& tokens) {
-  out_.download({batch.num_tokens(), H_ * V_});
+  const int64_t T = batch.num_tokens();
+  const OutputQuant k = cfg_.out_quant;
+  if (k == OutputQuant::none) {
+    out_.download({T, H_ * V_});
+  } else {
+    const int64_t code_bytes = T * (k == OutputQuant::nvfp4 ? out_width_ / 2 : out_width_);
+    qcodes_.download({code_bytes});
+    const int64_t G = output_quant_group(k);
+    if (G > 0) qscales_.download({T * out_width_ / G});
+    qvalues_.resize(static_cast<std::size_t>(T * out_width_));
+    qsteps_.resize(qvalues_.size());
+    dequantize_output(k, qcodes_.h<uint8_t>(), qscales_.host.data(), cfg_.out_scale, T, out_width_, qvalues_.data(),
+                      qsteps_.data());
+  }
   std::map<int64_t, std::vector<uint8_t>> pages;  // device pages copied to the host for this check
   StepData sd;
   sd.batch = &batch;
@@ -414,6 +455,10 @@ void TraceRunner::check(const StepBatch& batch, const Plan& plan, const std::vec
   sd.topk = cfg_.sparse ? host_topk(batch.num_tokens()) : nullptr;
   sd.topk_width = topk_width_;
   sd.out = out_.h<uint16_t>();
+  if (k != OutputQuant::none) {
+    sd.out_values = qvalues_.data();
+    sd.out_code_step = qsteps_.data();
+  }
   sd.page = [&](int64_t block) -> const uint8_t* {
     if (dcp_) return dcp_->page(batch, block);
     const TensorView blk = cache_.cache.data.select(0, block);

@@ -48,6 +48,12 @@ struct RunConfig {
   // One process per rank (--dcp-procs, or RANK / WORLD_SIZE in the environment): this process is rank
   // dcp_rank of the group; device is its GPU (--device + LOCAL_RANK). -1: ranks are threads.
   int dcp_rank = -1;
+  // --out-quant: the layer writes its output in this format (out_scale: fp8's static / nvfp4's global
+  // scale); the check compares the dequantised output with the oracle within one code step.
+  OutputQuant out_quant = OutputQuant::none;
+  float out_scale = 1.0f;
+  // --kv-scales auto: the fp8 cache's scale from the first batch (LayerOptions::kv_scales).
+  KvScales kv_scales = KvScales::fixed;
   std::vector<std::string> notes;  // defaults and aliases worth telling the user about
 };
 

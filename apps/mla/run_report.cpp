@@ -87,6 +87,9 @@ void print_header(const RunConfig& c) {
   fmt::print("  backend {}: {}\n", c.cuda ? "cuda" : "cpu", c.device_name);
   fmt::print("  trace: {} requests over up to {} steps, {} tokens per step, {} running, context <= {}, seed {}\n",
              c.trace.num_requests, c.steps, c.trace.token_budget, c.trace.max_num_seqs, c.trace.max_context, c.seed);
+  if (c.out_quant != OutputQuant::none || c.kv_scales != KvScales::fixed)
+    fmt::print("  output {}, fp8 cache scale {}\n", to_string(c.out_quant),
+               c.kv_scales == KvScales::fixed ? "fixed" : "from the first batch (--kv-scales auto)");
   for (const auto& n : c.notes) fmt::print("  note: {}\n", n);
   std::fflush(stdout);
 }
@@ -139,8 +142,11 @@ void print_summary(const RunConfig& c, const RunStats& s, const OracleCheck& che
   }
 
   fmt::print("\noracle check: float64 naive MHA with explicit kv_b_proj up-projection over the keys each token may "
-             "see;\n  bound per element = 2|bf16(ref)-ref| + ulp_bf16(ref) + {:g} * 2^-8 * max|ref of the token|\n",
-             check.tolerance().kappa);
+             "see;\n  bound per element = 2|bf16(ref)-ref| + ulp_bf16(ref) + {:g} * 2^-8 * max|ref of the token|{}\n",
+             check.tolerance().kappa,
+             c.out_quant == OutputQuant::none
+                 ? ""
+                 : fmt::format(" + one {} code step (the dequantised output)", to_string(c.out_quant)));
   if (!check.enabled()) {
     fmt::print("  skipped (--check-samples 0)\n");
     return;
@@ -188,6 +194,8 @@ void write_json(OutputFile& out, const RunConfig& c, const RunStats& s, const Or
                  {"topk_source", c.sparse ? (c.real_indexer ? "indexer" : "synthetic") : ""},
                  {"sparse_prefill", sparse_prefill_name(c)},
                  {"cache", to_string(c.format)},
+                 {"out_quant", to_string(c.out_quant)},
+                 {"kv_scales", c.kv_scales == KvScales::fixed ? "fixed" : "auto"},
                  {"page_size", c.trace.page_size},
                  {"steps", c.steps},
                  {"requests", c.trace.num_requests},

@@ -5,10 +5,47 @@
 // weight blocks). Each runs on the CPU (computed in float64 per element; the GEMM accumulates in
 // float64 with Precision::reference) and on CUDA. Arguments are validated before anything is written
 // (mla::Error); rows are the first dim, columns unit-stride.
+#include <cstdint>
+#include <string>
+
 #include "mla/tensor.h"
 #include "mla/types.h"
 
 namespace mla {
+
+// Formats of a quantised activation written for the next GEMM's input (the attention layer's output,
+// LayerOptions::out_quant; docs/SEMANTICS.md §15). Keys as the CLI and Python spell them:
+//   none          the activation dtype (no quantisation)
+//   fp8           e4m3 codes with one static fp32 scale given by the caller: code = e4m3(x / scale)
+//   fp8_group128  e4m3 codes, one dynamic fp32 scale per token and 128 columns (DeepSeek's o_proj input)
+//   fp8_group64   the same with groups of 64 columns
+//   nvfp4         e2m1 codes packed two per byte, one e4m3 scale per 16 columns and the caller's fp32
+//                 global scale (NVIDIA's NVFP4 storage convention)
+enum class OutputQuant : uint8_t { none = 0, fp8 = 1, fp8_group128 = 2, fp8_group64 = 3, nvfp4 = 4 };
+const char* to_string(OutputQuant q);
+// The key's enum value; throws mla::Error naming every key for anything else.
+OutputQuant parse_output_quant(const std::string& key);
+// Throws mla::Error naming the keys unless `q` is one of the enum's values.
+void check_output_quant(OutputQuant q, const char* what);
+// Columns that share one scale: 128, 64 or 16 (nvfp4); 0 for fp8 (one scale) and none.
+int64_t output_quant_group(OutputQuant q);
+
+// Quantises x [M, K] into `key`'s format (docs/SEMANTICS.md §15: the rounding, NaN and zero rules):
+//   fp8           codes fp8_e4m3 [M_pad, K]; scales undefined; `scale` > 0 finite (the static scale)
+//   fp8_group128  codes fp8_e4m3 [M_pad, K]; scales f32 [K / 128, M_pad] contiguous, group-major
+//   fp8_group64     (quantize_fp8_groups' layout, which gemm_fp8_block reads); K a multiple of the group;
+//                   `scale` unused
+//   nvfp4         codes u8 [M_pad, K / 2] (element 2i in the low nibble of byte i, 2i + 1 in the high);
+//                 scales fp8_e4m3 [M_pad, K / 16] unit inner stride; `scale` > 0 finite (the global scale);
+//                 K a multiple of 16
+// x: float (CUDA: bf16, f16 or f32), unit column stride. M_pad >= M: rows M .. M_pad - 1 are padding,
+// written as zero codes (scale 1 for the group keys, scale code 0 for nvfp4). `none` is refused.
+void quantize_output(const TensorView& x, OutputQuant key, const TensorView& codes, const TensorView& scales,
+                     float scale, const Context& ctx = {});
+
+// out[0] = max |x| over x [M, K] (float, unit column stride) as f32, NaN when any element is NaN;
+// out: f32 [1] on x's device. 0 for an empty x.
+void abs_max(const TensorView& x, const TensorView& out, const Context& ctx = {});
 
 // y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight, per row in float64 (CPU) / float32 (CUDA),
 // rounded once into y's dtype.

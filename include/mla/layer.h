@@ -10,11 +10,15 @@
 //                   prefills through an upconverted bf16 workspace unless the mixed-batch mode applies.
 // Plan once per step, run every layer with the plan (mla/plan.h, mla/step.h): the caller makes the
 // Plan, uploads its metadata once (upload_step_metadata) and passes the device copy to each layer's
-// forward(). forward() never allocates, never synchronises the host and never uploads: all scratch
+// forward(). forward() never allocates, never synchronises the host (except once, in the step that
+// calibrates KvScales::from_first_batch) and never uploads: all scratch
 // lives in a caller-owned workspace of workspace_bytes(plan) bytes, and every step kind (decode,
 // prefill, mixed, sparse) can be captured in a CUDA graph together with the upload.
 #include <cstddef>
 
+#include <optional>
+
+#include "mla/block_ops.h"
 #include "mla/cache.h"
 #include "mla/ops.h"
 #include "mla/plan.h"
@@ -23,6 +27,14 @@
 #include "mla/types.h"
 
 namespace mla {
+
+// Where the per-tensor fp8 cache's scale comes from (docs/SEMANTICS.md §16).
+enum class KvScales : uint8_t {
+  fixed = 0,             // KVCache::scale as the caller passes it, every step
+  from_first_batch = 1,  // vLLM's calc_kv_scales: the first step with a nonzero latent sets
+                         // scale = max|kv_c| / 200 from its actual tokens; fixed from then on
+};
+const char* to_string(KvScales k);
 
 struct LayerOptions {
   ModelDims dims;
@@ -39,6 +51,15 @@ struct LayerOptions {
   // and forward() takes plans made with PlannerConfig::dcp = {W, rank, interleave}: decode steps
   // all-gather q over the group's heads, attend the shard and combine the partials. nullptr = no DCP.
   Communicator* dcp_comm = nullptr;
+  // The output's format (mla/block_ops.h OutputQuant, docs/SEMANTICS.md §15): none writes `out` in the
+  // layer dtype; any other key writes ForwardArgs::out as that format's codes and out_scales as its
+  // scales, equal to quantize_output(the unquantised output). h_q * V must be a multiple of the key's
+  // group (128, 64 or 16).
+  OutputQuant out_quant = OutputQuant::none;
+  // fp8: the static scale (code = e4m3(x / out_scale)); nvfp4: the global scale; unused otherwise.
+  float out_scale = 1.0f;
+  // fp8 (per-tensor) caches only: from_first_batch calibrates the cache scale from the data (§16).
+  KvScales kv_scales = KvScales::fixed;
 };
 
 // Tensors of one step. T = plan.num_tokens (rows beyond num_actual_tokens are padding and ignored).
@@ -50,7 +71,14 @@ struct ForwardArgs {
   TensorView block_table;   // [num_reqs, max_blocks] int32
   TensorView seq_lens;      // [num_reqs] int32, device copy of plan.seq_lens
   TensorView topk_indices;  // sparse only: [T, topk] int32 request-local positions, -1 padded
-  TensorView out;           // [T, h_q * V] written for the first num_actual_tokens rows
+  // out_quant none: [T, h_q * V] in the layer dtype, written for the first num_actual_tokens rows.
+  // Quantised (LayerOptions::out_quant): [T_out, h_q * V] fp8_e4m3 codes (nvfp4: u8 [T_out, h_q * V / 2])
+  // with T_out >= num_actual_tokens; rows past num_actual_tokens are written as padding (zero codes).
+  TensorView out;
+  // Quantised output's scales (quantize_output's layouts with M_pad = T_out): fp8_group128 / 64 f32
+  // [h_q * V / G, T_out] contiguous (gemm_fp8_block's token scales), nvfp4 fp8_e4m3 [T_out, h_q * V / 16];
+  // undefined for none and fp8 (its scale is LayerOptions::out_scale).
+  TensorView out_scales;
   // u8 [>= plan.metadata.bytes()] on the layer's device: the plan's metadata as upload_step_metadata
   // copied it (contiguous, 16-byte aligned). May be absent when the plan has none (dense decode-only)
   // and on the CPU (the layer then reads the plan's host copy).
@@ -80,9 +108,18 @@ class MlaAttention {
   void forward(const Plan& plan, const ForwardArgs& args, const KVCache& cache, const TensorView& workspace,
                const Context& ctx = {}) const;
 
+  // KvScales::from_first_batch: the calibrated cache scale once a step has set it (nullopt before, and
+  // always with KvScales::fixed). Every later step reads and writes the cache with this scale, whatever
+  // KVCache::scale the caller passes; other readers of the cache must use it too.
+  std::optional<float> kv_scale() const { return kv_scale_; }
+
  private:
   LayerOptions options_;
   Tensor w_uk_t_, w_uv_, w_kv_b_;
+  // Set by the first calibrating forward() (which synchronises the host once to read the batch's
+  // max |kv_c|); read by every later one, which then needs no host sync (graph capture safe).
+  mutable std::optional<float> kv_scale_;
+  void calibrate_kv_scale(const TensorView& kv_c, uint8_t* slot, const Context& ctx) const;
 };
 
 }  // namespace mla

@@ -572,6 +572,23 @@ class KVCache:
     def validate(self) -> None:
         """Check the descriptor against its tensor (shape [blocks, page, row], dtype, strides); raises ValueError."""
 
+class KvScales:
+    """Where an fp8 cache's scale comes from (LayerOptions.kv_scales; docs/SEMANTICS.md §16).
+    
+    Members:
+    
+      fixed
+    
+      from_first_batch"""
+    fixed: ClassVar[KvScales]
+    from_first_batch: ClassVar[KvScales]
+    def __init__(self, value: int) -> None: ...
+    def __int__(self) -> int: ...
+    @property
+    def value(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+
 class LayerOptions:
     """Options of an MlaAttention layer: dims, sparse, cache format, device, dtype of weights and activations (keyword constructor)."""
     def __init__(self, **kwargs: Any) -> None:
@@ -602,6 +619,21 @@ class LayerOptions:
     @dtype.setter
     def dtype(self, value: DType) -> None: ...
     @property
+    def kv_scales(self) -> KvScales:
+        ...
+    @kv_scales.setter
+    def kv_scales(self, value: KvScales) -> None: ...
+    @property
+    def out_quant(self) -> OutputQuant:
+        ...
+    @out_quant.setter
+    def out_quant(self, value: OutputQuant) -> None: ...
+    @property
+    def out_scale(self) -> float:
+        ...
+    @out_scale.setter
+    def out_scale(self, value: float) -> None: ...
+    @property
     def sparse(self) -> bool:
         ...
     @sparse.setter
@@ -611,8 +643,11 @@ class MlaAttention:
     """One MLA attention layer (RoPE'd q, kv_c, k_pe in; attention output before o_proj out)."""
     def __init__(self, options: LayerOptions, kv_b_proj_weight: TensorLike, dcp_comm: Communicator = ...) -> None:
         """dcp_comm: this rank's mla.Communicator of a DCP group (docs/SCALE.md): options.dims.num_heads are the rank's heads, kv_b_proj_weight their rows, and plans come from a PlannerConfig with dcp set."""
-    def forward(self, plan: Plan, cache: KVCache, workspace: TensorLike, *, q: TensorLike, kv_c: TensorLike, k_pe: TensorLike, slot_mapping: TensorLike, block_table: TensorLike, seq_lens: TensorLike, out: TensorLike, topk_indices: TensorLike = ..., metadata: TensorLike = ..., stream: Any = ..., precision: Precision = ...) -> None:
-        """Run one step (mla/layer.h ForwardArgs): writes the cache at slot_mapping and out [T, h_q * V]."""
+    def forward(self, plan: Plan, cache: KVCache, workspace: TensorLike, *, q: TensorLike, kv_c: TensorLike, k_pe: TensorLike, slot_mapping: TensorLike, block_table: TensorLike, seq_lens: TensorLike, out: TensorLike, topk_indices: TensorLike = ..., metadata: TensorLike = ..., out_scales: TensorLike = ..., stream: Any = ..., precision: Precision = ...) -> None:
+        """Run one step (mla/layer.h ForwardArgs): writes the cache at slot_mapping and out [T, h_q * V]; with options.out_quant, out holds the codes (fp8_e4m3 / u8 [T_out, h_q * V], nvfp4 u8 [T_out, h_q * V / 2], T_out >= the actual tokens) and out_scales the scales (group keys f32 [h_q * V / G, T_out], nvfp4 e4m3 [T_out, h_q * V / 16])."""
+    @property
+    def kv_scale(self) -> Optional[float]:
+        ...
     def max_workspace_bytes(self, config: PlannerConfig, max_num_tokens: int) -> int:
         """Bytes of a workspace that serves every plan of `config` with at most max_num_tokens tokens."""
     @property
@@ -694,6 +729,32 @@ class ModelDims:
     def v_head_dim(self, value: int) -> None: ...
     def validate(self) -> None:
         """Check the dimensions; raises ValueError naming the bad one."""
+
+class OutputQuant:
+    """Format of the layer's output (LayerOptions.out_quant; docs/SEMANTICS.md §15).
+    
+    Members:
+    
+      none
+    
+      fp8
+    
+      fp8_group128
+    
+      fp8_group64
+    
+      nvfp4"""
+    none: ClassVar[OutputQuant]
+    fp8: ClassVar[OutputQuant]
+    fp8_group128: ClassVar[OutputQuant]
+    fp8_group64: ClassVar[OutputQuant]
+    nvfp4: ClassVar[OutputQuant]
+    def __init__(self, value: int) -> None: ...
+    def __int__(self) -> int: ...
+    @property
+    def value(self) -> int: ...
+    @property
+    def name(self) -> str: ...
 
 class Plan:
     """One step's plan (make_plan); read-only. Nested objects (config, split, context, ...) are references: editing them voids the seal and MlaAttention.forward refuses the plan."""
@@ -1063,6 +1124,9 @@ class VariantInfo:
     def name(self) -> str:
         ...
 
+def abs_max(x: TensorLike, out: TensorLike, *, stream: Any = ...) -> None:
+    """out [1] f32 = max |x| over x [M, K] (NaN when any element is NaN)."""
+
 def allocate_cache(format: CacheFormat, num_blocks: int, page_size: int, device: Any = ..., scale: float = ..., d_qk: int = ..., d_rope: int = ...) -> KVCache:
     """Allocate a cache (contents undefined); .data is the mla.Tensor holding it."""
 
@@ -1246,6 +1310,9 @@ def process_group(device: Any = ..., *, peer: bool = ...) -> Communicator:
 
 def process_group_env() -> Any:
     """RANK / WORLD_SIZE / LOCAL_RANK / MLA_DCP_RENDEZVOUS / timeout from the environment as a dict (None if unset)."""
+
+def quantize_output(x: TensorLike, key: Any, codes: TensorLike, scales: TensorLike = ..., scale: float = ..., *, stream: Any = ...) -> None:
+    """Quantise x [M, K] into codes / scales in the key's format (docs/SEMANTICS.md §15): fp8 codes [M_pad, K] with the static `scale`; fp8_group128 / fp8_group64 codes [M_pad, K] and f32 scales [K / G, M_pad]; nvfp4 u8 codes [M_pad, K / 2] and e4m3 scales [M_pad, K / 16] with the global `scale`. Rows past M are padding."""
 
 def reorder_decodes_first(num_computed_tokens: List[int], num_scheduled_tokens: List[int], decode_threshold: int) -> ReorderResult:
     """vLLM's batch reorder: per-request counts [R] -> ReorderResult (order with decodes first, and whether anything moved)."""

@@ -54,9 +54,10 @@ SCHEMAS = {
                        "Tensor(c!) k_out, float eps, bool hadamard) -> ()",
     "indexer_topk": "(Tensor logits, Tensor? row_starts, Tensor row_ends, Tensor(a!) out) -> ()",
     "indexer_topk_decode": "(Tensor logits, Tensor seq_lens, int s_q, Tensor(a!) out) -> ()",
+    "quantize_output": "(Tensor x, int key, Tensor(a!) codes, Tensor(b!)? scales, float scale) -> ()",
     "layer_forward": "(int layer, Tensor q, Tensor kv_c, Tensor k_pe, Tensor slot_mapping, Tensor block_table, "
                      "Tensor seq_lens, Tensor? topk_indices, Tensor(a!) out, Tensor(b!) cache, " + _CACHE
-                     + ", Tensor(c!) workspace, Tensor? metadata) -> ()",
+                     + ", Tensor(c!) workspace, Tensor? metadata, Tensor(d!)? out_scales=None) -> ()",
 }
 
 
@@ -110,10 +111,12 @@ IMPLS = {
     "indexer_prepare": _mla.indexer_prepare,
     "indexer_topk": _mla.indexer_topk,
     "indexer_topk_decode": _mla.indexer_topk_decode,
-    "layer_forward": lambda layer, q, kv_c, k_pe, slots, bt, sl, topk, out, cache, f, s, dq, dr, ws, meta:
-        _LAYERS[layer].forward(_STEP["plan"], _kv(cache, f, s, dq, dr), ws, q=q, kv_c=kv_c, k_pe=k_pe,
-                               slot_mapping=slots, block_table=bt, seq_lens=sl, out=out, topk_indices=topk,
-                               metadata=meta),
+    "quantize_output": lambda x, key, codes, scales, scale: _mla.quantize_output(
+        x, _mla.OutputQuant(key), codes, scales, scale),
+    "layer_forward": lambda layer, q, kv_c, k_pe, slots, bt, sl, topk, out, cache, f, s, dq, dr, ws, meta,
+    out_scales=None: _LAYERS[layer].forward(_STEP["plan"], _kv(cache, f, s, dq, dr), ws, q=q, kv_c=kv_c, k_pe=k_pe,
+                                            slot_mapping=slots, block_table=bt, seq_lens=sl, out=out,
+                                            topk_indices=topk, metadata=meta, out_scales=out_scales),
 }
 
 

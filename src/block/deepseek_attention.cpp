@@ -16,7 +16,8 @@
 //   q     [T, h * (P + R)]   dtype  q_nope | RoPE(q_pe) per head: MlaAttention's q
 //   kv_c  [T, L]             dtype  RMSNorm of the latent
 //   k_pe  [T, R]             dtype  RoPE(k_pe)
-//   attn  [Tp, h * V]        dtype  MlaAttention output (before o_proj)
+//   attn  [Tp, h * V]        dtype  MlaAttention output (before o_proj); unused with a w8a8 o_proj, whose
+//                                   input the layer writes quantised into `codes` / `scales` below
 //   w8a8 only (K = the widest input of an fp8 Linear):
 //   codes [Tp, K] e4m3, then scales [K / 128, Tp] f32   one projection's quantised activations
 //   o_pad [Tp, hidden]       dtype  o_proj output when T is not a multiple of 4 (copied into out)
@@ -286,6 +287,9 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
   lo.ds_scale = options.ds_scale;
   lo.device = options.device;
   lo.dtype = options.dtype;
+  // A w8a8 o_proj reads its input as 1 x 128 fp8 groups: the layer writes them itself (fused output
+  // quantisation, docs/SEMANTICS.md §15), with the same codes and scales quantize_fp8_groups gives.
+  if (o_.codes.defined()) lo.out_quant = OutputQuant::fp8_group128;
   attention_.emplace(lo, kv_b.view());
 }
 
@@ -484,16 +488,26 @@ void DeepseekAttention::forward(const Plan& plan, const DeepseekForwardArgs& a, 
   fa.seq_lens = a.seq_lens;
   fa.topk_indices = a.topk_indices;
   fa.metadata = a.metadata;
-  fa.out = attn.slice(0, 0, T);
+  if (o_.codes.defined()) {
+    // The layer writes o_proj's quantised input straight into the activation codes / scales that
+    // project() hands to gemm_fp8_block (round_up(t_act, 4) rows, padding rows zero).
+    const int64_t tp = padded_rows(t_act), k = o_.in;
+    fa.out = TensorView(act, DType::fp8_e4m3, {tp, k}, options_.device);
+    fa.out_scales = TensorView(act + region_bytes(tp, k, DType::fp8_e4m3, "fp8 activation codes"), DType::f32,
+                               {k / 128, tp}, options_.device);
+  } else {
+    fa.out = attn.slice(0, 0, T);
+  }
   attention_->forward(plan, fa, cache, inner, ctx);
   if (t_act == 0) return;
   const TensorView y = a.out.slice(0, 0, t_act);
+  const bool quantised = o_.codes.defined();
   if (!o_.codes.defined() || t_act % 4 == 0) {
-    project(o_, rows(attn), y, act, ctx);
+    project(o_, rows(attn), y, act, ctx, quantised);
   } else {
     // w8a8 writes round_up(t_act, 4) rows: into the padded scratch, then the actual rows into out
     // (apply_rope with rope_dim 0 is a converting copy).
-    project(o_, rows(attn), o_pad, act, ctx);
+    project(o_, rows(attn), o_pad, act, ctx, quantised);
     apply_rope(rows(o_pad).unsqueeze(1), y.unsqueeze(1), a.positions, inv_freq_t_.view().slice(0, 0, 0), 1.0, 0,
                false, ctx);
   }

@@ -78,6 +78,24 @@ inline uint8_t float_to_e4m3(float f) {
   if ((bits & 0x7f) == 0x7f) bits = 0x7e;  // 480 is NaN's code: saturate to 448
   return sign | bits;
 }
+// e2m1 (NVFP4's element, a 4-bit code: sign in bit 3, then 2 exponent bits and 1 mantissa bit):
+// magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 for codes 0..7. float -> e2m1 rounds to nearest even (ties
+// 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturates beyond 6 and
+// +-inf to +-6, keeps the sign bit of every value (zero included) and maps NaN to 0x7 (+6).
+// The magnitude code (0..7) of a non-negative float; NaN -> 7. constexpr and free of library calls, so
+// the CUDA kernels share it (--expt-relaxed-constexpr).
+constexpr uint8_t e2m1_magnitude(float a) {
+  return a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 : a <= 2.5f ? 4 : a < 3.5f ? 5 : a <= 5.0f ? 6 : 7;
+}
+inline uint8_t float_to_e2m1(float f) {
+  if (std::isnan(f)) return 0x7;
+  return static_cast<uint8_t>((std::signbit(f) ? 0x8u : 0u) | e2m1_magnitude(std::fabs(f)));
+}
+inline float e2m1_to_float(uint8_t code) {
+  static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kMag[code & 0x7u];
+  return (code & 0x8u) ? -v : v;
+}
 // Value of e4m3 rounding as a float (quantise and back).
 inline float round_e4m3(float f) { return e4m3_to_float(float_to_e4m3(f)); }
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }

@@ -77,6 +77,86 @@ void quantize_fp8_groups(const TensorView& x, const TensorView& codes, const Ten
   }
 }
 
+namespace {
+
+// max |v| over values that propagates NaN (std::max and fmax drop it).
+float abs_max_nan(float m, float v) {
+  if (std::isnan(m)) return m;
+  const float a = std::fabs(v);
+  return (std::isnan(a) || a > m) ? a : m;
+}
+
+float value_at(const TensorView& x, int64_t t, int64_t j) {
+  return static_cast<float>(num::load(x.ptr_at({t, j}), x.dtype));
+}
+
+}  // namespace
+
+// docs/SEMANTICS.md §15. Every quantity is a float computed with IEEE float operations in this order,
+// so the CUDA kernels (quantize_output.cu) give the same bytes.
+void quantize_output(const TensorView& x, OutputQuant key, const TensorView& codes, const TensorView& scales,
+                     float scale, const Context&) {
+  const int64_t M = x.shape[0], K = x.shape[1], M_pad = codes.shape[0], G = output_quant_group(key);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < M_pad; ++t) {
+    auto* out = static_cast<uint8_t*>(codes.ptr_at({t, 0}));
+    const bool pad = t >= M;
+    switch (key) {
+      case OutputQuant::fp8:
+        for (int64_t j = 0; j < K; ++j) out[j] = pad ? uint8_t{0} : num::float_to_e4m3(value_at(x, t, j) / scale);
+        break;
+      case OutputQuant::fp8_group128:
+      case OutputQuant::fp8_group64: {
+        auto* sc = static_cast<float*>(scales.data);
+        for (int64_t g = 0; g < K / G; ++g) {
+          if (pad) {
+            std::fill(out + g * G, out + (g + 1) * G, uint8_t{0});
+            sc[g * M_pad + t] = 1.0f;
+            continue;
+          }
+          float amax = 0;
+          for (int64_t j = g * G; j < (g + 1) * G; ++j) amax = abs_max_nan(amax, value_at(x, t, j));
+          const float s = amax == 0.0f ? 1.0f : amax / 448.0f;
+          sc[g * M_pad + t] = s;
+          for (int64_t j = g * G; j < (g + 1) * G; ++j) out[j] = num::float_to_e4m3(value_at(x, t, j) / s);
+        }
+        break;
+      }
+      case OutputQuant::nvfp4: {
+        auto* sc = static_cast<uint8_t*>(scales.ptr_at({t, 0}));
+        for (int64_t b = 0; b < K / 16; ++b) {
+          if (pad) {
+            std::fill(out + b * 8, out + b * 8 + 8, uint8_t{0});
+            sc[b] = 0;
+            continue;
+          }
+          float amax = 0;
+          for (int64_t j = b * 16; j < b * 16 + 16; ++j) amax = abs_max_nan(amax, value_at(x, t, j));
+          const uint8_t s_code = num::float_to_e4m3(scale * (amax / 6.0f));
+          sc[b] = s_code;
+          const float s = num::e4m3_to_float(s_code);
+          const float m = s / scale;  // one code step of the block is m (dequantised: code * s / scale)
+          for (int64_t i = 0; i < 8; ++i) {
+            const int64_t j = b * 16 + 2 * i;
+            const uint8_t lo = s == 0.0f ? uint8_t{0} : num::float_to_e2m1(value_at(x, t, j) / m);
+            const uint8_t hi = s == 0.0f ? uint8_t{0} : num::float_to_e2m1(value_at(x, t, j + 1) / m);
+            out[b * 8 + i] = static_cast<uint8_t>(lo | (hi << 4));
+          }
+        }
+        break;
+      }
+      case OutputQuant::none: break;  // refused by the front end
+    }
+  }
+}
+
+void abs_max(const TensorView& x, const TensorView& out, const Context&) {
+  float m = 0;
+  for (int64_t t = 0; t < x.shape[0]; ++t)
+    for (int64_t j = 0; j < x.shape[1]; ++j) m = abs_max_nan(m, value_at(x, t, j));
+  *static_cast<float*>(out.data) = m;
+}
+
 void gemm_fp8_block(const TensorView& a, const TensorView& a_scales, const TensorView& w, const TensorView& w_scales,
                     const TensorView& c, const Context& ctx) {
   const int64_t M = a.shape[0], K = a.shape[1], N = w.shape[0];

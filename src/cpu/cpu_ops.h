@@ -2,6 +2,7 @@
 #pragma once
 // CPU backend entry points, called by the front ends in src/ops/ after validation (shapes, dtypes,
 // devices checked). float64 accumulation when ctx.precision == Precision::reference.
+#include "mla/block_ops.h"
 #include "mla/indexer.h"
 #include "mla/ops.h"
 

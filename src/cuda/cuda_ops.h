@@ -3,6 +3,7 @@
 // CUDA backend entry points, called by the front ends in src/ops/ after validation. Plain C++
 // declarations (no CUDA headers) so that src/ops/ compiles with the host compiler; only linked when
 // MLA_WITH_CUDA. ctx.stream is the cudaStream_t to launch on; nothing here synchronises.
+#include "mla/block_ops.h"
 #include "mla/indexer.h"
 #include "mla/ops.h"
 

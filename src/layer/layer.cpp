@@ -2,6 +2,7 @@
 // MlaAttention: weight absorption, workspace sizing, argument validation and the forward step
 // (docs/SEMANTICS.md §2). The step itself lives in dense.cpp / sparse.cpp; the workspace layout is
 // documented in layer_internal.h.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -9,6 +10,9 @@
 #include "core/index_view.h"
 #include "layer/layer_internal.h"
 #include "ops/validate.h"
+#if MLA_WITH_CUDA
+#include "runtime/device_api.h"
+#endif
 
 namespace mla {
 
@@ -17,6 +21,9 @@ using namespace layer_detail;
 namespace {
 
 constexpr const char* kFwd = "MlaAttention::forward";
+// vLLM's K_SCALE_CONSTANT: the calibrated scale maps max |kv_c| to 200 (below e4m3's 448, so values
+// up to 2.24x the first batch's maximum are still represented unsaturated).
+constexpr float kKScaleRange = 200.0f;
 
 void check_options(const LayerOptions& o) {
   // A DeviceType outside the enum is neither CPU nor CUDA: refused here, not taken for a CPU layer.
@@ -48,6 +55,23 @@ void check_options(const LayerOptions& o) {
               "MlaAttention: DCP needs the 576-wide latent rows (kv_lora_rank 512, rope 64), got {} and {}",
               o.dims.kv_lora_rank, o.dims.qk_rope_head_dim);
   }
+  check_output_quant(o.out_quant, "MlaAttention");
+  if (o.out_quant != OutputQuant::none) {
+    const int64_t group = output_quant_group(o.out_quant), width = int64_t{o.dims.num_heads} * o.dims.v_head_dim;
+    MLA_CHECK(group == 0 || width % group == 0,
+              "MlaAttention: out_quant {} takes scale groups of {} columns, but the output rows are h_q * V = {} wide",
+              to_string(o.out_quant), group, width);
+    if (o.out_quant == OutputQuant::fp8 || o.out_quant == OutputQuant::nvfp4)
+      MLA_CHECK(std::isfinite(o.out_scale) && o.out_scale > 0,
+                "MlaAttention: out_quant {} needs a finite out_scale > 0 (its {} scale), got {}", to_string(o.out_quant),
+                o.out_quant == OutputQuant::fp8 ? "static" : "global", o.out_scale);
+  }
+  MLA_CHECK(o.kv_scales == KvScales::fixed || o.kv_scales == KvScales::from_first_batch,
+            "MlaAttention: kv_scales must be fixed or from_first_batch, got the value {}", static_cast<int>(o.kv_scales));
+  MLA_CHECK(o.kv_scales == KvScales::fixed || o.cache_format == CacheFormat::fp8,
+            "MlaAttention: kv_scales from_first_batch sets the one scale of a per-tensor fp8 cache; a {} cache has "
+            "no such scale (fp8_ds_mla keeps a scale per 128-value tile of each row)",
+            to_string(o.cache_format));
   const CacheFormatInfo& f = cache_format_info(o.cache_format);
   MLA_CHECK(f.admits(o.dims.d_qk(), o.dims.qk_rope_head_dim),
             "MlaAttention: an {} cache needs kv_lora_rank {} and qk_rope_head_dim {}, got {} and {}", f.name,
@@ -101,7 +125,8 @@ void check_values(const Plan& p, const ForwardArgs& a, const KVCache& cache) {
 }
 
 void validate_forward(const LayerOptions& o, const Plan& p, const StepFacts& f, const ForwardArgs& a,
-                      const KVCache& cache, const TensorView& ws, int64_t need) {
+                      const KVCache& cache, const TensorView& ws, const WorkspaceLayout& layout) {
+  const int64_t need = layout.total;
   const Dims d = Dims::of(o);
   validate_cache(cache, kFwd);
   MLA_CHECK(cache.format == o.cache_format, "{}: the layer was built for a {} cache, got a {} cache", kFwd,
@@ -116,7 +141,11 @@ void validate_forward(const LayerOptions& o, const Plan& p, const StepFacts& f, 
   check_activation_arg(a.q, o, {T, d.h, d.P + d.R}, false, "q [T, h, P + R]");
   check_activation_arg(a.kv_c, o, {T, d.L}, false, "kv_c [T, L]");
   check_activation_arg(a.k_pe, o, {T, d.R}, false, "k_pe [T, R]");
-  check_activation_arg(a.out, o, {T, d.h * d.V}, true, "out [T, h * V]");
+  if (o.out_quant == OutputQuant::none) {
+    check_activation_arg(a.out, o, {T, d.h * d.V}, true, "out [T, h * V]");
+    MLA_CHECK(!a.out_scales.defined(), "{}: out_scales given, but the layer's out_quant is none: {}", kFwd,
+              a.out_scales.describe());
+  }
 
   check_int_arg(a.slot_mapping, o, 1, "slot_mapping");
   detail::check_index(a.slot_mapping, kFwd, "slot_mapping");
@@ -185,6 +214,13 @@ void validate_forward(const LayerOptions& o, const Plan& p, const StepFacts& f, 
             ws.describe());
   MLA_CHECK(need == 0 || reinterpret_cast<uintptr_t>(ws.data) % 16 == 0,
             "{}: workspace must be 16-byte aligned, got address {}", kFwd, ws.data);
+
+  if (o.out_quant != OutputQuant::none) {
+    // The quantised output is quantize_output(out_stage rows [0, t_act)) into out / out_scales.
+    const TensorView staged(static_cast<uint8_t*>(ws.data) + layout.out_stage.offset, o.dtype, {f.t_act, d.h * d.V},
+                            o.device);
+    detail::check_quantize_output(staged, o.out_quant, a.out, a.out_scales, o.out_scale, kFwd);
+  }
 
   if (o.device.is_cpu()) check_values(p, a, cache);
 }
@@ -273,16 +309,25 @@ void MlaAttention::forward(const Plan& plan, const ForwardArgs& args, const KVCa
   StepFacts facts = step_facts(plan, options_);
   const Dims dims = Dims::of(options_);
   const WorkspaceLayout layout = make_layout(plan_shape(plan, facts, options_), dims);
-  validate_forward(options_, plan, facts, args, cache, workspace, layout.total);
+  validate_forward(options_, plan, facts, args, cache, workspace, layout);
+
+  // §16: the calibrating step reads max |kv_c| of its actual tokens (a host sync) before anything is
+  // written; every step from then on reads and writes the cache with the calibrated scale.
+  KVCache step_cache = cache;
+  if (options_.kv_scales == KvScales::from_first_batch) {
+    if (!kv_scale_ && facts.t_act > 0) calibrate_kv_scale(args.kv_c.slice(0, 0, facts.t_act),
+                                                          workspace.data_as<uint8_t>() + layout.amax.offset, ctx);
+    if (kv_scale_) step_cache.scale = *kv_scale_;
+  }
 
   // Every kernel below reads the step's metadata from here; nothing is uploaded by forward().
   void* meta = args.metadata.defined() ? args.metadata.data : const_cast<int32_t*>(plan.metadata.data.data());
-  const Step s{options_, *this, plan, args, cache, ctx, dims, std::move(facts), layout, workspace.data_as<uint8_t>(),
-               meta};
+  const Step s{options_, *this, plan, args, step_cache, ctx, dims, std::move(facts), layout,
+               workspace.data_as<uint8_t>(), meta};
   // 1. New tokens enter the cache first: decode and sparse prefill read them from there (§2.1).
   ctx.mark("write_cache");
   if (args.slot_mapping.size(0) > 0)
-    write_cache(args.kv_c, args.k_pe, args.slot_mapping, cache, options_.ds_scale, ctx);
+    write_cache(args.kv_c, args.k_pe, args.slot_mapping, step_cache, options_.ds_scale, ctx);
   if (options_.sparse) {
     ctx.mark("sparse");
     run_sparse(s);
@@ -290,7 +335,37 @@ void MlaAttention::forward(const Plan& plan, const ForwardArgs& args, const KVCa
     run_dense_decode(s);
     run_dense_prefill(s);
   }
+  if (options_.out_quant != OutputQuant::none) {
+    // quantize(unfused output), §15: the staged rows [0, t_act) into out / out_scales, padding rows zero.
+    ctx.mark("out_quant");
+    quantize_output(s.unquantised_out(), options_.out_quant, args.out, args.out_scales, options_.out_scale, ctx);
+  }
   ctx.mark("end");
+}
+
+void MlaAttention::calibrate_kv_scale(const TensorView& kv_c, uint8_t* slot, const Context& ctx) const {
+  const TensorView amax(slot, DType::f32, {1}, options_.device);
+  abs_max(kv_c, amax, ctx);
+  float m = 0;
+  if (options_.device.is_cpu()) {
+    m = *amax.data_as<float>();
+  } else {
+#if MLA_WITH_CUDA
+    cuda_rt::memcpy_async(&m, amax.data, sizeof(float), ctx.stream, options_.device.index);
+    cuda_rt::synchronize(options_.device.index);
+#endif
+  }
+  MLA_CHECK(std::isfinite(m), "{}: kv_scales from_first_batch: max |kv_c| of the calibrating step is {}; a cache "
+            "scale cannot be set from it (nothing was written)", kFwd, m);
+  if (m > 0) kv_scale_ = m / kKScaleRange;
+}
+
+const char* to_string(KvScales k) {
+  switch (k) {
+    case KvScales::fixed: return "fixed";
+    case KvScales::from_first_batch: return "from_first_batch";
+  }
+  return "invalid";
 }
 
 }  // namespace mla

@@ -23,6 +23,9 @@ namespace mla::layer_detail {
 // its own that every layer reads (ForwardArgs::metadata). The step's working set is one of two phases
 // that run one after the other on one stream and therefore share memory (the bytes reserved are the
 // larger of the two):
+//   always (before the two phases: they live through the whole step)
+//     out_stage act   [out_tokens, h*V]       the unquantised output when LayerOptions::out_quant != none
+//     amax      f32   [amax_slots]            KvScales::from_first_batch: max |kv_c| of the calibrating step
 //   phase A (dense decode tokens, or every token in sparse mode)
 //     q_abs     act   [mqa_tokens, h, d_qk]   [ q_nope·W_UK_T | q_pe ]
 //     o_lat     act   [mqa_tokens, h, L]      latent attention output
@@ -55,6 +58,8 @@ struct WorkspaceShape {
   int64_t context_accumulators = 0;  // 0, 1 or 3
   int64_t dcp_rows = 0;   // DCP context: the largest all-gather block (rows per rank) of a chunk
   int64_t dcp_world = 1;  // DCP group size (the receive buffer holds dcp_world blocks)
+  int64_t out_tokens = 0;  // rows of the unquantised output staged before quantize_output
+  int64_t amax_slots = 0;  // 1 for a layer calibrating its KV scale
 };
 
 struct Region {
@@ -62,6 +67,7 @@ struct Region {
 };
 
 struct WorkspaceLayout {
+  Region out_stage, amax;                                  // whole step
   Region q_abs, o_lat, scratch, indices, upconv;           // phase A
   Region dcp_topk;                                         // phase A, DCP sparse: localized positions
   Region kv_new, o_new, lse_new, gathered, kv_ctx;         // phase B
@@ -111,7 +117,7 @@ struct Step {
   const MlaAttention& layer;
   const Plan& plan;
   const ForwardArgs& args;
-  const KVCache& cache;
+  const KVCache& cache;  // the caller's, with the calibrated scale under KvScales::from_first_batch
   const Context& ctx;
   Dims dims;
   StepFacts facts;
@@ -124,8 +130,10 @@ struct Step {
   TensorView view(const Region& r, DType t, std::initializer_list<int64_t> shape) const;
   // int32 [n] view of the step metadata at element offset `at` (plan.metadata's offsets).
   TensorView meta_view(int64_t at, int64_t n) const;
-  // out rows [t0, t1) viewed [n, h, V].
+  // Rows [t0, t1) of the unquantised output (ForwardArgs::out, or out_stage when quantised) viewed [n, h, V].
   TensorView out_rows(int64_t t0, int64_t t1) const;
+  // The unquantised output: ForwardArgs::out [T, h * V], or the out_stage region [t_act, h * V].
+  TensorView unquantised_out() const;
 };
 
 // dst, src [n, h, w] with unit inner stride: row-wise copy (CPU loop; CUDA 2-D async copies).

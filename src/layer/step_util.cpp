@@ -27,8 +27,13 @@ TensorView Step::meta_view(int64_t at, int64_t n) const {
   return TensorView(static_cast<uint8_t*>(meta) + at * 4, DType::i32, {n}, opt.device);
 }
 
+TensorView Step::unquantised_out() const {
+  if (opt.out_quant == OutputQuant::none) return args.out;
+  return view(layout.out_stage, opt.dtype, {facts.t_act, dims.h * dims.V});
+}
+
 TensorView Step::out_rows(int64_t t0, int64_t t1) const {
-  const TensorView& o = args.out;
+  const TensorView o = unquantised_out();
   const std::array<int64_t, 3> shape{t1 - t0, dims.h, dims.V}, stride{o.stride[0], dims.V, 1};
   return TensorView(o.ptr_at({t0, 0}), o.dtype, shape, stride, o.device);
 }

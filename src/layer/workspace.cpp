@@ -198,6 +198,8 @@ WorkspaceLayout make_layout(const WorkspaceShape& s, const Dims& d) {
     return r;
   };
   const int64_t a = d.act_bytes, hpv = prod({d.h, d.P + d.V});
+  l.out_stage = take(prod({s.out_tokens, d.h, d.V, a}));
+  l.amax = take(prod({s.amax_slots, 4}));
   const int64_t phase = off;
 
   l.q_abs = take(prod({s.mqa_tokens, d.h, d.d_qk(), a}));
@@ -264,6 +266,8 @@ int64_t decode_run_scratch(const DecodeRun& r, const PlannerConfig& c, const Lay
 
 WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const LayerOptions& o) {
   WorkspaceShape s;
+  if (o.out_quant != OutputQuant::none) s.out_tokens = f.t_act;
+  if (o.kv_scales == KvScales::from_first_batch) s.amax_slots = 1;
   if (o.sparse) {
     s.mqa_tokens = f.t_act;
     s.topk = o.dims.index_topk;
@@ -376,7 +380,9 @@ int64_t bound_decode_scratch(const PlannerConfig& c, int64_t n, const LayerOptio
 
 WorkspaceShape bound_shape(const PlannerConfig& c, int64_t n, const LayerOptions& o) {
   WorkspaceShape s;
+  if (o.kv_scales == KvScales::from_first_batch) s.amax_slots = 1;
   if (n == 0) return s;
+  if (o.out_quant != OutputQuant::none) s.out_tokens = n;
   if (o.sparse) {
     s.mqa_tokens = n;
     s.topk = o.dims.index_topk;

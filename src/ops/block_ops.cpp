@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "core/checked.h"
 #include "ops/dispatch.h"
@@ -134,6 +137,125 @@ void quantize_fp8_groups(const TensorView& x, const TensorView& codes, const Ten
   detail::check_devices(x.device, op, {{codes, "codes"}, {scales, "scales"}});
   if (codes.numel() == 0) return;
   MLA_DISPATCH(x.device, quantize_fp8_groups, x, codes, scales, ctx);
+}
+
+const char* to_string(OutputQuant q) {
+  switch (q) {
+    case OutputQuant::none: return "none";
+    case OutputQuant::fp8: return "fp8";
+    case OutputQuant::fp8_group128: return "fp8_group128";
+    case OutputQuant::fp8_group64: return "fp8_group64";
+    case OutputQuant::nvfp4: return "nvfp4";
+  }
+  return "invalid";
+}
+
+namespace {
+constexpr const char* kOutputQuantKeys = "none, fp8, fp8_group128, fp8_group64 or nvfp4";
+}  // namespace
+
+OutputQuant parse_output_quant(const std::string& key) {
+  for (OutputQuant q : {OutputQuant::none, OutputQuant::fp8, OutputQuant::fp8_group128, OutputQuant::fp8_group64,
+                        OutputQuant::nvfp4})
+    if (key == to_string(q)) return q;
+  throw Error(fmt::format("output quantisation key must be {}, got '{}'", kOutputQuantKeys, key));
+}
+
+void check_output_quant(OutputQuant q, const char* what) {
+  MLA_CHECK(static_cast<uint8_t>(q) <= static_cast<uint8_t>(OutputQuant::nvfp4),
+            "{}: the output quantisation must be {}, got the value {}", what, kOutputQuantKeys,
+            static_cast<int>(q));
+}
+
+int64_t output_quant_group(OutputQuant q) {
+  switch (q) {
+    case OutputQuant::fp8_group128: return 128;
+    case OutputQuant::fp8_group64: return 64;
+    case OutputQuant::nvfp4: return 16;
+    default: return 0;
+  }
+}
+
+namespace detail {
+
+void check_quantize_output(const TensorView& x, OutputQuant key, const TensorView& codes, const TensorView& scales,
+                           float scale, const char* op) {
+  check_output_quant(key, op);
+  MLA_CHECK(key != OutputQuant::none, "{}: key none has no quantised form (the activation is its own output)", op);
+  check_act(x, 2, false, op, "x [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), G = output_quant_group(key);
+  if (G > 0)
+    MLA_CHECK(K % G == 0, "{}: {} needs K a multiple of {} (its scale groups), got x {}", op, to_string(key), G,
+              x.describe());
+  const bool fp4 = key == OutputQuant::nvfp4;
+  // Codes and nvfp4 scales are bytes: fp8_e4m3 or u8 views of them are both taken (torch without float8).
+  auto check_bytes = [&](const TensorView& t, const char* arg) {
+    detail::check_defined(t, op, arg);
+    detail::check_ndim(t, 2, op, arg);
+    MLA_CHECK(t.dtype == DType::fp8_e4m3 || t.dtype == DType::u8, "{}: {} must be fp8_e4m3 (or u8) bytes, got {}", op,
+              arg, t.describe());
+    detail::check_inner_contiguous(t, op, arg);
+    detail::check_strides(t, true, op, arg);
+    MLA_CHECK(t.size(0) <= 1 || t.stride[0] >= t.size(1), "{}: {}'s rows overlap, got {}", op, arg, t.describe());
+  };
+  check_bytes(codes, fp4 ? "codes [M_pad, K / 2] (two e2m1 codes per byte)" : "codes [M_pad, K]");
+  detail::check_size(codes, 1, fp4 ? K / 2 : K, op, fp4 ? "codes [M_pad, K / 2]" : "codes [M_pad, K]");
+  const int64_t M_pad = codes.size(0);
+  MLA_CHECK(M_pad >= M, "{}: codes must have at least M = {} rows, got {}", op, M, codes.describe());
+  if (key == OutputQuant::fp8 || fp4)
+    MLA_CHECK(std::isfinite(scale) && scale > 0, "{}: {} needs a finite {} scale > 0, got {}", op, to_string(key),
+              fp4 ? "global" : "static", scale);
+  if (key == OutputQuant::fp8) {
+    MLA_CHECK(!scales.defined(), "{}: fp8 has one static scale (the scale argument); scales must be undefined, got {}",
+              op, scales.describe());
+  } else if (fp4) {
+    check_bytes(scales, "scales [M_pad, K / 16] (e4m3)");
+    detail::check_size(scales, 0, M_pad, op, "scales [M_pad, K / 16] (M_pad = codes.size(0))");
+    detail::check_size(scales, 1, K / 16, op, "scales [M_pad, K / 16]");
+  } else {
+    check_f32_matrix(scales, op, "scales [K / G, M_pad]");
+    detail::check_size(scales, 0, K / G, op, "scales [K / G, M_pad]");
+    detail::check_size(scales, 1, M_pad, op, "scales [K / G, M_pad] (M_pad = codes.size(0))");
+    MLA_CHECK(scales.numel() == 0 || scales.size(0) <= 1 || scales.stride[0] == M_pad,
+              "{}: scales must be contiguous [K / G, M_pad], got {}", op, scales.describe());
+  }
+  detail::check_devices(x.device, op, {{codes, "codes"}});
+  if (scales.defined()) detail::check_devices(x.device, op, {{scales, "scales"}});
+  // The outputs share no byte with x or with each other.
+  const std::pair<const TensorView*, const char*> views[] = {{&x, "x"}, {&codes, "codes"}, {&scales, "scales"}};
+  for (int i = 0; i < 3; ++i)
+    for (int j = i + 1; j < 3; ++j) {
+      const TensorView &a = *views[i].first, &b = *views[j].first;
+      if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0) continue;
+      const auto [a0, a1] = byte_span(a);
+      const auto [b0, b1] = byte_span(b);
+      MLA_CHECK(a1 <= b0 || b1 <= a0, "{}: {} overlaps {}", op, views[j].second, views[i].second);
+    }
+}
+
+}  // namespace detail
+
+void quantize_output(const TensorView& x, OutputQuant key, const TensorView& codes, const TensorView& scales,
+                     float scale, const Context& ctx) {
+  detail::check_quantize_output(x, key, codes, scales, scale, "quantize_output");
+  if (codes.numel() == 0) return;
+  MLA_DISPATCH(x.device, quantize_output, x, key, codes, scales, scale, ctx);
+}
+
+void abs_max(const TensorView& x, const TensorView& out, const Context& ctx) {
+  constexpr const char* op = "abs_max";
+  check_act(x, 2, false, op, "x [M, K]");
+  detail::check_defined(out, op, "out");
+  detail::check_ndim(out, 1, op, "out [1]");
+  detail::check_size(out, 0, 1, op, "out [1]");
+  detail::check_dtype(out, DType::f32, op, "out [1]");
+  detail::check_devices(x.device, op, {{out, "out"}});
+  if (x.numel() > 0) {
+    const auto [a0, a1] = byte_span(x);
+    const auto [b0, b1] = byte_span(out);
+    MLA_CHECK(a1 <= b0 || b1 <= a0, "{}: out overlaps x", op);
+  }
+  MLA_DISPATCH(x.device, abs_max, x, out, ctx);
 }
 
 void gemm_fp8_block(const TensorView& a, const TensorView& a_scales, const TensorView& w, const TensorView& w_scales,

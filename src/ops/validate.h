@@ -8,6 +8,7 @@
 #include <initializer_list>
 
 #include "core/check.h"
+#include "mla/block_ops.h"
 #include "mla/cache.h"
 #include "mla/tensor.h"
 
@@ -60,5 +61,10 @@ void check_block_ids(const TensorView& block_table, int64_t row, int64_t begin, 
 // slot_mapping values are < num_slots (negative = skipped) and no slot is named twice (a row is
 // written once per call: two tokens on one slot would race in a parallel backend).
 void check_slot_values(const TensorView& slot_mapping, int64_t num_slots, const char* op);
+
+// Every argument rule of quantize_output (mla/block_ops.h; defined in src/ops/block_ops.cpp), for
+// callers that must refuse before an earlier write (the layer checks its quantised output up front).
+void check_quantize_output(const TensorView& x, OutputQuant key, const TensorView& codes, const TensorView& scales,
+                           float scale, const char* op);
 
 }  // namespace mla::detail

@@ -170,3 +170,89 @@ def test_edited_plan_is_refused_and_writes_nothing(rng):
                       slot_mapping=slots, block_table=table, seq_lens=np.array([6], np.int32), out=out)
     assert np.isnan(out).all()
     np.testing.assert_array_equal(cache.data.numpy(), before)
+
+
+def _oracle_step(rng, opt_kwargs, cache_format=mla.CacheFormat.bf16):
+    """One float64 oracle step (two decodes, a prefill with context, a fresh prefill) of a layer with the
+    given extra options; returns (layer, plan, run) where run(out, out_scales) performs the step on a
+    fresh copy of the cache."""
+    reqs = [(20, 1), (33, 1), (40, 7), (0, 9)]
+    cache, table, hist, new, slots, _ = make_step(rng, reqs, False)
+    w = bf16_round(rng.standard_normal((H * (P + V), L)) / np.sqrt(L))
+    opt = mla.oracle_layer_options(dims(False))
+    for k, v in opt_kwargs.items():
+        setattr(opt, k, v)
+    opt.cache_format = cache_format
+    layer = mla.MlaAttention(opt, w)
+    cfg = mla.PlannerConfig(dims=dims(False), page_size=PAGE, max_model_len=256, max_num_seqs=8,
+                            cache_format=cache_format)
+    qsl = np.cumsum([0] + [q for _, q in reqs]).tolist()
+    plan = mla.make_plan(mla.BatchDesc(query_start_loc=qsl, seq_lens=[c + q for c, q in reqs]), cfg)
+    q = bf16_round(rng.standard_normal((len(new), H, P + R)))
+    seq_lens = np.array([c + q for c, q in reqs], np.int32)
+
+    def run(out, out_scales=None):
+        kv = cache
+        if cache_format != mla.CacheFormat.bf16:  # the context rows are zero in another format's cache
+            kv = mla.allocate_cache(cache_format, cache.data.shape[0], PAGE)
+            mla.fill(kv.data, 0.0)
+        ws = mla.empty([max(layer.workspace_bytes(plan), 1)], "u8")
+        layer.forward(plan, kv, ws, q=q, kv_c=new[:, :L].copy(), k_pe=new[:, L:].copy(), slot_mapping=slots,
+                      block_table=table, seq_lens=seq_lens, out=out, out_scales=out_scales,
+                      precision=mla.Precision.reference)
+    run.kv_c = new[:, :L]
+    return layer, len(new), run
+
+
+@pytest.mark.parametrize("key", ["fp8", "fp8_group128", "fp8_group64", "nvfp4"])
+def test_layer_quantised_output_equals_quantize_of_unfused(rng, key):
+    """docs/SEMANTICS.md §15: the layer's quantised output is quantize_output of its unquantised output."""
+    scale = 672.0 if key == "nvfp4" else 1 / 32
+    plain, T, run_plain = _oracle_step(np.random.default_rng(5), {})
+    quant, _, run_quant = _oracle_step(np.random.default_rng(5), {"out_quant": key, "out_scale": scale})
+    assert quant.options.out_quant == getattr(mla.OutputQuant, key)
+    unfused = np.full((T, H * V), np.nan)
+    run_plain(unfused)
+    rows = T + 2
+    width = H * V // 2 if key == "nvfp4" else H * V
+    group = {"fp8": 0, "fp8_group128": 128, "fp8_group64": 64, "nvfp4": 16}[key]
+
+    def buffers():
+        codes = np.full((rows, width), 0xFF, np.uint8)
+        if key == "nvfp4":
+            return codes, np.full((rows, H * V // 16), 0xFF, np.uint8)
+        return codes, (np.full((H * V // group, rows), np.nan, np.float32) if group else None)
+    got_c, got_s = buffers()
+    run_quant(got_c, got_s)
+    want_c, want_s = buffers()
+    mla.quantize_output(unfused, key, want_c, want_s, scale)
+    np.testing.assert_array_equal(got_c, want_c)
+    assert not got_c[T:].any()
+    if got_s is not None:
+        np.testing.assert_array_equal(got_s, want_s)
+
+
+def test_layer_quantised_output_refuses_bad_keys(rng):
+    with pytest.raises(ValueError, match="fp8_group128"):
+        mla.LayerOptions(out_quant="int4")
+    with pytest.raises(ValueError, match="out_scale"):
+        mla.MlaAttention(mla.LayerOptions(dims=dims(False), out_quant="fp8", out_scale=0.0),
+                         rng.standard_normal((H * (P + V), L)))
+    _, T, run = _oracle_step(rng, {"out_quant": "fp8_group128"})
+    codes = np.zeros((T, H * V), np.uint8)
+    with pytest.raises(ValueError, match="scales"):
+        run(codes)  # no out_scales
+    with pytest.raises(ValueError):
+        run(np.zeros((T, H * V)), np.zeros((1, T), np.float32))  # float64 codes
+
+
+def test_layer_kv_scales_auto(rng):
+    """docs/SEMANTICS.md §16: the first batch's max |kv_c| / 200 becomes the fp8 cache's scale."""
+    layer, T, run = _oracle_step(rng, {"kv_scales": "auto"}, mla.CacheFormat.fp8)
+    assert layer.options.kv_scales == mla.KvScales.from_first_batch and layer.kv_scale is None
+    run(np.full((T, H * V), np.nan))
+    assert layer.kv_scale == np.float32(np.abs(run.kv_c).max()) / np.float32(200)
+    with pytest.raises(ValueError, match="fp8"):
+        mla.MlaAttention(mla.LayerOptions(dims=dims(False), kv_scales="auto"), rng.standard_normal((H * (P + V), L)))
+    with pytest.raises(TypeError):
+        mla.LayerOptions(kv_scales="sometimes")

@@ -293,6 +293,8 @@ def op_cases(device):
                             rnd(T, 128, dtype=ab), 1e-6, True),
         "indexer_topk": (rnd(T, 12, dtype=torch.float32), None, i32([12, 5, 0, 9, 3]), i32([[0] * 4] * T)),
         "indexer_topk_decode": (rnd(4, 12, dtype=torch.float32), i32([10, 2]), 2, i32([[0] * 4] * 4)),
+        "quantize_output": (rnd(T, 128), int(mla.OutputQuant.fp8_group128),
+                            torch.zeros(8, 128, dtype=torch.uint8, device=device), rnd(1, 8, dtype=torch.float32), 1.0),
     }
 
 

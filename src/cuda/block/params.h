@@ -32,3 +32,16 @@ struct QuantParams {
 };
 
 }  // namespace mla::cuda::block
+
+namespace mla::cuda::block {
+
+struct OutQuantParams {
+  const void* x;     // [M, K] activation dtype, row stride x_stride, unit column stride
+  uint8_t* codes;    // [M_pad, K] e4m3 (nvfp4: [M_pad, K / 2] packed e2m1), row stride codes_stride
+  void* scales;      // group keys: f32 [K / G, M_pad] contiguous; nvfp4: e4m3 [M_pad, K / 16], row stride
+                     // scales_stride; fp8: unused
+  int64_t M, M_pad, K, x_stride, codes_stride, scales_stride;
+  float scale;       // fp8: the static scale; nvfp4: the global scale
+};
+
+}  // namespace mla::cuda::block

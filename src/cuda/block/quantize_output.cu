@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: Apache-2.0
+// Output quantisation on CUDA (mla::quantize_output, docs/SEMANTICS.md §15) and the abs-max reduction
+// of the layer's KV-scale calibration (mla::abs_max).
+//
+// Algorithm, one kernel per key family, templated on the activation type:
+//   fp8 (static scale)   one thread per element: code = e4m3(x / scale)
+//   fp8_group128 / 64    one warp per (row, group of G columns), G / 32 values per lane; the group's
+//                        abs-max is a shuffle reduction that propagates NaN; lane 0 writes the scale
+//                        (group-major [K / G, M_pad], gemm_fp8_block's token-scale layout)
+//   nvfp4                one thread per 16-value block: scale code = e4m3(global * (amax / 6)), then
+//                        e2m1(x / (scale / global)) for each element, two codes per byte
+// Padding rows M .. M_pad - 1 get zero codes (scale 1, or scale code 0 for nvfp4). Every float
+// operation is IEEE round-to-nearest (__fdiv_rn / __fmul_rn, no contraction), in the CPU backend's
+// order, so the bytes equal the CPU's (src/cpu/block_ops.cpp). No shared memory.
+#include <algorithm>
+
+#include "core/numeric.h"
+#include "cuda/block/params.h"
+#include "cuda/common/act_type.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/cuda_ops.h"
+
+namespace mla::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float nan_max(float a, float b) { return (a != a) ? a : ((b != b) ? b : fmaxf(a, b)); }
+
+// num::float_to_e2m1 on the device: sign bit kept, NaN -> 0x7.
+__device__ __forceinline__ uint32_t float_to_e2m1(float f) {
+  if (f != f) return 0x7u;
+  return (signbit(f) ? 0x8u : 0u) | num::e2m1_magnitude(fabsf(f));
+}
+
+template <class In>
+__device__ __forceinline__ float load_x(const block::OutQuantParams& p, int64_t t, int64_t j) {
+  return In::to_float(static_cast<const typename In::Storage*>(p.x)[t * p.x_stride + j]);
+}
+
+template <class In>
+__global__ void __launch_bounds__(kThreads) quant_fp8_kernel(block::OutQuantParams p) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (item >= p.M_pad * p.K) return;
+  const int64_t t = item / p.K, j = item % p.K;
+  p.codes[t * p.codes_stride + j] = t >= p.M ? uint8_t{0} : dev::float_to_e4m3(__fdiv_rn(load_x<In>(p, t, j), p.scale));
+}
+
+template <class In, int G>
+__global__ void __launch_bounds__(kThreads) quant_group_kernel(block::OutQuantParams p) {
+  constexpr int kPerLane = G / 32;
+  const int64_t groups = p.K / G;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (item >= p.M_pad * groups) return;
+  const int64_t t = item / groups, g = item % groups;
+  uint8_t* out = p.codes + t * p.codes_stride + g * G + lane * kPerLane;
+  float* scales = static_cast<float*>(p.scales);
+  if (t >= p.M) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) out[i] = 0;
+    if (lane == 0) scales[g * p.M_pad + t] = 1.0f;
+    return;
+  }
+  float v[kPerLane];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    v[i] = load_x<In>(p, t, g * G + lane * kPerLane + i);
+    amax = nan_max(amax, fabsf(v[i]));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = amax == 0.f ? 1.0f : __fdiv_rn(amax, 448.0f);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) out[i] = dev::float_to_e4m3(__fdiv_rn(v[i], s));
+  if (lane == 0) scales[g * p.M_pad + t] = s;
+}
+
+template <class In>
+__global__ void __launch_bounds__(kThreads) quant_nvfp4_kernel(block::OutQuantParams p) {
+  const int64_t blocks = p.K / 16;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (item >= p.M_pad * blocks) return;
+  const int64_t t = item / blocks, b = item % blocks;
+  uint8_t* out = p.codes + t * p.codes_stride + b * 8;
+  uint8_t* sc = static_cast<uint8_t*>(p.scales) + t * p.scales_stride + b;
+  if (t >= p.M) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = 0;
+    *sc = 0;
+    return;
+  }
+  float v[16];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    v[i] = load_x<In>(p, t, b * 16 + i);
+    amax = nan_max(amax, fabsf(v[i]));
+  }
+  const uint8_t s_code = dev::float_to_e4m3(__fmul_rn(p.scale, __fdiv_rn(amax, 6.0f)));
+  *sc = s_code;
+  const float s = dev::e4m3_to_float(s_code);
+  const float m = __fdiv_rn(s, p.scale);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t lo = s == 0.f ? 0u : float_to_e2m1(__fdiv_rn(v[2 * i], m));
+    const uint32_t hi = s == 0.f ? 0u : float_to_e2m1(__fdiv_rn(v[2 * i + 1], m));
+    out[i] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+// Non-negative floats order like their bit patterns as int32 (NaN with the sign cleared above +inf), so
+// an atomicMax on the bits is a NaN-propagating float max. out starts at 0.
+template <class In>
+__global__ void __launch_bounds__(kThreads) abs_max_kernel(const void* x, int64_t M, int64_t K, int64_t stride,
+                                                           float* out) {
+  float m = 0.f;
+  const int64_t n = M * K;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t t = i / K, j = i % K;
+    m = nan_max(m, fabsf(In::to_float(static_cast<const typename In::Storage*>(x)[t * stride + j])));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x % 32 == 0) atomicMax(reinterpret_cast<int*>(out), __float_as_int(m));
+}
+
+}  // namespace
+
+void quantize_output(const TensorView& x, OutputQuant key, const TensorView& codes, const TensorView& scales,
+                     float scale, const Context& ctx) {
+  block::OutQuantParams p{x.data, static_cast<uint8_t*>(codes.data), scales.defined() ? scales.data : nullptr,
+                          x.size(0), codes.size(0), x.size(1), x.stride[0], codes.stride[0],
+                          scales.defined() ? scales.stride[0] : 0, scale};
+  DeviceGuard guard(x.device);
+  const cudaStream_t st = stream_of(ctx);
+  dispatch_activation(x.dtype, "quantize_output", [&](auto in) {
+    using In = decltype(in);
+    switch (key) {
+      case OutputQuant::fp8:
+        quant_fp8_kernel<In><<<grid_for(p.M_pad * p.K, kThreads, "quantize_output"), kThreads, 0, st>>>(p);
+        break;
+      case OutputQuant::fp8_group128:
+        quant_group_kernel<In, 128>
+            <<<grid_for(p.M_pad * (p.K / 128), kThreads / 32, "quantize_output"), kThreads, 0, st>>>(p);
+        break;
+      case OutputQuant::fp8_group64:
+        quant_group_kernel<In, 64>
+            <<<grid_for(p.M_pad * (p.K / 64), kThreads / 32, "quantize_output"), kThreads, 0, st>>>(p);
+        break;
+      case OutputQuant::nvfp4:
+        quant_nvfp4_kernel<In><<<grid_for(p.M_pad * (p.K / 16), kThreads, "quantize_output"), kThreads, 0, st>>>(p);
+        break;
+      case OutputQuant::none: throw Error("quantize_output: key none has no quantised form");
+    }
+  });
+  check_launch("quantize_output");
+}
+
+void abs_max(const TensorView& x, const TensorView& out, const Context& ctx) {
+  DeviceGuard guard(x.device);
+  const cudaStream_t st = stream_of(ctx);
+  check_cuda(cudaMemsetAsync(out.data, 0, sizeof(float), st), "abs_max");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const unsigned grid = std::min<unsigned>(grid_for(n, kThreads, "abs_max"), 1024u);
+  dispatch_activation(x.dtype, "abs_max", [&](auto in) {
+    abs_max_kernel<decltype(in)><<<grid, kThreads, 0, st>>>(x.data, x.size(0), x.size(1), x.stride[0],
+                                                            static_cast<float*>(out.data));
+  });
+  check_launch("abs_max");
+}
+
+}  // namespace mla::cuda
