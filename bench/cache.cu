@@ -32,7 +32,7 @@ CacheBuffer filled_cache(CacheFormat f, int64_t slots, const BenchContext& ctx) 
     case CacheFormat::bf16: fill_uniform(c.storage, -2, 2, 11, ctx.stream()); break;
     case CacheFormat::fp8: fill_e4m3_codes(c.storage, 12, ctx.stream()); break;
     case CacheFormat::fp8_ds_mla: fill_ds_mla_rows(c.storage, 13, ctx.stream()); break;
-    case CacheFormat::f64: break;  // CPU only: allocate_cache refused it above
+    default: break;  // CPU-only formats (f64, the V4 records): allocate_cache refused them above
   }
   return c;
 }

@@ -92,6 +92,10 @@ void dequantize_cache_row(CacheFormat format, float fp8_scale, const uint8_t* ro
     case CacheFormat::f64:  // float64 values as stored (the CPU-only oracle format)
       for (int i = 0; i < d_qk; ++i) std::memcpy(out + i, row + 8 * i, 8);
       return;
+    case CacheFormat::v4:
+    case CacheFormat::v41:
+    case CacheFormat::v41_fp4:
+      throw Error(fmt::format("oracle: the {} cache (DeepSeek-V4 records) has no mla run mode to check", to_string(format)));
   }
   throw Error("oracle: unknown cache format");
 }

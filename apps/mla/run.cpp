@@ -172,6 +172,11 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
 
   const std::string cache = o.cache.empty() ? (o.sparse ? "fp8_ds_mla" : "bf16") : o.cache;
   c.format = cache_format_from_string(cache);
+  if (cache_format_info(c.format).record)
+    throw Error(fmt::format("--cache {}: mla run has no DeepSeek-V4 mode yet, so it cannot run a {} cache (nor take an "
+                            "--extra-cache); the V4 records are served by the ops: write_cache, gather_cache, "
+                            "upconvert_ds_mla and sparse_mqa with the V4 options (values_include_rope)",
+                            cache, to_string(c.format)));
   if (c.sparse && c.format == CacheFormat::fp8) {
     // vLLM canonicalises "fp8" to fp8_ds_mla for the FlashMLA-sparse backend.
     c.format = CacheFormat::fp8_ds_mla;
@@ -269,8 +274,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                                     "shapes (fp8 block-scaled for v3 / r1 / v3.2, bf16 for v2-lite)");
   cmd->add_flag("--sparse", o.sparse, "DeepSeek-V3.2 sparse attention: every token attends to its top-k set");
   cmd->add_option("--cache", o.cache, "KV-cache format: bf16, fp8 (one per-tensor scale) or fp8_ds_mla (656-byte "
-                                      "records) (default bf16; fp8_ds_mla with --sparse)")
-      ->check(CLI::IsMember({"bf16", "auto", "fp8", "fp8_e4m3", "fp8_ds_mla"}));
+                                      "records) (default bf16; fp8_ds_mla with --sparse); the DeepSeek-V4 records "
+                                      "v4, v41 and v41_fp4 are named but refused (no V4 mode)")
+      ->check(CLI::IsMember({"bf16", "auto", "fp8", "fp8_e4m3", "fp8_ds_mla", "v4", "v41", "v41_fp4"}));
   cmd->add_option("--page-size", o.page_size, "Tokens per cache page")->check(int_range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--steps", o.steps, "Forward steps to run; fewer when every request finished" +
                                           def(&Defaults::steps))

@@ -14,6 +14,20 @@
 // (the CPU-only oracle format f64 stores both parts as float64 values).
 // A value is code * scale: none -> 1; per_tensor -> the descriptor's KVCache::scale for latent and
 // rope alike; per_tile -> latent value i uses scales[i / kTile], rope values are unscaled.
+//
+// Block-scaled records (kRecord: the DeepSeek-V4 family v4, v41, v41_fp4; d_qk 512 = 448 + 64 rope,
+// K = V over the whole row) follow a second rule. A record is, in byte order,
+//   [ codes | rope | scale slot ]
+//   codes       coded_cols codes of kCode: e4m3 one byte each, e2m1 two per byte (column 2i in the
+//               low nibble, 2i+1 in the high one). coded_cols is d_qk when the rope is coded with the
+//               rest (kRopeCoded), else d_latent.
+//   rope        !kRopeCoded only: d_rope bf16 values, unscaled.
+//   scale slot  one byte per kTile codes, tile order, padded to kScaleSlot bytes: CacheScale::ue8m0
+//               (the value 2^(b - 127); 0xff is NaN) or CacheScale::e4m3_block (an e4m3 value).
+// Code i's value is code * scale[i / kTile]. With kPageScales the scale slots are not inside the rows:
+// a page of P rows holds P bodies [codes | rope] back to back, then the P slots (row r's slot at byte
+// P * row_stride_bytes + r * kScaleSlot of the page); the record size (entry_bytes) counts the slot, so
+// a page spans P * entry_bytes bytes and the cache tensor keeps its [num_blocks, P, entry] shape.
 // Adding a format: docs/DEVELOPING.md, "Adding a cache format".
 #include <cstdint>
 #include <string>
@@ -30,8 +44,15 @@
   X(fp8_ds_mla, 2)
 // Host-only formats: the CPU backend only; a CUDA cache of one is refused by validate_cache.
 #define MLA_HOST_CACHE_FORMATS(X) X(f64, 3)
+// Block-scaled record formats (the DeepSeek-V4 family; the rule above): CPU backend only for now, so
+// validate_cache refuses a CUDA cache of one. Ops that take them: write_cache, gather_cache,
+// upconvert_ds_mla and sparse_mqa with values_include_rope; every other op refuses them.
+#define MLA_RECORD_CACHE_FORMATS(X) \
+  X(v4, 4)                          \
+  X(v41, 5)                         \
+  X(v41_fp4, 6)
 // Every format.
-#define MLA_CACHE_FORMATS(X) MLA_DEVICE_CACHE_FORMATS(X) MLA_HOST_CACHE_FORMATS(X)
+#define MLA_CACHE_FORMATS(X) MLA_DEVICE_CACHE_FORMATS(X) MLA_HOST_CACHE_FORMATS(X) MLA_RECORD_CACHE_FORMATS(X)
 
 namespace mla {
 
@@ -47,6 +68,14 @@ enum class CacheScale : uint8_t {
   none = 0,        // values stored as they are (bf16)
   per_tensor = 1,  // one fp32 scale for the whole cache (KVCache::scale), latent and rope alike
   per_tile = 2,    // one fp32 scale per kTile latent values, stored in the row; rope unscaled
+  ue8m0 = 3,       // records: one power-of-two scale byte (2^(b - 127)) per kTile codes
+  e4m3_block = 4,  // records: one e4m3 scale byte per kTile codes
+};
+
+// Element type of a record's codes (kRecord formats).
+enum class CacheCode : uint8_t {
+  e4m3 = 0,  // OCP e4m3fn, one byte
+  e2m1 = 1,  // OCP e2m1 (values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), two per byte
 };
 
 namespace detail {
@@ -79,6 +108,52 @@ struct CacheLayout {
   static constexpr MLA_HD bool uniform() {
     return Self::kLatentDType == Self::kRopeDType && Self::kScale != CacheScale::per_tile;
   }
+  // Row rule of the header comment's first kind (not a block-scaled record).
+  static constexpr bool kRecord = false;
+  static constexpr bool kPageScales = false;
+  static constexpr bool kRopeCoded = false;
+  static constexpr CacheCode kCode = CacheCode::e4m3;
+  static constexpr int kScaleSlot = 0;
+  static constexpr MLA_HD int64_t page_row_bytes() { return 0; }  // rows follow the tensor's strides
+};
+
+// The record rule (header comment, "Block-scaled records"). Self names kCode, kRopeCoded, kTile,
+// kScaleSlot, kPageScales and the fixed kDqk / kDrope.
+template <class Self>
+struct RecordLayout {
+  static constexpr bool kRecord = true;
+  static constexpr MLA_HD int64_t code_bits() { return Self::kCode == CacheCode::e2m1 ? 4 : 8; }
+  // Coded columns: the whole row when the rope is coded, else the latent part.
+  static constexpr MLA_HD int64_t coded_cols(int64_t d_latent) {
+    return Self::kRopeCoded ? d_latent + Self::kDrope : d_latent;
+  }
+  static constexpr MLA_HD int64_t code_bytes(int64_t d_latent) { return coded_cols(d_latent) * code_bits() / 8; }
+  static constexpr MLA_HD int64_t num_tiles(int64_t d_latent) { return coded_cols(d_latent) / Self::kTile; }
+  // Byte offset of the rope: the bf16 values, or (kRopeCoded) the code of column d_latent; either way
+  // right after the latent's codes.
+  static constexpr MLA_HD int64_t rope_offset(int64_t d_latent) { return d_latent * code_bits() / 8; }
+  static constexpr MLA_HD int64_t rope_bytes() { return Self::kRopeCoded ? 0 : 2 * Self::kDrope; }
+  // Offset of the scale slot in the record [codes | rope | slot]; a kPageScales row's slot is in its
+  // page's scale region instead (page_scale_offset).
+  static constexpr MLA_HD int64_t scale_offset(int64_t d_latent) { return code_bytes(d_latent) + rope_bytes(); }
+  static constexpr MLA_HD int64_t entry_bytes(int64_t, int64_t) {
+    return scale_offset(Self::kDqk - Self::kDrope) + Self::kScaleSlot;
+  }
+  static constexpr MLA_HD int64_t entry_elems(int64_t d_qk, int64_t d_rope) { return entry_bytes(d_qk, d_rope); }
+  // Bytes between consecutive rows of a page: the record, or only [codes | rope] with page scales.
+  static constexpr MLA_HD int64_t row_stride_bytes() {
+    return Self::kPageScales ? scale_offset(Self::kDqk - Self::kDrope) : entry_bytes(0, 0);
+  }
+  // Offsets from the start of a page of `page_size` rows: row r's body and its scale slot.
+  static constexpr MLA_HD int64_t page_row_offset(int64_t r) { return r * row_stride_bytes(); }
+  static constexpr MLA_HD int64_t page_scale_offset(int64_t page_size, int64_t r) {
+    return Self::kPageScales ? page_size * row_stride_bytes() + r * Self::kScaleSlot
+                             : r * row_stride_bytes() + scale_offset(Self::kDqk - Self::kDrope);
+  }
+  static constexpr MLA_HD bool admits(int64_t d_qk, int64_t d_rope) { return d_qk == Self::kDqk && d_rope == Self::kDrope; }
+  static constexpr MLA_HD bool rope_scaled() { return false; }  // no per-tensor scale
+  static constexpr MLA_HD bool uniform() { return false; }
+  static constexpr MLA_HD int64_t page_row_bytes() { return Self::kPageScales ? row_stride_bytes() : 0; }
 };
 }  // namespace detail
 
@@ -158,6 +233,77 @@ struct CacheFormatTraits<CacheFormat::f64> : detail::CacheLayout<CacheFormatTrai
   static constexpr bool kDevice = false;
 };
 
+// v4 (DeepSeek-V4, FlashMLA's V4 sparse fp8 record): 584 bytes per row, [num_blocks, page_size, 584] u8:
+//   448 e4m3 latent codes | 64 bf16 rope values (576-byte rows back to back), and per row 7 ue8m0
+//   scales (one per 64 latent values) + 1 pad byte in the page's scale region after the rows.
+// Writers: scale 2^ceil(log2(max(amax / 448, 1e-4))), code e4m3_satfinite(x / scale).
+template <>
+struct CacheFormatTraits<CacheFormat::v4> : detail::RecordLayout<CacheFormatTraits<CacheFormat::v4>> {
+  static constexpr CacheFormat kFormat = CacheFormat::v4;
+  static constexpr const char* kName = "v4";
+  static constexpr const char* kAliases = "deepseek_v4";
+  static constexpr DType kDType = DType::u8;
+  static constexpr DType kAltDType = DType::fp8_e4m3;
+  static constexpr DType kLatentDType = DType::fp8_e4m3;
+  static constexpr DType kRopeDType = DType::bf16;
+  static constexpr CacheScale kScale = CacheScale::ue8m0;
+  static constexpr CacheCode kCode = CacheCode::e4m3;
+  static constexpr bool kRopeCoded = false;
+  static constexpr bool kPageScales = true;
+  static constexpr int kTile = 64;
+  static constexpr int kScaleSlot = 8;
+  static constexpr int kDqk = 512, kDrope = 64;
+  static constexpr int kRowAlign = 1;
+  static constexpr bool kDevice = false;
+};
+
+// v41 (DeepSeek-V4.1 MXFP8 window cache): 528 bytes per row, [num_blocks, page_size, 528] u8:
+//   512 e4m3 codes (latent and rope alike) | 16 ue8m0 scales, one per 32 codes.
+// Writers: scale 2^ceil(log2(max(amax / 448, 1e-4))), code e4m3_satfinite(x / scale).
+template <>
+struct CacheFormatTraits<CacheFormat::v41> : detail::RecordLayout<CacheFormatTraits<CacheFormat::v41>> {
+  static constexpr CacheFormat kFormat = CacheFormat::v41;
+  static constexpr const char* kName = "v41";
+  static constexpr const char* kAliases = "deepseek_v41 mxfp8";
+  static constexpr DType kDType = DType::u8;
+  static constexpr DType kAltDType = DType::fp8_e4m3;
+  static constexpr DType kLatentDType = DType::fp8_e4m3;
+  static constexpr DType kRopeDType = DType::fp8_e4m3;
+  static constexpr CacheScale kScale = CacheScale::ue8m0;
+  static constexpr CacheCode kCode = CacheCode::e4m3;
+  static constexpr bool kRopeCoded = true;
+  static constexpr bool kPageScales = false;
+  static constexpr int kTile = 32;
+  static constexpr int kScaleSlot = 16;
+  static constexpr int kDqk = 512, kDrope = 64;
+  static constexpr int kRowAlign = 1;
+  static constexpr bool kDevice = false;
+};
+
+// v41_fp4 (DeepSeek-V4.1 NVFP4 compressed cache): 288 bytes per row, [num_blocks, page_size, 288] u8:
+//   512 e2m1 codes in 256 bytes (latent and rope alike) | 32 e4m3 scales, one per 16 codes.
+// Writers: scale e4m3(clamp(amax / 6, 2^-9, 448)) (round to nearest), code e2m1(x / scale) rounded to
+// nearest even and saturated to +-6; a tile holding a NaN gets the NaN scale 0x7f (e2m1 has no NaN).
+template <>
+struct CacheFormatTraits<CacheFormat::v41_fp4> : detail::RecordLayout<CacheFormatTraits<CacheFormat::v41_fp4>> {
+  static constexpr CacheFormat kFormat = CacheFormat::v41_fp4;
+  static constexpr const char* kName = "v41_fp4";
+  static constexpr const char* kAliases = "deepseek_v41_fp4 nvfp4";
+  static constexpr DType kDType = DType::u8;
+  static constexpr DType kAltDType = DType::u8;
+  static constexpr DType kLatentDType = DType::u8;  // e2m1 pairs (kCode)
+  static constexpr DType kRopeDType = DType::u8;
+  static constexpr CacheScale kScale = CacheScale::e4m3_block;
+  static constexpr CacheCode kCode = CacheCode::e2m1;
+  static constexpr bool kRopeCoded = true;
+  static constexpr bool kPageScales = false;
+  static constexpr int kTile = 16;
+  static constexpr int kScaleSlot = 32;
+  static constexpr int kDqk = 512, kDrope = 64;
+  static constexpr int kRowAlign = 1;
+  static constexpr bool kDevice = false;
+};
+
 // The fixed record of fp8_ds_mla, named (used by tests, tools and kernels specialised to it).
 namespace ds_mla {
 using Traits = CacheFormatTraits<CacheFormat::fp8_ds_mla>;
@@ -189,6 +335,9 @@ struct CacheFormatInfo {
   int64_t (*scale_offset)(int64_t d_latent);
   bool (*admits)(int64_t d_qk, int64_t d_rope);
   const char* aliases;  // other names cache_format_from_string accepts, space-separated
+  bool record;          // a block-scaled record (the header comment's second rule)
+  bool page_scales;     // record scale slots in a per-page region
+  int scale_slot;       // bytes of a record's scale slot, else 0
 };
 
 template <class Tr>
@@ -196,7 +345,7 @@ constexpr CacheFormatInfo make_cache_format_info() {
   return {Tr::kFormat,       Tr::kName,        Tr::kDType,       Tr::kAltDType,   Tr::kLatentDType,
           Tr::kRopeDType,    Tr::kScale,       Tr::kTile,        Tr::kDqk,        Tr::kDrope,
           Tr::kRowAlign,     Tr::kDevice,      &Tr::entry_bytes, &Tr::entry_elems, &Tr::rope_offset, &Tr::scale_offset,
-          &Tr::admits,       Tr::kAliases};
+          &Tr::admits,       Tr::kAliases,     Tr::kRecord,      Tr::kPageScales, Tr::kScaleSlot};
 }
 
 inline constexpr CacheFormatInfo kCacheFormatTable[] = {
@@ -215,6 +364,19 @@ constexpr MLA_HD bool is_valid(CacheFormat f) {
     return true;
   }
   return false;
+}
+
+// Bytes between consecutive rows of a page for a format whose rows are not the cache tensor's rows (a
+// record with page scales: v4's 576-byte bodies), else 0 (row r of a page is the tensor's row r).
+constexpr MLA_HD int64_t page_row_bytes(CacheFormat f) {
+  switch (f) {
+#define MLA_X(name, value) \
+  case CacheFormat::name:  \
+    return CacheFormatTraits<CacheFormat::name>::page_row_bytes();
+    MLA_CACHE_FORMATS(MLA_X)
+#undef MLA_X
+  }
+  return 0;
 }
 
 // Throws mla::Error naming the value unless `f` is one of the formats.

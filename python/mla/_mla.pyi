@@ -42,11 +42,20 @@ class CacheFormat:
     
     fp8_ds_mla
     
-    f64"""
+    f64
+    
+    v4
+    
+    v41
+    
+    v41_fp4"""
     bf16: ClassVar[CacheFormat]
     fp8: ClassVar[CacheFormat]
     fp8_ds_mla: ClassVar[CacheFormat]
     f64: ClassVar[CacheFormat]
+    v4: ClassVar[CacheFormat]
+    v41: ClassVar[CacheFormat]
+    v41_fp4: ClassVar[CacheFormat]
     def __init__(self, value: int) -> None: ...
     def __int__(self) -> int: ...
     @property

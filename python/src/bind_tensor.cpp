@@ -75,7 +75,9 @@ void bind_tensor(py::module_& m) {
       .value("fast", mla::Precision::fast).value("reference", mla::Precision::reference);
   py::enum_<mla::CacheFormat>(m, "CacheFormat")
       .value("bf16", mla::CacheFormat::bf16).value("fp8", mla::CacheFormat::fp8)
-      .value("fp8_ds_mla", mla::CacheFormat::fp8_ds_mla).value("f64", mla::CacheFormat::f64);
+      .value("fp8_ds_mla", mla::CacheFormat::fp8_ds_mla).value("f64", mla::CacheFormat::f64)
+      .value("v4", mla::CacheFormat::v4).value("v41", mla::CacheFormat::v41)
+      .value("v41_fp4", mla::CacheFormat::v41_fp4);
   py::enum_<mla::DsMlaScale>(m, "DsMlaScale").value("amax", mla::DsMlaScale::amax).value("pow2", mla::DsMlaScale::pow2);
 
   py::class_<mla::Device>(m, "Device", "A device: mla.Device('cpu'), mla.Device('cuda:1'); equal to another of the same type and index.")

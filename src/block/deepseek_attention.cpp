@@ -236,6 +236,10 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
   MLA_CHECK(options.device.is_cpu() || options.dtype == DType::bf16, "{}: the CUDA block computes in bf16, got {}",
             kOp, to_string(options.dtype));
   check_cache_format(options.cache_format, kOp);
+  MLA_CHECK(!cache_format_info(options.cache_format).record,
+            "{}: the {} cache format holds DeepSeek-V4 records, which the V2 / V3 block does not read; it takes "
+            "bf16, fp8, fp8_ds_mla or f64",
+            kOp, to_string(options.cache_format));
   MLA_CHECK(options.device.is_cpu() || cache_format_info(options.cache_format).device,
             "{}: the {} cache format is CPU-only (the float64 oracle's cache); the CUDA block takes {}", kOp,
             to_string(options.cache_format), device_cache_format_names());

@@ -41,8 +41,8 @@ CacheBuffer allocate_cache(CacheFormat format, int64_t num_blocks, int64_t page_
                            int d_qk, int d_rope) {
   check_cache_format(format, "allocate_cache");
   MLA_CHECK(cache_format_info(format).device || !device.is_cuda(),
-            "allocate_cache: the {} cache format is CPU-only (the float64 oracle's cache); a CUDA cache is {}",
-            to_string(format), device_cache_format_names());
+            "allocate_cache: the {} cache format is CPU-only; a CUDA cache is {}", to_string(format),
+            device_cache_format_names());
   MLA_CHECK(num_blocks >= 1 && page_size >= 1, "allocate_cache: num_blocks and page_size must be >= 1, got {} and {}",
             num_blocks, page_size);
   CacheBuffer b;
@@ -56,7 +56,7 @@ void validate_cache(const KVCache& c, const char* what) {
   check_cache_format(c.format, what);
   const CacheFormatInfo& f = cache_format_info(c.format);
   MLA_CHECK(f.device || !c.data.device.is_cuda(),
-            "{}: the {} cache format is CPU-only (the float64 oracle's cache); a CUDA cache is {}, got {}", what, f.name,
+            "{}: the {} cache format is CPU-only; a CUDA cache is {}, got {}", what, f.name,
             device_cache_format_names(), c.data.describe());
   detail::check_ndim(c.data, 3, what, "cache.data [num_blocks, page_size, entry]");
   MLA_CHECK(c.data.size(0) >= 1 && c.data.size(1) >= 1, "{}: cache needs num_blocks >= 1 and page_size >= 1, got {}",
@@ -72,6 +72,10 @@ void validate_cache(const KVCache& c, const char* what) {
   const int64_t entry = f.entry_elems(c.d_qk, c.d_rope);
   MLA_CHECK(c.data.size(2) == entry, "{}: a {} cache row holds {} elements, got {}", what, f.name, entry,
             c.data.describe());
+  // A page of a record with page scales is one run of page_size * entry bytes ([rows | scale region]).
+  if (f.page_scales)
+    MLA_CHECK(c.data.stride[1] == entry, "{}: a {} cache page must be contiguous (row stride {}), got {}", what,
+              f.name, entry, c.data.describe());
   if (f.scale == CacheScale::per_tensor)
     MLA_CHECK(std::isfinite(c.scale) && c.scale > 0, "{}: {} cache scale must be positive and finite, got {}", what,
               f.name, c.scale);

@@ -98,6 +98,39 @@ inline float e2m1_to_float(uint8_t code) {
 }
 // Value of e4m3 rounding as a float (quantise and back).
 inline float round_e4m3(float f) { return e4m3_to_float(float_to_e4m3(f)); }
+
+// OCP e2m1 (fp4): a 4-bit code s.e.m with exponent bias 1; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. No
+// inf or NaN codes.
+inline float e2m1_to_float(uint8_t nibble) {
+  static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kMag[nibble & 0x7u];
+  return (nibble & 0x8u) ? -v : v;
+}
+// Round to nearest, ties to the even code (mantissa bit 0), saturate to +-6 (infinities too). NaN has
+// no code: it gives +0 here, and writers mark the NaN elsewhere (the record's NaN scale).
+inline uint8_t float_to_e2m1(float f) {
+  if (std::isnan(f)) return 0;
+  const uint8_t sign = std::signbit(f) ? 0x8u : 0u;
+  const float a = std::fabs(f);
+  if (a >= 6.0f) return sign | 0x7u;  // saturation (infinities included)
+  uint8_t best = 0;
+  for (uint8_t c = 1; c < 8; ++c) {
+    const float d = std::fabs(e2m1_to_float(c) - a), db = std::fabs(e2m1_to_float(best) - a);
+    if (d < db || (d == db && (c & 1u) == 0)) best = c;
+  }
+  return sign | best;
+}
+// UE8M0 (an unsigned power-of-two exponent byte): 2^(b - 127); 0xff is NaN.
+inline double ue8m0_to_double(uint8_t b) { return b == 0xffu ? NAN : std::ldexp(1.0, static_cast<int>(b) - 127); }
+// The power-of-two record scale 2^ceil(log2(max(amax / 448, 1e-4))) as its UE8M0 byte, computed
+// exactly; a non-finite scale (amax infinite) gives 0xff (NaN: the block reads back NaN).
+inline uint8_t pow2_scale_ue8m0(float amax) {
+  const float s = std::fmax(amax / 448.0f, 1e-4f);
+  if (!std::isfinite(s)) return 0xffu;
+  int e;
+  const float m = std::frexp(s, &e);  // s = m * 2^e, m in [0.5, 1); m == 0.5 means s is 2^(e-1)
+  return static_cast<uint8_t>((m == 0.5f ? e - 1 : e) + 127);
+}
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
 // Load / store one element of any floating (or integer) dtype as double. The address need not be

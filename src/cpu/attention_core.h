@@ -44,7 +44,12 @@ class CacheRowReader {
 
   // Writes the first `cols` values of slot `slot` into out.
   void read(int64_t slot, T* out, int64_t cols) const {
-    dispatch_cache_format(c_.format, [&](auto fmt) { read<decltype(fmt)>(cache_row_ptr(c_, slot), out, cols); });
+    dispatch_cache_format(c_.format, [&](auto fmt) {
+      if constexpr (decltype(fmt)::kRecord)
+        load_record_row<decltype(fmt)>(c_, slot, out, cols);  // block-scaled records: cache_row.h
+      else
+        read<decltype(fmt)>(cache_row_ptr(c_, slot), out, cols);
+    });
   }
 
  private:

@@ -106,6 +106,55 @@ void write_row(const KVCache& c, uint8_t* row, const TensorView& kv_c, const Ten
   for (int64_t j = 0; j < c.d_rope; ++j) store_code<Fmt::kRopeDType>(rope + rb * j, elem_ptr(k_pe, t, j), k_pe.dtype, rs);
 }
 
+// Input column i of token t of a record row: kv_c's latent columns, then k_pe's rope columns.
+inline float record_input(const KVCache& c, const TensorView& kv_c, const TensorView& k_pe, int64_t t, int64_t i) {
+  const int64_t latent = c.d_latent();
+  return i < latent ? load_f(elem_ptr(kv_c, t, i), kv_c.dtype) : load_f(elem_ptr(k_pe, t, i - latent), k_pe.dtype);
+}
+
+// Token t's record (Fmt::kRecord) at slot `slot`: per block of kTile coded columns the scale byte
+// (mla/cache_format.h, the format's writer rule), then the codes; v4's rope as bf16. NaN inputs never
+// raise amax (as for fp8_ds_mla's tiles).
+template <class Fmt>
+void write_record(const KVCache& c, int64_t slot, const TensorView& kv_c, const TensorView& k_pe, int64_t t) {
+  uint8_t* row = cache_row_ptr_mut(c, slot);
+  uint8_t* sc = const_cast<uint8_t*>(record_scale_ptr<Fmt>(c, slot));
+  const int64_t coded = Fmt::coded_cols(c.d_latent());
+  std::memset(sc, 0, Fmt::kScaleSlot);  // the padding bytes too: a record's bytes depend on its inputs only
+  float x[Fmt::kTile];
+  for (int64_t t0 = 0, tile = 0; t0 < coded; t0 += Fmt::kTile, ++tile) {
+    float amax = 0.0f;
+    bool nan = false;
+    for (int64_t i = 0; i < Fmt::kTile; ++i) {
+      x[i] = record_input(c, kv_c, k_pe, t, t0 + i);
+      nan = nan || std::isnan(x[i]);
+      if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]);
+    }
+    if constexpr (Fmt::kCode == CacheCode::e2m1) {
+      // NVFP4: e4m3 scale clamp(amax / 6, 2^-9, 448) rounded to nearest; a NaN tile gets the NaN scale.
+      const uint8_t s_code = nan ? uint8_t{0x7f} : num::float_to_e4m3(std::fmin(std::fmax(amax / 6.0f, 0x1p-9f), 448.0f));
+      const float s = num::e4m3_to_float(s_code);
+      sc[tile] = s_code;
+      for (int64_t i = 0; i < Fmt::kTile; i += 2) {
+        const uint8_t lo = nan ? 0 : num::float_to_e2m1(x[i] / s), hi = nan ? 0 : num::float_to_e2m1(x[i + 1] / s);
+        row[(t0 + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
+      }
+    } else {
+      const uint8_t e = num::pow2_scale_ue8m0(amax);
+      sc[tile] = e;
+      const float s = static_cast<float>(num::ue8m0_to_double(e));  // NaN for 0xff: every code NaN
+      for (int64_t i = 0; i < Fmt::kTile; ++i) row[t0 + i] = num::float_to_e4m3(x[i] / s);
+    }
+  }
+  if constexpr (!Fmt::kRopeCoded) {
+    uint8_t* rope = row + Fmt::rope_offset(c.d_latent());
+    for (int64_t j = 0; j < c.d_rope; ++j) {
+      const uint16_t h = bf16_bits(elem_ptr(k_pe, t, j), k_pe.dtype);
+      std::memcpy(rope + 2 * j, &h, 2);
+    }
+  }
+}
+
 // For every dst row, the cache slot it receives, or -1 when the row is not written (beyond the
 // requests' extents, or its logical block lies outside the table: such blocks are never read).
 // Request b fills rows [row_begin(b), row_end(b)); token i is logical position start(b) + i.
@@ -166,7 +215,10 @@ void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorVie
     for (int64_t t = 0; t < n; ++t) {
       const int64_t slot = slots[static_cast<std::size_t>(t)];
       if (slot < 0) continue;  // PAD_SLOT_ID: nothing written
-      write_row<decltype(fmt)>(cache, cache_row_ptr_mut(cache, slot), kv_c, k_pe, t, ds_scale);
+      if constexpr (decltype(fmt)::kRecord)
+        write_record<decltype(fmt)>(cache, slot, kv_c, k_pe, t);
+      else
+        write_row<decltype(fmt)>(cache, cache_row_ptr_mut(cache, slot), kv_c, k_pe, t, ds_scale);
     }
   });
 }

@@ -99,6 +99,7 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
   const Device dev = q.device;
   MLA_CHECK(s_q >= 1 && h_q >= 1, "{}: q needs s_q >= 1 and h_q >= 1, got {}", op, q.describe());
   detail::check_cache(cache, dev, op);
+  detail::check_not_record(cache, op);
   MLA_CHECK(d == cache.d_qk, "{}: q's last dim must equal the cache row width d_qk = {}, got {}", op, cache.d_qk,
             q.describe());
   detail::check_block_table(block_table, b, op);
@@ -238,9 +239,13 @@ void check_sparse_options(const SparseOptions& o, const KVCache& kv, int64_t t, 
             "{}: an extra cache needs both extra.kv and extra.indices [T, extra_topk], got kv {} and indices {}", op,
             e.kv.data.describe(), e.indices.describe());
   detail::check_cache(e.kv, dev, "sparse_mqa (extra cache)");
-  MLA_CHECK(e.kv.format == kv.format && e.kv.d_qk == kv.d_qk && e.kv.d_rope == kv.d_rope,
-            "{}: the extra cache must have the main cache's format, d_qk and d_rope ({}, {}, {}), got {}, {}, {}", op,
-            to_string(kv.format), kv.d_qk, kv.d_rope, to_string(e.kv.format), e.kv.d_qk, e.kv.d_rope);
+  // Block-scaled records (the V4 family) may mix formats between the two caches (V4.1: a v41 window
+  // cache with a v41_fp4 compressed cache); every other format pairs with itself only.
+  const bool records = cache_format_info(kv.format).record && cache_format_info(e.kv.format).record;
+  MLA_CHECK((e.kv.format == kv.format || records) && e.kv.d_qk == kv.d_qk && e.kv.d_rope == kv.d_rope,
+            "{}: the extra cache must have the main cache's format (or, for a v4 / v41 / v41_fp4 main cache, "
+            "another of those), d_qk and d_rope ({}, {}, {}), got {}, {}, {}",
+            op, to_string(kv.format), kv.d_qk, kv.d_rope, to_string(e.kv.format), e.kv.d_qk, e.kv.d_rope);
   MLA_CHECK(cache_format_info(kv.format).scale != CacheScale::per_tensor || e.kv.scale == kv.scale,
             "{}: the extra cache's per-tensor scale must equal the main cache's ({}), got {}", op, kv.scale,
             e.kv.scale);
@@ -281,6 +286,10 @@ void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indice
   check_scale(softmax_scale, op);
   detail::check_devices(dev, op, {{indices, "indices"}, {topk_length, "topk_length"}, {out, "out"}, {lse, "lse"}});
   check_sparse_options(opts, kv, t, h_q, dev, op);
+  MLA_CHECK(!cache_format_info(kv.format).record || opts.values_include_rope,
+            "{}: a {} cache holds DeepSeek-V4 rows (K = V over all d_qk = {} columns): it needs "
+            "SparseOptions::values_include_rope",
+            op, to_string(kv.format), kv.d_qk);
   // Index values need no check: any index outside [0, num_slots) is invalid by definition and never read.
   if (dev.is_cpu() && topk_length.defined())
     detail::check_values_in_range(topk_length, 0, topk, op, "topk_length (bounded by topk)");

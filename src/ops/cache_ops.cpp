@@ -109,6 +109,10 @@ void cp_gather_cache(const KVCache& cache, const TensorView& dst, const TensorVi
                      const TensorView& cu_seq_lens, const TensorView& seq_starts, const Context& ctx) {
   constexpr const char* op = "cp_gather_cache";
   validate_cache(cache, op);
+  MLA_CHECK(page_row_bytes(cache.format) == 0,
+            "{}: a {} cache keeps its scales in a per-page region, so a row is not one run of bytes to copy; "
+            "use gather_cache or upconvert_ds_mla",
+            op, to_string(cache.format));
   detail::check_ndim(dst, 2, op, "dst [TOT, E]");
   // Raw bytes: u8 and fp8_e4m3 are the same bytes (fp8 caches may be held as either).
   const bool same_bytes = (dst.dtype == DType::u8 || dst.dtype == DType::fp8_e4m3) &&
@@ -127,9 +131,9 @@ void upconvert_ds_mla(const KVCache& cache, const TensorView& dst, const TensorV
                       const TensorView& workspace_starts, const TensorView& seq_starts, const Context& ctx) {
   constexpr const char* op = "upconvert_ds_mla";
   validate_cache(cache, op);
-  MLA_CHECK(cache.format == CacheFormat::fp8_ds_mla, "{}: the cache must be fp8_ds_mla, got {}", op,
-            to_string(cache.format));
-  detail::check_ndim(dst, 2, op, "dst [TOT, 576]");
+  MLA_CHECK(cache.format == CacheFormat::fp8_ds_mla || cache_format_info(cache.format).record,
+            "{}: the cache must be fp8_ds_mla, v4, v41 or v41_fp4, got {}", op, to_string(cache.format));
+  detail::check_ndim(dst, 2, op, "dst [TOT, d_qk]");
   detail::check_activation(dst, true, op, "dst", detail::CudaActivations::bf16_f16_f32);
   detail::check_size(dst, 1, cache.d_qk, op, "dst");
   check_gather({cache, dst, block_table, workspace_starts, seq_starts, false, "workspace_starts"}, op);

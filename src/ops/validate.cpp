@@ -62,6 +62,13 @@ void check_cache(const KVCache& cache, Device device, const char* op) {
   check_device(cache.data, device, op, "cache.data");
 }
 
+void check_not_record(const KVCache& cache, const char* op) {
+  MLA_CHECK(!cache_format_info(cache.format).record,
+            "{}: the {} cache format (DeepSeek-V4 records) is read by sparse_mqa with values_include_rope, "
+            "gather_cache and upconvert_ds_mla only; this op takes bf16, fp8, fp8_ds_mla or f64",
+            op, to_string(cache.format));
+}
+
 void check_values_in_range(const TensorView& t, int64_t lo, int64_t hi, const char* op, const char* arg) {
   for (int64_t i = 0; i < t.size(0); ++i) {
     const int64_t v = index_at(t, i);

@@ -42,6 +42,9 @@ void check_block_table(const TensorView& block_table, int64_t min_rows, const ch
 
 // The cache is well formed (validate_cache) and lives on `device`.
 void check_cache(const KVCache& cache, Device device, const char* op);
+// Throws mla::Error unless the cache's format follows the plain row rule: ops other than write_cache,
+// the gathers and sparse_mqa with values_include_rope refuse the block-scaled records (v4, v41, v41_fp4).
+void check_not_record(const KVCache& cache, const char* op);
 
 // ---- value checks (CPU tensors only) -------------------------------------------------------
 

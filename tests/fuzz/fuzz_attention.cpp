@@ -26,7 +26,7 @@ namespace {
 using Setup = PoisonedCache;
 
 Setup make_setup(Input& in) {
-  const CacheFormat fmt = static_cast<CacheFormat>(in.byte() % kNumCacheFormats);
+  const CacheFormat fmt = static_cast<CacheFormat>(in.byte() % test::kNumPlainFormats);
   const bool narrow = fmt != CacheFormat::fp8_ds_mla && in.byte() % 4 == 0;
   return Setup(allocate_cache(fmt, in.range(1, 5), in.range(1, 5), Device::cpu(),
                               fmt == CacheFormat::fp8 ? 0.005f : 1.0f, narrow ? 320 : 576));

@@ -27,7 +27,7 @@ struct Cache {
 // A small cache; a bad scale or format byte is kept for the ops to refuse.
 Cache make_cache(Input& in, bool randomize) {
   const uint8_t f = in.byte();
-  const CacheFormat fmt = static_cast<CacheFormat>(f % 16 < 15 ? f % kNumCacheFormats : f);
+  const CacheFormat fmt = static_cast<CacheFormat>(f % 16 < 15 ? f % test::kNumPlainFormats : f);
   const bool narrow = fmt != CacheFormat::fp8_ds_mla && in.byte() % 4 == 0;  // d_qk 320 (not fp8_ds_mla)
   const CacheFormat alloc = is_valid(fmt) ? fmt : CacheFormat::bf16;
   Cache c;

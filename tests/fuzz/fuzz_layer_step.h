@@ -34,7 +34,7 @@ inline const MlaAttention& layer_for(const StepData& d) {
 
 inline Scenario scenario(Input& in) {
   Scenario sc;
-  sc.format = static_cast<CacheFormat>(in.byte() % kNumCacheFormats);
+  sc.format = static_cast<CacheFormat>(in.byte() % test::kNumPlainFormats);
   sc.sparse = in.flag();
   sc.h = 2;
   sc.P = sc.V = 16;

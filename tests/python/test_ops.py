@@ -235,3 +235,58 @@ def test_bad_inputs_raise_and_write_nothing(rng):
     with pytest.raises(ValueError):
         mla.gather_cache(cache, dst, np.array([[0]], np.int32), np.array([0, 4], np.int32))
     assert np.isnan(dst).all()
+
+
+def v41_pow2_scales(x, tile):
+    """2^ceil(log2(max(amax / 448, 1e-4))) per tile of float32 inputs (the V4 / V4.1 MXFP8 writers)."""
+    amax = np.abs(x.astype(np.float32)).reshape(-1, tile).max(axis=1)
+    s = np.maximum(amax / np.float32(448), np.float32(1e-4))
+    return np.exp2(np.ceil(np.log2(s.astype(np.float64))))
+
+
+def test_v4_record_formats_write_gather_and_sparse(rng):
+    """The DeepSeek-V4 records (docs/SEMANTICS.md §3.5): v41's bytes against NumPy's quantiser, every record
+    read back by gather_cache as the codes times their scales, sparse_mqa over a v41 window cache with a
+    v41_fp4 extra cache equal to the same call over f64 caches of the decoded rows, and mqa_decode refusing."""
+    F = mla.CacheFormat
+    assert [int(F.v4), int(F.v41), int(F.v41_fp4)] == [4, 5, 6]
+    page, n = 3, 6
+    kv, pe = rng.standard_normal((n, 448)) * 4, rng.standard_normal((n, 64))
+    caches = {f: mla.allocate_cache(f, 2, page, d_qk=512, d_rope=64) for f in (F.v4, F.v41, F.v41_fp4)}
+    for c in caches.values():
+        mla.write_cache(kv, pe, np.arange(n), c)
+    raw = caches[F.v41].data.numpy().reshape(n, 528)
+    x = np.concatenate([kv, pe], axis=1).astype(np.float32)
+    for t in range(n):
+        s = v41_pow2_scales(x[t], 32)
+        np.testing.assert_array_equal(raw[t, 512:], (np.log2(s) + 127).astype(np.uint8))
+        np.testing.assert_array_equal(raw[t, :512], e4m3_encode(x[t] / np.repeat(s, 32)))
+    bt, cu = np.array([[0, 1]], np.int32), np.array([0, n], np.int32)
+    decoded = {}
+    for f, c in caches.items():
+        dst = np.full((n, 512), np.nan)
+        mla.gather_cache(c, dst, bt, cu)
+        decoded[f] = dst
+        tol = 0.5 if f == F.v41_fp4 else 2.0 ** -4
+        np.testing.assert_allclose(dst[:, :448], kv, rtol=tol, atol=tol * 4)
+    np.testing.assert_array_equal(decoded[F.v4][:, 448:], bf16_round(pe))  # v4's rope: bf16
+    # V4.1: a v41 window cache + a v41_fp4 compressed cache in one softmax, against f64 copies.
+    f64 = {f: mla.KVCache(np.ascontiguousarray(decoded[f].reshape(2, page, 512)), F.f64, d_qk=512)
+           for f in (F.v41, F.v41_fp4)}
+    T, h = 3, 4
+    q = rng.standard_normal((T, h, 512))
+    idx, eidx = rng.integers(-1, n, (T, 5)).astype(np.int32), rng.integers(-1, n, (T, 4)).astype(np.int32)
+    sink = rng.standard_normal(h).astype(np.float32)
+
+    def run(main, extra):
+        out, lse = np.full((T, h, 512), np.nan), np.full((T, h), np.nan)
+        mla.sparse_mqa(q, main, idx, None, out, lse, 512 ** -0.5, attn_sink=sink, extra_kv=extra,
+                       extra_indices=eidx, values_include_rope=True, precision=REF)
+        return out, lse
+
+    got, want = run(caches[F.v41], caches[F.v41_fp4]), run(f64[F.v41], f64[F.v41_fp4])
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    with pytest.raises(ValueError, match="DeepSeek-V4 records"):
+        mla.mqa_decode(rng.standard_normal((1, 1, 2, 512)), caches[F.v41], bt, np.array([3], np.int32),
+                       np.zeros((1, 1, 2, 448)), None, 0.1)

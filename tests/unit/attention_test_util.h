@@ -21,10 +21,18 @@
 
 namespace mla::test {
 
-// Every format of the description (mla/cache_format.h): sweeps cover a new format automatically.
+// Every format of the plain row rule (mla/cache_format.h): sweeps cover a new format automatically. The
+// block-scaled records (kRecordFormats) serve the V4 ops only and have their own tests.
 inline constexpr CacheFormat kAllFormats[] = {
 #define MLA_X(name, value) CacheFormat::name,
-    MLA_CACHE_FORMATS(MLA_X)
+    MLA_DEVICE_CACHE_FORMATS(MLA_X) MLA_HOST_CACHE_FORMATS(MLA_X)
+#undef MLA_X
+};
+// Their count: the plain formats are the enum values 0 .. kNumPlainFormats - 1.
+inline constexpr int kNumPlainFormats = static_cast<int>(sizeof(kAllFormats) / sizeof(kAllFormats[0]));
+inline constexpr CacheFormat kRecordFormats[] = {
+#define MLA_X(name, value) CacheFormat::name,
+    MLA_RECORD_CACHE_FORMATS(MLA_X)
 #undef MLA_X
 };
 // The formats CUDA serves (GPU sweeps); the host-only ones (f64) are refused there.
@@ -57,6 +65,10 @@ inline void randomize_row(const KVCache& c, int64_t slot) {
   auto us = [](std::mt19937_64&) { return uniform(1e-3, 4e-3); };
   dispatch_cache_format(c.format, [&](auto fmt) {
     using F = decltype(fmt);
+    if constexpr (F::kRecord) {
+      ADD_FAILURE() << "randomize_row fills plain rows; V4 records are written by write_cache";
+      return;
+    }
     auto fill = [&](uint8_t* q, DType dt, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         if (dt == DType::bf16) num::store(q + 2 * i, DType::bf16, u(rng()));
@@ -82,6 +94,10 @@ inline bool scale_row(const KVCache& c, int64_t slot, double m) {
   bool ok = true;
   dispatch_cache_format(c.format, [&](auto fmt) {
     using F = decltype(fmt);
+    if constexpr (F::kRecord) {
+      ok = false;  // V4 records: not scaled per row here
+      return;
+    }
     auto scale = [&](uint8_t* v, DType dt, int64_t n) {
       const int64_t w = dtype_bytes(dt);
       for (int64_t i = 0; i < n; ++i) num::store(v + w * i, dt, num::load(v + w * i, dt) * m);

@@ -33,7 +33,8 @@ inline PatternCache pattern_cache(CacheFormat format, int64_t num_blocks, int64_
   const int64_t entry = cache_entry_elems(format);
   p.storage = Tensor::empty({num_blocks, layers, page, entry}, cache_dtype(format));
   std::memset(p.storage.data(), kPattern, p.storage.nbytes());
-  p.cache = KVCache{p.storage.view().select(1, layer), format, scale};
+  const bool record = cache_format_info(format).record;  // the V4 records: d_qk 512 only
+  p.cache = KVCache{p.storage.view().select(1, layer), format, scale, record ? 512 : 576, 64};
   validate_cache(p.cache);
   return p;
 }
@@ -61,9 +62,45 @@ inline std::string untouched_except(const PatternCache& p, const std::set<int64_
   return "";
 }
 
+// A DeepSeek-V4 record decoded from its bytes, spelled out from the layouts (not the traits):
+//   v4      page of P rows: row r's 448 e4m3 codes + 64 bf16 rope at r * 576, its 7 ue8m0 scales (one
+//           per 64 codes) at P * 576 + r * 8;
+//   v41     512 e4m3 codes | 16 ue8m0 scales (one per 32);
+//   v41_fp4 256 bytes of e2m1 pairs (low nibble first) | 32 e4m3 scales (one per 16).
+// A ue8m0 byte b is 2^(b - 127) (0xff NaN).
+inline double test_ue8m0(uint8_t b) { return b == 0xff ? NAN : std::ldexp(1.0, b - 127); }
+inline double test_e2m1(uint8_t n) {
+  const double m = (n & 7) < 2 ? 0.5 * (n & 7) : std::ldexp(1.0 + 0.5 * (n & 1), ((n & 7) >> 1) - 1);
+  return n & 8 ? -m : m;
+}
+inline std::vector<double> decode_record(const KVCache& c, int64_t slot) {
+  std::vector<double> v(512);
+  const int64_t page = c.page_size(), blk = slot / page, r = slot % page;
+  const auto* pg = static_cast<const uint8_t*>(c.data.data) + blk * c.data.stride[0];
+  if (c.format == CacheFormat::v4) {
+    const uint8_t* p = pg + r * 576;
+    const uint8_t* sc = pg + page * 576 + r * 8;
+    for (int i = 0; i < 448; ++i) v[i] = num::e4m3_to_float(p[i]) * test_ue8m0(sc[i / 64]);
+    for (int i = 0; i < 64; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 448 + 2 * i, 2);
+      v[448 + i] = num::bf16_to_float(h);
+    }
+  } else if (c.format == CacheFormat::v41) {
+    const uint8_t* p = pg + r * c.data.stride[1];
+    for (int i = 0; i < 512; ++i) v[i] = num::e4m3_to_float(p[i]) * test_ue8m0(p[512 + i / 32]);
+  } else {
+    const uint8_t* p = pg + r * c.data.stride[1];
+    for (int i = 0; i < 512; ++i)
+      v[i] = test_e2m1(static_cast<uint8_t>(i % 2 ? p[i / 2] >> 4 : p[i / 2] & 15)) * num::e4m3_to_float(p[256 + i / 16]);
+  }
+  return v;
+}
+
 // Row `slot` decoded from its bytes per §3: bf16 bits; e4m3 * scale; e4m3 * tile scale | bf16 rope;
-// float64 values (f64).
+// float64 values (f64); the V4 records by decode_record.
 inline std::vector<double> decode_row(const KVCache& c, int64_t slot) {
+  if (cache_format_info(c.format).record) return decode_record(c, slot);
   const uint8_t* p = row_ptr(c, slot);
   std::vector<double> v(static_cast<std::size_t>(c.d_qk));
   for (int i = 0; i < c.d_qk; ++i) {
@@ -88,6 +125,8 @@ inline std::vector<double> decode_row(const KVCache& c, int64_t slot) {
         break;
       case CacheFormat::f64:
         std::memcpy(&v[i], p + 8 * i, 8);
+        break;
+      default:  // records: decode_record
         break;
     }
   }

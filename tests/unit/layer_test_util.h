@@ -304,6 +304,7 @@ inline std::vector<double> decode_row(const KVCache& c, int64_t slot) {
         }
         break;
       case CacheFormat::f64: std::memcpy(&v[i], p + 8 * i, 8); break;
+      default: ADD_FAILURE() << "layer tests take no " << to_string(c.format) << " cache (V4 records)"; return v;
     }
   }
   return v;

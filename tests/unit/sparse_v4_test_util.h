@@ -27,9 +27,24 @@ struct V4Cache {
   CacheBuffer cb;
   std::vector<int32_t> live, dead;
 };
+// A block-scaled record cache (v4, v41, v41_fp4) gets its live rows from write_cache (random inputs of
+// magnitudes spread over 2^-12 .. 2^12 per row); its dead rows keep the 0xff bytes, NaN in each of them.
 inline V4Cache v4_cache(CacheFormat f, int d_qk, int64_t nb, int64_t page) {
   V4Cache c{allocate_cache(f, nb, page, Device::cpu(), f == CacheFormat::fp8 ? 0.005f : 1.0f, d_qk, 64), {}, {}};
   std::memset(c.cb.storage.data(), 0xff, c.cb.storage.nbytes());
+  if (cache_format_info(f).record) {
+    for (int64_t s = 0; s < nb * page; ++s) (s % 2 == 0 ? c.live : c.dead).push_back(static_cast<int32_t>(s));
+    const auto n = static_cast<int64_t>(c.live.size());
+    Tensor kv = Tensor::empty({n, d_qk - 64}, DType::f32), pe = Tensor::empty({n, 64}, DType::f32);
+    for (int64_t r = 0; r < n; ++r) {
+      const double m = std::ldexp(1.0, std::uniform_int_distribution<int>(-12, 12)(rng()));
+      for (int64_t i = 0; i < d_qk - 64; ++i) static_cast<float*>(kv.data())[r * (d_qk - 64) + i] = static_cast<float>(uniform(-m, m));
+      for (int64_t i = 0; i < 64; ++i) static_cast<float*>(pe.data())[r * 64 + i] = static_cast<float>(uniform(-m, m));
+    }
+    const Tensor slots = int_tensor(c.live);
+    write_cache(kv.view(), pe.view(), slots.view(), c.cb.cache);
+    return c;
+  }
   for (int64_t s = 0; s < nb * page; ++s) {
     if (s % 2 == 0) {
       randomize_row(c.cb.cache, s);

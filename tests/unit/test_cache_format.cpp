@@ -40,7 +40,7 @@ static_assert(F64::uniform() && !F64::rope_scaled() && F64::admits(320, 64) && !
 constexpr CacheFormat kBad = static_cast<CacheFormat>(9);
 
 TEST(CacheFormat, TableMatchesTraitsAndDispatch) {
-  ASSERT_EQ(kNumCacheFormats, 4);
+  ASSERT_EQ(kNumCacheFormats, 7);
   for (const CacheFormatInfo& i : kCacheFormatTable) {
     EXPECT_EQ(&cache_format_info(i.format), &i);
     EXPECT_EQ(cache_format_from_string(i.name), i.format);

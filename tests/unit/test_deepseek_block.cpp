@@ -310,6 +310,15 @@ TEST(DeepseekBlock, RefusesBadWeights) {
     EXPECT_NE(std::string(e.what()).find("f64 cache format is CPU-only"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("bf16, fp8, fp8_ds_mla"), std::string::npos) << e.what();
   }
+  // The DeepSeek-V4 records are not the V2 / V3 block's cache, on any device.
+  bad = o;
+  bad.cache_format = CacheFormat::v41;
+  try {
+    DeepseekAttention::load(ck, f.config, kLayer, bad);
+    ADD_FAILURE() << "a block with a v41 cache";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("v41 cache format holds DeepSeek-V4 records"), std::string::npos) << e.what();
+  }
   DeepseekConfig v2 = f.config;
   v2.q_lora_rank = 0;  // the checkpoint has q_a_proj / q_b_proj, not q_proj
   EXPECT_THROW(DeepseekAttention::load(ck, v2, kLayer, o), Error);
