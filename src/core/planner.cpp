@@ -154,6 +154,10 @@ void PlannerConfig::validate() const {
             "PlannerConfig: max_model_len must be in [1, 2^31 - 1] (seq_lens are int32), got {}", max_model_len);
   MLA_CHECK(decode_threshold >= 1, "PlannerConfig: decode_threshold must be >= 1, got {}", decode_threshold);
   check_cache_format(cache_format, "PlannerConfig");
+  MLA_CHECK(!cache_format_info(cache_format).record,
+            "PlannerConfig: the {} cache format is a DeepSeek-V4 record (sparse_mqa with V4 options only); a layer's "
+            "plan takes bf16, fp8, fp8_ds_mla or f64",
+            to_string(cache_format));
   MLA_CHECK(num_sms >= 0, "PlannerConfig: num_sms must be >= 0 (0 = no split-KV), got {}", num_sms);
   MLA_CHECK(compute_capability >= 0, "PlannerConfig: compute_capability must be >= 0 (0 = not known), got {}",
             compute_capability);

@@ -30,6 +30,12 @@ void check_options(const LayerOptions& o) {
   detail::check_device_value(o.device, "MlaAttention", "options.device");
   o.dims.validate();
   check_cache_format(o.cache_format, "MlaAttention");
+  // The DeepSeek-V4 records are read by sparse_mqa's V4 options only; the layer's MLA step (dense decode, the
+  // V3.2 sparse path) has no use for them: refused before anything is allocated or written.
+  MLA_CHECK(!cache_format_info(o.cache_format).record,
+            "MlaAttention: the {} cache format is a DeepSeek-V4 record (sparse_mqa with V4 options only); the layer "
+            "takes bf16, fp8, fp8_ds_mla or f64",
+            to_string(o.cache_format));
   if (o.device.is_cuda()) {
     MLA_CHECK(cache_format_info(o.cache_format).device,
               "MlaAttention: the {} cache format is CPU-only (the float64 oracle's cache); the CUDA layer takes {}",

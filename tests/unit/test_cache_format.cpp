@@ -124,6 +124,24 @@ TEST(CacheFormat, BadValuesRejectedByPlannerAndLayer) {
   EXPECT_NE(error_of([&] { MlaAttention layer(o, w); }).find("DsMlaScale value 5"), std::string::npos);
 }
 
+// The DeepSeek-V4 records serve sparse_mqa's V4 options only: a layer or a plan over one is refused up front (the
+// layer would otherwise write the cache before its attention op refused the format).
+TEST(CacheFormat, V4RecordsRefusedByPlannerAndLayer) {
+  for (const CacheFormat f : {CacheFormat::v4, CacheFormat::v41, CacheFormat::v41_fp4}) {
+    PlannerConfig pc;
+    pc.cache_format = f;
+    EXPECT_NE(error_of([&] { pc.validate(); }).find("DeepSeek-V4 record"), std::string::npos) << to_string(f);
+    LayerOptions o;
+    o.dims = ModelDims::deepseek_v2_lite();
+    o.dims.num_heads = 2;
+    o.dims.kv_lora_rank = 448;  // the width a V4 record's latent has
+    o.cache_format = f;
+    Tensor w = test::random_tensor({2 * (128 + 128), 448}, DType::bf16);
+    EXPECT_NE(error_of([&] { MlaAttention layer(o, w); }).find("DeepSeek-V4 record"), std::string::npos)
+        << to_string(f);
+  }
+}
+
 }  // namespace
 }  // namespace mla
 
