@@ -81,7 +81,8 @@ inline uint8_t float_to_e4m3(float f) {
 // e2m1 (NVFP4's element, a 4-bit code: sign in bit 3, then 2 exponent bits and 1 mantissa bit):
 // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 for codes 0..7. float -> e2m1 rounds to nearest even (ties
 // 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturates beyond 6 and
-// +-inf to +-6, keeps the sign bit of every value (zero included) and maps NaN to 0x7 (+6).
+// +-inf to +-6, keeps the sign bit of every value (zero included) and maps NaN to 0x7 (+6): e2m1 has no NaN
+// code, so writers whose NaN must read back as NaN mark it elsewhere (the V4.1 record's NaN scale).
 // The magnitude code (0..7) of a non-negative float; NaN -> 7. constexpr and free of library calls, so
 // the CUDA kernels share it (--expt-relaxed-constexpr).
 constexpr uint8_t e2m1_magnitude(float a) {
@@ -99,27 +100,6 @@ inline float e2m1_to_float(uint8_t code) {
 // Value of e4m3 rounding as a float (quantise and back).
 inline float round_e4m3(float f) { return e4m3_to_float(float_to_e4m3(f)); }
 
-// OCP e2m1 (fp4): a 4-bit code s.e.m with exponent bias 1; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. No
-// inf or NaN codes.
-inline float e2m1_to_float(uint8_t nibble) {
-  static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = kMag[nibble & 0x7u];
-  return (nibble & 0x8u) ? -v : v;
-}
-// Round to nearest, ties to the even code (mantissa bit 0), saturate to +-6 (infinities too). NaN has
-// no code: it gives +0 here, and writers mark the NaN elsewhere (the record's NaN scale).
-inline uint8_t float_to_e2m1(float f) {
-  if (std::isnan(f)) return 0;
-  const uint8_t sign = std::signbit(f) ? 0x8u : 0u;
-  const float a = std::fabs(f);
-  if (a >= 6.0f) return sign | 0x7u;  // saturation (infinities included)
-  uint8_t best = 0;
-  for (uint8_t c = 1; c < 8; ++c) {
-    const float d = std::fabs(e2m1_to_float(c) - a), db = std::fabs(e2m1_to_float(best) - a);
-    if (d < db || (d == db && (c & 1u) == 0)) best = c;
-  }
-  return sign | best;
-}
 // UE8M0 (an unsigned power-of-two exponent byte): 2^(b - 127); 0xff is NaN.
 inline double ue8m0_to_double(uint8_t b) { return b == 0xffu ? NAN : std::ldexp(1.0, static_cast<int>(b) - 127); }
 // The power-of-two record scale 2^ceil(log2(max(amax / 448, 1e-4))) as its UE8M0 byte, computed
