@@ -127,11 +127,20 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
 //               they are near-uniform, so one CTA per request is the best split of the batch; the sm90 kernel
 //               then runs it without the balanced schedule's combine launch. A hint only: any value gives the
 //               same result; false (the default) assumes nothing.
+//   batch_invariant: each request's result is bit-identical whatever else is in the batch (PlannerConfig::
+//               batch_invariant; a step plan passes its config's flag). The kernel then depends on the row
+//               count s_q * h_q only, num_splits (which must be >= 1: a step plan's DecodeRun::num_splits,
+//               e.g. batch_invariant_splits) cuts each request's own keys into that many equal ranges merged
+//               in split order, and no schedule follows the batch; a CUDA workspace that cannot hold the
+//               num_splits partials (or is not 16-byte aligned) is refused instead of running fewer splits. The
+//               CPU backend splits each request's keys into fixed chunks of kBatchInvariantKeys.
 // Any page size >= 1, any h_q >= 1, any s_q >= 1. seq_len 0 (or no visible key) -> out 0, lse -inf.
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
                 bool causal = true, const TensorView& workspace = {}, const Context& ctx = {}, int num_splits = 0,
-                bool whole_requests = false);
+                bool whole_requests = false, bool batch_invariant = false);
+// Keys per split of the CPU backend's batch-invariant mqa_decode and sparse_mqa (a multiple of its 64-key blocks).
+inline constexpr int64_t kBatchInvariantKeys = 1024;
 // Scratch bytes to give mqa_decode for these sizes and num_splits (0 = the same default as mqa_decode's):
 // the larger of the split-KV partials and, on sm90 for <= 32 query rows, the balanced schedule's partials
 // (0 bytes on the CPU; a one-split call may be given less, down to none: see workspace above).
@@ -197,6 +206,10 @@ struct SparseOptions {
   // K = V over the whole row: out's d_v may go up to d_qk (values are the first d_v columns, rope
   // columns included; V4: d_qk = d_v = 512). false: d_v <= d_latent as above.
   bool values_include_rope = false;
+  // Not a V4 input: each token's result bit-identical whatever else is in the call (PlannerConfig::
+  // batch_invariant): the kernel depends on h_q only and a token's keys are never split by the number of
+  // tokens (CUDA: one CTA per token and row tile; the CPU: fixed chunks of kBatchInvariantKeys).
+  bool batch_invariant = false;
 
   bool any() const { return attn_sink.defined() || extra.defined() || values_include_rope; }
 };

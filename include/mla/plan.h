@@ -149,6 +149,13 @@ inline constexpr int64_t kDecodeTileRows = 64;          // query rows (s_q * h_q
 // num_sms <= 0 (CPU plans, or no device known): 1.
 int decode_num_splits(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, int num_sms);
 
+struct PlannerConfig;
+// The split-KV count of every decode run of s_q-token requests in a batch-invariant plan
+// (PlannerConfig::batch_invariant): decode_num_splits for the config's full batch, max_num_seqs requests of
+// max_model_len keys (rounded up to whole pages) with dims.num_heads heads on num_sms SMs. A function of the
+// config and s_q only, so a request's split points depend on its own length alone; 1 when num_sms is 0.
+int batch_invariant_splits(const PlannerConfig& config, int64_t s_q);
+
 struct DecodeRun {
   int64_t req_begin = 0, req_end = 0;  // decode requests [req_begin, req_end), each with s_q query tokens
   int64_t s_q = 0;
@@ -156,7 +163,9 @@ struct DecodeRun {
   // Block-table columns the kernel is given: pages of the longest sequence of the run (or of
   // BatchDesc::decode_seq_len_bound). The kernel's split-KV ranges and scratch are sized from it.
   int64_t block_cols = 0;
-  int num_splits = 1;  // decode_num_splits(b, s_q, num_heads, block_cols * page_size, num_sms)
+  // decode_num_splits(b, s_q, num_heads, block_cols * page_size, num_sms); batch-invariant plans:
+  // batch_invariant_splits(config, s_q), whatever the batch.
+  int num_splits = 1;
   // The run's host lengths are near-uniform: one request per CTA is what the sm90 kernel's balanced schedule would
   // run (core/decode_balance.h whole_requests, one planned split, the lengths known: no seq_len_bound), so it runs
   // that without the combine launch (mqa_decode's whole_requests hint).
@@ -230,10 +239,21 @@ struct PlannerConfig {
   // shard, each decode row's local key count goes into the metadata (dcp_local_lens). Dense
   // steps, and sparse steps that run every token on the cache (not the fp8_ds_mla separate mode).
   DcpLayout dcp;
+  // Batch-invariant decode: a request's decode output (dense and sparse) is bit-identical whatever else is
+  // in the step (its position, the batch size, the other requests' lengths). Every decision that shapes a
+  // request's arithmetic is then a function of the config and the request's own shape: its kernel (by its
+  // row count, never the batch), its split-KV count (batch_invariant_splits, per query length: the kernels
+  // cut a request's own key tiles into that many equal ranges) and the combine, which merges those splits
+  // in split order. No balanced or cluster schedule, no small-T sparse split, no split count lowered for a
+  // short workspace (the op refuses instead). The cost: no balancing across requests (a varlen batch waits
+  // for its longest request's share) and one split count sized for a full batch (docs/design/
+  // attention_sm90.md "Batch-invariant mode"). Not with DCP (validate refuses it).
+  bool batch_invariant = false;
   // The sparse fp8_ds_mla prefill mode this config gives a step (sparse_mixed_batch_for of its fields).
   bool sparse_mixed_batch() const;
   // Throws mla::Error unless num_sms >= 0, compute_capability >= 0, num_heads, page_size, max_num_seqs, decode_threshold >= 1,
-  // 1 <= max_model_len < 2^31, index_topk >= 0 and the workspace rows are as above.
+  // 1 <= max_model_len < 2^31, index_topk >= 0, the workspace rows are as above and batch_invariant is not
+  // combined with DCP.
   void validate() const;
 };
 

@@ -23,6 +23,9 @@
 //     contexts (b <= kRows16SeesawBatch, context bound <= kRows16SeesawKeys): there the seesaw tile's uniform
 //     split-KV schedule beat the small kernel's balanced one; larger batches and long contexts (where the
 //     balanced schedule streams above copy speed) keep the small kernel. Sparse keeps the small kernel.
+//   - Batch-invariant launches (PlannerConfig::batch_invariant) choose by the row count alone: the 9..16-row
+//     promotion, which reads the batch and the context bound, is off, so those rows keep the small kernel
+//     (the kernel of every batch larger than kRows16SeesawBatch).
 //   - The seesaw kernel's stage 1 over a bf16 paged cache completes each panel on its own barrier when a
 //     request has more than 16 rows (the h 64 / 128 rows), one barrier per V half otherwise.
 #include <cstdint>
@@ -43,6 +46,7 @@ struct Problem {
   int64_t batch = 0;          // requests (mqa_decode) or tokens (sparse_mqa)
   int64_t context_bound = 0;  // mqa_decode: max_blocks * page_size (the keys a request can have); sparse: unused
   bool sparse = false;
+  bool batch_invariant = false;  // the kernel may depend on the request's shape only (not batch, context_bound)
 };
 
 struct Regime {
@@ -91,7 +95,8 @@ inline constexpr Kernel preferred(const Problem& p) {
   const int64_t m = p.rows < 1 ? 1 : p.rows;
   if (m > 32) return Kernel::seesaw;
   if (is_code_format(p.format)) return Kernel::raw;
-  if (!p.sparse && (m > 16 || (m > 8 && p.batch <= kRows16SeesawBatch && p.context_bound <= kRows16SeesawKeys)))
+  const bool small_batch = !p.batch_invariant && p.batch <= kRows16SeesawBatch && p.context_bound <= kRows16SeesawKeys;
+  if (!p.sparse && (m > 16 || (m > 8 && small_batch)))
     return Kernel::seesaw;  // one padded 64-row tile
   return Kernel::small;
 }

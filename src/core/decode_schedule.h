@@ -20,6 +20,12 @@
 //   - the seesaw kernel over a bf16 cache merges its 2..8 splits in a cluster where all the grid's clusters are
 //     resident at once (a second wave of clusters doubled the time).
 //   - everything else runs uniform with the planned splits, fewer when the workspace holds fewer partials.
+//   - batch-invariant launches (PlannerConfig::batch_invariant) run uniform with exactly the planned splits
+//     (the combine merges them in split order): no balanced windows or clusters, whose shape follows the
+//     batch, and no split count lowered for the workspace (the launcher refuses a workspace that is short).
+//
+// Under the uniform schedule split s of a request with `tiles` key tiles covers tiles [t0, t1) of
+// split_range below: a function of the request's own length and the split count, whatever the batch.
 #include <algorithm>
 #include <cstdint>
 
@@ -44,6 +50,7 @@ struct Facts {
   bool balanced_fits = false;  // the workspace holds the balanced schedule's partials (balance::workspace_bytes)
   int max_clusters = 0;       // clusters of planned_splits seesaw CTAs resident at once on the device (0: none)
   bool whole_requests = false;  // the caller's host lengths: one request per CTA is the balanced answer
+  bool batch_invariant = false;  // the schedule may depend on the request's shape and planned_splits only
 };
 
 struct Schedule {
@@ -62,6 +69,11 @@ inline int balanced_ctas(const Facts& f) {
 inline Schedule choose(const Facts& f) {
   Schedule s;
   const int planned = std::max(1, f.planned_splits);
+  if (f.batch_invariant) {
+    s.splits = planned;
+    s.combine = planned > 1;
+    return s;
+  }
   if (f.regime.kernel == decode_regime::Kernel::small) {
     const int ctas = balanced_ctas(f);
     const bool whole = f.whole_requests && planned == 1;
@@ -80,6 +92,18 @@ inline Schedule choose(const Facts& f) {
   s.splits = std::max(1, std::min(planned, f.max_ws_splits));
   s.combine = s.splits > 1;
   return s;
+}
+
+// Tiles [t0, t1) of split `split` of a request of `tiles` key tiles cut into `splits` equal ranges: the
+// uniform schedule of the sm90 kernels (64-key tiles) and of the portable engine (its own tile size).
+struct TileRange {
+  int64_t t0, t1;
+  friend bool operator==(const TileRange&, const TileRange&) = default;
+};
+inline constexpr TileRange split_range(int64_t tiles, int splits, int split) {
+  const int64_t per = splits <= 0 ? tiles : (tiles + splits - 1) / splits;
+  const int64_t t0 = std::min<int64_t>(split * per, tiles);
+  return {t0, std::min<int64_t>(t0 + per, tiles)};
 }
 
 inline constexpr const char* to_string(Kind k) {

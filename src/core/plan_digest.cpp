@@ -80,9 +80,10 @@ class Fnv {
   void add(const PlannerConfig& c) {
     const auto& [dims, cache_format, page_size, max_model_len, max_num_seqs, sparse, decode_threshold,
                  require_uniform, context_workspace_rows, sparse_workspace_rows, sparse_prefill_mode, num_sms,
-                 compute_capability, dcp] = c;
+                 compute_capability, dcp, batch_invariant] = c;
     all(dims, cache_format, page_size, max_model_len, max_num_seqs, sparse, decode_threshold, require_uniform,
-        context_workspace_rows, sparse_workspace_rows, sparse_prefill_mode, num_sms, compute_capability, dcp);
+        context_workspace_rows, sparse_workspace_rows, sparse_prefill_mode, num_sms, compute_capability, dcp,
+        batch_invariant);
   }
   void add(const Split& s) {
     const auto& [num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens] = s;

@@ -170,6 +170,10 @@ void PlannerConfig::validate() const {
             max_model_len, sparse_workspace_rows);
   (void)sparse_mixed_batch();  // the enum value (throws outside it)
   validate_dcp_layout(dcp, page_size);
+  MLA_CHECK(!batch_invariant || dcp.world_size == 1,
+            "PlannerConfig: batch_invariant is not supported with decode context parallelism (dcp.world_size {}); "
+            "use dcp.world_size 1 or batch_invariant false",
+            dcp.world_size);
 }
 
 bool PlannerConfig::sparse_mixed_batch() const {
@@ -288,6 +292,11 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
     plan.decode = plan_decode_schedule(batch.query_start_loc, batch.seq_lens, plan.split.num_decodes,
                                        config.page_size, config.dims.num_heads, config.num_sms,
                                        batch.decode_seq_len_bound);
+    if (config.batch_invariant)  // splits from the config and s_q only; no hint drawn from the batch's lengths
+      for (DecodeRun& run : plan.decode.runs) {
+        run.num_splits = batch_invariant_splits(config, run.s_q);
+        run.whole_requests = false;
+      }
     plan.context = plan_context_chunks(plan.prefill_context_lens, plan.config.context_workspace_rows,
                                        config.page_size, /*round_to_page=*/true);
   } else {

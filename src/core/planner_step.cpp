@@ -43,6 +43,14 @@ int decode_num_splits(int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, 
   return best;
 }
 
+int batch_invariant_splits(const PlannerConfig& config, int64_t s_q) {
+  MLA_CHECK(s_q >= 1, "batch_invariant_splits: s_q must be >= 1, got {}", s_q);
+  config.validate();
+  const int64_t keys = detail::checked_mul(ceil_div(config.max_model_len, config.page_size), config.page_size,
+                                           "batch_invariant_splits: keys");
+  return decode_num_splits(config.max_num_seqs, s_q, config.dims.num_heads, keys, config.num_sms);
+}
+
 DecodeSchedule plan_decode_schedule(const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq_lens,
                                     int64_t num_decodes, int64_t page_size, int64_t num_heads, int num_sms,
                                     int64_t seq_len_bound) {
@@ -140,7 +148,8 @@ bool same_launches(const Plan& a, const Plan& b) {
   const PlannerConfig &x = a.config, &y = b.config;
   if (x.page_size != y.page_size || x.cache_format != y.cache_format || x.sparse != y.sparse ||
       x.dims.num_heads != y.dims.num_heads || x.dims.index_topk != y.dims.index_topk ||
-      x.dcp.world_size != y.dcp.world_size || x.dcp.rank != y.dcp.rank || x.dcp.interleave != y.dcp.interleave)
+      x.dcp.world_size != y.dcp.world_size || x.dcp.rank != y.dcp.rank || x.dcp.interleave != y.dcp.interleave ||
+      x.batch_invariant != y.batch_invariant)  // the attention launches take the mode
     return false;
   if (a.num_reqs != b.num_reqs || a.num_tokens != b.num_tokens || a.num_actual_tokens != b.num_actual_tokens ||
       !(a.split == b.split) || !(a.decode == b.decode) || a.sparse_mixed_batch != b.sparse_mixed_batch)

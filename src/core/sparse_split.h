@@ -16,6 +16,8 @@
 //   - all clusters resident together: max_clusters(s) >= units (a cluster lives in one GPC, so 132 SMs do not
 //     hold 16 clusters of 8 on every part).
 //   - no split once the tokens fill the GPU by themselves (units * 2 > SMs).
+//   - none in a batch-invariant launch (SparseOptions::batch_invariant): the split count follows the number of
+//     tokens, so a token's result would depend on the batch.
 #include <cstdint>
 
 namespace mla::sparse_split {
@@ -24,11 +26,12 @@ inline constexpr int kMaxSplits = 8;        // the portable cluster size
 inline constexpr int kMinTilesPerRank = 2;  // 64-key tiles per rank at least
 
 // Splits of each token's top-k for `units` (row tiles x tokens) units of `tiles` 64-key tiles each on `sms`
-// SMs: the largest s in {8, 4, 2} that satisfies the rules above, else 1 (one CTA per unit).
+// SMs: the largest s in {8, 4, 2} that satisfies the rules above, else 1 (one CTA per unit; always 1 when
+// batch_invariant).
 // max_clusters(s): clusters of s CTAs resident at once.
 template <class MaxClusters>
-int cluster_splits(int64_t units, int64_t tiles, int sms, MaxClusters&& max_clusters) {
-  if (units <= 0 || tiles <= 0 || sms <= 0) return 1;
+int cluster_splits(int64_t units, int64_t tiles, int sms, MaxClusters&& max_clusters, bool batch_invariant = false) {
+  if (batch_invariant || units <= 0 || tiles <= 0 || sms <= 0) return 1;
   for (int s = kMaxSplits; s >= 2; s /= 2)
     if (units * s <= sms && tiles >= int64_t{kMinTilesPerRank} * s && max_clusters(s) >= units) return s;
   return 1;

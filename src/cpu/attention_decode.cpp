@@ -41,10 +41,10 @@ struct DecodeGroups {
 
 template <class T>
 void decode_impl(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
-                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal) {
+                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal, int64_t split_keys) {
   const DecodeGroups<T> src{q,         block_table, seq_lens,         out, lse, causal, q.size(1), q.size(2),
                             q.size(3), out.size(3), cache.page_size()};
-  attn::run_split_mqa<T>(cache, q.size(0), src.s_q * src.h, src.d, src.dv, softmax_scale, src);
+  attn::run_split_mqa<T>(cache, q.size(0), src.s_q * src.h, src.d, src.dv, softmax_scale, src, nullptr, split_keys);
 }
 
 }  // namespace
@@ -53,11 +53,12 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
                 const TensorView& /*workspace: the CPU needs none*/, const Context& ctx,
                 int /*num_splits: the CPU splits over its own threads (cpu/mqa_split.h)*/,
-                bool /*whole_requests: a CUDA schedule hint*/) {
+                bool /*whole_requests: a CUDA schedule hint*/, bool batch_invariant) {
+  const int64_t split_keys = batch_invariant ? kBatchInvariantKeys : 0;  // fixed ranges per request
   if (ctx.precision == Precision::reference)
-    decode_impl<double>(q, cache, block_table, seq_lens, out, lse, softmax_scale, causal);
+    decode_impl<double>(q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, split_keys);
   else
-    decode_impl<float>(q, cache, block_table, seq_lens, out, lse, softmax_scale, causal);
+    decode_impl<float>(q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, split_keys);
 }
 
 }  // namespace mla::cpu

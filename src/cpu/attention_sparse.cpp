@@ -66,7 +66,8 @@ void sparse_impl(const TensorView& q, const KVCache& kv, const TensorView& indic
     if (ex.defined()) append_rows(src.rows, ex.indices, ex.topk_length, t, ex.kv.num_slots(), true);
     src.offset.push_back(static_cast<int64_t>(src.rows.size()));
   }
-  attn::run_split_mqa<T>(kv, n_tok, src.h, src.d, src.dv, softmax_scale, src, ex.defined() ? &ex.kv : nullptr);
+  attn::run_split_mqa<T>(kv, n_tok, src.h, src.d, src.dv, softmax_scale, src, ex.defined() ? &ex.kv : nullptr,
+                         opts.batch_invariant ? kBatchInvariantKeys : 0);  // batch-invariant: fixed ranges per token
 }
 
 }  // namespace

@@ -13,7 +13,9 @@
 // This split is the CPU backend's own parallelisation, chosen here from the OpenMP thread count at
 // run time; it is not the step plan's decode schedule (mla/plan.h, DecodeSchedule), which describes
 // launches of the CUDA kernel and is ignored on the CPU. Results do not depend on either choice
-// beyond rounding.
+// beyond rounding. Batch-invariant calls (split_keys > 0) cut every group at fixed multiples of
+// split_keys instead: a group's ranges, and so its bits, then depend on its own key count only (not on
+// the other groups, the batch size or the thread count), and its parts merge in range order.
 #include <omp.h>
 
 #include <algorithm>
@@ -37,7 +39,7 @@ inline constexpr int64_t kMinSplitKeys = 256;
 //   void store(g, r, const T* o, double lse) writes one finished row
 template <class T, class Src>
 void run_split_mqa(const KVCache& cache, int64_t groups, int64_t rows, int64_t d, int64_t dv, double softmax_scale,
-                   const Src& src, const KVCache* extra = nullptr) {
+                   const Src& src, const KVCache* extra = nullptr, int64_t split_keys = 0) {
   struct Item {
     int64_t g, k0, k1, part;  // part: index into `partial`, -1 when the item covers its whole group
   };
@@ -45,7 +47,7 @@ void run_split_mqa(const KVCache& cache, int64_t groups, int64_t rows, int64_t d
   int64_t total = 0;
   for (int64_t g = 0; g < groups; ++g) total += (n_keys[static_cast<std::size_t>(g)] = src.keys(g));
   const int64_t threads = omp_get_max_threads();
-  int64_t chunk = std::max(kMinSplitKeys, (total + 2 * threads - 1) / (2 * threads));
+  int64_t chunk = split_keys > 0 ? split_keys : std::max(kMinSplitKeys, (total + 2 * threads - 1) / (2 * threads));
   chunk = (chunk + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
 
   std::vector<Item> items;
@@ -59,7 +61,8 @@ void run_split_mqa(const KVCache& cache, int64_t groups, int64_t rows, int64_t d
       items.push_back({g, 0, n, -1});
       continue;
     }
-    const int64_t len = ((n + splits - 1) / splits + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+    const int64_t len =
+        split_keys > 0 ? chunk : ((n + splits - 1) / splits + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
     first_part[static_cast<std::size_t>(g)] = n_parts;
     for (int64_t k0 = 0; k0 < n; k0 += len) {
       items.push_back({g, k0, std::min(n, k0 + len), n_parts++});

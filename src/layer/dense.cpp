@@ -122,7 +122,7 @@ void run_dense_decode(const Step& s) {
                s.args.block_table.slice(0, r.req_begin, r.req_end).slice(1, 0, r.block_cols),
                s.args.seq_lens.slice(0, r.req_begin, r.req_end),
                o_lat.slice(0, t0, t1).reshape({b, r.s_q, d.h, d.L}), {}, s.opt.dims.softmax_scale, /*causal=*/true,
-               scratch, s.ctx, r.num_splits, r.whole_requests);
+               scratch, s.ctx, r.num_splits, r.whole_requests, s.plan.config.batch_invariant);
   }
   s.ctx.mark("decode.up_proj");
   up_project(s, o_lat, 0);

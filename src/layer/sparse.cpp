@@ -30,6 +30,8 @@ void run_sparse(const Step& s) {
     up_project(s, o_lat, 0);
     return;
   }
+  SparseOptions opts;  // a batch-invariant plan: each token's result whatever else the step holds
+  opts.batch_invariant = s.plan.config.batch_invariant;
   TensorView prefill_ids, workspace_starts;
   if (f.sparse_separate) {
     prefill_ids = s.meta_view(s.plan.metadata.prefill_ids, t);
@@ -39,11 +41,11 @@ void run_sparse(const Step& s) {
                        s.cache.page_size(), 0, prefill_ids, workspace_starts, {}, s.args.seq_lens, s.ctx);
 
   if (!f.sparse_separate) {
-    sparse_mqa(q_abs, s.cache, indices, {}, o_lat, {}, scale, s.ctx);
+    sparse_mqa(q_abs, s.cache, indices, {}, o_lat, {}, scale, opts, s.ctx);
   } else {
     if (f.t_dec > 0)
       sparse_mqa(q_abs.slice(0, 0, f.t_dec), s.cache, indices.slice(0, 0, f.t_dec), {}, o_lat.slice(0, 0, f.t_dec), {},
-                 scale, s.ctx);
+                 scale, opts, s.ctx);
     for (const SparsePrefillChunk& c : s.plan.sparse_chunks) {
       if (c.token_end == c.token_begin) continue;
       const TensorView rows = s.view(s.layout.upconv, DType::bf16, {c.total_rows, d.d_qk()});
@@ -53,7 +55,7 @@ void run_sparse(const Step& s) {
       const KVCache kv{rows.reshape({1, c.total_rows, d.d_qk()}), CacheFormat::bf16, 1.0f,
                        static_cast<int>(d.d_qk()), static_cast<int>(d.R)};
       sparse_mqa(q_abs.slice(0, c.token_begin, c.token_end), kv, indices.slice(0, c.token_begin, c.token_end), {},
-                 o_lat.slice(0, c.token_begin, c.token_end), {}, scale, s.ctx);
+                 o_lat.slice(0, c.token_begin, c.token_end), {}, scale, opts, s.ctx);
     }
   }
   up_project(s, o_lat, 0);

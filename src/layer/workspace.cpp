@@ -360,7 +360,9 @@ int64_t bound_decode_scratch(const PlannerConfig& c, int64_t n, const LayerOptio
     r.req_end = b;
     r.s_q = s_q;
     r.block_cols = max_len / c.page_size;
-    r.num_splits = decode_num_splits(b, s_q, h, max_len, c.num_sms);
+    // Batch-invariant plans: one split count per s_q whatever b, so the partials grow with b and
+    // eval(b_max, s_q) bounds them.
+    r.num_splits = c.batch_invariant ? batch_invariant_splits(c, s_q) : decode_num_splits(b, s_q, h, max_len, c.num_sms);
     best = std::max(best, decode_run_scratch(r, c, o));
   };
   for (int64_t s_q = 1; s_q <= max_sq; ++s_q) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 
 #include "core/decode_balance.h"
 #include "core/index_view.h"
@@ -91,7 +92,8 @@ std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int6
 
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
-                const TensorView& workspace, const Context& ctx, int num_splits, bool whole_requests) {
+                const TensorView& workspace, const Context& ctx, int num_splits, bool whole_requests,
+                bool batch_invariant) {
   constexpr const char* op = "mqa_decode";
   detail::check_ndim(q, 4, op, "q [b, s_q, h_q, d_qk]");
   detail::check_activation(q, false, op, "q", detail::CudaActivations::bf16_f16_f32);
@@ -117,6 +119,11 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
                           {workspace, "workspace"}});
   MLA_CHECK(num_splits >= 0 && num_splits <= kDecodeMaxSplits, "{}: num_splits must be in [0, {}] (0 = default), got {}",
             op, kDecodeMaxSplits, num_splits);
+  // num_splits 0 would take the policy for this call's batch size.
+  MLA_CHECK(!batch_invariant || num_splits >= 1,
+            "{}: batch_invariant needs num_splits >= 1 (a batch-invariant plan's DecodeRun::num_splits, "
+            "batch_invariant_splits); 0 would choose the split count from the batch",
+            op);
   const int64_t page = cache.page_size(), max_len = block_table.size(1) * page;
   if (dev.is_cpu()) {
     detail::check_values_in_range(seq_lens, 0, max_len, op, "seq_lens (bounded by max_blocks * page_size)");
@@ -137,10 +144,15 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
     if (workspace.defined()) {
       MLA_CHECK(workspace.is_contiguous(), "{}: workspace must be contiguous, got {}", op, workspace.describe());
     }
+    // The launchers run fewer splits on a workspace they cannot use (unaligned); batch-invariant calls must not.
+    const bool ws_aligned = workspace.defined() && reinterpret_cast<uintptr_t>(workspace.data) % 16 == 0;
+    MLA_CHECK(!batch_invariant || num_splits == 1 || ws_aligned,
+              "{}: batch_invariant with {} splits needs a 16-byte aligned workspace, got {}", op, num_splits,
+              workspace.defined() ? workspace.describe() : std::string("none"));
   }
   if (b == 0) return;
   MLA_DISPATCH(dev, mqa_decode, q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx,
-               num_splits, whole_requests);
+               num_splits, whole_requests, batch_invariant);
 }
 
 void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,

@@ -252,12 +252,12 @@ TEST(DecodeGpu, NoWorkspaceFallbackMatchesSplitPath) {
   Tensor out = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
   const int splits = decode_num_splits(b, s_q, h, 95 * page, multiprocessor_count(gpu));
   ASSERT_GT(splits, 1);
-  cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, {}, Context{}, splits, false);
+  cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, {}, Context{}, splits, false, false);
   test::expect_attention_close(out, r.ref_out, lse, r.ref_lse, "no workspace");
   // A workspace one byte short of two splits also falls back.
   Tensor small = Tensor::empty({64}, DType::u8, gpu);
   fill(out.view(), NAN);
-  cuda::mqa_decode(qd, dc.cache, bt, sl, out, {}, kScale, true, small.view(), Context{}, splits, false);
+  cuda::mqa_decode(qd, dc.cache, bt, sl, out, {}, kScale, true, small.view(), Context{}, splits, false, false);
   test::expect_attention_close(out, r.ref_out, {}, {}, "tiny workspace");
 }
 
@@ -406,7 +406,7 @@ TEST(DecodeGpu, SmallKernelLongStreams) {
     test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
     Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
     Tensor out = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu), lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
-    cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, {}, Context{}, 1, false);
+    cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, {}, Context{}, 1, false, false);
     EXPECT_EQ(last_variant("mqa_decode").rfind("sm90_", 0), 0u) << last_variant("mqa_decode");
     test::expect_attention_close(out, ref_out, lse, ref_lse,
                                  std::string(to_string(f)) + " h " + std::to_string(h) + " s_q " + std::to_string(s_q) +

@@ -34,7 +34,7 @@ TEST(DecodeSplitsGpu, ExplicitSplitCountsMatchTheOracle) {
   const Tensor qd = q.to(gpu), bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
   {  // the oracle reads what the variant that runs reads (the sm90 seesaw kernel: the bf16 upconvert of the records)
     Tensor probe = test::poisoned({b, s_q, h, 512}, DType::bf16, gpu);
-    cuda::mqa_decode(qd, dc.cache, bt, sl, probe, {}, kScale, true, {}, Context{}, 1, false);
+    cuda::mqa_decode(qd, dc.cache, bt, sl, probe, {}, kScale, true, {}, Context{}, 1, false, false);
     cuda_rt::synchronize(0);
   }
   const CacheBuffer up = test::upconverted_cache(pb.cb.cache);
@@ -65,7 +65,7 @@ TEST(DecodeSplitsGpu, ExplicitSplitCountsMatchTheOracle) {
       fill(out.view(), NAN);
       fill(lse.view(), NAN);
       cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view().slice(0, 0, static_cast<int64_t>(uniform)),
-                       Context{}, splits, false);
+                       Context{}, splits, false, false);
       cuda_rt::synchronize(0);
       test::expect_attention_close(out, ref_out, lse, ref_lse, "uniform splits");
     }

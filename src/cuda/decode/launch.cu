@@ -57,6 +57,9 @@ void run_portable(const dispatch::DecodeArgs& a) {
                            ? workspace.numel() * static_cast<int64_t>(workspace.element_size())
                            : 0;
   while (splits > 1 && combine::ws_bytes(b, s_q, h_q, splits) > have) --splits;
+  if (a.batch_invariant && splits != std::max(1, num_splits))  // the front end checks this first
+    throw Error("mqa_decode: batch_invariant needs a workspace that holds the " + std::to_string(num_splits) +
+                " planned splits");
   p.num_splits = splits;
   if (splits > 1) {
     auto* base = static_cast<uint8_t*>(workspace.data);
@@ -102,10 +105,11 @@ dispatch::Table<dispatch::DecodeArgs>& dispatch::mqa_decode_table() {
 
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
-                const TensorView& workspace, const Context& ctx, int num_splits, bool whole_requests) {
-  dispatch::mqa_decode_table().run(
-      {q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx, num_splits, whole_requests},
-      dispatch::device_cc(q.device.index));
+                const TensorView& workspace, const Context& ctx, int num_splits, bool whole_requests,
+                bool batch_invariant) {
+  dispatch::mqa_decode_table().run({q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx,
+                                    num_splits, whole_requests, batch_invariant},
+                                   dispatch::device_cc(q.device.index));
 }
 
 }  // namespace mla::cuda

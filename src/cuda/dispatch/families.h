@@ -30,6 +30,7 @@ struct DecodeArgs {
   const Context& ctx;
   int num_splits;                 // planned splits (the variant may use fewer when the workspace is short)
   bool whole_requests = false;    // host-known near-uniform lengths (mla/ops.h mqa_decode): a schedule hint
+  bool batch_invariant = false;   // exactly num_splits uniform splits, a kernel by the row count (mla/ops.h)
 };
 
 struct SparseArgs {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda/common/launch.h"
@@ -89,7 +90,8 @@ decode_regime::Problem problem_of(const dispatch::DecodeArgs& a) {
   return {.format = a.cache.format,
           .rows = a.q.size(1) * a.q.size(2),
           .batch = a.q.size(0),
-          .context_bound = a.block_table.size(1) * a.cache.page_size()};
+          .context_bound = a.block_table.size(1) * a.cache.page_size(),
+          .batch_invariant = a.batch_invariant};
 }
 
 // What every sm90 decode kernel needs (nullptr), else why not.
@@ -169,7 +171,11 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
       facts.planned_splits <= ClusterMerge::kMaxSplits)
     facts.max_clusters = seesaw_paged_max_clusters(q.device.index, facts.planned_splits);
   facts.whole_requests = a.whole_requests;
+  facts.batch_invariant = a.batch_invariant;
   const decode_schedule::Schedule sched = decode_schedule::choose(facts);
+  if (a.batch_invariant && sched.splits > facts.max_ws_splits)  // the front end checks this first
+    throw Error("mqa_decode (sm90): batch_invariant needs a workspace that holds the " +
+                std::to_string(sched.splits) + " planned splits");
   static_assert(decode_schedule::kMaxClusterSplits == ClusterMerge::kMaxSplits, "one cluster size");
 
   auto* base = static_cast<uint8_t*>(a.workspace.data);

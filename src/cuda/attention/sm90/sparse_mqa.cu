@@ -26,7 +26,11 @@ namespace mla::cuda::decode_sm90 {
 namespace {
 
 decode_regime::Problem problem_of(const dispatch::SparseArgs& a) {
-  return {.format = a.kv.format, .rows = a.q.size(1), .batch = a.q.size(0), .sparse = true};
+  return {.format = a.kv.format,
+          .rows = a.q.size(1),
+          .batch = a.q.size(0),
+          .sparse = true,
+          .batch_invariant = a.opts.batch_invariant};
 }
 
 // What every sm90 sparse kernel needs (nullptr), else why not.
@@ -82,7 +86,8 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
     const int64_t tiles = (g.topk + Traits::kBlockN - 1) / Traits::kBlockN;
     auto max_clusters = [&](int s) { return raw_ds_indexed_max_clusters(dev, p.tile_rows, s); };
     static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
-    const int splits = sparse_split::cluster_splits(int64_t{p.m_tiles} * t, tiles, sm_count(dev), max_clusters);
+    const int splits = sparse_split::cluster_splits(int64_t{p.m_tiles} * t, tiles, sm_count(dev), max_clusters,
+                                                    a.opts.batch_invariant);
     if (splits > 1) {
       p.num_splits = splits;
       p.cluster_merge = 1;
