@@ -169,7 +169,21 @@ struct DecodeCase {
   double flashmla_us;
   int splits = 0;  // 0: the planner's default
   bool sequential = false;
+  bool batch_invariant = false;  // the batch-invariant mode (mla/ops.h): exactly `splits` (or the full-batch policy)
 };
+
+// Each case, then (when `twin`) the same case in the batch-invariant mode right after it: the mode's cost in one run.
+template <class Case>
+std::vector<Case> with_batch_invariant_twins(const std::vector<Case>& cases, bool twin) {
+  std::vector<Case> out;
+  for (const Case& c : cases) {
+    out.push_back(c);
+    if (!twin) continue;
+    out.push_back(c);
+    out.back().batch_invariant = true;
+  }
+  return out;
+}
 
 void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   const Device dev = Device::cuda(ctx.device());
@@ -192,11 +206,16 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   Tensor q = Tensor::empty({c.b, c.s_q, c.h, 576}, DType::bf16, dev);
   fill_uniform(q, -1, 1, 63, ctx.stream());
   Tensor out = Tensor::empty({c.b, c.s_q, c.h, 512}, DType::bf16, dev), lse = Tensor::empty({c.b, c.s_q, c.h}, DType::f32, dev);
-  const std::size_t ws_bytes = mqa_decode_workspace_bytes(c.b, c.s_q, c.h, pages * c.page, dev, c.splits);
+  // Batch-invariant rows: the split count of a config whose full batch (max_num_seqs) is this row's b at these
+  // lengths (batch_invariant_splits), unless --splits gives one.
+  const int splits = c.batch_invariant && c.splits == 0
+                         ? decode_num_splits(c.b, c.s_q, c.h, pages * c.page, multiprocessor_count(dev))
+                         : c.splits;
+  const std::size_t ws_bytes = mqa_decode_workspace_bytes(c.b, c.s_q, c.h, pages * c.page, dev, splits);
   Tensor ws = ws_bytes ? Tensor::empty({static_cast<int64_t>(ws_bytes)}, DType::u8, dev) : Tensor();
   // What a step plan would pass for these host lengths (mla/plan.h DecodeRun::whole_requests), as the layer does.
   bool whole = false;
-  if (c.splits == 0) {
+  if (c.splits == 0 && !c.batch_invariant) {
     std::vector<int32_t> qsl(static_cast<std::size_t>(c.b) + 1);
     for (std::size_t i = 0; i < qsl.size(); ++i) qsl[i] = static_cast<int32_t>(i * c.s_q);
     const DecodeSchedule sched = plan_decode_schedule(qsl, lens, c.b, c.page, c.h, multiprocessor_count(dev));
@@ -204,7 +223,8 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   }
   double ms = 0;
   try {
-    ms = ctx.time_ms([&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, c.splits, whole); });
+    ms = ctx.time_ms(
+        [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, splits, whole, c.batch_invariant); });
   } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
     std::printf("  (skipped: %s)\n", e.what());
     return;
@@ -215,7 +235,8 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   std::string cfg = "b=" + std::to_string(c.b) + " s_q=" + std::to_string(c.s_q) + " h=" + std::to_string(c.h) +
                     " s_k=" + std::to_string(c.s_k) + (c.varlen ? " varlen" : "") + " p" + std::to_string(c.page) +
                     (c.sequential ? " seq" : "") + " " +
-                    to_string(c.format) + (c.splits ? " splits=" + std::to_string(c.splits) : ws_bytes ? " split" : "") + " [" +
+                    to_string(c.format) + (c.splits ? " splits=" + std::to_string(c.splits) : ws_bytes ? " split" : "") +
+                    (c.batch_invariant ? " batch-invariant splits=" + std::to_string(splits) : "") + " [" +
                     last_variant("mqa_decode") + "]";
   if (c.flashmla_us > 0) {
     char buf[48];
@@ -227,7 +248,9 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   report_gather_floor(ctx, cb.cache.data.data, slot_stride_bytes(cb.cache), cache_entry_bytes(c.format),
                       decode_row_slots(table, lens, pages, c.page));
   if (ctx.options().decode.trace)
-    trace_decode_calls(ctx, [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, c.splits, whole); });
+    trace_decode_calls(ctx, [&] {
+      mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, splits, whole, c.batch_invariant);
+    });
 }
 
 // Issue 7's shapes (nvidia-h200 FlashMLA times from the issue, b = 128, page 64, bf16, median, L2
@@ -268,7 +291,7 @@ void bench_decode(BenchContext& ctx) {
       for (int64_t b : batches)
         for (int64_t h : {16, 128}) cases.push_back({b, 1, h, s_k, 64, f, false, 0});
   }
-  for (const DecodeCase& c : cases) run_decode_case(ctx, c);
+  for (const DecodeCase& c : with_batch_invariant_twins(cases, d.batch_invariant)) run_decode_case(ctx, c);
 }
 
 // One mha_prefill shape: b requests of s_q queries and s_k keys (varlen: s_q per request uniform in
@@ -382,6 +405,7 @@ struct SparseCase {
   double flashmla_us;
   int d_qk = 576;
   int64_t extra_topk = 0;
+  bool batch_invariant = false;  // the batch-invariant mode (SparseOptions::batch_invariant)
 };
 
 void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
@@ -418,6 +442,7 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   fill_uniform(q, -1, 1, 83, ctx.stream());
   Tensor out = Tensor::empty({c.t, c.h, d_v}, DType::bf16, dev), lse = Tensor::empty({c.t, c.h}, DType::f32, dev);
   SparseOptions opts;
+  opts.batch_invariant = c.batch_invariant;
   CacheBuffer extra;
   Tensor extra_idx, sink;
   if (v4) {
@@ -447,7 +472,8 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   std::string cfg = "T=" + std::to_string(c.t) + " topk=" + std::to_string(c.topk) +
                     (c.extra_topk ? "+" + std::to_string(c.extra_topk) + " extra" : "") +
                     (v4 ? " d_qk=" + std::to_string(c.d_qk) + " sink" : "") + " h=" + std::to_string(c.h) +
-                    (c.pool ? " pool=" + std::to_string(c.pool) : "") + " " + to_string(c.format) + " [" +
+                    (c.pool ? " pool=" + std::to_string(c.pool) : "") + " " + to_string(c.format) +
+                    (c.batch_invariant ? " batch-invariant" : "") + " [" +
                     last_variant("sparse_mqa") + "]";
   if (c.flashmla_us > 0) {
     char buf[48];
@@ -509,7 +535,7 @@ void bench_sparse(BenchContext& ctx) {
       for (int64_t t : tokens)
         for (int64_t h : {16, 128}) cases.push_back({t, h, 2048, 0, f, 0});
   }
-  for (const SparseCase& c : cases) run_sparse_case(ctx, c);
+  for (const SparseCase& c : with_batch_invariant_twins(cases, d.batch_invariant)) run_sparse_case(ctx, c);
 }
 
 }  // namespace

@@ -37,6 +37,9 @@ struct BenchOptions {
     int splits = 0;               // KV splits per request (0: the planner's decode_num_splits)
     int64_t topk = 2048;          // sparse_mqa: indices per token (b = tokens, h, format)
     int64_t pool = 0;             // sparse_mqa: cache rows the indices are drawn from (0: b * topk, each read once)
+    // mqa_decode / sparse_mqa: each row runs twice, as is and in the batch-invariant mode (PlannerConfig::
+    // batch_invariant; decode: the split count batch_invariant_splits gives a config whose full batch is the row's b)
+    bool batch_invariant = false;
     bool trace = false;           // mqa_decode: after each row, the sm90 kernels' timeline of one warm and one cold
                                   // call (a build configured with -DMLA_DECODE_TRACE=ON; attention/sm90/common/trace.cuh)
   } decode;

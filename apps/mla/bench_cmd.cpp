@@ -75,6 +75,9 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
   cmd->add_flag("--trace", o.decode.trace,
                 "mqa_decode: after each row, the sm90 kernels' per-CTA timeline of a warm and a cold call (needs a build "
                 "configured with -DMLA_DECODE_TRACE=ON; docs/design/attention_sm90.md \"10. Where the time goes\")");
+  cmd->add_flag("--batch-invariant", o.decode.batch_invariant,
+                "mqa_decode / sparse_mqa: each row runs twice, as is and in the batch-invariant mode right after it "
+                "(PlannerConfig::batch_invariant; decode: the split count of a config whose full batch is the row's b)");
   cmd->add_option("--splits", o.decode.splits, "mqa_decode shape: KV splits per request (0: the planner's policy)")
       ->check(int_range(0, kDecodeMaxSplits));
   cmd->add_option("--grid", o.decode_grid,
@@ -122,6 +125,7 @@ void check_relevance(const bench::BenchOptions& o, const std::set<std::string>& 
       {"--pool", {sparse}, true},                 {"--splits", {decode}, true},
       {"--trace", {decode}, false},               {"--dcp", {"dcp"}, false},
       {"--out-quant", {"layer"}, false},          {"--kv-scales", {"layer"}, false},
+      {"--batch-invariant", {decode, sparse}, false},
   };
   auto runs = [&](const std::string& op) {
     // dcp is opt-in: the default selection (every benchmark) leaves it out.

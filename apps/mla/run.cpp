@@ -69,6 +69,10 @@ void check_relevance(const RunOptions& o) {
   if ((given("--out-quant") || given("--kv-scales")) && (block || o.dcp > 1))
     throw Error("--out-quant and --kv-scales apply to the bare layer on one rank, not to --checkpoint / --block "
                 "(the block quantises o_proj's input itself when its weights are fp8) or --dcp");
+  if (o.batch_invariant && o.dcp > 1)
+    throw Error(fmt::format("--batch-invariant cannot be combined with --dcp {}: the batch-invariant decode "
+                            "schedule is planned for one GPU (PlannerConfig::batch_invariant)",
+                            o.dcp));
 }
 
 RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
@@ -131,6 +135,7 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   if (c.sparse && c.dims.index_topk <= 0)
     throw Error(fmt::format("--sparse needs a model with a top-k indexer (v3.2), got --model {}", c.model));
   c.dcp = o.dcp;
+  c.batch_invariant = o.batch_invariant;
   c.dcp_interleave = o.dcp_interleave;
   if (c.dcp == 1 && process_group_env_present())
     c.notes.push_back("RANK / WORLD_SIZE are set but --dcp is 1: this process runs the whole layer alone");
@@ -333,6 +338,10 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "calc_kv_scales), fixed from then on")
       ->check(CLI::IsMember({"fixed", "auto"}))
       ->capture_default_str();
+  cmd->add_flag("--batch-invariant", o.batch_invariant,
+                "Plan every step batch-invariant (PlannerConfig::batch_invariant): each request's decode output is "
+                "bit-identical whatever else is in its step; kernels and split points from the request's own shape "
+                "(docs/design/attention_sm90.md \"Batch-invariant mode\"). Not with --dcp");
   cmd->add_option("--seed", o.seed, "Seed of the trace, the inputs and the weights")
       ->check(uint64_value())
       ->capture_default_str();

@@ -489,6 +489,7 @@ PlannerConfig planner_config(const RunConfig& cfg) {
   pc.sparse_prefill_mode = cfg.sparse_prefill;
   pc.num_sms = multiprocessor_count(cfg.device);  // decode split-KV schedule (0 on the CPU)
   pc.compute_capability = compute_capability(cfg.device);  // the automatic sparse prefill mode
+  pc.batch_invariant = cfg.batch_invariant;
   pc.validate();
   return pc;
 }

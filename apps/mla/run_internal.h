@@ -54,6 +54,9 @@ struct RunConfig {
   float out_scale = 1.0f;
   // --kv-scales auto: the fp8 cache's scale from the first batch (LayerOptions::kv_scales).
   KvScales kv_scales = KvScales::fixed;
+  // Batch-invariant decode (--batch-invariant; PlannerConfig::batch_invariant): each request's decode output
+  // is bit-identical whatever else is in its step. Not with --dcp.
+  bool batch_invariant = false;
   std::vector<std::string> notes;  // defaults and aliases worth telling the user about
 };
 

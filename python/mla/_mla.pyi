@@ -849,6 +849,11 @@ class PlannerConfig:
     def __init__(self, **kwargs: Any) -> None:
         ...
     @property
+    def batch_invariant(self) -> bool:
+        ...
+    @batch_invariant.setter
+    def batch_invariant(self, value: bool) -> None: ...
+    @property
     def cache_format(self) -> CacheFormat:
         ...
     @cache_format.setter
@@ -1142,6 +1147,9 @@ def allocate_cache(format: CacheFormat, num_blocks: int, page_size: int, device:
 def allocate_indexer_cache(num_blocks: int, page_size: int, device: Any = ...) -> IndexerKCache:
     """Allocate an indexer K cache (contents undefined); .data is the mla.Tensor holding it."""
 
+def batch_invariant_splits(config: PlannerConfig, s_q: int) -> int:
+    """The split-KV count of every decode run of s_q-token requests in a batch-invariant plan: decode_num_splits for the config's full batch (max_num_seqs requests of max_model_len keys); a function of the config and s_q only."""
+
 def bmm(a: TensorLike, b: TensorLike, c: TensorLike, alpha: float = ..., beta: float = ..., *, stream: Any = ..., precision: Precision = ...) -> None:
     """Batched c = alpha * a @ b + beta * c: a [batch, m, k], b [batch, k, n], c [batch, m, n] (CUDA: a, b bf16, c bf16 or f32; CPU: any float dtype)."""
 
@@ -1278,8 +1286,8 @@ def merge_attn_states(out: TensorLike, out_lse: TensorLike, prefix: TensorLike, 
 def mha_prefill(q: TensorLike, k_nope: TensorLike, k_pe: TensorLike, v: TensorLike, cu_seqlens_q: TensorLike, cu_seqlens_k: TensorLike, max_seqlen_q: int, max_seqlen_k: int, out: TensorLike, lse: TensorLike, softmax_scale: float, causal: bool, *, stream: Any = ..., precision: Precision = ...) -> None:
     """Varlen MHA prefill over up-projected K/V. q [Tq, h, d_nope + d_rope], k_nope [Tk, h, d_nope], k_pe [Tk, h, d_rope] (head stride 0 allowed: one shared rope row), v [Tk, h, d_v] (CUDA: bf16); cu_seqlens_q / cu_seqlens_k [B + 1] int32; out [Tq, h, d_v]; lse [h, Tq] fp32 or None. causal: bottom-right aligned."""
 
-def mqa_decode(q: TensorLike, cache: KVCache, block_table: TensorLike, seq_lens: TensorLike, out: TensorLike, lse: TensorLike, softmax_scale: float, causal: bool = ..., workspace: TensorLike = ..., num_splits: int = ..., whole_requests: bool = ..., *, stream: Any = ..., precision: Precision = ...) -> None:
-    """Absorbed MQA decode over the paged cache. q [b, s_q, h_q, d_qk] (d_qk = cache.d_qk = 576; CUDA: bf16, f16 or f32, rounded to bf16), block_table [b, max_blocks] int32, seq_lens [b] int32, out [b, s_q, h_q, d_v] (d_v <= 512, q's dtype family), lse [b, s_q, h_q] fp32 natural log or None (-inf where no key is visible; FlashMLA's is [b, h_q, s_q]). causal: query i sees keys up to seq_len - s_q + i. workspace: u8 [mqa_decode_workspace_bytes(...)] on CUDA, None on the CPU; num_splits 0 = the planner's policy; whole_requests: a hint that the lengths are near-uniform (one CTA per request; same result either way)."""
+def mqa_decode(q: TensorLike, cache: KVCache, block_table: TensorLike, seq_lens: TensorLike, out: TensorLike, lse: TensorLike, softmax_scale: float, causal: bool = ..., workspace: TensorLike = ..., num_splits: int = ..., whole_requests: bool = ..., *, stream: Any = ..., precision: Precision = ..., batch_invariant: bool = ...) -> None:
+    """Absorbed MQA decode over the paged cache. q [b, s_q, h_q, d_qk] (d_qk = cache.d_qk = 576; CUDA: bf16, f16 or f32, rounded to bf16), block_table [b, max_blocks] int32, seq_lens [b] int32, out [b, s_q, h_q, d_v] (d_v <= 512, q's dtype family), lse [b, s_q, h_q] fp32 natural log or None (-inf where no key is visible; FlashMLA's is [b, h_q, s_q]). causal: query i sees keys up to seq_len - s_q + i. workspace: u8 [mqa_decode_workspace_bytes(...)] on CUDA, None on the CPU; num_splits 0 = the planner's policy; whole_requests: a hint that the lengths are near-uniform (one CTA per request; same result either way); batch_invariant: each request's result bit-identical whatever else is in the batch (needs num_splits >= 1, e.g. batch_invariant_splits(config, s_q))."""
 
 def mqa_decode_workspace_bytes(b: int, s_q: int, h_q: int, max_seq_len: int, device: Any, num_splits: int = ...) -> int:
     """Bytes of the u8 workspace mqa_decode needs for these sizes and num_splits on `device` (0 on the CPU)."""
@@ -1344,8 +1352,8 @@ def sparse_fp8_decode_padded_heads(num_heads: int) -> int:
 def sparse_mixed_batch_for(mode: SparsePrefillMode, num_heads: int, compute_capability: int = ..., dcp_world_size: int = ...) -> bool:
     """Whether SparsePrefillMode `mode` runs prefills in the mixed batch for num_heads on a device of compute_capability in a DCP group of dcp_world_size."""
 
-def sparse_mqa(q: TensorLike, kv: KVCache, indices: TensorLike, topk_length: TensorLike, out: TensorLike, lse: TensorLike, softmax_scale: float, *, stream: Any = ..., precision: Precision = ..., attn_sink: TensorLike = ..., extra_kv: Any = ..., extra_indices: TensorLike = ..., extra_topk_length: TensorLike = ..., values_include_rope: bool = ...) -> None:
-    """Sparse MQA over top-k cache rows (FlashMLA-sparse semantics). q [T, h_q, d_qk] (CUDA: bf16), kv any cache format (row r = block r // page, offset r % page), indices [T, topk] int32 (< 0 invalid), topk_length [T] int32 or None, out [T, h_q, d_v], lse [T, h_q] fp32 or None (no valid index: out 0, lse -inf). DeepSeek-V4 inputs (SEMANTICS §11.8): attn_sink [h_q] f32, extra_kv / extra_indices [T, k_e] / extra_topk_length [T] (a second cache in the same softmax), values_include_rope (d_v up to d_qk)."""
+def sparse_mqa(q: TensorLike, kv: KVCache, indices: TensorLike, topk_length: TensorLike, out: TensorLike, lse: TensorLike, softmax_scale: float, *, stream: Any = ..., precision: Precision = ..., attn_sink: TensorLike = ..., extra_kv: Any = ..., extra_indices: TensorLike = ..., extra_topk_length: TensorLike = ..., values_include_rope: bool = ..., batch_invariant: bool = ...) -> None:
+    """Sparse MQA over top-k cache rows (FlashMLA-sparse semantics). q [T, h_q, d_qk] (CUDA: bf16), kv any cache format (row r = block r // page, offset r % page), indices [T, topk] int32 (< 0 invalid), topk_length [T] int32 or None, out [T, h_q, d_v], lse [T, h_q] fp32 or None (no valid index: out 0, lse -inf). DeepSeek-V4 inputs (SEMANTICS §11.8): attn_sink [h_q] f32, extra_kv / extra_indices [T, k_e] / extra_topk_length [T] (a second cache in the same softmax), values_include_rope (d_v up to d_qk). batch_invariant: each token's result bit-identical whatever else is in the call."""
 
 def sparse_prefill_padded_heads(num_heads: int, sm100: bool) -> int:
     """Heads the sparse prefill kernel is padded to (64 / 128, a multiple of 128 beyond)."""

@@ -100,21 +100,23 @@ void bind_ops(py::module_& m) {
 
   m.def("mqa_decode", [](const A& q, const K& cache, const A& block_table, const A& seq_lens, const A& out, const A& lse,
                          double softmax_scale, bool causal, const A& workspace, int num_splits, bool whole_requests,
-                         py::handle s, Precision p) {
+                         py::handle s, Precision p, bool batch_invariant) {
     const mla::Context ctx = to_context(q.view, s, p);
     without_gil([&] {
       mla::mqa_decode(q.view, cache.cache, block_table.view, seq_lens.view, out.view, lse.view, softmax_scale, causal,
-                      workspace.view, ctx, num_splits, whole_requests);
+                      workspace.view, ctx, num_splits, whole_requests, batch_invariant);
     });
   }, py::arg("q"), py::arg("cache"), py::arg("block_table"), py::arg("seq_lens"), py::arg("out"), py::arg("lse"),
      py::arg("softmax_scale"), py::arg("causal") = true, py::arg("workspace") = py::none(), py::arg("num_splits") = 0,
-     py::arg("whole_requests") = false, py::kw_only(), stream, precision,
+     py::arg("whole_requests") = false, py::kw_only(), stream, precision, py::arg("batch_invariant") = false,
      "Absorbed MQA decode over the paged cache. q [b, s_q, h_q, d_qk] (d_qk = cache.d_qk = 576; CUDA: bf16, f16 or "
      "f32, rounded to bf16), block_table [b, max_blocks] int32, seq_lens [b] int32, out [b, s_q, h_q, d_v] "
      "(d_v <= 512, q's dtype family), lse [b, s_q, h_q] fp32 natural log or None (-inf where no key is visible; "
      "FlashMLA's is [b, h_q, s_q]). causal: query i sees keys up to seq_len - s_q + i. workspace: u8 "
      "[mqa_decode_workspace_bytes(...)] on CUDA, None on the CPU; num_splits 0 = the planner's policy; "
-     "whole_requests: a hint that the lengths are near-uniform (one CTA per request; same result either way).");
+     "whole_requests: a hint that the lengths are near-uniform (one CTA per request; same result either way); "
+     "batch_invariant: each request's result bit-identical whatever else is in the batch (needs num_splits >= 1, "
+     "e.g. batch_invariant_splits(config, s_q)).");
   m.def("mqa_decode_workspace_bytes", [](int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, py::handle device,
                                          int num_splits) {
     return mla::mqa_decode_workspace_bytes(b, s_q, h_q, max_seq_len, to_device(device), num_splits);
@@ -141,11 +143,13 @@ void bind_ops(py::module_& m) {
 
   m.def("sparse_mqa", [](const A& q, const K& kv, const A& indices, const A& topk_length, const A& out, const A& lse,
                          double softmax_scale, py::handle s, Precision p, const A& attn_sink, py::handle extra_kv,
-                         const A& extra_indices, const A& extra_topk_length, bool values_include_rope) {
+                         const A& extra_indices, const A& extra_topk_length, bool values_include_rope,
+                         bool batch_invariant) {
     const mla::Context ctx = to_context(q.view, s, p);
     mla::SparseOptions o;
     o.attn_sink = attn_sink.view;
     o.values_include_rope = values_include_rope;
+    o.batch_invariant = batch_invariant;
     o.extra.indices = extra_indices.view;
     o.extra.topk_length = extra_topk_length.view;
     if (!extra_kv.is_none()) o.extra.kv = extra_kv.cast<const K&>().cache;
@@ -155,13 +159,14 @@ void bind_ops(py::module_& m) {
   }, py::arg("q"), py::arg("kv"), py::arg("indices"), py::arg("topk_length"), py::arg("out"), py::arg("lse"),
      py::arg("softmax_scale"), py::kw_only(), stream, precision, py::arg("attn_sink") = py::none(),
      py::arg("extra_kv") = py::none(), py::arg("extra_indices") = py::none(), py::arg("extra_topk_length") = py::none(),
-     py::arg("values_include_rope") = false,
+     py::arg("values_include_rope") = false, py::arg("batch_invariant") = false,
      "Sparse MQA over top-k cache rows (FlashMLA-sparse semantics). q [T, h_q, d_qk] (CUDA: bf16), kv any cache "
      "format (row r = block r // page, offset r % page), indices [T, topk] int32 (< 0 invalid), topk_length [T] "
      "int32 or None, out [T, h_q, d_v], lse [T, h_q] fp32 or None (no valid index: out 0, lse -inf). "
      "DeepSeek-V4 inputs (SEMANTICS §11.8): attn_sink [h_q] f32, "
      "extra_kv / extra_indices [T, k_e] / extra_topk_length [T] (a second cache in the same softmax), "
-     "values_include_rope (d_v up to d_qk).");
+     "values_include_rope (d_v up to d_qk). batch_invariant: each token's result bit-identical whatever else is "
+     "in the call.");
 
   m.def("gemm", [](const A& a, const A& b, const A& c, float alpha, float beta, py::handle s, Precision p) {
     const mla::Context ctx = to_context(c.view, s, p);

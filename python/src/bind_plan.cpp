@@ -111,7 +111,7 @@ void bind_plan(py::module_& m) {
       MLA_RW(PlannerConfig, sparse) MLA_RW(PlannerConfig, decode_threshold) MLA_RW(PlannerConfig, require_uniform)
       MLA_RW(PlannerConfig, context_workspace_rows) MLA_RW(PlannerConfig, sparse_workspace_rows)
       MLA_RW(PlannerConfig, sparse_prefill_mode) MLA_RW(PlannerConfig, num_sms)
-      MLA_RW(PlannerConfig, compute_capability) MLA_RW(PlannerConfig, dcp)
+      MLA_RW(PlannerConfig, compute_capability) MLA_RW(PlannerConfig, dcp) MLA_RW(PlannerConfig, batch_invariant)
       .def("validate", &PlannerConfig::validate, "Check the configuration; raises ValueError naming the bad field.").def("sparse_mixed_batch", &PlannerConfig::sparse_mixed_batch, "Whether sparse prefills run in the mixed batch for this configuration.");
   plain<BatchDesc>(m, "BatchDesc", "One step's batch as the scheduler gives it: query_start_loc [R + 1] and seq_lens [R] (requests ordered decodes first), num_tokens, decode_seq_len_bound.") MLA_RW(BatchDesc, query_start_loc) MLA_RW(BatchDesc, seq_lens)
       MLA_RW(BatchDesc, num_tokens) MLA_RW(BatchDesc, decode_seq_len_bound);
@@ -128,6 +128,9 @@ void bind_plan(py::module_& m) {
       MLA_RO(Plan, sparse_mixed_batch) MLA_RO(Plan, prefill_request_id) MLA_RO(Plan, sparse_chunks)
       MLA_RO(Plan, decode) MLA_RO(Plan, metadata) MLA_RO(Plan, seal)
       .def("has_decode", &Plan::has_decode, "Whether the step has decode tokens.").def("has_prefill", &Plan::has_prefill, "Whether the step has prefill tokens.");
+  m.def("batch_invariant_splits", &batch_invariant_splits, py::arg("config"), py::arg("s_q"),
+        "The split-KV count of every decode run of s_q-token requests in a batch-invariant plan: decode_num_splits for "
+        "the config's full batch (max_num_seqs requests of max_model_len keys); a function of the config and s_q only.");
   m.def("make_plan", &make_plan, py::arg("batch"), py::arg("config"), "Plan one step: BatchDesc and PlannerConfig -> a sealed Plan (host decisions and packed metadata) for MlaAttention.forward.");
   m.def("same_launches", &same_launches, py::arg("a"), py::arg("b"), "Whether two plans make the same launches (every host decision equal; lengths and tables may differ): one captured CUDA graph serves both.");
   m.def("plan_digest", &plan_digest, py::arg("plan"), "FNV-1a digest of every field of the plan (never 0): the seal forward() checks.");

@@ -144,6 +144,47 @@ def test_mqa_decode(rng, causal):
     assert mla.mqa_decode_workspace_bytes(b, s_q, h, 12, "cpu") == 0
 
 
+def test_mqa_decode_batch_invariant(rng):
+    """batch_invariant: a fixed request's bytes (float32 out) are the same next to other requests as alone."""
+    page, s_q, h, n = 16, 2, 4, 1500
+    cache, _ = bf16_cache_with(rng, 200, page)
+    own = rng.permutation(200)[:94].astype(np.int32)  # the fixed request's 94 pages
+    q0 = rng.standard_normal((1, s_q, h, D_QK)).astype(np.float32)
+    results = []
+    for others in ([], [1600], [40, 3000 // 2, 7]):
+        b = 1 + len(others)
+        table = rng.integers(0, 200, (b, 100)).astype(np.int32)
+        table[0, :94], table[0, 94:] = own, -1
+        lens = np.array([n] + others, np.int32)
+        q = rng.standard_normal((b, s_q, h, D_QK)).astype(np.float32)
+        q[0] = q0[0]
+        out, lse = np.full((b, s_q, h, D_V), np.nan, np.float32), np.full((b, s_q, h), np.nan, np.float32)
+        mla.mqa_decode(q, cache, table, lens, out, lse, 0.07, num_splits=1, batch_invariant=True)
+        results.append((out[0].tobytes(), lse[0].tobytes()))
+    assert results[1] == results[0] and results[2] == results[0]
+    with pytest.raises(ValueError, match="num_splits"):  # 0 would take the split count from the batch
+        mla.mqa_decode(q, cache, table, lens, out, lse, 0.07, batch_invariant=True)
+    cfg = mla.PlannerConfig(dims=mla.ModelDims.deepseek_v3(8), max_num_seqs=8, num_sms=132, batch_invariant=True)
+    assert mla.batch_invariant_splits(cfg, 1) == mla.decode_num_splits(8, 1, 16, 163840, 132)
+
+
+def test_sparse_mqa_batch_invariant(rng):
+    cache, _ = bf16_cache_with(rng, 100, 16)
+    topk = 1500
+    row = rng.integers(0, 1600, topk).astype(np.int32)
+    q0 = rng.standard_normal((1, 4, D_QK)).astype(np.float32)
+    results = []
+    for t in (1, 3, 6):
+        idx = rng.integers(-1, 1600, (t, topk)).astype(np.int32)
+        idx[t - 1] = row
+        q = rng.standard_normal((t, 4, D_QK)).astype(np.float32)
+        q[t - 1] = q0[0]
+        out, lse = np.full((t, 4, D_V), np.nan, np.float32), np.full((t, 4), np.nan, np.float32)
+        mla.sparse_mqa(q, cache, idx, None, out, lse, 0.05, batch_invariant=True)
+        results.append((out[t - 1].tobytes(), lse[t - 1].tobytes()))
+    assert results[1] == results[0] and results[2] == results[0]
+
+
 def test_mha_prefill(rng):
     h, dn, dr, dv = 3, 16, 8, 12
     lq, lk = [3, 5], [6, 5]
