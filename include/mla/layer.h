@@ -60,6 +60,11 @@ struct LayerOptions {
   float out_scale = 1.0f;
   // fp8 (per-tensor) caches only: from_first_batch calibrates the cache scale from the data (§16).
   KvScales kv_scales = KvScales::fixed;
+  // A batch-invariant layer (PlannerConfig::batch_invariant): forward(), workspace_bytes() and
+  // max_workspace_bytes() refuse plans and configs that are not batch-invariant, so a layer built for
+  // reproducible decoding cannot run a step whose decode attention depends on the batch. false: the plan
+  // decides.
+  bool batch_invariant = false;
 };
 
 // Tensors of one step. T = plan.num_tokens (rows beyond num_actual_tokens are padding and ignored).

@@ -86,7 +86,9 @@ void bind_layer(py::module_& m) {
       .def_readwrite("out_scale", &LayerOptions::out_scale, "fp8: the static output scale; nvfp4: the global scale.")
       .def_property("kv_scales", [](const LayerOptions& o) { return o.kv_scales; },
                     [](LayerOptions& o, py::handle v) { o.kv_scales = to_kv_scales(v); },
-                    "mla.KvScales, or 'fixed' / 'auto': 'auto' calibrates an fp8 cache's scale from the first batch.");
+                    "mla.KvScales, or 'fixed' / 'auto': 'auto' calibrates an fp8 cache's scale from the first batch.")
+      .def_readwrite("batch_invariant", &LayerOptions::batch_invariant,
+                     "Refuse plans that are not batch-invariant (PlannerConfig.batch_invariant).");
 
   py::class_<MlaAttention>(m, "MlaAttention",
                            "One MLA attention layer (RoPE'd q, kv_c, k_pe in; attention output before o_proj out).")

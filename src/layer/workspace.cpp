@@ -429,6 +429,10 @@ void check_config_matches(const PlannerConfig& c, const LayerOptions& o, const c
             to_string(c.cache_format), o.sparse ? "sparse" : "dense", to_string(o.cache_format));
   MLA_CHECK(!o.sparse || a.index_topk == b.index_topk, "MlaAttention: {} has index_topk {}, the layer {}", what,
             a.index_topk, b.index_topk);
+  MLA_CHECK(!o.batch_invariant || c.batch_invariant,
+            "MlaAttention: the layer is batch-invariant (LayerOptions::batch_invariant) and {} is not: plan with "
+            "PlannerConfig::batch_invariant = true",
+            what);
 }
 
 }  // namespace mla::layer_detail

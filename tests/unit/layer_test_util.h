@@ -62,6 +62,7 @@ struct Scenario {
   // make_step draws the weight and the context tokens' values unless these are off (the fuzz target
   // tests/fuzz/fuzz_layer.cpp keeps one layer per shape and fills the cache itself: zeros instead).
   bool draw_weight = true, draw_context = true;
+  bool batch_invariant = false;  // PlannerConfig::batch_invariant and LayerOptions::batch_invariant
 
   ModelDims dims() const {
     ModelDims d;
@@ -88,6 +89,7 @@ struct Scenario {
     c.sparse_workspace_rows = sparse_workspace_rows;
     c.sparse_prefill_mode = sparse_prefill_mode;
     c.num_sms = num_sms;
+    c.batch_invariant = batch_invariant;
     return c;
   }
   LayerOptions options(Device device, DType dtype) const {
@@ -97,6 +99,7 @@ struct Scenario {
     o.sparse = sparse;
     o.device = device;
     o.dtype = dtype;
+    o.batch_invariant = batch_invariant;
     return o;
   }
 };

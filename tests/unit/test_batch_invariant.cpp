@@ -15,10 +15,12 @@
 #include <vector>
 
 #include "batch_invariant_check.h"
+#include "layer_test_util.h"
 #include "core/decode_regime.h"
 #include "core/decode_schedule.h"
 #include "core/sparse_split.h"
 #include "mla/error.h"
+#include "mla/layer.h"
 #include "mla/plan.h"
 
 namespace mla {
@@ -271,6 +273,35 @@ TEST(BatchInvariant, CpuDefaultModeDependsOnTheBatch) {
   EXPECT_GT(test::decode_variations(Device::cpu(), k), 0);
   k.max_len = 1152;
   EXPECT_GT(test::sparse_variations(Device::cpu(), k, 1152), 0);
+}
+
+// The layer runs batch-invariant plans end to end (dense with decodes of two query lengths, chunked context and
+// fresh prefills; sparse): the float64 oracle layer against the naive formulation. A batch-invariant layer refuses
+// plans and configs that are not.
+TEST(BatchInvariant, LayerRunsBatchInvariantPlans) {
+  using namespace test::layer;
+  for (bool sparse : {false, true}) {
+    SCOPED_TRACE(sparse ? "sparse" : "dense");
+    Scenario sc;
+    sc.sparse = sparse;
+    sc.format = sparse ? CacheFormat::fp8_ds_mla : CacheFormat::fp8;
+    sc.decode_threshold = 2;
+    sc.require_uniform = sparse;
+    sc.reqs = sparse ? std::vector<Req>{{40, 1}, {90, 1}, {7, 1}, {20, 6}, {0, 5}}
+                     : std::vector<Req>{{40, 1}, {90, 2}, {7, 2}, {20, 6}, {0, 5}};
+    sc.batch_invariant = true;
+    const StepData d = make_step(sc);
+    ASSERT_TRUE(d.plan.config.batch_invariant);
+    const LayerRun run = run_layer(d, Device::cpu(), DType::f64, Precision::reference);
+    EXPECT_LE(error_ratio(run.out, naive_layer(d, run.cache_view), d), 1.0);
+
+    Scenario plain = sc;
+    plain.batch_invariant = false;
+    const MlaAttention layer(sc.options(Device::cpu(), DType::f64), d.weight);
+    EXPECT_THROW((void)layer.workspace_bytes(make_step(plain).plan), Error);
+    EXPECT_THROW((void)layer.max_workspace_bytes(plain.config(), 64), Error);
+    EXPECT_NO_THROW((void)layer.max_workspace_bytes(sc.config(), 64));
+  }
 }
 
 }  // namespace
