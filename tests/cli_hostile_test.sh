@@ -102,6 +102,7 @@ expect_fail "--topk 5 applies to --sparse runs only" run --backend cpu --steps 1
 expect_fail "--dcp-interleave 2 applies to a DCP group" run --backend cpu --steps 1 --dcp-interleave 2
 expect_fail "--dcp-interleave 1 applies to a DCP group" run --backend cpu --steps 1 --dcp 1 --dcp-interleave 1
 expect_fail "--dcp-procs needs --dcp N" run --backend cpu --steps 1 --dcp-procs
+expect_fail "--batch-invariant cannot be combined with --dcp 2" run --backend cpu --steps 1 --dcp 2 --batch-invariant
 expect_fail "--device 1 selects a CUDA device, and --backend cpu" run --backend cpu --steps 1 --device 1
 expect_fail "--layer selects a layer of --checkpoint" run --backend cpu --block --layer 1
 expect_fail "--layer and --rank select the block" run --backend cpu --steps 1 --rank 0
@@ -112,6 +113,7 @@ expect_fail "--s-q shapes the single row that --b selects" bench --s-q 2
 expect_fail "--non-causal applies to mha_prefill only, and --ops mqa_decode" bench --ops mqa_decode --b 4 --non-causal
 expect_fail "--dcp applies to dcp only" bench --dcp 2
 expect_fail "--trace applies to mqa_decode only" bench --ops sparse_mqa --trace
+expect_fail "--batch-invariant applies to mqa_decode, sparse_mqa only" bench --ops mha_prefill --batch-invariant
 expect_fail "--b and --grid both choose the rows" bench --b 4 --grid issue7
 expect_fail "--grid issue9 is a list of mha_prefill rows" bench --ops mqa_decode --grid issue9
 # Parse failures in the program's voice: what was given, what is accepted, where the help is; exit 3.
