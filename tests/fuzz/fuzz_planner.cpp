@@ -56,7 +56,8 @@ void check_plan(const Plan& p, const BatchDesc& b, const PlannerConfig& c) {
     std::vector<int> covered(static_cast<std::size_t>(nr), 0);
     for (const DecodeRun& r : p.decode.runs) {
       FUZZ_REQUIRE(0 <= r.req_begin && r.req_begin < r.req_end && r.req_end <= s.num_decodes && r.s_q >= 1 &&
-                       r.num_splits >= 1 && r.num_splits <= kDecodeMaxSplits,
+                       r.num_splits >= 1 && r.num_splits <= kDecodeMaxSplits &&
+                       (!c.batch_invariant || (r.num_splits == batch_invariant_splits(c, r.s_q) && !r.whole_requests)),
                    "decode run [%lld, %lld) s_q %lld", static_cast<long long>(r.req_begin),
                    static_cast<long long>(r.req_end), static_cast<long long>(r.s_q));
       for (int64_t i = r.req_begin; i < r.req_end; ++i) {
@@ -159,6 +160,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, std::size_t size) {
   c.context_workspace_rows = in.flag() ? 0 : in.hostile(0, 2048);
   c.sparse_workspace_rows = in.flag() ? 0 : in.hostile(0, 4096);
   c.num_sms = static_cast<int>(in.hostile(0, 200));
+  c.batch_invariant = in.byte() % 4 == 0;
 
   // The batch: mostly well-formed (decodes, extends, prefills in that order, lengths within the
   // config), with hostile values mixed in by the reader.
@@ -194,13 +196,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, std::size_t size) {
 
   if (std::getenv("FUZZ_VERBOSE")) {  // describe the call (for reproducers)
     std::fprintf(stderr, "config: heads %d sparse %d topk %d format %d page %lld max_model_len %lld max_num_seqs %lld "
-                 "decode_threshold %lld uniform %d context_rows %lld sparse_rows %lld sms %d\nbatch: num_tokens %lld "
+                 "decode_threshold %lld uniform %d context_rows %lld sparse_rows %lld sms %d batch_invariant %d\n"
+                 "batch: num_tokens %lld "
                  "bound %lld, query_start_loc:", c.dims.num_heads, c.sparse, c.dims.index_topk,
                  static_cast<int>(c.cache_format), static_cast<long long>(c.page_size),
                  static_cast<long long>(c.max_model_len), static_cast<long long>(c.max_num_seqs),
                  static_cast<long long>(c.decode_threshold), c.require_uniform,
                  static_cast<long long>(c.context_workspace_rows), static_cast<long long>(c.sparse_workspace_rows),
-                 c.num_sms, static_cast<long long>(b.num_tokens), static_cast<long long>(b.decode_seq_len_bound));
+                 c.num_sms, c.batch_invariant, static_cast<long long>(b.num_tokens),
+                 static_cast<long long>(b.decode_seq_len_bound));
     for (int32_t x : b.query_start_loc) std::fprintf(stderr, " %d", x);
     std::fprintf(stderr, "\nseq_lens:");
     for (int32_t x : b.seq_lens) std::fprintf(stderr, " %d", x);
