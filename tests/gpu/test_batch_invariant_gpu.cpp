@@ -17,8 +17,9 @@ namespace {
 TEST(BatchInvariantGpu, DecodeBitIdenticalAcrossBatches) {
   MLA_SKIP_WITHOUT_GPU();
   // (s_q, h): 16 rows (small kernel; the default promotes small batches to the seesaw tile), 8 and 32 rows,
-  // one and two 64-row seesaw tiles, speculative s_q 6 (96 rows), one row.
-  const std::tuple<int64_t, int64_t> shapes[] = {{1, 16}, {2, 8}, {1, 8}, {1, 32}, {1, 64}, {1, 128}, {6, 16}, {1, 1}};
+  // one and two 64-row seesaw tiles, speculative s_q 6 and 8, one row.
+  const std::tuple<int64_t, int64_t> shapes[] = {{1, 16}, {2, 8},  {1, 8},  {1, 32}, {1, 64},
+                                                 {1, 128}, {6, 16}, {8, 4}, {8, 16}, {1, 1}};
   for (CacheFormat f : test::kDeviceFormats)
     for (const auto& [s_q, h] : shapes)
       for (int splits : {1, 4}) {
