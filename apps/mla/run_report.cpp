@@ -84,7 +84,8 @@ std::string attention_kind(const RunConfig& c) {
 void print_header(const RunConfig& c) {
   fmt::print("mla run: {} dims, tp {} -> {} query heads per rank, {} attention, {} cache, page {}\n",
              model_title(c.model), c.tp, c.dims.num_heads, attention_kind(c), to_string(c.format), c.trace.page_size);
-  fmt::print("  backend {}: {}\n", c.cuda ? "cuda" : "cpu", c.device_name);
+  fmt::print("  backend {}: {}{}\n", c.cuda ? "cuda" : "cpu", c.device_name,
+             c.batch_invariant ? "; batch-invariant decode (PlannerConfig::batch_invariant)" : "");
   fmt::print("  trace: {} requests over up to {} steps, {} tokens per step, {} running, context <= {}, seed {}\n",
              c.trace.num_requests, c.steps, c.trace.token_budget, c.trace.max_num_seqs, c.trace.max_context, c.seed);
   if (c.out_quant != OutputQuant::none || c.kv_scales != KvScales::fixed)
@@ -193,6 +194,7 @@ void write_json(OutputFile& out, const RunConfig& c, const RunStats& s, const Or
                  {"topk", c.topk},
                  {"topk_source", c.sparse ? (c.real_indexer ? "indexer" : "synthetic") : ""},
                  {"sparse_prefill", sparse_prefill_name(c)},
+                 {"batch_invariant", c.batch_invariant},
                  {"cache", to_string(c.format)},
                  {"out_quant", to_string(c.out_quant)},
                  {"kv_scales", c.kv_scales == KvScales::fixed ? "fixed" : "auto"},
