@@ -5,10 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -198,10 +195,10 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
       p.balanced ? static_cast<unsigned>(ctas) : grid_for(int64_t{p.m_tiles} * b * splits, 1, what);
   if (quantized) {
     // fp8_ds_mla records / fp8 rows read by the producer warps through the block table (source.cuh
-    // PagedRows) and converted to bf16 in shared memory: no staging copy in global memory.
+    // PagedRows): exact codes into the raw kernel's registers, or expanded to bf16 in the seesaw's shared
+    // memory; no staging copy in global memory.
     set_gather_cache(p.gather, cache);
-    CUtensorMap map;
-    std::memset(&map, 0, sizeof(map));
+    CUtensorMap map = no_tensor_map();
     if (raw_rows_by_tma(p.gather)) {
       try {  // a layout the copy engine cannot describe (e.g. a stride past 2^40 bytes) keeps the cp.async rows
         map = raw_rows_tensor_map(cache, p.gather, what);

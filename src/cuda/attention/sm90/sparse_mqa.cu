@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "core/sparse_split.h"
 #include "cuda/common/launch.h"
