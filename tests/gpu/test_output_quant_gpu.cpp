@@ -148,7 +148,7 @@ TEST(LayerOutputQuantGpu, EveryKeyEqualsCpuQuantizeOfTheUnfusedOutput) {
   dense.V = 128;
   dense.decode_threshold = 2;
   dense.require_uniform = true;
-  dense.reqs = {{5, 2}, {30, 2}, {200, 2}, {20, 7}, {0, 9}, {64, 33}};
+  dense.reqs = {{5, 2}, {30, 2}, {200, 2}, {20, 7}, {64, 33}, {0, 9}};  // decode -> extend -> prefill
   dense.pad_tokens = 3;
   expect_layer_matches(dense);
   Scenario sparse = dense;

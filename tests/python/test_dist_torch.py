@@ -61,12 +61,23 @@ RANK_SCRIPT = PROBLEM + textwrap.dedent("""
                 a, b = step(borrowed, ex), step(own, ex)
                 assert a[0].tobytes() == b[0].tobytes() and a[1].tobytes() == b[1].tobytes(), f"rank {r} {ex}"
             print("COMM_PTR OK", r)
-    # A collective of the wrong size is refused before torch sees it.
+    # A collective of the wrong size is refused before torch sees it; so are views off the group's device.
+    if kind == "cuda":
+        gdev = torch.device("cuda", env["local_rank"])
+        small, wrong = torch.ones(2, device=gdev), torch.zeros(5, device=gdev)
+    else:
+        small, wrong = np.ones(2, np.float32), np.zeros(5, np.float32)
     try:
-        ours.all_gather(np.ones(2, np.float32), np.zeros(5, np.float32))
+        ours.all_gather(small, wrong)
         sys.exit(4)
     except ValueError as e:
         assert f"expected {2 * w}" in str(e), e
+    if kind == "cuda":
+        try:
+            ours.all_gather(np.ones(2, np.float32), np.zeros(2 * w, np.float32))
+            sys.exit(5)
+        except ValueError as e:
+            assert "group's device" in str(e), e
     dist.barrier()
     dist.destroy_process_group()
     print("RANK OK", r, ours.backend, own.backend)
