@@ -13,7 +13,9 @@
 #           processes, and the DCP pytest cases of that W
 #   run     `mla run --backend cuda` dense and sparse (the serving trace against the float64 oracle)
 # Optional parts (named explicitly): sanitize (memcheck / racecheck / initcheck over the kernel families at
-# small sizes), bench (`mla bench --json`).
+# small sizes), bench (`mla bench --json`), wheel (`pip wheel` of the checkout, fat by default, installed into a
+# fresh virtual environment that sees the machine's torch; its architectures, its links, and the whole pytest
+# suite against the installed package).
 # Usage: scripts/gpu_check.sh [parts...]. A part that fails prints FAIL and the script goes on; the exit
 # status is non-zero when any part failed. One summary line per part at the end (also in summary.txt). Logs
 # go to $GPU_CHECK_LOGS (default gpu-logs); under the device tool, $OUT gets summary_<parts>.txt and one archive
@@ -21,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PARTS=${*:-build unit gpu pytest dcp run}
-LOG=${GPU_CHECK_LOGS:-gpu-logs}
+LOG=$(realpath -m "${GPU_CHECK_LOGS:-gpu-logs}")
 B=${BUILD_DIR:-build-gpu}
 mkdir -p "$LOG"
 export PATH=$PATH:/usr/local/cuda/bin
@@ -69,7 +71,7 @@ gtest() {
 pytest_run() {
   local part=$1 log=$2 t0=$SECONDS
   shift 2
-  timeout "${PYTEST_TIMEOUT:-1200}" python3 -m pytest -q -p no:cacheprovider -rs "$@" >"$log" 2>&1
+  timeout "${PYTEST_TIMEOUT:-1200}" "${PYTEST_PYTHON:-python3}" -m pytest -q -p no:cacheprovider -rs "$@" >"$log" 2>&1
   local rc=$? st=PASS
   [ $rc = 0 ] || st=FAIL
   record "$part" $st "$(tail -1 "$log"), exit $rc" $((SECONDS - t0))
@@ -155,6 +157,56 @@ if has bench; then
     record bench PASS "bench.json" $((SECONDS - t0))
   else
     record bench FAIL "see bench.txt" $((SECONDS - t0))
+  fi
+fi
+
+if has wheel; then
+  # The machine's python3 may itself be a virtual environment (torch's): the fresh one sees its packages
+  # through a .pth line, so that pip builds against, and the tests import, the machine's torch.
+  W=${WHEEL_DIR:-/tmp/mla-wheel}
+  rm -rf "$W" && mkdir -p "$W"
+  t0=$SECONDS
+  python3 -m venv "$W/venv" >"$LOG/wheel_build.log" 2>&1 || python3 -m venv --without-pip "$W/venv" >>"$LOG/wheel_build.log" 2>&1
+  wpy=$W/venv/bin/python
+  python3 -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' \
+    >"$("$wpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/machine_site.pth"
+  wpip=("$wpy" -m pip)
+  [ -x "$W/venv/bin/pip" ] || wpip=(python3 -m pip --python "$wpy")  # a venv without ensurepip
+  if (unset PYTHONPATH; export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+      "${wpip[@]}" wheel --no-build-isolation --no-deps -w "$W/dist" --config-settings "build-dir=$W/build" \
+        ${WHEEL_CMAKE_ARGS:+--config-settings "cmake.args=$WHEEL_CMAKE_ARGS"} . &&
+      "${wpip[@]}" install --no-deps "$W"/dist/mla-*.whl) >>"$LOG/wheel_build.log" 2>&1; then
+    record "wheel build" PASS "$(cd "$W/dist" && ls mla-*.whl) $(du -m "$W"/dist/mla-*.whl | cut -f1) MB" $((SECONDS - t0))
+    so=$(cd "$W" && unset PYTHONPATH && "$wpy" -c 'import mla, glob, os, sys
+assert mla.__file__.startswith(sys.prefix), mla.__file__
+print(glob.glob(os.path.join(os.path.dirname(mla.__file__), "_mla*.so"))[0])')
+    t0=$SECONDS
+    {
+      echo "extension: $so"
+      ldd "$so"
+      echo "---- elf"
+      cuobjdump --list-elf "$so"
+      echo "---- ptx"
+      cuobjdump --list-ptx "$so"
+    } >"$LOG/wheel_archs.log" 2>&1
+    sass=$(grep -oE '\.sm_[0-9]+a?\.' "$LOG/wheel_archs.log" | tr -d . | sort -u | tr '\n' ' ')
+    ptx=$(grep -oE '\.(sm|compute)_[0-9]+a?\.ptx' "$LOG/wheel_archs.log" | sed -E 's/\.ptx//; s/^\.//' | sort -u | tr '\n' ' ')
+    links=$(ldd "$so" | grep -oE 'lib(cudart|cublas|cublasLt|nccl)[^ ]*' | sort -u | tr '\n' ' ')
+    st=PASS
+    grep -q 'libcudart' <<<"$links" && st=FAIL  # the runtime is linked statically
+    [ "$GPUS" -gt 0 ] && ! grep -q 'sm_90a' <<<"$sass" && st=FAIL  # a GPU machine's wheel carries the Hopper kernels
+    record "wheel archs" $st "sass: $sass ptx: $ptx links: $links" $((SECONDS - t0))
+    # From outside the checkout, with no path into a build tree: the tests import the installed package.
+    src=$PWD
+    pushd "$W" >/dev/null
+    saved_pythonpath=$PYTHONPATH
+    unset PYTHONPATH
+    PYTEST_PYTHON=$wpy pytest_run "wheel pytest (GPUs $GPUS)" "$LOG/wheel_pytest.log" "$src/tests/python"
+    export PYTHONPATH=$saved_pythonpath
+    popd >/dev/null
+  else
+    record "wheel build" FAIL "see wheel_build.log" $((SECONDS - t0))
+    tail -20 "$LOG/wheel_build.log"
   fi
 fi
 
