@@ -23,6 +23,9 @@ src/runtime | runtime/ mla/ |
 src/core    | core/ runtime/ mla/ | cuda cublas
 src/cpu     | cpu/ core/ mla/ | cuda cublas
 src/cuda    | cuda/ core/ runtime/ mla/ |
+src/cuda/attention/portable | cuda/attention/portable/ cuda/attention/combine/ cuda/attention/prefill_params.h cuda/common/ cuda/dispatch/ cuda/cuda_ops.h core/ runtime/ mla/ |
+src/cuda/attention/sm90     | cuda/attention/sm90/ cuda/attention/combine/ cuda/attention/prefill_params.h cuda/common/ cuda/dispatch/ cuda/cuda_ops.h core/ runtime/ mla/ |
+src/cuda/attention/combine  | cuda/attention/combine/ cuda/common/ core/ runtime/ mla/ |
 src/ops     | ops/ core/ runtime/ mla/ cpu/cpu_ops.h cuda/cuda_ops.h cuda/dispatch/families.h | cuda cublas
 src/layer   | layer/ ops/ core/ runtime/ mla/ | cuda cublas
 src/dist    | dist/ core/ runtime/ mla/ |
@@ -34,6 +37,8 @@ python/src  | mla/ | fmt/ cuda cublas
 '
 # python/src (the binding) sees only the public API.
 # bench may include kernel headers: it is the kernel laboratory that times variants directly.
+# Inside the attention family the arch levels stay apart: portable/ and sm90/ share only combine/, the
+# op's parameters and cuda/common/; the op launchers one level up (src/cuda/attention/*.cpp) see both.
 
 bad=0
 while IFS='|' read -r dir allowed forbidden; do

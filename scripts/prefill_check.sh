@@ -20,7 +20,7 @@ if has build; then
   echo "build ok"
 fi
 if has sass; then
-  O=$B/CMakeFiles/mla_cuda.dir/src/cuda/prefill_sm90/launch.cu.o
+  O=$B/CMakeFiles/mla_cuda.dir/src/cuda/attention/sm90/prefill/launch.cu.o
   cuobjdump -sass "$O" >"$OUT/sass.txt" 2>&1
   scripts/sass_summary.sh "$O" prefill_sm90 | tee "$OUT/sass_summary.txt"
   # wgmma waits per kernel: ptxas adds WARPGROUP.DEPBAR / ARRIVE where it serialises products (silently
@@ -29,7 +29,7 @@ if has sass; then
     END{for (f in h) printf "%s HGMMA=%d DEPBAR=%d ARRIVE=%d\n", substr(f,1,90), h[f], d[f], a[f]}' "$OUT/sass.txt" |
     tee -a "$OUT/sass_summary.txt"
   nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -O3 -Iinclude -Isrc -Xptxas -v \
-    -c src/cuda/prefill_sm90/launch.cu -o /tmp/p.o 2>&1 | grep -E "registers|spill|C7515|C7508" | tee "$OUT/ptxas.txt"
+    -c src/cuda/attention/sm90/prefill/launch.cu -o /tmp/p.o 2>&1 | grep -E "registers|spill|C7515|C7508" | tee "$OUT/ptxas.txt"
 fi
 if has test; then
   timeout ${TEST_TIMEOUT:-180} ./$B/bin/mla_gpu_tests --gtest_brief=1 \

@@ -27,7 +27,9 @@ src/ops/attention.cpp|#include "cpu/attention_core.h"|src/ops/attention.cpp
 include/mla/types.h|#include <fmt/format.h>|include/mla/types.h
 src/core/types.cpp|#include <cuda_runtime.h>|src/core/types.cpp
 apps/mla/main.cpp|#include "cuda/common/convert.cuh"|apps/mla/main.cpp
-src/cuda/decode/launch.cu|#include "layer/layer_internal.h"|src/cuda/decode/launch.cu
+src/cuda/attention/portable/decode/launch.cu|#include "layer/layer_internal.h"|src/cuda/attention/portable/decode/launch.cu
+src/cuda/attention/sm90/mqa_decode.cu|#include "cuda/attention/portable/decode/kernel.cuh"|src/cuda/attention/sm90/mqa_decode.cu
+src/cuda/attention/portable/sparse/launch.cu|#include "cuda/attention/sm90/variant.h"|src/cuda/attention/portable/sparse/launch.cu
 src/io/checkpoint.cpp|#include "ops/validate.h"|src/io/checkpoint.cpp
 '
 while IFS='|' read -r file line expect; do

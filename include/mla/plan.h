@@ -128,8 +128,8 @@ int64_t sparse_prefill_workspace_rows(int64_t max_model_len);  // 5 * max_model_
 // of the device's SM count, passed in (PlannerConfig::num_sms), never read inside a launcher, so a
 // plan is a pure function of its inputs and a captured CUDA graph replays exactly what was planned.
 //
-// This is the schedule of the portable split-KV kernel (src/cuda/decode/, an mma.sync engine that
-// runs one CTA of kDecodeTileRows query rows per SM). A second decode kernel (e.g. an sm90 family)
+// This is the schedule of the portable split-KV kernel (src/cuda/attention/portable/decode/, an
+// mma.sync engine that runs one CTA of kDecodeTileRows query rows per SM). A second decode kernel (e.g. an sm90 family)
 // adds its own schedule struct and plan_* function beside this one and a field of Plan for it; the
 // layer picks the schedule that matches the kernel it launches. The CPU backend does not use it: it
 // parallelises over its own OpenMP threads (src/cpu/mqa_split.h).

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Host-side construction of the MQA engine's parameters from validated views (decode/ and sparse/
-// launchers). No CUDA headers needed; no fmt.
+// Host-side construction of the MQA engine's parameters from validated views (the mqa_decode and sparse_mqa
+// launchers under attention/portable/ and attention/sm90/). No CUDA headers needed; no fmt.
 #include <cstdint>
 #include <string>
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// POD parameters shared by the two latent-cache MQA kernel families (decode/ and sparse/): the
-// query/output rows of one "group" (a decode request or a sparse token) and the paged cache.
+// POD parameters shared by the latent-cache MQA kernels (attention/portable/{decode,sparse}/, attention/sm90/)
+// and the split-KV combine (attention/combine/): the query/output rows of one "group" (a decode request or a
+// sparse token) and the paged cache.
 // Host-includable (no CUDA headers). Strides are in elements of the tensor's own dtype.
 #include <cstdint>
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Tile sizes and the shared-memory plan of the latent-cache MQA engine (mqa_core.cuh), used by the
-// decode and sparse families. All sizes in bytes unless named otherwise.
+// Tile sizes and the shared-memory plan of the latent-cache MQA engine (attention/portable/common/mqa_core.cuh),
+// used by the portable decode and sparse launchers; its row limits bound the sm90 launchers too (mqa_launch.h).
+// All sizes in bytes unless named otherwise.
 #include <cstdint>
 
 #include "mla/cache_format.h"

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The sm90 variants of mqa_decode and sparse_mqa, one dispatch-table entry per shipped kernel (src/cuda/decode/
-// launch.cu, src/cuda/sparse/launch.cu), best first:
+// The sm90 variants of mqa_decode and sparse_mqa, one dispatch-table entry per shipped kernel (the op launchers
+// attention/mqa_decode.cpp and attention/sparse_mqa.cpp), best first:
 //   sm90_small   the small kernel (small/kernel.cuh): bf16 caches, up to 32 query rows per request
 //   sm90_raw     the raw-codes kernel (raw/kernel.cuh): fp8 / fp8_ds_mla caches, up to 32 rows
 //   sm90_seesaw  the seesaw kernel (seesaw/kernel.cuh): 64-row tiles, every format

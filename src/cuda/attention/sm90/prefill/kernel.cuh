@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // sm90 mha_prefill: varlen multi-head attention over up-projected K/V (docs/SEMANTICS.md §9-10, ops.h;
-// the same contract as the portable kernel, src/cuda/prefill/kernel.cuh), FlashAttention-3 style.
+// the same contract as the portable kernel, attention/portable/prefill/kernel.cuh), FlashAttention-3 style.
 // Design note: docs/design/prefill_sm90.md.
 //
 // Work: one CTA per (128-query tile, head, request), heavy causal tiles of a head first. q rows are
@@ -51,8 +51,8 @@
 #include "cuda/common/ptx/warpgroup.cuh"
 #include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/common/softmax.cuh"
-#include "cuda/prefill/params.h"
-#include "cuda/prefill_sm90/traits.cuh"
+#include "cuda/attention/prefill_params.h"
+#include "cuda/attention/sm90/prefill/traits.cuh"
 
 namespace mla::cuda::prefill_sm90 {
 

@@ -1,16 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Launcher of the CUDA mha_prefill (kernel.cuh).
+// Launcher of the portable mha_prefill (kernel.cuh): the parameters, one CTA per (64-row query tile, head,
+// request).
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "cuda/attention/portable/prefill/kernel.cuh"
+#include "cuda/attention/portable/prefill/launch.h"
 #include "cuda/common/launch.h"
-#include "cuda/cuda_ops.h"
-#include "cuda/dispatch/families.h"
-#include "cuda/prefill/kernel.cuh"
-#include "cuda/prefill_sm90/variant.h"
 
-namespace mla::cuda {
+namespace mla::cuda::prefill {
 namespace {
 
 bool rows_aligned16(const TensorView& t) {
@@ -18,7 +17,8 @@ bool rows_aligned16(const TensorView& t) {
          t.size(2) % 8 == 0;
 }
 
-// The "portable" variant: the mma.sync prefill engine (kernel.cuh), sm_80+.
+}  // namespace
+
 void run_portable(const dispatch::PrefillArgs& a) {
   const TensorView &q = a.q, &k_nope = a.k_nope, &k_pe = a.k_pe, &v = a.v, &cu_seqlens_q = a.cu_seqlens_q,
                    &cu_seqlens_k = a.cu_seqlens_k, &out = a.out, &lse = a.lse;
@@ -84,38 +84,4 @@ void run_portable(const dispatch::PrefillArgs& a) {
   check_launch("mha_prefill");
 }
 
-}  // namespace
-
-// Variants best first (variant_table.h).
-dispatch::Table<dispatch::PrefillArgs>& dispatch::mha_prefill_table() {
-  static Table<PrefillArgs> table(
-      "mha_prefill",
-      {{{"sm90", 90, 90,
-         "TMA + wgmma, warp-specialised (src/cuda/prefill_sm90): bf16, d_nope 128, d_rope 64, d_v 128; persistent "
-         "pairs of units for causal s_q <= 4096 with >= 2 units per SM, else one CTA per unit"},
-        prefill_sm90::supports, prefill_sm90::run},
-       {{"sm90_1cta", 90, 90, "the sm90 kernel, always one CTA per unit (comparison)"}, prefill_sm90::supports,
-        prefill_sm90::run_one_per_cta},
-       {{"sm90_persist", 90, 90, "the sm90 kernel, always persistent (one CTA per SM over pairs of units) from 2 units "
-                                 "per SM (comparison)"},
-        prefill_sm90::supports, prefill_sm90::run_persistent},
-       {{"sm90_nopp", 90, 90, "the sm90 kernel without the consumers' pingpong turns (comparison)"},
-        prefill_sm90::supports, prefill_sm90::run_no_pingpong},
-       {{"sm90_r0", 90, 90, "sm90 as of 6a95c2a: no half first tile (comparison)"}, prefill_sm90::supports,
-        prefill_sm90::run_opts_none},
-       {{"sm90_loads", 90, 90, "sm90 + early next-unit loads (persistent) + per-warp stage releases (comparison)"},
-        prefill_sm90::supports, prefill_sm90::run_opts_loads},
-       {{"portable", 80, 0, "mma.sync engine: d_nope + d_rope <= 192, d_v <= 128"}, nullptr, run_portable}});
-  return table;
-}
-
-void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,
-                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
-                 int64_t max_seqlen_k, const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
-                 const Context& ctx) {
-  dispatch::mha_prefill_table().run({q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
-                                     lse, softmax_scale, causal, ctx},
-                                    dispatch::device_cc(q.device.index));
-}
-
-}  // namespace mla::cuda
+}  // namespace mla::cuda::prefill

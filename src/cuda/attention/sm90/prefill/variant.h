@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The "sm90" variant of mha_prefill (kernel.cuh), as an entry of the family's dispatch table
-// (src/cuda/prefill/launch.cu). Plain C++.
+// (attention/mha_prefill.cpp). Plain C++.
 #include "cuda/dispatch/families.h"
 
 namespace mla::cuda::prefill_sm90 {

@@ -17,9 +17,9 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/common/mqa_core.cuh"
-#include "cuda/sparse/params.h"
-#include "cuda/sparse/traits.cuh"
+#include "cuda/attention/portable/common/mqa_core.cuh"
+#include "cuda/attention/portable/sparse/params.h"
+#include "cuda/attention/portable/sparse/traits.cuh"
 
 namespace mla::cuda::sparse {
 

@@ -25,8 +25,8 @@
 #include "cuda/common/ptx/ldmatrix.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/softmax.cuh"
-#include "cuda/prefill/params.h"
-#include "cuda/prefill/traits.cuh"
+#include "cuda/attention/prefill_params.h"
+#include "cuda/attention/portable/prefill/traits.cuh"
 
 namespace mla::cuda::prefill {
 

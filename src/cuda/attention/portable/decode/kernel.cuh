@@ -15,10 +15,10 @@
 #include <cstdint>
 
 #include "cuda/common/convert.cuh"
-#include "cuda/common/mqa_core.cuh"
+#include "cuda/attention/portable/common/mqa_core.cuh"
 #include "cuda/common/ptx/tma.cuh"
-#include "cuda/decode/params.h"
-#include "cuda/decode/traits.cuh"
+#include "cuda/attention/portable/decode/params.h"
+#include "cuda/attention/portable/decode/traits.cuh"
 
 namespace mla::cuda::decode {
 

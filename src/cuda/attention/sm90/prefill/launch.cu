@@ -9,8 +9,8 @@
 
 #include "cuda/common/launch.h"
 #include "cuda/common/ptx/tensor_map.h"
-#include "cuda/prefill_sm90/kernel.cuh"
-#include "cuda/prefill_sm90/variant.h"
+#include "cuda/attention/sm90/prefill/kernel.cuh"
+#include "cuda/attention/sm90/prefill/variant.h"
 
 namespace mla::cuda::prefill_sm90 {
 namespace {

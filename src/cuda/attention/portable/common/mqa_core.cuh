@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Latent-cache MQA engine shared by mqa_decode (decode/) and sparse_mqa (sparse/).
+// Latent-cache MQA engine shared by mqa_decode (portable/decode/) and sparse_mqa (portable/sparse/).
 //
 // Algorithm (FlashAttention-2 style online softmax over key tiles, bf16 tensor cores via mma.sync):
 //   A CTA owns up to 64 query rows of one group (decode: (i, h) rows of one request; sparse: the heads

@@ -1,21 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// Launcher of the CUDA sparse_mqa (kernel.cuh).
+// Launcher of the portable sparse_mqa (kernel.cuh): the engine's parameters (main cache, DeepSeek-V4's extra cache
+// and attention sink), one CTA per (64-head tile, token), one engine instance per activation type.
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "cuda/attention/portable/sparse/kernel.cuh"
+#include "cuda/attention/portable/sparse/launch.h"
 #include "cuda/common/launch.h"
 #include "cuda/common/mqa_launch.h"
-#include "cuda/cuda_ops.h"
-#include "cuda/attention/sm90/variant.h"
-#include "cuda/dispatch/families.h"
-#include "cuda/sparse/kernel.cuh"
 
-namespace mla::cuda {
+namespace mla::cuda::sparse {
 
-namespace {
-
-// The "portable" variant: the mma.sync MQA engine (src/cuda/common/mqa_core.cuh), sm_80+, every format.
 void run_portable(const dispatch::SparseArgs& a) {
   const TensorView &q = a.q, &indices = a.indices, &topk_length = a.topk_length, &out = a.out, &lse = a.lse;
   const KVCache& kv = a.kv;
@@ -73,33 +69,4 @@ void run_portable(const dispatch::SparseArgs& a) {
   });
 }
 
-}  // namespace
-
-// Variants best first (variant_table.h).
-dispatch::Table<dispatch::SparseArgs>& dispatch::sparse_mqa_table() {
-  static Table<SparseArgs> table(
-      "sparse_mqa",
-      {{{"sm90_small", 90, 90,
-         "N 8 / 16 / 32 row tiles, rows gathered by cp.async, wgmma (attention/sm90/small/kernel.cuh): bf16 cache, "
-         "h_q <= 32"},
-        decode_sm90::supports_sparse_small, decode_sm90::run_sparse_small, decode_sm90::prefers_sparse_small},
-       {{"sm90_raw", 90, 90,
-         "raw records staged, exact codes into wgmma (attention/sm90/raw/kernel.cuh): fp8_ds_mla cache, h_q <= 32, "
-         "small-T cluster split"},
-        decode_sm90::supports_sparse_raw, decode_sm90::run_sparse_raw, decode_sm90::prefers_sparse_raw},
-       {{"sm90_seesaw", 90, 90,
-         "64-row tiles, two consumer warpgroups over a two-stage pipeline (attention/sm90/seesaw/kernel.cuh): bf16 and "
-         "fp8_ds_mla caches"},
-        decode_sm90::supports_sparse_seesaw, decode_sm90::run_sparse_seesaw, decode_sm90::prefers_sparse_seesaw},
-       {{"portable", 80, 0, "mma.sync MQA engine: every cache format, any top-k and h_q, DeepSeek-V4 options"}, nullptr, run_portable}});
-  return table;
-}
-
-void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,
-                const TensorView& out, const TensorView& lse, double softmax_scale, const SparseOptions& opts,
-                const Context& ctx) {
-  dispatch::sparse_mqa_table().run({q, kv, indices, topk_length, out, lse, softmax_scale, opts, ctx},
-                                   dispatch::device_cc(q.device.index));
-}
-
-}  // namespace mla::cuda
+}  // namespace mla::cuda::sparse

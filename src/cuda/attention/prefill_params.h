@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Launch parameters of the CUDA mha_prefill (POD, host-includable). Strides in elements.
+// Launch parameters of the CUDA mha_prefill (POD, host-includable), shared by its engines (portable/prefill/,
+// sm90/prefill/). Strides in elements.
 #include <cstdint>
 
 namespace mla::cuda {
