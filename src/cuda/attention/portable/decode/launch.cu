@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // Launcher of the portable mqa_decode (kernel.cuh): the engine's parameters, the split-KV count the
-// workspace holds, one engine instance per activation type, then the split-KV combine.
+// workspace holds, the engine instance of the activation type (instantiations/), then the split-KV combine.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
 #include <string>
+#include <type_traits>
 
 #include "cuda/attention/combine/split_kv.h"
-#include "cuda/attention/portable/decode/kernel.cuh"
 #include "cuda/attention/portable/decode/launch.h"
+#include "cuda/attention/portable/decode/traits.cuh"
+#include "cuda/common/act_type.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/mqa_launch.h"
 
@@ -63,11 +65,9 @@ void run_portable(const dispatch::DecodeArgs& a) {
   // One engine instance per activation type (q and out share it); the cache format is a run-time value.
   dispatch_activation(q.dtype, "mqa_decode", [&](auto act) {
     using Act = decltype(act);
-    auto* kernel = mqa::mqa_attention_kernel<decode::DecodeKeys, Act>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "mqa_decode: shared-memory limit");
-    kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
-    check_launch("mqa_decode");
+    if constexpr (std::is_same_v<Act, Bf16>) launch_bf16(p, grid, smem, stream);
+    else if constexpr (std::is_same_v<Act, F16>) launch_f16(p, grid, smem, stream);
+    else launch_f32(p, grid, smem, stream);
   });
   if (splits > 1) combine::launch_split_kv({p.rows, p.num_splits, p.ws_lse, p.ws_o, nullptr}, b, stream);
 }

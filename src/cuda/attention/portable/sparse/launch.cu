@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // Launcher of the portable sparse_mqa (kernel.cuh): the engine's parameters (main cache, DeepSeek-V4's extra cache
-// and attention sink), one CTA per (64-head tile, token), one engine instance per activation type.
+// and attention sink), one CTA per (64-head tile, token), the engine instance of the activation type
+// (instantiations/).
 #include <cuda_runtime.h>
 
 #include <string>
+#include <type_traits>
 
-#include "cuda/attention/portable/sparse/kernel.cuh"
 #include "cuda/attention/portable/sparse/launch.h"
+#include "cuda/attention/portable/sparse/traits.cuh"
+#include "cuda/common/act_type.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/mqa_launch.h"
 
@@ -61,11 +64,10 @@ void run_portable(const dispatch::SparseArgs& a) {
   const unsigned grid = grid_for(m_tiles * t, 1, "sparse_mqa");
   const int smem = p.cache.direct ? Traits::kSmemBf16 : Traits::kSmemFp8;
   dispatch_activation(q.dtype, "sparse_mqa", [&](auto act) {
-    auto* kernel = mqa::mqa_attention_kernel<sparse::SparseKeys, decltype(act)>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "sparse_mqa: shared-memory limit");
-    kernel<<<grid, Traits::kThreads, smem, stream_of(ctx)>>>(p);
-    check_launch("sparse_mqa");
+    using Act = decltype(act);
+    if constexpr (std::is_same_v<Act, Bf16>) launch_bf16(p, grid, smem, stream_of(ctx));
+    else if constexpr (std::is_same_v<Act, F16>) launch_f16(p, grid, smem, stream_of(ctx));
+    else launch_f32(p, grid, smem, stream_of(ctx));
   });
 }
 
