@@ -3,7 +3,7 @@
 // The split-KV schedule of an sm90 mqa_decode launch: which of the kernels' three schedules runs and with how
 // many splits. Pure host code with CPU tests (tests/unit/test_decode_schedule.cpp); the sm90 launcher
 // (src/cuda/attention/sm90/mqa_decode.cu) gathers the facts (the device's SM count, how many clusters fit, the
-// workspace it was given) and executes what this returns.
+// workspace it was given) and executes what this returns, deciding nothing itself (the balanced grid included).
 //
 //   uniform   one CTA per (split, row tile, request); with more than one split the partials go to the
 //             workspace and the combine kernel merges them (no combine for one split).
@@ -47,7 +47,7 @@ struct Facts {
   int planned_splits = 1;     // the caller's split-KV count (>= 1)
   int sms = 0;                // the device's SM count
   int max_ws_splits = 1;      // the largest split count <= planned_splits whose partials the workspace holds
-  bool balanced_fits = false;  // the workspace holds the balanced schedule's partials (balance::workspace_bytes)
+  int64_t workspace_bytes = 0;  // bytes of the workspace the launch was given (0: none or misaligned)
   int max_clusters = 0;       // clusters of planned_splits seesaw CTAs resident at once on the device (0: none)
   bool whole_requests = false;  // the caller's host lengths: one request per CTA is the balanced answer
   bool batch_invariant = false;  // the schedule may depend on the request's shape and planned_splits only
@@ -60,7 +60,8 @@ struct Schedule {
   bool combine = false;  // the combine kernel runs after the attention kernel
 };
 
-// The balanced schedule's CTA count for the facts' batch (0: it does not apply).
+// The balanced schedule's CTA count for the facts' batch (0: it does not apply). choose() alone calls it: a
+// launcher takes the count from the Schedule it returns.
 inline int balanced_ctas(const Facts& f) {
   if (f.regime.kernel != decode_regime::Kernel::small) return 0;
   return balance::ctas_for(f.batch, f.rows, f.sms);
@@ -77,7 +78,7 @@ inline Schedule choose(const Facts& f) {
   if (f.regime.kernel == decode_regime::Kernel::small) {
     const int ctas = balanced_ctas(f);
     const bool whole = f.whole_requests && planned == 1;
-    if (ctas > 0 && !whole && f.balanced_fits) {
+    if (ctas > 0 && !whole && balance::workspace_bytes(f.batch, f.rows, ctas) <= f.workspace_bytes) {
       s.kind = Kind::balanced;
       s.ctas = ctas;
       s.combine = true;

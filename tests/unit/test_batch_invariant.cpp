@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -76,7 +77,7 @@ Decisions decisions(const Plan& plan, int64_t req, CacheFormat format, int max_c
     f.planned_splits = r.num_splits;
     f.sms = c.num_sms;
     f.max_ws_splits = r.num_splits;  // mqa_decode's front end requires the planned partials
-    f.balanced_fits = true;
+    f.workspace_bytes = std::numeric_limits<int64_t>::max();
     f.max_clusters = max_clusters;
     f.whole_requests = r.whole_requests;
     f.batch_invariant = c.batch_invariant;
@@ -184,7 +185,7 @@ TEST(BatchInvariant, ScheduleIsUniformWithThePlannedSplits) {
   f.planned_splits = 4;
   f.sms = 132;
   f.max_ws_splits = 4;
-  f.balanced_fits = true;
+  f.workspace_bytes = std::numeric_limits<int64_t>::max();
   f.max_clusters = 66;
   EXPECT_EQ(decode_schedule::choose(f).kind, decode_schedule::Kind::cluster);  // the default: a cluster merge
   f.batch_invariant = true;

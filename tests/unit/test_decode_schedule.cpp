@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "core/decode_schedule.h"
@@ -25,7 +26,7 @@ Facts facts(CacheFormat f, int64_t b, int64_t rows, int splits, int64_t bound = 
   x.planned_splits = splits;
   x.sms = 132;
   x.max_ws_splits = splits;
-  x.balanced_fits = true;
+  x.workspace_bytes = std::numeric_limits<int64_t>::max();
   x.max_clusters = 66;
   return x;
 }
@@ -37,7 +38,7 @@ TEST(DecodeSchedule, SmallKernelTakesTheBalancedSchedule) {
   EXPECT_TRUE(s.combine);
   // ... unless the workspace cannot hold it: uniform with what the workspace holds.
   Facts f = facts(CacheFormat::bf16, 128, 16, 4);
-  f.balanced_fits = false;
+  f.workspace_bytes = balance::workspace_bytes(128, 16, 132) - 1;  // one byte short
   f.max_ws_splits = 2;
   const auto u = choose(f);
   EXPECT_EQ(u.kind, Kind::uniform);

@@ -162,8 +162,7 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
   facts.sms = sm_count(q.device.index);
   facts.max_ws_splits = facts.planned_splits;
   while (facts.max_ws_splits > 1 && combine::ws_bytes(b, s_q, h_q, facts.max_ws_splits) > have) --facts.max_ws_splits;
-  const int balanced_ctas = decode_schedule::balanced_ctas(facts);
-  facts.balanced_fits = balanced_ctas > 0 && balance::workspace_bytes(b, m_rows, balanced_ctas) <= have;
+  facts.workspace_bytes = have;
   if (regime.kernel == decode_regime::Kernel::seesaw && !quantized && facts.planned_splits >= 2 &&
       facts.planned_splits <= ClusterMerge::kMaxSplits)
     facts.max_clusters = seesaw_paged_max_clusters(q.device.index, facts.planned_splits);
