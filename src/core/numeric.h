@@ -3,7 +3,10 @@
 // Host-side scalar conversions with the exact rounding the contract names: bf16 and f16 round to
 // nearest even; e4m3 (OCP e4m3fn) rounds to nearest even and saturates to +-448 (satfinite), NaN stays
 // NaN. Used by the CPU backend and by tests; the CUDA backend uses the hardware conversions, which
-// round the same way (tests compare both).
+// round the same way (tests compare both). The rules CUDA code must reproduce bit for bit in integer
+// arithmetic (bf16_bits_rn, e2m1_bits) are constexpr and free of library calls, written once here and
+// compiled for the device too (--expt-relaxed-constexpr; tests/gpu/test_ptx_convert.cu pins device = host).
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -20,13 +23,17 @@ inline float bf16_to_float(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+// The bf16 bits of f (in the low 16 bits) rounded to nearest even, a NaN quietened (bit 6 of its bf16
+// mantissa set, the rest of the payload kept), in 32-bit integer arithmetic. The CUDA cache writer stores
+// the fp8_ds_mla rope through it (src/cuda/cache/write_kernel.cuh): the bytes of a cvt.rn.bf16 result stored
+// one by one came out wrong on sm_90a (CUDA 13.0), the bits of a plain 32-bit integer do not.
+constexpr uint32_t bf16_bits_rn(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  return u >> 16;
 }
+constexpr uint16_t float_to_bf16(float f) { return static_cast<uint16_t>(bf16_bits_rn(f)); }
 
 inline float f16_to_float(uint16_t h) {
   const uint32_t sign = (h >> 15) & 1u, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
@@ -83,15 +90,18 @@ inline uint8_t float_to_e4m3(float f) {
 // 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturates beyond 6 and
 // +-inf to +-6, keeps the sign bit of every value (zero included) and maps NaN to 0x7 (+6): e2m1 has no NaN
 // code, so writers whose NaN must read back as NaN mark it elsewhere (the V4.1 record's NaN scale).
-// The magnitude code (0..7) of a non-negative float; NaN -> 7. constexpr and free of library calls, so
-// the CUDA kernels share it (--expt-relaxed-constexpr).
+// The magnitude code (0..7) of a non-negative float; NaN -> 7. It and e2m1_bits are constexpr and free of
+// library calls: the CUDA output quantiser calls e2m1_bits itself (src/cuda/block/quantize_output.cu).
 constexpr uint8_t e2m1_magnitude(float a) {
   return a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 : a <= 2.5f ? 4 : a < 3.5f ? 5 : a <= 5.0f ? 6 : 7;
 }
-inline uint8_t float_to_e2m1(float f) {
-  if (std::isnan(f)) return 0x7;
-  return static_cast<uint8_t>((std::signbit(f) ? 0x8u : 0u) | e2m1_magnitude(std::fabs(f)));
+// The e2m1 code of f in the low 4 bits of a 32-bit word (the form device code packs two per byte from).
+constexpr uint32_t e2m1_bits(float f) {
+  if (f != f) return 0x7u;  // NaN
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  return (u >> 31) << 3 | e2m1_magnitude(std::bit_cast<float>(u & 0x7fffffffu));
 }
+constexpr uint8_t float_to_e2m1(float f) { return static_cast<uint8_t>(e2m1_bits(f)); }
 inline float e2m1_to_float(uint8_t code) {
   static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   const float v = kMag[code & 0x7u];

@@ -27,12 +27,6 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float nan_max(float a, float b) { return (a != a) ? a : ((b != b) ? b : fmaxf(a, b)); }
 
-// num::float_to_e2m1 on the device: sign bit kept, NaN -> 0x7.
-__device__ __forceinline__ uint32_t float_to_e2m1(float f) {
-  if (f != f) return 0x7u;
-  return (signbit(f) ? 0x8u : 0u) | num::e2m1_magnitude(fabsf(f));
-}
-
 template <class In>
 __device__ __forceinline__ float load_x(const block::OutQuantParams& p, int64_t t, int64_t j) {
   return In::to_float(static_cast<const typename In::Storage*>(p.x)[t * p.x_stride + j]);
@@ -104,8 +98,8 @@ __global__ void __launch_bounds__(kThreads) quant_nvfp4_kernel(block::OutQuantPa
   const float m = __fdiv_rn(s, p.scale);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const uint32_t lo = s == 0.f ? 0u : float_to_e2m1(__fdiv_rn(v[2 * i], m));
-    const uint32_t hi = s == 0.f ? 0u : float_to_e2m1(__fdiv_rn(v[2 * i + 1], m));
+    const uint32_t lo = s == 0.f ? 0u : num::e2m1_bits(__fdiv_rn(v[2 * i], m));
+    const uint32_t hi = s == 0.f ? 0u : num::e2m1_bits(__fdiv_rn(v[2 * i + 1], m));
     out[i] = static_cast<uint8_t>(lo | (hi << 4));
   }
 }

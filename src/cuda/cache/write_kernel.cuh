@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/numeric.h"
 #include "cuda/cache/params.h"
 #include "cuda/cache/quant.cuh"
 #include "cuda/common/convert.cuh"
@@ -303,17 +304,6 @@ __device__ __forceinline__ float load_act(const void* base, WriteParams::Act t, 
   }
 }
 
-// bf16 bits of f rounded to nearest even, NaN quietened, in integer arithmetic: the CPU writer's rounding
-// (core/numeric.h float_to_bf16) bit for bit. The fp8_ds_mla rope below stores these bits byte by byte; the low
-// byte of a cvt.rn.bf16 result stored that way came out wrong on sm_90a (CUDA 13.0; the high byte was right), so
-// the bits come from a plain 32-bit integer.
-__device__ __forceinline__ uint32_t bf16_bits_rn(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return u >> 16;
-}
-
 // write_cache from f16 / f32 kv_c or k_pe (vLLM's writer takes every activation dtype): a warp per token,
 // element-wise, each value converted to float exactly and stored as the CPU writer stores it (semantics
 // §3-§4): bf16 rounded to nearest even; e4m3 of x / scale by IEEE division; fp8_ds_mla tile scales from the
@@ -354,7 +344,8 @@ __global__ void __launch_bounds__(256) write_act_kernel(WriteParams p) {
       }
     }
     for (int j = lane; j < p.rope; j += 32) {
-      const uint32_t h = bf16_bits_rn(load_act(pe_row, p.k_pe_dtype, j));
+      // The CPU writer's rounding bit for bit, as a plain 32-bit integer (core/numeric.h bf16_bits_rn says why).
+      const uint32_t h = num::bf16_bits_rn(load_act(pe_row, p.k_pe_dtype, j));
       row[R::kRope + 2 * j] = static_cast<uint8_t>(h & 0xffu);
       row[R::kRope + 2 * j + 1] = static_cast<uint8_t>(h >> 8);
     }
