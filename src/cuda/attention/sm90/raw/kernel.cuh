@@ -82,6 +82,7 @@
 #include "cuda/common/ptx/warpgroup.cuh"
 #include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/attention/sm90/common/acc_frag.cuh"
 #include "cuda/attention/sm90/common/pipeline.cuh"
 #include "cuda/attention/sm90/raw/parts.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
@@ -111,7 +112,7 @@ __device__ __forceinline__ void whole_scores(float (&sv)[N / 2], const uint8_t* 
   auto fold = [&](int g, float s_lo, float s_hi) {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) {
-      const float t = ((i & 2) ? s_hi : s_lo) * sacc[(kAcc - 1) & g][i];
+      const float t = (AccFrag<N>::at_hi(i) ? s_hi : s_lo) * sacc[(kAcc - 1) & g][i];
       sv[i] = g == 0 ? t : sv[i] + t;
     }
   };
@@ -209,7 +210,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using L = RawTraitsFor<N, F, Rows>;
   constexpr bool kPingPong = L::kPingPong;  // N 32, N 16 indexed: S by tile parity, P.V by value halves (header)
   constexpr bool kDs = L::kDs;
-  constexpr int kRows = N / 4;  // query rows per thread: 8j + 2t + e
+  using Frag = AccFrag<N>;            // S^T and O^T fragments: A rows (keys, value columns) x query rows
+  constexpr int kRows = Frag::kRows;  // query row slots per thread (common/acc_frag.cuh)
   constexpr bool kF16V = !kDs;       // V as f16 through F2FP (fp8); fp8_ds_mla: bf16 (P times a key's scale)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
@@ -322,7 +324,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const float scale_log2 = kDs ? rp.scale_log2 : rp.scale_log2 * p.gather.scale;
   float sl2[kRows];
 #pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) sl2[rr] = scale_log2 * sQf[8 * (rr / 2) + 2 * t4 + rr % 2];
+  for (int rr = 0; rr < kRows; ++rr) sl2[rr] = scale_log2 * sQf[Frag::row(rr, t4)];
   // fp8's V is f16 (exact codes) against P times 2^7: O carries 2^7 instead of 2^64.
   const float out_scale = kDs ? kUndo : p.gather.scale * 0x1p-7f;
   const uint64_t dQ = ptx::desc_sw128_k_major(sQ), dP = ptx::desc_sw128_k_major(sP);
@@ -332,11 +334,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // are not clean only). Ping-pong (N 32) reads them from shared memory: 8 more registers spill there (fp8).
   int lims[kRows];
 #pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) lims[rr] = sLim[8 * (rr / 2) + 2 * t4 + rr % 2];
+  for (int rr = 0; rr < kRows; ++rr) lims[rr] = sLim[Frag::row(rr, t4)];
   // The sparse N 16 kernel reads them there too (with the compact epilogue its registers spilled 20 bytes into the
   // tile loop otherwise; a sparse row's limit is its length, so only a token's last, partial tile reads them).
   constexpr bool kLimsShared = kPingPong || (N == 16 && !Rows::kPaged);
-  auto lim_of = [&](int rr) { return kLimsShared ? sLim[8 * (rr / 2) + 2 * t4 + rr % 2] : lims[rr]; };
+  auto lim_of = [&](int rr) { return kLimsShared ? sLim[Frag::row(rr, t4)] : lims[rr]; };
   // f16 V turns a NaN code into NaN, and NaN * (P = 0) is NaN: a loaded key that some valid row must not see (the
   // causal limits of s_q > 1) would poison that row. Such tiles (`clean` false; the last one or two of a request)
   // first turn NaN codes into 448: rows that see the key are NaN through their score already (S reads the codes
@@ -369,19 +371,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (is_clean(k0)) {  // uniform: only the key mask (most tiles)
 #pragma unroll
       for (int rr = 0; rr < kRows; ++rr) {
-        const int i = 4 * (rr / 2) + rr % 2;  // sv[i]: (key_lo, row rr), sv[i + 2]: (key_hi, row rr)
+        const int i = Frag::lo(rr), j = Frag::hi(rr);  // sv[i]: (key_lo, row rr), sv[j]: (key_hi, row rr)
         const float sl = sl2[rr], nb = shift_of(rr);
         sv[i] = in_lo ? fmaf(sv[i], sl, nb) : -INFINITY;
-        sv[i + 2] = in_hi ? fmaf(sv[i + 2], sl, nb) : -INFINITY;
+        sv[j] = in_hi ? fmaf(sv[j], sl, nb) : -INFINITY;
       }
     } else {
 #pragma unroll
       for (int rr = 0; rr < kRows; ++rr) {
-        const int i = 4 * (rr / 2) + rr % 2;
+        const int i = Frag::lo(rr), j = Frag::hi(rr);
         const int lim = lim_of(rr);
         const float sl = sl2[rr], nb = shift_of(rr);
         sv[i] = in_lo && k0 + key_lo <= lim ? fmaf(sv[i], sl, nb) : -INFINITY;
-        sv[i + 2] = in_hi && k0 + key_hi <= lim ? fmaf(sv[i + 2], sl, nb) : -INFINITY;
+        sv[j] = in_hi && k0 + key_hi <= lim ? fmaf(sv[j], sl, nb) : -INFINITY;
       }
     }
     float sc_lo[L::kGroups], sc_hi[L::kGroups];  // fp8_ds_mla: this thread's keys' scales (P^T's panels)
@@ -418,7 +420,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         } else {
 #pragma unroll
           for (int rr = 0; rr < kRows; ++rr) {
-            const int n = 8 * (rr / 2) + 2 * t4 + rr % 2;
+            const int n = Frag::row(rr, t4);
             const uint32_t pk = pack(pl[rr] * f_lo, ph[rr] * f_hi);
             *reinterpret_cast<uint16_t*>(pp + swz(n, rho_lo >> 3) + 2 * (rho_lo & 7)) = static_cast<uint16_t>(pk);
             *reinterpret_cast<uint16_t*>(pp + swz(n, rho_hi >> 3) + 2 * (rho_hi & 7)) = static_cast<uint16_t>(pk >> 16);
@@ -437,12 +439,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     bool over = false;
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
-      const int i = 4 * (rr / 2) + rr % 2;
+      const int i = Frag::lo(rr), j = Frag::hi(rr);
       // -inf before the first key: every finite score is over
       const float top = m_run[rr] == -INFINITY ? -INFINITY : kLazyLog2 + kPExp;
-      over |= sv[i] > top || sv[i + 2] > top;  // NaN scores are not over: they turn their row NaN either way
+      over |= sv[i] > top || sv[j] > top;  // NaN scores are not over: they turn their row NaN either way
       p_lo[rr] = softmax::exp2_approx(sv[i]);
-      p_hi[rr] = softmax::exp2_approx(sv[i + 2]);
+      p_hi[rr] = softmax::exp2_approx(sv[j]);
     }
     const bool warp_over = __any_sync(0xffffffffu, over);
     // This warpgroup's flags of its own tile `own` (ping-pong: the other warpgroup reads them too).
@@ -456,10 +458,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       float alpha[kRows];
 #pragma unroll
       for (int rr = 0; rr < kRows; ++rr) {  // the scores again (s * scale; to within the FFMA's rounding)
-        const int i = 4 * (rr / 2) + rr % 2;
+        const int i = Frag::lo(rr), j = Frag::hi(rr);
         const float nb = shift_of(rr);
         sv[i] -= nb;
-        sv[i + 2] -= nb;
+        sv[j] -= nb;
       }
       small_tile_softmax<N>(sv, m_run, l_part, alpha, p_lo, p_hi, sRed, w, g8, t4, wg_bar);
       store_pt(p_lo, p_hi, false);
@@ -596,7 +598,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           float alpha[kRows];
 #pragma unroll
           for (int rr = 0; rr < kRows; ++rr) {
-            const float nm = other_m[8 * (rr / 2) + 2 * t4 + rr % 2];
+            const float nm = other_m[Frag::row(rr, t4)];
             alpha[rr] = nm == -INFINITY ? 1.0f : softmax::exp2_approx(m_run[rr] - nm);
             m_run[rr] = nm;
             l_part[rr] *= alpha[rr];
@@ -611,7 +613,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (other) retire_o();  // tile r's products: the other may rewrite its P^T once this tile is published
         if (flagged && w == 0 && g8 == 0) {
 #pragma unroll
-          for (int rr = 0; rr < kRows; ++rr) pub_m[8 * (rr / 2) + 2 * t4 + rr % 2] = m_run[rr];
+          for (int rr = 0; rr < kRows; ++rr) pub_m[Frag::row(rr, t4)] = m_run[rr];
         }
         ptx::mbar_arrive(&pfull[c]);  // P^T (fenced for the async proxy in tile_softmax), flags, maximum
         pv(slot_of(s), dP, is_clean(k0), s);
@@ -623,7 +625,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // ---- epilogue: ping-pong, each warpgroup its own columns; else kernel_small's, O staged in ring slot 1 (drained)
   // ----
   auto col_of = [&](int mb, int i) {  // value block mb (the kernel's permuted value rows)
-    return 128 * (mb >> 1) + 32 * w + 4 * g8 + 2 * (mb & 1) + ((i >> 1) & 1);
+    return 128 * (mb >> 1) + 32 * w + 4 * g8 + 2 * (mb & 1) + (Frag::at_hi(i) ? 1 : 0);
   };
   MLA_DECODE_TRACE_EVENT(5, 128);
   if constexpr (kPingPong) {
