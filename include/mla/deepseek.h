@@ -68,6 +68,11 @@ struct DeepseekWeights {
 Tensor dequantize_block_fp8(const DeepseekLinear& w, int block_rows, int block_cols, int64_t row0, int64_t rows,
                             int64_t col0, int64_t cols, DType dtype, const std::string& what);
 
+// The YaRN inverse frequencies of a rope of `dim` columns (DeepSeek's correction range and linear ramp,
+// docs/BLOCK.md "RoPE convention"); factor 1 gives plain RoPE, 1 / theta^(2i / dim).
+std::vector<double> yarn_inv_freq(int dim, double theta, double factor, int64_t original_max_positions,
+                                  double beta_fast, double beta_slow);
+
 struct DeepseekOptions {
   int tp = 1, rank = 0;  // tensor-parallel size and this rank
   CacheFormat cache_format = CacheFormat::bf16;

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <numbers>
 
+#include "block/block_util.h"
 #include "core/check.h"
 #include "core/checked.h"
 #include "core/numeric.h"
@@ -39,27 +40,9 @@ namespace mla {
 namespace {
 
 constexpr const char* kOp = "DeepseekAttention";
-constexpr std::size_t kAlign = 256;
-
-// Whether two views with non-negative strides share a byte (empty views share none).
-bool bytes_overlap(const TensorView& a, const TensorView& b) {
-  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0) return false;
-  const auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
-  return a0 < b0 + static_cast<uintptr_t>(b.span_bytes()) && b0 < a0 + static_cast<uintptr_t>(a.span_bytes());
-}
-
-std::size_t region_bytes(int64_t rows, int64_t cols, DType t, const char* what) {
-  const int64_t n = detail::checked_mul(detail::checked_mul(rows, cols, what), static_cast<int64_t>(dtype_size(t)), what);
-  return detail::checked_round_up(detail::checked_size(n, what), kAlign, 0, what);
-}
-
-// Dimensions of a weight: [out, in].
-void check_weight_shape(const DeepseekLinear& w, int64_t out, int64_t in, const std::string& what) {
-  MLA_CHECK(w.weight.defined(), "{}: weight {} is missing", kOp, what);
-  MLA_CHECK(w.weight.ndim == 2 && w.weight.shape[0] == out && w.weight.shape[1] == in,
-            "{}: weight {} must be [{}, {}], got {}", kOp, what, out, in, w.weight.describe());
-  MLA_CHECK(w.weight.device.is_cpu(), "{}: weight {} must be a host tensor, got {}", kOp, what, w.weight.describe());
-}
+using block::bytes_overlap;
+using block::check_weight_shape;
+using block::region_bytes;
 
 }  // namespace
 
@@ -105,57 +88,44 @@ Tensor dequantize_block_fp8(const DeepseekLinear& w, int block_rows, int block_c
   return out;
 }
 
-namespace {
-
-// [in, out] = transpose of rows [row0, row0 + rows) x columns [col0, col0 + cols) of a published
-// [out, in] weight, dequantised, in `dtype`.
-Tensor rank_weight_t(const DeepseekConfig& c, const DeepseekLinear& w, int64_t row0, int64_t rows, int64_t col0,
-                     int64_t cols, DType dtype, const std::string& what) {
-  const Tensor slice = dequantize_block_fp8(w, c.weight_block_rows, c.weight_block_cols, row0, rows, col0, cols,
-                                            DType::f64, what);
-  Tensor t = Tensor::empty({cols, rows}, dtype);
-  const auto* src = static_cast<const double*>(slice.data());
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) num::store(t.view().ptr_at({j, i}), dtype, src[i * cols + j]);
-  return t;
-}
-
-Tensor norm_weight(const TensorView& w, int64_t n, const char* what) {
-  MLA_CHECK(w.defined() && w.ndim == 1 && w.shape[0] == n && w.device.is_cpu() && is_floating(w.dtype) &&
-                w.dtype != DType::fp8_e4m3,
-            "{}: {} must be a float host tensor [{}], got {}", kOp, what, n, w.describe());
-  Tensor t = Tensor::empty({n}, DType::f64);
-  for (int64_t i = 0; i < n; ++i) {
-    const double x = num::load(w.ptr_at({i}), w.dtype);
-    MLA_CHECK(std::isfinite(x), "{}: {}[{}] = {} is not finite", kOp, what, i, x);
-    static_cast<double*>(t.data())[i] = x;
+std::vector<double> yarn_inv_freq(int dim, double theta, double factor, int64_t original_max_positions,
+                                  double beta_fast, double beta_slow) {
+  MLA_CHECK(dim > 0 && dim % 2 == 0 && theta > 0 && factor > 0, "yarn_inv_freq: needs an even dim > 0, theta > 0 "
+            "and factor > 0, got dim {}, theta {}, factor {}", dim, theta, factor);
+  std::vector<double> inv(static_cast<std::size_t>(dim / 2));
+  // factor 1: plain RoPE (the ramp's two ends are the same frequency).
+  if (factor == 1.0) {
+    for (int i = 0; i < dim / 2; ++i) inv[i] = 1.0 / std::pow(theta, 2.0 * i / dim);
+    return inv;
   }
-  return t;
+  const auto orig = static_cast<double>(original_max_positions);
+  auto corr_dim = [&](double rot) {
+    return dim * std::log(orig / (rot * 2.0 * std::numbers::pi)) / (2.0 * std::log(theta));
+  };
+  const double low = std::max(std::floor(corr_dim(beta_fast)), 0.0);
+  double high = std::min(std::ceil(corr_dim(beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  for (int i = 0; i < dim / 2; ++i) {
+    const double pos_freq = std::pow(theta, 2.0 * i / dim);
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    inv[i] = ramp / (factor * pos_freq) + (1.0 - ramp) / pos_freq;
+  }
+  return inv;
 }
+
+namespace {
 
 // YaRN inverse frequencies (DeepSeek's yarn_find_correction_range / linear ramp) and attention factor.
 void yarn_tables(const DeepseekConfig& c, std::vector<double>& inv_freq, double& factor) {
   const int dim = c.qk_rope_head_dim;
-  const double base = c.rope_theta;
-  inv_freq.resize(static_cast<std::size_t>(dim / 2));
   factor = 1.0;
   if (!c.has_yarn) {
-    for (int i = 0; i < dim / 2; ++i) inv_freq[i] = 1.0 / std::pow(base, 2.0 * i / dim);
+    inv_freq = yarn_inv_freq(dim, c.rope_theta, 1.0, 1, 1.0, 1.0);
     return;
   }
   const double f = c.yarn_factor;
-  const auto orig = static_cast<double>(c.yarn_original_max_position_embeddings);
-  auto corr_dim = [&](double rot) {
-    return dim * std::log(orig / (rot * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
-  };
-  const double low = std::max(std::floor(corr_dim(c.yarn_beta_fast)), 0.0);
-  double high = std::min(std::ceil(corr_dim(c.yarn_beta_slow)), static_cast<double>(dim - 1));
-  if (low == high) high += 0.001;
-  for (int i = 0; i < dim / 2; ++i) {
-    const double pos_freq = std::pow(base, 2.0 * i / dim);
-    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
-    inv_freq[i] = ramp / (f * pos_freq) + (1.0 - ramp) / pos_freq;
-  }
+  inv_freq = yarn_inv_freq(dim, c.rope_theta, f, c.yarn_original_max_position_embeddings, c.yarn_beta_fast,
+                           c.yarn_beta_slow);
   if (c.yarn_mscale != 0.0 && c.yarn_mscale_all_dim != 0.0)
     factor = yarn_mscale(f, c.yarn_mscale) / yarn_mscale(f, c.yarn_mscale_all_dim);
   else
@@ -190,7 +160,7 @@ DeepseekAttention::Linear DeepseekAttention::make_linear(const DeepseekLinear& w
                        (rows % 128 == 0 || row0 + rows == w.weight.shape[0]) &&
                        (!dev.is_cuda() || rows % 16 == 0);
   if (!(options_.fp8_activations && aligned)) {
-    Tensor t = rank_weight_t(c, w, row0, rows, col0, cols, options_.dtype, name);
+    Tensor t = block::rank_weight_t(w, c.weight_block_rows, c.weight_block_cols, row0, rows, col0, cols, options_.dtype, name);
     l.w_t = dev.is_cuda() ? t.to(dev) : std::move(t);
     return l;
   }
@@ -249,7 +219,7 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
   const Device dev = options.device;
   // Norm weights: f64 on the CPU (the oracle's exact values), f32 on CUDA (exact for bf16 / f32 checkpoints).
   auto norm = [&](const TensorView& t, int64_t n, const char* what) {
-    Tensor f64 = norm_weight(t, n, what);
+    Tensor f64 = block::norm_weight(t, n, kOp, what);
     if (dev.is_cpu()) return f64;
     Tensor f32 = Tensor::empty({n}, DType::f32);
     for (int64_t i = 0; i < n; ++i)
@@ -259,23 +229,23 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
   if (c.q_lora_rank > 0) {
     MLA_CHECK(!w.q_proj.weight.defined(), "{}: q_lora_rank = {} uses q_a_proj / q_b_proj, but q_proj was given", kOp,
               c.q_lora_rank);
-    check_weight_shape(w.q_a_proj, c.q_lora_rank, H, "q_a_proj");
-    check_weight_shape(w.q_b_proj, int64_t{c.num_attention_heads} * (P + R), c.q_lora_rank, "q_b_proj");
+    check_weight_shape(w.q_a_proj, c.q_lora_rank, H, kOp, "q_a_proj");
+    check_weight_shape(w.q_b_proj, int64_t{c.num_attention_heads} * (P + R), c.q_lora_rank, kOp, "q_b_proj");
     q_a_ = make_linear(w.q_a_proj, "q_a_proj", 0, c.q_lora_rank, 0, H);
     q_b_ = make_linear(w.q_b_proj, "q_b_proj", head0 * (P + R), h * (P + R), 0, c.q_lora_rank);
     q_a_norm_ = norm(w.q_a_layernorm, c.q_lora_rank, "q_a_layernorm");
   } else {
     MLA_CHECK(!w.q_a_proj.weight.defined() && !w.q_b_proj.weight.defined(),
               "{}: q_lora_rank is null (V2-Lite: q_proj), but q_a_proj / q_b_proj were given", kOp);
-    check_weight_shape(w.q_proj, int64_t{c.num_attention_heads} * (P + R), H, "q_proj");
+    check_weight_shape(w.q_proj, int64_t{c.num_attention_heads} * (P + R), H, kOp, "q_proj");
     q_ = make_linear(w.q_proj, "q_proj", head0 * (P + R), h * (P + R), 0, H);
   }
-  check_weight_shape(w.kv_a_proj_with_mqa, L + R, H, "kv_a_proj_with_mqa");
+  check_weight_shape(w.kv_a_proj_with_mqa, L + R, H, kOp, "kv_a_proj_with_mqa");
   kv_a_ = make_linear(w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa", 0, L + R, 0, H);
   kv_a_norm_ = norm(w.kv_a_layernorm, L, "kv_a_layernorm");
-  check_weight_shape(w.o_proj, H, int64_t{c.num_attention_heads} * V, "o_proj");
+  check_weight_shape(w.o_proj, H, int64_t{c.num_attention_heads} * V, kOp, "o_proj");
   o_ = make_linear(w.o_proj, "o_proj", 0, H, head0 * V, h * V);
-  check_weight_shape(w.kv_b_proj, int64_t{c.num_attention_heads} * (P + V), L, "kv_b_proj");
+  check_weight_shape(w.kv_b_proj, int64_t{c.num_attention_heads} * (P + V), L, kOp, "kv_b_proj");
   // Absorption (W_UK_T, W_UV) from the dequantised rank slice, exact in float64.
   const Tensor kv_b = dequantize_block_fp8(w.kv_b_proj, c.weight_block_rows, c.weight_block_cols, head0 * (P + V),
                                            h * (P + V), 0, L, DType::f64, "kv_b_proj");

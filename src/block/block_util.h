@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Helpers the DeepSeek attention blocks share (deepseek_attention.cpp: V2 / V3; deepseek_v4_attention.cpp:
+// V4): workspace regions, argument overlap, weight shapes and rank slices of published weights.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "mla/deepseek.h"
+#include "mla/tensor.h"
+#include "mla/types.h"
+
+namespace mla::block {
+
+// Workspace regions start on multiples of this many bytes.
+inline constexpr std::size_t kAlign = 256;
+// Bytes of a [rows, cols] region of dtype t, rounded up to kAlign (overflow refused naming `what`).
+std::size_t region_bytes(int64_t rows, int64_t cols, DType t, const char* what);
+// Whether two views with non-negative strides share a byte (empty views share none).
+bool bytes_overlap(const TensorView& a, const TensorView& b);
+// A published weight must be a host tensor [out, in]; throws "<op>: weight <what> ..." otherwise.
+void check_weight_shape(const DeepseekLinear& w, int64_t out, int64_t in, const char* op, const std::string& what);
+// [in, out] = transpose of rows [row0, row0 + rows) x columns [col0, col0 + cols) of a published
+// [out, in] weight, dequantised exactly (dequantize_block_fp8 with these block sizes), in `dtype`.
+Tensor rank_weight_t(const DeepseekLinear& w, int block_rows, int block_cols, int64_t row0, int64_t rows, int64_t col0,
+                     int64_t cols, DType dtype, const std::string& what);
+// A norm weight [n] (any float dtype but fp8) as f64, every value finite.
+Tensor norm_weight(const TensorView& w, int64_t n, const char* op, const char* what);
+
+}  // namespace mla::block
