@@ -138,4 +138,47 @@ struct DeepseekConfig {
   ModelDims dims(int tp = 1) const;
 };
 
+// The attention fields of a DeepSeek-V4 config.json (transformers' DeepseekV4Config names; the legacy
+// names compress_ratios / compress_rate_csa / compress_rate_hca / qk_rope_head_dim are read too).
+struct DeepseekV4Config {
+  std::string model_type;  // "deepseek_v4" (informational)
+  int hidden_size = 4096;
+  int num_attention_heads = 64;
+  int head_dim = 512;          // query / key / value width per head (K = V)
+  int qk_rope_head_dim = 64;   // rope columns at the end of each head
+  int q_lora_rank = 1024;
+  int o_groups = 8;            // groups of heads of the grouped o projection
+  int o_lora_rank = 1024;      // o_a_proj's output width per group
+  int sliding_window = 128;    // positions of the window, the token's own included
+  int index_topk = 512;        // the lightning indexer's picks per token (ratio-4 layers)
+  double rms_norm_eps = 1e-6;
+  bool q_head_norm = true;     // V4: unweighted RMSNorm of each query head; V4.1 drops it
+  // RoPE: sliding-only layers ("main") plain with rope_theta; layers with a compressor ("compress") use
+  // compress_rope_theta with YaRN (cos / sin not scaled: attention factor 1).
+  double rope_theta = 10000.0;
+  double compress_rope_theta = 160000.0;
+  bool compress_yarn = true;
+  double yarn_factor = 16.0;
+  int64_t yarn_original_max_position_embeddings = 65536;
+  double yarn_beta_fast = 32.0, yarn_beta_slow = 1.0;
+  // Per layer: 0 (sliding window only), or the compression ratio of its extra cache (4: CSA with the
+  // indexer's top-k; 128: HCA, every causal entry).
+  std::vector<int> compress_ratios;
+  // quantization_config: fp8 with block-scaled weights.
+  bool fp8_weights = false;
+  int weight_block_rows = 128, weight_block_cols = 128;
+
+  static DeepseekV4Config from_json(std::string_view text, const std::string& what = "config.json");
+  static DeepseekV4Config from_file(const std::string& path);
+  // "v4-flash" (hidden 4096, 64 heads, q_lora 1024, 8 groups), "v4-pro" (hidden 7168, 128 heads, q_lora
+  // 1536, 16 groups, index_topk 1024), "v41-flash" (v4-flash without the query head norm); 4 layers with
+  // ratios 0, 4, 128, 4.
+  static DeepseekV4Config preset(const std::string& name);
+  // Whether a config.json text describes a DeepSeek-V4 model (model_type "deepseek_v4*").
+  static bool is_v4_json(std::string_view text);
+  int compress_ratio(int layer) const;  // throws mla::Error for a layer outside compress_ratios
+  double softmax_scale() const;         // head_dim^-0.5
+  void validate() const;                // throws mla::Error on inconsistent dimensions
+};
+
 }  // namespace mla

@@ -124,6 +124,28 @@ struct Fields {
   }
 };
 
+// quantization_config: fp8 (e4m3) weights with block scales of weight_block_size.
+void read_fp8_quantization(const Fields& f, const std::string& what, bool& fp8, int& block_rows, int& block_cols) {
+  if (const auto* q = f.get("quantization_config")) {
+    MLA_CHECK(q->is_object(), "{}: \"quantization_config\" must be an object", what);
+    const auto m = q->find("quant_method");
+    MLA_CHECK(m != q->end() && m->is_string() && m->get<std::string>() == "fp8",
+              "{}: quantization_config.quant_method must be \"fp8\" (block-scaled e4m3 weights), got {}", what,
+              m == q->end() ? std::string("nothing") : m->dump());
+    if (const auto fmt_it = q->find("fmt"); fmt_it != q->end())
+      MLA_CHECK(fmt_it->is_string() && fmt_it->get<std::string>() == "e4m3",
+                "{}: quantization_config.fmt must be \"e4m3\", got {}", what, fmt_it->dump());
+    const auto b = q->find("weight_block_size");
+    MLA_CHECK(b != q->end() && b->is_array() && b->size() == 2 && (*b)[0].is_number_integer() &&
+                  (*b)[1].is_number_integer() && (*b)[0].get<int64_t>() > 0 && (*b)[1].get<int64_t>() > 0 &&
+                  (*b)[0].get<int64_t>() <= 65536 && (*b)[1].get<int64_t>() <= 65536,
+              "{}: quantization_config.weight_block_size must be two positive integers", what);
+    fp8 = true;
+    block_rows = static_cast<int>((*b)[0].get<int64_t>());
+    block_cols = static_cast<int>((*b)[1].get<int64_t>());
+  }
+}
+
 }  // namespace
 
 DeepseekConfig DeepseekConfig::from_json(std::string_view text, const std::string& what) {
@@ -181,24 +203,7 @@ DeepseekConfig DeepseekConfig::from_json(std::string_view text, const std::strin
       c.yarn_mscale_all_dim = r.number("mscale_all_dim", 0.0, false);
     }
   }
-  if (const auto* q = f.get("quantization_config")) {
-    MLA_CHECK(q->is_object(), "{}: \"quantization_config\" must be an object", what);
-    const auto m = q->find("quant_method");
-    MLA_CHECK(m != q->end() && m->is_string() && m->get<std::string>() == "fp8",
-              "{}: quantization_config.quant_method must be \"fp8\" (block-scaled e4m3 weights), got {}", what,
-              m == q->end() ? std::string("nothing") : m->dump());
-    if (const auto fmt_it = q->find("fmt"); fmt_it != q->end())
-      MLA_CHECK(fmt_it->is_string() && fmt_it->get<std::string>() == "e4m3",
-                "{}: quantization_config.fmt must be \"e4m3\", got {}", what, fmt_it->dump());
-    const auto b = q->find("weight_block_size");
-    MLA_CHECK(b != q->end() && b->is_array() && b->size() == 2 && (*b)[0].is_number_integer() &&
-                  (*b)[1].is_number_integer() && (*b)[0].get<int64_t>() > 0 && (*b)[1].get<int64_t>() > 0 &&
-                  (*b)[0].get<int64_t>() <= 65536 && (*b)[1].get<int64_t>() <= 65536,
-              "{}: quantization_config.weight_block_size must be two positive integers", what);
-    c.fp8_weights = true;
-    c.weight_block_rows = static_cast<int>((*b)[0].get<int64_t>());
-    c.weight_block_cols = static_cast<int>((*b)[1].get<int64_t>());
-  }
+  read_fp8_quantization(f, what, c.fp8_weights, c.weight_block_rows, c.weight_block_cols);
   return c;
 }
 
@@ -254,6 +259,191 @@ ModelDims DeepseekConfig::dims(int tp) const {
   d.softmax_scale = softmax_scale();
   d.index_topk = index_topk;
   return d;
+}
+
+
+// ---- DeepSeek-V4 config.json ----------------------------------------------------------------
+
+namespace {
+
+// A per-layer type of transformers' DeepseekV4Config (layer_types) as its compression ratio.
+int v4_ratio_of_type(const std::string& type, int csa, int hca, const std::string& what) {
+  if (type == "sliding_attention") return 0;
+  if (type == "compressed_sparse_attention") return csa;
+  if (type == "heavily_compressed_attention") return hca;
+  throw Error(fmt::format("{}: layer_types entry '{}' is not one of sliding_attention, compressed_sparse_attention, "
+                          "heavily_compressed_attention",
+                          what, type));
+}
+
+}  // namespace
+
+bool DeepseekV4Config::is_v4_json(std::string_view text) {
+  try {
+    const nlohmann::json j = io::parse_json_strict(text, "config.json", 8);
+    const auto it = j.find("model_type");
+    return j.is_object() && it != j.end() && it->is_string() && it->get<std::string>().rfind("deepseek_v4", 0) == 0;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+DeepseekV4Config DeepseekV4Config::from_json(std::string_view text, const std::string& what) {
+  const nlohmann::json j = io::parse_json_strict(text, what, 8);
+  MLA_CHECK(j.is_object(), "{}: not a JSON object", what);
+  const Fields f{j, what, ""};
+  DeepseekV4Config c;
+  if (const auto* v = f.get("model_type")) {
+    MLA_CHECK(v->is_string(), "{}: \"model_type\" must be a string", what);
+    c.model_type = v->get<std::string>();
+  }
+  c.hidden_size = f.integer("hidden_size", 0, true);
+  c.num_attention_heads = f.integer("num_attention_heads", 0, true);
+  c.head_dim = f.integer("head_dim", c.head_dim);
+  c.q_lora_rank = f.integer("q_lora_rank", c.q_lora_rank);
+  c.o_groups = f.integer("o_groups", c.o_groups);
+  c.o_lora_rank = f.integer("o_lora_rank", c.o_lora_rank);
+  c.sliding_window = f.integer("sliding_window", c.sliding_window);
+  c.index_topk = f.integer("index_topk", c.index_topk);
+  c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
+  if (const auto* v = f.get("num_key_value_heads"))
+    MLA_CHECK(v->is_number_integer() && v->get<int64_t>() == 1,
+              "{}: DeepSeek-V4 attention has one shared key/value head, got num_key_value_heads {}", what, v->dump());
+  if (f.get("qk_rope_head_dim")) {
+    c.qk_rope_head_dim = f.integer("qk_rope_head_dim", 64);
+  } else if (f.get("partial_rotary_factor")) {
+    const double p = f.number("partial_rotary_factor", 0.125);
+    const double r = p * c.head_dim;
+    MLA_CHECK(r == std::floor(r) && r >= 2 && r <= c.head_dim, "{}: partial_rotary_factor {} of head_dim {} is not a "
+              "whole number of rope columns", what, p, c.head_dim);
+    c.qk_rope_head_dim = static_cast<int>(r);
+  } else {
+    c.qk_rope_head_dim = 64;
+  }
+  if (const auto* v = f.get("q_head_norm")) {
+    MLA_CHECK(v->is_boolean(), "{}: \"q_head_norm\" must be true or false", what);
+    c.q_head_norm = v->get<bool>();
+  }
+  c.rope_theta = f.number("rope_theta", c.rope_theta);
+  c.compress_rope_theta = f.number("compress_rope_theta", c.compress_rope_theta);
+  // rope_parameters: nested {"main": {...}, "compress": {...}} (transformers), or the flat YaRN
+  // parameters of the compressed layers (rope_scaling, the published configs).
+  c.compress_yarn = false;
+  const nlohmann::json* rs = f.get("rope_parameters");
+  if (!rs) rs = f.get("rope_scaling");
+  if (rs) {
+    MLA_CHECK(rs->is_object(), "{}: \"rope_parameters\" must be an object or null", what);
+    const nlohmann::json* yarn = rs;
+    if (const auto m = rs->find("main"); m != rs->end()) {
+      MLA_CHECK(m->is_object(), "{}: \"rope_parameters.main\" must be an object", what);
+      c.rope_theta = Fields{*m, what, "rope_parameters.main."}.number("rope_theta", c.rope_theta);
+      const auto t = m->find("rope_type");
+      MLA_CHECK(t == m->end() || (t->is_string() && t->get<std::string>() == "default"),
+                "{}: rope_parameters.main.rope_type must be \"default\" (plain RoPE)", what);
+      const auto cm = rs->find("compress");
+      MLA_CHECK(cm != rs->end() && cm->is_object(), "{}: \"rope_parameters.compress\" must be an object", what);
+      yarn = &*cm;
+      c.compress_rope_theta = Fields{*cm, what, "rope_parameters.compress."}.number("rope_theta", c.compress_rope_theta);
+    }
+    const Fields r{*yarn, what, "rope_parameters."};
+    std::string type = "default";
+    for (const char* key : {"type", "rope_type"})
+      if (const auto* t = r.get(key)) {
+        MLA_CHECK(t->is_string(), "{}: \"rope_parameters.{}\" must be a string", what, key);
+        type = t->get<std::string>();
+      }
+    MLA_CHECK(type == "yarn" || type == "default",
+              "{}: rope type '{}' of the compressed layers is not supported (DeepSeek-V4 uses 'yarn')", what, type);
+    if (type == "yarn") {
+      c.compress_yarn = true;
+      c.yarn_factor = r.number("factor", 0.0);
+      MLA_CHECK(c.yarn_factor > 0, "{}: \"rope_parameters.factor\" is required for yarn", what);
+      c.yarn_original_max_position_embeddings = r.integer("original_max_position_embeddings", 65536);
+      c.yarn_beta_fast = r.number("beta_fast", 32.0);
+      c.yarn_beta_slow = r.number("beta_slow", 1.0);
+      // transformers scales V4's cos / sin by nothing (attention_factor 1.0); another value is not V4.
+      if (const auto* a = r.get("attention_factor"))
+        MLA_CHECK(a->is_number() && a->get<double>() == 1.0,
+                  "{}: rope attention_factor must be 1.0 for DeepSeek-V4, got {}", what, a->dump());
+    }
+  }
+  // Compression ratio of each layer: layer_types (transformers) or compress_ratios (legacy).
+  int csa = 4, hca = 128;
+  if (const auto* r = f.get("compress_rates")) {
+    MLA_CHECK(r->is_object(), "{}: \"compress_rates\" must be an object", what);
+    const Fields rf{*r, what, "compress_rates."};
+    csa = rf.integer("compressed_sparse_attention", csa);
+    hca = rf.integer("heavily_compressed_attention", hca);
+  }
+  csa = f.integer("compress_rate_csa", csa);
+  hca = f.integer("compress_rate_hca", hca);
+  const int layers = f.integer("num_hidden_layers", 1);
+  if (const auto* lt = f.get("layer_types")) {
+    MLA_CHECK(lt->is_array(), "{}: \"layer_types\" must be an array of strings", what);
+    for (const auto& e : *lt) {
+      MLA_CHECK(e.is_string(), "{}: \"layer_types\" entries must be strings, got {}", what, e.dump());
+      c.compress_ratios.push_back(v4_ratio_of_type(e.get<std::string>(), csa, hca, what));
+    }
+  } else if (const auto* cr = f.get("compress_ratios")) {
+    MLA_CHECK(cr->is_array(), "{}: \"compress_ratios\" must be an array of integers", what);
+    for (const auto& e : *cr) {
+      MLA_CHECK(e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() <= (1 << 20),
+                "{}: \"compress_ratios\" entries must be integers in [0, 2^20], got {}", what, e.dump());
+      c.compress_ratios.push_back(static_cast<int>(e.get<int64_t>()));
+    }
+  } else {
+    // transformers' default schedule: two HCA layers, then CSA / HCA alternating.
+    for (int i = 0; i < layers; ++i) c.compress_ratios.push_back(i < 2 ? hca : (i - 2) % 2 ? csa : hca);
+  }
+  if (static_cast<int>(c.compress_ratios.size()) > layers) c.compress_ratios.resize(static_cast<std::size_t>(layers));
+  read_fp8_quantization(f, what, c.fp8_weights, c.weight_block_rows, c.weight_block_cols);
+  c.validate();
+  return c;
+}
+
+DeepseekV4Config DeepseekV4Config::from_file(const std::string& path) {
+  return from_json(io::read_text_file(path, kMaxJsonFile), path);
+}
+
+DeepseekV4Config DeepseekV4Config::preset(const std::string& name) {
+  DeepseekV4Config c;
+  c.model_type = "deepseek_v4";
+  c.compress_ratios = {0, 4, 128, 4};
+  if (name == "v4-flash" || name == "v41-flash") {
+    c.q_head_norm = name == "v4-flash";
+  } else {
+    MLA_CHECK(name == "v4-pro", "unknown DeepSeek-V4 preset '{}': expected v4-flash, v4-pro or v41-flash", name);
+    c.hidden_size = 7168;
+    c.num_attention_heads = 128;
+    c.q_lora_rank = 1536;
+    c.o_groups = 16;
+    c.index_topk = 1024;
+  }
+  c.fp8_weights = true;
+  c.validate();
+  return c;
+}
+
+int DeepseekV4Config::compress_ratio(int layer) const {
+  MLA_CHECK(layer >= 0 && layer < static_cast<int>(compress_ratios.size()),
+            "DeepSeek-V4 config: layer {} is outside the {} layers of compress_ratios / layer_types", layer,
+            compress_ratios.size());
+  return compress_ratios[static_cast<std::size_t>(layer)];
+}
+
+double DeepseekV4Config::softmax_scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+
+void DeepseekV4Config::validate() const {
+  MLA_CHECK(hidden_size > 0 && num_attention_heads > 0 && q_lora_rank > 0 && o_lora_rank > 0 && sliding_window > 0,
+            "DeepSeek-V4 config: hidden_size {}, num_attention_heads {}, q_lora_rank {}, o_lora_rank {} and "
+            "sliding_window {} must be positive",
+            hidden_size, num_attention_heads, q_lora_rank, o_lora_rank, sliding_window);
+  MLA_CHECK(qk_rope_head_dim > 0 && qk_rope_head_dim % 2 == 0 && qk_rope_head_dim < head_dim,
+            "DeepSeek-V4 config: the rope columns ({}) must be even, positive and fewer than head_dim {}",
+            qk_rope_head_dim, head_dim);
+  MLA_CHECK(o_groups > 0 && num_attention_heads % o_groups == 0,
+            "DeepSeek-V4 config: o_groups {} must divide num_attention_heads {}", o_groups, num_attention_heads);
+  MLA_CHECK(rms_norm_eps >= 0 && std::isfinite(rms_norm_eps), "DeepSeek-V4 config: rms_norm_eps must be finite, >= 0");
 }
 
 }  // namespace mla
