@@ -1,0 +1,300 @@
+// SPDX-License-Identifier: Apache-2.0
+// DeepseekV4Attention (mla/deepseek_v4.h) against a naive float64 formulation written in the test
+// (unit/v4_block_test_util.h): every layer kind (sliding only, ratio 4 with top-k picks, ratio 8 with
+// every causal entry), V4 and V4.1 (no query head norm), tensor-parallel ranks, every dtype, the caches
+// of every format the block takes; its pieces on their own (the per-head norm, the inverse RoPE, the
+// grouped o projection, the sink); the config reader; refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "mla/error.h"
+#include "mla/ops.h"
+#include "unit/v4_block_test_util.h"
+
+namespace mla {
+namespace {
+
+using test::v4::small_config;
+using test::v4::Trace;
+using test::v4::Weights;
+
+DeepseekV4Options opts(DType dt, CacheFormat main, CacheFormat extra, int tp = 1, int rank = 0) {
+  DeepseekV4Options o;
+  o.dtype = dt;
+  o.cache_format = main;
+  o.extra_cache_format = extra;
+  o.tp = tp;
+  o.rank = rank;
+  return o;
+}
+
+class V4BlockLayers : public ::testing::TestWithParam<int> {};
+
+// The float64 block with the exact f64 caches equals the naive formulation to rounding; f32 within
+// 1e-5 and bf16 within the bf16 rule (1e-2), every step of the trace.
+TEST_P(V4BlockLayers, MatchesNaiveFloat64) {
+  const int layer = GetParam();
+  for (const bool q_norm : {true, false}) {
+    const DeepseekV4Config c = small_config(q_norm);
+    const Weights w(c);
+    const Trace tr(c, c.compress_ratio(layer), 11 + layer);
+    const std::vector<double> ref = tr.naive(c, c.compress_ratio(layer), w);
+    struct Mode {
+      DType dt;
+      Precision p;
+      CacheFormat cache;
+      double bound;
+    };
+    for (const Mode m : {Mode{DType::f64, Precision::reference, CacheFormat::f64, 1e-12},
+                         Mode{DType::f32, Precision::fast, CacheFormat::f64, 1e-5},
+                         Mode{DType::bf16, Precision::fast, CacheFormat::bf16, 1e-2}}) {
+      const DeepseekV4Attention blk(c, layer, w.w, opts(m.dt, m.cache, m.cache));
+      const std::vector<double> got = tr.serve(blk, m.p);
+      const double e = test::rel_l2(got, ref);
+      std::printf("  layer %d q_norm %d %s, %s cache: rel-L2 %.3e\n", layer, q_norm ? 1 : 0, to_string(m.dt),
+                  to_string(m.cache), e);
+      EXPECT_LE(e, m.bound) << "layer " << layer << " q_norm " << q_norm << " " << to_string(m.dt) << " cache "
+                            << to_string(m.cache);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, V4BlockLayers, ::testing::Values(0, 1, 2),
+                         [](const auto& info) { return "layer" + std::to_string(info.param); });
+
+// The V4 records as the block's caches (main v4 / v41, extra any of the three; V4.1's v41 + v41_fp4):
+// the float64 block reads the codes exactly, so its error against the naive result is the caches' own
+// quantisation (e4m3: 2^-4 relative at most; e2m1 coarser), nonzero and bounded.
+TEST(V4Block, RecordCachesWithinTheirQuantisation) {
+  const DeepseekV4Config c = small_config();
+  const Weights w(c);
+  const Trace tr(c, c.compress_ratio(1), 21);
+  const std::vector<double> ref = tr.naive(c, c.compress_ratio(1), w);
+  struct Pair {
+    CacheFormat main, extra;
+    double bound;
+  };
+  for (const Pair p : {Pair{CacheFormat::v4, CacheFormat::v4, 6e-2}, Pair{CacheFormat::v41, CacheFormat::v41, 6e-2},
+                       Pair{CacheFormat::v41, CacheFormat::v41_fp4, 1e-1}, Pair{CacheFormat::v4, CacheFormat::v41_fp4, 1e-1}}) {
+    const DeepseekV4Attention blk(c, 1, w.w, opts(DType::f64, p.main, p.extra));
+    const double e = test::rel_l2(tr.serve(blk, Precision::reference), ref);
+    std::printf("  %s + %s caches, f64 block: rel-L2 %.3e\n", to_string(p.main), to_string(p.extra), e);
+    EXPECT_GT(e, 1e-6) << to_string(p.main) << " + " << to_string(p.extra) << " stores codes, not the values";
+    EXPECT_LE(e, p.bound) << to_string(p.main) << " + " << to_string(p.extra);
+  }
+}
+
+// Ranks of tp = 2 (one group of two heads each) give partial sums: each equals the naive rank formula,
+// and the two add up to the whole block.
+TEST(V4Block, TensorParallelRanksSumToTheBlock) {
+  const DeepseekV4Config c = small_config();
+  const Weights w(c);
+  const Trace tr(c, 4, 5);
+  const std::vector<double> whole = tr.serve(DeepseekV4Attention(c, 1, w.w, opts(DType::f64, CacheFormat::f64, CacheFormat::f64)),
+                                             Precision::reference);
+  std::vector<double> sum(whole.size(), 0.0);
+  for (int r = 0; r < 2; ++r) {
+    const DeepseekV4Attention blk(c, 1, w.w, opts(DType::f64, CacheFormat::f64, CacheFormat::f64, 2, r));
+    EXPECT_EQ(blk.heads(), 2);
+    const std::vector<double> part = tr.serve(blk, Precision::reference);
+    EXPECT_LE(test::rel_l2(part, tr.naive(c, 4, w, 2, r)), 1e-12) << "rank " << r;
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  }
+  EXPECT_LE(test::rel_l2(sum, whole), 1e-12);
+}
+
+// Each piece changes the result: the naive formulation without it (or with other weights for it) is
+// far from the block, so the agreement above covers each one: the per-head norm (V4 vs V4.1), the
+// inverse rope on the output, the grouping of o_a_proj, the sink.
+TEST(V4Block, EveryPieceMatters) {
+  const DeepseekV4Config c = small_config();
+  const Weights w(c);
+  const Trace tr(c, 4, 8);
+  const DeepseekV4Attention blk(c, 1, w.w, opts(DType::f64, CacheFormat::f64, CacheFormat::f64));
+  const std::vector<double> got = tr.serve(blk, Precision::reference);
+  ASSERT_LE(test::rel_l2(got, tr.naive(c, 4, w)), 1e-12);
+  EXPECT_GT(test::rel_l2(got, tr.naive(small_config(false), 4, w)), 1e-3) << "query head norm";
+  EXPECT_GT(test::rel_l2(got, tr.naive(c, 4, w, 1, 0, /*unrotate=*/false)), 1e-3) << "inverse rope";
+  Weights swapped = w;  // group 0's o_a rows read by group 1's heads and the other way round
+  const std::size_t half = swapped.o_a.size() / 2;
+  std::rotate(swapped.o_a.begin(), swapped.o_a.begin() + static_cast<std::ptrdiff_t>(half), swapped.o_a.end());
+  EXPECT_GT(test::rel_l2(got, tr.naive(c, 4, swapped)), 1e-3) << "o_a_proj groups";
+  Weights sunk = w;
+  for (double& x : sunk.sinks) x += 2.0;
+  EXPECT_GT(test::rel_l2(got, tr.naive(c, 4, sunk)), 1e-3) << "sink";
+}
+
+// The inverse rotation on its own: apply_rope with the negated table undoes apply_rope (the block's
+// output epilogue), exactly to rounding in float64.
+TEST(V4Block, InverseRopeUndoesRope) {
+  const DeepseekV4Config c = small_config();
+  const Weights w(c);
+  const DeepseekV4Attention blk(c, 1, w.w, opts(DType::f64, CacheFormat::f64, CacheFormat::f64));
+  const int64_t T = 5, h = 3, D = 512, R = 64;
+  Tensor x = test::random_tensor({T, h, D}, DType::f64), y = Tensor::empty({T, h, D}, DType::f64);
+  std::vector<double> inv, neg;
+  for (int i = 0; i < R / 2; ++i) inv.push_back(blk.inv_freq(i)), neg.push_back(-blk.inv_freq(i));
+  Tensor ti = Tensor::empty({R / 2}, DType::f64), tn = Tensor::empty({R / 2}, DType::f64);
+  std::copy(inv.begin(), inv.end(), static_cast<double*>(ti.data()));
+  std::copy(neg.begin(), neg.end(), static_cast<double*>(tn.data()));
+  const Tensor pos = test::int64_tensor({0, 3, 17, 1000, 65535});
+  apply_rope(x.view(), y.view(), pos.view(), ti.view(), 1.0, R, true);
+  const std::vector<double> rotated = test::to_doubles(y.view());
+  EXPECT_GT(test::rel_l2(rotated, test::to_doubles(x.view())), 1e-3);  // it moved
+  apply_rope(y.view(), y.view(), pos.view(), tn.view(), 1.0, R, true);
+  EXPECT_LE(test::rel_l2(test::to_doubles(y.view()), test::to_doubles(x.view())), 1e-14);
+  // And the layer's table is the formula's (YaRN for a compressed layer, plain for a sliding one).
+  const std::vector<double> f1 = test::v4::naive_inv_freq(c, 4);
+  const DeepseekV4Attention sliding(c, 0, w.w, opts(DType::f64, CacheFormat::f64, CacheFormat::f64));
+  const std::vector<double> f0 = test::v4::naive_inv_freq(c, 0);
+  for (int i = 0; i < R / 2; ++i) {
+    EXPECT_NEAR(blk.inv_freq(i), f1[static_cast<std::size_t>(i)], 1e-15 * f1[static_cast<std::size_t>(i)] + 1e-300) << i;
+    EXPECT_NEAR(sliding.inv_freq(i), f0[static_cast<std::size_t>(i)], 1e-15 * f0[static_cast<std::size_t>(i)]) << i;
+  }
+  EXPECT_NE(blk.inv_freq(R / 2 - 1), sliding.inv_freq(R / 2 - 1));
+}
+
+TEST(V4Block, ConfigFromTransformersJson) {
+  const DeepseekV4Config c = DeepseekV4Config::from_json(R"({
+    "model_type": "deepseek_v4", "hidden_size": 4096, "num_attention_heads": 64, "num_key_value_heads": 1,
+    "head_dim": 512, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128,
+    "index_topk": 512, "rms_norm_eps": 1e-6, "partial_rotary_factor": 0.125, "num_hidden_layers": 4,
+    "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                    "compressed_sparse_attention"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    "rope_parameters": {"main": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.125},
+                        "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 16,
+                                     "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1,
+                                     "attention_factor": 1.0, "partial_rotary_factor": 0.125}}})");
+  EXPECT_EQ(c.qk_rope_head_dim, 64);
+  EXPECT_EQ(c.compress_ratios, (std::vector<int>{0, 4, 128, 4}));
+  EXPECT_TRUE(c.compress_yarn);
+  EXPECT_EQ(c.yarn_factor, 16.0);
+  EXPECT_EQ(c.compress_rope_theta, 160000.0);
+  EXPECT_TRUE(c.q_head_norm);
+  EXPECT_TRUE(DeepseekV4Config::is_v4_json(R"({"model_type": "deepseek_v4"})"));
+  EXPECT_FALSE(DeepseekV4Config::is_v4_json(R"({"model_type": "deepseek_v3"})"));
+  // Legacy names (the published configs): compress_ratios, qk_rope_head_dim, flat rope_scaling.
+  const DeepseekV4Config l = DeepseekV4Config::from_json(R"({"hidden_size": 64, "num_attention_heads": 4,
+    "o_groups": 2, "qk_rope_head_dim": 64, "compress_ratios": [4, 0], "num_hidden_layers": 2,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536}})");
+  EXPECT_EQ(l.compress_ratios, (std::vector<int>{4, 0}));
+  EXPECT_TRUE(l.compress_yarn);
+  // Presets.
+  EXPECT_EQ(DeepseekV4Config::preset("v4-pro").num_attention_heads, 128);
+  EXPECT_EQ(DeepseekV4Config::preset("v4-pro").o_groups, 16);
+  EXPECT_FALSE(DeepseekV4Config::preset("v41-flash").q_head_norm);
+  EXPECT_TRUE(DeepseekV4Config::preset("v4-flash").q_head_norm);
+  // Refusals say what was expected.
+  auto refused = [](const char* json, const char* what) {
+    try {
+      (void)DeepseekV4Config::from_json(json);
+      ADD_FAILURE() << "accepted: " << json;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused(R"({"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2})", "one shared key/value head");
+  refused(R"({"hidden_size": 64, "num_attention_heads": 6, "o_groups": 4})", "must divide num_attention_heads");
+  refused(R"({"hidden_size": 64, "num_attention_heads": 4, "o_groups": 2, "layer_types": ["full"]})", "layer_types entry");
+  refused(R"({"hidden_size": 64, "num_attention_heads": 4, "o_groups": 2, "rope_scaling": {"type": "yarn", "factor": 16,
+           "attention_factor": 1.2}})", "attention_factor must be 1.0");
+  EXPECT_THROW((void)DeepseekV4Config::preset("v5"), Error);
+  EXPECT_THROW((void)small_config().compress_ratio(3), Error);
+}
+
+TEST(V4Block, RefusesBadConfigurationsAndArguments) {
+  const DeepseekV4Config c = small_config();
+  const Weights w(c);
+  auto refused = [](auto&& f, const char* what) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted (expected an error naming '" << what << "')";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  // CUDA: no kernels for the V4 block yet.
+  refused([&] {
+    DeepseekV4Options o = opts(DType::bf16, CacheFormat::bf16, CacheFormat::bf16);
+    o.device = Device::cuda(0);
+    DeepseekV4Attention(c, 1, w.w, o);
+  }, "CPU only");
+  refused([&] { DeepseekV4Attention(c, 1, w.w, opts(DType::bf16, CacheFormat::fp8_ds_mla, CacheFormat::bf16)); },
+          "cache format");
+  refused([&] { DeepseekV4Attention(c, 1, w.w, opts(DType::bf16, CacheFormat::bf16, CacheFormat::bf16, 4, 0)); },
+          "must divide o_groups");
+  refused([&] { DeepseekV4Attention(c, 7, w.w, opts(DType::bf16, CacheFormat::bf16, CacheFormat::bf16)); }, "layer 7");
+  {
+    DeepseekV4Weights bad = w.w;
+    bad.o_a_proj.weight = w.w.o_b_proj.weight;
+    refused([&] { DeepseekV4Attention(c, 1, bad, opts(DType::bf16, CacheFormat::bf16, CacheFormat::bf16)); }, "o_a_proj");
+  }
+  {
+    DeepseekV4Weights bad = w.w;
+    bad.sinks = TensorView{};
+    refused([&] { DeepseekV4Attention(c, 1, bad, opts(DType::bf16, CacheFormat::bf16, CacheFormat::bf16)); }, "sinks");
+  }
+  // Step arguments: refused before the caches or out are written.
+  const DeepseekV4Attention blk(c, 1, w.w, opts(DType::f64, CacheFormat::f64, CacheFormat::f64));
+  const DeepseekV4Attention sliding(c, 0, w.w, opts(DType::f64, CacheFormat::f64, CacheFormat::f64));
+  CacheBuffer main = allocate_cache(CacheFormat::f64, 4, 4, Device::cpu(), 1.0f, 512, 64);
+  CacheBuffer extra = allocate_cache(CacheFormat::f64, 4, 2, Device::cpu(), 1.0f, 512, 64);
+  std::memset(main.storage.data(), 0x7f, main.storage.nbytes());
+  std::memset(extra.storage.data(), 0x7f, extra.storage.nbytes());
+  const int64_t T = 2;
+  const Tensor x = test::random_tensor({T, 64}, DType::f64), y = test::poisoned({T, 64}, DType::f64);
+  const Tensor pos = test::int64_tensor({0, 1}), slots = test::int64_tensor({5, 6}), req = test::int_tensor({0, 0}),
+               bt = test::int_tensor_2d({{1, 2}}), ebt = test::int_tensor_2d({{3}}),
+               topk = test::int_tensor_2d({{-1, -1, -1}, {0, -1, -1}}), ekv = test::random_tensor({1, 512}, DType::f64),
+               eslot = test::int64_tensor({6}), neg = test::int64_tensor({0, -1}), far = test::int64_tensor({5, 99});
+  Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(T, 3))}, DType::u8);
+  auto args = [&] {
+    DeepseekV4ForwardArgs a;
+    a.hidden = x.view();
+    a.positions = pos.view();
+    a.req_id = req.view();
+    a.block_table = bt.view();
+    a.slot_mapping = slots.view();
+    a.extra_topk = topk.view();
+    a.extra_block_table = ebt.view();
+    a.extra_kv = ekv.view();
+    a.extra_slot_mapping = eslot.view();
+    a.out = y.view();
+    return a;
+  };
+  const std::vector<uint8_t> main0(static_cast<uint8_t*>(main.storage.data()),
+                                   static_cast<uint8_t*>(main.storage.data()) + main.storage.nbytes());
+  auto step = [&](const DeepseekV4Attention& b, const DeepseekV4ForwardArgs& a) {
+    b.forward(a, main.cache, extra.cache, ws.view(), Context{nullptr, Precision::reference});
+  };
+  refused([&] { auto a = args(); a.positions = neg.view(); step(blk, a); }, "positions[1]");
+  refused([&] { auto a = args(); a.slot_mapping = far.view(); step(blk, a); }, "slot_mapping[1] = 99");
+  const Tensor eslot_far = test::int64_tensor({8}), req_far = test::int_tensor({0, 1});
+  refused([&] { auto a = args(); a.extra_slot_mapping = eslot_far.view(); step(blk, a); },
+          "extra_slot_mapping[0] = 8");
+  refused([&] { auto a = args(); a.req_id = req_far.view(); step(blk, a); }, "req_id[1] = 1");
+  refused([&] { auto a = args(); a.extra_topk = TensorView{}; step(blk, a); }, "extra_topk");
+  refused([&] { auto a = args(); a.extra_slot_mapping = TensorView{}; step(blk, a); }, "come together");
+  refused([&] { step(sliding, args()); }, "sliding window only");
+  refused([&] { auto a = args(); a.out = x.view(); step(blk, a); }, "out overlaps hidden");
+  refused([&] {
+    auto a = args();
+    blk.forward(a, main.cache, extra.cache, ws.view().slice(0, 0, 100), Context{nullptr, Precision::reference});
+  }, "workspace");
+  refused([&] {
+    CacheBuffer bf = allocate_cache(CacheFormat::bf16, 4, 4, Device::cpu(), 1.0f, 512, 64);
+    blk.forward(args(), bf.cache, extra.cache, ws.view(), Context{nullptr, Precision::reference});
+  }, "main cache must be f64");
+  EXPECT_EQ(std::memcmp(main0.data(), main.storage.data(), main0.size()), 0) << "a refused step wrote the cache";
+  EXPECT_TRUE(std::isnan(test::to_doubles(y.view())[0])) << "a refused step wrote out";
+  // The good step runs.
+  EXPECT_NO_THROW(step(blk, args()));
+  EXPECT_TRUE(std::isfinite(test::to_doubles(y.view())[0]));
+}
+
+}  // namespace
+}  // namespace mla
