@@ -26,25 +26,13 @@
 #include "mla/ops.h"
 #include "mla/step.h"
 #include "progress.h"
+#include "run_block_util.h"
 #include "run_internal.h"
 #include "synth.h"
 
 namespace mla::app {
 
 namespace {
-
-constexpr double kBlockRule = 1e-2;  // rel-L2 of each step's output against the float64 twin
-
-// The bound of one step. bf16 cache: kBlockRule. Quantised caches (fp8, fp8_ds_mla): the bf16 block and
-// its twin quantise different kv_c (bf16 vs float64) into e4m3, so codes flip between their caches;
-// the bound adds twice the cache's own error in this step, measured as the twin against the exact
-// float64 block (f64 cache): kBlockRule + 2 * that (DESIGN.md §5's "twice the error of the same
-// computation at the storage precision").
-double step_bound(double cache_error) { return kBlockRule + 2.0 * cache_error; }
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Random published-form weights of `c` (all heads): fp8 codes of uniform(-448, 448) with scale
 // sqrt(3 / in) / 448 per block (uniform(+-sqrt(3 / in)): unit-variance outputs), or bf16 of the same
@@ -56,35 +44,10 @@ struct RandomWeights {
   RandomWeights(const DeepseekConfig& c, uint64_t seed) {
     uint64_t stream = 0;
     auto linear = [&](int64_t out, int64_t in) {
-      DeepseekLinear l;
-      const double a = std::sqrt(3.0 / static_cast<double>(in));
-      FastRng g(substream(seed, 1000 + stream++));
-      if (c.fp8_weights) {
-        Tensor codes = Tensor::empty({out, in}, DType::fp8_e4m3);
-        auto* p = static_cast<uint8_t*>(codes.data());
-        for (int64_t i = 0; i < out * in; ++i) p[i] = num::float_to_e4m3(static_cast<float>(g.uniform(-448.0, 448.0)));
-        const int64_t br = (out + c.weight_block_rows - 1) / c.weight_block_rows,
-                      bc = (in + c.weight_block_cols - 1) / c.weight_block_cols;
-        Tensor scale = Tensor::empty({br, bc}, DType::f32);
-        fill(scale.view(), a / 448.0);
-        l.weight = codes.view();
-        l.weight_scale_inv = scale.view();
-        keep.push_back(codes);
-        keep.push_back(scale);
-      } else {
-        Tensor wt = Tensor::empty({out, in}, DType::bf16);
-        fill_uniform_bf16(static_cast<uint16_t*>(wt.data()), out * in, substream(seed, 2000 + stream), -a, a);
-        l.weight = wt.view();
-        keep.push_back(wt);
-      }
-      return l;
+      const uint64_t s = c.fp8_weights ? substream(seed, 1000 + stream++) : substream(seed, 2000 + stream);
+      return random_linear(out, in, c.fp8_weights, c.weight_block_rows, c.weight_block_cols, s, keep);
     };
-    auto norm = [&](int64_t n) {
-      Tensor t = Tensor::empty({n}, DType::bf16);
-      fill_uniform_bf16(static_cast<uint16_t*>(t.data()), n, substream(seed, 3000 + stream++), 0.9, 1.1);
-      keep.push_back(t);
-      return t.view();
-    };
+    auto norm = [&](int64_t n) { return random_bf16_vector(n, substream(seed, 3000 + stream++), 0.9, 1.1, keep); };
     const int64_t H = c.hidden_size, h = c.num_attention_heads, L = c.kv_lora_rank, P = c.qk_nope_head_dim,
                   R = c.qk_rope_head_dim, V = c.v_head_dim;
     if (c.q_lora_rank > 0) {
@@ -195,28 +158,6 @@ struct BlockLane {
     poison(cache.cache.data.select(0, b).data, dev, static_cast<std::size_t>(page_bytes));
   }
 };
-
-// hidden rows [T, H] in `dtype` from bf16 values.
-Tensor as_dtype(const Tensor& bf16, DType dtype) {
-  if (dtype == DType::bf16) return bf16;
-  Tensor t = Tensor::empty({bf16.size(0), bf16.size(1)}, dtype);
-  const auto* s = static_cast<const uint16_t*>(bf16.data());
-  for (int64_t i = 0; i < bf16.numel(); ++i)
-    num::store(static_cast<char*>(t.data()) + i * static_cast<int64_t>(dtype_size(dtype)), dtype, num::bf16_to_float(s[i]));
-  return t;
-}
-
-double rel_l2(const TensorView& got, const TensorView& ref) {
-  double num = 0, den = 0;
-  const int64_t n = got.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const double g = num::load(static_cast<const char*>(got.data) + i * got.element_size(), got.dtype);
-    const double r = num::load(static_cast<const char*>(ref.data) + i * ref.element_size(), ref.dtype);
-    num += (g - r) * (g - r);
-    den += r * r;
-  }
-  return den > 0 ? std::sqrt(num / den) : (num > 0 || std::isnan(num) ? INFINITY : 0.0);
-}
 
 }  // namespace
 

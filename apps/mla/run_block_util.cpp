@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+// Helpers of the block traces of `mla run` (run_block_util.h).
+#include "run_block_util.h"
+
+#include <cmath>
+
+#include "core/numeric.h"
+#include "mla/ops.h"
+#include "synth.h"
+
+namespace mla::app {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+DeepseekLinear random_linear(int64_t out, int64_t in, bool fp8, int block_rows, int block_cols, uint64_t seed,
+                             std::vector<Tensor>& keep) {
+  DeepseekLinear l;
+  const double a = std::sqrt(3.0 / static_cast<double>(in));
+  if (fp8) {
+    FastRng g(seed);
+    Tensor codes = Tensor::empty({out, in}, DType::fp8_e4m3);
+    auto* p = static_cast<uint8_t*>(codes.data());
+    for (int64_t i = 0; i < out * in; ++i) p[i] = num::float_to_e4m3(static_cast<float>(g.uniform(-448.0, 448.0)));
+    const int64_t br = (out + block_rows - 1) / block_rows, bc = (in + block_cols - 1) / block_cols;
+    Tensor scale = Tensor::empty({br, bc}, DType::f32);
+    fill(scale.view(), a / 448.0);
+    l.weight = codes.view();
+    l.weight_scale_inv = scale.view();
+    keep.push_back(codes);
+    keep.push_back(scale);
+  } else {
+    Tensor wt = Tensor::empty({out, in}, DType::bf16);
+    fill_uniform_bf16(static_cast<uint16_t*>(wt.data()), out * in, seed, -a, a);
+    l.weight = wt.view();
+    keep.push_back(wt);
+  }
+  return l;
+}
+
+TensorView random_bf16_vector(int64_t n, uint64_t seed, double lo, double hi, std::vector<Tensor>& keep) {
+  Tensor t = Tensor::empty({n}, DType::bf16);
+  fill_uniform_bf16(static_cast<uint16_t*>(t.data()), n, seed, lo, hi);
+  keep.push_back(t);
+  return t.view();
+}
+
+Tensor as_dtype(const Tensor& bf16, DType dtype) {
+  if (dtype == DType::bf16) return bf16;
+  Tensor t = Tensor::empty({bf16.size(0), bf16.size(1)}, dtype);
+  const auto* s = static_cast<const uint16_t*>(bf16.data());
+  for (int64_t i = 0; i < bf16.numel(); ++i)
+    num::store(static_cast<char*>(t.data()) + i * static_cast<int64_t>(dtype_size(dtype)), dtype, num::bf16_to_float(s[i]));
+  return t;
+}
+
+double rel_l2(const TensorView& got, const TensorView& ref) {
+  double num = 0, den = 0;
+  const int64_t n = got.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = num::load(static_cast<const char*>(got.data) + i * got.element_size(), got.dtype);
+    const double r = num::load(static_cast<const char*>(ref.data) + i * ref.element_size(), ref.dtype);
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  return den > 0 ? std::sqrt(num / den) : (num > 0 || std::isnan(num) ? INFINITY : 0.0);
+}
+
+}  // namespace mla::app
