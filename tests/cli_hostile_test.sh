@@ -27,9 +27,14 @@ expect_fail "--max-context" run --backend cpu --max-context 7
 expect_fail "--topk-source" run --backend cpu --sparse --topk-source bogus
 expect_fail "--topk-source applies to --sparse" run --backend cpu --steps 1 --topk-source indexer
 expect_fail "--sparse-prefill" run --backend cpu --sparse --sparse-prefill bogus
-for f in v4 v41 v41_fp4; do  # DeepSeek-V4 records: named, refused (mla run has no V4 mode)
-  expect_fail "--cache $f: mla run has no DeepSeek-V4 mode" run --backend cpu --steps 1 --cache "$f"
+for f in v4 v41 v41_fp4; do  # DeepSeek-V4 records: only with a V4 model
+  expect_fail "--cache $f: the V3 layer and block cannot read DeepSeek-V4 records" run --backend cpu --steps 1 --cache "$f"
 done
+expect_fail "--extra-cache is the format of DeepSeek-V4's compressed cache" run --backend cpu --steps 1 --extra-cache v4
+expect_fail "a DeepSeek-V4 cache holds rows of 512" run --backend cpu --steps 1 --model v4-flash --cache fp8
+expect_fail "the DeepSeek-V4 block runs on the CPU only" run --backend cuda --steps 1 --model v4-flash
+expect_fail "--sparse, --topk, --topk-source, --dcp and --batch-invariant apply to the V3" run --backend cpu --model v4-flash --sparse
+expect_fail "layer 9 is outside" run --backend cpu --steps 1 --model v4-flash --layer 9
 expect_fail "--sparse-prefill applies to --sparse runs with the fp8_ds_mla cache" run --backend cpu --steps 1 --sparse-prefill separate
 expect_fail "--sparse-prefill applies to --sparse runs with the fp8_ds_mla cache" run --backend cpu --sparse --cache bf16 --steps 1 --sparse-prefill mixed
 expect_fail "--sparse-prefill separate cannot be combined with --dcp" run --backend cpu --sparse --dcp 2 --sparse-prefill separate

@@ -27,7 +27,8 @@ struct RunOptions {
   std::string checkpoint;
   int layer = 0, rank = 0;
   bool block = false;
-  std::string cache;  // "" = bf16, or fp8_ds_mla with --sparse
+  std::string cache;  // "" = bf16, or fp8_ds_mla with --sparse; v4 / v41 for the DeepSeek-V4 models
+  std::string extra_cache;  // DeepSeek-V4: the compressed cache's format ("" = v41_fp4 beside v41, else --cache)
   bool sparse = false;
   int64_t page_size = 64;
   int64_t steps = -1, requests = -1, max_context = -1, token_budget = -1, max_seqs = -1, topk = -1;

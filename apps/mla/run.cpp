@@ -43,17 +43,29 @@ constexpr float kBlockFp8Scale = 1.0f / 16.0f;
 // global scale is vLLM's 448 * 6 / amax for an amax of 4.
 constexpr float kOutFp8Scale = 1.0f / 64.0f;
 constexpr float kOutNvfp4GlobalScale = 448.0f * 6.0f / 4.0f;
+bool is_v4_model(const std::string& m) { return m == "v4-flash" || m == "v4-pro" || m == "v41-flash"; }
+
 // Options that only matter with another one are refused when given without it (whatever their value),
 // so that a command line never means less than it says.
 void check_relevance(const RunOptions& o) {
   auto given = [&](const char* name) { return o.given.count(name) > 0; };
-  const bool block = o.block || !o.checkpoint.empty();
+  const bool v4 = is_v4_model(o.model);
+  const bool block = o.block || !o.checkpoint.empty() || v4;
+  if (given("--extra-cache") && !v4)
+    throw Error("--extra-cache is the format of DeepSeek-V4's compressed cache: use it with --model v4-flash, v4-pro "
+                "or v41-flash");
+  if (v4 && (o.sparse || o.dcp > 1 || o.batch_invariant || given("--topk") || given("--topk-source")))
+    throw Error(fmt::format("--model {} runs the DeepSeek-V4 block (its window and compressed caches, the top-k picks "
+                            "built in); --sparse, --topk, --topk-source, --dcp and --batch-invariant apply to the V3 "
+                            "layer only",
+                            o.model));
   if (given("--device") && o.backend == "cpu")
     throw Error(fmt::format("--device {} selects a CUDA device, and --backend cpu runs on the CPU", o.device));
   if ((given("--layer") || given("--rank")) && !block)
     throw Error("--layer and --rank select the block of a checkpoint: use them with --checkpoint or --block");
-  if (given("--layer") && o.checkpoint.empty())
-    throw Error("--layer selects a layer of --checkpoint's weights; --block makes one layer of random weights");
+  if (given("--layer") && o.checkpoint.empty() && !v4)
+    throw Error("--layer selects a layer of --checkpoint's weights (or of a DeepSeek-V4 model's schedule); --block "
+                "makes one layer of random weights");
   if (given("--topk") && !o.sparse)
     throw Error(fmt::format("--topk {} applies to --sparse runs only (a dense run attends to every cached token)",
                             o.topk));
@@ -79,7 +91,8 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   check_relevance(o);
   RunConfig c;
   const int devices = cuda_device_count();
-  block.enabled = o.block || !o.checkpoint.empty();
+  block.enabled = o.block || !o.checkpoint.empty() || is_v4_model(o.model);
+  block.v4 = is_v4_model(o.model);
   if (block.enabled) {
     if (!o.checkpoint.empty() && o.block) throw Error("--block builds random weights; it cannot be combined with --checkpoint");
     if (!o.checkpoint.empty() && !o.model.empty())
@@ -92,8 +105,12 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   }
   // The block runs on the backend chosen here like the bare layer (its float64 twin on the CPU).
   if (o.backend == "auto") {
-    c.cuda = devices > 0;
+    c.cuda = devices > 0 && !block.v4;
   } else if (o.backend == "cuda") {
+    if (block.v4)
+      throw Error(fmt::format("--model {}: the DeepSeek-V4 block runs on the CPU only (its CUDA kernels do not exist "
+                              "yet); use --backend cpu",
+                              o.model));
     if (!built_with_cuda())
       throw Error("--backend cuda: this build of mla has no CUDA backend (configure with nvcc available)");
     if (devices == 0) throw Error("--backend cuda: no CUDA device found (see `mla info`)");
@@ -122,7 +139,25 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   c.sparse = o.sparse;
   c.model = o.model.empty() ? (o.sparse ? "v3.2" : "v3") : o.model;
   c.tp = o.tp > 0 ? o.tp : (o.checkpoint.empty() ? 8 : 1);
-  if (block.enabled) {
+  if (block.v4) {
+    block.v4_config = DeepseekV4Config::preset(c.model);
+    const DeepseekV4Config& v = block.v4_config;
+    block.layer = o.given.count("--layer") ? o.layer : 1;
+    (void)v.compress_ratio(block.layer);  // a layer of the preset's schedule
+    if (v.num_attention_heads % c.tp != 0 || v.o_groups % c.tp != 0)
+      throw Error(fmt::format("--tp {} must divide the {} heads and the {} o_proj groups of {}", c.tp,
+                              v.num_attention_heads, v.o_groups, c.model));
+    if (block.rank < 0 || block.rank >= c.tp)
+      throw Error(fmt::format("--rank {} is not in [0, tp = {})", block.rank, c.tp));
+    c.dims.name = c.model;
+    c.dims.kv_lora_rank = v.head_dim - v.qk_rope_head_dim;
+    c.dims.qk_rope_head_dim = v.qk_rope_head_dim;
+    c.dims.qk_nope_head_dim = v.head_dim - v.qk_rope_head_dim;
+    c.dims.v_head_dim = v.head_dim;
+    c.dims.num_heads = v.num_attention_heads / c.tp;
+    c.dims.softmax_scale = v.softmax_scale();
+    if (o.backend == "auto" && devices > 0) c.notes.push_back("the DeepSeek-V4 block runs on the CPU (no CUDA kernels yet)");
+  } else if (block.enabled) {
     block.config = o.checkpoint.empty() ? DeepseekConfig::preset(c.model)
                                         : DeepseekConfig::from_file(o.checkpoint + "/config.json");
     if (!o.checkpoint.empty()) c.model = block.config.model_type.empty() ? "checkpoint" : block.config.model_type;
@@ -175,12 +210,24 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
                                     c.dims.num_heads / c.dcp, c.dcp, c.dcp_interleave));
   }
 
-  const std::string cache = o.cache.empty() ? (o.sparse ? "fp8_ds_mla" : "bf16") : o.cache;
+  const std::string cache =
+      o.cache.empty() ? (block.v4 ? (c.model == "v41-flash" ? "v41" : "v4") : o.sparse ? "fp8_ds_mla" : "bf16") : o.cache;
   c.format = cache_format_from_string(cache);
-  if (cache_format_info(c.format).record)
-    throw Error(fmt::format("--cache {}: mla run has no DeepSeek-V4 mode yet, so it cannot run a {} cache (nor take an "
-                            "--extra-cache); the V4 records are served by the ops: write_cache, gather_cache, "
-                            "upconvert_ds_mla and sparse_mqa with the V4 options (values_include_rope)",
+  if (block.v4) {
+    const std::string extra = o.extra_cache.empty() ? (c.format == CacheFormat::v41 ? "v41_fp4" : cache) : o.extra_cache;
+    block.extra_format = cache_format_from_string(extra);
+    for (const auto& [f, name] : {std::pair{c.format, "--cache"}, {block.extra_format, "--extra-cache"}})
+      if (!(cache_format_info(f).record || f == CacheFormat::bf16))
+        throw Error(fmt::format("{} {}: a DeepSeek-V4 cache holds rows of 512 (448 + 64 rope): bf16, v4, v41 or "
+                                "v41_fp4",
+                                name, to_string(f)));
+    if (o.extra_cache.empty() && block.extra_format != c.format)
+      c.notes.push_back(fmt::format("the compressed cache is {} beside the {} window cache (V4.1's checkpoint-native "
+                                    "records; --extra-cache sets it)",
+                                    to_string(block.extra_format), to_string(c.format)));
+  } else if (cache_format_info(c.format).record)
+    throw Error(fmt::format("--cache {}: the V3 layer and block cannot read DeepSeek-V4 records; the {} cache runs "
+                            "with a DeepSeek-V4 model (--model v4-flash, v4-pro or v41-flash)",
                             cache, to_string(c.format)));
   if (c.sparse && c.format == CacheFormat::fp8) {
     // vLLM canonicalises "fp8" to fp8_ds_mla for the FlashMLA-sparse backend.
@@ -262,8 +309,11 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--device", o.device, "CUDA device index")->check(int_range(0, 1023))->capture_default_str();
-  cmd->add_option("--model", o.model, "Model dimensions: v3 (= r1), v2-lite or v3.2 (default v3; v3.2 with --sparse)")
-      ->check(CLI::IsMember({"v3", "r1", "v2-lite", "v3.2"}));
+  cmd->add_option("--model", o.model, "Model dimensions: v3 (= r1), v2-lite or v3.2 (default v3; v3.2 with --sparse); "
+                                      "v4-flash, v4-pro or v41-flash run the DeepSeek-V4 attention block with random "
+                                      "weights on the CPU (--layer picks the layer of the schedule 0, 4, 128, 4: "
+                                      "default 1)")
+      ->check(CLI::IsMember({"v3", "r1", "v2-lite", "v3.2", "v4-flash", "v4-pro", "v41-flash"}));
   cmd->add_option("--tp", o.tp, "Tensor-parallel size: the layer holds heads/tp query heads (default 8: DeepSeek-V3 "
                                 "shapes per rank, 16 heads; 1 with --checkpoint)")
       ->check(int_range(1, 4096));
@@ -279,9 +329,14 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                                     "shapes (fp8 block-scaled for v3 / r1 / v3.2, bf16 for v2-lite)");
   cmd->add_flag("--sparse", o.sparse, "DeepSeek-V3.2 sparse attention: every token attends to its top-k set");
   cmd->add_option("--cache", o.cache, "KV-cache format: bf16, fp8 (one per-tensor scale) or fp8_ds_mla (656-byte "
-                                      "records) (default bf16; fp8_ds_mla with --sparse); the DeepSeek-V4 records "
-                                      "v4, v41 and v41_fp4 are named but refused (no V4 mode)")
+                                      "records) (default bf16; fp8_ds_mla with --sparse); with a DeepSeek-V4 model the "
+                                      "window cache: v4 (584-byte records, default), v41 (528, default for "
+                                      "v41-flash), v41_fp4 (288) or bf16")
       ->check(CLI::IsMember({"bf16", "auto", "fp8", "fp8_e4m3", "fp8_ds_mla", "v4", "v41", "v41_fp4"}));
+  cmd->add_option("--extra-cache", o.extra_cache, "DeepSeek-V4 models: the compressed cache's format: v4, v41, "
+                                                  "v41_fp4 or bf16 (default v41_fp4 beside a v41 window cache, else "
+                                                  "--cache's)")
+      ->check(CLI::IsMember({"bf16", "v4", "v41", "v41_fp4"}));
   cmd->add_option("--page-size", o.page_size, "Tokens per cache page")->check(int_range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--steps", o.steps, "Forward steps to run; fewer when every request finished" +
                                           def(&Defaults::steps))
@@ -362,6 +417,7 @@ int run_command(const RunOptions& options) {
   OutputFile json(quiet ? std::string() : options.json_path, "--json");  // opened before the run
   if (quiet) return run_trace(cfg, false, json);
   print_header(cfg);
+  if (block.v4) return run_v4_block_trace(cfg, block, !options.no_progress, json);
   if (block.enabled) return run_block_trace(cfg, block, !options.no_progress, json);
   return run_trace(cfg, !options.no_progress, json);
 }

@@ -66,6 +66,10 @@ struct BlockRunConfig {
   std::string checkpoint;  // "" = random weights of the preset
   int layer = 0, rank = 0;
   DeepseekConfig config;
+  // --model v4-flash / v4-pro / v41-flash: the DeepSeek-V4 block (random weights, CPU) instead.
+  bool v4 = false;
+  DeepseekV4Config v4_config;
+  CacheFormat extra_format = CacheFormat::bf16;  // the V4 block's compressed cache
 };
 
 // Per-step measurements. Phases follow the planner's split (decode tokens go through absorbed MQA,
@@ -144,6 +148,8 @@ class DcpGroup {
 };
 // The trace through the whole DeepSeek block (run_block.cpp).
 int run_block_trace(const RunConfig& cfg, const BlockRunConfig& block, bool progress, OutputFile& json);
+// The trace through the DeepSeek-V4 block (run_block_v4.cpp; block.v4).
+int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& block, bool progress, OutputFile& json);
 
 // `mla run --dcp N --dcp-procs`: spawns N copies of this process (argv from /proc/self/cmdline) with
 // RANK, WORLD_SIZE, LOCAL_RANK and MLA_DCP_RENDEZVOUS set, waits for them; when one fails the others

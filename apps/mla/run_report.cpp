@@ -31,6 +31,9 @@ const char* model_title(const std::string& m) {
   if (m == "v3.2") return "DeepSeek-V3.2";
   if (m == "r1") return "DeepSeek-R1";
   if (m == "v3") return "DeepSeek-V3";
+  if (m == "v4-flash") return "DeepSeek-V4-Flash";
+  if (m == "v4-pro") return "DeepSeek-V4-Pro";
+  if (m == "v41-flash") return "DeepSeek-V4.1-Flash";
   return m.c_str();  // a checkpoint's model_type
 }
 
@@ -73,6 +76,7 @@ const char* sparse_prefill_name(const RunConfig& c) {
 }
 
 std::string attention_kind(const RunConfig& c) {
+  if (c.model.rfind("v4", 0) == 0) return "DeepSeek-V4 (sliding window + compressed cache, sink)";
   if (!c.sparse) return "dense";
   const std::string mode = sparse_prefill_name(c);
   return fmt::format("sparse top-{} ({}{})", c.topk, c.real_indexer ? "lightning indexer" : "synthetic rows",
