@@ -19,6 +19,8 @@
 #include "mla/deepseek_v4.h"
 #include "mla/safetensors.h"
 #include "support/test_util.h"
+#include "unit/safetensors_test_util.h"
+#include "unit/v4_block_test_util.h"
 
 namespace mla {
 namespace {
@@ -101,12 +103,8 @@ std::vector<double> serve(const DeepseekV4Attention& blk, const Tensor& hidden, 
   return out;
 }
 
-TEST(V4BlockFixture, MatchesTransformersEverySplit) {
-  const std::string dir = v4_fixture_dir();
-  if (!std::filesystem::exists(dir + "/io.safetensors"))
-    GTEST_SKIP() << "the DeepSeek-V4 fixture " << dir << "/io.safetensors is absent: generate it with "
-                 << "`python3 scripts/gen_v4_fixture.py tests/fixtures/block_v4` on a machine with torch and "
-                 << "transformers' deepseek_v4 (docs/DEVELOPING.md)";
+// Every layer of the fixture in `dir`, every mode, every split.
+void check_fixture(const std::string& dir) {
   const DeepseekV4Config cfg = DeepseekV4Config::from_file(dir + "/checkpoint/config.json");
   const Checkpoint ck(dir + "/checkpoint");
   const SafetensorsFile io = SafetensorsFile::open(dir + "/io.safetensors");
@@ -155,6 +153,98 @@ TEST(V4BlockFixture, MatchesTransformersEverySplit) {
     ++layers_checked;
   }
   EXPECT_EQ(layers_checked, static_cast<int>(cfg.compress_ratios.size())) << "a layer of the fixture has no out_ref";
+}
+
+TEST(V4BlockFixture, MatchesTransformersEverySplit) {
+  const std::string dir = v4_fixture_dir();
+  if (!std::filesystem::exists(dir + "/io.safetensors"))
+    GTEST_SKIP() << "the DeepSeek-V4 fixture " << dir << "/io.safetensors is absent: generate it with "
+                 << "`python3 scripts/gen_v4_fixture.py tests/fixtures/block_v4` on a machine with torch and "
+                 << "transformers' deepseek_v4 (docs/DEVELOPING.md)";
+  check_fixture(dir);
+}
+
+// The fixture's layout and reader on a fixture made here: transformers' config names, the checkpoint
+// under transformers' tensor names, outputs from the naive float64 formulation (unit/v4_block_test_util.h)
+// of one sequence of 24 tokens. Passes only if the config, the names, the io tensors and the serving
+// agree with what the generator writes; a wrong reference must fail it.
+TEST(V4BlockFixture, SelfMadeFixtureRoundTrip) {
+  test::TempDir tmp("v4fixture");
+  const std::filesystem::path dir = tmp.path, ck = dir / "checkpoint";
+  std::filesystem::create_directories(ck);
+  test::write_file(ck / "config.json", R"({"model_type": "deepseek_v4", "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "head_dim": 512, "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16,
+    "sliding_window": 8, "index_topk": 3, "rms_norm_eps": 1e-06, "partial_rotary_factor": 0.125,
+    "num_hidden_layers": 3, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+    "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    "rope_parameters": {"main": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.125},
+      "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                   "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 1.0, "partial_rotary_factor": 0.125}}})");
+  const DeepseekV4Config cfg = DeepseekV4Config::from_file((ck / "config.json").string());
+  const DeepseekV4Config small = test::v4::small_config();
+  ASSERT_EQ(cfg.compress_ratios, small.compress_ratios);
+  ASSERT_EQ(cfg.yarn_factor, small.yarn_factor);
+  const test::v4::Weights w(cfg);
+  auto bytes = [](const TensorView& v) {
+    return std::string(static_cast<const char*>(v.data), static_cast<std::size_t>(v.numel() * v.element_size()));
+  };
+  std::vector<test::StEntry> ckpt;
+  for (int layer = 0; layer < 3; ++layer) {
+    const std::string pre = "model.layers." + std::to_string(layer) + ".self_attn.";
+    for (const auto& [name, view] : {std::pair{"q_a_proj.weight", w.w.q_a_proj.weight}, {"q_b_proj.weight", w.w.q_b_proj.weight},
+                                     {"kv_proj.weight", w.w.kv_proj.weight}, {"o_a_proj.weight", w.w.o_a_proj.weight},
+                                     {"o_b_proj.weight", w.w.o_b_proj.weight}, {"q_a_norm.weight", w.w.q_a_norm},
+                                     {"kv_norm.weight", w.w.kv_norm}, {"sinks", w.w.sinks}})
+      ckpt.push_back({pre + name, "BF16", std::vector<int64_t>(view.shape.begin(), view.shape.begin() + view.ndim),
+                      bytes(view)});
+  }
+  test::write_file(ck / "model.safetensors", test::st_build(ckpt));
+  // One sequence; compressed rows and picks as the generator stores them.
+  const int64_t T = 24, H = cfg.hidden_size, D = cfg.head_dim;
+  test::reseed(99);
+  test::v4::Request req;
+  std::vector<uint16_t> hid;
+  for (int64_t p = 0; p < T; ++p) {
+    std::vector<double> x(static_cast<std::size_t>(H));
+    for (double& v : x) {
+      v = test::v4::bf16_uniform(-1, 1);
+      hid.push_back(num::float_to_bf16(static_cast<float>(v)));
+    }
+    req.hidden.push_back(x);
+  }
+  std::vector<test::StEntry> io = {{"hidden", "BF16", {T, H}, test::bytes_of(hid)}};
+  for (int layer = 0; layer < 3; ++layer) {
+    const int ratio = cfg.compress_ratio(layer);
+    const int64_t n = ratio ? T / ratio : 0, K = 3;
+    req.compressed.clear();
+    std::vector<double> comp;
+    for (int64_t e = 0; e < n; ++e) {
+      std::vector<double> x(static_cast<std::size_t>(D));
+      for (double& v : x) v = test::uniform(-1.5, 1.5);
+      comp.insert(comp.end(), x.begin(), x.end());
+      req.compressed.push_back(x);
+    }
+    std::vector<int32_t> topk;
+    std::vector<double> ref;
+    for (int64_t p = 0; p < T; ++p) {
+      std::vector<int32_t> row;
+      for (int32_t e = 0; ratio && e < (p + 1) / ratio; ++e) row.push_back(e);
+      if (ratio == 4) std::shuffle(row.begin(), row.end(), test::rng());
+      row.resize(static_cast<std::size_t>(K), -1);
+      topk.insert(topk.end(), row.begin(), row.end());
+      const std::vector<double> y = test::v4::naive_token(cfg, ratio, w, req, p, ratio ? row : std::vector<int32_t>{});
+      ref.insert(ref.end(), y.begin(), y.end());
+    }
+    const std::string sfx = "_" + std::to_string(layer);
+    io.push_back({"out_ref" + sfx, "F64", {T, H}, test::bytes_of(ref)});
+    if (ratio) {
+      io.push_back({"compressed" + sfx, "F64", {n, D}, test::bytes_of(comp)});
+      io.push_back({"topk" + sfx, "I32", {T, K}, test::bytes_of(topk)});
+    }
+  }
+  test::write_file(dir / "io.safetensors", test::st_build(io));
+  check_fixture(dir.string());
 }
 
 }  // namespace
