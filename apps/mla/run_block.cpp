@@ -187,8 +187,10 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
          topk = Tensor::empty({std::max<int64_t>(1, budget * topk_width)}, DType::i32);
   Scheduler sched(cfg.trace);
   Progress progress(cfg.steps, show_progress);
-  int64_t steps = 0, tokens = 0, failures = 0;
-  double fwd_seconds = 0, worst = 0, worst_ratio = 0, worst_cache = 0;
+  int64_t steps = 0, tokens = 0;
+  double fwd_seconds = 0;
+  BlockCheck check;
+  check.exact = exact.has_value();
   for (int64_t i = 0; i < cfg.steps && !sched.done(); ++i) {
     const StepBatch batch = sched.schedule();
     const int64_t T = batch.num_tokens(), R = batch.num_reqs();
@@ -208,28 +210,14 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
                        substream(cfg.seed, 1000000 + i));
       a.topk_indices = TensorView(topk.data(), DType::i32, {T, topk_width});
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    const TensorView out = fast.step(desc, a, hidden);
-    fwd_seconds += seconds_since(t0);
-    if (twin) {
-      const Tensor hidden64 = as_dtype(hidden, DType::f64);
-      const TensorView ref = twin->step(desc, a, hidden64);
-      const double e = rel_l2(fast.host(out), ref);
-      const double c = exact ? rel_l2(ref, exact->step(desc, a, hidden64)) : 0.0;
-      const double bound = step_bound(c);
-      worst = std::max(worst, std::isnan(e) ? INFINITY : e);
-      worst_cache = std::max(worst_cache, std::isnan(c) ? INFINITY : c);
-      worst_ratio = std::max(worst_ratio, std::isnan(e) || std::isnan(c) ? INFINITY : e / bound);
-      if (!(e <= bound)) ++failures;
-    }
-    for (int32_t blk : sched.commit(batch)) {
-      fast.release(blk);
-      if (twin) twin->release(blk);
-      if (exact) exact->release(blk);
-    }
+    run_lanes(
+        fast, twin, exact, hidden, [&](BlockLane& l, const Tensor& h) { return l.step(desc, a, h); },
+        [&](const TensorView& o) { return fast.host(o); }, check, fwd_seconds);
+    release_lanes(sched.commit(batch), fast, twin, exact);
     ++steps;
     tokens += T;
-    progress.update(i + 1, tokens, fwd_seconds, failures == 0 ? "" : fmt::format("{} check failure(s)", failures));
+    progress.update(i + 1, tokens, fwd_seconds,
+                    check.failures == 0 ? "" : fmt::format("{} check failure(s)", check.failures));
   }
   progress.finish();
   const double wall = seconds_since(t_start);
@@ -243,44 +231,20 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
              sched.requests().size());
   fmt::print("forward       {:.3f} s in bf16 ({:.0f} tokens/s); setup {:.2f} s; wall {:.2f} s\n", fwd_seconds,
              fwd_seconds > 0 ? static_cast<double>(tokens) / fwd_seconds : 0.0, setup, wall);
-  const std::string verdict = failures == 0 ? "PASS" : fmt::format("FAIL ({} steps)", failures);
-  if (twin && !exact)
-    fmt::print("check         every step against the float64 CPU block: worst rel-L2 {:.3e} (rule {:.0e}): {}\n", worst,
-               kBlockRule, verdict);
-  else if (twin)
-    fmt::print("check         every step against the float64 CPU block with the same cache: worst rel-L2 {:.3e}; "
-               "bound {:.0e} + 2 x the {} cache's own error (worst {:.3e}, the twin against the f64-cache block); "
-               "worst error / bound {:.2f}: {}\n",
-               worst, kBlockRule, to_string(cfg.format), worst_cache, worst_ratio, verdict);
-  else
-    fmt::print("check         skipped (--check-samples 0)\n");
-  if (json.enabled()) {
-    nlohmann::json j;
-    j["mode"] = "block";
-    j["checkpoint"] = b.checkpoint;
-    j["layer"] = b.layer;
-    j["tp"] = cfg.tp;
-    j["rank"] = b.rank;
-    j["hidden_size"] = H;
-    j["heads_per_rank"] = cfg.dims.num_heads;
-    j["fp8_weights"] = b.config.fp8_weights;
-    j["cache"] = to_string(cfg.format);
-    j["device"] = cfg.cuda ? "cuda" : "cpu";
-    j["device_name"] = cfg.device_name;
-    j["steps"] = steps;
-    j["tokens"] = tokens;
-    j["forward_seconds"] = fwd_seconds;
-    j["wall_seconds"] = wall;
-    j["check"] = twin ? nlohmann::json{{"worst_rel_l2", worst},
-                                       {"rule", kBlockRule},
-                                       {"worst_cache_error", exact ? nlohmann::json(worst_cache) : nlohmann::json(nullptr)},
-                                       {"worst_error_over_bound", worst_ratio},
-                                       {"failed_steps", failures}}
-                      : nlohmann::json(nullptr);
-    json.write(j.dump(2) + "\n");
-  }
-  if (!twin) return kExitOk;
-  return failures == 0 ? kExitOk : kExitCheckFailed;
+  check.print(twin.has_value(), fmt::format("the {} cache's", to_string(cfg.format)));
+  nlohmann::json j;
+  j["mode"] = "block";
+  j["checkpoint"] = b.checkpoint;
+  j["layer"] = b.layer;
+  j["tp"] = cfg.tp;
+  j["rank"] = b.rank;
+  j["hidden_size"] = H;
+  j["heads_per_rank"] = cfg.dims.num_heads;
+  j["fp8_weights"] = b.config.fp8_weights;
+  j["cache"] = to_string(cfg.format);
+  j["device"] = cfg.cuda ? "cuda" : "cpu";
+  j["device_name"] = cfg.device_name;
+  return check.finish(twin.has_value(), j, steps, tokens, fwd_seconds, wall, json);
 }
 
 }  // namespace mla::app

@@ -2,13 +2,61 @@
 // Helpers of the block traces of `mla run` (run_block_util.h).
 #include "run_block_util.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 
+#include "commands.h"
 #include "core/numeric.h"
 #include "mla/ops.h"
 #include "synth.h"
 
 namespace mla::app {
+
+void BlockCheck::add(double e, double ce) {
+  const double bound = step_bound(ce);
+  worst = std::max(worst, std::isnan(e) ? INFINITY : e);
+  worst_cache = std::max(worst_cache, std::isnan(ce) ? INFINITY : ce);
+  worst_ratio = std::max(worst_ratio, std::isnan(e) || std::isnan(ce) ? INFINITY : e / bound);
+  if (!(e <= bound)) ++failures;
+}
+
+void BlockCheck::print(bool enabled, const std::string& caches) const {
+  const std::string verdict = failures == 0 ? "PASS" : fmt::format("FAIL ({} steps)", failures);
+  if (enabled && !exact)
+    fmt::print("check         every step against the float64 CPU block: worst rel-L2 {:.3e} (rule {:.0e}): {}\n", worst,
+               kBlockRule, verdict);
+  else if (enabled)
+    fmt::print("check         every step against the float64 CPU block with the same cache: worst rel-L2 {:.3e}; "
+               "bound {:.0e} + 2 x {} own error (worst {:.3e}, the twin against the f64-cache block); "
+               "worst error / bound {:.2f}: {}\n",
+               worst, kBlockRule, caches, worst_cache, worst_ratio, verdict);
+  else
+    fmt::print("check         skipped (--check-samples 0)\n");
+}
+
+nlohmann::json BlockCheck::json(bool enabled) const {
+  if (!enabled) return nlohmann::json(nullptr);
+  return nlohmann::json{{"worst_rel_l2", worst},
+                        {"rule", kBlockRule},
+                        {"worst_cache_error", exact ? nlohmann::json(worst_cache) : nlohmann::json(nullptr)},
+                        {"worst_error_over_bound", worst_ratio},
+                        {"failed_steps", failures}};
+}
+
+int BlockCheck::finish(bool enabled, nlohmann::json j, int64_t steps, int64_t tokens, double forward_seconds,
+                       double wall_seconds, OutputFile& out) const {
+  if (out.enabled()) {
+    j["steps"] = steps;
+    j["tokens"] = tokens;
+    j["forward_seconds"] = forward_seconds;
+    j["wall_seconds"] = wall_seconds;
+    j["check"] = json(enabled);
+    out.write(j.dump(2) + "\n");
+  }
+  return enabled && failures > 0 ? kExitCheckFailed : kExitOk;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -128,8 +128,10 @@ int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_
          eslots = Tensor::empty({std::max<int64_t>(1, budget)}, DType::i64);
   Scheduler sched(cfg.trace);
   Progress progress(cfg.steps, show_progress);
-  int64_t steps = 0, tokens = 0, failures = 0, entries_written = 0;
-  double fwd_seconds = 0, worst = 0, worst_ratio = 0, worst_cache = 0;
+  int64_t steps = 0, tokens = 0, entries_written = 0;
+  double fwd_seconds = 0;
+  BlockCheck check;
+  check.exact = exact.has_value();
   for (int64_t i = 0; i < cfg.steps && !sched.done(); ++i) {
     const StepBatch batch = sched.schedule();
     const int64_t T = batch.num_tokens(), R = batch.num_reqs(), P = cfg.trace.page_size;
@@ -175,28 +177,14 @@ int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_
       a.extra_kv = ekv.view().slice(0, 0, n_e);
       a.extra_slot_mapping = eslots.view().slice(0, 0, n_e);
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    const TensorView out = fast.step(a, hidden, T);
-    fwd_seconds += seconds_since(t0);
-    if (twin) {
-      const Tensor hidden64 = as_dtype(hidden, DType::f64);
-      const TensorView ref = twin->step(a, hidden64, T);
-      const double e = rel_l2(out, ref);
-      const double ce = exact ? rel_l2(ref, exact->step(a, hidden64, T)) : 0.0;
-      const double bound = step_bound(ce);
-      worst = std::max(worst, std::isnan(e) ? INFINITY : e);
-      worst_cache = std::max(worst_cache, std::isnan(ce) ? INFINITY : ce);
-      worst_ratio = std::max(worst_ratio, std::isnan(e) || std::isnan(ce) ? INFINITY : e / bound);
-      if (!(e <= bound)) ++failures;
-    }
-    for (int32_t blk : sched.commit(batch)) {
-      fast.release(blk);
-      if (twin) twin->release(blk);
-      if (exact) exact->release(blk);
-    }
+    run_lanes(
+        fast, twin, exact, hidden, [&](V4Lane& l, const Tensor& h) { return l.step(a, h, T); },
+        [](const TensorView& o) { return o; }, check, fwd_seconds);
+    release_lanes(sched.commit(batch), fast, twin, exact);
     ++steps;
     tokens += T;
-    progress.update(i + 1, tokens, fwd_seconds, failures == 0 ? "" : fmt::format("{} check failure(s)", failures));
+    progress.update(i + 1, tokens, fwd_seconds,
+                    check.failures == 0 ? "" : fmt::format("{} check failure(s)", check.failures));
   }
   progress.finish();
   const double wall = seconds_since(t_start);
@@ -213,45 +201,21 @@ int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_
              steps, tokens, entries_written, K, sched.num_finished(), sched.requests().size());
   fmt::print("forward       {:.3f} s in bf16 ({:.0f} tokens/s); setup {:.2f} s; wall {:.2f} s\n", fwd_seconds,
              fwd_seconds > 0 ? static_cast<double>(tokens) / fwd_seconds : 0.0, setup, wall);
-  const std::string verdict = failures == 0 ? "PASS" : fmt::format("FAIL ({} steps)", failures);
-  if (twin && !exact)
-    fmt::print("check         every step against the float64 CPU block: worst rel-L2 {:.3e} (rule {:.0e}): {}\n", worst,
-               kBlockRule, verdict);
-  else if (twin)
-    fmt::print("check         every step against the float64 CPU block with the same caches: worst rel-L2 {:.3e}; "
-               "bound {:.0e} + 2 x the caches' own error (worst {:.3e}, the twin against the f64-cache block); "
-               "worst error / bound {:.2f}: {}\n",
-               worst, kBlockRule, worst_cache, worst_ratio, verdict);
-  else
-    fmt::print("check         skipped (--check-samples 0)\n");
-  if (json.enabled()) {
-    nlohmann::json j;
-    j["mode"] = "block_v4";
-    j["model"] = cfg.model;
-    j["layer"] = b.layer;
-    j["compress_ratio"] = ratio;
-    j["tp"] = cfg.tp;
-    j["rank"] = b.rank;
-    j["hidden_size"] = H;
-    j["heads_per_rank"] = fast.block.heads();
-    j["cache"] = to_string(cfg.format);
-    j["extra_cache"] = to_string(b.extra_format);
-    j["device"] = "cpu";
-    j["device_name"] = cfg.device_name;
-    j["steps"] = steps;
-    j["tokens"] = tokens;
-    j["forward_seconds"] = fwd_seconds;
-    j["wall_seconds"] = wall;
-    j["check"] = twin ? nlohmann::json{{"worst_rel_l2", worst},
-                                       {"rule", kBlockRule},
-                                       {"worst_cache_error", exact ? nlohmann::json(worst_cache) : nlohmann::json(nullptr)},
-                                       {"worst_error_over_bound", worst_ratio},
-                                       {"failed_steps", failures}}
-                      : nlohmann::json(nullptr);
-    json.write(j.dump(2) + "\n");
-  }
-  if (!twin) return kExitOk;
-  return failures == 0 ? kExitOk : kExitCheckFailed;
+  check.print(twin.has_value(), "the caches'");
+  nlohmann::json j;
+  j["mode"] = "block_v4";
+  j["model"] = cfg.model;
+  j["layer"] = b.layer;
+  j["compress_ratio"] = ratio;
+  j["tp"] = cfg.tp;
+  j["rank"] = b.rank;
+  j["hidden_size"] = H;
+  j["heads_per_rank"] = fast.block.heads();
+  j["cache"] = to_string(cfg.format);
+  j["extra_cache"] = to_string(b.extra_format);
+  j["device"] = "cpu";
+  j["device_name"] = cfg.device_name;
+  return check.finish(twin.has_value(), j, steps, tokens, fwd_seconds, wall, json);
 }
 
 }  // namespace mla::app

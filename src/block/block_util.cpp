@@ -21,6 +21,17 @@ bool bytes_overlap(const TensorView& a, const TensorView& b) {
   return a0 < b0 + static_cast<uintptr_t>(b.span_bytes()) && b0 < a0 + static_cast<uintptr_t>(a.span_bytes());
 }
 
+void check_token_rows(const TensorView& v, int64_t T, int64_t H, DType dtype, Device device, const char* op,
+                      const char* name) {
+  detail::check_defined(v, op, name);
+  detail::check_ndim(v, 2, op, name);
+  detail::check_size(v, 0, T, op, name);
+  detail::check_size(v, 1, H, op, name);
+  detail::check_dtype(v, dtype, op, name);
+  detail::check_device(v, device, op, name);
+  MLA_CHECK(v.stride[1] == 1, "{}: {} needs unit inner stride, got {}", op, name, v.describe());
+}
+
 void check_weight_shape(const DeepseekLinear& w, int64_t out, int64_t in, const char* op, const std::string& what) {
   MLA_CHECK(w.weight.defined(), "{}: weight {} is missing", op, what);
   MLA_CHECK(w.weight.ndim == 2 && w.weight.shape[0] == out && w.weight.shape[1] == in,
@@ -49,6 +60,32 @@ Tensor norm_weight(const TensorView& w, int64_t n, const char* op, const char* w
     static_cast<double*>(t.data())[i] = x;
   }
   return t;
+}
+
+LayerTensors::LayerTensors(const Checkpoint& ck, int layer, const char* op)
+    : ck_(ck), pre_(fmt::format("model.layers.{}.self_attn.", layer)), op_(op) {
+  MLA_CHECK(layer >= 0, "{}: layer must be >= 0, got {}", op, layer);
+}
+
+TensorView LayerTensors::tensor(const std::string& n) {
+  const std::string name = pre_ + n;
+  const StTensorInfo& info = ck_.info(name);
+  const auto dt = to_mla_dtype(info.dtype);
+  MLA_CHECK(dt && is_floating(*dt), "{}: checkpoint tensor '{}' has dtype {}, expected a float type", op_, name,
+            to_string(info.dtype));
+  keep_.push_back(ck_.load(name, *dt));
+  return keep_.back().view();
+}
+
+DeepseekLinear LayerTensors::linear(const std::string& n) {
+  DeepseekLinear l;
+  l.weight = tensor(n + ".weight");
+  const std::string s = pre_ + n + ".weight_scale_inv";
+  if (l.weight.dtype == DType::fp8_e4m3) {
+    MLA_CHECK(ck_.has(s), "{}: '{}' is fp8_e4m3 but the checkpoint has no '{}'", op_, pre_ + n + ".weight", s);
+    l.weight_scale_inv = tensor(n + ".weight_scale_inv");
+  }
+  return l;
 }
 
 }  // namespace mla::block

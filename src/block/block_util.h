@@ -5,8 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "mla/deepseek.h"
+#include "mla/safetensors.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
 
@@ -18,6 +20,9 @@ inline constexpr std::size_t kAlign = 256;
 std::size_t region_bytes(int64_t rows, int64_t cols, DType t, const char* what);
 // Whether two views with non-negative strides share a byte (empty views share none).
 bool bytes_overlap(const TensorView& a, const TensorView& b);
+// hidden / out of a step: a [T, H] tensor of `dtype` on `device` with unit inner stride.
+void check_token_rows(const TensorView& v, int64_t T, int64_t H, DType dtype, Device device, const char* op,
+                      const char* name);
 // A published weight must be a host tensor [out, in]; throws "<op>: weight <what> ..." otherwise.
 void check_weight_shape(const DeepseekLinear& w, int64_t out, int64_t in, const char* op, const std::string& what);
 // [in, out] = transpose of rows [row0, row0 + rows) x columns [col0, col0 + cols) of a published
@@ -26,5 +31,21 @@ Tensor rank_weight_t(const DeepseekLinear& w, int block_rows, int block_cols, in
                      int64_t cols, DType dtype, const std::string& what);
 // A norm weight [n] (any float dtype but fp8) as f64, every value finite.
 Tensor norm_weight(const TensorView& w, int64_t n, const char* op, const char* what);
+
+// The float tensors "model.layers.<layer>.self_attn.<name>" of a checkpoint, loaded into owning copies
+// that live as long as the reader (the views it returns point into them).
+class LayerTensors {
+ public:
+  LayerTensors(const Checkpoint& ck, int layer, const char* op);
+  TensorView tensor(const std::string& name);
+  // "<name>.weight", and "<name>.weight_scale_inv" when the weight is fp8 e4m3 (refused when absent).
+  DeepseekLinear linear(const std::string& name);
+
+ private:
+  const Checkpoint& ck_;
+  std::string pre_;
+  const char* op_;
+  std::vector<Tensor> keep_;
+};
 
 }  // namespace mla::block

@@ -269,39 +269,19 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
 
 DeepseekAttention DeepseekAttention::load(const Checkpoint& ck, const DeepseekConfig& config, int layer,
                                           const DeepseekOptions& options) {
-  MLA_CHECK(layer >= 0, "{}: layer must be >= 0, got {}", kOp, layer);
-  const std::string pre = fmt::format("model.layers.{}.self_attn.", layer);
-  std::vector<Tensor> keep;  // owning copies behind the views
-  auto tensor = [&](const std::string& name) -> TensorView {
-    const StTensorInfo& info = ck.info(name);
-    const auto dt = to_mla_dtype(info.dtype);
-    MLA_CHECK(dt && is_floating(*dt), "{}: checkpoint tensor '{}' has dtype {}, expected a float type", kOp, name,
-              to_string(info.dtype));
-    keep.push_back(ck.load(name, *dt));
-    return keep.back().view();
-  };
-  auto linear = [&](const char* n) {
-    DeepseekLinear l;
-    l.weight = tensor(pre + n + ".weight");
-    const std::string s = pre + n + ".weight_scale_inv";
-    if (l.weight.dtype == DType::fp8_e4m3) {
-      MLA_CHECK(ck.has(s), "{}: '{}' is fp8_e4m3 but the checkpoint has no '{}'", kOp, pre + n + ".weight", s);
-      l.weight_scale_inv = tensor(s);
-    }
-    return l;
-  };
+  block::LayerTensors t(ck, layer, kOp);
   DeepseekWeights w;
   if (config.q_lora_rank > 0) {
-    w.q_a_proj = linear("q_a_proj");
-    w.q_b_proj = linear("q_b_proj");
-    w.q_a_layernorm = tensor(pre + "q_a_layernorm.weight");
+    w.q_a_proj = t.linear("q_a_proj");
+    w.q_b_proj = t.linear("q_b_proj");
+    w.q_a_layernorm = t.tensor("q_a_layernorm.weight");
   } else {
-    w.q_proj = linear("q_proj");
+    w.q_proj = t.linear("q_proj");
   }
-  w.kv_a_proj_with_mqa = linear("kv_a_proj_with_mqa");
-  w.kv_a_layernorm = tensor(pre + "kv_a_layernorm.weight");
-  w.kv_b_proj = linear("kv_b_proj");
-  w.o_proj = linear("o_proj");
+  w.kv_a_proj_with_mqa = t.linear("kv_a_proj_with_mqa");
+  w.kv_a_layernorm = t.tensor("kv_a_layernorm.weight");
+  w.kv_b_proj = t.linear("kv_b_proj");
+  w.o_proj = t.linear("o_proj");
   return DeepseekAttention(config, w, options);
 }
 
@@ -361,13 +341,7 @@ void DeepseekAttention::forward(const Plan& plan, const DeepseekForwardArgs& a, 
   // The block's own arguments; MlaAttention::forward validates the rest (and the workspace tail)
   // before anything is written. Nothing here writes before these checks.
   for (const auto& [view, name] : {std::pair{&a.hidden, "hidden [T, hidden_size]"}, {&a.out, "out [T, hidden_size]"}}) {
-    detail::check_defined(*view, op, name);
-    detail::check_ndim(*view, 2, op, name);
-    detail::check_size(*view, 0, T, op, name);
-    detail::check_size(*view, 1, H, op, name);
-    detail::check_dtype(*view, t, op, name);
-    detail::check_device(*view, options_.device, op, name);
-    MLA_CHECK(view->stride[1] == 1, "{}: {} needs unit inner stride, got {}", op, name, view->describe());
+    block::check_token_rows(*view, T, H, t, options_.device, op, name);
   }
   detail::check_defined(a.positions, op, "positions");
   detail::check_ndim(a.positions, 1, op, "positions [T]");

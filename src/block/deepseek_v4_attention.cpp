@@ -145,36 +145,16 @@ DeepseekV4Attention::DeepseekV4Attention(const DeepseekV4Config& config, int lay
 
 DeepseekV4Attention DeepseekV4Attention::load(const Checkpoint& ck, const DeepseekV4Config& config, int layer,
                                               const DeepseekV4Options& options) {
-  MLA_CHECK(layer >= 0, "{}: layer must be >= 0, got {}", kOp, layer);
-  const std::string pre = fmt::format("model.layers.{}.self_attn.", layer);
-  std::vector<Tensor> keep;
-  auto tensor = [&](const std::string& name) -> TensorView {
-    const StTensorInfo& info = ck.info(name);
-    const auto dt = to_mla_dtype(info.dtype);
-    MLA_CHECK(dt && is_floating(*dt), "{}: checkpoint tensor '{}' has dtype {}, expected a float type", kOp, name,
-              to_string(info.dtype));
-    keep.push_back(ck.load(name, *dt));
-    return keep.back().view();
-  };
-  auto linear = [&](const char* n) {
-    DeepseekLinear l;
-    l.weight = tensor(pre + n + ".weight");
-    const std::string s = pre + n + ".weight_scale_inv";
-    if (l.weight.dtype == DType::fp8_e4m3) {
-      MLA_CHECK(ck.has(s), "{}: '{}' is fp8_e4m3 but the checkpoint has no '{}'", kOp, pre + n + ".weight", s);
-      l.weight_scale_inv = tensor(s);
-    }
-    return l;
-  };
+  block::LayerTensors t(ck, layer, kOp);
   DeepseekV4Weights w;
-  w.q_a_proj = linear("q_a_proj");
-  w.q_b_proj = linear("q_b_proj");
-  w.kv_proj = linear("kv_proj");
-  w.o_a_proj = linear("o_a_proj");
-  w.o_b_proj = linear("o_b_proj");
-  w.q_a_norm = tensor(pre + "q_a_norm.weight");
-  w.kv_norm = tensor(pre + "kv_norm.weight");
-  w.sinks = tensor(pre + "sinks");
+  w.q_a_proj = t.linear("q_a_proj");
+  w.q_b_proj = t.linear("q_b_proj");
+  w.kv_proj = t.linear("kv_proj");
+  w.o_a_proj = t.linear("o_a_proj");
+  w.o_b_proj = t.linear("o_b_proj");
+  w.q_a_norm = t.tensor("q_a_norm.weight");
+  w.kv_norm = t.tensor("kv_norm.weight");
+  w.sinks = t.tensor("sinks");
   return DeepseekV4Attention(config, layer, w, options);
 }
 
@@ -215,13 +195,7 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
   detail::check_ndim(a.hidden, 2, op, "hidden [T, hidden_size]");
   const int64_t T = a.hidden.size(0);
   for (const auto& [view, name] : {std::pair{&a.hidden, "hidden [T, hidden_size]"}, {&a.out, "out [T, hidden_size]"}}) {
-    detail::check_defined(*view, op, name);
-    detail::check_ndim(*view, 2, op, name);
-    detail::check_size(*view, 0, T, op, name);
-    detail::check_size(*view, 1, H, op, name);
-    detail::check_dtype(*view, t, op, name);
-    detail::check_device(*view, Device::cpu(), op, name);
-    MLA_CHECK(view->stride[1] == 1, "{}: {} needs unit inner stride, got {}", op, name, view->describe());
+    block::check_token_rows(*view, T, H, t, Device::cpu(), op, name);
   }
   detail::check_strides(a.out, true, op, "out [T, hidden_size]");
   detail::check_strides(a.hidden, false, op, "hidden [T, hidden_size]");

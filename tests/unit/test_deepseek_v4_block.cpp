@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 
 #include "mla/error.h"
 #include "mla/ops.h"
@@ -31,6 +32,17 @@ DeepseekV4Options opts(DType dt, CacheFormat main, CacheFormat extra, int tp = 1
   return o;
 }
 
+// f() must throw an mla::Error whose message holds `what`.
+template <class F>
+void expect_refused(F&& f, const char* what) {
+  try {
+    f();
+    ADD_FAILURE() << "accepted (expected an error naming '" << what << "')";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
 class V4BlockLayers : public ::testing::TestWithParam<int> {};
 
 // The float64 block with the exact f64 caches equals the naive formulation to rounding; f32 within
@@ -42,17 +54,12 @@ TEST_P(V4BlockLayers, MatchesNaiveFloat64) {
     const Weights w(c);
     const Trace tr(c, c.compress_ratio(layer), 11 + layer);
     const std::vector<double> ref = tr.naive(c, c.compress_ratio(layer), w);
-    struct Mode {
-      DType dt;
-      Precision p;
-      CacheFormat cache;
-      double bound;
-    };
+    using test::v4::Mode;
     for (const Mode m : {Mode{DType::f64, Precision::reference, CacheFormat::f64, 1e-12},
                          Mode{DType::f32, Precision::fast, CacheFormat::f64, 1e-5},
                          Mode{DType::bf16, Precision::fast, CacheFormat::bf16, 1e-2}}) {
       const DeepseekV4Attention blk(c, layer, w.w, opts(m.dt, m.cache, m.cache));
-      const std::vector<double> got = tr.serve(blk, m.p);
+      const std::vector<double> got = tr.serve(blk, m.precision);
       const double e = test::rel_l2(got, ref);
       std::printf("  layer %d q_norm %d %s, %s cache: rel-L2 %.3e\n", layer, q_norm ? 1 : 0, to_string(m.dt),
                   to_string(m.cache), e);
@@ -190,12 +197,7 @@ TEST(V4Block, ConfigFromTransformersJson) {
   EXPECT_TRUE(DeepseekV4Config::preset("v4-flash").q_head_norm);
   // Refusals say what was expected.
   auto refused = [](const char* json, const char* what) {
-    try {
-      (void)DeepseekV4Config::from_json(json);
-      ADD_FAILURE() << "accepted: " << json;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
+    expect_refused([&] { (void)DeepseekV4Config::from_json(json); }, what);
   };
   refused(R"({"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2})", "one shared key/value head");
   refused(R"({"hidden_size": 64, "num_attention_heads": 6, "o_groups": 4})", "must divide num_attention_heads");
@@ -209,14 +211,7 @@ TEST(V4Block, ConfigFromTransformersJson) {
 TEST(V4Block, RefusesBadConfigurationsAndArguments) {
   const DeepseekV4Config c = small_config();
   const Weights w(c);
-  auto refused = [](auto&& f, const char* what) {
-    try {
-      f();
-      ADD_FAILURE() << "accepted (expected an error naming '" << what << "')";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
+  const auto& refused = expect_refused<std::function<void()>>;
   // CUDA: no kernels for the V4 block yet.
   refused([&] {
     DeepseekV4Options o = opts(DType::bf16, CacheFormat::bf16, CacheFormat::bf16);
@@ -252,20 +247,8 @@ TEST(V4Block, RefusesBadConfigurationsAndArguments) {
                topk = test::int_tensor_2d({{-1, -1, -1}, {0, -1, -1}}), ekv = test::random_tensor({1, 512}, DType::f64),
                eslot = test::int64_tensor({6}), neg = test::int64_tensor({0, -1}), far = test::int64_tensor({5, 99});
   Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(T, 3))}, DType::u8);
-  auto args = [&] {
-    DeepseekV4ForwardArgs a;
-    a.hidden = x.view();
-    a.positions = pos.view();
-    a.req_id = req.view();
-    a.block_table = bt.view();
-    a.slot_mapping = slots.view();
-    a.extra_topk = topk.view();
-    a.extra_block_table = ebt.view();
-    a.extra_kv = ekv.view();
-    a.extra_slot_mapping = eslot.view();
-    a.out = y.view();
-    return a;
-  };
+  const test::v4::Step good{x, pos, req, bt, slots, topk, ebt, ekv, eslot, y};
+  auto args = [&] { return good.args(); };
   const std::vector<uint8_t> main0(static_cast<uint8_t*>(main.storage.data()),
                                    static_cast<uint8_t*>(main.storage.data()) + main.storage.nbytes());
   auto step = [&](const DeepseekV4Attention& b, const DeepseekV4ForwardArgs& a) {

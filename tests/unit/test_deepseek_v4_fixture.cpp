@@ -71,31 +71,18 @@ std::vector<double> serve(const DeepseekV4Attention& blk, const Tensor& hidden, 
         }
       }
     }
-    const Tensor positions = test::int64_tensor(pos), slot_t = test::int64_tensor(slots), req = test::int_tensor(rid);
-    DeepseekV4ForwardArgs a;
-    a.hidden = x.view();
-    a.positions = positions.view();
-    a.req_id = req.view();
-    a.block_table = bt.view();
-    a.slot_mapping = slot_t.view();
-    a.out = y.view();
-    Tensor tk, ek, es;
+    test::v4::Step st{x, test::int64_tensor(pos), test::int_tensor(rid), bt, test::int64_tensor(slots)};
+    st.out = y;
     if (ratio > 0) {
-      tk = test::int_tensor_2d(rows);
-      a.extra_topk = tk.view();
-      a.extra_block_table = ebt.view();
+      st.extra_topk = test::int_tensor_2d(rows);
+      st.extra_block_table = ebt;
       if (!eslots.empty()) {
-        ek = Tensor::empty({static_cast<int64_t>(eslots.size()), D}, DType::f64);
-        std::copy(ekv.begin(), ekv.end(), static_cast<double*>(ek.data()));
-        es = test::int64_tensor(eslots);
-        a.extra_kv = ek.view();
-        a.extra_slot_mapping = es.view();
+        st.extra_kv = Tensor::empty({static_cast<int64_t>(eslots.size()), D}, DType::f64);
+        std::copy(ekv.begin(), ekv.end(), static_cast<double*>(st.extra_kv.data()));
+        st.extra_slots = test::int64_tensor(eslots);
       }
     }
-    Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(q, ratio > 0 ? K : 0))}, DType::u8);
-    std::memset(ws.data(), 0xff, ws.nbytes());
-    blk.forward(a, main.cache, extra.cache, ws.view(), Context{nullptr, precision});
-    const std::vector<double> o = test::to_doubles(y.view());
+    const std::vector<double> o = st.run(blk, main.cache, extra.cache, precision);
     out.insert(out.end(), o.begin(), o.end());
     done += q;
   }
@@ -130,12 +117,7 @@ void check_fixture(const std::string& dir) {
       comp = test::to_doubles(c.view());
       topk = test::to_ints(k.view());
     }
-    struct Mode {
-      DType dt;
-      Precision p;
-      CacheFormat cache;
-      double bound;
-    };
+    using test::v4::Mode;
     for (const Mode m : {Mode{DType::f64, Precision::reference, CacheFormat::f64, 1e-5},
                          Mode{DType::f32, Precision::fast, CacheFormat::f64, 1e-5},
                          Mode{DType::bf16, Precision::fast, CacheFormat::bf16, 1e-2}}) {
@@ -144,7 +126,7 @@ void check_fixture(const std::string& dir) {
       o.cache_format = o.extra_cache_format = m.cache;
       const DeepseekV4Attention blk = DeepseekV4Attention::load(ck, cfg, layer, o);
       for (std::size_t s = 0; s < splits.size(); ++s) {
-        const double e = test::rel_l2(serve(blk, hidden, comp, n_comp, topk, K, splits[s], m.p), ref);
+        const double e = test::rel_l2(serve(blk, hidden, comp, n_comp, topk, K, splits[s], m.precision), ref);
         std::printf("  layer %d (ratio %d) %s, %s cache, split %zu: rel-L2 %.3e\n", layer, cfg.compress_ratio(layer),
                     to_string(m.dt), to_string(m.cache), s, e);
         EXPECT_LE(e, m.bound) << "layer " << layer << " " << to_string(m.dt) << " split " << s;

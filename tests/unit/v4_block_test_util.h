@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <random>
 #include <vector>
@@ -190,6 +191,54 @@ inline std::vector<double> naive_token(const DeepseekV4Config& c, int ratio, con
   return y;
 }
 
+// A way to run the block and its bound against a float64 reference.
+struct Mode {
+  DType dt;
+  Precision precision;
+  CacheFormat cache;  // both caches
+  double bound;       // rel-L2
+};
+
+// ---- one served step ----
+
+// A step's tensors (the undefined ones are not passed) and its run through a block.
+struct Step {
+  Tensor hidden, positions, req, block_table, slots, extra_topk, extra_block_table, extra_kv, extra_slots, out;
+
+  DeepseekV4ForwardArgs args() const {
+    auto v = [](const Tensor& t) { return t.defined() ? t.view() : TensorView{}; };
+    DeepseekV4ForwardArgs a;
+    a.hidden = v(hidden);
+    a.positions = v(positions);
+    a.req_id = v(req);
+    a.block_table = v(block_table);
+    a.slot_mapping = v(slots);
+    a.extra_topk = v(extra_topk);
+    a.extra_block_table = v(extra_block_table);
+    a.extra_kv = v(extra_kv);
+    a.extra_slot_mapping = v(extra_slots);
+    a.out = v(out);
+    return a;
+  }
+  // Runs the step with a NaN-poisoned workspace; returns out as doubles.
+  std::vector<double> run(const DeepseekV4Attention& blk, const KVCache& main, const KVCache& extra,
+                          Precision precision) const {
+    const int64_t T = hidden.size(0), K = extra_topk.defined() ? extra_topk.size(1) : 0;
+    Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(T, K))}, DType::u8);
+    std::memset(ws.data(), 0xff, ws.nbytes());
+    blk.forward(args(), main, extra, ws.view(), Context{nullptr, precision});
+    return to_doubles(out.view());
+  }
+};
+
+// f64 rows [n][D] as a [n, D] tensor.
+inline Tensor rows_tensor(const std::vector<std::vector<double>>& rows, int64_t D) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(rows.size()), D}, DType::f64);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    std::copy(rows[i].begin(), rows[i].end(), static_cast<double*>(t.data()) + i * static_cast<std::size_t>(D));
+  return t;
+}
+
 // ---- the served trace ----
 
 // Two requests (lengths 21 and 13) in three steps (a prefill of both, a chunk plus a decode, a decode
@@ -294,32 +343,17 @@ struct Trace {
         }
         done[static_cast<std::size_t>(r)] += n;
       }
-      const Tensor positions = int64_tensor(pos), slot_t = int64_tensor(slots), req = int_tensor(rid);
-      DeepseekV4ForwardArgs a;
-      a.hidden = x.view();
-      a.positions = positions.view();
-      a.req_id = req.view();
-      a.block_table = bt.view();
-      a.slot_mapping = slot_t.view();
-      a.out = y.view();
-      Tensor tk, ek, es;
+      Step st{x, int64_tensor(pos), int_tensor(rid), bt, int64_tensor(slots)};
+      st.out = y;
       if (ratio > 0) {
-        tk = int_tensor_2d(topk);
-        a.extra_topk = tk.view();
-        a.extra_block_table = ebt.view();
+        st.extra_topk = int_tensor_2d(topk);
+        st.extra_block_table = ebt;
         if (!ekv.empty()) {
-          ek = Tensor::empty({static_cast<int64_t>(ekv.size()), D}, DType::f64);
-          for (std::size_t i = 0; i < ekv.size(); ++i)
-            std::copy(ekv[i].begin(), ekv[i].end(), static_cast<double*>(ek.data()) + i * static_cast<std::size_t>(D));
-          es = int64_tensor(eslots);
-          a.extra_kv = ek.view();
-          a.extra_slot_mapping = es.view();
+          st.extra_kv = rows_tensor(ekv, D);
+          st.extra_slots = int64_tensor(eslots);
         }
       }
-      Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(T, ratio > 0 ? K : 0))}, DType::u8);
-      std::memset(ws.data(), 0xff, ws.nbytes());
-      blk.forward(a, main.cache, extra.cache, ws.view(), Context{nullptr, precision});
-      const std::vector<double> o = to_doubles(y.view());
+      const std::vector<double> o = st.run(blk, main.cache, extra.cache, precision);
       out.insert(out.end(), o.begin(), o.end());
     }
     return out;
