@@ -51,7 +51,7 @@ void check_relevance(const RunOptions& o) {
   auto given = [&](const char* name) { return o.given.count(name) > 0; };
   const bool v4 = is_v4_model(o.model);
   const bool block = o.block || !o.checkpoint.empty() || v4;
-  if (given("--extra-cache") && !v4)
+  if (given("--extra-cache") && !v4 && o.checkpoint.empty())
     throw Error("--extra-cache is the format of DeepSeek-V4's compressed cache: use it with --model v4-flash, v4-pro "
                 "or v41-flash");
   if (v4 && (o.sparse || o.dcp > 1 || o.batch_invariant || given("--topk") || given("--topk-source")))
@@ -92,7 +92,9 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   RunConfig c;
   const int devices = cuda_device_count();
   block.enabled = o.block || !o.checkpoint.empty() || is_v4_model(o.model);
-  block.v4 = is_v4_model(o.model);
+  // A DeepSeek-V4 checkpoint (config.json's model_type deepseek_v4*) runs the V4 block too.
+  block.v4 = is_v4_model(o.model) ||
+             (!o.checkpoint.empty() && DeepseekV4Config::is_v4_file(o.checkpoint + "/config.json"));
   if (block.enabled) {
     if (!o.checkpoint.empty() && o.block) throw Error("--block builds random weights; it cannot be combined with --checkpoint");
     if (!o.checkpoint.empty() && !o.model.empty())
@@ -108,9 +110,9 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
     c.cuda = devices > 0 && !block.v4;
   } else if (o.backend == "cuda") {
     if (block.v4)
-      throw Error(fmt::format("--model {}: the DeepSeek-V4 block runs on the CPU only (its CUDA kernels do not exist "
-                              "yet); use --backend cpu",
-                              o.model));
+      throw Error(fmt::format("{}: the DeepSeek-V4 block runs on the CPU only (its CUDA kernels do not exist yet); use "
+                              "--backend cpu",
+                              o.checkpoint.empty() ? "--model " + o.model : "--checkpoint " + o.checkpoint));
     if (!built_with_cuda())
       throw Error("--backend cuda: this build of mla has no CUDA backend (configure with nvcc available)");
     if (devices == 0) throw Error("--backend cuda: no CUDA device found (see `mla info`)");
@@ -139,10 +141,22 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   c.sparse = o.sparse;
   c.model = o.model.empty() ? (o.sparse ? "v3.2" : "v3") : o.model;
   c.tp = o.tp > 0 ? o.tp : (o.checkpoint.empty() ? 8 : 1);
+  c.v4 = block.v4;
+  if (!block.v4 && !o.extra_cache.empty())
+    throw Error("--extra-cache is the format of DeepSeek-V4's compressed cache: this checkpoint is not a DeepSeek-V4 "
+                "model");
   if (block.v4) {
-    block.v4_config = DeepseekV4Config::preset(c.model);
+    if (o.checkpoint.empty()) {
+      block.v4_config = DeepseekV4Config::preset(c.model);
+      block.layer = o.given.count("--layer") ? o.layer : 1;
+    } else {
+      block.v4_config = DeepseekV4Config::from_file(o.checkpoint + "/config.json");
+      c.model = block.v4_config.model_type;
+      if (o.sparse || o.dcp > 1 || o.batch_invariant)
+        throw Error("--checkpoint holds a DeepSeek-V4 model: --sparse, --dcp and --batch-invariant apply to the V3 "
+                    "layer only");
+    }
     const DeepseekV4Config& v = block.v4_config;
-    block.layer = o.given.count("--layer") ? o.layer : 1;
     (void)v.compress_ratio(block.layer);  // a layer of the preset's schedule
     if (v.num_attention_heads % c.tp != 0 || v.o_groups % c.tp != 0)
       throw Error(fmt::format("--tp {} must divide the {} heads and the {} o_proj groups of {}", c.tp,
@@ -157,6 +171,10 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
     c.dims.num_heads = v.num_attention_heads / c.tp;
     c.dims.softmax_scale = v.softmax_scale();
     if (o.backend == "auto" && devices > 0) c.notes.push_back("the DeepSeek-V4 block runs on the CPU (no CUDA kernels yet)");
+    if (!o.checkpoint.empty())
+      c.notes.push_back(fmt::format("--checkpoint: DeepSeek-V4 layer {} (compress ratio {}); the compressors' outputs "
+                                    "and the top-k picks are random",
+                                    block.layer, v.compress_ratio(block.layer)));
   } else if (block.enabled) {
     block.config = o.checkpoint.empty() ? DeepseekConfig::preset(c.model)
                                         : DeepseekConfig::from_file(o.checkpoint + "/config.json");
@@ -211,7 +229,8 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   }
 
   const std::string cache =
-      o.cache.empty() ? (block.v4 ? (c.model == "v41-flash" ? "v41" : "v4") : o.sparse ? "fp8_ds_mla" : "bf16") : o.cache;
+      o.cache.empty() ? (block.v4 ? (block.v4_config.q_head_norm ? "v4" : "v41") : o.sparse ? "fp8_ds_mla" : "bf16")
+                      : o.cache;
   c.format = cache_format_from_string(cache);
   if (block.v4) {
     const std::string extra = o.extra_cache.empty() ? (c.format == CacheFormat::v41 ? "v41_fp4" : cache) : o.extra_cache;

@@ -99,7 +99,10 @@ int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_
   // Width of the top-k rows: the indexer's picks (ratio 4), every entry a request can have (else).
   const int64_t max_entries = ratio == 0 ? 0 : cfg.trace.max_context / ratio;
   const int64_t K = ratio == 0 ? 0 : ratio == 4 ? c.index_topk : std::max<int64_t>(1, max_entries);
-  std::optional<V4RandomWeights> random(std::in_place, c, substream(cfg.seed, 0));
+  std::optional<V4RandomWeights> random;
+  if (b.checkpoint.empty()) random.emplace(c, substream(cfg.seed, 0));
+  std::optional<Checkpoint> ck;
+  if (!b.checkpoint.empty()) ck.emplace(b.checkpoint);
   auto make = [&](DType dt, CacheFormat main, CacheFormat extra, Precision p) {
     DeepseekV4Options o;
     o.tp = cfg.tp;
@@ -107,7 +110,8 @@ int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_
     o.cache_format = main;
     o.extra_cache_format = extra;
     o.dtype = dt;
-    return V4Lane(DeepseekV4Attention(c, b.layer, random->w, o), cfg, K, p);
+    return V4Lane(random ? DeepseekV4Attention(c, b.layer, random->w, o) : DeepseekV4Attention::load(*ck, c, b.layer, o),
+                  cfg, K, p);
   };
   V4Lane fast = make(DType::bf16, cfg.format, b.extra_format, Precision::fast);
   std::optional<V4Lane> twin, exact;
@@ -189,13 +193,13 @@ int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_
   progress.finish();
   const double wall = seconds_since(t_start);
 
-  fmt::print("\n== summary: DeepSeek-V4 attention block ({}, random weights), layer {} (compress ratio {}), {} + {} "
+  fmt::print("\n== summary: DeepSeek-V4 attention block ({}, {}), layer {} (compress ratio {}), {} + {} "
              "caches, cpu ({}) ==\n",
-             cfg.model, b.layer, ratio, to_string(cfg.format), to_string(b.extra_format), cfg.device_name);
+             cfg.model, b.checkpoint.empty() ? "random weights" : b.checkpoint, b.layer, ratio, to_string(cfg.format), to_string(b.extra_format), cfg.device_name);
   fmt::print("block         hidden {}, {} heads per rank (tp {}, rank {}), head_dim {}, q_lora_rank {}, {} o "
-             "group(s) of rank {} per rank, window {}, {}query head norm, fp8 block-scaled weights\n",
+             "group(s) of rank {} per rank, window {}, {}query head norm, {} weights\n",
              H, fast.block.heads(), cfg.tp, b.rank, D, c.q_lora_rank, c.o_groups / cfg.tp, c.o_lora_rank,
-             c.sliding_window, c.q_head_norm ? "" : "no ");
+             c.sliding_window, c.q_head_norm ? "" : "no ", c.fp8_weights ? "fp8 block-scaled" : "bf16");
   fmt::print("steps         {}; {} tokens; {} compressed entries written; top-k rows {} wide; {} of {} requests "
              "finished\n",
              steps, tokens, entries_written, K, sched.num_finished(), sched.requests().size());

@@ -27,6 +27,7 @@ struct RunConfig {
   Device device{};
   std::string device_name;  // GPU name, or the CPU model and thread count
   std::string model;        // preset name
+  bool v4 = false;          // the DeepSeek-V4 block (BlockRunConfig::v4)
   int tp = 8;
   ModelDims dims;
   CacheFormat format = CacheFormat::bf16;

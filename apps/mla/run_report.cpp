@@ -76,7 +76,7 @@ const char* sparse_prefill_name(const RunConfig& c) {
 }
 
 std::string attention_kind(const RunConfig& c) {
-  if (c.model.rfind("v4", 0) == 0) return "DeepSeek-V4 (sliding window + compressed cache, sink)";
+  if (c.v4) return "DeepSeek-V4 (sliding window + compressed cache, sink)";
   if (!c.sparse) return "dense";
   const std::string mode = sparse_prefill_name(c);
   return fmt::format("sparse top-{} ({}{})", c.topk, c.real_indexer ? "lightning indexer" : "synthetic rows",

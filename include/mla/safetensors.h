@@ -176,6 +176,8 @@ struct DeepseekV4Config {
   static DeepseekV4Config preset(const std::string& name);
   // Whether a config.json text describes a DeepSeek-V4 model (model_type "deepseek_v4*").
   static bool is_v4_json(std::string_view text);
+  // The same for a config.json file (false when it cannot be read or parsed: from_file says why).
+  static bool is_v4_file(const std::string& path);
   int compress_ratio(int layer) const;  // throws mla::Error for a layer outside compress_ratios
   double softmax_scale() const;         // head_dim^-0.5
   void validate() const;                // throws mla::Error on inconsistent dimensions

@@ -95,6 +95,10 @@ DeepseekV4Attention::DeepseekV4Attention(const DeepseekV4Config& config, int lay
     MLA_CHECK(f != CacheFormat::fp8 && f != CacheFormat::fp8_ds_mla,
               "{}: the V4 block takes the bf16, f64, v4, v41 or v41_fp4 cache formats, got {}", kOp, to_string(f));
   }
+  MLA_CHECK(options.cache_format == options.extra_cache_format ||
+                (cache_format_info(options.cache_format).record && cache_format_info(options.extra_cache_format).record),
+            "{}: the extra cache must have the main cache's format, or both must be V4 records (v4, v41, v41_fp4), "
+            "got {} and {}", kOp, to_string(options.cache_format), to_string(options.extra_cache_format));
   ratio_ = c.compress_ratio(layer);
   MLA_CHECK(ratio_ >= 0, "{}: layer {} has a negative compression ratio {}", kOp, layer, ratio_);
   const int64_t H = c.hidden_size, D = c.head_dim, G = c.o_groups, OL = c.o_lora_rank, QL = c.q_lora_rank,

@@ -288,6 +288,14 @@ bool DeepseekV4Config::is_v4_json(std::string_view text) {
   }
 }
 
+bool DeepseekV4Config::is_v4_file(const std::string& path) {
+  try {
+    return is_v4_json(io::read_text_file(path, kMaxJsonFile));
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 DeepseekV4Config DeepseekV4Config::from_json(std::string_view text, const std::string& what) {
   const nlohmann::json j = io::parse_json_strict(text, what, 8);
   MLA_CHECK(j.is_object(), "{}: not a JSON object", what);

@@ -220,6 +220,8 @@ TEST(V4Block, RefusesBadConfigurationsAndArguments) {
   }, "CPU only");
   refused([&] { DeepseekV4Attention(c, 1, w.w, opts(DType::bf16, CacheFormat::fp8_ds_mla, CacheFormat::bf16)); },
           "cache format");
+  refused([&] { DeepseekV4Attention(c, 1, w.w, opts(DType::bf16, CacheFormat::bf16, CacheFormat::v41_fp4)); },
+          "both must be V4 records");
   refused([&] { DeepseekV4Attention(c, 1, w.w, opts(DType::bf16, CacheFormat::bf16, CacheFormat::bf16, 4, 0)); },
           "must divide o_groups");
   refused([&] { DeepseekV4Attention(c, 7, w.w, opts(DType::bf16, CacheFormat::bf16, CacheFormat::bf16)); }, "layer 7");
