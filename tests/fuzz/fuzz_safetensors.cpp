@@ -103,5 +103,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, std::size_t size) {
                      c->q_lora_rank >= 0,
                  "config accepted with a non-positive dimension");
   }
+  // And as a DeepSeek-V4 config.json.
+  std::optional<DeepseekV4Config> v4;
+  if (!rejects([&] { v4.emplace(DeepseekV4Config::from_json(img, "fuzz v4 config")); })) {
+    FUZZ_REQUIRE(v4->hidden_size > 0 && v4->num_attention_heads % v4->o_groups == 0 && v4->qk_rope_head_dim > 0 &&
+                     v4->qk_rope_head_dim % 2 == 0 && v4->qk_rope_head_dim < v4->head_dim,
+                 "v4 config accepted with inconsistent dimensions");
+    for (const int r : v4->compress_ratios) FUZZ_REQUIRE(r >= 0, "v4 config accepted with a negative ratio");
+  }
   return 0;
 }
