@@ -50,7 +50,8 @@ struct Weights {
   DeepseekV4Weights w;
   std::vector<double> q_a, q_b, kv, o_a, o_b, q_a_norm, kv_norm, sinks;
 
-  explicit Weights(const DeepseekV4Config& c) {
+  explicit Weights(const DeepseekV4Config& c, uint64_t seed = 47) {
+    reseed(seed);  // the same weights whatever ran before
     const int64_t H = c.hidden_size, D = c.head_dim, h = c.num_attention_heads, G = c.o_groups, OL = c.o_lora_rank;
     auto make = [&](int64_t out, int64_t in, double lo, double hi, std::vector<double>& vals) {
       Tensor t = Tensor::empty({out, in}, DType::bf16);
