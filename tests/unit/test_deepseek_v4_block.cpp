@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 
+#include "core/numeric.h"
 #include "mla/error.h"
 #include "mla/ops.h"
 #include "unit/v4_block_test_util.h"
@@ -132,6 +133,51 @@ TEST(V4Block, EveryPieceMatters) {
   Weights sunk = w;
   for (double& x : sunk.sinks) x += 2.0;
   EXPECT_GT(test::rel_l2(got, tr.naive(c, 4, sunk)), 1e-3) << "sink";
+}
+
+// fp8 weights with block scales (as published) give the block of their dequantised values exactly: each
+// Linear is rebuilt as e4m3 codes times a power-of-two scale per 128 x 128 block (64 x 64 here, the
+// config's weight_block_size), and the bf16 weights of the same values serve the same trace bit for bit.
+TEST(V4Block, Fp8WeightsEqualTheirDequantisedValues) {
+  DeepseekV4Config c = small_config();
+  c.fp8_weights = true;
+  c.weight_block_rows = c.weight_block_cols = 64;
+  const Weights w(c);
+  std::vector<Tensor> keep;
+  DeepseekV4Weights q = w.w, d = w.w;
+  for (auto [dst, deq] : {std::pair{&q.q_a_proj, &d.q_a_proj}, {&q.q_b_proj, &d.q_b_proj}, {&q.kv_proj, &d.kv_proj},
+                          {&q.o_a_proj, &d.o_a_proj}, {&q.o_b_proj, &d.o_b_proj}}) {
+    const int64_t rows = dst->weight.shape[0], cols = dst->weight.shape[1], br = (rows + 63) / 64, bc = (cols + 63) / 64;
+    Tensor codes = Tensor::empty({rows, cols}, DType::fp8_e4m3), scale = Tensor::empty({br, bc}, DType::f32),
+           exact = Tensor::empty({rows, cols}, DType::bf16);
+    for (int64_t i = 0; i < br * bc; ++i)
+      static_cast<float*>(scale.data())[i] = std::ldexp(1.0f, static_cast<int>(i % 5) - 9);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const float sc = static_cast<float*>(scale.data())[(i / 64) * bc + j / 64];
+        const uint8_t code = num::float_to_e4m3(static_cast<float>(test::uniform(-448, 448)));
+        static_cast<uint8_t*>(codes.data())[i * cols + j] = code;
+        num::store(exact.view().ptr_at({i, j}), DType::bf16, static_cast<double>(num::e4m3_to_float(code)) * sc);
+      }
+    dst->weight = codes.view();
+    dst->weight_scale_inv = scale.view();
+    deq->weight = exact.view();
+    keep.insert(keep.end(), {codes, scale, exact});
+  }
+  const Trace tr(c, 4, 3);
+  for (const DType dt : {DType::f64, DType::bf16}) {
+    const CacheFormat f = dt == DType::f64 ? CacheFormat::f64 : CacheFormat::bf16;
+    const Precision p = dt == DType::f64 ? Precision::reference : Precision::fast;
+    const std::vector<double> a = tr.serve(DeepseekV4Attention(c, 1, q, opts(dt, f, f)), p);
+    const std::vector<double> b = tr.serve(DeepseekV4Attention(c, 1, d, opts(dt, f, f)), p);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0) << to_string(dt);
+  }
+  // A scale tensor of the wrong shape is refused, naming the weight.
+  DeepseekV4Weights bad = q;
+  bad.kv_proj.weight_scale_inv = q.q_a_proj.weight_scale_inv;
+  expect_refused([&] { DeepseekV4Attention(c, 1, bad, opts(DType::bf16, CacheFormat::bf16, CacheFormat::bf16)); },
+                 "kv_proj: weight_scale_inv");
 }
 
 // The inverse rotation on its own: apply_rope with the negated table undoes apply_rope (the block's
