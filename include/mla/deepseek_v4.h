@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // DeepseekV4Attention: the whole DeepSeek-V4 / V4.1 attention block of one layer, from hidden states to
-// the o_b_proj output (docs/SEMANTICS.md §17, docs/BLOCK.md "DeepSeek-V4"):
+// the o_b_proj output (docs/SEMANTICS.md §17):
 //   q path   q_a_proj -> RMSNorm(q_a_norm) -> q_b_proj -> [h, 512] -> unweighted RMSNorm per head (V4 only)
 //            -> RoPE on the trailing 64 columns of each head
 //   kv path  kv_proj -> RMSNorm(kv_norm) -> [512] -> RoPE on the trailing 64 columns: one row, K = V
@@ -23,7 +23,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "mla/cache.h"
@@ -49,7 +48,8 @@ struct DeepseekV4Weights {
 struct DeepseekV4Options {
   int tp = 1, rank = 0;
   CacheFormat cache_format = CacheFormat::bf16;        // the main (sliding-window) cache
-  CacheFormat extra_cache_format = CacheFormat::bf16;  // the compressed cache
+  CacheFormat extra_cache_format = CacheFormat::bf16;  // the compressed cache: the main one's format, or
+                                                       // both V4 records (V4.1: v41 window + v41_fp4)
   Device device = Device::cpu();
   DType dtype = DType::bf16;  // activations and weights: bf16, f32 or f64
 };
