@@ -247,8 +247,10 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
       detail::check_ndim(a.extra_kv, 2, op, "extra_kv [N_e, head_dim]");
       detail::check_size(a.extra_kv, 1, D, op, "extra_kv [N_e, head_dim]");
       detail::check_device(a.extra_kv, Device::cpu(), op, "extra_kv [N_e, head_dim]");
-      MLA_CHECK(is_floating(a.extra_kv.dtype) && a.extra_kv.dtype != DType::fp8_e4m3,
-                "{}: extra_kv must be a float tensor (bf16, f32 or f64), got {}", op, a.extra_kv.describe());
+      MLA_CHECK(is_floating(a.extra_kv.dtype) && a.extra_kv.dtype != DType::fp8_e4m3 &&
+                    (a.extra_kv.size(0) == 0 || a.extra_kv.stride[1] == 1),
+                "{}: extra_kv must be a float tensor (bf16, f32 or f64) with unit inner stride, got {}", op,
+                a.extra_kv.describe());
       check_index_vector(a.extra_slot_mapping, a.extra_kv.size(0), op, "extra_slot_mapping [N_e]");
       check_slots(a.extra_slot_mapping, extra, op, "extra_slot_mapping");
     }

@@ -311,6 +311,12 @@ TEST(V4Block, RefusesBadConfigurationsAndArguments) {
   refused([&] { auto a = args(); a.extra_topk = TensorView{}; step(blk, a); }, "extra_topk");
   refused([&] { auto a = args(); a.extra_slot_mapping = TensorView{}; step(blk, a); }, "come together");
   refused([&] { step(sliding, args()); }, "sliding window only");
+  const Tensor ekv_wide = test::random_tensor({1, 1024}, DType::f64);
+  refused([&] {
+    auto a = args();
+    a.extra_kv = ekv_wide.view().reshape({1, 512, 2}).select(2, 0);
+    step(blk, a);
+  }, "unit inner stride");
   refused([&] { auto a = args(); a.out = x.view(); step(blk, a); }, "out overlaps hidden");
   refused([&] {
     auto a = args();
