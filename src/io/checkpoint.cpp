@@ -124,6 +124,28 @@ struct Fields {
   }
 };
 
+// A rope parameters object: its type ("default" or "yarn", under "type" or "rope_type") and, for yarn,
+// factor (required), original_max_position_embeddings and beta_fast / beta_slow. Returns whether it
+// is yarn; `r`'s prefix names it in errors, `model` in the unsupported-type message.
+bool read_yarn(const Fields& r, const std::string& what, const char* model, double& factor, int64_t& orig,
+               double& beta_fast, double& beta_slow) {
+  std::string type = "default";
+  for (const char* key : {"type", "rope_type"})
+    if (const auto* t = r.get(key)) {
+      MLA_CHECK(t->is_string(), "{}: \"{}{}\" must be a string", what, r.prefix, key);
+      type = t->get<std::string>();
+    }
+  MLA_CHECK(type == "yarn" || type == "default", "{}: {}type '{}' is not supported ({} uses 'yarn')", what, r.prefix,
+            type, model);
+  if (type != "yarn") return false;
+  factor = r.number("factor", 0.0);
+  MLA_CHECK(factor > 0, "{}: \"{}factor\" is required for yarn", what, r.prefix);
+  orig = r.integer("original_max_position_embeddings", static_cast<int>(orig));
+  beta_fast = r.number("beta_fast", 32.0);
+  beta_slow = r.number("beta_slow", 1.0);
+  return true;
+}
+
 // quantization_config: fp8 (e4m3) weights with block scales of weight_block_size.
 void read_fp8_quantization(const Fields& f, const std::string& what, bool& fp8, int& block_rows, int& block_cols) {
   if (const auto* q = f.get("quantization_config")) {
@@ -184,21 +206,9 @@ DeepseekConfig DeepseekConfig::from_json(std::string_view text, const std::strin
     MLA_CHECK(rs->is_object(), "{}: \"rope_scaling\" must be an object or null", what);
     const Fields r{*rs, what, "rope_scaling."};
     c.rope_theta = r.number("rope_theta", c.rope_theta);
-    std::string type = "default";
-    for (const char* key : {"type", "rope_type"})
-      if (const auto* t = r.get(key)) {
-        MLA_CHECK(t->is_string(), "{}: \"rope_scaling.{}\" must be a string", what, key);
-        type = t->get<std::string>();
-      }
-    MLA_CHECK(type == "yarn" || type == "default",
-              "{}: rope_scaling type '{}' is not supported (DeepSeek checkpoints use 'yarn')", what, type);
-    if (type == "yarn") {
+    if (read_yarn(r, what, "DeepSeek", c.yarn_factor, c.yarn_original_max_position_embeddings, c.yarn_beta_fast,
+                  c.yarn_beta_slow)) {
       c.has_yarn = true;
-      c.yarn_factor = r.number("factor", 0.0);
-      MLA_CHECK(c.yarn_factor > 0, "{}: \"rope_scaling.factor\" is required for yarn", what);
-      c.yarn_original_max_position_embeddings = r.integer("original_max_position_embeddings", 4096);
-      c.yarn_beta_fast = r.number("beta_fast", 32.0);
-      c.yarn_beta_slow = r.number("beta_slow", 1.0);
       c.yarn_mscale = r.number("mscale", 1.0, false);
       c.yarn_mscale_all_dim = r.number("mscale_all_dim", 0.0, false);
     }
@@ -353,22 +363,10 @@ DeepseekV4Config DeepseekV4Config::from_json(std::string_view text, const std::s
       yarn = &*cm;
       c.compress_rope_theta = Fields{*cm, what, "rope_parameters.compress."}.number("rope_theta", c.compress_rope_theta);
     }
-    const Fields r{*yarn, what, "rope_parameters."};
-    std::string type = "default";
-    for (const char* key : {"type", "rope_type"})
-      if (const auto* t = r.get(key)) {
-        MLA_CHECK(t->is_string(), "{}: \"rope_parameters.{}\" must be a string", what, key);
-        type = t->get<std::string>();
-      }
-    MLA_CHECK(type == "yarn" || type == "default",
-              "{}: rope type '{}' of the compressed layers is not supported (DeepSeek-V4 uses 'yarn')", what, type);
-    if (type == "yarn") {
+    const Fields r{*yarn, what, yarn == rs ? "rope_parameters." : "rope_parameters.compress."};
+    if (read_yarn(r, what, "DeepSeek-V4", c.yarn_factor, c.yarn_original_max_position_embeddings, c.yarn_beta_fast,
+                  c.yarn_beta_slow)) {
       c.compress_yarn = true;
-      c.yarn_factor = r.number("factor", 0.0);
-      MLA_CHECK(c.yarn_factor > 0, "{}: \"rope_parameters.factor\" is required for yarn", what);
-      c.yarn_original_max_position_embeddings = r.integer("original_max_position_embeddings", 65536);
-      c.yarn_beta_fast = r.number("beta_fast", 32.0);
-      c.yarn_beta_slow = r.number("beta_slow", 1.0);
       // transformers scales V4's cos / sin by nothing (attention_factor 1.0); another value is not V4.
       if (const auto* a = r.get("attention_factor"))
         MLA_CHECK(a->is_number() && a->get<double>() == 1.0,
