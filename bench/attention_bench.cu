@@ -2,7 +2,8 @@
 // Attention benchmarks (DESIGN.md §6 formulas):
 //   mqa_decode:  default: b in {64, 128} requests x s_k 4096 keys, s_q 1, h in {16, 128}, page 64, bf16
 //                and fp8_ds_mla caches; or one shape from the command line (--b --s-q --h-q --s-k --page
-//                --format --varlen --sequential-pages); or a named grid (--grid issue7). Split-KV workspace
+//                --format --varlen --sequential-pages); or a named grid (--grid issue7; --grid issue48: issue 48's
+//                small steps, graph-replayed, each beside the issue's target time). Split-KV workspace
 //                as sized by mqa_decode_workspace_bytes. FLOPs = 2*h*s_q*sum(seq_lens)*(576+512);
 //                bytes = sum(seq_lens)*row_bytes (cache rows once) + q + out
 //   mha_prefill: default: causal self-attention (b x s tokens, s_q = s_k = s) and a non-causal context
@@ -18,7 +19,8 @@
 //                2048, T 1 / 4 / 16 / 64 at h 16 / 32, bf16 rows, the sparse prefill shapes; --grid v4:
 //                DeepSeek-V4's decode shape, d_qk 512 K = V, a 128-row window cache + an extra (compressed)
 //                cache of top 512 / 1024 rows at page 64,
-//                a per-head sink, h 16 / 64 / 128, bf16 and fp8). FLOPs = 2*T*h*keys*(d_qk+d_v) with
+//                a per-head sink, h 16 / 64 / 128, bf16 and fp8; --grid issue48: fp8_ds_mla T 1 / 8 at h 16 and
+//                T 8 at h 64, graph-replayed, beside issue 48's targets). FLOPs = 2*T*h*keys*(d_qk+d_v) with
 //                keys = topk (+ extra_topk); bytes = distinct rows * row_bytes + q + out
 #include <algorithm>
 #include <cmath>
@@ -153,12 +155,6 @@ void trace_decode_calls(BenchContext& ctx, const std::function<void()>& call) {
   print_decode_trace("cold, after the L2 flush", st);
 }
 
-// The named grids (--grid): each belongs to one op; the other ops run their default rows under it.
-void check_grid_name(const std::string& grid) {
-  if (!grid.empty() && grid != "issue7" && grid != "issue8" && grid != "issue9" && grid != "v4")
-    throw Error("mla bench: unknown grid '" + grid + "' (known: issue7, issue8, issue9, v4)");
-}
-
 // One mqa_decode shape: b requests of `s_k` keys (varlen: uniform in [1, s_k], seeded), s_q queries,
 // h heads, every request's pages scattered over one cache (sequential: request i's pages are i * pages ..,
 // as FlashMLA's benchmark builds its block tables). flashmla_us > 0 is printed beside the row.
@@ -170,7 +166,25 @@ struct DecodeCase {
   int splits = 0;  // 0: the planner's default
   bool sequential = false;
   bool batch_invariant = false;  // the batch-invariant mode (mla/ops.h): exactly `splits` (or the full-batch policy)
+  double target_us = 0;          // > 0: a target time printed beside the row (issue 48's "done when")
+  bool graph = false;            // timed graph-replayed (BenchContext::time_graph_ms)
 };
+
+// " target 10 us (x1.83)" after a row's config: the measured time over the target.
+std::string target_note(double target_us, double ms) {
+  if (target_us <= 0) return {};
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), " target %.0f us (x%.2f)", target_us, ms * 1e3 / target_us);
+  return buf;
+}
+
+// time_ms, or time_graph_ms when `graph`; `label` gets " graph" or the eager fallback's note.
+double time_call(BenchContext& ctx, bool graph, const std::function<void()>& call, std::string& label) {
+  if (!graph) return ctx.time_ms(call);
+  const BenchContext::GraphTiming t = ctx.time_graph_ms(call);
+  label = " " + t.label();
+  return t.ms;
+}
 
 // Each case, then (when `twin`) the same case in the batch-invariant mode right after it: the mode's cost in one run.
 template <class Case>
@@ -222,9 +236,12 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
     whole = sched.runs.size() == 1 && sched.runs[0].whole_requests;
   }
   double ms = 0;
+  std::string timing;
   try {
-    ms = ctx.time_ms(
-        [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, splits, whole, c.batch_invariant); });
+    ms = time_call(
+        ctx, c.graph,
+        [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, splits, whole, c.batch_invariant); },
+        timing);
   } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
     std::printf("  (skipped: %s)\n", e.what());
     return;
@@ -237,12 +254,13 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
                     (c.sequential ? " seq" : "") + " " +
                     to_string(c.format) + (c.splits ? " splits=" + std::to_string(c.splits) : ws_bytes ? " split" : "") +
                     (c.batch_invariant ? " batch-invariant splits=" + std::to_string(splits) : "") + " [" +
-                    last_variant("mqa_decode") + "]";
+                    last_variant("mqa_decode") + "]" + timing;
   if (c.flashmla_us > 0) {
     char buf[48];
     std::snprintf(buf, sizeof(buf), " FlashMLA %.0f us (x%.2f)", c.flashmla_us, ms * 1e3 / c.flashmla_us);
     cfg += buf;
   }
+  cfg += target_note(c.target_us, ms);
   ctx.report("mqa_decode", cfg, ms, bytes, flops,
              "FLOPs = 2*h*s_q*sum(seq_lens)*(576+512); bytes = sum(seq_lens)*row_bytes + q + out");
   report_gather_floor(ctx, cb.cache.data.data, slot_stride_bytes(cb.cache), cache_entry_bytes(c.format),
@@ -273,6 +291,25 @@ std::vector<DecodeCase> issue7_grid() {
   return g;
 }
 
+// Issue 48's small dense decode steps (bf16, page 64, uniform lengths), graph-replayed, each with the issue's
+// "done when" bound on nvidia-h200.
+std::vector<DecodeCase> issue48_decode_grid() {
+  struct S {
+    int64_t b, s_q, h, s_k;
+    double target_us;
+  };
+  const S shapes[] = {{4, 1, 16, 1024, 10}, {1, 1, 128, 640, 10}, {8, 1, 128, 640, 14},
+                      {1, 1, 64, 8192, 20}, {8, 1, 64, 8192, 40}, {4, 6, 16, 4096, 20}};
+  std::vector<DecodeCase> g;
+  for (const S& x : shapes) {
+    DecodeCase c{x.b, x.s_q, x.h, x.s_k, 64, CacheFormat::bf16, false, 0};
+    c.target_us = x.target_us;
+    c.graph = true;
+    g.push_back(c);
+  }
+  return g;
+}
+
 void bench_decode(BenchContext& ctx) {
   const BenchOptions::DecodeShape& d = ctx.options().decode;
   const std::string& grid = ctx.options().decode_grid;
@@ -282,6 +319,8 @@ void bench_decode(BenchContext& ctx) {
                      d.sequential_pages});
   } else if (grid == "issue7") {
     cases = issue7_grid();
+  } else if (grid == "issue48") {
+    cases = issue48_decode_grid();
   } else {
     check_grid_name(grid);  // another op's grid: the default rows here
     // Default rows: b 64 / 128 x s_k 4096, h 16 / 128, page 64, bf16 and fp8_ds_mla.
@@ -406,6 +445,8 @@ struct SparseCase {
   int d_qk = 576;
   int64_t extra_topk = 0;
   bool batch_invariant = false;  // the batch-invariant mode (SparseOptions::batch_invariant)
+  double target_us = 0;          // > 0: a target time printed beside the row (issue 48's "done when")
+  bool graph = false;            // timed graph-replayed (BenchContext::time_graph_ms)
 };
 
 void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
@@ -460,8 +501,9 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
     }
   }
   double ms = 0;
+  std::string timing;
   try {
-    ms = ctx.time_ms([&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, opts, op); });
+    ms = time_call(ctx, c.graph, [&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, opts, op); }, timing);
   } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
     std::printf("  (skipped: %s)\n", e.what());
     return;
@@ -474,12 +516,13 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
                     (v4 ? " d_qk=" + std::to_string(c.d_qk) + " sink" : "") + " h=" + std::to_string(c.h) +
                     (c.pool ? " pool=" + std::to_string(c.pool) : "") + " " + to_string(c.format) +
                     (c.batch_invariant ? " batch-invariant" : "") + " [" +
-                    last_variant("sparse_mqa") + "]";
+                    last_variant("sparse_mqa") + "]" + timing;
   if (c.flashmla_us > 0) {
     char buf[48];
     std::snprintf(buf, sizeof(buf), " FlashMLA %.0f us (x%.2f)", c.flashmla_us, ms * 1e3 / c.flashmla_us);
     cfg += buf;
   }
+  cfg += target_note(c.target_us, ms);
   ctx.report("sparse_mqa", cfg, ms, bytes, flops,
              "FLOPs = 2*T*h*(topk+extra_topk)*(d_qk+d_v); bytes = distinct rows*row_bytes + q + out");
   if (!v4 && c.t <= 1024)  // decode shapes (the prefill rows are compute-bound and mostly L2 hits)
@@ -518,6 +561,23 @@ std::vector<SparseCase> v4_grid() {
   return g;
 }
 
+// Issue 48's small sparse decode steps (fp8_ds_mla, topk 2048, every row read once), graph-replayed, each with
+// the issue's "done when" bound on nvidia-h200.
+std::vector<SparseCase> issue48_sparse_grid() {
+  struct S {
+    int64_t t, h;
+    double target_us;
+  };
+  std::vector<SparseCase> g;
+  for (const S& x : {S{1, 16, 8}, S{8, 16, 10}, S{8, 64, 20}}) {
+    SparseCase c{x.t, x.h, 2048, 0, CacheFormat::fp8_ds_mla, 0};
+    c.target_us = x.target_us;
+    c.graph = true;
+    g.push_back(c);
+  }
+  return g;
+}
+
 void bench_sparse(BenchContext& ctx) {
   const BenchOptions::DecodeShape& d = ctx.options().decode;
   const std::string& grid = ctx.options().decode_grid;
@@ -528,6 +588,8 @@ void bench_sparse(BenchContext& ctx) {
     cases = issue8_grid();
   } else if (grid == "v4") {
     cases = v4_grid();
+  } else if (grid == "issue48") {
+    cases = issue48_sparse_grid();
   } else {
     check_grid_name(grid);
     const std::vector<int64_t> tokens = ctx.quick() ? std::vector<int64_t>{64} : std::vector<int64_t>{64, 128};

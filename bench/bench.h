@@ -24,7 +24,8 @@ struct BenchOptions {
   // fields it has); decode_grid names a fixed list of shapes of one op instead ("issue7": mqa_decode,
   // issue 7's table with FlashMLA's times beside ours, small batch, varlen, other head counts, page sizes
   // and fp8 formats; "issue8": sparse_mqa, issue 8's table and more; "issue9": mha_prefill, issue 9's
-  // grid); the other ops run their default rows.
+  // grid; "issue48": issue 48's small decode steps, graph-replayed with the issue's targets, of mqa_decode,
+  // sparse_mqa and layer, each op its own rows); the other ops run their default rows.
   // Neither: the default rows.
   struct DecodeShape {
     int64_t b = 0, s_q = 1, h = 16, s_k = 4096, page = 64;
@@ -60,5 +61,8 @@ int run(const BenchOptions& options);
 
 // Names run() accepts.
 std::vector<std::string> available();
+
+// The named grids (--grid; BenchOptions::decode_grid), in every build.
+const std::vector<std::string>& grids();
 
 }  // namespace mla::bench

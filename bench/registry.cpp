@@ -33,6 +33,18 @@ void Registry::add(std::string name, std::string description, BenchFn fn) {
   entries_.push_back({std::move(name), std::move(description), std::move(fn)});
 }
 
+const std::vector<std::string>& grids() {
+  static const std::vector<std::string> names = {"issue7", "issue8", "issue9", "issue48", "v4"};
+  return names;
+}
+
+void check_grid_name(const std::string& grid) {
+  if (grid.empty() || std::find(grids().begin(), grids().end(), grid) != grids().end()) return;
+  std::string known;
+  for (const std::string& g : grids()) known += (known.empty() ? "" : ", ") + g;
+  throw Error("mla bench: unknown grid '" + grid + "' (known: " + known + ")");
+}
+
 std::vector<int32_t> random_permutation(int64_t n, uint64_t seed) {
   std::vector<int32_t> p(static_cast<std::size_t>(n));
   std::iota(p.begin(), p.end(), 0);
@@ -76,17 +88,15 @@ void BenchContext::flush_l2() {
   check(cudaMemsetAsync(flush_, 0x5a, flush_bytes_, static_cast<cudaStream_t>(stream_)), "L2 flush");
 }
 
-double BenchContext::time_ms(const std::function<void()>& launch) {
+double BenchContext::median_timed_ms(const std::function<void()>& run) {
   auto s = static_cast<cudaStream_t>(stream_);
   auto ev0 = static_cast<cudaEvent_t>(start_), ev1 = static_cast<cudaEvent_t>(stop_);
-  for (int i = 0; i < options_.warmup; ++i) launch();
-  check(cudaStreamSynchronize(s), "warm-up");
   std::vector<float> ms(static_cast<std::size_t>(std::max(1, options_.iters)));
   for (std::size_t i = 0; i < ms.size(); ++i) {
     // Writing a buffer twice the L2's size evicts the previous run's data: every timed run starts cold.
     check(cudaMemsetAsync(flush_, static_cast<int>(i & 0xff), flush_bytes_, s), "L2 flush");
     check(cudaEventRecord(ev0, s), "cudaEventRecord");
-    launch();
+    run();
     check(cudaEventRecord(ev1, s), "cudaEventRecord");
     check(cudaEventSynchronize(ev1), "timed run");
     check(cudaEventElapsedTime(&ms[i], ev0, ev1), "cudaEventElapsedTime");
@@ -94,6 +104,73 @@ double BenchContext::time_ms(const std::function<void()>& launch) {
   std::sort(ms.begin(), ms.end());
   const std::size_t n = ms.size();
   return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+}
+
+double BenchContext::time_ms(const std::function<void()>& launch) {
+  for (int i = 0; i < options_.warmup; ++i) launch();
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "warm-up");
+  return median_timed_ms(launch);
+}
+
+namespace {
+// The captured graph and its executable form, destroyed on every path out of time_graph_ms.
+struct CapturedGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CapturedGraph() = default;
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+};
+}  // namespace
+
+BenchContext::GraphTiming BenchContext::time_graph_ms(const std::function<void()>& launch) {
+  auto s = static_cast<cudaStream_t>(stream_);
+  // Eager warm-up: allocations, kernel attributes and library handles made on first use are not capturable.
+  for (int i = 0; i < std::max(1, options_.warmup); ++i) launch();
+  check(cudaStreamSynchronize(s), "warm-up");
+  GraphTiming r;
+  CapturedGraph g;
+  // Thread-local mode: a call of this thread that is unsafe during a capture (a cudaMalloc, a synchronous
+  // copy) fails the capture instead of being recorded wrongly.
+  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) {
+    r.note = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e);
+  } else {
+    try {
+      launch();
+    } catch (const std::exception& ex) {
+      r.note = std::string("the call threw during the capture: ") + ex.what();
+    }
+    e = cudaStreamEndCapture(s, &g.graph);  // ends the capture on every path, also after a throw
+    if (r.note.empty() && e != cudaSuccess) r.note = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(e);
+    if (r.note.empty() && g.graph == nullptr) r.note = "the capture recorded no graph";
+    if (r.note.empty()) {
+      e = cudaGraphInstantiate(&g.exec, g.graph, 0);
+      if (e != cudaSuccess) r.note = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e);
+    }
+  }
+  if (!r.note.empty()) {
+    cudaGetLastError();  // the failed capture's error is not sticky: clear it before timing eagerly
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t dropped = nullptr;
+      cudaStreamEndCapture(s, &dropped);
+      if (dropped) cudaGraphDestroy(dropped);
+      cudaGetLastError();
+    }
+    r.ms = time_ms(launch);
+    return r;
+  }
+  auto replay = [&] { check(cudaGraphLaunch(g.exec, s), "cudaGraphLaunch"); };
+  for (int i = 0; i < std::max(1, options_.warmup); ++i) replay();  // the first replay uploads the graph
+  check(cudaStreamSynchronize(s), "graph warm-up");
+  r.ms = median_timed_ms(replay);
+  r.graph = true;
+  return r;
 }
 
 void BenchContext::report(const std::string& op, const std::string& config, double ms, double bytes, double flops,

@@ -57,6 +57,20 @@ class BenchContext {
   // calls, then options().iters calls each timed with CUDA events, the L2 flushed (a memset of a
   // buffer twice the L2 size) before each timed call.
   double time_ms(const std::function<void()>& launch);
+  // time_ms's measurement of a graph-replayed call, the way engines run small decode steps: options().warmup
+  // eager calls (lazy initialisation is not capturable), then `launch` captured once into a CUDA graph on
+  // stream(), and the median of options().iters replays of it, each timed with CUDA events after the same L2
+  // flush (outside the timed region). A call that cannot be captured (it throws during the capture, or the
+  // capture or the instantiation fails) is timed by time_ms instead, and `note` says why; it never throws for
+  // that reason (an error of the eager warm-up propagates as in time_ms).
+  struct GraphTiming {
+    double ms = 0;
+    bool graph = false;  // true: graph replays; false: time_ms's eager timing (see note)
+    std::string note;    // why the call was not captured; empty when graph
+    // "graph", or "eager (no graph: <note>)": for a row's config.
+    std::string label() const { return graph ? "graph" : "eager (no graph: " + note + ")"; }
+  };
+  GraphTiming time_graph_ms(const std::function<void()>& launch);
   // Enqueues the L2 flush time_ms does before each timed call (a memset of twice the L2 size) on stream().
   void flush_l2();
 
@@ -72,6 +86,9 @@ class BenchContext {
   const std::vector<Row>& rows() const { return rows_; }
 
  private:
+  // The timed loop of time_ms and time_graph_ms: options().iters runs of `run`, each after an L2 flush,
+  // each timed with events; the median.
+  double median_timed_ms(const std::function<void()>& run);
   const BenchOptions& options_;
   void* stream_;
   Ceilings ceilings_;
@@ -84,6 +101,10 @@ class BenchContext {
 };
 
 using BenchFn = std::function<void(BenchContext&)>;
+
+// The named grids of --grid (bench.h BenchOptions::decode_grid); throws mla::Error naming the known ones
+// for any other non-empty name. Each op checks it before running its default rows under another op's grid.
+void check_grid_name(const std::string& grid);
 
 class Registry {
  public:
