@@ -15,6 +15,9 @@
 //                       fp8_ds_mla, h 16 (mixed-batch mode) and 128 (separate mode)
 //   layer_sparse_mixed  V3.2: 32 decodes at 4096 + a prefill of 2048 new tokens after 6144 context +
 //                       a fresh 2048-token prefill (every token top-2048, -1 padded below 2048)
+// --grid issue48 runs instead issue 48's layer decode step: layer_decode b 1 / 4 / 8, h 16, s_k 4096, bf16,
+// graph-replayed (BenchContext::time_graph_ms), each followed by the step's kernels timed alone
+// (report_standalone_kernels) and the step's ratio to their sum.
 //
 // Counts (DESIGN §6; row = one cache entry, 1152 B bf16, 576 B fp8, 656 B fp8_ds_mla):
 //   attention FLOPs  decode 2*h*s_q*s_k*(576+512); prefill h*(s^2/2)*2*(192+128) causal over its new
@@ -33,6 +36,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -66,6 +70,8 @@ struct StepSpec {
   int h = 16;
   std::vector<Req> reqs;  // decodes first, then prefills with context, then fresh prefills (BatchDesc order)
   int64_t context_workspace_rows = 0;  // dense: 0 = the planner's default
+  bool graph = false;       // the step timed graph-replayed (BenchContext::time_graph_ms)
+  bool standalone = false;  // dense decode-only: then the step's kernels timed alone and their sum
 };
 
 // What one step must compute and move, split by origin (for the detail line under each row).
@@ -231,6 +237,66 @@ class Layers {
   std::map<std::tuple<CacheFormat, bool, int, OutputQuant, KvScales>, std::unique_ptr<MlaAttention>> layers_;
 };
 
+// A dense decode-only step's kernels, each alone on bench-local tensors of the step's shapes (the cache, block
+// table and lengths are the step's), graph-replayed like the step: the cache write of the T new tokens, the
+// query absorption bmm (h, T, 128) x (h, 128, 512), mqa_decode as the plan's one decode run calls it, the V
+// up-projection bmm (h, T, 512) x (h, 512, 128). The layer's copy of the rope columns into the absorbed
+// queries (a layer-internal kernel) is not among them. Prints each time, their sum and the step's ratio to it.
+void report_standalone_kernels(BenchContext& ctx, const Plan& plan, const ForwardArgs& a, const KVCache& cache,
+                               int64_t h, double step_ms) {
+  if (plan.has_prefill() || plan.decode.runs.size() != 1) {
+    std::printf("    standalone kernels: not measured (a decode-only step of one decode run only)\n");
+    return;
+  }
+  const Device dev = Device::cuda(ctx.device());
+  const Context op = ctx.op_context();
+  const DecodeRun& r = plan.decode.runs[0];
+  const int64_t T = plan.num_tokens, b = r.req_end - r.req_begin;
+  Tensor q_nope = Tensor::empty({h, T, 128}, DType::bf16, dev), w_uk_t = Tensor::empty({h, 128, 512}, DType::bf16, dev);
+  Tensor q_abs = Tensor::empty({b, r.s_q, h, 576}, DType::bf16, dev), o_lat = Tensor::empty({b, r.s_q, h, 512}, DType::bf16, dev);
+  Tensor lat = Tensor::empty({h, T, 512}, DType::bf16, dev), w_uv = Tensor::empty({h, 512, 128}, DType::bf16, dev);
+  Tensor v_out = Tensor::empty({h, T, 128}, DType::bf16, dev), lse = Tensor::empty({b, r.s_q, h}, DType::f32, dev);
+  fill_uniform(q_nope, -1, 1, 101, ctx.stream());
+  fill_uniform(w_uk_t, -0.05, 0.05, 102, ctx.stream());
+  fill_uniform(q_abs, -1, 1, 103, ctx.stream());
+  fill_uniform(lat, -1, 1, 104, ctx.stream());
+  fill_uniform(w_uv, -0.05, 0.05, 105, ctx.stream());
+  const std::size_t ws_bytes =
+      mqa_decode_workspace_bytes(b, r.s_q, h, r.block_cols * cache.page_size(), dev, r.num_splits);
+  Tensor ws = Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(ws_bytes, 1))}, DType::u8, dev);
+  const TensorView table = a.block_table.slice(0, r.req_begin, r.req_end).slice(1, 0, r.block_cols);
+  const TensorView lens = a.seq_lens.slice(0, r.req_begin, r.req_end);
+  struct Part {
+    const char* name;
+    std::function<void()> call;
+  };
+  const std::vector<Part> parts = {
+      {"write_cache", [&] { write_cache(a.kv_c, a.k_pe, a.slot_mapping, cache, DsMlaScale::amax, op); }},
+      {"absorb bmm", [&] { bmm(q_nope, w_uk_t, lat, 1.0f, 0.0f, op); }},
+      {"mqa_decode",
+       [&] {
+         mqa_decode(q_abs, cache, table, lens, o_lat, lse, 0.0722, true, ws.view(), op, r.num_splits,
+                    r.whole_requests);
+       }},
+      {"up_proj bmm", [&] { bmm(lat, w_uv, v_out, 1.0f, 0.0f, op); }},
+  };
+  double sum = 0;
+  std::string line;
+  for (const Part& p : parts) {
+    const BenchContext::GraphTiming t = ctx.time_graph_ms(p.call);
+    sum += t.ms;
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "%s%s %.2f us%s", line.empty() ? "" : " + ", p.name, t.ms * 1e3,
+                  t.graph ? "" : " (eager)");
+    line += buf;
+    if (!t.graph) std::printf("    (%s: %s)\n", p.name, t.label().c_str());
+  }
+  std::printf("    standalone kernels, graph-replayed: %s = %.2f us; the step is x%.2f of their sum (issue 48: <= 1.3 "
+              "at b 1)\n",
+              line.c_str(), sum * 1e3, sum > 0 ? step_ms / sum : 0.0);
+  std::fflush(stdout);
+}
+
 void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuant quant) {
   const Device dev = Device::cuda(ctx.device());
   const PlannerConfig pc = config_for(s, dev);
@@ -356,10 +422,19 @@ void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuant 
   Tensor meta = Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(staging.size(), 16))}, DType::u8, dev);
   a.metadata = meta;
   const Context op = ctx.op_context();
-  const double ms = ctx.time_ms([&] {
+  auto step = [&] {
     upload_step_metadata(plan, staging.view(), meta, op);
     layer.forward(plan, a, cb.cache, ws.view(), op);
-  });
+  };
+  std::string timing;
+  double ms = 0;
+  if (s.graph) {
+    const BenchContext::GraphTiming t = ctx.time_graph_ms(step);
+    ms = t.ms;
+    timing = " " + t.label();
+  } else {
+    ms = ctx.time_ms(step);
+  }
 
   // The same step again with the layer's phase marks: per-phase medians (the marks add host work only).
   PhaseTimer phases(ctx.stream(), ctx.options().warmup);
@@ -374,6 +449,7 @@ void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuant 
   std::string label = s.label + " h=" + std::to_string(h) + " " + to_string(s.format);
   if (quant != OutputQuant::none) label += std::string(" out=") + to_string(quant);
   if (kv == KvScales::from_first_batch) label += " kv-scales=auto";
+  label += timing;
   if (!s.sparse && !plan.context.chunks.empty()) label += " (" + std::to_string(plan.context.chunks.size()) + " chunks)";
   if (s.sparse && s.format == CacheFormat::fp8_ds_mla) label += plan.sparse_mixed_batch ? " mixed-batch" : " separate";
   const char* formula =
@@ -392,9 +468,10 @@ void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuant 
               cost.weights / 1e6, cost.activations / 1e6, std::max(t_bytes, t_flops),
               t_bytes >= t_flops ? "bytes" : "FLOPs", ms / std::max(std::max(t_bytes, t_flops), 1e-12),
               static_cast<double>(ws_bytes) / 1e6);
-  std::printf("    phases ms (median of %d, step with marks %.4f ms):%s\n", ctx.options().iters, ms_marked,
-              phases.summary().c_str());
+  std::printf("    phases ms (median of %d%s, step with marks %.4f ms):%s\n", ctx.options().iters,
+              s.graph ? ", eager" : "", ms_marked, phases.summary().c_str());
   std::fflush(stdout);
+  if (s.standalone && quant == OutputQuant::none) report_standalone_kernels(ctx, plan, a, cb.cache, h, ms);
 }
 
 void bench_layer(BenchContext& ctx) {
@@ -412,6 +489,19 @@ void bench_layer(BenchContext& ctx) {
     if (quant != OutputQuant::none) run_step(ctx, layers, s, quant);
   };
 
+  if (ctx.options().decode_grid == "issue48") {
+    // Issue 48's layer decode step (cache write to output) at b 1 / 4 / 8, h 16, s_k 4096, bf16, graph-replayed,
+    // each followed by its kernels alone and the step's ratio to their sum.
+    for (const int64_t b : {1, 4, 8}) {
+      StepSpec s{"layer_decode", "b=" + std::to_string(b) + " s_k=4096", CacheFormat::bf16, false, 16,
+                 std::vector<Req>(static_cast<std::size_t>(b), Req{4095, 1})};
+      s.graph = true;
+      s.standalone = true;
+      run(s);
+    }
+    return;
+  }
+  check_grid_name(ctx.options().decode_grid);  // another op's grid: the default rows here
   auto decodes = [&](int64_t b) { return std::vector<Req>(static_cast<std::size_t>(b), Req{seq - 1, 1}); };
   auto mixed = [&](int64_t context) {
     std::vector<Req> r = decodes(mixed_decodes);
