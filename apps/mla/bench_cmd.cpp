@@ -87,8 +87,11 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
                   "table with FlashMLA's times, h 16/32 x topk 512/1024/2048, T 1/4/16/64 at h 16/32, bf16 rows, sparse "
                   "prefill 4096 tokens "
                   "over 8192 / 131072 rows; v4: sparse_mqa, DeepSeek-V4 decode: d_qk 512 K = V, window 128 + extra top "
-                  "512 / 1024, sink, h 16/64/128, bf16 and fp8)")
-      ->check(CLI::IsMember({"issue7", "issue8", "issue9", "v4"}));
+                  "512 / 1024, sink, h 16/64/128, bf16 and fp8; issue48: issue 48's small decode steps, each "
+                  "graph-replayed beside the issue's target time: mqa_decode bf16 b 4 s_k 1024 h 16, b 1 / 8 s_k 640 "
+                  "h 128, b 1 / 8 s_k 8192 h 64, b 4 s_q 6 s_k 4096 h 16; sparse_mqa fp8_ds_mla topk 2048 T 1 / 8 h 16, "
+                  "T 8 h 64; layer: the layer's decode step b 1 / 4 / 8 h 16 s_k 4096 bf16 and its kernels alone)")
+      ->check(CLI::IsMember(bench::grids()));
   cmd->add_option("--dcp", o.dcp, "dcp: GPUs of the decode-context-parallel group (0: every GPU)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
@@ -151,10 +154,17 @@ void check_relevance(const bench::BenchOptions& o, const std::set<std::string>& 
   if (given.count("--b") && given.count("--grid"))
     throw Error("--b and --grid both choose the rows to run: give one of them");
   if (!o.decode_grid.empty()) {
-    const std::string grid_op = o.decode_grid == "issue7" ? decode : o.decode_grid == "issue9" ? prefill : sparse;
-    if (!runs(grid_op))
-      throw Error(fmt::format("--grid {} is a list of {} rows, and --ops does not run {}", o.decode_grid, grid_op,
-                              grid_op));
+    // The ops that have rows in the grid: it applies when --ops runs at least one of them.
+    const std::vector<std::string> grid_ops = o.decode_grid == "issue7"    ? std::vector<std::string>{decode}
+                                              : o.decode_grid == "issue9"  ? std::vector<std::string>{prefill}
+                                              : o.decode_grid == "issue48" ? std::vector<std::string>{decode, sparse, "layer"}
+                                                                           : std::vector<std::string>{sparse};
+    if (!std::any_of(grid_ops.begin(), grid_ops.end(), runs)) {
+      std::string ops;
+      for (const std::string& op : grid_ops) ops += (ops.empty() ? "" : ", ") + op;
+      throw Error(fmt::format("--grid {} is a list of {} rows, and --ops does not run {}", o.decode_grid, ops,
+                              grid_ops.size() == 1 ? ops : "any of them"));
+    }
   }
 }
 
