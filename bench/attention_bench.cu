@@ -264,7 +264,7 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   ctx.report("mqa_decode", cfg, ms, bytes, flops,
              "FLOPs = 2*h*s_q*sum(seq_lens)*(576+512); bytes = sum(seq_lens)*row_bytes + q + out");
   report_gather_floor(ctx, cb.cache.data.data, slot_stride_bytes(cb.cache), cache_entry_bytes(c.format),
-                      decode_row_slots(table, lens, pages, c.page));
+                      decode_row_slots(table, lens, pages, c.page), c.graph);
   if (ctx.options().decode.trace)
     trace_decode_calls(ctx, [&] {
       mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, splits, whole, c.batch_invariant);
@@ -527,7 +527,7 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
              "FLOPs = 2*T*h*(topk+extra_topk)*(d_qk+d_v); bytes = distinct rows*row_bytes + q + out");
   if (!v4 && c.t <= 1024)  // decode shapes (the prefill rows are compute-bound and mostly L2 hits)
     report_gather_floor(ctx, cb.cache.data.data, slot_stride_bytes(cb.cache), cache_entry_bytes(c.format, c.d_qk),
-                        idx_host);
+                        idx_host, c.graph);
   if (ctx.options().decode.trace)
     trace_decode_calls(ctx, [&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, opts, op); });
 }

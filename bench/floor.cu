@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 
 #include "cuda/common/ptx/fence.cuh"
@@ -169,8 +170,8 @@ uint32_t gather_rows_xor(FloorKernel kernel, const void* base, int64_t stride_by
   return h;
 }
 
-void report_gather_floor(BenchContext& ctx, const void* base, int64_t stride_bytes, int64_t row_bytes,
-                         const std::vector<int32_t>& slots) {
+double gather_floor_ms(BenchContext& ctx, const void* base, int64_t stride_bytes, int64_t row_bytes,
+                       const std::vector<int32_t>& slots, bool graph, bool* replayed) {
   check_rows(base, stride_bytes, row_bytes);
   auto s = static_cast<cudaStream_t>(ctx.stream());
   const int64_t n = static_cast<int64_t>(slots.size());
@@ -184,11 +185,25 @@ void report_gather_floor(BenchContext& ctx, const void* base, int64_t stride_byt
   const int sms = sm_count();
   const BulkLaunch bulk = bulk_launch(false, row_bytes, sms);
   // Timed: the kernels alone; the floor is the faster of the two reading forms.
-  const double ms =
-      std::min(ctx.time_ms([&] { launch_gather(base, stride_bytes, row_bytes, d_slots, n, d_result, sms, s); }),
-               ctx.time_ms([&] { launch_bulk(bulk, base, stride_bytes, row_bytes, d_slots, n, d_result, s); }));
+  bool all_graph = graph;
+  auto time = [&](const std::function<void()>& call) {
+    if (!graph) return ctx.time_ms(call);
+    const BenchContext::GraphTiming t = ctx.time_graph_ms(call);
+    all_graph = all_graph && t.graph;
+    return t.ms;
+  };
+  const double ms = std::min(time([&] { launch_gather(base, stride_bytes, row_bytes, d_slots, n, d_result, sms, s); }),
+                             time([&] { launch_bulk(bulk, base, stride_bytes, row_bytes, d_slots, n, d_result, s); }));
+  if (replayed) *replayed = all_graph;
+  return ms;
+}
+
+void report_gather_floor(BenchContext& ctx, const void* base, int64_t stride_bytes, int64_t row_bytes,
+                         const std::vector<int32_t>& slots, bool graph) {
+  bool replayed = false;
+  const double ms = gather_floor_ms(ctx, base, stride_bytes, row_bytes, slots, graph, &replayed);
   const auto rows = std::count_if(slots.begin(), slots.end(), [](int32_t v) { return v >= 0; });
-  ctx.report_floor(ms, static_cast<double>(rows) * static_cast<double>(row_bytes));
+  ctx.report_floor(ms, static_cast<double>(rows) * static_cast<double>(row_bytes), replayed);
 }
 
 std::vector<int32_t> decode_row_slots(const std::vector<int32_t>& table, const std::vector<int32_t>& lens,

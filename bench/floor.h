@@ -25,10 +25,14 @@ constexpr int64_t kMaxFloorRowBytes = 2048;  // the bulk form's 64-row tile must
 uint32_t gather_rows_xor(FloorKernel kernel, const void* base, int64_t stride_bytes, int64_t row_bytes,
                          const int32_t* slots_dev, int64_t n, uint32_t* result_dev, void* stream);
 
-// Times gather_rows_xor over `slots` (host list, copied to the device once) in ctx's timing (median, cold L2)
-// and reports it under ctx's last row (BenchContext::report_floor).
+// The read floor of `slots` (host list, copied to the device once): both reading forms timed in ctx's timing
+// (median, cold L2; `graph`: graph-replayed, BenchContext::time_graph_ms, as a graph-replayed row is), the
+// faster one's milliseconds. `replayed` (optional): set to whether both were graph replays.
+double gather_floor_ms(BenchContext& ctx, const void* base, int64_t stride_bytes, int64_t row_bytes,
+                       const std::vector<int32_t>& slots, bool graph = false, bool* replayed = nullptr);
+// gather_floor_ms, reported under ctx's last row (BenchContext::report_floor).
 void report_gather_floor(BenchContext& ctx, const void* base, int64_t stride_bytes, int64_t row_bytes,
-                         const std::vector<int32_t>& slots);
+                         const std::vector<int32_t>& slots, bool graph = false);
 
 // The cache slots mqa_decode reads: request r's keys 0 .. lens[r] - 1 through its row of the block table
 // ([b][pages_per_request]); slot = block * page + key % page.

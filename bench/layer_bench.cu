@@ -50,6 +50,7 @@
 #include "mla/layer.h"
 #include "mla/ops.h"
 #include "mla/plan.h"
+#include "floor.h"
 #include "registry.h"
 
 namespace mla::bench {
@@ -241,9 +242,11 @@ class Layers {
 // table and lengths are the step's), graph-replayed like the step: the cache write of the T new tokens, the
 // query absorption bmm (h, T, 128) x (h, 128, 512), mqa_decode as the plan's one decode run calls it, the V
 // up-projection bmm (h, T, 512) x (h, 512, 128). The layer's copy of the rope columns into the absorbed
-// queries (a layer-internal kernel) is not among them. Prints each time, their sum and the step's ratio to it.
+// queries (a layer-internal kernel) is not among them. Prints each time, their sum and the step's ratio to it,
+// then the attention's read floor (floor.h, graph-replayed) and the sum with the attention at that floor.
 void report_standalone_kernels(BenchContext& ctx, const Plan& plan, const ForwardArgs& a, const KVCache& cache,
-                               int64_t h, double step_ms) {
+                               int64_t h, double step_ms, const std::vector<int32_t>& table_host, int64_t table_cols,
+                               const std::vector<int32_t>& lens_host) {
   if (plan.has_prefill() || plan.decode.runs.size() != 1) {
     std::printf("    standalone kernels: not measured (a decode-only step of one decode run only)\n");
     return;
@@ -281,10 +284,12 @@ void report_standalone_kernels(BenchContext& ctx, const Plan& plan, const Forwar
       {"up_proj bmm", [&] { bmm(lat, w_uv, v_out, 1.0f, 0.0f, op); }},
   };
   double sum = 0;
+  std::vector<double> parts_ms;
   std::string line;
   for (const Part& p : parts) {
     const BenchContext::GraphTiming t = ctx.time_graph_ms(p.call);
     sum += t.ms;
+    parts_ms.push_back(t.ms);
     char buf[96];
     std::snprintf(buf, sizeof(buf), "%s%s %.2f us%s", line.empty() ? "" : " + ", p.name, t.ms * 1e3,
                   t.graph ? "" : " (eager)");
@@ -294,6 +299,16 @@ void report_standalone_kernels(BenchContext& ctx, const Plan& plan, const Forwar
   std::printf("    standalone kernels, graph-replayed: %s = %.2f us; the step is x%.2f of their sum (issue 48: <= 1.3 "
               "at b 1)\n",
               line.c_str(), sum * 1e3, sum > 0 ? step_ms / sum : 0.0);
+  // mqa_decode's rows read once by the load-only floor kernels: the attention's floor in the same timing.
+  const int64_t stride = cache.data.stride_of(1) * static_cast<int64_t>(cache.data.element_size());
+  bool replayed = false;
+  const double floor_ms =
+      gather_floor_ms(ctx, cache.data.data, stride, cache_entry_bytes(cache.format, cache.d_qk, cache.d_rope),
+                      decode_row_slots(table_host, lens_host, table_cols, cache.page_size()), true, &replayed);
+  const double at_floor = sum - parts_ms[2] + floor_ms;
+  std::printf("    mqa_decode's read floor (load-only%s) %.2f us; the kernels' sum with the attention at its floor "
+              "%.2f us; the step is x%.2f of it\n",
+              replayed ? ", graph" : ", eager", floor_ms * 1e3, at_floor * 1e3, at_floor > 0 ? step_ms / at_floor : 0.0);
   std::fflush(stdout);
 }
 
@@ -471,7 +486,8 @@ void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuant 
   std::printf("    phases ms (median of %d%s, step with marks %.4f ms):%s\n", ctx.options().iters,
               s.graph ? ", eager" : "", ms_marked, phases.summary().c_str());
   std::fflush(stdout);
-  if (s.standalone && quant == OutputQuant::none) report_standalone_kernels(ctx, plan, a, cb.cache, h, ms);
+  if (s.standalone && quant == OutputQuant::none)
+    report_standalone_kernels(ctx, plan, a, cb.cache, h, ms, table, max_blocks, batch.seq_lens);
 }
 
 void bench_layer(BenchContext& ctx) {

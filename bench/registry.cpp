@@ -200,13 +200,14 @@ void BenchContext::report(const std::string& op, const std::string& config, doub
   rows_.push_back({op, config, formula, ms, bytes, flops, variant});
 }
 
-void BenchContext::report_floor(double floor_ms, double floor_bytes) {
+void BenchContext::report_floor(double floor_ms, double floor_bytes, bool graph) {
   if (rows_.empty() || floor_ms <= 0) return;
   Row& r = rows_.back();
   r.floor_ms = floor_ms;
   const double gbps = floor_bytes / (floor_ms * 1e6);
-  std::printf("    read floor of its rows (load-only kernel) %10.4f %9.1f %6.1f%%   row at %.1f%% of the floor's rate\n",
-              floor_ms, gbps, ceilings_.copy_gbps > 0 ? 100.0 * gbps / ceilings_.copy_gbps : 0.0,
+  std::printf("    read floor of its rows (%s) %10.4f %9.1f %6.1f%%   row at %.1f%% of the floor's rate\n",
+              graph ? "load-only, graph" : "load-only kernel", floor_ms, gbps,
+              ceilings_.copy_gbps > 0 ? 100.0 * gbps / ceilings_.copy_gbps : 0.0,
               r.ms > 0 ? 100.0 * floor_ms / r.ms : 0.0);
   std::fflush(stdout);
 }

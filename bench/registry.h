@@ -81,8 +81,8 @@ class BenchContext {
               const std::string& formula);
   // Attaches a read floor (floor.h: the rows the op read, `floor_bytes` of them, read by a load-only kernel,
   // same timing) to the last row and prints it under that row: its time, GB/s, % of copy and the row's share
-  // of the floor's rate (floor time / row time).
-  void report_floor(double floor_ms, double floor_bytes);
+  // of the floor's rate (floor time / row time). `graph`: the floor was timed graph-replayed (the line says so).
+  void report_floor(double floor_ms, double floor_bytes, bool graph = false);
   const std::vector<Row>& rows() const { return rows_; }
 
  private:
