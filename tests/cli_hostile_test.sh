@@ -121,6 +121,7 @@ expect_fail "--trace applies to mqa_decode only" bench --ops sparse_mqa --trace
 expect_fail "--batch-invariant applies to mqa_decode, sparse_mqa only" bench --ops mha_prefill --batch-invariant
 expect_fail "--b and --grid both choose the rows" bench --b 4 --grid issue7
 expect_fail "--grid issue9 is a list of mha_prefill rows" bench --ops mqa_decode --grid issue9
+expect_fail "--grid issue48 is a list of mqa_decode, sparse_mqa, layer rows" bench --ops mha_prefill,gemm --grid issue48
 # Parse failures in the program's voice: what was given, what is accepted, where the help is; exit 3.
 expect_fail "mla run: unknown option '--topkk' (did you mean --topk?)" run --topkk 5
 expect_fail "see \`mla run --help\`" run --topkk 5
