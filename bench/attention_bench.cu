@@ -178,14 +178,6 @@ std::string target_note(double target_us, double ms) {
   return buf;
 }
 
-// time_ms, or time_graph_ms when `graph`; `label` gets " graph" or the eager fallback's note.
-double time_call(BenchContext& ctx, bool graph, const std::function<void()>& call, std::string& label) {
-  if (!graph) return ctx.time_ms(call);
-  const BenchContext::GraphTiming t = ctx.time_graph_ms(call);
-  label = " " + t.label();
-  return t.ms;
-}
-
 // Each case, then (when `twin`) the same case in the batch-invariant mode right after it: the mode's cost in one run.
 template <class Case>
 std::vector<Case> with_batch_invariant_twins(const std::vector<Case>& cases, bool twin) {
@@ -238,10 +230,9 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   double ms = 0;
   std::string timing;
   try {
-    ms = time_call(
-        ctx, c.graph,
+    ms = ctx.time_ms(
         [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, splits, whole, c.batch_invariant); },
-        timing);
+        c.graph, timing);
   } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
     std::printf("  (skipped: %s)\n", e.what());
     return;
@@ -503,7 +494,7 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   double ms = 0;
   std::string timing;
   try {
-    ms = time_call(ctx, c.graph, [&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, opts, op); }, timing);
+    ms = ctx.time_ms([&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, opts, op); }, c.graph, timing);
   } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
     std::printf("  (skipped: %s)\n", e.what());
     return;

@@ -442,14 +442,7 @@ void run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuant 
     layer.forward(plan, a, cb.cache, ws.view(), op);
   };
   std::string timing;
-  double ms = 0;
-  if (s.graph) {
-    const BenchContext::GraphTiming t = ctx.time_graph_ms(step);
-    ms = t.ms;
-    timing = " " + t.label();
-  } else {
-    ms = ctx.time_ms(step);
-  }
+  const double ms = ctx.time_ms(step, s.graph, timing);
 
   // The same step again with the layer's phase marks: per-phase medians (the marks add host work only).
   PhaseTimer phases(ctx.stream(), ctx.options().warmup);

@@ -173,6 +173,13 @@ BenchContext::GraphTiming BenchContext::time_graph_ms(const std::function<void()
   return r;
 }
 
+double BenchContext::time_ms(const std::function<void()>& launch, bool graph, std::string& config) {
+  if (!graph) return time_ms(launch);
+  const GraphTiming t = time_graph_ms(launch);
+  config += " " + t.label();
+  return t.ms;
+}
+
 void BenchContext::report(const std::string& op, const std::string& config, double ms, double bytes, double flops,
                           const std::string& formula) {
   const std::vector<std::string> families = variant_families();

@@ -71,6 +71,8 @@ class BenchContext {
     std::string label() const { return graph ? "graph" : "eager (no graph: " + note + ")"; }
   };
   GraphTiming time_graph_ms(const std::function<void()>& launch);
+  // A row's timing by its flag: time_graph_ms when `graph` (" " + its label() appended to `config`), else time_ms.
+  double time_ms(const std::function<void()>& launch, bool graph, std::string& config);
   // Enqueues the L2 flush time_ms does before each timed call (a memset of twice the L2 size) on stream().
   void flush_l2();
 
