@@ -81,7 +81,7 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
   cmd->add_option("--splits", o.decode.splits, "mqa_decode shape: KV splits per request (0: the planner's policy)")
       ->check(int_range(0, kDecodeMaxSplits));
   cmd->add_option("--grid", o.decode_grid,
-                  "A named list of shapes of one op instead of its default rows (issue7: mqa_decode, issue 7's table "
+                  "A named list of shapes that replaces the default rows of the ops it has rows for (issue7: mqa_decode, issue 7's table "
                   "with FlashMLA's times, small batch, varlen, h 8/32/64, page sizes, fp8 formats; issue9: mha_prefill, "
                   "b 1/4 x s 1024/4096/16384 x h 16/128 causal and s_q 1024 x s_k 8192 non-causal; issue8: sparse_mqa, issue 8's "
                   "table with FlashMLA's times, h 16/32 x topk 512/1024/2048, T 1/4/16/64 at h 16/32, bf16 rows, sparse "
