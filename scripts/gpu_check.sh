@@ -183,6 +183,7 @@ print(glob.glob(os.path.join(os.path.dirname(mla.__file__), "_mla*.so"))[0])')
     t0=$SECONDS
     {
       echo "extension: $so"
+      echo "---- ldd"
       ldd "$so"
       echo "---- elf"
       cuobjdump --list-elf "$so"
@@ -191,7 +192,8 @@ print(glob.glob(os.path.join(os.path.dirname(mla.__file__), "_mla*.so"))[0])')
     } >"$LOG/wheel_archs.log" 2>&1
     sass=$(grep -oE '\.sm_[0-9]+a?\.' "$LOG/wheel_archs.log" | tr -d . | sort -u | tr '\n' ' ')
     ptx=$(grep -oE '\.(sm|compute)_[0-9]+a?\.ptx' "$LOG/wheel_archs.log" | sed -E 's/\.ptx//; s/^\.//' | sort -u | tr '\n' ' ')
-    links=$(ldd "$so" | grep -oE 'lib(cudart|cublas|cublasLt|nccl)[^ ]*' | sort -u | tr '\n' ' ')
+    links=$(sed -n '/^---- ldd$/,/^---- elf$/p' "$LOG/wheel_archs.log" | grep -oE 'lib(cudart|cublas|cublasLt|nccl)[^ ]*' |
+      sort -u | tr '\n' ' ')
     st=PASS
     grep -q 'libcudart' <<<"$links" && st=FAIL  # the runtime is linked statically
     [ "$GPUS" -gt 0 ] && ! grep -q 'sm_90a' <<<"$sass" && st=FAIL  # a GPU machine's wheel carries the Hopper kernels
