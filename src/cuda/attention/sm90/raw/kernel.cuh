@@ -202,166 +202,159 @@ __device__ __forceinline__ void whole_scores(float (&sv)[N / 2], const uint8_t* 
   }
 }
 
-// Rows: PagedRows (mqa_decode, the uniform split-KV schedule's one unit per CTA) or IndexedRows (sparse_mqa).
+// The consumer warpgroups of the kernel below (warpgroups 1 and 2; c = warpgroup - 1): one object per thread, its
+// members the thread's registers across the unit (the running maximum and sums, O^T, the rows' limits) and the
+// fixed addresses of its fragments. The phases, in the order the kernel calls them:
+//   prologue   Q from the staged rows into the permuted f16 / bf16 panels (raw/parts.cuh), the rows' state
+//   mainloop   per tile: scores (whole_scores), tile_softmax (P^T panels), pv (O^T += V^T P^T); alternate tiles per
+//              warpgroup, or the ping-pong turns (kPingPong)
+//   epilogue   tile_io.cuh small_epilogue / pingpong_epilogue (out, lse, or the cluster partial)
+// Fragments: S^T and O^T through AccFrag<N> (common/acc_frag.cuh); the kernel's key and value permutations
+// (the header's "Layouts") in key_lo / key_hi, v_off and col_of.
 template <int N, CacheFormat F, class Rows>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    decode_sm90_raw_kernel(const __grid_constant__ CUtensorMap map, const DecodeSm90Params p) {
+struct RawConsumer {
   using T = Traits;
   using L = RawTraitsFor<N, F, Rows>;
-  constexpr bool kPingPong = L::kPingPong;  // N 32, N 16 indexed: S by tile parity, P.V by value halves (header)
-  constexpr bool kDs = L::kDs;
-  using Frag = AccFrag<N>;            // S^T and O^T fragments: A rows (keys, value columns) x query rows
-  constexpr int kRows = Frag::kRows;  // query row slots per thread (common/acc_frag.cuh)
-  constexpr bool kF16V = !kDs;       // V as f16 through F2FP (fp8); fp8_ds_mla: bf16 (P times a key's scale)
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = aligned_smem(smem_raw);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
-  uint64_t* empty = full + L::kSlots;
-  MLA_DECODE_TRACE_EVENT(0, 0);
-  ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
-  const Unit u(p, !Rows::kPaged);
-  // p.cluster_merge (sparse_mqa, small T): the p.num_splits CTAs of a token are one cluster, each rank attends its
-  // share of the token's tiles and leaves its normalised rows and LSE in ring slot 0 (drained by then; N 32's rows
-  // run into slot 1, free there: ping-pong has no exchange buffer); cluster_merge.cuh merges them into out / lse
-  // between two cluster barriers that every thread of every rank passes (an empty rank too).
-  // mqa_decode (paged rows) never merges in a cluster here: its code carries none of it (kSplit false).
-  constexpr bool kSplit = !Rows::kPaged;
-  const bool merge = kSplit && p.cluster_merge;
-  float* part_o = merge ? reinterpret_cast<float*>(smem + L::kOffRing) : nullptr;
-  float* part_lse = part_o != nullptr ? part_o + N * ClusterMerge::kRowFloats : nullptr;
-  const uint32_t part_lse_off = N * ClusterMerge::kRowFloats * 4;
-  static_assert(N * ClusterMerge::kRowFloats * 4 + N * 4 <= (L::kPingPong ? 2 : 1) * L::kSlotBytes,
-                "the cluster partial fits in the ring slots the epilogue leaves free");
-  if (u.n_tiles == 0) {  // uniform over the CTA
-    if (part_o != nullptr) {  // this rank contributes LSE -inf (its O is not read) and merges its columns
-      if (threadIdx.x < N) part_lse[threadIdx.x] = -INFINITY;
-      cluster_merge_protocol(p, u, reinterpret_cast<const uint8_t*>(part_o), static_cast<int>(threadIdx.x) - 128,
-                             T::kConsumerThreads, part_lse_off);
-      return;
-    }
-    write_empty_unit(p, u, threadIdx.x, blockDim.x);
-    return;
-  }
-  uint64_t* qfull = empty + L::kSlots;
-  uint64_t* pfull = qfull + 1;  // ping-pong: [warpgroup] its latest tile's P^T (and flag, maximum) published
-  uint8_t* q_stage = smem + L::kOffRing + L::kQSlot * L::kSlotBytes;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < L::kSlots; ++s) {
-      ptx::mbar_init(&full[s], L::kFullArrivals);
-      ptx::mbar_init(&empty[s], L::kEmptyArrivals);
-    }
-    ptx::mbar_init(qfull, 128);
-    ptx::mbar_init(&pfull[0], 128);
-    ptx::mbar_init(&pfull[1], 128);
-    ptx::fence_mbarrier_init();
-  }
-  __syncthreads();
-  if (ptx::warpgroup_index() == 0) {
-    ptx::setmaxnreg_dec<L::kProducerRegs>();
-    MLA_DECODE_TRACE_EVENT(1, 0);
-    stage_q<L>(p, u, q_stage, qfull, static_cast<int>(threadIdx.x));
-    produce_raw<L, Rows>(p, u, smem, &map, ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
-    ptx::cp_async_commit();  // no lane leaves with copies in flight
-    ptx::cp_async_wait<0>();
-    MLA_DECODE_TRACE_EVENT(2, 0);
-    if (merge) cluster_merge_pass();  // the merge's two barriers (the consumers merge)
-    return;
-  }
-  ptx::setmaxnreg_inc<(504 - L::kProducerRegs) / 2>();
+  using Frag = AccFrag<N>;  // S^T and O^T fragments: A rows (keys, value columns) x query rows
+  static constexpr bool kPingPong = L::kPingPong;  // N 32, N 16 indexed: S by tile parity, P.V by value halves
+  static constexpr bool kDs = L::kDs;
+  static constexpr int kRows = Frag::kRows;  // query row slots per thread
+  static constexpr bool kF16V = !kDs;  // V as f16 through F2FP (fp8); fp8_ds_mla: bf16 (P times a key's scale)
+  static constexpr int kOBlocks = kPingPong ? 4 : 8;  // value blocks of O^T this warpgroup holds (ping-pong: 4c ..)
+  static constexpr int kGv = kOBlocks / 2;            // value groups (two blocks each) it multiplies
+  // The sparse N 16 kernel reads the rows' limits from shared memory too (with the compact epilogue its registers
+  // spilled 20 bytes into the tile loop otherwise; a sparse row's limit is its length, so only a token's last,
+  // partial tile reads them). Ping-pong (N 32) reads them there: 8 more registers spill otherwise (fp8).
+  static constexpr bool kLimsShared = kPingPong || (N == 16 && !Rows::kPaged);
 
-  const MqaRowParams& rp = p.rows;
-  const int c = ptx::warpgroup_index() - 1, ct = threadIdx.x - 128;
-  const int w = ptx::warp_idx_in_warpgroup(), lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
-  const int wg_bar = 2 + c;
-  uint8_t* sQ = smem + L::kOffQ;
-  uint8_t* sP = smem + L::kOffP + c * L::kGroups * L::kPBytes;  // P^T of the tiles this warpgroup owns
-  float* sRed = reinterpret_cast<float*>(smem + L::kOffRed) + c * 4 * N;
-  float* sML = reinterpret_cast<float*>(smem + L::kOffML);
-  int* sLim = reinterpret_cast<int*>(smem + L::kOffLim);
-  const uint64_t* sMask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask);
+  const Unit u;  // a copy: its fields stay in registers
+  uint8_t* smem;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* pfull;  // ping-pong: [warpgroup] its latest tile's P^T (and flag, maximum) published
+  int c, ct, w, lane, g8, t4, wg_bar;
+  uint8_t* sP;  // P^T of the tiles this warpgroup owns
+  float* sRed;
+  float* sML;
+  int* sLim;
+  const uint64_t* sMask;
+  uint8_t* sOver;
   // This thread's S rows: A rows rho_lo = 16 w + g8 and rho_hi = rho_lo + 8 hold keys key_lo, key_hi.
-  const int sig = 2 * (g8 & 3) + (g8 >> 2);
-  const int key_lo = 16 * w + sig, key_hi = key_lo + 8, rho_lo = 16 * w + g8, rho_hi = rho_lo + 8;
-  // V: in each 16-key block, this thread's K columns 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9 are keys kv[0..3]; its
-  // load i reads kv[i ^ (t4 & 1)] (distinct banks over the warp), so pair selectors swap their sources for odd t4.
-  const int s0 = 2 * ((2 * t4) & 3) + ((2 * t4) >> 2), s1 = 2 * ((2 * t4 + 1) & 3) + ((2 * t4 + 1) >> 2);
-  // Keys kv = (s0, s1, s0 + 8, s1 + 8): loads 2, 3 are loads 0, 1 eight rows on (an immediate offset), so two
-  // registers hold the four offsets (bytes in a slot of load i, value group 0).
-  const int v_off[2] = {((t4 & 1) ? s1 : s0) * L::kStride + 4 * (8 * w + g8),
-                        ((t4 & 1) ? s0 : s1) * L::kStride + 4 * (8 * w + g8)};
-  // bf16 V: selector b (byte b of the pair's first key, then of its second, sign-replicated halves) is v_sel +
-  // b * 0x1111; f16 V (fp8): bytes b of both keys, then bytes b + 1 of both, as one word for two F2FP (b = 0, 2),
-  // v_sel16 + b * 0x1111. One register each (the selectors of a tile are immediates off it).
-  const uint32_t v_sel = (t4 & 1) ? raw_sel(4, 0) : raw_sel(0, 4);
-  const uint32_t v_sel16 = (t4 & 1) ? (4u | 0u << 4 | 5u << 8 | 1u << 12) : (0u | 4u << 4 | 1u << 8 | 5u << 12);
-
-  uint32_t* sAmax = reinterpret_cast<uint32_t*>(smem + L::kOffAmax);
-  float* sQf = reinterpret_cast<float*>(smem + L::kOffQf);
-  uint8_t* sOver = smem + L::kOffOver;
-  if (ct < N) {
-    sLim[ct] = query_row_limit(p, u, u.row0 + ct);
-    sAmax[ct] = 0;
-  }
-  ptx::mbar_wait(qfull, 0);  // Q's rows staged in slot kQSlot (raw/parts.cuh stage_q)
-  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  q_row_amax<N>(q_stage, sAmax, ct);
-  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  store_q_permuted<N, kDs>(q_stage, sQ, sAmax, sQf, ct);
-  ptx::fence_proxy_async_smem();
-  ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
-  if (kPingPong || c == 1) ptx::mbar_arrive(&empty[L::kQSlot]);  // the staged rows are read: the slot goes to its first tile
-  MLA_DECODE_TRACE_EVENT(3, 128);
-
+  int key_lo, key_hi, rho_lo, rho_hi;
+  int v_off[2];
+  uint32_t v_sel, v_sel16;
   float m_run[kRows], l_part[kRows];
-#pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) {
-    m_run[rr] = -INFINITY;
-    l_part[rr] = 0.0f;
-  }
-  // S: Q's rows carry 2^e (q_row_exponent), undone per row with the softmax scale (and fp8's cache scale);
-  // O, fp8_ds_mla: 2^64 undoes V's 2^-120 and P's 2^56.
-  constexpr float kUndo = 0x1p64f;
-  const float scale_log2 = kDs ? rp.scale_log2 : rp.scale_log2 * p.gather.scale;
-  float sl2[kRows];
-#pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) sl2[rr] = scale_log2 * sQf[Frag::row(rr, t4)];
-  // fp8's V is f16 (exact codes) against P times 2^7: O carries 2^7 instead of 2^64.
-  const float out_scale = kDs ? kUndo : p.gather.scale * 0x1p-7f;
-  const uint64_t dQ = ptx::desc_sw128_k_major(sQ), dP = ptx::desc_sw128_k_major(sP);
-  // ping-pong: the other warpgroup's P^T buffer
-  const uint64_t dP_other = ptx::desc_sw128_k_major(smem + L::kOffP + (c ^ 1) * L::kGroups * L::kPBytes);
-  // The rows' last visible key (causal, length), in registers: off the scores' latency chain (read on tiles that
-  // are not clean only). Ping-pong (N 32) reads them from shared memory: 8 more registers spill there (fp8).
+  float sl2[kRows];  // per row: the softmax scale (log2) times 2^-e of its Q row (fp8: the cache scale too)
+  float out_scale;
+  uint64_t dQ, dP, dP_other;
   int lims[kRows];
-#pragma unroll
-  for (int rr = 0; rr < kRows; ++rr) lims[rr] = sLim[Frag::row(rr, t4)];
-  // The sparse N 16 kernel reads them there too (with the compact epilogue its registers spilled 20 bytes into the
-  // tile loop otherwise; a sparse row's limit is its length, so only a token's last, partial tile reads them).
-  constexpr bool kLimsShared = kPingPong || (N == 16 && !Rows::kPaged);
-  auto lim_of = [&](int rr) { return kLimsShared ? sLim[Frag::row(rr, t4)] : lims[rr]; };
-  // f16 V turns a NaN code into NaN, and NaN * (P = 0) is NaN: a loaded key that some valid row must not see (the
-  // causal limits of s_q > 1) would poison that row. Such tiles (`clean` false; the last one or two of a request)
-  // first turn NaN codes into 448: rows that see the key are NaN through their score already (S reads the codes
-  // as they are), the others multiply a finite value by 0. Keys past seq_len are never loaded.
-  int lim_min = 0x7fffffff;
-  for (int n = 0; n < N; ++n)
-    if (u.row0 + n < u.m_rows) lim_min = min(lim_min, sLim[n]);
+  int lim_min;
+  float o[kOBlocks][N / 2];
+
+  __device__ __forceinline__ RawConsumer(const Unit& u_, uint8_t* smem_, uint64_t* full_, uint64_t* empty_,
+                                         uint64_t* pfull_)
+      : u(u_), smem(smem_), full(full_), empty(empty_), pfull(pfull_) {}
+
+  __device__ __forceinline__ int lim_of(int rr) const { return kLimsShared ? sLim[Frag::row(rr, t4)] : lims[rr]; }
   // Every valid row sees every loaded key of the tile at k0: no per-row limit to apply (the scores), no NaN code to
   // clear (f16 V). Rows past m_rows are never written.
-  auto is_clean = [&](int k0) { return min(k0 + T::kBlockN, u.seq_len) - 1 <= lim_min; };
-  constexpr int kOBlocks = kPingPong ? 4 : 8;  // value blocks of O^T this warpgroup holds (ping-pong: 4c .. 4c + 3)
-  constexpr int kGv = kOBlocks / 2;            // value groups (two blocks each) it multiplies
-  float o[kOBlocks][N / 2];
-#pragma unroll
-  for (int mb = 0; mb < kOBlocks; ++mb)
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) o[mb][i] = 0.0f;
+  __device__ __forceinline__ bool is_clean(int k0) const { return min(k0 + T::kBlockN, u.seq_len) - 1 <= lim_min; }
+  __device__ __forceinline__ uint8_t* slot_of(int s) const { return smem + L::kOffRing + s * L::kSlotBytes; }
 
-  // ---- the softmax of a tile this warpgroup owns: sv (its scores, before the softmax scale) to P^T panels at sP
-  // (all kGroups; fp8_ds_mla times the keys' scales, read from the slot). Returns whether the tile was flagged
-  // (the exact step ran: m_run moved). Ping-pong: the other's tile's products may be in flight into O, retired
-  // before a rescale of O. `own`: the warpgroup's own tile count so far (its flags' buffer parity). ----
-  auto tile_softmax = [&](float (&sv)[N / 2], const uint8_t* slot, uint64_t mask, int k0, int own) -> bool {
+  // Q staged in ring slot kQSlot by the producers (raw/parts.cuh stage_q) into the permuted panels; the thread's
+  // fixed fragment addresses; the rows' state before the first tile.
+  __device__ __forceinline__ void prologue(const DecodeSm90Params& p, uint64_t* qfull, const uint8_t* q_stage) {
+    const MqaRowParams& rp = p.rows;
+    c = ptx::warpgroup_index() - 1;
+    ct = threadIdx.x - 128;
+    w = ptx::warp_idx_in_warpgroup();
+    lane = threadIdx.x & 31;
+    g8 = lane >> 2;
+    t4 = lane & 3;
+    wg_bar = 2 + c;
+    uint8_t* sQ = smem + L::kOffQ;
+    sP = smem + L::kOffP + c * L::kGroups * L::kPBytes;
+    sRed = reinterpret_cast<float*>(smem + L::kOffRed) + c * 4 * N;
+    sML = reinterpret_cast<float*>(smem + L::kOffML);
+    sLim = reinterpret_cast<int*>(smem + L::kOffLim);
+    sMask = reinterpret_cast<const uint64_t*>(smem + L::kOffMask);
+    const int sig = 2 * (g8 & 3) + (g8 >> 2);
+    key_lo = 16 * w + sig;
+    key_hi = key_lo + 8;
+    rho_lo = 16 * w + g8;
+    rho_hi = rho_lo + 8;
+    // V: in each 16-key block, this thread's K columns 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9 are keys kv[0..3]; its
+    // load i reads kv[i ^ (t4 & 1)] (distinct banks over the warp), so pair selectors swap their sources for odd t4.
+    const int s0 = 2 * ((2 * t4) & 3) + ((2 * t4) >> 2), s1 = 2 * ((2 * t4 + 1) & 3) + ((2 * t4 + 1) >> 2);
+    // Keys kv = (s0, s1, s0 + 8, s1 + 8): loads 2, 3 are loads 0, 1 eight rows on (an immediate offset), so two
+    // registers hold the four offsets (bytes in a slot of load i, value group 0).
+    v_off[0] = ((t4 & 1) ? s1 : s0) * L::kStride + 4 * (8 * w + g8);
+    v_off[1] = ((t4 & 1) ? s0 : s1) * L::kStride + 4 * (8 * w + g8);
+    // bf16 V: selector b (byte b of the pair's first key, then of its second, sign-replicated halves) is v_sel +
+    // b * 0x1111; f16 V (fp8): bytes b of both keys, then bytes b + 1 of both, as one word for two F2FP (b = 0, 2),
+    // v_sel16 + b * 0x1111. One register each (the selectors of a tile are immediates off it).
+    v_sel = (t4 & 1) ? raw_sel(4, 0) : raw_sel(0, 4);
+    v_sel16 = (t4 & 1) ? (4u | 0u << 4 | 5u << 8 | 1u << 12) : (0u | 4u << 4 | 1u << 8 | 5u << 12);
+
+    uint32_t* sAmax = reinterpret_cast<uint32_t*>(smem + L::kOffAmax);
+    float* sQf = reinterpret_cast<float*>(smem + L::kOffQf);
+    sOver = smem + L::kOffOver;
+    if (ct < N) {
+      sLim[ct] = query_row_limit(p, u, u.row0 + ct);
+      sAmax[ct] = 0;
+    }
+    ptx::mbar_wait(qfull, 0);  // Q's rows staged in slot kQSlot (raw/parts.cuh stage_q)
+    ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+    q_row_amax<N>(q_stage, sAmax, ct);
+    ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+    store_q_permuted<N, kDs>(q_stage, sQ, sAmax, sQf, ct);
+    ptx::fence_proxy_async_smem();
+    ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);
+    // the staged rows are read: the slot goes to its first tile
+    if (kPingPong || c == 1) ptx::mbar_arrive(&empty[L::kQSlot]);
+    MLA_DECODE_TRACE_EVENT(3, 128);
+
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      m_run[rr] = -INFINITY;
+      l_part[rr] = 0.0f;
+    }
+    // S: Q's rows carry 2^e (q_row_exponent), undone per row with the softmax scale (and fp8's cache scale);
+    // O, fp8_ds_mla: 2^64 undoes V's 2^-120 and P's 2^56.
+    constexpr float kUndo = 0x1p64f;
+    const float scale_log2 = kDs ? rp.scale_log2 : rp.scale_log2 * p.gather.scale;
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) sl2[rr] = scale_log2 * sQf[Frag::row(rr, t4)];
+    // fp8's V is f16 (exact codes) against P times 2^7: O carries 2^7 instead of 2^64.
+    out_scale = kDs ? kUndo : p.gather.scale * 0x1p-7f;
+    dQ = ptx::desc_sw128_k_major(sQ);
+    dP = ptx::desc_sw128_k_major(sP);
+    // ping-pong: the other warpgroup's P^T buffer
+    dP_other = ptx::desc_sw128_k_major(smem + L::kOffP + (c ^ 1) * L::kGroups * L::kPBytes);
+    // The rows' last visible key (causal, length), in registers: off the scores' latency chain (read on tiles that
+    // are not clean only; kLimsShared: from shared memory).
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) lims[rr] = sLim[Frag::row(rr, t4)];
+    // f16 V turns a NaN code into NaN, and NaN * (P = 0) is NaN: a loaded key that some valid row must not see (the
+    // causal limits of s_q > 1) would poison that row. Such tiles (`clean` false; the last one or two of a request)
+    // first turn NaN codes into 448: rows that see the key are NaN through their score already (S reads the codes
+    // as they are), the others multiply a finite value by 0. Keys past seq_len are never loaded.
+    lim_min = 0x7fffffff;
+    for (int n = 0; n < N; ++n)
+      if (u.row0 + n < u.m_rows) lim_min = min(lim_min, sLim[n]);
+#pragma unroll
+    for (int mb = 0; mb < kOBlocks; ++mb)
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) o[mb][i] = 0.0f;
+  }
+
+  // ---- tile_softmax: the softmax of a tile this warpgroup owns: sv (its scores, before the softmax scale) to
+  // P^T panels at sP (all kGroups; fp8_ds_mla times the keys' scales, read from the slot). Returns whether the
+  // tile was flagged (the exact step ran: m_run moved). Ping-pong: the other's tile's products may be in flight
+  // into O, retired before a rescale of O. `own`: the warpgroup's own tile count so far (its flags' buffer
+  // parity). ----
+  __device__ __forceinline__ bool tile_softmax(float (&sv)[N / 2], const uint8_t* slot, uint64_t mask, int k0,
+                                               int own) {
     // The scores leave this step relative to the running maximum: sv = s * scale - m_run (+ 7 for fp8, whose P^T is
     // f16 times 2^7: exp2 of it is the stored weight), one FFMA each; a masked score is -inf. `nb` is that shift
     // per row (-inf before the first key counts as 0 there, as the exact step's reference does).
@@ -478,12 +471,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int rr = 0; rr < kRows; ++rr) l_part[rr] += (p_lo[rr] + p_hi[rr]) * (kF16V ? 0x1p-7f : 1.0f);
     }
     return flagged;
-  };
+  }
 
-  // ---- O^T += V^T P^T for this warpgroup's value groups of the tile in slot s (P^T panels at dPb): value group
+  // ---- pv: O^T += V^T P^T for this warpgroup's value groups of the tile in slot s (P^T panels at dPb): value group
   // gv = blocks 2 gv, 2 gv + 1, one word per key and group. Releases the slot after its last load; the products
   // are left in flight (the caller retires them). ----
-  auto pv = [&](const uint8_t* slot, uint64_t dPb, bool clean, int s) {
+  __device__ __forceinline__ void pv(const uint8_t* slot, uint64_t dPb, bool clean, int s) {
     // A buffers of kJb value blocks each (one commit group), double-buffered. Ping-pong: one block per buffer,
     // as sv of the next tile is live beside O (two-block buffers there serialized the wgmmas: ptxas C7512).
     constexpr int kJb = kPingPong ? 1 : 2;
@@ -547,98 +540,171 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ptx::wgmma_commit_group();
       }
     }
-  };
-  auto retire_o = [&]() {
+  }
+
+  __device__ __forceinline__ void retire_o() {
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int mb = 0; mb < kOBlocks; ++mb) ptx::wgmma_fence_operand(o[mb]);
-  };
-  auto slot_of = [&](int s) { return smem + L::kOffRing + s * L::kSlotBytes; };
+  }
 
-  if constexpr (!kPingPong) {  // ---- alternate tiles: tile it is warpgroup it % 2's, all of it ----
-    for (int it = c; it < u.n_tiles; it += 2) {
-      const int s = it % L::kSlots;
-      const int k0 = u.key_begin + it * T::kBlockN;
-      ptx::mbar_wait(&full[s], (it / L::kSlots) & 1);
-      MLA_DECODE_TRACE_EVENT(4, 128, true);
-      const uint8_t* slot = slot_of(s);
-      float sv[N / 2];
-      whole_scores<N, L>(sv, slot + key_lo * L::kStride, slot + key_hi * L::kStride, dQ, t4);
-      tile_softmax(sv, slot, sMask[s], k0, it >> 1);
-      pv(slot, dP, is_clean(k0), s);
-      retire_o();
-    }
-  } else {
-    // ---- ping-pong: warpgroup c owns tiles t = c, c + 2, ... (S, softmax, P^T of all value groups into its
-    // buffer, published on pfull[c]); between its S(t) and its softmax of t it multiplies the other's tile t - 1
-    // (P^T from the other's buffer) by its value half, after taking over that tile's maximum when flagged. The
-    // softmaxes form a chain through the two warpgroups (tile t's reference is t - 1's maximum); each runs beside
-    // the other warpgroup's products. Buffer c is rewritten at tile t + 2 only after the other published t + 1,
-    // which it does after its products of tile t retired, and its flags / maximum likewise. ----
-    float* pub_m = sML + c * 2 * N;             // the running maximum after a flagged own tile
-    const float* other_m = sML + (c ^ 1) * 2 * N;
-    for (int t = c;; t += 2) {
-      const bool own = t < u.n_tiles, other = t >= 1 && t <= u.n_tiles;
-      if (!own && !other) break;
-      const int s = t % L::kSlots;
-      const int k0 = u.key_begin + t * T::kBlockN;
-      float sv[N / 2];
-      if (own) {
-        ptx::mbar_wait(&full[s], (t / L::kSlots) & 1);
+  // ---- the tiles of the unit; the products of the last are retired on return ----
+  __device__ __forceinline__ void mainloop() {
+    if constexpr (!kPingPong) {
+      // ---- alternate tiles: tile it is warpgroup it % 2's, all of it ----
+      for (int it = c; it < u.n_tiles; it += 2) {
+        const int s = it % L::kSlots;
+        const int k0 = u.key_begin + it * T::kBlockN;
+        ptx::mbar_wait(&full[s], (it / L::kSlots) & 1);
         MLA_DECODE_TRACE_EVENT(4, 128, true);
-        whole_scores<N, L>(sv, slot_of(s) + key_lo * L::kStride, slot_of(s) + key_hi * L::kStride, dQ, t4);
+        const uint8_t* slot = slot_of(s);
+        float sv[N / 2];
+        whole_scores<N, L>(sv, slot + key_lo * L::kStride, slot + key_hi * L::kStride, dQ, t4);
+        tile_softmax(sv, slot, sMask[s], k0, it >> 1);
+        pv(slot, dP, is_clean(k0), s);
+        retire_o();
       }
-      if (other) {  // the other warpgroup's tile r = t - 1
-        const int r = t - 1, sr = r % L::kSlots;
-        ptx::mbar_wait(&pfull[c ^ 1], (r >> 1) & 1);
-        ptx::mbar_wait(&full[sr], (r / L::kSlots) & 1);  // the slot's rows, visible to this warpgroup too
-        if (*reinterpret_cast<const uint32_t*>(sOver + 8 * ((r >> 1) & 1) + 4 * (c ^ 1)) != 0) {
-          // r moved the running maximum: this warpgroup's O half and row sums go to the new reference (the same
-          // alpha the owner applied: the same m before and after)
-          float alpha[kRows];
+    } else {
+      // ---- ping-pong: warpgroup c owns tiles t = c, c + 2, ... (S, softmax, P^T of all value groups into its
+      // buffer, published on pfull[c]); between its S(t) and its softmax of t it multiplies the other's tile t - 1
+      // (P^T from the other's buffer) by its value half, after taking over that tile's maximum when flagged. The
+      // softmaxes form a chain through the two warpgroups (tile t's reference is t - 1's maximum); each runs beside
+      // the other warpgroup's products. Buffer c is rewritten at tile t + 2 only after the other published t + 1,
+      // which it does after its products of tile t retired, and its flags / maximum likewise. ----
+      float* pub_m = sML + c * 2 * N;             // the running maximum after a flagged own tile
+      const float* other_m = sML + (c ^ 1) * 2 * N;
+      for (int t = c;; t += 2) {
+        const bool own = t < u.n_tiles, other = t >= 1 && t <= u.n_tiles;
+        if (!own && !other) break;
+        const int s = t % L::kSlots;
+        const int k0 = u.key_begin + t * T::kBlockN;
+        float sv[N / 2];
+        if (own) {
+          ptx::mbar_wait(&full[s], (t / L::kSlots) & 1);
+          MLA_DECODE_TRACE_EVENT(4, 128, true);
+          whole_scores<N, L>(sv, slot_of(s) + key_lo * L::kStride, slot_of(s) + key_hi * L::kStride, dQ, t4);
+        }
+        if (other) {  // the other warpgroup's tile r = t - 1
+          const int r = t - 1, sr = r % L::kSlots;
+          ptx::mbar_wait(&pfull[c ^ 1], (r >> 1) & 1);
+          ptx::mbar_wait(&full[sr], (r / L::kSlots) & 1);  // the slot's rows, visible to this warpgroup too
+          if (*reinterpret_cast<const uint32_t*>(sOver + 8 * ((r >> 1) & 1) + 4 * (c ^ 1)) != 0) {
+            // r moved the running maximum: this warpgroup's O half and row sums go to the new reference (the same
+            // alpha the owner applied: the same m before and after)
+            float alpha[kRows];
 #pragma unroll
-          for (int rr = 0; rr < kRows; ++rr) {
-            const float nm = other_m[Frag::row(rr, t4)];
-            alpha[rr] = nm == -INFINITY ? 1.0f : softmax::exp2_approx(m_run[rr] - nm);
-            m_run[rr] = nm;
-            l_part[rr] *= alpha[rr];
+            for (int rr = 0; rr < kRows; ++rr) {
+              const float nm = other_m[Frag::row(rr, t4)];
+              alpha[rr] = nm == -INFINITY ? 1.0f : softmax::exp2_approx(m_run[rr] - nm);
+              m_run[rr] = nm;
+              l_part[rr] *= alpha[rr];
+            }
+            small_rescale_o<N, kOBlocks>(o, alpha);
           }
-          small_rescale_o<N, kOBlocks>(o, alpha);
+          pv(slot_of(sr), dP_other, is_clean(u.key_begin + r * T::kBlockN), sr);
+          if (!own) retire_o();
         }
-        pv(slot_of(sr), dP_other, is_clean(u.key_begin + r * T::kBlockN), sr);
-        if (!own) retire_o();
-      }
-      if (own) {
-        const bool flagged = tile_softmax(sv, slot_of(s), sMask[s], k0, t >> 1);
-        if (other) retire_o();  // tile r's products: the other may rewrite its P^T once this tile is published
-        if (flagged && w == 0 && g8 == 0) {
+        if (own) {
+          const bool flagged = tile_softmax(sv, slot_of(s), sMask[s], k0, t >> 1);
+          if (other) retire_o();  // tile r's products: the other may rewrite its P^T once this tile is published
+          if (flagged && w == 0 && g8 == 0) {
 #pragma unroll
-          for (int rr = 0; rr < kRows; ++rr) pub_m[Frag::row(rr, t4)] = m_run[rr];
+            for (int rr = 0; rr < kRows; ++rr) pub_m[Frag::row(rr, t4)] = m_run[rr];
+          }
+          ptx::mbar_arrive(&pfull[c]);  // P^T (fenced for the async proxy in tile_softmax), flags, maximum
+          pv(slot_of(s), dP, is_clean(k0), s);
         }
-        ptx::mbar_arrive(&pfull[c]);  // P^T (fenced for the async proxy in tile_softmax), flags, maximum
-        pv(slot_of(s), dP, is_clean(k0), s);
+        retire_o();
       }
-      retire_o();
     }
   }
 
-  // ---- epilogue: ping-pong, each warpgroup its own columns; else kernel_small's, O staged in ring slot 1 (drained)
-  // ----
-  auto col_of = [&](int mb, int i) {  // value block mb (the kernel's permuted value rows)
-    return 128 * (mb >> 1) + 32 * w + 4 * g8 + 2 * (mb & 1) + (Frag::at_hi(i) ? 1 : 0);
-  };
-  MLA_DECODE_TRACE_EVENT(5, 128);
-  if constexpr (kPingPong) {
-    pingpong_epilogue<N>(p, u, o, m_run, l_part, reinterpret_cast<float*>(smem + L::kOffRed), out_scale, c, wg_bar,
-                      [&](int mb, int i) { return col_of(4 * c + mb, i); }, part_o, part_lse);
-  } else {
-    float* xo = reinterpret_cast<float*>(smem + L::kOffRing + L::kSlotBytes);
-    small_epilogue<N, L::kStageRows>(p, u, o, m_run, l_part, sRed, sML, xo, out_scale, c, wg_bar, col_of, part_o,
-                                   part_lse);
+  // ---- ping-pong, each warpgroup its own columns; else kernel_small's, O staged in ring slot 1 (drained) ----
+  __device__ __forceinline__ void epilogue(const DecodeSm90Params& p, float* part_o, float* part_lse) {
+    auto col_of = [&](int mb, int i) {  // value block mb (the kernel's permuted value rows)
+      return 128 * (mb >> 1) + 32 * w + 4 * g8 + 2 * (mb & 1) + (Frag::at_hi(i) ? 1 : 0);
+    };
+    if constexpr (kPingPong) {
+      pingpong_epilogue<N>(p, u, o, m_run, l_part, reinterpret_cast<float*>(smem + L::kOffRed), out_scale, c, wg_bar,
+                           [&](int mb, int i) { return col_of(4 * c + mb, i); }, part_o, part_lse);
+    } else {
+      float* xo = reinterpret_cast<float*>(smem + L::kOffRing + L::kSlotBytes);
+      small_epilogue<N, L::kStageRows>(p, u, o, m_run, l_part, sRed, sML, xo, out_scale, c, wg_bar, col_of, part_o,
+                                       part_lse);
+    }
   }
+};
+
+// Rows: PagedRows (mqa_decode, the uniform split-KV schedule's one unit per CTA) or IndexedRows (sparse_mqa).
+template <int N, CacheFormat F, class Rows>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    decode_sm90_raw_kernel(const __grid_constant__ CUtensorMap map, const DecodeSm90Params p) {
+  using T = Traits;
+  using L = RawTraitsFor<N, F, Rows>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = aligned_smem(smem_raw);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
+  uint64_t* empty = full + L::kSlots;
+  MLA_DECODE_TRACE_EVENT(0, 0);
+  ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
+  const Unit u(p, !Rows::kPaged);
+  // p.cluster_merge (sparse_mqa, small T): the p.num_splits CTAs of a token are one cluster, each rank attends its
+  // share of the token's tiles and leaves its normalised rows and LSE in ring slot 0 (drained by then; N 32's rows
+  // run into slot 1, free there: ping-pong has no exchange buffer); cluster_merge.cuh merges them into out / lse
+  // between two cluster barriers that every thread of every rank passes (an empty rank too).
+  // mqa_decode (paged rows) never merges in a cluster here: its code carries none of it (kSplit false).
+  constexpr bool kSplit = !Rows::kPaged;
+  const bool merge = kSplit && p.cluster_merge;
+  float* part_o = merge ? reinterpret_cast<float*>(smem + L::kOffRing) : nullptr;
+  float* part_lse = part_o != nullptr ? part_o + N * ClusterMerge::kRowFloats : nullptr;
+  const uint32_t part_lse_off = N * ClusterMerge::kRowFloats * 4;
+  static_assert(N * ClusterMerge::kRowFloats * 4 + N * 4 <= (L::kPingPong ? 2 : 1) * L::kSlotBytes,
+                "the cluster partial fits in the ring slots the epilogue leaves free");
+  if (u.n_tiles == 0) {  // uniform over the CTA
+    if (part_o != nullptr) {  // this rank contributes LSE -inf (its O is not read) and merges its columns
+      if (threadIdx.x < N) part_lse[threadIdx.x] = -INFINITY;
+      cluster_merge_protocol(p, u, reinterpret_cast<const uint8_t*>(part_o), static_cast<int>(threadIdx.x) - 128,
+                             T::kConsumerThreads, part_lse_off);
+      return;
+    }
+    write_empty_unit(p, u, threadIdx.x, blockDim.x);
+    return;
+  }
+  uint64_t* qfull = empty + L::kSlots;
+  uint64_t* pfull = qfull + 1;  // ping-pong: [warpgroup] its latest tile's P^T (and flag, maximum) published
+  uint8_t* q_stage = smem + L::kOffRing + L::kQSlot * L::kSlotBytes;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kSlots; ++s) {
+      ptx::mbar_init(&full[s], L::kFullArrivals);
+      ptx::mbar_init(&empty[s], L::kEmptyArrivals);
+    }
+    ptx::mbar_init(qfull, 128);
+    ptx::mbar_init(&pfull[0], 128);
+    ptx::mbar_init(&pfull[1], 128);
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (ptx::warpgroup_index() == 0) {
+    ptx::setmaxnreg_dec<L::kProducerRegs>();
+    MLA_DECODE_TRACE_EVENT(1, 0);
+    stage_q<L>(p, u, q_stage, qfull, static_cast<int>(threadIdx.x));
+    produce_raw<L, Rows>(p, u, smem, &map, ptx::warp_idx_in_warpgroup(), static_cast<int>(threadIdx.x & 31));
+    ptx::cp_async_commit();  // no lane leaves with copies in flight
+    ptx::cp_async_wait<0>();
+    MLA_DECODE_TRACE_EVENT(2, 0);
+    if (merge) cluster_merge_pass();  // the merge's two barriers (the consumers merge)
+    return;
+  }
+  ptx::setmaxnreg_inc<(504 - L::kProducerRegs) / 2>();
+  RawConsumer<N, F, Rows> cons(u, smem, full, empty, pfull);
+  cons.prologue(p, qfull, q_stage);
+  cons.mainloop();
+  MLA_DECODE_TRACE_EVENT(5, 128);
+  cons.epilogue(p, part_o, part_lse);
   MLA_DECODE_TRACE_EVENT(6, 128);
   if (part_o != nullptr) {  // the partial's ordinary stores are released by the first cluster barrier
-    cluster_merge_protocol(p, u, reinterpret_cast<const uint8_t*>(part_o), ct, T::kConsumerThreads, part_lse_off);
+    cluster_merge_protocol(p, u, reinterpret_cast<const uint8_t*>(part_o), cons.ct, T::kConsumerThreads,
+                           part_lse_off);
   }
   MLA_DECODE_TRACE_EVENT(7, 128);
 }
