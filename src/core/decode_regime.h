@@ -13,6 +13,9 @@
 //           memory and turned into wgmma operands by the consumers (exact codes).
 //   seesaw  64-row tiles (m > 32; and padded small problems where it measured faster): two consumer
 //           warpgroups splitting O by columns over a two-stage pipeline, with a key source per format.
+//   convert 64-row tiles over an fp8 per-tensor cache (mqa_decode): a whole warpgroup converts the codes exactly
+//           into a bf16 stage, an S warpgroup and a second O warpgroup consume it (asymmetric registers). Not yet
+//           preferred: runs when forced (its measurement against the seesaw decides).
 //
 // The rules:
 //   - m <= 8 / 16 / 32 takes an N 8 / 16 / 32 tile, m > 32 ceil(m / 64) seesaw tiles.
@@ -34,7 +37,7 @@
 
 namespace mla::decode_regime {
 
-enum class Kernel { small, raw, seesaw };
+enum class Kernel { small, raw, seesaw, convert };
 
 inline constexpr int kSeesawRows = 64;               // rows of a seesaw tile
 inline constexpr int64_t kRows16SeesawBatch = 16;    // mqa_decode, bf16, 9..16 rows: seesaw tile up to this batch
@@ -73,17 +76,21 @@ inline constexpr const char* supports(const Problem& p, Kernel k) {
       if (!codes) return "the raw kernel reads fp8 and fp8_ds_mla caches";
       return p.rows <= 32 ? nullptr : "the raw kernel takes at most 32 query rows per request";
     case Kernel::seesaw: return nullptr;
+    case Kernel::convert:
+      if (p.sparse || p.format != CacheFormat::fp8) return "the converter kernel reads fp8 per-tensor caches (mqa_decode)";
+      if (p.batch_invariant) return "the converter kernel is not part of the batch-invariant rule";
+      return nullptr;
   }
   return "unknown kernel";
 }
 
 // The tiling of problem p on kernel k (which supports it): N 8 / 16 / 32 tiles on the small and raw kernels, 64-row
-// tiles (padded below 64) on the seesaw kernel.
+// tiles (padded below 64) on the seesaw and converter kernels.
 inline constexpr Regime tile_for(const Problem& p, Kernel k) {
   Regime r;
   const int64_t m = p.rows < 1 ? 1 : p.rows;
   r.kernel = k;
-  r.tile_rows = k == Kernel::seesaw ? kSeesawRows : m <= 8 ? 8 : m <= 16 ? 16 : 32;
+  r.tile_rows = k == Kernel::seesaw || k == Kernel::convert ? kSeesawRows : m <= 8 ? 8 : m <= 16 ? 16 : 32;
   r.m_tiles = static_cast<int>((m + r.tile_rows - 1) / r.tile_rows);
   r.stage1_panels = k == Kernel::seesaw && !p.sparse && p.format == CacheFormat::bf16 && m > 16;
   return r;
@@ -105,7 +112,7 @@ inline constexpr Kernel preferred(const Problem& p) {
 inline constexpr Regime choose(const Problem& p) { return tile_for(p, preferred(p)); }
 
 inline constexpr const char* to_string(Kernel k) {
-  return k == Kernel::small ? "small" : k == Kernel::raw ? "raw" : "seesaw";
+  return k == Kernel::small ? "small" : k == Kernel::raw ? "raw" : k == Kernel::seesaw ? "seesaw" : "convert";
 }
 
 }  // namespace mla::decode_regime

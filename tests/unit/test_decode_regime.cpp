@@ -11,6 +11,10 @@ namespace mla {
 namespace {
 
 using decode_regime::choose;
+using decode_regime::Regime;
+using decode_regime::supports;
+using decode_regime::tile_for;
+using decode_regime::to_string;
 using decode_regime::Kernel;
 using decode_regime::Problem;
 
@@ -86,6 +90,24 @@ TEST(DecodeRegime, SparseRows) {
     EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, h)).kernel, Kernel::seesaw);
   }
   EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, 128)).m_tiles, 2);
+}
+
+// The converter kernel: fp8 per-tensor mqa_decode only, 64-row tiles, never chosen by the rule (forced only).
+TEST(DecodeRegime, ConverterKernelReadsFp8PerTensorDecodeOnly) {
+  EXPECT_EQ(supports(dense(CacheFormat::fp8, 128), Kernel::convert), nullptr);
+  EXPECT_EQ(supports(dense(CacheFormat::fp8, 8), Kernel::convert), nullptr);  // one padded tile
+  EXPECT_NE(supports(dense(CacheFormat::fp8_ds_mla, 128), Kernel::convert), nullptr);
+  EXPECT_NE(supports(dense(CacheFormat::bf16, 128), Kernel::convert), nullptr);
+  EXPECT_NE(supports(sparse(CacheFormat::fp8_ds_mla, 128), Kernel::convert), nullptr);
+  Problem inv = dense(CacheFormat::fp8, 128);
+  inv.batch_invariant = true;
+  EXPECT_NE(supports(inv, Kernel::convert), nullptr);
+  const Regime r = tile_for(dense(CacheFormat::fp8, 128), Kernel::convert);
+  EXPECT_EQ(r.tile_rows, 64);
+  EXPECT_EQ(r.m_tiles, 2);
+  EXPECT_FALSE(r.stage1_panels);
+  for (int64_t m : {1, 16, 33, 64, 128, 256}) EXPECT_NE(choose(dense(CacheFormat::fp8, m)).kernel, Kernel::convert) << m;
+  EXPECT_STREQ(to_string(Kernel::convert), "convert");
 }
 
 TEST(DecodeRegime, DegenerateRowCountsTakeTheSmallestTile) {

@@ -1,0 +1,410 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The converter kernel: mqa_decode over an fp8 per-tensor cache at 64-row tiles (h 64 = one tile per request at
+// s_q 1, h 128 = two), with a whole warpgroup converting codes and two asymmetric consumers
+// (docs/design/attention_sm90.md "The converter kernel"; the plan and its cycle model: docs/design/fp8_64row_plan.md
+// design B).
+//
+// Roles (384 threads, __launch_bounds__(384, 1), one CTA per (row tile, split, request)):
+//   warpgroup 0, the converter (112 registers): thread t owns key t % 64 of each tile and half h = t / 64 of its
+//     columns (latent panels 4h .. 4h + 3, the rope panel's chunks 4h .. 4h + 3): it loads that part of the key's
+//     576 codes into registers (18 x 16 bytes, through the block table), waits for the stage's release, writes the
+//     codes as exact bf16 (code * 2^-56, e4m3x8_exact_to_bf16: no rounding, NaN codes stay NaN) into the stage's
+//     swizzled K-major panels, fences the proxy and arrives; then loads the next tile's codes, so that their DRAM
+//     round trip runs while it waits for the next stage to be released.
+//   warpgroup 1, S (232): loads Q (64 x 576 bf16) into shared memory once per unit; per tile S = Q K^T (36 ss
+//     m64n64k16), the key mask and causal limits, the lazy maximum, P = 2^(S - ref) (bf16), O_L *= a and
+//     O_L += P V_L (rs m64n256k16 over the latent panels 0..3); P also goes into the stage's rope panel (read by
+//     S only, so free once S retired) and the rows' factors a into shared memory, for R.
+//   warpgroup 2, R (160): per tile O_R *= a and O_R += P V_R (ss: P from the rope panel, V_R = panels 4..7).
+// The cache scale and 2^56 are applied to S (before the softmax) and to O (in the epilogue): S and both products
+// read the exact codes.
+//
+// Protocol, stage s = i % 2 for tile i, parity (i / 2) & 1:
+//   full[s]   128 converter arrivals (after the tile's stores and the proxy fence). S waits it; R waits it too
+//             (already complete when R gets there: R follows S's kBarP + s).
+//   empty[s]  256 arrivals: S's threads once P V_L of the tile retired (seen when S of tile i + 1 was issued:
+//             wgmma_wait_group<1>), R's once P V_R retired. The converter waits it (parity flipped) before it
+//             writes the stage.
+//   kBarP + s S arrives after writing P and the factors of tile i into stage s; R syncs. S can reach the same id
+//             again only for tile i + 2, which needs stage s released by R first: arrivals never run ahead of syncs.
+//   kBarEnd   S arrives after publishing the row sums and references; R syncs before its epilogue.
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/common/mqa_params.h"
+#include "cuda/common/ptx/barrier.cuh"
+#include "cuda/common/ptx/fence.cuh"
+#include "cuda/common/ptx/griddep.cuh"
+#include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/setmaxnreg.cuh"
+#include "cuda/common/ptx/warpgroup.cuh"
+#include "cuda/common/ptx/wgmma.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/attention/sm90/common/pipeline.cuh"
+#include "cuda/attention/sm90/common/source.cuh"
+#include "cuda/attention/sm90/common/tile_io.cuh"
+#include "cuda/attention/sm90/convert/traits.cuh"
+#include "mla/cache_format.h"
+
+namespace mla::cuda::decode_sm90 {
+
+namespace convert {
+
+using T = Traits;
+using L = ConvertTraits;
+
+// Shared-memory views of the plan (ConvertTraits).
+struct Smem {
+  uint8_t* base;
+  __device__ __forceinline__ uint8_t* q() const { return base + L::kOffQ; }
+  __device__ __forceinline__ uint8_t* stage(int s) const { return base + L::kOffK + s * T::kTileBytes; }
+  __device__ __forceinline__ uint8_t* p_panel(int s) const { return stage(s) + 8 * T::kPanelBytes; }
+  __device__ __forceinline__ float* factors(int s) const {
+    return reinterpret_cast<float*>(base + L::kOffA) + s * T::kBlockM;
+  }
+  __device__ __forceinline__ float* sums() const { return reinterpret_cast<float*>(base + L::kOffL); }
+  __device__ __forceinline__ float* refs() const { return sums() + T::kBlockM; }
+  __device__ __forceinline__ uint32_t* mask_words(int s) const {
+    return reinterpret_cast<uint32_t*>(base + L::kOffMask) + 2 * s;
+  }
+  __device__ __forceinline__ uint64_t mask(int s) const { return reinterpret_cast<const uint64_t*>(base + L::kOffMask)[s]; }
+  __device__ __forceinline__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + L::kOffBar) + s; }
+  __device__ __forceinline__ uint64_t* empty(int s) const {
+    return reinterpret_cast<uint64_t*>(base + L::kOffBar) + L::kStages + s;
+  }
+};
+
+// A consumer thread's place in the 64 x N wgmma D fragment: warp w of its warpgroup holds rows 16w .. 16w + 15; the
+// thread rows r_lo = 16w + lane / 4 and r_hi = r_lo + 8, columns 8j + 2 t4, + 1 (j = 0 .. N / 8 - 1): d[4j], d[4j + 1]
+// on r_lo, d[4j + 2], d[4j + 3] on r_hi.
+struct Rows {
+  int t4, r_lo, r_hi;
+  __device__ __forceinline__ Rows() {
+    const int lane = threadIdx.x & 31;
+    t4 = lane & 3;
+    r_lo = 16 * ptx::warp_idx_in_warpgroup() + (lane >> 2);
+    r_hi = r_lo + 8;
+  }
+};
+
+// The wgmma descriptor's 14-bit start-address field of smem plus compile-time byte offsets (128-byte swizzle, SBO
+// 1024): K-major (LBO unused: 16) and MN-major (LBO: bytes between 64-column panels).
+struct Desc {
+  uint32_t base4;
+  __device__ __forceinline__ explicit Desc(const uint8_t* smem) : base4((ptx::smem_addr(smem) >> 4) & 0x3FFFu) {}
+  __device__ __forceinline__ uint64_t at(uint32_t off, uint32_t lbo) const {
+    return uint64_t{(1024u >> 4) | (1u << 30)} << 32 | (base4 + (off >> 4) + ((lbo >> 4) << 16));
+  }
+  __device__ __forceinline__ uint64_t k(uint32_t off) const { return at(off, 16); }
+  __device__ __forceinline__ uint64_t mn(uint32_t off) const { return at(off, T::kPanelBytes); }
+};
+
+// ---- the converter ----------------------------------------------------------------------------------------------
+
+// One tile's codes of this thread's key and column half, in registers: raw[0..15] the latent panels 4h .. 4h + 3
+// (four 16-byte chunks each), raw[16..17] the rope codes 32h .. 32h + 31.
+struct Codes {
+  uint4 raw[L::kRawChunks];
+  bool valid;
+
+  // Key j of the unit (its row through the block table); zeros and valid = false for a key that is not loaded
+  // (past the unit's range, a page outside the cache): nothing read.
+  __device__ __forceinline__ void load(const DecodeSm90Params& p, const Unit& u, int j, int half) {
+    int64_t o = 0;
+    valid = PagedRows::row_offset(p, u, j, o);
+    const uint8_t* row = p.gather.cache + (valid ? o : 0);
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      raw[i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 256 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      raw[16 + i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 512 + 32 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
+  }
+  // Into the stage as exact bf16 (code * 2^-56): raw chunk i of latent panel c becomes the panel's chunks 2i, 2i + 1
+  // of row `key`; the rope's raw chunk i becomes the rope panel's chunks 4h + 2i, + 1. A quarter warp stores eight
+  // consecutive keys at one logical chunk: eight distinct physical chunks under the swizzle (no bank conflict).
+  __device__ __forceinline__ void store(uint8_t* stage, int key, int half) const {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint8_t* panel = stage + (4 * half + c) * T::kPanelBytes;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint4 lo, hi;
+        expand_chunk<true>(raw[4 * c + i], 0.0f, lo, hi);
+        *reinterpret_cast<uint4*>(panel + swz(key, 2 * i)) = lo;
+        *reinterpret_cast<uint4*>(panel + swz(key, 2 * i + 1)) = hi;
+      }
+    }
+    uint8_t* rope = stage + 8 * T::kPanelBytes;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint4 lo, hi;
+      expand_chunk<true>(raw[16 + i], 0.0f, lo, hi);
+      *reinterpret_cast<uint4*>(rope + swz(key, 4 * half + 2 * i)) = lo;
+      *reinterpret_cast<uint4*>(rope + swz(key, 4 * half + 2 * i + 1)) = hi;
+    }
+  }
+};
+
+__device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit& u, const Smem& sm) {
+  const int t = threadIdx.x & 127, key = t & 63, half = t >> 6, lane = t & 31, warp = t >> 5;
+  Codes codes;
+  codes.load(p, u, u.key_begin + key, half);
+#pragma unroll 1
+  for (int i = 0; i < u.n_tiles; ++i) {
+    const int s = i & 1;
+    ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
+    uint8_t* stage = sm.stage(s);
+    codes.store(stage, key, half);
+    const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
+    if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
+    ptx::fence_proxy_async_smem();
+    ptx::mbar_arrive(sm.full(s));
+    if (i + 1 < u.n_tiles) codes.load(p, u, u.key_begin + (i + 1) * T::kBlockN + key, half);
+  }
+}
+
+// ---- the consumers ----------------------------------------------------------------------------------------------
+
+inline constexpr float kLazyLog2 = 8.0f;  // the lazy maximum's threshold (log2 domain; as the seesaw's)
+__device__ __forceinline__ float next_ref(float ref, float mx) { return mx > ref + kLazyLog2 ? mx : ref; }
+__device__ __forceinline__ float factor(float from, float to) {
+  return to == -INFINITY || from == to ? 1.0f : softmax::exp2_approx(from - to);
+}
+
+// O half *= f per row, skipped by the warp when every factor is 1 (the lazy maximum's common case). No product over
+// o is in flight.
+__device__ __forceinline__ void rescale(float (&o)[T::kDvHalf / 2], float f_lo, float f_hi) {
+  ptx::wgmma_scale_rows_if<T::kDvHalf>(o, __any_sync(0xffffffffu, f_lo != 1.0f || f_hi != 1.0f), f_lo, f_hi);
+}
+
+// The S warpgroup: S, the softmax, P into the stage and O_L. Returns its running references and row sums (summed
+// over the quad) for the epilogue.
+struct SRole {
+  const DecodeSm90Params& p;
+  const Unit& u;
+  const Smem& sm;
+  Rows rw;
+  int lim_lo, lim_hi;
+  float o[T::kDvHalf / 2];
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+
+  __device__ __forceinline__ SRole(const DecodeSm90Params& p_, const Unit& u_, const Smem& sm_) : p(p_), u(u_), sm(sm_) {
+    lim_lo = query_row_limit(p, u, u.row0 + rw.r_lo);
+    lim_hi = query_row_limit(p, u, u.row0 + rw.r_hi);
+#pragma unroll
+    for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
+  }
+
+  // S in the log2 domain (times softmax scale, cache scale and 2^56), keys not loaded or past a row's limit -inf;
+  // the rows' maxima.
+  __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
+    const float scale = p.rows.scale_log2 * p.gather.scale * kExactCodeFactor;
+    mx_lo = -INFINITY;
+    mx_hi = -INFINITY;
+#pragma unroll
+    for (int jj = 0; jj < T::kBlockN / 8; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kk = 8 * jj + 2 * rw.t4 + e, key = k0 + kk;
+        const bool in = (mask >> kk) & 1;
+        float& a = s[4 * jj + e];
+        float& b = s[4 * jj + 2 + e];
+        a = in && key <= lim_lo ? a * scale : -INFINITY;
+        b = in && key <= lim_hi ? b * scale : -INFINITY;
+        mx_lo = fmaxf(mx_lo, a);
+        mx_hi = fmaxf(mx_hi, b);
+      }
+    mx_lo = softmax::quad_max(mx_lo);
+    mx_hi = softmax::quad_max(mx_hi);
+  }
+
+  // P = 2^(S - base) in place and as bf16 rs A fragments (k-steps of 16 keys); this thread's row sums.
+  __device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&pa)[4][4], float base_lo, float base_hi,
+                                               float& sum_lo, float& sum_hi) const {
+    base_lo = base_lo == -INFINITY ? 0.0f : base_lo;
+    base_hi = base_hi == -INFINITY ? 0.0f : base_hi;
+    sum_lo = 0.0f;
+    sum_hi = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < T::kBlockN / 8; ++jj) {
+      s[4 * jj] = softmax::exp2_approx(s[4 * jj] - base_lo);
+      s[4 * jj + 1] = softmax::exp2_approx(s[4 * jj + 1] - base_lo);
+      s[4 * jj + 2] = softmax::exp2_approx(s[4 * jj + 2] - base_hi);
+      s[4 * jj + 3] = softmax::exp2_approx(s[4 * jj + 3] - base_hi);
+      sum_lo += s[4 * jj] + s[4 * jj + 1];
+      sum_hi += s[4 * jj + 2] + s[4 * jj + 3];
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // (e & 1): row hi; (e >> 1): keys + 8
+        pa[ks][e] = ptx::pack_bf16x2(s[i], s[i + 1]);
+      }
+  }
+
+  __device__ __forceinline__ void run() {
+    const Desc d(sm.base);
+#pragma unroll 1
+    for (int i = 0; i < u.n_tiles; ++i) {
+      const int s = i & 1, k0 = u.key_begin + i * T::kBlockN;
+      const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
+      ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
+      ptx::fence_proxy_async_smem();
+      float sc[32];
+      ptx::wgmma_fence_operand(sc);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int c = 0; c < T::kPanels; ++c)
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint32_t off = c * T::kPanelBytes + ks * 32;
+          ptx::wgmma_bf16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
+        }
+      ptx::wgmma_commit_group();
+      if (i > 0) {  // P V_L of the previous tile retired: its stage is released by this warpgroup
+        ptx::wgmma_wait_group<1>();
+        ptx::wgmma_fence_operand(o);
+        ptx::mbar_arrive(sm.empty(s ^ 1));
+      }
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand(sc);
+      float mx_lo, mx_hi;
+      mask_max(sc, sm.mask(s), k0, mx_lo, mx_hi);
+      const float n_lo = next_ref(m_lo, mx_lo), n_hi = next_ref(m_hi, mx_hi);
+      const float a_lo = factor(m_lo, n_lo), a_hi = factor(m_hi, n_hi);
+      rescale(o, a_lo, a_hi);
+      uint32_t pa[4][4];
+      float sum_lo, sum_hi;
+      exponentiate(sc, pa, n_lo, n_hi, sum_lo, sum_hi);
+      l_lo = l_lo * a_lo + sum_lo;
+      l_hi = l_hi * a_hi + sum_hi;
+      m_lo = n_lo;
+      m_hi = n_hi;
+      // P and the factors for R: P into the rope panel, which no one reads any more (S retired).
+      store_p(sm.p_panel(s), sc, 1.0f, 1.0f, rw.r_lo, rw.r_hi, rw.t4);
+      if (rw.t4 == 0) {
+        sm.factors(s)[rw.r_lo] = a_lo;
+        sm.factors(s)[rw.r_hi] = a_hi;
+      }
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_arrive(L::kBarP + s, 256);
+      // O_L += P V_L, P from registers; retired at the next tile (or after the loop).
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
+      ptx::wgmma_fence_operand(o);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        ptx::wgmma_bf16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], d.mn(stage_off + ks * 2048), true);
+      ptx::wgmma_commit_group();
+    }
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(o);
+    if (u.n_tiles > 0) ptx::mbar_arrive(sm.empty((u.n_tiles - 1) & 1));
+    l_lo = softmax::quad_sum(l_lo);
+    l_hi = softmax::quad_sum(l_hi);
+  }
+};
+
+// The R warpgroup: O_R over every tile with S's P and factors.
+struct RRole {
+  const Unit& u;
+  const Smem& sm;
+  Rows rw;
+  float o[T::kDvHalf / 2];
+
+  __device__ __forceinline__ RRole(const Unit& u_, const Smem& sm_) : u(u_), sm(sm_) {
+#pragma unroll
+    for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
+  }
+  __device__ __forceinline__ void run() {
+    const Desc d(sm.base);
+#pragma unroll 1
+    for (int i = 0; i < u.n_tiles; ++i) {
+      const int s = i & 1;
+      const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
+      ptx::named_barrier_sync(L::kBarP + s, 256);
+      ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
+      ptx::fence_proxy_async_smem();
+      rescale(o, sm.factors(s)[rw.r_lo], sm.factors(s)[rw.r_hi]);
+      ptx::wgmma_fence_operand(o);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        ptx::wgmma_bf16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
+            o, d.k(stage_off + 8 * T::kPanelBytes + ks * 32), d.mn(stage_off + 4 * T::kPanelBytes + ks * 2048), true);
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand(o);
+      ptx::mbar_arrive(sm.empty(s));
+    }
+  }
+};
+
+}  // namespace convert
+
+// The kernel (file comment). F: fp8 per-tensor (the paged rows of mqa_decode).
+template <CacheFormat F>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    decode_sm90_convert_kernel(const __grid_constant__ CUtensorMap /*unused*/, const DecodeSm90Params p) {
+  static_assert(F == CacheFormat::fp8, "fp8 per-tensor rows");
+  using L = ConvertTraits;
+  using T = Traits;
+  extern __shared__ uint8_t smem_raw[];
+  const convert::Smem sm{aligned_smem(smem_raw)};
+  ptx::launch_dependents();
+  const Unit u(p, /*gather=*/false);
+  if (u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
+    write_empty_unit(p, u, threadIdx.x, blockDim.x);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      ptx::mbar_init(sm.full(s), L::kFullArrivals);
+      ptx::mbar_init(sm.empty(s), L::kEmptyArrivals);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  const int wg = ptx::warpgroup_index();
+  if (wg == L::kConverter) {
+    ptx::setmaxnreg_dec<L::kConverterRegs>();
+    convert::converter(p, u, sm);
+    return;
+  }
+  const convert::Rows rw;
+  if (wg == L::kRWarpgroup) {
+    ptx::setmaxnreg_dec<L::kRRegs>();
+    convert::RRole r(u, sm);
+    r.run();
+    ptx::named_barrier_sync(L::kBarEnd, 256);
+    const float* sums = sm.sums();
+    const float* refs = sm.refs();
+    write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
+                    rw.t4, p.gather.scale * kExactCodeFactor);
+    return;
+  }
+  ptx::setmaxnreg_inc<L::kSRegs>();
+  // Q of the unit's rows into shared memory (zeros past the request's rows), visible to this warpgroup's wgmma.
+  load_q_panels_batched<T::kBlockM, 128>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(),
+                                         static_cast<int>(threadIdx.x & 127));
+  ptx::fence_proxy_async_smem();
+  ptx::named_barrier_sync(L::kBarQ, 128);
+  convert::SRole sr(p, u, sm);
+  sr.run();
+  if (rw.t4 == 0) {
+    sm.sums()[rw.r_lo] = sr.l_lo;
+    sm.sums()[rw.r_hi] = sr.l_hi;
+    sm.refs()[rw.r_lo] = sr.m_lo;
+    sm.refs()[rw.r_hi] = sr.m_hi;
+  }
+  ptx::named_barrier_arrive(L::kBarEnd, 256);
+  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4,
+                  p.gather.scale * kExactCodeFactor);
+}
+
+}  // namespace mla::cuda::decode_sm90
