@@ -13,9 +13,10 @@
 //           memory and turned into wgmma operands by the consumers (exact codes).
 //   seesaw  64-row tiles (m > 32; and padded small problems where it measured faster): two consumer
 //           warpgroups splitting O by columns over a two-stage pipeline, with a key source per format.
-//   convert 64-row tiles over an fp8 per-tensor cache (mqa_decode): a whole warpgroup converts the codes exactly
-//           into a bf16 stage, an S warpgroup and a second O warpgroup consume it (asymmetric registers). Not yet
-//           preferred: runs when forced (its measurement against the seesaw decides).
+//   convert 64-row tiles over the code formats (fp8 per-tensor: mqa_decode; fp8_ds_mla: mqa_decode and sparse_mqa):
+//           a whole warpgroup converts the codes exactly into a bf16 stage, an S warpgroup and a second O warpgroup
+//           consume it (asymmetric registers). Not yet preferred: runs when forced (its measurement against the
+//           seesaw decides).
 //
 // The rules:
 //   - m <= 8 / 16 / 32 takes an N 8 / 16 / 32 tile, m > 32 ceil(m / 64) seesaw tiles.
@@ -77,7 +78,7 @@ inline constexpr const char* supports(const Problem& p, Kernel k) {
       return p.rows <= 32 ? nullptr : "the raw kernel takes at most 32 query rows per request";
     case Kernel::seesaw: return nullptr;
     case Kernel::convert:
-      if (p.sparse || p.format != CacheFormat::fp8) return "the converter kernel reads fp8 per-tensor caches (mqa_decode)";
+      if (!codes) return "the converter kernel reads fp8 and fp8_ds_mla caches";
       if (p.batch_invariant) return "the converter kernel is not part of the batch-invariant rule";
       return nullptr;
   }

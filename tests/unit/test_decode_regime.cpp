@@ -92,13 +92,15 @@ TEST(DecodeRegime, SparseRows) {
   EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, 128)).m_tiles, 2);
 }
 
-// The converter kernel: fp8 per-tensor mqa_decode only, 64-row tiles, never chosen by the rule (forced only).
-TEST(DecodeRegime, ConverterKernelReadsFp8PerTensorDecodeOnly) {
+// The converter kernel: the code formats (sparse: fp8_ds_mla), 64-row tiles, never chosen by the rule (forced only).
+TEST(DecodeRegime, ConverterKernelReadsTheCodeFormats) {
   EXPECT_EQ(supports(dense(CacheFormat::fp8, 128), Kernel::convert), nullptr);
   EXPECT_EQ(supports(dense(CacheFormat::fp8, 8), Kernel::convert), nullptr);  // one padded tile
-  EXPECT_NE(supports(dense(CacheFormat::fp8_ds_mla, 128), Kernel::convert), nullptr);
+  EXPECT_EQ(supports(dense(CacheFormat::fp8_ds_mla, 128), Kernel::convert), nullptr);
+  EXPECT_EQ(supports(sparse(CacheFormat::fp8_ds_mla, 64), Kernel::convert), nullptr);
   EXPECT_NE(supports(dense(CacheFormat::bf16, 128), Kernel::convert), nullptr);
-  EXPECT_NE(supports(sparse(CacheFormat::fp8_ds_mla, 128), Kernel::convert), nullptr);
+  EXPECT_NE(supports(sparse(CacheFormat::bf16, 128), Kernel::convert), nullptr);
+  EXPECT_NE(supports(sparse(CacheFormat::fp8, 128), Kernel::convert), nullptr);
   Problem inv = dense(CacheFormat::fp8, 128);
   inv.batch_invariant = true;
   EXPECT_NE(supports(inv, Kernel::convert), nullptr);
@@ -106,7 +108,11 @@ TEST(DecodeRegime, ConverterKernelReadsFp8PerTensorDecodeOnly) {
   EXPECT_EQ(r.tile_rows, 64);
   EXPECT_EQ(r.m_tiles, 2);
   EXPECT_FALSE(r.stage1_panels);
-  for (int64_t m : {1, 16, 33, 64, 128, 256}) EXPECT_NE(choose(dense(CacheFormat::fp8, m)).kernel, Kernel::convert) << m;
+  for (int64_t m : {1, 16, 33, 64, 128, 256})
+    for (CacheFormat f : {CacheFormat::fp8, CacheFormat::fp8_ds_mla}) {
+      EXPECT_NE(choose(dense(f, m)).kernel, Kernel::convert) << m;
+      EXPECT_NE(choose(sparse(f, m)).kernel, Kernel::convert) << m;
+    }
   EXPECT_STREQ(to_string(Kernel::convert), "convert");
 }
 

@@ -209,7 +209,7 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
     }
     const bool ds = cache.format == CacheFormat::fp8_ds_mla;
     if (regime.kernel == decode_regime::Kernel::convert)
-      launch_convert_fp8_paged(p, grid, stream, what);  // supports(): fp8 per-tensor only
+      (ds ? launch_convert_ds_paged : launch_convert_fp8_paged)(p, grid, stream, what);
     else if (regime.kernel == decode_regime::Kernel::raw)
       (ds ? launch_raw_ds_paged : launch_raw_fp8_paged)(p, grid, stream, map, what);
     else

@@ -5,8 +5,8 @@
 //   sm90_small   the small kernel (small/kernel.cuh): bf16 caches, up to 32 query rows per request
 //   sm90_raw     the raw-codes kernel (raw/kernel.cuh): fp8 / fp8_ds_mla caches, up to 32 rows
 //   sm90_seesaw  the seesaw kernel (seesaw/kernel.cuh): 64-row tiles, every format
-//   sm90_convert the converter kernel (convert/kernel.cuh): 64-row tiles over fp8 per-tensor caches (mqa_decode);
-//                forced only until measured
+//   sm90_convert the converter kernel (convert/kernel.cuh): 64-row tiles over fp8 / fp8_ds_mla codes (sparse_mqa:
+//                fp8_ds_mla); forced only until measured
 // supports_*: whether the kernel can run the launch (what a forced variant may run); prefers_*: whether the host
 // rule (core/decode_regime.h) picks it, for automatic selection. Plain C++.
 #include "cuda/dispatch/families.h"
@@ -29,11 +29,14 @@ void run_convert(const dispatch::DecodeArgs& a);
 const char* supports_sparse_small(const dispatch::SparseArgs& a);
 const char* supports_sparse_raw(const dispatch::SparseArgs& a);
 const char* supports_sparse_seesaw(const dispatch::SparseArgs& a);
+const char* supports_sparse_convert(const dispatch::SparseArgs& a);
 bool prefers_sparse_small(const dispatch::SparseArgs& a);
 bool prefers_sparse_raw(const dispatch::SparseArgs& a);
 bool prefers_sparse_seesaw(const dispatch::SparseArgs& a);
+bool prefers_sparse_convert(const dispatch::SparseArgs& a);
 void run_sparse_small(const dispatch::SparseArgs& a);
 void run_sparse_raw(const dispatch::SparseArgs& a);
 void run_sparse_seesaw(const dispatch::SparseArgs& a);
+void run_sparse_convert(const dispatch::SparseArgs& a);
 
 }  // namespace mla::cuda::decode_sm90

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The converter kernel: mqa_decode over an fp8 per-tensor cache at 64-row tiles (h 64 = one tile per request at
-// s_q 1, h 128 = two), with a whole warpgroup converting codes and two asymmetric consumers
-// (docs/design/attention_sm90.md "The converter kernel"; the plan and its cycle model: docs/design/fp8_64row_plan.md
-// design B).
+// The converter kernel: mqa_decode over an fp8 per-tensor or fp8_ds_mla cache, and sparse_mqa over fp8_ds_mla records,
+// at 64-row tiles (h 64 = one tile per request or token at s_q 1, h 128 = two), with a whole warpgroup converting
+// codes and two asymmetric consumers (docs/design/attention_sm90.md "The converter kernel"; the plan and its cycle
+// model: docs/design/fp8_64row_plan.md design B).
 //
 // Roles (384 threads, __launch_bounds__(384, 1), one CTA per (row tile, split, request)):
 //   warpgroup 0, the converter (112 registers): thread t owns key t % 64 of each tile and half h = t / 64 of its
@@ -17,8 +17,11 @@
 //     O_L += P V_L (rs m64n256k16 over the latent panels 0..3); P also goes into the stage's rope panel (read by
 //     S only, so free once S retired) and the rows' factors a into shared memory, for R.
 //   warpgroup 2, R (160): per tile O_R *= a and O_R += P V_R (ss: P from the rope panel, V_R = panels 4..7).
-// The cache scale and 2^56 are applied to S (before the softmax) and to O (in the epilogue): S and both products
-// read the exact codes.
+// Every product reads the exact codes. fp8 per-tensor: the cache scale and 2^56 are applied to S (before the softmax)
+// and to O (in the epilogue). fp8_ds_mla (four groups of 128 latent columns, an fp32 scale each per key; bf16 rope):
+// S is the rope's product plus, per group g, 2^56 s_g[key] times the group's product over the codes (its own
+// accumulator, folded into S in fp32); the value products take P_g = bf16(P * 2^56 s_g[key]) per group (S: groups
+// 0, 1 from registers; R: groups 2, 3 from P stored as f16 * 2^6 in the rope panel), so O needs no scale.
 //
 // Protocol, stage s = i % 2 for tile i, parity (i / 2) & 1:
 //   full[s]   128 converter arrivals (after the tile's stores and the proxy fence). S waits it; R waits it too
@@ -30,6 +33,7 @@
 //             again only for tile i + 2, which needs stage s released by R first: arrivals never run ahead of syncs.
 //   kBarEnd   S arrives after publishing the row sums and references; R syncs before its epilogue.
 #include <cuda.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -66,6 +70,9 @@ struct Smem {
   }
   __device__ __forceinline__ float* sums() const { return reinterpret_cast<float*>(base + L::kOffL); }
   __device__ __forceinline__ float* refs() const { return sums() + T::kBlockM; }
+  __device__ __forceinline__ float* scales(int s) const {  // [4 groups][64 keys]
+    return reinterpret_cast<float*>(base + L::kOffScale) + s * 4 * T::kBlockN;
+  }
   __device__ __forceinline__ uint32_t* mask_words(int s) const {
     return reinterpret_cast<uint32_t*>(base + L::kOffMask) + 2 * s;
   }
@@ -79,9 +86,9 @@ struct Smem {
 // A consumer thread's place in the 64 x N wgmma D fragment: warp w of its warpgroup holds rows 16w .. 16w + 15; the
 // thread rows r_lo = 16w + lane / 4 and r_hi = r_lo + 8, columns 8j + 2 t4, + 1 (j = 0 .. N / 8 - 1): d[4j], d[4j + 1]
 // on r_lo, d[4j + 2], d[4j + 3] on r_hi.
-struct Rows {
+struct Frag {
   int t4, r_lo, r_hi;
-  __device__ __forceinline__ Rows() {
+  __device__ __forceinline__ Frag() {
     const int lane = threadIdx.x & 31;
     t4 = lane & 3;
     r_lo = 16 * ptx::warp_idx_in_warpgroup() + (lane >> 2);
@@ -103,66 +110,110 @@ struct Desc {
 
 // ---- the converter ----------------------------------------------------------------------------------------------
 
-// One tile's codes of this thread's key and column half, in registers: raw[0..15] the latent panels 4h .. 4h + 3
-// (four 16-byte chunks each), raw[16..17] the rope codes 32h .. 32h + 31.
-struct Codes {
-  uint4 raw[L::kRawChunks];
+// One tile's codes of this thread's key and column half, in registers. Key j of the unit is located by RowsT
+// (PagedRows: through the block table; IndexedRows: the token's index row); a key that is not loaded (past the
+// unit's range, a page or index outside the cache) gets zeros (and zero scales) and valid = false: nothing read.
+template <CacheFormat F>
+struct Codes;
+
+// fp8 per-tensor: raw[0..15] the latent panels 4h .. 4h + 3 (four 16-byte chunks each), rope[0..1] the rope codes
+// 32h .. 32h + 31.
+template <>
+struct Codes<CacheFormat::fp8> {
+  uint4 raw[L::kCodeChunks];
+  uint4 rope[2];
   bool valid;
 
-  // Key j of the unit (its row through the block table); zeros and valid = false for a key that is not loaded
-  // (past the unit's range, a page outside the cache): nothing read.
+  template <class RowsT>
   __device__ __forceinline__ void load(const DecodeSm90Params& p, const Unit& u, int j, int half) {
     int64_t o = 0;
-    valid = PagedRows::row_offset(p, u, j, o);
+    valid = RowsT::row_offset(p, u, j, o);
     const uint8_t* row = p.gather.cache + (valid ? o : 0);
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
+    for (int i = 0; i < L::kCodeChunks; ++i)
       raw[i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 256 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      raw[16 + i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 512 + 32 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
+      rope[i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 512 + 32 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
   }
-  // Into the stage as exact bf16 (code * 2^-56): raw chunk i of latent panel c becomes the panel's chunks 2i, 2i + 1
-  // of row `key`; the rope's raw chunk i becomes the rope panel's chunks 4h + 2i, + 1. A quarter warp stores eight
-  // consecutive keys at one logical chunk: eight distinct physical chunks under the swizzle (no bank conflict).
-  __device__ __forceinline__ void store(uint8_t* stage, int key, int half) const {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      uint8_t* panel = stage + (4 * half + c) * T::kPanelBytes;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint4 lo, hi;
-        expand_chunk<true>(raw[4 * c + i], 0.0f, lo, hi);
-        *reinterpret_cast<uint4*>(panel + swz(key, 2 * i)) = lo;
-        *reinterpret_cast<uint4*>(panel + swz(key, 2 * i + 1)) = hi;
-      }
-    }
-    uint8_t* rope = stage + 8 * T::kPanelBytes;
+  // The rope's raw chunk i (16 codes) becomes the rope panel's chunks 4h + 2i, + 1, exact.
+  __device__ __forceinline__ void store_rope(uint8_t* rope_panel, float*, int key, int half) const {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       uint4 lo, hi;
-      expand_chunk<true>(raw[16 + i], 0.0f, lo, hi);
-      *reinterpret_cast<uint4*>(rope + swz(key, 4 * half + 2 * i)) = lo;
-      *reinterpret_cast<uint4*>(rope + swz(key, 4 * half + 2 * i + 1)) = hi;
+      expand_chunk<true>(rope[i], 0.0f, lo, hi);
+      *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + 2 * i)) = lo;
+      *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + 2 * i + 1)) = hi;
     }
   }
 };
 
+// fp8_ds_mla (SEMANTICS 3.3: 512 codes, 4 fp32 scales at byte 512, 64 bf16 rope values at byte 528): raw[0..15] the
+// codes of groups 2h, 2h + 1; rope[0..3] the bf16 rope columns 32h .. 32h + 31 (copied as they are); scale the two
+// groups' scales.
+template <>
+struct Codes<CacheFormat::fp8_ds_mla> {
+  uint4 raw[L::kCodeChunks];
+  uint4 rope[4];
+  float2 scale;
+  bool valid;
+
+  template <class RowsT>
+  __device__ __forceinline__ void load(const DecodeSm90Params& p, const Unit& u, int j, int half) {
+    int64_t o = 0;
+    valid = RowsT::row_offset(p, u, j, o);
+    const uint8_t* row = p.gather.cache + (valid ? o : 0);
+#pragma unroll
+    for (int i = 0; i < L::kCodeChunks; ++i)
+      raw[i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 256 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      rope[i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 528 + 64 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
+    scale = valid ? __ldg(reinterpret_cast<const float2*>(row + 512) + half) : make_float2(0.0f, 0.0f);
+  }
+  __device__ __forceinline__ void store_rope(uint8_t* rope_panel, float* scales, int key, int half) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + i)) = rope[i];
+    scales[(2 * half) * T::kBlockN + key] = scale.x;
+    scales[(2 * half + 1) * T::kBlockN + key] = scale.y;
+  }
+};
+
+// Into the stage: raw chunk i of latent panel c becomes the panel's chunks 2i, 2i + 1 of row `key` as exact bf16
+// (code * 2^-56); then the rope (and fp8_ds_mla's scales). A quarter warp stores eight consecutive keys at one
+// logical chunk: eight distinct physical chunks under the swizzle (no bank conflict).
+template <CacheFormat F>
+__device__ __forceinline__ void store_codes(const Codes<F>& c, uint8_t* stage, float* scales, int key, int half) {
+#pragma unroll
+  for (int pc = 0; pc < 4; ++pc) {
+    uint8_t* panel = stage + (4 * half + pc) * T::kPanelBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint4 lo, hi;
+      expand_chunk<true>(c.raw[4 * pc + i], 0.0f, lo, hi);
+      *reinterpret_cast<uint4*>(panel + swz(key, 2 * i)) = lo;
+      *reinterpret_cast<uint4*>(panel + swz(key, 2 * i + 1)) = hi;
+    }
+  }
+  c.store_rope(stage + 8 * T::kPanelBytes, scales, key, half);
+}
+
+template <CacheFormat F, class RowsT>
 __device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit& u, const Smem& sm) {
   const int t = threadIdx.x & 127, key = t & 63, half = t >> 6, lane = t & 31, warp = t >> 5;
-  Codes codes;
-  codes.load(p, u, u.key_begin + key, half);
+  Codes<F> codes;
+  codes.template load<RowsT>(p, u, u.key_begin + key, half);
 #pragma unroll 1
   for (int i = 0; i < u.n_tiles; ++i) {
     const int s = i & 1;
     ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
     uint8_t* stage = sm.stage(s);
-    codes.store(stage, key, half);
+    store_codes(codes, stage, sm.scales(s), key, half);
     const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
     if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
-    if (i + 1 < u.n_tiles) codes.load(p, u, u.key_begin + (i + 1) * T::kBlockN + key, half);
+    if (i + 1 < u.n_tiles) codes.template load<RowsT>(p, u, u.key_begin + (i + 1) * T::kBlockN + key, half);
   }
 }
 
@@ -174,19 +225,33 @@ __device__ __forceinline__ float factor(float from, float to) {
   return to == -INFINITY || from == to ? 1.0f : softmax::exp2_approx(from - to);
 }
 
+// fp8_ds_mla's P panel holds P * 2^6 as f16 (SRole::store_p_f16).
+inline constexpr float kPF16 = 64.0f;
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+__device__ __forceinline__ float2 unpack_f16x2(uint32_t v) {
+  const __half2 h = *reinterpret_cast<const __half2*>(&v);
+  return __half22float2(h);
+}
+
 // O half *= f per row, skipped by the warp when every factor is 1 (the lazy maximum's common case). No product over
 // o is in flight.
 __device__ __forceinline__ void rescale(float (&o)[T::kDvHalf / 2], float f_lo, float f_hi) {
   ptx::wgmma_scale_rows_if<T::kDvHalf>(o, __any_sync(0xffffffffu, f_lo != 1.0f || f_hi != 1.0f), f_lo, f_hi);
 }
 
-// The S warpgroup: S, the softmax, P into the stage and O_L. Returns its running references and row sums (summed
-// over the quad) for the epilogue.
+// The S warpgroup: S, the softmax, P into the stage and O_L. Keeps its running references and row sums (summed over
+// the quad after the loop) for the epilogue.
+template <CacheFormat F>
 struct SRole {
+  static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
   const DecodeSm90Params& p;
   const Unit& u;
   const Smem& sm;
-  Rows rw;
+  Frag rw;
   int lim_lo, lim_hi;
   float o[T::kDvHalf / 2];
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
@@ -198,10 +263,10 @@ struct SRole {
     for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
   }
 
-  // S in the log2 domain (times softmax scale, cache scale and 2^56), keys not loaded or past a row's limit -inf;
-  // the rows' maxima.
+  // S in the log2 domain (times the softmax scale; fp8: also the cache scale and 2^56), keys not loaded or past a
+  // row's limit -inf; the rows' maxima.
   __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
-    const float scale = p.rows.scale_log2 * p.gather.scale * kExactCodeFactor;
+    const float scale = kDs ? p.rows.scale_log2 : p.rows.scale_log2 * p.gather.scale * kExactCodeFactor;
     mx_lo = -INFINITY;
     mx_hi = -INFINITY;
 #pragma unroll
@@ -221,9 +286,9 @@ struct SRole {
     mx_hi = softmax::quad_max(mx_hi);
   }
 
-  // P = 2^(S - base) in place and as bf16 rs A fragments (k-steps of 16 keys); this thread's row sums.
-  __device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&pa)[4][4], float base_lo, float base_hi,
-                                               float& sum_lo, float& sum_hi) const {
+  // P = 2^(S - base) in place; this thread's row sums.
+  __device__ __forceinline__ void exponentiate(float (&s)[32], float base_lo, float base_hi, float& sum_lo,
+                                               float& sum_hi) const {
     base_lo = base_lo == -INFINITY ? 0.0f : base_lo;
     base_hi = base_hi == -INFINITY ? 0.0f : base_hi;
     sum_lo = 0.0f;
@@ -237,26 +302,53 @@ struct SRole {
       sum_lo += s[4 * jj] + s[4 * jj + 1];
       sum_hi += s[4 * jj + 2] + s[4 * jj + 3];
     }
+  }
+
+  // P as bf16 rs A fragments (k-steps of 16 keys), each key's weight times gs[key] (fp8_ds_mla: 2^56 s_g; nullptr:
+  // P as it is). Element (ks, e) holds keys 16 ks + 8 (e >> 1) + 2 t4, + 1 of row r_lo (e even) or r_hi.
+  __device__ __forceinline__ void p_fragments(const float (&s)[32], uint32_t (&pa)[4][4], const float* gs) const {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // (e & 1): row hi; (e >> 1): keys + 8
-        pa[ks][e] = ptx::pack_bf16x2(s[i], s[i + 1]);
+        if (gs == nullptr) {
+          pa[ks][e] = ptx::pack_bf16x2(s[i], s[i + 1]);
+        } else {
+          const float2 k = *reinterpret_cast<const float2*>(gs + 8 * (2 * ks + (e >> 1)) + 2 * rw.t4);
+          pa[ks][e] = ptx::pack_bf16x2(s[i] * k.x * kExactCodeFactor, s[i + 1] * k.y * kExactCodeFactor);
+        }
       }
   }
 
-  __device__ __forceinline__ void run() {
-    const Desc d(sm.base);
-#pragma unroll 1
-    for (int i = 0; i < u.n_tiles; ++i) {
-      const int s = i & 1, k0 = u.key_begin + i * T::kBlockN;
-      const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
-      ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
-      ptx::fence_proxy_async_smem();
-      float sc[32];
-      ptx::wgmma_fence_operand(sc);
-      ptx::wgmma_fence();
+  // fp8_ds_mla: S += 2^56 s_g[key] acc, per key column (acc: group g's product over the codes).
+  __device__ __forceinline__ void fold(float (&s)[32], const float (&acc)[32], const float* gs) const {
+#pragma unroll
+    for (int jj = 0; jj < T::kBlockN / 8; ++jj) {
+      const float2 k = *reinterpret_cast<const float2*>(gs + 8 * jj + 2 * rw.t4);
+      const float k0 = k.x * kExactCodeFactor, k1 = k.y * kExactCodeFactor;
+      s[4 * jj] = fmaf(acc[4 * jj], k0, s[4 * jj]);
+      s[4 * jj + 1] = fmaf(acc[4 * jj + 1], k1, s[4 * jj + 1]);
+      s[4 * jj + 2] = fmaf(acc[4 * jj + 2], k0, s[4 * jj + 2]);
+      s[4 * jj + 3] = fmaf(acc[4 * jj + 3], k1, s[4 * jj + 3]);
+    }
+  }
+
+  // P V_L of the previous tile retired: its stage is released by this warpgroup.
+  __device__ __forceinline__ void release_previous(int i) {
+    if (i > 0) {
+      ptx::wgmma_wait_group<1>();
+      ptx::wgmma_fence_operand(o);
+      ptx::mbar_arrive(sm.empty((i - 1) & 1));
+    }
+  }
+
+  // S of tile i over stage_off, retired; fp8: one accumulation over the nine panels (exact codes, unscaled);
+  // fp8_ds_mla: the rope (bf16) into S, then each latent group into acc and folded with its scales.
+  __device__ __forceinline__ void s_product(float (&sc)[32], const Desc& d, uint32_t stage_off, int i, int s) {
+    ptx::wgmma_fence_operand(sc);
+    ptx::wgmma_fence();
+    if constexpr (!kDs) {
 #pragma unroll
       for (int c = 0; c < T::kPanels; ++c)
 #pragma unroll
@@ -265,41 +357,109 @@ struct SRole {
           ptx::wgmma_bf16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
         }
       ptx::wgmma_commit_group();
-      if (i > 0) {  // P V_L of the previous tile retired: its stage is released by this warpgroup
-        ptx::wgmma_wait_group<1>();
-        ptx::wgmma_fence_operand(o);
-        ptx::mbar_arrive(sm.empty(s ^ 1));
-      }
+      release_previous(i);
       ptx::wgmma_wait_group<0>();
       ptx::wgmma_fence_operand(sc);
+    } else {
+      float acc[32];
+      ptx::wgmma_fence_operand(acc);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint32_t off = 8 * T::kPanelBytes + ks * 32;
+        ptx::wgmma_bf16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), ks > 0);
+      }
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        if (g > 0) {
+          ptx::wgmma_fence_operand(acc);
+          ptx::wgmma_fence();
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t off = (2 * g + c) * T::kPanelBytes + ks * 32;
+            ptx::wgmma_bf16_ss<T::kBlockN>(acc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
+          }
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(acc);
+        ptx::wgmma_fence_operand(sc);
+        fold(sc, acc, sm.scales(s) + g * T::kBlockN);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void run() {
+    const Desc d(sm.base);
+#pragma unroll 1
+    for (int i = 0; i < u.n_tiles; ++i) {
+      const int s = i & 1, k0 = u.key_begin + i * T::kBlockN;
+      const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
+      if constexpr (kDs) {
+        // The previous tile's P V_L retired first: with it in flight beside S and a group accumulator, ptxas
+        // serialised the products (C7512, 232 registers). The tensor pipe runs it before this S either way.
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(o);
+        if (i > 0) ptx::mbar_arrive(sm.empty((i - 1) & 1));
+      }
+      ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
+      ptx::fence_proxy_async_smem();
+      float sc[32];
+      s_product(sc, d, stage_off, i, s);
       float mx_lo, mx_hi;
       mask_max(sc, sm.mask(s), k0, mx_lo, mx_hi);
       const float n_lo = next_ref(m_lo, mx_lo), n_hi = next_ref(m_hi, mx_hi);
       const float a_lo = factor(m_lo, n_lo), a_hi = factor(m_hi, n_hi);
       rescale(o, a_lo, a_hi);
-      uint32_t pa[4][4];
       float sum_lo, sum_hi;
-      exponentiate(sc, pa, n_lo, n_hi, sum_lo, sum_hi);
+      exponentiate(sc, n_lo, n_hi, sum_lo, sum_hi);
       l_lo = l_lo * a_lo + sum_lo;
       l_hi = l_hi * a_hi + sum_hi;
       m_lo = n_lo;
       m_hi = n_hi;
-      // P and the factors for R: P into the rope panel, which no one reads any more (S retired).
-      store_p(sm.p_panel(s), sc, 1.0f, 1.0f, rw.r_lo, rw.r_hi, rw.t4);
+      // P and the factors for R: P into the rope panel, which no one reads any more (S retired); fp8_ds_mla's as
+      // f16 * 2^6 (R scales it per group), fp8's as the bf16 operand itself.
+      if constexpr (kDs) store_p_f16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
+      else store_p(sm.p_panel(s), sc, 1.0f, 1.0f, rw.r_lo, rw.r_hi, rw.t4);
       if (rw.t4 == 0) {
         sm.factors(s)[rw.r_lo] = a_lo;
         sm.factors(s)[rw.r_hi] = a_hi;
       }
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_arrive(L::kBarP + s, 256);
-      // O_L += P V_L, P from registers; retired at the next tile (or after the loop).
+      // O_L += P V_L, P from registers; retired at the next tile (or after the loop). fp8_ds_mla: per value group g
+      // (O_L's columns 128 g .. 128 g + 127: the first / second 64 floats of the fragment) with P_g.
+      if constexpr (!kDs) {
+        uint32_t pa[4][4];
+        p_fragments(sc, pa, nullptr);
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
-      ptx::wgmma_fence_operand(o);
-      ptx::wgmma_fence();
+        for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
+        ptx::wgmma_fence_operand(o);
+        ptx::wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        ptx::wgmma_bf16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], d.mn(stage_off + ks * 2048), true);
+        for (int ks = 0; ks < 4; ++ks)
+          ptx::wgmma_bf16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], d.mn(stage_off + ks * 2048), true);
+      } else {
+        uint32_t pa0[4][4], pa1[4][4];
+        float (&o0)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);
+        float (&o1)[64] = *reinterpret_cast<float (*)[64]>(&o[64]);
+        p_fragments(sc, pa0, sm.scales(s));
+        p_fragments(sc, pa1, sm.scales(s) + T::kBlockN);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          ptx::wgmma_fence_operand(pa0[ks]);
+          ptx::wgmma_fence_operand(pa1[ks]);
+        }
+        ptx::wgmma_fence_operand(o);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          ptx::wgmma_bf16_rs<128, ptx::Major::MN>(o0, pa0[ks], d.mn(stage_off + ks * 2048), true);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          ptx::wgmma_bf16_rs<128, ptx::Major::MN>(o1, pa1[ks], d.mn(stage_off + 2 * T::kPanelBytes + ks * 2048), true);
+      }
       ptx::wgmma_commit_group();
     }
     ptx::wgmma_wait_group<0>();
@@ -308,18 +468,58 @@ struct SRole {
     l_lo = softmax::quad_sum(l_lo);
     l_hi = softmax::quad_sum(l_hi);
   }
+
+  // P (a 64 x 64 D fragment, fp32) times 2^6 as f16 into the swizzled K-major panel (store_p's layout): the weights
+  // below 2^-8 of a row's reference keep 11 significant bits down to 2^-24 (f16's normal range from 2^-14, shifted).
+  static __device__ __forceinline__ void store_p_f16(uint8_t* sP, const float (&s)[32], int r_lo, int r_hi, int t4) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      *reinterpret_cast<uint32_t*>(sP + swz(r_lo, jj) + 4 * t4) = pack_f16x2(s[4 * jj] * kPF16, s[4 * jj + 1] * kPF16);
+      *reinterpret_cast<uint32_t*>(sP + swz(r_hi, jj) + 4 * t4) =
+          pack_f16x2(s[4 * jj + 2] * kPF16, s[4 * jj + 3] * kPF16);
+    }
+  }
 };
 
-// The R warpgroup: O_R over every tile with S's P and factors.
+// The R warpgroup: O_R over every tile with S's P and factors. fp8: O_R += P V_R (ss, the bf16 P panel). fp8_ds_mla:
+// per value group g = 2, 3 (O_R's columns 128 (g - 2) ..: the first / second 64 floats of the fragment), P_g =
+// bf16(P * 2^56 s_g[key]) over the f16 panel in place (P_3 kept in registers until group 2's products retired), then
+// O_R += P_g V_g (ss); the groups one after the other.
+template <CacheFormat F>
 struct RRole {
+  static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
   const Unit& u;
   const Smem& sm;
-  Rows rw;
+  Frag rw;
   float o[T::kDvHalf / 2];
 
   __device__ __forceinline__ RRole(const Unit& u_, const Smem& sm_) : u(u_), sm(sm_) {
 #pragma unroll
     for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
+  }
+  // This thread's words of the panel by physical 16-byte chunk pc of its rows (r_lo: e 0, r_hi = r_lo + 8: e 1, the
+  // same swizzle x = r_lo % 8): word (pc, e) holds the P pair of keys 8 (pc ^ x) + 2 t4, + 1 (store_p_f16's logical
+  // chunk pc ^ x). Walking the physical chunks keeps every address a compile-time offset from one base per row.
+  __device__ __forceinline__ uint32_t* word(uint8_t* sP, int pc, int e) const {
+    return reinterpret_cast<uint32_t*>(sP + (e ? rw.r_hi : rw.r_lo) * 128 + pc * 16 + 4 * rw.t4);
+  }
+  // Both groups' P_g from the f16 panel, walked by physical chunk: P_2 = bf16(P * 2^56 s_2[key]) written over the
+  // panel in place, P_3 kept in registers (p3, the same places) for the second product.
+  __device__ __forceinline__ void p2_in_place(uint8_t* sP, const float* g2, const float* g3, uint32_t (&p3)[8][2]) const {
+    const int x = rw.r_lo & 7;
+    constexpr float kF = kExactCodeFactor / kPF16;
+#pragma unroll
+    for (int pc = 0; pc < 8; ++pc) {
+      const int key = 8 * (pc ^ x) + 2 * rw.t4;
+      const float2 k2 = *reinterpret_cast<const float2*>(g2 + key);
+      const float2 k3 = *reinterpret_cast<const float2*>(g3 + key);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float2 v = unpack_f16x2(*word(sP, pc, e));
+        *word(sP, pc, e) = ptx::pack_bf16x2(v.x * k2.x * kF, v.y * k2.y * kF);
+        p3[pc][e] = ptx::pack_bf16x2(v.x * k3.x * kF, v.y * k3.y * kF);
+      }
+    }
   }
   __device__ __forceinline__ void run() {
     const Desc d(sm.base);
@@ -327,19 +527,49 @@ struct RRole {
     for (int i = 0; i < u.n_tiles; ++i) {
       const int s = i & 1;
       const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
+      const uint32_t p_off = stage_off + 8 * T::kPanelBytes;
       ptx::named_barrier_sync(L::kBarP + s, 256);
       ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
       ptx::fence_proxy_async_smem();
       rescale(o, sm.factors(s)[rw.r_lo], sm.factors(s)[rw.r_hi]);
-      ptx::wgmma_fence_operand(o);
-      ptx::wgmma_fence();
+      if constexpr (!kDs) {
+        ptx::wgmma_fence_operand(o);
+        ptx::wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        ptx::wgmma_bf16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
-            o, d.k(stage_off + 8 * T::kPanelBytes + ks * 32), d.mn(stage_off + 4 * T::kPanelBytes + ks * 2048), true);
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<0>();
-      ptx::wgmma_fence_operand(o);
+        for (int ks = 0; ks < 4; ++ks)
+          ptx::wgmma_bf16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
+              o, d.k(p_off + ks * 32), d.mn(stage_off + 4 * T::kPanelBytes + ks * 2048), true);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(o);
+      } else {
+        uint8_t* sP = sm.p_panel(s);
+        uint32_t p3[8][2];
+        p2_in_place(sP, sm.scales(s) + 2 * T::kBlockN, sm.scales(s) + 3 * T::kBlockN, p3);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          float (&og)[64] = *reinterpret_cast<float (*)[64]>(&o[64 * g]);
+          if (g == 1) {  // every thread's group-2 products retired: P_3 over the panel
+            ptx::named_barrier_sync(L::kBarR, 128);
+#pragma unroll
+            for (int pc = 0; pc < 8; ++pc)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) *word(sP, pc, e) = p3[pc][e];
+          }
+          // Every thread's P_g in the panel before the products read it.
+          ptx::fence_proxy_async_smem();
+          ptx::named_barrier_sync(L::kBarR, 128);
+          ptx::wgmma_fence_operand(og);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+            ptx::wgmma_bf16_ss<128, ptx::Major::K, ptx::Major::MN>(
+                og, d.k(p_off + ks * 32), d.mn(stage_off + (4 + 2 * g) * T::kPanelBytes + ks * 2048), true);
+          ptx::wgmma_commit_group();
+          ptx::wgmma_wait_group<0>();
+          ptx::wgmma_fence_operand(og);
+        }
+      }
       ptx::mbar_arrive(sm.empty(s));
     }
   }
@@ -347,17 +577,19 @@ struct RRole {
 
 }  // namespace convert
 
-// The kernel (file comment). F: fp8 per-tensor (the paged rows of mqa_decode).
-template <CacheFormat F>
+// The kernel (file comment). F: fp8 per-tensor (mqa_decode's paged rows) or fp8_ds_mla; RowsT: PagedRows (mqa_decode)
+// or IndexedRows (sparse_mqa: a unit's request is a token).
+template <CacheFormat F, class RowsT>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_convert_kernel(const __grid_constant__ CUtensorMap /*unused*/, const DecodeSm90Params p) {
-  static_assert(F == CacheFormat::fp8, "fp8 per-tensor rows");
+  static_assert(F == CacheFormat::fp8 || F == CacheFormat::fp8_ds_mla, "code formats");
+  static_assert(F != CacheFormat::fp8 || RowsT::kPaged, "fp8 per-tensor: mqa_decode only");
   using L = ConvertTraits;
   using T = Traits;
   extern __shared__ uint8_t smem_raw[];
   const convert::Smem sm{aligned_smem(smem_raw)};
   ptx::launch_dependents();
-  const Unit u(p, /*gather=*/false);
+  const Unit u(p, /*gather=*/!RowsT::kPaged);
   if (u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
     write_empty_unit(p, u, threadIdx.x, blockDim.x);
     return;
@@ -371,21 +603,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   __syncthreads();
   const int wg = ptx::warpgroup_index();
+  // fp8: O carries the cache scale and 2^56 (the stage holds code * 2^-56); fp8_ds_mla: the scales went into P_g.
+  const float out_scale = F == CacheFormat::fp8 ? p.gather.scale * kExactCodeFactor : 1.0f;
   if (wg == L::kConverter) {
-    ptx::setmaxnreg_dec<L::kConverterRegs>();
-    convert::converter(p, u, sm);
+    ptx::setmaxnreg_dec<L::converter_regs(F)>();
+    convert::converter<F, RowsT>(p, u, sm);
     return;
   }
-  const convert::Rows rw;
+  const convert::Frag rw;
   if (wg == L::kRWarpgroup) {
-    ptx::setmaxnreg_dec<L::kRRegs>();
-    convert::RRole r(u, sm);
+    ptx::setmaxnreg_dec<L::r_regs(F)>();
+    convert::RRole<F> r(u, sm);
     r.run();
     ptx::named_barrier_sync(L::kBarEnd, 256);
     const float* sums = sm.sums();
     const float* refs = sm.refs();
     write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
-                    rw.t4, p.gather.scale * kExactCodeFactor);
+                    rw.t4, out_scale);
     return;
   }
   ptx::setmaxnreg_inc<L::kSRegs>();
@@ -394,7 +628,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                          static_cast<int>(threadIdx.x & 127));
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(L::kBarQ, 128);
-  convert::SRole sr(p, u, sm);
+  convert::SRole<F> sr(p, u, sm);
   sr.run();
   if (rw.t4 == 0) {
     sm.sums()[rw.r_lo] = sr.l_lo;
@@ -403,8 +637,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     sm.refs()[rw.r_hi] = sr.m_hi;
   }
   ptx::named_barrier_arrive(L::kBarEnd, 256);
-  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4,
-                  p.gather.scale * kExactCodeFactor);
+  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, out_scale);
 }
 
 }  // namespace mla::cuda::decode_sm90

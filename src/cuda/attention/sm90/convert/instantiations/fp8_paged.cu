@@ -7,8 +7,8 @@
 namespace mla::cuda::decode_sm90 {
 
 void launch_convert_fp8_paged(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
-  launch_one(decode_sm90_convert_kernel<CacheFormat::fp8>, ConvertTraits::kSmemBytes, grid, stream, no_tensor_map(),
-             p, what);
+  launch_one(decode_sm90_convert_kernel<CacheFormat::fp8, PagedRows>, ConvertTraits::kSmemBytes, grid, stream,
+             no_tensor_map(), p, what);
 }
 
 }  // namespace mla::cuda::decode_sm90
