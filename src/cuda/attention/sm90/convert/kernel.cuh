@@ -116,6 +116,21 @@ struct Desc {
 template <CacheFormat F>
 struct Codes;
 
+// Key j's row (RowsT) and whether it is loaded; the cache base for a key that is not (never read).
+template <class RowsT>
+__device__ __forceinline__ const uint8_t* locate_row(const DecodeSm90Params& p, const Unit& u, int j, bool& valid) {
+  int64_t o = 0;
+  valid = RowsT::row_offset(p, u, j, o);
+  return p.gather.cache + (valid ? o : 0);
+}
+// N consecutive 16-byte chunks from src (read-only path), zeros when !valid (nothing read).
+template <int N>
+__device__ __forceinline__ void load_chunks(uint4 (&dst)[N], const uint8_t* src, bool valid) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    dst[i] = valid ? __ldg(reinterpret_cast<const uint4*>(src + 16 * i)) : make_uint4(0, 0, 0, 0);
+}
+
 // fp8 per-tensor: raw[0..15] the latent panels 4h .. 4h + 3 (four 16-byte chunks each), rope[0..1] the rope codes
 // 32h .. 32h + 31.
 template <>
@@ -126,15 +141,9 @@ struct Codes<CacheFormat::fp8> {
 
   template <class RowsT>
   __device__ __forceinline__ void load(const DecodeSm90Params& p, const Unit& u, int j, int half) {
-    int64_t o = 0;
-    valid = RowsT::row_offset(p, u, j, o);
-    const uint8_t* row = p.gather.cache + (valid ? o : 0);
-#pragma unroll
-    for (int i = 0; i < L::kCodeChunks; ++i)
-      raw[i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 256 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      rope[i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 512 + 32 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
+    const uint8_t* row = locate_row<RowsT>(p, u, j, valid);
+    load_chunks(raw, row + 256 * half, valid);
+    load_chunks(rope, row + 512 + 32 * half, valid);
   }
   // The rope's raw chunk i (16 codes) becomes the rope panel's chunks 4h + 2i, + 1, exact.
   __device__ __forceinline__ void store_rope(uint8_t* rope_panel, float*, int key, int half) const {
@@ -160,15 +169,9 @@ struct Codes<CacheFormat::fp8_ds_mla> {
 
   template <class RowsT>
   __device__ __forceinline__ void load(const DecodeSm90Params& p, const Unit& u, int j, int half) {
-    int64_t o = 0;
-    valid = RowsT::row_offset(p, u, j, o);
-    const uint8_t* row = p.gather.cache + (valid ? o : 0);
-#pragma unroll
-    for (int i = 0; i < L::kCodeChunks; ++i)
-      raw[i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 256 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      rope[i] = valid ? __ldg(reinterpret_cast<const uint4*>(row + 528 + 64 * half + 16 * i)) : make_uint4(0, 0, 0, 0);
+    const uint8_t* row = locate_row<RowsT>(p, u, j, valid);
+    load_chunks(raw, row + 256 * half, valid);
+    load_chunks(rope, row + 528 + 64 * half, valid);
     scale = valid ? __ldg(reinterpret_cast<const float2*>(row + 512) + half) : make_float2(0.0f, 0.0f);
   }
   __device__ __forceinline__ void store_rope(uint8_t* rope_panel, float* scales, int key, int half) const {
@@ -267,57 +270,18 @@ struct SRole {
   // row's limit -inf; the rows' maxima.
   __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
     const float scale = kDs ? p.rows.scale_log2 : p.rows.scale_log2 * p.gather.scale * kExactCodeFactor;
-    mx_lo = -INFINITY;
-    mx_hi = -INFINITY;
-#pragma unroll
-    for (int jj = 0; jj < T::kBlockN / 8; ++jj)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int kk = 8 * jj + 2 * rw.t4 + e, key = k0 + kk;
-        const bool in = (mask >> kk) & 1;
-        float& a = s[4 * jj + e];
-        float& b = s[4 * jj + 2 + e];
-        a = in && key <= lim_lo ? a * scale : -INFINITY;
-        b = in && key <= lim_hi ? b * scale : -INFINITY;
-        mx_lo = fmaxf(mx_lo, a);
-        mx_hi = fmaxf(mx_hi, b);
-      }
-    mx_lo = softmax::quad_max(mx_lo);
-    mx_hi = softmax::quad_max(mx_hi);
+    mask_scale_max(s, mask, k0, rw.t4, lim_lo, lim_hi, scale, mx_lo, mx_hi);
   }
 
-  // P = 2^(S - base) in place; this thread's row sums.
-  __device__ __forceinline__ void exponentiate(float (&s)[32], float base_lo, float base_hi, float& sum_lo,
-                                               float& sum_hi) const {
-    base_lo = base_lo == -INFINITY ? 0.0f : base_lo;
-    base_hi = base_hi == -INFINITY ? 0.0f : base_hi;
-    sum_lo = 0.0f;
-    sum_hi = 0.0f;
-#pragma unroll
-    for (int jj = 0; jj < T::kBlockN / 8; ++jj) {
-      s[4 * jj] = softmax::exp2_approx(s[4 * jj] - base_lo);
-      s[4 * jj + 1] = softmax::exp2_approx(s[4 * jj + 1] - base_lo);
-      s[4 * jj + 2] = softmax::exp2_approx(s[4 * jj + 2] - base_hi);
-      s[4 * jj + 3] = softmax::exp2_approx(s[4 * jj + 3] - base_hi);
-      sum_lo += s[4 * jj] + s[4 * jj + 1];
-      sum_hi += s[4 * jj + 2] + s[4 * jj + 3];
-    }
-  }
-
-  // P as bf16 rs A fragments (k-steps of 16 keys), each key's weight times gs[key] (fp8_ds_mla: 2^56 s_g; nullptr:
-  // P as it is). Element (ks, e) holds keys 16 ks + 8 (e >> 1) + 2 t4, + 1 of row r_lo (e even) or r_hi.
-  __device__ __forceinline__ void p_fragments(const float (&s)[32], uint32_t (&pa)[4][4], const float* gs) const {
+  // fp8_ds_mla: P_g as bf16 rs A fragments (p_fragments_bf16's layout), each key's weight times 2^56 gs[key].
+  __device__ __forceinline__ void scaled_p_fragments(const float (&s)[32], uint32_t (&pa)[4][4], const float* gs) const {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // (e & 1): row hi; (e >> 1): keys + 8
-        if (gs == nullptr) {
-          pa[ks][e] = ptx::pack_bf16x2(s[i], s[i + 1]);
-        } else {
-          const float2 k = *reinterpret_cast<const float2*>(gs + 8 * (2 * ks + (e >> 1)) + 2 * rw.t4);
-          pa[ks][e] = ptx::pack_bf16x2(s[i] * k.x * kExactCodeFactor, s[i + 1] * k.y * kExactCodeFactor);
-        }
+        const float2 k = *reinterpret_cast<const float2*>(gs + 8 * (2 * ks + (e >> 1)) + 2 * rw.t4);
+        pa[ks][e] = ptx::pack_bf16x2(s[i] * k.x * kExactCodeFactor, s[i + 1] * k.y * kExactCodeFactor);
       }
   }
 
@@ -413,7 +377,7 @@ struct SRole {
       const float a_lo = factor(m_lo, n_lo), a_hi = factor(m_hi, n_hi);
       rescale(o, a_lo, a_hi);
       float sum_lo, sum_hi;
-      exponentiate(sc, n_lo, n_hi, sum_lo, sum_hi);
+      exp2_rows(sc, n_lo, n_hi, sum_lo, sum_hi);
       l_lo = l_lo * a_lo + sum_lo;
       l_hi = l_hi * a_hi + sum_hi;
       m_lo = n_lo;
@@ -432,7 +396,7 @@ struct SRole {
       // (O_L's columns 128 g .. 128 g + 127: the first / second 64 floats of the fragment) with P_g.
       if constexpr (!kDs) {
         uint32_t pa[4][4];
-        p_fragments(sc, pa, nullptr);
+        p_fragments_bf16(sc, pa);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
         ptx::wgmma_fence_operand(o);
@@ -444,8 +408,8 @@ struct SRole {
         uint32_t pa0[4][4], pa1[4][4];
         float (&o0)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);
         float (&o1)[64] = *reinterpret_cast<float (*)[64]>(&o[64]);
-        p_fragments(sc, pa0, sm.scales(s));
-        p_fragments(sc, pa1, sm.scales(s) + T::kBlockN);
+        scaled_p_fragments(sc, pa0, sm.scales(s));
+        scaled_p_fragments(sc, pa1, sm.scales(s) + T::kBlockN);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           ptx::wgmma_fence_operand(pa0[ks]);
