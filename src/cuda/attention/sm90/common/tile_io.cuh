@@ -11,6 +11,7 @@
 #include "cuda/common/ptx/barrier.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/attention/sm90/common/cluster_merge.cuh"
+#include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/attention/sm90/common/pipeline.cuh"
 
 namespace mla::cuda::decode_sm90 {
@@ -159,6 +160,18 @@ __device__ __forceinline__ void p_fragments_bf16(const float (&s)[32], uint32_t 
       const int i = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // (e & 1): row hi; (e >> 1): keys + 8
       pa[ks][e] = ptx::pack_bf16x2(s[i], s[i + 1]);
     }
+}
+
+// O (+)= P V over one 64-key tile with P from registers (rs: pa, p_fragments_bf16's layout), four k-steps of 16 keys;
+// v_desc(ks) is the MN-major descriptor of the value panels' k-step ks. Fenced, issued, not committed.
+template <int N, class VDesc>
+__device__ __forceinline__ void issue_pv_rs(float (&o)[N / 2], uint32_t (&pa)[4][4], VDesc&& v_desc) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
+  ptx::wgmma_fence_operand(o);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_bf16_rs<N, ptx::Major::MN>(o, pa[ks], v_desc(ks), true);
 }
 
 // A row's natural-log LSE from its running maximum m (log2 domain) and row sum l: -inf for a row with no visible

@@ -397,13 +397,7 @@ struct SRole {
       if constexpr (!kDs) {
         uint32_t pa[4][4];
         p_fragments_bf16(sc, pa);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
-        ptx::wgmma_fence_operand(o);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          ptx::wgmma_bf16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], d.mn(stage_off + ks * 2048), true);
+        issue_pv_rs<T::kDvHalf>(o, pa, [&](int ks) { return d.mn(stage_off + ks * 2048); });
       } else {
         uint32_t pa0[4][4], pa1[4][4];
         float (&o0)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);

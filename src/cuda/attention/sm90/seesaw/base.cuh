@@ -343,13 +343,7 @@ struct SeesawBase {
   // O += P V of this consumer's V half of its own tile, P from registers. Committed, not waited.
   __device__ __forceinline__ void local_pv(uint32_t (&pa)[4][4]) {
     uint8_t* sV = stage_tile(C) + half_panel(C) * T::kPanelBytes;
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
-    ptx::wgmma_fence_operand(o);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      ptx::wgmma_bf16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], desc_mn(sV + ks * 2048, T::kPanelBytes), true);
+    issue_pv_rs<T::kDvHalf>(o, pa, [&](int ks) { return desc_mn(sV + ks * 2048, T::kPanelBytes); });
     ptx::wgmma_commit_group();
   }
   // O += P_other V of this consumer's V half of the other consumer's tile (P from smem, panels of the other
