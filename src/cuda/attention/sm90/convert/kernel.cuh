@@ -32,6 +32,10 @@
 //   kBarP + s S arrives after writing P and the factors of tile i into stage s; R syncs. S can reach the same id
 //             again only for tile i + 2, which needs stage s released by R first: arrivals never run ahead of syncs.
 //   kBarEnd   S arrives after publishing the row sums and references; R syncs before its epilogue.
+// Trace build (common/trace.cuh): events 0 / 3 / 4 / 5 / 6 as the other kernels; the "pair" kTracePair is tiles
+// 2 kTracePair and + 1: S (consumer 0) steps 4 t + {0 full wait returned, 1 S retired, 2 P published, 3 P V_L issued},
+// R (consumer 1) steps 2 t + {0 P synced, 1 products retired}, the converter's warp 0 producer slots {0 empty wait
+// returned, 2 stored and arrived} (SM cycles).
 #include <cuda.h>
 #include <cuda_fp16.h>
 
@@ -49,6 +53,7 @@
 #include "cuda/attention/sm90/common/pipeline.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/common/tile_io.cuh"
+#include "cuda/attention/sm90/common/trace.cuh"
 #include "cuda/attention/sm90/convert/traits.cuh"
 #include "mla/cache_format.h"
 
@@ -210,12 +215,15 @@ __device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit&
   for (int i = 0; i < u.n_tiles; ++i) {
     const int s = i & 1;
     ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
+    [[maybe_unused]] const int tslot = trace_prod_slot(s, warp, 0, i);  // trace build: warp 0's stamps of its tile
+    MLA_DECODE_TRACE_PROD(tslot, 0);
     uint8_t* stage = sm.stage(s);
     store_codes(codes, stage, sm.scales(s), key, half);
     const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
     if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
+    MLA_DECODE_TRACE_PROD(tslot, 2);
     if (i + 1 < u.n_tiles) codes.template load<RowsT>(p, u, u.key_begin + (i + 1) * T::kBlockN + key, half);
   }
 }
@@ -369,8 +377,11 @@ struct SRole {
       }
       ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
       ptx::fence_proxy_async_smem();
+      MLA_DECODE_TRACE_EVENT(4, 128, true);
+      MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1), i >> 1);
       float sc[32];
       s_product(sc, d, stage_off, i, s);
+      MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 1, i >> 1);
       float mx_lo, mx_hi;
       mask_max(sc, sm.mask(s), k0, mx_lo, mx_hi);
       const float n_lo = next_ref(m_lo, mx_lo), n_hi = next_ref(m_hi, mx_hi);
@@ -392,6 +403,7 @@ struct SRole {
       }
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_arrive(L::kBarP + s, 256);
+      MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 2, i >> 1);
       // O_L += P V_L, P from registers; retired at the next tile (or after the loop). fp8_ds_mla: per value group g
       // (O_L's columns 128 g .. 128 g + 127: the first / second 64 floats of the fragment) with P_g.
       if constexpr (!kDs) {
@@ -419,10 +431,12 @@ struct SRole {
           ptx::wgmma_bf16_rs<128, ptx::Major::MN>(o1, pa1[ks], d.mn(stage_off + 2 * T::kPanelBytes + ks * 2048), true);
       }
       ptx::wgmma_commit_group();
+      MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 3, i >> 1);
     }
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(o);
     if (u.n_tiles > 0) ptx::mbar_arrive(sm.empty((u.n_tiles - 1) & 1));
+    MLA_DECODE_TRACE_EVENT(5, 128);
     l_lo = softmax::quad_sum(l_lo);
     l_hi = softmax::quad_sum(l_hi);
   }
@@ -487,6 +501,7 @@ struct RRole {
       const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
       const uint32_t p_off = stage_off + 8 * T::kPanelBytes;
       ptx::named_barrier_sync(L::kBarP + s, 256);
+      MLA_DECODE_TRACE_PAIR(1, 2 * (i & 1), i >> 1);
       ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
       ptx::fence_proxy_async_smem();
       rescale(o, sm.factors(s)[rw.r_lo], sm.factors(s)[rw.r_hi]);
@@ -529,6 +544,7 @@ struct RRole {
         }
       }
       ptx::mbar_arrive(sm.empty(s));
+      MLA_DECODE_TRACE_PAIR(1, 2 * (i & 1) + 1, i >> 1);
     }
   }
 };
@@ -546,6 +562,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using T = Traits;
   extern __shared__ uint8_t smem_raw[];
   const convert::Smem sm{aligned_smem(smem_raw)};
+  MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();
   const Unit u(p, /*gather=*/!RowsT::kPaged);
   if (u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
@@ -586,6 +603,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                          static_cast<int>(threadIdx.x & 127));
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(L::kBarQ, 128);
+  MLA_DECODE_TRACE_EVENT(3, 128);
   convert::SRole<F> sr(p, u, sm);
   sr.run();
   if (rw.t4 == 0) {
@@ -596,6 +614,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   ptx::named_barrier_arrive(L::kBarEnd, 256);
   write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, out_scale);
+  MLA_DECODE_TRACE_EVENT(6, 128);
 }
 
 }  // namespace mla::cuda::decode_sm90
