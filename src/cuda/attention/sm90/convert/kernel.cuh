@@ -121,11 +121,12 @@ struct Desc {
 template <CacheFormat F>
 struct Codes;
 
-// Key j's row (RowsT) and whether it is loaded; the cache base for a key that is not (never read).
+// Key j's row from its entry (RowsT::fetch: the block id or the index, read a tile earlier) and whether it is loaded;
+// the cache base for a key that is not (never read).
 template <class RowsT>
-__device__ __forceinline__ const uint8_t* locate_row(const DecodeSm90Params& p, const Unit& u, int j, bool& valid) {
+__device__ __forceinline__ const uint8_t* locate_row(const DecodeSm90Params& p, int j, int32_t entry, bool& valid) {
   int64_t o = 0;
-  valid = RowsT::row_offset(p, u, j, o);
+  valid = RowsT::locate(p, j, entry, o);
   return p.gather.cache + (valid ? o : 0);
 }
 // N consecutive 16-byte chunks from src (read-only path), zeros when !valid (nothing read).
@@ -144,9 +145,8 @@ struct Codes<CacheFormat::fp8> {
   uint4 rope[2];
   bool valid;
 
-  template <class RowsT>
-  __device__ __forceinline__ void load(const DecodeSm90Params& p, const Unit& u, int j, int half) {
-    const uint8_t* row = locate_row<RowsT>(p, u, j, valid);
+  __device__ __forceinline__ void load(const uint8_t* row, bool v, int half) {
+    valid = v;
     load_chunks(raw, row + 256 * half, valid);
     load_chunks(rope, row + 512 + 32 * half, valid);
   }
@@ -172,9 +172,8 @@ struct Codes<CacheFormat::fp8_ds_mla> {
   float2 scale;
   bool valid;
 
-  template <class RowsT>
-  __device__ __forceinline__ void load(const DecodeSm90Params& p, const Unit& u, int j, int half) {
-    const uint8_t* row = locate_row<RowsT>(p, u, j, valid);
+  __device__ __forceinline__ void load(const uint8_t* row, bool v, int half) {
+    valid = v;
     load_chunks(raw, row + 256 * half, valid);
     load_chunks(rope, row + 528 + 64 * half, valid);
     scale = valid ? __ldg(reinterpret_cast<const float2*>(row + 512) + half) : make_float2(0.0f, 0.0f);
@@ -208,9 +207,28 @@ __device__ __forceinline__ void store_codes(const Codes<F>& c, uint8_t* stage, f
 
 template <CacheFormat F, class RowsT>
 __device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit& u, const Smem& sm) {
+  constexpr int kRowBytes = static_cast<int>(CacheFormatTraits<F>::entry_bytes(576, 64));
+  constexpr int kLines = (kRowBytes + 112 + 127) / 128;  // prefetch_record_l2's lines of a row
   const int t = threadIdx.x & 127, key = t & 63, half = t >> 6, lane = t & 31, warp = t >> 5;
+  // Two tiles ahead of the stores: tile i + 1's codes in registers (loaded right after tile i's stores), tile i + 2's
+  // row in L2 (prefetched then, through its entry read there: the read's latency falls in the wait for the next
+  // release). So the codes' load is an L2 round trip, not the block table's or index's then DRAM's.
+  auto key_of = [&](int tile) { return u.key_begin + tile * T::kBlockN + key; };
   Codes<F> codes;
-  codes.template load<RowsT>(p, u, u.key_begin + key, half);
+  // Tile `tile`'s codes into registers; tile + 1's row into L2 (the key's two halves take alternate lines).
+  auto load_and_prefetch = [&](int tile) {
+    bool v;
+    const uint8_t* row = locate_row<RowsT>(p, key_of(tile), RowsT::fetch(p, u, key_of(tile)), v);
+    codes.load(row, v, half);
+    if (tile + 1 < u.n_tiles) {
+      row = locate_row<RowsT>(p, key_of(tile + 1), RowsT::fetch(p, u, key_of(tile + 1)), v);
+      if (v) {
+#pragma unroll
+        for (int l = half; l < kLines; l += 2) ptx::prefetch_l2(row + (128 * l < kRowBytes ? 128 * l : kRowBytes - 1));
+      }
+    }
+  };
+  load_and_prefetch(0);
 #pragma unroll 1
   for (int i = 0; i < u.n_tiles; ++i) {
     const int s = i & 1;
@@ -224,7 +242,7 @@ __device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit&
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
     MLA_DECODE_TRACE_PROD(tslot, 2);
-    if (i + 1 < u.n_tiles) codes.template load<RowsT>(p, u, u.key_begin + (i + 1) * T::kBlockN + key, half);
+    if (i + 1 < u.n_tiles) load_and_prefetch(i + 1);
   }
 }
 
