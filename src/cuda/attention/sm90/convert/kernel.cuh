@@ -50,6 +50,7 @@
 #include "cuda/common/ptx/warpgroup.cuh"
 #include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/attention/sm90/common/exact_codes.cuh"
 #include "cuda/attention/sm90/common/pipeline.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/common/tile_io.cuh"
@@ -73,6 +74,7 @@ struct Smem {
   __device__ __forceinline__ float* factors(int s) const {
     return reinterpret_cast<float*>(base + L::kOffA) + s * T::kBlockM;
   }
+  __device__ __forceinline__ float* q_scales() const { return reinterpret_cast<float*>(base + L::kOffQScale); }
   __device__ __forceinline__ float* sums() const { return reinterpret_cast<float*>(base + L::kOffL); }
   __device__ __forceinline__ float* refs() const { return sums() + T::kBlockM; }
   __device__ __forceinline__ float* scales(int s) const {  // [4 groups][64 keys]
@@ -115,6 +117,13 @@ struct Desc {
 
 // ---- the converter ----------------------------------------------------------------------------------------------
 
+// Sixteen codes (byte i of the chunk = column i) as exact f16: columns 0..7 into lo, 8..15 into hi (F2FP; NaN codes
+// stay NaN).
+__device__ __forceinline__ void e4m3x16_to_f16(const uint4& raw, uint4& lo, uint4& hi) {
+  lo = make_uint4(e4m3x2_lo_to_f16x2(raw.x), e4m3x2_hi_to_f16x2(raw.x), e4m3x2_lo_to_f16x2(raw.y), e4m3x2_hi_to_f16x2(raw.y));
+  hi = make_uint4(e4m3x2_lo_to_f16x2(raw.z), e4m3x2_hi_to_f16x2(raw.z), e4m3x2_lo_to_f16x2(raw.w), e4m3x2_hi_to_f16x2(raw.w));
+}
+
 // One tile's codes of this thread's key and column half, in registers. Key j of the unit is located by RowsT
 // (PagedRows: through the block table; IndexedRows: the token's index row); a key that is not loaded (past the
 // unit's range, a page or index outside the cache) gets zeros (and zero scales) and valid = false: nothing read.
@@ -150,12 +159,12 @@ struct Codes<CacheFormat::fp8> {
     load_chunks(raw, row + 256 * half, valid);
     load_chunks(rope, row + 512 + 32 * half, valid);
   }
-  // The rope's raw chunk i (16 codes) becomes the rope panel's chunks 4h + 2i, + 1, exact.
+  // The rope's raw chunk i (16 codes) becomes the rope panel's chunks 4h + 2i, + 1, exact f16.
   __device__ __forceinline__ void store_rope(uint8_t* rope_panel, float*, int key, int half) const {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       uint4 lo, hi;
-      expand_chunk<true>(rope[i], 0.0f, lo, hi);
+      e4m3x16_to_f16(rope[i], lo, hi);
       *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + 2 * i)) = lo;
       *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + 2 * i + 1)) = hi;
     }
@@ -197,7 +206,8 @@ __device__ __forceinline__ void store_codes(const Codes<F>& c, uint8_t* stage, f
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       uint4 lo, hi;
-      expand_chunk<true>(c.raw[4 * pc + i], 0.0f, lo, hi);
+      if constexpr (F == CacheFormat::fp8) e4m3x16_to_f16(c.raw[4 * pc + i], lo, hi);
+      else expand_chunk<true>(c.raw[4 * pc + i], 0.0f, lo, hi);
       *reinterpret_cast<uint4*>(panel + swz(key, 2 * i)) = lo;
       *reinterpret_cast<uint4*>(panel + swz(key, 2 * i + 1)) = hi;
     }
@@ -272,6 +282,36 @@ __device__ __forceinline__ void rescale(float (&o)[T::kDvHalf / 2], float f_lo, 
   ptx::wgmma_scale_rows_if<T::kDvHalf>(o, __any_sync(0xffffffffu, f_lo != 1.0f || f_hi != 1.0f), f_lo, f_hi);
 }
 
+// fp8: the unit's Q panels (bf16, in shared memory) as f16 times 2^e_r in place, e_r = q_row_exponent of row r
+// (exact for every element within 2^28 of the row's largest |q|), and 2^-e_r into q_scales()[r] for S. By the S
+// warpgroup's 128 threads: thread t takes row t / 2 and the 36 chunks (of eight columns) 36 (t % 2) .. + 35.
+__device__ __forceinline__ void q_to_f16(const Smem& sm, int t) {
+  const int row = t >> 1, c0 = 36 * (t & 1);
+  uint8_t* q = sm.q();
+  auto at = [&](int c) { return reinterpret_cast<uint4*>(q + (c >> 3) * T::kPanelBytes + swz(row, c & 7)); };
+  uint32_t amax = 0;  // fp32 bits of max |q|: non-negative floats order as their bits
+#pragma unroll 4
+  for (int c = c0; c < c0 + 36; ++c) {
+    const uint4 v = *at(c);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) amax = max(amax, max((w[k] << 16) & 0x7fffffffu, w[k] & 0x7fff0000u));
+  }
+  amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  const int e = q_row_exponent(amax);
+  const float f = exp2i(e);
+#pragma unroll 4
+  for (int c = c0; c < c0 + 36; ++c) {
+    uint4 v = *at(c);
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      w[k] = pack_f16x2(__uint_as_float(w[k] << 16) * f, __uint_as_float(w[k] & 0xffff0000u) * f);
+    *at(c) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  if ((t & 1) == 0) sm.q_scales()[row] = exp2i(-e);
+}
+
 // The S warpgroup: S, the softmax, P into the stage and O_L. Keeps its running references and row sums (summed over
 // the quad after the loop) for the epilogue.
 template <CacheFormat F>
@@ -282,21 +322,42 @@ struct SRole {
   const Smem& sm;
   Frag rw;
   int lim_lo, lim_hi;
+  float sc_lo, sc_hi;  // S to the log2 domain per row: the softmax scale (fp8: times the cache scale and 2^-e_r)
   float o[T::kDvHalf / 2];
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
   __device__ __forceinline__ SRole(const DecodeSm90Params& p_, const Unit& u_, const Smem& sm_) : p(p_), u(u_), sm(sm_) {
     lim_lo = query_row_limit(p, u, u.row0 + rw.r_lo);
     lim_hi = query_row_limit(p, u, u.row0 + rw.r_hi);
+    sc_lo = p.rows.scale_log2;
+    sc_hi = p.rows.scale_log2;
+    if constexpr (!kDs) {
+      sc_lo *= p.gather.scale * sm.q_scales()[rw.r_lo];
+      sc_hi *= p.gather.scale * sm.q_scales()[rw.r_hi];
+    }
 #pragma unroll
     for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
   }
 
-  // S in the log2 domain (times the softmax scale; fp8: also the cache scale and 2^56), keys not loaded or past a
-  // row's limit -inf; the rows' maxima.
+  // S in the log2 domain (sc_lo / sc_hi), keys not loaded or past a row's limit -inf; the rows' maxima.
   __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
-    const float scale = kDs ? p.rows.scale_log2 : p.rows.scale_log2 * p.gather.scale * kExactCodeFactor;
-    mask_scale_max(s, mask, k0, rw.t4, lim_lo, lim_hi, scale, mx_lo, mx_hi);
+    mx_lo = -INFINITY;
+    mx_hi = -INFINITY;
+#pragma unroll
+    for (int jj = 0; jj < T::kBlockN / 8; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kk = 8 * jj + 2 * rw.t4 + e, key = k0 + kk;
+        const bool in = (mask >> kk) & 1;
+        float& a = s[4 * jj + e];
+        float& b = s[4 * jj + 2 + e];
+        a = in && key <= lim_lo ? a * sc_lo : -INFINITY;
+        b = in && key <= lim_hi ? b * sc_hi : -INFINITY;
+        mx_lo = fmaxf(mx_lo, a);
+        mx_hi = fmaxf(mx_hi, b);
+      }
+    mx_lo = softmax::quad_max(mx_lo);
+    mx_hi = softmax::quad_max(mx_hi);
   }
 
   // fp8_ds_mla: P_g as bf16 rs A fragments (p_fragments_bf16's layout), each key's weight times 2^56 gs[key].
@@ -344,7 +405,7 @@ struct SRole {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           const uint32_t off = c * T::kPanelBytes + ks * 32;
-          ptx::wgmma_bf16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
+          ptx::wgmma_f16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
         }
       ptx::wgmma_commit_group();
       release_previous(i);
@@ -411,10 +472,9 @@ struct SRole {
       l_hi = l_hi * a_hi + sum_hi;
       m_lo = n_lo;
       m_hi = n_hi;
-      // P and the factors for R: P into the rope panel, which no one reads any more (S retired); fp8_ds_mla's as
-      // f16 * 2^6 (R scales it per group), fp8's as the bf16 operand itself.
-      if constexpr (kDs) store_p_f16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
-      else store_p(sm.p_panel(s), sc, 1.0f, 1.0f, rw.r_lo, rw.r_hi, rw.t4);
+      // P and the factors for R: P into the rope panel, which no one reads any more (S retired), as f16 * 2^6
+      // (fp8: R's operand itself; fp8_ds_mla: R scales it per group).
+      store_p_f16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
       if (rw.t4 == 0) {
         sm.factors(s)[rw.r_lo] = a_lo;
         sm.factors(s)[rw.r_hi] = a_hi;
@@ -425,9 +485,21 @@ struct SRole {
       // O_L += P V_L, P from registers; retired at the next tile (or after the loop). fp8_ds_mla: per value group g
       // (O_L's columns 128 g .. 128 g + 127: the first / second 64 floats of the fragment) with P_g.
       if constexpr (!kDs) {
+        // P * 2^6 as f16 (the stage holds exact f16 codes); O carries 2^6 to the epilogue.
         uint32_t pa[4][4];
-        p_fragments_bf16(sc, pa);
-        issue_pv_rs<T::kDvHalf>(o, pa, [&](int ks) { return d.mn(stage_off + ks * 2048); });
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // p_fragments_bf16's layout
+            pa[ks][e] = pack_f16x2(sc[j] * kPF16, sc[j + 1] * kPF16);
+          }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
+        ptx::wgmma_fence_operand(o);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], d.mn(stage_off + ks * 2048), true);
       } else {
         uint32_t pa0[4][4], pa1[4][4];
         float (&o0)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);
@@ -528,7 +600,7 @@ struct RRole {
         ptx::wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
-          ptx::wgmma_bf16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
+          ptx::wgmma_f16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
               o, d.k(p_off + ks * 32), d.mn(stage_off + 4 * T::kPanelBytes + ks * 2048), true);
         ptx::wgmma_commit_group();
         ptx::wgmma_wait_group<0>();
@@ -597,7 +669,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   __syncthreads();
   const int wg = ptx::warpgroup_index();
   // fp8: O carries the cache scale and 2^56 (the stage holds code * 2^-56); fp8_ds_mla: the scales went into P_g.
-  const float out_scale = F == CacheFormat::fp8 ? p.gather.scale * kExactCodeFactor : 1.0f;
+  const float out_scale = F == CacheFormat::fp8 ? p.gather.scale / convert::kPF16 : 1.0f;
   if (wg == L::kConverter) {
     ptx::setmaxnreg_dec<L::converter_regs(F)>();
     convert::converter<F, RowsT>(p, u, sm);
@@ -615,10 +687,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                     rw.t4, out_scale);
     return;
   }
-  ptx::setmaxnreg_inc<L::kSRegs>();
+  ptx::setmaxnreg_inc<L::s_regs(F)>();
   // Q of the unit's rows into shared memory (zeros past the request's rows), visible to this warpgroup's wgmma.
   load_q_panels_batched<T::kBlockM, 128>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(),
                                          static_cast<int>(threadIdx.x & 127));
+  if constexpr (F == CacheFormat::fp8) {
+    ptx::named_barrier_sync(L::kBarQ, 128);
+    convert::q_to_f16(sm, static_cast<int>(threadIdx.x & 127));
+  }
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(L::kBarQ, 128);
   MLA_DECODE_TRACE_EVENT(3, 128);

@@ -15,11 +15,12 @@ struct ConvertTraits {
   // leaves; each a multiple of 8). The converter holds one tile's codes of its key half (fp8: 18 x 16 bytes = 72
   // registers; fp8_ds_mla: 16 + 4 chunks and two scales = 82) plus addresses and the expansion's temporaries; the S
   // warpgroup O_L (128), S (32), a group accumulator (fp8_ds_mla, 32) or P (16) and its softmax state; the R
-  // warpgroup O_R (128), and fp8_ds_mla's P_3 words (16). ptxas -v: 0 spills at fp8 112 / 232 / 160 (the converter
-  // spilled 12 bytes at 104) and fp8_ds_mla 104 / 232 / 168 (R spilled 24 bytes at 160).
+  // warpgroup O_R (128), and fp8_ds_mla's P_3 words (16). ptxas -v: 0 spills at fp8 120 / 224 / 160 (the f16
+  // conversion spilled 32 bytes at 112 / 232 / 160; R at 152 is below the kernel's minimum) and fp8_ds_mla
+  // 104 / 232 / 168 (R spilled 24 bytes at 160).
   static constexpr int kConverter = 0, kSWarpgroup = 1, kRWarpgroup = 2;
-  static constexpr int kSRegs = 232;
-  static constexpr int converter_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 112 : 104; }
+  static constexpr int s_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 224 : 232; }
+  static constexpr int converter_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 120 : 104; }
   static constexpr int r_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 160 : 168; }
 
   // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory), kBarP + s (S arrives,
@@ -38,7 +39,8 @@ struct ConvertTraits {
   static constexpr int kOffA = kOffK + kStages * T::kTileBytes;  // [kStages][64] fp32
   static constexpr int kOffL = kOffA + kStages * T::kBlockM * 4;  // [64] sums, then [64] references
   static constexpr int kOffScale = kOffL + 2 * T::kBlockM * 4;    // fp8_ds_mla: [kStages][4 groups][64 keys] fp32
-  static constexpr int kOffMask = kOffScale + kStages * 4 * T::kBlockN * 4;  // [kStages] u64
+  static constexpr int kOffQScale = kOffScale + kStages * 4 * T::kBlockN * 4;  // fp8: [64] 2^-e of each Q row
+  static constexpr int kOffMask = kOffQScale + T::kBlockM * 4;    // [kStages] u64
   static constexpr int kOffBar = kOffMask + kStages * 8;          // full[kStages], empty[kStages]
   static constexpr int kBarriers = 2 * kStages;
   static constexpr int kSmemBytes = kOffBar + kBarriers * 8 + 1024;  // + slack to align the base to 1 KiB
@@ -55,10 +57,10 @@ struct ConvertTraits {
   static constexpr int kCodeChunks = 16;
 };
 
-static_assert(ConvertTraits::converter_regs(CacheFormat::fp8) + ConvertTraits::kSRegs +
+static_assert(ConvertTraits::converter_regs(CacheFormat::fp8) + ConvertTraits::s_regs(CacheFormat::fp8) +
                       ConvertTraits::r_regs(CacheFormat::fp8) <= 504,
               "setmaxnreg budget");
-static_assert(ConvertTraits::converter_regs(CacheFormat::fp8_ds_mla) + ConvertTraits::kSRegs +
+static_assert(ConvertTraits::converter_regs(CacheFormat::fp8_ds_mla) + ConvertTraits::s_regs(CacheFormat::fp8_ds_mla) +
                       ConvertTraits::r_regs(CacheFormat::fp8_ds_mla) <= 504,
               "setmaxnreg budget");
 
