@@ -14,13 +14,15 @@
 //   seesaw  64-row tiles (m > 32; and padded small problems where it measured faster): two consumer
 //           warpgroups splitting O by columns over a two-stage pipeline, with a key source per format.
 //   convert 64-row tiles over the code formats (fp8 per-tensor: mqa_decode; fp8_ds_mla: mqa_decode and sparse_mqa):
-//           a whole warpgroup converts the codes exactly into a bf16 stage, an S warpgroup and a second O warpgroup
-//           consume it (asymmetric registers). Not yet preferred: runs when forced (its measurement against the
-//           seesaw decides).
+//           a whole warpgroup converts the codes exactly into a stage (fp8: f16, fp8_ds_mla: bf16), an S warpgroup
+//           and a second O warpgroup consume it (asymmetric registers).
 //
 // The rules:
 //   - m <= 8 / 16 / 32 takes an N 8 / 16 / 32 tile, m > 32 ceil(m / 64) seesaw tiles.
-//   - The code formats take the raw kernel up to 32 rows, the seesaw kernel above.
+//   - The code formats take the raw kernel up to 32 rows. Above: fp8 per-tensor (mqa_decode) the converter kernel
+//     (nvidia-h200, b 128 s_k 4096: h 128 0.388 against the seesaw's 0.494 ms, h 64 0.216 against 0.244 ms, one
+//     run), fp8_ds_mla the seesaw kernel (the converter's bf16 expansion measured 1.3-1.4x slower), as does every
+//     batch-invariant launch.
 //   - A bf16 cache at 17..32 rows per request runs one padded seesaw tile: its stream is memory-bound at half
 //     its rows, and it outran the N 32 small kernel 1.1..2x on every bf16 row measured.
 //   - mqa_decode over a bf16 cache at 9..16 rows runs one padded seesaw tile for small batches with short
@@ -101,7 +103,8 @@ inline constexpr Regime tile_for(const Problem& p, Kernel k) {
 // launcher's to refuse).
 inline constexpr Kernel preferred(const Problem& p) {
   const int64_t m = p.rows < 1 ? 1 : p.rows;
-  if (m > 32) return Kernel::seesaw;
+  if (m > 32)
+    return p.format == CacheFormat::fp8 && !p.sparse && !p.batch_invariant ? Kernel::convert : Kernel::seesaw;
   if (is_code_format(p.format)) return Kernel::raw;
   const bool small_batch = !p.batch_invariant && p.batch <= kRows16SeesawBatch && p.context_bound <= kRows16SeesawKeys;
   if (!p.sparse && (m > 16 || (m > 8 && small_batch)))

@@ -35,7 +35,7 @@ TEST(DecodeRegime, RowTilesFollowTheRowCount) {
       EXPECT_EQ(choose(dense(f, m)).kernel, Kernel::raw) << m;
       EXPECT_EQ(choose(dense(f, m)).m_tiles, 1);
     }
-    EXPECT_EQ(choose(dense(f, 33)).kernel, Kernel::seesaw);
+    EXPECT_EQ(choose(dense(f, 33)).kernel, f == CacheFormat::fp8 ? Kernel::convert : Kernel::seesaw);
     EXPECT_EQ(choose(dense(f, 33)).m_tiles, 1);
     EXPECT_EQ(choose(dense(f, 64)).m_tiles, 1);
     EXPECT_EQ(choose(dense(f, 65)).m_tiles, 2);
@@ -92,7 +92,8 @@ TEST(DecodeRegime, SparseRows) {
   EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, 128)).m_tiles, 2);
 }
 
-// The converter kernel: the code formats (sparse: fp8_ds_mla), 64-row tiles, never chosen by the rule (forced only).
+// The converter kernel: the code formats (sparse: fp8_ds_mla), 64-row tiles; the rule takes it for fp8 per-tensor
+// above 32 rows (mqa_decode, not batch-invariant), the seesaw kernel keeps fp8_ds_mla.
 TEST(DecodeRegime, ConverterKernelReadsTheCodeFormats) {
   EXPECT_EQ(supports(dense(CacheFormat::fp8, 128), Kernel::convert), nullptr);
   EXPECT_EQ(supports(dense(CacheFormat::fp8, 8), Kernel::convert), nullptr);  // one padded tile
@@ -108,11 +109,13 @@ TEST(DecodeRegime, ConverterKernelReadsTheCodeFormats) {
   EXPECT_EQ(r.tile_rows, 64);
   EXPECT_EQ(r.m_tiles, 2);
   EXPECT_FALSE(r.stage1_panels);
-  for (int64_t m : {1, 16, 33, 64, 128, 256})
-    for (CacheFormat f : {CacheFormat::fp8, CacheFormat::fp8_ds_mla}) {
-      EXPECT_NE(choose(dense(f, m)).kernel, Kernel::convert) << m;
-      EXPECT_NE(choose(sparse(f, m)).kernel, Kernel::convert) << m;
-    }
+  for (int64_t m : {1, 16, 32, 33, 64, 128, 256}) {
+    EXPECT_EQ(choose(dense(CacheFormat::fp8, m)).kernel, m > 32 ? Kernel::convert : Kernel::raw) << m;
+    EXPECT_EQ(choose(inv).kernel, Kernel::seesaw);
+    EXPECT_NE(choose(dense(CacheFormat::fp8_ds_mla, m)).kernel, Kernel::convert) << m;
+    EXPECT_NE(choose(sparse(CacheFormat::fp8_ds_mla, m)).kernel, Kernel::convert) << m;
+  }
+  EXPECT_EQ(choose(dense(CacheFormat::fp8, 128)).m_tiles, 2);
   EXPECT_STREQ(to_string(Kernel::convert), "convert");
 }
 

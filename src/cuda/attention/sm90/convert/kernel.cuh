@@ -6,19 +6,21 @@
 // model: docs/design/fp8_64row_plan.md design B).
 //
 // Roles (384 threads, __launch_bounds__(384, 1), one CTA per (row tile, split, request)):
-//   warpgroup 0, the converter (112 registers): thread t owns key t % 64 of each tile and half h = t / 64 of its
-//     columns (latent panels 4h .. 4h + 3, the rope panel's chunks 4h .. 4h + 3): it loads that part of the key's
-//     576 codes into registers (18 x 16 bytes, through the block table), waits for the stage's release, writes the
-//     codes as exact bf16 (code * 2^-56, e4m3x8_exact_to_bf16: no rounding, NaN codes stay NaN) into the stage's
-//     swizzled K-major panels, fences the proxy and arrives; then loads the next tile's codes, so that their DRAM
-//     round trip runs while it waits for the next stage to be released.
-//   warpgroup 1, S (232): loads Q (64 x 576 bf16) into shared memory once per unit; per tile S = Q K^T (36 ss
-//     m64n64k16), the key mask and causal limits, the lazy maximum, P = 2^(S - ref) (bf16), O_L *= a and
+//   warpgroup 0, the converter (fp8 120, fp8_ds_mla 104 registers): thread t owns key t % 64 of each tile and
+//     half h = t / 64 of its columns (latent panels 4h .. 4h + 3, the rope panel's chunks 4h .. 4h + 3): it loads
+//     that part of the key's 576 codes into registers (18 x 16 bytes, through the block table), waits for the
+//     stage's release, writes the codes exactly into the stage's swizzled K-major panels (fp8: f16 by F2FP;
+//     fp8_ds_mla: bf16 code * 2^-56, e4m3x8_exact_to_bf16; NaN codes stay NaN), fences the proxy and arrives; then
+//     loads the next tile's codes and prefetches the row of the tile after it into L2.
+//   warpgroup 1, S (fp8 224, fp8_ds_mla 232): loads Q (64 x 576 bf16) into shared memory once per unit; per tile
+//     S = Q K^T (36 ss m64n64k16), the key mask and causal limits, the lazy maximum, P = 2^(S - ref), O_L *= a and
 //     O_L += P V_L (rs m64n256k16 over the latent panels 0..3); P also goes into the stage's rope panel (read by
 //     S only, so free once S retired) and the rows' factors a into shared memory, for R.
-//   warpgroup 2, R (160): per tile O_R *= a and O_R += P V_R (ss: P from the rope panel, V_R = panels 4..7).
-// Every product reads the exact codes. fp8 per-tensor: the cache scale and 2^56 are applied to S (before the softmax)
-// and to O (in the epilogue). fp8_ds_mla (four groups of 128 latent columns, an fp32 scale each per key; bf16 rope):
+//   warpgroup 2, R (160 / 168): per tile O_R *= a and O_R += P V_R (ss: P from the rope panel, V_R = panels 4..7).
+// Every product reads the exact codes. fp8 per-tensor: f16 products throughout — Q rewritten once per unit as f16
+// times a per-row power of two 2^e_r (q_to_f16), S times the cache scale and 2^-e_r before the softmax, P as f16 *
+// 2^6 into both value products, O times the cache scale and 2^-6 in the epilogue. fp8_ds_mla (four groups of 128
+// latent columns, an fp32 scale each per key; bf16 rope):
 // S is the rope's product plus, per group g, 2^56 s_g[key] times the group's product over the codes (its own
 // accumulator, folded into S in fp32); the value products take P_g = bf16(P * 2^56 s_g[key]) per group (S: groups
 // 0, 1 from registers; R: groups 2, 3 from P stored as f16 * 2^6 in the rope panel), so O needs no scale.
@@ -195,8 +197,8 @@ struct Codes<CacheFormat::fp8_ds_mla> {
   }
 };
 
-// Into the stage: raw chunk i of latent panel c becomes the panel's chunks 2i, 2i + 1 of row `key` as exact bf16
-// (code * 2^-56); then the rope (and fp8_ds_mla's scales). A quarter warp stores eight consecutive keys at one
+// Into the stage: raw chunk i of latent panel c becomes the panel's chunks 2i, 2i + 1 of row `key`, exact (fp8: f16;
+// fp8_ds_mla: bf16 code * 2^-56); then the rope (and fp8_ds_mla's scales). A quarter warp stores eight consecutive keys at one
 // logical chunk: eight distinct physical chunks under the swizzle (no bank conflict).
 template <CacheFormat F>
 __device__ __forceinline__ void store_codes(const Codes<F>& c, uint8_t* stage, float* scales, int key, int half) {
@@ -543,7 +545,7 @@ struct SRole {
   }
 };
 
-// The R warpgroup: O_R over every tile with S's P and factors. fp8: O_R += P V_R (ss, the bf16 P panel). fp8_ds_mla:
+// The R warpgroup: O_R over every tile with S's P and factors. fp8: O_R += P V_R (ss, the f16 P * 2^6 panel). fp8_ds_mla:
 // per value group g = 2, 3 (O_R's columns 128 (g - 2) ..: the first / second 64 floats of the fragment), P_g =
 // bf16(P * 2^56 s_g[key]) over the f16 panel in place (P_3 kept in registers until group 2's products retired), then
 // O_R += P_g V_g (ss); the groups one after the other.
@@ -668,7 +670,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   __syncthreads();
   const int wg = ptx::warpgroup_index();
-  // fp8: O carries the cache scale and 2^56 (the stage holds code * 2^-56); fp8_ds_mla: the scales went into P_g.
+  // fp8: O carries 2^6 (P's f16 factor) and lacks the cache scale; fp8_ds_mla: the scales went into P_g.
   const float out_scale = F == CacheFormat::fp8 ? p.gather.scale / convert::kPF16 : 1.0f;
   if (wg == L::kConverter) {
     ptx::setmaxnreg_dec<L::converter_regs(F)>();
