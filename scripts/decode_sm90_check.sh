@@ -7,7 +7,7 @@
 #   scripts/decode_sm90_check.sh [build] [sass] [test] [sanitize] [bench] [ab] [kernels] [profile]
 # Logs go to $OUT (or ./gpu-logs). Env: TEST_FILTER, SAN_FILTER, RACE_FILTER (racecheck's own), SAN_TOOLS, BENCH_ARGS,
 # BENCH_VARIANTS (`mla bench --variant` per grid run; "auto": the automatic choice), KERNEL_ARGS (bench rows, one
-# per line, rerun with each sm90 kernel forced: --variant sm90_small / sm90_raw / sm90_seesaw; a kernel that cannot
+# per line, rerun with each sm90 kernel forced: --variant sm90_small / sm90_raw / sm90_seesaw / sm90_convert; a kernel that cannot
 # run the row says so), PROFILE_ARGS (one shape under ncu), AB_A / AB_B / AB_ARGS / AB_ROUNDS (ab: each shape of
 # AB_ARGS, one per line, timed with kernel choice A and B alternately for AB_ROUNDS rounds in one run; see
 # scripts/ab_bench.sh), TEST_ENV (test, sanitize: an environment the tests run under; unset: none).
@@ -58,7 +58,7 @@ fi
 if [[ "$ARGS" == *" kernels "* ]]; then  # the same shapes on each sm90 kernel, forced (in one run)
   while read -r args; do
     [ -z "$args" ] && continue
-    for v in sm90_small sm90_raw sm90_seesaw; do
+    for v in sm90_small sm90_raw sm90_seesaw sm90_convert; do
       timeout 60 ./$B/bin/mla bench --ops ceilings,mqa_decode $args --variant $v \
         2>&1 | grep -E "b=|copy|cannot" | cut -c1-150 | sed "s/^/$v: /"
     done

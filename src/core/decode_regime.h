@@ -13,10 +13,16 @@
 //           memory and turned into wgmma operands by the consumers (exact codes).
 //   seesaw  64-row tiles (m > 32; and padded small problems where it measured faster): two consumer
 //           warpgroups splitting O by columns over a two-stage pipeline, with a key source per format.
+//   convert 64-row tiles over the code formats (fp8 per-tensor: mqa_decode; fp8_ds_mla: mqa_decode and sparse_mqa):
+//           a whole warpgroup converts the codes exactly into a stage (fp8: f16, fp8_ds_mla: bf16), an S warpgroup
+//           and a second O warpgroup consume it (asymmetric registers).
 //
 // The rules:
 //   - m <= 8 / 16 / 32 takes an N 8 / 16 / 32 tile, m > 32 ceil(m / 64) seesaw tiles.
-//   - The code formats take the raw kernel up to 32 rows, the seesaw kernel above.
+//   - The code formats take the raw kernel up to 32 rows. Above: fp8 per-tensor (mqa_decode) the converter kernel
+//     (nvidia-h200, b 128 s_k 4096: h 128 0.388 against the seesaw's 0.494 ms, h 64 0.216 against 0.244 ms, one
+//     run), fp8_ds_mla the seesaw kernel (the converter's bf16 expansion measured 1.3-1.4x slower), as does every
+//     batch-invariant launch.
 //   - A bf16 cache at 17..32 rows per request runs one padded seesaw tile: its stream is memory-bound at half
 //     its rows, and it outran the N 32 small kernel 1.1..2x on every bf16 row measured.
 //   - mqa_decode over a bf16 cache at 9..16 rows runs one padded seesaw tile for small batches with short
@@ -34,7 +40,7 @@
 
 namespace mla::decode_regime {
 
-enum class Kernel { small, raw, seesaw };
+enum class Kernel { small, raw, seesaw, convert };
 
 inline constexpr int kSeesawRows = 64;               // rows of a seesaw tile
 inline constexpr int64_t kRows16SeesawBatch = 16;    // mqa_decode, bf16, 9..16 rows: seesaw tile up to this batch
@@ -73,17 +79,21 @@ inline constexpr const char* supports(const Problem& p, Kernel k) {
       if (!codes) return "the raw kernel reads fp8 and fp8_ds_mla caches";
       return p.rows <= 32 ? nullptr : "the raw kernel takes at most 32 query rows per request";
     case Kernel::seesaw: return nullptr;
+    case Kernel::convert:
+      if (!codes) return "the converter kernel reads fp8 and fp8_ds_mla caches";
+      if (p.batch_invariant) return "the converter kernel is not part of the batch-invariant rule";
+      return nullptr;
   }
   return "unknown kernel";
 }
 
 // The tiling of problem p on kernel k (which supports it): N 8 / 16 / 32 tiles on the small and raw kernels, 64-row
-// tiles (padded below 64) on the seesaw kernel.
+// tiles (padded below 64) on the seesaw and converter kernels.
 inline constexpr Regime tile_for(const Problem& p, Kernel k) {
   Regime r;
   const int64_t m = p.rows < 1 ? 1 : p.rows;
   r.kernel = k;
-  r.tile_rows = k == Kernel::seesaw ? kSeesawRows : m <= 8 ? 8 : m <= 16 ? 16 : 32;
+  r.tile_rows = k == Kernel::seesaw || k == Kernel::convert ? kSeesawRows : m <= 8 ? 8 : m <= 16 ? 16 : 32;
   r.m_tiles = static_cast<int>((m + r.tile_rows - 1) / r.tile_rows);
   r.stage1_panels = k == Kernel::seesaw && !p.sparse && p.format == CacheFormat::bf16 && m > 16;
   return r;
@@ -93,7 +103,8 @@ inline constexpr Regime tile_for(const Problem& p, Kernel k) {
 // launcher's to refuse).
 inline constexpr Kernel preferred(const Problem& p) {
   const int64_t m = p.rows < 1 ? 1 : p.rows;
-  if (m > 32) return Kernel::seesaw;
+  if (m > 32)
+    return p.format == CacheFormat::fp8 && !p.sparse && !p.batch_invariant ? Kernel::convert : Kernel::seesaw;
   if (is_code_format(p.format)) return Kernel::raw;
   const bool small_batch = !p.batch_invariant && p.batch <= kRows16SeesawBatch && p.context_bound <= kRows16SeesawKeys;
   if (!p.sparse && (m > 16 || (m > 8 && small_batch)))
@@ -105,7 +116,7 @@ inline constexpr Kernel preferred(const Problem& p) {
 inline constexpr Regime choose(const Problem& p) { return tile_for(p, preferred(p)); }
 
 inline constexpr const char* to_string(Kernel k) {
-  return k == Kernel::small ? "small" : k == Kernel::raw ? "raw" : "seesaw";
+  return k == Kernel::small ? "small" : k == Kernel::raw ? "raw" : k == Kernel::seesaw ? "seesaw" : "convert";
 }
 
 }  // namespace mla::decode_regime

@@ -11,6 +11,10 @@ namespace mla {
 namespace {
 
 using decode_regime::choose;
+using decode_regime::Regime;
+using decode_regime::supports;
+using decode_regime::tile_for;
+using decode_regime::to_string;
 using decode_regime::Kernel;
 using decode_regime::Problem;
 
@@ -31,7 +35,7 @@ TEST(DecodeRegime, RowTilesFollowTheRowCount) {
       EXPECT_EQ(choose(dense(f, m)).kernel, Kernel::raw) << m;
       EXPECT_EQ(choose(dense(f, m)).m_tiles, 1);
     }
-    EXPECT_EQ(choose(dense(f, 33)).kernel, Kernel::seesaw);
+    EXPECT_EQ(choose(dense(f, 33)).kernel, f == CacheFormat::fp8 ? Kernel::convert : Kernel::seesaw);
     EXPECT_EQ(choose(dense(f, 33)).m_tiles, 1);
     EXPECT_EQ(choose(dense(f, 64)).m_tiles, 1);
     EXPECT_EQ(choose(dense(f, 65)).m_tiles, 2);
@@ -86,6 +90,33 @@ TEST(DecodeRegime, SparseRows) {
     EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, h)).kernel, Kernel::seesaw);
   }
   EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, 128)).m_tiles, 2);
+}
+
+// The converter kernel: the code formats (sparse: fp8_ds_mla), 64-row tiles; the rule takes it for fp8 per-tensor
+// above 32 rows (mqa_decode, not batch-invariant), the seesaw kernel keeps fp8_ds_mla.
+TEST(DecodeRegime, ConverterKernelReadsTheCodeFormats) {
+  EXPECT_EQ(supports(dense(CacheFormat::fp8, 128), Kernel::convert), nullptr);
+  EXPECT_EQ(supports(dense(CacheFormat::fp8, 8), Kernel::convert), nullptr);  // one padded tile
+  EXPECT_EQ(supports(dense(CacheFormat::fp8_ds_mla, 128), Kernel::convert), nullptr);
+  EXPECT_EQ(supports(sparse(CacheFormat::fp8_ds_mla, 64), Kernel::convert), nullptr);
+  EXPECT_NE(supports(dense(CacheFormat::bf16, 128), Kernel::convert), nullptr);
+  EXPECT_NE(supports(sparse(CacheFormat::bf16, 128), Kernel::convert), nullptr);
+  EXPECT_NE(supports(sparse(CacheFormat::fp8, 128), Kernel::convert), nullptr);
+  Problem inv = dense(CacheFormat::fp8, 128);
+  inv.batch_invariant = true;
+  EXPECT_NE(supports(inv, Kernel::convert), nullptr);
+  const Regime r = tile_for(dense(CacheFormat::fp8, 128), Kernel::convert);
+  EXPECT_EQ(r.tile_rows, 64);
+  EXPECT_EQ(r.m_tiles, 2);
+  EXPECT_FALSE(r.stage1_panels);
+  for (int64_t m : {1, 16, 32, 33, 64, 128, 256}) {
+    EXPECT_EQ(choose(dense(CacheFormat::fp8, m)).kernel, m > 32 ? Kernel::convert : Kernel::raw) << m;
+    EXPECT_EQ(choose(inv).kernel, Kernel::seesaw);
+    EXPECT_NE(choose(dense(CacheFormat::fp8_ds_mla, m)).kernel, Kernel::convert) << m;
+    EXPECT_NE(choose(sparse(CacheFormat::fp8_ds_mla, m)).kernel, Kernel::convert) << m;
+  }
+  EXPECT_EQ(choose(dense(CacheFormat::fp8, 128)).m_tiles, 2);
+  EXPECT_STREQ(to_string(Kernel::convert), "convert");
 }
 
 TEST(DecodeRegime, DegenerateRowCountsTakeTheSmallestTile) {

@@ -31,6 +31,10 @@ dispatch::Table<dispatch::DecodeArgs>& dispatch::mqa_decode_table() {
                        "64-row tiles, two consumer warpgroups over a two-stage pipeline, cluster split merge "
                        "(attention/sm90/seesaw/kernel.cuh): bf16, fp8 and fp8_ds_mla caches"},
                       decode_sm90::supports_seesaw, decode_sm90::run_seesaw, decode_sm90::prefers_seesaw},
+                     {{"sm90_convert", 90, 90,
+                       "64-row tiles, a converter warpgroup writing exact codes into an f16 (fp8) or bf16 stage, an S and an O "
+                       "warpgroup (attention/sm90/convert/kernel.cuh): fp8 and fp8_ds_mla caches"},
+                      decode_sm90::supports_convert, decode_sm90::run_convert, decode_sm90::prefers_convert},
                      {{"portable", 80, 0, "mma.sync MQA engine: every cache format, page size, h_q and s_q"},
                       nullptr, decode::run_portable}});
   return table;

@@ -15,6 +15,7 @@
 #include "cuda/attention/combine/split_kv.h"
 #include "cuda/attention/sm90/common/launch_util.cuh"
 #include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/attention/sm90/convert/launch.h"
 #include "cuda/attention/sm90/raw/launch.h"
 #include "cuda/attention/sm90/raw/traits.cuh"
 #include "cuda/attention/sm90/seesaw/launch.h"
@@ -207,7 +208,9 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
       }
     }
     const bool ds = cache.format == CacheFormat::fp8_ds_mla;
-    if (regime.kernel == decode_regime::Kernel::raw)
+    if (regime.kernel == decode_regime::Kernel::convert)
+      (ds ? launch_convert_ds_paged : launch_convert_fp8_paged)(p, grid, stream, what);
+    else if (regime.kernel == decode_regime::Kernel::raw)
       (ds ? launch_raw_ds_paged : launch_raw_fp8_paged)(p, grid, stream, map, what);
     else
       (ds ? launch_seesaw_ds_paged : launch_seesaw_fp8_paged)(p, grid, stream, what);
@@ -229,12 +232,15 @@ using decode_regime::Kernel;
 const char* supports_small(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::small); }
 const char* supports_raw(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::raw); }
 const char* supports_seesaw(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::seesaw); }
+const char* supports_convert(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::convert); }
 bool prefers_small(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::small; }
 bool prefers_raw(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::raw; }
 bool prefers_seesaw(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::seesaw; }
+bool prefers_convert(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::convert; }
 void run_small(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::small); }
 void run_raw(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::raw); }
 void run_seesaw(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::seesaw); }
+void run_convert(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::convert); }
 
 #if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
 namespace {

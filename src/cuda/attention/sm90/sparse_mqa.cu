@@ -15,6 +15,7 @@
 #include "cuda/common/launch.h"
 #include "cuda/common/mqa_launch.h"
 #include "cuda/attention/sm90/common/launch_util.cuh"
+#include "cuda/attention/sm90/convert/launch.h"
 #include "cuda/attention/sm90/raw/launch.h"
 #include "cuda/attention/sm90/seesaw/launch.h"
 #include "cuda/attention/sm90/small/launch.h"
@@ -102,6 +103,8 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
       launch_small_gathered(p, grid, stream, what);
   } else if (regime.kernel == decode_regime::Kernel::raw) {
     launch_raw_ds_indexed(p, grid, stream, what);
+  } else if (regime.kernel == decode_regime::Kernel::convert) {
+    launch_convert_ds_indexed(p, grid, stream, what);
   } else {
     launch_seesaw_ds_indexed(p, grid, stream, what);
   }
@@ -113,6 +116,7 @@ using decode_regime::Kernel;
 const char* supports_sparse_small(const dispatch::SparseArgs& a) { return supports_kernel(a, Kernel::small); }
 const char* supports_sparse_raw(const dispatch::SparseArgs& a) { return supports_kernel(a, Kernel::raw); }
 const char* supports_sparse_seesaw(const dispatch::SparseArgs& a) { return supports_kernel(a, Kernel::seesaw); }
+const char* supports_sparse_convert(const dispatch::SparseArgs& a) { return supports_kernel(a, Kernel::convert); }
 bool prefers_sparse_small(const dispatch::SparseArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::small; }
 bool prefers_sparse_raw(const dispatch::SparseArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::raw; }
 bool prefers_sparse_seesaw(const dispatch::SparseArgs& a) {
@@ -121,5 +125,9 @@ bool prefers_sparse_seesaw(const dispatch::SparseArgs& a) {
 void run_sparse_small(const dispatch::SparseArgs& a) { run_kernel(a, Kernel::small); }
 void run_sparse_raw(const dispatch::SparseArgs& a) { run_kernel(a, Kernel::raw); }
 void run_sparse_seesaw(const dispatch::SparseArgs& a) { run_kernel(a, Kernel::seesaw); }
+bool prefers_sparse_convert(const dispatch::SparseArgs& a) {
+  return decode_regime::preferred(problem_of(a)) == Kernel::convert;
+}
+void run_sparse_convert(const dispatch::SparseArgs& a) { run_kernel(a, Kernel::convert); }
 
 }  // namespace mla::cuda::decode_sm90

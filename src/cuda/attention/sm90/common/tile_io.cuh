@@ -11,6 +11,7 @@
 #include "cuda/common/ptx/barrier.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/attention/sm90/common/cluster_merge.cuh"
+#include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/attention/sm90/common/pipeline.cuh"
 
 namespace mla::cuda::decode_sm90 {
@@ -107,6 +108,70 @@ __device__ __forceinline__ void store_p(uint8_t* sP, const float (&s)[32], float
     *reinterpret_cast<uint32_t*>(sP + swz(r_hi, jj) + 4 * t4) =
         ptx::pack_bf16x2(s[4 * jj + 2] * f_hi, s[4 * jj + 3] * f_hi);
   }
+}
+
+// The softmax steps of a 64 x 64 S fragment (a wgmma D: this thread's rows r_lo (s[4jj], s[4jj + 1]) and r_hi
+// (s[4jj + 2], s[4jj + 3]), keys 8jj + 2 t4, + 1), shared by the 64-row kernels (seesaw/base.cuh, convert/kernel.cuh).
+// Scores times `scale` (the log2 domain), keys not in `mask` or past a row's limit (lim_lo / lim_hi: its largest
+// visible key) -inf; the rows' maxima over the quad.
+__device__ __forceinline__ void mask_scale_max(float (&s)[32], uint64_t mask, int k0, int t4, int lim_lo, int lim_hi,
+                                               float scale, float& mx_lo, float& mx_hi) {
+  mx_lo = -INFINITY;
+  mx_hi = -INFINITY;
+#pragma unroll
+  for (int jj = 0; jj < Traits::kBlockN / 8; ++jj)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int kk = 8 * jj + 2 * t4 + e, key = k0 + kk;
+      const bool in = (mask >> kk) & 1;
+      float& a = s[4 * jj + e];
+      float& b = s[4 * jj + 2 + e];
+      a = in && key <= lim_lo ? a * scale : -INFINITY;
+      b = in && key <= lim_hi ? b * scale : -INFINITY;
+      mx_lo = fmaxf(mx_lo, a);
+      mx_hi = fmaxf(mx_hi, b);
+    }
+  mx_lo = softmax::quad_max(mx_lo);
+  mx_hi = softmax::quad_max(mx_hi);
+}
+// P = 2^(S - base) in place (a row whose base is -inf: base 0, its P all 0); this thread's row sums.
+__device__ __forceinline__ void exp2_rows(float (&s)[32], float base_lo, float base_hi, float& sum_lo, float& sum_hi) {
+  base_lo = base_lo == -INFINITY ? 0.0f : base_lo;
+  base_hi = base_hi == -INFINITY ? 0.0f : base_hi;
+  sum_lo = 0.0f;
+  sum_hi = 0.0f;
+#pragma unroll
+  for (int jj = 0; jj < Traits::kBlockN / 8; ++jj) {
+    s[4 * jj] = softmax::exp2_approx(s[4 * jj] - base_lo);
+    s[4 * jj + 1] = softmax::exp2_approx(s[4 * jj + 1] - base_lo);
+    s[4 * jj + 2] = softmax::exp2_approx(s[4 * jj + 2] - base_hi);
+    s[4 * jj + 3] = softmax::exp2_approx(s[4 * jj + 3] - base_hi);
+    sum_lo += s[4 * jj] + s[4 * jj + 1];
+    sum_hi += s[4 * jj + 2] + s[4 * jj + 3];
+  }
+}
+// P as bf16 rs A fragments (k-steps of 16 keys): element (ks, e) holds keys 16 ks + 8 (e >> 1) + 2 t4, + 1 of row
+// r_lo (e even) or r_hi.
+__device__ __forceinline__ void p_fragments_bf16(const float (&s)[32], uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // (e & 1): row hi; (e >> 1): keys + 8
+      pa[ks][e] = ptx::pack_bf16x2(s[i], s[i + 1]);
+    }
+}
+
+// O (+)= P V over one 64-key tile with P from registers (rs: pa, p_fragments_bf16's layout), four k-steps of 16 keys;
+// v_desc(ks) is the MN-major descriptor of the value panels' k-step ks. Fenced, issued, not committed.
+template <int N, class VDesc>
+__device__ __forceinline__ void issue_pv_rs(float (&o)[N / 2], uint32_t (&pa)[4][4], VDesc&& v_desc) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
+  ptx::wgmma_fence_operand(o);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) ptx::wgmma_bf16_rs<N, ptx::Major::MN>(o, pa[ks], v_desc(ks), true);
 }
 
 // A row's natural-log LSE from its running maximum m (log2 domain) and row sum l: -inf for a row with no visible

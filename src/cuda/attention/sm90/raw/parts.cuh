@@ -14,6 +14,7 @@
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/ptx/tma.cuh"
+#include "cuda/attention/sm90/common/exact_codes.cuh"
 #include "cuda/attention/sm90/common/pipeline.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/common/tile_io.cuh"
@@ -37,19 +38,6 @@ __host__ __device__ constexpr uint32_t raw_sel(uint32_t x, uint32_t y) {
   return x | (x | 8u) << 4 | y << 8 | (y | 8u) << 12;
 }
 
-// Two e4m3 codes (the low or high 16 bits of w) as an f16 pair: exact (every e4m3 value, subnormals included, is
-// a normal f16), NaN codes to NaN. One F2FP per pair.
-__device__ __forceinline__ uint32_t e4m3x2_lo_to_f16x2(uint32_t w) {
-  uint32_t d;
-  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, lo;}" : "=r"(d) : "r"(w));
-  return d;
-}
-__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t w) {
-  uint32_t d;
-  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi;}" : "=r"(d) : "r"(w));
-  return d;
-}
-
 // Chunk words of a thread's two keys (wl: key_lo, wh: key_hi; word i = k-step 4 j + i) as the A fragment of four
 // k-steps: f16 pairs, exact, NaN codes to NaN (a NaN key's scores come out NaN).
 __device__ __forceinline__ void e4m3_chunk_to_a(const uint32_t (&wl)[4], const uint32_t (&wh)[4], uint32_t (&aj)[16]) {
@@ -61,18 +49,6 @@ __device__ __forceinline__ void e4m3_chunk_to_a(const uint32_t (&wl)[4], const u
     aj[4 * i + 3] = e4m3x2_hi_to_f16x2(wh[i]);
   }
 }
-
-// The power-of-two exponent that brings a query row of largest magnitude `amax_bits` (fp32 bits of max |q|)
-// into [2^14, 2^15): every bf16 value within 2^28 of the row's largest is then a normal f16, so the f16 copy is
-// exact there and the rest are off by at most 2^-39 of the largest (far below fp32 accumulation error). Zero,
-// inf and NaN rows keep 0; the clamp keeps 2^e and 2^-e normal fp32.
-__device__ __forceinline__ int q_row_exponent(uint32_t amax_bits) {
-  const int biased = static_cast<int>(amax_bits >> 23);
-  if (amax_bits == 0 || biased == 255) return 0;
-  const int e = 14 - (biased - 127);
-  return e < -120 ? -120 : e > 120 ? 120 : e;
-}
-__device__ __forceinline__ float exp2i(int e) { return __int_as_float((127 + e) << 23); }
 
 // Staged query row r (< N) of the unit: raw bf16, 576 columns, kQRowBytes apart in ring slot kQSlot (zeros past the
 // unit's rows).

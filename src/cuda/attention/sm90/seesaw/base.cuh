@@ -308,21 +308,7 @@ struct SeesawBase {
         return;
       }
     }
-#pragma unroll
-    for (int jj = 0; jj < T::kBlockN / 8; ++jj)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int kk = 8 * jj + 2 * t4 + e, key = k0 + kk;
-        const bool in = (mask >> kk) & 1;
-        float& a = s[4 * jj + e];
-        float& b = s[4 * jj + 2 + e];
-        a = in && key <= lim_lo ? a * scale : -INFINITY;
-        b = in && key <= lim_hi ? b * scale : -INFINITY;
-        mx_lo = fmaxf(mx_lo, a);
-        mx_hi = fmaxf(mx_hi, b);
-      }
-    mx_lo = softmax::quad_max(mx_lo);
-    mx_hi = softmax::quad_max(mx_hi);
+    mask_scale_max(s, mask, k0, t4, lim_lo, lim_hi, scale, mx_lo, mx_hi);
   }
 
   // S = Q K^T of this consumer's tile of pair j (keys k0..k0+63) in one group, retired, the rope panel
@@ -350,38 +336,14 @@ struct SeesawBase {
   // P = 2^(S - base) in place, returns the row sums; pa = P as bf16 rs A fragments (k-steps of 16 keys).
   __device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&pa)[4][4], float base_lo, float base_hi,
                                                float& sum_lo, float& sum_hi) {
-    base_lo = base_lo == -INFINITY ? 0.0f : base_lo;
-    base_hi = base_hi == -INFINITY ? 0.0f : base_hi;
-    sum_lo = 0.0f;
-    sum_hi = 0.0f;
-#pragma unroll
-    for (int jj = 0; jj < T::kBlockN / 8; ++jj) {
-      s[4 * jj] = softmax::exp2_approx(s[4 * jj] - base_lo);
-      s[4 * jj + 1] = softmax::exp2_approx(s[4 * jj + 1] - base_lo);
-      s[4 * jj + 2] = softmax::exp2_approx(s[4 * jj + 2] - base_hi);
-      s[4 * jj + 3] = softmax::exp2_approx(s[4 * jj + 3] - base_hi);
-      sum_lo += s[4 * jj] + s[4 * jj + 1];
-      sum_hi += s[4 * jj + 2] + s[4 * jj + 3];
-    }
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // (e & 1): row hi; (e >> 1): keys + 8
-        pa[ks][e] = ptx::pack_bf16x2(s[i], s[i + 1]);
-      }
+    exp2_rows(s, base_lo, base_hi, sum_lo, sum_hi);
+    p_fragments_bf16(s, pa);
   }
 
   // O += P V of this consumer's V half of its own tile, P from registers. Committed, not waited.
   __device__ __forceinline__ void local_pv(uint32_t (&pa)[4][4]) {
     uint8_t* sV = stage_tile(C) + half_panel(C) * T::kPanelBytes;
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
-    ptx::wgmma_fence_operand(o);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      ptx::wgmma_bf16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], desc_mn(sV + ks * 2048, T::kPanelBytes), true);
+    issue_pv_rs<T::kDvHalf>(o, pa, [&](int ks) { return desc_mn(sV + ks * 2048, T::kPanelBytes); });
     ptx::wgmma_commit_group();
   }
   // O += P_other V of this consumer's V half of the other consumer's tile (P from smem, panels of the other

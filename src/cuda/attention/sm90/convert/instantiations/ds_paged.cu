@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
+// The converter kernel over paged fp8_ds_mla records (mqa_decode).
+#include "cuda/attention/sm90/common/launch_util.cuh"
+#include "cuda/attention/sm90/convert/kernel.cuh"
+#include "cuda/attention/sm90/convert/launch.h"
+
+namespace mla::cuda::decode_sm90 {
+
+void launch_convert_ds_paged(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
+  launch_one(decode_sm90_convert_kernel<CacheFormat::fp8_ds_mla, PagedRows>, ConvertTraits::kSmemBytes, grid, stream,
+             no_tensor_map(), p, what);
+}
+
+}  // namespace mla::cuda::decode_sm90

@@ -1,0 +1,716 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The converter kernel: mqa_decode over an fp8 per-tensor or fp8_ds_mla cache, and sparse_mqa over fp8_ds_mla records,
+// at 64-row tiles (h 64 = one tile per request or token at s_q 1, h 128 = two), with a whole warpgroup converting
+// codes and two asymmetric consumers (docs/design/attention_sm90.md "The converter kernel"; the plan and its cycle
+// model: docs/design/fp8_64row_plan.md design B).
+//
+// Roles (384 threads, __launch_bounds__(384, 1), one CTA per (row tile, split, request)):
+//   warpgroup 0, the converter (fp8 120, fp8_ds_mla 104 registers): thread t owns key t % 64 of each tile and
+//     half h = t / 64 of its columns (latent panels 4h .. 4h + 3, the rope panel's chunks 4h .. 4h + 3): it loads
+//     that part of the key's 576 codes into registers (18 x 16 bytes, through the block table), waits for the
+//     stage's release, writes the codes exactly into the stage's swizzled K-major panels (fp8: f16 by F2FP;
+//     fp8_ds_mla: bf16 code * 2^-56, e4m3x8_exact_to_bf16; NaN codes stay NaN), fences the proxy and arrives; then
+//     loads the next tile's codes and prefetches the row of the tile after it into L2.
+//   warpgroup 1, S (fp8 224, fp8_ds_mla 232): loads Q (64 x 576 bf16) into shared memory once per unit; per tile
+//     S = Q K^T (36 ss m64n64k16), the key mask and causal limits, the lazy maximum, P = 2^(S - ref), O_L *= a and
+//     O_L += P V_L (rs m64n256k16 over the latent panels 0..3); P also goes into the stage's rope panel (read by
+//     S only, so free once S retired) and the rows' factors a into shared memory, for R.
+//   warpgroup 2, R (160 / 168): per tile O_R *= a and O_R += P V_R (ss: P from the rope panel, V_R = panels 4..7).
+// Every product reads the exact codes. fp8 per-tensor: f16 products throughout — Q rewritten once per unit as f16
+// times a per-row power of two 2^e_r (q_to_f16), S times the cache scale and 2^-e_r before the softmax, P as f16 *
+// 2^6 into both value products, O times the cache scale and 2^-6 in the epilogue. fp8_ds_mla (four groups of 128
+// latent columns, an fp32 scale each per key; bf16 rope):
+// S is the rope's product plus, per group g, 2^56 s_g[key] times the group's product over the codes (its own
+// accumulator, folded into S in fp32); the value products take P_g = bf16(P * 2^56 s_g[key]) per group (S: groups
+// 0, 1 from registers; R: groups 2, 3 from P stored as f16 * 2^6 in the rope panel), so O needs no scale.
+//
+// Protocol, stage s = i % 2 for tile i, parity (i / 2) & 1:
+//   full[s]   128 converter arrivals (after the tile's stores and the proxy fence). S waits it; R waits it too
+//             (already complete when R gets there: R follows S's kBarP + s).
+//   empty[s]  256 arrivals: S's threads once P V_L of the tile retired (seen when S of tile i + 1 was issued:
+//             wgmma_wait_group<1>), R's once P V_R retired. The converter waits it (parity flipped) before it
+//             writes the stage.
+//   kBarP + s S arrives after writing P and the factors of tile i into stage s; R syncs. S can reach the same id
+//             again only for tile i + 2, which needs stage s released by R first: arrivals never run ahead of syncs.
+//   kBarEnd   S arrives after publishing the row sums and references; R syncs before its epilogue.
+// Trace build (common/trace.cuh): events 0 / 3 / 4 / 5 / 6 as the other kernels; the "pair" kTracePair is tiles
+// 2 kTracePair and + 1: S (consumer 0) steps 4 t + {0 full wait returned, 1 S retired, 2 P published, 3 P V_L issued},
+// R (consumer 1) steps 2 t + {0 P synced, 1 products retired}, the converter's warp 0 producer slots {0 empty wait
+// returned, 2 stored and arrived} (SM cycles).
+#include <cuda.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/common/mqa_params.h"
+#include "cuda/common/ptx/barrier.cuh"
+#include "cuda/common/ptx/fence.cuh"
+#include "cuda/common/ptx/griddep.cuh"
+#include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/setmaxnreg.cuh"
+#include "cuda/common/ptx/warpgroup.cuh"
+#include "cuda/common/ptx/wgmma.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/attention/sm90/common/exact_codes.cuh"
+#include "cuda/attention/sm90/common/pipeline.cuh"
+#include "cuda/attention/sm90/common/source.cuh"
+#include "cuda/attention/sm90/common/tile_io.cuh"
+#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/attention/sm90/convert/traits.cuh"
+#include "mla/cache_format.h"
+
+namespace mla::cuda::decode_sm90 {
+
+namespace convert {
+
+using T = Traits;
+using L = ConvertTraits;
+
+// Shared-memory views of the plan (ConvertTraits).
+struct Smem {
+  uint8_t* base;
+  __device__ __forceinline__ uint8_t* q() const { return base + L::kOffQ; }
+  __device__ __forceinline__ uint8_t* stage(int s) const { return base + L::kOffK + s * T::kTileBytes; }
+  __device__ __forceinline__ uint8_t* p_panel(int s) const { return stage(s) + 8 * T::kPanelBytes; }
+  __device__ __forceinline__ float* factors(int s) const {
+    return reinterpret_cast<float*>(base + L::kOffA) + s * T::kBlockM;
+  }
+  __device__ __forceinline__ float* q_scales() const { return reinterpret_cast<float*>(base + L::kOffQScale); }
+  __device__ __forceinline__ float* sums() const { return reinterpret_cast<float*>(base + L::kOffL); }
+  __device__ __forceinline__ float* refs() const { return sums() + T::kBlockM; }
+  __device__ __forceinline__ float* scales(int s) const {  // [4 groups][64 keys]
+    return reinterpret_cast<float*>(base + L::kOffScale) + s * 4 * T::kBlockN;
+  }
+  __device__ __forceinline__ uint32_t* mask_words(int s) const {
+    return reinterpret_cast<uint32_t*>(base + L::kOffMask) + 2 * s;
+  }
+  __device__ __forceinline__ uint64_t mask(int s) const { return reinterpret_cast<const uint64_t*>(base + L::kOffMask)[s]; }
+  __device__ __forceinline__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + L::kOffBar) + s; }
+  __device__ __forceinline__ uint64_t* empty(int s) const {
+    return reinterpret_cast<uint64_t*>(base + L::kOffBar) + L::kStages + s;
+  }
+};
+
+// A consumer thread's place in the 64 x N wgmma D fragment: warp w of its warpgroup holds rows 16w .. 16w + 15; the
+// thread rows r_lo = 16w + lane / 4 and r_hi = r_lo + 8, columns 8j + 2 t4, + 1 (j = 0 .. N / 8 - 1): d[4j], d[4j + 1]
+// on r_lo, d[4j + 2], d[4j + 3] on r_hi.
+struct Frag {
+  int t4, r_lo, r_hi;
+  __device__ __forceinline__ Frag() {
+    const int lane = threadIdx.x & 31;
+    t4 = lane & 3;
+    r_lo = 16 * ptx::warp_idx_in_warpgroup() + (lane >> 2);
+    r_hi = r_lo + 8;
+  }
+};
+
+// The wgmma descriptor's 14-bit start-address field of smem plus compile-time byte offsets (128-byte swizzle, SBO
+// 1024): K-major (LBO unused: 16) and MN-major (LBO: bytes between 64-column panels).
+struct Desc {
+  uint32_t base4;
+  __device__ __forceinline__ explicit Desc(const uint8_t* smem) : base4((ptx::smem_addr(smem) >> 4) & 0x3FFFu) {}
+  __device__ __forceinline__ uint64_t at(uint32_t off, uint32_t lbo) const {
+    return uint64_t{(1024u >> 4) | (1u << 30)} << 32 | (base4 + (off >> 4) + ((lbo >> 4) << 16));
+  }
+  __device__ __forceinline__ uint64_t k(uint32_t off) const { return at(off, 16); }
+  __device__ __forceinline__ uint64_t mn(uint32_t off) const { return at(off, T::kPanelBytes); }
+};
+
+// ---- the converter ----------------------------------------------------------------------------------------------
+
+// Sixteen codes (byte i of the chunk = column i) as exact f16: columns 0..7 into lo, 8..15 into hi (F2FP; NaN codes
+// stay NaN).
+__device__ __forceinline__ void e4m3x16_to_f16(const uint4& raw, uint4& lo, uint4& hi) {
+  lo = make_uint4(e4m3x2_lo_to_f16x2(raw.x), e4m3x2_hi_to_f16x2(raw.x), e4m3x2_lo_to_f16x2(raw.y), e4m3x2_hi_to_f16x2(raw.y));
+  hi = make_uint4(e4m3x2_lo_to_f16x2(raw.z), e4m3x2_hi_to_f16x2(raw.z), e4m3x2_lo_to_f16x2(raw.w), e4m3x2_hi_to_f16x2(raw.w));
+}
+
+// One tile's codes of this thread's key and column half, in registers. Key j of the unit is located by RowsT
+// (PagedRows: through the block table; IndexedRows: the token's index row); a key that is not loaded (past the
+// unit's range, a page or index outside the cache) gets zeros (and zero scales) and valid = false: nothing read.
+template <CacheFormat F>
+struct Codes;
+
+// Key j's row from its entry (RowsT::fetch: the block id or the index, read a tile earlier) and whether it is loaded;
+// the cache base for a key that is not (never read).
+template <class RowsT>
+__device__ __forceinline__ const uint8_t* locate_row(const DecodeSm90Params& p, int j, int32_t entry, bool& valid) {
+  int64_t o = 0;
+  valid = RowsT::locate(p, j, entry, o);
+  return p.gather.cache + (valid ? o : 0);
+}
+// N consecutive 16-byte chunks from src (read-only path), zeros when !valid (nothing read).
+template <int N>
+__device__ __forceinline__ void load_chunks(uint4 (&dst)[N], const uint8_t* src, bool valid) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    dst[i] = valid ? __ldg(reinterpret_cast<const uint4*>(src + 16 * i)) : make_uint4(0, 0, 0, 0);
+}
+
+// fp8 per-tensor: raw[0..15] the latent panels 4h .. 4h + 3 (four 16-byte chunks each), rope[0..1] the rope codes
+// 32h .. 32h + 31.
+template <>
+struct Codes<CacheFormat::fp8> {
+  uint4 raw[L::kCodeChunks];
+  uint4 rope[2];
+  bool valid;
+
+  __device__ __forceinline__ void load(const uint8_t* row, bool v, int half) {
+    valid = v;
+    load_chunks(raw, row + 256 * half, valid);
+    load_chunks(rope, row + 512 + 32 * half, valid);
+  }
+  // The rope's raw chunk i (16 codes) becomes the rope panel's chunks 4h + 2i, + 1, exact f16.
+  __device__ __forceinline__ void store_rope(uint8_t* rope_panel, float*, int key, int half) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint4 lo, hi;
+      e4m3x16_to_f16(rope[i], lo, hi);
+      *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + 2 * i)) = lo;
+      *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + 2 * i + 1)) = hi;
+    }
+  }
+};
+
+// fp8_ds_mla (SEMANTICS 3.3: 512 codes, 4 fp32 scales at byte 512, 64 bf16 rope values at byte 528): raw[0..15] the
+// codes of groups 2h, 2h + 1; rope[0..3] the bf16 rope columns 32h .. 32h + 31 (copied as they are); scale the two
+// groups' scales.
+template <>
+struct Codes<CacheFormat::fp8_ds_mla> {
+  uint4 raw[L::kCodeChunks];
+  uint4 rope[4];
+  float2 scale;
+  bool valid;
+
+  __device__ __forceinline__ void load(const uint8_t* row, bool v, int half) {
+    valid = v;
+    load_chunks(raw, row + 256 * half, valid);
+    load_chunks(rope, row + 528 + 64 * half, valid);
+    scale = valid ? __ldg(reinterpret_cast<const float2*>(row + 512) + half) : make_float2(0.0f, 0.0f);
+  }
+  __device__ __forceinline__ void store_rope(uint8_t* rope_panel, float* scales, int key, int half) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + i)) = rope[i];
+    scales[(2 * half) * T::kBlockN + key] = scale.x;
+    scales[(2 * half + 1) * T::kBlockN + key] = scale.y;
+  }
+};
+
+// Into the stage: raw chunk i of latent panel c becomes the panel's chunks 2i, 2i + 1 of row `key`, exact (fp8: f16;
+// fp8_ds_mla: bf16 code * 2^-56); then the rope (and fp8_ds_mla's scales). A quarter warp stores eight consecutive keys at one
+// logical chunk: eight distinct physical chunks under the swizzle (no bank conflict).
+template <CacheFormat F>
+__device__ __forceinline__ void store_codes(const Codes<F>& c, uint8_t* stage, float* scales, int key, int half) {
+#pragma unroll
+  for (int pc = 0; pc < 4; ++pc) {
+    uint8_t* panel = stage + (4 * half + pc) * T::kPanelBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint4 lo, hi;
+      if constexpr (F == CacheFormat::fp8) e4m3x16_to_f16(c.raw[4 * pc + i], lo, hi);
+      else expand_chunk<true>(c.raw[4 * pc + i], 0.0f, lo, hi);
+      *reinterpret_cast<uint4*>(panel + swz(key, 2 * i)) = lo;
+      *reinterpret_cast<uint4*>(panel + swz(key, 2 * i + 1)) = hi;
+    }
+  }
+  c.store_rope(stage + 8 * T::kPanelBytes, scales, key, half);
+}
+
+template <CacheFormat F, class RowsT>
+__device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit& u, const Smem& sm) {
+  constexpr int kRowBytes = static_cast<int>(CacheFormatTraits<F>::entry_bytes(576, 64));
+  constexpr int kLines = (kRowBytes + 112 + 127) / 128;  // prefetch_record_l2's lines of a row
+  const int t = threadIdx.x & 127, key = t & 63, half = t >> 6, lane = t & 31, warp = t >> 5;
+  // Two tiles ahead of the stores: tile i + 1's codes in registers (loaded right after tile i's stores), tile i + 2's
+  // row in L2 (prefetched then, through its entry read there: the read's latency falls in the wait for the next
+  // release). So the codes' load is an L2 round trip, not the block table's or index's then DRAM's.
+  auto key_of = [&](int tile) { return u.key_begin + tile * T::kBlockN + key; };
+  Codes<F> codes;
+  // Tile `tile`'s codes into registers; tile + 1's row into L2 (the key's two halves take alternate lines).
+  auto load_and_prefetch = [&](int tile) {
+    bool v;
+    const uint8_t* row = locate_row<RowsT>(p, key_of(tile), RowsT::fetch(p, u, key_of(tile)), v);
+    codes.load(row, v, half);
+    if (tile + 1 < u.n_tiles) {
+      row = locate_row<RowsT>(p, key_of(tile + 1), RowsT::fetch(p, u, key_of(tile + 1)), v);
+      if (v) {
+#pragma unroll
+        for (int l = half; l < kLines; l += 2) ptx::prefetch_l2(row + (128 * l < kRowBytes ? 128 * l : kRowBytes - 1));
+      }
+    }
+  };
+  load_and_prefetch(0);
+#pragma unroll 1
+  for (int i = 0; i < u.n_tiles; ++i) {
+    const int s = i & 1;
+    ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
+    [[maybe_unused]] const int tslot = trace_prod_slot(s, warp, 0, i);  // trace build: warp 0's stamps of its tile
+    MLA_DECODE_TRACE_PROD(tslot, 0);
+    uint8_t* stage = sm.stage(s);
+    store_codes(codes, stage, sm.scales(s), key, half);
+    const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
+    if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
+    ptx::fence_proxy_async_smem();
+    ptx::mbar_arrive(sm.full(s));
+    MLA_DECODE_TRACE_PROD(tslot, 2);
+    if (i + 1 < u.n_tiles) load_and_prefetch(i + 1);
+  }
+}
+
+// ---- the consumers ----------------------------------------------------------------------------------------------
+
+inline constexpr float kLazyLog2 = 8.0f;  // the lazy maximum's threshold (log2 domain; as the seesaw's)
+__device__ __forceinline__ float next_ref(float ref, float mx) { return mx > ref + kLazyLog2 ? mx : ref; }
+__device__ __forceinline__ float factor(float from, float to) {
+  return to == -INFINITY || from == to ? 1.0f : softmax::exp2_approx(from - to);
+}
+
+// fp8_ds_mla's P panel holds P * 2^6 as f16 (SRole::store_p_f16).
+inline constexpr float kPF16 = 64.0f;
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+__device__ __forceinline__ float2 unpack_f16x2(uint32_t v) {
+  const __half2 h = *reinterpret_cast<const __half2*>(&v);
+  return __half22float2(h);
+}
+
+// O half *= f per row, skipped by the warp when every factor is 1 (the lazy maximum's common case). No product over
+// o is in flight.
+__device__ __forceinline__ void rescale(float (&o)[T::kDvHalf / 2], float f_lo, float f_hi) {
+  ptx::wgmma_scale_rows_if<T::kDvHalf>(o, __any_sync(0xffffffffu, f_lo != 1.0f || f_hi != 1.0f), f_lo, f_hi);
+}
+
+// fp8: the unit's Q panels (bf16, in shared memory) as f16 times 2^e_r in place, e_r = q_row_exponent of row r
+// (exact for every element within 2^28 of the row's largest |q|), and 2^-e_r into q_scales()[r] for S. By the S
+// warpgroup's 128 threads: thread t takes row t / 2 and the 36 chunks (of eight columns) 36 (t % 2) .. + 35.
+__device__ __forceinline__ void q_to_f16(const Smem& sm, int t) {
+  const int row = t >> 1, c0 = 36 * (t & 1);
+  uint8_t* q = sm.q();
+  auto at = [&](int c) { return reinterpret_cast<uint4*>(q + (c >> 3) * T::kPanelBytes + swz(row, c & 7)); };
+  uint32_t amax = 0;  // fp32 bits of max |q|: non-negative floats order as their bits
+#pragma unroll 4
+  for (int c = c0; c < c0 + 36; ++c) {
+    const uint4 v = *at(c);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) amax = max(amax, max((w[k] << 16) & 0x7fffffffu, w[k] & 0x7fff0000u));
+  }
+  amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  const int e = q_row_exponent(amax);
+  const float f = exp2i(e);
+#pragma unroll 4
+  for (int c = c0; c < c0 + 36; ++c) {
+    uint4 v = *at(c);
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      w[k] = pack_f16x2(__uint_as_float(w[k] << 16) * f, __uint_as_float(w[k] & 0xffff0000u) * f);
+    *at(c) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  if ((t & 1) == 0) sm.q_scales()[row] = exp2i(-e);
+}
+
+// The S warpgroup: S, the softmax, P into the stage and O_L. Keeps its running references and row sums (summed over
+// the quad after the loop) for the epilogue.
+template <CacheFormat F>
+struct SRole {
+  static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
+  const DecodeSm90Params& p;
+  const Unit& u;
+  const Smem& sm;
+  Frag rw;
+  int lim_lo, lim_hi;
+  float sc_lo, sc_hi;  // S to the log2 domain per row: the softmax scale (fp8: times the cache scale and 2^-e_r)
+  float o[T::kDvHalf / 2];
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+
+  __device__ __forceinline__ SRole(const DecodeSm90Params& p_, const Unit& u_, const Smem& sm_) : p(p_), u(u_), sm(sm_) {
+    lim_lo = query_row_limit(p, u, u.row0 + rw.r_lo);
+    lim_hi = query_row_limit(p, u, u.row0 + rw.r_hi);
+    sc_lo = p.rows.scale_log2;
+    sc_hi = p.rows.scale_log2;
+    if constexpr (!kDs) {
+      sc_lo *= p.gather.scale * sm.q_scales()[rw.r_lo];
+      sc_hi *= p.gather.scale * sm.q_scales()[rw.r_hi];
+    }
+#pragma unroll
+    for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
+  }
+
+  // S in the log2 domain (sc_lo / sc_hi), keys not loaded or past a row's limit -inf; the rows' maxima.
+  __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
+    mx_lo = -INFINITY;
+    mx_hi = -INFINITY;
+#pragma unroll
+    for (int jj = 0; jj < T::kBlockN / 8; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kk = 8 * jj + 2 * rw.t4 + e, key = k0 + kk;
+        const bool in = (mask >> kk) & 1;
+        float& a = s[4 * jj + e];
+        float& b = s[4 * jj + 2 + e];
+        a = in && key <= lim_lo ? a * sc_lo : -INFINITY;
+        b = in && key <= lim_hi ? b * sc_hi : -INFINITY;
+        mx_lo = fmaxf(mx_lo, a);
+        mx_hi = fmaxf(mx_hi, b);
+      }
+    mx_lo = softmax::quad_max(mx_lo);
+    mx_hi = softmax::quad_max(mx_hi);
+  }
+
+  // fp8_ds_mla: P_g as bf16 rs A fragments (p_fragments_bf16's layout), each key's weight times 2^56 gs[key].
+  __device__ __forceinline__ void scaled_p_fragments(const float (&s)[32], uint32_t (&pa)[4][4], const float* gs) const {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // (e & 1): row hi; (e >> 1): keys + 8
+        const float2 k = *reinterpret_cast<const float2*>(gs + 8 * (2 * ks + (e >> 1)) + 2 * rw.t4);
+        pa[ks][e] = ptx::pack_bf16x2(s[i] * k.x * kExactCodeFactor, s[i + 1] * k.y * kExactCodeFactor);
+      }
+  }
+
+  // fp8_ds_mla: S += 2^56 s_g[key] acc, per key column (acc: group g's product over the codes).
+  __device__ __forceinline__ void fold(float (&s)[32], const float (&acc)[32], const float* gs) const {
+#pragma unroll
+    for (int jj = 0; jj < T::kBlockN / 8; ++jj) {
+      const float2 k = *reinterpret_cast<const float2*>(gs + 8 * jj + 2 * rw.t4);
+      const float k0 = k.x * kExactCodeFactor, k1 = k.y * kExactCodeFactor;
+      s[4 * jj] = fmaf(acc[4 * jj], k0, s[4 * jj]);
+      s[4 * jj + 1] = fmaf(acc[4 * jj + 1], k1, s[4 * jj + 1]);
+      s[4 * jj + 2] = fmaf(acc[4 * jj + 2], k0, s[4 * jj + 2]);
+      s[4 * jj + 3] = fmaf(acc[4 * jj + 3], k1, s[4 * jj + 3]);
+    }
+  }
+
+  // P V_L of the previous tile retired: its stage is released by this warpgroup.
+  __device__ __forceinline__ void release_previous(int i) {
+    if (i > 0) {
+      ptx::wgmma_wait_group<1>();
+      ptx::wgmma_fence_operand(o);
+      ptx::mbar_arrive(sm.empty((i - 1) & 1));
+    }
+  }
+
+  // S of tile i over stage_off, retired; fp8: one accumulation over the nine panels (exact codes, unscaled);
+  // fp8_ds_mla: the rope (bf16) into S, then each latent group into acc and folded with its scales.
+  __device__ __forceinline__ void s_product(float (&sc)[32], const Desc& d, uint32_t stage_off, int i, int s) {
+    ptx::wgmma_fence_operand(sc);
+    ptx::wgmma_fence();
+    if constexpr (!kDs) {
+#pragma unroll
+      for (int c = 0; c < T::kPanels; ++c)
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint32_t off = c * T::kPanelBytes + ks * 32;
+          ptx::wgmma_f16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
+        }
+      ptx::wgmma_commit_group();
+      release_previous(i);
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand(sc);
+    } else {
+      float acc[32];
+      ptx::wgmma_fence_operand(acc);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint32_t off = 8 * T::kPanelBytes + ks * 32;
+        ptx::wgmma_bf16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), ks > 0);
+      }
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        if (g > 0) {
+          ptx::wgmma_fence_operand(acc);
+          ptx::wgmma_fence();
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t off = (2 * g + c) * T::kPanelBytes + ks * 32;
+            ptx::wgmma_bf16_ss<T::kBlockN>(acc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
+          }
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(acc);
+        ptx::wgmma_fence_operand(sc);
+        fold(sc, acc, sm.scales(s) + g * T::kBlockN);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void run() {
+    const Desc d(sm.base);
+#pragma unroll 1
+    for (int i = 0; i < u.n_tiles; ++i) {
+      const int s = i & 1, k0 = u.key_begin + i * T::kBlockN;
+      const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
+      if constexpr (kDs) {
+        // The previous tile's P V_L retired first: with it in flight beside S and a group accumulator, ptxas
+        // serialised the products (C7512, 232 registers). The tensor pipe runs it before this S either way.
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(o);
+        if (i > 0) ptx::mbar_arrive(sm.empty((i - 1) & 1));
+      }
+      ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
+      ptx::fence_proxy_async_smem();
+      MLA_DECODE_TRACE_EVENT(4, 128, true);
+      MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1), i >> 1);
+      float sc[32];
+      s_product(sc, d, stage_off, i, s);
+      MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 1, i >> 1);
+      float mx_lo, mx_hi;
+      mask_max(sc, sm.mask(s), k0, mx_lo, mx_hi);
+      const float n_lo = next_ref(m_lo, mx_lo), n_hi = next_ref(m_hi, mx_hi);
+      const float a_lo = factor(m_lo, n_lo), a_hi = factor(m_hi, n_hi);
+      rescale(o, a_lo, a_hi);
+      float sum_lo, sum_hi;
+      exp2_rows(sc, n_lo, n_hi, sum_lo, sum_hi);
+      l_lo = l_lo * a_lo + sum_lo;
+      l_hi = l_hi * a_hi + sum_hi;
+      m_lo = n_lo;
+      m_hi = n_hi;
+      // P and the factors for R: P into the rope panel, which no one reads any more (S retired), as f16 * 2^6
+      // (fp8: R's operand itself; fp8_ds_mla: R scales it per group).
+      store_p_f16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
+      if (rw.t4 == 0) {
+        sm.factors(s)[rw.r_lo] = a_lo;
+        sm.factors(s)[rw.r_hi] = a_hi;
+      }
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_arrive(L::kBarP + s, 256);
+      MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 2, i >> 1);
+      // O_L += P V_L, P from registers; retired at the next tile (or after the loop). fp8_ds_mla: per value group g
+      // (O_L's columns 128 g .. 128 g + 127: the first / second 64 floats of the fragment) with P_g.
+      if constexpr (!kDs) {
+        // P * 2^6 as f16 (the stage holds exact f16 codes); O carries 2^6 to the epilogue.
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // p_fragments_bf16's layout
+            pa[ks][e] = pack_f16x2(sc[j] * kPF16, sc[j + 1] * kPF16);
+          }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
+        ptx::wgmma_fence_operand(o);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], d.mn(stage_off + ks * 2048), true);
+      } else {
+        uint32_t pa0[4][4], pa1[4][4];
+        float (&o0)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);
+        float (&o1)[64] = *reinterpret_cast<float (*)[64]>(&o[64]);
+        scaled_p_fragments(sc, pa0, sm.scales(s));
+        scaled_p_fragments(sc, pa1, sm.scales(s) + T::kBlockN);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          ptx::wgmma_fence_operand(pa0[ks]);
+          ptx::wgmma_fence_operand(pa1[ks]);
+        }
+        ptx::wgmma_fence_operand(o);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          ptx::wgmma_bf16_rs<128, ptx::Major::MN>(o0, pa0[ks], d.mn(stage_off + ks * 2048), true);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          ptx::wgmma_bf16_rs<128, ptx::Major::MN>(o1, pa1[ks], d.mn(stage_off + 2 * T::kPanelBytes + ks * 2048), true);
+      }
+      ptx::wgmma_commit_group();
+      MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 3, i >> 1);
+    }
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(o);
+    if (u.n_tiles > 0) ptx::mbar_arrive(sm.empty((u.n_tiles - 1) & 1));
+    MLA_DECODE_TRACE_EVENT(5, 128);
+    l_lo = softmax::quad_sum(l_lo);
+    l_hi = softmax::quad_sum(l_hi);
+  }
+
+  // P (a 64 x 64 D fragment, fp32) times 2^6 as f16 into the swizzled K-major panel (store_p's layout): the weights
+  // below 2^-8 of a row's reference keep 11 significant bits down to 2^-24 (f16's normal range from 2^-14, shifted).
+  static __device__ __forceinline__ void store_p_f16(uint8_t* sP, const float (&s)[32], int r_lo, int r_hi, int t4) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      *reinterpret_cast<uint32_t*>(sP + swz(r_lo, jj) + 4 * t4) = pack_f16x2(s[4 * jj] * kPF16, s[4 * jj + 1] * kPF16);
+      *reinterpret_cast<uint32_t*>(sP + swz(r_hi, jj) + 4 * t4) =
+          pack_f16x2(s[4 * jj + 2] * kPF16, s[4 * jj + 3] * kPF16);
+    }
+  }
+};
+
+// The R warpgroup: O_R over every tile with S's P and factors. fp8: O_R += P V_R (ss, the f16 P * 2^6 panel). fp8_ds_mla:
+// per value group g = 2, 3 (O_R's columns 128 (g - 2) ..: the first / second 64 floats of the fragment), P_g =
+// bf16(P * 2^56 s_g[key]) over the f16 panel in place (P_3 kept in registers until group 2's products retired), then
+// O_R += P_g V_g (ss); the groups one after the other.
+template <CacheFormat F>
+struct RRole {
+  static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
+  const Unit& u;
+  const Smem& sm;
+  Frag rw;
+  float o[T::kDvHalf / 2];
+
+  __device__ __forceinline__ RRole(const Unit& u_, const Smem& sm_) : u(u_), sm(sm_) {
+#pragma unroll
+    for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
+  }
+  // This thread's words of the panel by physical 16-byte chunk pc of its rows (r_lo: e 0, r_hi = r_lo + 8: e 1, the
+  // same swizzle x = r_lo % 8): word (pc, e) holds the P pair of keys 8 (pc ^ x) + 2 t4, + 1 (store_p_f16's logical
+  // chunk pc ^ x). Walking the physical chunks keeps every address a compile-time offset from one base per row.
+  __device__ __forceinline__ uint32_t* word(uint8_t* sP, int pc, int e) const {
+    return reinterpret_cast<uint32_t*>(sP + (e ? rw.r_hi : rw.r_lo) * 128 + pc * 16 + 4 * rw.t4);
+  }
+  // Both groups' P_g from the f16 panel, walked by physical chunk: P_2 = bf16(P * 2^56 s_2[key]) written over the
+  // panel in place, P_3 kept in registers (p3, the same places) for the second product.
+  __device__ __forceinline__ void p2_in_place(uint8_t* sP, const float* g2, const float* g3, uint32_t (&p3)[8][2]) const {
+    const int x = rw.r_lo & 7;
+    constexpr float kF = kExactCodeFactor / kPF16;
+#pragma unroll
+    for (int pc = 0; pc < 8; ++pc) {
+      const int key = 8 * (pc ^ x) + 2 * rw.t4;
+      const float2 k2 = *reinterpret_cast<const float2*>(g2 + key);
+      const float2 k3 = *reinterpret_cast<const float2*>(g3 + key);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float2 v = unpack_f16x2(*word(sP, pc, e));
+        *word(sP, pc, e) = ptx::pack_bf16x2(v.x * k2.x * kF, v.y * k2.y * kF);
+        p3[pc][e] = ptx::pack_bf16x2(v.x * k3.x * kF, v.y * k3.y * kF);
+      }
+    }
+  }
+  __device__ __forceinline__ void run() {
+    const Desc d(sm.base);
+#pragma unroll 1
+    for (int i = 0; i < u.n_tiles; ++i) {
+      const int s = i & 1;
+      const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
+      const uint32_t p_off = stage_off + 8 * T::kPanelBytes;
+      ptx::named_barrier_sync(L::kBarP + s, 256);
+      MLA_DECODE_TRACE_PAIR(1, 2 * (i & 1), i >> 1);
+      ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
+      ptx::fence_proxy_async_smem();
+      rescale(o, sm.factors(s)[rw.r_lo], sm.factors(s)[rw.r_hi]);
+      if constexpr (!kDs) {
+        ptx::wgmma_fence_operand(o);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          ptx::wgmma_f16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
+              o, d.k(p_off + ks * 32), d.mn(stage_off + 4 * T::kPanelBytes + ks * 2048), true);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(o);
+      } else {
+        uint8_t* sP = sm.p_panel(s);
+        uint32_t p3[8][2];
+        p2_in_place(sP, sm.scales(s) + 2 * T::kBlockN, sm.scales(s) + 3 * T::kBlockN, p3);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          float (&og)[64] = *reinterpret_cast<float (*)[64]>(&o[64 * g]);
+          if (g == 1) {  // every thread's group-2 products retired: P_3 over the panel
+            ptx::named_barrier_sync(L::kBarR, 128);
+#pragma unroll
+            for (int pc = 0; pc < 8; ++pc)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) *word(sP, pc, e) = p3[pc][e];
+          }
+          // Every thread's P_g in the panel before the products read it.
+          ptx::fence_proxy_async_smem();
+          ptx::named_barrier_sync(L::kBarR, 128);
+          ptx::wgmma_fence_operand(og);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+            ptx::wgmma_bf16_ss<128, ptx::Major::K, ptx::Major::MN>(
+                og, d.k(p_off + ks * 32), d.mn(stage_off + (4 + 2 * g) * T::kPanelBytes + ks * 2048), true);
+          ptx::wgmma_commit_group();
+          ptx::wgmma_wait_group<0>();
+          ptx::wgmma_fence_operand(og);
+        }
+      }
+      ptx::mbar_arrive(sm.empty(s));
+      MLA_DECODE_TRACE_PAIR(1, 2 * (i & 1) + 1, i >> 1);
+    }
+  }
+};
+
+}  // namespace convert
+
+// The kernel (file comment). F: fp8 per-tensor (mqa_decode's paged rows) or fp8_ds_mla; RowsT: PagedRows (mqa_decode)
+// or IndexedRows (sparse_mqa: a unit's request is a token).
+template <CacheFormat F, class RowsT>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    decode_sm90_convert_kernel(const __grid_constant__ CUtensorMap /*unused*/, const DecodeSm90Params p) {
+  static_assert(F == CacheFormat::fp8 || F == CacheFormat::fp8_ds_mla, "code formats");
+  static_assert(F != CacheFormat::fp8 || RowsT::kPaged, "fp8 per-tensor: mqa_decode only");
+  using L = ConvertTraits;
+  using T = Traits;
+  extern __shared__ uint8_t smem_raw[];
+  const convert::Smem sm{aligned_smem(smem_raw)};
+  MLA_DECODE_TRACE_EVENT(0, 0);
+  ptx::launch_dependents();
+  const Unit u(p, /*gather=*/!RowsT::kPaged);
+  if (u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
+    write_empty_unit(p, u, threadIdx.x, blockDim.x);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      ptx::mbar_init(sm.full(s), L::kFullArrivals);
+      ptx::mbar_init(sm.empty(s), L::kEmptyArrivals);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  const int wg = ptx::warpgroup_index();
+  // fp8: O carries 2^6 (P's f16 factor) and lacks the cache scale; fp8_ds_mla: the scales went into P_g.
+  const float out_scale = F == CacheFormat::fp8 ? p.gather.scale / convert::kPF16 : 1.0f;
+  if (wg == L::kConverter) {
+    ptx::setmaxnreg_dec<L::converter_regs(F)>();
+    convert::converter<F, RowsT>(p, u, sm);
+    return;
+  }
+  const convert::Frag rw;
+  if (wg == L::kRWarpgroup) {
+    ptx::setmaxnreg_dec<L::r_regs(F)>();
+    convert::RRole<F> r(u, sm);
+    r.run();
+    ptx::named_barrier_sync(L::kBarEnd, 256);
+    const float* sums = sm.sums();
+    const float* refs = sm.refs();
+    write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
+                    rw.t4, out_scale);
+    return;
+  }
+  ptx::setmaxnreg_inc<L::s_regs(F)>();
+  // Q of the unit's rows into shared memory (zeros past the request's rows), visible to this warpgroup's wgmma.
+  load_q_panels_batched<T::kBlockM, 128>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(),
+                                         static_cast<int>(threadIdx.x & 127));
+  if constexpr (F == CacheFormat::fp8) {
+    ptx::named_barrier_sync(L::kBarQ, 128);
+    convert::q_to_f16(sm, static_cast<int>(threadIdx.x & 127));
+  }
+  ptx::fence_proxy_async_smem();
+  ptx::named_barrier_sync(L::kBarQ, 128);
+  MLA_DECODE_TRACE_EVENT(3, 128);
+  convert::SRole<F> sr(p, u, sm);
+  sr.run();
+  if (rw.t4 == 0) {
+    sm.sums()[rw.r_lo] = sr.l_lo;
+    sm.sums()[rw.r_hi] = sr.l_hi;
+    sm.refs()[rw.r_lo] = sr.m_lo;
+    sm.refs()[rw.r_hi] = sr.m_hi;
+  }
+  ptx::named_barrier_arrive(L::kBarEnd, 256);
+  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, out_scale);
+  MLA_DECODE_TRACE_EVENT(6, 128);
+}
+
+}  // namespace mla::cuda::decode_sm90

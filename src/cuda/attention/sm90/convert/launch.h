@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Entry points of the converter kernel (convert/kernel.cuh: 64-row tiles over fp8 / fp8_ds_mla codes, a converting
+// warpgroup),
+// each compiled in its own file of convert/instantiations/.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "cuda/attention/sm90/common/params.h"
+
+namespace mla::cuda::decode_sm90 {
+
+// mqa_decode over a paged fp8 per-tensor cache (rows through the block table, p.gather set by set_gather_cache),
+// the uniform schedule: one CTA per (row tile, split, request). instantiations/fp8_paged.cu
+void launch_convert_fp8_paged(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what);
+// mqa_decode over paged fp8_ds_mla records. instantiations/ds_paged.cu
+void launch_convert_ds_paged(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what);
+// sparse_mqa over fp8_ds_mla records: a token's top-k rows through its index row (p.gather), one CTA per (row tile,
+// token). instantiations/ds_indexed.cu
+void launch_convert_ds_indexed(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what);
+
+}  // namespace mla::cuda::decode_sm90

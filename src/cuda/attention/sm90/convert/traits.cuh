@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The converter kernel's constants (convert/kernel.cuh): roles, their registers, named barriers and the
+// shared-memory plan. Sizes in bytes.
+#include <cstdint>
+
+#include "cuda/attention/sm90/common/traits.cuh"
+#include "mla/cache_format.h"
+
+namespace mla::cuda::decode_sm90 {
+
+struct ConvertTraits {
+  using T = Traits;
+  // Roles by warpgroup, and their setmaxnreg budgets (504 of the 512 per thread-triple that __launch_bounds__(384, 1)
+  // leaves; each a multiple of 8). The converter holds one tile's codes of its key half (fp8: 18 x 16 bytes = 72
+  // registers; fp8_ds_mla: 16 + 4 chunks and two scales = 82) plus addresses and the expansion's temporaries; the S
+  // warpgroup O_L (128), S (32), a group accumulator (fp8_ds_mla, 32) or P (16) and its softmax state; the R
+  // warpgroup O_R (128), and fp8_ds_mla's P_3 words (16). ptxas -v: 0 spills at fp8 120 / 224 / 160 (the f16
+  // conversion spilled 32 bytes at 112 / 232 / 160; R at 152 is below the kernel's minimum) and fp8_ds_mla
+  // 104 / 232 / 168 (R spilled 24 bytes at 160).
+  static constexpr int kConverter = 0, kSWarpgroup = 1, kRWarpgroup = 2;
+  static constexpr int s_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 224 : 232; }
+  static constexpr int converter_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 120 : 104; }
+  static constexpr int r_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 160 : 168; }
+
+  // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory), kBarP + s (S arrives,
+  // R syncs: P and the rescale factors of stage s's tile are in shared memory; two ids so that S may publish the
+  // next stage's before R synced this one), kBarEnd (S arrives, R syncs: the row sums and references), kBarR the R
+  // warpgroup's own (fp8_ds_mla: its P_g panel written, and read by its products).
+  static constexpr int kBarQ = 1, kBarP = 2, kBarEnd = 4, kBarR = 5;
+
+  // Shared memory: Q 64 x 576 bf16 as nine swizzled K-major panels (S reads all of it from shared memory); two
+  // stages of one 64-key tile each (nine panels: eight latent panels, the rope panel, which holds P once S read
+  // it); per stage the rows' rescale factors (fp32 [64]); the row sums and references for the epilogue; the
+  // fp8_ds_mla keys' group scales per stage; the stages' loaded-key masks; the full and empty barriers.
+  static constexpr int kStages = 2;
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = kOffQ + T::kTileBytes;
+  static constexpr int kOffA = kOffK + kStages * T::kTileBytes;  // [kStages][64] fp32
+  static constexpr int kOffL = kOffA + kStages * T::kBlockM * 4;  // [64] sums, then [64] references
+  static constexpr int kOffScale = kOffL + 2 * T::kBlockM * 4;    // fp8_ds_mla: [kStages][4 groups][64 keys] fp32
+  static constexpr int kOffQScale = kOffScale + kStages * 4 * T::kBlockN * 4;  // fp8: [64] 2^-e of each Q row
+  static constexpr int kOffMask = kOffQScale + T::kBlockM * 4;    // [kStages] u64
+  static constexpr int kOffBar = kOffMask + kStages * 8;          // full[kStages], empty[kStages]
+  static constexpr int kBarriers = 2 * kStages;
+  static constexpr int kSmemBytes = kOffBar + kBarriers * 8 + 1024;  // + slack to align the base to 1 KiB
+  static_assert(kSmemBytes <= 232448, "shared memory per block");
+  static_assert(kOffBar % 8 == 0, "mbarriers are 8-byte aligned");
+
+  // Arrivals per phase: full, every converter thread (after its stores and proxy fence); empty, every thread of
+  // the S and R warpgroups (after their products over the stage retired).
+  static constexpr int kFullArrivals = 128, kEmptyArrivals = 256;
+
+  // The converter's work split: thread t owns key t % 64 of the tile and half t / 64 of its columns (latent panels
+  // 4h .. 4h + 3 and the rope panel's 16-byte chunks 4h .. 4h + 3): an fp8 row's 16 + 2 raw 16-byte chunks, an
+  // fp8_ds_mla record's 16 code chunks, 4 rope chunks (bf16, copied) and its half's two group scales.
+  static constexpr int kCodeChunks = 16;
+};
+
+static_assert(ConvertTraits::converter_regs(CacheFormat::fp8) + ConvertTraits::s_regs(CacheFormat::fp8) +
+                      ConvertTraits::r_regs(CacheFormat::fp8) <= 504,
+              "setmaxnreg budget");
+static_assert(ConvertTraits::converter_regs(CacheFormat::fp8_ds_mla) + ConvertTraits::s_regs(CacheFormat::fp8_ds_mla) +
+                      ConvertTraits::r_regs(CacheFormat::fp8_ds_mla) <= 504,
+              "setmaxnreg budget");
+
+}  // namespace mla::cuda::decode_sm90
