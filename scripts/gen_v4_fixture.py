@@ -54,7 +54,7 @@ def tiny_config():
         n_shared_experts=1, max_position_embeddings=4096, rope_theta=10000.0, layer_types=list(LAYER_TYPES),
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": HCA_RATIO},
         compress_rope_theta=160000.0, hc_mult=2, sliding_window=16, o_groups=2, o_lora_rank=32,
-        index_n_heads=2, index_head_dim=32, index_topk=4, rms_norm_eps=1e-6,
+        index_n_heads=2, index_head_dim=128, index_topk=4, rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536,
                          "beta_fast": 32.0, "beta_slow": 1.0},
         mlp_layer_types=["moe"] * 3)
