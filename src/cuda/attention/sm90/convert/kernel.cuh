@@ -6,13 +6,13 @@
 // model: docs/design/fp8_64row_plan.md design B).
 //
 // Roles (384 threads, __launch_bounds__(384, 1), one CTA per (row tile, split, request)):
-//   warpgroup 0, the converter (fp8 120, fp8_ds_mla 104 registers): thread t owns key t % 64 of each tile and
+//   warpgroup 0, the converter (fp8 128, fp8_ds_mla 104 registers): thread t owns key t % 64 of each tile and
 //     half h = t / 64 of its columns (latent panels 4h .. 4h + 3, the rope panel's chunks 4h .. 4h + 3): it loads
 //     that part of the key's 576 codes into registers (18 x 16 bytes, through the block table), waits for the
 //     stage's release, writes the codes exactly into the stage's swizzled K-major panels (fp8: f16 by F2FP;
 //     fp8_ds_mla: bf16 code * 2^-56, e4m3x8_exact_to_bf16; NaN codes stay NaN), fences the proxy and arrives; then
 //     loads the next tile's codes and prefetches the row of the tile after it into L2.
-//   warpgroup 1, S (fp8 224, fp8_ds_mla 232): loads Q (64 x 576 bf16) into shared memory once per unit; per tile
+//   warpgroup 1, S (fp8 216, fp8_ds_mla 232): loads Q (64 x 576 bf16) into shared memory once per unit; per tile
 //     S = Q K^T (36 ss m64n64k16), the key mask and causal limits, the lazy maximum, P = 2^(S - ref), O_L *= a and
 //     O_L += P V_L (rs m64n256k16 over the latent panels 0..3); P also goes into the stage's rope panel (read by
 //     S only, so free once S retired) and the rows' factors a into shared memory, for R.
@@ -222,25 +222,37 @@ __device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit&
   constexpr int kRowBytes = static_cast<int>(CacheFormatTraits<F>::entry_bytes(576, 64));
   constexpr int kLines = (kRowBytes + 112 + 127) / 128;  // prefetch_record_l2's lines of a row
   const int t = threadIdx.x & 127, key = t & 63, half = t >> 6, lane = t & 31, warp = t >> 5;
-  // Two tiles ahead of the stores: tile i + 1's codes in registers (loaded right after tile i's stores), tile i + 2's
-  // row in L2 (prefetched then, through its entry read there: the read's latency falls in the wait for the next
-  // release). So the codes' load is an L2 round trip, not the block table's or index's then DRAM's.
+  // Ahead of the stores of tile i: tile i + 1's codes in registers (loaded right after tile i's stores), tile i + 2's
+  // row in L2 (prefetched then) and tile i + 3's entry (the block id or index, RowsT::fetch) in a register, so that
+  // neither the codes' loads nor the prefetch waits for a read of the block table or the index row: the converter's
+  // chain is its conversion, not two dependent round trips. fp8_ds_mla (104 registers) reads the entries where they
+  // are used (keeping them ahead spilled).
+  constexpr bool kEntriesAhead = F == CacheFormat::fp8;
   auto key_of = [&](int tile) { return u.key_begin + tile * T::kBlockN + key; };
+  auto entry = [&](int tile) { return RowsT::fetch(p, u, key_of(tile)); };  // kNoRow past the unit's keys
   Codes<F> codes;
-  // Tile `tile`'s codes into registers; tile + 1's row into L2 (the key's two halves take alternate lines).
-  auto load_and_prefetch = [&](int tile) {
+  auto load = [&](int tile, int32_t e) {
     bool v;
-    const uint8_t* row = locate_row<RowsT>(p, key_of(tile), RowsT::fetch(p, u, key_of(tile)), v);
+    const uint8_t* row = locate_row<RowsT>(p, key_of(tile), e, v);
     codes.load(row, v, half);
-    if (tile + 1 < u.n_tiles) {
-      row = locate_row<RowsT>(p, key_of(tile + 1), RowsT::fetch(p, u, key_of(tile + 1)), v);
-      if (v) {
-#pragma unroll
-        for (int l = half; l < kLines; l += 2) ptx::prefetch_l2(row + (128 * l < kRowBytes ? 128 * l : kRowBytes - 1));
-      }
-    }
   };
-  load_and_prefetch(0);
+  // The key's two halves prefetch alternate lines of its row.
+  auto prefetch = [&](int tile, int32_t e) {
+    bool v;
+    const uint8_t* row = locate_row<RowsT>(p, key_of(tile), e, v);
+    if (!v) return;
+#pragma unroll
+    for (int l = half; l < kLines; l += 2) ptx::prefetch_l2(row + (128 * l < kRowBytes ? 128 * l : kRowBytes - 1));
+  };
+  int32_t e1 = 0, e2 = 0;  // kEntriesAhead: the entries of tiles i + 1 and i + 2
+  load(0, entry(0));
+  if constexpr (kEntriesAhead) {
+    e1 = entry(1);
+    e2 = entry(2);
+    if (u.n_tiles > 1) prefetch(1, e1);
+  } else if (u.n_tiles > 1) {
+    prefetch(1, entry(1));
+  }
 #pragma unroll 1
   for (int i = 0; i < u.n_tiles; ++i) {
     const int s = i & 1;
@@ -254,7 +266,17 @@ __device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit&
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
     MLA_DECODE_TRACE_PROD(tslot, 2);
-    if (i + 1 < u.n_tiles) load_and_prefetch(i + 1);
+    if constexpr (kEntriesAhead) {
+      if (i + 1 < u.n_tiles) load(i + 1, e1);
+      if (i + 2 < u.n_tiles) prefetch(i + 2, e2);
+      e1 = e2;
+      e2 = entry(i + 3);
+    } else if (i + 1 < u.n_tiles) {
+      bool v;
+      const uint8_t* row = locate_row<RowsT>(p, key_of(i + 1), entry(i + 1), v);
+      codes.load(row, v, half);
+      if (i + 2 < u.n_tiles) prefetch(i + 2, entry(i + 2));
+    }
   }
 }
 

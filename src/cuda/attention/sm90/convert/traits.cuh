@@ -15,12 +15,13 @@ struct ConvertTraits {
   // leaves; each a multiple of 8). The converter holds one tile's codes of its key half (fp8: 18 x 16 bytes = 72
   // registers; fp8_ds_mla: 16 + 4 chunks and two scales = 82) plus addresses and the expansion's temporaries; the S
   // warpgroup O_L (128), S (32), a group accumulator (fp8_ds_mla, 32) or P (16) and its softmax state; the R
-  // warpgroup O_R (128), and fp8_ds_mla's P_3 words (16). ptxas -v: 0 spills at fp8 120 / 224 / 160 (the f16
-  // conversion spilled 32 bytes at 112 / 232 / 160; R at 152 is below the kernel's minimum) and fp8_ds_mla
-  // 104 / 232 / 168 (R spilled 24 bytes at 160).
+  // warpgroup O_R (128), and fp8_ds_mla's P_3 words (16). ptxas -v: 0 spills at fp8 128 / 216 / 160 (the fp8
+  // converter keeps two tiles' block ids ahead: 8 bytes spilled at 120 / 224; the f16 conversion alone spilled 32
+  // at 112 / 232; R at 152 is below the kernel's minimum) and fp8_ds_mla 104 / 232 / 168 (R spilled 24 bytes at
+  // 160).
   static constexpr int kConverter = 0, kSWarpgroup = 1, kRWarpgroup = 2;
-  static constexpr int s_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 224 : 232; }
-  static constexpr int converter_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 120 : 104; }
+  static constexpr int s_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 216 : 232; }
+  static constexpr int converter_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 128 : 104; }
   static constexpr int r_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 160 : 168; }
 
   // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory), kBarP + s (S arrives,
