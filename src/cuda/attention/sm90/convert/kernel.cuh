@@ -36,8 +36,8 @@
 //   kBarEnd   S arrives after publishing the row sums and references; R syncs before its epilogue.
 // Trace build (common/trace.cuh): events 0 / 3 / 4 / 5 / 6 as the other kernels; the "pair" kTracePair is tiles
 // 2 kTracePair and + 1: S (consumer 0) steps 4 t + {0 full wait returned, 1 S retired, 2 P published, 3 P V_L issued},
-// R (consumer 1) steps 2 t + {0 P synced, 1 products retired}, the converter's warp 0 producer slots {0 empty wait
-// returned, 2 stored and arrived} (SM cycles).
+// R (consumer 1) steps 2 t + {0 P synced, 1 products retired}, the converter's producer slots of stage s: group w
+// {0 empty wait returned, 2 stored and arrived} of warp w < 3, group 0 step 1 warp 3's arrival (SM cycles).
 #include <cuda.h>
 #include <cuda_fp16.h>
 
@@ -257,15 +257,17 @@ __device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit&
   for (int i = 0; i < u.n_tiles; ++i) {
     const int s = i & 1;
     ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
-    [[maybe_unused]] const int tslot = trace_prod_slot(s, warp, 0, i);  // trace build: warp 0's stamps of its tile
-    MLA_DECODE_TRACE_PROD(tslot, 0);
+    // Trace build: warps 0..2 stamp groups 0..2 of the producer slots (empty returned, arrived), warp 3 group 0's
+    // middle step (arrived).
+    [[maybe_unused]] const int tslot = trace_prod_slot(s, 0, warp < 3 ? warp : 0, i);
+    if (warp < 3) MLA_DECODE_TRACE_PROD(tslot, 0);
     uint8_t* stage = sm.stage(s);
     store_codes(codes, stage, sm.scales(s), key, half);
     const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
     if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
-    MLA_DECODE_TRACE_PROD(tslot, 2);
+    MLA_DECODE_TRACE_PROD(tslot, warp < 3 ? 2 : 1);
     if constexpr (kEntriesAhead) {
       if (i + 1 < u.n_tiles) load(i + 1, e1);
       if (i + 2 < u.n_tiles) prefetch(i + 2, e2);
