@@ -185,12 +185,63 @@ struct SeesawConsumer : SeesawBase<C, Src> {
   using T = Traits;
   using L = SeesawTraits;
   using B::B;
-  uint32_t qr[4][4];  // the rope columns of Q as rs A fragments, loaded once per unit (run)
+  uint32_t qr[4][4];  // the rope columns of Q as rs A fragments, loaded once per unit (prologue)
 
-  // kHas1: consumer 1 has a tile in pair j (false only for an odd last tile; consumer 0's code does not
-  // depend on it: its remote product is the next pair's business).
-  template <bool kHas1>
-  __device__ __forceinline__ void pair(int j) {
+  // Consumer 0's S of pair j (tile 2j) with the previous pair's remote product beside it: rope S | remote P1 V1L of
+  // pair j - 1 (pair 0: the stand-in on zeros) | retire both, release stage 1's other V half | S over the own and
+  // the other half, retired. The rope A fragments stay in registers (qr: ptxas fits them at 232, 0 spills): the
+  // rope product is not retired on its own; it runs while this consumer waits for consumer 1's P1 and remote
+  // product (no accumulator is touched by anything but wgmma while the groups are open).
+  __device__ __forceinline__ void scores0(float (&s)[32], uint32_t par, int j) {
+    this->tile_mask(par);
+    MLA_DECODE_TRACE_PAIR(C, 1, j);  // rope panel (and mask) landed
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+    ptx::wgmma_fence_operand(s);
+    this->template issue_s<true, false, false>(s, qr, par);
+    if (j > 0) {
+      ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
+      ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
+    }
+    MLA_DECODE_TRACE_PAIR(C, 2, j);  // consumer 1's P1 stored and its remote product issued
+    this->issue_remote_pv(par ^ 1, j > 0);
+    // The rope and remote products retired before the own half's S is issued: that issue waits for the own
+    // half's refill (released by the previous pair's local product), and stage 1's other half, released below,
+    // is on the pair's loop (its refill feeds consumer 1's S); waiting for the own half first delayed that
+    // release by up to the refill's latency (docs/design/attention_sm90.md "5. The seesaw kernel", consumer
+    // order).
+    ptx::wgmma_wait_group<0>();
+    MLA_DECODE_TRACE_PAIR(C, 3, j);
+
+    if (j > 0) this->release(1, 2);  // stage 1's other V half read
+    this->template issue_s<false, true, true>(s, qr, par);  // own, then other half
+    ptx::wgmma_wait_group<0>();
+    MLA_DECODE_TRACE_PAIR(C, 4, j);  // S complete
+    ptx::wgmma_fence_operand(s);
+    ptx::wgmma_fence_operand(this->o);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
+  }
+
+  // Consumer 0's softmax step: mask and row max of S0, the rope panel released, m0 published (n = m0, a0 = 2^(m -
+  // m0)), P0 = 2^(S0 - m0) in s and as rs fragments pa with its row sums, O_L *= a0.
+  __device__ __forceinline__ void softmax0(float (&s)[32], uint32_t (&pa)[4][4], int j, int k0, float& mx_lo,
+                                           float& mx_hi, float& n_lo, float& n_hi, float& a0_lo, float& a0_hi,
+                                           float& sum_lo, float& sum_hi) {
+    // The key mask again from shared memory (registers are scarce while o is in flight); the producer
+    // rewrites it only after the rope panel's release below.
+    this->mask_max(s, reinterpret_cast<const uint64_t*>(this->smem + L::kOffMask)[0], k0, mx_lo, mx_hi);
+    this->release(0, 0);  // rope panel read
+    this->publish_m0(mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi);
+    MLA_DECODE_TRACE_PAIR(C, 5, j);  // masked, row max, m0 published
+    this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
+    this->rescale_o(a0_lo, a0_hi);
+  }
+
+  // Consumer 0, pair j: scores0 | softmax0 | local P0 V0L | (kP0Early: m1 -> a1, a1 P0 to smem) | retire (own half
+  // of stage 0 free) | (else: m1 -> a1, a1 P0 to smem) | O_L *= a1, row sums and max advanced. Its remote product
+  // P1 V1L is issued by the next pair (or by mainloop after the last).
+  __device__ __forceinline__ void pair0(int j) {
     float s[32];
     uint32_t pa[4][4];
     float mx_lo = -INFINITY, mx_hi = -INFINITY, sum_lo = 0.0f, sum_hi = 0.0f;
@@ -198,125 +249,103 @@ struct SeesawConsumer : SeesawBase<C, Src> {
     const int k0 = this->u.key_begin + (2 * j + C) * T::kBlockN;
     const uint32_t par = j & 1;
     MLA_DECODE_TRACE_PAIR(C, 0, j);
-    if constexpr (C == 0) {
-      // The rope A fragments stay in registers (qr: ptxas fits them at 232, 0 spills): the rope product
-      // is not retired on its own; it runs while this consumer waits for consumer 1's P1 and remote
-      // product (no accumulator is touched by anything but wgmma while the groups are open).
-      this->tile_mask(par);
-      MLA_DECODE_TRACE_PAIR(C, 1, j);  // rope panel (and mask) landed
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-      ptx::wgmma_fence_operand(s);
-      this->template issue_s<true, false, false>(s, qr, par);
-      if (j > 0) {
-        ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
-        ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
-      }
-      MLA_DECODE_TRACE_PAIR(C, 2, j);  // consumer 1's P1 stored and its remote product issued
-      this->issue_remote_pv(par ^ 1, j > 0);
-      // The rope and remote products retired before the own half's S is issued: that issue waits for the own
-      // half's refill (released by the previous pair's local product), and stage 1's other half, released below,
-      // is on the pair's loop (its refill feeds consumer 1's S); waiting for the own half first delayed that
-      // release by up to the refill's latency (measured in the pair trace: docs/design/attention_sm90.md
-      // "5. The seesaw kernel", consumer order).
-      ptx::wgmma_wait_group<0>();
-      MLA_DECODE_TRACE_PAIR(C, 3, j);
-
-      if (j > 0) this->release(1, 2);  // stage 1's other V half read
-      this->template issue_s<false, true, true>(s, qr, par);  // own, then other half
-      ptx::wgmma_wait_group<0>();
-      MLA_DECODE_TRACE_PAIR(C, 4, j);  // S complete
-      ptx::wgmma_fence_operand(s);
-      ptx::wgmma_fence_operand(this->o);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) ptx::wgmma_fence_operand(qr[kk]);
-      // The key mask again from shared memory (registers are scarce while o is in flight); the producer
-      // rewrites it only after the rope panel's release below.
-      this->mask_max(s, reinterpret_cast<const uint64_t*>(this->smem + L::kOffMask)[0], k0, mx_lo, mx_hi);
-      this->release(0, 0);  // rope panel read
-      float n_lo, n_hi, a0_lo, a0_hi;  // m0, a0
-      this->publish_m0(mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi);
-      MLA_DECODE_TRACE_PAIR(C, 5, j);  // masked, row max, m0 published
-      this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
-      this->rescale_o(a0_lo, a0_hi);
-      MLA_DECODE_TRACE_PAIR(C, 6, j);  // P0 and O_L a0
-      this->local_pv(pa);
-      // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product. kP0Early (the paged TMA sources):
-      // while the local product runs (it reads pa, not s), so that consumer 1's remote P0 V0R, whose retirement
-      // releases stage 0's other V half for this consumer's next S, is issued right behind consumer 1's local product
-      // rather than after this one's local product retired (a product of ~1400 cycles in the pair trace of dense bf16
-      // h 128); the own half's release then waits for m1, its refill being needed only by the next pair's own-half S.
-      // Not for the other sources: ptxas spills 8..12 bytes there (224-register consumers, CrossKeys).
-      constexpr bool kP0Early = Src::kTma && !CrossoverSource<Src>;
-      float m1_lo, m1_hi, a1_lo, a1_hi;
-      auto publish_p0 = [&] {
-        this->read_m1(n_lo, n_hi, m1_lo, m1_hi, a1_lo, a1_hi);
-        MLA_DECODE_TRACE_PAIR(C, 8, j);  // m1 read
-        store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
-        ptx::fence_proxy_async_smem();
-        ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
-      };
-      if constexpr (kP0Early) publish_p0();
-      this->retire();
-      MLA_DECODE_TRACE_PAIR(C, 7, j);  // local P V retired
-      this->release(0, 1);  // own V half of stage 0 read
-      if constexpr (!kP0Early) publish_p0();
-      this->rescale_o(a1_lo, a1_hi);
-      this->advance(a0_lo, a0_hi, sum_lo, sum_hi, a1_lo, a1_hi, m1_lo, m1_hi);
-      MLA_DECODE_TRACE_PAIR(C, 9, j);
-      // kHas1: the remote product P1 V1L is issued by the next pair (or by run() after the last).
-    } else {
-      if constexpr (kHas1) this->s_product(s, qr, j, mx_lo, mx_hi);
-      MLA_DECODE_TRACE_PAIR(C, 1, j);  // S complete, masked, row max
-      float n_lo, n_hi, a_lo, a_hi;  // m1, a0 a1
-      this->publish_m1(mx_lo, mx_hi, n_lo, n_hi, a_lo, a_hi);
-      MLA_DECODE_TRACE_PAIR(C, 2, j);  // m0 read, m1 published, O_R a0 a1
-      if constexpr (kHas1) {
-        this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
-        auto publish_p1 = [&] {  // P1 for consumer 0's remote product (kBarP1)
-          store_p(this->smem + L::kOffP + T::kPanelBytes, s, 1.0f, 1.0f, r_lo, r_hi, this->t4);
-          ptx::fence_proxy_async_smem();
-          ptx::named_barrier_arrive(L::kBarP1, T::kConsumerThreads);
-        };
-        // kP1First: P1 goes to smem before the local product is issued (FlashMLA's order), since consumer 0's
-        // remote product waits for it and a wgmma issue can stall behind consumer 0's products in the tensor
-        // pipe (measured faster on the dense h 128 rows, even elsewhere: docs/LAB.md, the seesaw kernel).
-        // Not for the 224-register consumers of InplaceKeys / GroupRows: ptxas spills 4 bytes there.
-        constexpr bool kP1First = Src::kTma || CrossoverSource<Src>;
-        if constexpr (kP1First) publish_p1();
-        this->local_pv(pa);
-        if constexpr (!kP1First) publish_p1();
-      }
-      MLA_DECODE_TRACE_PAIR(C, 3, j);  // P1 stored and local P V issued
-      this->advance(a_lo, a_hi, sum_lo, sum_hi, 1.0f, 1.0f, n_lo, n_hi);
-      ptx::named_barrier_sync(L::kBarP0, T::kConsumerThreads);
-      MLA_DECODE_TRACE_PAIR(C, 4, j);  // consumer 0's a1 P0 stored
-      this->issue_remote_pv(par);
-      if constexpr (kHas1) {
-        ptx::named_barrier_arrive(L::kBarRemote, T::kConsumerThreads);  // consumer 0 issues its remote product now
-        ptx::wgmma_wait_group<1>();
-        MLA_DECODE_TRACE_PAIR(C, 5, j);  // local P V retired
-        this->release(1, 1);  // own V half of stage 1 read (local product retired)
-      }
-      this->retire();
-      MLA_DECODE_TRACE_PAIR(C, 6, j);  // remote P V retired
-      this->release(0, 2);  // stage 0's other V half read
-    }
+    scores0(s, par, j);
+    float n_lo, n_hi, a0_lo, a0_hi;  // m0, a0
+    softmax0(s, pa, j, k0, mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi, sum_lo, sum_hi);
+    MLA_DECODE_TRACE_PAIR(C, 6, j);  // P0 and O_L a0
+    this->local_pv(pa);
+    // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product. kP0Early (the paged TMA sources):
+    // while the local product runs (it reads pa, not s), so that consumer 1's remote P0 V0R, whose retirement
+    // releases stage 0's other V half for this consumer's next S, is issued right behind consumer 1's local product
+    // rather than after this one's local product retired (a product of ~1400 cycles in the pair trace of dense bf16
+    // h 128); the own half's release then waits for m1, its refill being needed only by the next pair's own-half S.
+    // Not for the other sources: ptxas spills 8..12 bytes there (224-register consumers, CrossKeys).
+    constexpr bool kP0Early = Src::kTma && !CrossoverSource<Src>;
+    float m1_lo, m1_hi, a1_lo, a1_hi;
+    auto publish_p0 = [&] {
+      this->read_m1(n_lo, n_hi, m1_lo, m1_hi, a1_lo, a1_hi);
+      MLA_DECODE_TRACE_PAIR(C, 8, j);  // m1 read
+      store_p(this->smem + L::kOffP, s, a1_lo, a1_hi, r_lo, r_hi, this->t4);
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_arrive(L::kBarP0, T::kConsumerThreads);
+    };
+    if constexpr (kP0Early) publish_p0();
+    this->retire();
+    MLA_DECODE_TRACE_PAIR(C, 7, j);  // local P V retired
+    this->release(0, 1);  // own V half of stage 0 read
+    if constexpr (!kP0Early) publish_p0();
+    this->rescale_o(a1_lo, a1_hi);
+    this->advance(a0_lo, a0_hi, sum_lo, sum_hi, a1_lo, a1_hi, m1_lo, m1_hi);
+    MLA_DECODE_TRACE_PAIR(C, 9, j);
   }
 
-  __device__ __forceinline__ void run() {
-    const int n_pairs = (this->u.n_tiles + 1) / 2, full_pairs = this->u.n_tiles / 2;
-    // Consumer 0's pair does not depend on kHas1 (its remote product is the next pair's business): one
-    // loop, and the last remote product after it. Branches around different wgmma sequences of the same
-    // accumulators make ptxas spill: one loop and at most one tail per consumer.
+  // Consumer 1, pair j (kHas1: it has a tile, false only for an odd last tile): S (s_product) | softmax step:
+  // m0 -> m1 published, O_R *= a0 a1, P1 | (kP1First: P1 to smem) local P1 V1R (else P1 to smem after) | remote
+  // P0 V0R | retire local (own half of stage 1 free), remote (other half of stage 0 free).
+  template <bool kHas1>
+  __device__ __forceinline__ void pair1(int j) {
+    float s[32];
+    uint32_t pa[4][4];
+    float mx_lo = -INFINITY, mx_hi = -INFINITY, sum_lo = 0.0f, sum_hi = 0.0f;
+    const int r_lo = this->r_lo, r_hi = this->r_hi;
+    const uint32_t par = j & 1;
+    MLA_DECODE_TRACE_PAIR(C, 0, j);
+    if constexpr (kHas1) this->s_product(s, qr, j, mx_lo, mx_hi);
+    MLA_DECODE_TRACE_PAIR(C, 1, j);  // S complete, masked, row max
+    float n_lo, n_hi, a_lo, a_hi;  // m1, a0 a1
+    this->publish_m1(mx_lo, mx_hi, n_lo, n_hi, a_lo, a_hi);
+    MLA_DECODE_TRACE_PAIR(C, 2, j);  // m0 read, m1 published, O_R a0 a1
+    if constexpr (kHas1) {
+      this->exponentiate(s, pa, n_lo, n_hi, sum_lo, sum_hi);
+      auto publish_p1 = [&] {  // P1 for consumer 0's remote product (kBarP1)
+        store_p(this->smem + L::kOffP + T::kPanelBytes, s, 1.0f, 1.0f, r_lo, r_hi, this->t4);
+        ptx::fence_proxy_async_smem();
+        ptx::named_barrier_arrive(L::kBarP1, T::kConsumerThreads);
+      };
+      // kP1First: P1 goes to smem before the local product is issued (FlashMLA's order), since consumer 0's
+      // remote product waits for it and a wgmma issue can stall behind consumer 0's products in the tensor
+      // pipe (measured faster on the dense h 128 rows, even elsewhere: docs/LAB.md, the seesaw kernel).
+      // Not for the 224-register consumers of InplaceKeys / GroupRows: ptxas spills 4 bytes there.
+      constexpr bool kP1First = Src::kTma || CrossoverSource<Src>;
+      if constexpr (kP1First) publish_p1();
+      this->local_pv(pa);
+      if constexpr (!kP1First) publish_p1();
+    }
+    MLA_DECODE_TRACE_PAIR(C, 3, j);  // P1 stored and local P V issued
+    this->advance(a_lo, a_hi, sum_lo, sum_hi, 1.0f, 1.0f, n_lo, n_hi);
+    ptx::named_barrier_sync(L::kBarP0, T::kConsumerThreads);
+    MLA_DECODE_TRACE_PAIR(C, 4, j);  // consumer 0's a1 P0 stored
+    this->issue_remote_pv(par);
+    if constexpr (kHas1) {
+      ptx::named_barrier_arrive(L::kBarRemote, T::kConsumerThreads);  // consumer 0 issues its remote product now
+      ptx::wgmma_wait_group<1>();
+      MLA_DECODE_TRACE_PAIR(C, 5, j);  // local P V retired
+      this->release(1, 1);  // own V half of stage 1 read (local product retired)
+    }
+    this->retire();
+    MLA_DECODE_TRACE_PAIR(C, 6, j);  // remote P V retired
+    this->release(0, 2);  // stage 0's other V half read
+  }
+
+  // The rope fragments of Q (the 512 other columns are in shared memory: load_seesaw_q); consumer 0 zeroes P0 and
+  // P1 for pair 0's stand-in remote product (issue_remote_pv).
+  __device__ __forceinline__ void prologue() {
     this->load_rope(qr);
-    if constexpr (C == 0) {  // zero P0 and P1 for pair 0's stand-in remote product (issue_remote_pv)
+    if constexpr (C == 0) {
       for (int e = threadIdx.x & 127; e < 2 * T::kPanelBytes / 16; e += 128)
         reinterpret_cast<uint4*>(this->smem + L::kOffP)[e] = make_uint4(0, 0, 0, 0);
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(8, 128);
+    }
+  }
+
+  // The unit's pairs (n_pairs; full_pairs of them with both tiles). Consumer 0's pair does not depend on whether consumer 1 has a tile (its remote product is
+  // the next pair's business): one loop, and the last remote product after it. Branches around different wgmma
+  // sequences of the same accumulators make ptxas spill: one loop and at most one tail per consumer.
+  __device__ __forceinline__ void mainloop(int n_pairs, int full_pairs) {
+    if constexpr (C == 0) {
 #pragma unroll 1
-      for (int j = 0; j < n_pairs; ++j) pair<true>(j);
+      for (int j = 0; j < n_pairs; ++j) pair0(j);
       if (n_pairs == full_pairs) {  // the last pair's remote product (an odd last pair issued the previous one)
         ptx::named_barrier_sync(L::kBarP1, T::kConsumerThreads);
         ptx::named_barrier_sync(L::kBarRemote, T::kConsumerThreads);
@@ -326,10 +355,19 @@ struct SeesawConsumer : SeesawBase<C, Src> {
       }
     } else {
 #pragma unroll 1
-      for (int j = 0; j < full_pairs; ++j) pair<true>(j);
-      if (n_pairs > full_pairs) pair<false>(full_pairs);
+      for (int j = 0; j < full_pairs; ++j) pair1<true>(j);
+      if (n_pairs > full_pairs) pair1<false>(full_pairs);
     }
-    this->finish();
+  }
+
+  // l = l0 + l1, O normalised, this consumer's 256 columns written (SeesawBase::finish).
+  __device__ __forceinline__ void epilogue() { this->finish(); }
+
+  __device__ __forceinline__ void run() {
+    const int n_pairs = (this->u.n_tiles + 1) / 2, full_pairs = this->u.n_tiles / 2;
+    prologue();
+    mainloop(n_pairs, full_pairs);
+    epilogue();
   }
 };
 
