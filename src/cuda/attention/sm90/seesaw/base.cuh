@@ -15,6 +15,7 @@
 #include "cuda/common/ptx/warpgroup.cuh"
 #include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/attention/sm90/common/acc_frag.cuh"
 #include "cuda/attention/sm90/common/tile_io.cuh"
 #include "cuda/attention/sm90/common/pipeline.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
@@ -52,6 +53,8 @@ template <int C, class Src>
 struct SeesawBase {
   using T = Traits;
   using L = SeesawTraits;
+  // O's fragment: query rows r_lo / r_hi as M, the half's 256 value columns as N.
+  using OFrag = AccFrag<T::kDvHalf>;
   const DecodeSm90Params& p;
   const Unit& u;
   uint8_t* smem;
@@ -158,12 +161,7 @@ struct SeesawBase {
       ptx::wgmma_scale_rows_if<T::kDvHalf>(o, __any_sync(0xffffffffu, f_lo != 1.0f || f_hi != 1.0f), f_lo, f_hi);
     } else {
 #pragma unroll
-      for (int jj = 0; jj < T::kDvHalf / 8; ++jj) {
-        o[4 * jj] *= f_lo;
-        o[4 * jj + 1] *= f_lo;
-        o[4 * jj + 2] *= f_hi;
-        o[4 * jj + 3] *= f_hi;
-      }
+      for (int i = 0; i < OFrag::kRegs; ++i) o[i] *= OFrag::at_hi(i) ? f_hi : f_lo;
     }
   }
   // The rope columns of Q as rs A fragments, re-read (L1 / L2 hits) per tile: registers are the scarce resource.
