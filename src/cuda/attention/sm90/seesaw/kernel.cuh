@@ -225,9 +225,9 @@ struct SeesawConsumer : SeesawBase<C, Src> {
 
   // Consumer 0's softmax step: mask and row max of S0, the rope panel released, m0 published (n = m0, a0 = 2^(m -
   // m0)), P0 = 2^(S0 - m0) in s and as rs fragments pa with its row sums, O_L *= a0.
-  __device__ __forceinline__ void softmax0(float (&s)[32], uint32_t (&pa)[4][4], int j, int k0, float& mx_lo,
-                                           float& mx_hi, float& n_lo, float& n_hi, float& a0_lo, float& a0_hi,
-                                           float& sum_lo, float& sum_hi) {
+  __device__ __forceinline__ void softmax0(float (&s)[32], uint32_t (&pa)[4][4], int j, int k0, float& n_lo,
+                                           float& n_hi, float& a0_lo, float& a0_hi, float& sum_lo, float& sum_hi) {
+    float mx_lo, mx_hi;
     // The key mask again from shared memory (registers are scarce while o is in flight); the producer
     // rewrites it only after the rope panel's release below.
     this->mask_max(s, reinterpret_cast<const uint64_t*>(this->smem + L::kOffMask)[0], k0, mx_lo, mx_hi);
@@ -244,14 +244,14 @@ struct SeesawConsumer : SeesawBase<C, Src> {
   __device__ __forceinline__ void pair0(int j) {
     float s[32];
     uint32_t pa[4][4];
-    float mx_lo = -INFINITY, mx_hi = -INFINITY, sum_lo = 0.0f, sum_hi = 0.0f;
+    float sum_lo = 0.0f, sum_hi = 0.0f;
     const int r_lo = this->r_lo, r_hi = this->r_hi;
     const int k0 = this->u.key_begin + (2 * j + C) * T::kBlockN;
     const uint32_t par = j & 1;
     MLA_DECODE_TRACE_PAIR(C, 0, j);
     scores0(s, par, j);
     float n_lo, n_hi, a0_lo, a0_hi;  // m0, a0
-    softmax0(s, pa, j, k0, mx_lo, mx_hi, n_lo, n_hi, a0_lo, a0_hi, sum_lo, sum_hi);
+    softmax0(s, pa, j, k0, n_lo, n_hi, a0_lo, a0_hi, sum_lo, sum_hi);
     MLA_DECODE_TRACE_PAIR(C, 6, j);  // P0 and O_L a0
     this->local_pv(pa);
     // a1 from consumer 1's max; a1 P0 into smem for consumer 1's remote product. kP0Early (the paged TMA sources):
