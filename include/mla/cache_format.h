@@ -37,16 +37,18 @@
 
 // The formats, in enum order: X(name, enum value). The enum, the runtime table and the dispatch
 // helpers are generated from these lists; each entry needs a CacheFormatTraits specialisation below.
-// Device formats: every backend (CUDA kernels are instantiated for exactly these).
+// Device formats of the first rule: every backend (the plain CUDA kernels are instantiated for exactly these).
 #define MLA_DEVICE_CACHE_FORMATS(X) \
   X(bf16, 0)                        \
   X(fp8, 1)                         \
   X(fp8_ds_mla, 2)
 // Host-only formats: the CPU backend only; a CUDA cache of one is refused by validate_cache.
 #define MLA_HOST_CACHE_FORMATS(X) X(f64, 3)
-// Block-scaled record formats (the DeepSeek-V4 family; the rule above): CPU backend only for now, so
-// validate_cache refuses a CUDA cache of one. Ops that take them: write_cache, gather_cache,
-// upconvert_ds_mla and sparse_mqa with values_include_rope; every other op refuses them.
+// Block-scaled record formats (the DeepSeek-V4 family; the rule above): every backend (kDevice), read and
+// written by their own kernels (CUDA: the record writer and gather of src/cuda/cache/, the MQA engine's
+// record rows), which dispatch_record_cache_format / visit_record_cache_format instantiate. Ops that take
+// them: write_cache, gather_cache, cp_gather_cache (v41, v41_fp4), upconvert_ds_mla and sparse_mqa with
+// values_include_rope; every other op refuses them by name.
 #define MLA_RECORD_CACHE_FORMATS(X) \
   X(v4, 4)                          \
   X(v41, 5)                         \
@@ -129,6 +131,8 @@ struct RecordLayout {
   }
   static constexpr MLA_HD int64_t code_bytes(int64_t d_latent) { return coded_cols(d_latent) * code_bits() / 8; }
   static constexpr MLA_HD int64_t num_tiles(int64_t d_latent) { return coded_cols(d_latent) / Self::kTile; }
+  // Byte offset of code i (i even for e2m1: codes 2j and 2j + 1 share byte j, 2j in the low nibble).
+  static constexpr MLA_HD int64_t code_offset(int64_t i) { return i * code_bits() / 8; }
   // Byte offset of the rope: the bf16 values, or (kRopeCoded) the code of column d_latent; either way
   // right after the latent's codes.
   static constexpr MLA_HD int64_t rope_offset(int64_t d_latent) { return d_latent * code_bits() / 8; }
@@ -154,6 +158,16 @@ struct RecordLayout {
   static constexpr MLA_HD bool rope_scaled() { return false; }  // no per-tensor scale
   static constexpr MLA_HD bool uniform() { return false; }
   static constexpr MLA_HD int64_t page_row_bytes() { return Self::kPageScales ? row_stride_bytes() : 0; }
+  // Byte offsets from the start of a page of `page_size` rows of row r's body [codes | rope] and of its scale
+  // slot, for a cache tensor whose rows are `row_bytes` apart (its stride[1] in bytes; a page-scale record's
+  // rows are always packed, validate_cache requires stride[1] == entry).
+  static constexpr MLA_HD int64_t body_offset(int64_t r, int64_t row_bytes) {
+    return Self::kPageScales ? page_row_offset(r) : r * row_bytes;
+  }
+  static constexpr MLA_HD int64_t slot_offset(int64_t page_size, int64_t r, int64_t row_bytes) {
+    return Self::kPageScales ? page_scale_offset(page_size, r)
+                             : r * row_bytes + scale_offset(Self::kDqk - Self::kDrope);
+  }
 };
 }  // namespace detail
 
@@ -174,7 +188,7 @@ struct CacheFormatTraits<CacheFormat::bf16> : detail::CacheLayout<CacheFormatTra
   static constexpr int kTile = 0;            // latent values per scale (per_tile only)
   static constexpr int kDqk = 0, kDrope = 0;  // 0: any d_qk > d_rope > 0 (576 and 320 in use)
   static constexpr int kRowAlign = 2;        // bytes every row start must be aligned to
-  static constexpr bool kDevice = true;      // CUDA kernels exist (MLA_DEVICE_CACHE_FORMATS)
+  static constexpr bool kDevice = true;      // CUDA kernels exist (MLA_DEVICE_CACHE_FORMATS, MLA_RECORD_CACHE_FORMATS)
 };
 
 // fp8: [num_blocks, page_size, d_qk] e4m3 (u8 accepted), value = code * KVCache::scale. Writers
@@ -254,7 +268,7 @@ struct CacheFormatTraits<CacheFormat::v4> : detail::RecordLayout<CacheFormatTrai
   static constexpr int kScaleSlot = 8;
   static constexpr int kDqk = 512, kDrope = 64;
   static constexpr int kRowAlign = 1;
-  static constexpr bool kDevice = false;
+  static constexpr bool kDevice = true;
 };
 
 // v41 (DeepSeek-V4.1 MXFP8 window cache): 528 bytes per row, [num_blocks, page_size, 528] u8:
@@ -277,7 +291,7 @@ struct CacheFormatTraits<CacheFormat::v41> : detail::RecordLayout<CacheFormatTra
   static constexpr int kScaleSlot = 16;
   static constexpr int kDqk = 512, kDrope = 64;
   static constexpr int kRowAlign = 1;
-  static constexpr bool kDevice = false;
+  static constexpr bool kDevice = true;
 };
 
 // v41_fp4 (DeepSeek-V4.1 NVFP4 compressed cache): 288 bytes per row, [num_blocks, page_size, 288] u8:
@@ -301,7 +315,7 @@ struct CacheFormatTraits<CacheFormat::v41_fp4> : detail::RecordLayout<CacheForma
   static constexpr int kScaleSlot = 32;
   static constexpr int kDqk = 512, kDrope = 64;
   static constexpr int kRowAlign = 1;
-  static constexpr bool kDevice = false;
+  static constexpr bool kDevice = true;
 };
 
 // The fixed record of fp8_ds_mla, named (used by tests, tools and kernels specialised to it).
@@ -328,7 +342,7 @@ struct CacheFormatInfo {
   int tile;        // latent values per scale (per_tile), else 0
   int d_qk, d_rope;  // fixed row widths, 0: any
   int row_align;   // bytes
-  bool device;     // CUDA kernels exist (MLA_DEVICE_CACHE_FORMATS); false: CPU only
+  bool device;     // CUDA kernels exist (device and record formats); false: CPU only
   int64_t (*entry_bytes)(int64_t d_qk, int64_t d_rope);
   int64_t (*entry_elems)(int64_t d_qk, int64_t d_rope);
   int64_t (*rope_offset)(int64_t d_latent);
@@ -393,7 +407,7 @@ inline const CacheFormatInfo& cache_format_info(CacheFormat f) {
   throw Error("cache_format_info: format missing from the table");  // unreachable: the table is the list
 }
 
-// "bf16, fp8, fp8_ds_mla": the device formats' names, for error messages.
+// "bf16, fp8, fp8_ds_mla, v4, v41, v41_fp4": the names of the formats CUDA takes, for error messages.
 inline std::string device_cache_format_names() {
   std::string s;
   for (const CacheFormatInfo& i : kCacheFormatTable)
@@ -436,12 +450,35 @@ decltype(auto) dispatch_device_cache_format(CacheFormat f, Fn&& fn) {
       break;
   }
   check_cache_format(f, "dispatch_device_cache_format");
+  if (cache_format_info(f).record)
+    throw Error(std::string("dispatch_device_cache_format: the ") + cache_format_info(f).name +
+                " cache format is a block-scaled record, read and written by the record kernels "
+                "(dispatch_record_cache_format)");
   throw Error(std::string("dispatch_device_cache_format: the ") + cache_format_info(f).name +
               " cache format is CPU-only; CUDA takes " + device_cache_format_names());
 }
 
+// The same over the block-scaled record formats (MLA_RECORD_CACHE_FORMATS: the record writer, gather and
+// MQA rows); throws mla::Error for any other value.
+template <class Fn>
+decltype(auto) dispatch_record_cache_format(CacheFormat f, Fn&& fn) {
+  switch (f) {
+#define MLA_X(name, value) \
+  case CacheFormat::name:  \
+    return fn(CacheFormatTraits<CacheFormat::name>{});
+    MLA_RECORD_CACHE_FORMATS(MLA_X)
+#undef MLA_X
+    default:
+      break;
+  }
+  check_cache_format(f, "dispatch_record_cache_format");
+  throw Error(std::string("dispatch_record_cache_format: the ") + cache_format_info(f).name +
+              " cache format is not a block-scaled record (v4, v41, v41_fp4)");
+}
+
 // Device-side twin for kernels that keep the format as a run-time value (the MQA engine): calls
-// fn(CacheFormatTraits<f>{}) for a device format, nothing otherwise (front ends reject the others).
+// fn(CacheFormatTraits<f>{}) for a device format of the first rule, nothing otherwise (front ends reject the
+// others; records go through visit_record_cache_format).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable  // fn is a device lambda in kernels, a host one in host code
 #endif
@@ -453,6 +490,24 @@ MLA_HD inline void visit_cache_format(CacheFormat f, Fn&& fn) {
     fn(CacheFormatTraits<CacheFormat::name>{}); \
     return;
     MLA_DEVICE_CACHE_FORMATS(MLA_X)
+#undef MLA_X
+    default:
+      return;
+  }
+}
+
+// The same over the record formats: fn(CacheFormatTraits<f>{}) for v4 / v41 / v41_fp4, nothing otherwise.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Fn>
+MLA_HD inline void visit_record_cache_format(CacheFormat f, Fn&& fn) {
+  switch (f) {
+#define MLA_X(name, value) \
+  case CacheFormat::name:  \
+    fn(CacheFormatTraits<CacheFormat::name>{}); \
+    return;
+    MLA_RECORD_CACHE_FORMATS(MLA_X)
 #undef MLA_X
     default:
       return;

@@ -102,6 +102,12 @@ constexpr uint32_t e2m1_bits(float f) {
   return (u >> 31) << 3 | e2m1_magnitude(std::bit_cast<float>(u & 0x7fffffffu));
 }
 constexpr uint8_t float_to_e2m1(float f) { return static_cast<uint8_t>(e2m1_bits(f)); }
+// The value of an e2m1 code (low 4 bits; code 8 is -0), constexpr for the device's record readers.
+constexpr float e2m1_value(uint32_t code) {
+  const uint32_t e = code >> 1 & 3u, m = code & 1u;
+  const float mag = e == 0 ? 0.5f * static_cast<float>(m) : static_cast<float>(2u + m) * static_cast<float>(1u << e) * 0.25f;
+  return (code & 8u) ? -mag : mag;
+}
 inline float e2m1_to_float(uint8_t code) {
   static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   const float v = kMag[code & 0x7u];
@@ -112,14 +118,32 @@ inline float round_e4m3(float f) { return e4m3_to_float(float_to_e4m3(f)); }
 
 // UE8M0 (an unsigned power-of-two exponent byte): 2^(b - 127); 0xff is NaN.
 inline double ue8m0_to_double(uint8_t b) { return b == 0xffu ? NAN : std::ldexp(1.0, static_cast<int>(b) - 127); }
+// The same as a float, exactly (b = 0 is the subnormal 2^-127), in integer arithmetic: device code reads
+// record scales through it.
+constexpr float ue8m0_to_float(uint32_t b) {
+  return b >= 0xffu ? std::bit_cast<float>(0x7fc00000u)
+         : b == 0u  ? std::bit_cast<float>(0x00400000u)
+                    : std::bit_cast<float>(b << 23);
+}
 // The power-of-two record scale 2^ceil(log2(max(amax / 448, 1e-4))) as its UE8M0 byte, computed
-// exactly; a non-finite scale (amax infinite) gives 0xff (NaN: the block reads back NaN).
-inline uint8_t pow2_scale_ue8m0(float amax) {
-  const float s = std::fmax(amax / 448.0f, 1e-4f);
-  if (!std::isfinite(s)) return 0xffu;
-  int e;
-  const float m = std::frexp(s, &e);  // s = m * 2^e, m in [0.5, 1); m == 0.5 means s is 2^(e-1)
-  return static_cast<uint8_t>((m == 0.5f ? e - 1 : e) + 127);
+// exactly from the float's exponent field; a non-finite scale (amax infinite) gives 0xff (NaN: the block
+// reads back NaN). amax is never NaN (writers skip NaN inputs). amax / 448 is one correctly rounded float
+// division on the host and the device alike (nvcc's default -prec-div=true); the CPU and the CUDA
+// writers both call this.
+constexpr uint32_t pow2_scale_ue8m0_bits(float amax) {
+  const float q = amax / 448.0f;
+  const float s = q > 1e-4f ? q : 1e-4f;
+  const uint32_t u = std::bit_cast<uint32_t>(s);
+  const uint32_t e = u >> 23 & 0xffu;  // s >= 1e-4 is normal and positive
+  if (e == 0xffu) return 0xffu;
+  return (u & 0x7fffffu) ? e + 1 : e;  // s = 1.m * 2^(e - 127): ceil(log2 s) = e - 127 (+1 unless m == 0)
+}
+constexpr uint8_t pow2_scale_ue8m0(float amax) { return static_cast<uint8_t>(pow2_scale_ue8m0_bits(amax)); }
+// Reciprocal of a writer's scale byte (e in [1, 253]: 2^(127 - (e - 127)) is a normal float; 0xff -> NaN):
+// x * ue8m0_recip(e) equals the IEEE quotient x / 2^(e - 127) for every float x, both being x * 2^-k rounded
+// once.
+constexpr float ue8m0_recip(uint32_t e) {
+  return e >= 0xffu ? std::bit_cast<float>(0x7fc00000u) : std::bit_cast<float>((254u - e) << 23);
 }
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 

@@ -56,7 +56,7 @@ TEST(CacheFormat, TableMatchesTraitsAndDispatch) {
   EXPECT_EQ(cache_format_from_string("auto"), CacheFormat::bf16);
   EXPECT_EQ(cache_format_from_string("fp8_e4m3"), CacheFormat::fp8);
   EXPECT_EQ(cache_format_from_string("float64"), CacheFormat::f64);
-  EXPECT_EQ(device_cache_format_names(), "bf16, fp8, fp8_ds_mla");
+  EXPECT_EQ(device_cache_format_names(), "bf16, fp8, fp8_ds_mla, v4, v41, v41_fp4");
   EXPECT_THROW(cache_format_from_string("fp4"), Error);
   // ds_mla's named constants are the traits' values.
   EXPECT_EQ(ds_mla::kRopeOffset, 528);

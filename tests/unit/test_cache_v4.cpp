@@ -51,8 +51,37 @@ TEST(CacheV4, TableNamesAndSizes) {
   EXPECT_EQ(static_cast<int>(CacheFormat::v41_fp4), 6);
   for (CacheFormat f : test::kRecordFormats) {
     EXPECT_TRUE(cache_format_info(f).record);
-    EXPECT_FALSE(cache_format_info(f).device);
+    EXPECT_TRUE(cache_format_info(f).device);  // CUDA kernels: src/cuda/cache/, the portable MQA engine
     EXPECT_EQ(cache_dtype(f), DType::u8);
+  }
+}
+
+// The integer-arithmetic forms device code uses (core/numeric.h) against the library-call forms.
+TEST(CacheV4, DeviceRulesMatchHostRules) {
+  for (uint32_t b = 0; b < 256; ++b) {
+    const double d = num::ue8m0_to_double(static_cast<uint8_t>(b));
+    const float f = num::ue8m0_to_float(b);
+    if (std::isnan(d)) {
+      EXPECT_TRUE(std::isnan(f)) << b;
+    } else {
+      EXPECT_EQ(static_cast<double>(f), d) << b;
+    }
+    if (b >= 1 && b <= 253) {
+      EXPECT_EQ(static_cast<double>(num::ue8m0_recip(b)) * d, 1.0) << b;
+    }
+  }
+  EXPECT_TRUE(std::isnan(num::ue8m0_recip(0xff)));
+  for (uint32_t c = 0; c < 16; ++c) {
+    EXPECT_EQ(num::e2m1_value(c), num::e2m1_to_float(static_cast<uint8_t>(c))) << c;
+    EXPECT_EQ(std::signbit(num::e2m1_value(c)), c >= 8) << c;
+  }
+  // pow2_scale_ue8m0 against the frexp formulation over magnitudes from 0 to the largest float.
+  for (float a : {0.0f, 1e-30f, 0.0448f, 0.04480001f, 1.0f, 447.9f, 448.0f, 448.1f, 896.0f, 1e20f, 3.4e38f, INFINITY}) {
+    const float s = std::fmax(a / 448.0f, 1e-4f);
+    int e = 0;
+    const float m = std::isfinite(s) ? std::frexp(s, &e) : 0.0f;
+    const int want = std::isfinite(s) ? (m == 0.5f ? e - 1 : e) + 127 : 255;
+    EXPECT_EQ(num::pow2_scale_ue8m0(a), want) << a;
   }
 }
 
@@ -318,10 +347,19 @@ TEST(CacheV4, OpsThatDoNotTakeRecordsRefuse) {
   // Fixed row widths.
   EXPECT_NE(error_of([] { allocate_cache(CacheFormat::v4, 2, 4, Device::cpu()); }).find("needs d_qk 512 and d_rope 64"),
             std::string::npos);
-  // CUDA: no kernels for the records yet.
-  EXPECT_NE(error_of([] { allocate_cache(CacheFormat::v41_fp4, 2, 4, Device::cuda(0), 1.0f, 512, 64); })
-                .find("v41_fp4 cache format is CPU-only"),
-            std::string::npos);
+  // CUDA caches of records are valid (the record kernels exist); the plain device dispatch names the record
+  // dispatch instead of calling a record "CPU-only".
+  {
+    Tensor bytes = Tensor::empty({2, 4, 288}, DType::u8);
+    const TensorView on_gpu(bytes.view().data, DType::u8, {2, 4, 288}, Device::cuda(0));
+    EXPECT_NO_THROW(validate_cache(KVCache{on_gpu, CacheFormat::v41_fp4, 1.0f, 512, 64}));
+    const std::string d = error_of([] { dispatch_device_cache_format(CacheFormat::v4, [](auto) { return 0; }); });
+    EXPECT_NE(d.find("dispatch_record_cache_format"), std::string::npos) << d;
+    int calls = 0;
+    visit_record_cache_format(CacheFormat::v41, [&](auto fmt) { calls += decltype(fmt)::kFormat == CacheFormat::v41; });
+    visit_record_cache_format(CacheFormat::fp8, [&](auto) { calls += 10; });
+    EXPECT_EQ(calls, 1);
+  }
   // A v4 page is one contiguous run (its scale region follows its rows).
   Tensor layers = Tensor::empty({2, 2, 4, 584}, DType::u8);
   KVCache strided{layers.view().select(1, 0), CacheFormat::v4, 1.0f, 512, 64};

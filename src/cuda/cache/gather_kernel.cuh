@@ -16,6 +16,7 @@
 // (cp_gather_cache, and bf16 caches into bf16) copy bytes.
 #include <cstdint>
 
+#include "core/numeric.h"
 #include "cuda/cache/params.h"
 #include "cuda/common/act_type.cuh"
 #include "cuda/common/convert.cuh"
@@ -25,8 +26,8 @@
 
 namespace mla::cuda::cache {
 
-// Cache element offset of output row r's source, or -1 (skip).
-__device__ __forceinline__ int64_t resolve_row(const RowMap& m, int64_t r) {
+// Output row r's source as (physical block, row within the page); false: skip.
+__device__ __forceinline__ bool resolve_page(const RowMap& m, int64_t r, int64_t& phys, int64_t& in_page) {
   // Request b = the last one whose first row is <= r (zero-length requests share their start with
   // the next one and lose the tie).
   int64_t lo = 0, hi = m.num_requests;
@@ -36,19 +37,27 @@ __device__ __forceinline__ int64_t resolve_row(const RowMap& m, int64_t r) {
     else hi = mid;
   }
   const int64_t b = lo - 1;
-  if (b < 0) return -1;
+  if (b < 0) return false;
   const int64_t begin = m.starts[b * m.starts_stride];
   const int64_t end = b + 1 < m.num_requests ? m.starts[(b + 1) * m.starts_stride]
                       : m.last_end            ? *m.last_end
                                               : m.num_rows;
-  if (r >= end) return -1;
+  if (r >= end) return false;
   const int64_t pos = (m.seq_starts ? m.seq_starts[b * m.seq_starts_stride] : 0) + (r - begin);
-  if (pos < 0) return -1;
+  if (pos < 0) return false;
   const int64_t blk = pos / m.page_size;
-  if (blk >= m.max_blocks) return -1;  // outside the table: never read, dst row untouched
-  const int64_t phys = m.block_table[b * m.bt_stride + blk];
-  if (phys < 0 || phys >= m.num_blocks) return -1;
-  return phys * m.cache_stride0 + (pos - blk * m.page_size) * m.cache_stride1;
+  if (blk >= m.max_blocks) return false;  // outside the table: never read, dst row untouched
+  phys = m.block_table[b * m.bt_stride + blk];
+  if (phys < 0 || phys >= m.num_blocks) return false;
+  in_page = pos - blk * m.page_size;
+  return true;
+}
+
+// Cache element offset of output row r's source, or -1 (skip).
+__device__ __forceinline__ int64_t resolve_row(const RowMap& m, int64_t r) {
+  int64_t phys, in_page;
+  if (!resolve_page(m, r, phys, in_page)) return -1;
+  return phys * m.cache_stride0 + in_page * m.cache_stride1;
 }
 
 // Raw copy in 16-byte chunks (p.cols and p.dst_stride in bytes).
@@ -149,6 +158,87 @@ struct DequantGatherOp {
     }
   }
 };
+
+// Dequantising gather of a block-scaled record (v4, v41, v41_fp4) into Dst: a chunk is 8 output values, 8
+// coded columns (8 e4m3 bytes or 4 e2m1 bytes, one scale byte: blocks are >= 16 columns) or 8 of v4's bf16
+// rope values. value = code * scale, exact in float (e4m3 / e2m1 codes times a power of two or an e4m3
+// scale), rounded once to Dst: bit for bit the CPU's double product rounded to Dst. A v4 row's body and
+// its scale slot (in the page's scale region) are resolved apart (RecordLayout::body_offset /
+// slot_offset). kVec: 8-byte code and 16-byte rope loads (the cache's base and block stride, and without
+// page scales its row stride, are multiples of 16 bytes) and 16-byte dst stores.
+template <class Fmt, class Dst, bool kVec>
+struct RecordGatherOp {
+  static_assert(Fmt::kRecord, "block-scaled records only");
+  static constexpr int kChunk = 8;
+  static constexpr int kLatent = Fmt::kDqk - Fmt::kDrope;
+  static constexpr int kCoded = static_cast<int>(Fmt::coded_cols(kLatent));
+  static_assert(Fmt::kTile % kChunk == 0 && kLatent % kChunk == 0, "a chunk lies in one scale block and one part");
+  struct RowInfo {
+    int64_t body, slot;  // byte offsets in the cache; body < 0: skip
+  };
+  struct Chunk {
+    dev::Array<uint8_t, 16> b;  // 8 e4m3 codes, 4 e2m1 bytes, or 8 bf16 rope values
+    uint8_t scale;
+  };
+  GatherParams p;
+
+  __device__ RowInfo resolve(int64_t r) const {
+    int64_t phys, in_page;
+    if (!resolve_page(p.map, r, phys, in_page)) return {-1, -1};
+    const int64_t page = phys * p.map.cache_stride0;
+    return {page + Fmt::body_offset(in_page, p.map.cache_stride1),
+            page + Fmt::slot_offset(p.map.page_size, in_page, p.map.cache_stride1)};
+  }
+  __device__ bool active(const RowInfo& i) const { return i.body >= 0; }
+  __device__ int chunks_per_row() const { return (p.cols + kChunk - 1) / kChunk; }
+
+  __device__ void load(const RowInfo& i, int64_t, int c, Chunk& v) const {
+    const int col = c * kChunk;
+    const uint8_t* cache = static_cast<const uint8_t*>(p.cache);
+    if (col < kCoded) {
+      constexpr int kBytes = kChunk * Fmt::code_bits() / 8;
+      const uint8_t* src = cache + i.body + Fmt::code_offset(col);
+      if constexpr (kVec) dev::load_bytes<kBytes>(v.b.v, src);
+      else dev::copy_bytes(v.b.v, src, kBytes);
+      v.scale = __ldg(cache + i.slot + col / Fmt::kTile);
+    } else {
+      const uint8_t* src = cache + i.body + Fmt::rope_offset(kLatent) + 2 * (col - kLatent);
+      if constexpr (kVec) dev::load_bytes<16>(v.b.v, src);
+      else dev::copy_bytes(v.b.v, src, 16);
+    }
+  }
+
+  __device__ void store(const RowInfo&, int64_t r, int c, const Chunk& v) const {
+    const int col = c * kChunk, n = min(kChunk, p.cols - col);
+    auto* dst = static_cast<typename Dst::Storage*>(p.dst) + r * p.dst_stride + col;
+    dev::Array<typename Dst::Storage, 8> o;
+    if (col < kCoded) {
+      float x[8];
+      if constexpr (Fmt::kCode == CacheCode::e2m1) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x[k] = num::e2m1_value(v.b.v[k / 2] >> (4 * (k % 2)) & 0xfu);
+      } else {
+        dev::e4m3_to_float(reinterpret_cast<const dev::Array<uint8_t, 8>&>(v.b), x);
+      }
+      const float s = Fmt::kScale == CacheScale::ue8m0 ? num::ue8m0_to_float(v.scale) : dev::e4m3_to_float(v.scale);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o.v[k] = Dst::from_float(__fmul_rn(x[k], s));
+    } else if constexpr (Dst::kDType == DType::bf16) {
+      o = reinterpret_cast<const dev::Array<uint16_t, 8>&>(v.b);  // v4's rope: the stored bits
+    } else {
+      float x[8];
+      dev::bf16_to_float(reinterpret_cast<const dev::Array<uint16_t, 8>&>(v.b), x);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o.v[k] = Dst::from_float(x[k]);
+    }
+    dev::store_chunk<kVec>(dst, o, n);
+  }
+};
+
+template <class Fmt, class Dst, bool kVec, int kRows, int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads) record_gather_kernel(GatherParams p) {
+  dev::stream_rows<kRows, kThreads, kUnroll>(RecordGatherOp<Fmt, Dst, kVec>{p}, p.map.num_rows);
+}
 
 // kUnroll chunks in flight per thread (the launcher's choice and the alternatives measured are in
 // docs/PERFORMANCE.md).

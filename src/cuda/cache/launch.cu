@@ -64,6 +64,17 @@ void launch_gather(const KVCache& c, const TensorView& dst, const cache::GatherP
     else launch(cache::raw_gather_kernel<false, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
     return;
   }
+  if (cache_format_info(c.format).record) {
+    dispatch_record_cache_format(c.format, [&](auto fmt) {
+      dispatch_activation(dst.dtype, what, [&](auto act) {
+        using Fmt = decltype(fmt);
+        using Dst = decltype(act);
+        if (g.vec) launch(cache::record_gather_kernel<Fmt, Dst, true, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
+        else launch(cache::record_gather_kernel<Fmt, Dst, false, kRows, kThreads, kGatherUnroll>, grid, g.p, ctx, what);
+      });
+    });
+    return;
+  }
   dispatch_device_cache_format(c.format, [&](auto fmt) {
     dispatch_activation(dst.dtype, what, [&](auto act) {
       using Fmt = decltype(fmt);
@@ -81,6 +92,14 @@ void write_cache(const TensorView& kv_c, const TensorView& k_pe, const TensorVie
   DeviceGuard guard(cache.data.device);
   const cache::WritePlan w = cache::plan_write(kv_c, k_pe, slot_mapping, cache, ds_scale);
   if (w.p.num_tokens == 0) return;
+  if (cache_format_info(cache.format).record) {  // a warp per token, any activation dtype
+    const unsigned grid = grid_for(w.p.num_tokens, kThreads / 32, "write_cache");
+    return dispatch_record_cache_format(cache.format, [&](auto fmt) {
+      using Fmt = decltype(fmt);
+      if (w.vec) launch(cache::write_record_kernel<Fmt, true>, grid, w.p, ctx, "write_cache");
+      else launch(cache::write_record_kernel<Fmt, false>, grid, w.p, ctx, "write_cache");
+    });
+  }
   dispatch_device_cache_format(cache.format, [&](auto fmt) { launch_write<decltype(fmt)>(w, ctx); });
 }
 

@@ -34,6 +34,14 @@ inline bool cache_rows_aligned(const KVCache& c, int64_t chunk_bytes) {
          multiple(c.data.stride[1] * es, chunk_bytes);
 }
 
+// A record cache's pages start 16-byte aligned and, without page scales, so do its rows (a v4 page is packed:
+// its 576-byte bodies are then 16-byte aligned too).
+inline bool record_pages_aligned(const KVCache& c) {
+  const int64_t es = cache_esize(c);
+  return dev::aligned_to(c.data.data, 16) && multiple(c.data.stride[0] * es, 16) &&
+         (page_row_bytes(c.format) != 0 || multiple(c.data.stride[1] * es, 16));
+}
+
 struct WritePlan {
   WriteParams p{};
   bool vec = false;    // 16-byte input chunks and aligned cache rows
@@ -80,6 +88,10 @@ inline WritePlan plan_write(const TensorView& kv_c, const TensorView& k_pe, cons
   // bf16 inputs are read in 16-byte chunks of 8 values; the cache is written in 16-byte (bf16,
   // ds_mla) or 8-byte (fp8) pieces.
   const bool in_vec = multiple(p.latent, 8) && multiple(p.rope, 8) && rows_aligned(kv_c, 16) && rows_aligned(k_pe, 16);
+  if (cache_format_info(cache.format).record) {  // write_record_kernel: 16-value bf16 loads, 16 / 8-byte stores
+    w.vec = in_vec && !w.act && record_pages_aligned(cache);
+    return w;
+  }
   dispatch_device_cache_format(cache.format, [&](auto fmt) {
     using Fmt = decltype(fmt);
     // Uniform formats are written in 8-value chunks (16 bytes bf16, 8 bytes e4m3); the tiled writer
@@ -129,6 +141,13 @@ inline GatherPlan plan_gather_values(const KVCache& c, const TensorView& dst, co
   p.cache = c.data.data;
   p.dst = dst.data;
   const int64_t d = dst.size(1);
+  if (cache_format_info(c.format).record) {  // record_gather_kernel: 8-value chunks, stores of 8 dst values
+    p.scale = 1.0f;
+    p.cols = static_cast<int>(d);
+    p.dst_stride = dst.stride[0];
+    g.vec = multiple(d, 8) && rows_aligned(dst, 16) && record_pages_aligned(c);
+    return g;
+  }
   dispatch_device_cache_format(c.format, [&](auto fmt) {
     using Fmt = decltype(fmt);
     p.scale = Fmt::kScale == CacheScale::per_tensor ? c.scale : 1.0f;

@@ -26,6 +26,17 @@
 // the 128 rope bytes. Slots are resolved one per lane and shuffled, as above. All loads of the
 // warp's tokens are issued before the first use, so each warp keeps kTokens * 1152 bytes in flight.
 // Memory per token: 1152 bytes read, 656 written.
+//
+// Block-scaled records v4 / v41 / v41_fp4 (write_record_kernel; the rule and offsets from the format's
+// RecordLayout): a warp per token, lane l owning row columns [16 l, 16 l + 16) (512 = 32 x 16: kv_c's 448
+// then k_pe's 64). The lanes of one scale block (tile 64: 4 lanes, 32: 2, 16: 1) reduce its amax (NaN never
+// raises it) and NaN flag with xor-shuffles; each lane then stores its 16 codes (16 e4m3 bytes or 8 e2m1
+// bytes), the first lane of a block its scale byte, lane 31 the slot's padding bytes (0), and for v4 lanes
+// 28..31 the bf16 rope. The arithmetic is the CPU writer's (src/cpu/cache_ops.cpp write_record): the ue8m0
+// byte from num::pow2_scale_ue8m0_bits, x / 2^k as x times the exact reciprocal (num::ue8m0_recip, the same
+// correctly rounded number), the NVFP4 scale and codes through IEEE divisions, e4m3 and e2m1 rounded to
+// nearest even (the hardware's satfinite conversion, num::e2m1_bits). Any activation dtype; bf16 rows with
+// 16-byte aligned rows and cache pages take vector loads and stores (kVec).
 #include <cuda_fp16.h>
 
 #include <cfloat>
@@ -356,6 +367,114 @@ __global__ void __launch_bounds__(256) write_act_kernel(WriteParams p) {
       else static_cast<uint8_t*>(p.cache)[off + i] = dev::float_to_e4m3(__fdiv_rn(x, p.scale));
     }
   }
+}
+
+// ---- block-scaled records (v4, v41, v41_fp4; lane roles in the header comment) ----------------------
+
+template <class Fmt>
+struct RecordWrite {
+  static_assert(Fmt::kRecord, "block-scaled records only");
+  static constexpr int kLatent = Fmt::kDqk - Fmt::kDrope;
+  static constexpr int kCoded = static_cast<int>(Fmt::coded_cols(kLatent));
+  static constexpr int kPer = 16;  // row columns per lane
+  static constexpr int kLanesPerTile = Fmt::kTile / kPer;
+  static constexpr int kTiles = static_cast<int>(Fmt::num_tiles(kLatent));
+  static_assert(Fmt::kDqk == 32 * kPer && kLatent % kPer == 0 && Fmt::kTile % kPer == 0 && kCoded % Fmt::kTile == 0,
+                "a lane per 16 columns; scale blocks of whole lanes");
+  static_assert(kTiles <= Fmt::kScaleSlot && kTiles <= 32, "one byte per block in the slot");
+};
+
+// write_cache for a record format. kVec: kv_c and k_pe are bf16 with 16-byte aligned rows and the cache's
+// base and block stride (and, without page scales, its row stride) are multiples of 16 bytes.
+template <class Fmt, bool kVec>
+__global__ void __launch_bounds__(256) write_record_kernel(WriteParams p) {
+  using W = RecordWrite<Fmt>;
+  const int lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t >= p.num_tokens) return;  // uniform across the warp
+  const int64_t slot = load_slot(p, t);
+  if (slot < 0 || slot >= p.num_blocks * p.page_size) return;  // uniform: skipped, garbage never written
+  const int64_t blk = slot / p.page_size, r = slot - blk * p.page_size;
+  uint8_t* page = static_cast<uint8_t*>(p.cache) + blk * p.cache_stride0;  // record caches hold bytes
+  uint8_t* body = page + Fmt::body_offset(r, p.cache_stride1);
+  uint8_t* sc = page + Fmt::slot_offset(p.page_size, r, p.cache_stride1);
+
+  // This lane's 16 inputs (as float, exact) and, for rope lanes of v4, their bf16 bits.
+  const int c0 = W::kPer * lane;
+  const bool from_kv = c0 < W::kLatent;
+  const int col = from_kv ? c0 : c0 - W::kLatent;
+  const WriteParams::Act dt = from_kv ? p.kv_c_dtype : p.k_pe_dtype;
+  float x[16];
+  uint16_t h[16];
+  if constexpr (kVec) {
+    const uint16_t* src = from_kv ? p.kv_c + t * p.kv_c_stride + col : p.k_pe + t * p.k_pe_stride + col;
+    dev::Array<uint16_t, 16> v;
+    dev::load_bytes<32>(v.v, src);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      h[i] = v.v[i];
+      x[i] = dev::bf16_to_float(v.v[i]);
+    }
+  } else {
+    const char* base = from_kv ? reinterpret_cast<const char*>(p.kv_c) : reinterpret_cast<const char*>(p.k_pe);
+    const int64_t es = dt == WriteParams::Act::f32 ? 4 : 2;
+    const void* row = base + t * (from_kv ? p.kv_c_stride : p.k_pe_stride) * es;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      x[i] = load_act(row, dt, col + i);
+      // bf16 inputs are copied bit-exactly; others rounded to nearest even (the CPU's bf16_bits).
+      h[i] = dt == WriteParams::Act::bf16 ? static_cast<const uint16_t*>(row)[col + i]
+                                          : static_cast<uint16_t>(num::bf16_bits_rn(x[i]));
+    }
+  }
+
+  float amax = 0.0f;
+  bool nan = false;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    amax = fmaxf(amax, fabsf(x[i]));  // fmaxf ignores NaN, like the CPU's comparison
+    nan = nan || x[i] != x[i];
+  }
+#pragma unroll
+  for (int o = 1; o < W::kLanesPerTile; o <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    nan = __shfl_xor_sync(0xffffffffu, static_cast<int>(nan), o) != 0 || nan;
+  }
+
+  if (c0 < W::kCoded) {
+    uint8_t s_byte;
+    if constexpr (Fmt::kCode == CacheCode::e2m1) {
+      // NVFP4: scale e4m3(clamp(amax / 6, 2^-9, 448)); a block holding a NaN gets the NaN scale and codes 0.
+      s_byte = nan ? uint8_t{0x7f} : dev::float_to_e4m3(fminf(fmaxf(__fdiv_rn(amax, 6.0f), 0x1p-9f), 448.0f));
+      const float s = dev::e4m3_to_float(s_byte);
+      dev::Array<uint8_t, 8> q;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t lo = num::e2m1_bits(__fdiv_rn(x[2 * j], s)), hi = num::e2m1_bits(__fdiv_rn(x[2 * j + 1], s));
+        q.v[j] = nan ? uint8_t{0} : static_cast<uint8_t>(lo | hi << 4);
+      }
+      uint8_t* dst = body + Fmt::code_offset(c0);
+      if constexpr (kVec) dev::store_bytes<8>(dst, q.v);
+      else dev::copy_bytes(dst, q.v, 8);
+    } else {
+      const uint32_t e = num::pow2_scale_ue8m0_bits(amax);
+      s_byte = static_cast<uint8_t>(e);
+      const float rs = num::ue8m0_recip(e);  // NaN for 0xff: every code NaN, like the CPU's x / NaN
+      dev::Array<uint16_t, 8> q;  // pairs of e4m3 codes
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q.v[j] = dev::float2_to_e4m3x2(__fmul_rn(x[2 * j], rs), __fmul_rn(x[2 * j + 1], rs));
+      uint8_t* dst = body + Fmt::code_offset(c0);
+      if constexpr (kVec) dev::store_bytes<16>(dst, q.v);
+      else dev::copy_bytes(dst, q.v, 16);
+    }
+    if (lane % W::kLanesPerTile == 0) sc[lane / W::kLanesPerTile] = s_byte;
+  } else if constexpr (!Fmt::kRopeCoded) {  // v4: the rope as bf16
+    uint8_t* dst = body + Fmt::rope_offset(W::kLatent) + 2 * (c0 - W::kLatent);
+    if constexpr (kVec) dev::store_bytes<32>(dst, h);
+    else dev::copy_bytes(dst, h, 32);
+  }
+  if (lane == 31)
+    for (int b = W::kTiles; b < Fmt::kScaleSlot; ++b) sc[b] = 0;  // padding: a record depends on its inputs only
 }
 
 }  // namespace mla::cuda::cache
