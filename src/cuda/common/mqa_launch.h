@@ -31,13 +31,22 @@ inline MqaCacheParams make_cache_params(const KVCache& c) {
   p.num_blocks = c.num_blocks();
   p.page_size = c.page_size();
   p.format = c.format;
+  p.elem_bytes = static_cast<int32_t>(c.data.element_size());
+  if (cache_format_info(c.format).record) {  // byte records; a v4 page is packed (validate_cache)
+    p.direct = 0;
+    p.record = 1;
+    p.scale = 1.0f;
+    p.row_bytes = static_cast<int32_t>(cache_entry_bytes(c.format, c.d_qk, c.d_rope));
+    p.vec16 = aligned16(p.data) && (p.stride_block * p.elem_bytes) % 16 == 0 &&
+              (page_row_bytes(c.format) != 0 || (p.stride_row * p.elem_bytes) % 16 == 0);
+    return p;
+  }
   dispatch_device_cache_format(c.format, [&](auto fmt) {
     using Fmt = decltype(fmt);
     p.direct = direct_format<Fmt>() ? 1 : 0;
     p.row_bytes = static_cast<int32_t>(Fmt::entry_bytes(c.d_qk, c.d_rope));
     p.scale = Fmt::kScale == CacheScale::per_tensor ? c.scale : 1.0f;
   });
-  p.elem_bytes = static_cast<int32_t>(c.data.element_size());
   p.vec16 = aligned16(p.data) && (p.stride_block * p.elem_bytes) % 16 == 0 && (p.stride_row * p.elem_bytes) % 16 == 0 &&
             p.row_bytes % 16 == 0;
   return p;

@@ -20,7 +20,10 @@ struct MqaCacheParams {
   int32_t direct;     // 1: rows are d_qk unscaled bf16 values, copied straight into the K tile (no staging)
   int32_t elem_bytes; // bytes per element of the cache tensor (bf16: 2, byte formats: 1)
   int32_t row_bytes;  // bytes of one cache row the kernel reads (the format's entry_bytes)
-  int32_t vec16;      // 1 when every row starts 16-byte aligned and row_bytes % 16 == 0 (cp.async path)
+  int32_t vec16;      // 1 when every row starts 16-byte aligned and row_bytes % 16 == 0 (cp.async path); records:
+                      // pages (and rows without page scales) start 16-byte aligned
+  int32_t record;     // 1: a block-scaled record (v4, v41, v41_fp4), staged [body | scale slot] and dequantised
+                      // into the K tile (its values are bf16 numbers); the scale table stays 1
   float scale;        // value scale of every column for per-tensor formats (fp8: value = e4m3 * scale), else 1
 };
 

@@ -58,9 +58,10 @@ struct Traits {
   static constexpr int kOffScale = kOffS + kBlockM * kScoreStride * 4;   // [32][8] fp32
   static constexpr int kOffTag = kOffScale + kBlockN * kScaleStride * 4; // [2][32] int32
   static constexpr int kOffRow = kOffTag + 2 * kBlockN * 4;              // alpha, 1/l: [2][64] fp32
-  static constexpr int kOffRaw = kOffRow + 2 * kBlockM * 4;              // 2 raw stages (fp8 caches only)
-  static constexpr int kSmemBf16 = kOffRaw;                              // 161,536
-  static constexpr int kSmemFp8 = kOffRaw + 2 * kRawStageBytes;          // 203,520
+  static constexpr int kOffFmt = kOffRow + 2 * kBlockM * 4;              // record rows' CacheFormat: [2][32] u8
+  static constexpr int kOffRaw = kOffFmt + 2 * kBlockN;                  // 2 raw stages (staged caches only)
+  static constexpr int kSmemBf16 = kOffRaw;                              // 161,600
+  static constexpr int kSmemFp8 = kOffRaw + 2 * kRawStageBytes;          // 203,584
 
   static_assert(kOffK % 16 == 0 && kOffS % 16 == 0 && kOffRaw % 16 == 0 && kRowBytes % 16 == 0, "16B alignment");
   static_assert(kRawRowBytes % 16 == 0, "raw rows are filled with 16-byte cp.async");
@@ -69,6 +70,12 @@ struct Traits {
   static_assert(kBlockN == 32, "the QK split (2 warps x 16 keys) and the PV k-steps assume 32 keys");
   static_assert(kSmemFp8 <= 227 * 1024, "shared memory per block on sm_90");
   static_assert(kRawRowBytes == 656, "the shared-memory plan above was sized for the fp8_ds_mla record");
+#define MLA_X(name, value)                                                                            \
+  static_assert(CacheFormatTraits<CacheFormat::name>::entry_bytes(0, 0) <= kRawRowBytes &&           \
+                    CacheFormatTraits<CacheFormat::name>::kDqk <= kMaxDqk,                            \
+                "a staged record [body | scale slot] fits a raw row");
+  MLA_RECORD_CACHE_FORMATS(MLA_X)
+#undef MLA_X
 };
 
 }  // namespace mla::cuda::mqa

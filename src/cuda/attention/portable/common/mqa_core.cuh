@@ -49,6 +49,16 @@
 //                               address (keys of two caches of one format), nullptr = invalid
 //     __device__ float sink_log2(int head) const;  // the head's attention sink in the log2 domain (-inf:
 //                               none), folded into the row's softmax state in the epilogue
+//     __device__ mqa::RecordRow record_row(int key, int& tag) const;  // block-scaled record caches
+//                               (cp.record): the row's body and scale-slot addresses, its format and
+//                               whether 16-byte copies are legal; main and extra caches may differ in format
+//
+// Block-scaled records (v4, v41, v41_fp4; mla/cache_format.h): each key row is staged as [body | scale slot]
+// (the record's own byte order; v4's slot copied from its page's scale region) with its format noted per row,
+// then dequantised into the K tile as bf16(code * scale), which is exact (e4m3 or e2m1 codes times a power of
+// two or an e4m3 scale carry at most 6 significant bits; the writers' scales keep every product inside bf16's
+// range), so the scale table stays 1 and the mma sees the values themselves. A tile may hold rows of two
+// formats (a main and an extra cache): the conversion dispatches per row.
 template <class Keys>
 concept KeysWithRowPointer = requires(const Keys& k, int key, int& tag) { k.row_pointer(key, tag); };
 template <class Keys>
@@ -58,6 +68,7 @@ concept KeysWithSink = requires(const Keys& k, int head) { k.sink_log2(head); };
 #include <cstdint>
 #include <type_traits>
 
+#include "core/numeric.h"
 #include "cuda/common/act_type.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/ptx/cp_async.cuh"
@@ -68,6 +79,17 @@ concept KeysWithSink = requires(const Keys& k, int head) { k.sink_log2(head); };
 #include "cuda/common/softmax.cuh"
 
 namespace mla::cuda::mqa {
+
+// Where a key row of a block-scaled record cache lives (Keys::record_row): body == nullptr for an invalid
+// key (format then names any record format, the zero-filled row converts to zeros).
+struct RecordRow {
+  const uint8_t* body;  // [codes | rope]
+  const uint8_t* slot;  // the scale slot (inside the row, or in the page's scale region)
+  CacheFormat format;
+  bool vec;  // body (and, without page scales, the whole record) 16-byte aligned: cp.async copies
+};
+template <class Keys>
+concept KeysWithRecords = requires(const Keys& k, int key, int& tag) { k.record_row(key, tag); };
 
 // Query tile: rows [row0, row0 + 64) of group g into sQ (zero rows / columns past the data). The
 // tensor cores take bf16: f16 / f32 queries are rounded to bf16 here (to nearest even), the one input
@@ -100,11 +122,55 @@ __device__ __forceinline__ void load_q_tile(const MqaRowParams& rp, int64_t g, i
   }
 }
 
+// Record caches: key row r of the tile staged as [body | scale slot] (the record's byte order, offsets from
+// the format's traits) and its format noted for the conversion. Invalid keys: zeros, tag -1.
+template <class Keys>
+__device__ __forceinline__ void load_record_key_tile(const Keys& keys, const MqaCacheParams& cp, int k0, int stage,
+                                                     uint8_t* smem) {
+  using T = Traits;
+  const int r = threadIdx.x >> 3, sub = threadIdx.x & 7;
+  const int key = k0 + r;
+  int tag = -1;
+  RecordRow src{nullptr, nullptr, cp.format, false};
+  if (key < keys.key_end) src = keys.record_row(key, tag);
+  uint8_t* dst = smem + T::kOffRaw + stage * T::kRawStageBytes + r * T::kRawRowBytes;
+  bool copied = false;
+  if (src.body) {
+    visit_record_cache_format(src.format, [&](auto fmt) {
+      using Fmt = decltype(fmt);
+      constexpr int kBody = static_cast<int>(Fmt::scale_offset(Fmt::kDqk - Fmt::kDrope));
+      constexpr int kSlot = Fmt::kScaleSlot;
+      // Without page scales the record is one run [body | slot]; with them the body, then the slot apart.
+      constexpr int kRun = Fmt::kPageScales ? kBody : kBody + kSlot;
+      static_assert(kRun % 16 == 0, "16-byte copies of the record's run");
+      if (src.vec) {
+        for (int c = sub; c < kRun / 16; c += 8) ptx::cp_async_16(dst + 16 * c, src.body + 16 * c);
+      } else {
+        for (int e = sub; e < kRun; e += 8) dst[e] = src.body[e];
+      }
+      if constexpr (Fmt::kPageScales)
+        for (int e = sub; e < kSlot; e += 8) dst[kBody + e] = src.slot[e];
+      copied = true;
+    });
+  }
+  if (!copied) {
+    for (int c = sub; c < T::kRawRowBytes / 16; c += 8) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
+    tag = -1;
+  }
+  if (sub == 0) {
+    reinterpret_cast<int*>(smem + T::kOffTag)[stage * T::kBlockN + r] = tag;
+    smem[T::kOffFmt + stage * T::kBlockN + r] = static_cast<uint8_t>(src.format);
+  }
+}
+
 // Copies one key tile (keys [k0, k0 + 32)) into stage `stage`: bf16 rows straight into the K tile,
 // fp8 rows into the raw staging buffer. Thread layout: 8 threads per key row.
 template <class Keys>
 __device__ __forceinline__ void load_key_tile(const Keys& keys, const MqaCacheParams& cp, int k0, int stage,
                                               uint8_t* smem) {
+  if constexpr (KeysWithRecords<Keys>) {
+    if (cp.record) return load_record_key_tile(keys, cp, k0, stage, smem);
+  }
   using T = Traits;
   const int r = threadIdx.x >> 3, sub = threadIdx.x & 7;
   const int key = k0 + r;
@@ -209,12 +275,56 @@ __device__ __forceinline__ void convert_key_row(const uint8_t* raw, int d_qk, in
   }
 }
 
+// Staged record [body | scale slot] -> bf16 K tile row: every coded column as bf16(code * its block's scale)
+// (exact, see the header comment), v4's bf16 rope copied. 8 threads per row, 8 columns per chunk.
+template <class Fmt>
+__device__ __forceinline__ void convert_record_row(const uint8_t* raw, int sub, uint16_t* dst) {
+  constexpr int kLatent = Fmt::kDqk - Fmt::kDrope;
+  constexpr int kCoded = static_cast<int>(Fmt::coded_cols(kLatent));
+  constexpr int kScales = static_cast<int>(Fmt::scale_offset(kLatent));
+  constexpr int kRope = static_cast<int>(Fmt::rope_offset(kLatent));
+  static_assert(Fmt::kTile % 8 == 0 && kLatent % 8 == 0 && Fmt::kDqk % 8 == 0, "8-column chunks in one block");
+  static_assert(Fmt::kRopeCoded || kRope % 16 == 0, "16-byte rope chunks");
+  for (int ch = sub; ch < Fmt::kDqk / 8; ch += 8) {
+    const int col = 8 * ch;
+    uint4 v;
+    if (col < kCoded) {
+      const uint8_t sb = raw[kScales + col / Fmt::kTile];
+      const float s = Fmt::kScale == CacheScale::ue8m0 ? num::ue8m0_to_float(sb) : dev::e4m3_to_float(sb);
+      float x[8];
+      if constexpr (Fmt::kCode == CacheCode::e2m1) {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(raw + Fmt::code_offset(col));  // code k at bits 4k
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x[k] = num::e2m1_value(w >> (4 * k) & 0xfu);
+      } else {
+        const uint2 c = *reinterpret_cast<const uint2*>(raw + Fmt::code_offset(col));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = dev::e4m3x2_to_float2(static_cast<uint16_t>((i < 2 ? c.x : c.y) >> (16 * (i & 1))));
+          x[2 * i] = f.x;
+          x[2 * i + 1] = f.y;
+        }
+      }
+      v = make_uint4(ptx::pack_bf16x2(x[0] * s, x[1] * s), ptx::pack_bf16x2(x[2] * s, x[3] * s),
+                     ptx::pack_bf16x2(x[4] * s, x[5] * s), ptx::pack_bf16x2(x[6] * s, x[7] * s));
+    } else {
+      v = *reinterpret_cast<const uint4*>(raw + kRope + 2 * (col - kLatent));
+    }
+    *reinterpret_cast<uint4*>(dst + col) = v;
+  }
+}
+
 // Staged formats: raw stage -> bf16 K tile (stage 0 buffer) and the per-key scales.
 __device__ __forceinline__ void convert_key_tile(const MqaCacheParams& cp, int d_qk, int stage, uint8_t* smem) {
   using T = Traits;
   const int r = threadIdx.x >> 3, sub = threadIdx.x & 7;
   const uint8_t* raw = smem + T::kOffRaw + stage * T::kRawStageBytes + r * T::kRawRowBytes;
   uint16_t* dst = reinterpret_cast<uint16_t*>(smem + T::kOffK) + r * T::kRowElems;
+  if (cp.record) {  // per row: a tile may hold rows of a main and an extra cache of different formats
+    const auto f = static_cast<CacheFormat>(smem[T::kOffFmt + stage * T::kBlockN + r]);
+    visit_record_cache_format(f, [&](auto fmt) { convert_record_row<decltype(fmt)>(raw, sub, dst); });
+    return;
+  }
   float* sc = reinterpret_cast<float*>(smem + T::kOffScale) + r * T::kScaleStride;
   visit_cache_format(cp.format, [&](auto fmt) {
     using Fmt = decltype(fmt);

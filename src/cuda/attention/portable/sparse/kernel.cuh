@@ -10,8 +10,8 @@
 // invalid and never read, as is every entry at j >= topk_length[t]. Duplicates are separate keys (they
 // count twice). A token with no valid entry ("lonely") gets out 0 and lse -inf [PIN].
 //
-// DeepSeek-V4 inputs (SparseOptions, SEMANTICS §11.8): an extra cache of the same format with its own
-// index row and length; its valid entries follow the main ones in the token's key range (key j >=
+// DeepSeek-V4 inputs (SparseOptions, SEMANTICS §11.8): an extra cache of the same format (records: any record
+// format, the engine converts per row) with its own index row and length; its valid entries follow the main ones in the token's key range (key j >=
 // main.len is extra entry j - main.len), so both go through one online softmax. A per-head sink joins
 // each row's state in the epilogue (softmax::fold_sink).
 #include <climits>
@@ -36,6 +36,8 @@ struct SparseKeys {
     const uint8_t* data;
     int64_t page_size, num_slots, stride_block, stride_row;  // strides in elements
     int len;
+    CacheFormat format;  // records: each list's own format
+    bool vec;            // records: 16-byte copies legal
   };
   List main, extra;  // token t's keys: main entries [0, main.len), then extra entries (extra.len 0: none)
   int elem_bytes;
@@ -51,13 +53,15 @@ struct SparseKeys {
   __device__ SparseKeys(const SparseParams& p, int64_t unit) {
     group = unit;
     main = {p.indices + unit * p.indices_stride, p.cache.data, p.cache.page_size, p.cache.num_blocks * p.cache.page_size,
-            p.cache.stride_block, p.cache.stride_row, clamp_len(p.topk_length, p.topk_length_stride, unit, p.topk)};
+            p.cache.stride_block, p.cache.stride_row, clamp_len(p.topk_length, p.topk_length_stride, unit, p.topk),
+            p.cache.format, p.cache.vec16 != 0};
     if (p.extra_indices) {
       extra = {p.extra_indices + unit * p.extra_indices_stride, p.extra_data, p.extra_page_size,
                p.extra_num_blocks * p.extra_page_size, p.extra_stride_block, p.extra_stride_row,
-               clamp_len(p.extra_topk_length, p.extra_topk_length_stride, unit, p.extra_topk)};
+               clamp_len(p.extra_topk_length, p.extra_topk_length_stride, unit, p.extra_topk), p.extra_format,
+               p.extra_vec16 != 0};
     } else {
-      extra = {nullptr, nullptr, 1, 0, 0, 0, 0};
+      extra = {nullptr, nullptr, 1, 0, 0, 0, 0, p.cache.format, false};
     }
     key_begin = 0;
     key_end = main.len + extra.len;
@@ -75,6 +79,25 @@ struct SparseKeys {
   }
   __device__ const uint8_t* row_pointer(int j, int& tag) const {
     return j < main.len ? lookup(main, main.row[j], tag) : lookup(extra, extra.row[j - main.len], tag);
+  }
+
+  // Block-scaled record caches (the engine's record path): key j's body and scale slot through its list's
+  // format (mla/cache_format.h RecordLayout::body_offset / slot_offset; record caches hold bytes).
+  __device__ __forceinline__ mqa::RecordRow record_in(const List& l, int64_t r, int& tag) const {
+    mqa::RecordRow out{nullptr, nullptr, l.format, l.vec};
+    if (r < 0 || r >= l.num_slots) return out;
+    const int64_t blk = r / l.page_size, in_page = r - blk * l.page_size;
+    const uint8_t* page = l.data + blk * l.stride_block;
+    visit_record_cache_format(l.format, [&](auto fmt) {
+      using Fmt = decltype(fmt);
+      out.body = page + Fmt::body_offset(in_page, l.stride_row);
+      out.slot = page + Fmt::slot_offset(l.page_size, in_page, l.stride_row);
+    });
+    if (out.body) tag = 0;
+    return out;
+  }
+  __device__ mqa::RecordRow record_row(int j, int& tag) const {
+    return j < main.len ? record_in(main, main.row[j], tag) : record_in(extra, extra.row[j - main.len], tag);
   }
 
   __device__ float sink_log2(int head) const {

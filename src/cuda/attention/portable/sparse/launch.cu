@@ -39,9 +39,13 @@ void run_portable(const dispatch::SparseArgs& a) {
     p.topk_length = static_cast<const int32_t*>(topk_length.data);
     p.topk_length_stride = topk_length.stride[0];
   }
-  if (ex.defined()) {  // same format and dims as the main cache (front end): one MqaCacheParams for both
+  if (ex.defined()) {  // same format (records: any record format) and dims as the main cache (front end)
     const MqaCacheParams ec = mqa::make_cache_params(ex.kv);
-    p.cache.vec16 = p.cache.vec16 && ec.vec16;
+    if (ec.record != p.cache.record || (!ec.record && ec.format != p.cache.format))
+      throw Error("sparse_mqa: the extra cache's format must match the main cache's (records: any record format)");
+    p.extra_format = ec.format;
+    p.extra_vec16 = ec.vec16;
+    if (!p.cache.record) p.cache.vec16 = p.cache.vec16 && ec.vec16;  // one loader flag for both caches
     p.extra_data = ec.data;
     p.extra_stride_block = ec.stride_block;
     p.extra_stride_row = ec.stride_row;

@@ -18,9 +18,12 @@ struct SparseParams {
 
   // DeepSeek-V4 inputs (SparseOptions); absent when extra_indices / sink are nullptr.
   // The extra cache has the main cache's format and row bytes (the engine's MqaCacheParams describe
-  // both), its own base, strides and page size. Token t's keys: valid main entries, then extra entries.
+  // both), its own base, strides and page size; with block-scaled records it may have another record format
+  // (extra_format) and its own alignment (extra_vec16). Token t's keys: valid main entries, then extra entries.
   const uint8_t* extra_data;        // [extra_blocks, extra_page, row_elems] or nullptr
   int64_t extra_stride_block, extra_stride_row, extra_num_blocks, extra_page_size;  // elements / rows
+  CacheFormat extra_format;          // the main cache's, or (records) another record format
+  int32_t extra_vec16;               // records: the extra cache's MqaCacheParams::vec16
   const int32_t* extra_indices;     // [T, extra_topk] flat rows of the extra cache, or nullptr
   int64_t extra_indices_stride;
   int32_t extra_topk;
