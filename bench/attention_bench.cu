@@ -19,7 +19,8 @@
 //                2048, T 1 / 4 / 16 / 64 at h 16 / 32, bf16 rows, the sparse prefill shapes; --grid v4:
 //                DeepSeek-V4's decode shape, d_qk 512 K = V, a 128-row window cache + an extra (compressed)
 //                cache of top 512 / 1024 rows at page 64,
-//                a per-head sink, h 16 / 64 / 128, bf16 and fp8; --grid issue48: fp8_ds_mla T 1 / 8 at h 16 and
+//                a per-head sink, h 16 / 64 / 128, bf16, fp8, v4 (both caches) and v41 + v41_fp4 (V4.1's
+//                window and compressed records); --grid issue48: fp8_ds_mla T 1 / 8 at h 16 and
 //                T 8 at h 64, graph-replayed, beside issue 48's targets). FLOPs = 2*T*h*keys*(d_qk+d_v) with
 //                keys = topk (+ extra_topk); bytes = distinct rows * row_bytes + q + out
 #include <algorithm>
@@ -49,6 +50,21 @@ void fill_cache(const KVCache& c, uint64_t seed, void* stream) {
   if (c.format == CacheFormat::fp8_ds_mla) fill_ds_mla_rows(c.data, seed, stream);
   else if (c.format == CacheFormat::fp8) fill_e4m3_codes(c.data, seed, stream);
   else fill_uniform(c.data, -1, 1, seed, stream);
+}
+
+// A block-scaled record cache (v4, v41, v41_fp4) filled through write_cache from uniform bf16 rows in [-1, 1]:
+// the writers' own scales and codes.
+void fill_record_cache(const KVCache& c, uint64_t seed, void* stream, const Context& op) {
+  const Device dev = c.data.device;
+  const int64_t n = c.num_slots();
+  Tensor kv = Tensor::empty({n, int64_t{c.d_latent()}}, DType::bf16, dev);
+  Tensor pe = Tensor::empty({n, int64_t{c.d_rope}}, DType::bf16, dev);
+  fill_uniform(kv, -1, 1, seed, stream);
+  fill_uniform(pe, -1, 1, seed + 1, stream);
+  Tensor slots = Tensor::empty({n}, DType::i64);
+  for (int64_t i = 0; i < n; ++i) static_cast<int64_t*>(slots.data())[i] = i;
+  const Tensor dslots = slots.to(dev);
+  write_cache(kv, pe, dslots, c, DsMlaScale::amax, op);
 }
 
 // Bytes from one cache row (slot) to the next: the read floor's stride.
@@ -428,7 +444,8 @@ void bench_prefill(BenchContext& ctx) {
 // cache rows (page 64; pool 0: T * topk rows, a permutation, so every row is read once), no lengths.
 // flashmla_us > 0 is printed beside the row. DeepSeek-V4 shapes (SparseOptions): d_qk 512 rows with
 // whole-row values (d_v 512), extra_topk > 0 rows per token of a second cache (page 64, T * extra_topk
-// rows, each read once) and a per-head sink.
+// rows, each read once) and a per-head sink; the extra cache's format is the main one's unless extra_format >= 0
+// (a CacheFormat value: V4.1's v41 window with a v41_fp4 compressed cache).
 struct SparseCase {
   int64_t t, h, topk, pool;
   CacheFormat format;
@@ -438,6 +455,7 @@ struct SparseCase {
   bool batch_invariant = false;  // the batch-invariant mode (SparseOptions::batch_invariant)
   double target_us = 0;          // > 0: a target time printed beside the row (issue 48's "done when")
   bool graph = false;            // timed graph-replayed (BenchContext::time_graph_ms)
+  int extra_format = -1;         // CacheFormat of the extra cache, -1: the main cache's
 };
 
 void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
@@ -448,10 +466,13 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   if (c.topk > rows) throw Error("mla bench: sparse_mqa --topk larger than the --pool of cache rows");
   const bool v4 = c.d_qk != 576 || c.extra_topk > 0;
   const int64_t d_qk = c.d_qk, d_v = 512;
+  const bool records = cache_format_info(c.format).record;
+  const CacheFormat extra_format = c.extra_format >= 0 ? static_cast<CacheFormat>(c.extra_format) : c.format;
   CacheBuffer cb = allocate_cache(c.format, rows / page, page, dev, 1.0f, c.d_qk);
-  fill_cache(cb.cache, 81, ctx.stream());
+  if (records) fill_record_cache(cb.cache, 81, ctx.stream(), op);
+  else fill_cache(cb.cache, 81, ctx.stream());
   std::vector<int32_t> idx_host;
-  double distinct = 0;
+  double distinct = 0, extra_rows = 0;
   if (c.pool == 0) {
     idx_host = random_permutation(c.t * c.topk, 82);
     distinct = static_cast<double>(c.t * c.topk);
@@ -484,11 +505,12 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
     opts.attn_sink = sink.view();
     if (c.extra_topk > 0) {
       const int64_t e_rows = (c.t * c.extra_topk + page - 1) / page * page;
-      extra = allocate_cache(c.format, e_rows / page, page, dev, 1.0f, c.d_qk);
-      fill_cache(extra.cache, 86, ctx.stream());
+      extra = allocate_cache(extra_format, e_rows / page, page, dev, 1.0f, c.d_qk);
+      if (cache_format_info(extra_format).record) fill_record_cache(extra.cache, 86, ctx.stream(), op);
+      else fill_cache(extra.cache, 86, ctx.stream());
       extra_idx = device_i32(random_permutation(c.t * c.extra_topk, 87), {c.t, c.extra_topk}, dev);
       opts.extra = {extra.cache, extra_idx.view(), {}};
-      distinct += static_cast<double>(c.t * c.extra_topk);
+      extra_rows = static_cast<double>(c.t * c.extra_topk);
     }
   }
   double ms = 0;
@@ -500,12 +522,14 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
     return;
   }
   const double bytes = distinct * static_cast<double>(cache_entry_bytes(c.format, c.d_qk)) +
+                       extra_rows * static_cast<double>(cache_entry_bytes(extra_format, c.d_qk)) +
                        static_cast<double>(c.t) * c.h * static_cast<double>(d_qk + d_v) * 2.0;
   const double flops = 2.0 * c.t * c.h * static_cast<double>(c.topk + c.extra_topk) * static_cast<double>(d_qk + d_v);
   std::string cfg = "T=" + std::to_string(c.t) + " topk=" + std::to_string(c.topk) +
                     (c.extra_topk ? "+" + std::to_string(c.extra_topk) + " extra" : "") +
                     (v4 ? " d_qk=" + std::to_string(c.d_qk) + " sink" : "") + " h=" + std::to_string(c.h) +
                     (c.pool ? " pool=" + std::to_string(c.pool) : "") + " " + to_string(c.format) +
+                    (extra_format != c.format ? "+" + std::string(to_string(extra_format)) : "") +
                     (c.batch_invariant ? " batch-invariant" : "") + " [" +
                     last_variant("sparse_mqa") + "]" + timing;
   if (c.flashmla_us > 0) {
@@ -515,7 +539,7 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   }
   cfg += target_note(c.target_us, ms);
   ctx.report("sparse_mqa", cfg, ms, bytes, flops,
-             "FLOPs = 2*T*h*(topk+extra_topk)*(d_qk+d_v); bytes = distinct rows*row_bytes + q + out");
+             "FLOPs = 2*T*h*(topk+extra_topk)*(d_qk+d_v); bytes = distinct rows*row_bytes (each cache's) + q + out");
   if (!v4 && c.t <= 1024)  // decode shapes (the prefill rows are compute-bound and mostly L2 hits)
     report_gather_floor(ctx, cb.cache.data.data, slot_stride_bytes(cb.cache), cache_entry_bytes(c.format, c.d_qk),
                         idx_host, c.graph);
@@ -543,12 +567,22 @@ std::vector<SparseCase> issue8_grid() {
 
 // DeepSeek-V4 decode (SEMANTICS §11.8; the portable engine): T 128 tokens, a 128-row window (main cache) and the
 // indexer's top 512 (Flash) / 1024 (Pro) rows of the compressed cache (extra), d_qk = d_v = 512, a sink;
-// h 16 / 64 / 128 heads per rank; bf16 and fp8 (per-tensor) rows.
+// h 16 / 64 / 128 heads per rank; bf16 and fp8 (per-tensor) rows, V4's 584-byte records in both caches (v4), and
+// V4.1's native records (a v41 window with a v41_fp4 compressed cache), written by write_cache.
 std::vector<SparseCase> v4_grid() {
+  struct F {
+    CacheFormat main;
+    int extra;  // -1: the main format
+  };
   std::vector<SparseCase> g;
-  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8})
+  for (const F f : {F{CacheFormat::bf16, -1}, F{CacheFormat::fp8, -1}, F{CacheFormat::v4, -1},
+                    F{CacheFormat::v41, static_cast<int>(CacheFormat::v41_fp4)}})
     for (int64_t extra : {512, 1024})
-      for (int64_t h : {16, 64, 128}) g.push_back({128, h, 128, 0, f, 0, 512, extra});
+      for (int64_t h : {16, 64, 128}) {
+        SparseCase c{128, h, 128, 0, f.main, 0, 512, extra};
+        c.extra_format = f.extra;
+        g.push_back(c);
+      }
   return g;
 }
 
