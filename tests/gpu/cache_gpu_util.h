@@ -24,8 +24,9 @@ struct CacheMirror {
   Tensor host_storage, dev_storage;
   KVCache host, dev;
 
-  CacheMirror(CacheFormat format, int64_t num_blocks, int64_t page, float scale = 1.0f, int64_t offset_elems = 0) {
-    const int64_t entry = cache_entry_elems(format);
+  CacheMirror(CacheFormat format, int64_t num_blocks, int64_t page, float scale = 1.0f, int64_t offset_elems = 0,
+              int d_qk = 576) {
+    const int64_t entry = cache_entry_elems(format, d_qk);
     const DType dt = cache_dtype(format);
     const int64_t elems = num_blocks * 2 * page * entry + offset_elems;
     host_storage = Tensor::empty({elems}, dt);
@@ -33,7 +34,7 @@ struct CacheMirror {
     const int64_t es = static_cast<int64_t>(dtype_size(dt));
     char* base = static_cast<char*>(host_storage.data()) + (offset_elems + page * entry) * es;  // layer 1
     const int64_t shape[3] = {num_blocks, page, entry}, stride[3] = {2 * page * entry, entry, 1};
-    host = KVCache{TensorView(base, dt, shape, stride), format, scale};
+    host = KVCache{TensorView(base, dt, shape, stride), format, scale, d_qk};
     validate_cache(host);
     sync();
   }

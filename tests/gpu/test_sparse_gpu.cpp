@@ -317,10 +317,25 @@ struct V4Shape {
   DType act;
 };
 
-void check_v4(CacheFormat format, int d_qk, int64_t h, const V4Shape& s, const std::string& what) {
+// A device copy of a byte cache one byte off its storage's start: no 16-byte copy is legal (the loaders'
+// byte-wise paths).
+test::DeviceCache to_device_shifted(const Tensor& storage, const KVCache& c) {
+  Tensor shifted = Tensor::empty({static_cast<int64_t>(storage.nbytes()) + 1}, DType::u8);
+  std::memcpy(static_cast<char*>(shifted.data()) + 1, storage.data(), storage.nbytes());
+  KVCache h = c;
+  h.data.data = static_cast<char*>(shifted.data()) + 1 +
+                (static_cast<const char*>(c.data.data) - static_cast<const char*>(storage.data()));
+  return test::to_device(shifted, h);
+}
+
+// `extra_format`: the extra cache's (records may mix: V4.1's v41 window with a v41_fp4 compressed cache);
+// `shifted`: both device caches one byte off (byte caches only).
+void check_v4(CacheFormat format, int d_qk, int64_t h, const V4Shape& s, const std::string& what,
+              CacheFormat extra_format, bool shifted = false) {
   const int64_t t = 7, dv = 512;
   const test::V4Cache main = test::v4_cache(format, d_qk, (300 + s.page_main - 1) / s.page_main, s.page_main);
-  const test::V4Cache extra = test::v4_cache(format, d_qk, (90 + s.page_extra - 1) / s.page_extra, s.page_extra);
+  const test::V4Cache extra =
+      test::v4_cache(extra_format, d_qk, (90 + s.page_extra - 1) / s.page_extra, s.page_extra);
   const test::V4List ml = test::v4_list(main, t, s.topk_main, false), el = test::v4_list(extra, t, s.topk_extra, true);
   const Tensor m_idx = test::int_tensor_2d(ml.rows), m_len = test::int_tensor(ml.lengths);
   const Tensor e_idx = test::int_tensor_2d(el.rows), e_len = test::int_tensor(el.lengths);
@@ -339,8 +354,10 @@ void check_v4(CacheFormat format, int d_qk, int64_t h, const V4Shape& s, const s
              test::reference_ctx());
 
   const Device gpu = Device::cuda(0);
-  const test::DeviceCache dm = test::to_device(main.cb.storage, main.cb.cache);
-  const test::DeviceCache de = test::to_device(extra.cb.storage, extra.cb.cache);
+  const test::DeviceCache dm = shifted ? to_device_shifted(main.cb.storage, main.cb.cache)
+                                       : test::to_device(main.cb.storage, main.cb.cache);
+  const test::DeviceCache de = shifted ? to_device_shifted(extra.cb.storage, extra.cb.cache)
+                                       : test::to_device(extra.cb.storage, extra.cb.cache);
   const Tensor m_idx_d = m_idx.to(gpu), m_len_d = m_len.to(gpu), e_idx_d = e_idx.to(gpu), e_len_d = e_len.to(gpu);
   const Tensor sink_d = sink.to(gpu), qd = test::converted(q, s.act).to(gpu);
   SparseOptions dev = host;
@@ -371,7 +388,7 @@ TEST_P(SparseGpuV4, MatchesFloat64Oracle) {
     const std::string what = "shape " + std::to_string(i) + " pages " + std::to_string(s.page_main) + "/" +
                              std::to_string(s.page_extra) + " topk " + std::to_string(s.topk_main) + "+" +
                              std::to_string(s.topk_extra);
-    MLA_SKIP_IF_DECLINED(check_v4(format, d_qk, h, s, what));
+    MLA_SKIP_IF_DECLINED(check_v4(format, d_qk, h, s, what, format));
     test::expect_variant_ran("sparse_mqa", variant);
   }
 }
@@ -381,11 +398,55 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(CacheFormat::bf16, CacheFormat::fp8), ::testing::Values(512),
                        ::testing::Values(1, 16, 72, 128), ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
     v4_name);
+// DeepSeek-V4's own records (SEMANTICS §3.5), written by the CPU writer from rows of magnitudes 2^-12 .. 2^12,
+// their dead rows all 0xff bytes (NaN codes and scales; v4's in its page's scale region).
+INSTANTIATE_TEST_SUITE_P(
+    Records, SparseGpuV4,
+    ::testing::Combine(::testing::Values(CacheFormat::v4, CacheFormat::v41, CacheFormat::v41_fp4),
+                       ::testing::Values(512), ::testing::Values(1, 16, 72, 128),
+                       ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
+    v4_name);
 INSTANTIATE_TEST_SUITE_P(
     V32Rows, SparseGpuV4,
     ::testing::Combine(::testing::Values(CacheFormat::fp8_ds_mla, CacheFormat::bf16), ::testing::Values(576),
                        ::testing::Values(16, 128), ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
     v4_name);
+
+// A main and an extra cache of different record formats in one call (V4.1: a v41 window with a v41_fp4
+// compressed cache; every other pair too), the portable engine (the sm90 variants decline records), also with
+// both caches one byte off their storage (the loader's byte-wise copies, v4's page-scale slot included).
+using V4MixParam = std::tuple<CacheFormat, CacheFormat, int64_t /*h*/>;
+class SparseGpuV4Mixed : public ::testing::TestWithParam<V4MixParam> {};
+
+TEST_P(SparseGpuV4Mixed, MatchesFloat64Oracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [main_format, extra_format, h] = GetParam();
+  MLA_FORCE_VARIANT("sparse_mqa", "portable");
+  test::reseed(static_cast<uint64_t>(h) + static_cast<uint64_t>(main_format) * 1000 +
+               static_cast<uint64_t>(extra_format) * 100 + 900);
+  const std::vector<V4Shape> shapes = {{64, 4, 133, 37, true, true, true, DType::bf16},
+                                       {16, 1, 37, 200, true, true, true, DType::bf16},
+                                       {1, 64, 5, 64, true, true, false, DType::bf16},
+                                       {64, 256, 128, 512, true, true, true, DType::f32}};
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    for (bool shifted : {false, true}) {
+      const V4Shape& s = shapes[i];
+      const std::string what = std::string(to_string(main_format)) + " + " + to_string(extra_format) + " shape " +
+                               std::to_string(i) + (shifted ? " shifted" : "");
+      check_v4(main_format, 512, h, s, what, extra_format, shifted);
+      test::expect_variant_ran("sparse_mqa", "portable");
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Pairs, SparseGpuV4Mixed,
+    ::testing::Combine(::testing::Values(CacheFormat::v41, CacheFormat::v4, CacheFormat::v41_fp4),
+                       ::testing::Values(CacheFormat::v41_fp4, CacheFormat::v4, CacheFormat::v41),
+                       ::testing::Values(int64_t{16}, int64_t{64}, int64_t{128})),
+    [](const auto& info) {
+      return std::string(to_string(std::get<0>(info.param))) + "_" + to_string(std::get<1>(info.param)) + "_h" +
+             std::to_string(std::get<2>(info.param));
+    });
 
 }  // namespace
 }  // namespace mla
