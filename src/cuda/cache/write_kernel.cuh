@@ -405,14 +405,14 @@ __global__ void __launch_bounds__(256) write_record_kernel(WriteParams p) {
   const int col = from_kv ? c0 : c0 - W::kLatent;
   const WriteParams::Act dt = from_kv ? p.kv_c_dtype : p.k_pe_dtype;
   float x[16];
-  uint16_t h[16];
+  dev::Array<uint16_t, 16> h;  // aligned: stored with 16-byte stores
   if constexpr (kVec) {
     const uint16_t* src = from_kv ? p.kv_c + t * p.kv_c_stride + col : p.k_pe + t * p.k_pe_stride + col;
     dev::Array<uint16_t, 16> v;
     dev::load_bytes<32>(v.v, src);
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      h[i] = v.v[i];
+      h.v[i] = v.v[i];
       x[i] = dev::bf16_to_float(v.v[i]);
     }
   } else {
@@ -423,7 +423,7 @@ __global__ void __launch_bounds__(256) write_record_kernel(WriteParams p) {
     for (int i = 0; i < 16; ++i) {
       x[i] = load_act(row, dt, col + i);
       // bf16 inputs are copied bit-exactly; others rounded to nearest even (the CPU's bf16_bits).
-      h[i] = dt == WriteParams::Act::bf16 ? static_cast<const uint16_t*>(row)[col + i]
+      h.v[i] = dt == WriteParams::Act::bf16 ? static_cast<const uint16_t*>(row)[col + i]
                                           : static_cast<uint16_t>(num::bf16_bits_rn(x[i]));
     }
   }
@@ -470,8 +470,8 @@ __global__ void __launch_bounds__(256) write_record_kernel(WriteParams p) {
     if (lane % W::kLanesPerTile == 0) sc[lane / W::kLanesPerTile] = s_byte;
   } else if constexpr (!Fmt::kRopeCoded) {  // v4: the rope as bf16
     uint8_t* dst = body + Fmt::rope_offset(W::kLatent) + 2 * (c0 - W::kLatent);
-    if constexpr (kVec) dev::store_bytes<32>(dst, h);
-    else dev::copy_bytes(dst, h, 32);
+    if constexpr (kVec) dev::store_bytes<32>(dst, h.v);
+    else dev::copy_bytes(dst, h.v, 32);
   }
   if (lane == 31)
     for (int b = W::kTiles; b < Fmt::kScaleSlot; ++b) sc[b] = 0;  // padding: a record depends on its inputs only
