@@ -65,7 +65,8 @@ void check_cache(const KVCache& cache, Device device, const char* op) {
 void check_not_record(const KVCache& cache, const char* op) {
   MLA_CHECK(!cache_format_info(cache.format).record,
             "{}: the {} cache format (DeepSeek-V4 records) is read by sparse_mqa with values_include_rope, "
-            "gather_cache and upconvert_ds_mla only; this op takes bf16, fp8, fp8_ds_mla or f64",
+            "gather_cache, cp_gather_cache (v41, v41_fp4) and upconvert_ds_mla and written by write_cache only "
+            "(CPU and CUDA); this op takes bf16, fp8, fp8_ds_mla or f64",
             op, to_string(cache.format));
 }
 

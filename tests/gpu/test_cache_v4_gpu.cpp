@@ -302,5 +302,33 @@ TEST(RecordGpuRoundTrip, GpuWriteThenGatherEqualsCpu) {
   }
 }
 
+// Ops that do not read records refuse a CUDA record cache by name before writing anything.
+TEST(RecordGpuRefusals, OtherOpsRefuseCudaRecordCaches) {
+  MLA_SKIP_WITHOUT_GPU();
+  const Device gpu = Device::cuda(0);
+  const CacheBuffer v41 = allocate_cache(CacheFormat::v41, 2, 4, gpu, 1.0f, kDqk, kRope);
+  const Tensor q = test::random_tensor({1, 1, 2, kDqk}, DType::bf16, gpu), bt = test::int_tensor_2d({{0}}).to(gpu),
+               sl = test::int_tensor({3}, gpu);
+  Tensor out = test::poisoned({1, 1, 2, kLatent}, DType::bf16, gpu);
+  std::string e;
+  try {
+    mqa_decode(q.view(), v41.cache, bt.view(), sl.view(), out.view(), {}, 0.1, true, {});
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("mqa_decode: the v41 cache format (DeepSeek-V4 records)"), std::string::npos) << e;
+  const Tensor q3 = test::random_tensor({1, 2, kDqk}, DType::bf16, gpu), idx = test::int_tensor_2d({{0, 1}}).to(gpu);
+  Tensor o3 = test::poisoned({1, 2, kLatent}, DType::bf16, gpu);
+  e.clear();
+  try {
+    sparse_mqa(q3.view(), v41.cache, idx.view(), {}, o3.view(), {}, 0.1);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("needs SparseOptions::values_include_rope"), std::string::npos) << e;
+  const std::vector<double> o = test::to_doubles(o3.view());
+  EXPECT_TRUE(std::isnan(o[0]));  // nothing written
+}
+
 }  // namespace
 }  // namespace mla
