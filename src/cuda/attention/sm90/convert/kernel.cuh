@@ -369,6 +369,20 @@ struct SRole {
   __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
     mx_lo = -INFINITY;
     mx_hi = -INFINITY;
+    if (mask == ~uint64_t{0} && k0 + T::kBlockN - 1 <= min(lim_lo, lim_hi)) {  // every key loaded and visible
+#pragma unroll
+      for (int jj = 0; jj < T::kBlockN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          s[4 * jj + e] *= sc_lo;
+          s[4 * jj + 2 + e] *= sc_hi;
+          mx_lo = fmaxf(mx_lo, s[4 * jj + e]);
+          mx_hi = fmaxf(mx_hi, s[4 * jj + 2 + e]);
+        }
+      mx_lo = softmax::quad_max(mx_lo);
+      mx_hi = softmax::quad_max(mx_hi);
+      return;
+    }
 #pragma unroll
     for (int jj = 0; jj < T::kBlockN / 8; ++jj)
 #pragma unroll
