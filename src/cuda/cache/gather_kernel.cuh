@@ -222,7 +222,18 @@ struct RecordGatherOp {
       }
       const float s = Fmt::kScale == CacheScale::ue8m0 ? num::ue8m0_to_float(v.scale) : dev::e4m3_to_float(v.scale);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) o.v[k] = Dst::from_float(__fmul_rn(x[k], s));
+      for (int k = 0; k < 8; ++k) {
+        float y = __fmul_rn(x[k], s);
+        // A NaN as the CPU's double product gives it (the hardware's is 0x7fffffff): the quiet NaN, with the
+        // sign of a NaN e4m3 code (its first operand), else positive (a NaN scale byte).
+        if (y != y) {
+          uint32_t sign = 0;
+          if constexpr (Fmt::kCode != CacheCode::e2m1)
+            if (x[k] != x[k]) sign = static_cast<uint32_t>(v.b.v[k] & 0x80u) << 24;
+          y = __uint_as_float(0x7fc00000u | sign);
+        }
+        o.v[k] = Dst::from_float(y);
+      }
     } else if constexpr (Dst::kDType == DType::bf16) {
       o = reinterpret_cast<const dev::Array<uint16_t, 8>&>(v.b);  // v4's rope: the stored bits
     } else {

@@ -310,7 +310,12 @@ __global__ void __launch_bounds__(256) write_tiled_kernel(WriteParams p) {
 __device__ __forceinline__ float load_act(const void* base, WriteParams::Act t, int64_t i) {
   switch (t) {
     case WriteParams::Act::f32: return static_cast<const float*>(base)[i];
-    case WriteParams::Act::f16: return __half2float(__ushort_as_half(static_cast<const uint16_t*>(base)[i]));
+    case WriteParams::Act::f16: {
+      // A NaN as the CPU reads it (num::f16_to_float: the quiet NaN with the input's sign, no payload).
+      const uint16_t h = static_cast<const uint16_t*>(base)[i];
+      if ((h & 0x7fffu) > 0x7c00u) return __uint_as_float(0x7fc00000u | (static_cast<uint32_t>(h & 0x8000u) << 16));
+      return __half2float(__ushort_as_half(h));
+    }
     default: return dev::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
   }
 }
