@@ -159,9 +159,9 @@ void up_project_quantized(const TensorView& o_lat, const TensorView& w_uv, Outpu
   Tensor x = Tensor::empty({M, h * V}, o_lat.dtype);
   if (M > 0) {
     const TensorView heads = x.view().reshape({M, h, V});
-    bmm(o_lat.transpose(0, 1), w_uv, heads.transpose(0, 1), 1.0f, 0.0f, ctx);
+    cpu::bmm(o_lat.transpose(0, 1), w_uv, heads.transpose(0, 1), 1.0f, 0.0f, ctx);
   }
-  quantize_output(x.view(), key, codes, scales, scale, ctx);
+  cpu::quantize_output(x.view(), key, codes, scales, scale, ctx);
 }
 
 void abs_max(const TensorView& x, const TensorView& out, const Context&) {

@@ -22,9 +22,9 @@
 // V is a multiple of the group (the front end checks). Padding CTAs (x >= m_tiles) write rows
 // M .. M_pad - 1 as quantize_output does: zero codes, group scale 1, nvfp4 scale code 0.
 //
-// Configurations (host choice by M): BM 16 (4 warps 1 x 4, 6 stages) for decode-sized M <= 16;
-// BM 128 (8 warps 4 x 2, 3 stages) when there are at least 264 such CTAs; else BM 64 (4 warps 2 x 2,
-// 4 stages). Shared memory: 54-59 KiB dynamic. sm_80 and later (mma.sync, cp.async, ldmatrix).
+// Configurations (host choice by M): BM 16 (4 warps 1 x 4, 10 stages, 97.5 KiB) for decode-sized M <= 16;
+// BM 128 (8 warps 4 x 2, 3 stages, 55.5 KiB) when there are at least 264 such CTAs; else BM 64 (4 warps
+// 2 x 2, 7 stages, 94.5 KiB). Dynamic shared memory; sm_80 and later (mma.sync, cp.async, ldmatrix).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -62,8 +62,10 @@ struct Cfg {
   static_assert(kSmem <= 99 * 1024, "fits the opt-in shared memory of sm_86 / sm_89");
 };
 
-using CfgDecode = Cfg<16, 1, 4, 6>;
-using CfgMid = Cfg<64, 2, 2, 4>;
+// Decode-sized tiles are latency bound on the weight stream (one head's W_UV is 128 KiB for L 512, V 128,
+// read by one CTA): deep pipelines keep most of it in flight. The depth stops at sm_86 / sm_89's 99 KiB.
+using CfgDecode = Cfg<16, 1, 4, 10>;
+using CfgMid = Cfg<64, 2, 2, 7>;
 using CfgLarge = Cfg<128, 4, 2, 3>;
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
