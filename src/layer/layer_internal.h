@@ -47,6 +47,9 @@ namespace mla::layer_detail {
 //     dcp_recv  act   [dcp_world * dcp_rows, d_qk] DCP: every rank's rows (all-gather), reordered into gathered
 inline constexpr int64_t kAlign = 256;
 
+// Step::fused_rows: the largest W_UV product (tokens) that the fused quantising kernel takes on sm_90+.
+inline constexpr int64_t kFusedMaxRowsSm90 = 256;
+
 // Everything the workspace size depends on. Each region's size is a non-decreasing function of each
 // field, so the layout of field-wise upper bounds bounds the layout of every plan (max_workspace_bytes).
 struct WorkspaceShape {
@@ -140,6 +143,12 @@ struct Step {
   // every out_quant key whose groups fit in one head (V a multiple of 16 and of the group). Rows written
   // by the dense prefill still go through out_stage and quantize_output.
   bool fused_out() const;
+  // Leading output rows [0, n) that the step's W_UV product writes quantised (0: none; every quantised row
+  // then goes through out_stage and quantize_output). The product covers the dense decode tokens, or every
+  // token in sparse mode. On sm_90 and later a product of more than kFusedMaxRowsSm90 tokens is compute
+  // bound, where cuBLAS's bmm (wgmma) plus the quantize pass beats the fused kernel's mma.sync; below it,
+  // and on every device before sm_90, the fused kernel runs.
+  int64_t fused_rows() const;
   // Rows [t0, t1) of the quantised output: ForwardArgs::out and the matching rows of out_scales (group
   // keys: columns [t0, t1) of the group-major [h*V / G, T_out] scales; fp8: undefined).
   std::pair<TensorView, TensorView> quantised_rows(int64_t t0, int64_t t1) const;

@@ -40,6 +40,12 @@ bool Step::fused_out() const {
   return dims.V % unit == 0 && dims.L % 8 == 0;
 }
 
+int64_t Step::fused_rows() const {
+  if (!fused_out()) return 0;
+  const int64_t n = opt.sparse ? facts.t_act : facts.t_dec;
+  return plan.config.compute_capability < 90 || n <= kFusedMaxRowsSm90 ? n : 0;
+}
+
 std::pair<TensorView, TensorView> Step::quantised_rows(int64_t t0, int64_t t1) const {
   const TensorView codes = args.out.slice(0, t0, t1);
   if (opt.out_quant == OutputQuant::nvfp4) return {codes, args.out_scales.slice(0, t0, t1)};
@@ -102,11 +108,11 @@ void absorb_queries(const Step& s, int64_t t0, int64_t t1, const TensorView& q_a
 void up_project(const Step& s, const TensorView& o_lat, int64_t t0) {
   const int64_t n = o_lat.shape[0];
   if (n == 0) return;
-  if (s.fused_out()) {
+  if (t0 == 0 && n == s.fused_rows()) {
     // The product and its quantisation in one pass (§15); the rows that end the actual tokens also
     // write the padding rows after them.
-    const int64_t end = t0 + n == s.facts.t_act ? s.args.out.size(0) : t0 + n;
-    const auto [codes, scales] = s.quantised_rows(t0, end);
+    const int64_t end = n == s.facts.t_act ? s.args.out.size(0) : n;
+    const auto [codes, scales] = s.quantised_rows(0, end);
     up_project_quantized(o_lat, s.layer.w_uv(), s.opt.out_quant, codes, scales, s.opt.out_scale, s.ctx);
     return;
   }
