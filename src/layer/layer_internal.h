@@ -26,7 +26,7 @@ namespace mla::layer_detail {
 // larger of the two):
 //   always (before the two phases: they live through the whole step)
 //     out_stage act   [out_tokens, h*V]       the unquantised output when LayerOptions::out_quant != none
-//                                             (with Step::fused_out() only the dense prefill rows use it)
+//                                             (on CUDA only the rows past Step::fused_rows() use it)
 //     amax      f32   [amax_slots]            KvScales::from_first_batch: max |kv_c| of the calibrating step
 //   phase A (dense decode tokens, or every token in sparse mode)
 //     q_abs     act   [mqa_tokens, h, d_qk]   [ q_nope·W_UK_T | q_pe ]
