@@ -3,9 +3,16 @@
 //   kv_b_proj   [T, 512] x [512, N*(P+V)]                          T = 8192, N = 128: 2*T*512*32768 flops
 //   q absorb    (N, B, P) x (N, P, L): q_nope strided out of q [B, N, 192], ql written into [B, N, 512]
 //   v up-proj   (N, B, L) x (N, L, V): o_lat [B, N, 512] strided, out written into [B, N*V]
-// flops = 2 * batch * m * n * k; bytes = a + b + c (each read or written once).
+//   v up-proj quantised (--out-quant KEY, default fp8_group128): the same product with its output in
+//               KEY's format, two ways in the same call: bmm + quantize_output (two passes, the bf16
+//               product written and read back) and up_project_quantized (one kernel, the quantiser in
+//               its epilogue), N 16 / 128, B 1 .. 8192; each pair followed by fused / two-pass.
+// flops = 2 * batch * m * n * k; bytes = a + b + c (each read or written once; quantised rows: the codes
+// and scales written, not the two-pass row's bf16 round trip).
+#include <cstdio>
 #include <string>
 
+#include "mla/block_ops.h"
 #include "mla/ops.h"
 #include "registry.h"
 
@@ -46,6 +53,39 @@ void bench_gemm(BenchContext& ctx) {
     ctx.report("bmm", "v up-proj (128, " + std::to_string(B) + ", 512) x (128, 512, 128)", ms,
                2.0 * (N * B * L + N * L * V + N * B * V), 2.0 * N * B * L * V, formula);
   }
+  // The V up-projection with a quantised output: two passes against the fused kernel.
+  const OutputQuant key = ctx.options().out_quant == "none" ? OutputQuant::fp8_group128
+                                                           : parse_output_quant(ctx.options().out_quant);
+  const bool fp4 = key == OutputQuant::nvfp4;
+  const int64_t G = output_quant_group(key);
+  const float scale = fp4 ? 448.0f * 6.0f / 8.0f : 1.0f / 64.0f;
+  for (const int64_t heads : {int64_t{16}, int64_t{128}})
+    for (const int64_t B : {1, 8, 32, 64, 128, 256, 512, 1024, 4096, 8192}) {
+      if (ctx.quick() && B > 1024) continue;
+      const int64_t W = heads * V;
+      Tensor o_lat = Tensor::empty({B, heads, L}, DType::bf16, dev), wuv = Tensor::empty({heads, L, V}, DType::bf16, dev);
+      Tensor x = Tensor::empty({B, W}, DType::bf16, dev);
+      Tensor codes = Tensor::empty({B, fp4 ? W / 2 : W}, fp4 ? DType::u8 : DType::fp8_e4m3, dev), scales;
+      if (fp4) scales = Tensor::empty({B, W / 16}, DType::fp8_e4m3, dev);
+      else if (G > 0) scales = Tensor::empty({W / G, B}, DType::f32, dev);
+      fill_uniform(o_lat, -1, 1, 66, ctx.stream());
+      fill_uniform(wuv, -0.1, 0.1, 67, ctx.stream());
+      const TensorView sv = scales.defined() ? scales.view() : TensorView{};
+      const double flops = 2.0 * heads * B * L * V;
+      const double bytes = 2.0 * (heads * B * L + heads * L * V) + static_cast<double>(codes.nbytes()) +
+                           (scales.defined() ? static_cast<double>(scales.nbytes()) : 0.0);
+      const std::string shape = "(" + std::to_string(heads) + ", " + std::to_string(B) + ", 512) x (" +
+                                std::to_string(heads) + ", 512, 128) out=" + to_string(key);
+      const double two = ctx.time_ms([&] {
+        bmm(o_lat.view().transpose(0, 1), wuv, x.view().reshape({B, heads, V}).transpose(0, 1), 1.0f, 0.0f, op);
+        quantize_output(x, key, codes, sv, scale, op);
+      });
+      ctx.report("bmm", "v up-proj + quantize_output " + shape, two, bytes, flops, formula);
+      const double one = ctx.time_ms([&] { up_project_quantized(o_lat, wuv, key, codes, sv, scale, op); });
+      ctx.report("bmm", "v up-proj quantised, fused " + shape, one, bytes, flops, formula);
+      std::printf("    fused / two-pass: x%.3f\n", two > 0 ? one / two : 0.0);
+      std::fflush(stdout);
+    }
 }
 
 }  // namespace

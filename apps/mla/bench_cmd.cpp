@@ -97,7 +97,8 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
       ->capture_default_str();
   cmd->add_option("--out-quant", o.out_quant,
                   "layer: also time every row with the output written in this format (none, fp8, fp8_group128, "
-                  "fp8_group64, nvfp4), beside the unquantised row")
+                  "fp8_group64, nvfp4), beside the unquantised row; gemm: the key of the quantised V up-projection "
+                  "rows (fused against bmm + quantize_output; default fp8_group128)")
       ->check(CLI::IsMember({"none", "fp8", "fp8_group128", "fp8_group64", "nvfp4"}))
       ->capture_default_str();
   cmd->add_option("--kv-scales", o.kv_scales,
@@ -127,7 +128,7 @@ void check_relevance(const bench::BenchOptions& o, const std::set<std::string>& 
       {"--non-causal", {prefill}, true},          {"--topk", {sparse}, true},
       {"--pool", {sparse}, true},                 {"--splits", {decode}, true},
       {"--trace", {decode}, false},               {"--dcp", {"dcp"}, false},
-      {"--out-quant", {"layer"}, false},          {"--kv-scales", {"layer"}, false},
+      {"--out-quant", {"layer", "gemm"}, false},          {"--kv-scales", {"layer"}, false},
       {"--batch-invariant", {decode, sparse}, false},
   };
   auto runs = [&](const std::string& op) {

@@ -32,9 +32,10 @@ int64_t output_quant_group(OutputQuant q);
 
 // Quantises x [M, K] into `key`'s format (docs/SEMANTICS.md §15: the rounding, NaN and zero rules):
 //   fp8           codes fp8_e4m3 [M_pad, K]; scales undefined; `scale` > 0 finite (the static scale)
-//   fp8_group128  codes fp8_e4m3 [M_pad, K]; scales f32 [K / 128, M_pad] contiguous, group-major
-//   fp8_group64     (quantize_fp8_groups' layout, which gemm_fp8_block reads); K a multiple of the group;
-//                   `scale` unused
+//   fp8_group128  codes fp8_e4m3 [M_pad, K]; scales f32 [K / 128, M_pad] group-major, unit inner stride
+//   fp8_group64     and a row stride >= M_pad (contiguous: quantize_fp8_groups' layout, which
+//                   gemm_fp8_block reads; a column slice of it: rows [t0, t1) of a larger output); K a
+//                   multiple of the group; `scale` unused
 //   nvfp4         codes u8 [M_pad, K / 2] (element 2i in the low nibble of byte i, 2i + 1 in the high);
 //                 scales fp8_e4m3 [M_pad, K / 16] unit inner stride; `scale` > 0 finite (the global scale);
 //                 K a multiple of 16
@@ -42,6 +43,20 @@ int64_t output_quant_group(OutputQuant q);
 // written as zero codes (scale 1 for the group keys, scale code 0 for nvfp4). `none` is refused.
 void quantize_output(const TensorView& x, OutputQuant key, const TensorView& codes, const TensorView& scales,
                      float scale, const Context& ctx = {});
+
+// The attention layer's V up-projection written straight in `key`'s format (docs/SEMANTICS.md §15):
+//   x [M, h * V], x[t, n * V + c] = sum_l o_lat[t, n, l] * w_uv[n, l, c] rounded once to o_lat's dtype
+//   (the unquantised product bmm writes; CUDA accumulates in fp32, the CPU as its bmm does), then
+//   codes / scales exactly as quantize_output(x, key, codes, scales, scale) writes them, padding rows
+//   included. On CUDA one kernel computes the product and quantises it in its epilogue (no bf16 copy of
+//   x is written), so the bytes equal quantize_output of that kernel's own bf16 product, and differ
+//   from quantize_output(bmm(o_lat, w_uv)) by at most one code where cuBLAS's fp32 sum rounds to another
+//   bf16 value.
+//   o_lat [M, h, L], w_uv [h, L, V]: one float dtype (CUDA: bf16), unit inner stride (CUDA: data and the
+//   other strides 16-byte aligned, L a multiple of 8); V a multiple of 16 and of key's group (so no
+//   scale group spans two heads); codes, scales, scale and `none` as for quantize_output.
+void up_project_quantized(const TensorView& o_lat, const TensorView& w_uv, OutputQuant key, const TensorView& codes,
+                          const TensorView& scales, float scale, const Context& ctx = {});
 
 // out[0] = max |x| over x [M, K] (float, unit column stride) as f32, NaN when any element is NaN;
 // out: f32 [1] on x's device. 0 for an empty x.

@@ -108,16 +108,17 @@ void quantize_output(const TensorView& x, OutputQuant key, const TensorView& cod
       case OutputQuant::fp8_group128:
       case OutputQuant::fp8_group64: {
         auto* sc = static_cast<float*>(scales.data);
+        const int64_t ss = scales.stride[0];  // >= M_pad (a column slice of a wider scale matrix)
         for (int64_t g = 0; g < K / G; ++g) {
           if (pad) {
             std::fill(out + g * G, out + (g + 1) * G, uint8_t{0});
-            sc[g * M_pad + t] = 1.0f;
+            sc[g * ss + t] = 1.0f;
             continue;
           }
           float amax = 0;
           for (int64_t j = g * G; j < (g + 1) * G; ++j) amax = abs_max_nan(amax, value_at(x, t, j));
           const float s = amax == 0.0f ? 1.0f : amax / 448.0f;
-          sc[g * M_pad + t] = s;
+          sc[g * ss + t] = s;
           for (int64_t j = g * G; j < (g + 1) * G; ++j) out[j] = num::float_to_e4m3(value_at(x, t, j) / s);
         }
         break;
@@ -148,6 +149,19 @@ void quantize_output(const TensorView& x, OutputQuant key, const TensorView& cod
       case OutputQuant::none: break;  // refused by the front end
     }
   }
+}
+
+// The product as bmm computes it (cpu::bmm, rounded once into o_lat's dtype) in a host buffer, then
+// quantize_output of it: quantize(unfused output) by construction.
+void up_project_quantized(const TensorView& o_lat, const TensorView& w_uv, OutputQuant key, const TensorView& codes,
+                          const TensorView& scales, float scale, const Context& ctx) {
+  const int64_t M = o_lat.shape[0], h = o_lat.shape[1], V = w_uv.shape[2];
+  Tensor x = Tensor::empty({M, h * V}, o_lat.dtype);
+  if (M > 0) {
+    const TensorView heads = x.view().reshape({M, h, V});
+    cpu::bmm(o_lat.transpose(0, 1), w_uv, heads.transpose(0, 1), 1.0f, 0.0f, ctx);
+  }
+  cpu::quantize_output(x.view(), key, codes, scales, scale, ctx);
 }
 
 void abs_max(const TensorView& x, const TensorView& out, const Context&) {

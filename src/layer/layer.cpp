@@ -342,9 +342,16 @@ void MlaAttention::forward(const Plan& plan, const ForwardArgs& args, const KVCa
     run_dense_prefill(s);
   }
   if (options_.out_quant != OutputQuant::none) {
-    // quantize(unfused output), §15: the staged rows [0, t_act) into out / out_scales, padding rows zero.
-    ctx.mark("out_quant");
-    quantize_output(s.unquantised_out(), options_.out_quant, args.out, args.out_scales, options_.out_scale, ctx);
+    // quantize(unfused output), §15: the staged rows into out / out_scales, padding rows zero. The fused
+    // W_UV product wrote rows [0, t_cov) (and the padding when t_cov = t_act > 0); the staged rows
+    // [t_cov, t_act) and the padding after them remain.
+    const int64_t t_act = s.facts.t_act, t_cov = s.fused_rows();
+    if (t_cov < t_act || t_act == 0) {
+      ctx.mark("out_quant");
+      const auto [codes, scales] = s.quantised_rows(t_cov, args.out.size(0));
+      quantize_output(s.unquantised_out().slice(0, t_cov, t_act), options_.out_quant, codes, scales,
+                      options_.out_scale, ctx);
+    }
   }
   ctx.mark("end");
 }

@@ -9,6 +9,7 @@
 //   step_metadata.cpp  PinnedBuffer and the one metadata upload per step (mla/step.h)
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "mla/layer.h"
@@ -25,6 +26,7 @@ namespace mla::layer_detail {
 // larger of the two):
 //   always (before the two phases: they live through the whole step)
 //     out_stage act   [out_tokens, h*V]       the unquantised output when LayerOptions::out_quant != none
+//                                             (on CUDA only the rows past Step::fused_rows() use it)
 //     amax      f32   [amax_slots]            KvScales::from_first_batch: max |kv_c| of the calibrating step
 //   phase A (dense decode tokens, or every token in sparse mode)
 //     q_abs     act   [mqa_tokens, h, d_qk]   [ q_nope·W_UK_T | q_pe ]
@@ -44,6 +46,9 @@ namespace mla::layer_detail {
 //     dcp_local act   [dcp_rows, d_qk]            DCP: this rank's rows of a context chunk
 //     dcp_recv  act   [dcp_world * dcp_rows, d_qk] DCP: every rank's rows (all-gather), reordered into gathered
 inline constexpr int64_t kAlign = 256;
+
+// Step::fused_rows: the largest W_UV product (tokens) that the fused quantising kernel takes on sm_90+.
+inline constexpr int64_t kFusedMaxRowsSm90 = 256;
 
 // Everything the workspace size depends on. Each region's size is a non-decreasing function of each
 // field, so the layout of field-wise upper bounds bounds the layout of every plan (max_workspace_bytes).
@@ -134,6 +139,19 @@ struct Step {
   TensorView out_rows(int64_t t0, int64_t t1) const;
   // The unquantised output: ForwardArgs::out [T, h * V], or the out_stage region [t_act, h * V].
   TensorView unquantised_out() const;
+  // Whether the W_UV products write the quantised output themselves (up_project_quantized): on CUDA, for
+  // every out_quant key whose groups fit in one head (V a multiple of 16 and of the group). Rows written
+  // by the dense prefill still go through out_stage and quantize_output.
+  bool fused_out() const;
+  // Leading output rows [0, n) that the step's W_UV product writes quantised (0: none; every quantised row
+  // then goes through out_stage and quantize_output). The product covers the dense decode tokens, or every
+  // token in sparse mode. On sm_90 and later a product of more than kFusedMaxRowsSm90 tokens is compute
+  // bound, where cuBLAS's bmm (wgmma) plus the quantize pass beats the fused kernel's mma.sync; below it,
+  // and on every device before sm_90, the fused kernel runs.
+  int64_t fused_rows() const;
+  // Rows [t0, t1) of the quantised output: ForwardArgs::out and the matching rows of out_scales (group
+  // keys: columns [t0, t1) of the group-major [h*V / G, T_out] scales; fp8: undefined).
+  std::pair<TensorView, TensorView> quantised_rows(int64_t t0, int64_t t1) const;
 };
 
 // dst, src [n, h, w] with unit inner stride: row-wise copy (CPU loop; CUDA 2-D async copies).
@@ -143,7 +161,8 @@ TensorView broadcast_heads(const TensorView& rope, int64_t h);
 
 // q_abs rows [0, t1 - t0) = [ q[t0:t1, :, :P] · W_UK_T | q[t0:t1, :, P:] ].
 void absorb_queries(const Step& s, int64_t t0, int64_t t1, const TensorView& q_abs);
-// out rows [t0, t0 + n) = o_lat [n, h, L] · W_UV.
+// out rows [t0, t0 + n) = o_lat [n, h, L] · W_UV; with fused_out() quantised in the same pass (the call
+// whose rows end at t_act also writes the padding rows [t_act, T_out)).
 void up_project(const Step& s, const TensorView& o_lat, int64_t t0);
 
 void run_dense_decode(const Step& s);

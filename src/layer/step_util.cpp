@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Small pieces of one forward step: workspace and metadata views, row copies and the two
 // head-batched products that move between the MHA head space (P, V) and the latent space (L).
+#include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
 #include "layer/layer_internal.h"
+#include "mla/block_ops.h"
 #if MLA_WITH_CUDA
 #include "runtime/device_api.h"
 #endif
@@ -30,6 +32,25 @@ TensorView Step::meta_view(int64_t at, int64_t n) const {
 TensorView Step::unquantised_out() const {
   if (opt.out_quant == OutputQuant::none) return args.out;
   return view(layout.out_stage, opt.dtype, {facts.t_act, dims.h * dims.V});
+}
+
+bool Step::fused_out() const {
+  if (!opt.device.is_cuda() || opt.out_quant == OutputQuant::none) return false;
+  const int64_t unit = std::max<int64_t>(output_quant_group(opt.out_quant), 16);
+  return dims.V % unit == 0 && dims.L % 8 == 0;
+}
+
+int64_t Step::fused_rows() const {
+  if (!fused_out()) return 0;
+  const int64_t n = opt.sparse ? facts.t_act : facts.t_dec;
+  return plan.config.compute_capability < 90 || n <= kFusedMaxRowsSm90 ? n : 0;
+}
+
+std::pair<TensorView, TensorView> Step::quantised_rows(int64_t t0, int64_t t1) const {
+  const TensorView codes = args.out.slice(0, t0, t1);
+  if (opt.out_quant == OutputQuant::nvfp4) return {codes, args.out_scales.slice(0, t0, t1)};
+  if (output_quant_group(opt.out_quant) > 0) return {codes, args.out_scales.slice(1, t0, t1)};
+  return {codes, TensorView{}};
 }
 
 TensorView Step::out_rows(int64_t t0, int64_t t1) const {
@@ -87,6 +108,14 @@ void absorb_queries(const Step& s, int64_t t0, int64_t t1, const TensorView& q_a
 void up_project(const Step& s, const TensorView& o_lat, int64_t t0) {
   const int64_t n = o_lat.shape[0];
   if (n == 0) return;
+  if (t0 == 0 && n == s.fused_rows()) {
+    // The product and its quantisation in one pass (§15); the rows that end the actual tokens also
+    // write the padding rows after them.
+    const int64_t end = n == s.facts.t_act ? s.args.out.size(0) : n;
+    const auto [codes, scales] = s.quantised_rows(0, end);
+    up_project_quantized(o_lat, s.layer.w_uv(), s.opt.out_quant, codes, scales, s.opt.out_scale, s.ctx);
+    return;
+  }
   // (h, n, L) x (h, L, V) -> (h, n, V), written into out rows viewed [n, h, V].
   bmm(o_lat.transpose(0, 1), s.layer.w_uv(), s.out_rows(t0, t0 + n).transpose(0, 1), 1.0f, 0.0f, s.ctx);
 }

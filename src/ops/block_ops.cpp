@@ -3,9 +3,13 @@
 // aliasing are checked before dispatch, so a refused call writes nothing.
 #include "mla/block_ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -178,15 +182,12 @@ int64_t output_quant_group(OutputQuant q) {
 
 namespace detail {
 
-void check_quantize_output(const TensorView& x, OutputQuant key, const TensorView& codes, const TensorView& scales,
-                           float scale, const char* op) {
-  check_output_quant(key, op);
-  MLA_CHECK(key != OutputQuant::none, "{}: key none has no quantised form (the activation is its own output)", op);
-  check_act(x, 2, false, op, "x [M, K]");
-  const int64_t M = x.size(0), K = x.size(1), G = output_quant_group(key);
-  if (G > 0)
-    MLA_CHECK(K % G == 0, "{}: {} needs K a multiple of {} (its scale groups), got x {}", op, to_string(key), G,
-              x.describe());
+namespace {
+
+// The quantised-output arguments of quantize_output / up_project_quantized for an x of [M, K] on `device`.
+void check_quant_targets(int64_t M, int64_t K, Device device, OutputQuant key, const TensorView& codes,
+                         const TensorView& scales, float scale, const char* op) {
+  const int64_t G = output_quant_group(key);
   const bool fp4 = key == OutputQuant::nvfp4;
   // Codes and nvfp4 scales are bytes: fp8_e4m3 or u8 views of them are both taken (torch without float8).
   auto check_bytes = [&](const TensorView& t, const char* arg) {
@@ -216,21 +217,42 @@ void check_quantize_output(const TensorView& x, OutputQuant key, const TensorVie
     check_f32_matrix(scales, op, "scales [K / G, M_pad]");
     detail::check_size(scales, 0, K / G, op, "scales [K / G, M_pad]");
     detail::check_size(scales, 1, M_pad, op, "scales [K / G, M_pad] (M_pad = codes.size(0))");
-    MLA_CHECK(scales.numel() == 0 || scales.size(0) <= 1 || scales.stride[0] == M_pad,
-              "{}: scales must be contiguous [K / G, M_pad], got {}", op, scales.describe());
+    // Group-major rows of M_pad scales: contiguous, or a column slice of a wider scale matrix.
+    MLA_CHECK(scales.numel() == 0 || scales.size(0) <= 1 || scales.stride[0] >= M_pad,
+              "{}: scales [K / G, M_pad] must have unit inner stride and a row stride of at least M_pad, got {}", op,
+              scales.describe());
   }
-  detail::check_devices(x.device, op, {{codes, "codes"}});
-  if (scales.defined()) detail::check_devices(x.device, op, {{scales, "scales"}});
-  // The outputs share no byte with x or with each other.
-  const std::pair<const TensorView*, const char*> views[] = {{&x, "x"}, {&codes, "codes"}, {&scales, "scales"}};
-  for (int i = 0; i < 3; ++i)
-    for (int j = i + 1; j < 3; ++j) {
+  detail::check_devices(device, op, {{codes, "codes"}});
+  if (scales.defined()) detail::check_devices(device, op, {{scales, "scales"}});
+}
+
+// No two of the defined, non-empty views share a byte.
+void check_disjoint(std::initializer_list<std::pair<const TensorView*, const char*>> list, const char* op) {
+  const std::vector<std::pair<const TensorView*, const char*>> views(list);
+  for (std::size_t i = 0; i < views.size(); ++i)
+    for (std::size_t j = i + 1; j < views.size(); ++j) {
       const TensorView &a = *views[i].first, &b = *views[j].first;
       if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0) continue;
       const auto [a0, a1] = byte_span(a);
       const auto [b0, b1] = byte_span(b);
       MLA_CHECK(a1 <= b0 || b1 <= a0, "{}: {} overlaps {}", op, views[j].second, views[i].second);
     }
+}
+
+}  // namespace
+
+void check_quantize_output(const TensorView& x, OutputQuant key, const TensorView& codes, const TensorView& scales,
+                           float scale, const char* op) {
+  check_output_quant(key, op);
+  MLA_CHECK(key != OutputQuant::none, "{}: key none has no quantised form (the activation is its own output)", op);
+  check_act(x, 2, false, op, "x [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), G = output_quant_group(key);
+  if (G > 0)
+    MLA_CHECK(K % G == 0, "{}: {} needs K a multiple of {} (its scale groups), got x {}", op, to_string(key), G,
+              x.describe());
+  check_quant_targets(M, K, x.device, key, codes, scales, scale, op);
+  // The outputs share no byte with x or with each other.
+  check_disjoint({{&x, "x"}, {&codes, "codes"}, {&scales, "scales"}}, op);
 }
 
 }  // namespace detail
@@ -240,6 +262,33 @@ void quantize_output(const TensorView& x, OutputQuant key, const TensorView& cod
   detail::check_quantize_output(x, key, codes, scales, scale, "quantize_output");
   if (codes.numel() == 0) return;
   MLA_DISPATCH(x.device, quantize_output, x, key, codes, scales, scale, ctx);
+}
+
+void up_project_quantized(const TensorView& o_lat, const TensorView& w_uv, OutputQuant key, const TensorView& codes,
+                          const TensorView& scales, float scale, const Context& ctx) {
+  constexpr const char* op = "up_project_quantized";
+  check_output_quant(key, op);
+  MLA_CHECK(key != OutputQuant::none, "{}: key none has no quantised form (bmm writes the unquantised product)", op);
+  detail::check_defined(o_lat, op, "o_lat [M, h, L]");
+  detail::check_ndim(o_lat, 3, op, "o_lat [M, h, L]");
+  detail::check_activation(o_lat, false, op, "o_lat [M, h, L]");
+  detail::check_defined(w_uv, op, "w_uv [h, L, V]");
+  detail::check_ndim(w_uv, 3, op, "w_uv [h, L, V]");
+  detail::check_activation(w_uv, false, op, "w_uv [h, L, V]");
+  detail::check_dtype(w_uv, o_lat.dtype, op, "w_uv [h, L, V] (o_lat's dtype)");
+  const int64_t M = o_lat.size(0), h = o_lat.size(1), L = o_lat.size(2), V = w_uv.size(2);
+  detail::check_size(w_uv, 0, h, op, "w_uv [h, L, V] (h = o_lat.size(1))");
+  detail::check_size(w_uv, 1, L, op, "w_uv [h, L, V] (L = o_lat.size(2))");
+  const int64_t G = std::max<int64_t>(output_quant_group(key), 16);
+  MLA_CHECK(V % G == 0, "{}: {} needs V a multiple of {} (whole scale groups and 16-column blocks per head), got "
+            "w_uv {}", op, to_string(key), G, w_uv.describe());
+  if (o_lat.device.is_cuda())
+    MLA_CHECK(L % 8 == 0, "{}: on CUDA L must be a multiple of 8 (16-byte rows), got o_lat {}", op, o_lat.describe());
+  detail::check_devices(o_lat.device, op, {{w_uv, "w_uv"}});
+  detail::check_quant_targets(M, detail::checked_mul(h, V, "h * V"), o_lat.device, key, codes, scales, scale, op);
+  detail::check_disjoint({{&o_lat, "o_lat"}, {&w_uv, "w_uv"}, {&codes, "codes"}, {&scales, "scales"}}, op);
+  if (codes.numel() == 0) return;
+  MLA_DISPATCH(o_lat.device, up_project_quantized, o_lat, w_uv, key, codes, scales, scale, ctx);
 }
 
 void abs_max(const TensorView& x, const TensorView& out, const Context& ctx) {

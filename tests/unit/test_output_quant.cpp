@@ -4,6 +4,7 @@
 // the keys' names, and refused arguments (nothing written).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -198,6 +199,85 @@ TEST(OutputQuant, RefusesBadArgumentsBeforeWriting) {
   const TensorView xin(both.data(), DType::f32, {2, 64}, Device::cpu());
   const TensorView out(static_cast<uint8_t*>(both.data()) + 256, DType::u8, {2, 64}, Device::cpu());
   EXPECT_THROW(quantize_output(xin, OutputQuant::fp8_group64, out, scales.view(), 1.0f), Error);
+}
+
+// Group scales may be a column slice of a wider [K / G, T] matrix (rows [t0, t1) of a larger output): the
+// slice's columns equal the contiguous run's and nothing outside them is written.
+TEST(OutputQuant, GroupScalesMayBeAColumnSlice) {
+  const Tensor x = test::random_tensor({3, 256}, DType::f32, Device::cpu(), -4.0, 4.0);
+  for (OutputQuant k : {OutputQuant::fp8_group128, OutputQuant::fp8_group64}) {
+    const int64_t groups = 256 / output_quant_group(k);
+    Tensor codes = test::poisoned({4, 256}, DType::u8), scales = test::poisoned({groups, 4}, DType::f32);
+    quantize_output(x.view(), k, codes.view(), scales.view(), 0.0f);
+    Tensor wide = test::poisoned({groups, 9}, DType::f32), codes2 = test::poisoned({4, 256}, DType::u8);
+    quantize_output(x.view(), k, codes2.view(), wide.view().slice(1, 3, 7), 0.0f);
+    EXPECT_EQ(std::memcmp(codes.data(), codes2.data(), 4 * 256), 0);
+    const auto* a = static_cast<const float*>(scales.data());
+    const auto* b = static_cast<const float*>(wide.data());
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t c = 0; c < 9; ++c) {
+        if (c < 3 || c >= 7) EXPECT_TRUE(std::isnan(b[g * 9 + c])) << "written outside the slice";
+        else EXPECT_EQ(b[g * 9 + c], a[g * 4 + c - 3]) << to_string(k) << " group " << g << " row " << c - 3;
+      }
+    // Rows closer than M_pad apart overlap: refused.
+    const std::array<int64_t, 2> shape{groups, 4}, stride{2, 1};
+    EXPECT_THROW(quantize_output(x.view(), k, codes2.view(), TensorView(wide.data(), DType::f32, shape, stride,
+                                                                        Device::cpu()), 0.0f),
+                 Error);
+  }
+}
+
+// up_project_quantized on the CPU is quantize_output of bmm's product, byte for byte, for each key and the
+// layer dtypes; bad arguments are refused before anything is written.
+TEST(OutputQuant, UpProjectQuantizedIsQuantizeOfTheProduct) {
+  constexpr int64_t M = 5, h = 2, L = 24, V = 128, M_pad = 7;
+  for (const DType dt : {DType::bf16, DType::f32}) {
+    const Tensor o = test::random_tensor({M, h, L}, dt), w = test::random_tensor({h, L, V}, dt);
+    Tensor x = Tensor::empty({M, h * V}, dt);
+    bmm(o.view().transpose(0, 1), w.view(), x.view().reshape({M, h, V}).transpose(0, 1));
+    for (OutputQuant k : {OutputQuant::fp8, OutputQuant::fp8_group128, OutputQuant::fp8_group64, OutputQuant::nvfp4}) {
+      const bool fp4 = k == OutputQuant::nvfp4;
+      const int64_t G = output_quant_group(k), cw = fp4 ? h * V / 2 : h * V;
+      Tensor want = test::poisoned({M_pad, cw}, DType::u8), got = test::poisoned({M_pad, cw}, DType::u8);
+      Tensor ws, gs;
+      if (fp4) {
+        ws = test::poisoned({M_pad, h * V / 16}, DType::u8);
+        gs = test::poisoned({M_pad, h * V / 16}, DType::u8);
+      } else if (G > 0) {
+        ws = test::poisoned({h * V / G, M_pad}, DType::f32);
+        gs = test::poisoned({h * V / G, M_pad}, DType::f32);
+      }
+      const float scale = fp4 ? 448.0f * 6.0f / 8.0f : 1.0f / 64.0f;
+      quantize_output(x.view(), k, want.view(), ws.defined() ? ws.view() : TensorView{}, scale);
+      up_project_quantized(o.view(), w.view(), k, got.view(), gs.defined() ? gs.view() : TensorView{}, scale);
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.nbytes()), 0) << to_string(k) << " " << to_string(dt);
+      if (ws.defined()) EXPECT_EQ(std::memcmp(ws.data(), gs.data(), ws.nbytes()), 0) << to_string(k);
+    }
+  }
+  const Tensor o = test::random_tensor({M, h, L}, DType::f32), w64 = test::random_tensor({h, L, 64}, DType::f32);
+  const Tensor w = test::random_tensor({h, L, V}, DType::f32), wb = test::random_tensor({h, L, V}, DType::bf16);
+  Tensor codes = test::poisoned({M, h * V}, DType::u8), scales = test::poisoned({h * V / 128, M}, DType::f32);
+  Tensor codes64 = test::poisoned({M, h * 64}, DType::u8), scales64 = test::poisoned({h * 64 / 128, M}, DType::f32);
+  const std::vector<uint8_t> before(bytes(codes), bytes(codes) + codes.nbytes());
+  auto expect_refused = [&](auto&& call, const char* what) {
+    EXPECT_THROW(call(), Error) << what;
+    EXPECT_EQ(std::memcmp(bytes(codes), before.data(), before.size()), 0) << what << ": codes written";
+  };
+  const auto g128 = OutputQuant::fp8_group128;
+  expect_refused([&] { up_project_quantized(o.view(), w.view(), OutputQuant::none, codes.view(), {}, 1.0f); }, "none");
+  expect_refused([&] { up_project_quantized(o.view(), wb.view(), g128, codes.view(), scales.view(), 1.0f); },
+                 "w_uv of another dtype");
+  expect_refused([&] { up_project_quantized(o.view(), w.view().slice(0, 0, 1), g128, codes.view(), scales.view(), 1.0f); },
+                 "w_uv of another head count");
+  expect_refused([&] { up_project_quantized(o.view().slice(0, 0, 4).slice(2, 0, 16), w.view(), g128, codes.view(),
+                                            scales.view(), 1.0f); },
+                 "w_uv of another L");
+  expect_refused([&] { up_project_quantized(o.view(), w.view(), g128, codes.view().slice(0, 0, 4), scales.view(), 1.0f); },
+                 "fewer code rows than o_lat");
+  EXPECT_THROW(up_project_quantized(o.view(), w64.view(), g128, codes64.view(), scales64.view(), 1.0f), Error)
+      << "a group of 128 spanning two heads of V = 64";
+  EXPECT_THROW(up_project_quantized(o.view(), w.view(), g128, o.view().reshape({M, h * L}), scales.view(), 1.0f), Error)
+      << "f32 codes";
 }
 
 TEST(OutputQuant, AbsMaxPropagatesNaN) {

@@ -38,10 +38,27 @@ namespace mla::cuda::block {
 struct OutQuantParams {
   const void* x;     // [M, K] activation dtype, row stride x_stride, unit column stride
   uint8_t* codes;    // [M_pad, K] e4m3 (nvfp4: [M_pad, K / 2] packed e2m1), row stride codes_stride
-  void* scales;      // group keys: f32 [K / G, M_pad] contiguous; nvfp4: e4m3 [M_pad, K / 16], row stride
-                     // scales_stride; fp8: unused
+  void* scales;      // group keys: f32 [K / G, M_pad], row stride scales_stride (>= M_pad), unit column
+                     // stride; nvfp4: e4m3 [M_pad, K / 16], row stride scales_stride; fp8: unused
   int64_t M, M_pad, K, x_stride, codes_stride, scales_stride;
   float scale;       // fp8: the static scale; nvfp4: the global scale
+};
+
+}  // namespace mla::cuda::block
+
+namespace mla::cuda::block {
+
+// The V up-projection with its output quantised (mla::up_project_quantized, up_proj_quant.cu).
+struct UpProjQuantParams {
+  const uint16_t* o_lat;  // [M, h, L] bf16, strides (o_stride_t, o_stride_h, 1); 16-byte aligned rows
+  const uint16_t* w;      // [h, L, V] bf16, strides (w_stride_h, w_stride_l, 1); 16-byte aligned rows
+  uint8_t* codes;         // [M_pad, h * V] e4m3 (nvfp4: [M_pad, h * V / 2] packed e2m1), row stride codes_stride
+  void* scales;           // group keys: f32 [h * V / G, M_pad], row stride scales_stride, unit column stride;
+                          // nvfp4: e4m3 [M_pad, h * V / 16], row stride scales_stride; fp8: unused
+  int64_t M, M_pad, h, L, V, o_stride_t, o_stride_h, w_stride_h, w_stride_l, codes_stride, scales_stride;
+  int m_tiles;            // CTAs along x that compute rows; the rest write padding rows
+  float scale;            // fp8: the static scale; nvfp4: the global scale
+  bool vec;               // codes (and nvfp4 codes' 8-byte blocks) may be stored as 16- / 8-byte vectors
 };
 
 }  // namespace mla::cuda::block

@@ -6,7 +6,8 @@
 //   fp8 (static scale)   one thread per element: code = e4m3(x / scale)
 //   fp8_group128 / 64    one warp per (row, group of G columns), G / 32 values per lane; the group's
 //                        abs-max is a shuffle reduction that propagates NaN; lane 0 writes the scale
-//                        (group-major [K / G, M_pad], gemm_fp8_block's token-scale layout)
+//                        (group-major [K / G, M_pad] with row stride scales_stride >= M_pad,
+//                        gemm_fp8_block's token-scale layout or a column slice of it)
 //   nvfp4                one thread per 16-value block: scale code = e4m3(global * (amax / 6)), then
 //                        e2m1(x / (scale / global)) for each element, two codes per byte
 // Padding rows M .. M_pad - 1 get zero codes (scale 1, or scale code 0 for nvfp4). Every float
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) quant_group_kernel(block::OutQuantPa
   if (t >= p.M) {
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) out[i] = 0;
-    if (lane == 0) scales[g * p.M_pad + t] = 1.0f;
+    if (lane == 0) scales[g * p.scales_stride + t] = 1.0f;
     return;
   }
   float v[kPerLane];
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) quant_group_kernel(block::OutQuantPa
   const float s = amax == 0.f ? 1.0f : __fdiv_rn(amax, 448.0f);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) out[i] = dev::float_to_e4m3(__fdiv_rn(v[i], s));
-  if (lane == 0) scales[g * p.M_pad + t] = s;
+  if (lane == 0) scales[g * p.scales_stride + t] = s;
 }
 
 template <class In>
