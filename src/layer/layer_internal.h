@@ -47,8 +47,11 @@ namespace mla::layer_detail {
 //     dcp_recv  act   [dcp_world * dcp_rows, d_qk] DCP: every rank's rows (all-gather), reordered into gathered
 inline constexpr int64_t kAlign = 256;
 
-// Step::fused_rows: the largest W_UV product (tokens) that the fused quantising kernel takes on sm_90+.
-inline constexpr int64_t kFusedMaxRowsSm90 = 256;
+// Step::fused_rows: the largest W_UV product (tokens) that the fused quantising kernel takes on sm_90+. 0: on
+// Hopper the layer keeps cuBLAS's product and the separate quantize pass — the mma.sync kernel lost there
+// (nvidia-h200, b 64 s_k 4096 h 16 fp8_group128: the up-projection phase 0.024 ms fused against 0.006 ms for
+// the bmm alone; the quantised step x1.09-1.17 of the unquantised one).
+inline constexpr int64_t kFusedMaxRowsSm90 = 0;
 
 // Everything the workspace size depends on. Each region's size is a non-decreasing function of each
 // field, so the layout of field-wise upper bounds bounds the layout of every plan (max_workspace_bytes).

@@ -63,6 +63,7 @@ struct Scenario {
   // tests/fuzz/fuzz_layer.cpp keeps one layer per shape and fills the cache itself: zeros instead).
   bool draw_weight = true, draw_context = true;
   bool batch_invariant = false;  // PlannerConfig::batch_invariant and LayerOptions::batch_invariant
+  int compute_capability = 0;    // PlannerConfig::compute_capability (0: unknown)
 
   ModelDims dims() const {
     ModelDims d;
@@ -90,6 +91,7 @@ struct Scenario {
     c.sparse_prefill_mode = sparse_prefill_mode;
     c.num_sms = num_sms;
     c.batch_invariant = batch_invariant;
+    c.compute_capability = compute_capability;
     return c;
   }
   LayerOptions options(Device device, DType dtype) const {
