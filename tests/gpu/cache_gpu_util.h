@@ -17,6 +17,16 @@ namespace mla::test {
 
 inline constexpr uint8_t kCachePoison = 0xFF;
 
+// n distinct random slots of a cache of num_slots (shuffled), every fifth (from the first) -1: skipped.
+inline std::vector<int64_t> random_slots(int64_t n, int64_t num_slots) {
+  std::vector<int64_t> all(static_cast<std::size_t>(num_slots));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng());
+  std::vector<int64_t> s(all.begin(), all.begin() + n);
+  for (std::size_t i = 0; i < s.size(); i += 5) s[i] = -1;
+  return s;
+}
+
 // A cache of `format` as the view of layer 1 inside storage [num_blocks, 2, page, entry] (so the
 // block stride spans two layers), starting `offset_elems` elements into the storage (a non-zero
 // offset makes the rows misaligned for 16-byte accesses and exercises the element-wise kernels).

@@ -21,20 +21,11 @@ namespace mla {
 namespace {
 
 using test::CacheMirror;
+using test::random_slots;
 using test::GatherBatch;
 using test::Mirror;
 
 std::string name_of(CacheFormat f) { return to_string(f); }
-
-// Random distinct slots for `n` tokens, about one in five skipped (-1).
-std::vector<int64_t> random_slots(int64_t n, int64_t num_slots) {
-  std::vector<int64_t> all(static_cast<std::size_t>(num_slots));
-  std::iota(all.begin(), all.end(), 0);
-  std::shuffle(all.begin(), all.end(), test::rng());
-  std::vector<int64_t> s(all.begin(), all.begin() + n);
-  for (std::size_t i = 0; i < s.size(); i += 5) s[i] = -1;
-  return s;
-}
 
 Tensor slot_tensor(const std::vector<int64_t>& slots, bool i64) {
   if (i64) return test::int64_tensor(slots);

@@ -24,6 +24,7 @@ namespace {
 using test::CacheMirror;
 using test::GatherBatch;
 using test::Mirror;
+using test::random_slots;
 
 constexpr int kDqk = 512, kLatent = 448, kRope = 64;
 
@@ -77,16 +78,6 @@ struct Inputs {
     k_pe = pe.host.view().slice(1, offset, offset + kRope);
   }
 };
-
-// Distinct random slots for n tokens, one in five -1.
-std::vector<int64_t> random_slots(int64_t n, int64_t num_slots) {
-  std::vector<int64_t> all(static_cast<std::size_t>(num_slots));
-  std::iota(all.begin(), all.end(), 0);
-  std::shuffle(all.begin(), all.end(), test::rng());
-  std::vector<int64_t> s(all.begin(), all.begin() + n);
-  for (std::size_t i = 0; i < s.size(); i += 5) s[i] = -1;
-  return s;
-}
 
 // ---- write_cache ----------------------------------------------------------------------------------------
 
