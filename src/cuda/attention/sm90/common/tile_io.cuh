@@ -112,12 +112,32 @@ __device__ __forceinline__ void store_p(uint8_t* sP, const float (&s)[32], float
 
 // The softmax steps of a 64 x 64 S fragment (a wgmma D: this thread's rows r_lo (s[4jj], s[4jj + 1]) and r_hi
 // (s[4jj + 2], s[4jj + 3]), keys 8jj + 2 t4, + 1), shared by the 64-row kernels (seesaw/base.cuh, convert/kernel.cuh).
-// Scores times `scale` (the log2 domain), keys not in `mask` or past a row's limit (lim_lo / lim_hi: its largest
-// visible key) -inf; the rows' maxima over the quad.
+// Scores times the row's scale (scale_lo / scale_hi: the log2 domain), keys not in `mask` or past a row's limit
+// (lim_lo / lim_hi: its largest visible key) -inf; the rows' maxima over the quad. kClean: a tile whose 64 keys are
+// all loaded and visible to every row of the warp is only scaled (no per-key tests; the seesaw measured when that
+// pays, attention_sm90.md "5. The seesaw kernel", clean tiles).
+template <bool kClean>
 __device__ __forceinline__ void mask_scale_max(float (&s)[32], uint64_t mask, int k0, int t4, int lim_lo, int lim_hi,
-                                               float scale, float& mx_lo, float& mx_hi) {
+                                               float scale_lo, float scale_hi, float& mx_lo, float& mx_hi) {
   mx_lo = -INFINITY;
   mx_hi = -INFINITY;
+  if constexpr (kClean) {
+    const bool clean = mask == ~uint64_t(0) && k0 + Traits::kBlockN - 1 <= min(lim_lo, lim_hi);
+    if (__all_sync(0xffffffffu, clean)) {
+#pragma unroll
+      for (int i = 0; i < 32; i += 4) {
+        s[i] *= scale_lo;
+        s[i + 1] *= scale_lo;
+        s[i + 2] *= scale_hi;
+        s[i + 3] *= scale_hi;
+        mx_lo = fmaxf(mx_lo, fmaxf(s[i], s[i + 1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[i + 2], s[i + 3]));
+      }
+      mx_lo = softmax::quad_max(mx_lo);
+      mx_hi = softmax::quad_max(mx_hi);
+      return;
+    }
+  }
 #pragma unroll
   for (int jj = 0; jj < Traits::kBlockN / 8; ++jj)
 #pragma unroll
@@ -126,8 +146,8 @@ __device__ __forceinline__ void mask_scale_max(float (&s)[32], uint64_t mask, in
       const bool in = (mask >> kk) & 1;
       float& a = s[4 * jj + e];
       float& b = s[4 * jj + 2 + e];
-      a = in && key <= lim_lo ? a * scale : -INFINITY;
-      b = in && key <= lim_hi ? b * scale : -INFINITY;
+      a = in && key <= lim_lo ? a * scale_lo : -INFINITY;
+      b = in && key <= lim_hi ? b * scale_hi : -INFINITY;
       mx_lo = fmaxf(mx_lo, a);
       mx_hi = fmaxf(mx_hi, b);
     }

@@ -365,39 +365,10 @@ struct SRole {
     for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
   }
 
-  // S in the log2 domain (sc_lo / sc_hi), keys not loaded or past a row's limit -inf; the rows' maxima.
+  // S in the log2 domain (sc_lo / sc_hi), keys not loaded or past a row's limit -inf; the rows' maxima. A tile clean
+  // for the whole warp is only scaled.
   __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
-    mx_lo = -INFINITY;
-    mx_hi = -INFINITY;
-    if (mask == ~uint64_t{0} && k0 + T::kBlockN - 1 <= min(lim_lo, lim_hi)) {  // every key loaded and visible
-#pragma unroll
-      for (int jj = 0; jj < T::kBlockN / 8; ++jj)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          s[4 * jj + e] *= sc_lo;
-          s[4 * jj + 2 + e] *= sc_hi;
-          mx_lo = fmaxf(mx_lo, s[4 * jj + e]);
-          mx_hi = fmaxf(mx_hi, s[4 * jj + 2 + e]);
-        }
-      mx_lo = softmax::quad_max(mx_lo);
-      mx_hi = softmax::quad_max(mx_hi);
-      return;
-    }
-#pragma unroll
-    for (int jj = 0; jj < T::kBlockN / 8; ++jj)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int kk = 8 * jj + 2 * rw.t4 + e, key = k0 + kk;
-        const bool in = (mask >> kk) & 1;
-        float& a = s[4 * jj + e];
-        float& b = s[4 * jj + 2 + e];
-        a = in && key <= lim_lo ? a * sc_lo : -INFINITY;
-        b = in && key <= lim_hi ? b * sc_hi : -INFINITY;
-        mx_lo = fmaxf(mx_lo, a);
-        mx_hi = fmaxf(mx_hi, b);
-      }
-    mx_lo = softmax::quad_max(mx_lo);
-    mx_hi = softmax::quad_max(mx_hi);
+    mask_scale_max<true>(s, mask, k0, rw.t4, lim_lo, lim_hi, sc_lo, sc_hi, mx_lo, mx_hi);
   }
 
   // fp8_ds_mla: P_g as bf16 rs A fragments (p_fragments_bf16's layout), each key's weight times 2^56 gs[key].

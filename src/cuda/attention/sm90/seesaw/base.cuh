@@ -283,30 +283,10 @@ struct SeesawBase {
   // S of the tile starting at key k0 (retired) in the log2 domain, masked; row maxes.
   __device__ __forceinline__ void mask_max(float (&s)[32], uint64_t mask, int k0, float& mx_lo, float& mx_hi) const {
     const float scale = p.rows.scale_log2 * code_scale<Src>(p);  // exact-code sources: times scale * 2^56
-    mx_lo = -INFINITY;
-    mx_hi = -INFINITY;
-    // Every source but PagedKeys (the paged TMA source for at most 16 rows): a tile whose 64 keys are all loaded and
-    // visible to every row of the warp is only scaled (no per-key tests), since consumer 0's mask and max are on the
-    // pair's loop. Not with PagedKeys: measured, at b 4 h 16 the longer pair cost more in instruction fetch than it
-    // saved (docs/design/attention_sm90.md "5. The seesaw kernel", clean tiles).
-    if constexpr (!std::is_same_v<Src, PagedKeys>) {
-      const bool clean = mask == ~uint64_t(0) && k0 + T::kBlockN - 1 <= min(lim_lo, lim_hi);
-      if (__all_sync(0xffffffffu, clean)) {
-#pragma unroll
-        for (int i = 0; i < 32; i += 4) {
-          s[i] *= scale;
-          s[i + 1] *= scale;
-          s[i + 2] *= scale;
-          s[i + 3] *= scale;
-          mx_lo = fmaxf(mx_lo, fmaxf(s[i], s[i + 1]));
-          mx_hi = fmaxf(mx_hi, fmaxf(s[i + 2], s[i + 3]));
-        }
-        mx_lo = softmax::quad_max(mx_lo);
-        mx_hi = softmax::quad_max(mx_hi);
-        return;
-      }
-    }
-    mask_scale_max(s, mask, k0, t4, lim_lo, lim_hi, scale, mx_lo, mx_hi);
+    // Clean tiles for every source but PagedKeys (the paged TMA source for at most 16 rows): measured, at b 4 h 16
+    // the longer pair cost more in instruction fetch than it saved (docs/design/attention_sm90.md "5. The seesaw
+    // kernel", clean tiles); consumer 0's mask and max are on the pair's loop.
+    mask_scale_max<!std::is_same_v<Src, PagedKeys>>(s, mask, k0, t4, lim_lo, lim_hi, scale, scale, mx_lo, mx_hi);
   }
 
   // S = Q K^T of this consumer's tile of pair j (keys k0..k0+63) in one group, retired, the rope panel
