@@ -48,6 +48,7 @@
 #include "cuda/common/ptx/fence.cuh"
 #include "cuda/common/ptx/griddep.cuh"
 #include "cuda/common/ptx/mbarrier.cuh"
+#include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/ptx/setmaxnreg.cuh"
 #include "cuda/common/ptx/warpgroup.cuh"
 #include "cuda/common/ptx/wgmma.cuh"
@@ -292,11 +293,6 @@ __device__ __forceinline__ float factor(float from, float to) {
 
 // fp8_ds_mla's P panel holds P * 2^6 as f16 (SRole::store_p_f16).
 inline constexpr float kPF16 = 64.0f;
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-  uint32_t d;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-}
 __device__ __forceinline__ float2 unpack_f16x2(uint32_t v) {
   const __half2 h = *reinterpret_cast<const __half2*>(&v);
   return __half22float2(h);
@@ -332,7 +328,7 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t) {
     uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      w[k] = pack_f16x2(__uint_as_float(w[k] << 16) * f, __uint_as_float(w[k] & 0xffff0000u) * f);
+      w[k] = ptx::pack_f16x2(__uint_as_float(w[k] << 16) * f, __uint_as_float(w[k] & 0xffff0000u) * f);
     *at(c) = make_uint4(w[0], w[1], w[2], w[3]);
   }
   if ((t & 1) == 0) sm.q_scales()[row] = exp2i(-e);
@@ -503,7 +499,7 @@ struct SRole {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int j = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // p_fragments_bf16's layout
-            pa[ks][e] = pack_f16x2(sc[j] * kPF16, sc[j + 1] * kPF16);
+            pa[ks][e] = ptx::pack_f16x2(sc[j] * kPF16, sc[j + 1] * kPF16);
           }
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
@@ -547,9 +543,10 @@ struct SRole {
   static __device__ __forceinline__ void store_p_f16(uint8_t* sP, const float (&s)[32], int r_lo, int r_hi, int t4) {
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {
-      *reinterpret_cast<uint32_t*>(sP + swz(r_lo, jj) + 4 * t4) = pack_f16x2(s[4 * jj] * kPF16, s[4 * jj + 1] * kPF16);
+      *reinterpret_cast<uint32_t*>(sP + swz(r_lo, jj) + 4 * t4) =
+          ptx::pack_f16x2(s[4 * jj] * kPF16, s[4 * jj + 1] * kPF16);
       *reinterpret_cast<uint32_t*>(sP + swz(r_hi, jj) + 4 * t4) =
-          pack_f16x2(s[4 * jj + 2] * kPF16, s[4 * jj + 3] * kPF16);
+          ptx::pack_f16x2(s[4 * jj + 2] * kPF16, s[4 * jj + 3] * kPF16);
     }
   }
 };
