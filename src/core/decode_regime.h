@@ -13,11 +13,15 @@
 //           memory and turned into wgmma operands by the consumers (exact codes).
 //   seesaw  64-row tiles (m > 32; and padded small problems where it measured faster): two consumer
 //           warpgroups splitting O by columns over a two-stage pipeline, with a key source per format.
-//   convert 64-row tiles over the code formats (fp8 per-tensor: mqa_decode; fp8_ds_mla: mqa_decode and sparse_mqa):
-//           a whole warpgroup converts the codes exactly into a stage (fp8: f16, fp8_ds_mla: bf16), an S warpgroup
-//           and a second O warpgroup consume it (asymmetric registers).
+//   convert 64-row tiles over the code formats (fp8 per-tensor: mqa_decode; fp8_ds_mla: mqa_decode and sparse_mqa)
+//           and DeepSeek-V4's record caches (sparse_mqa with V4 options): a whole warpgroup converts the codes exactly
+//           into a stage (fp8: f16, fp8_ds_mla and the records: bf16), an S warpgroup and a second O warpgroup
+//           consume it (asymmetric registers).
 //
 // The rules:
+//   - sparse_mqa with DeepSeek-V4 options (sink, extra cache, whole-row values) over record caches takes the
+//     converter kernel (the only sm90 kernel that reads records, two lists and a sink); its one CTA per (row tile,
+//     token) makes it batch-invariant as it stands.
 //   - m <= 8 / 16 / 32 takes an N 8 / 16 / 32 tile, m > 32 ceil(m / 64) seesaw tiles.
 //   - The code formats take the raw kernel up to 32 rows. Above: fp8 per-tensor (mqa_decode) the converter kernel
 //     (nvidia-h200, b 128 s_k 4096: h 128 0.388 against the seesaw's 0.494 ms, h 64 0.216 against 0.244 ms, one
@@ -53,6 +57,7 @@ struct Problem {
   int64_t context_bound = 0;  // mqa_decode: max_blocks * page_size (the keys a request can have); sparse: unused
   bool sparse = false;
   bool batch_invariant = false;  // the kernel may depend on the request's shape only (not batch, context_bound)
+  bool v4 = false;               // sparse_mqa with DeepSeek-V4 options (SparseOptions::any())
 };
 
 struct Regime {
@@ -63,11 +68,20 @@ struct Regime {
 };
 
 inline constexpr bool is_code_format(CacheFormat f) { return f == CacheFormat::fp8 || f == CacheFormat::fp8_ds_mla; }
+inline constexpr bool is_record_format(CacheFormat f) {
+  return f == CacheFormat::v4 || f == CacheFormat::v41 || f == CacheFormat::v41_fp4;
+}
 
 // Whether kernel k can run problem p at all (nullptr), else why not: what a forced variant may run. The small
 // kernel reads bf16 caches, the raw kernel the code formats, both up to 32 rows; the seesaw kernel every format
 // at any row count (sparse_mqa: bf16 and fp8_ds_mla only, for all three kernels).
 inline constexpr const char* supports(const Problem& p, Kernel k) {
+  if (p.v4) {
+    if (k != Kernel::convert) return "DeepSeek-V4 options (sink, extra cache, whole-row values): the converter kernel only";
+    if (!p.sparse || !is_record_format(p.format))
+      return "DeepSeek-V4 options on sm90: sparse_mqa over record caches (v4, v41, v41_fp4) only";
+    return nullptr;
+  }
   if (p.sparse && p.format == CacheFormat::fp8) return "sparse_mqa over an fp8 per-tensor cache: portable engine only";
   const bool codes = is_code_format(p.format);
   if (!codes && p.format != CacheFormat::bf16) return "bf16, fp8 and fp8_ds_mla caches only";
@@ -102,6 +116,7 @@ inline constexpr Regime tile_for(const Problem& p, Kernel k) {
 // The kernel the rules above choose for problem p (rows >= 1; formats outside bf16 / fp8 / fp8_ds_mla are the
 // launcher's to refuse).
 inline constexpr Kernel preferred(const Problem& p) {
+  if (p.v4) return Kernel::convert;
   const int64_t m = p.rows < 1 ? 1 : p.rows;
   if (m > 32)
     return p.format == CacheFormat::fp8 && !p.sparse && !p.batch_invariant ? Kernel::convert : Kernel::seesaw;

@@ -119,6 +119,32 @@ TEST(DecodeRegime, ConverterKernelReadsTheCodeFormats) {
   EXPECT_STREQ(to_string(Kernel::convert), "convert");
 }
 
+// sparse_mqa with DeepSeek-V4 options: the converter kernel over record caches only, at any head count and batch,
+// batch-invariant launches included (one CTA per row tile and token); every other kernel declines.
+TEST(DecodeRegime, DeepSeekV4OptionsTakeTheConverter) {
+  for (CacheFormat f : {CacheFormat::v4, CacheFormat::v41, CacheFormat::v41_fp4})
+    for (int64_t m : {1, 16, 64, 72, 128})
+      for (bool inv : {false, true}) {
+        Problem p = sparse(f, m);
+        p.v4 = true;
+        p.batch_invariant = inv;
+        const Regime r = choose(p);
+        EXPECT_EQ(r.kernel, Kernel::convert) << m;
+        EXPECT_EQ(r.tile_rows, 64);
+        EXPECT_EQ(r.m_tiles, (m + 63) / 64);
+        EXPECT_EQ(supports(p, Kernel::convert), nullptr);
+        for (Kernel k : {Kernel::small, Kernel::raw, Kernel::seesaw}) EXPECT_NE(supports(p, k), nullptr);
+      }
+  Problem bf = sparse(CacheFormat::bf16, 64);
+  bf.v4 = true;  // V4 options over a bf16 or V3.2 cache: no sm90 kernel (the portable engine)
+  EXPECT_NE(supports(bf, Kernel::convert), nullptr);
+  Problem dense_v4 = dense(CacheFormat::v4, 64);
+  dense_v4.v4 = true;
+  EXPECT_NE(supports(dense_v4, Kernel::convert), nullptr);
+  EXPECT_TRUE(decode_regime::is_record_format(CacheFormat::v41_fp4));
+  EXPECT_FALSE(decode_regime::is_record_format(CacheFormat::fp8_ds_mla));
+}
+
 TEST(DecodeRegime, DegenerateRowCountsTakeTheSmallestTile) {
   EXPECT_EQ(choose(dense(CacheFormat::bf16, 0)).tile_rows, 8);
   EXPECT_EQ(choose(dense(CacheFormat::bf16, -5)).m_tiles, 1);

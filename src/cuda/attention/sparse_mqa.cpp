@@ -26,7 +26,8 @@ dispatch::Table<dispatch::SparseArgs>& dispatch::sparse_mqa_table() {
         decode_sm90::supports_sparse_seesaw, decode_sm90::run_sparse_seesaw, decode_sm90::prefers_sparse_seesaw},
        {{"sm90_convert", 90, 90,
          "64-row tiles, a converter warpgroup writing exact codes into a bf16 stage, an S and an O warpgroup "
-         "(attention/sm90/convert/kernel.cuh): fp8_ds_mla records"},
+         "(attention/sm90/convert/kernel.cuh): fp8_ds_mla records; DeepSeek-V4 record caches (v4, v41, v41_fp4) with "
+         "a sink and an extra cache"},
         decode_sm90::supports_sparse_convert, decode_sm90::run_sparse_convert, decode_sm90::prefers_sparse_convert},
        {{"portable", 80, 0, "mma.sync MQA engine: every cache format, any top-k and h_q, DeepSeek-V4 options"}, nullptr,
         sparse::run_portable}});

@@ -30,14 +30,43 @@ decode_regime::Problem problem_of(const dispatch::SparseArgs& a) {
           .rows = a.q.size(1),
           .batch = a.q.size(0),
           .sparse = true,
-          .batch_invariant = a.opts.batch_invariant};
+          .batch_invariant = a.opts.batch_invariant,
+          .v4 = a.opts.any()};
+}
+
+// 16-byte reads of a record cache's rows (the converter's V4 path): aligned base and page stride, and rows 16 bytes
+// apart (v4's bodies are packed 576 bytes apart by the format: only the page stride matters).
+bool record_rows_aligned(const KVCache& c) {
+  const int64_t eb = static_cast<int64_t>(c.data.element_size());
+  const bool rows = c.format == CacheFormat::v4 || (c.data.stride[1] * eb) % 16 == 0;
+  return aligned(c.data.data, 16) && c.data.stride[2] == 1 && (c.data.stride[0] * eb) % 16 == 0 && rows;
+}
+
+// What the converter's DeepSeek-V4 path needs (nullptr), else why not.
+const char* supports_v4(const dispatch::SparseArgs& a) {
+  const KVCache& c = a.kv;
+  const SparseExtraCache& x = a.opts.extra;
+  const CacheFormat fe = x.defined() ? x.kv.format : c.format;
+  if (!a.opts.values_include_rope) return "DeepSeek-V4 options on sm90: whole-row values (values_include_rope) only";
+  if (!convert_v4_supports(c.format, fe))
+    return "DeepSeek-V4 on sm90: record caches v4 + v4, v41 + v41, v41 + v41_fp4 or v41_fp4 + v41_fp4";
+  if (a.q.size(2) != 512 || a.out.size(2) != 512) return "DeepSeek-V4 on sm90: d_qk = d_v = 512";
+  if (a.q.dtype != DType::bf16 || a.out.dtype != DType::bf16) return "bf16 q and out only";
+  if (!record_rows_aligned(c) || (x.defined() && !record_rows_aligned(x.kv)))
+    return "cache rows must be contiguous with 16-byte aligned base and strides (16-byte copies)";
+  if (c.num_blocks() * c.page_size() > INT32_MAX || (x.defined() && x.kv.num_blocks() * x.kv.page_size() > INT32_MAX))
+    return "more than 2^31 cache rows";
+  if (a.indices.stride[1] != 1 || (x.defined() && x.indices.stride[1] != 1)) return "index rows must be contiguous";
+  if (a.q.size(1) > (int64_t(1) << 30) || a.indices.size(1) > (int64_t(1) << 30) ||
+      (x.defined() && x.indices.size(1) > (int64_t(1) << 30)))
+    return "h_q or topk too large";
+  return nullptr;
 }
 
 // What every sm90 sparse kernel needs (nullptr), else why not.
 const char* supports_common(const dispatch::SparseArgs& a) {
   const KVCache& c = a.kv;
-  if (a.opts.attn_sink.defined() || a.opts.extra.defined())
-    return "DeepSeek-V4 options (attention sink, extra cache): portable only";
+  if (a.opts.any()) return supports_v4(a);
   if (c.format != CacheFormat::bf16 && c.format != CacheFormat::fp8_ds_mla)
     return "bf16 and fp8_ds_mla caches only (fp8 per-tensor: not yet)";
   if (c.d_qk != Traits::kDqk || a.q.size(2) != Traits::kDqk) return "d_qk must be 576";
@@ -81,6 +110,34 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
     g.topk_length_stride = a.topk_length.stride[0];
   }
 
+  if (a.opts.any()) {  // DeepSeek-V4: the converter over the two lists (supports_v4)
+    const SparseExtraCache& x = a.opts.extra;
+    if (x.defined()) {
+      DecodeSm90Params::Extra& e = p.extra;
+      const int64_t eb = static_cast<int64_t>(x.kv.data.element_size());
+      e.cache = static_cast<const uint8_t*>(x.kv.data.data);
+      e.stride_block_bytes = x.kv.data.stride[0] * eb;
+      e.stride_row_bytes = x.kv.data.stride[1] * eb;
+      e.num_slots = x.kv.num_blocks() * x.kv.page_size();
+      e.page_size = static_cast<int32_t>(x.kv.page_size());
+      e.page_div = make_fast_divisor(static_cast<uint32_t>(e.page_size));
+      e.topk = static_cast<int32_t>(x.indices.size(1));
+      e.indices = static_cast<const int32_t*>(x.indices.data);
+      e.indices_stride = x.indices.stride[0];
+      if (x.topk_length.defined()) {
+        e.topk_length = static_cast<const int32_t*>(x.topk_length.data);
+        e.topk_length_stride = x.topk_length.stride[0];
+      }
+    }
+    if (a.opts.attn_sink.defined()) {
+      p.sink = static_cast<const float*>(a.opts.attn_sink.data);
+      p.sink_stride = a.opts.attn_sink.stride[0];
+    }
+    const unsigned grid = grid_for(int64_t{p.m_tiles} * t, 1, "sparse_mqa (sm90, DeepSeek-V4)");
+    launch_convert_v4_indexed(c.format, x.defined() ? x.kv.format : c.format, p, grid, stream,
+                              "sparse_mqa (sm90, DeepSeek-V4)");
+    return;
+  }
   if (regime.kernel == decode_regime::Kernel::raw) {
     const int dev = q.device.index;
     const int64_t tiles = (g.topk + Traits::kBlockN - 1) / Traits::kBlockN;

@@ -58,6 +58,24 @@ struct DecodeSm90Params {
     // of a page come by TMA (raw/parts.cuh produce_raw). 0: every row by cp.async.
     int32_t raw_tma;
   } gather;
+  // DeepSeek-V4 sparse_mqa (SparseOptions; the converter kernel's record path, convert/records.cuh): token g's keys
+  // are its valid entries of the main list (gather above: the window cache) followed by those of the extra list
+  // below (the compressed cache, its own format, pages, index rows and lengths), one softmax; a per-head sink
+  // joins each row's sum in the epilogue. extra.indices nullptr: no extra list.
+  struct Extra {
+    const uint8_t* cache;
+    int64_t stride_block_bytes, stride_row_bytes;
+    int64_t num_slots;             // < 2^31
+    int32_t page_size;
+    FastDivisor page_div;
+    int32_t topk;
+    const int32_t* indices;        // [T, topk] (inner stride 1) or nullptr
+    int64_t indices_stride;
+    const int32_t* topk_length;    // [T] or nullptr
+    int64_t topk_length_stride;
+  } extra;
+  const float* sink;               // [h_q] natural-log logits, or nullptr
+  int64_t sink_stride;
 };
 
 }  // namespace mla::cuda

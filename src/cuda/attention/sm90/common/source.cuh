@@ -169,16 +169,25 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 }
 // Codes of bytes kByte, kByte + 1 of w as bf16x2 (times 2^-56); nan: (w & 0x7f7f7f7f) + 0x01010101 (bit 7
 // of a byte set for a NaN code).
+// The same pair before the multiply: the bf16 bits of value * 2^-120 (exact; e4m3 subnormals as bf16 subnormals).
 template <int kByte>
-__device__ __forceinline__ uint32_t e4m3x2_exact_bf16x2(uint32_t w, uint32_t nan) {
+__device__ __forceinline__ uint32_t e4m3x2_tiny_bf16x2(uint32_t w, uint32_t nan) {
   // halves: [code, sign(code)] of bytes kByte, kByte + 1; the NaN flags' signs over whole halves
   constexpr uint32_t kCode = kByte | (0x8u | kByte) << 4 | (kByte + 1) << 8 | (0x8u | (kByte + 1)) << 12;
   constexpr uint32_t kNan = (0x8u | kByte) * 0x11u | ((0x8u | (kByte + 1)) * 0x11u) << 8;
   constexpr uint32_t kKeep = 0x87f087f0u;
-  const uint32_t x = (prmt(w, 0, kCode) << 4 & kKeep) | (prmt(nan, 0, kNan) & ~kKeep);  // value * 2^-120
+  return (prmt(w, 0, kCode) << 4 & kKeep) | (prmt(nan, 0, kNan) & ~kKeep);
+}
+// a * m + (-0) on bf16 pairs: exact when m is a power of two (or a short significand) and the products stay normal
+// or are exact subnormals (fma.rn.bf16x2 keeps subnormals).
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t m) {
   uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(x), "r"(0x5f805f80u), "r"(0x80008000u));  // * 2^64 (+ -0)
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(m), "r"(0x80008000u));
   return d;
+}
+template <int kByte>
+__device__ __forceinline__ uint32_t e4m3x2_exact_bf16x2(uint32_t w, uint32_t nan) {
+  return bf16x2_mul(e4m3x2_tiny_bf16x2<kByte>(w, nan), 0x5f805f80u);  // * 2^64
 }
 // Eight codes (byte i = code i) as bf16 times 2^-56: one 16-byte chunk.
 __device__ __forceinline__ uint4 e4m3x8_exact_to_bf16(uint32_t w0, uint32_t w1) {

@@ -41,6 +41,7 @@
 #include <cuda.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "cuda/common/mqa_params.h"
@@ -58,6 +59,7 @@
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/common/tile_io.cuh"
 #include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/attention/sm90/convert/records.cuh"
 #include "cuda/attention/sm90/convert/traits.cuh"
 #include "mla/cache_format.h"
 
@@ -80,6 +82,7 @@ struct Smem {
   __device__ __forceinline__ float* q_scales() const { return reinterpret_cast<float*>(base + L::kOffQScale); }
   __device__ __forceinline__ float* sums() const { return reinterpret_cast<float*>(base + L::kOffL); }
   __device__ __forceinline__ float* refs() const { return sums() + T::kBlockM; }
+  __device__ __forceinline__ float* out_factors() const { return sums() + 2 * T::kBlockM; }  // the sink's, per row
   __device__ __forceinline__ float* scales(int s) const {  // [4 groups][64 keys]
     return reinterpret_cast<float*>(base + L::kOffScale) + s * 4 * T::kBlockN;
   }
@@ -283,6 +286,120 @@ __device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit&
   }
 }
 
+// ---- the DeepSeek-V4 record converter ----------------------------------------------------------------------------
+
+// A unit's keys over the two lists (DecodeSm90Params::extra): n_main tiles of the main list's entries, then n_extra
+// of the extra list's; a tile never mixes them (the main list's last tile is padded by masked keys).
+struct V4Tiles {
+  records::List main, extra;
+  int n_main, n_extra;
+};
+__device__ __forceinline__ int clamped_length(const int32_t* lengths, int64_t stride, int64_t g, int topk) {
+  if (lengths == nullptr) return topk;
+  const int len = lengths[g * stride];
+  return len < 0 ? 0 : len > topk ? topk : len;
+}
+__device__ __forceinline__ V4Tiles v4_tiles(const DecodeSm90Params& p, int64_t g) {
+  const DecodeSm90Params::Gather& m = p.gather;
+  const DecodeSm90Params::Extra& e = p.extra;
+  V4Tiles v;
+  v.main = {m.indices + g * m.indices_stride, clamped_length(m.topk_length, m.topk_length_stride, g, m.topk)};
+  if (e.indices != nullptr)
+    v.extra = {e.indices + g * e.indices_stride, clamped_length(e.topk_length, e.topk_length_stride, g, e.topk)};
+  else
+    v.extra = {nullptr, 0};
+  v.n_main = (v.main.len + T::kBlockN - 1) / T::kBlockN;
+  v.n_extra = (v.extra.len + T::kBlockN - 1) / T::kBlockN;
+  return v;
+}
+
+// The converter over the n_tiles tiles of one list, the unit's tiles i0 .. i0 + n_tiles - 1 (stage i % 2): as
+// converter() above, with the record decoders (records.cuh). Ahead of the stores of tile k: tile k + 1's record half
+// in registers (loaded right after tile k's stores), tile k + 2's record in L2 (prefetched then), tile k + 3's index
+// entry in a register, so that neither the loads nor the prefetch wait for a read of the index row. Returns the
+// next tile index.
+template <CacheFormat F, class G>
+__device__ __forceinline__ int convert_list(const G& geo, const records::List& l, int n_tiles, int i0, const Smem& sm) {
+  using Fmt = CacheFormatTraits<F>;
+  constexpr int kBytes = static_cast<int>(Fmt::row_stride_bytes());  // v4: the body (its slot is in the page region)
+  constexpr int kLines = (kBytes + 112 + 127) / 128;
+  const int t = threadIdx.x & 127, key = t & 63, half = t >> 6, lane = t & 31, warp = t >> 5;
+  records::Codes<F> codes;
+  auto entry = [&](int tile) { return records::entry(l, tile * T::kBlockN + key); };
+  auto load = [&](int32_t e) {
+    const uint8_t *body, *slot;
+    const bool v = records::locate<F>(geo, e, body, slot);
+    codes.load(body, slot, v, half);
+  };
+  auto prefetch = [&](int32_t e) {
+    const uint8_t *body, *slot;
+    if (!records::locate<F>(geo, e, body, slot)) return;
+#pragma unroll
+    for (int ln = half; ln < kLines; ln += 2) ptx::prefetch_l2(body + (128 * ln < kBytes ? 128 * ln : kBytes - 1));
+  };
+  if (n_tiles == 0) return i0;
+  load(entry(0));
+  int32_t e1 = entry(1), e2 = entry(2);
+  if (n_tiles > 1) prefetch(e1);
+#pragma unroll 1
+  for (int k = 0; k < n_tiles; ++k) {
+    const int i = i0 + k, s = i & 1;
+    ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
+    records::store_half(codes, sm.stage(s), key, half);
+    const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
+    if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
+    ptx::fence_proxy_async_smem();
+    ptx::mbar_arrive(sm.full(s));
+    if (k + 1 < n_tiles) load(e1);
+    if (k + 2 < n_tiles) prefetch(e2);
+    e1 = e2;
+    e2 = entry(k + 3);
+  }
+  return i0 + n_tiles;
+}
+
+// Both lists' index rows into L2 at the unit's start (a line per converter thread), then the lists in order.
+template <CacheFormat FM, CacheFormat FE>
+__device__ __forceinline__ void record_converter(const DecodeSm90Params& p, const V4Tiles& v, const Smem& sm) {
+  const int t = threadIdx.x & 127;
+  const int main_lines = (v.main.len + 31) / 32, extra_lines = (v.extra.len + 31) / 32;
+  for (int ln = t; ln < main_lines + extra_lines; ln += 128)
+    ptx::prefetch_l2(ln < main_lines ? v.main.row + 32 * ln : v.extra.row + 32 * (ln - main_lines));
+  const int i = convert_list<FM>(p.gather, v.main, v.n_main, 0, sm);
+  convert_list<FE>(p.extra, v.extra, v.n_extra, i, sm);
+}
+
+// The attention sink of a row (log2 domain: sink * log2 e) joins its running reference m and sum l as a key of value
+// 0 (SEMANTICS §11.8): f is the factor of the row's O (O's reference moves to the new m). No key and no sink: no
+// change (out 0, lse -inf); no key: out 0, lse = sink; a NaN sink: out and lse NaN.
+__device__ __forceinline__ void fold_sink(float sink_log2, float& m, float& l, float& f) {
+  f = 1.0f;
+  if (sink_log2 != sink_log2) {
+    l = sink_log2;
+    return;
+  }
+  const float n = fmaxf(m, sink_log2);
+  if (n == -INFINITY) return;
+  f = m == -INFINITY ? 0.0f : softmax::exp2_approx(m - n);
+  l = l * f + softmax::exp2_approx(sink_log2 - n);
+  m = n;
+}
+__device__ __forceinline__ float sink_log2_of(const DecodeSm90Params& p, const Unit& u, int r) {
+  const int row = u.row0 + r;
+  if (p.sink == nullptr || row >= u.m_rows) return -INFINITY;
+  return p.sink[static_cast<int64_t>(row % p.rows.h_q) * p.sink_stride] * 1.4426950408889634f;
+}
+// O's rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) times their factors.
+__device__ __forceinline__ void scale_rows(float (&o)[T::kDvHalf / 2], float f_lo, float f_hi) {
+#pragma unroll
+  for (int j = 0; j < T::kDvHalf / 8; ++j) {
+    o[4 * j] *= f_lo;
+    o[4 * j + 1] *= f_lo;
+    o[4 * j + 2] *= f_hi;
+    o[4 * j + 3] *= f_hi;
+  }
+}
+
 // ---- the consumers ----------------------------------------------------------------------------------------------
 
 inline constexpr float kLazyLog2 = 8.0f;  // the lazy maximum's threshold (log2 domain; as the seesaw's)
@@ -339,6 +456,9 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t) {
 template <CacheFormat F>
 struct SRole {
   static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
+  // A DeepSeek-V4 record cache: the stage holds bf16 values (records.cuh), d_qk 512 (panels 0..7, K = V), P in
+  // its own panel (8); plain bf16 products.
+  static constexpr bool kRec = CacheFormatTraits<F>::kRecord;
   const DecodeSm90Params& p;
   const Unit& u;
   const Smem& sm;
@@ -353,7 +473,7 @@ struct SRole {
     lim_hi = query_row_limit(p, u, u.row0 + rw.r_hi);
     sc_lo = p.rows.scale_log2;
     sc_hi = p.rows.scale_log2;
-    if constexpr (!kDs) {
+    if constexpr (F == CacheFormat::fp8) {
       sc_lo *= p.gather.scale * sm.q_scales()[rw.r_lo];
       sc_hi *= p.gather.scale * sm.q_scales()[rw.r_hi];
     }
@@ -406,7 +526,19 @@ struct SRole {
   __device__ __forceinline__ void s_product(float (&sc)[32], const Desc& d, uint32_t stage_off, int i, int s) {
     ptx::wgmma_fence_operand(sc);
     ptx::wgmma_fence();
-    if constexpr (!kDs) {
+    if constexpr (kRec) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint32_t off = c * T::kPanelBytes + ks * 32;
+          ptx::wgmma_bf16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
+        }
+      ptx::wgmma_commit_group();
+      release_previous(i);
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand(sc);
+    } else if constexpr (!kDs) {
 #pragma unroll
       for (int c = 0; c < T::kPanels; ++c)
 #pragma unroll
@@ -481,7 +613,8 @@ struct SRole {
       m_hi = n_hi;
       // P and the factors for R: P into the rope panel, which no one reads any more (S retired), as f16 * 2^6
       // (fp8: R's operand itself; fp8_ds_mla: R scales it per group).
-      store_p_f16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
+      if constexpr (kRec) store_p(sm.p_panel(s), sc, 1.0f, 1.0f, rw.r_lo, rw.r_hi, rw.t4);
+      else store_p_f16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
       if (rw.t4 == 0) {
         sm.factors(s)[rw.r_lo] = a_lo;
         sm.factors(s)[rw.r_hi] = a_hi;
@@ -491,7 +624,11 @@ struct SRole {
       MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 2, i >> 1);
       // O_L += P V_L, P from registers; retired at the next tile (or after the loop). fp8_ds_mla: per value group g
       // (O_L's columns 128 g .. 128 g + 127: the first / second 64 floats of the fragment) with P_g.
-      if constexpr (!kDs) {
+      if constexpr (kRec) {
+        uint32_t pa[4][4];
+        p_fragments_bf16(sc, pa);
+        issue_pv_rs<T::kDvHalf>(o, pa, [&](int ks) { return d.mn(stage_off + ks * 2048); });
+      } else if constexpr (!kDs) {
         // P * 2^6 as f16 (the stage holds exact f16 codes); O carries 2^6 to the epilogue.
         uint32_t pa[4][4];
 #pragma unroll
@@ -558,6 +695,7 @@ struct SRole {
 template <CacheFormat F>
 struct RRole {
   static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
+  static constexpr bool kRec = CacheFormatTraits<F>::kRecord;  // bf16 P (SRole::kRec)
   const Unit& u;
   const Smem& sm;
   Frag rw;
@@ -603,7 +741,17 @@ struct RRole {
       ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
       ptx::fence_proxy_async_smem();
       rescale(o, sm.factors(s)[rw.r_lo], sm.factors(s)[rw.r_hi]);
-      if constexpr (!kDs) {
+      if constexpr (kRec) {
+        ptx::wgmma_fence_operand(o);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          ptx::wgmma_bf16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
+              o, d.k(p_off + ks * 32), d.mn(stage_off + 4 * T::kPanelBytes + ks * 2048), true);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(o);
+      } else if constexpr (!kDs) {
         ptx::wgmma_fence_operand(o);
         ptx::wgmma_fence();
 #pragma unroll
@@ -717,6 +865,89 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ptx::named_barrier_arrive(L::kBarEnd, 256);
   write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, out_scale);
   MLA_DECODE_TRACE_EVENT(6, 128);
+}
+
+// The DeepSeek-V4 sparse_mqa kernel: the converter kernel's roles over record caches (records.cuh), one CTA per
+// (row tile, token): Q 64 x 512, keys of the main list (format FM) then of the extra list (FE), K = V over all 512
+// columns (S over panels 0..7, O_L over 0..3, O_R over 4..7), bf16 products, the sink folded in the epilogue.
+template <CacheFormat FM, CacheFormat FE>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    decode_sm90_convert_v4_kernel(const __grid_constant__ CUtensorMap /*unused*/, const DecodeSm90Params p) {
+  static_assert(CacheFormatTraits<FM>::kRecord && CacheFormatTraits<FE>::kRecord, "DeepSeek-V4 record formats");
+  using L = ConvertTraits;
+  using T = Traits;
+  extern __shared__ uint8_t smem_raw[];
+  const convert::Smem sm{aligned_smem(smem_raw)};
+  ptx::launch_dependents();
+  Unit u(p, /*gather=*/true);
+  const convert::V4Tiles v = convert::v4_tiles(p, u.g);
+  u.n_tiles = v.n_main + v.n_extra;
+  u.key_begin = 0;
+  u.seq_len = INT_MAX;  // no row limit: the index lists are the mask
+  u.key_end = INT_MAX;
+  if (u.n_tiles == 0) {  // uniform over the CTA: out 0, lse the sink (or -inf)
+    write_empty_unit(p, u, threadIdx.x, blockDim.x);
+    if (p.sink != nullptr && p.rows.lse != nullptr) {
+      __syncthreads();
+      const MqaRowParams& rp = p.rows;
+      for (int r = threadIdx.x; r < T::kBlockM && u.row0 + r < u.m_rows; r += blockDim.x) {
+        const int row = u.row0 + r;
+        rp.lse[u.g * rp.lse_stride_g + (row / rp.h_q) * rp.lse_stride_i + (row % rp.h_q) * rp.lse_stride_h] =
+            p.sink[static_cast<int64_t>(row % rp.h_q) * p.sink_stride];
+      }
+    }
+    return;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      ptx::mbar_init(sm.full(s), L::kFullArrivals);
+      ptx::mbar_init(sm.empty(s), L::kEmptyArrivals);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  const int wg = ptx::warpgroup_index();
+  if (wg == L::kConverter) {
+    ptx::setmaxnreg_dec<L::converter_regs(FM)>();
+    convert::record_converter<FM, FE>(p, v, sm);
+    return;
+  }
+  const convert::Frag rw;
+  if (wg == L::kRWarpgroup) {
+    ptx::setmaxnreg_dec<L::r_regs(FM)>();
+    convert::RRole<FM> r(u, sm);
+    r.run();
+    ptx::named_barrier_sync(L::kBarEnd, 256);
+    const float* sums = sm.sums();
+    const float* refs = sm.refs();
+    const float* f = sm.out_factors();
+    convert::scale_rows(r.o, f[rw.r_lo], f[rw.r_hi]);
+    write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
+                    rw.t4, 1.0f);
+    return;
+  }
+  ptx::setmaxnreg_inc<L::s_regs(FM)>();
+  // Q of the unit's rows (512 columns: eight panels) into shared memory, zeros past the token's rows.
+  load_q_panels_batched<T::kBlockM, 128, 5, 8>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(),
+                                               static_cast<int>(threadIdx.x & 127));
+  ptx::fence_proxy_async_smem();
+  ptx::named_barrier_sync(L::kBarQ, 128);
+  convert::SRole<FM> sr(p, u, sm);
+  sr.run();
+  float f_lo, f_hi;
+  convert::fold_sink(convert::sink_log2_of(p, u, rw.r_lo), sr.m_lo, sr.l_lo, f_lo);
+  convert::fold_sink(convert::sink_log2_of(p, u, rw.r_hi), sr.m_hi, sr.l_hi, f_hi);
+  if (rw.t4 == 0) {
+    sm.sums()[rw.r_lo] = sr.l_lo;
+    sm.sums()[rw.r_hi] = sr.l_hi;
+    sm.refs()[rw.r_lo] = sr.m_lo;
+    sm.refs()[rw.r_hi] = sr.m_hi;
+    sm.out_factors()[rw.r_lo] = f_lo;
+    sm.out_factors()[rw.r_hi] = f_hi;
+  }
+  ptx::named_barrier_arrive(L::kBarEnd, 256);
+  convert::scale_rows(sr.o, f_lo, f_hi);
+  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, 1.0f);
 }
 
 }  // namespace mla::cuda::decode_sm90

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/attention/sm90/common/params.h"
+#include "mla/cache_format.h"
 
 namespace mla::cuda::decode_sm90 {
 
@@ -18,5 +19,10 @@ void launch_convert_ds_paged(const DecodeSm90Params& p, unsigned grid, cudaStrea
 // sparse_mqa over fp8_ds_mla records: a token's top-k rows through its index row (p.gather), one CTA per (row tile,
 // token). instantiations/ds_indexed.cu
 void launch_convert_ds_indexed(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what);
+// sparse_mqa with DeepSeek-V4 options over record caches (p.gather the main list, p.extra the extra list, p.sink),
+// one CTA per (row tile, token): the format pairs convert_v4_supports names. instantiations/v4_indexed.cu
+bool convert_v4_supports(CacheFormat main_format, CacheFormat extra_format);
+void launch_convert_v4_indexed(CacheFormat main_format, CacheFormat extra_format, const DecodeSm90Params& p,
+                               unsigned grid, cudaStream_t stream, const char* what);
 
 }  // namespace mla::cuda::decode_sm90

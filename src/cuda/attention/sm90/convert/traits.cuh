@@ -20,9 +20,14 @@ struct ConvertTraits {
   // at 112 / 232; R at 152 is below the kernel's minimum) and fp8_ds_mla 104 / 232 / 168 (R spilled 24 bytes at
   // 160).
   static constexpr int kConverter = 0, kSWarpgroup = 1, kRWarpgroup = 2;
-  static constexpr int s_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 216 : 232; }
-  static constexpr int converter_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 128 : 104; }
-  static constexpr int r_regs(CacheFormat f) { return f == CacheFormat::fp8 ? 160 : 168; }
+  // DeepSeek-V4 records (v4, v41, v41_fp4) as fp8: the converter holds up to 20 chunks of a v4 record half and its
+  // scales; S and R run plain bf16 products (no group accumulator).
+  static constexpr bool narrow(CacheFormat f) {
+    return f == CacheFormat::fp8 || f == CacheFormat::v4 || f == CacheFormat::v41 || f == CacheFormat::v41_fp4;
+  }
+  static constexpr int s_regs(CacheFormat f) { return narrow(f) ? 208 : 232; }
+  static constexpr int converter_regs(CacheFormat f) { return narrow(f) ? 136 : 104; }
+  static constexpr int r_regs(CacheFormat f) { return narrow(f) ? 160 : 168; }
 
   // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory), kBarP + s (S arrives,
   // R syncs: P and the rescale factors of stage s's tile are in shared memory; two ids so that S may publish the
@@ -32,14 +37,15 @@ struct ConvertTraits {
 
   // Shared memory: Q 64 x 576 bf16 as nine swizzled K-major panels (S reads all of it from shared memory); two
   // stages of one 64-key tile each (nine panels: eight latent panels, the rope panel, which holds P once S read
-  // it); per stage the rows' rescale factors (fp32 [64]); the row sums and references for the epilogue; the
-  // fp8_ds_mla keys' group scales per stage; the stages' loaded-key masks; the full and empty barriers.
+  // it; DeepSeek-V4 records: eight panels of the 512 columns, the ninth only P); per stage the rows' rescale
+  // factors (fp32 [64]); the row sums, references and (V4's sink) O factors for the epilogue; the fp8_ds_mla keys'
+  // group scales per stage; the stages' loaded-key masks; the full and empty barriers.
   static constexpr int kStages = 2;
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + T::kTileBytes;
   static constexpr int kOffA = kOffK + kStages * T::kTileBytes;  // [kStages][64] fp32
-  static constexpr int kOffL = kOffA + kStages * T::kBlockM * 4;  // [64] sums, then [64] references
-  static constexpr int kOffScale = kOffL + 2 * T::kBlockM * 4;    // fp8_ds_mla: [kStages][4 groups][64 keys] fp32
+  static constexpr int kOffL = kOffA + kStages * T::kBlockM * 4;  // [64] sums, [64] references, [64] O factors
+  static constexpr int kOffScale = kOffL + 3 * T::kBlockM * 4;    // fp8_ds_mla: [kStages][4 groups][64 keys] fp32
   static constexpr int kOffQScale = kOffScale + kStages * 4 * T::kBlockN * 4;  // fp8: [64] 2^-e of each Q row
   static constexpr int kOffMask = kOffQScale + T::kBlockM * 4;    // [kStages] u64
   static constexpr int kOffBar = kOffMask + kStages * 8;          // full[kStages], empty[kStages]

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// The converter kernel's DeepSeek-V4 path (sparse_mqa over record caches: a main and an extra list): the format pairs
+// it is built for.
+#include <string>
+
+#include "cuda/attention/sm90/common/launch_util.cuh"
+#include "cuda/attention/sm90/convert/kernel.cuh"
+#include "cuda/attention/sm90/convert/launch.h"
+
+namespace mla::cuda::decode_sm90 {
+
+namespace {
+template <CacheFormat FM, CacheFormat FE>
+bool launch_pair(CacheFormat fm, CacheFormat fe, const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
+                 const char* what) {
+  if (fm != FM || fe != FE) return false;
+  launch_one(decode_sm90_convert_v4_kernel<FM, FE>, ConvertTraits::kSmemBytes, grid, stream, no_tensor_map(), p, what);
+  return true;
+}
+}  // namespace
+
+bool convert_v4_supports(CacheFormat main_format, CacheFormat extra_format) {
+  using F = CacheFormat;
+  return (main_format == F::v4 && extra_format == F::v4) || (main_format == F::v41 && extra_format == F::v41) ||
+         (main_format == F::v41 && extra_format == F::v41_fp4) ||
+         (main_format == F::v41_fp4 && extra_format == F::v41_fp4);
+}
+
+void launch_convert_v4_indexed(CacheFormat main_format, CacheFormat extra_format, const DecodeSm90Params& p,
+                               unsigned grid, cudaStream_t stream, const char* what) {
+  using F = CacheFormat;
+  if (launch_pair<F::v4, F::v4>(main_format, extra_format, p, grid, stream, what) ||
+      launch_pair<F::v41, F::v41>(main_format, extra_format, p, grid, stream, what) ||
+      launch_pair<F::v41, F::v41_fp4>(main_format, extra_format, p, grid, stream, what) ||
+      launch_pair<F::v41_fp4, F::v41_fp4>(main_format, extra_format, p, grid, stream, what))
+    return;
+  throw Error(std::string(what) + ": no converter kernel for this pair of record formats (convert_v4_supports)");
+}
+
+}  // namespace mla::cuda::decode_sm90
