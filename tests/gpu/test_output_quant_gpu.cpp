@@ -20,7 +20,6 @@
 #include "mla/block_ops.h"
 #include "mla/error.h"
 #include "mla/ops.h"
-#include "runtime/device_api.h"
 #include "unit/layer_quant_util.h"
 
 namespace mla::test::layer {
@@ -291,7 +290,7 @@ TEST(UpProjectQuantizedGpu, NoRowsWritesPadding) {
 // The schedules this device runs: 16 / 64 / 128-row tiles, split 1 / 2 / 4 / 8 ways where there are clusters.
 std::vector<up_proj::Schedule> device_schedules() {
   std::vector<up_proj::Schedule> out;
-  const int max_splits = cuda_rt::device_info(0).cc_major >= 9 ? up_proj::kMaxSplits : 1;
+  const int max_splits = cuda::up_proj_splits_supported(0) ? up_proj::kMaxSplits : 1;
   for (int splits = 1; splits <= max_splits; splits *= 2)
     for (const int rows : up_proj::kTileRows) out.push_back(up_proj::Schedule{rows, splits});
   return out;

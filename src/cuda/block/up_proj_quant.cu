@@ -411,9 +411,29 @@ bool aligned16(const void* ptr, int64_t stride_elems, std::size_t elem_bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (stride_elems * static_cast<int64_t>(elem_bytes)) % 16 == 0;
 }
 
-bool has_clusters(int device) { return cuda_rt::device_info(device).cc_major >= 9; }
-
 }  // namespace
+
+// The compute_80 PTX, JIT-compiled for a device the build has no image for, has its split epilogue compiled out:
+// the image's PTX version says which one the device runs.
+bool up_proj_splits_supported(int device) {
+  if (cuda_rt::device_info(device).cc_major < 9) return false;
+  DeviceGuard guard(Device::cuda(device));
+  cudaFuncAttributes attr{};
+  check_cuda(cudaFuncGetAttributes(&attr, up_proj_quant_kernel<Cfg16, OutputQuant::fp8>),
+             "up_project_quantized: kernel attributes");
+  return attr.ptxVersion >= 90;
+}
+
+up_proj::Schedule up_proj_planned_schedule(int64_t rows, int64_t heads, int64_t L, int64_t V, int device) {
+  up_proj::Problem prob;
+  prob.rows = rows;
+  prob.heads = heads;
+  prob.col_tiles = (V + kBN - 1) / kBN;
+  prob.k_tiles = (L + kBK - 1) / kBK;
+  prob.sms = cuda_rt::device_info(device).sm_count;
+  prob.max_splits = up_proj_splits_supported(device) ? kMaxSplits : 1;
+  return up_proj::schedule(prob);
+}
 
 void up_project_quantized_with(const TensorView& o_lat, const TensorView& w_uv, OutputQuant key, const TensorView& codes,
                                const TensorView& scales, float scale, const up_proj::Schedule& sched,
@@ -429,9 +449,10 @@ void up_project_quantized_with(const TensorView& o_lat, const TensorView& w_uv, 
   if (S > 1 && S > (L + kBK - 1) / kBK)
     throw Error(std::string(op) + ": a latent split of at most ceil(L / 32) = " + std::to_string((L + kBK - 1) / kBK) +
                 " CTAs, got " + std::to_string(S));
-  if (S > 1 && !has_clusters(codes.device.index))
-    throw Error(std::string(op) + ": a latent split needs thread-block clusters (sm_90 or later)");
   if (M_pad == 0 || h == 0 || V == 0) return;
+  DeviceGuard guard(codes.device);
+  if (S > 1 && !up_proj_splits_supported(codes.device.index))
+    throw Error(std::string(op) + ": a latent split needs thread-block clusters (sm_90 or later)");
   // cp.async moves 16-byte chunks of 8 elements: rows, head and token strides on 16-byte boundaries.
   if (!aligned16(o_lat.data, o_lat.stride[0], 2) || (o_lat.stride[1] * 2) % 16 != 0 || L % 8 != 0 ||
       !aligned16(w_uv.data, w_uv.stride[0], 2) || (w_uv.stride[1] * 2) % 16 != 0)
@@ -453,7 +474,6 @@ void up_project_quantized_with(const TensorView& o_lat, const TensorView& w_uv, 
   // stores 8 bytes per 16-column block.
   p.vec = fp4 ? reinterpret_cast<uintptr_t>(codes.data) % 8 == 0 && codes.stride[0] % 8 == 0
               : reinterpret_cast<uintptr_t>(codes.data) % 16 == 0 && codes.stride[0] % 16 == 0;
-  DeviceGuard guard(codes.device);
   const cudaStream_t st = stream_of(ctx);
   switch (sched.tile_rows) {
     case 16: launch_key<Cfg16>(key, p, S, st); break;
@@ -465,16 +485,10 @@ void up_project_quantized_with(const TensorView& o_lat, const TensorView& w_uv, 
 
 void up_project_quantized(const TensorView& o_lat, const TensorView& w_uv, OutputQuant key, const TensorView& codes,
                           const TensorView& scales, float scale, const Context& ctx) {
-  const int64_t L = o_lat.size(2);
-  const cuda_rt::DeviceInfo& dev = cuda_rt::device_info(codes.device.index);
-  up_proj::Problem prob;
-  prob.rows = o_lat.size(0);
-  prob.heads = o_lat.size(1);
-  prob.col_tiles = (w_uv.size(2) + kBN - 1) / kBN;
-  prob.k_tiles = (L + kBK - 1) / kBK;
-  prob.sms = dev.sm_count;
-  prob.max_splits = dev.cc_major >= 9 ? kMaxSplits : 1;
-  up_project_quantized_with(o_lat, w_uv, key, codes, scales, scale, up_proj::schedule(prob), ctx);
+  DeviceGuard guard(codes.device);
+  const up_proj::Schedule sched =
+      up_proj_planned_schedule(o_lat.size(0), o_lat.size(1), o_lat.size(2), w_uv.size(2), codes.device.index);
+  up_project_quantized_with(o_lat, w_uv, key, codes, scales, scale, sched, ctx);
 }
 
 }  // namespace mla::cuda
