@@ -6,12 +6,16 @@
 //   v up-proj quantised (--out-quant KEY, default fp8_group128): the same product with its output in
 //               KEY's format, two ways in the same call: bmm + quantize_output (two passes, the bf16
 //               product written and read back) and up_project_quantized (one kernel, the quantiser in
-//               its epilogue), N 16 / 128, B 1 .. 8192; each pair followed by fused / two-pass.
+//               its epilogue), N 16 / 64 / 128, B 1 .. 8192; each pair followed by fused / two-pass and the
+//               schedule the fused call ran (core/up_proj_schedule.h: rows per CTA, latent split), and for
+//               B <= 128 (the decode sizes) every schedule the device runs, timed alike, the planner's marked.
 // flops = 2 * batch * m * n * k; bytes = a + b + c (each read or written once; quantised rows: the codes
 // and scales written, not the two-pass row's bf16 round trip).
 #include <cstdio>
 #include <string>
 
+#include "core/up_proj_schedule.h"
+#include "cuda/block/up_proj_quant.h"
 #include "mla/block_ops.h"
 #include "mla/ops.h"
 #include "registry.h"
@@ -59,8 +63,9 @@ void bench_gemm(BenchContext& ctx) {
   const bool fp4 = key == OutputQuant::nvfp4;
   const int64_t G = output_quant_group(key);
   const float scale = fp4 ? 448.0f * 6.0f / 8.0f : 1.0f / 64.0f;
-  for (const int64_t heads : {int64_t{16}, int64_t{128}})
-    for (const int64_t B : {1, 8, 32, 64, 128, 256, 512, 1024, 4096, 8192}) {
+  const int max_splits = cuda::up_proj_splits_supported(ctx.device()) ? up_proj::kMaxSplits : 1;
+  for (const int64_t heads : {int64_t{16}, int64_t{64}, int64_t{128}})
+    for (const int64_t B : {1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192}) {
       if (ctx.quick() && B > 1024) continue;
       const int64_t W = heads * V;
       Tensor o_lat = Tensor::empty({B, heads, L}, DType::bf16, dev), wuv = Tensor::empty({heads, L, V}, DType::bf16, dev);
@@ -83,7 +88,17 @@ void bench_gemm(BenchContext& ctx) {
       ctx.report("bmm", "v up-proj + quantize_output " + shape, two, bytes, flops, formula);
       const double one = ctx.time_ms([&] { up_project_quantized(o_lat, wuv, key, codes, sv, scale, op); });
       ctx.report("bmm", "v up-proj quantised, fused " + shape, one, bytes, flops, formula);
-      std::printf("    fused / two-pass: x%.3f\n", two > 0 ? one / two : 0.0);
+      const up_proj::Schedule planned = cuda::up_proj_planned_schedule(B, heads, L, V, ctx.device());
+      std::printf("    fused / two-pass: x%.3f (schedule: %d rows x %d splits)\n", two > 0 ? one / two : 0.0,
+                  planned.tile_rows, planned.splits);
+      if (B <= 128)  // every schedule at the decode sizes: the planner's model against the clock
+        for (int splits = 1; splits <= max_splits; splits *= 2)
+          for (const int rows : up_proj::kTileRows) {
+            const up_proj::Schedule s{rows, splits};
+            const double ms = ctx.time_ms([&] { cuda::up_project_quantized_with(o_lat, wuv, key, codes, sv, scale, s, op); });
+            std::printf("      %c %3d rows x %d splits: %.4f ms  x%.3f of two-pass\n", s == planned ? '*' : ' ', rows,
+                        splits, ms, two > 0 ? ms / two : 0.0);
+          }
       std::fflush(stdout);
     }
 }

@@ -15,7 +15,10 @@
 
 #include "gpu/gpu_test_util.h"
 #include "core/numeric.h"
+#include "core/up_proj_schedule.h"
+#include "cuda/block/up_proj_quant.h"
 #include "mla/block_ops.h"
+#include "mla/error.h"
 #include "mla/ops.h"
 #include "unit/layer_quant_util.h"
 
@@ -279,6 +282,115 @@ TEST(UpProjectQuantizedGpu, NoRowsWritesPadding) {
     for (const uint8_t b : host_bytes(q.codes)) ASSERT_EQ(b, 0) << to_string(k);
     if (!q.scales.defined()) continue;
     for (const double v : to_doubles(q.scales.view())) ASSERT_EQ(v, k == OutputQuant::nvfp4 ? 0.0 : 1.0) << to_string(k);
+  }
+}
+
+// ---- up_project_quantized_with: every schedule (core/up_proj_schedule.h) ----------------------------
+
+// The schedules this device runs: 16 / 64 / 128-row tiles, split 1 / 2 / 4 / 8 ways where there are clusters.
+std::vector<up_proj::Schedule> device_schedules() {
+  std::vector<up_proj::Schedule> out;
+  const int max_splits = cuda::up_proj_splits_supported(0) ? up_proj::kMaxSplits : 1;
+  for (int splits = 1; splits <= max_splits; splits *= 2)
+    for (const int rows : up_proj::kTileRows) out.push_back(up_proj::Schedule{rows, splits});
+  return out;
+}
+
+std::string schedule_name(const up_proj::Schedule& s) {
+  return "tile " + std::to_string(s.tile_rows) + " split " + std::to_string(s.splits);
+}
+
+QuantOut fused_with(const TensorView& o, const TensorView& w, OutputQuant k, int64_t M_pad, float scale,
+                    const up_proj::Schedule& sched) {
+  QuantOut q = quant_out(k, M_pad, o.size(1) * w.size(2), kGpu);
+  cuda::up_project_quantized_with(o, w, k, q.codes, q.scales.defined() ? q.scales.view() : TensorView{}, scale,
+                                  sched);
+  return q;
+}
+
+// Bit for bit against quantize_output(bmm) for every schedule at the decode sizes (b 1, 4, 64, 128 and tile
+// edges 17, 65; h 16, 64, 128), padding rows after them, a NaN, +inf and -inf in o_lat: the split sums are
+// exact in any order for these inputs, so every split count writes the unfused bytes.
+TEST(UpProjectQuantizedGpu, EveryScheduleEqualsQuantizeOfBmmBitForBit) {
+  MLA_SKIP_WITHOUT_GPU();
+  reseed(47);
+  constexpr int64_t L = 512, V = 128, kRows = 128;
+  for (const int64_t h : {16, 64, 128}) {
+    Tensor o = dyadic({kRows, h, L}, 8);
+    num::store(o.view().ptr_at({0, 1, 5}), DType::bf16, NAN);
+    num::store(o.view().ptr_at({3, 3, 300}), DType::bf16, INFINITY);
+    num::store(o.view().ptr_at({70, h - 1, 511}), DType::bf16, -INFINITY);
+    const Tensor od = o.to(kGpu), wd = dyadic({h, L, V}, 16).to(kGpu);
+    for (const int64_t M : {1, 4, 17, 64, 65, 128}) {
+      const int64_t M_pad = M + 3;
+      const TensorView ov = od.view().slice(0, 0, M);
+      for (OutputQuant k : kKeys) {
+        const QuantOut want = unfused_reference(ov, wd.view(), k, M_pad, fused_scale(k));
+        for (const up_proj::Schedule& sched : device_schedules())
+          expect_same(fused_with(ov, wd.view(), k, M_pad, fused_scale(k), sched), want, k,
+                      "h " + std::to_string(h) + " M " + std::to_string(M) + " " + schedule_name(sched));
+      }
+    }
+  }
+}
+
+// Splits over short and ragged latents: L 40 (two steps), 72 (three: one rank takes one step), 136 (five:
+// split four ways, the last rank has none), V 256 (two column tiles) and 64 (half a tile), 3 heads.
+TEST(UpProjectQuantizedGpu, SplitsOfRaggedLatentsBitForBit) {
+  MLA_SKIP_WITHOUT_GPU();
+  reseed(48);
+  struct Shape {
+    int64_t h, L, V;
+  };
+  for (const Shape sh : {Shape{3, 40, 128}, Shape{3, 72, 256}, Shape{3, 136, 64}, Shape{2, 136, 128}}) {
+    const Tensor od = dyadic({70, sh.h, sh.L}, 8).to(kGpu), wd = dyadic({sh.h, sh.L, sh.V}, 16).to(kGpu);
+    for (const int64_t M : {1, 19, 70}) {
+      const TensorView ov = od.view().slice(0, 0, M);
+      for (OutputQuant k : kKeys) {
+        if (sh.V % std::max<int64_t>(output_quant_group(k), 16) != 0) continue;
+        const QuantOut want = unfused_reference(ov, wd.view(), k, M + 2, fused_scale(k));
+        for (const up_proj::Schedule& sched : device_schedules()) {
+          if (sched.splits > (sh.L + 31) / 32) continue;
+          expect_same(fused_with(ov, wd.view(), k, M + 2, fused_scale(k), sched), want, k,
+                      "h " + std::to_string(sh.h) + " L " + std::to_string(sh.L) + " V " + std::to_string(sh.V) +
+                          " M " + std::to_string(M) + " " + schedule_name(sched));
+        }
+      }
+    }
+  }
+}
+
+// Continuous inputs through the split schedules: within one code of the unfused bytes.
+TEST(UpProjectQuantizedGpu, RandomProductsEveryScheduleWithinOneCode) {
+  MLA_SKIP_WITHOUT_GPU();
+  reseed(49);
+  constexpr int64_t h = 16;
+  const Tensor od = random_tensor({64, h, 512}, DType::bf16, kGpu, -1.0, 1.0);
+  const Tensor wd = random_tensor({h, 512, 128}, DType::bf16, kGpu, -0.1, 0.1);
+  for (const int64_t M : {1, 64}) {
+    const TensorView ov = od.view().slice(0, 0, M);
+    for (OutputQuant k : kKeys) {
+      const QuantOut want = unfused_reference(ov, wd.view(), k, M + 1, fused_scale(k));
+      for (const up_proj::Schedule& sched : device_schedules())
+        EXPECT_EQ(compare_within_one_code(fused_with(ov, wd.view(), k, M + 1, fused_scale(k), sched), want, k), "")
+            << to_string(k) << " M " << M << " " << schedule_name(sched);
+    }
+  }
+}
+
+// A schedule the kernel has no configuration for is refused before anything is written.
+TEST(UpProjectQuantizedGpu, BadSchedulesAreRefused) {
+  MLA_SKIP_WITHOUT_GPU();
+  const Tensor od = dyadic({4, 2, 64}, 8).to(kGpu), wd = dyadic({2, 64, 128}, 16).to(kGpu);
+  const OutputQuant k = OutputQuant::fp8_group128;
+  for (const up_proj::Schedule bad : {up_proj::Schedule{32, 1}, up_proj::Schedule{16, 3}, up_proj::Schedule{64, 16},
+                                      up_proj::Schedule{16, 4}}) {  // L 64: two latent steps, four splits
+    const QuantOut q = quant_out(k, 4, 256, kGpu);  // poisoned
+    const std::vector<uint8_t> codes = host_bytes(q.codes), scales = host_bytes(q.scales);
+    EXPECT_THROW(cuda::up_project_quantized_with(od.view(), wd.view(), k, q.codes, q.scales.view(), 1.0f, bad), Error)
+        << schedule_name(bad);
+    EXPECT_EQ(host_bytes(q.codes), codes) << schedule_name(bad);
+    EXPECT_EQ(host_bytes(q.scales), scales) << schedule_name(bad);
   }
 }
 

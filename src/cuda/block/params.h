@@ -56,7 +56,10 @@ struct UpProjQuantParams {
   void* scales;           // group keys: f32 [h * V / G, M_pad], row stride scales_stride, unit column stride;
                           // nvfp4: e4m3 [M_pad, h * V / 16], row stride scales_stride; fp8: unused
   int64_t M, M_pad, h, L, V, o_stride_t, o_stride_h, w_stride_h, w_stride_l, codes_stride, scales_stride;
-  int m_tiles;            // CTAs along x that compute rows; the rest write padding rows
+  int m_tiles;            // row tiles that compute rows; tiles m_tiles .. x_tiles - 1 write padding rows
+  int x_tiles;            // row tiles of the grid (computing and padding)
+  int splits;             // CTAs of one cluster that split a tile's latent reduction (1: no cluster)
+  int split_k_tiles;      // 32-wide latent steps of one split CTA: ceil(ceil(L / 32) / splits)
   float scale;            // fp8: the static scale; nvfp4: the global scale
   bool vec;               // codes (and nvfp4 codes' 8-byte blocks) may be stored as 16- / 8-byte vectors
 };

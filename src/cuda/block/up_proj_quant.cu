@@ -7,46 +7,66 @@
 // quantize_output(bmm(o_lat, w)) only where cuBLAS's fp32 sum rounds to another bf16 value (a
 // different summation order): at most one code there.
 //
-// Algorithm. One CTA computes a tile of BM tokens x 128 output columns of one head (grid y = head,
-// z = 128-column tile of V, x = token tiles, then padding tiles). Main loop over the latent dim L in
-// steps of 32: a cp.async pipeline of STAGES stages (A = o_lat rows [BM, 32], B = w rows [32, 128],
-// zero-filled past M, L and V) feeding mma.sync m16n8k16 bf16 -> fp32 (ldmatrix / ldmatrix.trans
-// from +16-byte padded rows, conflict-free). Warps split the tile WARPS_M x WARPS_N, each holding
-// WM x WN fp32 accumulators. Epilogue: the accumulators are rounded to bf16 into a shared tile
-// [BM, 128] (the pipeline's memory), then the CTA quantises that tile:
+// Algorithm. The work is units of (row tile of BM tokens, head, 128-column tile of V, latent split) on a
+// 1-D grid, the split rank fastest, then row tiles (computing, then padding), heads and column tiles; the
+// schedule (BM and the split count S) is core/up_proj_schedule.h's, chosen by the host. Main loop over
+// the CTA's share of the latent dim L (its rank's ceil(ceil(L / 32) / S) steps of 32): a cp.async pipeline
+// of up to STAGES stages (A = o_lat rows [BM, 32], B = w rows [32, 128], zero-filled past M, L and V;
+// stage s holds A then B, so a launch whose CTAs take fewer steps than STAGES asks for only those stages'
+// memory) feeding mma.sync m16n8k16 bf16 -> fp32 (ldmatrix / ldmatrix.trans from +16-byte padded rows,
+// conflict-free). Warps split the tile WARPS_M x WARPS_N, each holding WM x WN fp32 accumulators.
+// Reduction (S > 1, sm_90: the S CTAs of a unit are one thread-block cluster): each CTA stores its fp32
+// partial tile [BM, 128] into its shared memory (the pipeline's); after a cluster barrier rank r sums rows
+// [r * BM / S, (r + 1) * BM / S) of the S partials through distributed shared memory in rank order,
+// ((p_0 + p_1) + p_2) + ..., and a second cluster barrier keeps every partial alive until its readers are
+// done. S = 1: the accumulators are the sums.
+// Epilogue: the sums are rounded to bf16 into a shared tile X (the pipeline's memory; with S > 1 after the
+// partial tile, only the CTA's rows), then the CTA quantises its rows of X:
 //   fp8            one thread per 16 columns of a row: 16 codes, one 16-byte store
 //   fp8_group128   G / 16 lanes per (row, group), 16 values each; the group's abs-max is a shuffle
 //   fp8_group64      reduction that propagates NaN; the team's first lane writes the f32 scale
 //   nvfp4          one thread per 16-value block: its e4m3 scale code, then 8 bytes of e2m1 pairs
 // A group never straddles two CTAs: the tile starts at a multiple of 128 columns of the head and
-// V is a multiple of the group (the front end checks). Padding CTAs (x >= m_tiles) write rows
-// M .. M_pad - 1 as quantize_output does: zero codes, group scale 1, nvfp4 scale code 0.
+// V is a multiple of the group (the front end checks). Padding tiles (row tile >= m_tiles) write rows
+// M .. M_pad - 1 as quantize_output does (each rank its share of the tile's rows): zero codes, group
+// scale 1, nvfp4 scale code 0.
 //
-// Configurations (host choice by M): BM 16 (4 warps 1 x 4, 10 stages, 97.5 KiB) for decode-sized M <= 16;
-// BM 128 (8 warps 4 x 2, 3 stages, 55.5 KiB) when there are at least 264 such CTAs; else BM 64 (4 warps
-// 2 x 2, 7 stages, 94.5 KiB). Dynamic shared memory; sm_80 and later (mma.sync, cp.async, ldmatrix).
+// The split changes the fp32 summation order (per row a function of S, which the schedule takes from M,
+// h and the device), not the rule: the bytes are quantize_output of this kernel's own bf16 sums.
+//
+// Configurations: BM 16 (4 warps 1 x 4, 10 stages, 97.5 KiB), BM 64 (4 warps 2 x 2, 7 stages, 94.5 KiB),
+// BM 128 (8 warps 4 x 2, 3 stages, 55.5 KiB); the split's partial tile and X fit in at most 70.3 KiB.
+// Dynamic shared memory; sm_80 and later (mma.sync, cp.async, ldmatrix); splits need sm_90 (clusters).
+// Registers (sm_90a, no spills): 106 / 162 / 162; BM 128 holds one CTA per SM by registers (the default
+// bound held it to 128 registers and spilled).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 
 #include "core/numeric.h"
+#include "core/up_proj_schedule.h"
 #include "cuda/block/params.h"
+#include "cuda/block/up_proj_quant.h"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/launch.h"
+#include "cuda/common/ptx/cluster.cuh"
 #include "cuda/common/ptx/cp_async.cuh"
 #include "cuda/common/ptx/ldmatrix.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/cuda_ops.h"
+#include "runtime/device_api.h"
 
 namespace mla::cuda {
 namespace {
 
-constexpr int kBK = 32;              // latent columns per pipeline stage
-constexpr int kBN = 128;             // output columns per CTA
-constexpr int kAStride = kBK + 8;    // shared row strides in elements: +16 bytes keeps ldmatrix conflict-free
+constexpr int kBK = up_proj::kStep;      // latent columns per pipeline stage
+constexpr int kBN = up_proj::kColumns;   // output columns per CTA
+constexpr int kAStride = kBK + 8;        // shared row strides in elements: +16 bytes keeps ldmatrix conflict-free
 constexpr int kBStride = kBN + 8;
 constexpr int kXStride = kBN + 8;
+constexpr int kPStride = kBN + 4;        // fp32 partial rows: the fragment's float2 stores two to a bank
+constexpr int kMaxSplits = up_proj::kMaxSplits;
 
 template <int BM_, int WARPS_M_, int WARPS_N_, int STAGES_>
 struct Cfg {
@@ -55,18 +75,33 @@ struct Cfg {
   static constexpr int WM = BM / WARPS_M, WN = kBN / WARPS_N;
   static constexpr int MT = WM / 16, NT = WN / 8;
   static constexpr int kAStage = BM * kAStride, kBStage = kBK * kBStride;  // elements
-  static constexpr int kPipeBytes = STAGES * (kAStage + kBStage) * 2;
+  static constexpr int kStageBytes = (kAStage + kBStage) * 2;              // stage s: A then B
+  static constexpr int kPipeBytes = STAGES * kStageBytes;
   static constexpr int kXBytes = BM * kXStride * 2;
+  static constexpr int kPartialBytes = BM * kPStride * 4;
+  // A split CTA's epilogue: its partial tile, then X for its BM / S rows (at most BM / 2).
+  static constexpr int kSplitBytes = kPartialBytes + BM / 2 * kXStride * 2;
   static constexpr int kSmem = kPipeBytes > kXBytes ? kPipeBytes : kXBytes;
+  static constexpr int kSmemMax = kSmem > kSplitBytes ? kSmem : kSplitBytes;
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles are whole m16 tiles and pairs of n8 tiles");
-  static_assert(kSmem <= 99 * 1024, "fits the opt-in shared memory of sm_86 / sm_89");
+  static_assert(BM % kMaxSplits == 0, "a split CTA reduces BM / S whole rows");
+  static_assert(kSmemMax <= 99 * 1024, "fits the opt-in shared memory of sm_86 / sm_89");
+
+  // The dynamic shared memory of a launch whose CTAs take `steps` latent steps in `splits` splits.
+  static int smem_bytes(int64_t steps, int splits) {
+    const int64_t stages = steps < STAGES ? (steps < 1 ? 1 : steps) : STAGES;
+    const int64_t pipe = stages * kStageBytes;
+    const int64_t epi = splits > 1 ? kPartialBytes + int64_t{BM} / splits * kXStride * 2 : kXBytes;
+    return static_cast<int>(pipe > epi ? pipe : epi);
+  }
 };
 
-// Decode-sized tiles are latency bound on the weight stream (one head's W_UV is 128 KiB for L 512, V 128,
-// read by one CTA): deep pipelines keep most of it in flight. The depth stops at sm_86 / sm_89's 99 KiB.
-using CfgDecode = Cfg<16, 1, 4, 10>;
-using CfgMid = Cfg<64, 2, 2, 7>;
-using CfgLarge = Cfg<128, 4, 2, 3>;
+// Decode-sized tiles unsplit (before sm_90, or h 128) are latency bound on the weight stream (one head's W_UV
+// is 128 KiB for L 512, V 128, read by one CTA): deep pipelines keep most of it in flight. The depth stops at
+// sm_86 / sm_89's 99 KiB.
+using Cfg16 = Cfg<16, 1, 4, 10>;
+using Cfg64 = Cfg<64, 2, 2, 7>;
+using Cfg128 = Cfg<128, 4, 2, 3>;
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -131,112 +166,19 @@ __device__ void write_padding(const block::UpProjQuantParams& p, int64_t r0, int
   }
 }
 
+// Rows [q0, q1) of the tile: their bf16 sums X (row r at X + (r - q0) * kXStride) quantised into the output.
 template <class C, OutputQuant K>
-__global__ void __launch_bounds__(C::kThreads) up_proj_quant_kernel(block::UpProjQuantParams p) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  const int head = blockIdx.y;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.z) * kBN;                   // first column of V in this tile
-  const int vcols = static_cast<int>(min64(kBN, p.V - n0));            // valid columns (a multiple of 16)
-  const int64_t col0 = static_cast<int64_t>(head) * p.V + n0;                  // first column of the output row
-  if (static_cast<int>(blockIdx.x) >= p.m_tiles) {
-    const int64_t r0 = p.M + static_cast<int64_t>(blockIdx.x - p.m_tiles) * C::BM;
-    write_padding<K>(p, r0, min64(r0 + C::BM, p.M_pad), col0, vcols, C::kThreads);
-    return;
-  }
+__device__ __forceinline__ void quantise_rows(const block::UpProjQuantParams& p, const uint16_t* X, int q0, int q1,
+                                              int rows, int vcols, int64_t m0, int64_t col0) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wm = warp / C::WARPS_N, wn = warp % C::WARPS_N;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * C::BM;
-  const int rows = static_cast<int>(min64(C::BM, p.M - m0));
-  uint16_t* sA = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* sB = sA + C::STAGES * C::kAStage;
-  const uint16_t* a_base = p.o_lat + m0 * p.o_stride_t + static_cast<int64_t>(head) * p.o_stride_h;
-  const uint16_t* b_base = p.w + static_cast<int64_t>(head) * p.w_stride_h + n0;
-
-  // Stage s <- latent columns [kt * 32, kt * 32 + 32). Chunks of 8 elements are wholly inside or outside
-  // L (a multiple of 8), the rows (M) and V (a multiple of 16); outside ones are zero-filled.
-  auto load_stage = [&](int s, int kt) {
-    const int64_t k0 = static_cast<int64_t>(kt) * kBK;
-    uint16_t* as = sA + s * C::kAStage;
-    uint16_t* bs = sB + s * C::kBStage;
-    for (int c = tid; c < C::BM * (kBK / 8); c += C::kThreads) {
-      const int r = c / (kBK / 8), kc = (c % (kBK / 8)) * 8;
-      const bool ok = r < rows && k0 + kc < p.L;
-      ptx::cp_async_16_or_zero(as + r * kAStride + kc, ok ? a_base + r * p.o_stride_t + k0 + kc : p.o_lat, !ok);
-    }
-    for (int c = tid; c < kBK * (kBN / 8); c += C::kThreads) {
-      const int r = c / (kBN / 8), nc = (c % (kBN / 8)) * 8;
-      const bool ok = k0 + r < p.L && nc < vcols;
-      ptx::cp_async_16_or_zero(bs + r * kBStride + nc, ok ? b_base + (k0 + r) * p.w_stride_l + nc : p.w, !ok);
-    }
-  };
-
-  float acc[C::MT][C::NT][4];
-#pragma unroll
-  for (int i = 0; i < C::MT; ++i)
-#pragma unroll
-    for (int j = 0; j < C::NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-
-  const int ktiles = static_cast<int>((p.L + kBK - 1) / kBK);
-#pragma unroll
-  for (int s = 0; s < C::STAGES - 1; ++s) {
-    if (s < ktiles) load_stage(s, s);
-    ptx::cp_async_commit();
-  }
-  for (int kt = 0; kt < ktiles; ++kt) {
-    ptx::cp_async_wait<C::STAGES - 2>();
-    __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free to refill
-    const int next = kt + C::STAGES - 1;
-    if (next < ktiles) load_stage(next % C::STAGES, next);
-    ptx::cp_async_commit();
-    const uint16_t* as = sA + (kt % C::STAGES) * C::kAStage;
-    const uint16_t* bs = sB + (kt % C::STAGES) * C::kBStage;
-#pragma unroll
-    for (int kk = 0; kk < kBK; kk += 16) {
-      uint32_t a[C::MT][4];
-#pragma unroll
-      for (int i = 0; i < C::MT; ++i)
-        ptx::ldmatrix_x4(a[i], as + (wm * C::WM + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kAStride + kk +
-                                   (lane >> 4) * 8);
-#pragma unroll
-      for (int j = 0; j < C::NT / 2; ++j) {
-        uint32_t b[4];
-        ptx::ldmatrix_x4_trans(b, bs + (kk + (lane & 7) + ((lane >> 3) & 1) * 8) * kBStride + wn * C::WN + j * 16 +
-                                      (lane >> 4) * 8);
-#pragma unroll
-        for (int i = 0; i < C::MT; ++i) {
-          ptx::mma_bf16_16816(acc[i][2 * j], a[i], b[0], b[1]);
-          ptx::mma_bf16_16816(acc[i][2 * j + 1], a[i], b[2], b[3]);
-        }
-      }
-    }
-  }
-  ptx::cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the pipeline's memory
-
-  // The product rounded to bf16 (round to nearest even, what the unfused bmm writes) into X [BM, 128].
-  uint16_t* X = reinterpret_cast<uint16_t*>(smem);
-  {
-    const int g = lane / 4, t4 = lane % 4;
-#pragma unroll
-    for (int i = 0; i < C::MT; ++i)
-#pragma unroll
-      for (int j = 0; j < C::NT; ++j) {
-        const int r = wm * C::WM + i * 16 + g, c = wn * C::WN + j * 8 + 2 * t4;
-        *reinterpret_cast<uint32_t*>(X + r * kXStride + c) = ptx::pack_bf16x2(acc[i][j][0], acc[i][j][1]);
-        *reinterpret_cast<uint32_t*>(X + (r + 8) * kXStride + c) = ptx::pack_bf16x2(acc[i][j][2], acc[i][j][3]);
-      }
-  }
-  __syncthreads();
-
+  const int nq = q1 - q0;
   if constexpr (K == OutputQuant::fp8 || K == OutputQuant::nvfp4) {
-    for (int it = tid; it < C::BM * (kBN / 16); it += C::kThreads) {
-      const int r = it / (kBN / 16), c = (it % (kBN / 16)) * 16;
+    for (int it = tid; it < nq * (kBN / 16); it += C::kThreads) {
+      const int r = q0 + it / (kBN / 16), c = (it % (kBN / 16)) * 16;
       if (r >= rows || c >= vcols) continue;
       const int64_t t = m0 + r;
       float v[16];
-      load16(X + r * kXStride + c, v);
+      load16(X + (r - q0) * kXStride + c, v);
       if constexpr (K == OutputQuant::fp8) {
         uint32_t w[4];
         e4m3_codes(v, p.scale, w);
@@ -261,16 +203,17 @@ __global__ void __launch_bounds__(C::kThreads) up_proj_quant_kernel(block::UpPro
     }
   } else {
     constexpr int G = K == OutputQuant::fp8_group128 ? 128 : 64;
-    constexpr int kTeam = G / 16, kPerWarp = 32 / kTeam, kPerRow = kBN / G, kTotal = C::BM * kPerRow;
+    constexpr int kTeam = G / 16, kPerWarp = 32 / kTeam, kPerRow = kBN / G;
     constexpr int kWarps = C::kThreads / 32;
-    for (int base = warp * kPerWarp; base < kTotal; base += kWarps * kPerWarp) {  // uniform per warp
+    const int total = nq * kPerRow;
+    for (int base = warp * kPerWarp; base < total; base += kWarps * kPerWarp) {  // uniform per warp
       const int item = base + lane / kTeam, sub = lane % kTeam;
-      const int r = item / kPerRow, gc = (item % kPerRow) * G;
-      const bool ok = item < kTotal && r < rows && gc < vcols;
+      const int r = q0 + item / kPerRow, gc = (item % kPerRow) * G;
+      const bool ok = item < total && r < rows && gc < vcols;
       float v[16];
       float amax = 0.f;
       if (ok) {
-        load16(X + r * kXStride + gc + sub * 16, v);
+        load16(X + (r - q0) * kXStride + gc + sub * 16, v);
 #pragma unroll
         for (int i = 0; i < 16; ++i) amax = nan_max(amax, fabsf(v[i]));
       }
@@ -289,26 +232,178 @@ __global__ void __launch_bounds__(C::kThreads) up_proj_quant_kernel(block::UpPro
 }
 
 template <class C, OutputQuant K>
-void launch(const block::UpProjQuantParams& base, cudaStream_t st) {
+__global__ void __launch_bounds__(C::kThreads, 1) up_proj_quant_kernel(block::UpProjQuantParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  // Unit of this CTA: rank fastest, then row tile, head, column tile (grid = S * x_tiles * h * col_tiles).
+  const int S = p.splits;
+  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(S));
+  int unit = static_cast<int>(blockIdx.x / static_cast<unsigned>(S));
+  const int xt = unit % p.x_tiles;
+  unit /= p.x_tiles;
+  const int head = static_cast<int>(unit % p.h);
+  const int64_t n0 = static_cast<int64_t>(unit / p.h) * kBN;               // first column of V in this tile
+  const int vcols = static_cast<int>(min64(kBN, p.V - n0));              // valid columns (a multiple of 16)
+  const int64_t col0 = static_cast<int64_t>(head) * p.V + n0;            // first column of the output row
+  if (xt >= p.m_tiles) {  // padding: rank r writes its BM / S rows of the tile
+    const int share = C::BM / S;
+    const int64_t r0 = p.M + static_cast<int64_t>(xt - p.m_tiles) * C::BM + static_cast<int64_t>(rank) * share;
+    if (r0 < p.M_pad) write_padding<K>(p, r0, min64(r0 + share, p.M_pad), col0, vcols, C::kThreads);
+    return;
+  }
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / C::WARPS_N, wn = warp % C::WARPS_N;
+  const int64_t m0 = static_cast<int64_t>(xt) * C::BM;
+  const int rows = static_cast<int>(min64(C::BM, p.M - m0));
+  const uint16_t* a_base = p.o_lat + m0 * p.o_stride_t + static_cast<int64_t>(head) * p.o_stride_h;
+  const uint16_t* b_base = p.w + static_cast<int64_t>(head) * p.w_stride_h + n0;
+  const int ktiles = static_cast<int>((p.L + kBK - 1) / kBK);
+  const int kt0 = rank * p.split_k_tiles;
+  const int nkt = max(0, min(ktiles - kt0, p.split_k_tiles));  // this CTA's latent steps (0 for an empty rank)
+
+  // Stage s <- latent columns [kt * 32, kt * 32 + 32). Chunks of 8 elements are wholly inside or outside
+  // L (a multiple of 8), the rows (M) and V (a multiple of 16); outside ones are zero-filled.
+  auto load_stage = [&](int s, int kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * kBK;
+    uint16_t* as = reinterpret_cast<uint16_t*>(smem + s * C::kStageBytes);
+    uint16_t* bs = as + C::kAStage;
+    for (int c = tid; c < C::BM * (kBK / 8); c += C::kThreads) {
+      const int r = c / (kBK / 8), kc = (c % (kBK / 8)) * 8;
+      const bool ok = r < rows && k0 + kc < p.L;
+      ptx::cp_async_16_or_zero(as + r * kAStride + kc, ok ? a_base + r * p.o_stride_t + k0 + kc : p.o_lat, !ok);
+    }
+    for (int c = tid; c < kBK * (kBN / 8); c += C::kThreads) {
+      const int r = c / (kBN / 8), nc = (c % (kBN / 8)) * 8;
+      const bool ok = k0 + r < p.L && nc < vcols;
+      ptx::cp_async_16_or_zero(bs + r * kBStride + nc, ok ? b_base + (k0 + r) * p.w_stride_l + nc : p.w, !ok);
+    }
+  };
+
+  float acc[C::MT][C::NT][4];
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < C::STAGES - 1; ++s) {
+    if (s < nkt) load_stage(s, kt0 + s);
+    ptx::cp_async_commit();
+  }
+  for (int i = 0; i < nkt; ++i) {
+    ptx::cp_async_wait<C::STAGES - 2>();
+    __syncthreads();  // step i landed for every thread; the stage of step i - 1 is free to refill
+    const int next = i + C::STAGES - 1;
+    if (next < nkt) load_stage(next % C::STAGES, kt0 + next);
+    ptx::cp_async_commit();
+    const uint16_t* as = reinterpret_cast<const uint16_t*>(smem + (i % C::STAGES) * C::kStageBytes);
+    const uint16_t* bs = as + C::kAStage;
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+      uint32_t a[C::MT][4];
+#pragma unroll
+      for (int mi = 0; mi < C::MT; ++mi)
+        ptx::ldmatrix_x4(a[mi], as + (wm * C::WM + mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kAStride + kk +
+                                    (lane >> 4) * 8);
+#pragma unroll
+      for (int j = 0; j < C::NT / 2; ++j) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4_trans(b, bs + (kk + (lane & 7) + ((lane >> 3) & 1) * 8) * kBStride + wn * C::WN + j * 16 +
+                                      (lane >> 4) * 8);
+#pragma unroll
+        for (int mi = 0; mi < C::MT; ++mi) {
+          ptx::mma_bf16_16816(acc[mi][2 * j], a[mi], b[0], b[1]);
+          ptx::mma_bf16_16816(acc[mi][2 * j + 1], a[mi], b[2], b[3]);
+        }
+      }
+    }
+  }
+  ptx::cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the pipeline's memory
+
+  const int g = lane / 4, t4 = lane % 4;
+  if (S == 1) {
+    // The sums rounded to bf16 (round to nearest even, what the unfused bmm writes) into X [BM, 128].
+    uint16_t* X = reinterpret_cast<uint16_t*>(smem);
+#pragma unroll
+    for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+      for (int j = 0; j < C::NT; ++j) {
+        const int r = wm * C::WM + i * 16 + g, c = wn * C::WN + j * 8 + 2 * t4;
+        *reinterpret_cast<uint32_t*>(X + r * kXStride + c) = ptx::pack_bf16x2(acc[i][j][0], acc[i][j][1]);
+        *reinterpret_cast<uint32_t*>(X + (r + 8) * kXStride + c) = ptx::pack_bf16x2(acc[i][j][2], acc[i][j][3]);
+      }
+    __syncthreads();
+    quantise_rows<C, K>(p, X, 0, C::BM, rows, vcols, m0, col0);
+    return;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The partial tile P [BM, 128] fp32, then the cluster's sums of this rank's rows into X (after P).
+  float* P = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j) {
+      const int r = wm * C::WM + i * 16 + g, c = wn * C::WN + j * 8 + 2 * t4;
+      *reinterpret_cast<float2*>(P + r * kPStride + c) = make_float2(acc[i][j][0], acc[i][j][1]);
+      *reinterpret_cast<float2*>(P + (r + 8) * kPStride + c) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+  ptx::cluster_sync();  // every rank's partial tile is written and visible to the cluster
+  const int share = C::BM / S, q0 = rank * share;
+  uint16_t* X = reinterpret_cast<uint16_t*>(smem + C::kPartialBytes);
+  for (int it = tid; it < share * (kBN / 4); it += C::kThreads) {
+    const int rl = it / (kBN / 4), c = (it % (kBN / 4)) * 4;
+    if (q0 + rl >= rows) continue;
+    const uint32_t local = ptx::smem_addr(P + (q0 + rl) * kPStride + c);
+    float4 part[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s)
+      if (s < S) part[s] = ptx::ld_shared_cluster_v4f32(ptx::map_peer(local, static_cast<uint32_t>(s)));
+    float4 v = part[0];
+#pragma unroll
+    for (int s = 1; s < kMaxSplits; ++s)
+      if (s < S) v = make_float4(__fadd_rn(v.x, part[s].x), __fadd_rn(v.y, part[s].y), __fadd_rn(v.z, part[s].z),
+                                 __fadd_rn(v.w, part[s].w));
+    *reinterpret_cast<uint2*>(X + rl * kXStride + c) = make_uint2(ptx::pack_bf16x2(v.x, v.y), ptx::pack_bf16x2(v.z, v.w));
+  }
+  ptx::cluster_sync();  // every rank has read the partials (none may exit before), and X is complete
+  quantise_rows<C, K>(p, X, q0, q0 + share, rows, vcols, m0, col0);
+#else
+  __trap();  // the host splits only on devices with thread-block clusters
+#endif
+}
+
+template <class C, OutputQuant K>
+void launch(const block::UpProjQuantParams& base, int splits, cudaStream_t st) {
+  constexpr const char* op = "up_project_quantized";
   block::UpProjQuantParams p = base;
   const int64_t m_tiles = (p.M + C::BM - 1) / C::BM, pad_tiles = (p.M_pad - p.M + C::BM - 1) / C::BM;
-  if (m_tiles + pad_tiles > 0x7fffffffLL) throw Error("up_project_quantized: problem too large for one launch");
+  const int64_t k_tiles = (p.L + kBK - 1) / kBK, split_k = up_proj::split_k_tiles(k_tiles, splits);
+  const int64_t grid = (m_tiles + pad_tiles) * p.h * ((p.V + kBN - 1) / kBN) * splits;
+  if (grid > 0x7fffffffLL) throw Error(std::string(op) + ": problem too large for one launch");
   p.m_tiles = static_cast<int>(m_tiles);
-  const dim3 grid(static_cast<unsigned>(m_tiles + pad_tiles), static_cast<unsigned>(p.h),
-                  static_cast<unsigned>((p.V + kBN - 1) / kBN));
+  p.x_tiles = static_cast<int>(m_tiles + pad_tiles);
+  p.splits = splits;
+  p.split_k_tiles = static_cast<int>(split_k);
   auto* kernel = up_proj_quant_kernel<C, K>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
+  const int smem = C::smem_bytes(split_k, splits);
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemMax),
              "up_project_quantized: shared memory attribute");
-  kernel<<<grid, C::kThreads, C::kSmem, st>>>(p);
+  if (splits == 1)
+    kernel<<<static_cast<unsigned>(grid), C::kThreads, smem, st>>>(p);
+  else
+    launch_cluster(kernel, static_cast<unsigned>(grid), static_cast<unsigned>(splits), C::kThreads,
+                   static_cast<std::size_t>(smem), st, op, p);
 }
 
 template <class C>
-void launch_key(OutputQuant key, const block::UpProjQuantParams& p, cudaStream_t st) {
+void launch_key(OutputQuant key, const block::UpProjQuantParams& p, int splits, cudaStream_t st) {
   switch (key) {
-    case OutputQuant::fp8: return launch<C, OutputQuant::fp8>(p, st);
-    case OutputQuant::fp8_group128: return launch<C, OutputQuant::fp8_group128>(p, st);
-    case OutputQuant::fp8_group64: return launch<C, OutputQuant::fp8_group64>(p, st);
-    case OutputQuant::nvfp4: return launch<C, OutputQuant::nvfp4>(p, st);
+    case OutputQuant::fp8: return launch<C, OutputQuant::fp8>(p, splits, st);
+    case OutputQuant::fp8_group128: return launch<C, OutputQuant::fp8_group128>(p, splits, st);
+    case OutputQuant::fp8_group64: return launch<C, OutputQuant::fp8_group64>(p, splits, st);
+    case OutputQuant::nvfp4: return launch<C, OutputQuant::nvfp4>(p, splits, st);
     case OutputQuant::none: break;
   }
   throw Error("up_project_quantized: key none has no quantised form");
@@ -320,42 +415,82 @@ bool aligned16(const void* ptr, int64_t stride_elems, std::size_t elem_bytes) {
 
 }  // namespace
 
-void up_project_quantized(const TensorView& o_lat, const TensorView& w_uv, OutputQuant key, const TensorView& codes,
-                          const TensorView& scales, float scale, const Context& ctx) {
+// The compute_80 PTX, JIT-compiled for a device the build has no image for, has its split epilogue compiled out:
+// the image's PTX version says which one the device runs.
+bool up_proj_splits_supported(int device) {
+  if (cuda_rt::device_info(device).cc_major < 9) return false;
+  DeviceGuard guard(Device::cuda(device));
+  cudaFuncAttributes attr{};
+  check_cuda(cudaFuncGetAttributes(&attr, up_proj_quant_kernel<Cfg16, OutputQuant::fp8>),
+             "up_project_quantized: kernel attributes");
+  return attr.ptxVersion >= 90;
+}
+
+up_proj::Schedule up_proj_planned_schedule(int64_t rows, int64_t heads, int64_t L, int64_t V, int device) {
+  up_proj::Problem prob;
+  prob.rows = rows;
+  prob.heads = heads;
+  prob.col_tiles = (V + kBN - 1) / kBN;
+  prob.k_tiles = (L + kBK - 1) / kBK;
+  prob.sms = cuda_rt::device_info(device).sm_count;
+  prob.max_splits = up_proj_splits_supported(device) ? kMaxSplits : 1;
+  return up_proj::schedule(prob);
+}
+
+void up_project_quantized_with(const TensorView& o_lat, const TensorView& w_uv, OutputQuant key, const TensorView& codes,
+                               const TensorView& scales, float scale, const up_proj::Schedule& sched,
+                               const Context& ctx) {
   constexpr const char* op = "up_project_quantized";
   const int64_t M = o_lat.size(0), h = o_lat.size(1), L = o_lat.size(2), V = w_uv.size(2);
   const int64_t M_pad = codes.size(0);
+  const int S = sched.splits;
+  if (sched.tile_rows != 16 && sched.tile_rows != 64 && sched.tile_rows != 128)
+    throw Error(std::string(op) + ": a tile of 16, 64 or 128 rows, got " + std::to_string(sched.tile_rows));
+  if (S != 1 && S != 2 && S != 4 && S != 8)
+    throw Error(std::string(op) + ": a latent split of 1, 2, 4 or 8 CTAs, got " + std::to_string(S));
+  if (S > 1 && S > (L + kBK - 1) / kBK)
+    throw Error(std::string(op) + ": a latent split of at most ceil(L / 32) = " + std::to_string((L + kBK - 1) / kBK) +
+                " CTAs, got " + std::to_string(S));
   if (M_pad == 0 || h == 0 || V == 0) return;
+  DeviceGuard guard(codes.device);
+  if (S > 1 && !up_proj_splits_supported(codes.device.index))
+    throw Error(std::string(op) + ": a latent split needs thread-block clusters (sm_90 or later)");
   // cp.async moves 16-byte chunks of 8 elements: rows, head and token strides on 16-byte boundaries.
   if (!aligned16(o_lat.data, o_lat.stride[0], 2) || (o_lat.stride[1] * 2) % 16 != 0 || L % 8 != 0 ||
       !aligned16(w_uv.data, w_uv.stride[0], 2) || (w_uv.stride[1] * 2) % 16 != 0)
     throw Error(std::string(op) + ": on CUDA o_lat and w_uv need 16-byte aligned data and token, head and row "
                 "strides (multiples of 8 elements) and L a multiple of 8, got o_lat " + o_lat.describe() + " and w_uv " +
                 w_uv.describe());
-  if (h > 65535) throw Error(std::string(op) + ": at most 65535 heads on CUDA, got " + std::to_string(h));
   const bool fp4 = key == OutputQuant::nvfp4;
-  block::UpProjQuantParams p{static_cast<const uint16_t*>(o_lat.data),
-                             static_cast<const uint16_t*>(w_uv.data),
-                             static_cast<uint8_t*>(codes.data),
-                             scales.defined() ? scales.data : nullptr,
-                             M, M_pad, h, L, V,
-                             o_lat.stride[0], o_lat.stride[1], w_uv.stride[0], w_uv.stride[1],
-                             codes.stride[0], scales.defined() ? scales.stride[0] : 0,
-                             0, scale,
-                             // fp8 keys store 16 codes per (row, 16 columns): 16-byte aligned when the row
-                             // and its stride are; nvfp4 stores 8 bytes per 16-column block.
-                             fp4 ? reinterpret_cast<uintptr_t>(codes.data) % 8 == 0 && codes.stride[0] % 8 == 0
-                                 : reinterpret_cast<uintptr_t>(codes.data) % 16 == 0 && codes.stride[0] % 16 == 0};
-  DeviceGuard guard(codes.device);
+  block::UpProjQuantParams p{};
+  p.o_lat = static_cast<const uint16_t*>(o_lat.data);
+  p.w = static_cast<const uint16_t*>(w_uv.data);
+  p.codes = static_cast<uint8_t*>(codes.data);
+  p.scales = scales.defined() ? scales.data : nullptr;
+  p.M = M, p.M_pad = M_pad, p.h = h, p.L = L, p.V = V;
+  p.o_stride_t = o_lat.stride[0], p.o_stride_h = o_lat.stride[1], p.w_stride_h = w_uv.stride[0];
+  p.w_stride_l = w_uv.stride[1], p.codes_stride = codes.stride[0];
+  p.scales_stride = scales.defined() ? scales.stride[0] : 0;
+  p.scale = scale;
+  // fp8 keys store 16 codes per (row, 16 columns): 16-byte aligned when the row and its stride are; nvfp4
+  // stores 8 bytes per 16-column block.
+  p.vec = fp4 ? reinterpret_cast<uintptr_t>(codes.data) % 8 == 0 && codes.stride[0] % 8 == 0
+              : reinterpret_cast<uintptr_t>(codes.data) % 16 == 0 && codes.stride[0] % 16 == 0;
   const cudaStream_t st = stream_of(ctx);
-  const int64_t col_tiles = (V + kBN - 1) / kBN;
-  if (M <= CfgDecode::BM)
-    launch_key<CfgDecode>(key, p, st);
-  else if ((M + CfgLarge::BM - 1) / CfgLarge::BM * h * col_tiles >= 264)
-    launch_key<CfgLarge>(key, p, st);
-  else
-    launch_key<CfgMid>(key, p, st);
+  switch (sched.tile_rows) {
+    case 16: launch_key<Cfg16>(key, p, S, st); break;
+    case 64: launch_key<Cfg64>(key, p, S, st); break;
+    default: launch_key<Cfg128>(key, p, S, st); break;
+  }
   check_launch(op);
+}
+
+void up_project_quantized(const TensorView& o_lat, const TensorView& w_uv, OutputQuant key, const TensorView& codes,
+                          const TensorView& scales, float scale, const Context& ctx) {
+  DeviceGuard guard(codes.device);
+  const up_proj::Schedule sched =
+      up_proj_planned_schedule(o_lat.size(0), o_lat.size(1), o_lat.size(2), w_uv.size(2), codes.device.index);
+  up_project_quantized_with(o_lat, w_uv, key, codes, scales, scale, sched, ctx);
 }
 
 }  // namespace mla::cuda

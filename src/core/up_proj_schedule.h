@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The schedule of the fused quantising V up-projection (mla::up_project_quantized on CUDA,
+// src/cuda/block/up_proj_quant.cu): how many token rows a CTA takes (the tile, one of the kernel's
+// configurations) and across how many CTAs of a thread-block cluster the latent reduction is split. Pure
+// host code (tests/unit/test_up_proj_schedule.cpp); the launcher asks it once per call with the device's SM
+// count and whether the device has clusters (sm_90 and later).
+//
+// The work is units of (row tile, head, 128-column tile of V, split): `tile_rows` rows x 128 output columns
+// over k_tiles / splits of the 32-wide latent steps. A split unit writes its fp32 partial tile into shared
+// memory; its cluster sums the partials in rank order through distributed shared memory, so the result of
+// a row depends on the split count (a different fp32 summation order, within the rule of docs/SEMANTICS.md
+// §15), never on the values of the other rows.
+//
+// The model (docs/design/up_proj_quant.md): a decode-sized product is bound by the bytes each SM has to
+// bring in, not by its flops. One unit streams
+//   load   = k_span * (min(tile_rows, rows) + 128) * 2   bytes of o_lat and W_UV (bf16), k_span = 32 * ceil(k_tiles / splits)
+//   mma    = 2 * tile_rows * 128 * k_span / kFlopsPerByte (mma.sync flops at the per-SM share of the DRAM stream)
+//   reduce = min(tile_rows, rows) * 128 * 4                the fp32 partial rows a split unit reads from its cluster
+// and the busiest SM takes ceil(units / sms) of them:
+//   cost = ceil(units / sms) * (max(load, mma) + (splits > 1 ? reduce : 0)).
+// The schedule is the candidate of least cost over tile_rows in {16, 64, 128} and splits in {1, 2, 4, 8}
+// (at most max_splits and k_tiles); ties go to fewer splits, then fewer rows. A decode-sized product thus
+// fills the machine (b 1 h 16: 16 rows x 8 splits, 128 CTAs; b 64 h 16: 64 rows x 8 splits, 128 CTAs)
+// while a large one keeps whole-latent 128-row tiles (no reduction, W_UV read once per 128 rows).
+#include <cstdint>
+
+namespace mla::up_proj {
+
+inline constexpr int kTileRows[] = {16, 64, 128};   // the kernel's configurations (rows per CTA)
+inline constexpr int kMaxSplits = 8;                // the portable cluster size
+inline constexpr int kColumns = 128;                // output columns of a unit
+inline constexpr int kStep = 32;                    // latent elements of one k tile
+inline constexpr int64_t kFlopsPerByte = 128;       // mma.sync flops per DRAM byte an SM gets when all stream
+
+struct Problem {
+  int64_t rows = 0;       // tokens M (rows of o_lat)
+  int64_t heads = 0;      // h
+  int64_t col_tiles = 1;  // ceil(V / 128)
+  int64_t k_tiles = 16;   // ceil(L / 32)
+  int sms = 1;            // SMs of the device
+  int max_splits = 1;     // 1 without thread-block clusters (before sm_90), else kMaxSplits
+};
+
+struct Schedule {
+  int tile_rows = 16;  // rows per CTA: 16, 64 or 128
+  int splits = 1;      // CTAs (one cluster) sharing a unit's latent reduction: 1, 2, 4 or 8
+
+  friend bool operator==(const Schedule&, const Schedule&) = default;
+};
+
+// The latent steps of one split CTA: ceil(k_tiles / splits).
+inline int64_t split_k_tiles(int64_t k_tiles, int splits) { return (k_tiles + splits - 1) / splits; }
+
+// The model's cost of `s` for `p` (bytes of the busiest SM, see above).
+inline int64_t cost(const Problem& p, const Schedule& s) {
+  const int64_t m_tiles = (p.rows + s.tile_rows - 1) / s.tile_rows;
+  const int64_t units = m_tiles * p.heads * p.col_tiles * s.splits;
+  const int64_t sms = p.sms > 0 ? p.sms : 1;
+  const int64_t rows = p.rows < s.tile_rows ? p.rows : s.tile_rows;
+  const int64_t k_span = int64_t{kStep} * split_k_tiles(p.k_tiles, s.splits);
+  const int64_t load = k_span * (rows + kColumns) * 2;
+  const int64_t mma = 2 * int64_t{s.tile_rows} * kColumns * k_span / kFlopsPerByte;
+  const int64_t reduce = s.splits > 1 ? rows * kColumns * 4 : 0;
+  return (units + sms - 1) / sms * ((load > mma ? load : mma) + reduce);
+}
+
+// The least-cost schedule (ties: fewer splits, then fewer rows). No rows (padding only): one 16-row tile.
+inline Schedule schedule(const Problem& p) {
+  Schedule best;
+  if (p.rows <= 0 || p.heads <= 0 || p.col_tiles <= 0 || p.k_tiles <= 0) return best;
+  int64_t best_cost = -1;
+  for (int splits = 1; splits <= kMaxSplits; splits *= 2) {
+    if (splits > p.max_splits || splits > p.k_tiles) break;
+    for (const int tile_rows : kTileRows) {
+      const Schedule s{tile_rows, splits};
+      const int64_t c = cost(p, s);
+      if (best_cost < 0 || c < best_cost) best = s, best_cost = c;
+    }
+  }
+  return best;
+}
+
+}  // namespace mla::up_proj
