@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -84,15 +86,29 @@ inline cudaLaunchAttribute pdl_attribute() {
 // Whether `kernel` goes out as a dependent launch: asked for (Context::pdl) and the image the device runs was
 // compiled from sm_90 or later code (griddepcontrol exists only there: an image from older PTX, JIT-compiled
 // for a newer GPU, has no wait and must not overlap its predecessor).
-template <class... Params>
-bool pdl_for(void (*kernel)(Params...), bool requested) {
-  if (!requested) return false;
-  cudaFuncAttributes a{};
-  if (cudaFuncGetAttributes(&a, kernel) != cudaSuccess) {
+// The image's version is read once per (kernel, device) (cudaFuncGetAttributes; a failed query means no PDL).
+inline bool pdl_image(const void* kernel) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  return a.ptxVersion >= 90;
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, bool> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(kernel, device);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  cudaFuncAttributes a{};
+  bool ok = false;
+  if (cudaFuncGetAttributes(&a, kernel) == cudaSuccess) ok = a.ptxVersion >= 90;
+  else (void)cudaGetLastError();
+  known.emplace(key, ok);
+  return ok;
+}
+
+template <class... Params>
+bool pdl_for(void (*kernel)(Params...), bool requested) {
+  return requested && pdl_image(reinterpret_cast<const void*>(kernel));
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when `pdl` and the
