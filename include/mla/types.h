@@ -40,6 +40,11 @@ struct Context {
   // stream event there (bench/layer_bench.cu: per-phase times). nullptr: no calls.
   void (*phase_mark)(void* user, const char* phase) = nullptr;
   void* phase_user = nullptr;
+  // Programmatic dependent launch (docs/DESIGN.md "Programmatic dependent launch"): the library's kernels of a
+  // step may start while the previous kernel of the stream still runs, and wait for it on the device before
+  // they touch global memory. Used where the kernel image is sm_90 or later; elsewhere, and with false, every
+  // kernel starts after the previous one completed (for debugging). Graph captures keep the choice.
+  bool pdl = true;
   void mark(const char* phase) const {
     if (phase_mark) phase_mark(phase_user, phase);
   }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The MlaAttention GPU tests' acceptance rule (DESIGN §5 applied to a whole layer), shared by
-// test_layer_gpu.cpp and test_layer_graph_gpu.cpp.
+// test_layer_gpu.cpp, test_layer_graph_gpu.cpp and test_layer_pdl_gpu.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,12 +16,21 @@ namespace mla::test::layer {
 // One bf16 quantum (ulp) at magnitude m.
 inline double bf16_quantum(double m) { return m > 0 ? std::ldexp(1.0, std::ilogb(m) - 7) : 0.0; }
 
+// The CPU layers a GPU layer's output is judged against: the float64 oracle and the same computation in bf16.
+struct OracleRuns {
+  LayerRun oracle, cpu;
+};
+inline OracleRuns oracle_runs(const StepData& d) {
+  return {run_layer(d, Device::cpu(), DType::f64, Precision::reference),
+          run_layer(d, Device::cpu(), DType::bf16, Precision::fast)};
+}
+
 // DESIGN §5 for a whole layer: the GPU's error against the float64 oracle is at most twice the
 // error of the same computation at the same storage precision (the bf16 CPU layer), plus one bf16
 // quantum of the output's magnitude. Padding rows stay unwritten.
-inline void expect_matches_oracle(const StepData& d, const std::vector<double>& gpu, const char* what) {
-  const LayerRun oracle = run_layer(d, Device::cpu(), DType::f64, Precision::reference);
-  const LayerRun cpu = run_layer(d, Device::cpu(), DType::bf16, Precision::fast);
+inline void expect_matches_oracle(const StepData& d, const OracleRuns& ref, const std::vector<double>& gpu,
+                                  const char* what) {
+  const LayerRun &oracle = ref.oracle, &cpu = ref.cpu;
   const int64_t n = d.t_act * d.sc.h * d.sc.V;
   double mag = 0, err_gpu = 0, err_cpu = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -35,6 +44,9 @@ inline void expect_matches_oracle(const StepData& d, const std::vector<double>& 
                                                        << err_cpu << " at magnitude " << mag;
   const std::vector<double> g(gpu.begin(), gpu.begin() + n), r(oracle.out.begin(), oracle.out.begin() + n);
   EXPECT_LT(rel_l2(g, r), 1e-2) << what;
+}
+inline void expect_matches_oracle(const StepData& d, const std::vector<double>& gpu, const char* what) {
+  expect_matches_oracle(d, oracle_runs(d), gpu, what);
 }
 
 // Runs `body` once per sparse_mqa variant the device runs, forced, so that the layer's sparse path is

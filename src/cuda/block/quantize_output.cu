@@ -19,6 +19,7 @@
 #include "cuda/block/params.h"
 #include "cuda/common/act_type.cuh"
 #include "cuda/common/launch.h"
+#include "cuda/common/ptx/griddep.cuh"
 #include "cuda/cuda_ops.h"
 
 namespace mla::cuda {
@@ -35,6 +36,7 @@ __device__ __forceinline__ float load_x(const block::OutQuantParams& p, int64_t 
 
 template <class In>
 __global__ void __launch_bounds__(kThreads) quant_fp8_kernel(block::OutQuantParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (item >= p.M_pad * p.K) return;
   const int64_t t = item / p.K, j = item % p.K;
@@ -43,6 +45,7 @@ __global__ void __launch_bounds__(kThreads) quant_fp8_kernel(block::OutQuantPara
 
 template <class In, int G>
 __global__ void __launch_bounds__(kThreads) quant_group_kernel(block::OutQuantParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   constexpr int kPerLane = G / 32;
   const int64_t groups = p.K / G;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
@@ -74,6 +77,7 @@ __global__ void __launch_bounds__(kThreads) quant_group_kernel(block::OutQuantPa
 
 template <class In>
 __global__ void __launch_bounds__(kThreads) quant_nvfp4_kernel(block::OutQuantParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   const int64_t blocks = p.K / 16;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (item >= p.M_pad * blocks) return;
@@ -135,18 +139,20 @@ void quantize_output(const TensorView& x, OutputQuant key, const TensorView& cod
     using In = decltype(in);
     switch (key) {
       case OutputQuant::fp8:
-        quant_fp8_kernel<In><<<grid_for(p.M_pad * p.K, kThreads, "quantize_output"), kThreads, 0, st>>>(p);
+        launch_kernel(quant_fp8_kernel<In>, grid_for(p.M_pad * p.K, kThreads, "quantize_output"), kThreads, 0, st,
+                      ctx.pdl, "quantize_output", p);
         break;
       case OutputQuant::fp8_group128:
-        quant_group_kernel<In, 128>
-            <<<grid_for(p.M_pad * (p.K / 128), kThreads / 32, "quantize_output"), kThreads, 0, st>>>(p);
+        launch_kernel(quant_group_kernel<In, 128>, grid_for(p.M_pad * (p.K / 128), kThreads / 32, "quantize_output"),
+                      kThreads, 0, st, ctx.pdl, "quantize_output", p);
         break;
       case OutputQuant::fp8_group64:
-        quant_group_kernel<In, 64>
-            <<<grid_for(p.M_pad * (p.K / 64), kThreads / 32, "quantize_output"), kThreads, 0, st>>>(p);
+        launch_kernel(quant_group_kernel<In, 64>, grid_for(p.M_pad * (p.K / 64), kThreads / 32, "quantize_output"),
+                      kThreads, 0, st, ctx.pdl, "quantize_output", p);
         break;
       case OutputQuant::nvfp4:
-        quant_nvfp4_kernel<In><<<grid_for(p.M_pad * (p.K / 16), kThreads, "quantize_output"), kThreads, 0, st>>>(p);
+        launch_kernel(quant_nvfp4_kernel<In>, grid_for(p.M_pad * (p.K / 16), kThreads, "quantize_output"), kThreads, 0,
+                      st, ctx.pdl, "quantize_output", p);
         break;
       case OutputQuant::none: throw Error("quantize_output: key none has no quantised form");
     }

@@ -20,6 +20,7 @@
 #include "cuda/cache/params.h"
 #include "cuda/common/act_type.cuh"
 #include "cuda/common/convert.cuh"
+#include "cuda/common/ptx/griddep.cuh"
 #include "cuda/common/row_stream.cuh"
 #include "cuda/common/vec.cuh"
 #include "mla/cache_format.h"
@@ -248,6 +249,7 @@ struct RecordGatherOp {
 
 template <class Fmt, class Dst, bool kVec, int kRows, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) record_gather_kernel(GatherParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   dev::stream_rows<kRows, kThreads, kUnroll>(RecordGatherOp<Fmt, Dst, kVec>{p}, p.map.num_rows);
 }
 
@@ -255,10 +257,12 @@ __global__ void __launch_bounds__(kThreads) record_gather_kernel(GatherParams p)
 // docs/PERFORMANCE.md).
 template <bool kVec, int kRows, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) raw_gather_kernel(GatherParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   dev::stream_rows<kRows, kThreads, kUnroll>(RawGatherOp<kVec>{p}, p.map.num_rows);
 }
 template <class Fmt, class Dst, bool kVec, int kRows, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) dequant_gather_kernel(GatherParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   dev::stream_rows<kRows, kThreads, kUnroll>(DequantGatherOp<Fmt, Dst, kVec>{p}, p.map.num_rows);
 }
 

@@ -20,8 +20,7 @@ constexpr int kGatherUnroll = 4;    // chunks in flight per thread (8 converted:
 
 template <class Kernel, class Params>
 void launch(Kernel kernel, unsigned grid, const Params& p, const Context& ctx, const char* what) {
-  kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(p);
-  check_launch(what);
+  launch_kernel(kernel, grid, kThreads, 0, stream_of(ctx), ctx.pdl, what, p);  // every cache kernel keeps PDL's rule
 }
 
 template <class Fmt, int kLatentSteps>

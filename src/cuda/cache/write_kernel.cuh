@@ -47,6 +47,7 @@
 #include "cuda/cache/params.h"
 #include "cuda/cache/quant.cuh"
 #include "cuda/common/convert.cuh"
+#include "cuda/common/ptx/griddep.cuh"
 #include "cuda/common/row_stream.cuh"
 #include "cuda/common/vec.cuh"
 #include "mla/cache_format.h"
@@ -135,6 +136,7 @@ struct WriteRowsOp {
 
 template <class Fmt, bool kVec, int kRows, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) write_rows_kernel(WriteParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   constexpr int kChunk = WriteRowsOp<Fmt, kVec>::kChunk;
   const int lc = (p.latent + kChunk - 1) / kChunk, rc = (p.rope + kChunk - 1) / kChunk;
   const WriteRowsOp<Fmt, kVec> op{p, lc, lc + rc};
@@ -155,6 +157,7 @@ __device__ __forceinline__ auto make_div(float scale) {
 // recip_scale_ok(scale)); otherwise IEEE division (reference variant, and scales out of range).
 template <class Fmt, int kLatentSteps, bool kRecip>
 __global__ void __launch_bounds__(256) write_warp_kernel(WriteParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   static_assert(Fmt::uniform() && Fmt::kScale != CacheScale::per_tile, "one run of codes, one scale");
   constexpr int kLatent = 256 * kLatentSteps;
   const int lane = threadIdx.x & 31;
@@ -284,6 +287,7 @@ __device__ __forceinline__ void tiled_store_token(const WriteParams& p, int64_t 
 
 template <class Fmt, bool kVec, int kTokens, bool kRecip = true>
 __global__ void __launch_bounds__(256) write_tiled_kernel(WriteParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   const int lane = threadIdx.x & 31;
   const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * kTokens;
   dev::Array<uint16_t, 8> a[kTokens], b[kTokens], r[kTokens];
@@ -327,6 +331,7 @@ __device__ __forceinline__ float load_act(const void* base, WriteParams::Act t, 
 // take the vectorised kernels above; this path trades their speed for any dtype and any alignment.
 template <class Fmt>
 __global__ void __launch_bounds__(256) write_act_kernel(WriteParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   const int lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= p.num_tokens) return;  // uniform across the warp
@@ -393,6 +398,7 @@ struct RecordWrite {
 // base and block stride (and, without page scales, its row stride) are multiples of 16 bytes.
 template <class Fmt, bool kVec>
 __global__ void __launch_bounds__(256) write_record_kernel(WriteParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   using W = RecordWrite<Fmt>;
   const int lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;

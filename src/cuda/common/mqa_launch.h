@@ -10,6 +10,7 @@
 #include "mla/cache.h"
 #include "mla/error.h"
 #include "mla/tensor.h"
+#include "mla/types.h"
 
 namespace mla::cuda::mqa {
 
@@ -54,8 +55,9 @@ inline MqaCacheParams make_cache_params(const KVCache& c) {
 
 // Rows of `groups` groups: q / out are [groups, s_q, h_q, d] (s_q = 1 with stride_i 0 for 3-D views).
 inline MqaRowParams make_row_params(const TensorView& q, const TensorView& out, const TensorView& lse, bool has_i,
-                                    double softmax_scale) {
+                                    double softmax_scale, const Context& ctx) {
   MqaRowParams r{};
+  r.pdl = ctx.pdl ? 1 : 0;
   const int hd = has_i ? 2 : 1;  // head dim index
   r.q = q.data;
   r.q_stride_g = q.stride[0];

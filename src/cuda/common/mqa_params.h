@@ -44,6 +44,7 @@ struct MqaRowParams {
   int32_t d_v;   // <= 512; values are the first d_v cache columns
   int32_t q_vec16;  // 1 when q rows are 16-byte aligned (base and all strides multiples of 8 elements); bf16 q only
   float scale_log2;  // softmax_scale * log2(e)
+  int32_t pdl;       // host only: 1 launches the op's kernels as programmatic dependent launches (Context::pdl)
 };
 
 }  // namespace mla::cuda

@@ -13,6 +13,7 @@
 // stores when aligned), then the block sums its valid count with warp shuffles.
 #include <cstdint>
 
+#include "cuda/common/ptx/griddep.cuh"
 #include "cuda/common/vec.cuh"
 #include "cuda/index/params.h"
 
@@ -20,6 +21,7 @@ namespace mla::cuda::index {
 
 template <bool kVec, int kThreads>
 __global__ void __launch_bounds__(kThreads) convert_topk_kernel(TopkParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   const int64_t t = blockIdx.x;
   const int64_t pid = p.ws_request ? p.ws_request[t * p.ws_request_stride] : -1;
   const bool to_ws = pid >= 0;

@@ -44,9 +44,8 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
   const unsigned grid = grid_for(p.num_tokens, 1, "convert_topk_indices");
   const bool vec = p.topk % 4 == 0 && dev::aligned_to(p.indices, 16) && dev::aligned_to(p.out, 16) &&
                    (p.num_tokens == 1 || (p.idx_stride % 4 == 0 && p.out_stride % 4 == 0));
-  if (vec) index::convert_topk_kernel<true, kThreads><<<grid, kThreads, 0, stream_of(ctx)>>>(p);
-  else index::convert_topk_kernel<false, kThreads><<<grid, kThreads, 0, stream_of(ctx)>>>(p);
-  check_launch("convert_topk_indices");
+  launch_kernel(vec ? index::convert_topk_kernel<true, kThreads> : index::convert_topk_kernel<false, kThreads>, grid,
+                kThreads, 0, stream_of(ctx), ctx.pdl, "convert_topk_indices", p);
 }
 
 }  // namespace mla::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda/common/launch.h"
+#include "cuda/common/ptx/griddep.cuh"
 #include "cuda/cuda_ops.h"
 
 namespace mla::cuda {
@@ -21,6 +22,7 @@ struct LocalizeParams {
 };
 
 __global__ void localize_kernel(LocalizeParams p) {
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   const int64_t n = p.num_tokens * p.topk, turn = int64_t(p.world) * p.interleave;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / p.topk, k = i - t * p.topk;
@@ -54,8 +56,8 @@ void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, con
   p.interleave = interleave;
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((p.num_tokens * p.topk + kThreads - 1) / kThreads, 4096);
-  localize_kernel<<<grid_for(blocks, 1, "dcp_localize_topk"), kThreads, 0, stream_of(ctx)>>>(p);
-  check_launch("dcp_localize_topk");
+  launch_kernel(localize_kernel, grid_for(blocks, 1, "dcp_localize_topk"), kThreads, 0, stream_of(ctx), ctx.pdl,
+                "dcp_localize_topk", p);
 }
 
 }  // namespace mla::cuda

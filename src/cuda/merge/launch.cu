@@ -104,11 +104,11 @@ void combine_attn_states(const TensorView& out, const TensorView& out_lse, const
   dispatch_activation(parts.dtype, "combine_attn_states", [&](auto act) {
     using Act = decltype(act);
     if (vec)
-      launch_dependent(merge::combine_kernel<Act, true>, grid, merge::kCombineWarps * 32, 0, stream_of(ctx),
-                       "combine_attn_states", p);
+      launch_kernel(merge::combine_kernel<Act, true>, grid, merge::kCombineWarps * 32, 0, stream_of(ctx), ctx.pdl,
+                    "combine_attn_states", p);
     else
-      launch_dependent(merge::combine_kernel<Act, false>, grid, merge::kCombineWarps * 32, 0, stream_of(ctx),
-                       "combine_attn_states", p);
+      launch_kernel(merge::combine_kernel<Act, false>, grid, merge::kCombineWarps * 32, 0, stream_of(ctx), ctx.pdl,
+                    "combine_attn_states", p);
   });
 }
 

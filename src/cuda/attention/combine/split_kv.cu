@@ -9,15 +9,12 @@
 
 namespace mla::cuda::combine {
 
-void launch_split_kv(const SplitKvParams& p, int64_t b, cudaStream_t stream, bool dependent) {
+void launch_split_kv(const SplitKvParams& p, int64_t b, cudaStream_t stream) {
   const int64_t rows = b * p.rows.s_q * p.rows.h_q;
   const unsigned grid = grid_for(rows, 1, "mqa_decode combine");
   dispatch_activation(p.rows.act, "mqa_decode combine", [&](auto act) {
-    auto* kernel = split_kv_kernel<decltype(act)>;
-    if (dependent) launch_dependent(kernel, grid, kThreads, 0, stream, "mqa_decode combine", p);
-    else kernel<<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel(split_kv_kernel<decltype(act)>, grid, kThreads, 0, stream, p.rows.pdl != 0, "mqa_decode combine", p);
   });
-  check_launch("mqa_decode combine");
 }
 
 }  // namespace mla::cuda::combine

@@ -38,9 +38,9 @@ struct SplitKvParams {
   const int32_t* ws_meta;
 };
 
-// Merges the partials of b requests into p.rows' out / lse on `stream` (combine/merge_rule.cuh). dependent: a
-// programmatic dependent launch (cuda/common/launch.h launch_dependent): its CTAs may be scheduled while the
+// Merges the partials of b requests into p.rows' out / lse on `stream` (combine/merge_rule.cuh). p.rows.pdl: a
+// programmatic dependent launch (cuda/common/launch.h launch_kernel): its CTAs may be scheduled while the
 // attention kernel still runs and wait for it on the device.
-void launch_split_kv(const SplitKvParams& p, int64_t b, cudaStream_t stream, bool dependent = false);
+void launch_split_kv(const SplitKvParams& p, int64_t b, cudaStream_t stream);
 
 }  // namespace mla::cuda::combine

@@ -27,6 +27,7 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(const SplitKvParams 
   // into L2, so that the final stores find it (and its translation) warm after a cold start.
   if (threadIdx.x == 0) cuda::ptx::prefetch_l2(out);
   cuda::ptx::grid_dependency_wait();  // launched as a dependent of the attention kernel: its partials
+  cuda::ptx::launch_dependents();
   int splits = p.num_splits;
   int64_t slot0 = g * splits;
   if (p.ws_meta != nullptr) {

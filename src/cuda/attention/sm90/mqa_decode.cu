@@ -132,7 +132,7 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
   cudaStream_t stream = stream_of(a.ctx);
 
   DecodeSm90Params p{};
-  p.rows = mqa::make_row_params(q, a.out, a.lse, /*has_i=*/true, a.softmax_scale);
+  p.rows = mqa::make_row_params(q, a.out, a.lse, /*has_i=*/true, a.softmax_scale, a.ctx);
   p.block_table = static_cast<const int32_t*>(a.block_table.data);
   p.block_table_stride = a.block_table.stride[0];
   p.max_blocks = a.block_table.size(1);
@@ -222,7 +222,7 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
       launch_seesaw_paged(p, grid, stream, map, regime.stage1_panels, what);
   }
   if (sched.combine) {
-    combine::launch_split_kv({p.rows, splits, p.ws_lse, p.ws_o, p.ws_meta}, b, stream, /*dependent=*/true);
+    combine::launch_split_kv({p.rows, splits, p.ws_lse, p.ws_o, p.ws_meta}, b, stream);
   }
 }
 

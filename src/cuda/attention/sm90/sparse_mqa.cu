@@ -95,7 +95,7 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
   cudaStream_t stream = stream_of(a.ctx);
 
   DecodeSm90Params p{};
-  p.rows = mqa::make_row_params(q, a.out, a.lse, /*has_i=*/false, a.softmax_scale);
+  p.rows = mqa::make_row_params(q, a.out, a.lse, /*has_i=*/false, a.softmax_scale, a.ctx);
   p.num_splits = 1;
   const decode_regime::Regime regime = decode_regime::tile_for(problem_of(a), kernel);
   set_row_tiles(p, regime);

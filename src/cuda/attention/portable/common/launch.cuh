@@ -16,8 +16,7 @@ void launch_engine(const typename Keys::Params& p, unsigned grid, int smem, cuda
                    const char* smem_what) {
   auto* kernel = mqa_attention_kernel<Keys, Act>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), smem_what);
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
-  check_launch(op);
+  launch_kernel(kernel, grid, Traits::kThreads, static_cast<std::size_t>(smem), stream, p.rows.pdl != 0, op, p);
 }
 
 }  // namespace mla::cuda::mqa

@@ -72,6 +72,7 @@ concept KeysWithSink = requires(const Keys& k, int head) { k.sink_log2(head); };
 #include "cuda/common/act_type.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/ptx/cp_async.cuh"
+#include "cuda/common/ptx/griddep.cuh"
 #include "cuda/common/ptx/ldmatrix.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/mqa_params.h"
@@ -345,6 +346,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mqa_attention_kernel(cons
 
   const MqaRowParams& rp = p.rows;
   const MqaCacheParams& cp = p.cache;
+  ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g8 = lane >> 2, t4 = lane & 3;  // mma fragment coordinates
   const int m_rows = rp.s_q * rp.h_q;

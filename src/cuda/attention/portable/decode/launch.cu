@@ -33,7 +33,7 @@ void run_portable(const dispatch::DecodeArgs& a) {
   cudaStream_t stream = stream_of(ctx);
 
   DecodeParams p{};
-  p.rows = mqa::make_row_params(q, out, lse, /*has_i=*/true, softmax_scale);
+  p.rows = mqa::make_row_params(q, out, lse, /*has_i=*/true, softmax_scale, ctx);
   p.cache = mqa::make_cache_params(cache);
   p.block_table = static_cast<const int32_t*>(block_table.data);
   p.block_table_stride = block_table.stride[0];

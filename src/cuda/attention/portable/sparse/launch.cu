@@ -30,7 +30,7 @@ void run_portable(const dispatch::SparseArgs& a) {
   DeviceGuard guard(q.device);
 
   SparseParams p{};
-  p.rows = mqa::make_row_params(q, out, lse, /*has_i=*/false, softmax_scale);
+  p.rows = mqa::make_row_params(q, out, lse, /*has_i=*/false, softmax_scale, ctx);
   p.cache = mqa::make_cache_params(kv);
   p.indices = static_cast<const int32_t*>(indices.data);
   p.indices_stride = indices.stride[0];

@@ -66,8 +66,7 @@ template <class Kernel>
 void launch_one(Kernel kernel, int smem, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
                 const DecodeSm90Params& p, const char* what) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(map, p);
-  check_launch(what);
+  launch_kernel(kernel, grid, Traits::kThreads, static_cast<std::size_t>(smem), stream, p.rows.pdl != 0, what, map, p);
 }
 
 // `kernel` over `grid` CTAs in clusters of `cluster` consecutive CTAs (the seesaw's row-tile pairs and split
@@ -76,7 +75,8 @@ template <class Kernel>
 void launch_one_clustered(Kernel kernel, int smem, unsigned grid, unsigned cluster, cudaStream_t stream,
                           const CUtensorMap& map, const DecodeSm90Params& p, const char* what) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
-  launch_cluster(kernel, grid, cluster, Traits::kThreads, static_cast<std::size_t>(smem), stream, what, map, p);
+  launch_cluster_pdl(kernel, grid, cluster, Traits::kThreads, static_cast<std::size_t>(smem), stream, p.rows.pdl != 0,
+                     what, map, p);
 }
 
 // How many clusters of `splits` CTAs of `Kernel` (`smem` bytes of dynamic shared memory: one CTA per SM; a cluster

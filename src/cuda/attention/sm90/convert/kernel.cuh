@@ -810,6 +810,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const convert::Smem sm{aligned_smem(smem_raw)};
   MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();
+  ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
   const Unit u(p, /*gather=*/!RowsT::kPaged);
   if (u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
     write_empty_unit(p, u, threadIdx.x, blockDim.x);

@@ -647,6 +647,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint64_t* empty = full + L::kSlots;
   MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
+  ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
   const Unit u(p, !Rows::kPaged);
   // p.cluster_merge (sparse_mqa, small T): the p.num_splits CTAs of a token are one cluster, each rank attends its
   // share of the token's tiles and leaves its normalised rows and LSE in ring slot 0 (drained by then; N 32's rows

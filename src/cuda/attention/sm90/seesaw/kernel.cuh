@@ -425,6 +425,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   MLA_DECODE_TRACE_EVENT(0, 0);
+  ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
+  ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
   const Unit u(p, Src::kIndexed);
   if (SeesawMerge<Src>::empty_unit(p, u, smem)) return;
   if (!start_roles<L, Src>(p, &kv_map, u, true, smem, [&](int warp, int lane) {

@@ -256,6 +256,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   static_assert(L::template smem_bytes<Src>() <= 227 * 1024, "shared memory per block on sm_90");
   MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
+  ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
   Unit one{};  // the uniform schedule's unit
   const bool balanced = Src::kTma && p.balanced;
   if (balanced) balanced_window(p, win, reinterpret_cast<int64_t*>(smem + L::kOffSched + 64));
