@@ -880,6 +880,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const convert::Smem sm{aligned_smem(smem_raw)};
   ptx::launch_dependents();
+  ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
   Unit u(p, /*gather=*/true);
   const convert::V4Tiles v = convert::v4_tiles(p, u.g);
   u.n_tiles = v.n_main + v.n_extra;
