@@ -13,6 +13,7 @@
 
 #include "mla/cache.h"
 #include "mla/comm.h"
+#include "mla/ops.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
 
@@ -53,6 +54,25 @@ void dcp_filter_topk(std::span<int32_t> indices, const DcpLayout& layout);
 // seq_lens[req_id[t]]; else -1 (a req_id outside [0, R) makes the row -1).
 void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
                        const TensorView& out, const DcpLayout& layout, const Context& ctx = {});
+
+// The localize step of the DeepSeek-V4 DCP step (docs/SCALE.md "The DeepSeek-V4 step"), for one index list:
+// the window list with the window cache's layout, the compressed list with the compressed cache's (each
+// cache has its own DcpLayout: the group's W and rank, its own interleave, which divides its page size).
+//   req_id       [T] int32: token t's request (row of seq_lens)
+//   seq_lens     [R] int32: how many positions request r has in this list's cache (window: tokens;
+//                compressed cache: entries)
+//   indices      [T, topk] int32 request-local positions in that cache, < 0 invalid
+//   topk_length  [T] int32 optional: entries j >= topk_length[t] are invalid (never read)
+//   out          [T, topk] int32 (may not alias indices): token t's kept entries as local positions, in their
+//                order, packed at the front of row t; -1 after them
+//   valid_counts [T] int32: how many token t kept (its local list's valid length)
+// Entry j of token t is kept when j < topk_length[t], 0 <= p < seq_lens[req_id[t]] (a req_id outside [0, R)
+// keeps none) and this rank owns p (dcp_owner); duplicates are kept as duplicates. Positions and local
+// positions are int32 (as every index of the library); the rows and byte addresses computed from them
+// downstream are 64-bit (convert_topk_indices, the sparse_mqa kernels).
+void dcp_compact_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
+                      const TensorView& topk_length, const TensorView& out, const TensorView& valid_counts,
+                      const DcpLayout& layout, const Context& ctx = {});
 
 // ---- collectives of a DCP group (one call per rank, the same shapes on every rank) -------------
 // Every rank holds its h_q heads of the group's W·h_q; rank r's heads are [r·h_q, (r+1)·h_q) of the
@@ -99,10 +119,36 @@ void dcp_mqa_decode(Communicator& comm, const TensorView& q, const KVCache& cach
 // Sparse attention of T tokens over this shard.
 //   q [T, h_q, 576]; indices [T, topk] int32 slots of this shard (dcp_filter_topk, then the local block
 //   table), -1 for positions other ranks own; topk_length [T] optional; out [T, h_q, 512], lse [T, h_q]
-//   optional.
-std::size_t dcp_sparse_mqa_workspace_bytes(int64_t t, int64_t h_q, DType dtype, int world_size);
+//   optional. The workspace query's d_qk / d_v are q's and out's last dims (576 / 512 here).
+std::size_t dcp_sparse_mqa_workspace_bytes(int64_t t, int64_t h_q, DType dtype, int world_size, int64_t d_qk = 576,
+                                           int64_t d_v = 512);
 void dcp_sparse_mqa(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& indices,
                     const TensorView& topk_length, const TensorView& out, const TensorView& lse,
                     double softmax_scale, const TensorView& workspace, const Context& ctx = {});
+
+// The DeepSeek-V4 step (sparse_mqa's SparseOptions, SEMANTICS §11.8; docs/SCALE.md "The DeepSeek-V4 step"):
+// the same group op over this rank's shards of both caches, one softmax over every rank's window and
+// compressed rows and the sink.
+//   q            [T, h_q, d_qk] this rank's heads (V4: d_qk 512)
+//   cache        this rank's shard of the main (window) cache
+//   indices      [T, topk] int32 rows of that shard; topk_length [T] int32 optional: their valid lengths
+//   opts.extra   {this rank's shard of the extra (compressed) cache, [T, k_e] rows of it, [T] lengths}
+//   opts.attn_sink [h_q] fp32 optional: the sinks of this rank's heads
+//   opts.values_include_rope, opts.batch_invariant: as sparse_mqa's (the rank's local attention)
+//   out          [T, h_q, d_v] (V4: 512), lse [T, h_q] fp32 optional: over every rank's rows and the sink
+//   workspace    >= dcp_sparse_mqa_workspace_bytes(T, h_q, q.dtype, W, d_qk, d_v)
+// Index lists: each rank's lists are compacted rank-local rows with their counts as the valid lengths
+// (per list: dcp_compact_topk, then convert_topk_indices through the rank's block table of that cache);
+// lists with -1 in place of other ranks' rows give the same result and read past their -1s. A token may
+// have no row on a rank (its part there is empty: lse -inf, weight 0) or on any rank.
+// The sink enters each head's softmax exactly once: the ranks attend without it, and the combine of each
+// rank's heads (after the exchange, on that rank) folds it in as a part of value 0 and LSE sink
+// (combine_attn_states' attn_sink). Hence out and lse equal sparse_mqa with these options over the whole
+// caches (up to the rounding of the partials to q's dtype); a token with no row anywhere gives out 0,
+// lse = sink (-inf without one).
+void dcp_sparse_mqa(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& indices,
+                    const TensorView& topk_length, const TensorView& out, const TensorView& lse,
+                    double softmax_scale, const SparseOptions& opts, const TensorView& workspace,
+                    const Context& ctx = {});
 
 }  // namespace mla

@@ -79,12 +79,18 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
 //   part_lses  [N, T, H]     fp32 (CPU: f64 too), natural log, any strides
 //   out        [T, H, D]     combined output (CUDA: the parts' dtype)
 //   out_lse    [T, H]        fp32 optional
+//   attn_sink  [H]           fp32 optional (CPU: f64 too), any stride: a per-head attention sink (§11.8)
+//                            folded in once, as one more part of value 0 and lse sink[h]: m = max(finite
+//                            lse_n, sink_h), l = Σ exp(lse_n − m) + exp(sink_h − m), out = Σ exp(lse_n − m)
+//                            out_n / l, lse = m + ln l. The parts then are attentions without the sink (the
+//                            V4 DCP step, mla/dcp.h). −inf = no sink; NaN or +inf makes the row NaN; every
+//                            part empty -> out 0, lse = sink_h.
 // Rules [PIN] (§13): a part with lse ±inf is empty and contributes exactly 0 (its out is never read, so
 // garbage or NaN there is harmless); every part empty -> out 0, lse -inf; a NaN lse makes the row and its
 // lse NaN (a NaN score on one shard is a NaN score of the whole key set, §14.6a). 1 <= N <= 256.
 inline constexpr int64_t kCombineMaxParts = 256;
 void combine_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& parts,
-                         const TensorView& part_lses, const Context& ctx = {});
+                         const TensorView& part_lses, const Context& ctx = {}, const TensorView& attn_sink = {});
 
 // ---------------------------------------------------------------------------------------------
 // Top-k index conversion (request-local positions -> cache slots / workspace rows, §11.3).

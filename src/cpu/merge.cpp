@@ -71,9 +71,11 @@ void merge(const TensorView& out, const TensorView& out_lse, const TensorView& p
   }
 }
 
-// combine_attn_states (§13, rules [PIN] in ops.h): parts [N, T, H, D], part_lses [N, T, H].
+// combine_attn_states (§13, rules [PIN] in ops.h): parts [N, T, H, D], part_lses [N, T, H], optional sink [H]
+// (one more part of value 0: it joins m and the sum, never the output).
 template <class Acc>
-void combine(const TensorView& out, const TensorView& out_lse, const TensorView& parts, const TensorView& lses) {
+void combine(const TensorView& out, const TensorView& out_lse, const TensorView& parts, const TensorView& lses,
+             const TensorView& sink) {
   const int64_t N = parts.size(0), T = parts.size(1), H = parts.size(2), D = parts.size(3);
   const Acc nan = std::numeric_limits<Acc>::quiet_NaN();
   auto lse_of = [&](int64_t n, int64_t t, int64_t h) {
@@ -99,6 +101,11 @@ void combine(const TensorView& out, const TensorView& out_lse, const TensorView&
         has_nan |= std::isnan(l);
         if (std::isfinite(l)) m = std::max(m, l);
       }
+      // The sink: -inf is none; NaN or +inf makes the row NaN (sparse_mqa's arithmetic gives NaN for both).
+      const Acc s = sink.defined() ? static_cast<Acc>(num::load(sink.ptr_at({h}), sink.dtype))
+                                   : -std::numeric_limits<Acc>::infinity();
+      has_nan |= std::isnan(s) || s == std::numeric_limits<Acc>::infinity();
+      if (std::isfinite(s)) m = std::max(m, s);
       double lse_out;
       if (has_nan) {
         for (int64_t d = 0; d < D; ++d) num::store(o.at(t, h, d), out.dtype, nan);
@@ -115,6 +122,7 @@ void combine(const TensorView& out, const TensorView& out_lse, const TensorView&
           w[static_cast<std::size_t>(n)] = std::isfinite(l) ? std::exp(l - m) : Acc(-1);
           if (std::isfinite(l)) sum += w[static_cast<std::size_t>(n)];
         }
+        if (std::isfinite(s)) sum += std::exp(s - m);  // the sink's weight: in the sum, not in the output
         for (Acc& f : w)
           if (f >= Acc(0)) f /= sum;  // factors first: outputs never meet raw exponentials
         for (int64_t d = 0; d < D; ++d) {
@@ -133,9 +141,9 @@ void combine(const TensorView& out, const TensorView& out_lse, const TensorView&
 }  // namespace
 
 void combine_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& parts,
-                         const TensorView& part_lses, const Context& ctx) {
-  if (ctx.precision == Precision::reference) combine<double>(out, out_lse, parts, part_lses);
-  else combine<float>(out, out_lse, parts, part_lses);
+                         const TensorView& part_lses, const TensorView& attn_sink, const Context& ctx) {
+  if (ctx.precision == Precision::reference) combine<double>(out, out_lse, parts, part_lses, attn_sink);
+  else combine<float>(out, out_lse, parts, part_lses, attn_sink);
 }
 
 void merge_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& prefix,

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU top-k index conversion (semantics §11.3): request-local positions -> flat cache rows, or
 // prefill-workspace rows for tokens that read the workspace.
+#include <algorithm>
 #include <cstdint>
 
 #include "cpu/cpu_ops.h"
@@ -57,6 +58,32 @@ void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, con
       const bool mine = p >= 0 && p < limit && (p / interleave) % world_size == rank;
       o[k] = mine ? static_cast<int32_t>(p / turn * interleave + p % interleave) : -1;
     }
+  }
+}
+
+// dcp_compact_topk (mla/dcp.h): the owner test of §13 on the entries below the valid length, the kept ones'
+// local positions packed at the front in their order, -1 after them, their count.
+void dcp_compact_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
+                      const TensorView& topk_length, const TensorView& out, const TensorView& valid_counts,
+                      int world_size, int rank, int interleave, const Context&) {
+  const int64_t T = indices.size(0), K = indices.size(1), R = seq_lens.size(0);
+  const int64_t turn = int64_t(world_size) * interleave;
+  auto at = [](const TensorView& v, int64_t i) { return static_cast<const int32_t*>(v.data)[i * v.stride[0]]; };
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t req = at(req_id, t);
+    const int64_t limit = req >= 0 && req < R ? at(seq_lens, req) : 0;
+    const int64_t len = topk_length.defined() ? std::clamp<int64_t>(at(topk_length, t), 0, K) : K;
+    const int32_t* in = static_cast<const int32_t*>(indices.data) + t * indices.stride[0];
+    int32_t* o = static_cast<int32_t*>(out.data) + t * out.stride[0];
+    int64_t n = 0;
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t p = in[k];
+      if (p >= 0 && p < limit && (p / interleave) % world_size == rank)
+        o[n++] = static_cast<int32_t>(p / turn * interleave + p % interleave);
+    }
+    for (int64_t k = n; k < K; ++k) o[k] = -1;
+    static_cast<int32_t*>(valid_counts.data)[t * valid_counts.stride[0]] = static_cast<int32_t>(n);
   }
 }
 

@@ -52,7 +52,7 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
 }
 
 void combine_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& parts,
-                         const TensorView& part_lses, const Context& ctx) {
+                         const TensorView& part_lses, const Context& ctx, const TensorView& attn_sink) {
   constexpr const char* op = "combine_attn_states";
   detail::check_ndim(parts, 4, op, "parts [N, T, H, D]");
   detail::check_activation(parts, false, op, "parts", detail::CudaActivations::bf16_f16_f32);
@@ -67,9 +67,11 @@ void combine_attn_states(const TensorView& out, const TensorView& out_lse, const
             op, t, h, d, out.describe());
   detail::check_lse(part_lses, {n, t, h}, false, op, "part_lses [N, T, H]");
   if (out_lse.defined()) detail::check_lse(out_lse, {t, h}, true, op, "out_lse [T, H]");
-  detail::check_devices(dev, op, {{out, "out"}, {part_lses, "part_lses"}, {out_lse, "out_lse"}});
+  if (attn_sink.defined()) detail::check_lse(attn_sink, {h}, false, op, "attn_sink [H]");
+  detail::check_devices(dev, op,
+                         {{out, "out"}, {part_lses, "part_lses"}, {out_lse, "out_lse"}, {attn_sink, "attn_sink"}});
   if (t == 0 || h == 0) return;
-  MLA_DISPATCH(dev, combine_attn_states, out, out_lse, parts, part_lses, ctx);
+  MLA_DISPATCH(dev, combine_attn_states, out, out_lse, parts, part_lses, attn_sink, ctx);
 }
 
 }  // namespace mla

@@ -129,4 +129,28 @@ void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, con
                layout.interleave, ctx);
 }
 
+void dcp_compact_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
+                      const TensorView& topk_length, const TensorView& out, const TensorView& valid_counts,
+                      const DcpLayout& layout, const Context& ctx) {
+  constexpr const char* op = "dcp_compact_topk";
+  validate_dcp_layout(layout);
+  detail::check_ndim(indices, 2, op, "indices [T, topk]");
+  const int64_t T = indices.size(0), K = indices.size(1);
+  const Device dev = indices.device;
+  check_index_matrix(indices, T, K, false, op, "indices [T, topk]");
+  check_index_matrix(out, T, K, true, op, "out [T, topk]");
+  MLA_CHECK(T == 0 || K == 0 || out.data != indices.data, "{}: out must not alias indices", op);
+  detail::check_i32_vector(req_id, T, op, "req_id [T]");
+  detail::check_i32_vector(seq_lens, -1, op, "seq_lens [R]");
+  if (topk_length.defined()) detail::check_i32_vector(topk_length, T, op, "topk_length [T]");
+  detail::check_i32_vector(valid_counts, T, op, "valid_counts [T]");
+  detail::check_strides(valid_counts, true, op, "valid_counts [T]");
+  detail::check_devices(dev, op,
+                         {{out, "out"}, {req_id, "req_id"}, {seq_lens, "seq_lens"}, {topk_length, "topk_length"},
+                          {valid_counts, "valid_counts"}});
+  if (T == 0) return;
+  MLA_DISPATCH(dev, dcp_compact_topk, req_id, seq_lens, indices, topk_length, out, valid_counts, layout.world_size,
+               layout.rank, layout.interleave, ctx);
+}
+
 }  // namespace mla

@@ -157,7 +157,8 @@ namespace {
 // combine_attn_states on CUDA against the CPU float64 reference: N parts (1 .. 40, over the warp's 32
 // lanes), edge lse values (±inf empty parts whose outputs are NaN, NaN lse), head-padded parts and
 // out (vector path) and D = 36 with odd strides (element path), bf16 / f16 / f32; the out padding
-// heads must stay poisoned.
+// heads must stay poisoned. Each case runs without and with a per-head sink (strided: every second float of a
+// buffer; finite values, -inf, NaN and +inf among them).
 TEST(CombineGpu, MatchesReference) {
   MLA_SKIP_WITHOUT_GPU();
   test::reseed(33);
@@ -190,10 +191,21 @@ TEST(CombineGpu, MatchesReference) {
     Mirror lse(l);
     Mirror out(test::poisoned({c.t, c.h + 2, c.d}, c.act)), olse(test::poisoned({c.t, c.h}, DType::f32));
     const TensorView ph = parts.host.view().slice(3, 0, c.d), oh = out.host.view().slice(1, 0, c.h);
-    combine_attn_states(oh, olse.host, ph, lse.host, test::reference_ctx());
-    combine_attn_states(out.on_dev(oh), olse.dev, parts.on_dev(ph), lse.dev);
-    EXPECT_EQ(test::check_close(test::to_doubles(out.dev), test::to_doubles(out.host), c.act, 1e-6), "");
-    EXPECT_EQ(test::check_close(test::to_doubles(olse.dev), test::to_doubles(olse.host), DType::f32, 1e-6), "");
+    Tensor sink_store = test::random_tensor({c.h, 2}, DType::f32, Device::cpu(), -6, 6);
+    auto* sp = static_cast<float*>(sink_store.data());
+    sp[0] = -std::numeric_limits<float>::infinity();
+    if (c.h > 2) sp[2 * 2] = std::numeric_limits<float>::quiet_NaN();
+    if (c.h > 3) sp[2 * 3] = std::numeric_limits<float>::infinity();
+    Mirror sink(sink_store);
+    for (bool with_sink : {false, true}) {
+      SCOPED_TRACE(with_sink ? "sink" : "no sink");
+      const TensorView sh = with_sink ? sink.host.view().select(1, 0) : TensorView{};
+      combine_attn_states(oh, olse.host, ph, lse.host, test::reference_ctx(), sh);
+      combine_attn_states(out.on_dev(oh), olse.dev, parts.on_dev(ph), lse.dev, {},
+                          with_sink ? sink.on_dev(sh) : TensorView{});
+      EXPECT_EQ(test::check_close(test::to_doubles(out.dev), test::to_doubles(out.host), c.act, 1e-6), "");
+      EXPECT_EQ(test::check_close(test::to_doubles(olse.dev), test::to_doubles(olse.host), DType::f32, 1e-6), "");
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 // DCP filter), in every cache format, at float64 precision.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -147,6 +148,75 @@ TEST(CombineAttnStates, MatchesFormulaAndEdgeRules) {
     const std::vector<double> a = test::to_doubles(ob), b = test::to_doubles(o64);
     for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-2 * std::abs(b[i]) + 1e-6);
   }
+}
+
+// The optional sink of combine_attn_states: one more part of value 0 and lse sink[h] (ops.h). Splitting a key set
+// into parts and attending them without the sink, then combining with it, equals one softmax over the keys and
+// the sink (a sink on each part would count it N times: lse + ln N for a row without keys). Rows: keys spread over
+// the parts, every part empty (out 0, lse = sink), a NaN lse; heads: finite sinks, -inf (no sink: bit-equal to the
+// call without one), NaN and +inf (the row NaN).
+TEST(CombineAttnStates, SinkJoinsOnce) {
+  test::reseed(84);
+  const int64_t n = 3, t = 4, h = 5, d = 24;
+  Tensor parts = test::random_tensor({n, t, h, d}, DType::f32);
+  Tensor lses = test::random_tensor({n, t, h}, DType::f32, Device::cpu(), -3.0, 3.0);
+  auto* lp = static_cast<float*>(lses.data());
+  auto lse_at = [&](int64_t k, int64_t i, int64_t j) -> float& { return lp[(k * t + i) * h + j]; };
+  for (int64_t k = 0; k < n; ++k)
+    for (int64_t j = 0; j < h; ++j) lse_at(k, 1, j) = k == 1 ? INFINITY : -INFINITY;  // token 1: no keys anywhere
+  lse_at(1, 2, 0) = -INFINITY;                                                       // token 2: part 1 empty
+  lse_at(2, 3, 0) = NAN;                                                             // token 3: a NaN part
+  Tensor sink = Tensor::empty({h}, DType::f32);
+  const float sinks[] = {0.5f, -INFINITY, NAN, INFINITY, 7.0f};
+  std::memcpy(sink.data(), sinks, sizeof(sinks));
+  Tensor out = test::poisoned({t, h, d}, DType::f64), out_lse = test::poisoned({t, h}, DType::f64);
+  combine_attn_states(out, out_lse, parts, lses, {nullptr, Precision::reference}, sink);
+  const std::vector<double> o = test::to_doubles(out), ol = test::to_doubles(out_lse), pv = test::to_doubles(parts);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < h; ++j) {
+      const double s = sinks[j];
+      bool nan = std::isnan(s) || s == kInf;
+      double m = std::isfinite(s) ? s : -kInf;
+      for (int64_t k = 0; k < n; ++k) {
+        nan |= std::isnan(lse_at(k, i, j));
+        if (std::isfinite(lse_at(k, i, j))) m = std::max<double>(m, lse_at(k, i, j));
+      }
+      double l = std::isfinite(s) ? std::exp(s - m) : 0.0;
+      for (int64_t k = 0; k < n; ++k)
+        if (std::isfinite(lse_at(k, i, j))) l += std::exp(lse_at(k, i, j) - m);
+      const double got_lse = ol[static_cast<std::size_t>(i * h + j)];
+      SCOPED_TRACE(::testing::Message() << "t " << i << " h " << j);
+      if (nan) {
+        EXPECT_TRUE(std::isnan(got_lse));
+      } else if (m == -kInf) {
+        EXPECT_EQ(got_lse, -kInf);
+      } else {
+        EXPECT_NEAR(got_lse, m + std::log(l), 1e-12);
+      }
+      if (i == 1 && std::isfinite(s)) EXPECT_EQ(got_lse, static_cast<double>(s));  // only the sink: lse = sink, once
+      for (int64_t x = 0; x < d; ++x) {
+        double want = 0;
+        for (int64_t k = 0; k < n; ++k)
+          if (std::isfinite(lse_at(k, i, j)))
+            want += pv[static_cast<std::size_t>(((k * t + i) * h + j) * d + x)] * std::exp(lse_at(k, i, j) - m) / l;
+        const double got = o[static_cast<std::size_t>((i * h + j) * d + x)];
+        if (nan) EXPECT_TRUE(std::isnan(got));
+        else EXPECT_NEAR(got, m == -kInf ? 0.0 : want, 1e-12);
+      }
+    }
+  // Head 1's sink is -inf: the same bytes as the call without a sink (both precisions).
+  for (const Context ctx : {Context{}, Context{nullptr, Precision::reference}}) {
+    Tensor a = test::poisoned({t, 1, d}, DType::f32), al = test::poisoned({t, 1}, DType::f32);
+    Tensor b = test::poisoned({t, 1, d}, DType::f32), bl = test::poisoned({t, 1}, DType::f32);
+    const TensorView p1 = parts.view().slice(2, 1, 2), l1 = lses.view().slice(2, 1, 2);
+    combine_attn_states(a, al, p1, l1, ctx, sink.view().slice(0, 1, 2));
+    combine_attn_states(b, bl, p1, l1, ctx);
+    EXPECT_EQ(test::to_doubles(a), test::to_doubles(b));
+    EXPECT_EQ(test::to_doubles(al), test::to_doubles(bl));
+  }
+  // A sink of the wrong size or dtype is refused.
+  EXPECT_THROW(combine_attn_states(out, out_lse, parts, lses, {}, Tensor::zeros({h + 1}, DType::f32)), Error);
+  EXPECT_THROW(combine_attn_states(out, out_lse, parts, lses, {}, Tensor::zeros({h}, DType::i32)), Error);
 }
 
 TEST(CombineAttnStates, RefusesBadArguments) {
@@ -428,6 +498,76 @@ TEST(DcpLocalize, MatchesTheHostFilterAndRefusesBadInput) {
   EXPECT_THROW(dcp_localize_topk(r, l, idx_t, idx_t, {2, 0, 1}), Error);               // out aliases indices
   EXPECT_THROW(dcp_localize_topk(test::int_tensor({0, 1}), l, idx_t, out, {2, 0, 1}), Error);  // req_id too short
   for (int32_t v : test::to_ints(out)) EXPECT_EQ(v, 77);
+}
+
+// dcp_compact_topk (the V4 step's localize) against the host filter: token t's entries below its valid length
+// that this rank owns, below the request's length, as local positions in their order at the front, -1 after
+// them, their count; every rank's kept entries together are the valid entries, each once. Bad input writes
+// nothing.
+TEST(DcpCompact, PacksTheRanksEntriesAndRefusesBadInput) {
+  test::reseed(83);
+  const std::vector<int32_t> lens = {50, 3, 0, 200};
+  const std::vector<int32_t> req = {0, 3, 1, 2, 3, 7, -1, 3, 0};  // tokens 5 and 6 name no request
+  const std::vector<int32_t> valid = {37, 0, 37, 37, 5, 37, 37, -4, 60};  // -4 counts as 0, 60 as 37
+  const int64_t T = static_cast<int64_t>(req.size()), K = 37;
+  std::vector<std::vector<int32_t>> idx(req.size());
+  std::uniform_int_distribution<int32_t> u(-3, 220);
+  for (auto& row : idx)
+    for (int k = 0; k < K; ++k) row.push_back(u(test::rng()));
+  for (int k = 0; k < K; k += 3) idx[0][static_cast<std::size_t>(k)] = idx[0][0];  // duplicates stay duplicates
+  for (int w : {1, 2, 3, 4})
+    for (int il : {1, 4, 16}) {
+      std::vector<int64_t> kept(req.size(), 0);
+      for (int r = 0; r < w; ++r) {
+        const DcpLayout l{w, r, il};
+        SCOPED_TRACE(::testing::Message() << "W " << w << " rank " << r << " I " << il);
+        Tensor out = test::poisoned({T, K}, DType::i32), counts = test::poisoned({T}, DType::i32);
+        dcp_compact_topk(test::int_tensor(req), test::int_tensor(lens), test::int_tensor_2d(idx), test::int_tensor(valid),
+                         out, counts, l);
+        const std::vector<int32_t> got = test::to_ints(out), n = test::to_ints(counts);
+        for (std::size_t t = 0; t < req.size(); ++t) {
+          const int32_t len = req[t] >= 0 && req[t] < 4 ? lens[static_cast<std::size_t>(req[t])] : 0;
+          std::vector<int32_t> want;
+          for (int64_t k = 0; k < std::clamp<int64_t>(valid[t], 0, K); ++k) {
+            const int32_t p = idx[t][static_cast<std::size_t>(k)];
+            if (p >= 0 && p < len && dcp_owner(p, l) == r) want.push_back(static_cast<int32_t>(dcp_local_position(p, l)));
+          }
+          EXPECT_EQ(n[t], static_cast<int32_t>(want.size())) << "t " << t;
+          kept[t] += n[t];
+          want.resize(static_cast<std::size_t>(K), -1);
+          for (int64_t k = 0; k < K; ++k) EXPECT_EQ(got[t * K + k], want[static_cast<std::size_t>(k)]) << "t " << t << " k " << k;
+        }
+      }
+      for (std::size_t t = 0; t < req.size(); ++t) {  // the ranks' counts add up to the valid entries
+        const int32_t len = req[t] >= 0 && req[t] < 4 ? lens[static_cast<std::size_t>(req[t])] : 0;
+        int64_t all = 0;
+        for (int64_t k = 0; k < std::clamp<int64_t>(valid[t], 0, K); ++k)
+          all += idx[t][static_cast<std::size_t>(k)] >= 0 && idx[t][static_cast<std::size_t>(k)] < len;
+        EXPECT_EQ(kept[t], all) << "W " << w << " t " << t;
+      }
+    }
+  // Without topk_length every column counts.
+  {
+    Tensor out = Tensor::empty({T, K}, DType::i32), counts = Tensor::empty({T}, DType::i32);
+    dcp_compact_topk(test::int_tensor(req), test::int_tensor(lens), test::int_tensor_2d(idx), {}, out, counts, {1, 0, 1});
+    const std::vector<int32_t> n = test::to_ints(counts);
+    for (std::size_t t = 0; t < req.size(); ++t) {
+      const int32_t len = req[t] >= 0 && req[t] < 4 ? lens[static_cast<std::size_t>(req[t])] : 0;
+      EXPECT_EQ(n[t], std::count_if(idx[t].begin(), idx[t].end(), [&](int32_t p) { return p >= 0 && p < len; }));
+    }
+  }
+  Tensor idx_t = test::int_tensor_2d(idx);
+  Tensor out = test::int_tensor_2d(std::vector<std::vector<int32_t>>(req.size(), std::vector<int32_t>(K, 77)));
+  Tensor counts = test::int_tensor(std::vector<int32_t>(req.size(), 77));
+  const Tensor r = test::int_tensor(req), l = test::int_tensor(lens), v = test::int_tensor(valid);
+  EXPECT_THROW(dcp_compact_topk(r, l, idx_t, v, out, counts, {2, 2, 1}), Error);               // rank out of range
+  EXPECT_THROW(dcp_compact_topk(r, l, idx_t, v, idx_t, counts, {2, 0, 1}), Error);             // out aliases indices
+  EXPECT_THROW(dcp_compact_topk(test::int_tensor({0, 1}), l, idx_t, v, out, counts, {2, 0, 1}), Error);  // short req_id
+  EXPECT_THROW(dcp_compact_topk(r, l, idx_t, test::int_tensor({1, 2}), out, counts, {2, 0, 1}), Error);  // short lengths
+  EXPECT_THROW(dcp_compact_topk(r, l, idx_t, v, out, {}, {2, 0, 1}), Error);                   // no counts
+  EXPECT_THROW(dcp_compact_topk(r, l, idx_t, v, out, test::int_tensor({1}), {2, 0, 1}), Error);  // counts too short
+  for (int32_t x : test::to_ints(out)) EXPECT_EQ(x, 77);
+  for (int32_t x : test::to_ints(counts)) EXPECT_EQ(x, 77);
 }
 
 }  // namespace

@@ -70,7 +70,7 @@ void merge_attn_states(const TensorView& out, const TensorView& out_lse, const T
 }
 
 void combine_attn_states(const TensorView& out, const TensorView& out_lse, const TensorView& parts,
-                         const TensorView& part_lses, const Context& ctx) {
+                         const TensorView& part_lses, const TensorView& attn_sink, const Context& ctx) {
   static_assert(merge::kCombineSlots >= kCombineMaxParts, "one factor slot per part");
   DeviceGuard guard(parts.device);
   merge::CombineParams p{};
@@ -78,6 +78,8 @@ void combine_attn_states(const TensorView& out, const TensorView& out_lse, const
   p.part_lses = static_cast<const float*>(part_lses.data);
   p.out = out.data;
   p.out_lse = out_lse.defined() ? static_cast<float*>(out_lse.data) : nullptr;
+  p.sink = attn_sink.defined() ? static_cast<const float*>(attn_sink.data) : nullptr;
+  p.sink_stride = attn_sink.defined() ? attn_sink.stride[0] : 0;
   p.part_stride_n = parts.stride[0];
   p.part_stride_t = parts.stride[1];
   p.part_stride_h = parts.stride[2];

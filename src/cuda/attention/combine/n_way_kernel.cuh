@@ -2,7 +2,8 @@
 #pragma once
 // combine_attn_states and DCP's N-way combine (semantics §13, rules [PIN] in ops.h): N partial attentions over
 // disjoint key sets -> one, weighed by the merge rule (merge_rule.cuh; factors first, then out = Σ f_n · part_n
-// over the non-empty parts only). fp32 arithmetic on inputs of the activation type Act.
+// over the non-empty parts only), with an optional per-head sink: a part of value 0 that joins the weights only
+// (ops.h). fp32 arithmetic on inputs of the activation type Act.
 //
 // Schedule: one warp per row, 8 warps per block, grid-stride over rows. The lanes compute the N
 // factors (lane n, n + 32, ...) into the warp's slice of shared memory, then each lane streams
@@ -22,6 +23,8 @@ struct CombineParams {
   const float* part_lses;  // [N, T, H] fp32, strides (lse_stride_n, lse_stride_t, lse_stride_h)
   void* out;               // [T, H, D] Act, strides (out_stride_t, out_stride_h, 1)
   float* out_lse;          // [T, H] fp32 (olse_stride_t, olse_stride_h) or nullptr
+  const float* sink;       // [H] fp32 (sink_stride) or nullptr: one more part of value 0 and lse sink[h]
+  int64_t sink_stride;
   int64_t part_stride_n, part_stride_t, part_stride_h;
   int64_t lse_stride_n, lse_stride_t, lse_stride_h;
   int64_t out_stride_t, out_stride_h, olse_stride_t, olse_stride_h;
@@ -50,8 +53,18 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
        row += int64_t(gridDim.x) * kCombineWarps) {
     const int64_t t = row / p.num_heads, h = row - t * p.num_heads;
     const float* lse = p.part_lses + t * p.lse_stride_t + h * p.lse_stride_h;
-    const combine::MergeState st = combine::warp_merge_lse([&](int64_t n) { return lse[n * p.lse_stride_n]; },
-                                                           p.num_parts);
+    combine::MergeState st = combine::warp_merge_lse([&](int64_t n) { return lse[n * p.lse_stride_n]; },
+                                                     p.num_parts);
+    if (p.sink) {  // the sink joins m and the sum, never the output; NaN or +inf make the row NaN
+      const float s = p.sink[h * p.sink_stride];
+      if (isnan(s) || s == INFINITY) {
+        st.nan = true;
+      } else if (s != -INFINITY) {
+        const float m = fmaxf(st.m, s);
+        st.sum = st.sum * expf(st.m - m) + expf(s - m);  // expf(-inf) = 0 when no part is finite
+        st.m = m;
+      }
+    }
     const bool nan = st.nan, empty = st.empty();
     for (int64_t n = lane; n < p.num_parts; n += 32) {
       const float l = lse[n * p.lse_stride_n];
