@@ -1194,6 +1194,9 @@ def cp_gather_cache(cache: KVCache, dst: TensorLike, block_table: TensorLike, cu
 def cuda_device_count() -> int:
     """CUDA devices this process sees (0 without a driver, a device or a CUDA build)."""
 
+def dcp_compact_topk(req_id: TensorLike, seq_lens: TensorLike, indices: TensorLike, topk_length: TensorLike, out: TensorLike, valid_counts: TensorLike, world_size: int, rank: int, interleave: int = ..., *, stream: Any = ...) -> None:
+    """The localize step of the DeepSeek-V4 DCP step for one index list (mla/dcp.h): req_id [T] int32, seq_lens [R] int32 (positions per request in this list's cache), indices [T, topk] int32 request-local positions, topk_length [T] int32 or None; out [T, topk] int32 gets the entries this rank owns as local positions, packed at the front (-1 after them), valid_counts [T] int32 their count."""
+
 def dcp_local_length(length: int, world_size: int, rank: int, interleave: int = ...) -> int:
     """Positions of a request of `length` tokens that rank `rank` holds."""
 
@@ -1212,11 +1215,11 @@ def dcp_mqa_decode_workspace_bytes(b: int, s_q: int, h_q: int, max_blocks: int, 
 def dcp_owner(position: int, world_size: int, rank: int = ..., interleave: int = ...) -> int:
     """The rank holding cache position p: (p // interleave) % world_size."""
 
-def dcp_sparse_mqa(comm: Communicator, q: TensorLike, cache: KVCache, indices: TensorLike, topk_length: TensorLike, out: TensorLike, lse: TensorLike, softmax_scale: float, workspace: TensorLike, *, stream: Any = ...) -> None:
-    """This rank's step of a DCP sparse attention: q [T, h_q, 576] of its heads, its cache shard, indices [T, topk] int32 rows of the shard (-1: a key another rank holds), topk_length [T] int32 or None; out [T, h_q, 512] / lse [T, h_q] fp32 over every rank's keys; workspace u8 [dcp_sparse_mqa_workspace_bytes(...)]."""
+def dcp_sparse_mqa(comm: Communicator, q: TensorLike, cache: KVCache, indices: TensorLike, topk_length: TensorLike, out: TensorLike, lse: TensorLike, softmax_scale: float, workspace: TensorLike, *, stream: Any = ..., attn_sink: TensorLike = ..., extra_kv: Any = ..., extra_indices: TensorLike = ..., extra_topk_length: TensorLike = ..., values_include_rope: bool = ..., batch_invariant: bool = ...) -> None:
+    """This rank's step of a DCP sparse attention: q [T, h_q, d_qk] of its heads, its cache shard, indices [T, topk] int32 rows of the shard (-1: a key another rank holds), topk_length [T] int32 or None; out [T, h_q, d_v] / lse [T, h_q] fp32 over every rank's keys; workspace u8 [dcp_sparse_mqa_workspace_bytes(...)]. DeepSeek-V4 inputs (as sparse_mqa's; mla/dcp.h): attn_sink [h_q] f32 of this rank's heads (folded in once, by the combine), extra_kv / extra_indices [T, k_e] / extra_topk_length [T] (this rank's shard of the compressed cache and its rows), values_include_rope, batch_invariant."""
 
-def dcp_sparse_mqa_workspace_bytes(t: int, h_q: int, dtype: Any, world_size: int) -> int:
-    """Bytes of the u8 workspace dcp_sparse_mqa needs for t tokens and the rank's h_q heads."""
+def dcp_sparse_mqa_workspace_bytes(t: int, h_q: int, dtype: Any, world_size: int, d_qk: int = ..., d_v: int = ...) -> int:
+    """Bytes of the u8 workspace dcp_sparse_mqa needs for t tokens and the rank's h_q heads (q's and out's last dims d_qk / d_v: DeepSeek-V4 512 / 512)."""
 
 def decode_num_splits(b: int, s_q: int, h_q: int, max_seq_len: int, num_sms: int) -> int:
     """The planner's split-KV count for a decode of b requests x s_q tokens x h_q heads up to max_seq_len keys on num_sms SMs (1 when num_sms <= 0)."""

@@ -278,23 +278,53 @@ void bind_dist(py::module_& m) {
      "shard, block_table [b, max_blocks] int32 of the shard, local_lens [b * s_q] int32 (dcp_local_query_lengths); "
      "out [b, s_q, h_q, 512] / lse [b, s_q, h_q] fp32 of its heads over the whole context; workspace u8 "
      "[dcp_mqa_decode_workspace_bytes(...)].");
-  m.def("dcp_sparse_mqa_workspace_bytes", [](int64_t t, int64_t h_q, py::handle dtype, int world_size) {
-    return dcp_sparse_mqa_workspace_bytes(t, h_q, to_dtype(dtype), world_size);
-  }, py::arg("t"), py::arg("h_q"), py::arg("dtype"), py::arg("world_size"),
-     "Bytes of the u8 workspace dcp_sparse_mqa needs for t tokens and the rank's h_q heads.");
+  m.def("dcp_sparse_mqa_workspace_bytes", [](int64_t t, int64_t h_q, py::handle dtype, int world_size, int64_t d_qk,
+                                             int64_t d_v) {
+    return dcp_sparse_mqa_workspace_bytes(t, h_q, to_dtype(dtype), world_size, d_qk, d_v);
+  }, py::arg("t"), py::arg("h_q"), py::arg("dtype"), py::arg("world_size"), py::arg("d_qk") = 576, py::arg("d_v") = 512,
+     "Bytes of the u8 workspace dcp_sparse_mqa needs for t tokens and the rank's h_q heads (q's and out's last dims "
+     "d_qk / d_v: DeepSeek-V4 512 / 512).");
   m.def("dcp_sparse_mqa", [](Communicator& c, const A& q, const K& cache, const A& indices, const A& topk_length,
-                             const A& out, const A& lse, double softmax_scale, const A& workspace, py::handle s) {
+                             const A& out, const A& lse, double softmax_scale, const A& workspace, py::handle s,
+                             const A& attn_sink, py::handle extra_kv, const A& extra_indices,
+                             const A& extra_topk_length, bool values_include_rope, bool batch_invariant) {
     const Context ctx = to_context(q.view, s, Precision::fast);
+    mla::SparseOptions o;
+    o.attn_sink = attn_sink.view;
+    o.values_include_rope = values_include_rope;
+    o.batch_invariant = batch_invariant;
+    o.extra.indices = extra_indices.view;
+    o.extra.topk_length = extra_topk_length.view;
+    if (!extra_kv.is_none()) o.extra.kv = extra_kv.cast<const K&>().cache;
     without_gil([&] {
-      dcp_sparse_mqa(c, q.view, cache.cache, indices.view, topk_length.view, out.view, lse.view, softmax_scale,
+      dcp_sparse_mqa(c, q.view, cache.cache, indices.view, topk_length.view, out.view, lse.view, softmax_scale, o,
                      workspace.view, ctx);
     });
   }, py::arg("comm"), py::arg("q"), py::arg("cache"), py::arg("indices"), py::arg("topk_length"), py::arg("out"),
      py::arg("lse"), py::arg("softmax_scale"), py::arg("workspace"), py::kw_only(), stream,
-     "This rank's step of a DCP sparse attention: q [T, h_q, 576] of its heads, its cache shard, indices "
+     py::arg("attn_sink") = py::none(), py::arg("extra_kv") = py::none(), py::arg("extra_indices") = py::none(),
+     py::arg("extra_topk_length") = py::none(), py::arg("values_include_rope") = false,
+     py::arg("batch_invariant") = false,
+     "This rank's step of a DCP sparse attention: q [T, h_q, d_qk] of its heads, its cache shard, indices "
      "[T, topk] int32 rows of the shard (-1: a key another rank holds), topk_length [T] int32 or None; "
-     "out [T, h_q, 512] / lse [T, h_q] fp32 over every rank's keys; workspace u8 "
-     "[dcp_sparse_mqa_workspace_bytes(...)].");
+     "out [T, h_q, d_v] / lse [T, h_q] fp32 over every rank's keys; workspace u8 "
+     "[dcp_sparse_mqa_workspace_bytes(...)]. DeepSeek-V4 inputs (as sparse_mqa's; mla/dcp.h): attn_sink [h_q] f32 "
+     "of this rank's heads (folded in once, by the combine), extra_kv / extra_indices [T, k_e] / extra_topk_length "
+     "[T] (this rank's shard of the compressed cache and its rows), values_include_rope, batch_invariant.");
+  m.def("dcp_compact_topk", [](const A& req_id, const A& seq_lens, const A& indices, const A& topk_length,
+                               const A& out, const A& valid_counts, int w, int rank, int interleave, py::handle s) {
+    const Context ctx = to_context(indices.view, s, Precision::fast);
+    without_gil([&] {
+      dcp_compact_topk(req_id.view, seq_lens.view, indices.view, topk_length.view, out.view, valid_counts.view,
+                       {w, rank, interleave}, ctx);
+    });
+  }, py::arg("req_id"), py::arg("seq_lens"), py::arg("indices"), py::arg("topk_length"), py::arg("out"),
+     py::arg("valid_counts"), py::arg("world_size"), py::arg("rank"), py::arg("interleave") = 1, py::kw_only(),
+     stream,
+     "The localize step of the DeepSeek-V4 DCP step for one index list (mla/dcp.h): req_id [T] int32, seq_lens [R] "
+     "int32 (positions per request in this list's cache), indices [T, topk] int32 request-local positions, "
+     "topk_length [T] int32 or None; out [T, topk] int32 gets the entries this rank owns as local positions, "
+     "packed at the front (-1 after them), valid_counts [T] int32 their count.");
 }
 
 }  // namespace mlapy

@@ -44,20 +44,21 @@ struct Buffers {
   std::size_t scratch_bytes = 0, total = 0;
 };
 
+// dqk / dv: the widths of q and of the partial outputs (576 / 512 but for the sparse op's V4 form).
 Buffers carve(char* base, int64_t t, int64_t h_q, int world, DType dtype, std::size_t scratch, std::size_t table,
-              bool staged) {
+              bool staged, int64_t dqk = kQk, int64_t dv = kV) {
   const auto es = static_cast<std::size_t>(dtype_size(dtype));
   const auto n = static_cast<std::size_t>(t * h_q * world);  // rows (token, head) of the whole group
   Carver c{base};
   Buffers b{};
-  b.q_recv = c.take(n * kQk * es);
+  b.q_recv = c.take(n * static_cast<std::size_t>(dqk) * es);
   if (staged) {
-    b.q_all = c.take(n * kQk * es);
-    b.partial = c.take(n * kV * es);
+    b.q_all = c.take(n * static_cast<std::size_t>(dqk) * es);
+    b.partial = c.take(n * static_cast<std::size_t>(dv) * es);
     b.partial_lse = reinterpret_cast<float*>(c.take(n * 4));
   }
   const auto rows = static_cast<std::size_t>(t * h_q);  // (token, head) rows of one rank's heads
-  b.out_bytes = rows * kV * es;
+  b.out_bytes = (rows * static_cast<std::size_t>(dv) * es + 15) / 16 * 16;  // the LSEs stay 16-byte aligned
   b.block_bytes = b.out_bytes + (rows * 4 + 15) / 16 * 16;
   b.send = c.take(b.block_bytes * static_cast<std::size_t>(world));
   b.recv = c.take(b.block_bytes * static_cast<std::size_t>(world));
@@ -101,10 +102,12 @@ void tokens_to_blocks(char* blocks, std::size_t block_stride, const char* tokens
               static_cast<std::size_t>(t), dev, ctx);
 }
 
+// d_qk: q's last dim (576; the V4 sparse op passes q's own).
 void check_group_call(Communicator& comm, const TensorView& q, int q_ndim, const TensorView& out,
-                      const TensorView& lse, const TensorView& workspace, std::size_t need, const char* op) {
-  detail::check_ndim(q, q_ndim, op, q_ndim == 4 ? "q [b, s_q, h_q, 576]" : "q [T, h_q, 576]");
-  MLA_CHECK(q.size(-1) == kQk, "{}: q's last dim must be 576, got {}", op, q.describe());
+                      const TensorView& lse, const TensorView& workspace, std::size_t need, const char* op,
+                      int64_t d_qk = kQk) {
+  detail::check_ndim(q, q_ndim, op, q_ndim == 4 ? "q [b, s_q, h_q, 576]" : "q [T, h_q, d_qk]");
+  MLA_CHECK(q.size(-1) == d_qk, "{}: q's last dim must be {}, got {}", op, d_qk, q.describe());
   for (const TensorView* v : {&q, &out, &lse}) {
     if (v == &lse && !lse.defined()) continue;  // lse is optional
     detail::check_defined(*v, op, "q / out");
@@ -136,9 +139,10 @@ TensorView send_lse(const Buffers& b, int64_t t, int64_t h_q, int world, Device 
 }
 
 // Exchange and combine: the send blocks (this rank's partials of every rank's heads, packed as above)
-// -> out / lse (nullptr: not wanted) of this rank's heads, t rows [t, h_q, 512] / [t, h_q] contiguous.
+// -> out / lse (nullptr: not wanted) of this rank's heads, t rows [t, h_q, dv] / [t, h_q] contiguous. sink
+// [h_q] (optional): the rank's heads' attention sinks, folded in by the combine (once per head).
 void exchange_and_combine(Communicator& comm, const Buffers& b, int64_t t, int64_t h_q, DType dtype, void* out,
-                          float* lse, const Context& ctx) {
+                          float* lse, const Context& ctx, int64_t dv = kV, const TensorView& sink = {}) {
   const int w = comm.world_size();
   const Device dev = comm.device();
   const std::size_t es = dtype_size(dtype);
@@ -147,19 +151,19 @@ void exchange_and_combine(Communicator& comm, const Buffers& b, int64_t t, int64
   // Block i of recv: rank i's partials of this rank's heads. Strides in elements of each view's dtype
   // (block_bytes is a multiple of 16, so of both element sizes).
   const auto block = static_cast<int64_t>(b.block_bytes);
-  const int64_t pshape[] = {w, t, h_q, kV}, pstride[] = {block / static_cast<int64_t>(es), h_q * kV, kV, 1};
+  const int64_t pshape[] = {w, t, h_q, dv}, pstride[] = {block / static_cast<int64_t>(es), h_q * dv, dv, 1};
   const int64_t lshape[] = {w, t, h_q}, lstride[] = {block / 4, h_q, 1};
-  combine_attn_states(TensorView(out, dtype, {t, h_q, kV}, dev),
+  combine_attn_states(TensorView(out, dtype, {t, h_q, dv}, dev),
                       lse ? TensorView(lse, DType::f32, {t, h_q}, dev) : TensorView{},
                       TensorView(b.recv, dtype, pshape, pstride, dev),
-                      TensorView(b.recv + b.out_bytes, DType::f32, lshape, lstride, dev), ctx);
+                      TensorView(b.recv + b.out_bytes, DType::f32, lshape, lstride, dev), ctx, sink);
 }
 
-// All-gather q [t, h_q, 576] of every rank into q_recv: W rank blocks [t, h_q, 576].
+// All-gather q [t, h_q, d] of every rank into q_recv: W rank blocks [t, h_q, d] (d = q's last dim).
 void gather_q(Communicator& comm, const TensorView& q, char* q_recv, int64_t t, int64_t h_q, const Context& ctx) {
-  const int64_t n = t * h_q;
-  comm.all_gather(TensorView(q.data, q.dtype, {n, kQk}, q.device),
-                  TensorView(q_recv, q.dtype, {int64_t(comm.world_size()) * n, kQk}, q.device), ctx);
+  const int64_t n = t * h_q, d = q.size(-1);
+  comm.all_gather(TensorView(q.data, q.dtype, {n, d}, q.device),
+                  TensorView(q_recv, q.dtype, {int64_t(comm.world_size()) * n, d}, q.device), ctx);
 }
 
 // Split scratch of the dense decode's mqa_decode: t requests, the W rank blocks as s_q, h_q heads.
@@ -390,42 +394,65 @@ void dcp_mqa_decode(Communicator& comm, const TensorView& q, const KVCache& cach
 #endif
 }
 
-std::size_t dcp_sparse_mqa_workspace_bytes(int64_t t, int64_t h_q, DType dtype, int world_size) {
-  MLA_CHECK(t >= 0 && h_q >= 1 && world_size >= 1,
-            "dcp_sparse_mqa_workspace_bytes: need t >= 0, h_q >= 1, world_size >= 1; got {}, {}, {}", t, h_q,
-            world_size);
-  return carve(nullptr, t, h_q, world_size, dtype, 0, 0, /*staged=*/true).total;
+std::size_t dcp_sparse_mqa_workspace_bytes(int64_t t, int64_t h_q, DType dtype, int world_size, int64_t d_qk,
+                                           int64_t d_v) {
+  MLA_CHECK(t >= 0 && h_q >= 1 && world_size >= 1 && d_qk >= 1 && d_v >= 1,
+            "dcp_sparse_mqa_workspace_bytes: need t >= 0, h_q >= 1, world_size >= 1, d_qk >= 1, d_v >= 1; got {}, {}, "
+            "{}, {}, {}",
+            t, h_q, world_size, d_qk, d_v);
+  return carve(nullptr, t, h_q, world_size, dtype, 0, 0, /*staged=*/true, d_qk, d_v).total;
 }
 
 void dcp_sparse_mqa(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& indices,
                     const TensorView& topk_length, const TensorView& out, const TensorView& lse, double softmax_scale,
                     const TensorView& workspace, const Context& ctx) {
+  detail::check_ndim(q, 3, "dcp_sparse_mqa", "q [T, h_q, 576]");
+  MLA_CHECK(q.size(2) == kQk, "dcp_sparse_mqa: q's last dim must be 576, got {}", q.describe());
+  MLA_CHECK(out.ndim == 3 && out.size(2) == kV, "dcp_sparse_mqa: out must be [T, h_q, 512], got {}", out.describe());
+  dcp_sparse_mqa(comm, q, cache, indices, topk_length, out, lse, softmax_scale, SparseOptions{}, workspace, ctx);
+}
+
+// The rank attends its shard(s) for the group's W·h_q heads without the sink (sparse_mqa over the token-major
+// gathered q); the combine of the rank's own heads folds their sinks in (once per head: §11.8's sink is a key
+// of value 0, so it may join any one part of a disjoint split, here the combine's own).
+void dcp_sparse_mqa(Communicator& comm, const TensorView& q, const KVCache& cache, const TensorView& indices,
+                    const TensorView& topk_length, const TensorView& out, const TensorView& lse, double softmax_scale,
+                    const SparseOptions& opts, const TensorView& workspace, const Context& ctx) {
   constexpr const char* op = "dcp_sparse_mqa";
-  detail::check_ndim(q, 3, op, "q [T, h_q, 576]");
-  const int64_t t = q.size(0), h_q = q.size(1);
+  detail::check_ndim(q, 3, op, "q [T, h_q, d_qk]");
+  detail::check_ndim(out, 3, op, "out [T, h_q, d_v]");
+  const int64_t t = q.size(0), h_q = q.size(1), dqk = q.size(2), dv = out.size(2);
   const int w = comm.world_size();
-  const Buffers need = carve(nullptr, t, h_q, w, q.dtype, 0, 0, /*staged=*/true);
-  check_group_call(comm, q, 3, out, lse, workspace, need.total, op);
-  MLA_CHECK(out.ndim == 3 && out.size(0) == t && out.size(1) == h_q && out.size(2) == kV,
-            "{}: out must be [{}, {}, 512], got {}", op, t, h_q, out.describe());
+  const Buffers need = carve(nullptr, t, h_q, w, q.dtype, 0, 0, /*staged=*/true, dqk, dv);
+  check_group_call(comm, q, 3, out, lse, workspace, need.total, op, dqk);
+  MLA_CHECK(out.size(0) == t && out.size(1) == h_q && dv >= 1, "{}: out must be [{}, {}, d_v], got {}", op, t, h_q,
+            out.describe());
   MLA_CHECK(!lse.defined() || (lse.ndim == 2 && lse.size(0) == t && lse.size(1) == h_q),
             "{}: lse must be [{}, {}], got {}", op, t, h_q, lse.describe());
+  const TensorView& sink = opts.attn_sink;
+  if (sink.defined()) {  // checked before any collective: the combine would refuse it only after the exchange
+    MLA_CHECK(sink.ndim == 1 && sink.size(0) == h_q && sink.dtype == DType::f32 && sink.device == comm.device(),
+              "{}: attn_sink must be f32 [h_q = {}] (this rank's heads) on {}, got {}", op, h_q,
+              to_string(comm.device()), sink.describe());
+  }
   if (t == 0) return;
-  const Buffers buf = carve(static_cast<char*>(workspace.data), t, h_q, w, q.dtype, 0, 0, /*staged=*/true);
+  const Buffers buf = carve(static_cast<char*>(workspace.data), t, h_q, w, q.dtype, 0, 0, /*staged=*/true, dqk, dv);
   const Device dev = comm.device();
   const std::size_t es = dtype_size(q.dtype);
   gather_q(comm, q, buf.q_recv, t, h_q, ctx);
   // sparse_mqa's q and out have one head stride: reorder the rank blocks into token-major order and back.
-  blocks_to_tokens(buf.q_all, buf.q_recv, static_cast<std::size_t>(t * h_q * kQk) * es, t, h_q, w, kQk, es, dev, ctx);
+  blocks_to_tokens(buf.q_all, buf.q_recv, static_cast<std::size_t>(t * h_q * dqk) * es, t, h_q, w, dqk, es, dev, ctx);
   const int64_t hw = h_q * w;
-  sparse_mqa(TensorView(buf.q_all, q.dtype, {t, hw, kQk}, dev), cache, indices, topk_length,
-             TensorView(buf.partial, q.dtype, {t, hw, kV}, dev), TensorView(buf.partial_lse, DType::f32, {t, hw}, dev),
-             softmax_scale, ctx);
-  tokens_to_blocks(buf.send, buf.block_bytes, buf.partial, t, h_q, w, kV, es, dev, ctx);
+  SparseOptions local = opts;
+  local.attn_sink = {};  // the combine takes it
+  sparse_mqa(TensorView(buf.q_all, q.dtype, {t, hw, dqk}, dev), cache, indices, topk_length,
+             TensorView(buf.partial, q.dtype, {t, hw, dv}, dev), TensorView(buf.partial_lse, DType::f32, {t, hw}, dev),
+             softmax_scale, local, ctx);
+  tokens_to_blocks(buf.send, buf.block_bytes, buf.partial, t, h_q, w, dv, es, dev, ctx);
   tokens_to_blocks(buf.send + buf.out_bytes, buf.block_bytes, reinterpret_cast<const char*>(buf.partial_lse), t, h_q, w,
                    1, 4, dev, ctx);
   exchange_and_combine(comm, buf, t, h_q, q.dtype, out.data, lse.defined() ? static_cast<float*>(lse.data) : nullptr,
-                       ctx);
+                       ctx, dv, sink);
 }
 
 }  // namespace mla

@@ -3,7 +3,9 @@
 // (W = every GPU of the machine, up to 4; on a one-GPU machine W = 1 still runs the gather / reorder /
 // exchange / combine path). dcp_mqa_decode (causal s_q 1 and 2; every DcpExchange) and dcp_sparse_mqa over the W shards
 // are compared with the float64 CPU oracle attending the whole cache, at the bf16 rule plus the
-// extra rounding of the bf16 partials (two bf16 quanta of max|ref|).
+// extra rounding of the bf16 partials (two bf16 quanta of max|ref|). The DeepSeek-V4 step (dcp_sparse_mqa with
+// SparseOptions over shards of both caches, dcp_compact_topk) on W = 2 and 4 GPUs (skipped on one), also with
+// every shard's rows past 4 GiB into its caches (64-bit row addresses).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +17,9 @@
 #include "mla/dcp.h"
 #include "mla/ops.h"
 #include "mla/variants.h"
+#include "runtime/device_api.h"
 #include "unit/attention_test_util.h"
+#include "unit/dcp_v4_test_util.h"
 
 namespace mla {
 namespace {
@@ -183,6 +187,126 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
 
 namespace mla {
 namespace {
+
+namespace v4 = test::dcp_v4;
+
+// A device cache poisoned with 0xff bytes by a device memset (caches of several GiB: no host copy).
+void poison_device(CacheBuffer& cb) {
+  cuda_rt::memset(cb.storage.data(), cb.storage.device().index, 0xff, cb.storage.nbytes());
+}
+
+// Runs the V4 step of problem `pr` on W GPUs (NCCL, one thread per GPU) and compares each rank's heads with the
+// float64 oracle over the whole caches: bf16 rule plus two bf16 quanta of max|ref| for the output (the partials
+// travel in bf16), 1e-5 for the LSE; the lonely tokens 1 and 2 give out 0 and lse = the sink exactly (one sink, not
+// W). block_base: the first block of every shard's rows (a large one puts them past 4 GiB into the caches).
+void check_v4_group(const v4::Problem& pr, int w, int im, int ie, bool sink, int64_t block_base, const std::string& what) {
+  SCOPED_TRACE(what);
+  const v4::Result want = v4::reference(pr, sink);
+  const NcclId id = nccl_make_id();
+  std::vector<Tensor> out(w), lse(w);
+  std::vector<std::string> err(w);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < w; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        auto comm = make_nccl_communicator(id, w, r, r, std::chrono::seconds(60));
+        v4::Result res = v4::rank_step(*comm, pr, {w, r, im}, {w, r, ie}, block_base, Device::cuda(r), DType::bf16,
+                                       sink, v4::Localize::compact, poison_device);
+        out[r] = res.out;
+        lse[r] = res.lse;
+      } catch (const std::exception& e) {
+        err[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < w; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+  const int64_t h = pr.h, hq = h / w;
+  const std::vector<double> go = v4::assemble(out, pr.t(), hq * v4::kDqk), gl = v4::assemble(lse, pr.t(), hq);
+  EXPECT_EQ(test::check_close(go, test::to_doubles(want.out), DType::bf16, 8e-3), "") << "out";
+  EXPECT_EQ(test::check_close(gl, test::to_doubles(want.lse), DType::f32, 1e-5), "") << "lse";
+  for (int64_t tok : {1, 2})
+    for (int64_t hh = 0; hh < h; ++hh) {
+      const double s = sink ? static_cast<const float*>(pr.sink.data())[hh] : -INFINITY;
+      EXPECT_EQ(gl[static_cast<std::size_t>(tok * h + hh)], s) << "token " << tok << " head " << hh;
+      for (int64_t x = 0; x < v4::kDqk; ++x) ASSERT_EQ(go[static_cast<std::size_t>((tok * h + hh) * v4::kDqk + x)], 0.0);
+    }
+}
+
+std::vector<int> v4_worlds() {
+  std::vector<int> ws;
+  for (int w : {2, 4})
+    if (w <= gpus()) ws.push_back(w);
+  return ws;
+}
+
+// bf16 rows, v4 records, V4.1's v41 window + v41_fp4 compressed cache; 16 and 64 heads of the group; with and
+// without the sink; W = 2 and 4 (the GPUs present).
+TEST(DcpGpu, SparseV4NcclMatchesWholeCache) {
+  MLA_SKIP_WITHOUT_GPU();
+  if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 or more GPUs (nvidia-h100-x2 / x4)";
+  struct Case {
+    CacheFormat main, extra;
+    int64_t page_main, page_extra;
+    int im, ie;
+  };
+  const Case cases[] = {{CacheFormat::bf16, CacheFormat::bf16, 64, 64, 1, 1},
+                        {CacheFormat::v4, CacheFormat::v4, 64, 4, 2, 4},
+                        {CacheFormat::v41, CacheFormat::v41_fp4, 16, 64, 16, 1}};
+  uint64_t seed = 600;
+  for (const Case& c : cases)
+    for (int64_t h : {16, 64}) {
+      const v4::Problem pr = v4::make_problem(
+          c.main, c.extra, c.page_main, c.page_extra, h, 9, seed++, [&](int64_t p) { return (p / c.im) % 4 == 0; },
+          [&](int64_t e) { return (e / c.ie) % 4 == 0; });
+      for (bool sink : {true, false})
+        for (int w : v4_worlds())
+          check_v4_group(pr, w, c.im, c.ie, sink,
+                         0, std::string(to_string(c.main)) + " + " + to_string(c.extra) + " h " + std::to_string(h) +
+                                " W " + std::to_string(w) + (sink ? " sink" : ""));
+    }
+}
+
+// Host-offloaded sparse caches reach millions of rows: every shard's rows sit past 4 GiB into its caches
+// (window v41 528 B and compressed v41_fp4 288 B rows, page 64: rows from ~15M on), so a 32-bit byte address or
+// row product anywhere in the step (localize, convert, the kernels' record reads) reads the wrong row (poisoned).
+TEST(DcpGpu, SparseV4RowsPast4GiB) {
+  MLA_SKIP_WITHOUT_GPU();
+  if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 or more GPUs (nvidia-h100-x2 / x4)";
+  const int64_t page = 64;
+  const int64_t block_base = ((int64_t{1} << 32) + page * 288 - 1) / (page * 288) + 1;  // past 4 GiB in both caches
+  const v4::Problem pr = v4::make_problem(CacheFormat::v41, CacheFormat::v41_fp4, page, page, 16, 9, 700,
+                                          [](int64_t p) { return p % 4 == 0; }, [](int64_t e) { return e % 4 == 0; });
+  const int w = gpus() >= 4 ? 4 : 2;
+  check_v4_group(pr, w, 1, 1, true, block_base, "v41 + v41_fp4 past 4 GiB W " + std::to_string(w));
+}
+
+TEST(DcpGpu, CompactTopkMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(85);
+  const int64_t t = 300, k = 700;
+  std::vector<int32_t> lens = {5000, 0, 77, 131072}, req, valid;
+  std::vector<std::vector<int32_t>> idx(static_cast<std::size_t>(t));
+  std::uniform_int_distribution<int32_t> u(-5, 140000), v(-3, static_cast<int32_t>(k) + 40);
+  for (int64_t i = 0; i < t; ++i) {
+    req.push_back(static_cast<int32_t>(i % 5) - (i % 7 == 0 ? 9 : 0));
+    valid.push_back(v(test::rng()));
+    for (int64_t j = 0; j < k; ++j) idx[i].push_back(u(test::rng()));
+  }
+  const Device gpu = Device::cuda(0);
+  const Tensor r = test::int_tensor(req), l = test::int_tensor(lens), x = test::int_tensor_2d(idx), vl = test::int_tensor(valid);
+  for (DcpLayout lay : {DcpLayout{2, 0, 1}, DcpLayout{4, 3, 64}, DcpLayout{1, 0, 1}})
+    for (bool lengths : {true, false}) {
+      Tensor want = Tensor::empty({t, k}, DType::i32), wn = Tensor::empty({t}, DType::i32);
+      Tensor got = test::poisoned({t, k}, DType::i32, gpu), gn = test::poisoned({t}, DType::i32, gpu);
+      dcp_compact_topk(r, l, x, lengths ? vl.view() : TensorView{}, want, wn, lay);
+      const Tensor rd = r.to(gpu), ld = l.to(gpu), xd = x.to(gpu), vd = vl.to(gpu);
+      dcp_compact_topk(rd, ld, xd, lengths ? vd.view() : TensorView{}, got, gn, lay);
+      EXPECT_EQ(test::to_ints(got), test::to_ints(want));
+      EXPECT_EQ(test::to_ints(gn), test::to_ints(wn));
+    }
+}
 
 TEST(DcpGpu, LocalizeTopkMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU();

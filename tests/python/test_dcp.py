@@ -129,6 +129,68 @@ def test_threads_equal_whole_cache(exchange):
         check_rank(*results[r], want, want_lse, r)
 
 
+def test_threads_v4_sparse_equal_whole_cache():
+    """The DeepSeek-V4 step from Python (dcp_compact_topk per list, convert_topk_indices, then dcp_sparse_mqa with
+    the V4 options) on 2 thread ranks, each holding its positions of a window cache (interleave 1) and its entries of
+    a compressed cache (interleave 2); float64 rows of 512 with K = V. Equals the formula over the whole caches with
+    the sink once (token 1 has no valid row anywhere: out 0, lse = the sink)."""
+    rng = np.random.default_rng(5)
+    w, h, d, page, scale = 2, 2, 512, 4, 512 ** -0.5
+    win, ent = rng.standard_normal((21, d)), rng.standard_normal((9, d))
+    idx = np.array([[20, 19, 18, 17, 3, -1], [-1] * 6, [0, 1, 2, 3, 4, 5]], np.int32)
+    win_len = np.array([5, 6, 4], np.int32)
+    e_idx = np.array([[8, 8, 2, -1], [9, 12, 0, 1], [0, 3, 5, 7]], np.int32)
+    e_len = np.array([4, 2, 3], np.int32)
+    T = len(idx)
+    q_all = rng.standard_normal((T, w * h, d))
+    sink_all = rng.standard_normal(w * h).astype(np.float32)
+    req = np.zeros(T, np.int32)
+
+    want_out, want_lse = np.zeros((T, w * h, d)), np.zeros((T, w * h))
+    for t in range(T):
+        keys = [win[p] for j, p in enumerate(idx[t]) if j < win_len[t] and 0 <= p < len(win)]
+        keys += [ent[e] for j, e in enumerate(e_idx[t]) if j < e_len[t] and 0 <= e < len(ent)]
+        k = np.array(keys).reshape(-1, d)
+        s = q_all[t] @ k.T * scale
+        m = np.maximum(s.max(axis=1, initial=-np.inf), sink_all)
+        p = np.exp(s - m[:, None])
+        l = p.sum(axis=1) + np.exp(sink_all - m)
+        want_out[t], want_lse[t] = p @ k / l[:, None], m + np.log(l)
+
+    def shard(rows, r, il):
+        local = [rows[p] for p in range(len(rows)) if mla.dcp_owner(p, w, r, il) == r]
+        mb = (len(local) + page - 1) // page
+        c = np.full((mb * page, d), np.nan)
+        c[:len(local)] = local
+        return mla.KVCache(c.reshape(mb, page, d), mla.CacheFormat.f64, d_qk=d), np.arange(mb, dtype=np.int32)[None]
+
+    group = mla.local_group(w, timeout=20)
+
+    def step(r):
+        lists = []
+        for rows, il, ix, vl in ((win, 1, idx, win_len), (ent, 2, e_idx, e_len)):
+            cache, table = shard(rows, r, il)
+            local, counts = np.empty_like(ix), np.empty(T, np.int32)
+            mla.dcp_compact_topk(req, np.array([len(rows)], np.int32), ix, vl, local, counts, w, r, il)
+            slots = np.empty_like(ix)
+            mla.convert_topk_indices(req, table, local, slots, page)
+            lists.append((cache, slots, counts))
+        (wc, wrows, wcount), (ec, erows, ecount) = lists
+        out, lse = np.full((T, h, d), np.nan), np.full((T, h), np.nan, np.float32)
+        ws = np.zeros(mla.dcp_sparse_mqa_workspace_bytes(T, h, "f64", w, d_qk=d, d_v=d), np.uint8)
+        mla.dcp_sparse_mqa(group[r], np.ascontiguousarray(q_all[:, r * h:(r + 1) * h]), wc, wrows, wcount, out, lse,
+                           scale, ws, attn_sink=np.ascontiguousarray(sink_all[r * h:(r + 1) * h]), extra_kv=ec,
+                           extra_indices=erows, extra_topk_length=ecount, values_include_rope=True)
+        return out, lse
+
+    results = _run_threads(w, step, 60)
+    for r in range(w):
+        out, lse = results[r]
+        np.testing.assert_allclose(out, want_out[:, r * h:(r + 1) * h], rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(lse, want_lse[:, r * h:(r + 1) * h], rtol=2e-5, atol=2e-5)
+        assert (out[1] == 0).all() and (lse[1] == sink_all[r * h:(r + 1) * h]).all()
+
+
 def test_layout_helpers():
     assert [mla.dcp_owner(p, 2, interleave=2) for p in range(6)] == [0, 0, 1, 1, 0, 0]
     assert mla.dcp_local_length(7, 2, 1) == 3 and mla.dcp_local_length(7, 2, 0) == 4

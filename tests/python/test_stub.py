@@ -25,7 +25,7 @@ PROP = re.compile(r"^\(.*\) -> (.+)$")
 # The functional ops and the DCP ops: their docstrings give every tensor's shape.
 SHAPED = ["write_cache", "gather_cache", "cp_gather_cache", "upconvert_ds_mla", "merge_attn_states",
           "convert_topk_indices", "mqa_decode", "mha_prefill", "sparse_mqa", "gemm", "bmm", "dcp_mqa_decode",
-          "dcp_sparse_mqa"]
+          "dcp_sparse_mqa", "dcp_compact_topk"]
 
 
 def _public(obj):

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "attention_test_util.h"
+#include "dcp_v4_test_util.h"
 #include "dist/socket_group.h"
 #include "mla/comm.h"
 #include "mla/dcp.h"
@@ -333,6 +334,88 @@ TEST(DcpGroup, SparseEqualsWholeCache) {
     }
   expect_close(got, test::to_doubles(want), 2e-5, "sparse out");
   expect_close(got_lse, test::to_doubles(want_lse), 2e-5, "sparse lse");
+}
+
+// The DeepSeek-V4 step (dcp_sparse_mqa with SparseOptions, dcp_compact_topk; dcp_v4_test_util.h): W = 2 and 4
+// threads, each holding its shard of the window and the compressed cache (own interleaves), equal one
+// sparse_mqa over the whole caches for the group's heads (float64 oracle): bf16 rows, v4 records, and V4.1's v41
+// window with a v41_fp4 compressed cache; 16 and 64 heads; with the sink and without; lonely tokens (no valid
+// row anywhere: out 0, lse = the sink exactly, which W sinks would move by ln W), tokens whose rows one rank
+// holds, -1 entries, entries past the request's count, valid lengths shorter than the rows (the rows past them
+// valid positions of poisoned-if-read caches). Compacted lists, and the filtered (-1 in place) lists once.
+TEST(DcpGroup, SparseV4EqualsWholeCache) {
+  namespace v4 = test::dcp_v4;
+  struct Case {
+    CacheFormat main, extra;
+    int64_t page_main, page_extra;
+    int im, ie;  // interleaves of the window and the compressed cache
+  };
+  const Case cases[] = {{CacheFormat::bf16, CacheFormat::bf16, 16, 4, 1, 1},
+                        {CacheFormat::v4, CacheFormat::v4, 64, 4, 2, 4},
+                        {CacheFormat::v41, CacheFormat::v41_fp4, 16, 8, 16, 1}};
+  uint64_t seed = 500;
+  for (const Case& c : cases)
+    for (int64_t h : {16, 64}) {
+      const v4::Problem pr = v4::make_problem(
+          c.main, c.extra, c.page_main, c.page_extra, h, 9, seed++, [&](int64_t p) { return (p / c.im) % 4 == 0; },
+          [&](int64_t e) { return (e / c.ie) % 4 == 0; });
+      for (bool sink : {true, false}) {
+        const v4::Result want = v4::reference(pr, sink);
+        const std::vector<double> wo = test::to_doubles(want.out), wl = test::to_doubles(want.lse);
+        for (int w : {2, 4})
+          for (v4::Localize how : {v4::Localize::compact, v4::Localize::filter}) {
+            if (how == v4::Localize::filter && (h != 16 || w != 4)) continue;
+            const std::string what = std::string(to_string(c.main)) + " + " + to_string(c.extra) + " h " +
+                                     std::to_string(h) + " W " + std::to_string(w) + (sink ? " sink" : "") +
+                                     (how == v4::Localize::filter ? " filtered" : "");
+            SCOPED_TRACE(what);
+            std::vector<Tensor> out(w), lse(w);
+            auto group = make_local_group(w);
+            const auto err = on_ranks(group, [&](int r, Communicator& comm) {
+              v4::Result res = v4::rank_step(comm, pr, {w, r, c.im}, {w, r, c.ie}, 0, Device::cpu(), DType::f32, sink,
+                                             how, v4::poison_host);
+              out[r] = res.out;
+              lse[r] = res.lse;
+            });
+            for (int r = 0; r < w; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
+            const int64_t hq = h / w;
+            const std::vector<double> go = v4::assemble(out, pr.t(), hq * v4::kDqk), gl = v4::assemble(lse, pr.t(), hq);
+            expect_close(go, wo, 2e-5, what + " out");
+            expect_close(gl, wl, 2e-5, what + " lse");
+            // Tokens 1 and 2 have no valid row on any rank: out 0 and lse = the sink itself (one sink, not W).
+            for (int64_t tok : {1, 2})
+              for (int64_t hh = 0; hh < h; ++hh) {
+                const double s = sink ? static_cast<const float*>(pr.sink.data())[hh] : -INFINITY;
+                EXPECT_EQ(gl[static_cast<std::size_t>(tok * h + hh)], s) << "token " << tok << " head " << hh;
+                for (int64_t x = 0; x < v4::kDqk; ++x)
+                  ASSERT_EQ(go[static_cast<std::size_t>((tok * h + hh) * v4::kDqk + x)], 0.0);
+              }
+          }
+      }
+    }
+}
+
+// The V4 step refuses a sink of the group's heads (it takes the rank's own) on every rank, before any
+// collective: no rank is left waiting.
+TEST(DcpGroup, SparseV4RefusesTheGroupsSinkEverywhere) {
+  namespace v4 = test::dcp_v4;
+  const int w = 2;
+  const v4::Problem pr = v4::make_problem(CacheFormat::bf16, CacheFormat::bf16, 16, 4, 4, 3, 77,
+                                          [](int64_t) { return true; }, [](int64_t) { return true; });
+  auto group = make_local_group(w, std::chrono::milliseconds(2000));
+  const auto err = on_ranks(group, [&](int, Communicator& comm) {
+    const int64_t t = pr.t(), hq = pr.h / w;
+    Tensor q = Tensor::zeros({t, hq, v4::kDqk}, DType::f32), out = Tensor::empty({t, hq, v4::kDqk}, DType::f32);
+    Tensor rows = test::int_tensor_2d(std::vector<std::vector<int32_t>>(static_cast<std::size_t>(t), {-1}));
+    const CacheBuffer cb = allocate_cache(CacheFormat::bf16, 1, 16, Device::cpu(), 1.0f, 512, 64);
+    SparseOptions o;
+    o.attn_sink = pr.sink.view();  // [h], not [h / W]
+    o.values_include_rope = true;
+    Tensor ws = Tensor::empty({static_cast<int64_t>(dcp_sparse_mqa_workspace_bytes(t, hq, DType::f32, w, 512, 512))},
+                              DType::u8);
+    dcp_sparse_mqa(comm, q, cb.cache, rows, {}, out, {}, pr.scale, o, ws);
+  });
+  for (int r = 0; r < w; ++r) EXPECT_NE(err[r].find("attn_sink"), std::string::npos) << err[r];
 }
 
 // W socket-group ranks on W threads (each connects as a process would; rank 0 listens on `path`).
