@@ -313,13 +313,13 @@ __device__ __forceinline__ V4Tiles v4_tiles(const DecodeSm90Params& p, int64_t g
   return v;
 }
 
-// The converter over the n_tiles tiles of one list, the unit's tiles i0 .. i0 + n_tiles - 1 (stage i % 2): as
-// converter() above, with the record decoders (records.cuh). Ahead of the stores of tile k: tile k + 1's record half
+// v4's converter over the n_tiles tiles of one list, by key (records.cuh Codes<v4>: thread (key, half)), the unit's
+// tiles i0 .. i0 + n_tiles - 1 (stage i % 2): as converter() above. Ahead of the stores of tile k: tile k + 1's record half
 // in registers (loaded right after tile k's stores), tile k + 2's record in L2 (prefetched then), tile k + 3's index
 // entry in a register, so that neither the loads nor the prefetch wait for a read of the index row. Returns the
 // next tile index.
 template <CacheFormat F, class G>
-__device__ __forceinline__ int convert_list(const G& geo, const records::List& l, int n_tiles, int i0, const Smem& sm) {
+__device__ __forceinline__ int convert_list_keys(const G& geo, const records::List& l, int n_tiles, int i0, const Smem& sm) {
   using Fmt = CacheFormatTraits<F>;
   constexpr int kBytes = static_cast<int>(Fmt::row_stride_bytes());  // v4: the body (its slot is in the page region)
   constexpr int kLines = (kBytes + 112 + 127) / 128;
@@ -358,6 +358,59 @@ __device__ __forceinline__ int convert_list(const G& geo, const records::List& l
   return i0 + n_tiles;
 }
 
+// The converter over the n_tiles tiles of one list, the unit's tiles i0 .. i0 + n_tiles - 1 (stage i % 2), warp w
+// taking keys 16 w .. 16 w + 15 of each tile (records.cuh Warp: coalesced record reads). Ahead of the stores of tile
+// k: tile k + 1's records in registers (loaded right after tile k's stores), tile k + 2's in L2 (prefetched then),
+// tile k + 3's index entries in a register (lane j and j + 16: key j's), so that neither the loads nor the prefetch
+// wait for a read of the index row. Returns the next tile index.
+template <CacheFormat F, class G>
+__device__ __forceinline__ int convert_list(const G& geo, const records::List& l, int n_tiles, int i0, const Smem& sm) {
+  using Fmt = CacheFormatTraits<F>;
+  constexpr int kBytes = static_cast<int>(Fmt::row_stride_bytes());  // v4: the body (its slot is in the page region)
+  constexpr int kLines = (kBytes + 112 + 127) / 128;
+  const int lane = threadIdx.x & 31, w = (threadIdx.x & 127) >> 5, j = lane & 15;
+  records::Warp<F> codes;
+  auto entry = [&](int tile) { return records::entry(l, tile * T::kBlockN + 16 * w + j); };
+  auto load = [&](int32_t e) {
+    const uint8_t *body, *slot;
+    const bool v = records::locate<F>(geo, e, body, slot);
+    codes.load(body, slot, v, lane);
+  };
+  // Key j's record lines into L2: lanes j and j + 16 take alternate lines.
+  auto prefetch = [&](int32_t e) {
+    const uint8_t *body, *slot;
+    if (!records::locate<F>(geo, e, body, slot)) return;
+#pragma unroll
+    for (int ln = lane >> 4; ln < kLines; ln += 2) ptx::prefetch_l2(body + (128 * ln < kBytes ? 128 * ln : kBytes - 1));
+  };
+  if (n_tiles == 0) return i0;
+  load(entry(0));
+  int32_t e1 = entry(1), e2 = entry(2);
+  if (n_tiles > 1) prefetch(e1);
+#pragma unroll 1
+  for (int k = 0; k < n_tiles; ++k) {
+    const int i = i0 + k, s = i & 1;
+    ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
+    codes.store(sm.stage(s), w, lane);
+    if (lane == 0) reinterpret_cast<uint16_t*>(sm.mask_words(s))[w] = static_cast<uint16_t>(codes.valid);
+    ptx::fence_proxy_async_smem();
+    ptx::mbar_arrive(sm.full(s));
+    if (k + 1 < n_tiles) load(e1);
+    if (k + 2 < n_tiles) prefetch(e2);
+    e1 = e2;
+    e2 = entry(k + 3);
+  }
+  return i0 + n_tiles;
+}
+
+// The layout per format (nvidia-h200, --grid v4, same call: the warp layout x0.74-0.84 of the by-key one over
+// v41 + v41_fp4; x1.10-1.12 over v4, whose 36-chunk body leaves four lanes without codes and needs a cp.async tail).
+template <CacheFormat F, class G>
+__device__ __forceinline__ int convert_records(const G& geo, const records::List& l, int n_tiles, int i0, const Smem& sm) {
+  if constexpr (F == CacheFormat::v4) return convert_list_keys<F>(geo, l, n_tiles, i0, sm);
+  else return convert_list<F>(geo, l, n_tiles, i0, sm);
+}
+
 // Both lists' index rows into L2 at the unit's start (a line per converter thread), then the lists in order.
 template <CacheFormat FM, CacheFormat FE>
 __device__ __forceinline__ void record_converter(const DecodeSm90Params& p, const V4Tiles& v, const Smem& sm) {
@@ -365,8 +418,8 @@ __device__ __forceinline__ void record_converter(const DecodeSm90Params& p, cons
   const int main_lines = (v.main.len + 31) / 32, extra_lines = (v.extra.len + 31) / 32;
   for (int ln = t; ln < main_lines + extra_lines; ln += 128)
     ptx::prefetch_l2(ln < main_lines ? v.main.row + 32 * ln : v.extra.row + 32 * (ln - main_lines));
-  const int i = convert_list<FM>(p.gather, v.main, v.n_main, 0, sm);
-  convert_list<FE>(p.extra, v.extra, v.n_extra, i, sm);
+  const int i = convert_records<FM>(p.gather, v.main, v.n_main, 0, sm);
+  convert_records<FE>(p.extra, v.extra, v.n_extra, i, sm);
 }
 
 // The attention sink of a row (log2 domain: sink * log2 e) joins its running reference m and sum l as a key of value

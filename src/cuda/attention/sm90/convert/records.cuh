@@ -13,8 +13,13 @@
 //   e2m1: a nibble's sign and three magnitude bits placed at bf16 bits 15 and 6..8 are value * 2^-126 (e = 0, the
 //         half, is a bf16 subnormal: exact), one bf16 multiply by 2^126 * scale (exact: 4 significant bits) when
 //         |scale| < 4, else two (2^126, then the scale). A NaN scale (0x7f / 0xff) makes its 16 values NaN.
-// Thread (key, half h) owns half of its key's columns: 256 h .. 256 h + 255 (latent panels 4 h .. 4 h + 3) for v41 /
-// v41_fp4; for v4 codes 224 h .. 224 h + 223 and rope columns 448 + 32 h .. + 31 (18 chunks each).
+// Loads are coalesced: converter warp w owns keys 16 w .. 16 w + 15 of a tile, and lane l of the warp owns the l-th
+// 16 codes of every one of them (one 16-byte chunk of e4m3 codes, or 8 bytes of e2m1 pairs), so that a warp's load
+// instruction reads one record's contiguous bytes (4 or 2 lines) instead of one chunk of 32 records (32 lines: the
+// L1 then tracks 32 partial-line misses per instruction and the converter waits on them). Lane l writes the row's
+// bf16 chunks 2 l and 2 l + 1 (columns 16 l .. 16 l + 15). v4 keeps the by-key layout (Codes<v4>: thread (key, half)
+// owns 18 chunks of its key): its 36-chunk body leaves lanes of the warp layout idle and measured slower there
+// (convert/kernel.cuh convert_records).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -36,22 +41,18 @@ __device__ __forceinline__ uint32_t bf16_pow2(int k) { return static_cast<uint32
 __device__ __forceinline__ uint32_t splat(uint32_t h) { return h | h << 16; }
 inline constexpr uint32_t kBf16Nan = 0x7fc0u;
 
-// A ue8m0 scale byte b as the multiplier(s) of e4m3x2_tiny_bf16x2's value * 2^-120: m1 (and m2, 1.0 unless b > 134).
+// A ue8m0 scale byte b as the multiplier(s) of e4m3x2_tiny_bf16x2's value * 2^-120: m1 (and m2, 1.0 unless b > 134),
+// without branches.
 struct Ue8m0 {
   uint32_t m1, m2;
   __device__ __forceinline__ explicit Ue8m0(uint32_t b) {
-    if (b == 255) {
-      m1 = splat(kBf16Nan);
-      m2 = splat(bf16_pow2(0));
-    } else if (b <= 134) {
-      m1 = splat(bf16_pow2(static_cast<int>(b) - 7));
-      m2 = splat(bf16_pow2(0));
-    } else {
-      m1 = splat(bf16_pow2(127));
-      m2 = splat(bf16_pow2(static_cast<int>(b) - 134));
-    }
+    const bool big = b > 134;
+    const uint32_t h1 = b == 255 ? kBf16Nan : big ? bf16_pow2(127) : bf16_pow2(static_cast<int>(b) - 7);
+    const uint32_t h2 = big && b != 255 ? bf16_pow2(static_cast<int>(b) - 134) : bf16_pow2(0);
+    m1 = splat(h1);
+    m2 = splat(h2);
   }
-  __device__ __forceinline__ bool two() const { return m2 != splat(bf16_pow2(0)); }
+  __device__ __forceinline__ static bool two(uint32_t b) { return b > 134 && b != 255; }
 };
 
 // An e4m3 scale byte as the multiplier(s) of the e2m1 decoding's value * 2^-126.
@@ -60,15 +61,15 @@ struct E4m3Scale {
   __device__ __forceinline__ explicit E4m3Scale(uint32_t byte) {
     const __half_raw hr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
     const float f = __half2float(__half(hr));
-    if (f != f || fabsf(f) < 4.0f) {
-      m1 = splat(__bfloat16_as_ushort(__float2bfloat16_rn(f * 0x1p126f)));
-      m2 = splat(bf16_pow2(0));
-    } else {
-      m1 = splat(bf16_pow2(126));
-      m2 = splat(__bfloat16_as_ushort(__float2bfloat16_rn(f)));
-    }
+    const bool big = two(byte);
+    m1 = splat(big ? bf16_pow2(126) : __bfloat16_as_ushort(__float2bfloat16_rn(f * 0x1p126f)));
+    m2 = splat(big ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : bf16_pow2(0));
   }
-  __device__ __forceinline__ bool two() const { return m2 != splat(bf16_pow2(0)); }
+  // |scale| >= 4 (not NaN): e4m3 magnitudes from 4.0 are bytes 0x48 .. 0x7e.
+  __device__ __forceinline__ static bool two(uint32_t byte) {
+    const uint32_t m = byte & 0x7fu;
+    return m >= 0x48u && m != 0x7fu;
+  }
 };
 
 // Sixteen e4m3 codes (byte i = column i) as bf16 code * 2^-120 into lo (columns 0..7) and hi (8..15).
@@ -121,7 +122,7 @@ __device__ __forceinline__ void load16(uint4 (&dst)[N], const uint8_t* src, bool
 template <CacheFormat F>
 struct Codes;
 
-// v4 (584 bytes: a 576-byte body [448 e4m3 | 64 bf16 rope], its 8-byte slot of 7 ue8m0 scales, one per 64 codes, in
+// v4 by key (the layout v4 measured faster in: see Warp): thread (key, half h), 584 bytes: a 576-byte body [448 e4m3 | 64 bf16 rope], its 8-byte slot of 7 ue8m0 scales, one per 64 codes, in
 // the page's scale region). Half h: codes 224 h .. 224 h + 223 (raw 0..13, 16 codes each) into registers, the whole
 // slot; its rope columns 448 + 32 h .. + 31 (bf16, 64 bytes) go straight into panel 7 by cp.async when the stage is
 // written (no registers held across the stage's wait; the copies land before the stage is published).
@@ -154,7 +155,7 @@ struct Codes<CacheFormat::v4> {
     }
     bool two = false;
 #pragma unroll
-    for (int g = 0; g < 7; ++g) two |= Ue8m0(scale_byte(g)).two();
+    for (int g = 0; g < 7; ++g) two |= Ue8m0::two(scale_byte(g));
     if (__any_sync(0xffffffffu, two)) {
 #pragma unroll 1
       for (int c = 14 * half; c < 14 * half + 14; ++c) {
@@ -168,86 +169,142 @@ struct Codes<CacheFormat::v4> {
   }
 };
 
-// v41 (528 bytes: 512 e4m3 codes | 16 ue8m0 scales, one per 32 codes). Half h: codes 256 h .. (raw 0..15), scales
-// 8 h .. 8 h + 7.
-template <>
-struct Codes<CacheFormat::v41> {
-  uint4 raw[16];
-  uint2 slot;
-  bool valid;
-  __device__ __forceinline__ void load(const uint8_t* body, const uint8_t* slot_ptr, bool v, int half) {
-    valid = v;
-    load16(raw, body + 256 * half, valid);
-    slot = valid ? __ldg(reinterpret_cast<const uint2*>(slot_ptr) + half) : make_uint2(0, 0);
-  }
-  template <int half>
-  __device__ __forceinline__ void store(uint8_t* stage, int key) const {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const Ue8m0 s(scale_byte(i / 2));
-      uint4 lo, hi;
-      e4m3x16_tiny(raw[i], lo, hi);
-      put(stage, key, 32 * half + 2 * i, mul4(lo, s.m1));
-      put(stage, key, 32 * half + 2 * i + 1, mul4(hi, s.m1));
-    }
-    bool two = false;
-#pragma unroll
-    for (int g = 0; g < 8; ++g) two |= Ue8m0(scale_byte(g)).two();
-    if (__any_sync(0xffffffffu, two)) {
-#pragma unroll 1
-      for (int i = 0; i < 16; ++i) {
-        const Ue8m0 s(scale_byte(i / 2));
-        times(stage, key, 32 * half + 2 * i, s.m2);
-        times(stage, key, 32 * half + 2 * i + 1, s.m2);
-      }
-    }
-  }
-  __device__ __forceinline__ uint32_t scale_byte(int g) const { return ((g < 4 ? slot.x : slot.y) >> (8 * (g & 3))) & 0xffu; }
-};
-
-// v41_fp4 (288 bytes: 512 e2m1 codes in 256 bytes | 32 e4m3 scales, one per 16 codes). Half h: bytes 128 h ..
-// (raw 0..7: 32 codes each), scales 16 h .. 16 h + 15.
-template <>
-struct Codes<CacheFormat::v41_fp4> {
-  uint4 raw[8];
-  uint4 slot;
-  bool valid;
-  __device__ __forceinline__ void load(const uint8_t* body, const uint8_t* slot_ptr, bool v, int half) {
-    valid = v;
-    load16(raw, body + 128 * half, valid);
-    slot = valid ? __ldg(reinterpret_cast<const uint4*>(slot_ptr) + half) : make_uint4(0, 0, 0, 0);
-  }
-  __device__ __forceinline__ uint32_t scale_byte(int g) const {
-    const uint32_t w = g < 4 ? slot.x : g < 8 ? slot.y : g < 12 ? slot.z : slot.w;
-    return (w >> (8 * (g & 3))) & 0xffu;
-  }
-  template <int half>
-  __device__ __forceinline__ void store(uint8_t* stage, int key) const {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {  // word k: codes 8k .. 8k + 7 of the chunk, scale 2 i + k / 2
-        const E4m3Scale s(scale_byte(2 * i + k / 2));
-        put(stage, key, 32 * half + 4 * i + k, mul4(e2m1x8_tiny(w[k]), s.m1));
-      }
-    }
-    bool two = false;
-#pragma unroll
-    for (int g = 0; g < 16; ++g) two |= E4m3Scale(scale_byte(g)).two();
-    if (__any_sync(0xffffffffu, two)) {
-#pragma unroll 1
-      for (int n = 0; n < 32; ++n) times(stage, key, 32 * half + n, E4m3Scale(scale_byte(n / 2)).m2);
-    }
-  }
-};
-
 // Codes::store with the half as a constant (every stage address a compile-time offset from the key's row).
 template <class C>
 __device__ __forceinline__ void store_half(const C& c, uint8_t* stage, int key, int half) {
   if (half) c.template store<1>(stage, key);
   else c.template store<0>(stage, key);
 }
+
+__device__ __forceinline__ uint32_t ldg_u8(const uint8_t* p) { return __ldg(p); }
+
+// Per format: what lane l of a warp reads of a record and how it decodes it.
+//   kBytes   bytes per lane from the body (16: e4m3 codes; 8: e2m1 pairs)
+//   coded(l) whether lane l's bytes are codes (v4: lanes 28..31 read the first half of the bf16 rope, copied)
+//   scale_at(l)  the lane's scale byte in the slot
+template <CacheFormat F>
+struct Lane;
+// v4 (584 bytes: a 576-byte body [448 e4m3 | 64 bf16 rope]; the slot of 7 ue8m0 scales, one per 64 codes, in the
+// page's scale region): lanes 0..27 codes 16 l .., scale l / 4; lanes 28..31 rope columns 8 (l - 28) .. (bytes 448 ..
+// 511 of the body), copied; the rope's second half (bytes 512 .. 575) by cp.async at the store (Warp::store).
+template <>
+struct Lane<CacheFormat::v4> {
+  static constexpr int kBytes = 16;
+  static __device__ __forceinline__ bool coded(int l) { return l < 28; }
+  static __device__ __forceinline__ int scale_at(int l) { return l < 28 ? l / 4 : 0; }
+};
+// v41 (528 bytes: 512 e4m3 codes | 16 ue8m0 scales, one per 32 codes): lane l codes 16 l .., scale l / 2.
+template <>
+struct Lane<CacheFormat::v41> {
+  static constexpr int kBytes = 16;
+  static __device__ __forceinline__ bool coded(int) { return true; }
+  static __device__ __forceinline__ int scale_at(int l) { return l / 2; }
+};
+// v41_fp4 (288 bytes: 512 e2m1 codes in 256 bytes | 32 e4m3 scales, one per 16 codes): lane l bytes 8 l .. (codes
+// 16 l ..), scale l.
+template <>
+struct Lane<CacheFormat::v41_fp4> {
+  static constexpr int kBytes = 8;
+  static __device__ __forceinline__ bool coded(int) { return true; }
+  static __device__ __forceinline__ int scale_at(int l) { return l; }
+};
+
+// Stage chunk n of row `key` (n < 64: panel n / 8, chunk n % 8).
+__device__ __forceinline__ uint8_t* chunk_at(uint8_t* stage, int key, int n) {
+  return stage + (n / 8) * T::kPanelBytes + swz(key, n % 8);
+}
+
+// One converter warp's share of a tile: keys 16 w + j (j < 16), lane l's bytes of each and its scale byte. Key j's
+// record is located by lane j (and lane j + 16, the same): body / slot, broadcast by shuffles.
+template <CacheFormat F>
+struct Warp {
+  using L = Lane<F>;
+  uint4 raw[16];
+  uint32_t sb4[4];       // key j's scale byte in byte j % 4 of sb4[j / 4]
+  uint32_t valid;        // bit j: key j read (every lane the same)
+  const uint8_t* body;   // lane j: key j's body (v4's rope tail at the store)
+  __device__ __forceinline__ void load(const uint8_t* body_j, const uint8_t* slot_j, bool v_j, int lane) {
+    body = body_j;
+    valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) sb4[q] = 0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t* b = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body_j), j));
+      const uint8_t* sl = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(slot_j), j));
+      const bool v = (valid >> j) & 1u;
+      if constexpr (L::kBytes == 16) {
+        raw[j] = v ? __ldg(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
+      } else {
+        const uint2 x = v ? __ldg(reinterpret_cast<const uint2*>(b) + lane) : make_uint2(0, 0);
+        raw[j] = make_uint4(x.x, x.y, 0, 0);
+      }
+      const uint32_t b8 = v && L::coded(lane) ? ldg_u8(sl + L::scale_at(lane)) : 0u;
+      sb4[j / 4] |= b8 << (8 * (j % 4));
+    }
+  }
+  __device__ __forceinline__ uint32_t sb(int j) const { return (sb4[j / 4] >> (8 * (j % 4))) & 0xffu; }
+  // Lane l's two bf16 chunks of key j: 16 codes times their scale (first multiply).
+  __device__ __forceinline__ void decode(int j, uint4& lo, uint4& hi) const {
+    if constexpr (F == CacheFormat::v41_fp4) {
+      const E4m3Scale s(sb(j));
+      lo = mul4(e2m1x8_tiny(raw[j].x), s.m1);
+      hi = mul4(e2m1x8_tiny(raw[j].y), s.m1);
+    } else {
+      const Ue8m0 s(sb(j));
+      e4m3x16_tiny(raw[j], lo, hi);
+      lo = mul4(lo, s.m1);
+      hi = mul4(hi, s.m1);
+    }
+  }
+  __device__ __forceinline__ static bool two(uint32_t b) {
+    if constexpr (F == CacheFormat::v41_fp4) return E4m3Scale::two(b);
+    else return Ue8m0::two(b);
+  }
+  __device__ __forceinline__ static uint32_t m2(uint32_t b) {
+    if constexpr (F == CacheFormat::v41_fp4) return E4m3Scale(b).m2;
+    else return Ue8m0(b).m2;
+  }
+  // Into the stage: rows 16 w + j, lane l's chunks 2 l, 2 l + 1 (v4 lanes 28..31: rope chunk 56 + l - 28, and the
+  // rope's chunks 60..63 by cp.async, landed before return).
+  __device__ __forceinline__ void store(uint8_t* stage, int w, int lane) const {
+    if constexpr (F == CacheFormat::v4) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {  // keys l / 4 + 8 i, rope chunk 4 + l % 4 (bytes 512 + 16 (l % 4) of the body)
+        const int j = lane / 4 + 8 * i;
+        const uint8_t* b = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body), j));
+        ptx::cp_async_16_or_zero(chunk_at(stage, 16 * w + j, 60 + lane % 4), b + 512 + 16 * (lane % 4),
+                                 !((valid >> j) & 1u));
+      }
+    }
+    bool two_any = false;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int key = 16 * w + j;
+      if (L::coded(lane)) {
+        uint4 lo, hi;
+        decode(j, lo, hi);
+        *reinterpret_cast<uint4*>(chunk_at(stage, key, 2 * lane)) = lo;
+        *reinterpret_cast<uint4*>(chunk_at(stage, key, 2 * lane + 1)) = hi;
+        two_any |= two(sb(j));
+      } else {
+        *reinterpret_cast<uint4*>(chunk_at(stage, key, 56 + lane - 28)) = raw[j];
+      }
+    }
+    if (__any_sync(0xffffffffu, two_any) && L::coded(lane)) {  // rare: a scale beyond one multiplier's range
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t m = m2(sb(j));
+        times(stage, 16 * w + j, 2 * lane, m);
+        times(stage, 16 * w + j, 2 * lane + 1, m);
+      }
+    }
+    if constexpr (F == CacheFormat::v4) {
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<0>();
+    }
+  }
+};
 
 // One index list of a token: entries [0, len) of `row` name flat rows of its cache (block r / page_size, offset
 // r % page_size; outside [0, num_slots) never read). The cache's geometry G (DecodeSm90Params::Gather or ::Extra:
