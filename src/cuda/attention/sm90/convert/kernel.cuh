@@ -6,12 +6,14 @@
 // model: docs/design/fp8_64row_plan.md design B).
 //
 // Roles (384 threads, __launch_bounds__(384, 1), one CTA per (row tile, split, request)):
-//   warpgroup 0, the converter (fp8 128, fp8_ds_mla 104 registers): thread t owns key t % 64 of each tile and
-//     half h = t / 64 of its columns (latent panels 4h .. 4h + 3, the rope panel's chunks 4h .. 4h + 3): it loads
-//     that part of the key's 576 codes into registers (18 x 16 bytes, through the block table), waits for the
-//     stage's release, writes the codes exactly into the stage's swizzled K-major panels (fp8: f16 by F2FP;
-//     fp8_ds_mla: bf16 code * 2^-56, e4m3x8_exact_to_bf16; NaN codes stay NaN), fences the proxy and arrives; then
-//     loads the next tile's codes and prefetches the row of the tile after it into L2.
+//   warpgroup 0, the converter (fp8 128, fp8_ds_mla 104 registers): it loads a tile's codes into registers
+//     (through the block table or the index row), waits for the stage's release, writes the codes exactly into the
+//     stage's swizzled K-major panels (fp8: f16 by F2FP; fp8_ds_mla: bf16 code * 2^-56, e4m3x8_exact_to_bf16; NaN
+//     codes stay NaN), fences the proxy and arrives; then loads the next tile's codes and prefetches the rows of the
+//     tile after it into L2. fp8 by key: thread t owns key t % 64 of each tile and half h = t / 64 of its columns
+//     (latent panels 4h .. 4h + 3, the rope panel's chunks 4h .. 4h + 3: 18 x 16 bytes of the key's 576 codes).
+//     fp8_ds_mla a warp per key (DsWarp): warp w owns keys 16w .. 16w + 15, lane l the l-th 16 codes of each (and a
+//     share of their rope chunks and scales), so that one load instruction reads one record's contiguous bytes.
 //   warpgroup 1, S (fp8 216, fp8_ds_mla 232): loads Q (64 x 576 bf16) into shared memory once per unit; per tile
 //     S = Q K^T (36 ss m64n64k16), the key mask and causal limits, the lazy maximum, P = 2^(S - ref), O_L *= a and
 //     O_L += P V_L (rs m64n256k16 over the latent panels 0..3); P also goes into the stage's rope panel (read by
@@ -132,7 +134,7 @@ __device__ __forceinline__ void e4m3x16_to_f16(const uint4& raw, uint4& lo, uint
 
 // One tile's codes of this thread's key and column half, in registers. Key j of the unit is located by RowsT
 // (PagedRows: through the block table; IndexedRows: the token's index row); a key that is not loaded (past the
-// unit's range, a page or index outside the cache) gets zeros (and zero scales) and valid = false: nothing read.
+// unit's range, a page or index outside the cache) gets zeros and valid = false: nothing read.
 template <CacheFormat F>
 struct Codes;
 
@@ -177,43 +179,82 @@ struct Codes<CacheFormat::fp8> {
   }
 };
 
-// fp8_ds_mla (SEMANTICS 3.3: 512 codes, 4 fp32 scales at byte 512, 64 bf16 rope values at byte 528): raw[0..15] the
-// codes of groups 2h, 2h + 1; rope[0..3] the bf16 rope columns 32h .. 32h + 31 (copied as they are); scale the two
-// groups' scales.
-template <>
-struct Codes<CacheFormat::fp8_ds_mla> {
-  uint4 raw[L::kCodeChunks];
+// fp8_ds_mla a warp per key (SEMANTICS 3.3: 656 bytes = 512 e4m3 codes | 4 fp32 scales at byte 512, one per 128
+// codes | 64 bf16 rope values at byte 528). Converter warp w owns keys 16 w .. 16 w + 15 of a tile (key j of the warp:
+// row 16 w + j of the stage), so that a warp's load instruction reads one record's contiguous bytes (its 512 codes:
+// 4 lines) instead of one chunk of 32 records (32 lines). Lane l holds
+//   raw[j]   key j's codes 16 l .. 16 l + 15 (its group l / 8), record bytes 16 l ..; into the latent panel l / 4,
+//            row chunks 2 l, 2 l + 1 (columns 16 l .. 16 l + 15), exact: bf16 code * 2^-56, NaN codes stay NaN;
+//   rope[i]  key l / 8 + 4 i's rope chunk l % 8 (record bytes 528 + 16 (l % 8), bf16 copied as it is) into the rope
+//            panel's chunk l % 8 (a warp's load: 4 records' ropes, one line each);
+//   scale    key l % 16's scales of groups 2 h, 2 h + 1 (h = l / 16) into scales[(2 h) 64 + key], [(2 h + 1) 64 + ..].
+// Every lane holds `valid` (bit j: key j loaded); a key not loaded has zeros (codes, rope, scales) and its mask bit
+// clear, nothing read. Lanes j and j + 16 locate key j (its entry, row pointer and validity); the others take it by
+// shuffles. Bank conflicts: a 16-byte store is served per quarter warp; lanes 4 q .. 4 q + 3 of a quarter write one
+// row of the same panel at chunks {2 l} or {2 l + 1}, so the lanes of odd panels (l / 4 odd) write their hi chunk
+// first: the quarter's eight physical chunks are distinct (even and odd logical chunks stay apart under the XOR
+// swizzle).
+__device__ __forceinline__ const uint8_t* shfl_ptr(const uint8_t* ptr, int src) {
+  return reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(ptr), src));
+}
+struct DsWarp {
+  uint4 raw[16];
   uint4 rope[4];
   float2 scale;
-  bool valid;
+  uint32_t valid;
 
-  __device__ __forceinline__ void load(const uint8_t* row, bool v, int half) {
-    valid = v;
-    load_chunks(raw, row + 256 * half, valid);
-    load_chunks(rope, row + 528 + 64 * half, valid);
-    scale = valid ? __ldg(reinterpret_cast<const float2*>(row + 512) + half) : make_float2(0.0f, 0.0f);
-  }
-  __device__ __forceinline__ void store_rope(uint8_t* rope_panel, float* scales, int key, int half) const {
+  // row_j / v_j: lane j's (and j + 16's) key j of the warp, its record and whether it is loaded.
+  __device__ __forceinline__ void load(const uint8_t* row_j, bool v_j, int lane) {
+    valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
+    scale = v_j ? __ldg(reinterpret_cast<const float2*>(row_j + 512) + (lane >> 4)) : make_float2(0.0f, 0.0f);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + i)) = rope[i];
-    scales[(2 * half) * T::kBlockN + key] = scale.x;
-    scales[(2 * half + 1) * T::kBlockN + key] = scale.y;
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t* b = shfl_ptr(row_j, j);
+      raw[j] = (valid >> j) & 1u ? __ldg(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = (lane >> 3) + 4 * i;
+      const uint8_t* b = shfl_ptr(row_j, k) + 528;
+      rope[i] = (valid >> k) & 1u ? __ldg(reinterpret_cast<const uint4*>(b) + (lane & 7)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // Into the stage (rows 16 w .. 16 w + 15) and the stage's group scales ([4 groups][64 keys]).
+  __device__ __forceinline__ void store(uint8_t* stage, float* scales, int w, int lane) const {
+    const bool odd = (lane >> 2) & 1;  // an odd panel's lane: hi chunk first
+    uint8_t* panel = stage + (lane >> 2) * T::kPanelBytes;
+    const int c0 = (2 * lane + odd) & 7;  // the row chunk of the first store (the second: c0 ^ 1)
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int key = 16 * w + j;
+      const uint4& r = raw[j];
+      const uint4 a = e4m3x8_exact_to_bf16(odd ? r.z : r.x, odd ? r.w : r.y);
+      *reinterpret_cast<uint4*>(panel + swz(key, c0)) = a;
+      const uint4 b = e4m3x8_exact_to_bf16(odd ? r.x : r.z, odd ? r.y : r.w);
+      *reinterpret_cast<uint4*>(panel + swz(key, c0 ^ 1)) = b;
+    }
+    uint8_t* rope_panel = stage + 8 * T::kPanelBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<uint4*>(rope_panel + swz(16 * w + (lane >> 3) + 4 * i, lane & 7)) = rope[i];
+    const int key = 16 * w + (lane & 15), g = 2 * (lane >> 4);
+    scales[g * T::kBlockN + key] = scale.x;
+    scales[(g + 1) * T::kBlockN + key] = scale.y;
   }
 };
 
-// Into the stage: raw chunk i of latent panel c becomes the panel's chunks 2i, 2i + 1 of row `key`, exact (fp8: f16;
-// fp8_ds_mla: bf16 code * 2^-56); then the rope (and fp8_ds_mla's scales). A quarter warp stores eight consecutive keys at one
-// logical chunk: eight distinct physical chunks under the swizzle (no bank conflict).
-template <CacheFormat F>
-__device__ __forceinline__ void store_codes(const Codes<F>& c, uint8_t* stage, float* scales, int key, int half) {
+// Into the stage: raw chunk i of latent panel c becomes the panel's chunks 2i, 2i + 1 of row `key`, exact f16; then
+// the rope. A quarter warp stores eight consecutive keys at one logical chunk: eight distinct physical chunks under
+// the swizzle (no bank conflict).
+__device__ __forceinline__ void store_codes(const Codes<CacheFormat::fp8>& c, uint8_t* stage, float* scales, int key,
+                                            int half) {
 #pragma unroll
   for (int pc = 0; pc < 4; ++pc) {
     uint8_t* panel = stage + (4 * half + pc) * T::kPanelBytes;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       uint4 lo, hi;
-      if constexpr (F == CacheFormat::fp8) e4m3x16_to_f16(c.raw[4 * pc + i], lo, hi);
-      else expand_chunk<true>(c.raw[4 * pc + i], 0.0f, lo, hi);
+      e4m3x16_to_f16(c.raw[4 * pc + i], lo, hi);
       *reinterpret_cast<uint4*>(panel + swz(key, 2 * i)) = lo;
       *reinterpret_cast<uint4*>(panel + swz(key, 2 * i + 1)) = hi;
     }
@@ -221,20 +262,19 @@ __device__ __forceinline__ void store_codes(const Codes<F>& c, uint8_t* stage, f
   c.store_rope(stage + 8 * T::kPanelBytes, scales, key, half);
 }
 
-template <CacheFormat F, class RowsT>
-__device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit& u, const Smem& sm) {
-  constexpr int kRowBytes = static_cast<int>(CacheFormatTraits<F>::entry_bytes(576, 64));
+// fp8 per-tensor by key (Codes<fp8>: thread t owns key t % 64 of each tile and half t / 64 of its columns). Ahead of
+// the stores of tile i: tile i + 1's codes in registers (loaded right after tile i's stores), tile i + 2's row in L2
+// (prefetched then) and tile i + 3's entry (the block id, RowsT::fetch) in a register, so that neither the codes'
+// loads nor the prefetch waits for a read of the block table: the converter's chain is its conversion, not two
+// dependent round trips.
+template <class RowsT>
+__device__ __forceinline__ void converter_fp8(const DecodeSm90Params& p, const Unit& u, const Smem& sm) {
+  constexpr int kRowBytes = static_cast<int>(CacheFormatTraits<CacheFormat::fp8>::entry_bytes(576, 64));
   constexpr int kLines = (kRowBytes + 112 + 127) / 128;  // prefetch_record_l2's lines of a row
   const int t = threadIdx.x & 127, key = t & 63, half = t >> 6, lane = t & 31, warp = t >> 5;
-  // Ahead of the stores of tile i: tile i + 1's codes in registers (loaded right after tile i's stores), tile i + 2's
-  // row in L2 (prefetched then) and tile i + 3's entry (the block id or index, RowsT::fetch) in a register, so that
-  // neither the codes' loads nor the prefetch waits for a read of the block table or the index row: the converter's
-  // chain is its conversion, not two dependent round trips. fp8_ds_mla (104 registers) reads the entries where they
-  // are used (keeping them ahead spilled).
-  constexpr bool kEntriesAhead = F == CacheFormat::fp8;
   auto key_of = [&](int tile) { return u.key_begin + tile * T::kBlockN + key; };
   auto entry = [&](int tile) { return RowsT::fetch(p, u, key_of(tile)); };  // kNoRow past the unit's keys
-  Codes<F> codes;
+  Codes<CacheFormat::fp8> codes;
   auto load = [&](int tile, int32_t e) {
     bool v;
     const uint8_t* row = locate_row<RowsT>(p, key_of(tile), e, v);
@@ -248,15 +288,9 @@ __device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit&
 #pragma unroll
     for (int l = half; l < kLines; l += 2) ptx::prefetch_l2(row + (128 * l < kRowBytes ? 128 * l : kRowBytes - 1));
   };
-  int32_t e1 = 0, e2 = 0;  // kEntriesAhead: the entries of tiles i + 1 and i + 2
   load(0, entry(0));
-  if constexpr (kEntriesAhead) {
-    e1 = entry(1);
-    e2 = entry(2);
-    if (u.n_tiles > 1) prefetch(1, e1);
-  } else if (u.n_tiles > 1) {
-    prefetch(1, entry(1));
-  }
+  int32_t e1 = entry(1), e2 = entry(2);  // the entries of tiles i + 1 and i + 2
+  if (u.n_tiles > 1) prefetch(1, e1);
 #pragma unroll 1
   for (int i = 0; i < u.n_tiles; ++i) {
     const int s = i & 1;
@@ -265,25 +299,74 @@ __device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit&
     // middle step (arrived).
     [[maybe_unused]] const int tslot = trace_prod_slot(s, 0, warp < 3 ? warp : 0, i);
     if (warp < 3) MLA_DECODE_TRACE_PROD(tslot, 0);
-    uint8_t* stage = sm.stage(s);
-    store_codes(codes, stage, sm.scales(s), key, half);
+    store_codes(codes, sm.stage(s), sm.scales(s), key, half);
     const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
     if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
     MLA_DECODE_TRACE_PROD(tslot, warp < 3 ? 2 : 1);
-    if constexpr (kEntriesAhead) {
-      if (i + 1 < u.n_tiles) load(i + 1, e1);
-      if (i + 2 < u.n_tiles) prefetch(i + 2, e2);
-      e1 = e2;
-      e2 = entry(i + 3);
-    } else if (i + 1 < u.n_tiles) {
-      bool v;
-      const uint8_t* row = locate_row<RowsT>(p, key_of(i + 1), entry(i + 1), v);
-      codes.load(row, v, half);
-      if (i + 2 < u.n_tiles) prefetch(i + 2, entry(i + 2));
+    if (i + 1 < u.n_tiles) load(i + 1, e1);
+    if (i + 2 < u.n_tiles) prefetch(i + 2, e2);
+    e1 = e2;
+    e2 = entry(i + 3);
+  }
+}
+
+// fp8_ds_mla a warp per key (DsWarp: warp w owns keys 16 w .. 16 w + 15 of each tile; lanes j and j + 16 locate key
+// j). Ahead of the stores of tile i: tile i + 1's records in registers (loaded right after tile i's stores), tile
+// i + 2's in L2 (prefetched then; lanes j and j + 16 take alternate lines of key j's record). The mask: warp w's 16
+// bits (keys 16 w ..) as one uint16 of the stage's 64-bit mask.
+template <class RowsT>
+__device__ __forceinline__ void converter_ds(const DecodeSm90Params& p, const Unit& u, const Smem& sm) {
+  constexpr int kRowBytes = static_cast<int>(CacheFormatTraits<CacheFormat::fp8_ds_mla>::entry_bytes(576, 64));
+  constexpr int kLines = (kRowBytes + 112 + 127) / 128;  // 656 bytes: 6 lines at most
+  const int lane = threadIdx.x & 31, w = (threadIdx.x & 127) >> 5, j = lane & 15;
+  auto key_of = [&](int tile) { return u.key_begin + tile * T::kBlockN + 16 * w + j; };
+  auto entry = [&](int tile) { return RowsT::fetch(p, u, key_of(tile)); };  // kNoRow past the unit's keys
+  DsWarp codes;
+  auto load = [&](int tile, int32_t e) {
+    bool v;
+    const uint8_t* row = locate_row<RowsT>(p, key_of(tile), e, v);
+    codes.load(row, v, lane);
+  };
+  auto prefetch = [&](int tile, int32_t e) {
+    bool v;
+    const uint8_t* row = locate_row<RowsT>(p, key_of(tile), e, v);
+    if (!v) return;
+#pragma unroll
+    for (int l = lane >> 4; l < kLines; l += 2) ptx::prefetch_l2(row + (128 * l < kRowBytes ? 128 * l : kRowBytes - 1));
+  };
+  // e1: the entry of tile i + 1, read for its prefetch. kEntryAhead (IndexedRows) keeps it for the loads of tile
+  // i + 1, which then wait for no read of the index row; PagedRows reads the block id again where it is used
+  // (keeping it spilled 12 bytes at 104 registers).
+  constexpr bool kEntryAhead = !RowsT::kPaged;
+  load(0, entry(0));
+  int32_t e1 = entry(1);
+  if (u.n_tiles > 1) prefetch(1, e1);
+#pragma unroll 1
+  for (int i = 0; i < u.n_tiles; ++i) {
+    const int s = i & 1;
+    ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
+    // Trace build: as converter_fp8.
+    [[maybe_unused]] const int tslot = trace_prod_slot(s, 0, w < 3 ? w : 0, i);
+    if (w < 3) MLA_DECODE_TRACE_PROD(tslot, 0);
+    codes.store(sm.stage(s), sm.scales(s), w, lane);
+    if (lane == 0) reinterpret_cast<uint16_t*>(sm.mask_words(s))[w] = static_cast<uint16_t>(codes.valid);
+    ptx::fence_proxy_async_smem();
+    ptx::mbar_arrive(sm.full(s));
+    MLA_DECODE_TRACE_PROD(tslot, w < 3 ? 2 : 1);
+    if (i + 1 < u.n_tiles) {
+      load(i + 1, kEntryAhead ? e1 : entry(i + 1));
+      e1 = entry(i + 2);
+      if (i + 2 < u.n_tiles) prefetch(i + 2, e1);
     }
   }
+}
+
+template <CacheFormat F, class RowsT>
+__device__ __forceinline__ void converter(const DecodeSm90Params& p, const Unit& u, const Smem& sm) {
+  if constexpr (F == CacheFormat::fp8_ds_mla) converter_ds<RowsT>(p, u, sm);
+  else converter_fp8<RowsT>(p, u, sm);
 }
 
 // ---- the DeepSeek-V4 record converter ----------------------------------------------------------------------------

@@ -12,13 +12,13 @@ namespace mla::cuda::decode_sm90 {
 struct ConvertTraits {
   using T = Traits;
   // Roles by warpgroup, and their setmaxnreg budgets (504 of the 512 per thread-triple that __launch_bounds__(384, 1)
-  // leaves; each a multiple of 8). The converter holds one tile's codes of its key half (fp8: 18 x 16 bytes = 72
-  // registers; fp8_ds_mla: 16 + 4 chunks and two scales = 82) plus addresses and the expansion's temporaries; the S
-  // warpgroup O_L (128), S (32), a group accumulator (fp8_ds_mla, 32) or P (16) and its softmax state; the R
-  // warpgroup O_R (128), and fp8_ds_mla's P_3 words (16). ptxas -v: 0 spills at fp8 128 / 216 / 160 (the fp8
-  // converter keeps two tiles' block ids ahead: 8 bytes spilled at 120 / 224; the f16 conversion alone spilled 32
-  // at 112 / 232; R at 152 is below the kernel's minimum) and fp8_ds_mla 104 / 232 / 168 (R spilled 24 bytes at
-  // 160).
+  // leaves; each a multiple of 8). The converter holds one tile's codes (fp8, a key half: 18 x 16 bytes = 72
+  // registers; fp8_ds_mla, a warp's 16 keys: a code chunk of each, 4 rope chunks and two scales = 82) plus
+  // addresses and the expansion's temporaries; the S warpgroup O_L (128), S (32), a group accumulator (fp8_ds_mla,
+  // 32) or P (16) and its softmax state; the R warpgroup O_R (128), and fp8_ds_mla's P_3 words (16). ptxas -v: 0
+  // spills at fp8 128 / 216 / 160 (the fp8 converter keeps two tiles' block ids ahead: 8 bytes spilled at 120 /
+  // 224; the f16 conversion alone spilled 32 at 112 / 232; R at 152 is below the kernel's minimum) and fp8_ds_mla
+  // 104 / 232 / 168 (R spilled 24 bytes at 160).
   static constexpr int kConverter = 0, kSWarpgroup = 1, kRWarpgroup = 2;
   // DeepSeek-V4 records (v4, v41, v41_fp4) as fp8: the converter holds up to 20 chunks of a v4 record half and its
   // scales; S and R run plain bf16 products (no group accumulator).
@@ -58,9 +58,9 @@ struct ConvertTraits {
   // the S and R warpgroups (after their products over the stage retired).
   static constexpr int kFullArrivals = 128, kEmptyArrivals = 256;
 
-  // The converter's work split: thread t owns key t % 64 of the tile and half t / 64 of its columns (latent panels
-  // 4h .. 4h + 3 and the rope panel's 16-byte chunks 4h .. 4h + 3): an fp8 row's 16 + 2 raw 16-byte chunks, an
-  // fp8_ds_mla record's 16 code chunks, 4 rope chunks (bf16, copied) and its half's two group scales.
+  // The fp8 converter's work split: thread t owns key t % 64 of the tile and half t / 64 of its columns (latent
+  // panels 4h .. 4h + 3 and the rope panel's 16-byte chunks 4h .. 4h + 3): an fp8 row's 16 + 2 raw 16-byte chunks.
+  // fp8_ds_mla goes a warp per key (convert/kernel.cuh DsWarp).
   static constexpr int kCodeChunks = 16;
 };
 
