@@ -8,8 +8,9 @@
 // Rows:
 //   block        the whole step: metadata upload + forward(). Then a line with the parts timed on their
 //                own over the same shapes: the five projections (w8a8: with their activation
-//                quantisation), MlaAttention::forward (cache write, attention, the layer's own
-//                kv_b_proj / absorption GEMMs), and the rest (RMSNorm, RoPE: block - both), each as a
+//                quantisation, except o_proj's, which the layer writes), MlaAttention::forward (cache
+//                write, attention, the layer's own kv_b_proj / absorption GEMMs; w8a8: its fused fp8
+//                group-128 output quantisation for o_proj), and the rest (RMSNorm, RoPE: block - both), each as a
 //                share of the block; the projections' TFLOP/s against the cuBLAS bf16 ceiling.
 //   block_gemm   each projection's GEMM alone (w8a8: the block-scaled GEMM without the quantisation),
 //                TFLOP/s and % of the bf16 ceiling measured in the same run (issue 11: fp8 >= 70%).
@@ -212,9 +213,23 @@ void run_block_step(BenchContext& ctx, const DeepseekAttention& blk, const Step&
     blk.forward(plan, a, cb.cache, ws.view(), op);
   });
 
-  // The attention layer alone on the same step (its own q / kv_c / k_pe inputs and workspace).
+  // The attention layer alone on the same step (its own q / kv_c / k_pe inputs and workspace), writing
+  // its output in the format the block's layer was built for: a w8a8 o_proj's layer quantises it
+  // (LayerOptions::out_quant fp8_group128) into codes and token scales of round_up(T, 4) rows, the
+  // layout the block hands it.
+  const OutputQuant out_quant = blk.attention().options().out_quant;
   Tensor q = Tensor::empty({T, h, 192}, DType::bf16, dev), kv_c = Tensor::empty({T, 512}, DType::bf16, dev),
-         k_pe = Tensor::empty({T, 64}, DType::bf16, dev), attn = Tensor::empty({T, h * 128}, DType::bf16, dev);
+         k_pe = Tensor::empty({T, 64}, DType::bf16, dev), attn, attn_scales;
+  if (out_quant == OutputQuant::none) {
+    attn = Tensor::empty({T, h * 128}, DType::bf16, dev);
+  } else {
+    if (out_quant != OutputQuant::fp8_group128)
+      throw Error(std::string("block bench: the layer alone writes bf16 or fp8_group128 outputs (the block's "
+                              "o_proj forms), got out_quant ") + to_string(out_quant));
+    const int64_t Tp = (T + 3) / 4 * 4;
+    attn = Tensor::empty({Tp, h * 128}, DType::fp8_e4m3, dev);
+    attn_scales = Tensor::empty({h * 128 / 128, Tp}, DType::f32, dev);
+  }
   fill_uniform(q, -1, 1, 23, ctx.stream());
   fill_uniform(kv_c, -1, 1, 24, ctx.stream());
   fill_uniform(k_pe, -1, 1, 25, ctx.stream());
@@ -229,16 +244,20 @@ void run_block_step(BenchContext& ctx, const DeepseekAttention& blk, const Step&
   fa.seq_lens = seq_lens;
   fa.metadata = meta;
   fa.out = attn;
+  if (attn_scales.defined()) fa.out_scales = attn_scales;
   const double ms_attn = ctx.time_ms([&] {
     upload_step_metadata(plan, staging.view(), meta, op);
     blk.attention().forward(plan, fa, cb.cache, lws.view(), op);
   });
 
   // The projections alone, as the block runs them (w8a8: with the quantisation; kv_a_proj reuses
-  // q_a_proj's quantised hidden states).
+  // q_a_proj's quantised hidden states, and o_proj reads the codes the layer wrote, timed above).
   const ProjectionSet proj(ctx, c, T, w8a8);
+  auto quantises = [&](const std::string& name) {
+    return name != "kv_a_proj_with_mqa" && !(name == "o_proj" && out_quant != OutputQuant::none);
+  };
   const double ms_proj = ctx.time_ms([&] {
-    for (std::size_t i = 0; i < proj.size(); ++i) proj.run(i, std::string(proj.shape(i).name) != "kv_a_proj_with_mqa", op);
+    for (std::size_t i = 0; i < proj.size(); ++i) proj.run(i, quantises(proj.shape(i).name), op);
   });
   double proj_flops = 0, proj_bytes = 0;
   for (std::size_t i = 0; i < proj.size(); ++i) {

@@ -3,12 +3,14 @@
 // float64 results, and DeepseekAttention on the fixture checkpoints (tests/fixtures/block) against
 // transformers' float64 output and the float64 CPU block, V3 and V2-Lite shapes, fp8 and bf16 weights
 // (each checkpoint also converted to the other form), every step split (one prefill, chunked prefill,
-// prefill then decodes), in both fp8 modes (dequantised weights; w8a8 block-scaled GEMMs).
+// prefill then decodes), in both fp8 modes (dequantised weights; w8a8 block-scaled GEMMs); and the
+// `mla bench` block rows (bench/block_bench.cu) at their quick sizes.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 
+#include "bench.h"
 #include "gpu/gpu_test_util.h"
 #include "mla/block_ops.h"
 #include "mla/error.h"
@@ -185,6 +187,21 @@ TEST(DeepseekBlockGpu, V2LiteBf16MatchesTransformersAndCpu) {
 TEST(DeepseekBlockGpu, V2LiteQuantisedFp8MatchesTransformersAndCpu) {
   MLA_SKIP_WITHOUT_GPU();
   check_form({"v2lite_bf16", true});
+}
+
+// `mla bench --ops block` (bench/block_bench.cu) at its quick sizes: every row runs, the w8a8 ones
+// included. Each row also times the block's MlaAttention alone with its own ForwardArgs; a w8a8 block's
+// layer quantises its output for o_proj (out_quant fp8_group128), so those arguments must be the codes
+// and scales, not a bf16 out (the bench once handed it bf16 and its w8a8 rows failed: "block FAILED:
+// MlaAttention::forward: codes [M_pad, K] must be fp8_e4m3 (or u8) bytes").
+TEST(DeepseekBlockGpu, BenchBlockRowsRun) {
+  MLA_SKIP_WITHOUT_GPU();
+  bench::BenchOptions o;
+  o.ops = {"block"};
+  o.quick = true;
+  o.warmup = 1;
+  o.iters = 2;
+  EXPECT_EQ(bench::run(o), 0) << "a `mla bench --ops block --quick` section failed (its FAILED line is above)";
 }
 
 }  // namespace
