@@ -41,23 +41,37 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
   }
 }
 
+namespace {
+
+// The owner test and local position of §13 for one rank: position p of a request of `limit` positions as this
+// rank's local position, or -1 (p outside [0, limit) or owned by another rank).
+struct RankPositions {
+  int64_t world_size, rank, interleave;
+  int64_t local(int64_t p, int64_t limit) const {
+    if (p < 0 || p >= limit || (p / interleave) % world_size != rank) return -1;
+    return p / (world_size * interleave) * interleave + p % interleave;
+  }
+};
+
+// Token t's request length: seq_lens[req_id[t]], 0 for a request id outside [0, R).
+int64_t request_limit(const TensorView& req_id, const TensorView& seq_lens, int64_t t) {
+  const int64_t req = index_at(req_id, t);
+  return req >= 0 && req < seq_lens.size(0) ? index_at(seq_lens, req) : 0;
+}
+
+}  // namespace
+
 // dcp_localize_topk (mla/dcp.h): the owner test and local position of §13, per entry.
 void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
                        const TensorView& out, int world_size, int rank, int interleave, const Context&) {
-  const int64_t T = indices.size(0), K = indices.size(1), R = seq_lens.size(0);
-  const int64_t turn = int64_t(world_size) * interleave;
-  auto at = [](const TensorView& v, int64_t i) { return static_cast<const int32_t*>(v.data)[i * v.stride[0]]; };
+  const int64_t T = indices.size(0), K = indices.size(1);
+  const RankPositions rp{world_size, rank, interleave};
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t req = at(req_id, t);
-    const int64_t limit = req >= 0 && req < R ? at(seq_lens, req) : 0;
+    const int64_t limit = request_limit(req_id, seq_lens, t);
     const int32_t* in = static_cast<const int32_t*>(indices.data) + t * indices.stride[0];
     int32_t* o = static_cast<int32_t*>(out.data) + t * out.stride[0];
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t p = in[k];
-      const bool mine = p >= 0 && p < limit && (p / interleave) % world_size == rank;
-      o[k] = mine ? static_cast<int32_t>(p / turn * interleave + p % interleave) : -1;
-    }
+    for (int64_t k = 0; k < K; ++k) o[k] = static_cast<int32_t>(rp.local(in[k], limit));
   }
 }
 
@@ -66,21 +80,18 @@ void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, con
 void dcp_compact_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
                       const TensorView& topk_length, const TensorView& out, const TensorView& valid_counts,
                       int world_size, int rank, int interleave, const Context&) {
-  const int64_t T = indices.size(0), K = indices.size(1), R = seq_lens.size(0);
-  const int64_t turn = int64_t(world_size) * interleave;
-  auto at = [](const TensorView& v, int64_t i) { return static_cast<const int32_t*>(v.data)[i * v.stride[0]]; };
+  const int64_t T = indices.size(0), K = indices.size(1);
+  const RankPositions rp{world_size, rank, interleave};
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t req = at(req_id, t);
-    const int64_t limit = req >= 0 && req < R ? at(seq_lens, req) : 0;
-    const int64_t len = topk_length.defined() ? std::clamp<int64_t>(at(topk_length, t), 0, K) : K;
+    const int64_t limit = request_limit(req_id, seq_lens, t);
+    const int64_t len = topk_length.defined() ? std::clamp<int64_t>(index_at(topk_length, t), 0, K) : K;
     const int32_t* in = static_cast<const int32_t*>(indices.data) + t * indices.stride[0];
     int32_t* o = static_cast<int32_t*>(out.data) + t * out.stride[0];
     int64_t n = 0;
     for (int64_t k = 0; k < len; ++k) {
-      const int64_t p = in[k];
-      if (p >= 0 && p < limit && (p / interleave) % world_size == rank)
-        o[n++] = static_cast<int32_t>(p / turn * interleave + p % interleave);
+      const int64_t q = rp.local(in[k], limit);
+      if (q >= 0) o[n++] = static_cast<int32_t>(q);
     }
     for (int64_t k = n; k < K; ++k) o[k] = -1;
     static_cast<int32_t*>(valid_counts.data)[t * valid_counts.stride[0]] = static_cast<int32_t>(n);

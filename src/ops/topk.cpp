@@ -111,18 +111,30 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
                prefill_request_ids, prefill_workspace_starts, valid_counts, seq_lens, ctx);
 }
 
-void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
-                       const TensorView& out, const DcpLayout& layout, const Context& ctx) {
-  constexpr const char* op = "dcp_localize_topk";
+namespace {
+
+// The checks dcp_localize_topk and dcp_compact_topk share: the layout, indices and out [T, topk] (out writable and
+// not aliasing indices), req_id [T], seq_lens [R].
+void check_dcp_topk_args(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
+                         const TensorView& out, const DcpLayout& layout, const char* op) {
   validate_dcp_layout(layout);
   detail::check_ndim(indices, 2, op, "indices [T, topk]");
   const int64_t T = indices.size(0), K = indices.size(1);
-  const Device dev = indices.device;
   check_index_matrix(indices, T, K, false, op, "indices [T, topk]");
   check_index_matrix(out, T, K, true, op, "out [T, topk]");
   MLA_CHECK(T == 0 || K == 0 || out.data != indices.data, "{}: out must not alias indices", op);
   detail::check_i32_vector(req_id, T, op, "req_id [T]");
   detail::check_i32_vector(seq_lens, -1, op, "seq_lens [R]");
+}
+
+}  // namespace
+
+void dcp_localize_topk(const TensorView& req_id, const TensorView& seq_lens, const TensorView& indices,
+                       const TensorView& out, const DcpLayout& layout, const Context& ctx) {
+  constexpr const char* op = "dcp_localize_topk";
+  check_dcp_topk_args(req_id, seq_lens, indices, out, layout, op);
+  const int64_t T = indices.size(0), K = indices.size(1);
+  const Device dev = indices.device;
   detail::check_devices(dev, op, {{out, "out"}, {req_id, "req_id"}, {seq_lens, "seq_lens"}});
   if (T == 0 || K == 0) return;
   MLA_DISPATCH(dev, dcp_localize_topk, req_id, seq_lens, indices, out, layout.world_size, layout.rank,
@@ -133,15 +145,9 @@ void dcp_compact_topk(const TensorView& req_id, const TensorView& seq_lens, cons
                       const TensorView& topk_length, const TensorView& out, const TensorView& valid_counts,
                       const DcpLayout& layout, const Context& ctx) {
   constexpr const char* op = "dcp_compact_topk";
-  validate_dcp_layout(layout);
-  detail::check_ndim(indices, 2, op, "indices [T, topk]");
-  const int64_t T = indices.size(0), K = indices.size(1);
+  check_dcp_topk_args(req_id, seq_lens, indices, out, layout, op);
+  const int64_t T = indices.size(0);
   const Device dev = indices.device;
-  check_index_matrix(indices, T, K, false, op, "indices [T, topk]");
-  check_index_matrix(out, T, K, true, op, "out [T, topk]");
-  MLA_CHECK(T == 0 || K == 0 || out.data != indices.data, "{}: out must not alias indices", op);
-  detail::check_i32_vector(req_id, T, op, "req_id [T]");
-  detail::check_i32_vector(seq_lens, -1, op, "seq_lens [R]");
   if (topk_length.defined()) detail::check_i32_vector(topk_length, T, op, "topk_length [T]");
   detail::check_i32_vector(valid_counts, T, op, "valid_counts [T]");
   detail::check_strides(valid_counts, true, op, "valid_counts [T]");
