@@ -146,13 +146,8 @@ void bind_ops(py::module_& m) {
                          const A& extra_indices, const A& extra_topk_length, bool values_include_rope,
                          bool batch_invariant) {
     const mla::Context ctx = to_context(q.view, s, p);
-    mla::SparseOptions o;
-    o.attn_sink = attn_sink.view;
-    o.values_include_rope = values_include_rope;
-    o.batch_invariant = batch_invariant;
-    o.extra.indices = extra_indices.view;
-    o.extra.topk_length = extra_topk_length.view;
-    if (!extra_kv.is_none()) o.extra.kv = extra_kv.cast<const K&>().cache;
+    const mla::SparseOptions o =
+        sparse_options(attn_sink, extra_kv, extra_indices, extra_topk_length, values_include_rope, batch_invariant);
     without_gil([&] {
       mla::sparse_mqa(q.view, kv.cache, indices.view, topk_length.view, out.view, lse.view, softmax_scale, o, ctx);
     });

@@ -8,6 +8,7 @@
 
 #include "convert.h"
 #include "mla/cache.h"
+#include "mla/ops.h"
 
 namespace mlapy {
 
@@ -32,6 +33,21 @@ T from_kwargs(const py::kwargs& kw) {
     py::setattr(o, item.first, item.second);
   }
   return o.cast<T>();
+}
+
+// The DeepSeek-V4 inputs of sparse_mqa and dcp_sparse_mqa (mla::SparseOptions) from their keyword arguments
+// (extra_kv: an mla.KVCache or None).
+inline mla::SparseOptions sparse_options(const TensorArg& attn_sink, py::handle extra_kv, const TensorArg& extra_indices,
+                                         const TensorArg& extra_topk_length, bool values_include_rope,
+                                         bool batch_invariant) {
+  mla::SparseOptions o;
+  o.attn_sink = attn_sink.view;
+  o.values_include_rope = values_include_rope;
+  o.batch_invariant = batch_invariant;
+  o.extra.indices = extra_indices.view;
+  o.extra.topk_length = extra_topk_length.view;
+  if (!extra_kv.is_none()) o.extra.kv = extra_kv.cast<const PyKVCache&>().cache;
+  return o;
 }
 
 // Runs f with the GIL released (every op call: other Python threads run meanwhile).
