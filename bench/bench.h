@@ -46,6 +46,8 @@ struct BenchOptions {
   } decode;
   std::string decode_grid;
   int dcp = 0;                   // dcp: GPUs of the DCP group (0 = every GPU of the machine)
+  bool pdl = true;               // Context::pdl of every op the benchmarks call (--no-pdl: each kernel starts after the
+                                 // previous one completed)
   std::string variant;           // force this kernel variant (include/mla/variants.h) in every family
                                  // that has one of that name; empty = automatic selection
   // layer: the output format (an mla::OutputQuant key; other than none, every row runs unquantised and

@@ -262,6 +262,7 @@ int run(const BenchOptions& o) {
   std::printf("mla bench on %s (cc %d.%d, %d SMs, L2 %.0f MB, %.1f GiB), %s%s, warm-up %d, median of %d, L2 flushed\n",
               info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count, info.l2_bytes / 1e6,
               info.total_mem / 1073741824.0, now_utc().c_str(), o.quick ? ", QUICK sizes" : "", o.warmup, o.iters);
+  if (!o.pdl) std::printf("programmatic dependent launch off (--no-pdl)\n");
   if (!forced.empty()) std::printf("variant %s forced in %s\n", o.variant.c_str(), forced_in.c_str());
   int rc = 0;
   {
@@ -288,6 +289,7 @@ int run(const BenchOptions& o) {
       j["warmup"] = o.warmup;
       j["iters"] = o.iters;
       j["variant"] = o.variant;
+      j["pdl"] = o.pdl;
       j["ceilings"] = {{"copy_gbps", ctx.ceilings().copy_gbps}, {"gemm_tflops", ctx.ceilings().gemm_tflops}};
       for (const Row& r : ctx.rows()) {
         const double gbps = r.ms > 0 ? r.bytes / (r.ms * 1e6) : 0, tflops = r.ms > 0 ? r.flops / (r.ms * 1e9) : 0;

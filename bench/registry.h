@@ -50,7 +50,11 @@ class BenchContext {
   int device() const { return options_.device; }
   bool quick() const { return options_.quick; }
   void* stream() const { return stream_; }  // cudaStream_t every benchmark launches on
-  Context op_context() const { return Context{stream_, Precision::fast}; }
+  Context op_context() const {
+    Context c{stream_, Precision::fast};
+    c.pdl = options_.pdl;
+    return c;
+  }
   Ceilings& ceilings() { return ceilings_; }
 
   // Median milliseconds of `launch` (which enqueues the work on stream()): options().warmup untimed

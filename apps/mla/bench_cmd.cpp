@@ -105,6 +105,9 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
                   "layer: fp8 cache scale, fixed or auto (calibrated from the first step's max |kv_c| / 200)")
       ->check(CLI::IsMember({"fixed", "auto"}))
       ->capture_default_str();
+  cmd->add_flag("--no-pdl{false}", o.pdl,
+                "Launch every kernel after the previous one completed (Context::pdl = false) instead of with "
+                "programmatic dependent launch (docs/DESIGN.md), to measure what the overlap gains");
   cmd->add_option("--warmup", o.warmup, "Untimed warm-up iterations")->check(int_range(0, 1000000))->capture_default_str();
   return cmd;
 }
