@@ -92,6 +92,9 @@ struct Smem {
     return reinterpret_cast<uint32_t*>(base + L::kOffMask) + 2 * s;
   }
   __device__ __forceinline__ uint64_t mask(int s) const { return reinterpret_cast<const uint64_t*>(base + L::kOffMask)[s]; }
+  // DeepSeek-V4 records: the converter's per-warp scale exponents of the tile in stage s, and stage s's reference r.
+  __device__ __forceinline__ int* ref_red(int s) const { return reinterpret_cast<int*>(base + L::kOffRefRed) + 4 * s; }
+  __device__ __forceinline__ int* stage_ref(int s) const { return reinterpret_cast<int*>(base + L::kOffRef) + s; }
   __device__ __forceinline__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + L::kOffBar) + s; }
   __device__ __forceinline__ uint64_t* empty(int s) const {
     return reinterpret_cast<uint64_t*>(base + L::kOffBar) + L::kStages + s;
@@ -396,13 +399,29 @@ __device__ __forceinline__ V4Tiles v4_tiles(const DecodeSm90Params& p, int64_t g
   return v;
 }
 
+// The reference of the tile in stage s (records.cuh): the largest of the converter threads' scale exponents e (the
+// warp's maximum, then the four warps' through ref_red(s) and the converter's own barrier), never below the
+// previous tile's r (the reference only grows) nor outside [kRefFloor, kRefCeil]. ref_red is per stage: a warp
+// writes stage s's words again only for tile i + 2, past tile i + 1's barrier, which every warp reaches after it
+// read tile i's.
+__device__ __forceinline__ int next_reference(int e, int r, int s, const Smem& sm) {
+  e = __reduce_max_sync(0xffffffffu, e);
+  if ((threadIdx.x & 31) == 0) sm.ref_red(s)[(threadIdx.x & 127) >> 5] = e;
+  ptx::named_barrier_sync(L::kBarConv, 128);
+  const int4 v = *reinterpret_cast<const int4*>(sm.ref_red(s));
+  const int m = max(max(r, max(max(v.x, v.y), max(v.z, v.w))), records::kRefFloor);
+  return min(m, records::kRefCeil);
+}
+
 // v4's converter over the n_tiles tiles of one list, by key (records.cuh Codes<v4>: thread (key, half)), the unit's
 // tiles i0 .. i0 + n_tiles - 1 (stage i % 2): as converter() above. Ahead of the stores of tile k: tile k + 1's record half
 // in registers (loaded right after tile k's stores), tile k + 2's record in L2 (prefetched then), tile k + 3's index
-// entry in a register, so that neither the loads nor the prefetch wait for a read of the index row. Returns the
-// next tile index.
+// entry in a register, so that neither the loads nor the prefetch wait for a read of the index row. Each tile's
+// reference r (next_reference) from the codes in registers, before the stage's release; published in stage_ref(s)
+// with the stage. Returns the next tile index.
 template <CacheFormat F, class G>
-__device__ __forceinline__ int convert_list_keys(const G& geo, const records::List& l, int n_tiles, int i0, const Smem& sm) {
+__device__ __forceinline__ int convert_list_keys(const G& geo, const records::List& l, int n_tiles, int i0, int& r,
+                                                 const Smem& sm) {
   using Fmt = CacheFormatTraits<F>;
   constexpr int kBytes = static_cast<int>(Fmt::row_stride_bytes());  // v4: the body (its slot is in the page region)
   constexpr int kLines = (kBytes + 112 + 127) / 128;
@@ -427,10 +446,12 @@ __device__ __forceinline__ int convert_list_keys(const G& geo, const records::Li
 #pragma unroll 1
   for (int k = 0; k < n_tiles; ++k) {
     const int i = i0 + k, s = i & 1;
+    r = next_reference(codes.exponent(half), r, s, sm);
     ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
-    records::store_half(codes, sm.stage(s), key, half);
+    records::store_half(codes, sm.stage(s), key, half, r);
     const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
     if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
+    if (t == 0) *sm.stage_ref(s) = r;
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
     if (k + 1 < n_tiles) load(e1);
@@ -445,9 +466,10 @@ __device__ __forceinline__ int convert_list_keys(const G& geo, const records::Li
 // taking keys 16 w .. 16 w + 15 of each tile (records.cuh Warp: coalesced record reads). Ahead of the stores of tile
 // k: tile k + 1's records in registers (loaded right after tile k's stores), tile k + 2's in L2 (prefetched then),
 // tile k + 3's index entries in a register (lane j and j + 16: key j's), so that neither the loads nor the prefetch
-// wait for a read of the index row. Returns the next tile index.
+// wait for a read of the index row. The reference as convert_list_keys. Returns the next tile index.
 template <CacheFormat F, class G>
-__device__ __forceinline__ int convert_list(const G& geo, const records::List& l, int n_tiles, int i0, const Smem& sm) {
+__device__ __forceinline__ int convert_list(const G& geo, const records::List& l, int n_tiles, int i0, int& r,
+                                            const Smem& sm) {
   using Fmt = CacheFormatTraits<F>;
   constexpr int kBytes = static_cast<int>(Fmt::row_stride_bytes());  // v4: the body (its slot is in the page region)
   constexpr int kLines = (kBytes + 112 + 127) / 128;
@@ -473,9 +495,11 @@ __device__ __forceinline__ int convert_list(const G& geo, const records::List& l
 #pragma unroll 1
   for (int k = 0; k < n_tiles; ++k) {
     const int i = i0 + k, s = i & 1;
+    r = next_reference(codes.exponent(), r, s, sm);
     ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
-    codes.store(sm.stage(s), w, lane);
+    codes.store(sm.stage(s), w, lane, r);
     if (lane == 0) reinterpret_cast<uint16_t*>(sm.mask_words(s))[w] = static_cast<uint16_t>(codes.valid);
+    if (lane == 0 && w == 0) *sm.stage_ref(s) = r;
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
     if (k + 1 < n_tiles) load(e1);
@@ -489,20 +513,23 @@ __device__ __forceinline__ int convert_list(const G& geo, const records::List& l
 // The layout per format (nvidia-h200, --grid v4, same call: the warp layout x0.74-0.84 of the by-key one over
 // v41 + v41_fp4; x1.10-1.12 over v4, whose 36-chunk body leaves four lanes without codes and needs a cp.async tail).
 template <CacheFormat F, class G>
-__device__ __forceinline__ int convert_records(const G& geo, const records::List& l, int n_tiles, int i0, const Smem& sm) {
-  if constexpr (F == CacheFormat::v4) return convert_list_keys<F>(geo, l, n_tiles, i0, sm);
-  else return convert_list<F>(geo, l, n_tiles, i0, sm);
+__device__ __forceinline__ int convert_records(const G& geo, const records::List& l, int n_tiles, int i0, int& r,
+                                               const Smem& sm) {
+  if constexpr (F == CacheFormat::v4) return convert_list_keys<F>(geo, l, n_tiles, i0, r, sm);
+  else return convert_list<F>(geo, l, n_tiles, i0, r, sm);
 }
 
-// Both lists' index rows into L2 at the unit's start (a line per converter thread), then the lists in order.
+// Both lists' index rows into L2 at the unit's start (a line per converter thread), then the lists in order, one
+// running reference over both (the first tile's: its largest scale exponent).
 template <CacheFormat FM, CacheFormat FE>
 __device__ __forceinline__ void record_converter(const DecodeSm90Params& p, const V4Tiles& v, const Smem& sm) {
   const int t = threadIdx.x & 127;
   const int main_lines = (v.main.len + 31) / 32, extra_lines = (v.extra.len + 31) / 32;
   for (int ln = t; ln < main_lines + extra_lines; ln += 128)
     ptx::prefetch_l2(ln < main_lines ? v.main.row + 32 * ln : v.extra.row + 32 * (ln - main_lines));
-  const int i = convert_records<FM>(p.gather, v.main, v.n_main, 0, sm);
-  convert_records<FE>(p.extra, v.extra, v.n_extra, i, sm);
+  int r = records::kRefFloor;
+  const int i = convert_records<FM>(p.gather, v.main, v.n_main, 0, r, sm);
+  convert_records<FE>(p.extra, v.extra, v.n_extra, i, r, sm);
 }
 
 // The attention sink of a row (log2 domain: sink * log2 e) joins its running reference m and sum l as a key of value
@@ -557,16 +584,19 @@ __device__ __forceinline__ void rescale(float (&o)[T::kDvHalf / 2], float f_lo, 
   ptx::wgmma_scale_rows_if<T::kDvHalf>(o, __any_sync(0xffffffffu, f_lo != 1.0f || f_hi != 1.0f), f_lo, f_hi);
 }
 
-// fp8: the unit's Q panels (bf16, in shared memory) as f16 times 2^e_r in place, e_r = q_row_exponent of row r
-// (exact for every element within 2^28 of the row's largest |q|), and 2^-e_r into q_scales()[r] for S. By the S
-// warpgroup's 128 threads: thread t takes row t / 2 and the 36 chunks (of eight columns) 36 (t % 2) .. + 35.
+// fp8 and DeepSeek-V4 records: the unit's Q panels (bf16, in shared memory; kPanels of them) as f16 times 2^e_r in
+// place, e_r = q_row_exponent of row r (exact for every element within 2^28 of the row's largest |q|), and 2^-e_r
+// into q_scales()[r] for S. By the S warpgroup's 128 threads: thread t takes row t / 2 and the 4 kPanels chunks (of
+// eight columns) from 4 kPanels (t % 2).
+template <int kPanels>
 __device__ __forceinline__ void q_to_f16(const Smem& sm, int t) {
-  const int row = t >> 1, c0 = 36 * (t & 1);
+  constexpr int kHalf = 4 * kPanels;
+  const int row = t >> 1, c0 = kHalf * (t & 1);
   uint8_t* q = sm.q();
   auto at = [&](int c) { return reinterpret_cast<uint4*>(q + (c >> 3) * T::kPanelBytes + swz(row, c & 7)); };
   uint32_t amax = 0;  // fp32 bits of max |q|: non-negative floats order as their bits
 #pragma unroll 4
-  for (int c = c0; c < c0 + 36; ++c) {
+  for (int c = c0; c < c0 + kHalf; ++c) {
     const uint4 v = *at(c);
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -576,7 +606,7 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t) {
   const int e = q_row_exponent(amax);
   const float f = exp2i(e);
 #pragma unroll 4
-  for (int c = c0; c < c0 + 36; ++c) {
+  for (int c = c0; c < c0 + kHalf; ++c) {
     uint4 v = *at(c);
     uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -592,15 +622,19 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t) {
 template <CacheFormat F>
 struct SRole {
   static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
-  // A DeepSeek-V4 record cache: the stage holds bf16 values (records.cuh), d_qk 512 (panels 0..7, K = V), P in
-  // its own panel (8); plain bf16 products.
+  // A DeepSeek-V4 record cache: the stage holds f16 value * 2^-r_t (records.cuh; r_t the tile's reference, in
+  // stage_ref), d_qk 512 (panels 0..7, K = V), P in its own panel (8); f16 products as fp8's, S times 2^r_t, O kept
+  // relative to the current reference (a change of r folded into the factor a).
   static constexpr bool kRec = CacheFormatTraits<F>::kRecord;
+  static constexpr int kSPanels = kRec ? 8 : T::kPanels;  // S's panels (fp8, kRec: f16 products)
   const DecodeSm90Params& p;
   const Unit& u;
   const Smem& sm;
   Frag rw;
   int lim_lo, lim_hi;
   float sc_lo, sc_hi;  // S to the log2 domain per row: the softmax scale (fp8: times the cache scale and 2^-e_r)
+  float sq_lo, sq_hi;  // kRec: the softmax scale times 2^-e_r (sc = sq * 2^r_t per tile)
+  int ref = 0;         // kRec: the reference O is relative to (the last tile's)
   float o[T::kDvHalf / 2];
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
@@ -612,6 +646,12 @@ struct SRole {
     if constexpr (F == CacheFormat::fp8) {
       sc_lo *= p.gather.scale * sm.q_scales()[rw.r_lo];
       sc_hi *= p.gather.scale * sm.q_scales()[rw.r_hi];
+    }
+    sq_lo = sc_lo;
+    sq_hi = sc_hi;
+    if constexpr (kRec) {
+      sq_lo *= sm.q_scales()[rw.r_lo];
+      sq_hi *= sm.q_scales()[rw.r_hi];
     }
 #pragma unroll
     for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
@@ -662,21 +702,9 @@ struct SRole {
   __device__ __forceinline__ void s_product(float (&sc)[32], const Desc& d, uint32_t stage_off, int i, int s) {
     ptx::wgmma_fence_operand(sc);
     ptx::wgmma_fence();
-    if constexpr (kRec) {
+    if constexpr (!kDs) {
 #pragma unroll
-      for (int c = 0; c < 8; ++c)
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          const uint32_t off = c * T::kPanelBytes + ks * 32;
-          ptx::wgmma_bf16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
-        }
-      ptx::wgmma_commit_group();
-      release_previous(i);
-      ptx::wgmma_wait_group<0>();
-      ptx::wgmma_fence_operand(sc);
-    } else if constexpr (!kDs) {
-#pragma unroll
-      for (int c = 0; c < T::kPanels; ++c)
+      for (int c = 0; c < kSPanels; ++c)
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           const uint32_t off = c * T::kPanelBytes + ks * 32;
@@ -736,36 +764,42 @@ struct SRole {
       float sc[32];
       s_product(sc, d, stage_off, i, s);
       MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 1, i >> 1);
+      // kRec: S times 2^r_t; O (relative to 2^ref) moves to 2^r_t: times 2^(ref - r_t) <= 1 with the factor a.
+      float ra = 1.0f;
+      if constexpr (kRec) {
+        const int rt = *sm.stage_ref(s);
+        const int dr = i == 0 ? 0 : ref - rt;
+        ra = dr < -126 ? 0.0f : exp2i(dr);
+        ref = rt;
+        sc_lo = sq_lo * exp2i(rt);
+        sc_hi = sq_hi * exp2i(rt);
+      }
       float mx_lo, mx_hi;
       mask_max(sc, sm.mask(s), k0, mx_lo, mx_hi);
       const float n_lo = next_ref(m_lo, mx_lo), n_hi = next_ref(m_hi, mx_hi);
       const float a_lo = factor(m_lo, n_lo), a_hi = factor(m_hi, n_hi);
-      rescale(o, a_lo, a_hi);
+      const float ao_lo = a_lo * ra, ao_hi = a_hi * ra;  // O's factors (a alone unless kRec's reference moved)
+      rescale(o, ao_lo, ao_hi);
       float sum_lo, sum_hi;
       exp2_rows(sc, n_lo, n_hi, sum_lo, sum_hi);
       l_lo = l_lo * a_lo + sum_lo;
       l_hi = l_hi * a_hi + sum_hi;
       m_lo = n_lo;
       m_hi = n_hi;
-      // P and the factors for R: P into the rope panel, which no one reads any more (S retired), as f16 * 2^6
-      // (fp8: R's operand itself; fp8_ds_mla: R scales it per group).
-      if constexpr (kRec) store_p(sm.p_panel(s), sc, 1.0f, 1.0f, rw.r_lo, rw.r_hi, rw.t4);
-      else store_p_f16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
+      // P and the factors for R: P into the rope panel (kRec: the P panel), which no one reads any more (S
+      // retired), as f16 * 2^6 (fp8, kRec: R's operand itself; fp8_ds_mla: R scales it per group).
+      store_p_f16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
       if (rw.t4 == 0) {
-        sm.factors(s)[rw.r_lo] = a_lo;
-        sm.factors(s)[rw.r_hi] = a_hi;
+        sm.factors(s)[rw.r_lo] = ao_lo;
+        sm.factors(s)[rw.r_hi] = ao_hi;
       }
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_arrive(L::kBarP + s, 256);
       MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 2, i >> 1);
       // O_L += P V_L, P from registers; retired at the next tile (or after the loop). fp8_ds_mla: per value group g
       // (O_L's columns 128 g .. 128 g + 127: the first / second 64 floats of the fragment) with P_g.
-      if constexpr (kRec) {
-        uint32_t pa[4][4];
-        p_fragments_bf16(sc, pa);
-        issue_pv_rs<T::kDvHalf>(o, pa, [&](int ks) { return d.mn(stage_off + ks * 2048); });
-      } else if constexpr (!kDs) {
-        // P * 2^6 as f16 (the stage holds exact f16 codes); O carries 2^6 to the epilogue.
+      if constexpr (!kDs) {
+        // P * 2^6 as f16 (the stage holds exact f16 codes, kRec f16 values * 2^-r); O carries 2^6 to the epilogue.
         uint32_t pa[4][4];
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
@@ -824,14 +858,14 @@ struct SRole {
   }
 };
 
-// The R warpgroup: O_R over every tile with S's P and factors. fp8: O_R += P V_R (ss, the f16 P * 2^6 panel). fp8_ds_mla:
+// The R warpgroup: O_R over every tile with S's P and factors. fp8 and DeepSeek-V4 records: O_R += P V_R (ss, the
+// f16 P * 2^6 panel; the factors carry the records' reference changes). fp8_ds_mla:
 // per value group g = 2, 3 (O_R's columns 128 (g - 2) ..: the first / second 64 floats of the fragment), P_g =
 // bf16(P * 2^56 s_g[key]) over the f16 panel in place (P_3 kept in registers until group 2's products retired), then
 // O_R += P_g V_g (ss); the groups one after the other.
 template <CacheFormat F>
 struct RRole {
   static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
-  static constexpr bool kRec = CacheFormatTraits<F>::kRecord;  // bf16 P (SRole::kRec)
   const Unit& u;
   const Smem& sm;
   Frag rw;
@@ -877,17 +911,7 @@ struct RRole {
       ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
       ptx::fence_proxy_async_smem();
       rescale(o, sm.factors(s)[rw.r_lo], sm.factors(s)[rw.r_hi]);
-      if constexpr (kRec) {
-        ptx::wgmma_fence_operand(o);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          ptx::wgmma_bf16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
-              o, d.k(p_off + ks * 32), d.mn(stage_off + 4 * T::kPanelBytes + ks * 2048), true);
-        ptx::wgmma_commit_group();
-        ptx::wgmma_wait_group<0>();
-        ptx::wgmma_fence_operand(o);
-      } else if constexpr (!kDs) {
+      if constexpr (!kDs) {
         ptx::wgmma_fence_operand(o);
         ptx::wgmma_fence();
 #pragma unroll
@@ -986,7 +1010,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                          static_cast<int>(threadIdx.x & 127));
   if constexpr (F == CacheFormat::fp8) {
     ptx::named_barrier_sync(L::kBarQ, 128);
-    convert::q_to_f16(sm, static_cast<int>(threadIdx.x & 127));
+    convert::q_to_f16<T::kPanels>(sm, static_cast<int>(threadIdx.x & 127));
   }
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(L::kBarQ, 128);
@@ -1005,8 +1029,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 }
 
 // The DeepSeek-V4 sparse_mqa kernel: the converter kernel's roles over record caches (records.cuh), one CTA per
-// (row tile, token): Q 64 x 512, keys of the main list (format FM) then of the extra list (FE), K = V over all 512
-// columns (S over panels 0..7, O_L over 0..3, O_R over 4..7), bf16 products, the sink folded in the epilogue.
+// (row tile, token): Q 64 x 512 (f16 * 2^e_r per row), keys of the main list (format FM) then of the extra list (FE),
+// K = V over all 512 columns (S over panels 0..7, O_L over 0..3, O_R over 4..7), f16 products over a stage of
+// value * 2^-r (the converter's running reference), the sink folded in the epilogue, O times 2^(r - 6) there.
 template <CacheFormat FM, CacheFormat FE>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_convert_v4_kernel(const __grid_constant__ CUtensorMap /*unused*/, const DecodeSm90Params p) {
@@ -1060,14 +1085,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const float* refs = sm.refs();
     const float* f = sm.out_factors();
     convert::scale_rows(r.o, f[rw.r_lo], f[rw.r_hi]);
+    // O is relative to the last tile's reference 2^r and carries P's 2^6.
+    const float out_scale = exp2i(*sm.stage_ref((u.n_tiles - 1) & 1) - 6);
     write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
-                    rw.t4, 1.0f);
+                    rw.t4, out_scale);
     return;
   }
   ptx::setmaxnreg_inc<L::s_regs(FM)>();
   // Q of the unit's rows (512 columns: eight panels) into shared memory, zeros past the token's rows.
   load_q_panels_batched<T::kBlockM, 128, 5, 8>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(),
                                                static_cast<int>(threadIdx.x & 127));
+  ptx::named_barrier_sync(L::kBarQ, 128);
+  convert::q_to_f16<8>(sm, static_cast<int>(threadIdx.x & 127));  // f16 * 2^e_r, as fp8's
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(L::kBarQ, 128);
   convert::SRole<FM> sr(p, u, sm);
@@ -1085,7 +1114,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   ptx::named_barrier_arrive(L::kBarEnd, 256);
   convert::scale_rows(sr.o, f_lo, f_hi);
-  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, 1.0f);
+  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, exp2i(sr.ref - 6));
 }
 
 }  // namespace mla::cuda::decode_sm90

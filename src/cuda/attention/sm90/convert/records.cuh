@@ -1,111 +1,142 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The converter kernel's DeepSeek-V4 record decoders (mla/cache_format.h: v4, v41, v41_fp4): one key's record half
-// from global memory into registers, then exactly into a stage of bf16 panels (docs/design/attention_sm90.md "The
-// converter kernel", V4 records).
+// from global memory into registers, then into a stage of f16 panels relative to the unit's running power-of-two
+// reference 2^r (docs/design/attention_sm90.md "DeepSeek-V4 records on the converter kernel").
 //
-// Every record value code * scale is a bf16 number (SEMANTICS §3.5; v4 / v41: an e4m3 code, 4 significant bits,
-// times a power of two 2^(b - 127); v41_fp4: an e2m1 code, 2 significant bits, times an e4m3 scale, 4 significant
-// bits), so the stage holds the value itself and the consumers run plain bf16 products. The decoding:
-//   e4m3: the code's bf16 bits times 2^-120 by integer ops (e4m3x2_tiny_bf16x2: exact, NaN codes stay NaN), one
-//         bf16 multiply by 2^(b - 7) (a power of two: exact). b > 134 would overflow the multiplier: such a
-//         thread's warp multiplies twice (2^127, then 2^(b - 134)); b = 255 is NaN.
-//   e2m1: a nibble's sign and three magnitude bits placed at bf16 bits 15 and 6..8 are value * 2^-126 (e = 0, the
-//         half, is a bf16 subnormal: exact), one bf16 multiply by 2^126 * scale (exact: 4 significant bits) when
-//         |scale| < 4, else two (2^126, then the scale). A NaN scale (0x7f / 0xff) makes its 16 values NaN.
+// The stage of a tile holds f16(value * 2^-r), r the reference the converter warpgroup set for the tile (the largest
+// scale exponent of the unit's keys so far: exponent() below, convert/kernel.cuh next_reference), each value rounded
+// once: exact when value * 2^-r is a normal f16 or a subnormal one without lost bits (every e4m3 value from
+// 2^(r - 21), every v41_fp4 value from 2^(r - 19), every bf16 rope value from 2^(r - 17)), otherwise off by at most
+// 2^(r - 25) (SEMANTICS §3.5). The decoding:
+//   e4m3: one F2FP per pair (e4m3x2_lo_to_f16x2: exact, NaN codes stay NaN), one f16 multiply by 2^k, k = b - 127 - r
+//         <= 0 (a power of two: one rounding, none while the product is normal). 2^k for k < -24 is no f16 number:
+//         for -33 <= k < -24 the warp multiplies twice (2^-12, exact, then 2^(k + 12)); below, every product rounds to
+//         0 and f16(2^k) = 0 gives it. b = 255 is NaN.
+//   e2m1: a nibble's sign and three magnitude bits placed at f16 bits 15 and 9..11 are value * 2^-14 (e = 0, the
+//         half, is an f16 subnormal: exact), one f16 multiply by f16(2^14 * scale * 2^-r) <= 2^14: exact whenever
+//         the product is not 0 after rounding (the multiplier is exact from scale * 2^-r >= 2^-35; below, both round
+//         to 0). A NaN scale (0x7f / 0xff) makes its 16 values NaN.
+//   bf16 (v4's rope): to f32, times 2^-r, F2FP.
 // Loads are coalesced: converter warp w owns keys 16 w .. 16 w + 15 of a tile, and lane l of the warp owns the l-th
 // 16 codes of every one of them (one 16-byte chunk of e4m3 codes, or 8 bytes of e2m1 pairs), so that a warp's load
 // instruction reads one record's contiguous bytes (4 or 2 lines) instead of one chunk of 32 records (32 lines: the
 // L1 then tracks 32 partial-line misses per instruction and the converter waits on them). Lane l writes the row's
-// bf16 chunks 2 l and 2 l + 1 (columns 16 l .. 16 l + 15). v4 keeps the by-key layout (Codes<v4>: thread (key, half)
+// f16 chunks 2 l and 2 l + 1 (columns 16 l .. 16 l + 15). v4 keeps the by-key layout (Codes<v4>: thread (key, half)
 // owns 18 chunks of its key): its 36-chunk body leaves lanes of the warp layout idle and measured slower there
 // (convert/kernel.cuh convert_records).
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
 
+#include "cuda/attention/sm90/common/exact_codes.cuh"
 #include "cuda/attention/sm90/common/pipeline.cuh"
-#include "cuda/common/ptx/cp_async.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/common/traits.cuh"
+#include "cuda/common/ptx/mma_sync.cuh"
 #include "mla/cache_format.h"
 
 namespace mla::cuda::decode_sm90::records {
 
 using T = Traits;
 
-// bf16 bits of 2^k (|k| <= 127 normal range: -126 .. 127).
-__device__ __forceinline__ uint32_t bf16_pow2(int k) { return static_cast<uint32_t>(k + 127) << 7; }
-__device__ __forceinline__ uint32_t splat(uint32_t h) { return h | h << 16; }
-inline constexpr uint32_t kBf16Nan = 0x7fc0u;
+// The reference's range: r never below kRefFloor (a tile of no scale, or scales below 2^-64, keeps the floor; the
+// values it loses are below 2^(kRefFloor - 25) + ..., far under the bound's 2^(r - 25)) nor above kRefCeil (a
+// ue8m0 scale up to 2^127 then multiplies by at most 2^7: 448 * 2^7 is an f16 number), so that 2^r, 2^-r and
+// 2^(r - 6) are normal floats.
+inline constexpr int kRefFloor = -64, kRefCeil = 120;
+inline constexpr uint32_t kF16x2Nan = 0x7e007e00u;
 
-// A ue8m0 scale byte b as the multiplier(s) of e4m3x2_tiny_bf16x2's value * 2^-120: m1 (and m2, 1.0 unless b > 134),
-// without branches.
+// f16x2 of 2^k in both halves (k <= 15; 2^-24 .. 2^-15 subnormal, 0 below 2^-24: 2^-25 rounds to even).
+__device__ __forceinline__ uint32_t f16x2_pow2(int k) {
+  const float f = exp2i(k < -40 ? -40 : k);
+  return ptx::pack_f16x2(f, f);
+}
+__device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// Scale exponents (the reference's candidates) from four scale bytes at once: a rank per byte, the largest rank's
+// exponent below. ue8m0: rank (b + 1) & 0xff (the NaN byte ranks 0, b = 0, 2^-127, ranks 1: both below the floor),
+// exponent rank - 128. e4m3 scale: rank (m + 1) & 0x7f of its magnitude bits m (NaN 0x7f ranks 0, zero 1: no
+// exponent), exponent ceil(log2 |scale|) = ((m + 7) >> 3) - 7 for normal m (an upper bound for subnormal ones).
+__device__ __forceinline__ uint32_t ue8m0_rank4(uint32_t w) { return ((w & 0x7f7f7f7fu) + 0x01010101u) ^ (w & 0x80808080u); }
+__device__ __forceinline__ int ue8m0_exponent(uint32_t rank) { return static_cast<int>(rank) - 128; }
+__device__ __forceinline__ uint32_t e4m3_rank4(uint32_t w) { return ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x7f7f7f7fu; }
+__device__ __forceinline__ int e4m3_exponent(uint32_t rank) {
+  return rank <= 1u ? kRefFloor - 1 : static_cast<int>((rank + 6u) >> 3) - 7;
+}
+__device__ __forceinline__ uint32_t byte_max(uint32_t w) {
+  return max(max(w & 0xffu, (w >> 8) & 0xffu), max((w >> 16) & 0xffu, w >> 24));
+}
+// The exponent of a v4 rope's largest magnitude (bf16 bits; NaN ignored, an infinity gives the ceiling), less 8:
+// its values times 2^-r stay below 2^9, as an e4m3 code's 448.
+__device__ __forceinline__ uint32_t bf16x2_absmax(uint32_t acc, uint32_t w) {
+  uint32_t d;
+  asm("{.reg .b32 a; and.b32 a, %2, 0x7fff7fff; max.bf16x2 %0, %1, a;}" : "=r"(d) : "r"(acc), "r"(w));
+  return d;
+}
+__device__ __forceinline__ int bf16_rope_exponent(uint32_t absmax2) {
+  const uint32_t h = max(absmax2 & 0xffffu, absmax2 >> 16);
+  return static_cast<int>(h >> 7) - 127 - 8;
+}
+
+// A ue8m0 scale byte b against the reference r as the f16 multiplier(s) of an e4m3 code: m1 (and m2, 1.0 unless two).
 struct Ue8m0 {
   uint32_t m1, m2;
-  __device__ __forceinline__ explicit Ue8m0(uint32_t b) {
-    const bool big = b > 134;
-    const uint32_t h1 = b == 255 ? kBf16Nan : big ? bf16_pow2(127) : bf16_pow2(static_cast<int>(b) - 7);
-    const uint32_t h2 = big && b != 255 ? bf16_pow2(static_cast<int>(b) - 134) : bf16_pow2(0);
-    m1 = splat(h1);
-    m2 = splat(h2);
+  __device__ __forceinline__ Ue8m0(uint32_t b, int r) {
+    const int k = static_cast<int>(b) - 127 - r;
+    const bool tw = b != 255u && k < -24 && k >= -33;
+    m1 = b == 255u ? kF16x2Nan : f16x2_pow2(tw ? -12 : k);
+    m2 = f16x2_pow2(tw ? k + 12 : 0);
   }
-  __device__ __forceinline__ static bool two(uint32_t b) { return b > 134 && b != 255; }
-};
-
-// An e4m3 scale byte as the multiplier(s) of the e2m1 decoding's value * 2^-126.
-struct E4m3Scale {
-  uint32_t m1, m2;
-  __device__ __forceinline__ explicit E4m3Scale(uint32_t byte) {
-    const __half_raw hr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
-    const float f = __half2float(__half(hr));
-    const bool big = two(byte);
-    m1 = splat(big ? bf16_pow2(126) : __bfloat16_as_ushort(__float2bfloat16_rn(f * 0x1p126f)));
-    m2 = splat(big ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : bf16_pow2(0));
-  }
-  // |scale| >= 4 (not NaN): e4m3 magnitudes from 4.0 are bytes 0x48 .. 0x7e.
-  __device__ __forceinline__ static bool two(uint32_t byte) {
-    const uint32_t m = byte & 0x7fu;
-    return m >= 0x48u && m != 0x7fu;
+  // 2^k is below f16's range while some code * 2^k is not 0 after rounding: two multiplies.
+  __device__ __forceinline__ static bool two(uint32_t b, int r) {
+    const int k = static_cast<int>(b) - 127 - r;
+    return b != 255u && k < -24 && k >= -33;
   }
 };
 
-// Sixteen e4m3 codes (byte i = column i) as bf16 code * 2^-120 into lo (columns 0..7) and hi (8..15).
-__device__ __forceinline__ void e4m3x16_tiny(const uint4& raw, uint4& lo, uint4& hi) {
-  const uint32_t n0 = (raw.x & 0x7f7f7f7fu) + 0x01010101u, n1 = (raw.y & 0x7f7f7f7fu) + 0x01010101u;
-  const uint32_t n2 = (raw.z & 0x7f7f7f7fu) + 0x01010101u, n3 = (raw.w & 0x7f7f7f7fu) + 0x01010101u;
-  lo = make_uint4(e4m3x2_tiny_bf16x2<0>(raw.x, n0), e4m3x2_tiny_bf16x2<2>(raw.x, n0), e4m3x2_tiny_bf16x2<0>(raw.y, n1),
-                  e4m3x2_tiny_bf16x2<2>(raw.y, n1));
-  hi = make_uint4(e4m3x2_tiny_bf16x2<0>(raw.z, n2), e4m3x2_tiny_bf16x2<2>(raw.z, n2), e4m3x2_tiny_bf16x2<0>(raw.w, n3),
-                  e4m3x2_tiny_bf16x2<2>(raw.w, n3));
+// An e4m3 scale byte against the reference r as the multiplier of the e2m1 decoding's value * 2^-14:
+// f16(2^14 * scale * 2^-r), <= 2^14 (r covers the scale); NaN for the NaN scale.
+__device__ __forceinline__ uint32_t e4m3_scale_f16x2(uint32_t byte, int r) {
+  const uint32_t h = e4m3x2_lo_to_f16x2(byte);
+  const float x = __half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xffffu))) * exp2i(14 - r);
+  return ptx::pack_f16x2(x, x);
 }
 
-// The two e2m1 codes of byte kByte of w (low nibble: the lower column) as bf16 value * 2^-126; w4 = w << 4. PRMT
-// puts each nibble in the high half of a byte (its sign at bit 7) with a sign-replicated byte above it; shifted by
-// two, the magnitude lands on bf16 bits 6..8 and the replicated sign on bit 15.
+// Sixteen e4m3 codes (byte i = column i) as exact f16 into lo (columns 0..7) and hi (8..15).
+__device__ __forceinline__ void e4m3x16_f16(const uint4& raw, uint4& lo, uint4& hi) {
+  lo = make_uint4(e4m3x2_lo_to_f16x2(raw.x), e4m3x2_hi_to_f16x2(raw.x), e4m3x2_lo_to_f16x2(raw.y), e4m3x2_hi_to_f16x2(raw.y));
+  hi = make_uint4(e4m3x2_lo_to_f16x2(raw.z), e4m3x2_hi_to_f16x2(raw.z), e4m3x2_lo_to_f16x2(raw.w), e4m3x2_hi_to_f16x2(raw.w));
+}
+
+// The two e2m1 codes of byte kByte of w (low nibble: the lower column) as f16 value * 2^-14; w4 = w << 4. PRMT puts
+// each nibble in the high half of a byte (its sign at bit 7) with a sign-replicated byte above it; shifted by five,
+// the magnitude lands on f16 bits 9..11 (mantissa bit 9, exponent bits 10..11) and the replicated sign on bit 15.
 template <int kByte>
-__device__ __forceinline__ uint32_t e2m1x2_tiny(uint32_t w, uint32_t w4) {
+__device__ __forceinline__ uint32_t e2m1x2_f16(uint32_t w, uint32_t w4) {
   constexpr uint32_t kSel = kByte | (0x8u | kByte) << 4 | (4 + kByte) << 8 | (0x8u | (4 + kByte)) << 12;
-  return (prmt(w4, w, kSel) << 2) & 0x81c081c0u;
+  return (prmt(w4, w, kSel) << 5) & 0x8e008e00u;
 }
-// Eight e2m1 codes (one word) as one bf16 chunk times 2^-126.
-__device__ __forceinline__ uint4 e2m1x8_tiny(uint32_t w) {
+// Eight e2m1 codes (one word) as one f16 chunk times 2^-14.
+__device__ __forceinline__ uint4 e2m1x8_f16(uint32_t w) {
   const uint32_t w4 = w << 4;
-  return make_uint4(e2m1x2_tiny<0>(w, w4), e2m1x2_tiny<1>(w, w4), e2m1x2_tiny<2>(w, w4), e2m1x2_tiny<3>(w, w4));
+  return make_uint4(e2m1x2_f16<0>(w, w4), e2m1x2_f16<1>(w, w4), e2m1x2_f16<2>(w, w4), e2m1x2_f16<3>(w, w4));
 }
 
 __device__ __forceinline__ uint4 mul4(const uint4& v, uint32_t m) {
-  return make_uint4(bf16x2_mul(v.x, m), bf16x2_mul(v.y, m), bf16x2_mul(v.z, m), bf16x2_mul(v.w, m));
+  return make_uint4(f16x2_mul(v.x, m), f16x2_mul(v.y, m), f16x2_mul(v.z, m), f16x2_mul(v.w, m));
 }
 // Chunk n (columns 8 n .. 8 n + 7, n < 64) of row `key` into the stage: panel n / 8, chunk n % 8.
 __device__ __forceinline__ void put(uint8_t* stage, int key, int n, const uint4& v) {
   *reinterpret_cast<uint4*>(stage + (n / 8) * T::kPanelBytes + swz(key, n % 8)) = v;
 }
 
-// The rare second multiply (a scale beyond one multiplier's range, Ue8m0 / E4m3Scale::two): stage chunk n of row
-// `key` times m2, in place.
+// The rare second multiply (Ue8m0::two): stage chunk n of row `key` times m2, in place.
 __device__ __forceinline__ void times(uint8_t* stage, int key, int n, uint32_t m2) {
   uint4* a = reinterpret_cast<uint4*>(stage + (n / 8) * T::kPanelBytes + swz(key, n % 8));
   *a = mul4(*a, m2);
@@ -122,82 +153,88 @@ __device__ __forceinline__ void load16(uint4 (&dst)[N], const uint8_t* src, bool
 template <CacheFormat F>
 struct Codes;
 
-// v4 by key (the layout v4 measured faster in: see Warp): thread (key, half h), 584 bytes: a 576-byte body [448 e4m3 | 64 bf16 rope], its 8-byte slot of 7 ue8m0 scales, one per 64 codes, in
-// the page's scale region). Half h: codes 224 h .. 224 h + 223 (raw 0..13, 16 codes each) into registers, the whole
-// slot; its rope columns 448 + 32 h .. + 31 (bf16, 64 bytes) go straight into panel 7 by cp.async when the stage is
-// written (no registers held across the stage's wait; the copies land before the stage is published).
+// v4 by key (the layout v4 measured faster in: see Warp): thread (key, half h), 584 bytes: a 576-byte body [448
+// e4m3 | 64 bf16 rope], its 8-byte slot of 7 ue8m0 scales, one per 64 codes, in the page's scale region. Half h:
+// codes 224 h .. 224 h + 223 (raw 0..13, 16 codes each; scale groups 3 h .. 3 h + 3), the whole slot, and its rope
+// columns 448 + 32 h .. + 31 (bf16, 64 bytes: rope 0..3), into registers.
 template <>
 struct Codes<CacheFormat::v4> {
   uint4 raw[14];
+  uint4 rope[4];
   uint2 slot;
-  const uint8_t* rope;
   bool valid;
   __device__ __forceinline__ void load(const uint8_t* body, const uint8_t* slot_ptr, bool v, int half) {
     valid = v;
     load16(raw, body + 224 * half, valid);
+    load16(rope, body + 448 + 64 * half, valid);
     slot = valid ? __ldg(reinterpret_cast<const uint2*>(slot_ptr)) : make_uint2(0, 0);
-    rope = body + 448 + 64 * half;
   }
   __device__ __forceinline__ uint32_t scale_byte(int g) const { return ((g < 4 ? slot.x : slot.y) >> (8 * (g & 3))) & 0xffu; }
-  template <int half>
-  __device__ __forceinline__ void store(uint8_t* stage, int key) const {
+  // This thread's largest scale exponent (its groups 3 h .. 3 h + 3 and its rope columns).
+  __device__ __forceinline__ int exponent(int half) const {
+    const uint32_t g4 = half ? (slot.x >> 24 | slot.y << 8) : slot.x;  // groups 3 h .. 3 h + 3, one byte each
+    uint32_t a = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      ptx::cp_async_16_or_zero(stage + 7 * T::kPanelBytes + swz(key, 4 * half + i), rope + 16 * i, !valid);
+    for (int i = 0; i < 4; ++i) {
+      a = bf16x2_absmax(a, rope[i].x);
+      a = bf16x2_absmax(a, rope[i].y);
+      a = bf16x2_absmax(a, rope[i].z);
+      a = bf16x2_absmax(a, rope[i].w);
+    }
+    return max(ue8m0_exponent(byte_max(ue8m0_rank4(g4))), bf16_rope_exponent(a));
+  }
+  template <int half>
+  __device__ __forceinline__ void store(uint8_t* stage, int key, int r) const {
+    const float f = exp2i(-r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // rope chunk 4 h + i of panel 7 (columns 448 + 32 h + 8 i ..)
+      const uint32_t w[4] = {rope[i].x, rope[i].y, rope[i].z, rope[i].w};
+      uint32_t h[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) h[e] = ptx::pack_f16x2(__uint_as_float(w[e] << 16) * f, __uint_as_float(w[e] & 0xffff0000u) * f);
+      put(stage, key, 56 + 4 * half + i, make_uint4(h[0], h[1], h[2], h[3]));
+    }
 #pragma unroll
     for (int i = 0; i < 14; ++i) {
       const int c = 14 * half + i;  // 16-code chunk of the row: columns 16 c .. 16 c + 15, scale c / 4
-      const Ue8m0 s(scale_byte(c / 4));
+      const Ue8m0 s(scale_byte(c / 4), r);
       uint4 lo, hi;
-      e4m3x16_tiny(raw[i], lo, hi);
+      e4m3x16_f16(raw[i], lo, hi);
       put(stage, key, 2 * c, mul4(lo, s.m1));
       put(stage, key, 2 * c + 1, mul4(hi, s.m1));
     }
     bool two = false;
 #pragma unroll
-    for (int g = 0; g < 7; ++g) two |= Ue8m0::two(scale_byte(g));
+    for (int g = 3 * half; g < 3 * half + 4; ++g) two |= Ue8m0::two(scale_byte(g), r);
     if (__any_sync(0xffffffffu, two)) {
 #pragma unroll 1
       for (int c = 14 * half; c < 14 * half + 14; ++c) {
-        const Ue8m0 s(scale_byte(c / 4));
+        const Ue8m0 s(scale_byte(c / 4), r);
         times(stage, key, 2 * c, s.m2);
         times(stage, key, 2 * c + 1, s.m2);
       }
     }
-    ptx::cp_async_commit();
-    ptx::cp_async_wait<0>();
   }
 };
 
 // Codes::store with the half as a constant (every stage address a compile-time offset from the key's row).
 template <class C>
-__device__ __forceinline__ void store_half(const C& c, uint8_t* stage, int key, int half) {
-  if (half) c.template store<1>(stage, key);
-  else c.template store<0>(stage, key);
+__device__ __forceinline__ void store_half(const C& c, uint8_t* stage, int key, int half, int r) {
+  if (half) c.template store<1>(stage, key, r);
+  else c.template store<0>(stage, key, r);
 }
 
 __device__ __forceinline__ uint32_t ldg_u8(const uint8_t* p) { return __ldg(p); }
 
-// Per format: what lane l of a warp reads of a record and how it decodes it.
-//   kBytes   bytes per lane from the body (16: e4m3 codes; 8: e2m1 pairs)
-//   coded(l) whether lane l's bytes are codes (v4: lanes 28..31 read the first half of the bf16 rope, copied)
-//   scale_at(l)  the lane's scale byte in the slot
+// Per format: what lane l of a warp reads of a record.
+//   kBytes       bytes per lane from the body (16: e4m3 codes; 8: e2m1 pairs)
+//   scale_at(l)  the lane's scale byte in the record
 template <CacheFormat F>
 struct Lane;
-// v4 (584 bytes: a 576-byte body [448 e4m3 | 64 bf16 rope]; the slot of 7 ue8m0 scales, one per 64 codes, in the
-// page's scale region): lanes 0..27 codes 16 l .., scale l / 4; lanes 28..31 rope columns 8 (l - 28) .. (bytes 448 ..
-// 511 of the body), copied; the rope's second half (bytes 512 .. 575) by cp.async at the store (Warp::store).
-template <>
-struct Lane<CacheFormat::v4> {
-  static constexpr int kBytes = 16;
-  static __device__ __forceinline__ bool coded(int l) { return l < 28; }
-  static __device__ __forceinline__ int scale_at(int l) { return l < 28 ? l / 4 : 0; }
-};
 // v41 (528 bytes: 512 e4m3 codes | 16 ue8m0 scales, one per 32 codes): lane l codes 16 l .., scale l / 2.
 template <>
 struct Lane<CacheFormat::v41> {
   static constexpr int kBytes = 16;
-  static __device__ __forceinline__ bool coded(int) { return true; }
   static __device__ __forceinline__ int scale_at(int l) { return l / 2; }
 };
 // v41_fp4 (288 bytes: 512 e2m1 codes in 256 bytes | 32 e4m3 scales, one per 16 codes): lane l bytes 8 l .. (codes
@@ -205,7 +242,6 @@ struct Lane<CacheFormat::v41> {
 template <>
 struct Lane<CacheFormat::v41_fp4> {
   static constexpr int kBytes = 8;
-  static __device__ __forceinline__ bool coded(int) { return true; }
   static __device__ __forceinline__ int scale_at(int l) { return l; }
 };
 
@@ -214,17 +250,17 @@ __device__ __forceinline__ uint8_t* chunk_at(uint8_t* stage, int key, int n) {
   return stage + (n / 8) * T::kPanelBytes + swz(key, n % 8);
 }
 
-// One converter warp's share of a tile: keys 16 w + j (j < 16), lane l's bytes of each and its scale byte. Key j's
-// record is located by lane j (and lane j + 16, the same): body / slot, broadcast by shuffles.
+// One converter warp's share of a tile (v41, v41_fp4): keys 16 w + j (j < 16), lane l's bytes of each and its scale
+// byte. Key j's record is located by lane j (and lane j + 16, the same): body / slot, broadcast by shuffles.
 template <CacheFormat F>
 struct Warp {
+  static_assert(F == CacheFormat::v41 || F == CacheFormat::v41_fp4, "the warp layout's formats");
+  static constexpr bool kFp4 = F == CacheFormat::v41_fp4;
   using L = Lane<F>;
   uint4 raw[16];
-  uint32_t sb4[4];       // key j's scale byte in byte j % 4 of sb4[j / 4]
+  uint32_t sb4[4];       // key j's scale byte in byte j % 4 of sb4[j / 4] (0: key not read)
   uint32_t valid;        // bit j: key j read (every lane the same)
-  const uint8_t* body;   // lane j: key j's body (v4's rope tail at the store)
   __device__ __forceinline__ void load(const uint8_t* body_j, const uint8_t* slot_j, bool v_j, int lane) {
-    body = body_j;
     valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
 #pragma unroll
     for (int q = 0; q < 4; ++q) sb4[q] = 0;
@@ -239,69 +275,48 @@ struct Warp {
         const uint2 x = v ? __ldg(reinterpret_cast<const uint2*>(b) + lane) : make_uint2(0, 0);
         raw[j] = make_uint4(x.x, x.y, 0, 0);
       }
-      const uint32_t b8 = v && L::coded(lane) ? ldg_u8(sl + L::scale_at(lane)) : 0u;
+      const uint32_t b8 = v ? ldg_u8(sl + L::scale_at(lane)) : 0u;
       sb4[j / 4] |= b8 << (8 * (j % 4));
     }
   }
   __device__ __forceinline__ uint32_t sb(int j) const { return (sb4[j / 4] >> (8 * (j % 4))) & 0xffu; }
-  // Lane l's two bf16 chunks of key j: 16 codes times their scale (first multiply).
-  __device__ __forceinline__ void decode(int j, uint4& lo, uint4& hi) const {
-    if constexpr (F == CacheFormat::v41_fp4) {
-      const E4m3Scale s(sb(j));
-      lo = mul4(e2m1x8_tiny(raw[j].x), s.m1);
-      hi = mul4(e2m1x8_tiny(raw[j].y), s.m1);
-    } else {
-      const Ue8m0 s(sb(j));
-      e4m3x16_tiny(raw[j], lo, hi);
-      lo = mul4(lo, s.m1);
-      hi = mul4(hi, s.m1);
-    }
-  }
-  __device__ __forceinline__ static bool two(uint32_t b) {
-    if constexpr (F == CacheFormat::v41_fp4) return E4m3Scale::two(b);
-    else return Ue8m0::two(b);
-  }
-  __device__ __forceinline__ static uint32_t m2(uint32_t b) {
-    if constexpr (F == CacheFormat::v41_fp4) return E4m3Scale(b).m2;
-    else return Ue8m0(b).m2;
-  }
-  // Into the stage: rows 16 w + j, lane l's chunks 2 l, 2 l + 1 (v4 lanes 28..31: rope chunk 56 + l - 28, and the
-  // rope's chunks 60..63 by cp.async, landed before return).
-  __device__ __forceinline__ void store(uint8_t* stage, int w, int lane) const {
-    if constexpr (F == CacheFormat::v4) {
+  // This lane's largest scale exponent over its 16 keys (keys not read: scale byte 0, below the floor).
+  __device__ __forceinline__ int exponent() const {
+    uint32_t m = 0;
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {  // keys l / 4 + 8 i, rope chunk 4 + l % 4 (bytes 512 + 16 (l % 4) of the body)
-        const int j = lane / 4 + 8 * i;
-        const uint8_t* b = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body), j));
-        ptx::cp_async_16_or_zero(chunk_at(stage, 16 * w + j, 60 + lane % 4), b + 512 + 16 * (lane % 4),
-                                 !((valid >> j) & 1u));
-      }
-    }
+    for (int q = 0; q < 4; ++q) m = max(m, byte_max(kFp4 ? e4m3_rank4(sb4[q]) : ue8m0_rank4(sb4[q])));
+    return kFp4 ? e4m3_exponent(m) : ue8m0_exponent(m);
+  }
+  // Into the stage: rows 16 w + j, lane l's chunks 2 l, 2 l + 1, relative to the reference r.
+  __device__ __forceinline__ void store(uint8_t* stage, int w, int lane, int r) const {
     bool two_any = false;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const int key = 16 * w + j;
-      if (L::coded(lane)) {
-        uint4 lo, hi;
-        decode(j, lo, hi);
-        *reinterpret_cast<uint4*>(chunk_at(stage, key, 2 * lane)) = lo;
-        *reinterpret_cast<uint4*>(chunk_at(stage, key, 2 * lane + 1)) = hi;
-        two_any |= two(sb(j));
+      uint4 lo, hi;
+      if constexpr (kFp4) {
+        const uint32_t m = e4m3_scale_f16x2(sb(j), r);
+        lo = mul4(e2m1x8_f16(raw[j].x), m);
+        hi = mul4(e2m1x8_f16(raw[j].y), m);
       } else {
-        *reinterpret_cast<uint4*>(chunk_at(stage, key, 56 + lane - 28)) = raw[j];
+        const Ue8m0 s(sb(j), r);
+        e4m3x16_f16(raw[j], lo, hi);
+        lo = mul4(lo, s.m1);
+        hi = mul4(hi, s.m1);
+        two_any |= Ue8m0::two(sb(j), r);
       }
+      *reinterpret_cast<uint4*>(chunk_at(stage, key, 2 * lane)) = lo;
+      *reinterpret_cast<uint4*>(chunk_at(stage, key, 2 * lane + 1)) = hi;
     }
-    if (__any_sync(0xffffffffu, two_any) && L::coded(lane)) {  // rare: a scale beyond one multiplier's range
+    if constexpr (!kFp4) {
+      if (__any_sync(0xffffffffu, two_any)) {  // rare: a scale more than 2^24 below the reference
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const uint32_t m = m2(sb(j));
-        times(stage, 16 * w + j, 2 * lane, m);
-        times(stage, 16 * w + j, 2 * lane + 1, m);
+        for (int j = 0; j < 16; ++j) {
+          const uint32_t m = Ue8m0(sb(j), r).m2;
+          times(stage, 16 * w + j, 2 * lane, m);
+          times(stage, 16 * w + j, 2 * lane + 1, m);
+        }
       }
-    }
-    if constexpr (F == CacheFormat::v4) {
-      ptx::cp_async_commit();
-      ptx::cp_async_wait<0>();
     }
   }
 };

@@ -32,14 +32,17 @@ struct ConvertTraits {
   // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory), kBarP + s (S arrives,
   // R syncs: P and the rescale factors of stage s's tile are in shared memory; two ids so that S may publish the
   // next stage's before R synced this one), kBarEnd (S arrives, R syncs: the row sums and references), kBarR the R
-  // warpgroup's own (fp8_ds_mla: its P_g panel written, and read by its products).
-  static constexpr int kBarQ = 1, kBarP = 2, kBarEnd = 4, kBarR = 5;
+  // warpgroup's own (fp8_ds_mla: its P_g panel written, and read by its products), kBarConv the converter's own
+  // (DeepSeek-V4 records: its four warps' scale exponents of a tile, for the tile's reference).
+  static constexpr int kBarQ = 1, kBarP = 2, kBarEnd = 4, kBarR = 5, kBarConv = 6;
 
   // Shared memory: Q 64 x 576 bf16 as nine swizzled K-major panels (S reads all of it from shared memory); two
   // stages of one 64-key tile each (nine panels: eight latent panels, the rope panel, which holds P once S read
   // it; DeepSeek-V4 records: eight panels of the 512 columns, the ninth only P); per stage the rows' rescale
   // factors (fp32 [64]); the row sums, references and (V4's sink) O factors for the epilogue; the fp8_ds_mla keys'
-  // group scales per stage; the stages' loaded-key masks; the full and empty barriers.
+  // group scales per stage; the stages' loaded-key masks; DeepSeek-V4 records' reference exponents (the
+  // converter's per-warp maxima [kStages][4] and each stage's reference [kStages], int32); the full and empty
+  // barriers.
   static constexpr int kStages = 2;
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + T::kTileBytes;
@@ -48,11 +51,14 @@ struct ConvertTraits {
   static constexpr int kOffScale = kOffL + 3 * T::kBlockM * 4;    // fp8_ds_mla: [kStages][4 groups][64 keys] fp32
   static constexpr int kOffQScale = kOffScale + kStages * 4 * T::kBlockN * 4;  // fp8: [64] 2^-e of each Q row
   static constexpr int kOffMask = kOffQScale + T::kBlockM * 4;    // [kStages] u64
-  static constexpr int kOffBar = kOffMask + kStages * 8;          // full[kStages], empty[kStages]
+  static constexpr int kOffRefRed = kOffMask + kStages * 8;       // [kStages][4] int32, 16-byte aligned
+  static constexpr int kOffRef = kOffRefRed + kStages * 4 * 4;    // [kStages] int32
+  static constexpr int kOffBar = kOffRef + kStages * 4;           // full[kStages], empty[kStages]
   static constexpr int kBarriers = 2 * kStages;
   static constexpr int kSmemBytes = kOffBar + kBarriers * 8 + 1024;  // + slack to align the base to 1 KiB
   static_assert(kSmemBytes <= 232448, "shared memory per block");
   static_assert(kOffBar % 8 == 0, "mbarriers are 8-byte aligned");
+  static_assert(kOffRefRed % 16 == 0, "the reference maxima are read as one int4");
 
   // Arrivals per phase: full, every converter thread (after its stores and proxy fence); empty, every thread of
   // the S and R warpgroups (after their products over the stage retired).
