@@ -34,6 +34,7 @@
 #include "cuda/attention/sm90/common/pipeline.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/common/traits.cuh"
+#include "cuda/common/ptx/cp_async.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "mla/cache_format.h"
 
@@ -84,19 +85,20 @@ __device__ __forceinline__ int bf16_rope_exponent(uint32_t absmax2) {
   return static_cast<int>(h >> 7) - 127 - 8;
 }
 
-// A ue8m0 scale byte b against the reference r as the f16 multiplier(s) of an e4m3 code: m1 (and m2, 1.0 unless two).
+// A ue8m0 scale byte b against the reference r as the f16 multipliers of an e4m3 code: m1, and m2 (1.0 unless
+// two: 2^k is below f16's range while some code * 2^k is not 0 after rounding). The rare second multiply computes
+// m2 in its own loop (no value of the first kept for it).
 struct Ue8m0 {
-  uint32_t m1, m2;
-  __device__ __forceinline__ Ue8m0(uint32_t b, int r) {
-    const int k = static_cast<int>(b) - 127 - r;
-    const bool tw = b != 255u && k < -24 && k >= -33;
-    m1 = b == 255u ? kF16x2Nan : f16x2_pow2(tw ? -12 : k);
-    m2 = f16x2_pow2(tw ? k + 12 : 0);
-  }
-  // 2^k is below f16's range while some code * 2^k is not 0 after rounding: two multiplies.
   __device__ __forceinline__ static bool two(uint32_t b, int r) {
     const int k = static_cast<int>(b) - 127 - r;
     return b != 255u && k < -24 && k >= -33;
+  }
+  __device__ __forceinline__ static uint32_t m1(uint32_t b, int r) {
+    const int k = static_cast<int>(b) - 127 - r;
+    return b == 255u ? kF16x2Nan : f16x2_pow2(two(b, r) ? -12 : k);
+  }
+  __device__ __forceinline__ static uint32_t m2(uint32_t b, int r) {
+    return f16x2_pow2(two(b, r) ? static_cast<int>(b) - 115 - r : 0);
   }
 };
 
@@ -131,6 +133,11 @@ __device__ __forceinline__ uint4 e2m1x8_f16(uint32_t w) {
 __device__ __forceinline__ uint4 mul4(const uint4& v, uint32_t m) {
   return make_uint4(f16x2_mul(v.x, m), f16x2_mul(v.y, m), f16x2_mul(v.z, m), f16x2_mul(v.w, m));
 }
+// Stage chunk n of row `key` (n < 64: panel n / 8, chunk n % 8).
+__device__ __forceinline__ uint8_t* chunk_at(uint8_t* stage, int key, int n) {
+  return stage + (n / 8) * T::kPanelBytes + swz(key, n % 8);
+}
+
 // Chunk n (columns 8 n .. 8 n + 7, n < 64) of row `key` into the stage: panel n / 8, chunk n % 8.
 __device__ __forceinline__ void put(uint8_t* stage, int key, int n, const uint4& v) {
   *reinterpret_cast<uint4*>(stage + (n / 8) * T::kPanelBytes + swz(key, n % 8)) = v;
@@ -156,17 +163,21 @@ struct Codes;
 // v4 by key (the layout v4 measured faster in: see Warp): thread (key, half h), 584 bytes: a 576-byte body [448
 // e4m3 | 64 bf16 rope], its 8-byte slot of 7 ue8m0 scales, one per 64 codes, in the page's scale region. Half h:
 // codes 224 h .. 224 h + 223 (raw 0..13, 16 codes each; scale groups 3 h .. 3 h + 3), the whole slot, and its rope
-// columns 448 + 32 h .. + 31 (bf16, 64 bytes: rope 0..3), into registers.
+// columns 448 + 32 h .. + 31 (bf16, 64 bytes: rope 0..3), into registers; the rope's only for the exponent: the
+// store copies it again (cp.async, straight into panel 7, then converted there in place), so that no rope register
+// lives across the stage's wait and the codes' conversion.
 template <>
 struct Codes<CacheFormat::v4> {
   uint4 raw[14];
   uint4 rope[4];
   uint2 slot;
+  const uint8_t* rope_ptr;
   bool valid;
   __device__ __forceinline__ void load(const uint8_t* body, const uint8_t* slot_ptr, bool v, int half) {
     valid = v;
     load16(raw, body + 224 * half, valid);
-    load16(rope, body + 448 + 64 * half, valid);
+    rope_ptr = body + 448 + 64 * half;
+    load16(rope, rope_ptr, valid);
     slot = valid ? __ldg(reinterpret_cast<const uint2*>(slot_ptr)) : make_uint2(0, 0);
   }
   __device__ __forceinline__ uint32_t scale_byte(int g) const { return ((g < 4 ? slot.x : slot.y) >> (8 * (g & 3))) & 0xffu; }
@@ -185,23 +196,18 @@ struct Codes<CacheFormat::v4> {
   }
   template <int half>
   __device__ __forceinline__ void store(uint8_t* stage, int key, int r) const {
-    const float f = exp2i(-r);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // rope chunk 4 h + i of panel 7 (columns 448 + 32 h + 8 i ..)
-      const uint32_t w[4] = {rope[i].x, rope[i].y, rope[i].z, rope[i].w};
-      uint32_t h[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) h[e] = ptx::pack_f16x2(__uint_as_float(w[e] << 16) * f, __uint_as_float(w[e] & 0xffff0000u) * f);
-      put(stage, key, 56 + 4 * half + i, make_uint4(h[0], h[1], h[2], h[3]));
-    }
+    for (int i = 0; i < 4; ++i)  // rope chunk 4 h + i of panel 7 (columns 448 + 32 h + 8 i ..), bf16 for now
+      ptx::cp_async_16_or_zero(chunk_at(stage, key, 56 + 4 * half + i), rope_ptr + 16 * i, !valid);
+    ptx::cp_async_commit();
 #pragma unroll
     for (int i = 0; i < 14; ++i) {
       const int c = 14 * half + i;  // 16-code chunk of the row: columns 16 c .. 16 c + 15, scale c / 4
-      const Ue8m0 s(scale_byte(c / 4), r);
+      const uint32_t m = Ue8m0::m1(scale_byte(c / 4), r);
       uint4 lo, hi;
       e4m3x16_f16(raw[i], lo, hi);
-      put(stage, key, 2 * c, mul4(lo, s.m1));
-      put(stage, key, 2 * c + 1, mul4(hi, s.m1));
+      put(stage, key, 2 * c, mul4(lo, m));
+      put(stage, key, 2 * c + 1, mul4(hi, m));
     }
     bool two = false;
 #pragma unroll
@@ -209,10 +215,23 @@ struct Codes<CacheFormat::v4> {
     if (__any_sync(0xffffffffu, two)) {
 #pragma unroll 1
       for (int c = 14 * half; c < 14 * half + 14; ++c) {
-        const Ue8m0 s(scale_byte(c / 4), r);
-        times(stage, key, 2 * c, s.m2);
-        times(stage, key, 2 * c + 1, s.m2);
+        const uint32_t m = Ue8m0::m2(scale_byte(c / 4), r);
+        times(stage, key, 2 * c, m);
+        times(stage, key, 2 * c + 1, m);
       }
+    }
+    ptx::cp_async_wait<0>();  // this thread's rope chunks landed: into f16 * 2^-r in place
+    const float f = exp2i(-r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint4* a = reinterpret_cast<uint4*>(chunk_at(stage, key, 56 + 4 * half + i));
+      const uint4 v = *a;
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      uint32_t h[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        h[e] = ptx::pack_f16x2(__uint_as_float(w[e] << 16) * f, __uint_as_float(w[e] & 0xffff0000u) * f);
+      *a = make_uint4(h[0], h[1], h[2], h[3]);
     }
   }
 };
@@ -244,11 +263,6 @@ struct Lane<CacheFormat::v41_fp4> {
   static constexpr int kBytes = 8;
   static __device__ __forceinline__ int scale_at(int l) { return l; }
 };
-
-// Stage chunk n of row `key` (n < 64: panel n / 8, chunk n % 8).
-__device__ __forceinline__ uint8_t* chunk_at(uint8_t* stage, int key, int n) {
-  return stage + (n / 8) * T::kPanelBytes + swz(key, n % 8);
-}
 
 // One converter warp's share of a tile (v41, v41_fp4): keys 16 w + j (j < 16), lane l's bytes of each and its scale
 // byte. Key j's record is located by lane j (and lane j + 16, the same): body / slot, broadcast by shuffles.
@@ -299,10 +313,10 @@ struct Warp {
         lo = mul4(e2m1x8_f16(raw[j].x), m);
         hi = mul4(e2m1x8_f16(raw[j].y), m);
       } else {
-        const Ue8m0 s(sb(j), r);
+        const uint32_t m = Ue8m0::m1(sb(j), r);
         e4m3x16_f16(raw[j], lo, hi);
-        lo = mul4(lo, s.m1);
-        hi = mul4(hi, s.m1);
+        lo = mul4(lo, m);
+        hi = mul4(hi, m);
         two_any |= Ue8m0::two(sb(j), r);
       }
       *reinterpret_cast<uint4*>(chunk_at(stage, key, 2 * lane)) = lo;
@@ -310,9 +324,11 @@ struct Warp {
     }
     if constexpr (!kFp4) {
       if (__any_sync(0xffffffffu, two_any)) {  // rare: a scale more than 2^24 below the reference
-#pragma unroll
+        // Key j's byte from a word picked at run time (no value of the unrolled loop above kept for this one).
+#pragma unroll 1
         for (int j = 0; j < 16; ++j) {
-          const uint32_t m = Ue8m0(sb(j), r).m2;
+          const uint32_t word = j < 8 ? (j < 4 ? sb4[0] : sb4[1]) : (j < 12 ? sb4[2] : sb4[3]);
+          const uint32_t m = Ue8m0::m2((word >> (8 * (j & 3))) & 0xffu, r);
           times(stage, 16 * w + j, 2 * lane, m);
           times(stage, 16 * w + j, 2 * lane + 1, m);
         }

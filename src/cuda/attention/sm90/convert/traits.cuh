@@ -25,8 +25,12 @@ struct ConvertTraits {
   static constexpr bool narrow(CacheFormat f) {
     return f == CacheFormat::fp8 || f == CacheFormat::v4 || f == CacheFormat::v41 || f == CacheFormat::v41_fp4;
   }
-  static constexpr int s_regs(CacheFormat f) { return narrow(f) ? 208 : 232; }
-  static constexpr int converter_regs(CacheFormat f) { return narrow(f) ? 136 : 104; }
+  static constexpr bool record(CacheFormat f) {
+    return f == CacheFormat::v4 || f == CacheFormat::v41 || f == CacheFormat::v41_fp4;
+  }
+  static constexpr int s_regs(CacheFormat f) { return record(f) ? kRecS : narrow(f) ? 208 : 232; }
+  static constexpr int converter_regs(CacheFormat f) { return record(f) ? 504 - 160 - kRecS : narrow(f) ? 136 : 104; }
+  static constexpr int kRecS = 208;
   static constexpr int r_regs(CacheFormat f) { return narrow(f) ? 160 : 168; }
 
   // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory), kBarP + s (S arrives,
