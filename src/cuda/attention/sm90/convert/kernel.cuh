@@ -85,6 +85,8 @@ struct Smem {
   __device__ __forceinline__ float* sums() const { return reinterpret_cast<float*>(base + L::kOffL); }
   __device__ __forceinline__ float* refs() const { return sums() + T::kBlockM; }
   __device__ __forceinline__ float* out_factors() const { return sums() + 2 * T::kBlockM; }  // the sink's, per row
+  // v4 records: converter thread t's rope chunk i at rope_copy(t) + 2048 i (the scales' bytes).
+  __device__ __forceinline__ uint8_t* rope_copy(int t) const { return base + L::kOffScale + 16 * t; }
   __device__ __forceinline__ float* scales(int s) const {  // [4 groups][64 keys]
     return reinterpret_cast<float*>(base + L::kOffScale) + s * 4 * T::kBlockN;
   }
@@ -427,11 +429,12 @@ __device__ __forceinline__ int convert_list_keys(const G& geo, const records::Li
   constexpr int kLines = (kBytes + 112 + 127) / 128;
   const int t = threadIdx.x & 127, key = t & 63, half = t >> 6, lane = t & 31, warp = t >> 5;
   records::Codes<F> codes;
+  uint8_t* const rope = sm.rope_copy(t);
   auto entry = [&](int tile) { return records::entry(l, tile * T::kBlockN + key); };
   auto load = [&](int32_t e) {
     const uint8_t *body, *slot;
     const bool v = records::locate<F>(geo, e, body, slot);
-    codes.load(body, slot, v, half);
+    codes.load(body, slot, v, half, rope);
   };
   auto prefetch = [&](int32_t e) {
     const uint8_t *body, *slot;
@@ -446,9 +449,9 @@ __device__ __forceinline__ int convert_list_keys(const G& geo, const records::Li
 #pragma unroll 1
   for (int k = 0; k < n_tiles; ++k) {
     const int i = i0 + k, s = i & 1;
-    r = next_reference(codes.exponent(half), r, s, sm);
+    r = next_reference(codes.exponent(half, rope), r, s, sm);
     ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
-    records::store_half(codes, sm.stage(s), key, half, r);
+    records::store_half(codes, sm.stage(s), key, half, r, rope);
     const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
     if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
     if (t == 0) *sm.stage_ref(s) = r;

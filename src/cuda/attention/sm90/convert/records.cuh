@@ -162,44 +162,39 @@ struct Codes;
 
 // v4 by key (the layout v4 measured faster in: see Warp): thread (key, half h), 584 bytes: a 576-byte body [448
 // e4m3 | 64 bf16 rope], its 8-byte slot of 7 ue8m0 scales, one per 64 codes, in the page's scale region. Half h:
-// codes 224 h .. 224 h + 223 (raw 0..13, 16 codes each; scale groups 3 h .. 3 h + 3), the whole slot, and its rope
-// columns 448 + 32 h .. + 31 (bf16, 64 bytes: rope 0..3), into registers; the rope's only for the exponent: the
-// store copies it again (cp.async, straight into panel 7, then converted there in place), so that no rope register
-// lives across the stage's wait and the codes' conversion.
+// codes 224 h .. 224 h + 223 (raw 0..13, 16 codes each; scale groups 3 h .. 3 h + 3) and the whole slot into
+// registers; its rope columns 448 + 32 h .. + 31 (bf16, 64 bytes) by cp.async into the thread's rope copy in shared
+// memory (`rope`: chunk i at rope + 2048 i), read there for the exponent and again for the store, so that no rope
+// register lives from the load to the store.
 template <>
 struct Codes<CacheFormat::v4> {
   uint4 raw[14];
-  uint4 rope[4];
   uint2 slot;
-  const uint8_t* rope_ptr;
   bool valid;
-  __device__ __forceinline__ void load(const uint8_t* body, const uint8_t* slot_ptr, bool v, int half) {
+  __device__ __forceinline__ void load(const uint8_t* body, const uint8_t* slot_ptr, bool v, int half, uint8_t* rope) {
     valid = v;
     load16(raw, body + 224 * half, valid);
-    rope_ptr = body + 448 + 64 * half;
-    load16(rope, rope_ptr, valid);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ptx::cp_async_16_or_zero(rope + 2048 * i, body + 448 + 64 * half + 16 * i, !valid);
+    ptx::cp_async_commit();
     slot = valid ? __ldg(reinterpret_cast<const uint2*>(slot_ptr)) : make_uint2(0, 0);
   }
   __device__ __forceinline__ uint32_t scale_byte(int g) const { return ((g < 4 ? slot.x : slot.y) >> (8 * (g & 3))) & 0xffu; }
-  // This thread's largest scale exponent (its groups 3 h .. 3 h + 3 and its rope columns).
-  __device__ __forceinline__ int exponent(int half) const {
+  // This thread's largest scale exponent (its groups 3 h .. 3 h + 3 and its rope columns); the rope copy landed.
+  __device__ __forceinline__ int exponent(int half, const uint8_t* rope) const {
     const uint32_t g4 = half ? (slot.x >> 24 | slot.y << 8) : slot.x;  // groups 3 h .. 3 h + 3, one byte each
+    ptx::cp_async_wait<0>();
     uint32_t a = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      a = bf16x2_absmax(a, rope[i].x);
-      a = bf16x2_absmax(a, rope[i].y);
-      a = bf16x2_absmax(a, rope[i].z);
-      a = bf16x2_absmax(a, rope[i].w);
+      const uint4 v = *reinterpret_cast<const uint4*>(rope + 2048 * i);
+      a = bf16x2_absmax(bf16x2_absmax(a, v.x), v.y);
+      a = bf16x2_absmax(bf16x2_absmax(a, v.z), v.w);
     }
     return max(ue8m0_exponent(byte_max(ue8m0_rank4(g4))), bf16_rope_exponent(a));
   }
   template <int half>
-  __device__ __forceinline__ void store(uint8_t* stage, int key, int r) const {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)  // rope chunk 4 h + i of panel 7 (columns 448 + 32 h + 8 i ..), bf16 for now
-      ptx::cp_async_16_or_zero(chunk_at(stage, key, 56 + 4 * half + i), rope_ptr + 16 * i, !valid);
-    ptx::cp_async_commit();
+  __device__ __forceinline__ void store(uint8_t* stage, int key, int r, const uint8_t* rope) const {
 #pragma unroll
     for (int i = 0; i < 14; ++i) {
       const int c = 14 * half + i;  // 16-code chunk of the row: columns 16 c .. 16 c + 15, scale c / 4
@@ -220,27 +215,25 @@ struct Codes<CacheFormat::v4> {
         times(stage, key, 2 * c + 1, m);
       }
     }
-    ptx::cp_async_wait<0>();  // this thread's rope chunks landed: into f16 * 2^-r in place
     const float f = exp2i(-r);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint4* a = reinterpret_cast<uint4*>(chunk_at(stage, key, 56 + 4 * half + i));
-      const uint4 v = *a;
+    for (int i = 0; i < 4; ++i) {  // rope chunk 4 h + i of panel 7 (columns 448 + 32 h + 8 i ..): f16 * 2^-r
+      const uint4 v = *reinterpret_cast<const uint4*>(rope + 2048 * i);
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
       uint32_t h[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         h[e] = ptx::pack_f16x2(__uint_as_float(w[e] << 16) * f, __uint_as_float(w[e] & 0xffff0000u) * f);
-      *a = make_uint4(h[0], h[1], h[2], h[3]);
+      put(stage, key, 56 + 4 * half + i, make_uint4(h[0], h[1], h[2], h[3]));
     }
   }
 };
 
 // Codes::store with the half as a constant (every stage address a compile-time offset from the key's row).
 template <class C>
-__device__ __forceinline__ void store_half(const C& c, uint8_t* stage, int key, int half, int r) {
-  if (half) c.template store<1>(stage, key, r);
-  else c.template store<0>(stage, key, r);
+__device__ __forceinline__ void store_half(const C& c, uint8_t* stage, int key, int half, int r, const uint8_t* rope) {
+  if (half) c.template store<1>(stage, key, r, rope);
+  else c.template store<0>(stage, key, r, rope);
 }
 
 __device__ __forceinline__ uint32_t ldg_u8(const uint8_t* p) { return __ldg(p); }

@@ -20,17 +20,13 @@ struct ConvertTraits {
   // 224; the f16 conversion alone spilled 32 at 112 / 232; R at 152 is below the kernel's minimum) and fp8_ds_mla
   // 104 / 232 / 168 (R spilled 24 bytes at 160).
   static constexpr int kConverter = 0, kSWarpgroup = 1, kRWarpgroup = 2;
-  // DeepSeek-V4 records (v4, v41, v41_fp4) as fp8: the converter holds up to 20 chunks of a v4 record half and its
-  // scales; S and R run plain bf16 products (no group accumulator).
+  // DeepSeek-V4 records (v4, v41, v41_fp4) as fp8: the converter holds up to 18 chunks of a v4 record half and its
+  // scales; S and R run f16 products as fp8's (no group accumulator; S at 192 serialised its products).
   static constexpr bool narrow(CacheFormat f) {
     return f == CacheFormat::fp8 || f == CacheFormat::v4 || f == CacheFormat::v41 || f == CacheFormat::v41_fp4;
   }
-  static constexpr bool record(CacheFormat f) {
-    return f == CacheFormat::v4 || f == CacheFormat::v41 || f == CacheFormat::v41_fp4;
-  }
-  static constexpr int s_regs(CacheFormat f) { return record(f) ? kRecS : narrow(f) ? 208 : 232; }
-  static constexpr int converter_regs(CacheFormat f) { return record(f) ? 504 - 160 - kRecS : narrow(f) ? 136 : 104; }
-  static constexpr int kRecS = 208;
+  static constexpr int s_regs(CacheFormat f) { return narrow(f) ? 208 : 232; }
+  static constexpr int converter_regs(CacheFormat f) { return narrow(f) ? 136 : 104; }
   static constexpr int r_regs(CacheFormat f) { return narrow(f) ? 160 : 168; }
 
   // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory), kBarP + s (S arrives,
@@ -44,7 +40,7 @@ struct ConvertTraits {
   // stages of one 64-key tile each (nine panels: eight latent panels, the rope panel, which holds P once S read
   // it; DeepSeek-V4 records: eight panels of the 512 columns, the ninth only P); per stage the rows' rescale
   // factors (fp32 [64]); the row sums, references and (V4's sink) O factors for the epilogue; the fp8_ds_mla keys'
-  // group scales per stage; the stages' loaded-key masks; DeepSeek-V4 records' reference exponents (the
+  // group scales per stage (v4 records: the rope copies); the stages' loaded-key masks; DeepSeek-V4 records' reference exponents (the
   // converter's per-warp maxima [kStages][4] and each stage's reference [kStages], int32); the full and empty
   // barriers.
   static constexpr int kStages = 2;
@@ -52,8 +48,11 @@ struct ConvertTraits {
   static constexpr int kOffK = kOffQ + T::kTileBytes;
   static constexpr int kOffA = kOffK + kStages * T::kTileBytes;  // [kStages][64] fp32
   static constexpr int kOffL = kOffA + kStages * T::kBlockM * 4;  // [64] sums, [64] references, [64] O factors
-  static constexpr int kOffScale = kOffL + 3 * T::kBlockM * 4;    // fp8_ds_mla: [kStages][4 groups][64 keys] fp32
-  static constexpr int kOffQScale = kOffScale + kStages * 4 * T::kBlockN * 4;  // fp8: [64] 2^-e of each Q row
+  // fp8_ds_mla: [kStages][4 groups][64 keys] fp32; the same bytes, v4 records: the converter threads' rope copies
+  // (16-byte chunk i of thread t at (128 i + t) * 16).
+  static constexpr int kScaleBytes = kStages * 4 * T::kBlockN * 4, kRopeBytes = 4 * 128 * 16;
+  static constexpr int kOffScale = kOffL + 3 * T::kBlockM * 4;
+  static constexpr int kOffQScale = kOffScale + (kScaleBytes > kRopeBytes ? kScaleBytes : kRopeBytes);  // fp8: [64] 2^-e of each Q row
   static constexpr int kOffMask = kOffQScale + T::kBlockM * 4;    // [kStages] u64
   static constexpr int kOffRefRed = kOffMask + kStages * 8;       // [kStages][4] int32, 16-byte aligned
   static constexpr int kOffRef = kOffRefRed + kStages * 4 * 4;    // [kStages] int32
