@@ -93,9 +93,17 @@ struct Ue8m0 {
     const int k = static_cast<int>(b) - 127 - r;
     return b != 255u && k < -24 && k >= -33;
   }
-  __device__ __forceinline__ static uint32_t m1(uint32_t b, int r) {
+  // m1 by integer ops (Codes<v4>) or through a float (f16x2_pow2: Warp). The same bits; ptxas spills least with
+  // these choices (v4 + v4 36 bytes, the v41 pairs 0; the other way round 88 and 16-20).
+  __device__ __forceinline__ static uint32_t m1_f32(uint32_t b, int r) {
     const int k = static_cast<int>(b) - 127 - r;
     return b == 255u ? kF16x2Nan : f16x2_pow2(two(b, r) ? -12 : k);
+  }
+  __device__ __forceinline__ static uint32_t m1(uint32_t b, int r) {
+    const int k = static_cast<int>(b) - 127 - r;
+    // f16 bits of 2^k: normal from 2^-14, subnormal 2^-24 .. 2^-15, 0 below; 2^-12 for the first of two.
+    const uint32_t h = k >= -14 ? static_cast<uint32_t>(k + 15) << 10 : k >= -24 ? 1u << (k + 24) : 0u;
+    return b == 255u ? kF16x2Nan : (two(b, r) ? 0x0c000c00u : h * 0x10001u);
   }
   __device__ __forceinline__ static uint32_t m2(uint32_t b, int r) {
     return f16x2_pow2(two(b, r) ? static_cast<int>(b) - 115 - r : 0);
@@ -306,7 +314,7 @@ struct Warp {
         lo = mul4(e2m1x8_f16(raw[j].x), m);
         hi = mul4(e2m1x8_f16(raw[j].y), m);
       } else {
-        const uint32_t m = Ue8m0::m1(sb(j), r);
+        const uint32_t m = Ue8m0::m1_f32(sb(j), r);
         e4m3x16_f16(raw[j], lo, hi);
         lo = mul4(lo, m);
         hi = mul4(hi, m);
