@@ -42,10 +42,9 @@ namespace mla::cuda::decode_sm90::records {
 
 using T = Traits;
 
-// The reference's range: r never below kRefFloor (a tile of no scale, or scales below 2^-64, keeps the floor; the
-// values it loses are below 2^(kRefFloor - 25) + ..., far under the bound's 2^(r - 25)) nor above kRefCeil (a
-// ue8m0 scale up to 2^127 then multiplies by at most 2^7: 448 * 2^7 is an f16 number), so that 2^r, 2^-r and
-// 2^(r - 6) are normal floats.
+// The reference's range: r never below kRefFloor (a tile of no loaded key keeps it; a ue8m0 byte 0, 2^-127, then
+// reads as 0: below 448 * 2^-127, inside the bound's 2^(r - 25)) nor above kRefCeil (a ue8m0 scale up to 2^127
+// then multiplies by at most 2^7: 448 * 2^7 is an f16 number), so that 2^r, 2^-r and 2^(r - 6) are normal floats.
 inline constexpr int kRefFloor = -64, kRefCeil = 120;
 inline constexpr uint32_t kF16x2Nan = 0x7e007e00u;
 
