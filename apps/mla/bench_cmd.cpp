@@ -130,7 +130,7 @@ void check_relevance(const bench::BenchOptions& o, const std::set<std::string>& 
       {"--varlen", {decode, prefill}, true},      {"--sequential-pages", {decode}, true},
       {"--non-causal", {prefill}, true},          {"--topk", {sparse}, true},
       {"--pool", {sparse}, true},                 {"--splits", {decode}, true},
-      {"--trace", {decode}, false},               {"--dcp", {"dcp"}, false},
+      {"--trace", {decode, sparse}, false},       {"--dcp", {"dcp"}, false},
       {"--out-quant", {"layer", "gemm"}, false},          {"--kv-scales", {"layer"}, false},
       {"--batch-invariant", {decode, sparse}, false},
   };

@@ -1043,6 +1043,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using T = Traits;
   extern __shared__ uint8_t smem_raw[];
   const convert::Smem sm{aligned_smem(smem_raw)};
+  MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();
   ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
   Unit u(p, /*gather=*/true);
@@ -1102,6 +1103,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   convert::q_to_f16<8>(sm, static_cast<int>(threadIdx.x & 127));  // f16 * 2^e_r, as fp8's
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(L::kBarQ, 128);
+  MLA_DECODE_TRACE_EVENT(3, 128);
   convert::SRole<FM> sr(p, u, sm);
   sr.run();
   float f_lo, f_hi;
@@ -1118,6 +1120,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ptx::named_barrier_arrive(L::kBarEnd, 256);
   convert::scale_rows(sr.o, f_lo, f_hi);
   write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, exp2i(sr.ref - 6));
+  MLA_DECODE_TRACE_EVENT(6, 128);
 }
 
 }  // namespace mla::cuda::decode_sm90
