@@ -60,12 +60,14 @@ __device__ __forceinline__ void load_q_panels(const MqaRowParams& rp, int64_t g,
 // N 8 / 16 and the seesaw kernel: the loop above issues one dependent global round trip per iteration, 5 at N 16).
 // The N 32 small kernel keeps the loop (batched, in groups of 3 or 5, it spilled 116 bytes).
 // kPanels: the panels loaded (the seesaw kernel's Q: 8, its rope lives in registers).
+// The groups run as a loop, not unrolled: this code runs once per CTA, at the pace of its first instruction
+// fetches (docs/design/attention_sm90.md "Run-once code"), so its size, not its instruction count, is its cost.
 template <int kRows, int kThreads, int kGroup = 5, int kPanels = Traits::kPanels>
 __device__ __forceinline__ void load_q_panels_batched(const MqaRowParams& rp, int64_t g, int row0, int m_rows,
                                                       int panel_bytes, uint8_t* sQ, int ct) {
   constexpr int kChunks = kPanels * 8, kItems = kRows * kChunks;
   constexpr int kIter = (kItems + kThreads - 1) / kThreads;
-#pragma unroll
+#pragma unroll 1
   for (int k0 = 0; k0 < kIter; k0 += kGroup) {
     uint4 v[kGroup];
 #pragma unroll
