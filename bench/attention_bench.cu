@@ -20,7 +20,8 @@
 //                DeepSeek-V4's decode shape, d_qk 512 K = V, a 128-row window cache + an extra (compressed)
 //                cache of top 512 / 1024 rows at page 64,
 //                a per-head sink, h 16 / 64 / 128, bf16, fp8, v4 (both caches) and v41 + v41_fp4 (V4.1's
-//                window and compressed records); --grid issue48: fp8_ds_mla T 1 / 8 at h 16 and
+//                window and compressed records), then T 8 h 16 + 512 extra in v4 and v41 + v41_fp4,
+//                graph-replayed, beside issue 47's 12 us target; --grid issue48: fp8_ds_mla T 1 / 8 at h 16 and
 //                T 8 at h 64, graph-replayed, beside issue 48's targets). FLOPs = 2*T*h*keys*(d_qk+d_v) with
 //                keys = topk (+ extra_topk); bytes = distinct rows * row_bytes + q + out
 #include <algorithm>
@@ -458,6 +459,16 @@ struct SparseCase {
   int extra_format = -1;         // CacheFormat of the extra cache, -1: the main cache's
 };
 
+// The read floor of a sparse_mqa row: the main cache's rows through idx, then (DeepSeek-V4) the extra cache's
+// through extra_idx, in one launch (a v4 cache is two sets, its bodies and its scale slots: cache_row_sets).
+void report_sparse_floor(BenchContext& ctx, const KVCache& main, const std::vector<int32_t>& idx, const KVCache& extra,
+                         const std::vector<int32_t>& extra_idx, bool graph) {
+  std::vector<RowSet> sets = cache_row_sets(main, idx);
+  if (!extra_idx.empty())
+    for (RowSet& r : cache_row_sets(extra, extra_idx)) sets.push_back(std::move(r));
+  report_gather_floor(ctx, sets, graph);
+}
+
 void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   const Device dev = Device::cuda(ctx.device());
   const Context op = ctx.op_context();
@@ -472,6 +483,7 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   if (records) fill_record_cache(cb.cache, 81, ctx.stream(), op);
   else fill_cache(cb.cache, 81, ctx.stream());
   std::vector<int32_t> idx_host;
+  std::vector<int32_t> extra_host;
   double distinct = 0, extra_rows = 0;
   if (c.pool == 0) {
     idx_host = random_permutation(c.t * c.topk, 82);
@@ -508,7 +520,8 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
       extra = allocate_cache(extra_format, e_rows / page, page, dev, 1.0f, c.d_qk);
       if (cache_format_info(extra_format).record) fill_record_cache(extra.cache, 86, ctx.stream(), op);
       else fill_cache(extra.cache, 86, ctx.stream());
-      extra_idx = device_i32(random_permutation(c.t * c.extra_topk, 87), {c.t, c.extra_topk}, dev);
+      extra_host = random_permutation(c.t * c.extra_topk, 87);
+      extra_idx = device_i32(extra_host, {c.t, c.extra_topk}, dev);
       opts.extra = {extra.cache, extra_idx.view(), {}};
       extra_rows = static_cast<double>(c.t * c.extra_topk);
     }
@@ -540,9 +553,8 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   cfg += target_note(c.target_us, ms);
   ctx.report("sparse_mqa", cfg, ms, bytes, flops,
              "FLOPs = 2*T*h*(topk+extra_topk)*(d_qk+d_v); bytes = distinct rows*row_bytes (each cache's) + q + out");
-  if (!v4 && c.t <= 1024)  // decode shapes (the prefill rows are compute-bound and mostly L2 hits)
-    report_gather_floor(ctx, cb.cache.data.data, slot_stride_bytes(cb.cache), cache_entry_bytes(c.format, c.d_qk),
-                        idx_host, c.graph);
+  if (c.t <= 1024)  // decode shapes (the prefill rows are compute-bound and mostly L2 hits)
+    report_sparse_floor(ctx, cb.cache, idx_host, extra.cache, extra_host, c.graph);
   if (ctx.options().decode.trace)
     trace_decode_calls(ctx, [&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, opts, op); });
 }
@@ -568,21 +580,29 @@ std::vector<SparseCase> issue8_grid() {
 // DeepSeek-V4 decode (SEMANTICS §11.8; the portable engine): T 128 tokens, a 128-row window (main cache) and the
 // indexer's top 512 (Flash) / 1024 (Pro) rows of the compressed cache (extra), d_qk = d_v = 512, a sink;
 // h 16 / 64 / 128 heads per rank; bf16 and fp8 (per-tensor) rows, V4's 584-byte records in both caches (v4), and
-// V4.1's native records (a v41 window with a v41_fp4 compressed cache), written by write_cache.
+// V4.1's native records (a v41 window with a v41_fp4 compressed cache), written by write_cache. Then issue 47's
+// small decode step, T 8, h 16, window 128 + extra 512, v4 and v41 + v41_fp4, graph-replayed beside the issue's
+// 12 us target. Each row's read floor covers both caches.
 std::vector<SparseCase> v4_grid() {
   struct F {
     CacheFormat main;
     int extra;  // -1: the main format
   };
+  const F v4{CacheFormat::v4, -1}, v41{CacheFormat::v41, static_cast<int>(CacheFormat::v41_fp4)};
+  auto row = [](int64_t t, int64_t h, int64_t extra, const F& f) {
+    SparseCase c{t, h, 128, 0, f.main, 0, 512, extra};
+    c.extra_format = f.extra;
+    return c;
+  };
   std::vector<SparseCase> g;
-  for (const F f : {F{CacheFormat::bf16, -1}, F{CacheFormat::fp8, -1}, F{CacheFormat::v4, -1},
-                    F{CacheFormat::v41, static_cast<int>(CacheFormat::v41_fp4)}})
+  for (const F f : {F{CacheFormat::bf16, -1}, F{CacheFormat::fp8, -1}, v4, v41})
     for (int64_t extra : {512, 1024})
-      for (int64_t h : {16, 64, 128}) {
-        SparseCase c{128, h, 128, 0, f.main, 0, 512, extra};
-        c.extra_format = f.extra;
-        g.push_back(c);
-      }
+      for (int64_t h : {16, 64, 128}) g.push_back(row(128, h, extra, f));
+  for (const F& f : {v4, v41}) {
+    g.push_back(row(8, 16, 512, f));
+    g.back().target_us = 12;
+    g.back().graph = true;
+  }
   return g;
 }
 
