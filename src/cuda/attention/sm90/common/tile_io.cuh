@@ -61,7 +61,7 @@ __device__ __forceinline__ void load_q_panels(const MqaRowParams& rp, int64_t g,
 // The N 32 small kernel keeps the loop (batched, in groups of 3 or 5, it spilled 116 bytes).
 // kPanels: the panels loaded (the seesaw kernel's Q: 8, its rope lives in registers).
 // The groups run as a loop, not unrolled: this code runs once per CTA, at the pace of its first instruction
-// fetches (docs/design/attention_sm90.md "Run-once code"), so its size, not its instruction count, is its cost.
+// fetches (docs/design/attention_sm90.md §6b "Where its time goes"): its size is its cost.
 template <int kRows, int kThreads, int kGroup = 5, int kPanels = Traits::kPanels>
 __device__ __forceinline__ void load_q_panels_batched(const MqaRowParams& rp, int64_t g, int row0, int m_rows,
                                                       int panel_bytes, uint8_t* sQ, int ct) {
