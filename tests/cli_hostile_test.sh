@@ -117,7 +117,7 @@ expect_fail "--sparse-prefill applies to the bare layer" run --backend cpu --blo
 expect_fail "--s-q shapes the single row that --b selects" bench --s-q 2
 expect_fail "--non-causal applies to mha_prefill only, and --ops mqa_decode" bench --ops mqa_decode --b 4 --non-causal
 expect_fail "--dcp applies to dcp only" bench --dcp 2
-expect_fail "--trace applies to mqa_decode only" bench --ops sparse_mqa --trace
+expect_fail "--trace applies to mqa_decode, sparse_mqa only" bench --ops mha_prefill --trace
 expect_fail "--batch-invariant applies to mqa_decode, sparse_mqa only" bench --ops mha_prefill --batch-invariant
 expect_fail "--b and --grid both choose the rows" bench --b 4 --grid issue7
 expect_fail "--grid issue9 is a list of mha_prefill rows" bench --ops mqa_decode --grid issue9
