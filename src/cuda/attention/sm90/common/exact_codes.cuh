@@ -19,6 +19,11 @@ __device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t w) {
   asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi;}" : "=r"(d) : "r"(w));
   return d;
 }
+// Sixteen codes (byte i of the chunk = column i) as exact f16: columns 0..7 into lo, 8..15 into hi.
+__device__ __forceinline__ void e4m3x16_to_f16(const uint4& raw, uint4& lo, uint4& hi) {
+  lo = make_uint4(e4m3x2_lo_to_f16x2(raw.x), e4m3x2_hi_to_f16x2(raw.x), e4m3x2_lo_to_f16x2(raw.y), e4m3x2_hi_to_f16x2(raw.y));
+  hi = make_uint4(e4m3x2_lo_to_f16x2(raw.z), e4m3x2_hi_to_f16x2(raw.z), e4m3x2_lo_to_f16x2(raw.w), e4m3x2_hi_to_f16x2(raw.w));
+}
 
 // The power-of-two exponent that brings a query row of largest magnitude `amax_bits` (fp32 bits of max |q|)
 // into [2^14, 2^15): every bf16 value within 2^28 of the row's largest is then a normal f16, so the f16 copy is

@@ -130,13 +130,6 @@ struct Desc {
 
 // ---- the converter ----------------------------------------------------------------------------------------------
 
-// Sixteen codes (byte i of the chunk = column i) as exact f16: columns 0..7 into lo, 8..15 into hi (F2FP; NaN codes
-// stay NaN).
-__device__ __forceinline__ void e4m3x16_to_f16(const uint4& raw, uint4& lo, uint4& hi) {
-  lo = make_uint4(e4m3x2_lo_to_f16x2(raw.x), e4m3x2_hi_to_f16x2(raw.x), e4m3x2_lo_to_f16x2(raw.y), e4m3x2_hi_to_f16x2(raw.y));
-  hi = make_uint4(e4m3x2_lo_to_f16x2(raw.z), e4m3x2_hi_to_f16x2(raw.z), e4m3x2_lo_to_f16x2(raw.w), e4m3x2_hi_to_f16x2(raw.w));
-}
-
 // One tile's codes of this thread's key and column half, in registers. Key j of the unit is located by RowsT
 // (PagedRows: through the block table; IndexedRows: the token's index row); a key that is not loaded (past the
 // unit's range, a page or index outside the cache) gets zeros and valid = false: nothing read.

@@ -117,12 +117,6 @@ __device__ __forceinline__ uint32_t e4m3_scale_f16x2(uint32_t byte, int r) {
   return ptx::pack_f16x2(x, x);
 }
 
-// Sixteen e4m3 codes (byte i = column i) as exact f16 into lo (columns 0..7) and hi (8..15).
-__device__ __forceinline__ void e4m3x16_f16(const uint4& raw, uint4& lo, uint4& hi) {
-  lo = make_uint4(e4m3x2_lo_to_f16x2(raw.x), e4m3x2_hi_to_f16x2(raw.x), e4m3x2_lo_to_f16x2(raw.y), e4m3x2_hi_to_f16x2(raw.y));
-  hi = make_uint4(e4m3x2_lo_to_f16x2(raw.z), e4m3x2_hi_to_f16x2(raw.z), e4m3x2_lo_to_f16x2(raw.w), e4m3x2_hi_to_f16x2(raw.w));
-}
-
 // The two e2m1 codes of byte kByte of w (low nibble: the lower column) as f16 value * 2^-14; w4 = w << 4. PRMT puts
 // each nibble in the high half of a byte (its sign at bit 7) with a sign-replicated byte above it; shifted by five,
 // the magnitude lands on f16 bits 9..11 (mantissa bit 9, exponent bits 10..11) and the replicated sign on bit 15.
@@ -207,7 +201,7 @@ struct Codes<CacheFormat::v4> {
       const int c = 14 * half + i;  // 16-code chunk of the row: columns 16 c .. 16 c + 15, scale c / 4
       const uint32_t m = Ue8m0::m1(scale_byte(c / 4), r);
       uint4 lo, hi;
-      e4m3x16_f16(raw[i], lo, hi);
+      e4m3x16_to_f16(raw[i], lo, hi);
       put(stage, key, 2 * c, mul4(lo, m));
       put(stage, key, 2 * c + 1, mul4(hi, m));
     }
@@ -314,7 +308,7 @@ struct Warp {
         hi = mul4(e2m1x8_f16(raw[j].y), m);
       } else {
         const uint32_t m = Ue8m0::m1_f32(sb(j), r);
-        e4m3x16_f16(raw[j], lo, hi);
+        e4m3x16_to_f16(raw[j], lo, hi);
         lo = mul4(lo, m);
         hi = mul4(hi, m);
         two_any |= Ue8m0::two(sb(j), r);
