@@ -582,27 +582,31 @@ __device__ __forceinline__ void rescale(float (&o)[T::kDvHalf / 2], float f_lo, 
 
 // fp8 and DeepSeek-V4 records: the unit's Q panels (bf16, in shared memory; kPanels of them) as f16 times 2^e_r in
 // place, e_r = q_row_exponent of row r (exact for every element within 2^28 of the row's largest |q|), and 2^-e_r
-// into q_scales()[r] for S. By the S warpgroup's 128 threads: thread t takes row t / 2 and the 4 kPanels chunks (of
-// eight columns) from 4 kPanels (t % 2).
-template <int kPanels>
-__device__ __forceinline__ void q_to_f16(const Smem& sm, int t) {
-  constexpr int kHalf = 4 * kPanels;
-  const int row = t >> 1, c0 = kHalf * (t & 1);
+// into q_scales()[r] for S. By kThreads threads (index t): kThreads / 64 threads per row, thread t taking row
+// t / (kThreads / 64) and its share of the 8 kPanels chunks (of eight columns). Rows from `rows` on (past the unit's
+// rows: zeros) only get their factor 1.
+template <int kPanels, int kThreads = 128>
+__device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = T::kBlockM) {
+  constexpr int kPerRow = kThreads / T::kBlockM, kShare = 8 * kPanels / kPerRow;
+  static_assert(kPerRow == 2 || kPerRow == 4, "two or four threads per row");
+  const int row = t / kPerRow, c0 = kShare * (t % kPerRow);
+  const int c1 = row < rows ? c0 + kShare : c0;  // rows past the unit's: nothing to convert
   uint8_t* q = sm.q();
   auto at = [&](int c) { return reinterpret_cast<uint4*>(q + (c >> 3) * T::kPanelBytes + swz(row, c & 7)); };
   uint32_t amax = 0;  // fp32 bits of max |q|: non-negative floats order as their bits
 #pragma unroll 4
-  for (int c = c0; c < c0 + kHalf; ++c) {
+  for (int c = c0; c < c1; ++c) {
     const uint4 v = *at(c);
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) amax = max(amax, max((w[k] << 16) & 0x7fffffffu, w[k] & 0x7fff0000u));
   }
-  amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+#pragma unroll
+  for (int o = 1; o < kPerRow; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const int e = q_row_exponent(amax);
   const float f = exp2i(e);
 #pragma unroll 4
-  for (int c = c0; c < c0 + kHalf; ++c) {
+  for (int c = c0; c < c1; ++c) {
     uint4 v = *at(c);
     uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -610,7 +614,17 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t) {
       w[k] = ptx::pack_f16x2(__uint_as_float(w[k] << 16) * f, __uint_as_float(w[k] & 0xffff0000u) * f);
     *at(c) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-  if ((t & 1) == 0) sm.q_scales()[row] = exp2i(-e);
+  if (t % kPerRow == 0) sm.q_scales()[row] = exp2i(-e);
+}
+
+// DeepSeek-V4: the unit's Q (512 columns: eight panels) into shared memory as f16 * 2^e_r, zeros past the token's
+// rows, by the S and R warpgroups together (t < 256: S's threads, then R's), both idle until Q is there.
+__device__ __forceinline__ void v4_q_prologue(const DecodeSm90Params& p, const Unit& u, const Smem& sm, int t) {
+  load_q_panels_batched<T::kBlockM, 256, 5, 8>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(), t);
+  ptx::named_barrier_sync(L::kBarQ, 256);
+  q_to_f16<8, 256>(sm, t, u.m_rows - u.row0);
+  ptx::fence_proxy_async_smem();
+  ptx::named_barrier_sync(L::kBarQ, 256);
 }
 
 // The S warpgroup: S, the softmax, P into the stage and O_L. Keeps its running references and row sums (summed over
@@ -1073,6 +1087,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return;
   }
   const convert::Frag rw;
+  // S and R (threads 128 .. 383) load and convert Q before they take their registers: one copy of that code.
+  convert::v4_q_prologue(p, u, sm, static_cast<int>(threadIdx.x) - 128);
   if (wg == L::kRWarpgroup) {
     ptx::setmaxnreg_dec<L::r_regs(FM)>();
     convert::RRole<FM> r(u, sm);
@@ -1089,13 +1105,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return;
   }
   ptx::setmaxnreg_inc<L::s_regs(FM)>();
-  // Q of the unit's rows (512 columns: eight panels) into shared memory, zeros past the token's rows.
-  load_q_panels_batched<T::kBlockM, 128, 5, 8>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(),
-                                               static_cast<int>(threadIdx.x & 127));
-  ptx::named_barrier_sync(L::kBarQ, 128);
-  convert::q_to_f16<8>(sm, static_cast<int>(threadIdx.x & 127));  // f16 * 2^e_r, as fp8's
-  ptx::fence_proxy_async_smem();
-  ptx::named_barrier_sync(L::kBarQ, 128);
   MLA_DECODE_TRACE_EVENT(3, 128);
   convert::SRole<FM> sr(p, u, sm);
   sr.run();

@@ -29,7 +29,8 @@ struct ConvertTraits {
   static constexpr int converter_regs(CacheFormat f) { return narrow(f) ? 136 : 104; }
   static constexpr int r_regs(CacheFormat f) { return narrow(f) ? 160 : 168; }
 
-  // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory), kBarP + s (S arrives,
+  // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory; DeepSeek-V4: S's and
+  // R's, which load and convert Q together), kBarP + s (S arrives,
   // R syncs: P and the rescale factors of stage s's tile are in shared memory; two ids so that S may publish the
   // next stage's before R synced this one), kBarEnd (S arrives, R syncs: the row sums and references), kBarR the R
   // warpgroup's own (fp8_ds_mla: its P_g panel written, and read by its products), kBarConv the converter's own
