@@ -589,14 +589,22 @@ template <int kPanels, int kThreads = 128>
 __device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = T::kBlockM) {
   constexpr int kPerRow = kThreads / T::kBlockM, kShare = 8 * kPanels / kPerRow;
   static_assert(kPerRow == 2 || kPerRow == 4, "two or four threads per row");
-  const int row = t / kPerRow, c0 = kShare * (t % kPerRow);
-  const int c1 = row < rows ? c0 + kShare : c0;  // rows past the unit's: nothing to convert
+  const int row = t / kPerRow, k = t % kPerRow, c0 = kShare * k;
+  const int n = row < rows ? kShare : 0;  // rows past the unit's: nothing to convert
+  // The row's threads start their shares at chunks 8 / kPerRow apart modulo 8 (a share of a multiple of 8 chunks
+  // otherwise starts every thread on the same 16-byte bank group: 2- or 4-way conflicts).
+  constexpr bool kRotate = kShare % 8 == 0;
+  static_assert(!kRotate || (kShare & (kShare - 1)) == 0, "a rotated share is a power of two");
+  const int rot = (8 / kPerRow) * k;
   uint8_t* q = sm.q();
-  auto at = [&](int c) { return reinterpret_cast<uint4*>(q + (c >> 3) * T::kPanelBytes + swz(row, c & 7)); };
+  auto at = [&](int i) {
+    const int c = kRotate ? c0 + ((i + rot) & (kShare - 1)) : c0 + i;
+    return reinterpret_cast<uint4*>(q + (c >> 3) * T::kPanelBytes + swz(row, c & 7));
+  };
   uint32_t amax = 0;  // fp32 bits of max |q|: non-negative floats order as their bits
 #pragma unroll 4
-  for (int c = c0; c < c1; ++c) {
-    const uint4 v = *at(c);
+  for (int i = 0; i < n; ++i) {
+    const uint4 v = *at(i);
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) amax = max(amax, max((w[k] << 16) & 0x7fffffffu, w[k] & 0x7fff0000u));
@@ -606,15 +614,15 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = T::kB
   const int e = q_row_exponent(amax);
   const float f = exp2i(e);
 #pragma unroll 4
-  for (int c = c0; c < c1; ++c) {
-    uint4 v = *at(c);
+  for (int i = 0; i < n; ++i) {
+    uint4 v = *at(i);
     uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k)
       w[k] = ptx::pack_f16x2(__uint_as_float(w[k] << 16) * f, __uint_as_float(w[k] & 0xffff0000u) * f);
-    *at(c) = make_uint4(w[0], w[1], w[2], w[3]);
+    *at(i) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-  if (t % kPerRow == 0) sm.q_scales()[row] = exp2i(-e);
+  if (k == 0) sm.q_scales()[row] = exp2i(-e);
 }
 
 // DeepSeek-V4: the unit's Q (512 columns: eight panels) into shared memory as f16 * 2^e_r, zeros past the token's
