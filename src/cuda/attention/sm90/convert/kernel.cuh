@@ -528,6 +528,20 @@ __device__ __forceinline__ void record_converter(const DecodeSm90Params& p, cons
   convert_records<FE>(p.extra, v.extra, v.n_extra, i, r, sm);
 }
 
+// A DeepSeek-V4 unit without keys, by the whole CTA: out 0, lse the row's sink (or -inf without one).
+__device__ __forceinline__ void v4_empty_unit(const DecodeSm90Params& p, const Unit& u) {
+  write_empty_unit(p, u, threadIdx.x, blockDim.x);
+  if (p.sink != nullptr && p.rows.lse != nullptr) {
+    __syncthreads();
+    const MqaRowParams& rp = p.rows;
+    for (int r = threadIdx.x; r < T::kBlockM && u.row0 + r < u.m_rows; r += blockDim.x) {
+      const int row = u.row0 + r;
+      rp.lse[u.g * rp.lse_stride_g + (row / rp.h_q) * rp.lse_stride_i + (row % rp.h_q) * rp.lse_stride_h] =
+          p.sink[static_cast<int64_t>(row % rp.h_q) * p.sink_stride];
+    }
+  }
+}
+
 // The attention sink of a row (log2 domain: sink * log2 e) joins its running reference m and sum l as a key of value
 // 0 (SEMANTICS §11.8): f is the factor of the row's O (O's reference moves to the new m). No key and no sink: no
 // change (out 0, lse -inf); no key: out 0, lse = sink; a NaN sink: out and lse NaN.
@@ -1068,16 +1082,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   u.seq_len = INT_MAX;  // no row limit: the index lists are the mask
   u.key_end = INT_MAX;
   if (u.n_tiles == 0) {  // uniform over the CTA: out 0, lse the sink (or -inf)
-    write_empty_unit(p, u, threadIdx.x, blockDim.x);
-    if (p.sink != nullptr && p.rows.lse != nullptr) {
-      __syncthreads();
-      const MqaRowParams& rp = p.rows;
-      for (int r = threadIdx.x; r < T::kBlockM && u.row0 + r < u.m_rows; r += blockDim.x) {
-        const int row = u.row0 + r;
-        rp.lse[u.g * rp.lse_stride_g + (row / rp.h_q) * rp.lse_stride_i + (row % rp.h_q) * rp.lse_stride_h] =
-            p.sink[static_cast<int64_t>(row % rp.h_q) * p.sink_stride];
-      }
-    }
+    convert::v4_empty_unit(p, u);
     return;
   }
   if (threadIdx.x == 0) {

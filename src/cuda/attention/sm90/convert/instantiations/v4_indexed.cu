@@ -5,6 +5,7 @@
 
 #include "cuda/attention/sm90/common/launch_util.cuh"
 #include "cuda/attention/sm90/convert/kernel.cuh"
+#include "cuda/attention/sm90/convert/n16.cuh"
 #include "cuda/attention/sm90/convert/launch.h"
 
 namespace mla::cuda::decode_sm90 {
@@ -14,7 +15,13 @@ template <CacheFormat FM, CacheFormat FE>
 bool launch_pair(CacheFormat fm, CacheFormat fe, const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
                  const char* what) {
   if (fm != FM || fe != FE) return false;
-  launch_one(decode_sm90_convert_v4_kernel<FM, FE>, ConvertTraits::kSmemBytes, grid, stream, no_tensor_map(), p, what);
+  // Units of at most 16 query rows: the N 16 tile (convert/n16.cuh); else 64-row tiles.
+  if (p.m_tiles == 1 && p.rows.s_q * p.rows.h_q <= convert::kN16)
+    launch_one(decode_sm90_convert_v4n16_kernel<FM, FE>, ConvertTraits::kSmemBytes, grid, stream, no_tensor_map(), p,
+               what);
+  else
+    launch_one(decode_sm90_convert_v4_kernel<FM, FE>, ConvertTraits::kSmemBytes, grid, stream, no_tensor_map(), p,
+               what);
   return true;
 }
 }  // namespace
