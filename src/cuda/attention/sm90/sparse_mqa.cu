@@ -4,8 +4,9 @@
 // small/kernel.cuh with GatherKeys for h_q <= 32, seesaw/kernel.cuh with GroupRows above; fp8_ds_mla records:
 // raw/kernel.cuh (IndexedRows) for h_q <= 32, seesaw/kernel.cuh with CrossKeys / InplaceKeys above. Which kernel
 // runs is core/decode_regime.h's rule unless a variant is forced. One CTA per (row tile, token); for small T
-// (fp8_ds_mla, up to 32 rows) a token's top-k is split over a thread-block cluster of 2..8 CTAs that merge
-// through distributed shared memory (no workspace: the op has none), graph-capturable (no host sync).
+// (the raw kernel, and the seesaw but its crossover) a token's top-k is split over a thread-block cluster of 2..8
+// CTAs that merge through distributed shared memory (no workspace: the op has none), graph-capturable (no host
+// sync).
 // Algorithm, roles, shared memory: docs/design/attention_sm90.md.
 #include <cuda_runtime.h>
 
@@ -138,10 +139,18 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
                               "sparse_mqa (sm90, DeepSeek-V4)");
     return;
   }
-  if (regime.kernel == decode_regime::Kernel::raw) {
+  // The small-T split (core/sparse_split.h): the raw kernel, and the seesaw over bf16 rows or, with an odd number of
+  // row tiles (no crossover), over fp8_ds_mla records.
+  const bool seesaw_split = regime.kernel == decode_regime::Kernel::seesaw &&
+                            (c.format == CacheFormat::bf16 || p.m_tiles % 2 == 1);
+  if (regime.kernel == decode_regime::Kernel::raw || seesaw_split) {
     const int dev = q.device.index;
     const int64_t tiles = (g.topk + Traits::kBlockN - 1) / Traits::kBlockN;
-    auto max_clusters = [&](int s) { return raw_ds_indexed_max_clusters(dev, p.tile_rows, s); };
+    auto max_clusters = [&](int s) {
+      if (!seesaw_split) return raw_ds_indexed_max_clusters(dev, p.tile_rows, s);
+      return c.format == CacheFormat::bf16 ? seesaw_group_rows_max_clusters(dev, s)
+                                           : seesaw_ds_indexed_max_clusters(dev, s);
+    };
     static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
     const int splits = sparse_split::cluster_splits(int64_t{p.m_tiles} * t, tiles, sm_count(dev), max_clusters,
                                                     a.opts.batch_invariant);

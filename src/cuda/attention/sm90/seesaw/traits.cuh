@@ -34,9 +34,10 @@ struct SeesawTraits {
   static constexpr int kBarRemote = 6;  // C1's remote P V issued
 };
 
-// Whether the kernels built for key source Src take p.cluster_merge (cluster_merge.cuh): the TMA source, whose
-// launcher (mqa_decode.cu) sets it; the others are not built with the merge (the crossover's registers would spill).
+// Whether the kernels built for key source Src take p.cluster_merge (cluster_merge.cuh): the TMA source (mqa_decode.cu
+// sets it) and the indexed sources but the crossover (sparse_mqa.cu's small-T split); the others are not built with
+// the merge (the crossover's registers would spill).
 template <class Src>
-inline constexpr bool kClusterMerged = Src::kTma && !CrossoverSource<Src>;
+inline constexpr bool kClusterMerged = (Src::kTma || Src::kIndexed) && !CrossoverSource<Src>;
 
 }  // namespace mla::cuda::decode_sm90

@@ -8,4 +8,10 @@ void launch_seesaw_ds_indexed(const DecodeSm90Params& p, unsigned grid, cudaStre
   launch_seesaw_codes<CacheFormat::fp8_ds_mla, IndexedRows>(p, grid, stream, what);
 }
 
+int seesaw_ds_indexed_max_clusters(int device, int splits) {
+  using Src = InplaceKeys<CacheFormat::fp8_ds_mla, IndexedRows>;
+  return max_clusters_cached<decode_sm90_seesaw_kernel<Src>>(device, splits, SeesawTraits::kSmemBytes,
+                                                             "sparse_mqa (sm90): cluster split");
+}
+
 }  // namespace mla::cuda::decode_sm90

@@ -8,4 +8,9 @@ void launch_seesaw_group_rows(const DecodeSm90Params& p, unsigned grid, cudaStre
   launch_seesaw<GroupRows<>>(p, grid, stream, no_tensor_map(), what);
 }
 
+int seesaw_group_rows_max_clusters(int device, int splits) {
+  return max_clusters_cached<decode_sm90_seesaw_kernel<GroupRows<>>>(device, splits, SeesawTraits::kSmemBytes,
+                                                                       "sparse_mqa (sm90): cluster split");
+}
+
 }  // namespace mla::cuda::decode_sm90
