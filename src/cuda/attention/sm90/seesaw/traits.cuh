@@ -34,10 +34,19 @@ struct SeesawTraits {
   static constexpr int kBarRemote = 6;  // C1's remote P V issued
 };
 
-// Whether the kernels built for key source Src take p.cluster_merge (cluster_merge.cuh): the TMA source (mqa_decode.cu
-// sets it) and the indexed sources but the crossover (sparse_mqa.cu's small-T split); the others are not built with
-// the merge (the crossover's registers would spill).
+// sparse_mqa's small-T split (core/sparse_split.h) on the seesaw: Src's kernel built with the cluster merge, launched
+// only when p.cluster_merge is set. Unsplit launches keep Src's own kernel, without the merge's code (its run-once
+// merge code and its register pressure cost the large-T rows 4-10%).
 template <class Src>
-inline constexpr bool kClusterMerged = (Src::kTma || Src::kIndexed) && !CrossoverSource<Src>;
+struct SplitKeys : Src {
+  static constexpr bool kSplitMerged = true;
+};
+
+// Whether the kernels built for key source Src take p.cluster_merge (cluster_merge.cuh): the TMA source (mqa_decode.cu
+// sets it) and SplitKeys (sparse_mqa.cu's small-T split); the others are not built with the merge (the crossover's
+// registers would spill).
+template <class Src>
+inline constexpr bool kClusterMerged =
+    (Src::kTma && !CrossoverSource<Src>) || requires { requires Src::kSplitMerged; };
 
 }  // namespace mla::cuda::decode_sm90
