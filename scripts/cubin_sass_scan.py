@@ -9,8 +9,10 @@ against ptxas and ncu on the same kernels:
   STL  0x387  local store (a register spill: ptxas's "20 bytes spill stores" were 5 STL there)
   LDL  0x983  local load
   HGMMA 0xdf0 and 0x9f0, the two operand forms of the warpgroup MMA (the raw decode kernel's 36 + 32 per tile are
-        0xdf0, as ncu's source page counts them; the small kernel's 68 are 0x9f0; the seesaw has both). QGMMA (fp8
-        operands) is not identified: a kernel on it reads HGMMA 0.
+        0xdf0, as ncu's source page counts them; the small kernel's 68 are 0x9f0; the seesaw has both).
+  QGMMA 0x9f3 (A from shared memory) and 0xdf3 (A from registers), the e4m3 warpgroup MMA: identified with probe
+        kernels of 3 wgmma_e4m3_ss and 5 wgmma_e4m3_rs (the sm90_fp8 prefill kernel: 12 + 8, its 2 x 6 S and 2 x 4
+        P V products).
   WGSYNC 0x9c5, WARPGROUP.ARRIVE (wgmma.fence) and WARPGROUP.DEPBAR (wgmma.wait_group) alike: identified with
         probe kernels (one more fence or one more wait_group each added one). A change
         whose kernels gain WGSYNC without a new fence or wait in the source made ptxas insert warpgroup syncs (its
@@ -28,7 +30,7 @@ import re
 import struct
 import sys
 
-OPS = {"STL": (0x387,), "LDL": (0x983,), "HGMMA": (0xDF0, 0x9F0), "WGSYNC": (0x9C5,)}
+OPS = {"STL": (0x387,), "LDL": (0x983,), "HGMMA": (0xDF0, 0x9F0), "QGMMA": (0x9F3, 0xDF3), "WGSYNC": (0x9C5,)}
 
 
 def text_sections(path):
@@ -55,7 +57,7 @@ def main():
     if not args:
         sys.exit(__doc__)
     path, sub = args[0], (args[1] if len(args) > 1 else "")
-    print(f"{'bytes':>8} {'instr':>6} {'STL':>4} {'LDL':>4} {'HGMMA':>5} {'WGSYNC':>6}  kernel")
+    print(f"{'bytes':>8} {'instr':>6} {'STL':>4} {'LDL':>4} {'HGMMA':>5} {'QGMMA':>5} {'WGSYNC':>6}  kernel")
     for name, code in sorted(text_sections(path).items()):
         if sub not in name:
             continue
@@ -63,9 +65,9 @@ def main():
         at = {k: [16 * i for i, o in enumerate(ops) if o in v] for k, v in OPS.items()}
         short = re.sub(r"^_ZN3mla4cuda\d+\w+?\d+(?=decode|mqa|sparse)", "", name)[:90]
         print(f"{len(code):8d} {len(ops):6d} {len(at['STL']):4d} {len(at['LDL']):4d} {len(at['HGMMA']):5d}"
-              f" {len(at['WGSYNC']):6d}  {short}")
+              f" {len(at['QGMMA']):5d} {len(at['WGSYNC']):6d}  {short}")
         if where and (at["STL"] or at["LDL"]):
-            hg = at["HGMMA"]
+            hg = sorted(at["HGMMA"] + at["QGMMA"])
             print(f"           HGMMA {hex(hg[0]) if hg else '-'} .. {hex(hg[-1]) if hg else '-'};"
                   f" STL {[hex(x) for x in at['STL']]}; LDL {[hex(x) for x in at['LDL']]}")
 

@@ -174,6 +174,30 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
                  int64_t max_seqlen_k, const TensorView& out, const TensorView& lse, double softmax_scale,
                  bool causal, const Context& ctx = {});
 
+// fp8 compute of mha_prefill (SEMANTICS §10.1; vLLM's use_prefill_query_quantization). A default-constructed
+// PrefillOptions is the op above, bit for bit.
+//   fp8        q, k = [k_nope | k_pe] and v are quantised to e4m3 with the three per-tensor scales
+//              (code = e4m3(x / scale)), S and P V run on the codes, P is quantised to e4m3 (256 p);
+//              inputs and out keep their dtypes. CUDA: an sm_90 device and d_nope 128, d_rope 64, d_v 128
+//              (the sm90_fp8 variant), else mla::Error; the CPU backend computes it in float64 over the
+//              codes (the exact-codes oracle), any head dims.
+//   q_scale, k_scale, v_scale  positive and finite (static, like vLLM's layer _q_scale / _k_scale / _v_scale)
+//   workspace  CUDA fp8: u8, contiguous, 256-byte aligned, >= mha_prefill_workspace_bytes(...) (the quantised
+//              q, k and transposed v); unused otherwise
+struct PrefillOptions {
+  bool fp8 = false;
+  float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;
+  TensorView workspace{};
+};
+void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,
+                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                 int64_t max_seqlen_k, const TensorView& out, const TensorView& lse, double softmax_scale,
+                 bool causal, const PrefillOptions& opts, const Context& ctx = {});
+// Workspace bytes of an fp8 mha_prefill with total_q query rows, total_k key rows, `heads` heads and `batch`
+// requests (cu_seqlens of batch + 1 entries); 0 without fp8 or on the CPU.
+std::size_t mha_prefill_workspace_bytes(int64_t total_q, int64_t total_k, int64_t heads, int64_t batch, bool fp8,
+                                        Device device);
+
 // ---------------------------------------------------------------------------------------------
 // Sparse MQA over top-k rows (FlashMLA-sparse semantics, §11).
 //   q           [T, h_q, d_qk]

@@ -9,6 +9,7 @@
 // Causal masking is bottom-right aligned: query i of a request with lengths (sq, sk) sees keys
 // j <= sk - sq + i.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "cpu/attention_core.h"
@@ -96,6 +97,85 @@ void prefill_impl(const TensorView& q, const TensorView& k_nope, const TensorVie
   }
 }
 
+// fp8 compute (SEMANTICS §10.1), the exact-codes oracle: q, k, v quantised with the per-tensor scales, then
+// float64 over the codes: S = (q8 . k8) s_q s_k tau, m the row's max over its visible keys, p = exp(S - m),
+// l = sum 256 p, P8 = e4m3(256 p), out = s_v sum P8 v8 / l, lse = m + ln(l / 256). Work item = (request, head,
+// span of kItemRows query rows); the item's key and value codes are decoded once.
+void prefill_fp8(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,
+                 const std::vector<int64_t>& cu_q, const std::vector<int64_t>& cu_k, const TensorView& out,
+                 const TensorView& lse, double softmax_scale, bool causal, const PrefillOptions& o) {
+  const int64_t h = q.size(1), dn = k_nope.size(2), dr = k_pe.size(2), d = dn + dr, dv = v.size(2);
+  const int64_t nreq = static_cast<int64_t>(cu_q.size()) - 1;
+  const double s_scale = static_cast<double>(o.q_scale) * o.k_scale * softmax_scale, sv = o.v_scale;
+  // code = e4m3(float(x) / scale), as a double (every e4m3 value is exact in double).
+  auto codes = [](const void* src, DType t, int64_t n, float scale, double* dst, std::vector<float>& tmp) {
+    tmp.resize(static_cast<std::size_t>(n));
+    load_row(src, t, tmp.data(), n);
+    for (int64_t i = 0; i < n; ++i) dst[i] = num::e4m3_to_float(num::float_to_e4m3(tmp[static_cast<std::size_t>(i)] / scale));
+  };
+  std::vector<Item> items;
+  for (int64_t r = 0; r < nreq; ++r)
+    for (int64_t hh = 0; hh < h; ++hh)
+      for (int64_t q0 = 0; q0 < cu_q[r + 1] - cu_q[r]; q0 += kItemRows) items.push_back({r, hh, q0});
+  const int64_t n_items = static_cast<int64_t>(items.size());
+
+#pragma omp parallel
+  {
+    std::vector<double> kc, vc, qc(static_cast<std::size_t>(d)), sc, orow(static_cast<std::size_t>(dv));
+    std::vector<float> tmp;
+    std::vector<int64_t> p8;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t n = 0; n < n_items; ++n) {
+      const Item it = items[static_cast<std::size_t>(n)];
+      const int64_t sq = cu_q[it.req + 1] - cu_q[it.req], sk = cu_k[it.req + 1] - cu_k[it.req];
+      const int64_t rows = std::min(kItemRows, sq - it.q0);
+      const int64_t qrow0 = cu_q[it.req] + it.q0, krow0 = cu_k[it.req];
+      const int64_t nk = causal ? std::clamp<int64_t>(sk - sq + it.q0 + rows, 0, sk) : sk;  // keys the item sees
+      kc.resize(static_cast<std::size_t>(nk * d));
+      vc.resize(static_cast<std::size_t>(nk * dv));
+      sc.resize(static_cast<std::size_t>(nk));
+      for (int64_t j = 0; j < nk; ++j) {
+        codes(k_nope.ptr_at({krow0 + j, it.head, 0}), k_nope.dtype, dn, o.k_scale, kc.data() + j * d, tmp);
+        codes(k_pe.ptr_at({krow0 + j, it.head, 0}), k_pe.dtype, dr, o.k_scale, kc.data() + j * d + dn, tmp);
+        codes(v.ptr_at({krow0 + j, it.head, 0}), v.dtype, dv, o.v_scale, vc.data() + j * dv, tmp);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = qrow0 + r;
+        const int64_t vis = causal ? std::clamp<int64_t>(sk - sq + it.q0 + r + 1, 0, sk) : sk;
+        codes(q.ptr_at({row, it.head, 0}), q.dtype, d, o.q_scale, qc.data(), tmp);
+        double m = -INFINITY, l = 0.0, lse_v = -INFINITY;
+        bool bad = false;  // a NaN or +inf score: the row is NaN (§14.6a)
+        for (int64_t j = 0; j < vis; ++j) {
+          double acc = 0.0;
+          const double* kr = kc.data() + j * d;
+          for (int64_t c = 0; c < d; ++c) acc += qc[static_cast<std::size_t>(c)] * kr[c];
+          const double sj = acc * s_scale;
+          sc[static_cast<std::size_t>(j)] = sj;
+          if (std::isnan(sj) || sj == INFINITY) bad = true;
+          m = std::max(m, sj);
+        }
+        std::fill(orow.begin(), orow.end(), 0.0);
+        if (bad) {
+          std::fill(orow.begin(), orow.end(), NAN);
+          lse_v = NAN;
+        } else if (vis > 0 && m > -INFINITY) {
+          for (int64_t j = 0; j < vis; ++j) {
+            const double p = std::exp(sc[static_cast<std::size_t>(j)] - m);
+            l += 256.0 * p;
+            const double p8 = num::e4m3_to_float(num::float_to_e4m3(static_cast<float>(256.0 * p)));
+            const double* vr = vc.data() + j * dv;
+            for (int64_t c = 0; c < dv; ++c) orow[static_cast<std::size_t>(c)] += p8 * vr[c];
+          }
+          for (double& x : orow) x *= sv / l;
+          lse_v = m + std::log(l / 256.0);
+        }
+        store_row(out.ptr_at({row, it.head, 0}), out.dtype, orow.data(), dv);
+        if (lse.defined()) num::store(lse.ptr_at({it.head, row}), lse.dtype, lse_v);
+      }
+    }
+  }
+}
+
 std::vector<int64_t> read_cu(const TensorView& t) {
   std::vector<int64_t> v(static_cast<std::size_t>(t.size(0)));
   for (int64_t i = 0; i < t.size(0); ++i) v[static_cast<std::size_t>(i)] = index_at(t, i);
@@ -107,8 +187,12 @@ std::vector<int64_t> read_cu(const TensorView& t) {
 void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,
                  const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t /*max_seqlen_q*/,
                  int64_t /*max_seqlen_k*/, const TensorView& out, const TensorView& lse, double softmax_scale,
-                 bool causal, const Context& ctx) {
+                 bool causal, const PrefillOptions& opts, const Context& ctx) {
   const std::vector<int64_t> cu_q = read_cu(cu_seqlens_q), cu_k = read_cu(cu_seqlens_k);
+  if (opts.fp8) {
+    prefill_fp8(q, k_nope, k_pe, v, cu_q, cu_k, out, lse, softmax_scale, causal, opts);
+    return;
+  }
   if (ctx.precision == Precision::reference)
     prefill_impl<double>(q, k_nope, k_pe, v, cu_q, cu_k, out, lse, softmax_scale, causal);
   else

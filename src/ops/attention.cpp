@@ -7,9 +7,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "core/decode_balance.h"
 #include "core/index_view.h"
+#include "core/prefill_fp8.h"
 #include "mla/ops.h"
 #include "mla/plan.h"
 #include "ops/dispatch.h"
@@ -159,6 +161,24 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
                  const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
                  int64_t max_seqlen_k, const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
                  const Context& ctx) {
+  mha_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, softmax_scale,
+              causal, PrefillOptions{}, ctx);
+}
+
+std::size_t mha_prefill_workspace_bytes(int64_t total_q, int64_t total_k, int64_t heads, int64_t batch, bool fp8,
+                                        Device device) {
+  MLA_CHECK(total_q >= 0 && total_k >= 0 && heads >= 1 && batch >= 0,
+            "mha_prefill_workspace_bytes: needs total_q >= 0, total_k >= 0, heads >= 1, batch >= 0, got total_q={} "
+            "total_k={} heads={} batch={}",
+            total_q, total_k, heads, batch);
+  if (!fp8 || device.is_cpu()) return 0;
+  return static_cast<std::size_t>(prefill_fp8::Layout::of(total_q, total_k, heads, batch).total);
+}
+
+void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,
+                 const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                 int64_t max_seqlen_k, const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
+                 const PrefillOptions& opts, const Context& ctx) {
   constexpr const char* op = "mha_prefill";
   detail::check_ndim(q, 3, op, "q [Tq, h, d_nope + d_rope]");
   detail::check_activation(q, false, op, "q");
@@ -209,9 +229,33 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
                 sk, max_seqlen_q, max_seqlen_k);
     }
   }
+  if (opts.fp8) {
+    for (const auto& [name, s] : {std::pair{"q_scale", opts.q_scale}, std::pair{"k_scale", opts.k_scale},
+                                  std::pair{"v_scale", opts.v_scale}})
+      MLA_CHECK(std::isfinite(s) && s > 0.0f, "{}: fp8: {} must be positive and finite, got {}", op, name, s);
+    if (!dev.is_cpu()) {
+      // The one fp8 kernel (sm90_fp8): DeepSeek's head dims on an sm_90 device.
+      MLA_CHECK(dn == 128 && dr == 64 && dv == 128,
+                "{}: fp8 on CUDA needs d_nope 128, d_rope 64, d_v 128 (the sm90_fp8 kernel), got {}, {}, {}", op, dn,
+                dr, dv);
+      const int cc = compute_capability(dev);
+      MLA_CHECK(cc == 90, "{}: fp8 on CUDA runs on sm_90 devices only (the sm90_fp8 kernel), {} has compute "
+                "capability {}.{}", op, to_string(dev), cc / 10, cc % 10);
+      const std::size_t need = mha_prefill_workspace_bytes(tq, tk, h, cu_seqlens_q.size(0) - 1, true, dev);
+      const TensorView& ws = opts.workspace;
+      const std::size_t have = ws.defined() ? static_cast<std::size_t>(ws.numel()) * ws.element_size() : 0;
+      MLA_CHECK(have >= need,
+                "{}: fp8 needs a workspace of at least {} bytes (mha_prefill_workspace_bytes({}, {}, {}, {})), got {}",
+                op, need, tq, tk, h, cu_seqlens_q.size(0) - 1, ws.defined() ? ws.describe() : std::string("none"));
+      MLA_CHECK(ws.is_contiguous() && reinterpret_cast<uintptr_t>(ws.data) % prefill_fp8::kAlign == 0,
+                "{}: fp8 workspace must be contiguous and {}-byte aligned, got {}", op, prefill_fp8::kAlign,
+                ws.describe());
+      detail::check_devices(dev, op, {{ws, "workspace"}});
+    }
+  }
   if (cu_seqlens_q.size(0) == 1 || tq == 0) return;
   MLA_DISPATCH(dev, mha_prefill, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse,
-               softmax_scale, causal, ctx);
+               softmax_scale, causal, opts, ctx);
 }
 
 void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indices, const TensorView& topk_length,

@@ -70,8 +70,20 @@ TEST(DispatchByCapability, MhaPrefill) {
   Tensor out = Tensor::empty({t, h, 128}, DType::bf16), lse = Tensor::empty({h, t}, DType::f32);
   Tensor cu = Tensor::zeros({2}, DType::i32);
   const Context ctx{};
+  const PrefillOptions bf16{};
   expect_choices(mha_prefill_table(), PrefillArgs{q.view(), k_nope.view(), k_pe.view(), v.view(), cu.view(), cu.view(),
-                                                  t, t, out.view(), lse.view(), 0.07, true, ctx});
+                                                  t, t, out.view(), lse.view(), 0.07, true, bf16, ctx});
+  // fp8 compute: sm90_fp8 on 9.0, no variant elsewhere (an Error naming each variant's reason).
+  PrefillOptions fp8{};
+  fp8.fp8 = true;
+  const PrefillArgs a{q.view(), k_nope.view(), k_pe.view(), v.view(), cu.view(), cu.view(),
+                      t, t, out.view(), lse.view(), 0.07, true, fp8, ctx};
+  EXPECT_EQ(mha_prefill_table().select(a, 90).info.name, "sm90_fp8");
+  for (int cc : kCapabilities) {
+    if (cc != 90) {
+      EXPECT_THROW(mha_prefill_table().select(a, cc), Error) << "fp8 on cc " << cc;
+    }
+  }
 }
 
 TEST(DispatchByCapability, IndexerLogitsDecode) {

@@ -57,6 +57,7 @@ struct PrefillArgs {
   const TensorView& lse;      // [h, total_q] f32 or undefined
   double softmax_scale;
   bool causal;
+  const PrefillOptions& opts;  // fp8 compute (the sm90_fp8 variant only) and its workspace
   const Context& ctx;
 };
 

@@ -19,6 +19,10 @@ bool rows_aligned16(const TensorView& t) {
 
 }  // namespace
 
+const char* supports_portable(const dispatch::PrefillArgs& a) {
+  return a.opts.fp8 ? "fp8 compute runs on sm90_fp8 only (an sm_90 device)" : nullptr;
+}
+
 void run_portable(const dispatch::PrefillArgs& a) {
   const TensorView &q = a.q, &k_nope = a.k_nope, &k_pe = a.k_pe, &v = a.v, &cu_seqlens_q = a.cu_seqlens_q,
                    &cu_seqlens_k = a.cu_seqlens_k, &out = a.out, &lse = a.lse;

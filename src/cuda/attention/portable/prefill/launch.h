@@ -6,6 +6,8 @@
 
 namespace mla::cuda::prefill {
 
+// nullptr unless the launch asks for fp8 compute (the sm90_fp8 variant's alone).
+const char* supports_portable(const dispatch::PrefillArgs& a);
 void run_portable(const dispatch::PrefillArgs& a);
 
 }  // namespace mla::cuda::prefill

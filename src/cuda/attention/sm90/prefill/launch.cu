@@ -52,6 +52,7 @@ CUtensorMap map_of(const TensorView& t, const char* what) {
 
 const char* supports(const dispatch::PrefillArgs& a) {
   using T = Traits;
+  if (a.opts.fp8) return "fp8 compute runs on sm90_fp8 only";
   if (a.k_nope.size(2) != T::kDNope || a.k_pe.size(2) != T::kDRope || a.v.size(2) != T::kDv ||
       a.q.size(2) != T::kDqk)
     return "d_nope 128, d_rope 64, d_v 128 only";
