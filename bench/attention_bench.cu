@@ -404,9 +404,20 @@ void run_prefill_case(BenchContext& ctx, const PrefillCase& c) {
   const TensorView kp(kp_store.data(), DType::bf16, kp_shape, kp_stride, dev);
   Tensor cu_q = device_i32(cq, {c.b + 1}, dev), cu_k = device_i32(ck, {c.b + 1}, dev);
   Tensor out = Tensor::empty({tq, c.h, 128}, DType::bf16, dev), lse = Tensor::empty({c.h, tq}, DType::f32, dev);
+  // --fp8-prefill: the op's fp8 compute (SEMANTICS §10.1); inputs in [-1, 1] with scales 1/256 (codes <= 256).
+  const bool fp8 = ctx.options().fp8_prefill;
+  PrefillOptions popts;
+  Tensor ws;
+  if (fp8) {
+    popts.fp8 = true;
+    popts.q_scale = popts.k_scale = popts.v_scale = 1.0f / 256;
+    ws = Tensor::empty({static_cast<int64_t>(mha_prefill_workspace_bytes(tq, tk, c.h, c.b, true, dev))}, DType::u8, dev);
+    popts.workspace = ws.view();
+  }
   double ms = 0;
   try {
-    ms = ctx.time_ms([&] { mha_prefill(q, kn, kp, v, cu_q, cu_k, c.sq, c.sk, out, lse, kScale, c.causal, op); });
+    ms = ctx.time_ms(
+        [&] { mha_prefill(q, kn, kp, v, cu_q, cu_k, c.sq, c.sk, out, lse, kScale, c.causal, popts, op); });
   } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
     std::printf("  (skipped: %s)\n", e.what());
     return;
@@ -416,10 +427,13 @@ void run_prefill_case(BenchContext& ctx, const PrefillCase& c) {
   ctx.report("mha_prefill",
              "b=" + std::to_string(c.b) + " s_q=" + std::to_string(c.sq) + " s_k=" + std::to_string(c.sk) +
                  " h=" + std::to_string(c.h) + (c.causal ? " causal" : " non-causal") + (c.varlen ? " varlen" : "") +
-                 " [" + last_variant("mha_prefill") + "]",
+                 (fp8 ? " fp8" : "") + " [" + last_variant("mha_prefill") + "]",
              ms, bytes, flops,
-             "FLOPs = h*pairs*2*(192+128), pairs = sum over requests of s_q*s_k (non-causal) or "
-             "s_q*(s_k-s_q)+s_q^2/2 (causal); bytes = q + k_nope + k_pe + v + out + lse");
+             std::string("FLOPs = h*pairs*2*(192+128), pairs = sum over requests of s_q*s_k (non-causal) or "
+                         "s_q*(s_k-s_q)+s_q^2/2 (causal); bytes = q + k_nope + k_pe + v + out + lse") +
+                 (fp8 ? "; fp8: the time includes the quantise pass, the fp8 tensor-core peak is 2x the bf16 one "
+                        "(compare with twice the bf16 GEMM rows)"
+                      : ""));
   if (flops >= 5e11) report_equal_work_gemm(ctx, flops);  // rows of >= ~1 ms: the clock drops in them
 }
 

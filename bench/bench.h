@@ -55,6 +55,9 @@ struct BenchOptions {
   // the first timed step; fp8 rows only).
   std::string out_quant = "none";
   std::string kv_scales = "fixed";
+  // mha_prefill: fp8 compute (PrefillOptions::fp8; sm_90 only) with scales 1/256 on inputs in [-1, 1]; the time
+  // includes the quantise pass. layer: LayerOptions::fp8_prefill (fp8 and fp8_ds_mla caches).
+  bool fp8_prefill = false;
 };
 
 // Runs the selected benchmarks on CUDA device `device` and prints tables. Returns a process exit code.

@@ -182,7 +182,7 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
 //              (the sm90_fp8 variant), else mla::Error; the CPU backend computes it in float64 over the
 //              codes (the exact-codes oracle), any head dims.
 //   q_scale, k_scale, v_scale  positive and finite (static, like vLLM's layer _q_scale / _k_scale / _v_scale)
-//   workspace  CUDA fp8: u8, contiguous, 256-byte aligned, >= mha_prefill_workspace_bytes(...) (the quantised
+//   workspace  CUDA fp8: u8, contiguous, 16-byte aligned, >= mha_prefill_workspace_bytes(...) (the quantised
 //              q, k and transposed v); unused otherwise
 struct PrefillOptions {
   bool fp8 = false;

@@ -22,6 +22,8 @@
 namespace mla::prefill_fp8 {
 
 inline constexpr int64_t kDqk = 192, kDv = 128, kTile = 128, kAlign = 256;
+// The workspace base: 16 bytes (TMA); the regions sit at multiples of kAlign from it.
+inline constexpr int64_t kBaseAlign = 16;
 
 struct Layout {
   int64_t q_off = 0, k_off = 0, v_off = 0, total = 0;

@@ -247,8 +247,8 @@ void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
       MLA_CHECK(have >= need,
                 "{}: fp8 needs a workspace of at least {} bytes (mha_prefill_workspace_bytes({}, {}, {}, {})), got {}",
                 op, need, tq, tk, h, cu_seqlens_q.size(0) - 1, ws.defined() ? ws.describe() : std::string("none"));
-      MLA_CHECK(ws.is_contiguous() && reinterpret_cast<uintptr_t>(ws.data) % prefill_fp8::kAlign == 0,
-                "{}: fp8 workspace must be contiguous and {}-byte aligned, got {}", op, prefill_fp8::kAlign,
+      MLA_CHECK(ws.is_contiguous() && reinterpret_cast<uintptr_t>(ws.data) % prefill_fp8::kBaseAlign == 0,
+                "{}: fp8 workspace must be contiguous and {}-byte aligned, got {}", op, prefill_fp8::kBaseAlign,
                 ws.describe());
       detail::check_devices(dev, op, {{ws, "workspace"}});
     }

@@ -60,8 +60,8 @@ const char* supports(const dispatch::PrefillArgs& a) {
     return "more than 2^31 query or padded key rows (TMA coordinates are 32-bit)";
   const TensorView& ws = a.opts.workspace;
   if (!ws.defined() || static_cast<int64_t>(ws.numel() * ws.element_size()) < l.total ||
-      reinterpret_cast<uintptr_t>(ws.data) % prefill_fp8::kAlign != 0)
-    return "a 256-byte aligned workspace of mha_prefill_workspace_bytes";
+      reinterpret_cast<uintptr_t>(ws.data) % prefill_fp8::kBaseAlign != 0)
+    return "a 16-byte aligned workspace of mha_prefill_workspace_bytes";
   return nullptr;
 }
 
