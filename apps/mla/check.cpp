@@ -225,9 +225,10 @@ void OracleCheck::check(const StepData& s, const std::vector<int64_t>& tokens) {
         got[j] = s.out_values ? s.out_values[at] : bf16_value(s.out[at]);
         if (s.out_code_step) step.push_back(s.out_code_step[at]);
       }
-      const Comparison c = compare_bf16(got, ref, tol_, s.out_code_step ? &step : nullptr);
-
       const TokenKind kind = sr.kind;
+      const bool fp8 = config_.fp8_prefill && kind != TokenKind::decode;
+      const Comparison c = compare_bf16(got, ref, fp8 ? fp8_prefill_tolerance() : tol_, s.out_code_step ? &step : nullptr);
+
       KindReport& rep = reports_[static_cast<int>(kind)];
       ++rep.samples;
       rep.max_keys = std::max<int64_t>(rep.max_keys, static_cast<int64_t>(visible.size()));

@@ -65,6 +65,7 @@ class OracleCheck {
     float fp8_scale = 1.0f;
     int64_t page_size = 64;
     uint64_t seed = 0;
+    bool fp8_prefill = false;  // prefill tokens get the fp8 allowance (fp8_prefill_tolerance, oracle.h)
   };
   OracleCheck(const OracleModel& model, const Config& config);
 

@@ -44,6 +44,7 @@ struct RunOptions {
   std::string out_quant = "none";  // the layer's output format (mla::OutputQuant key)
   std::string kv_scales = "fixed";  // fixed, or auto: the fp8 cache's scale from the first batch
   bool batch_invariant = false;  // PlannerConfig::batch_invariant (--batch-invariant)
+  bool fp8_prefill = false;      // LayerOptions::fp8_prefill (--fp8-prefill)
   std::set<std::string> given;  // long names of the options on the command line (irrelevant ones are refused)
 };
 CLI::App* add_run_command(CLI::App& app, RunOptions& options);

@@ -112,6 +112,7 @@ void dequantize_cache_row(CacheFormat format, float fp8_scale, const uint8_t* ro
 // The bound stays tight enough to see structural errors: one key too many or too few among n moves
 // an output by about 1/sqrt(n) of its size, above 4 u for n up to a few thousand keys.
 Tolerance bf16_layer_tolerance() { return Tolerance{4.0}; }
+Tolerance fp8_prefill_tolerance() { return Tolerance{32.0}; }
 
 namespace {
 double bf16_round(double x) { return num::round_bf16(static_cast<float>(x)); }

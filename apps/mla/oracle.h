@@ -53,6 +53,9 @@ struct Tolerance {
   double kappa = 0;
 };
 Tolerance bf16_layer_tolerance();
+// Prefill tokens of a layer with LayerOptions::fp8_prefill against the unquantised oracle: q, k, v and P rounded to
+// e4m3 (SEMANTICS §10.1) move an output by a few percent of the row's largest |value| (2^-3 of it here).
+Tolerance fp8_prefill_tolerance();
 
 struct Comparison {
   bool ok = true;

@@ -56,6 +56,7 @@ LayerOptions layer_options(const RunConfig& cfg) {
   lo.out_quant = cfg.out_quant;
   lo.out_scale = cfg.out_scale;
   lo.kv_scales = cfg.kv_scales;
+  lo.fp8_prefill = cfg.fp8_prefill;
   return lo;
 }
 
@@ -103,6 +104,7 @@ OracleCheck::Config check_config(const RunConfig& cfg) {
   cc.fp8_scale = cfg.fp8_scale;
   cc.page_size = cfg.trace.page_size;
   cc.seed = cfg.seed;
+  cc.fp8_prefill = cfg.fp8_prefill;
   return cc;
 }
 

@@ -58,6 +58,7 @@ struct RunConfig {
   // Batch-invariant decode (--batch-invariant; PlannerConfig::batch_invariant): each request's decode output
   // is bit-identical whatever else is in its step. Not with --dcp.
   bool batch_invariant = false;
+  bool fp8_prefill = false;  // --fp8-prefill: LayerOptions::fp8_prefill with scales 1, 1, 1 (vLLM's plain cast)
   std::vector<std::string> notes;  // defaults and aliases worth telling the user about
 };
 

@@ -152,6 +152,9 @@ void print_summary(const RunConfig& c, const RunStats& s, const OracleCheck& che
              c.out_quant == OutputQuant::none
                  ? ""
                  : fmt::format(" + one {} code step (the dequantised output)", to_string(c.out_quant)));
+  if (c.fp8_prefill)
+    fmt::print("  prefill tokens (--fp8-prefill, e4m3 q, k, v and P): {:g} * 2^-8 * max|ref of the token| instead\n",
+               fp8_prefill_tolerance().kappa);
   if (!check.enabled()) {
     fmt::print("  skipped (--check-samples 0)\n");
     return;
@@ -202,6 +205,7 @@ void write_json(OutputFile& out, const RunConfig& c, const RunStats& s, const Or
                  {"cache", to_string(c.format)},
                  {"out_quant", to_string(c.out_quant)},
                  {"kv_scales", c.kv_scales == KvScales::fixed ? "fixed" : "auto"},
+                 {"fp8_prefill", c.fp8_prefill},
                  {"page_size", c.trace.page_size},
                  {"steps", c.steps},
                  {"requests", c.trace.num_requests},

@@ -65,6 +65,14 @@ struct LayerOptions {
   // reproducible decoding cannot run a step whose decode attention depends on the batch. false: the plan
   // decides.
   bool batch_invariant = false;
+  // fp8 prefill attention (vLLM's use_prefill_query_quantization; docs/SEMANTICS.md §10.1): the dense prefill's
+  // mha_prefill calls (new tokens and context chunks) run with PrefillOptions::fp8 and these static scales of
+  // q, k and v. Off by default; a dense layer with an fp8 or fp8_ds_mla cache only (others are refused), and on
+  // CUDA an sm_90 device with DeepSeek's head dims (P 128, R 64, V 128).
+  bool fp8_prefill = false;
+  struct Fp8PrefillScales {
+    float q = 1.0f, k = 1.0f, v = 1.0f;
+  } fp8_prefill_scales;
 };
 
 // Tensors of one step. T = plan.num_tokens (rows beyond num_actual_tokens are padding and ignored).

@@ -20,6 +20,19 @@ struct Partial {
   TensorView out, lse;  // [Tp, h, V], [h, Tp] f32 (f64 in the oracle layer)
 };
 
+// mha_prefill's options: fp8 compute with the layer's static scales when LayerOptions::fp8_prefill (the
+// workspace region holds the largest call's quantised operands on CUDA), else the bf16 op.
+PrefillOptions prefill_options(const Step& s) {
+  PrefillOptions po;
+  if (!s.opt.fp8_prefill) return po;
+  po.fp8 = true;
+  po.q_scale = s.opt.fp8_prefill_scales.q;
+  po.k_scale = s.opt.fp8_prefill_scales.k;
+  po.v_scale = s.opt.fp8_prefill_scales.v;
+  if (s.layout.fp8_prefill.bytes > 0) po.workspace = s.view(s.layout.fp8_prefill, DType::u8, {s.layout.fp8_prefill.bytes});
+  return po;
+}
+
 // DCP (§13): context chunk c's rows in request order on every rank. This rank gathers the positions it
 // owns (one local range per prefill), the group all-gathers those blocks (pad_rows rows each: every
 // rank calls it for every chunk with rows), and the plan's segments place each rank's turns of I rows.
@@ -81,7 +94,7 @@ Partial attend_context(const Step& s, const TensorView& q, const TensorView& cu_
     const Partial dst = acc(first ? 0 : 2);
     s.ctx.mark("context.attention");
     mha_prefill(q, k_nope, k_pe, v, cu_q, cu_k, s.plan.max_prefill_query_len, ch.max_len, dst.out, dst.lse,
-                s.opt.dims.softmax_scale, /*causal=*/false, s.ctx);
+                s.opt.dims.softmax_scale, /*causal=*/false, prefill_options(s), s.ctx);
     if (!first) {
       s.ctx.mark("context.merge");
       const Partial prev = acc(cur), next = acc(1 - cur);
@@ -146,11 +159,12 @@ void run_dense_prefill(const Step& s) {
   const TensorView out = s.out_rows(f.t_dec, f.t_act);
   s.ctx.mark("prefill.causal");
   if (f.context_chunks == 0) {
-    mha_prefill(q, k_nope, k_pe, v, cu_q, cu_q, max_q, max_q, out, {}, scale, /*causal=*/true, s.ctx);
+    mha_prefill(q, k_nope, k_pe, v, cu_q, cu_q, max_q, max_q, out, {}, scale, /*causal=*/true, prefill_options(s), s.ctx);
     return;
   }
   const Partial fresh{s.view(s.layout.o_new, act, {tp, d.h, d.V}), s.view(s.layout.lse_new, d.lse_dtype, {d.h, tp})};
-  mha_prefill(q, k_nope, k_pe, v, cu_q, cu_q, max_q, max_q, fresh.out, fresh.lse, scale, /*causal=*/true, s.ctx);
+  mha_prefill(q, k_nope, k_pe, v, cu_q, cu_q, max_q, max_q, fresh.out, fresh.lse, scale, /*causal=*/true,
+              prefill_options(s), s.ctx);
   const Partial context = attend_context(s, q, cu_q);
   s.ctx.mark("prefill.merge");
   merge_attn_states(out, {}, context.out, context.lse, fresh.out, fresh.lse, f.prefill_tokens_with_context, 0.0f,

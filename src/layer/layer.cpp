@@ -54,6 +54,22 @@ void check_options(const LayerOptions& o) {
   if (o.sparse)
     MLA_CHECK(o.dims.index_topk > 0, "MlaAttention: sparse mode needs dims.index_topk > 0, got {}", o.dims.index_topk);
   check_ds_mla_scale(o.ds_scale, "MlaAttention");
+  if (o.fp8_prefill) {
+    MLA_CHECK(!o.sparse && (o.cache_format == CacheFormat::fp8 || o.cache_format == CacheFormat::fp8_ds_mla),
+              "MlaAttention: fp8_prefill applies to a dense layer with an fp8 or fp8_ds_mla cache, got a {} {} cache",
+              o.sparse ? "sparse" : "dense", to_string(o.cache_format));
+    for (float s : {o.fp8_prefill_scales.q, o.fp8_prefill_scales.k, o.fp8_prefill_scales.v})
+      MLA_CHECK(std::isfinite(s) && s > 0.0f, "MlaAttention: fp8_prefill_scales must be positive and finite, got {}",
+                s);
+    if (o.device.is_cuda()) {
+      MLA_CHECK(o.dims.qk_nope_head_dim == 128 && o.dims.qk_rope_head_dim == 64 && o.dims.v_head_dim == 128,
+                "MlaAttention: fp8_prefill on CUDA needs P 128, R 64, V 128 (the sm90_fp8 kernel), got {}, {}, {}",
+                o.dims.qk_nope_head_dim, o.dims.qk_rope_head_dim, o.dims.v_head_dim);
+      const int cc = compute_capability(o.device);
+      MLA_CHECK(cc == 90, "MlaAttention: fp8_prefill on CUDA runs on sm_90 devices only, {} has compute capability {}.{}",
+                to_string(o.device), cc / 10, cc % 10);
+    }
+  }
   if (o.dcp_comm) {
     MLA_CHECK(o.dcp_comm->device() == o.device, "MlaAttention: the DCP communicator runs on {}, the layer on {}",
               to_string(o.dcp_comm->device()), to_string(o.device));

@@ -45,6 +45,8 @@ namespace mla::layer_detail {
 //               0/1 ping-pong running (out, lse) over chunks, 2 = the current chunk's partial
 //     dcp_local act   [dcp_rows, d_qk]            DCP: this rank's rows of a context chunk
 //     dcp_recv  act   [dcp_world * dcp_rows, d_qk] DCP: every rank's rows (all-gather), reordered into gathered
+//     fp8_prefill u8  [fp8_prefill_bytes]         LayerOptions::fp8_prefill on CUDA: the quantised q, k and
+//                                                 v^T of one mha_prefill call (mha_prefill_workspace_bytes)
 inline constexpr int64_t kAlign = 256;
 
 // Step::fused_rows: the largest W_UV product (tokens) that the fused quantising kernel takes on sm_90+. 0: on
@@ -68,6 +70,7 @@ struct WorkspaceShape {
   int64_t dcp_world = 1;  // DCP group size (the receive buffer holds dcp_world blocks)
   int64_t out_tokens = 0;  // rows of the unquantised output staged before quantize_output
   int64_t amax_slots = 0;  // 1 for a layer calibrating its KV scale
+  int64_t fp8_prefill_bytes = 0;  // LayerOptions::fp8_prefill on CUDA: mha_prefill's fp8 workspace, largest call
 };
 
 struct Region {
@@ -80,6 +83,7 @@ struct WorkspaceLayout {
   Region dcp_topk;                                         // phase A, DCP sparse: localized positions
   Region kv_new, o_new, lse_new, gathered, kv_ctx;         // phase B
   Region dcp_local, dcp_recv;                              // phase B, DCP context: own rows, all ranks' rows
+  Region fp8_prefill;                                      // phase B, fp8 prefill: q8, k8, v8^T
   std::array<Region, 3> acc_o{}, acc_lse{};                // phase B
   int64_t total = 0;
 };

@@ -222,6 +222,7 @@ WorkspaceLayout make_layout(const WorkspaceShape& s, const Dims& d) {
   }
   l.dcp_local = take(prod({s.dcp_rows, d.d_qk(), a}));
   l.dcp_recv = take(prod({s.dcp_world, s.dcp_rows, d.d_qk(), a}));
+  l.fp8_prefill = take(s.fp8_prefill_bytes);
   l.total = std::max(end_a, off);
   return l;
 }
@@ -288,6 +289,15 @@ WorkspaceShape plan_shape(const Plan& p, const StepFacts& f, const LayerOptions&
   for (std::size_t c = 0; c < p.dcp_chunks.size(); ++c)  // as many as context chunks (check_plan_vectors)
     if (p.context.chunks[c].total > 0) s.dcp_rows = std::max(s.dcp_rows, p.dcp_chunks[c].pad_rows);
   s.context_accumulators = f.context_chunks == 0 ? 0 : f.context_chunks == 1 ? 1 : 3;
+  if (o.fp8_prefill && o.device.is_cuda() && s.prefill_tokens > 0) {
+    auto bytes = [&](int64_t tk) {
+      return static_cast<int64_t>(
+          mha_prefill_workspace_bytes(s.prefill_tokens, tk, o.dims.num_heads, f.num_prefills, true, o.device));
+    };
+    s.fp8_prefill_bytes = bytes(s.prefill_tokens);
+    for (const ContextChunk& ch : p.context.chunks)
+      if (ch.total > 0) s.fp8_prefill_bytes = std::max(s.fp8_prefill_bytes, bytes(ch.total));
+  }
   return s;
 }
 
@@ -411,6 +421,9 @@ WorkspaceShape bound_shape(const PlannerConfig& c, int64_t n, const LayerOptions
   s.dcp_world = c.dcp.world_size;
   if (c.dcp.world_size > 1) s.dcp_rows = s.context_rows;
   s.decode_scratch_bytes = bound_decode_scratch(c, n, o);
+  if (o.fp8_prefill && o.device.is_cuda())  // mha_prefill_workspace_bytes grows with every argument
+    s.fp8_prefill_bytes = static_cast<int64_t>(mha_prefill_workspace_bytes(
+        n, std::max(n, s.context_rows), o.dims.num_heads, std::min(n, c.max_num_seqs), true, o.device));
   return s;
 }
 

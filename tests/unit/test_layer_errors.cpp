@@ -419,3 +419,56 @@ TEST(LayerWorkspace, BoundCoversRandomPlans) {
 
 }  // namespace
 }  // namespace mla::test::layer
+
+namespace mla::test::layer {
+namespace {
+
+// LayerOptions::fp8_prefill: refused off fp8 / fp8_ds_mla caches, in sparse layers and with bad scales; on an fp8
+// cache the CPU layer runs it: decode rows as without it (bit for bit), prefill rows moved within a few percent.
+TEST(LayerFp8Prefill, RefusedWhereItDoesNotApplyAndRunsOnFp8Caches) {
+  Scenario sc;
+  sc.reqs = {{20, 1}, {10, 6}, {0, 9}};
+  sc.decode_threshold = 1;
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::f64}) {
+    sc.format = f;
+    const StepData d = make_step(sc);
+    LayerOptions o = sc.options(Device::cpu(), DType::f64);
+    o.fp8_prefill = true;
+    EXPECT_THROW(MlaAttention(o, d.weight), Error) << to_string(f);
+  }
+  sc.format = CacheFormat::fp8;
+  const StepData d = make_step(sc);
+  LayerOptions o = sc.options(Device::cpu(), DType::f64);
+  o.fp8_prefill = true;
+  o.fp8_prefill_scales.k = -1.0f;
+  EXPECT_THROW(MlaAttention(o, d.weight), Error) << "negative scale";
+  o.fp8_prefill_scales = {1.0f / 64, 1.0f / 64, 1.0f / 64};
+  auto run = [&](const LayerOptions& lo) {
+    const MlaAttention layer(lo, d.weight);
+    CacheBuffer cb = make_cache(d, Device::cpu());
+    DeviceArgs a = device_args(d, Device::cpu(), DType::f64);
+    Tensor ws = Tensor::empty({static_cast<int64_t>(layer.workspace_bytes(d.plan))}, DType::u8);
+    layer.forward(d.plan, a.args(), cb.cache, ws.view());
+    return to_doubles(a.out);
+  };
+  LayerOptions plain = o;
+  plain.fp8_prefill = false;
+  const std::vector<double> got = run(o), ref = run(plain);
+  const int64_t row = static_cast<int64_t>(got.size()) / d.T, t_dec = 1;
+  double max_ref = 0, max_err = 0;
+  for (int64_t t = 0; t < d.t_act; ++t)
+    for (int64_t i = 0; i < row; ++i) {
+      const double g = got[t * row + i], r = ref[t * row + i];
+      if (t < t_dec) {
+        ASSERT_EQ(g, r) << "decode token " << t;
+      } else {
+        max_ref = std::max(max_ref, std::fabs(r));
+        max_err = std::max(max_err, std::fabs(g - r));
+      }
+    }
+  EXPECT_GT(max_err, 0.0) << "the prefill ran on codes";
+  EXPECT_LE(max_err, 0.125 * max_ref) << "the fp8 allowance";
+}
+
+}  // namespace
+}  // namespace mla::test::layer
