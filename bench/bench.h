@@ -56,7 +56,8 @@ struct BenchOptions {
   std::string out_quant = "none";
   std::string kv_scales = "fixed";
   // mha_prefill: fp8 compute (PrefillOptions::fp8; sm_90 only) with scales 1/256 on inputs in [-1, 1]; the time
-  // includes the quantise pass. layer: LayerOptions::fp8_prefill (fp8 and fp8_ds_mla caches).
+  // includes the quantise pass. layer: LayerOptions::fp8_prefill (scales 1) in the dense rows over fp8 and
+  // fp8_ds_mla caches (their labels end in "fp8-prefill").
   bool fp8_prefill = false;
 };
 

@@ -205,6 +205,11 @@ class PhaseTimer {
 // fp8's static and nvfp4's global output scale for outputs of magnitude below ~4.
 float out_scale(OutputQuant q) { return q == OutputQuant::nvfp4 ? 448.0f * 6.0f / 4.0f : 1.0f / 64.0f; }
 
+// Whether a layer row runs LayerOptions::fp8_prefill: --fp8-prefill, a dense layer over an fp8 or fp8_ds_mla cache.
+bool fp8_prefill_for(const BenchContext& ctx, CacheFormat f, bool sparse) {
+  return ctx.options().fp8_prefill && !sparse && (f == CacheFormat::fp8 || f == CacheFormat::fp8_ds_mla);
+}
+
 // One layer per (format, sparse, h, output format, KV-scale mode), built once: deriving W_UK_T / W_UV / kv_b_proj on the host takes
 // seconds at h = 128.
 class Layers {
@@ -223,6 +228,8 @@ class Layers {
       o.out_quant = q;
       o.out_scale = out_scale(q);
       o.kv_scales = k;
+      // --fp8-prefill: the dense prefill's attention on e4m3 codes (scales 1) where the cache is fp8.
+      o.fp8_prefill = fp8_prefill_for(ctx_, f, sparse);
       Tensor w = Tensor::empty({h * int64_t{128 + 128}, 512}, DType::bf16, dev);
       fill_uniform(w, -0.05, 0.05, 91, ctx_.stream());
       // The constructor copies the weight on the legacy stream, which does not wait for ours.
@@ -457,6 +464,7 @@ double run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuan
 
   std::string label = s.label + " h=" + std::to_string(h) + " " + to_string(s.format);
   if (quant != OutputQuant::none) label += std::string(" out=") + to_string(quant);
+  if (fp8_prefill_for(ctx, s.format, s.sparse) && plan.split.num_prefills > 0) label += " fp8-prefill";
   if (kv == KvScales::from_first_batch) label += " kv-scales=auto";
   label += timing;
   if (!s.sparse && !plan.context.chunks.empty()) label += " (" + std::to_string(plan.context.chunks.size()) + " chunks)";
