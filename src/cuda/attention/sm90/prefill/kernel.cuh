@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/attention/sm90/common/prefill_io.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/ptx/barrier.cuh"
 #include "cuda/common/ptx/fence.cuh"
@@ -70,7 +71,7 @@ inline constexpr int kConsumerBarrier = 1;  // named barrier of the two consumer
 // two together lose, down to -13% at h 16, so they are off in the variants in use.
 inline constexpr int kHalfFirstTile = 1, kEarlyNext = 2, kWarpRelease = 4;
 
-__device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+using prefill_io::clamp64;
 
 // A unit of work: request b, head h, query rows [m0, m0 + m_rows) of the request, key tiles
 // [0, n_tiles); keys < n_full are visible to every row of the tile (mask-free tiles end there).
@@ -118,48 +119,7 @@ struct Schedule {
   }
 };
 
-// Writes out row `i` of the unit (columns 8j + 2t4, +1 for j < 16 from o[4j + 2 hf], o[4j + 2 hf + 1])
-// times inv, as bf16; 4-byte stores when out allows them.
-__device__ __forceinline__ void store_row(const PrefillParams& p, const Unit& u, int i, const float* o, int hf,
-                                          float inv, int t4, bool pairs) {
-  uint16_t* dst = p.out + (u.q_start + i) * p.out_stride_t + u.h * p.out_stride_h;
-#pragma unroll
-  for (int j = 0; j < Traits::kDv / 8; ++j) {
-    const float a = o[4 * j + 2 * hf] * inv, b = o[4 * j + 2 * hf + 1] * inv;
-    const int col = 8 * j + 2 * t4;
-    if (pairs) {
-      *reinterpret_cast<uint32_t*>(dst + col) = ptx::pack_bf16x2(a, b);
-    } else {
-      dst[col] = dev::float_to_bf16(a);
-      dst[col + 1] = dev::float_to_bf16(b);
-    }
-  }
-}
-
-// A unit without keys: out 0 and LSE -inf for its rows, by threads tid of n (no barrier, no load).
-__device__ __forceinline__ void write_empty_unit(const PrefillParams& p, const Unit& u, int tid, int n) {
-  for (int e = tid; e < u.m_rows * Traits::kDv; e += n) {
-    const int r = e / Traits::kDv, col = e % Traits::kDv;
-    const int64_t t = u.q_start + u.m0 + r;
-    p.out[t * p.out_stride_t + u.h * p.out_stride_h + col] = 0;
-    if (col == 0 && p.lse) p.lse[u.h * p.lse_stride_h + t * p.lse_stride_t] = -INFINITY;
-  }
-}
-
-// The mbarriers (traits.cuh: kOffBar). q_full / k_full / v_full: one arrival + TMA bytes; q_empty /
-// k_empty / v_empty: the 256 consumer threads.
-struct Bars {
-  uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty;
-  __device__ explicit Bars(uint8_t* smem) {
-    uint64_t* b = reinterpret_cast<uint64_t*>(smem + Traits::kOffBar);
-    q_full = b;
-    q_empty = b + 1;
-    k_full = b + 2;
-    v_full = k_full + Traits::kStages;
-    k_empty = v_full + Traits::kStages;
-    v_empty = k_empty + Traits::kStages;
-  }
-};
+using Bars = prefill_io::Bars<Traits>;
 
 // Producer thread: for every unit of the CTA that has keys, Q (once the consumers' last S of the
 // previous unit has read the single Q buffer), then K / V of key tiles n_tiles - 1 down to 0 into the
@@ -342,7 +302,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const Unit u(p, blockIdx.x, false);
     if (u.m_rows == 0) return;
     if (u.n_tiles == 0) {
-      write_empty_unit(p, u, threadIdx.x, blockDim.x);
+      prefill_io::write_empty_unit<Traits::kDv>(p, u, threadIdx.x, blockDim.x);
       return;
     }
   }
@@ -401,7 +361,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const Unit u(p, x, kPersistent);
     if (u.m_rows == 0) continue;
     if (u.n_tiles == 0) {
-      write_empty_unit(p, u, ct, T::kConsumerThreads);
+      prefill_io::write_empty_unit<Traits::kDv>(p, u, ct, T::kConsumerThreads);
       continue;
     }
     Consumer cs;
@@ -504,7 +464,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       cs.st[hf].sum = softmax::quad_sum(cs.st[hf].sum);
       const int i = u.m0 + r_lo + 8 * hf;
       if (i >= u.sq) continue;
-      store_row(p, u, i, cs.o, hf, cs.st[hf].inv_sum(), t4, pairs);
+      prefill_io::store_row<Traits::kDv>(p, u, i, cs.o, hf, cs.st[hf].inv_sum(), t4, pairs);
       if (p.lse && t4 == 0) p.lse[u.h * p.lse_stride_h + (u.q_start + i) * p.lse_stride_t] = cs.st[hf].lse();
     }
     it0 += u.n_tiles;

@@ -39,6 +39,7 @@
 
 #include "cuda/attention/sm90/prefill_fp8/params.h"
 #include "cuda/attention/sm90/prefill_fp8/traits.cuh"
+#include "cuda/attention/sm90/common/prefill_io.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/ptx/barrier.cuh"
 #include "cuda/common/ptx/fence.cuh"
@@ -55,7 +56,7 @@ namespace mla::cuda::prefill_sm90_fp8 {
 
 inline constexpr int kConsumerBarrier = 1;  // named barrier of the two consumers (2, 3: pingpong turns)
 
-__device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+using prefill_io::clamp64;
 
 // A unit of work: request b, head h, query rows [m0, m0 + m_rows) of the request, key tiles [0, n_tiles);
 // keys < n_full are visible to every row of the tile. Unit x enumerates (request, head, query tile j) with j
@@ -85,47 +86,7 @@ struct Unit {
   }
 };
 
-// Writes out row `i` of the unit (columns 8j + 2t4, +1 for j < 16 from o[4j + 2 hf], o[4j + 2 hf + 1]) times
-// inv, as bf16; 4-byte stores when out allows them.
-__device__ __forceinline__ void store_row(const AttnParams& p, const Unit& u, int i, const float* o, int hf, float inv,
-                                          int t4, bool pairs) {
-  uint16_t* dst = p.out + (u.q_start + i) * p.out_stride_t + u.h * p.out_stride_h;
-#pragma unroll
-  for (int j = 0; j < Traits::kDv / 8; ++j) {
-    const float a = o[4 * j + 2 * hf] * inv, b = o[4 * j + 2 * hf + 1] * inv;
-    const int col = 8 * j + 2 * t4;
-    if (pairs) {
-      *reinterpret_cast<uint32_t*>(dst + col) = ptx::pack_bf16x2(a, b);
-    } else {
-      dst[col] = dev::float_to_bf16(a);
-      dst[col + 1] = dev::float_to_bf16(b);
-    }
-  }
-}
-
-// A unit without keys: out 0 and LSE -inf for its rows, by threads tid of n (no barrier, no load).
-__device__ __forceinline__ void write_empty_unit(const AttnParams& p, const Unit& u, int tid, int n) {
-  for (int e = tid; e < u.m_rows * Traits::kDv; e += n) {
-    const int r = e / Traits::kDv, col = e % Traits::kDv;
-    const int64_t t = u.q_start + u.m0 + r;
-    p.out[t * p.out_stride_t + u.h * p.out_stride_h + col] = 0;
-    if (col == 0 && p.lse) p.lse[u.h * p.lse_stride_h + t * p.lse_stride_t] = -INFINITY;
-  }
-}
-
-// The mbarriers (traits.cuh: kOffBar). *_full: one arrival + TMA bytes; *_empty: the 256 consumer threads.
-struct Bars {
-  uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty;
-  __device__ explicit Bars(uint8_t* smem) {
-    uint64_t* b = reinterpret_cast<uint64_t*>(smem + Traits::kOffBar);
-    q_full = b;
-    q_empty = b + 1;
-    k_full = b + 2;
-    v_full = k_full + Traits::kStages;
-    k_empty = v_full + Traits::kStages;
-    v_empty = k_empty + Traits::kStages;
-  }
-};
+using Bars = prefill_io::Bars<Traits>;
 
 // Producer thread: Q, then K / V^T of key tiles n_tiles - 1 down to 0 into the stage ring.
 __device__ __forceinline__ void produce(const Unit& u, const CUtensorMap* q_map, const CUtensorMap* k_map,
@@ -250,7 +211,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const Unit u(p, blockIdx.x);
   if (u.m_rows == 0) return;  // the CTA's one unit: without keys it exits before any barrier or load
   if (u.n_tiles == 0) {
-    write_empty_unit(p, u, threadIdx.x, blockDim.x);
+    prefill_io::write_empty_unit<Traits::kDv>(p, u, threadIdx.x, blockDim.x);
     return;
   }
   const Bars bar(smem);
@@ -355,7 +316,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cs.st[hf].sum = softmax::quad_sum(cs.st[hf].sum);
     const int i = u.m0 + r_lo + 8 * hf;
     if (i >= u.sq) continue;
-    store_row(p, u, i, cs.o, hf, cs.st[hf].inv_sum() * p.v_scale, t4, pairs);
+    prefill_io::store_row<Traits::kDv>(p, u, i, cs.o, hf, cs.st[hf].inv_sum() * p.v_scale, t4, pairs);
     if (p.lse && t4 == 0)
       p.lse[u.h * p.lse_stride_h + (u.q_start + i) * p.lse_stride_t] = cs.st[hf].lse() - 8.0f * softmax::kLn2;
   }
