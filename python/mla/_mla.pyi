@@ -633,6 +633,16 @@ class LayerOptions:
     @dtype.setter
     def dtype(self, value: DType) -> None: ...
     @property
+    def fp8_prefill(self) -> bool:
+        ...
+    @fp8_prefill.setter
+    def fp8_prefill(self, value: bool) -> None: ...
+    @property
+    def fp8_prefill_scales(self) -> tuple:
+        ...
+    @fp8_prefill_scales.setter
+    def fp8_prefill_scales(self, value: tuple) -> None: ...
+    @property
     def kv_scales(self) -> KvScales:
         ...
     @kv_scales.setter
@@ -1291,8 +1301,11 @@ def max_step_metadata_bytes(config: PlannerConfig, max_num_tokens: int) -> int:
 def merge_attn_states(out: TensorLike, out_lse: TensorLike, prefix: TensorLike, prefix_lse: TensorLike, suffix: TensorLike, suffix_lse: TensorLike, prefill_tokens_with_context: int = ..., output_scale: float = ..., *, stream: Any = ..., precision: Precision = ...) -> None:
     """out = the LSE-weighted merge of two partial attentions (vLLM merge_attn_states). out, prefix, suffix [T, H, D] (bf16 / f16 / f32; CPU: f64 too); prefix_lse, suffix_lse [H, T] fp32 (a transposed [T, H] view works); out_lse [H, T] fp32 or None. Tokens t >= prefill_tokens_with_context (>= 0) take the suffix; output_scale > 0: out is fp8_e4m3 and receives out / output_scale."""
 
-def mha_prefill(q: TensorLike, k_nope: TensorLike, k_pe: TensorLike, v: TensorLike, cu_seqlens_q: TensorLike, cu_seqlens_k: TensorLike, max_seqlen_q: int, max_seqlen_k: int, out: TensorLike, lse: TensorLike, softmax_scale: float, causal: bool, *, stream: Any = ..., precision: Precision = ...) -> None:
-    """Varlen MHA prefill over up-projected K/V. q [Tq, h, d_nope + d_rope], k_nope [Tk, h, d_nope], k_pe [Tk, h, d_rope] (head stride 0 allowed: one shared rope row), v [Tk, h, d_v] (CUDA: bf16); cu_seqlens_q / cu_seqlens_k [B + 1] int32; out [Tq, h, d_v]; lse [h, Tq] fp32 or None. causal: bottom-right aligned."""
+def mha_prefill(q: TensorLike, k_nope: TensorLike, k_pe: TensorLike, v: TensorLike, cu_seqlens_q: TensorLike, cu_seqlens_k: TensorLike, max_seqlen_q: int, max_seqlen_k: int, out: TensorLike, lse: TensorLike, softmax_scale: float, causal: bool, *, stream: Any = ..., precision: Precision = ..., fp8: bool = ..., q_scale: float = ..., k_scale: float = ..., v_scale: float = ..., workspace: TensorLike = ...) -> None:
+    """Varlen MHA prefill over up-projected K/V. q [Tq, h, d_nope + d_rope], k_nope [Tk, h, d_nope], k_pe [Tk, h, d_rope] (head stride 0 allowed: one shared rope row), v [Tk, h, d_v] (CUDA: bf16); cu_seqlens_q / cu_seqlens_k [B + 1] int32; out [Tq, h, d_v]; lse [h, Tq] fp32 or None. causal: bottom-right aligned. fp8: q, k, v quantised with the static q_scale / k_scale / v_scale (code = e4m3(x / scale)) and P as e4m3 (docs/SEMANTICS.md §10.1; CUDA: sm_90, d_nope 128, d_rope 64, d_v 128, workspace u8 [mha_prefill_workspace_bytes(...)]; the CPU computes it in float64 over the codes)."""
+
+def mha_prefill_workspace_bytes(total_q: int, total_k: int, heads: int, batch: int, fp8: bool, device: Any) -> int:
+    """Bytes of the u8 workspace an fp8 mha_prefill needs on `device` (0 without fp8 or on the CPU)."""
 
 def mqa_decode(q: TensorLike, cache: KVCache, block_table: TensorLike, seq_lens: TensorLike, out: TensorLike, lse: TensorLike, softmax_scale: float, causal: bool = ..., workspace: TensorLike = ..., num_splits: int = ..., whole_requests: bool = ..., *, stream: Any = ..., precision: Precision = ..., batch_invariant: bool = ...) -> None:
     """Absorbed MQA decode over the paged cache. q [b, s_q, h_q, d_qk] (d_qk = cache.d_qk = 576; CUDA: bf16, f16 or f32, rounded to bf16), block_table [b, max_blocks] int32, seq_lens [b] int32, out [b, s_q, h_q, d_v] (d_v <= 512, q's dtype family), lse [b, s_q, h_q] fp32 natural log or None (-inf where no key is visible; FlashMLA's is [b, h_q, s_q]). causal: query i sees keys up to seq_len - s_q + i. workspace: u8 [mqa_decode_workspace_bytes(...)] on CUDA, None on the CPU; num_splits 0 = the planner's policy; whole_requests: a hint that the lengths are near-uniform (one CTA per request; same result either way); batch_invariant: each request's result bit-identical whatever else is in the batch (needs num_splits >= 1, e.g. batch_invariant_splits(config, s_q))."""

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <optional>
+#include <tuple>
 
 #include "bindings.h"
 #include "mla/block_ops.h"
@@ -88,7 +89,18 @@ void bind_layer(py::module_& m) {
                     [](LayerOptions& o, py::handle v) { o.kv_scales = to_kv_scales(v); },
                     "mla.KvScales, or 'fixed' / 'auto': 'auto' calibrates an fp8 cache's scale from the first batch.")
       .def_readwrite("batch_invariant", &LayerOptions::batch_invariant,
-                     "Refuse plans that are not batch-invariant (PlannerConfig.batch_invariant).");
+                     "Refuse plans that are not batch-invariant (PlannerConfig.batch_invariant).")
+      .def_readwrite("fp8_prefill", &LayerOptions::fp8_prefill,
+                     "fp8 prefill attention (docs/SEMANTICS.md §10.1; fp8 and fp8_ds_mla caches, CUDA: sm_90).")
+      .def_property(
+          "fp8_prefill_scales",
+          [](const LayerOptions& o) {
+            return py::make_tuple(o.fp8_prefill_scales.q, o.fp8_prefill_scales.k, o.fp8_prefill_scales.v);
+          },
+          [](LayerOptions& o, const std::tuple<float, float, float>& s) {
+            o.fp8_prefill_scales = {std::get<0>(s), std::get<1>(s), std::get<2>(s)};
+          },
+          "(q, k, v) static scales of fp8_prefill (code = e4m3(x / scale)); default (1, 1, 1).");
 
   py::class_<MlaAttention>(m, "MlaAttention",
                            "One MLA attention layer (RoPE'd q, kv_c, k_pe in; attention output before o_proj out).")

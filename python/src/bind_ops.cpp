@@ -129,17 +129,34 @@ void bind_ops(py::module_& m) {
 
   m.def("mha_prefill", [](const A& q, const A& k_nope, const A& k_pe, const A& v, const A& cu_seqlens_q,
                           const A& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, const A& out, const A& lse,
-                          double softmax_scale, bool causal, py::handle s, Precision p) {
+                          double softmax_scale, bool causal, py::handle s, Precision p, bool fp8, float q_scale,
+                          float k_scale, float v_scale, const A& workspace) {
     const mla::Context ctx = to_context(q.view, s, p);
+    mla::PrefillOptions o;
+    o.fp8 = fp8;
+    o.q_scale = q_scale;
+    o.k_scale = k_scale;
+    o.v_scale = v_scale;
+    o.workspace = workspace.view;
     without_gil([&] {
       mla::mha_prefill(q.view, k_nope.view, k_pe.view, v.view, cu_seqlens_q.view, cu_seqlens_k.view, max_seqlen_q,
-                       max_seqlen_k, out.view, lse.view, softmax_scale, causal, ctx);
+                       max_seqlen_k, out.view, lse.view, softmax_scale, causal, o, ctx);
     });
   }, py::arg("q"), py::arg("k_nope"), py::arg("k_pe"), py::arg("v"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"),
      py::arg("max_seqlen_q"), py::arg("max_seqlen_k"), py::arg("out"), py::arg("lse"), py::arg("softmax_scale"),
-     py::arg("causal"), py::kw_only(), stream, precision, "Varlen MHA prefill over up-projected K/V. q [Tq, h, d_nope + d_rope], k_nope [Tk, h, d_nope], k_pe "
+     py::arg("causal"), py::kw_only(), stream, precision, py::arg("fp8") = false, py::arg("q_scale") = 1.0f,
+     py::arg("k_scale") = 1.0f, py::arg("v_scale") = 1.0f, py::arg("workspace") = py::none(),
+     "Varlen MHA prefill over up-projected K/V. q [Tq, h, d_nope + d_rope], k_nope [Tk, h, d_nope], k_pe "
      "[Tk, h, d_rope] (head stride 0 allowed: one shared rope row), v [Tk, h, d_v] (CUDA: bf16); cu_seqlens_q / "
-     "cu_seqlens_k [B + 1] int32; out [Tq, h, d_v]; lse [h, Tq] fp32 or None. causal: bottom-right aligned.");
+     "cu_seqlens_k [B + 1] int32; out [Tq, h, d_v]; lse [h, Tq] fp32 or None. causal: bottom-right aligned. "
+     "fp8: q, k, v quantised with the static q_scale / k_scale / v_scale (code = e4m3(x / scale)) and P as e4m3 "
+     "(docs/SEMANTICS.md §10.1; CUDA: sm_90, d_nope 128, d_rope 64, d_v 128, workspace u8 "
+     "[mha_prefill_workspace_bytes(...)]; the CPU computes it in float64 over the codes).");
+  m.def("mha_prefill_workspace_bytes", [](int64_t total_q, int64_t total_k, int64_t heads, int64_t batch, bool fp8,
+                                          py::handle device) {
+    return mla::mha_prefill_workspace_bytes(total_q, total_k, heads, batch, fp8, to_device(device));
+  }, py::arg("total_q"), py::arg("total_k"), py::arg("heads"), py::arg("batch"), py::arg("fp8"), py::arg("device"),
+     "Bytes of the u8 workspace an fp8 mha_prefill needs on `device` (0 without fp8 or on the CPU).");
 
   m.def("sparse_mqa", [](const A& q, const K& kv, const A& indices, const A& topk_length, const A& out, const A& lse,
                          double softmax_scale, py::handle s, Precision p, const A& attn_sink, py::handle extra_kv,

@@ -204,6 +204,38 @@ def test_mha_prefill(rng):
         np.testing.assert_allclose(lse[:, qs], l, rtol=1e-6)
 
 
+def test_mha_prefill_fp8(rng):
+    """fp8 compute (docs/SEMANTICS.md §10.1) on the CPU: codes-exact inputs, P = e4m3(256 p), out = s_v sum P8 v8 / l."""
+    h, dn, dr, dv = 2, 16, 8, 12
+    lq, lk = [3, 5], [6, 5]
+    sq, sk, sv = 0.5, 0.25, 2.0
+    cq, ck = np.cumsum([0] + lq).astype(np.int32), np.cumsum([0] + lk).astype(np.int32)
+
+    def codes(shape, s):  # values that are e4m3 codes times the scale: their quantisation is exact
+        return e4m3_decode(e4m3_encode(rng.standard_normal(shape) * 8)) * s
+
+    q, k_nope, k_pe, v = codes((cq[-1], h, dn + dr), sq), codes((ck[-1], h, dn), sk), codes((ck[-1], h, dr), sk), \
+        codes((ck[-1], h, dv), sv)
+    out, lse = np.full((cq[-1], h, dv), np.nan), np.full((h, cq[-1]), np.nan)
+    mla.mha_prefill(q, k_nope, k_pe, v, cq, ck, 5, 6, out, lse, 0.2, False, fp8=True, q_scale=sq, k_scale=sk,
+                    v_scale=sv, precision=REF)
+    assert mla.mha_prefill_workspace_bytes(8, 11, h, 2, True, "cpu") == 0
+    for r in range(2):
+        qs, ks = slice(cq[r], cq[r + 1]), slice(ck[r], ck[r + 1])
+        k = np.concatenate([k_nope[ks], k_pe[ks]], axis=2)
+        s = np.einsum("nhd,mhd->hnm", q[qs], k) * 0.2
+        m = s.max(axis=-1, keepdims=True)
+        p = 256 * np.exp(s - m)
+        p8 = e4m3_decode(e4m3_encode(p.astype(np.float32)))
+        o = np.einsum("hnm,mhd->nhd", p8, v[ks]) / p.sum(axis=-1).T[:, :, None]
+        np.testing.assert_allclose(out[qs], o, **TOL)
+        np.testing.assert_allclose(lse[:, qs], m[..., 0] + np.log(p.sum(axis=-1) / 256), **TOL)
+    with pytest.raises(ValueError):
+        mla.mha_prefill(q, k_nope, k_pe, v, cq, ck, 5, 6, out, lse, 0.2, False, fp8=True, q_scale=0.0)
+    o = mla.LayerOptions(fp8_prefill=True, fp8_prefill_scales=(0.5, 0.25, 2.0))
+    assert o.fp8_prefill and o.fp8_prefill_scales == (0.5, 0.25, 2.0)
+
+
 def test_sparse_mqa(rng):
     cache, rows = bf16_cache_with(rng, 4, 8)
     T, h, topk = 3, 4, 6
