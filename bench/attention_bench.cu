@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "mla/block_ops.h"
 #include "mla/cache.h"
 #include "mla/error.h"
 #include "mla/ops.h"
@@ -379,6 +380,31 @@ void report_equal_work_gemm(BenchContext& ctx, double flops) {
              "cuBLAS bf16, flops = 2 m n k ~ the mha_prefill row's; bytes = a + b + c");
 }
 
+// The fp8 ceiling of an fp8 row: cuBLASLt e4m3 at the same 16384 x 16384 x k, through gemm_fp8_block (DeepSeek's
+// block scales, fp32 accumulation without fast accumulation: somewhat below a per-tensor e4m3 GEMM's peak, so a
+// lower bound of the fp8 ceiling), timed the same way right after the row.
+void report_equal_work_fp8_gemm(BenchContext& ctx, double flops) {
+  const Device dev = Device::cuda(ctx.device());
+  constexpr int64_t n = 16384;
+  const int64_t k = std::max<int64_t>(512, std::llround(flops / (2.0 * n * n) / 512.0) * 512);
+  const int64_t kb = k / 128, kb4 = (kb + 3) / 4 * 4;
+  Tensor a = Tensor::empty({n, k}, DType::fp8_e4m3, dev), w = Tensor::empty({n, k}, DType::fp8_e4m3, dev);
+  Tensor a_scales = Tensor::empty({kb, n}, DType::f32, dev), w_store = Tensor::empty({n / 128, kb4}, DType::f32, dev);
+  Tensor c = Tensor::empty({n, n}, DType::bf16, dev);
+  fill_e4m3_codes(a, 75, ctx.stream());
+  fill_e4m3_codes(w, 76, ctx.stream());
+  fill_uniform(a_scales, 0.5, 1.0, 77, ctx.stream());
+  fill_uniform(w_store, 0.5, 1.0, 78, ctx.stream());
+  const int64_t ws_shape[] = {n / 128, kb}, ws_stride[] = {kb4, 1};
+  const TensorView w_scales(w_store.data(), DType::f32, ws_shape, ws_stride, dev);
+  const Context op = ctx.op_context();
+  const double ms = ctx.time_ms([&] { gemm_fp8_block(a, a_scales, w, w_scales, c, op); });
+  ctx.report("gemm", "fp8 equal work to the row above: 16384x16384x" + std::to_string(k), ms,
+             static_cast<double>(2 * n * k) + 2.0 * n * n, 2.0 * n * n * static_cast<double>(k),
+             "cuBLASLt e4m3 (gemm_fp8_block: block scales, no fast accumulation), flops = 2 m n k ~ the row's; "
+             "bytes = a + w + c");
+}
+
 void run_prefill_case(BenchContext& ctx, const PrefillCase& c) {
   const Device dev = Device::cuda(ctx.device());
   const Context op = ctx.op_context();
@@ -431,10 +457,11 @@ void run_prefill_case(BenchContext& ctx, const PrefillCase& c) {
              ms, bytes, flops,
              std::string("FLOPs = h*pairs*2*(192+128), pairs = sum over requests of s_q*s_k (non-causal) or "
                          "s_q*(s_k-s_q)+s_q^2/2 (causal); bytes = q + k_nope + k_pe + v + out + lse") +
-                 (fp8 ? "; fp8: the time includes the quantise pass, the fp8 tensor-core peak is 2x the bf16 one "
-                        "(compare with twice the bf16 GEMM rows)"
+                 (fp8 ? "; fp8: the time includes the quantise pass; the fp8 tensor-core peak is 2x the bf16 one "
+                        "(the fp8 equal-work GEMM row below is the fp8 ceiling)"
                       : ""));
   if (flops >= 5e11) report_equal_work_gemm(ctx, flops);  // rows of >= ~1 ms: the clock drops in them
+  if (fp8 && flops >= 5e11) report_equal_work_fp8_gemm(ctx, flops);
 }
 
 void bench_prefill(BenchContext& ctx) {
