@@ -54,7 +54,8 @@
 
 namespace mla::cuda::prefill_sm90_fp8 {
 
-inline constexpr int kConsumerBarrier = 1;  // named barrier of the two consumers (2, 3: pingpong turns)
+// Named barriers 2 and 3: the consumers' pingpong turns (1 is the bf16 kernel's V-tail barrier, not needed here:
+// the quantise pass pads each request's tiles with zero codes).
 
 using prefill_io::clamp64;
 
