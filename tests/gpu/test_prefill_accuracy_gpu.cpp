@@ -95,8 +95,8 @@ TEST(PrefillAccuracyGpu, PeakedSoftmaxMixedH128Page16) {
   const Diff c_bref = report("cpu vs bf16ref", cpu.out, bref.out);
   // The CUDA layer with each mha_prefill variant the device runs (sm90 schedules, portable).
   for (const std::string& v : variants_of("mha_prefill")) {
-    // sm90_fp8 runs fp8 compute only (a layer with LayerOptions::fp8_prefill; test_prefill_fp8_gpu.cpp).
-    if (v == "sm90_fp8" || !variant_runs_on_device("mha_prefill", v, 0)) continue;
+    // The sm90_fp8 variants run fp8 compute only (LayerOptions::fp8_prefill; test_prefill_fp8_gpu.cpp).
+    if (v.find("fp8") != std::string::npos || !variant_runs_on_device("mha_prefill", v, 0)) continue;
     const ForceVariant forced("mha_prefill", v);
     const LayerRun gpu = run_layer(d, Device::cuda(0), DType::bf16, Precision::fast);
     for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(gpu.out[i])) << v << ": element " << i;

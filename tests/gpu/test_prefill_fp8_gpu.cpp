@@ -3,8 +3,9 @@
 // (tests/unit/prefill_fp8_oracle.h: element-wise bound on out and lse, NaN / inf in the same places): varlen
 // batches with empty requests, sq > sk, lengths on and beside the 128-row / 128-key tiles, causal and non-causal
 // (the context-chunk form), h 1 .. 128, k_pe shared or per head, peaked and flat softmax, strided lse, and a
-// workspace and out poisoned before the call (NaN codes, NaN bf16) so an unwritten element shows. Then the
-// refusals: a forced bf16 variant, a missing workspace.
+// workspace and out poisoned before the call (NaN codes, NaN bf16) so an unwritten element shows; each case runs
+// both fp8 variants (sm90_fp8, and sm90_fp8_persist: persistent from 2 units per SM, which the h 16 / 128 sweeps
+// and PersistentManyUnits reach). Then the refusals: a forced bf16 variant, a missing workspace.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -66,8 +67,10 @@ TensorView on(const Tensor& dev_storage, TensorView v) {
   return v;
 }
 
-// The GPU run (sm90_fp8 forced by the caller or chosen) against the oracle; lse through a transposed [Tq, h]
-// buffer when `strided_lse`.
+// The fp8 variants: the automatic choice and the persistent schedule (comparison).
+const std::vector<std::string> kFp8Variants = {"sm90_fp8", "sm90_fp8_persist"};
+
+// The GPU run of each fp8 variant against the oracle; lse through a transposed [Tq, h] buffer when `strided_lse`.
 void check_batch(const Batch& b, bool causal, bool strided_lse, double q_range, const std::string& what) {
   const PrefillOptions opts = fp8_opts(q_range);
   const test::Fp8Oracle ref = test::fp8_oracle(
@@ -80,15 +83,20 @@ void check_batch(const Batch& b, bool causal, bool strided_lse, double q_range, 
   const TensorView lse = strided_lse ? lse_store.view().transpose(0, 1) : lse_store.view();
   const std::size_t bytes = mha_prefill_workspace_bytes(b.tq, b.tk, b.h, b.cu_q.size(0) - 1, true, gpu);
   Tensor ws = Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8, gpu);
-  fill(ws.view(), 255.0);  // e4m3 NaN codes: a byte the quantise pass does not write and the kernel reads shows
   PrefillOptions o = opts;
   o.workspace = ws.view();
-  mha_prefill(q, kn, on(kp, b.kp), v, cq, ck, b.max_q, b.max_k, out, lse, kScale, causal, o, Context{});
-  cuda_rt::synchronize(0);
-  EXPECT_EQ(last_variant("mha_prefill"), "sm90_fp8") << what;
-  const std::vector<double> got_out = test::to_doubles(out.view());
-  const std::vector<double> got_lse = test::to_doubles(test::to_host(lse_store, lse).view);
-  EXPECT_EQ(test::check_fp8(ref, got_out, got_lse), "") << what;
+  for (const std::string& variant : kFp8Variants) {
+    ForceVariant force("mha_prefill", variant);
+    fill(out.view(), NAN);
+    fill(lse_store.view(), NAN);
+    fill(ws.view(), 255.0);  // e4m3 NaN codes: a byte the quantise pass does not write and the kernel reads shows
+    mha_prefill(q, kn, on(kp, b.kp), v, cq, ck, b.max_q, b.max_k, out, lse, kScale, causal, o, Context{});
+    cuda_rt::synchronize(0);
+    EXPECT_EQ(last_variant("mha_prefill"), variant) << what;
+    const std::vector<double> got_out = test::to_doubles(out.view());
+    const std::vector<double> got_lse = test::to_doubles(test::to_host(lse_store, lse).view);
+    EXPECT_EQ(test::check_fp8(ref, got_out, got_lse), "") << variant << ": " << what;
+  }
 }
 
 bool sm90() { return test::have_gpu() && compute_capability(Device::cuda(0)) == 90; }
@@ -139,6 +147,16 @@ TEST(PrefillFp8Gpu, ContextChunk) {
   test::reseed(302);
   const Batch b = make_batch(16, {{200, 2000}, {1, 700}, {33, 0}, {129, 1500}}, true, 4.0);
   check_batch(b, false, false, 4.0, "context chunk");
+}
+
+// Many long units per CTA under the persistent schedule: 16 heads x 6 query tiles x 6 requests, units of up to 8
+// key tiles, requests without keys, a non-causal request of 900 keys.
+TEST(PrefillFp8Gpu, PersistentManyUnits) {
+  MLA_SKIP_WITHOUT_SM90();
+  test::reseed(304);
+  const Batch b = make_batch(16, {{520, 520}, {700, 650}, {0, 40}, {130, 900}, {260, 260}, {90, 0}}, true, 4.0);
+  check_batch(b, true, false, 4.0, "persistent causal");
+  check_batch(b, false, false, 4.0, "persistent non-causal");
 }
 
 TEST(PrefillFp8Gpu, Refusals) {

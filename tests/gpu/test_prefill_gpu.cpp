@@ -172,8 +172,10 @@ TEST(PrefillGpu, PersistentLongUnits) {
   for (bool causal : {true, false}) {
     const Reference ref = oracle(b, causal);
     for (const std::string& name : test::variants_of("mha_prefill")) {
-      // sm90_fp8 runs fp8 compute only (test_prefill_fp8_gpu.cpp).
-      if (name.rfind("sm90", 0) != 0 || name == "sm90_fp8" || !variant_runs_on_device("mha_prefill", name, 0)) continue;
+      // The sm90_fp8 variants run fp8 compute only (test_prefill_fp8_gpu.cpp).
+      if (name.rfind("sm90", 0) != 0 || name.find("fp8") != std::string::npos ||
+          !variant_runs_on_device("mha_prefill", name, 0))
+        continue;
       ForceVariant force("mha_prefill", name);
       Tensor out = test::poisoned({b.tq, b.h, kV}, DType::bf16, gpu), lse = test::poisoned({b.h, b.tq}, DType::f32, gpu);
       mha_prefill(q, kn, on(kp, b.k_pe), v, cq, ck, b.max_q, b.max_k, out, lse, kScale, causal, Context{});

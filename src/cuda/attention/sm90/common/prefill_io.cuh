@@ -12,6 +12,18 @@ namespace mla::cuda::prefill_io {
 
 __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+// The CTA's sequence of units: first(), then next(x) while below units. One unit per CTA (blockIdx.x), or
+// persistent: units in pairs (2i, 2i + 1), (2i + 2G, 2i + 2G + 1), ... (G = gridDim.x).
+template <bool kPersistent>
+struct Schedule {
+  int64_t units;
+  __device__ int64_t first() const { return kPersistent ? 2 * static_cast<int64_t>(blockIdx.x) : blockIdx.x; }
+  __device__ int64_t next(int64_t x) const {
+    if constexpr (kPersistent) return (x & 1) ? x - 1 + 2 * static_cast<int64_t>(gridDim.x) : x + 1;
+    return units;
+  }
+};
+
 // The mbarriers at Traits::kOffBar: q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty (arrays
 // of Traits::kStages). *_full: one arrival + TMA bytes; *_empty: the consumers' releases.
 template <class Traits>

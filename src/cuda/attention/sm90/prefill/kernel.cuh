@@ -108,16 +108,7 @@ struct Unit {
   __device__ bool loads() const { return m_rows > 0 && n_tiles > 0; }
 };
 
-// The CTA's sequence of units (see Unit): first(), then next(x) while below units.
-template <bool kPersistent>
-struct Schedule {
-  int64_t units;
-  __device__ int64_t first() const { return kPersistent ? 2 * static_cast<int64_t>(blockIdx.x) : blockIdx.x; }
-  __device__ int64_t next(int64_t x) const {
-    if constexpr (kPersistent) return (x & 1) ? x - 1 + 2 * static_cast<int64_t>(gridDim.x) : x + 1;
-    return units;
-  }
-};
+using prefill_io::Schedule;
 
 using Bars = prefill_io::Bars<Traits>;
 

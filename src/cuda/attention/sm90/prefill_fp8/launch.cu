@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Launcher of the sm90_fp8 mha_prefill variant: which launches it takes, the quantise pass (quantize.cuh) into the
 // caller's workspace (core/prefill_fp8.h), the three TMA tensor maps over the codes, the attention grid
-// (kernel.cuh). The instantiations of the family live here: quantize_{q,k,vt}_kernel<vec> (2 each) and the one
-// attention kernel.
+// (kernel.cuh). The instantiations of the family live here: quantize_{q,k,vt}_kernel<vec> (2 each) and the
+// attention kernel's two schedules (one CTA per unit, persistent).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -65,7 +65,10 @@ const char* supports(const dispatch::PrefillArgs& a) {
   return nullptr;
 }
 
-void run(const dispatch::PrefillArgs& a) {
+namespace {
+
+template <bool kAllowPersistent>
+void run_kernel(const dispatch::PrefillArgs& a) {
   using T = Traits;
   if (a.max_seqlen_q <= 0) return;  // no request has a query row
   DeviceGuard guard(a.q.device);
@@ -163,12 +166,26 @@ void run(const dispatch::PrefillArgs& a) {
   const CUtensorMap k_map = map_of(qp.k8, T::kDqk, l.k_rows, heads, T::kBlockN, "mha_prefill (sm90_fp8): k8");
   const CUtensorMap v_map = map_of(qp.vt8, l.k_rows, T::kDv, heads, T::kDv, "mha_prefill (sm90_fp8): vt8");
   const int64_t units = q_tiles * heads * batch;
-  const unsigned grid = grid_for(units, 1, "mha_prefill (sm90_fp8)");
-  check_cuda(cudaFuncSetAttribute(mha_prefill_sm90_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  T::kSmemBytes),
+  // Persistent pairs need two units per SM to fill the machine (the bf16 kernel's rule, launch.cu there).
+  int sms = 0;
+  if constexpr (kAllowPersistent)
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device.index),
+               "mha_prefill (sm90_fp8): SM count");
+  const bool persistent = kAllowPersistent && units >= 2 * int64_t{sms};
+  const unsigned grid = persistent ? grid_for(std::min<int64_t>((units + 1) / 2, sms), 1, "mha_prefill (sm90_fp8)")
+                                   : grid_for(units, 1, "mha_prefill (sm90_fp8)");
+  auto kernel = mha_prefill_sm90_fp8_kernel<false>;
+  if constexpr (kAllowPersistent)  // no persistent instantiation where it never runs
+    if (persistent) kernel = mha_prefill_sm90_fp8_kernel<true>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
              "mha_prefill (sm90_fp8): shared-memory limit");
-  mha_prefill_sm90_fp8_kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(q_map, k_map, v_map, p);
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(q_map, k_map, v_map, p, units);
   check_launch("mha_prefill (sm90_fp8)");
 }
+
+}  // namespace
+
+void run(const dispatch::PrefillArgs& a) { run_kernel<false>(a); }
+void run_persistent(const dispatch::PrefillArgs& a) { run_kernel<true>(a); }
 
 }  // namespace mla::cuda::prefill_sm90_fp8
