@@ -12,6 +12,7 @@
 #include "mla/variants.h"
 
 #if MLA_WITH_CUDA
+#include "core/prefill_fp8.h"
 #include "cuda/dispatch/families.h"
 #include "mla/cache.h"
 #include "mla/tensor.h"
@@ -76,6 +77,9 @@ TEST(DispatchByCapability, MhaPrefill) {
   // fp8 compute: sm90_fp8 on 9.0, no variant elsewhere (an Error naming each variant's reason).
   PrefillOptions fp8{};
   fp8.fp8 = true;
+  // sm90_fp8 takes a launch only with its workspace (16-byte aligned, prefill_fp8::Layout's bytes for the shape).
+  Tensor ws = Tensor::empty({prefill_fp8::Layout::of(t, t, h, 1).total}, DType::u8);
+  fp8.workspace = ws.view();
   const PrefillArgs a{q.view(), k_nope.view(), k_pe.view(), v.view(), cu.view(), cu.view(),
                       t, t, out.view(), lse.view(), 0.07, true, fp8, ctx};
   EXPECT_EQ(mha_prefill_table().select(a, 90).info.name, "sm90_fp8");
