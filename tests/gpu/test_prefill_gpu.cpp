@@ -31,23 +31,19 @@ struct Batch {
 Batch make_batch(int64_t h, const std::vector<std::pair<int32_t, int32_t>>& lens, bool shared_rope) {
   Batch b;
   b.h = h;
-  std::vector<int32_t> cq = {0}, ck = {0};
-  for (auto [sq, sk] : lens) {
-    cq.push_back(cq.back() + sq);
-    ck.push_back(ck.back() + sk);
-    b.max_q = std::max<int64_t>(b.max_q, sq);
-    b.max_k = std::max<int64_t>(b.max_k, sk);
-  }
-  b.tq = cq.back();
-  b.tk = ck.back();
+  const test::Varlen vl = test::varlen(lens);
+  b.max_q = vl.max_q;
+  b.max_k = vl.max_k;
+  b.tq = vl.total_q;
+  b.tk = vl.total_k;
   b.q = test::random_tensor({b.tq, h, kNope + kRope}, DType::bf16, Device::cpu(), -2.0, 2.0);
   b.k_nope = test::random_tensor({b.tk, h, kNope}, DType::bf16);
   b.v = test::random_tensor({b.tk, h, kV}, DType::bf16);
   b.k_pe_store = test::random_tensor({b.tk, shared_rope ? 1 : h, kRope}, DType::bf16);
   const int64_t shape[] = {b.tk, h, kRope}, stride[] = {(shared_rope ? 1 : h) * kRope, shared_rope ? 0 : kRope, 1};
   b.k_pe = TensorView(b.k_pe_store.data(), DType::bf16, shape, stride);
-  b.cu_q = test::int_tensor(cq);
-  b.cu_k = test::int_tensor(ck);
+  b.cu_q = vl.cu_q;
+  b.cu_k = vl.cu_k;
   return b;
 }
 

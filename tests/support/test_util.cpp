@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "support/test_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -47,6 +48,22 @@ Tensor int_tensor(const std::vector<int32_t>& values, Device device) {
   Tensor h = Tensor::empty({static_cast<int64_t>(values.size())}, DType::i32);
   if (!values.empty()) std::memcpy(h.data(), values.data(), values.size() * 4);
   return device.is_cpu() ? h : h.to(device);
+}
+
+Varlen varlen(const std::vector<std::pair<int32_t, int32_t>>& lens) {
+  std::vector<int32_t> cq = {0}, ck = {0};
+  Varlen v;
+  for (auto [sq, sk] : lens) {
+    cq.push_back(cq.back() + sq);
+    ck.push_back(ck.back() + sk);
+    v.max_q = std::max<int64_t>(v.max_q, sq);
+    v.max_k = std::max<int64_t>(v.max_k, sk);
+  }
+  v.total_q = cq.back();
+  v.total_k = ck.back();
+  v.cu_q = int_tensor(cq);
+  v.cu_k = int_tensor(ck);
+  return v;
 }
 
 Tensor int_tensor_2d(const std::vector<std::vector<int32_t>>& rows, Device device) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mla/cache.h"
@@ -33,6 +34,14 @@ Tensor int_tensor_2d(const std::vector<std::vector<int32_t>>& rows, Device devic
 Tensor int64_tensor(const std::vector<int64_t>& values, Device device = Device::cpu());     // [n] i64
 std::vector<double> to_doubles(const TensorView& t);  // any device, any dtype, row-major order
 std::vector<int32_t> to_ints(const TensorView& t);    // i32/i64 -> int32
+
+// A varlen prefill batch of (s_q, s_k) requests: cu_seqlens_q / _k as host [b + 1] i32 tensors, the totals and the
+// longest request on each side.
+struct Varlen {
+  Tensor cu_q, cu_k;
+  int64_t total_q = 0, total_k = 0, max_q = 0, max_k = 0;
+};
+Varlen varlen(const std::vector<std::pair<int32_t, int32_t>>& lens);
 
 // A poisoned tensor (outputs before a kernel runs; unused cache pages): NaN, or an integer dtype's maximum.
 Tensor poisoned(std::initializer_list<int64_t> shape, DType dtype, Device device = Device::cpu());

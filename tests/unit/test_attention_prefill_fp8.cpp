@@ -71,17 +71,13 @@ struct Batch {
 Batch make_batch(int64_t h, const std::vector<std::pair<int32_t, int32_t>>& lens, const PrefillOptions& o, bool exact,
                  double q_range = 1.0) {
   Batch b;
-  std::vector<int32_t> cq = {0}, ck = {0};
-  for (auto [sq, sk] : lens) {
-    cq.push_back(cq.back() + sq);
-    ck.push_back(ck.back() + sk);
-    b.max_q = std::max<int64_t>(b.max_q, sq);
-    b.max_k = std::max<int64_t>(b.max_k, sk);
-  }
-  b.q = test::random_tensor({cq.back(), h, 192}, DType::bf16, Device::cpu(), -q_range, q_range);
-  b.kn = test::random_tensor({ck.back(), h, 128}, DType::bf16);
-  b.pe = test::random_tensor({ck.back(), h, 64}, DType::bf16);
-  b.v = test::random_tensor({ck.back(), h, 128}, DType::bf16);
+  const test::Varlen vl = test::varlen(lens);
+  b.max_q = vl.max_q;
+  b.max_k = vl.max_k;
+  b.q = test::random_tensor({vl.total_q, h, 192}, DType::bf16, Device::cpu(), -q_range, q_range);
+  b.kn = test::random_tensor({vl.total_k, h, 128}, DType::bf16);
+  b.pe = test::random_tensor({vl.total_k, h, 64}, DType::bf16);
+  b.v = test::random_tensor({vl.total_k, h, 128}, DType::bf16);
   if (exact) {
     for (auto [t, s] : {std::pair{&b.q, o.q_scale}, {&b.kn, o.k_scale}, {&b.pe, o.k_scale}, {&b.v, o.v_scale}}) {
       const Tensor d = test::dequantised(t->view(), s, false);  // e4m3 values times a power of two: bf16-exact
@@ -89,8 +85,8 @@ Batch make_batch(int64_t h, const std::vector<std::pair<int32_t, int32_t>>& lens
       for (int64_t i = 0; i < t->numel(); ++i) num::store(static_cast<uint16_t*>(t->data()) + i, DType::bf16, src[i]);
     }
   }
-  b.cu_q = test::int_tensor(cq);
-  b.cu_k = test::int_tensor(ck);
+  b.cu_q = vl.cu_q;
+  b.cu_k = vl.cu_k;
   return b;
 }
 
