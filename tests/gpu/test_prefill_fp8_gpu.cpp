@@ -8,11 +8,14 @@
 // and PersistentManyUnits reach). Then the refusals: a forced bf16 variant, a missing workspace.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "attention_gpu_util.h"
+#include "core/numeric.h"
+#include "core/prefill_fp8.h"
 #include "runtime/device_api.h"
 #include "unit/prefill_fp8_oracle.h"
 #include "variant_test_util.h"
@@ -153,6 +156,114 @@ TEST(PrefillFp8Gpu, PersistentManyUnits) {
   const Batch b = make_batch(16, {{520, 520}, {700, 650}, {0, 40}, {130, 900}, {260, 260}, {90, 0}}, true, 4.0);
   check_batch(b, true, false, 4.0, "persistent causal");
   check_batch(b, false, false, 4.0, "persistent non-causal");
+}
+
+// The quantise pass's codes, byte for byte: the workspace after a call against e4m3(float(x) / scale) computed
+// here in the layout of core/prefill_fp8.h (q8, k8 with zero rows in every tail and gap, vt8 transposed with the
+// keys of every 16 at their P-fragment positions, zeros past each request's keys). Inputs with NaN, infinities,
+// values past e4m3's range and bf16 subnormals; power-of-two scales (the pass multiplies by the reciprocal) and
+// others (it divides); 16-byte aligned inputs and inputs one element off (the element loads).
+TEST(PrefillFp8Gpu, QuantisePassCodesExact) {
+  MLA_SKIP_WITHOUT_SM90();
+  // Position of key k (0..15) of a 16-key group in vt8's columns: 4t + i holds key 2t + i (i < 2), 8 + 2t + i - 2.
+  auto vt_position = [](int64_t k) { return k < 8 ? 4 * (k / 2) + k % 2 : 4 * ((k - 8) / 2) + 2 + (k - 8) % 2; };
+  auto bf16_float = [](uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  const Device gpu = Device::cuda(0);
+  const uint16_t kSpecials[] = {0x7fc0, 0xffc0, 0x7f80, 0xff80, 0x4700, 0xc6ff, 0x0001, 0x8003, 0x0080, 0x3b80};
+  struct Scales {
+    float q, k, v;
+  };
+  int round = 0;
+  for (const Scales sc : {Scales{0.0722f / 64, 1.0f / 128, 0.0097f}, Scales{1.0f / 256, 0.011f, 1.0f / 512}}) {
+    for (const bool shared_rope : {true, false}) {
+      for (const bool misaligned : {false, true}) {
+        test::reseed(310 + round++);
+        const int64_t h = 3;
+        const Batch b = make_batch(h, {{5, 0}, {37, 300}, {0, 17}, {130, 129}, {1, 1}, {20, 16}}, shared_rope, 2.0);
+        // Specials at pseudo-random places of each input.
+        for (const Tensor* t : {&b.q, &b.kn, &b.kp_store, &b.v}) {
+          uint16_t* x = static_cast<uint16_t*>(const_cast<void*>(t->data()));
+          const int64_t n = t->numel();
+          for (int64_t i = 0; i < 40; ++i) x[(i * 7919 + 13) % n] = kSpecials[i % 10];
+        }
+        PrefillOptions o;
+        o.fp8 = true;
+        o.q_scale = sc.q;
+        o.k_scale = sc.k;
+        o.v_scale = sc.v;
+        // Device copies, one element past a 16-byte boundary when `misaligned` (q, k_nope, v).
+        const int64_t off = misaligned ? 1 : 0;
+        auto place = [&](const Tensor& host, Tensor& store) {
+          store = Tensor::empty({host.numel() + 8}, DType::bf16, gpu);
+          TensorView v = host.view();
+          v.data = static_cast<uint16_t*>(store.data()) + off;
+          v.device = gpu;
+          cuda_rt::memcpy(v.data, gpu, host.data(), Device::cpu(), static_cast<std::size_t>(host.numel()) * 2);
+          return v;
+        };
+        Tensor qs, kns, vs;
+        const TensorView q = place(b.q, qs), kn = place(b.kn, kns), v = place(b.v, vs);
+        Tensor kp = b.kp_store.to(gpu), cq = b.cu_q.to(gpu), ck = b.cu_k.to(gpu);
+        Tensor out = Tensor::empty({b.tq, h, 128}, DType::bf16, gpu);
+        const int64_t batch = b.cu_q.size(0) - 1;
+        const std::size_t bytes = mha_prefill_workspace_bytes(b.tq, b.tk, h, batch, true, gpu);
+        Tensor ws = Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8, gpu);
+        fill(ws.view(), 255.0);
+        o.workspace = ws.view();
+        mha_prefill(q, kn, on(kp, b.kp), v, cq, ck, b.max_q, b.max_k, out, {}, kScale, true, o, Context{});
+        cuda_rt::synchronize(0);
+        const Tensor got_t = ws.to(Device::cpu());
+        const uint8_t* got = static_cast<const uint8_t*>(got_t.data());
+
+        const prefill_fp8::Layout l = prefill_fp8::Layout::of(b.tq, b.tk, h, batch);
+        std::vector<uint8_t> want(static_cast<std::size_t>(l.total), 0);
+        auto at = [](const Tensor& t, TensorView view, int64_t r, int64_t hh, int64_t c) {
+          view.data = const_cast<void*>(t.data());
+          return static_cast<const uint16_t*>(view.data)[r * view.stride[0] + hh * view.stride[1] + c * view.stride[2]];
+        };
+        auto code = [&](uint16_t x, float s) { return num::float_to_e4m3(bf16_float(x) / s); };
+        for (int64_t hh = 0; hh < h; ++hh)
+          for (int64_t t = 0; t < b.tq; ++t)
+            for (int64_t c = 0; c < 192; ++c)
+              want[static_cast<std::size_t>(l.q_off + (hh * b.tq + t) * 192 + c)] = code(at(b.q, b.q.view(), t, hh, c), sc.q);
+        const int32_t* cu_k = static_cast<const int32_t*>(b.cu_k.data());
+        for (int64_t r = 0; r < batch; ++r) {
+          const int64_t start = (cu_k[r] + 15) / 16 * 16 + 128 * r;
+          for (int64_t j = 0; j < cu_k[r + 1] - cu_k[r]; ++j) {
+            const int64_t key = cu_k[r] + j, R = start + j;
+            for (int64_t hh = 0; hh < h; ++hh) {
+              for (int64_t c = 0; c < 192; ++c)
+                want[static_cast<std::size_t>(l.k_off + (hh * l.k_rows + R) * 192 + c)] =
+                    c < 128 ? code(at(b.kn, b.kn.view(), key, hh, c), sc.k) : code(at(b.kp_store, b.kp, key, hh, c - 128), sc.k);
+              for (int64_t d = 0; d < 128; ++d)
+                want[static_cast<std::size_t>(l.v_off + (hh * 128 + d) * l.v_cols + (R & ~int64_t{15}) + vt_position(R & 15))] =
+                    code(at(b.v, b.v.view(), key, hh, d), sc.v);
+            }
+          }
+        }
+        const std::string what = "scales " + std::to_string(sc.q) + " " + std::to_string(sc.k) + " " +
+                                 std::to_string(sc.v) + (shared_rope ? ", shared rope" : ", per-head rope") +
+                                 (misaligned ? ", misaligned" : ", aligned");
+        struct Region {
+          const char* name;
+          int64_t off, n;
+        };
+        for (const Region g : {Region{"q8", l.q_off, h * b.tq * 192}, Region{"k8", l.k_off, h * l.k_rows * 192},
+                               Region{"vt8", l.v_off, h * 128 * l.v_cols}}) {
+          int64_t bad = 0, first = -1;
+          for (int64_t i = g.off; i < g.off + g.n; ++i)
+            if (got[i] != want[static_cast<std::size_t>(i)] && bad++ == 0) first = i - g.off;
+          EXPECT_EQ(bad, 0) << g.name << ": first at byte " << first << " (got " << int(got[g.off + first]) << ", want "
+                            << int(want[static_cast<std::size_t>(g.off + first)]) << "); " << what;
+        }
+      }
+    }
+  }
 }
 
 TEST(PrefillFp8Gpu, Refusals) {

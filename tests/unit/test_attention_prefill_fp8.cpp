@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // fp8 compute of mha_prefill on the CPU (SEMANTICS §10.1): the quantisation rule on one-key rows (exact), the
 // LSE of codes-exact inputs equal to the bf16 op's, the P-quantisation bound against the unquantised-P
-// attention, the bound against the unquantised inputs, empty and NaN rows, and the refusals.
+// attention, the bound against the unquantised inputs, empty and NaN rows, and the refusals. Then the CUDA
+// launcher's host decisions (cuda/attention/sm90/prefill_fp8/plan.h): the schedule rule and the reciprocal the
+// quantise pass multiplies by.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/numeric.h"
+#include "cuda/attention/sm90/prefill_fp8/plan.h"
 #include "mla/ops.h"
 #include "support/test_util.h"
 #include "unit/prefill_fp8_oracle.h"
@@ -185,6 +190,62 @@ TEST(AttentionPrefillFp8, RefusesBadScales) {
   }
   EXPECT_EQ(mha_prefill_workspace_bytes(100, 100, 16, 2, true, Device::cpu()), 0u);
   EXPECT_THROW(mha_prefill_workspace_bytes(-1, 0, 1, 0, true, Device::cpu()), Error);
+}
+
+// The sm90_fp8 schedule: persistent pairs for causal launches of at most 32 query tiles that give every SM two
+// units; one CTA per unit for longer causal requests, non-causal launches and small grids.
+TEST(AttentionPrefillFp8, Sm90ScheduleRule) {
+  using cuda::prefill_sm90_fp8::use_persistent;
+  constexpr int64_t kSms = 132;
+  EXPECT_TRUE(use_persistent(true, 32, 32 * 16 * 4, kSms));    // b 4 s 4096 h 16
+  EXPECT_TRUE(use_persistent(true, 32, 32 * 128 * 4, kSms));   // b 4 s 4096 h 128
+  EXPECT_FALSE(use_persistent(true, 128, 128 * 128, kSms));    // b 1 s 16384 h 128
+  EXPECT_FALSE(use_persistent(true, 33, 33 * 128, kSms));
+  EXPECT_FALSE(use_persistent(false, 32, 32 * 128 * 4, kSms)); // non-causal (context chunks)
+  EXPECT_TRUE(use_persistent(true, 8, 2 * kSms, kSms));
+  EXPECT_FALSE(use_persistent(true, 8, 2 * kSms - 1, kSms));  // fewer than two units per SM
+  EXPECT_FALSE(use_persistent(true, 8, 1000, 0));
+}
+
+float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// The quantise pass multiplies by exact_reciprocal(s) when it is not 0: that must be x / s to the bit for every
+// bf16 x (NaN for NaN), and it is 0 for scales whose reciprocal is not a float.
+TEST(AttentionPrefillFp8, Sm90QuantiseReciprocalIsExact) {
+  using cuda::prefill_sm90_fp8::exact_reciprocal;
+  std::vector<float> pow2;
+  for (int e = -149; e <= 127; ++e) pow2.push_back(std::ldexp(1.0f, e));
+  int exact = 0;
+  for (float s : pow2) {
+    const float r = exact_reciprocal(s);
+    if (r == 0) {
+      EXPECT_TRUE(s < std::ldexp(1.0f, -127)) << s;  // 1 / s overflows a float
+      continue;
+    }
+    ++exact;
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const float x = bits_float(b << 16);
+      const float q = x / s, m = x * r;
+      if (std::isnan(q)) {
+        EXPECT_TRUE(std::isnan(m));
+      } else {
+        ASSERT_EQ(float_bits(q), float_bits(m)) << "s " << s << " x " << x;
+      }
+    }
+  }
+  EXPECT_EQ(exact, 255);  // 2^-127 .. 2^127
+  for (float s : {0.0722f, 3.0f, 1.0f / 3, 0.0f, -0.5f, NAN, INFINITY, 1.5f * std::ldexp(1.0f, -140)})
+    EXPECT_EQ(exact_reciprocal(s), 0.0f) << s;
+  EXPECT_EQ(exact_reciprocal(1.0f / 256), 256.0f);
 }
 
 }  // namespace

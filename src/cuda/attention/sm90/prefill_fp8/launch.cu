@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Launcher of the sm90_fp8 mha_prefill variant: which launches it takes, the quantise pass (quantize.cuh) into the
 // caller's workspace (core/prefill_fp8.h), the three TMA tensor maps over the codes, the attention grid
-// (kernel.cuh). The instantiations of the family live here: quantize_{q,k,vt}_kernel<vec> (2 each) and the
-// attention kernel's two schedules (one CTA per unit, persistent).
+// (kernel.cuh). The instantiations of the family live here: quantize_rows_kernel<k, vec> (4),
+// quantize_vt_kernel<vec> (2) and the attention kernel's two schedules (one CTA per unit, persistent).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 
 #include "core/prefill_fp8.h"
 #include "cuda/attention/sm90/prefill_fp8/kernel.cuh"
+#include "cuda/attention/sm90/prefill_fp8/plan.h"
 #include "cuda/attention/sm90/prefill_fp8/quantize.cuh"
 #include "cuda/attention/sm90/prefill_fp8/variant.h"
 #include "cuda/common/launch.h"
@@ -67,7 +68,10 @@ const char* supports(const dispatch::PrefillArgs& a) {
 
 namespace {
 
-template <bool kAllowPersistent>
+// The attention kernel's schedule: plan.h's choice, or persistent pairs from 2 units per SM (forced).
+enum class Sched { automatic, persistent };
+
+template <Sched kSched>
 void run_kernel(const dispatch::PrefillArgs& a) {
   using T = Traits;
   if (a.max_seqlen_q <= 0) return;  // no request has a query row
@@ -110,31 +114,34 @@ void run_kernel(const dispatch::PrefillArgs& a) {
   qp.v_scale = a.opts.v_scale;
   if (batch > INT32_MAX || heads > 65535) throw Error("mha_prefill (sm90_fp8): problem too large for one launch");
 
+  qp.q_recip = exact_reciprocal(qp.q_scale);
+  qp.k_recip = exact_reciprocal(qp.k_scale);
+  qp.v_recip = exact_reciprocal(qp.v_scale);
+
+  using S = QuantizeShape;
   const bool vec_q = rows16(a.q), vec_k = rows16(a.k_nope) && rows16(a.k_pe), vec_v = rows16(a.v);
-  constexpr int kThreads = 256;
-  const unsigned cap = 132 * 16;  // grid-stride: enough CTAs to fill any Hopper part
-  auto grid1d = [&](int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, cap)); };
+  const unsigned head_groups = static_cast<unsigned>((heads + S::kHeads - 1) / S::kHeads);
   if (total_q > 0) {
-    const unsigned g = grid1d(total_q * heads * (T::kDqk / 8));
+    const dim3 g(grid_for((total_q + S::kRows - 1) / S::kRows, 1, "mha_prefill (sm90_fp8)"), head_groups);
     if (vec_q)
-      quantize_q_kernel<true><<<g, kThreads, 0, stream>>>(qp);
+      quantize_rows_kernel<false, true><<<g, S::kRowsThreads, 0, stream>>>(qp);
     else
-      quantize_q_kernel<false><<<g, kThreads, 0, stream>>>(qp);
+      quantize_rows_kernel<false, false><<<g, S::kRowsThreads, 0, stream>>>(qp);
     check_launch("mha_prefill (sm90_fp8): quantize q");
   }
   if (l.k_rows > 0) {
-    const unsigned g = grid1d(l.k_rows * heads * (T::kDqk / 8));
+    const dim3 g(grid_for(l.k_rows / S::kRows, 1, "mha_prefill (sm90_fp8)"), head_groups);
     if (vec_k)
-      quantize_k_kernel<true><<<g, kThreads, 0, stream>>>(qp);
+      quantize_rows_kernel<true, true><<<g, S::kRowsThreads, 0, stream>>>(qp);
     else
-      quantize_k_kernel<false><<<g, kThreads, 0, stream>>>(qp);
+      quantize_rows_kernel<true, false><<<g, S::kRowsThreads, 0, stream>>>(qp);
     check_launch("mha_prefill (sm90_fp8): quantize k");
-    const dim3 gv(grid_for((l.k_rows + T::kBlockN - 1) / T::kBlockN, 1, "mha_prefill (sm90_fp8)"),
+    const dim3 gv(grid_for((l.k_rows + S::kVtRows - 1) / S::kVtRows, 1, "mha_prefill (sm90_fp8)"),
                   static_cast<unsigned>(heads));
     if (vec_v)
-      quantize_vt_kernel<true><<<gv, kThreads, 0, stream>>>(qp);
+      quantize_vt_kernel<true><<<gv, S::kThreads, 0, stream>>>(qp);
     else
-      quantize_vt_kernel<false><<<gv, kThreads, 0, stream>>>(qp);
+      quantize_vt_kernel<false><<<gv, S::kThreads, 0, stream>>>(qp);
     check_launch("mha_prefill (sm90_fp8): quantize v");
   }
 
@@ -166,17 +173,15 @@ void run_kernel(const dispatch::PrefillArgs& a) {
   const CUtensorMap k_map = map_of(qp.k8, T::kDqk, l.k_rows, heads, T::kBlockN, "mha_prefill (sm90_fp8): k8");
   const CUtensorMap v_map = map_of(qp.vt8, l.k_rows, T::kDv, heads, T::kDv, "mha_prefill (sm90_fp8): vt8");
   const int64_t units = q_tiles * heads * batch;
-  // Persistent pairs need two units per SM to fill the machine (the bf16 kernel's rule, launch.cu there).
   int sms = 0;
-  if constexpr (kAllowPersistent)
-    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device.index),
-               "mha_prefill (sm90_fp8): SM count");
-  const bool persistent = kAllowPersistent && units >= 2 * int64_t{sms};
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device.index),
+             "mha_prefill (sm90_fp8): SM count");
+  // kSched: plan.h's rule (automatic), or persistent wherever two units per SM fill the machine (forced).
+  const bool persistent = kSched == Sched::automatic ? use_persistent(a.causal, q_tiles, units, sms)
+                                                     : units >= 2 * int64_t{sms};
   const unsigned grid = persistent ? grid_for(std::min<int64_t>((units + 1) / 2, sms), 1, "mha_prefill (sm90_fp8)")
                                    : grid_for(units, 1, "mha_prefill (sm90_fp8)");
-  auto kernel = mha_prefill_sm90_fp8_kernel<false>;
-  if constexpr (kAllowPersistent)  // no persistent instantiation where it never runs
-    if (persistent) kernel = mha_prefill_sm90_fp8_kernel<true>;
+  auto kernel = persistent ? mha_prefill_sm90_fp8_kernel<true> : mha_prefill_sm90_fp8_kernel<false>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes),
              "mha_prefill (sm90_fp8): shared-memory limit");
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(q_map, k_map, v_map, p, units);
@@ -185,7 +190,7 @@ void run_kernel(const dispatch::PrefillArgs& a) {
 
 }  // namespace
 
-void run(const dispatch::PrefillArgs& a) { run_kernel<false>(a); }
-void run_persistent(const dispatch::PrefillArgs& a) { run_kernel<true>(a); }
+void run(const dispatch::PrefillArgs& a) { run_kernel<Sched::automatic>(a); }
+void run_persistent(const dispatch::PrefillArgs& a) { run_kernel<Sched::persistent>(a); }
 
 }  // namespace mla::cuda::prefill_sm90_fp8

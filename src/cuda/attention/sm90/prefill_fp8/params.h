@@ -23,6 +23,7 @@ struct QuantizeParams {
   int64_t total_q, total_k, k_rows;
   int32_t batch, heads;
   float q_scale, k_scale, v_scale;  // code = e4m3(x / scale)
+  float q_recip, k_recip, v_recip;  // 1 / scale where that is a float (a power-of-two scale), else 0
 };
 
 struct AttnParams {
