@@ -66,8 +66,9 @@ TensorView on(const Tensor& dev_storage, TensorView v) {
   return v;
 }
 
-// The fp8 variants: the automatic choice and the persistent schedule (comparison).
-const std::vector<std::string> kFp8Variants = {"sm90_fp8", "sm90_fp8_persist"};
+// The fp8 variant (its schedule by plan.h's rule: the h 128 sweep's causal cases and PersistentManyUnits' causal
+// batch run persistent pairs, the rest one CTA per unit).
+const std::vector<std::string> kFp8Variants = {"sm90_fp8"};
 
 // The GPU run of each fp8 variant against the oracle; lse through a transposed [Tq, h] buffer when `strided_lse`.
 void check_batch(const Batch& b, bool causal, bool strided_lse, double q_range, const std::string& what) {
@@ -161,8 +162,8 @@ TEST(PrefillFp8Gpu, PersistentManyUnits) {
 // The quantise pass's codes, byte for byte: the workspace after a call against e4m3(float(x) / scale) computed
 // here in the layout of core/prefill_fp8.h (q8, k8 with zero rows in every tail and gap, vt8 transposed with the
 // keys of every 16 at their P-fragment positions, zeros past each request's keys). Inputs with NaN, infinities,
-// values past e4m3's range and bf16 subnormals; power-of-two scales (the pass multiplies by the reciprocal) and
-// others (it divides); 16-byte aligned inputs and inputs one element off (the element loads).
+// values past e4m3's range and bf16 subnormals; the three divisions of plan.h (power-of-two scales, others in
+// [2^-32, 2^32], one outside); 16-byte aligned inputs and inputs one element off (the element loads).
 TEST(PrefillFp8Gpu, QuantisePassCodesExact) {
   MLA_SKIP_WITHOUT_SM90();
   // Position of key k (0..15) of a 16-key group in vt8's columns: 4t + i holds key 2t + i (i < 2), 8 + 2t + i - 2.
@@ -179,7 +180,10 @@ TEST(PrefillFp8Gpu, QuantisePassCodesExact) {
     float q, k, v;
   };
   int round = 0;
-  for (const Scales sc : {Scales{0.0722f / 64, 1.0f / 128, 0.0097f}, Scales{1.0f / 256, 0.011f, 1.0f / 512}}) {
+  // Each division of plan.h's quant_scale: correct, multiply, correct; multiply, correct, multiply; divide (a
+  // scale below 2^-32: every code saturates), multiply, correct.
+  for (const Scales sc : {Scales{0.0722f / 64, 1.0f / 128, 0.0097f}, Scales{1.0f / 256, 0.011f, 1.0f / 512},
+                          Scales{1.5f * 0x1p-33f, 1.0f / 64, 0.0722f}}) {
     for (const bool shared_rope : {true, false}) {
       for (const bool misaligned : {false, true}) {
         test::reseed(310 + round++);

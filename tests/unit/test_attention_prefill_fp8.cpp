@@ -218,23 +218,25 @@ uint32_t float_bits(float f) {
   return u;
 }
 
-// The quantise pass multiplies by exact_reciprocal(s) when it is not 0: that must be x / s to the bit for every
-// bf16 x (NaN for NaN), and it is 0 for scales whose reciprocal is not a float.
-TEST(AttentionPrefillFp8, Sm90QuantiseReciprocalIsExact) {
-  using cuda::prefill_sm90_fp8::exact_reciprocal;
-  std::vector<float> pow2;
-  for (int e = -149; e <= 127; ++e) pow2.push_back(std::ldexp(1.0f, e));
-  int exact = 0;
-  for (float s : pow2) {
-    const float r = exact_reciprocal(s);
-    if (r == 0) {
-      EXPECT_TRUE(s < std::ldexp(1.0f, -127)) << s;  // 1 / s overflows a float
+// The quantise pass's division (plan.h quant_scale): for a power-of-two scale x * (1 / s) is x / s to the bit for
+// every bf16 x; for the others in [2^-32, 2^32] the corrected product is x / s to the bit wherever the quotient
+// can reach a nonzero e4m3 code (|x / s| >= 2^-12, finite), and gives x / s's e4m3 code for every bf16 x.
+TEST(AttentionPrefillFp8, Sm90QuantiseDivisionIsExact) {
+  using cuda::prefill_sm90_fp8::QuantDivision;
+  using cuda::prefill_sm90_fp8::corrected_quotient;
+  using cuda::prefill_sm90_fp8::quant_scale;
+  int multiply = 0;
+  for (int e = -149; e <= 127; ++e) {
+    const float s = std::ldexp(1.0f, e);
+    const auto qs = quant_scale(s);
+    if (qs.division != QuantDivision::multiply) {
+      EXPECT_TRUE(e < -127 && qs.division == QuantDivision::divide) << s;  // 1 / s overflows a float
       continue;
     }
-    ++exact;
+    ++multiply;
     for (uint32_t b = 0; b < 65536; ++b) {
       const float x = bits_float(b << 16);
-      const float q = x / s, m = x * r;
+      const float q = x / s, m = x * qs.recip;
       if (std::isnan(q)) {
         EXPECT_TRUE(std::isnan(m));
       } else {
@@ -242,10 +244,35 @@ TEST(AttentionPrefillFp8, Sm90QuantiseReciprocalIsExact) {
       }
     }
   }
-  EXPECT_EQ(exact, 255);  // 2^-127 .. 2^127
-  for (float s : {0.0722f, 3.0f, 1.0f / 3, 0.0f, -0.5f, NAN, INFINITY, 1.5f * std::ldexp(1.0f, -140)})
-    EXPECT_EQ(exact_reciprocal(s), 0.0f) << s;
-  EXPECT_EQ(exact_reciprocal(1.0f / 256), 256.0f);
+  EXPECT_EQ(multiply, 255);  // 2^-127 .. 2^127
+
+  // Every 61st float mantissa of s against every bf16 mantissa of x, the quotient in (1/2, 2).
+  for (uint32_t ms = 0; ms < (1u << 23); ms += 61) {
+    const float s = bits_float((127u << 23) | ms);
+    const auto qs = quant_scale(s);
+    ASSERT_EQ(qs.division, ms == 0 ? QuantDivision::multiply : QuantDivision::correct);
+    for (uint32_t mx = 0; mx < 256; ++mx) {
+      const float x = bits_float((127u << 23) | (mx << 16));
+      ASSERT_EQ(float_bits(corrected_quotient(x, s, qs.recip)), float_bits(x / s)) << "s " << s << " x " << x;
+    }
+  }
+  // Every bf16 x (zeros, subnormals, infinities, NaN) at scales across the range.
+  for (float s : {0.0722f, 3.0f, 1.0f / 3, 0.0097f, 1e-5f, 7e4f, 1.37f * std::ldexp(1.0f, -32),
+                  0.77f * std::ldexp(1.0f, 32)}) {
+    const auto qs = quant_scale(s);
+    ASSERT_EQ(qs.division, QuantDivision::correct) << s;
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const float x = bits_float(b << 16), q = x / s, c = corrected_quotient(x, s, qs.recip);
+      ASSERT_EQ(num::float_to_e4m3(c), num::float_to_e4m3(q)) << "s " << s << " x " << x;
+      if (std::isfinite(q) && std::fabs(q) >= std::ldexp(1.0f, -12)) {
+        ASSERT_EQ(float_bits(c), float_bits(q)) << "s " << s << " x " << x;
+      }
+    }
+  }
+  for (float s : {0.0f, -0.5f, NAN, INFINITY, 1.5f * std::ldexp(1.0f, -33), 1.5f * std::ldexp(1.0f, 33)})
+    EXPECT_EQ(quant_scale(s).division, QuantDivision::divide) << s;
+  EXPECT_EQ(quant_scale(1.0f / 256).recip, 256.0f);
+  EXPECT_EQ(quant_scale(std::ldexp(1.0f, 40)).division, QuantDivision::multiply);
 }
 
 }  // namespace

@@ -17,11 +17,9 @@ dispatch::Table<dispatch::PrefillArgs>& dispatch::mha_prefill_table() {
       "mha_prefill",
       {{{"sm90_fp8", 90, 90,
          "fp8 compute (PrefillOptions::fp8; src/cuda/attention/sm90/prefill_fp8): e4m3 q, k, v^T from a quantise pass, "
-         "TMA + e4m3 wgmma, P as e4m3 register A; d_nope 128, d_rope 64, d_v 128; the only variant that runs fp8"},
+         "TMA + e4m3 wgmma, P as e4m3 register A; d_nope 128, d_rope 64, d_v 128; the only variant that runs fp8; "
+         "persistent pairs of units for causal s_q <= 4096 with >= 2 units per SM, else one CTA per unit"},
         prefill_sm90_fp8::supports, prefill_sm90_fp8::run},
-       {{"sm90_fp8_persist", 90, 90,
-         "sm90_fp8 with persistent pairs of units from 2 units per SM (the bf16 kernel's schedule; comparison)"},
-        prefill_sm90_fp8::supports, prefill_sm90_fp8::run_persistent},
        {{"sm90", 90, 90,
          "TMA + wgmma, warp-specialised (src/cuda/attention/sm90/prefill): bf16, d_nope 128, d_rope 64, d_v 128; "
          "persistent pairs of units for causal s_q <= 4096 with >= 2 units per SM, else one CTA per unit"},

@@ -2,7 +2,8 @@
 // Launcher of the sm90_fp8 mha_prefill variant: which launches it takes, the quantise pass (quantize.cuh) into the
 // caller's workspace (core/prefill_fp8.h), the three TMA tensor maps over the codes, the attention grid
 // (kernel.cuh). The instantiations of the family live here: quantize_rows_kernel<k, vec> (4),
-// quantize_vt_kernel<vec> (2) and the attention kernel's two schedules (one CTA per unit, persistent).
+// quantize_vt_kernel<vec> (2) and the attention kernel's two schedules (one CTA per unit, persistent; plan.h's
+// rule picks one per launch).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -66,13 +67,7 @@ const char* supports(const dispatch::PrefillArgs& a) {
   return nullptr;
 }
 
-namespace {
-
-// The attention kernel's schedule: plan.h's choice, or persistent pairs from 2 units per SM (forced).
-enum class Sched { automatic, persistent };
-
-template <Sched kSched>
-void run_kernel(const dispatch::PrefillArgs& a) {
+void run(const dispatch::PrefillArgs& a) {
   using T = Traits;
   if (a.max_seqlen_q <= 0) return;  // no request has a query row
   DeviceGuard guard(a.q.device);
@@ -114,9 +109,13 @@ void run_kernel(const dispatch::PrefillArgs& a) {
   qp.v_scale = a.opts.v_scale;
   if (batch > INT32_MAX || heads > 65535) throw Error("mha_prefill (sm90_fp8): problem too large for one launch");
 
-  qp.q_recip = exact_reciprocal(qp.q_scale);
-  qp.k_recip = exact_reciprocal(qp.k_scale);
-  qp.v_recip = exact_reciprocal(qp.v_scale);
+  const QuantScale qs = quant_scale(qp.q_scale), ks = quant_scale(qp.k_scale), vs = quant_scale(qp.v_scale);
+  qp.q_recip = qs.recip;
+  qp.k_recip = ks.recip;
+  qp.v_recip = vs.recip;
+  qp.q_div = static_cast<int32_t>(qs.division);
+  qp.k_div = static_cast<int32_t>(ks.division);
+  qp.v_div = static_cast<int32_t>(vs.division);
 
   using S = QuantizeShape;
   const bool vec_q = rows16(a.q), vec_k = rows16(a.k_nope) && rows16(a.k_pe), vec_v = rows16(a.v);
@@ -176,9 +175,7 @@ void run_kernel(const dispatch::PrefillArgs& a) {
   int sms = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device.index),
              "mha_prefill (sm90_fp8): SM count");
-  // kSched: plan.h's rule (automatic), or persistent wherever two units per SM fill the machine (forced).
-  const bool persistent = kSched == Sched::automatic ? use_persistent(a.causal, q_tiles, units, sms)
-                                                     : units >= 2 * int64_t{sms};
+  const bool persistent = use_persistent(a.causal, q_tiles, units, sms);
   const unsigned grid = persistent ? grid_for(std::min<int64_t>((units + 1) / 2, sms), 1, "mha_prefill (sm90_fp8)")
                                    : grid_for(units, 1, "mha_prefill (sm90_fp8)");
   auto kernel = persistent ? mha_prefill_sm90_fp8_kernel<true> : mha_prefill_sm90_fp8_kernel<false>;
@@ -187,10 +184,5 @@ void run_kernel(const dispatch::PrefillArgs& a) {
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(q_map, k_map, v_map, p, units);
   check_launch("mha_prefill (sm90_fp8)");
 }
-
-}  // namespace
-
-void run(const dispatch::PrefillArgs& a) { run_kernel<Sched::automatic>(a); }
-void run_persistent(const dispatch::PrefillArgs& a) { run_kernel<Sched::persistent>(a); }
 
 }  // namespace mla::cuda::prefill_sm90_fp8

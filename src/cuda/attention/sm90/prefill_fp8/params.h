@@ -23,7 +23,10 @@ struct QuantizeParams {
   int64_t total_q, total_k, k_rows;
   int32_t batch, heads;
   float q_scale, k_scale, v_scale;  // code = e4m3(x / scale)
-  float q_recip, k_recip, v_recip;  // 1 / scale where that is a float (a power-of-two scale), else 0
+  // How x / scale is computed (plan.h QuantDivision): 0 divide, 1 multiply by recip (= 1 / scale exactly), 2 multiply
+  // by recip (= RN(1 / scale)) and correct once with a fused remainder.
+  float q_recip, k_recip, v_recip;
+  int32_t q_div, k_div, v_div;
 };
 
 struct AttnParams {

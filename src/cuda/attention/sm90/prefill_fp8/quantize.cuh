@@ -2,9 +2,8 @@
 #pragma once
 // The quantise pass of the sm90 fp8 mha_prefill (SEMANTICS §10.1; workspace layout core/prefill_fp8.h): q, k =
 // [k_nope | k_pe] and v to e4m3 codes, code = e4m3(float(x) / scale) (fp32 division, correctly rounded; round to
-// nearest even, satfinite; NaN stays NaN), bit for bit the CPU backend's codes. Where 1 / scale is a float
-// (a power-of-two scale whose reciprocal is representable: QuantizeParams::*_recip != 0) the pass multiplies by
-// it: x * (1 / scale) rounded once is the same float as x / scale rounded once.
+// nearest even, satfinite; NaN stays NaN), bit for bit the CPU backend's codes. The division is a multiplication
+// by the reciprocal where that is exact, or a multiplication and one fused correction (plan.h QuantDivision).
 //   quantize_rows_kernel<false>  q8[h][t][192]: 16 tokens x 8 heads per CTA, 16 codes (32 bytes in, 16 out) per item.
 //   quantize_rows_kernel<true>   k8[h][R][192] for every padded row R: 16 padded rows x 8 heads per CTA. The 16
 //                                rows are one 16-aligned group, which lies inside one request's span (every
@@ -85,8 +84,8 @@ __device__ __forceinline__ void load16(const uint16_t* src, int64_t col_stride, 
 }
 
 // 16 bf16 values (lowest column in the low half of raw[0].x) -> 16 e4m3 codes (lowest column in the lowest byte).
-// x / scale, or x * recip where recip = 1 / scale exactly (then both round the same real number once).
-__device__ __forceinline__ uint4 codes16(const uint4 (&raw)[2], float scale, float recip) {
+// q = RN(x / scale) by plan.h's QuantDivision `division` (uniform across the grid).
+__device__ __forceinline__ uint4 codes16(const uint4 (&raw)[2], float scale, float recip, int32_t division) {
   const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
   float f[16];
 #pragma unroll
@@ -94,9 +93,16 @@ __device__ __forceinline__ uint4 codes16(const uint4 (&raw)[2], float scale, flo
     f[2 * i] = __uint_as_float(w[i] << 16);
     f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
-  if (recip != 0.0f) {
+  if (division == 1) {  // multiply: recip = 1 / scale exactly
 #pragma unroll
     for (int i = 0; i < 16; ++i) f[i] = __fmul_rn(f[i], recip);
+  } else if (division == 2) {  // correct: recip = RN(1 / scale), one fused correction (plan.h)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float q0 = __fmul_rn(f[i], recip);
+      const float q = fabsf(q0) < __int_as_float(0x7f800000) ? __fmaf_rn(__fmaf_rn(-q0, scale, f[i]), recip, q0) : q0;
+      f[i] = copysignf(q, f[i]);
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < 16; ++i) f[i] = __fdiv_rn(f[i], scale);
@@ -125,6 +131,7 @@ __global__ void __launch_bounds__(QuantizeShape::kRowsThreads, 2) quantize_rows_
   const int64_t rows = kIsK ? p.k_rows : p.total_q;  // k_rows is a multiple of 16: a k CTA's rows all exist
   uint8_t* const dst = kIsK ? p.k8 : p.q8;
   const float scale = kIsK ? p.k_scale : p.q_scale, recip = kIsK ? p.k_recip : p.q_recip;
+  const int32_t division = kIsK ? p.k_div : p.q_div;
 
   uint4 raw[S::kItemsPerThread][2];
 #pragma unroll
@@ -151,8 +158,10 @@ __global__ void __launch_bounds__(QuantizeShape::kRowsThreads, 2) quantize_rows_
     const int i = static_cast<int>(threadIdx.x) + j * S::kRowsThreads;
     const int c = i % S::kItemsPerRow, hh = (i / S::kItemsPerRow) % S::kHeads, r = i / (S::kItemsPerRow * S::kHeads);
     const int h = h0 + hh;
-    if (r0 + r < rows && h < p.heads)
-      *reinterpret_cast<uint4*>(dst + (h * rows + r0 + r) * Traits::kDqk + 16 * c) = codes16(raw[j], scale, recip);
+    if (r0 + r < rows && h < p.heads) {
+      const uint4 codes = codes16(raw[j], scale, recip, division);
+      *reinterpret_cast<uint4*>(dst + (h * rows + r0 + r) * Traits::kDqk + 16 * c) = codes;
+    }
   }
 }
 
@@ -186,7 +195,7 @@ __global__ void __launch_bounds__(QuantizeShape::kThreads) quantize_vt_kernel(co
   }
   uint4 cw[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) cw[i] = codes16(raw[i], p.v_scale, p.v_recip);
+  for (int i = 0; i < 4; ++i) cw[i] = codes16(raw[i], p.v_scale, p.v_recip, p.v_div);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {  // columns 16 warp + 4 j .. + 3
     const uint32_t a = (&cw[0].x)[j], b = (&cw[1].x)[j], c = (&cw[2].x)[j], d = (&cw[3].x)[j];
