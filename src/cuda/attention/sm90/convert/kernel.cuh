@@ -640,9 +640,11 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = T::kB
 }
 
 // DeepSeek-V4: the unit's Q (512 columns: eight panels) into shared memory as f16 * 2^e_r, zeros past the token's
-// rows, by the S and R warpgroups together (t < 256: S's threads, then R's), both idle until Q is there.
+// rows, by the S and R warpgroups together (t < 256: S's threads, then R's), both idle until Q is there. kRows: the
+// rows written (the N 16 tile's 16: S^T reads no other row).
+template <int kRows = T::kBlockM>
 __device__ __forceinline__ void v4_q_prologue(const DecodeSm90Params& p, const Unit& u, const Smem& sm, int t) {
-  load_q_panels_batched<T::kBlockM, 256, 5, 8>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(), t);
+  load_q_panels_batched<kRows, 256, 5, 8>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(), t);
   ptx::named_barrier_sync(L::kBarQ, 256);
   q_to_f16<8, 256>(sm, t, u.m_rows - u.row0);
   ptx::fence_proxy_async_smem();

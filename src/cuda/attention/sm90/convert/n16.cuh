@@ -311,7 +311,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     convert::record_converter<FM, FE>(p, v, sm);
     return;
   }
-  convert::v4_q_prologue(p, u, sm, static_cast<int>(threadIdx.x) - 128);
+  // Q's rows 0..15 only: S^T reads no other (its B operand is the first two swizzle atoms of each panel), and rows
+  // 16.. of panel 0 are S's scratch (N16Scratch).
+  convert::v4_q_prologue<convert::kN16>(p, u, sm, static_cast<int>(threadIdx.x) - 128);
   const int lane = threadIdx.x & 31, w = ptx::warp_idx_in_warpgroup(), t4 = lane & 3;
   if (wg == L::kRWarpgroup) {
     ptx::setmaxnreg_dec<L::r_regs(FM)>();
