@@ -210,41 +210,10 @@ struct Consumer {
                                                       ptx::desc_sw128_mn_major(sv + kk * 2048, Traits::kPanelBytes), true);
     ptx::wgmma_commit_group();
   }
-  // Online softmax of key tile `tile` (scores in s become probabilities); returns the O factors.
+  // Online softmax of key tile `tile` (prefill_io::softmax_tile): scores in s become probabilities; alpha: the O factors.
   __device__ __forceinline__ void softmax_tile(float (&s)[Traits::kBlockN / 2], int tile, bool mask, float scale_log2,
                                                int t4, float (&alpha)[2]) {
-    using T = Traits;
-    float mx[2] = {-INFINITY, -INFINITY};
-    if (mask) {
-      const int n0 = tile * T::kBlockN;
-#pragma unroll
-      for (int j = 0; j < T::kBlockN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (n0 + 8 * j + 2 * t4 + (e & 1) > lim[e >> 1]) s[4 * j + e] = -INFINITY;
-    }
-#pragma unroll
-    for (int j = 0; j < T::kBlockN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
-    float base[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      // scale_log2 > 0 (supports()), so the max of the raw scores scales to the max in the log2 domain.
-      alpha[hf] = st[hf].rescale(softmax::quad_max(mx[hf]) * scale_log2);
-      base[hf] = st[hf].base();
-    }
-    float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < T::kBlockN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hf = e >> 1;
-        s[4 * j + e] = softmax::exp2_approx(fmaf(s[4 * j + e], scale_log2, -base[hf]));  // -inf -> 0
-        sum[hf] += s[4 * j + e];
-      }
-    st[0].sum += sum[0];  // per-thread partial sums; reduced over the quad in the epilogue
-    st[1].sum += sum[1];
+    prefill_io::softmax_tile<Traits::kBlockN, 0>(s, st, lim, tile, mask, scale_log2, t4, alpha);
   }
   __device__ __forceinline__ void to_pa(const float (&s)[Traits::kBlockN / 2]) {
 #pragma unroll

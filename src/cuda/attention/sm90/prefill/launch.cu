@@ -84,18 +84,7 @@ void run_kernel(const dispatch::PrefillArgs& a) {
 
   PrefillParams p{};
   p.kp_stride_h = one_head(a.k_pe) ? 0 : a.k_pe.stride[1];  // 0: the kernel reads head 0 of the one-head map
-  p.cu_q = static_cast<const int32_t*>(a.cu_seqlens_q.data);
-  p.cu_k = static_cast<const int32_t*>(a.cu_seqlens_k.data);
-  p.cu_q_stride = a.cu_seqlens_q.stride[0];
-  p.cu_k_stride = a.cu_seqlens_k.stride[0];
-  p.out = static_cast<uint16_t*>(a.out.data);
-  p.out_stride_t = a.out.stride[0];
-  p.out_stride_h = a.out.stride[1];
-  if (a.lse.defined()) {
-    p.lse = static_cast<float*>(a.lse.data);
-    p.lse_stride_h = a.lse.stride[0];
-    p.lse_stride_t = a.lse.stride[1];
-  }
+  prefill_io::set_io(p, a);
   p.total_q = a.q.size(0);
   p.total_k = a.k_nope.size(0);
   const int64_t batch = a.cu_seqlens_q.size(0) - 1, heads = a.q.size(1);

@@ -145,18 +145,7 @@ void run(const dispatch::PrefillArgs& a) {
   }
 
   AttnParams p{};
-  p.cu_q = static_cast<const int32_t*>(a.cu_seqlens_q.data);
-  p.cu_k = static_cast<const int32_t*>(a.cu_seqlens_k.data);
-  p.cu_q_stride = a.cu_seqlens_q.stride[0];
-  p.cu_k_stride = a.cu_seqlens_k.stride[0];
-  p.out = static_cast<uint16_t*>(a.out.data);
-  p.out_stride_t = a.out.stride[0];
-  p.out_stride_h = a.out.stride[1];
-  if (a.lse.defined()) {
-    p.lse = static_cast<float*>(a.lse.data);
-    p.lse_stride_h = a.lse.stride[0];
-    p.lse_stride_t = a.lse.stride[1];
-  }
+  prefill_io::set_io(p, a);
   p.total_q = total_q;
   p.total_k = total_k;
   const int64_t q_tiles = (a.max_seqlen_q + T::kBlockM - 1) / T::kBlockM;
