@@ -37,7 +37,8 @@ SCHEMAS = {
                   "Tensor(b!)? lse, float softmax_scale, bool causal, Tensor(c!)? workspace, int num_splits) -> ()",
     "mha_prefill": "(Tensor q, Tensor k_nope, Tensor k_pe, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
                    "int max_seqlen_q, int max_seqlen_k, Tensor(a!) out, Tensor(b!)? lse, float softmax_scale, "
-                   "bool causal) -> ()",
+                   "bool causal, bool fp8=False, float q_scale=1.0, float k_scale=1.0, float v_scale=1.0, "
+                   "Tensor(c!)? workspace=None) -> ()",
     "sparse_mqa": "(Tensor q, Tensor kv, " + _CACHE + ", Tensor indices, Tensor? topk_length, Tensor(a!) out, "
                   "Tensor(b!)? lse, float softmax_scale) -> ()",
     "gemm": "(Tensor a, Tensor b, Tensor(a!) c, float alpha, float beta) -> ()",
@@ -96,7 +97,10 @@ IMPLS = {
     "convert_topk_indices": _mla.convert_topk_indices,
     "mqa_decode": lambda q, cache, f, s, dq, dr, bt, sl, out, lse, sc, causal, ws, ns: _mla.mqa_decode(
         q, _kv(cache, f, s, dq, dr), bt, sl, out, lse, sc, causal, ws, ns),
-    "mha_prefill": _mla.mha_prefill,
+    "mha_prefill": lambda q, kn, kp, v, cq, ck, mq, mk, out, lse, sc, causal, fp8=False, q_scale=1.0, k_scale=1.0,
+    v_scale=1.0, workspace=None: _mla.mha_prefill(q, kn, kp, v, cq, ck, mq, mk, out, lse, sc, causal, fp8=fp8,
+                                                  q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                                  workspace=workspace),
     "sparse_mqa": lambda q, kv, f, s, dq, dr, idx, tl, out, lse, sc: _mla.sparse_mqa(
         q, _kv(kv, f, s, dq, dr), idx, tl, out, lse, sc),
     "gemm": _mla.gemm,

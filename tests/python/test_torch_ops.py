@@ -299,6 +299,25 @@ def op_cases(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_mha_prefill_fp8_op(device):
+    """The op's fp8 form (keywords fp8, q / k / v scales, workspace; docs/SEMANTICS.md §10.1) gives the binding's
+    result bit for bit, and passes torch's op checker."""
+    if device == "cuda" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("fp8 mha_prefill runs on sm_90 on CUDA")
+    q, kn, kp, v, cq, ck, mq, mk, out, lse, sc, causal = op_cases(device)["mha_prefill"]
+    ws_bytes = mla.mha_prefill_workspace_bytes(q.shape[0], kn.shape[0], q.shape[1], cq.numel() - 1, True, device)
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=device) if ws_bytes else None
+    kw = {"fp8": True, "q_scale": 0.02, "k_scale": 0.03, "v_scale": 0.025, "workspace": ws}
+    out_b, lse_b = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
+    torch.ops.mla.mha_prefill(q, kn, kp, v, cq, ck, mq, mk, out, lse, sc, causal, **kw)
+    mla.mha_prefill(q, kn, kp, v, cq, ck, mq, mk, out_b, lse_b, sc, causal, **kw)
+    assert not torch.isnan(out).any() and torch.equal(out, out_b) and torch.equal(lse, lse_b)
+    if hasattr(torch.library, "opcheck"):
+        torch.library.opcheck(torch.ops.mla.mha_prefill.default, (q, kn, kp, v, cq, ck, mq, mk, out, lse, sc, causal),
+                              kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(op_cases("cpu")))
 def test_every_op_runs_and_opcheck(device, name):
     """Every op runs through torch.ops.mla with these arguments; torch's op checker (schema, fake tensors,
