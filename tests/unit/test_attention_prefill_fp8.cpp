@@ -2,16 +2,17 @@
 // fp8 compute of mha_prefill on the CPU (SEMANTICS §10.1): the quantisation rule on one-key rows (exact), the
 // LSE of codes-exact inputs equal to the bf16 op's, the P-quantisation bound against the unquantised-P
 // attention, the bound against the unquantised inputs, empty and NaN rows, and the refusals. Then the CUDA
-// launcher's host decisions (cuda/attention/sm90/prefill_fp8/plan.h): the schedule rule and the reciprocal the
-// quantise pass multiplies by.
+// launchers' host decisions: the sm90 prefill schedule rule (cuda/attention/sm90/common/prefill_schedule.h) and the
+// reciprocal the fp8 quantise pass multiplies by (cuda/attention/sm90/prefill_fp8/plan.h).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "core/numeric.h"
+#include "cuda/attention/sm90/common/prefill_schedule.h"
 #include "cuda/attention/sm90/prefill_fp8/plan.h"
 #include "mla/ops.h"
 #include "support/test_util.h"
@@ -192,10 +193,10 @@ TEST(AttentionPrefillFp8, RefusesBadScales) {
   EXPECT_THROW(mha_prefill_workspace_bytes(-1, 0, 1, 0, true, Device::cpu()), Error);
 }
 
-// The sm90_fp8 schedule: persistent pairs for causal launches of at most 32 query tiles that give every SM two
+// The sm90 prefill schedule (bf16 and fp8 kernels): persistent pairs for causal launches of at most 32 query tiles that give every SM two
 // units; one CTA per unit for longer causal requests, non-causal launches and small grids.
 TEST(AttentionPrefillFp8, Sm90ScheduleRule) {
-  using cuda::prefill_sm90_fp8::use_persistent;
+  using cuda::prefill_io::use_persistent;
   constexpr int64_t kSms = 132;
   EXPECT_TRUE(use_persistent(true, 32, 32 * 16 * 4, kSms));    // b 4 s 4096 h 16
   EXPECT_TRUE(use_persistent(true, 32, 32 * 128 * 4, kSms));   // b 4 s 4096 h 128
@@ -205,17 +206,6 @@ TEST(AttentionPrefillFp8, Sm90ScheduleRule) {
   EXPECT_TRUE(use_persistent(true, 8, 2 * kSms, kSms));
   EXPECT_FALSE(use_persistent(true, 8, 2 * kSms - 1, kSms));  // fewer than two units per SM
   EXPECT_FALSE(use_persistent(true, 8, 1000, 0));
-}
-
-float bits_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
 }
 
 // The quantise pass's division (plan.h quant_scale): for a power-of-two scale x * (1 / s) is x / s to the bit for
@@ -235,12 +225,12 @@ TEST(AttentionPrefillFp8, Sm90QuantiseDivisionIsExact) {
     }
     ++multiply;
     for (uint32_t b = 0; b < 65536; ++b) {
-      const float x = bits_float(b << 16);
+      const float x = std::bit_cast<float>(b << 16);
       const float q = x / s, m = x * qs.recip;
       if (std::isnan(q)) {
         EXPECT_TRUE(std::isnan(m));
       } else {
-        ASSERT_EQ(float_bits(q), float_bits(m)) << "s " << s << " x " << x;
+        ASSERT_EQ(std::bit_cast<uint32_t>(q), std::bit_cast<uint32_t>(m)) << "s " << s << " x " << x;
       }
     }
   }
@@ -248,12 +238,13 @@ TEST(AttentionPrefillFp8, Sm90QuantiseDivisionIsExact) {
 
   // Every 61st float mantissa of s against every bf16 mantissa of x, the quotient in (1/2, 2).
   for (uint32_t ms = 0; ms < (1u << 23); ms += 61) {
-    const float s = bits_float((127u << 23) | ms);
+    const float s = std::bit_cast<float>((127u << 23) | ms);
     const auto qs = quant_scale(s);
     ASSERT_EQ(qs.division, ms == 0 ? QuantDivision::multiply : QuantDivision::correct);
     for (uint32_t mx = 0; mx < 256; ++mx) {
-      const float x = bits_float((127u << 23) | (mx << 16));
-      ASSERT_EQ(float_bits(corrected_quotient(x, s, qs.recip)), float_bits(x / s)) << "s " << s << " x " << x;
+      const float x = std::bit_cast<float>((127u << 23) | (mx << 16));
+      ASSERT_EQ(std::bit_cast<uint32_t>(corrected_quotient(x, s, qs.recip)), std::bit_cast<uint32_t>(x / s))
+          << "s " << s << " x " << x;
     }
   }
   // Every bf16 x (zeros, subnormals, infinities, NaN) at scales across the range.
@@ -262,10 +253,10 @@ TEST(AttentionPrefillFp8, Sm90QuantiseDivisionIsExact) {
     const auto qs = quant_scale(s);
     ASSERT_EQ(qs.division, QuantDivision::correct) << s;
     for (uint32_t b = 0; b < 65536; ++b) {
-      const float x = bits_float(b << 16), q = x / s, c = corrected_quotient(x, s, qs.recip);
+      const float x = std::bit_cast<float>(b << 16), q = x / s, c = corrected_quotient(x, s, qs.recip);
       ASSERT_EQ(num::float_to_e4m3(c), num::float_to_e4m3(q)) << "s " << s << " x " << x;
       if (std::isfinite(q) && std::fabs(q) >= std::ldexp(1.0f, -12)) {
-        ASSERT_EQ(float_bits(c), float_bits(q)) << "s " << s << " x " << x;
+        ASSERT_EQ(std::bit_cast<uint32_t>(c), std::bit_cast<uint32_t>(q)) << "s " << s << " x " << x;
       }
     }
   }

@@ -9,6 +9,8 @@
 
 #include "cuda/common/launch.h"
 #include "cuda/common/ptx/tensor_map.h"
+#include "runtime/device_api.h"
+#include "cuda/attention/sm90/common/prefill_schedule.h"
 #include "cuda/attention/sm90/prefill/kernel.cuh"
 #include "cuda/attention/sm90/prefill/variant.h"
 
@@ -105,16 +107,11 @@ void run_kernel(const dispatch::PrefillArgs& a) {
   const CUtensorMap kp_map = map_of(a.k_pe, "mha_prefill (sm90): k_pe");
   const CUtensorMap v_map = map_of(a.v, "mha_prefill (sm90): v");
   const int64_t units = q_tiles * heads * batch;
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device.index), "mha_prefill (sm90): SM count");
-  // Persistent pairs need two units per SM to fill the machine. Measured by interleaved A/B
-  // (docs/design/prefill_sm90.md "Schedule rule"): causal with q tiles <= 32 (s_q <= 4096: short units, per-CTA start-up and the
-  // causal imbalance matter) gains 2-26%; s_q 16384 causal is within -1.5%, and non-causal loses 0-14%
-  // (a head's units run two by two on one CTA, so fewer CTAs share its K / V tiles in L2 at a time).
-  // `automatic` takes them exactly there.
-  const bool persistent =
-      units >= 2 * int64_t{sms} &&
-      (kSched == Sched::persistent || (kSched == Sched::automatic && a.causal && q_tiles <= 32));
+  const int sms = cuda_rt::device_info(a.q.device.index).sm_count;
+  // `automatic`: the rule of both prefill kernels (common/prefill_schedule.h); `persistent` (sm90_persist) wherever
+  // two units per SM fill the machine.
+  const bool persistent = kSched == Sched::persistent ? units >= 2 * int64_t{sms}
+                          : kSched == Sched::automatic && prefill_io::use_persistent(a.causal, q_tiles, units, sms);
   const unsigned grid = persistent ? grid_for(std::min<int64_t>((units + 1) / 2, sms), 1, "mha_prefill (sm90)")
                                    : grid_for(units, 1, "mha_prefill (sm90)");
   auto kernel = mha_prefill_sm90_kernel<kPingpong, false, kOpts>;

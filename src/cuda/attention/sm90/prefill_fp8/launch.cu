@@ -2,8 +2,8 @@
 // Launcher of the sm90_fp8 mha_prefill variant: which launches it takes, the quantise pass (quantize.cuh) into the
 // caller's workspace (core/prefill_fp8.h), the three TMA tensor maps over the codes, the attention grid
 // (kernel.cuh). The instantiations of the family live here: quantize_rows_kernel<k, vec> (4),
-// quantize_vt_kernel<vec> (2) and the attention kernel's two schedules (one CTA per unit, persistent; plan.h's
-// rule picks one per launch).
+// quantize_vt_kernel<vec> (2) and the attention kernel's two schedules (one CTA per unit, persistent;
+// common/prefill_schedule.h's rule picks one per launch).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,11 +12,13 @@
 
 #include "core/prefill_fp8.h"
 #include "cuda/attention/sm90/prefill_fp8/kernel.cuh"
+#include "cuda/attention/sm90/common/prefill_schedule.h"
 #include "cuda/attention/sm90/prefill_fp8/plan.h"
 #include "cuda/attention/sm90/prefill_fp8/quantize.cuh"
 #include "cuda/attention/sm90/prefill_fp8/variant.h"
 #include "cuda/common/launch.h"
 #include "cuda/common/ptx/tensor_map.h"
+#include "runtime/device_api.h"
 
 namespace mla::cuda::prefill_sm90_fp8 {
 namespace {
@@ -161,10 +163,8 @@ void run(const dispatch::PrefillArgs& a) {
   const CUtensorMap k_map = map_of(qp.k8, T::kDqk, l.k_rows, heads, T::kBlockN, "mha_prefill (sm90_fp8): k8");
   const CUtensorMap v_map = map_of(qp.vt8, l.k_rows, T::kDv, heads, T::kDv, "mha_prefill (sm90_fp8): vt8");
   const int64_t units = q_tiles * heads * batch;
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device.index),
-             "mha_prefill (sm90_fp8): SM count");
-  const bool persistent = use_persistent(a.causal, q_tiles, units, sms);
+  const int sms = cuda_rt::device_info(a.q.device.index).sm_count;
+  const bool persistent = prefill_io::use_persistent(a.causal, q_tiles, units, sms);
   const unsigned grid = persistent ? grid_for(std::min<int64_t>((units + 1) / 2, sms), 1, "mha_prefill (sm90_fp8)")
                                    : grid_for(units, 1, "mha_prefill (sm90_fp8)");
   auto kernel = persistent ? mha_prefill_sm90_fp8_kernel<true> : mha_prefill_sm90_fp8_kernel<false>;

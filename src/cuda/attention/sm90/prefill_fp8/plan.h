@@ -1,22 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Host decisions of the sm90_fp8 mha_prefill launcher (launch.cu; docs/design/prefill_fp8_sm90.md): the schedule
-// and the quantise pass's reciprocal. Plain C++, no CUDA: the CPU unit tests check both.
+// Host decisions of the sm90_fp8 mha_prefill launcher (launch.cu; docs/design/prefill_fp8_sm90.md): the quantise
+// pass's reciprocal (the schedule: common/prefill_schedule.h, the bf16 kernel's rule). Plain C++, no CUDA: the CPU
+// unit tests check it.
 #include <cmath>
 #include <cstdint>
 
 namespace mla::cuda::prefill_sm90_fp8 {
-
-// Query tiles of the longest request up to which a causal launch runs as persistent pairs of units.
-inline constexpr int64_t kPersistentMaxQTiles = 32;
-
-// Persistent pairs of units (kernel.cuh kPersistent: min(#SMs, units / 2) CTAs, a head's largest and smallest
-// remaining query tiles together) or one CTA per unit. Persistent pairs need two units per SM to fill the
-// machine, and they pay where the units are short and uneven: causal launches of at most 32 query tiles
-// (s_q <= 4096). Longer causal requests and non-causal launches (context chunks) run one CTA per unit.
-constexpr bool use_persistent(bool causal, int64_t q_tiles, int64_t units, int64_t sms) {
-  return causal && q_tiles <= kPersistentMaxQTiles && sms > 0 && units >= 2 * sms;
-}
 
 // How the quantise pass computes q = RN(x / s) for a bf16 x and a positive finite scale s, bit for bit the fp32
 // division of the CPU backend:

@@ -10,7 +10,8 @@ namespace mla::cuda::prefill_sm90_fp8 {
 // takes them), so a launch it declines is an error, never another kernel.
 const char* supports(const dispatch::PrefillArgs& a);
 // The quantise pass (quantize.cuh) into the options' workspace, then the attention kernel (kernel.cuh): persistent
-// pairs of units or one CTA per unit, by plan.h's use_persistent (the bf16 kernel's two schedules).
+// pairs of units or one CTA per unit, by common/prefill_schedule.h's use_persistent (the bf16 kernel's schedules and
+// rule).
 void run(const dispatch::PrefillArgs& a);
 
 }  // namespace mla::cuda::prefill_sm90_fp8
