@@ -8,7 +8,6 @@
 // and PersistentManyUnits reach). Then the refusals: a forced bf16 variant, a missing workspace.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,8 +65,8 @@ TensorView on(const Tensor& dev_storage, TensorView v) {
   return v;
 }
 
-// The fp8 variant (its schedule by plan.h's rule: the h 128 sweep's causal cases and PersistentManyUnits' causal
-// batch run persistent pairs, the rest one CTA per unit).
+// The fp8 variant (its schedule by common/prefill_schedule.h's rule: the h 128 sweep's causal cases and
+// PersistentManyUnits' causal batch run persistent pairs, the rest one CTA per unit).
 const std::vector<std::string> kFp8Variants = {"sm90_fp8"};
 
 // The GPU run of each fp8 variant against the oracle; lse through a transposed [Tq, h] buffer when `strided_lse`.
@@ -168,12 +167,6 @@ TEST(PrefillFp8Gpu, QuantisePassCodesExact) {
   MLA_SKIP_WITHOUT_SM90();
   // Position of key k (0..15) of a 16-key group in vt8's columns: 4t + i holds key 2t + i (i < 2), 8 + 2t + i - 2.
   auto vt_position = [](int64_t k) { return k < 8 ? 4 * (k / 2) + k % 2 : 4 * ((k - 8) / 2) + 2 + (k - 8) % 2; };
-  auto bf16_float = [](uint16_t b) {
-    const uint32_t u = static_cast<uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  };
   const Device gpu = Device::cuda(0);
   const uint16_t kSpecials[] = {0x7fc0, 0xffc0, 0x7f80, 0xff80, 0x4700, 0xc6ff, 0x0001, 0x8003, 0x0080, 0x3b80};
   struct Scales {
@@ -230,7 +223,7 @@ TEST(PrefillFp8Gpu, QuantisePassCodesExact) {
           view.data = const_cast<void*>(t.data());
           return static_cast<const uint16_t*>(view.data)[r * view.stride[0] + hh * view.stride[1] + c * view.stride[2]];
         };
-        auto code = [&](uint16_t x, float s) { return num::float_to_e4m3(bf16_float(x) / s); };
+        auto code = [&](uint16_t x, float s) { return num::float_to_e4m3(num::bf16_to_float(x) / s); };
         for (int64_t hh = 0; hh < h; ++hh)
           for (int64_t t = 0; t < b.tq; ++t)
             for (int64_t c = 0; c < 192; ++c)

@@ -23,8 +23,8 @@ struct QuantizeParams {
   int64_t total_q, total_k, k_rows;
   int32_t batch, heads;
   float q_scale, k_scale, v_scale;  // code = e4m3(x / scale)
-  // How x / scale is computed (plan.h QuantDivision): 0 divide, 1 multiply by recip (= 1 / scale exactly), 2 multiply
-  // by recip (= RN(1 / scale)) and correct once with a fused remainder.
+  // How x / scale is computed: a plan.h QuantDivision value (divide; multiply by recip = 1 / scale exactly; correct:
+  // multiply by recip = RN(1 / scale), then one fused correction).
   float q_recip, k_recip, v_recip;
   int32_t q_div, k_div, v_div;
 };

@@ -16,7 +16,9 @@
 // cu_k values are clamped to [0, Tk]: a request's source rows stay inside k_nope, k_pe and v whatever they hold.
 #include <cstdint>
 
+#include "cuda/attention/sm90/common/prefill_io.cuh"
 #include "cuda/attention/sm90/prefill_fp8/params.h"
+#include "cuda/attention/sm90/prefill_fp8/plan.h"
 #include "cuda/attention/sm90/prefill_fp8/traits.cuh"
 #include "cuda/common/convert.cuh"
 
@@ -35,11 +37,11 @@ struct QuantizeShape {
   static_assert(kThreads / 32 * 16 == Traits::kDv, "vt kernel: one warp per 16 columns");
 };
 
-__device__ __forceinline__ int64_t qclamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+using prefill_io::clamp64;
 
 // First row of request b's keys in k8 / vt8: round_up(cu_k[b], 16) + 128 b (core/prefill_fp8.h).
 __device__ __forceinline__ int64_t pad_start(const QuantizeParams& p, int64_t b) {
-  const int64_t k0 = qclamp(__ldg(p.cu_k + b * p.cu_k_stride), 0, p.total_k);
+  const int64_t k0 = clamp64(__ldg(p.cu_k + b * p.cu_k_stride), 0, p.total_k);
   return (k0 + 15) / 16 * 16 + 128 * b;
 }
 
@@ -59,11 +61,11 @@ __device__ __forceinline__ void group_source(const QuantizeParams& p, int64_t R,
   src = 0;
   n = 0;
   if (lo < 0) return;
-  const int64_t k0 = qclamp(__ldg(p.cu_k + lo * p.cu_k_stride), 0, p.total_k);
-  const int64_t k1 = qclamp(__ldg(p.cu_k + (lo + 1) * p.cu_k_stride), k0, p.total_k);
+  const int64_t k0 = clamp64(__ldg(p.cu_k + lo * p.cu_k_stride), 0, p.total_k);
+  const int64_t k1 = clamp64(__ldg(p.cu_k + (lo + 1) * p.cu_k_stride), k0, p.total_k);
   const int64_t rel = R - pad_start(p, lo);
   src = k0 + rel;
-  n = static_cast<int>(qclamp(k1 - k0 - rel, 0, 16));
+  n = static_cast<int>(clamp64(k1 - k0 - rel, 0, 16));
 }
 
 // 16 bf16 values at src, col_stride apart (contiguous and 16-byte aligned when kVec), as raw pairs.
@@ -93,10 +95,10 @@ __device__ __forceinline__ uint4 codes16(const uint4 (&raw)[2], float scale, flo
     f[2 * i] = __uint_as_float(w[i] << 16);
     f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
-  if (division == 1) {  // multiply: recip = 1 / scale exactly
+  if (division == static_cast<int32_t>(QuantDivision::multiply)) {  // recip = 1 / scale exactly
 #pragma unroll
     for (int i = 0; i < 16; ++i) f[i] = __fmul_rn(f[i], recip);
-  } else if (division == 2) {  // correct: recip = RN(1 / scale), one fused correction (plan.h)
+  } else if (division == static_cast<int32_t>(QuantDivision::correct)) {  // recip = RN(1 / scale), one correction
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const float q0 = __fmul_rn(f[i], recip);
@@ -127,7 +129,7 @@ __global__ void __launch_bounds__(QuantizeShape::kRowsThreads, 2) quantize_rows_
   if constexpr (kIsK)
     group_source(p, r0, src0, n);
   else
-    n = static_cast<int>(qclamp(p.total_q - r0, 0, S::kRows));
+    n = static_cast<int>(clamp64(p.total_q - r0, 0, S::kRows));
   const int64_t rows = kIsK ? p.k_rows : p.total_q;  // k_rows is a multiple of 16: a k CTA's rows all exist
   uint8_t* const dst = kIsK ? p.k8 : p.q8;
   const float scale = kIsK ? p.k_scale : p.q_scale, recip = kIsK ? p.k_recip : p.q_recip;
