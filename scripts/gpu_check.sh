@@ -67,6 +67,33 @@ gtest() {
   record "$part" $st "$detail" $((SECONDS - t0))
   [ $st = PASS ] || grep -E '^\[  FAILED  \] [A-Za-z]|Failure$' "$log" | head -20
 }
+# gtest_shards PART LOG N cmd...: the GPU test binary as N gtest shards at once (one GPU runs the suite's many
+# small cases faster side by side), each under GTEST_TIMEOUT with its own log LOG.I; LOG gets them all, the
+# counts are summed, a stopped shard names the test it was in.
+gtest_shards() {
+  local part=$1 log=$2 n=$3 t0=$SECONDS i
+  shift 3
+  local pids=()
+  for ((i = 0; i < n; i++)); do
+    GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout "${GTEST_TIMEOUT:-540}" stdbuf -oL -eL "$@" >"$log.$i" 2>&1 &
+    pids+=($!)
+  done
+  local rc=0 r p=0 s=0 f=0 c stopped=""
+  for ((i = 0; i < n; i++)); do
+    wait "${pids[$i]}"
+    r=$?
+    [ $rc = 0 ] && rc=$r
+    read -r c _ <<<"$(gtest_counts "$log.$i")"; p=$((p + c))
+    c=$(gtest_counts "$log.$i" | sed -E 's/.*, ([0-9]+) skipped.*/\1/'); s=$((s + c))
+    c=$(gtest_counts "$log.$i" | sed -E 's/.*, ([0-9]+) failed.*/\1/'); f=$((f + c))
+    [ $r = 124 ] && stopped="$stopped shard $i timed out in $(grep -E '^\[ RUN +\]' "$log.$i" | tail -1 | sed -E 's/^\[ RUN +\] //');"
+  done
+  cat "$log".[0-9]* >"$log"
+  local st=PASS
+  [ $rc = 0 ] || st=FAIL
+  record "$part" $st "$p passed, $s skipped, $f failed ($n shards), exit $rc${stopped:+,$stopped}" $((SECONDS - t0))
+  [ $st = PASS ] || grep -E '^\[  FAILED  \] [A-Za-z]|Failure$' "$log" | head -20
+}
 # pytest_run PART LOG args...: records pytest's last line.
 pytest_run() {
   local part=$1 log=$2 t0=$SECONDS
@@ -110,7 +137,7 @@ if has unit; then
   gtest unit "$LOG/unit.log" OMP_WAIT_POLICY=passive ./$B/bin/mla_unit_tests --gtest_brief=1
 fi
 if has gpu; then
-  gtest "gpu (W=$(( GPUS < 4 ? GPUS : 4 )))" "$LOG/gpu.log" ./$B/bin/mla_gpu_tests
+  gtest_shards "gpu (W=$(( GPUS < 4 ? GPUS : 4 )))" "$LOG/gpu.log" "${GPU_SHARDS:-3}" ./$B/bin/mla_gpu_tests
 fi
 if has pytest; then
   pytest_run "pytest (GPUs $GPUS)" "$LOG/pytest.log" tests/python
