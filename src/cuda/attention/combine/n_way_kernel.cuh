@@ -7,7 +7,8 @@
 //
 // Schedule: one warp per row, 8 warps per block, grid-stride over rows. The lanes compute the N
 // factors (lane n, n + 32, ...) into the warp's slice of shared memory, then each lane streams
-// 8-column chunks (16-byte loads of bf16 / f16 when kVec) and sums the N parts in registers. Bytes
+// 8-column chunks (16-byte loads of bf16 / f16 when kVec) of kPartBatch parts at once and sums the N parts
+// in registers, in part order. Bytes
 // per row: N·D·sizeof(Act) read, D·sizeof(Act) written: bandwidth-bound.
 #include <cstdint>
 
@@ -34,6 +35,7 @@ struct CombineParams {
 
 inline constexpr int kCombineWarps = 8;
 inline constexpr int kCombineSlots = 256;  // factors per warp: kCombineMaxParts (ops.h)
+inline constexpr int kPartBatch = 8;       // parts whose chunks one lane has in flight at once
 
 template <class Act, bool kVec>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
@@ -80,13 +82,22 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] = nan ? NAN : 0.0f;
       if (!nan && !empty) {
-        for (int64_t n = 0; n < p.num_parts; ++n) {
-          const float fn = f[n];
-          if (fn < 0.0f) continue;
-          dev::Array<In, 8> v;
-          dev::load_chunk<kVec>(v, p_row + n * p.part_stride_n + col, cnt);
+        // kPartBatch parts' chunks loaded before the first is summed (one L2 round trip per batch, not per
+        // part), then summed in part order.
+        for (int64_t n0 = 0; n0 < p.num_parts; n0 += kPartBatch) {
+          dev::Array<In, 8> v[kPartBatch];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] += fn * Act::to_float(v.v[i]);
+          for (int j = 0; j < kPartBatch; ++j)
+            if (n0 + j < p.num_parts && f[n0 + j] >= 0.0f)
+              dev::load_chunk<kVec>(v[j], p_row + (n0 + j) * p.part_stride_n + col, cnt);
+#pragma unroll
+          for (int j = 0; j < kPartBatch; ++j) {
+            if (n0 + j >= p.num_parts) break;
+            const float fn = f[n0 + j];
+            if (fn < 0.0f) continue;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[i] += fn * Act::to_float(v[j].v[i]);
+          }
         }
       }
       dev::Array<In, 8> r;

@@ -46,23 +46,46 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(const SplitKvParams 
   if (threadIdx.x == 0 && rp.lse) rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = total_lse;
   const float* o_s = p.ws_o + (slot0 * m_rows + row) * int64_t(kMaxDv);
   const int64_t split_stride = m_rows * kMaxDv;
-  // kBatch partials per column loaded at once (independent loads in flight: one load after the other
-  // took one L2 round trip per split); summed in split order. Skipped splits (weight 0) may hold
-  // garbage: not read.
-  constexpr int kBatch = 8;
-  for (int col = threadIdx.x; col < rp.d_v; col += kThreads) {
-    float acc = 0.0f;
-    for (int s0 = 0; s0 < splits; s0 += kBatch) {
-      float v[kBatch];
+  // Each thread owns four adjacent columns (kThreads * 4 = kMaxDv: one pass) and loads them from up to kBatch
+  // partials at once, 16-byte loads all in flight before the first is summed: the whole row is one L2 round
+  // trip after the weights for up to kBatch splits (one column and eight splits at a time took ten dependent
+  // trips at 16 splits). Summed in split order. Skipped splits (weight 0) may hold garbage: not read.
+  static_assert(kThreads * 4 == kMaxDv, "one pass of four columns per thread covers a partial row");
+  constexpr int kBatch = 16;
+  const int col = 4 * static_cast<int>(threadIdx.x);
+  if (col >= rp.d_v) return;
+  const bool whole = col + 4 <= rp.d_v;  // else the row's last 1..3 columns, loaded one by one
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s0 = 0; s0 < splits; s0 += kBatch) {
+    float4 v[kBatch];
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j)
-        v[j] = s0 + j < splits && weight[s0 + j] != 0.0f ? o_s[(s0 + j) * split_stride + col] : 0.0f;
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j)
-        if (s0 + j < splits && weight[s0 + j] != 0.0f) acc += weight[s0 + j] * v[j];
+    for (int j = 0; j < kBatch; ++j) {
+      v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (s0 + j < splits && weight[s0 + j] != 0.0f) {
+        const float* src = o_s + (s0 + j) * split_stride + col;
+        if (whole) {
+          v[j] = *reinterpret_cast<const float4*>(src);
+        } else {
+          v[j].x = src[0];
+          if (col + 1 < rp.d_v) v[j].y = src[1];
+          if (col + 2 < rp.d_v) v[j].z = src[2];
+        }
+      }
     }
-    out[col] = Act::from_float(acc);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (s0 + j < splits && weight[s0 + j] != 0.0f) {
+        const float w = weight[s0 + j];
+        acc[0] += w * v[j].x;
+        acc[1] += w * v[j].y;
+        acc[2] += w * v[j].z;
+        acc[3] += w * v[j].w;
+      }
+    }
   }
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    if (col + c < rp.d_v) out[col + c] = Act::from_float(acc[c]);
 }
 
 }  // namespace mla::cuda::combine
