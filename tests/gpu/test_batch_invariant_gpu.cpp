@@ -14,28 +14,40 @@
 namespace mla {
 namespace {
 
-TEST(BatchInvariantGpu, DecodeBitIdenticalAcrossBatches) {
+// (format, s_q, h, splits), one test case each (the GPU check runs the suite as gtest shards side by side).
+// (s_q, h): 16 rows (small kernel; the default promotes small batches to the seesaw tile), 8 and 32 rows, one and
+// two 64-row seesaw tiles, speculative s_q 6 and 8, one row.
+using DecodeShape = std::tuple<CacheFormat, std::tuple<int64_t, int64_t>, int>;
+class BatchInvariantDecodeGpu : public ::testing::TestWithParam<DecodeShape> {};
+
+TEST_P(BatchInvariantDecodeGpu, BitIdenticalAcrossBatches) {
   MLA_SKIP_WITHOUT_GPU();
-  // (s_q, h): 16 rows (small kernel; the default promotes small batches to the seesaw tile), 8 and 32 rows,
-  // one and two 64-row seesaw tiles, speculative s_q 6 and 8, one row.
-  const std::tuple<int64_t, int64_t> shapes[] = {{1, 16}, {2, 8},  {1, 8},  {1, 32}, {1, 64},
-                                                 {1, 128}, {6, 16}, {8, 4}, {8, 16}, {1, 1}};
-  for (CacheFormat f : test::kDeviceFormats)
-    for (const auto& [s_q, h] : shapes)
-      for (int splits : {1, 4}) {
-        SCOPED_TRACE(std::string(to_string(f)) + " s_q " + std::to_string(s_q) + " h " + std::to_string(h) +
-                     " splits " + std::to_string(splits));
-        test::InvarianceCase k;
-        k.format = f;
-        k.s_q = s_q;
-        k.h = h;
-        k.splits = splits;
-        k.fixed_len = 3000;
-        k.max_len = 4000;
-        k.max_batch = 24;  // both sides of the 16-request promotion
-        EXPECT_EQ(test::decode_variations(Device::cuda(0), k), 0);
-      }
+  const auto& [f, rows, splits] = GetParam();
+  test::InvarianceCase k;
+  k.format = f;
+  k.s_q = std::get<0>(rows);
+  k.h = std::get<1>(rows);
+  k.splits = splits;
+  k.fixed_len = 3000;
+  k.max_len = 4000;
+  k.max_batch = 24;  // both sides of the 16-request promotion
+  EXPECT_EQ(test::decode_variations(Device::cuda(0), k), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, BatchInvariantDecodeGpu,
+    ::testing::Combine(::testing::ValuesIn(test::kDeviceFormats),
+                       ::testing::Values(std::tuple<int64_t, int64_t>{1, 16}, std::tuple<int64_t, int64_t>{2, 8},
+                                         std::tuple<int64_t, int64_t>{1, 8}, std::tuple<int64_t, int64_t>{1, 32},
+                                         std::tuple<int64_t, int64_t>{1, 64}, std::tuple<int64_t, int64_t>{1, 128},
+                                         std::tuple<int64_t, int64_t>{6, 16}, std::tuple<int64_t, int64_t>{8, 4},
+                                         std::tuple<int64_t, int64_t>{8, 16}, std::tuple<int64_t, int64_t>{1, 1}),
+                       ::testing::Values(1, 4)),
+    [](const ::testing::TestParamInfo<DecodeShape>& i) {
+      const auto& rows = std::get<1>(i.param);
+      return std::string(to_string(std::get<0>(i.param))) + "_sq" + std::to_string(std::get<0>(rows)) + "_h" +
+             std::to_string(std::get<1>(rows)) + "_splits" + std::to_string(std::get<2>(i.param));
+    });
 
 TEST(BatchInvariantGpu, SparseBitIdenticalAcrossBatches) {
   MLA_SKIP_WITHOUT_GPU();

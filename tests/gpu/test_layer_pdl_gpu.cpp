@@ -7,13 +7,14 @@
 // once with it off and each is replayed twice: the replays agree bit for bit (every step's output, the cache
 // after the last step), and every step matches the float64 oracle of its own inputs. Dense and sparse, bf16
 // and fp8 caches, each mqa_decode / sparse_mqa variant the device runs (forced), s_q 1 and 2, with padding rows
-// and split-KV combines; quantised outputs (on / off only). Filter: *Pdl*.
+// and split-KV combines; quantised outputs (on / off only). Filter: *LayerPdl*.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "layer_gpu_util.h"
@@ -220,16 +221,23 @@ Scenario dense_decode(CacheFormat f, int h, int s_q) {
   return sc;
 }
 
-TEST(LayerPdl, DenseDecodeStepsBitIdenticalOnAndOff) {
+// (format, h, s_q), one test case each (the GPU check runs the suite as gtest shards side by side).
+class LayerPdlDense : public ::testing::TestWithParam<std::tuple<CacheFormat, int, int>> {};
+
+TEST_P(LayerPdlDense, DecodeStepsBitIdenticalOnAndOff) {
   MLA_SKIP_WITHOUT_GPU();
-  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8})
-    for (int h : {16, 128})
-      for (int s_q : {1, 2}) {
-        const Steps st = make_steps(dense_decode(f, h, s_q));
-        per_variant("mqa_decode", st,
-                    std::string("dense ") + to_string(f) + " h " + std::to_string(h) + " s_q " + std::to_string(s_q));
-      }
+  const auto& [f, h, s_q] = GetParam();
+  const Steps st = make_steps(dense_decode(f, h, s_q));
+  per_variant("mqa_decode", st, std::string("dense ") + to_string(f) + " h " + std::to_string(h) + " s_q " + std::to_string(s_q));
 }
+
+INSTANTIATE_TEST_SUITE_P(Graphs, LayerPdlDense,
+                         ::testing::Combine(::testing::Values(CacheFormat::bf16, CacheFormat::fp8), ::testing::Values(16, 128),
+                                            ::testing::Values(1, 2)),
+                         [](const ::testing::TestParamInfo<std::tuple<CacheFormat, int, int>>& i) {
+                           return std::string(to_string(std::get<0>(i.param))) + "_h" + std::to_string(std::get<1>(i.param)) +
+                                  "_sq" + std::to_string(std::get<2>(i.param));
+                         });
 
 TEST(LayerPdl, DenseDecodeSingleRequest) {  // b 1: the small-step shape, one request split over many CTAs
   MLA_SKIP_WITHOUT_GPU();
@@ -250,19 +258,26 @@ TEST(LayerPdl, DenseDecodeQuantisedOutput) {  // quantize_output after the up-pr
   }
 }
 
-TEST(LayerPdl, SparseDecodeStepsBitIdenticalOnAndOff) {
+class LayerPdlSparse : public ::testing::TestWithParam<std::tuple<CacheFormat, int>> {};
+
+TEST_P(LayerPdlSparse, DecodeStepsBitIdenticalOnAndOff) {
   MLA_SKIP_WITHOUT_GPU();
-  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
-    for (int h : {16, 64}) {
-      Scenario sc = sparse_scenario(f, h, 64);
-      // fp8_ds_mla's separate decode path takes whole requests of one query length only (padding tokens count):
-      // one query token each there.
-      const int s_q = f == CacheFormat::fp8_ds_mla ? 1 : 2;
-      sc.reqs = {{20, s_q}, {300, s_q}, {70, s_q}, {5, s_q}};
-      sc.seed = 49;
-      per_variant("sparse_mqa", make_steps(sc), std::string("sparse ") + to_string(f) + " h " + std::to_string(h));
-    }
+  const auto& [f, h] = GetParam();
+  Scenario sc = sparse_scenario(f, h, 64);
+  // fp8_ds_mla's separate decode path takes whole requests of one query length only (padding tokens count):
+  // one query token each there.
+  const int s_q = f == CacheFormat::fp8_ds_mla ? 1 : 2;
+  sc.reqs = {{20, s_q}, {300, s_q}, {70, s_q}, {5, s_q}};
+  sc.seed = 49;
+  per_variant("sparse_mqa", make_steps(sc), std::string("sparse ") + to_string(f) + " h " + std::to_string(h));
 }
+
+INSTANTIATE_TEST_SUITE_P(Graphs, LayerPdlSparse,
+                         ::testing::Combine(::testing::Values(CacheFormat::bf16, CacheFormat::fp8_ds_mla),
+                                            ::testing::Values(16, 64)),
+                         [](const ::testing::TestParamInfo<std::tuple<CacheFormat, int>>& i) {
+                           return std::string(to_string(std::get<0>(i.param))) + "_h" + std::to_string(std::get<1>(i.param));
+                         });
 
 }  // namespace
 }  // namespace mla::test::layer
