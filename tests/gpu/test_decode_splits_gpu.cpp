@@ -92,6 +92,46 @@ TEST(DecodeSplitsGpu, ExplicitSplitCountsMatchTheOracle) {
   EXPECT_THROW(mqa_decode(qd, dc.cache, bt, sl, out, {}, kScale, true, {}, Context{}, kDecodeMaxSplits + 1), Error);
 }
 
+// The split-KV combine over value widths that are not a multiple of its four columns a thread (3, 201, 510: the
+// row's last 3, 1, 2 columns loaded one by one), with 2 and 16 uniform splits (both batch widths of the combine)
+// and through the rule's schedule; bf16 and fp8 caches (exact codes in every kernel, as in the oracle; the combine
+// does not see the format), outputs and workspace NaN-poisoned.
+TEST(DecodeSplitsGpu, NarrowValuesThroughTheCombine) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(23);
+  const std::vector<int32_t> lens = {900, 1, 0, 300};
+  const int64_t b = 4, s_q = 1, h = 16, page = 16, max_blocks = 60;
+  const Device gpu = Device::cuda(0);
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8}) {
+    const test::PagedBatch pb = test::paged_batch(f, page, lens, max_blocks);
+    const test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
+    const Tensor bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
+    const Tensor q = test::random_tensor({b, s_q, h, 576}, DType::bf16);
+    const Tensor qd = q.to(gpu);
+    for (const int64_t dv : {3, 201, 510}) {
+      Tensor ref_out = test::poisoned({b, s_q, h, dv}, DType::f64), ref_lse = test::poisoned({b, s_q, h}, DType::f32);
+      mqa_decode(q, pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
+      for (int splits : {2, 16}) {
+        SCOPED_TRACE(testing::Message() << to_string(f) << " d_v " << dv << " splits " << splits);
+        const std::size_t need = mqa_decode_workspace_bytes(b, s_q, h, max_blocks * page, gpu, splits);
+        const std::size_t uniform = cuda::decode_workspace_bytes(b, s_q, h, splits);
+        Tensor ws = Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(need, 1))}, DType::u8, gpu);
+        fill(ws.view(), 255.0);  // 0xff bytes: NaN partials where a split wrote nothing
+        Tensor out = test::poisoned({b, s_q, h, dv}, DType::bf16, gpu), lse = test::poisoned({b, s_q, h}, DType::f32, gpu);
+        mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view(), Context{}, splits);
+        cuda_rt::synchronize(0);
+        test::expect_attention_close(out, ref_out, lse, ref_lse, "the rule's schedule");
+        fill(out.view(), NAN);
+        fill(lse.view(), NAN);
+        cuda::mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view().slice(0, 0, static_cast<int64_t>(uniform)),
+                         Context{}, splits, false, false);
+        cuda_rt::synchronize(0);
+        test::expect_attention_close(out, ref_out, lse, ref_lse, "uniform splits and the combine");
+      }
+    }
+  }
+}
+
 // The seesaw tile's splits of a bf16 cache merge inside a thread-block cluster (decode_sm90 cluster_merge.cuh,
 // 2..8 splits): 16 rows at small batch (the seesaw tile), 64 rows and two row tiles, s_q 1 and 2, causal or
 // not, lengths 0, 1 and shorter than the splits (units without keys: LSE -inf partials), with and without the
