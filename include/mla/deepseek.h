@@ -81,6 +81,10 @@ struct DeepseekOptions {
   Device device = Device::cpu();
   DType dtype = DType::bf16;  // activations and weights: bf16, f32 or f64 (CUDA: bf16)
   bool fp8_activations = false;  // fp8 checkpoints: w8a8 block-scaled GEMMs instead of dequantised weights
+  // fp8 prefill attention in the block's layer (LayerOptions::fp8_prefill, docs/SEMANTICS.md §10.1): a dense block
+  // with an fp8 or fp8_ds_mla cache only; the static (q, k, v) scales as LayerOptions::fp8_prefill_scales.
+  bool fp8_prefill = false;
+  LayerOptions::Fp8PrefillScales fp8_prefill_scales;
 };
 
 // Tensors of one step. T = plan.num_tokens; rows past num_actual_tokens are padding (never read

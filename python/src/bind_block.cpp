@@ -47,11 +47,15 @@ void bind_block(py::module_& m) {
              return wrap(c.load(n, to_dtype(dtype)));
            }, py::arg("name"), py::arg("dtype"), "A host copy of the tensor converted to dtype (mla.Tensor).");
 
-  py::class_<DeepseekOptions>(m, "DeepseekOptions", "Options of a DeepseekAttention block: tp and rank, cache format, sparse, ds_scale, device, dtype (bf16, f32 or f64; CUDA bf16), fp8_activations (keyword constructor).")
+  py::class_<DeepseekOptions> deepseek_options(m, "DeepseekOptions", "Options of a DeepseekAttention block: tp and rank, cache format, sparse, ds_scale, device, dtype (bf16, f32 or f64; CUDA bf16), fp8_activations, fp8_prefill and fp8_prefill_scales (keyword constructor).");
+  deepseek_options
       .def(py::init(&options_from_kwargs<DeepseekOptions>))
       MLA_RW(DeepseekOptions, tp) MLA_RW(DeepseekOptions, rank) MLA_RW(DeepseekOptions, cache_format)
       MLA_RW(DeepseekOptions, sparse) MLA_RW(DeepseekOptions, ds_scale) MLA_RW(DeepseekOptions, device)
-      MLA_RW(DeepseekOptions, dtype) MLA_RW(DeepseekOptions, fp8_activations);
+      MLA_RW(DeepseekOptions, dtype) MLA_RW(DeepseekOptions, fp8_activations) MLA_RW(DeepseekOptions, fp8_prefill);
+  def_fp8_prefill_scales(deepseek_options,
+                         "(q, k, v) static scales of fp8_prefill (the layer's LayerOptions.fp8_prefill_scales); default "
+                         "(1, 1, 1).");
 
   py::class_<DeepseekAttention>(m, "DeepseekAttention",
                                 "The whole DeepSeek attention block of one layer (hidden states in, the rank's o_proj "

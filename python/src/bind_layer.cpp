@@ -73,7 +73,8 @@ void bind_layer(py::module_& m) {
       .value("fp8_group64", OutputQuant::fp8_group64).value("nvfp4", OutputQuant::nvfp4);
   py::enum_<KvScales>(m, "KvScales", "Where an fp8 cache's scale comes from (LayerOptions.kv_scales; docs/SEMANTICS.md §16).")
       .value("fixed", KvScales::fixed).value("from_first_batch", KvScales::from_first_batch);
-  py::class_<LayerOptions>(m, "LayerOptions", "Options of an MlaAttention layer: dims, sparse, cache format, device, dtype of weights and activations (keyword constructor).")
+  py::class_<LayerOptions> layer_options(m, "LayerOptions", "Options of an MlaAttention layer: dims, sparse, cache format, device, dtype of weights and activations (keyword constructor).");
+  layer_options
       .def(py::init(&options_from_kwargs<LayerOptions>))
       .def_readwrite("dims", &LayerOptions::dims)
       .def_readwrite("cache_format", &LayerOptions::cache_format)
@@ -91,16 +92,8 @@ void bind_layer(py::module_& m) {
       .def_readwrite("batch_invariant", &LayerOptions::batch_invariant,
                      "Refuse plans that are not batch-invariant (PlannerConfig.batch_invariant).")
       .def_readwrite("fp8_prefill", &LayerOptions::fp8_prefill,
-                     "fp8 prefill attention (docs/SEMANTICS.md §10.1; fp8 and fp8_ds_mla caches, CUDA: sm_90).")
-      .def_property(
-          "fp8_prefill_scales",
-          [](const LayerOptions& o) {
-            return py::make_tuple(o.fp8_prefill_scales.q, o.fp8_prefill_scales.k, o.fp8_prefill_scales.v);
-          },
-          [](LayerOptions& o, const std::tuple<float, float, float>& s) {
-            o.fp8_prefill_scales = {std::get<0>(s), std::get<1>(s), std::get<2>(s)};
-          },
-          "(q, k, v) static scales of fp8_prefill (code = e4m3(x / scale)); default (1, 1, 1).");
+                     "fp8 prefill attention (docs/SEMANTICS.md §10.1; fp8 and fp8_ds_mla caches, CUDA: sm_90).");
+  def_fp8_prefill_scales(layer_options, "(q, k, v) static scales of fp8_prefill (code = e4m3(x / scale)); default (1, 1, 1).");
 
   py::class_<MlaAttention>(m, "MlaAttention",
                            "One MLA attention layer (RoPE'd q, kv_c, k_pe in; attention output before o_proj out).")

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <tuple>
 
 #include "convert.h"
 #include "mla/cache.h"
@@ -77,6 +78,18 @@ T options_from_kwargs(const py::kwargs& kw) {
   r.device = o.device;
   r.dtype = o.dtype;
   return r;
+}
+
+// The (q, k, v) tuple property over an options struct's fp8_prefill_scales (LayerOptions, DeepseekOptions).
+template <class T>
+void def_fp8_prefill_scales(py::class_<T>& c, const char* doc) {
+  c.def_property(
+      "fp8_prefill_scales",
+      [](const T& o) { return py::make_tuple(o.fp8_prefill_scales.q, o.fp8_prefill_scales.k, o.fp8_prefill_scales.v); },
+      [](T& o, const std::tuple<float, float, float>& s) {
+        o.fp8_prefill_scales = {std::get<0>(s), std::get<1>(s), std::get<2>(s)};
+      },
+      doc);
 }
 
 // The step tensors MlaAttention and DeepseekAttention share (ForwardArgs / DeepseekForwardArgs).

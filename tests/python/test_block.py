@@ -101,6 +101,30 @@ def test_block_w8a8():
     assert 1e-2 < err <= 1.3e-1
 
 
+def test_block_fp8_prefill():
+    """fp8_prefill (docs/BLOCK.md "fp8 prefill"): q, k, v and P of the prefill attention as e4m3 codes over an
+    fp8_ds_mla cache, alone and with w8a8 (whose o_proj reads the layer's fused group-128 output): the float64
+    block within the fp8 bound of transformers' output (2e-1; measured 9.7e-2 / 1.5e-1), the scales carried to
+    the layer, and a bf16 cache refused."""
+    name = "v3_fp8"
+    cfg = mla.DeepseekConfig.from_file(os.path.join(FIX, name, "config.json"))
+    ck = mla.Checkpoint(os.path.join(FIX, name))
+    hidden, ref = load_io(name)
+    for w8a8 in (False, True):
+        o = mla.DeepseekOptions(dtype="f64", cache_format=mla.CacheFormat.fp8_ds_mla, fp8_prefill=True,
+                                fp8_activations=w8a8)
+        assert o.fp8_prefill and o.fp8_prefill_scales == (1.0, 1.0, 1.0)
+        blk = mla.DeepseekAttention.load(ck, cfg, LAYER, o)
+        assert blk.layer_options.fp8_prefill
+        err = rel_l2(serve_prefill(blk, hidden, mla.Precision.reference, fmt=mla.CacheFormat.fp8_ds_mla), ref)
+        assert 1e-2 < err <= 2e-1, (w8a8, err)
+    o = mla.DeepseekOptions(dtype="f64", cache_format=mla.CacheFormat.fp8_ds_mla, fp8_prefill=True)
+    o.fp8_prefill_scales = (0.5, 0.25, 0.125)
+    assert mla.DeepseekAttention.load(ck, cfg, LAYER, o).layer_options.fp8_prefill_scales == (0.5, 0.25, 0.125)
+    with pytest.raises(Exception, match="fp8_prefill"):
+        mla.DeepseekAttention.load(ck, cfg, LAYER, mla.DeepseekOptions(fp8_prefill=True))
+
+
 @pytest.mark.parametrize("name,fmt", [("v2lite_bf16", "bf16"), ("v3_fp8", "fp8_ds_mla")])
 def test_block_on_cuda_with_torch_tensors(name, fmt):
     """mla.DeepseekAttention on CUDA (device="cuda", bf16 block) fed with torch CUDA tensors (DLPack):

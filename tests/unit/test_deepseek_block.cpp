@@ -72,6 +72,53 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BlockFixture,
                                            Form{"v2lite_bf16", true}),
                          [](const auto& info) { return info.param.fixture + (info.param.convert ? "_converted" : ""); });
 
+// fp8 prefill attention in the block (DeepseekOptions::fp8_prefill: q, k and v of every prefill as e4m3 codes with
+// the static scales (1, 1, 1), P as e4m3, docs/SEMANTICS.md §10.1) over the fp8 caches, alone and with w8a8 (whose
+// o_proj reads the layer's fused group-128 output): the float64 block with those roundings against transformers.
+// The e4m3 rounding of q, k, v and P (2^-4 relative at most) is the error, as the activations' in w8a8 (docs/BLOCK.md
+// "fp8 prefill"): bounded by kFp8PrefillBound; a scale or layout bug gives O(1) errors (scales 2^-8, which
+// saturate this fixture's q / k / v, give 0.6-0.8).
+constexpr double kFp8PrefillBound = 2.0e-1;
+
+TEST(DeepseekBlock, Fp8PrefillFollowsTransformersWithinFp8Rounding) {
+  for (const Form form : {Form{"v3_fp8", false}, Form{"v2lite_bf16", true}}) {
+    const Fixture f = test::block::load_fixture(form.fixture);
+    test::TempDir tmp("block_fp8_prefill");
+    DeepseekConfig cfg;
+    const Checkpoint ck(test::block::form_dir(f, form, tmp.path.string(), cfg));
+    for (const CacheFormat cache : {CacheFormat::fp8_ds_mla, CacheFormat::fp8})
+      for (const bool w8a8 : {false, true})
+      for (const DType dt : {DType::f64, DType::bf16}) {
+        DeepseekOptions o;
+        o.dtype = dt;
+        o.cache_format = cache;
+        o.fp8_prefill = true;
+        o.fp8_activations = w8a8;
+        const DeepseekAttention blk = DeepseekAttention::load(ck, cfg, kLayer, o);
+        EXPECT_TRUE(blk.layer_options().fp8_prefill);
+        EXPECT_EQ(blk.layer_options().out_quant, w8a8 ? OutputQuant::fp8_group128 : OutputQuant::none);
+        for (const Split& s : splits(f.T)) {
+          const std::vector<double> got =
+              test::block::serve(blk, f.hidden, s.steps, dt == DType::f64 ? Precision::reference : Precision::fast);
+          const double err = test::rel_l2(got, f.out_ref);
+          EXPECT_LE(err, kFp8PrefillBound) << f.name << " " << to_string(cache) << (w8a8 ? " w8a8 " : " ")
+                                           << to_string(dt) << " " << s.name;
+          std::printf("  %s fp8 prefill %s cache%s %s %s: rel-L2 %.3e\n", f.name.c_str(), to_string(cache),
+                      w8a8 ? " w8a8" : "", to_string(dt), s.name, err);
+        }
+      }
+  }
+  // Refused where the layer cannot run it: a bf16 cache, a sparse block.
+  const Fixture f = test::block::load_fixture("v3_fp8");
+  const Checkpoint ck(test::block::fixture_dir() + "/v3_fp8");
+  DeepseekOptions o;
+  o.fp8_prefill = true;
+  EXPECT_THROW(DeepseekAttention::load(ck, f.config, kLayer, o), Error);
+  o.cache_format = CacheFormat::fp8_ds_mla;
+  o.sparse = true;
+  EXPECT_THROW(DeepseekAttention::load(ck, f.config, kLayer, o), Error);
+}
+
 // Two ranks' partial o_proj outputs sum to the whole block's (float64): against transformers in one
 // prefill, and against the tp = 1 block in a chunked split (the same cache rounding on both sides).
 // w8a8 (DeepseekOptions::fp8_activations): the fp8 weights stay e4m3 with their block scales and every
