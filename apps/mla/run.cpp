@@ -271,11 +271,10 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
 
   c.fp8_prefill = o.fp8_prefill;
   if (c.fp8_prefill) {
-    if (block.enabled || o.dcp > 1 || c.sparse || (c.format != CacheFormat::fp8 && c.format != CacheFormat::fp8_ds_mla))
-      throw Error(fmt::format("--fp8-prefill applies to the bare dense layer with --cache fp8 or fp8_ds_mla, got a {} "
-                              "{} cache{}",
-                              c.sparse ? "sparse" : "dense", to_string(c.format),
-                              block.enabled || o.dcp > 1 ? " (and --checkpoint / --block / --dcp)" : ""));
+    if (o.dcp > 1 || c.sparse || (c.format != CacheFormat::fp8 && c.format != CacheFormat::fp8_ds_mla))
+      throw Error(fmt::format("--fp8-prefill applies to a dense layer or block with --cache fp8 or fp8_ds_mla, got a "
+                              "{} {} cache{}",
+                              c.sparse ? "sparse" : "dense", to_string(c.format), o.dcp > 1 ? " (and --dcp)" : ""));
     c.notes.push_back("--fp8-prefill: the prefill attention runs on e4m3 codes (scales 1); prefill tokens are checked "
                       "with the fp8 allowance");
   }
@@ -427,7 +426,8 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                 "fp8 prefill attention (LayerOptions::fp8_prefill, vLLM's use_prefill_query_quantization; "
                 "docs/SEMANTICS.md §10.1): q, k, v cast to e4m3 (scales 1) for the dense prefill's attention. "
                 "Needs --cache fp8 or fp8_ds_mla; on CUDA an sm_90 device. Prefill tokens are checked against the "
-                "unquantised float64 oracle with the fp8 allowance");
+                "unquantised float64 oracle with the fp8 allowance (--block / --checkpoint: the block's twin runs "
+                "fp8 prefill too, the bound adds its own error)");
   cmd->add_flag("--batch-invariant", o.batch_invariant,
                 "Plan every step batch-invariant (PlannerConfig::batch_invariant): each request's decode output is "
                 "bit-identical whatever else is in its step; kernels and split points from the request's own shape "

@@ -4,8 +4,8 @@
 // random bf16 hidden states in, the o_proj output out. With --check-samples > 0 a float64 twin of the
 // block (Precision::reference, its own cache of the run's format) serves every step too, and each
 // step's output is compared with it (rel-L2 <= 1e-2, the bf16 rule of docs/BLOCK.md; with an fp8 /
-// fp8_ds_mla cache plus twice that cache's own error, measured by a third lane: the float64 block
-// with the exact f64 cache, step_bound below). Without a checkpoint the block
+// fp8_ds_mla cache plus twice that cache's own error — and with --fp8-prefill the fp8 prefill's too —, measured
+// by a third lane: the float64 block with the exact f64 cache and no fp8 prefill, step_bound below). Without a checkpoint the block
 // gets random weights of the chosen model's shapes (fp8 e4m3 with 128 x 128 block scales for v3 /
 // r1 / v3.2, as published; bf16 for v2-lite). The block runs on the backend of --backend (CUDA when a
 // device is present, or the CPU); its float64 twin always runs on the CPU.
@@ -64,8 +64,10 @@ struct RandomWeights {
   }
 };
 
+// fp8_prefill: the run's --fp8-prefill on the lanes of its cache format (the fast block and its twin); the exact
+// lane's f64 cache takes none, so its distance to the twin is the cache's and the fp8 prefill's error together.
 DeepseekAttention make_block(const RunConfig& cfg, const BlockRunConfig& b, DType dtype, Device device,
-                             CacheFormat format, const std::optional<RandomWeights>& random) {
+                             CacheFormat format, const std::optional<RandomWeights>& random, bool fp8_prefill) {
   DeepseekOptions o;
   o.tp = cfg.tp;
   o.rank = b.rank;
@@ -73,6 +75,7 @@ DeepseekAttention make_block(const RunConfig& cfg, const BlockRunConfig& b, DTyp
   o.sparse = cfg.sparse;
   o.device = device;
   o.dtype = dtype;
+  o.fp8_prefill = fp8_prefill;
   if (random) return DeepseekAttention(b.config, random->w, o);
   return DeepseekAttention::load(Checkpoint(b.checkpoint), b.config, b.layer, o);
 }
@@ -166,13 +169,15 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
   std::optional<RandomWeights> random;
   if (b.checkpoint.empty()) random.emplace(b.config, substream(cfg.seed, 0));
   const PlannerConfig pc = planner_config(cfg);
-  BlockLane fast(make_block(cfg, b, DType::bf16, cfg.device, cfg.format, random), cfg, pc, Precision::fast);
+  BlockLane fast(make_block(cfg, b, DType::bf16, cfg.device, cfg.format, random, cfg.fp8_prefill), cfg, pc,
+                 Precision::fast);
   std::optional<BlockLane> twin, exact;
   const bool quantised = cfg.format == CacheFormat::fp8 || cfg.format == CacheFormat::fp8_ds_mla;
   if (cfg.check_samples > 0) {
-    twin.emplace(make_block(cfg, b, DType::f64, Device::cpu(), cfg.format, random), cfg, pc, Precision::reference);
+    twin.emplace(make_block(cfg, b, DType::f64, Device::cpu(), cfg.format, random, cfg.fp8_prefill), cfg, pc,
+                 Precision::reference);
     if (quantised)
-      exact.emplace(make_block(cfg, b, DType::f64, Device::cpu(), CacheFormat::f64, random), cfg, pc,
+      exact.emplace(make_block(cfg, b, DType::f64, Device::cpu(), CacheFormat::f64, random, false), cfg, pc,
                     Precision::reference);
   }
   random.reset();  // the blocks hold their own rank slices
@@ -231,7 +236,8 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
              sched.requests().size());
   fmt::print("forward       {:.3f} s in bf16 ({:.0f} tokens/s); setup {:.2f} s; wall {:.2f} s\n", fwd_seconds,
              fwd_seconds > 0 ? static_cast<double>(tokens) / fwd_seconds : 0.0, setup, wall);
-  check.print(twin.has_value(), fmt::format("the {} cache's", to_string(cfg.format)));
+  check.print(twin.has_value(), fmt::format("the {} cache's{}", to_string(cfg.format),
+                                            cfg.fp8_prefill ? " and the fp8 prefill's" : ""));
   nlohmann::json j;
   j["mode"] = "block";
   j["checkpoint"] = b.checkpoint;
@@ -242,6 +248,7 @@ int run_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_pro
   j["heads_per_rank"] = cfg.dims.num_heads;
   j["fp8_weights"] = b.config.fp8_weights;
   j["cache"] = to_string(cfg.format);
+  j["fp8_prefill"] = cfg.fp8_prefill;
   j["device"] = cfg.cuda ? "cuda" : "cpu";
   j["device_name"] = cfg.device_name;
   return check.finish(twin.has_value(), j, steps, tokens, fwd_seconds, wall, json);
