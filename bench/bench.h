@@ -57,7 +57,8 @@ struct BenchOptions {
   std::string kv_scales = "fixed";
   // mha_prefill: fp8 compute (PrefillOptions::fp8; sm_90 only) with scales 1/256 on inputs in [-1, 1]; the time
   // includes the quantise pass. layer: LayerOptions::fp8_prefill (scales 1) in the dense rows over fp8 and
-  // fp8_ds_mla caches (their labels end in "fp8-prefill").
+  // fp8_ds_mla caches (their labels end in "fp8-prefill"). block: the prefill step again with
+  // DeepseekOptions::fp8_prefill over an fp8_ds_mla cache ("... fp8-prefill fp8_ds_mla").
   bool fp8_prefill = false;
 };
 

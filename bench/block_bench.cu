@@ -270,7 +270,8 @@ void run_block_step(BenchContext& ctx, const DeepseekAttention& blk, const Step&
                      : 2.0 * h * static_cast<double>(s.b) * static_cast<double>(s.context + 1) * (576 + 512) +
                            2.0 * T * h * 128 * 512 * 2;
   const double bytes = proj_bytes + static_cast<double>(T) * H * 2 * 2 + (ctx_tokens + static_cast<double>(T)) * 1152;
-  const std::string config = std::string(w8a8 ? "w8a8 " : "bf16 ") + s.label;
+  const std::string config = std::string(w8a8 ? "w8a8 " : "bf16 ") + s.label +
+                             (blk.options().fp8_prefill ? " fp8-prefill " + std::string(to_string(pc.cache_format)) : "");
   ctx.report("block", config, ms_block, bytes, proj_flops + attn_flops,
              "V3 rank of tp 8 (h 16); FLOPs = projections + attention (+ the layer's kv_b_proj / absorption), bytes "
              "= weights + hidden + out + cache rows");
@@ -296,6 +297,18 @@ void bench_block(BenchContext& ctx) {
     const DeepseekAttention blk(c, hw.w, o);
     for (const Step& s : steps) run_block_step(ctx, blk, s, w8a8);
   }
+  // --fp8-prefill: the prefill step again with DeepseekOptions::fp8_prefill over an fp8_ds_mla cache (the layer's
+  // prefill attention on e4m3 q, k, v and P; the decode step does not change).
+  if (ctx.options().fp8_prefill)
+    for (const bool w8a8 : {false, true}) {
+      DeepseekOptions o;
+      o.device = Device::cuda(ctx.device());
+      o.fp8_activations = w8a8;
+      o.cache_format = CacheFormat::fp8_ds_mla;
+      o.fp8_prefill = true;
+      const DeepseekAttention blk(c, hw.w, o);
+      run_block_step(ctx, blk, steps[0], w8a8);
+    }
   // Each projection's GEMM alone at the prefill's T and the decode's b tokens.
   for (const int64_t t : {T, b})
     for (const bool w8a8 : {false, true}) {

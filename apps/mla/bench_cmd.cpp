@@ -72,7 +72,8 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
   cmd->add_flag("--fp8-prefill", o.fp8_prefill,
                 "mha_prefill: fp8 compute (PrefillOptions::fp8, the sm90_fp8 kernel; scales 1/256 on inputs in "
                 "[-1, 1]; the time includes the quantise pass); layer: LayerOptions::fp8_prefill in the dense rows "
-                "over fp8 / fp8_ds_mla caches");
+                "over fp8 / fp8_ds_mla caches; block: the prefill step again with DeepseekOptions::fp8_prefill over "
+                "an fp8_ds_mla cache");
   cmd->add_option("--topk", o.decode.topk, "sparse_mqa shape: indices per token")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--pool", o.decode.pool, "sparse_mqa shape: cache rows the indices are drawn from (0: b * topk rows, each read once)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
@@ -137,7 +138,7 @@ void check_relevance(const bench::BenchOptions& o, const std::set<std::string>& 
       {"--trace", {decode, sparse}, false},       {"--dcp", {"dcp"}, false},
       {"--out-quant", {"layer", "gemm"}, false},          {"--kv-scales", {"layer"}, false},
       {"--batch-invariant", {decode, sparse}, false},
-      {"--fp8-prefill", {prefill, "layer"}, false},
+      {"--fp8-prefill", {prefill, "layer", "block"}, false},
   };
   auto runs = [&](const std::string& op) {
     // dcp is opt-in: the default selection (every benchmark) leaves it out.

@@ -216,6 +216,9 @@ TEST(DeepseekBlockGpu, BenchBlockRowsRun) {
   o.warmup = 1;
   o.iters = 2;
   EXPECT_EQ(bench::run(o), 0) << "a `mla bench --ops block --quick` section failed (its FAILED line is above)";
+  if (compute_capability(Device::cuda(0)) != 90) return;  // fp8 prefill: sm_90 only
+  o.fp8_prefill = true;  // and the fp8-prefill rows
+  EXPECT_EQ(bench::run(o), 0) << "`mla bench --ops block --quick --fp8-prefill` failed (its FAILED line is above)";
 }
 
 }  // namespace
