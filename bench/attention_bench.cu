@@ -47,13 +47,6 @@ namespace {
 
 constexpr double kScale = 0.0722;  // 1/sqrt(192)
 
-// Cache contents: random bf16 in [-1, 1), or fp8_ds_mla records with finite codes and positive scales.
-void fill_cache(const KVCache& c, uint64_t seed, void* stream) {
-  if (c.format == CacheFormat::fp8_ds_mla) fill_ds_mla_rows(c.data, seed, stream);
-  else if (c.format == CacheFormat::fp8) fill_e4m3_codes(c.data, seed, stream);
-  else fill_uniform(c.data, -1, 1, seed, stream);
-}
-
 // A block-scaled record cache (v4, v41, v41_fp4) filled through write_cache from uniform bf16 rows in [-1, 1]:
 // the writers' own scales and codes.
 void fill_record_cache(const KVCache& c, uint64_t seed, void* stream, const Context& op) {

@@ -193,7 +193,7 @@ void run_block_step(BenchContext& ctx, const DeepseekAttention& blk, const Step&
   std::copy(seq.begin(), seq.end(), static_cast<int32_t*>(seq_h.data()));
   const Tensor table = table_h.to(dev), pos = pos_h.to(dev), slots = slot_h.to(dev), seq_lens = seq_h.to(dev);
   CacheBuffer cb = allocate_cache(pc.cache_format, s.b * nbr, kPage, dev);
-  fill_uniform(cb.cache.data, -1, 1, 21, ctx.stream());
+  fill_cache(cb.cache, 21, ctx.stream());
   Tensor hidden = Tensor::empty({T, H}, DType::bf16, dev), out = Tensor::empty({T, H}, DType::bf16, dev);
   fill_uniform(hidden, -1, 1, 22, ctx.stream());
   Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(plan))}, DType::u8, dev);

@@ -103,6 +103,12 @@ void fill_uniform(const TensorView& t, double lo, double hi, uint64_t seed, void
   else throw Error("fill_uniform: bf16 or f32 tensor expected, got " + t.describe());
 }
 
+void fill_cache(const KVCache& c, uint64_t seed, void* stream) {
+  if (c.format == CacheFormat::fp8_ds_mla) fill_ds_mla_rows(c.data, seed, stream);
+  else if (c.format == CacheFormat::fp8) fill_e4m3_codes(c.data, seed, stream);
+  else fill_uniform(c.data, -1, 1, seed, stream);
+}
+
 void fill_e4m3_codes(const TensorView& t, uint64_t seed, void* stream) {
   require_contiguous(t, "fill_e4m3_codes");
   if (t.element_size() != 1) throw Error("fill_e4m3_codes: 1-byte tensor expected, got " + t.describe());

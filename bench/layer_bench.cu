@@ -109,12 +109,6 @@ Tensor to_device(const std::vector<T>& v, std::initializer_list<int64_t> shape, 
   return h.to(dev);  // synchronous from pageable memory: the data is on the device when this returns
 }
 
-void fill_cache(const KVCache& c, uint64_t seed, void* stream) {
-  if (c.format == CacheFormat::fp8_ds_mla) fill_ds_mla_rows(c.data, seed, stream);
-  else if (c.format == CacheFormat::fp8) fill_e4m3_codes(c.data, seed, stream);
-  else fill_uniform(c.data, -1, 1, seed, stream);
-}
-
 // Per-phase times of a step from the layer's phase marks (Context::phase_mark): a stream event at every
 // mark; phase i lasts from mark i to mark i + 1; phases that repeat in one step (context chunks) are
 // summed. Runs are harvested at the start of the next one (time_ms synchronises after each timed run)

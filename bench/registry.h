@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "mla/cache.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
 
@@ -131,6 +132,8 @@ void fill_uniform(const TensorView& t, double lo, double hi, uint64_t seed, void
 void fill_e4m3_codes(const TensorView& t, uint64_t seed, void* stream);  // random finite e4m3 codes (any 1-byte dtype)
 // fp8_ds_mla records: finite codes, positive tile scales in [1e-3, 1e-2), bf16 rope in [-1, 1).
 void fill_ds_mla_rows(const TensorView& cache_data, uint64_t seed, void* stream);
+// A cache's contents by its format: random bf16 in [-1, 1), fp8 codes, or fp8_ds_mla records as above.
+void fill_cache(const KVCache& c, uint64_t seed, void* stream);
 void fill_iota_i32(const TensorView& t, int32_t start, int32_t step, void* stream);  // contiguous i32
 
 // Permutation of [0, n) as int32 (host shuffle, copied to the device): scattered block tables and slots.
