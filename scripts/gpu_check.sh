@@ -11,7 +11,8 @@
 #   dcp     per GPU count W in {2, 4} that the machine has: the DCP GPU tests with W GPUs visible (the full
 #           gpu part already ran them at the largest W), `mla run --backend cuda --dcp W` as threads and as
 #           processes, and the DCP pytest cases of that W
-#   run     `mla run --backend cuda` dense and sparse (the serving trace against the float64 oracle)
+#   run     `mla run --backend cuda` dense and sparse (the serving trace against the float64 oracle), and the
+#           DeepSeek block with fp8 prefill (`--block --cache fp8_ds_mla --fp8-prefill`) against its float64 twin
 # Optional parts (named explicitly): sanitize (memcheck / racecheck / initcheck over the kernel families at
 # small sizes), bench (`mla bench --json`), wheel (`pip wheel` of the checkout, fat by default, installed into a
 # fresh virtual environment that sees the machine's torch; its architectures, its links, and the whole pytest
@@ -162,6 +163,9 @@ fi
 if has run; then
   cli "run dense" "$LOG/run_dense.log" run --backend cuda --no-progress
   cli "run sparse" "$LOG/run_sparse.log" run --backend cuda --sparse --no-progress
+  # The DeepSeek block (V3 shapes, random fp8 weights) with fp8 prefill over fp8_ds_mla against its float64 twin.
+  cli "run block fp8 prefill" "$LOG/run_block_fp8.log" run --backend cuda --block --cache fp8_ds_mla --fp8-prefill \
+    --steps 16 --no-progress
 fi
 if has sanitize; then
   MEM_FILTER=${MEM_FILTER:-'Formats/WriteCacheGpu.*page16*:Formats/GatherGpu.*:GatherGpuEdge.*:DecodeGpu.*:PrefillGpu.*:All/PrefillGpuVariant.*:All/PrefillGpuSweep.*/h3_*:SparseGpu.*:MergeGpu*:TopkGpuEdge.*:LayerGpu.*:LayerGraph.*:DecodeSplitsGpu.*:All/DecodeGpuSweep.*page16_h16_*:All/DecodeGpuSweep.*page64_h128_sq2_*:Ptx*:GemmGpu*:BmmGpu*:WriteCacheGpuEdge.*-DecodeGpu.LongContextManySplits:LayerGpu.WorkspaceBoundCoversRandomPlans'}
