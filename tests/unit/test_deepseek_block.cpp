@@ -117,6 +117,15 @@ TEST(DeepseekBlock, Fp8PrefillFollowsTransformersWithinFp8Rounding) {
   o.cache_format = CacheFormat::fp8_ds_mla;
   o.sparse = true;
   EXPECT_THROW(DeepseekAttention::load(ck, f.config, kLayer, o), Error);
+  // ... and scales that are not positive and finite, as the layer refuses them.
+  o.sparse = false;
+  for (const float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+    o.fp8_prefill_scales = {1.0f, bad, 1.0f};
+    EXPECT_THROW(DeepseekAttention::load(ck, f.config, kLayer, o), Error) << bad;
+  }
+  o.fp8_prefill_scales = {0.5f, 0.25f, 0.125f};
+  const DeepseekAttention ok = DeepseekAttention::load(ck, f.config, kLayer, o);
+  EXPECT_EQ(ok.layer_options().fp8_prefill_scales.k, 0.25f);
 }
 
 // Two ranks' partial o_proj outputs sum to the whole block's (float64): against transformers in one
