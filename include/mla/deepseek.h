@@ -82,7 +82,8 @@ struct DeepseekOptions {
   DType dtype = DType::bf16;  // activations and weights: bf16, f32 or f64 (CUDA: bf16)
   bool fp8_activations = false;  // fp8 checkpoints: w8a8 block-scaled GEMMs instead of dequantised weights
   // fp8 prefill attention in the block's layer (LayerOptions::fp8_prefill, docs/SEMANTICS.md §10.1): a dense block
-  // with an fp8 or fp8_ds_mla cache only; the static (q, k, v) scales as LayerOptions::fp8_prefill_scales.
+  // with an fp8 or fp8_ds_mla cache only (the layer refuses others); the static (q, k, v) scales as
+  // LayerOptions::fp8_prefill_scales.
   bool fp8_prefill = false;
   LayerOptions::Fp8PrefillScales fp8_prefill_scales;
 };

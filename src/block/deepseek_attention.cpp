@@ -254,10 +254,6 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
   std::copy(inv_freq_.begin(), inv_freq_.end(), static_cast<double*>(inv.data()));
   inv_freq_t_ = dev.is_cuda() ? inv.to(dev) : std::move(inv);
 
-  MLA_CHECK(!options.fp8_prefill ||
-                (!options.sparse && (options.cache_format == CacheFormat::fp8 || options.cache_format == CacheFormat::fp8_ds_mla)),
-            "{}: fp8_prefill applies to a dense block with an fp8 or fp8_ds_mla cache, got a {} {} cache", kOp,
-            options.sparse ? "sparse" : "dense", to_string(options.cache_format));
   LayerOptions lo;
   lo.dims = dims_;
   lo.cache_format = options.cache_format;
@@ -268,7 +264,7 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
   // A w8a8 o_proj reads its input as 1 x 128 fp8 groups: the layer writes them itself (fused output
   // quantisation, docs/SEMANTICS.md §15), with the same codes and scales quantize_fp8_groups gives.
   if (o_.codes.defined()) lo.out_quant = OutputQuant::fp8_group128;
-  lo.fp8_prefill = options.fp8_prefill;
+  lo.fp8_prefill = options.fp8_prefill;  // cache format, sparse and scales: checked by the layer
   lo.fp8_prefill_scales = options.fp8_prefill_scales;
   attention_.emplace(lo, kv_b.view());
 }
