@@ -79,14 +79,13 @@ gtest_shards() {
     GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout "${GTEST_TIMEOUT:-540}" stdbuf -oL -eL "$@" >"$log.$i" 2>&1 &
     pids+=($!)
   done
-  local rc=0 r p=0 s=0 f=0 c stopped=""
+  local rc=0 r p=0 s=0 f=0 cp cs cf stopped=""
   for ((i = 0; i < n; i++)); do
     wait "${pids[$i]}"
     r=$?
     [ $rc = 0 ] && rc=$r
-    read -r c _ <<<"$(gtest_counts "$log.$i")"; p=$((p + c))
-    c=$(gtest_counts "$log.$i" | sed -E 's/.*, ([0-9]+) skipped.*/\1/'); s=$((s + c))
-    c=$(gtest_counts "$log.$i" | sed -E 's/.*, ([0-9]+) failed.*/\1/'); f=$((f + c))
+    read -r cp _ cs _ cf _ <<<"$(gtest_counts "$log.$i" | tr -d ,)"  # "N passed M skipped K failed"
+    p=$((p + cp)) s=$((s + cs)) f=$((f + cf))
     [ $r = 124 ] && stopped="$stopped shard $i timed out in $(grep -E '^\[ RUN +\]' "$log.$i" | tail -1 | sed -E 's/^\[ RUN +\] //');"
   done
   cat "$log".[0-9]* >"$log"
