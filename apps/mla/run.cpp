@@ -275,8 +275,10 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
       throw Error(fmt::format("--fp8-prefill applies to a dense layer or block with --cache fp8 or fp8_ds_mla, got a "
                               "{} {} cache{}",
                               c.sparse ? "sparse" : "dense", to_string(c.format), o.dcp > 1 ? " (and --dcp)" : ""));
-    c.notes.push_back("--fp8-prefill: the prefill attention runs on e4m3 codes (scales 1); prefill tokens are checked "
-                      "with the fp8 allowance");
+    c.notes.push_back(block.enabled ? "--fp8-prefill: the block's prefill attention runs on e4m3 codes (scales 1), its "
+                                      "float64 twin's too; each step's bound adds their own error"
+                                    : "--fp8-prefill: the prefill attention runs on e4m3 codes (scales 1); prefill tokens "
+                                      "are checked with the fp8 allowance");
   }
 
   c.steps = pick(o.steps, def.steps);

@@ -5,8 +5,8 @@
 // block (Precision::reference, its own cache of the run's format) serves every step too, and each
 // step's output is compared with it (rel-L2 <= 1e-2, the bf16 rule of docs/BLOCK.md; with an fp8 /
 // fp8_ds_mla cache plus twice that cache's own error — and with --fp8-prefill the fp8 prefill's too —, measured
-// by a third lane: the float64 block with the exact f64 cache and no fp8 prefill, step_bound below). Without a checkpoint the block
-// gets random weights of the chosen model's shapes (fp8 e4m3 with 128 x 128 block scales for v3 /
+// by a third lane: the float64 block with the exact f64 cache and no fp8 prefill, step_bound below). Without a
+// checkpoint the block gets random weights of the chosen model's shapes (fp8 e4m3 with 128 x 128 block scales for v3 /
 // r1 / v3.2, as published; bf16 for v2-lite). The block runs on the backend of --backend (CUDA when a
 // device is present, or the CPU); its float64 twin always runs on the CPU.
 #include <fmt/format.h>

@@ -88,7 +88,7 @@ TEST(DeepseekBlock, Fp8PrefillFollowsTransformersWithinFp8Rounding) {
     const Checkpoint ck(test::block::form_dir(f, form, tmp.path.string(), cfg));
     for (const CacheFormat cache : {CacheFormat::fp8_ds_mla, CacheFormat::fp8})
       for (const bool w8a8 : {false, true})
-      for (const DType dt : {DType::f64, DType::bf16}) {
+        for (const DType dt : {DType::f64, DType::bf16}) {
         DeepseekOptions o;
         o.dtype = dt;
         o.cache_format = cache;

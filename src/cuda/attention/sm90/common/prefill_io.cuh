@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Pieces shared by the sm90 prefill kernels (prefill/kernel.cuh: bf16, prefill_fp8/kernel.cuh: fp8): the
-// CTA's mbarriers of a Q + K / V ring, a key tile's online softmax, and the writes of a unit's output rows. Params: out, out_stride_t /
-// _h (elements), lse, lse_stride_h / _t; Unit: q_start, h, m0, m_rows (each kernel's own structs).
+// CTA's mbarriers of a Q + K / V ring, a key tile's online softmax, and the writes of a unit's output rows.
+// Params: out, out_stride_t / _h (elements), lse, lse_stride_h / _t; Unit: q_start, h, m0, m_rows (each kernel's
+// own structs).
 #include <cstdint>
 
 #include "cuda/common/convert.cuh"
