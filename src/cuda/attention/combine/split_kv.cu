@@ -12,8 +12,11 @@ namespace mla::cuda::combine {
 void launch_split_kv(const SplitKvParams& p, int64_t b, cudaStream_t stream) {
   const int64_t rows = b * p.rows.s_q * p.rows.h_q;
   const unsigned grid = grid_for(rows, 1, "mqa_decode combine");
+  const bool wide = combine_batch(p.num_splits, p.ws_meta != nullptr) == 16;
   dispatch_activation(p.rows.act, "mqa_decode combine", [&](auto act) {
-    launch_kernel(split_kv_kernel<decltype(act)>, grid, kThreads, 0, stream, p.rows.pdl != 0, "mqa_decode combine", p);
+    using Act = decltype(act);
+    launch_kernel(wide ? split_kv_kernel<Act, 16> : split_kv_kernel<Act, 8>, grid, kThreads, 0, stream, p.rows.pdl != 0,
+                  "mqa_decode combine", p);
   });
 }
 

@@ -17,6 +17,12 @@ inline constexpr int kMaxMergedSplits = 256;          // partials one combine ro
 inline constexpr int kMaxDv = 512;                    // a partial O row's stride in floats
 inline constexpr int kThreads = 128;                  // threads of a combine CTA (one CTA per output row)
 
+// Partials a combine thread loads at once (split_kv_kernel's kBatch): 16 where a uniform row merges more than 8
+// splits (one round trip for up to 16; 127 registers, four CTAs an SM); else 8 (at most 64 registers, eight CTAs an
+// SM: the balanced schedule's rows — most of them two or three partials — and short uniform rows fill the machine
+// in half the waves).
+constexpr int combine_batch(int num_splits, bool balanced) { return !balanced && num_splits > 8 ? 16 : 8; }
+
 // Workspace layout for S uniform splits: partial LSE [b, S, M] fp32, then (256-byte aligned) partial O
 // [b, S, M, 512] fp32, M = s_q * h_q.
 inline int64_t ws_lse_bytes(int64_t b, int64_t s_q, int64_t h_q, int splits) {

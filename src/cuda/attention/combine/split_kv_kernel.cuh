@@ -12,8 +12,9 @@
 
 namespace mla::cuda::combine {
 
-template <class Act>
-__global__ void __launch_bounds__(kThreads) split_kv_kernel(const SplitKvParams p) {
+// kBatch: live partials a thread loads at once (split_kv.h combine_batch); its registers set the CTAs an SM holds.
+template <class Act, int kBatch>
+__global__ void __launch_bounds__(kThreads, kBatch > 8 ? 4 : 8) split_kv_kernel(const SplitKvParams p) {
   __shared__ float weight[kMaxMergedSplits];
   __shared__ float total_lse;
   const MqaRowParams& rp = p.rows;
@@ -51,7 +52,6 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(const SplitKvParams 
   // trip after the weights for up to kBatch splits (one column and eight splits at a time took ten dependent
   // trips at 16 splits). Summed in split order. Skipped splits (weight 0) may hold garbage: not read.
   static_assert(kThreads * 4 == kMaxDv, "one pass of four columns per thread covers a partial row");
-  constexpr int kBatch = 16;
   const int col = 4 * static_cast<int>(threadIdx.x);
   if (col >= rp.d_v) return;
   const bool whole = col + 4 <= rp.d_v;  // else the row's last 1..3 columns, loaded one by one
