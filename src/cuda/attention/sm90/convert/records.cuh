@@ -295,38 +295,50 @@ struct Warp {
     for (int q = 0; q < 4; ++q) m = max(m, byte_max(kFp4 ? e4m3_rank4(sb4[q]) : ue8m0_rank4(sb4[q])));
     return kFp4 ? e4m3_exponent(m) : ue8m0_exponent(m);
   }
-  // Into the stage: rows 16 w + j, lane l's chunks 2 l, 2 l + 1, relative to the reference r.
-  __device__ __forceinline__ void store(uint8_t* stage, int w, int lane, int r) const {
-    bool two_any = false;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int key = 16 * w + j;
-      uint4 lo, hi;
-      if constexpr (kFp4) {
-        const uint32_t m = e4m3_scale_f16x2(sb(j), r);
-        lo = mul4(e2m1x8_f16(raw[j].x), m);
-        hi = mul4(e2m1x8_f16(raw[j].y), m);
-      } else {
-        const uint32_t m = Ue8m0::m1_f32(sb(j), r);
-        e4m3x16_to_f16(raw[j], lo, hi);
-        lo = mul4(lo, m);
-        hi = mul4(hi, m);
-        two_any |= Ue8m0::two(sb(j), r);
-      }
-      *reinterpret_cast<uint4*>(chunk_at(stage, key, 2 * lane)) = lo;
-      *reinterpret_cast<uint4*>(chunk_at(stage, key, 2 * lane + 1)) = hi;
-    }
-    if constexpr (!kFp4) {
-      if (__any_sync(0xffffffffu, two_any)) {  // rare: a scale more than 2^24 below the reference
-        // Key j's byte from a word picked at run time (no value of the unrolled loop above kept for this one).
+  // Into the stage: rows 16 w + j, lane l's chunks 2 l, 2 l + 1, relative to the reference r. Two passes of one
+  // eight-key body (a loop, not unrolled: half the code to fetch per tile; the tile's store phase issues from the
+  // instruction supply, LAB.md §6.7), the second half's codes and scale words moved down between the passes.
+  // Leaves raw and sb4 spent (the next load refills them); valid stays.
+  __device__ __forceinline__ void store(uint8_t* stage, int w, int lane, int r) {
+    uint8_t* const lo_at = chunk_at(stage, 16 * w, 2 * lane) - swz(0, 2 * lane % 8);    // row 16 w's, unswizzled
+    uint8_t* const hi_at = chunk_at(stage, 16 * w, 2 * lane + 1) - swz(0, (2 * lane + 1) % 8);
+    const int c_lo = (2 * lane) % 8, c_hi = (2 * lane + 1) % 8;
 #pragma unroll 1
-        for (int j = 0; j < 16; ++j) {
-          const uint32_t word = j < 8 ? (j < 4 ? sb4[0] : sb4[1]) : (j < 12 ? sb4[2] : sb4[3]);
-          const uint32_t m = Ue8m0::m2((word >> (8 * (j & 3))) & 0xffu, r);
-          times(stage, 16 * w + j, 2 * lane, m);
-          times(stage, 16 * w + j, 2 * lane + 1, m);
+    for (int half = 0; half < 2; ++half) {
+      bool two_any = false;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int row = 8 * half + jj;  // the row's swizzle phase is jj (rows 16 w + 8 half + jj)
+        const uint32_t b = (sb4[jj / 4] >> (8 * (jj % 4))) & 0xffu;
+        uint4 lo, hi;
+        if constexpr (kFp4) {
+          const uint32_t m = e4m3_scale_f16x2(b, r);
+          lo = mul4(e2m1x8_f16(raw[jj].x), m);
+          hi = mul4(e2m1x8_f16(raw[jj].y), m);
+        } else {
+          const uint32_t m = Ue8m0::m1_f32(b, r);
+          e4m3x16_to_f16(raw[jj], lo, hi);
+          lo = mul4(lo, m);
+          hi = mul4(hi, m);
+          two_any |= Ue8m0::two(b, r);
+        }
+        *reinterpret_cast<uint4*>(lo_at + row * 128 + ((c_lo ^ jj) << 4)) = lo;
+        *reinterpret_cast<uint4*>(hi_at + row * 128 + ((c_hi ^ jj) << 4)) = hi;
+      }
+      if constexpr (!kFp4) {
+        if (__any_sync(0xffffffffu, two_any)) {  // rare: a scale more than 2^24 below the reference
+#pragma unroll 1
+          for (int jj = 0; jj < 8; ++jj) {
+            const uint32_t m = Ue8m0::m2(((jj < 4 ? sb4[0] : sb4[1]) >> (8 * (jj & 3))) & 0xffu, r);
+            times(stage, 16 * w + 8 * half + jj, 2 * lane, m);
+            times(stage, 16 * w + 8 * half + jj, 2 * lane + 1, m);
+          }
         }
       }
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) raw[jj] = raw[jj + 8];
+      sb4[0] = sb4[2];
+      sb4[1] = sb4[3];
     }
   }
 };
