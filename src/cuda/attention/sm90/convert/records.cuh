@@ -266,12 +266,11 @@ struct Warp {
   static constexpr bool kFp4 = F == CacheFormat::v41_fp4;
   using L = Lane<F>;
   uint4 raw[16];
-  uint32_t sb4[4];       // key j's scale byte in byte j % 4 of sb4[j / 4] (0: key not read)
+  uint32_t sb4[4];       // key j's scale byte in byte j % 4 of sb4[j / 4] (0: key not read): packed by exponent()
+  uint32_t byte[16];     // key j's scale byte as loaded, untouched until exponent() (no wait inside load())
   uint32_t valid;        // bit j: key j read (every lane the same)
   __device__ __forceinline__ void load(const uint8_t* body_j, const uint8_t* slot_j, bool v_j, int lane) {
     valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) sb4[q] = 0;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const uint8_t* b = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body_j), j));
@@ -283,13 +282,15 @@ struct Warp {
         const uint2 x = v ? __ldg(reinterpret_cast<const uint2*>(b) + lane) : make_uint2(0, 0);
         raw[j] = make_uint4(x.x, x.y, 0, 0);
       }
-      const uint32_t b8 = v ? ldg_u8(sl + L::scale_at(lane)) : 0u;
-      sb4[j / 4] |= b8 << (8 * (j % 4));
+      byte[j] = v ? ldg_u8(sl + L::scale_at(lane)) : 0u;
     }
   }
   __device__ __forceinline__ uint32_t sb(int j) const { return (sb4[j / 4] >> (8 * (j % 4))) & 0xffu; }
   // This lane's largest scale exponent over its 16 keys (keys not read: scale byte 0, below the floor).
-  __device__ __forceinline__ int exponent() const {
+  __device__ __forceinline__ int exponent() {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      sb4[q] = prmt(prmt(byte[4 * q], byte[4 * q + 1], 0x0040u), prmt(byte[4 * q + 2], byte[4 * q + 3], 0x0040u), 0x5410u);
     uint32_t m = 0;
 #pragma unroll
     for (int q = 0; q < 4; ++q) m = max(m, byte_max(kFp4 ? e4m3_rank4(sb4[q]) : ue8m0_rank4(sb4[q])));
