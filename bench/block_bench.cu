@@ -163,8 +163,7 @@ void run_block_step(BenchContext& ctx, const DeepseekAttention& blk, const Step&
   const Device dev = Device::cuda(ctx.device());
   const DeepseekConfig& c = blk.config();
   const int64_t h = c.num_attention_heads, H = c.hidden_size;
-  PlannerConfig pc = blk.planner_config();
-  pc.num_sms = multiprocessor_count(dev);
+  PlannerConfig pc = blk.planner_config();  // the device's SM count and compute capability included
   pc.page_size = kPage;
   pc.max_model_len = 16384;
   pc.max_num_seqs = 256;

@@ -90,6 +90,7 @@ ModelDims dims_for(bool sparse, int h) {
 PlannerConfig config_for(const StepSpec& s, Device dev) {
   PlannerConfig c;
   c.num_sms = multiprocessor_count(dev);
+  c.compute_capability = compute_capability(dev);  // what serving on this device plans (mla run sets it too)
   c.dims = dims_for(s.sparse, s.h);
   c.cache_format = s.format;
   c.page_size = kPage;
@@ -133,6 +134,10 @@ class PhaseTimer {
   void finish() {
     if (cudaStreamSynchronize(stream_) != cudaSuccess) throw Error("layer bench: phase run failed");
     harvest();
+  }
+  // Whether any harvested run passed the mark `name`.
+  bool has(const std::string& name) const {
+    return std::any_of(phases_.begin(), phases_.end(), [&](const auto& p) { return p.first == name; });
   }
   // "name median_ms" per phase in first-seen order, and the median of the runs' sums.
   std::string summary() const {
@@ -314,7 +319,14 @@ void report_standalone_kernels(BenchContext& ctx, const Plan& plan, const Forwar
 }
 
 // Times one step; returns its median ms.
-double run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuant quant) {
+// A step's time, and whether its quantised output went through the separate quantize_output pass (the layer's
+// phase "out_quant") rather than only the W_UV product's quantising epilogue.
+struct StepTime {
+  double ms = 0;
+  bool quant_pass = false;
+};
+
+StepTime run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuant quant) {
   const Device dev = Device::cuda(ctx.device());
   const PlannerConfig pc = config_for(s, dev);
   const KvScales kv = ctx.options().kv_scales == "auto" && s.format == CacheFormat::fp8 ? KvScales::from_first_batch
@@ -484,7 +496,7 @@ double run_step(BenchContext& ctx, Layers& layers, const StepSpec& s, OutputQuan
   std::fflush(stdout);
   if (s.standalone && quant == OutputQuant::none)
     report_standalone_kernels(ctx, plan, a, cb.cache, h, ms, table, max_blocks, batch.seq_lens);
-  return ms;
+  return {ms, phases.has("out_quant")};
 }
 
 void bench_layer(BenchContext& ctx) {
@@ -497,20 +509,17 @@ void bench_layer(BenchContext& ctx) {
   Layers layers(ctx);
   // Every row unquantised, then (--out-quant) with the quantised output, in the same call.
   const OutputQuant quant = parse_output_quant(ctx.options().out_quant);
-  // The quantised step's ratio to the unquantised one (issue 49: "no slower"). The W_UV products write the
-  // quantised rows themselves (up_project_quantized); dense prefill rows still take the separate
-  // quantize_output pass (phase out_quant).
+  // The quantised step's ratio to the unquantised one (issue 49: "no slower"). Which rows the W_UV product writes
+  // quantised is the layer's rule (Step::fused_rows: on sm_90 none today, cuBLAS's bmm then the quantize_output
+  // pass); the line says whether the separate pass ran (phase out_quant).
   auto run = [&](const StepSpec& s) {
-    const double plain = run_step(ctx, layers, s, OutputQuant::none);
+    const double plain = run_step(ctx, layers, s, OutputQuant::none).ms;
     if (quant == OutputQuant::none) return;
-    const double q = run_step(ctx, layers, s, quant);
-    const bool prefill_rows = !s.sparse && std::any_of(s.reqs.begin(), s.reqs.end(), [](const Req& r) {
-      return r.query > 1;
-    });
-    std::printf("    out=%s step / unquantised step: %.4f / %.4f ms = x%.3f (%s)\n", to_string(quant), q, plain,
-                plain > 0 ? q / plain : 0.0,
-                prefill_rows ? "fused W_UV epilogue for decode rows + quantize pass over the dense prefill rows"
-                             : "fused W_UV epilogue, no separate pass");
+    const StepTime q = run_step(ctx, layers, s, quant);
+    std::printf("    out=%s step / unquantised step: %.4f / %.4f ms = x%.3f (%s)\n", to_string(quant), q.ms, plain,
+                plain > 0 ? q.ms / plain : 0.0,
+                q.quant_pass ? "quantize_output pass over the rows the W_UV product left unquantised"
+                             : "the W_UV product's quantising epilogue, no separate pass");
     std::fflush(stdout);
   };
 

@@ -113,8 +113,8 @@ class DeepseekAttention {
   const DeepseekOptions& options() const { return options_; }
   const LayerOptions& layer_options() const { return attention_->options(); }
   const MlaAttention& attention() const { return *attention_; }
-  // Planner settings matching the block (dims of one rank, cache format, sparse); the caller sets the
-  // serving limits (page size, max_model_len, ...).
+  // Planner settings matching the block (dims of one rank, cache format, sparse; on CUDA the device's SM
+  // count and compute capability); the caller sets the serving limits (page size, max_model_len, ...).
   PlannerConfig planner_config() const;
 
   // True when `name` ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "o_proj") runs as a

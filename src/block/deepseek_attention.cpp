@@ -292,6 +292,10 @@ PlannerConfig DeepseekAttention::planner_config() const {
   pc.dims = dims_;
   pc.cache_format = options_.cache_format;
   pc.sparse = options_.sparse;
+  if (options_.device.is_cuda()) {  // the device facts the planner and the layer's kernel choices read
+    pc.num_sms = multiprocessor_count(options_.device);
+    pc.compute_capability = compute_capability(options_.device);
+  }
   return pc;
 }
 

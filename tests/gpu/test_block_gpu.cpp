@@ -159,6 +159,12 @@ void check_form(const Form& form, bool fp8_prefill = false) {
     };
     const DeepseekAttention gpu = make(kGpu, DType::bf16), f64 = make(Device::cpu(), DType::f64),
                             bf16 = make(Device::cpu(), DType::bf16);
+    // The CUDA block plans for its device (the split-KV schedule, the sparse prefill mode and the output
+    // quantisation path read these); the CPU block leaves them unknown.
+    EXPECT_EQ(gpu.planner_config().num_sms, multiprocessor_count(kGpu));
+    EXPECT_EQ(gpu.planner_config().compute_capability, compute_capability(kGpu));
+    EXPECT_EQ(f64.planner_config().num_sms, 0);
+    EXPECT_EQ(f64.planner_config().compute_capability, 0);
     for (const Split& s : test::block::splits(f.T, true)) {
       const std::vector<double> g = test::block::serve(gpu, f.hidden, s.steps, Precision::fast);
       const std::vector<double> o = test::block::serve(f64, f.hidden, s.steps, Precision::reference);
