@@ -110,6 +110,32 @@ TEST(OutputQuantGpu, EveryKeyMatchesCpuBytes) {
   }
 }
 
+// The fp8 keys' quotients over bf16 inputs take the reciprocal form (cuda/cache/quant.cuh) where the scale allows
+// it and IEEE division elsewhere: every bf16 significand of both signs, spread over 2^-20 .. 2^3 of each group's
+// largest, at group magnitudes from 2^-90 (scales below the reciprocal's range) to 2^110 (above it), and the
+// static-scale key at three scales (quotients from below e4m3's zero threshold to past saturation): the CPU's bytes.
+TEST(OutputQuantGpu, Bf16QuotientsMatchCpuBytesAtEveryMagnitude) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int exps[] = {-90, -70, -50, -20, -3, 0, 7, 40, 80, 96, 110};
+  const int64_t K = 512, M = static_cast<int64_t>(std::size(exps)), M_pad = M + 3;
+  Tensor x = Tensor::empty({M, K}, DType::bf16);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t c = 0; c < K; ++c) {
+      const int j = static_cast<int>(c % 128), shift = static_cast<int>((c * 7) % 24) - 20;
+      const double v = std::ldexp(1.0 + j / 128.0, exps[r] + shift) * ((c / 128) % 2 ? -1.0 : 1.0);
+      static_cast<uint16_t*>(x.data())[r * K + c] = num::float_to_bf16(static_cast<float>(v));
+    }
+  const Tensor xd = x.to(kGpu);
+  for (OutputQuant k : {OutputQuant::fp8_group128, OutputQuant::fp8_group64, OutputQuant::fp8})
+    for (const float scale : {0x1p-30f, 1.0f / 32.0f, 0x1p40f}) {
+      if (k != OutputQuant::fp8 && scale != 1.0f / 32.0f) continue;  // the group keys take no static scale
+      const QuantOut cpu = quant_out(k, M_pad, K, Device::cpu()), gpu = quant_out(k, M_pad, K, kGpu);
+      quantize_output(x.view(), k, cpu.codes, cpu.scales.defined() ? cpu.scales.view() : TensorView{}, scale);
+      quantize_output(xd.view(), k, gpu.codes, gpu.scales.defined() ? gpu.scales.view() : TensorView{}, scale);
+      expect_same(gpu, cpu, k, "bf16 magnitudes, static scale " + std::to_string(scale));
+    }
+}
+
 // ---- up_project_quantized: the V up-projection quantised in its epilogue ----------------------------
 
 // Scales that keep the products of the inputs below in range (fp8: |x| / s < 448; nvfp4: g * amax / 6 < 448).

@@ -13,9 +13,14 @@
 // Padding rows M .. M_pad - 1 get zero codes (scale 1, or scale code 0 for nvfp4). Every float
 // operation is IEEE round-to-nearest (__fdiv_rn / __fmul_rn, no contraction), in the CPU backend's
 // order, so the bytes equal the CPU's (src/cpu/block_ops.cpp). No shared memory.
+// The fp8 keys' quotient x / s over bf16 activations takes the reciprocal form of the cache writers
+// (cuda/cache/quant.cuh RecipDiv: three operations, equal to IEEE division for bf16 x and scales in
+// [2^-64, 2^100], proved there; group scales bound |x / s| by 448 (1 + 2^-23), the static scale is
+// clamped); other activation types and scales out of that range divide (__fdiv_rn).
 #include <algorithm>
 
 #include "core/numeric.h"
+#include "cuda/cache/quant.cuh"
 #include "cuda/block/params.h"
 #include "cuda/common/act_type.cuh"
 #include "cuda/common/launch.h"
@@ -34,13 +39,34 @@ __device__ __forceinline__ float load_x(const block::OutQuantParams& p, int64_t 
   return In::to_float(static_cast<const typename In::Storage*>(p.x)[t * p.x_stride + j]);
 }
 
+// The e4m3 codes of v[i] / s, i < N (IEEE quotients; see the header for the reciprocal form). kClamped: |v / s| may
+// exceed 448 (the static scale); otherwise it is at most 448 (1 + 2^-23) (a group's abs-max scale).
+template <class In, bool kClamped, int N>
+__device__ __forceinline__ void e4m3_quotients(const float (&v)[N], float s, uint8_t (&code)[N]) {
+  if (In::kDType == DType::bf16 && cache::recip_scale_ok(s)) {
+    const auto div = cache::RecipDiv<kClamped>::make(s);
+#pragma unroll
+    for (int i = 0; i < N; ++i) code[i] = dev::float_to_e4m3(div(v[i]));
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) code[i] = dev::float_to_e4m3(__fdiv_rn(v[i], s));
+  }
+}
+
 template <class In>
 __global__ void __launch_bounds__(kThreads) quant_fp8_kernel(block::OutQuantParams p) {
   ptx::dependent_entry();  // PDL (cuda/common/launch.h): nothing global before it
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (item >= p.M_pad * p.K) return;
   const int64_t t = item / p.K, j = item % p.K;
-  p.codes[t * p.codes_stride + j] = t >= p.M ? uint8_t{0} : dev::float_to_e4m3(__fdiv_rn(load_x<In>(p, t, j), p.scale));
+  if (t >= p.M) {
+    p.codes[t * p.codes_stride + j] = 0;
+    return;
+  }
+  const float v[1] = {load_x<In>(p, t, j)};
+  uint8_t code[1];
+  e4m3_quotients<In, true>(v, p.scale, code);
+  p.codes[t * p.codes_stride + j] = code[0];
 }
 
 template <class In, int G>
@@ -70,8 +96,10 @@ __global__ void __launch_bounds__(kThreads) quant_group_kernel(block::OutQuantPa
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float s = amax == 0.f ? 1.0f : __fdiv_rn(amax, 448.0f);
+  uint8_t code[kPerLane];
+  e4m3_quotients<In, false>(v, s, code);
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) out[i] = dev::float_to_e4m3(__fdiv_rn(v[i], s));
+  for (int i = 0; i < kPerLane; ++i) out[i] = code[i];
   if (lane == 0) scales[g * p.scales_stride + t] = s;
 }
 

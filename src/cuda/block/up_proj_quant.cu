@@ -48,6 +48,7 @@
 #include "core/up_proj_schedule.h"
 #include "cuda/block/params.h"
 #include "cuda/block/up_proj_quant.h"
+#include "cuda/cache/quant.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/ptx/cluster.cuh"
@@ -130,13 +131,25 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&w)[N 
   for (int i = 0; i < N; ++i) dst[i] = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
 }
 
-// 16 e4m3 codes of v / s (IEEE division, as quantize_output.cu), packed four to a word.
+// 16 e4m3 codes of v / s (the IEEE quotient, as quantize_output.cu), packed four to a word. v are bf16 values, so a
+// scale in the reciprocal's range takes cuda/cache/quant.cuh's three-operation form (proved equal to the IEEE
+// division for bf16 x); kClamped: |v / s| may exceed 448 (the static scale), else it is at most 448 (1 + 2^-23).
+template <bool kClamped>
 __device__ __forceinline__ void e4m3_codes(const float (&v)[16], float s, uint32_t (&w)[4]) {
+  float q[16];
+  if (cache::recip_scale_ok(s)) {
+    const auto div = cache::RecipDiv<kClamped>::make(s);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) q[i] = div(v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) q[i] = __fdiv_rn(v[i], s);
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     w[i] = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) w[i] |= static_cast<uint32_t>(dev::float_to_e4m3(__fdiv_rn(v[4 * i + j], s))) << (8 * j);
+    for (int j = 0; j < 4; ++j) w[i] |= static_cast<uint32_t>(dev::float_to_e4m3(q[4 * i + j])) << (8 * j);
   }
 }
 
@@ -181,7 +194,7 @@ __device__ __forceinline__ void quantise_rows(const block::UpProjQuantParams& p,
       load16(X + (r - q0) * kXStride + c, v);
       if constexpr (K == OutputQuant::fp8) {
         uint32_t w[4];
-        e4m3_codes(v, p.scale, w);
+        e4m3_codes<true>(v, p.scale, w);
         store_bytes<16>(p.codes + t * p.codes_stride + col0 + c, w, p.vec);
       } else {
         float amax = 0.f;
@@ -223,7 +236,7 @@ __device__ __forceinline__ void quantise_rows(const block::UpProjQuantParams& p,
         const float s = amax == 0.f ? 1.0f : __fdiv_rn(amax, 448.0f);
         const int64_t t = m0 + r;
         uint32_t w[4];
-        e4m3_codes(v, s, w);
+        e4m3_codes<false>(v, s, w);
         store_bytes<16>(p.codes + t * p.codes_stride + col0 + gc + sub * 16, w, p.vec);
         if (sub == 0) static_cast<float*>(p.scales)[((col0 + gc) / G) * p.scales_stride + t] = s;
       }
