@@ -81,6 +81,13 @@ void apply_rope(const TensorView& src, const TensorView& dst, const TensorView& 
                 const TensorView& inv_freq, double attention_factor, int64_t rope_dim, bool interleave,
                 const Context& ctx = {});
 
+// DeepSeek-V4's sliding window (docs/SEMANTICS.md §17): the request-local positions each token attends in
+// the window cache, out[t, j] = positions[t] - W + 1 + j for W = out.size(1), or -1 where that is below 0
+// (the window reaches before the request's start) or above 2^31 - 1. convert_topk_indices turns them into
+// cache rows.
+//   positions [T] int32 / int64 (values >= 0; host values are checked)    out [T, W] int32, unit column stride
+void sliding_window_positions(const TensorView& positions, const TensorView& out, const Context& ctx = {});
+
 // Activation quantisation in groups of 128 columns (DeepSeek's act_quant, 1 x 128):
 //   scale = amax(|x[t, 128 g : 128 g + 128]|) / 448 (1 when the group is all zeros),
 //   codes[t, j] = e4m3(x[t, j] / scale)  (round to nearest even, saturating),

@@ -303,14 +303,7 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
   if (T == 0) return;
 
   // The window: positions p - W + 1 .. p of the token's request, as main-cache rows.
-  auto* wp = static_cast<int32_t*>(win_pos.data);
-  for (int64_t i = 0; i < T; ++i) {
-    const int64_t p = num::load_index(a.positions.ptr_at({i}), a.positions.dtype);
-    for (int64_t j = 0; j < W; ++j) {
-      const int64_t pos = p - W + 1 + j;
-      wp[i * W + j] = pos < 0 ? -1 : static_cast<int32_t>(pos);
-    }
-  }
+  sliding_window_positions(a.positions, win_pos, ctx);
   convert_topk_indices(a.req_id, a.block_table, win_pos, win_rows, cache.page_size(), 0, {}, {}, {}, {}, ctx);
   SparseOptions so;
   so.attn_sink = sinks_.view();

@@ -5,6 +5,7 @@
 // float64; the product goes through cpu::gemm: float64 with Precision::reference, else float32).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/numeric.h"
@@ -26,6 +27,18 @@ void rms_norm(const TensorView& x, const TensorView& w, const TensorView& y, dou
     const double r = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
     for (int64_t i = 0; i < n; ++i)
       num::store(y.ptr_at({t, i}), y.dtype, num::load(x.ptr_at({t, i}), x.dtype) * r * wd[static_cast<std::size_t>(i)]);
+  }
+}
+
+void sliding_window_positions(const TensorView& positions, const TensorView& out, const Context&) {
+  const int64_t T = out.shape[0], W = out.shape[1];
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t p = num::load_index(positions.ptr_at({t}), positions.dtype);
+    auto* row = static_cast<int32_t*>(out.ptr_at({t, 0}));
+    for (int64_t j = 0; j < W; ++j) {
+      const int64_t pos = p - W + 1 + j;
+      row[j] = pos < 0 || pos > std::numeric_limits<int32_t>::max() ? -1 : static_cast<int32_t>(pos);
+    }
   }
 }
 

@@ -124,6 +124,28 @@ void apply_rope(const TensorView& src, const TensorView& dst, const TensorView& 
   MLA_DISPATCH(src.device, apply_rope, src, dst, positions, inv_freq, attention_factor, rope_dim, interleave, ctx);
 }
 
+void sliding_window_positions(const TensorView& positions, const TensorView& out, const Context& ctx) {
+  constexpr const char* op = "sliding_window_positions";
+  detail::check_defined(positions, op, "positions [T]");
+  detail::check_ndim(positions, 1, op, "positions [T]");
+  detail::check_index(positions, op, "positions [T]");
+  detail::check_strides(positions, false, op, "positions");
+  detail::check_defined(out, op, "out [T, W]");
+  detail::check_ndim(out, 2, op, "out [T, W]");
+  detail::check_dtype(out, DType::i32, op, "out [T, W]");
+  detail::check_size(out, 0, positions.size(0), op, "out [T, W] (T = positions.size(0))");
+  detail::check_strides(out, true, op, "out");
+  MLA_CHECK(out.numel() == 0 || out.size(1) <= 1 || out.stride[1] == 1, "{}: out must have unit column stride, got {}",
+            op, out.describe());
+  MLA_CHECK(out.size(0) <= 1 || out.size(1) == 0 || out.stride[0] >= out.size(1),
+            "{}: out's rows overlap (row stride {} < W = {}), got {}", op, out.stride[0], out.size(1), out.describe());
+  detail::check_devices(positions.device, op, {{out, "out"}});
+  if (out.numel() == 0) return;
+  if (positions.device.is_cpu())
+    detail::check_values_in_range(positions, 0, std::numeric_limits<int64_t>::max(), op, "positions");
+  MLA_DISPATCH(positions.device, sliding_window_positions, positions, out, ctx);
+}
+
 void quantize_fp8_groups(const TensorView& x, const TensorView& codes, const TensorView& scales, const Context& ctx) {
   constexpr const char* op = "quantize_fp8_groups";
   check_act(x, 2, false, op, "x [M, K]");

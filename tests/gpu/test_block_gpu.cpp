@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <random>
 
 #include "bench.h"
 #include "gpu/gpu_test_util.h"
@@ -69,6 +70,29 @@ TEST(BlockOpsGpu, ApplyRopeMatchesCpu) {
       const TensorView iv = inplace.view();
       apply_rope(iv, iv, pd.view(), id.view(), 0.9, R, interleave);
       EXPECT_LT(test::rel_l2(test::to_doubles(iv), test::to_doubles(ref.view())), 1e-6);
+    }
+}
+
+// DeepSeek-V4's window positions: the CUDA kernel's int32 rows equal the CPU's (int32 and int64 positions, rows
+// before the request's start, positions near 2^31).
+TEST(BlockOpsGpu, SlidingWindowPositionsMatchCpu) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(23);
+  std::vector<int64_t> p(301);
+  std::uniform_int_distribution<int64_t> u(0, 5000);
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = i % 50 == 7 ? 2147483647 - static_cast<int64_t>(i % 3) : u(test::rng());
+  p[0] = 0;
+  p[1] = 3;
+  for (const int64_t W : {int64_t{1}, int64_t{128}, int64_t{129}})
+    for (const bool i64 : {true, false}) {
+      std::vector<int32_t> p32(p.begin(), p.end());
+      const Tensor pos = i64 ? test::int64_tensor(p) : test::int_tensor(p32);
+      const int64_t T = static_cast<int64_t>(p.size());
+      Tensor cpu = test::poisoned({T, W}, DType::i32), gpu = test::poisoned({T, W}, DType::i32, kGpu);
+      sliding_window_positions(pos.view(), cpu.view());
+      const Tensor pd = pos.to(kGpu);
+      sliding_window_positions(pd.view(), gpu.view(), test::reference_ctx());
+      EXPECT_EQ(test::to_doubles(gpu.view()), test::to_doubles(cpu.view())) << "W " << W << (i64 ? " int64" : " int32");
     }
 }
 

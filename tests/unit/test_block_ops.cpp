@@ -5,6 +5,7 @@
 // refused arguments (nothing written).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <numbers>
 
@@ -80,6 +81,52 @@ TEST(BlockOps, ApplyRopeMatchesFormula) {
   EXPECT_THROW(apply_rope(src.view(), untouched.view(), neg.view(), inv.view(), 1.0, R, true), Error);
   EXPECT_THROW(apply_rope(src.view(), untouched.view(), pos.view(), inv.view(), 1.0, R - 1, true), Error);
   for (double v : test::to_doubles(untouched.view())) EXPECT_TRUE(std::isnan(v));
+}
+
+// The V4 window: p - W + 1 + j, -1 before the request's start; int32 and int64 positions, a strided view, a wider
+// output row; refused arguments write nothing.
+TEST(BlockOps, SlidingWindowPositionsMatchFormula) {
+  const std::vector<int64_t> p = {0, 1, 5, 6, 7, 1000, 2147483647};
+  const int64_t T = static_cast<int64_t>(p.size()), W = 7;
+  auto expect_rows = [&](const Tensor& out, const char* what) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < W; ++j) {
+        const int64_t pos = p[static_cast<std::size_t>(t)] - W + 1 + j;
+        EXPECT_EQ(*static_cast<const int32_t*>(out.view().ptr_at({t, j})), pos < 0 ? -1 : pos)
+            << what << " t " << t << " j " << j;
+      }
+  };
+  const Tensor p64 = test::int64_tensor(p);
+  Tensor out = test::poisoned({T, W}, DType::i32);
+  sliding_window_positions(p64.view(), out.view());
+  expect_rows(out, "int64");
+  std::vector<int32_t> p32(p.begin(), p.end());
+  const Tensor pos32 = test::int_tensor(p32);
+  Tensor out32 = test::poisoned({T, W}, DType::i32);
+  sliding_window_positions(pos32.view(), out32.view());
+  expect_rows(out32, "int32");
+  // Every other entry of a longer positions tensor, into the first W columns of wider rows.
+  std::vector<int64_t> spread(2 * p.size(), 123456);
+  for (std::size_t i = 0; i < p.size(); ++i) spread[2 * i] = p[i];
+  const Tensor ps = test::int64_tensor(spread);
+  const std::array<int64_t, 1> shape{T}, stride{2};
+  const TensorView strided(ps.data(), DType::i64, shape, stride, Device::cpu());
+  Tensor wide = test::poisoned({T, W + 3}, DType::i32);
+  sliding_window_positions(strided, wide.view().slice(1, 0, W));
+  Tensor narrow = test::poisoned({T, W}, DType::i32);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < W; ++j)
+      *static_cast<int32_t*>(narrow.view().ptr_at({t, j})) = *static_cast<const int32_t*>(wide.view().ptr_at({t, j}));
+  expect_rows(narrow, "strided");
+  // A negative position, a wrong dtype, a row count that differs: refused, nothing written.
+  const Tensor neg = test::int64_tensor({0, -1, 2, 3, 4, 5, 6});
+  Tensor untouched = test::poisoned({T, W}, DType::i32);
+  const std::vector<double> before = test::to_doubles(untouched.view());
+  EXPECT_THROW(sliding_window_positions(neg.view(), untouched.view()), Error);
+  Tensor f32 = test::poisoned({T, W}, DType::f32);
+  EXPECT_THROW(sliding_window_positions(p64.view(), f32.view()), Error);
+  EXPECT_THROW(sliding_window_positions(p64.view().slice(0, 0, T - 1), untouched.view()), Error);
+  EXPECT_EQ(test::to_doubles(untouched.view()), before);
 }
 
 TEST(BlockOps, QuantizeFp8GroupsCodesScalesAndPadding) {
