@@ -17,9 +17,10 @@
 // the sinks, o_groups / tp groups of o_a_proj and the matching input columns of o_b_proj (row-parallel):
 // its output is the rank's partial sum. tp must divide o_groups. q_a_proj and kv_proj are replicated.
 //
-// CPU only (bf16 / f32 activations, or f64 with Precision::reference: the float64 oracle); a CUDA device
-// is refused (no CUDA kernels for the block's V4 pieces yet). Weights may be any float dtype or fp8 e4m3
-// with block scales (weight_scale_inv), dequantised exactly at construction as the V3 block does.
+// On the CPU (bf16 / f32 activations, or f64 with Precision::reference: the float64 oracle) or CUDA (bf16
+// activations; bf16, v4, v41 and v41_fp4 caches; the step reads no device value on the host, so it can be
+// captured in a CUDA graph). Weights may be any float dtype or fp8 e4m3 with block scales (weight_scale_inv),
+// dequantised exactly at construction as the V3 block does, then held on the block's device.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -54,7 +55,8 @@ struct DeepseekV4Options {
   DType dtype = DType::bf16;  // activations and weights: bf16, f32 or f64
 };
 
-// One step's tensors (every one on the CPU). T = hidden.size(0) tokens of R requests.
+// One step's tensors, every one on the block's device (index values are checked where they are host tensors).
+// T = hidden.size(0) tokens of R requests.
 struct DeepseekV4ForwardArgs {
   TensorView hidden;        // [T, hidden_size] layer dtype
   TensorView positions;     // [T] int64 / int32: position of the token in its request (>= 0)

@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // DeepseekV4Attention (mla/deepseek_v4.h, docs/SEMANTICS.md §17): weight loading for a rank, the layer's
-// RoPE table, and the CPU step: projections through mla::gemm, RMSNorm and RoPE through mla::rms_norm /
-// mla::apply_rope, the caches written by write_cache, the attention by sparse_mqa with the V4 options
-// (sink, extra cache, whole-row values), the inverse RoPE by apply_rope with negated frequencies, and the
-// grouped low-rank o projection as one GEMM per group plus o_b_proj.
+// RoPE table, and the step on the CPU or CUDA: projections through mla::gemm, RMSNorm and RoPE through
+// mla::rms_norm / mla::apply_rope, the caches written by write_cache, each token's window by
+// sliding_window_positions and convert_topk_indices, the attention by sparse_mqa with the V4 options (sink,
+// extra cache, whole-row values), the inverse RoPE by apply_rope with negated frequencies, and the grouped
+// low-rank o projection as one GEMM per group plus o_b_proj. Every op runs on the block's device; on CUDA the
+// step reads no device value on the host (graph-capturable), so the device-side indices are not checked
+// there (the ops skip slots outside the cache and read only listed rows).
 //
 // Workspace layout (own_bytes(T, K), each region a multiple of 256 bytes from the 16-byte aligned base;
 // wide = f32, f64 for the f64 block; D = head_dim, h = heads of the rank, W = sliding_window):
-//   q_a      [T, q_lora_rank]  wide   q_a_proj output, RMSNorm in place: q_b_proj's input
+//   q_a      [T, q_lora_rank]  wide   q_a_proj output, RMSNorm in place on the CPU: q_b_proj's input
+//   q_n      [T, q_lora_rank]  dtype  CUDA only: RMSNorm(q_a) in bf16, q_b_proj's input (cuBLAS reads bf16)
 //   q_w      [T, h * D]        wide   q_b_proj output, the per-head RMSNorm in place (V4)
 //   kv_w     [T, D]            wide   kv_proj output, RMSNorm in place
 //   q        [T, h * D]        dtype  RoPE(q_w): sparse_mqa's query
@@ -43,25 +47,25 @@ Tensor f64_vector(const std::vector<double>& v) {
   return t;
 }
 
-void check_index_vector(const TensorView& v, int64_t n, const char* op, const char* name) {
+void check_index_vector(const TensorView& v, int64_t n, Device dev, const char* op, const char* name) {
   detail::check_defined(v, op, name);
   detail::check_ndim(v, 1, op, name);
   detail::check_index(v, op, name);
-  detail::check_device(v, Device::cpu(), op, name);
+  detail::check_device(v, dev, op, name);
   detail::check_size(v, 0, n, op, name);
 }
 
-void check_int32_matrix(const TensorView& v, int64_t rows, const char* op, const char* name) {
+void check_int32_matrix(const TensorView& v, int64_t rows, Device dev, const char* op, const char* name) {
   detail::check_defined(v, op, name);
   detail::check_ndim(v, 2, op, name);
   detail::check_dtype(v, DType::i32, op, name);
-  detail::check_device(v, Device::cpu(), op, name);
+  detail::check_device(v, dev, op, name);
   if (rows >= 0) detail::check_size(v, 0, rows, op, name);
 }
 
-// Slots of a slot mapping are -1 (or any negative: not written) or rows of the cache.
+// Slots of a slot mapping are -1 (or any negative: not written) or rows of the cache (host slots only).
 void check_slots(const TensorView& slots, const KVCache& cache, const char* op, const char* name) {
-  for (int64_t i = 0; i < slots.size(0); ++i) {
+  for (int64_t i = 0; slots.device.is_cpu() && i < slots.size(0); ++i) {
     const int64_t s = num::load_index(slots.ptr_at({i}), slots.dtype);
     MLA_CHECK(s < cache.num_slots(), "{}: {}[{}] = {} is outside the cache's {} slots", op, name, i, s,
               cache.num_slots());
@@ -75,11 +79,12 @@ DeepseekV4Attention::DeepseekV4Attention(const DeepseekV4Config& config, int lay
     : config_(config), options_(options), layer_(layer) {
   const DeepseekV4Config& c = config_;
   c.validate();
-  MLA_CHECK(options.device.is_cpu(),
-            "{}: the DeepSeek-V4 block runs on the CPU only (its CUDA kernels do not exist yet), got device {}", kOp,
+  MLA_CHECK(options.device.is_cpu() || options.device.is_cuda(), "{}: runs on the CPU or CUDA, got device {}", kOp,
             to_string(options.device));
   MLA_CHECK(options.dtype == DType::bf16 || options.dtype == DType::f32 || options.dtype == DType::f64,
             "{}: computes in bf16, f32 or f64, got {}", kOp, to_string(options.dtype));
+  MLA_CHECK(options.device.is_cpu() || options.dtype == DType::bf16, "{}: the CUDA block computes in bf16, got {}",
+            kOp, to_string(options.dtype));
   MLA_CHECK(options.tp >= 1 && options.rank >= 0 && options.rank < options.tp, "{}: rank {} is not in [0, tp = {})",
             kOp, options.rank, options.tp);
   MLA_CHECK(c.o_groups % options.tp == 0,
@@ -94,6 +99,9 @@ DeepseekV4Attention::DeepseekV4Attention(const DeepseekV4Config& config, int lay
               c.head_dim, c.qk_rope_head_dim);
     MLA_CHECK(f != CacheFormat::fp8 && f != CacheFormat::fp8_ds_mla,
               "{}: the V4 block takes the bf16, f64, v4, v41 or v41_fp4 cache formats, got {}", kOp, to_string(f));
+    MLA_CHECK(options.device.is_cpu() || info.device,
+              "{}: the {} cache format is CPU-only (the float64 oracle's cache); the CUDA block takes bf16, v4, v41 or "
+              "v41_fp4", kOp, to_string(f));
   }
   MLA_CHECK(options.cache_format == options.extra_cache_format ||
                 (cache_format_info(options.cache_format).record && cache_format_info(options.extra_cache_format).record),
@@ -145,6 +153,30 @@ DeepseekV4Attention::DeepseekV4Attention(const DeepseekV4Config& config, int lay
   std::vector<double> neg(inv_freq_);
   for (double& x : neg) x = -x;
   neg_inv_freq_t_ = f64_vector(neg);
+  // On CUDA every tensor the step reads lives on the device: the weights in the layer dtype, the norm weights
+  // and the per-head norm's ones as f32 (exact for bf16 / f32 checkpoints; rms_norm's CUDA weight type), the sinks
+  // f32, the RoPE tables f64.
+  const Device dev = options.device;
+  if (dev.is_cuda()) {
+    auto f32_on_device = [&](const Tensor& f64) {
+      const int64_t n = f64.size(0);
+      Tensor f32 = Tensor::empty({n}, DType::f32);
+      for (int64_t i = 0; i < n; ++i)
+        static_cast<float*>(f32.data())[i] = static_cast<float>(static_cast<const double*>(f64.data())[i]);
+      return f32.to(dev);
+    };
+    q_a_t_ = q_a_t_.to(dev);
+    q_b_t_ = q_b_t_.to(dev);
+    kv_t_ = kv_t_.to(dev);
+    o_b_t_ = o_b_t_.to(dev);
+    for (Tensor& g : o_a_t_) g = g.to(dev);
+    q_a_norm_ = f32_on_device(q_a_norm_);
+    kv_norm_ = f32_on_device(kv_norm_);
+    ones_ = f32_on_device(ones_);
+    sinks_ = sinks_.to(dev);
+    inv_freq_t_ = inv_freq_t_.to(dev);
+    neg_inv_freq_t_ = neg_inv_freq_t_.to(dev);
+  }
 }
 
 DeepseekV4Attention DeepseekV4Attention::load(const Checkpoint& ck, const DeepseekV4Config& config, int layer,
@@ -170,6 +202,7 @@ std::size_t DeepseekV4Attention::own_bytes(int64_t T, int64_t K) const {
   const int64_t D = c.head_dim, h = heads_;
   std::size_t n = 0;
   n += region_bytes(T, c.q_lora_rank, w, "q_a workspace");
+  if (options_.device.is_cuda()) n += region_bytes(T, c.q_lora_rank, t, "q_n workspace");
   n += region_bytes(T, h * D, w, "q_w workspace");
   n += region_bytes(T, D, w, "kv_w workspace");
   n += region_bytes(T, h * D, t, "q workspace");
@@ -194,27 +227,28 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
   const DType t = options_.dtype, wd = wide_dtype();
   const int64_t H = c.hidden_size, D = c.head_dim, R = c.qk_rope_head_dim, h = heads_, W = c.sliding_window,
                 OL = c.o_lora_rank;
-  // ---- every check before the first write ----
+  const Device dev = options_.device;
+  // ---- every check before the first write (values: host tensors only) ----
   detail::check_defined(a.hidden, op, "hidden [T, hidden_size]");
   detail::check_ndim(a.hidden, 2, op, "hidden [T, hidden_size]");
   const int64_t T = a.hidden.size(0);
   for (const auto& [view, name] : {std::pair{&a.hidden, "hidden [T, hidden_size]"}, {&a.out, "out [T, hidden_size]"}}) {
-    block::check_token_rows(*view, T, H, t, Device::cpu(), op, name);
+    block::check_token_rows(*view, T, H, t, dev, op, name);
   }
   detail::check_strides(a.out, true, op, "out [T, hidden_size]");
   detail::check_strides(a.hidden, false, op, "hidden [T, hidden_size]");
   MLA_CHECK(T <= 1 || a.out.stride[0] >= H, "{}: out's rows overlap (row stride {} < hidden_size {}), got {}", op,
             a.out.stride[0], H, a.out.describe());
-  check_index_vector(a.positions, T, op, "positions [T]");
-  check_index_vector(a.slot_mapping, T, op, "slot_mapping [T]");
+  check_index_vector(a.positions, T, dev, op, "positions [T]");
+  check_index_vector(a.slot_mapping, T, dev, op, "slot_mapping [T]");
   detail::check_defined(a.req_id, op, "req_id [T]");
   detail::check_ndim(a.req_id, 1, op, "req_id [T]");
   detail::check_dtype(a.req_id, DType::i32, op, "req_id [T]");
   detail::check_size(a.req_id, 0, T, op, "req_id [T]");
-  detail::check_device(a.req_id, Device::cpu(), op, "req_id [T]");
-  check_int32_matrix(a.block_table, -1, op, "block_table [R, max_blocks]");
+  detail::check_device(a.req_id, dev, op, "req_id [T]");
+  check_int32_matrix(a.block_table, -1, dev, op, "block_table [R, max_blocks]");
   const int64_t num_reqs = a.block_table.size(0);
-  for (int64_t i = 0; i < T; ++i) {
+  for (int64_t i = 0; dev.is_cpu() && i < T; ++i) {
     const int64_t p = num::load_index(a.positions.ptr_at({i}), a.positions.dtype);
     MLA_CHECK(p >= 0 && p <= std::numeric_limits<int32_t>::max() - W, "{}: positions[{}] = {} is outside [0, 2^31 - "
               "sliding_window)", op, i, p);
@@ -223,6 +257,8 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
               num_reqs);
   }
   validate_cache(cache, "DeepseekV4Attention::forward: cache");
+  MLA_CHECK(cache.data.device == dev, "{}: the main cache must be on the block's device {}, got {}", op, to_string(dev),
+            to_string(cache.data.device));
   MLA_CHECK(cache.format == options_.cache_format && cache.d_qk == D && cache.d_rope == R,
             "{}: the main cache must be {} with rows of {} ({} rope), got {} with d_qk {}, d_rope {}", op,
             to_string(options_.cache_format), D, R, to_string(cache.format), cache.d_qk, cache.d_rope);
@@ -235,23 +271,25 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
               "extra_slot_mapping, extra_block_table or extra_topk", op, layer_);
   } else {
     validate_cache(extra, "DeepseekV4Attention::forward: extra cache");
+    MLA_CHECK(extra.data.device == dev, "{}: the extra cache must be on the block's device {}, got {}", op,
+              to_string(dev), to_string(extra.data.device));
     MLA_CHECK(extra.format == options_.extra_cache_format && extra.d_qk == D && extra.d_rope == R,
               "{}: the extra cache must be {} with rows of {} ({} rope), got {} with d_qk {}, d_rope {}", op,
               to_string(options_.extra_cache_format), D, R, to_string(extra.format), extra.d_qk, extra.d_rope);
-    check_int32_matrix(a.extra_topk, T, op, "extra_topk [T, K]");
-    check_int32_matrix(a.extra_block_table, num_reqs, op, "extra_block_table [R, max_blocks]");
+    check_int32_matrix(a.extra_topk, T, dev, op, "extra_topk [T, K]");
+    check_int32_matrix(a.extra_block_table, num_reqs, dev, op, "extra_block_table [R, max_blocks]");
     K = a.extra_topk.size(1);
     MLA_CHECK(a.extra_kv.defined() == a.extra_slot_mapping.defined(),
               "{}: extra_kv and extra_slot_mapping come together (the compressed rows and their slots)", op);
     if (a.extra_kv.defined()) {
       detail::check_ndim(a.extra_kv, 2, op, "extra_kv [N_e, head_dim]");
       detail::check_size(a.extra_kv, 1, D, op, "extra_kv [N_e, head_dim]");
-      detail::check_device(a.extra_kv, Device::cpu(), op, "extra_kv [N_e, head_dim]");
+      detail::check_device(a.extra_kv, dev, op, "extra_kv [N_e, head_dim]");
       MLA_CHECK(is_floating(a.extra_kv.dtype) && a.extra_kv.dtype != DType::fp8_e4m3 &&
                     (a.extra_kv.size(0) == 0 || a.extra_kv.stride[1] == 1),
                 "{}: extra_kv must be a float tensor (bf16, f32 or f64) with unit inner stride, got {}", op,
                 a.extra_kv.describe());
-      check_index_vector(a.extra_slot_mapping, a.extra_kv.size(0), op, "extra_slot_mapping [N_e]");
+      check_index_vector(a.extra_slot_mapping, a.extra_kv.size(0), dev, op, "extra_slot_mapping [N_e]");
       check_slots(a.extra_slot_mapping, extra, op, "extra_slot_mapping");
     }
   }
@@ -259,7 +297,7 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
   detail::check_defined(workspace, op, "workspace");
   detail::check_ndim(workspace, 1, op, "workspace");
   detail::check_dtype(workspace, DType::u8, op, "workspace");
-  detail::check_device(workspace, Device::cpu(), op, "workspace");
+  detail::check_device(workspace, dev, op, "workspace");
   MLA_CHECK(workspace.stride[0] == 1 && static_cast<std::size_t>(workspace.size(0)) >= need &&
                 reinterpret_cast<uintptr_t>(workspace.data) % 16 == 0,
             "{}: workspace must be a contiguous, 16-byte aligned u8 buffer of at least workspace_bytes({}, {}) = {} "
@@ -274,11 +312,13 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
   auto* base = static_cast<std::byte*>(workspace.data);
   std::size_t off = 0;
   auto region = [&](int64_t rows, int64_t cols, DType dt, const char* what) {
-    TensorView v(base + off, dt, {rows, cols}, Device::cpu());
+    TensorView v(base + off, dt, {rows, cols}, dev);
     off += region_bytes(rows, cols, dt, what);
     return v;
   };
-  const TensorView q_a = region(T, c.q_lora_rank, wd, "q_a"), q_w = region(T, h * D, wd, "q_w"),
+  const TensorView q_a = region(T, c.q_lora_rank, wd, "q_a");
+  const TensorView q_n = dev.is_cuda() ? region(T, c.q_lora_rank, t, "q_n") : q_a;
+  const TensorView q_w = region(T, h * D, wd, "q_w"),
                    kv_w = region(T, D, wd, "kv_w"), q = region(T, h * D, t, "q"), kv = region(T, D, t, "kv"),
                    attn = region(T, h * D, t, "attn"), o_a = region(T, int64_t{groups_} * OL, t, "o_a"),
                    win_pos = region(T, W, DType::i32, "window"), win_rows = region(T, W, DType::i32, "window"),
@@ -287,8 +327,8 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
   if (T > 0) {
     // q: q_a_proj, RMSNorm, q_b_proj, the per-head RMSNorm (V4), RoPE on each head's last R columns.
     gemm(a.hidden, q_a_t_.view(), q_a, 1.0f, 0.0f, ctx);
-    rms_norm(q_a, q_a_norm_.view(), q_a, c.rms_norm_eps, ctx);
-    gemm(q_a, q_b_t_.view(), q_w, 1.0f, 0.0f, ctx);
+    rms_norm(q_a, q_a_norm_.view(), q_n, c.rms_norm_eps, ctx);
+    gemm(q_n, q_b_t_.view(), q_w, 1.0f, 0.0f, ctx);
     const TensorView q_heads = q_w.reshape({T * h, D});
     if (c.q_head_norm) rms_norm(q_heads, ones_.view(), q_heads, c.rms_norm_eps, ctx);
     apply_rope(q_w.reshape({T, h, D}), q.reshape({T, h, D}), a.positions, inv_freq_t_.view(), 1.0, R, true, ctx);

@@ -258,12 +258,17 @@ TEST(V4Block, RefusesBadConfigurationsAndArguments) {
   const DeepseekV4Config c = small_config();
   const Weights w(c);
   const auto& refused = expect_refused<std::function<void()>>;
-  // CUDA: no kernels for the V4 block yet.
+  // CUDA: bf16 activations and device cache formats only (refused before anything touches the device).
   refused([&] {
-    DeepseekV4Options o = opts(DType::bf16, CacheFormat::bf16, CacheFormat::bf16);
+    DeepseekV4Options o = opts(DType::f32, CacheFormat::bf16, CacheFormat::bf16);
     o.device = Device::cuda(0);
     DeepseekV4Attention(c, 1, w.w, o);
-  }, "CPU only");
+  }, "computes in bf16");
+  refused([&] {
+    DeepseekV4Options o = opts(DType::bf16, CacheFormat::f64, CacheFormat::f64);
+    o.device = Device::cuda(0);
+    DeepseekV4Attention(c, 1, w.w, o);
+  }, "CPU-only");
   refused([&] { DeepseekV4Attention(c, 1, w.w, opts(DType::bf16, CacheFormat::fp8_ds_mla, CacheFormat::bf16)); },
           "cache format");
   refused([&] { DeepseekV4Attention(c, 1, w.w, opts(DType::bf16, CacheFormat::bf16, CacheFormat::v41_fp4)); },

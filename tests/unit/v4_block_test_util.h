@@ -221,14 +221,31 @@ struct Step {
     a.out = v(out);
     return a;
   }
-  // Runs the step with a NaN-poisoned workspace; returns out as doubles.
+  // Runs the step with a NaN-poisoned workspace on the block's device; returns out as doubles.
   std::vector<double> run(const DeepseekV4Attention& blk, const KVCache& main, const KVCache& extra,
                           Precision precision) const {
     const int64_t T = hidden.size(0), K = extra_topk.defined() ? extra_topk.size(1) : 0;
     Tensor ws = Tensor::empty({static_cast<int64_t>(blk.workspace_bytes(T, K))}, DType::u8);
     std::memset(ws.data(), 0xff, ws.nbytes());
+    if (blk.options().device.is_cuda()) ws = ws.to(blk.options().device);
     blk.forward(args(), main, extra, ws.view(), Context{nullptr, precision});
     return to_doubles(out.view());
+  }
+  // The same tensors on `dev` (extra_kv as f32 there: the CUDA cache writers take bf16 / f16 / f32 rows, and the
+  // trace's rows are bf16 values, exact in f32).
+  Step on(Device dev) const {
+    if (dev.is_cpu()) return *this;
+    auto to = [&](const Tensor& t) { return t.defined() ? t.to(dev) : Tensor{}; };
+    Step d{to(hidden), to(positions), to(req), to(block_table), to(slots), to(extra_topk), to(extra_block_table)};
+    if (extra_kv.defined()) {
+      Tensor f32 = Tensor::empty({extra_kv.size(0), extra_kv.size(1)}, DType::f32);
+      const std::vector<double> v = to_doubles(extra_kv.view());
+      for (std::size_t i = 0; i < v.size(); ++i) static_cast<float*>(f32.data())[i] = static_cast<float>(v[i]);
+      d.extra_kv = f32.to(dev);
+    }
+    d.extra_slots = to(extra_slots);
+    d.out = to(out);
+    return d;
   }
 };
 
@@ -307,6 +324,15 @@ struct Trace {
     CacheBuffer extra = allocate_cache(blk.options().extra_cache_format, eblocks, epage, Device::cpu(), 1.0f, 512, 64);
     std::memset(main.storage.data(), 0xff, main.storage.nbytes());
     std::memset(extra.storage.data(), 0xff, extra.storage.nbytes());
+    const Device dev = blk.options().device;
+    if (dev.is_cuda()) {  // the poisoned caches copied to the device, their views rebased onto the copies
+      for (CacheBuffer* cb : {&main, &extra}) {
+        const std::ptrdiff_t at = static_cast<const char*>(cb->cache.data.data) - static_cast<const char*>(cb->storage.data());
+        cb->storage = cb->storage.to(dev);
+        cb->cache.data.data = static_cast<char*>(cb->storage.data()) + at;
+        cb->cache.data.device = dev;
+      }
+    }
     const int ratio = blk.compress_ratio();
     std::vector<int64_t> done(reqs.size(), 0);
     std::vector<double> out;
@@ -354,7 +380,7 @@ struct Trace {
           st.extra_slots = int64_tensor(eslots);
         }
       }
-      const std::vector<double> o = st.run(blk, main.cache, extra.cache, precision);
+      const std::vector<double> o = st.on(dev).run(blk, main.cache, extra.cache, precision);
       out.insert(out.end(), o.begin(), o.end());
     }
     return out;
