@@ -24,13 +24,7 @@ using test::v4::Trace;
 using test::v4::Weights;
 
 DeepseekV4Options opts(DType dt, CacheFormat main, CacheFormat extra, int tp = 1, int rank = 0) {
-  DeepseekV4Options o;
-  o.dtype = dt;
-  o.cache_format = main;
-  o.extra_cache_format = extra;
-  o.tp = tp;
-  o.rank = rank;
-  return o;
+  return test::v4::options(dt, main, extra, tp, rank);
 }
 
 // f() must throw an mla::Error whose message holds `what`.

@@ -192,6 +192,19 @@ inline std::vector<double> naive_token(const DeepseekV4Config& c, int ratio, con
   return y;
 }
 
+// Block options: dtype, the two caches' formats, the tensor-parallel rank, the device.
+inline DeepseekV4Options options(DType dt, CacheFormat main, CacheFormat extra, int tp = 1, int rank = 0,
+                                 Device dev = Device::cpu()) {
+  DeepseekV4Options o;
+  o.device = dev;
+  o.dtype = dt;
+  o.cache_format = main;
+  o.extra_cache_format = extra;
+  o.tp = tp;
+  o.rank = rank;
+  return o;
+}
+
 // A way to run the block and its bound against a float64 reference.
 struct Mode {
   DType dt;
