@@ -165,6 +165,8 @@ if has run; then
   # The DeepSeek block (V3 shapes, random fp8 weights) with fp8 prefill over fp8_ds_mla against its float64 twin.
   cli "run block fp8 prefill" "$LOG/run_block_fp8.log" run --backend cuda --block --cache fp8_ds_mla --fp8-prefill \
     --steps 16 --no-progress
+  # The DeepSeek-V4.1 block (V4-Flash shapes, random fp8 weights, v41 + v41_fp4 caches) against its float64 twin.
+  cli "run v4 block" "$LOG/run_v4.log" run --backend cuda --model v41-flash --steps 16 --no-progress
 fi
 if has sanitize; then
   MEM_FILTER=${MEM_FILTER:-'Formats/WriteCacheGpu.*page16*:Formats/GatherGpu.*:GatherGpuEdge.*:DecodeGpu.*:PrefillGpu.*:All/PrefillGpuVariant.*:All/PrefillGpuSweep.*/h3_*:SparseGpu.*:MergeGpu*:TopkGpuEdge.*:LayerGpu.*:LayerGraph.*:DecodeSplitsGpu.*:All/DecodeGpuSweep.*page16_h16_*:All/DecodeGpuSweep.*page64_h128_sq2_*:Ptx*:GemmGpu*:BmmGpu*:WriteCacheGpuEdge.*-DecodeGpu.LongContextManySplits:LayerGpu.WorkspaceBoundCoversRandomPlans'}

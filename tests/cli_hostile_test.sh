@@ -32,7 +32,6 @@ for f in v4 v41 v41_fp4; do  # DeepSeek-V4 records: only with a V4 model
 done
 expect_fail "--extra-cache is the format of DeepSeek-V4's compressed cache" run --backend cpu --steps 1 --extra-cache v4
 expect_fail "a DeepSeek-V4 cache holds rows of 512" run --backend cpu --steps 1 --model v4-flash --cache fp8
-expect_fail "the DeepSeek-V4 block runs on the CPU only" run --backend cuda --steps 1 --model v4-flash
 expect_fail "--sparse, --topk, --topk-source, --dcp and --batch-invariant apply to the V3" run --backend cpu --model v4-flash --sparse
 expect_fail "layer 9 is outside" run --backend cpu --steps 1 --model v4-flash --layer 9
 expect_fail "--sparse-prefill applies to --sparse runs with the fp8_ds_mla cache" run --backend cpu --steps 1 --sparse-prefill separate

@@ -107,12 +107,8 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
   }
   // The block runs on the backend chosen here like the bare layer (its float64 twin on the CPU).
   if (o.backend == "auto") {
-    c.cuda = devices > 0 && !block.v4;
+    c.cuda = devices > 0;
   } else if (o.backend == "cuda") {
-    if (block.v4)
-      throw Error(fmt::format("{}: the DeepSeek-V4 block runs on the CPU only (its CUDA kernels do not exist yet); use "
-                              "--backend cpu",
-                              o.checkpoint.empty() ? "--model " + o.model : "--checkpoint " + o.checkpoint));
     if (!built_with_cuda())
       throw Error("--backend cuda: this build of mla has no CUDA backend (configure with nvcc available)");
     if (devices == 0) throw Error("--backend cuda: no CUDA device found (see `mla info`)");
@@ -170,7 +166,6 @@ RunConfig resolve(const RunOptions& o, BlockRunConfig& block) {
     c.dims.v_head_dim = v.head_dim;
     c.dims.num_heads = v.num_attention_heads / c.tp;
     c.dims.softmax_scale = v.softmax_scale();
-    if (o.backend == "auto" && devices > 0) c.notes.push_back("the DeepSeek-V4 block runs on the CPU (no CUDA kernels yet)");
     if (!o.checkpoint.empty())
       c.notes.push_back(fmt::format("--checkpoint: DeepSeek-V4 layer {} (compress ratio {}); the compressors' outputs "
                                     "and the top-k picks are random",
@@ -342,7 +337,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   cmd->add_option("--device", o.device, "CUDA device index")->check(int_range(0, 1023))->capture_default_str();
   cmd->add_option("--model", o.model, "Model dimensions: v3 (= r1), v2-lite or v3.2 (default v3; v3.2 with --sparse); "
                                       "v4-flash, v4-pro or v41-flash run the DeepSeek-V4 attention block with random "
-                                      "weights on the CPU (--layer picks the layer of the schedule 0, 4, 128, 4: "
+                                      "weights on --backend (--layer picks the layer of the schedule 0, 4, 128, 4: "
                                       "default 1)")
       ->check(CLI::IsMember({"v3", "r1", "v2-lite", "v3.2", "v4-flash", "v4-pro", "v41-flash"}));
   cmd->add_option("--tp", o.tp, "Tensor-parallel size: the layer holds heads/tp query heads (default 8: DeepSeek-V3 "

@@ -80,15 +80,6 @@ DeepseekAttention make_block(const RunConfig& cfg, const BlockRunConfig& b, DTyp
   return DeepseekAttention::load(Checkpoint(b.checkpoint), b.config, b.layer, o);
 }
 
-// A host view's contents copied into `buf` (on the lane's device, at least as many elements), viewed
-// with the same shape; on the CPU the host view itself.
-TensorView on_device(const TensorView& host, const Tensor& buf) {
-  if (!host.defined() || buf.device().is_cpu()) return host;
-  TensorView d(buf.data(), host.dtype, std::span<const int64_t>(host.shape.data(), host.ndim), buf.device());
-  if (host.numel() > 0) copy(d, host);
-  return d;
-}
-
 // One block, its cache and workspace on the block's device, fed the trace's steps. On CUDA the step's
 // inputs are uploaded into device buffers and the plan's metadata once per step (as an engine would).
 struct BlockLane {

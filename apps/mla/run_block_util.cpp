@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "commands.h"
 #include "core/numeric.h"
@@ -92,6 +93,13 @@ TensorView random_bf16_vector(int64_t n, uint64_t seed, double lo, double hi, st
   fill_uniform_bf16(static_cast<uint16_t*>(t.data()), n, seed, lo, hi);
   keep.push_back(t);
   return t.view();
+}
+
+TensorView on_device(const TensorView& host, const Tensor& buf) {
+  if (!host.defined() || buf.device().is_cpu()) return host;
+  TensorView d(buf.data(), host.dtype, std::span<const int64_t>(host.shape.data(), host.ndim), buf.device());
+  if (host.numel() > 0) copy(d, host);
+  return d;
 }
 
 Tensor as_dtype(const Tensor& bf16, DType dtype) {

@@ -53,6 +53,9 @@ TensorView random_bf16_vector(int64_t n, uint64_t seed, double lo, double hi, st
 
 // Rows [T, H] in `dtype` from bf16 values.
 Tensor as_dtype(const Tensor& bf16, DType dtype);
+// A host view's contents copied into `buf` (on a lane's device, at least as many elements), viewed with the
+// same shape; on the CPU the host view itself.
+TensorView on_device(const TensorView& host, const Tensor& buf);
 // rel-L2 of got against ref (any float dtypes, contiguous, same element count); inf for NaN.
 double rel_l2(const TensorView& got, const TensorView& ref);
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // `mla run --model v4-flash | v4-pro | v41-flash`: the continuous-batching trace (trace.h) through the
-// DeepSeek-V4 attention block (mla/deepseek_v4.h) on the CPU, with random weights of the model's shapes
+// DeepSeek-V4 attention block (mla/deepseek_v4.h) on the run's backend (CPU or CUDA), with random weights of the model's shapes
 // (fp8 e4m3 with 128 x 128 block scales, as published) for one layer of the preset schedule (default
 // layer 1: ratio 4, the indexer's top-k over the compressed cache). Each step: random bf16 hidden rows;
 // the compressors' outputs are random rows (one per `ratio` tokens of a request, emitted at the
@@ -54,39 +54,75 @@ struct V4RandomWeights {
   }
 };
 
-// One block with its two caches and workspace, fed the trace's steps.
+// One block with its two caches and workspace on the block's device, fed the trace's steps. On CUDA the step's
+// inputs are uploaded into device buffers once per step (as an engine would) and the output copied back after the
+// timing.
 struct V4Lane {
   DeepseekV4Attention block;
+  Device dev;
   int64_t page_bytes, epage_bytes;
   CacheBuffer cache, extra;
-  Tensor workspace, out;
+  Tensor workspace, out, out_host;
+  Tensor hidden_dev, positions_dev, req_dev, table_dev, slots_dev, topk_dev, ekv_dev, eslots_dev;
   Context ctx;
 
   V4Lane(DeepseekV4Attention blk, const RunConfig& cfg, int64_t max_topk, Precision precision)
       : block(std::move(blk)),
+        dev(block.options().device),
         page_bytes(cfg.trace.page_size * cache_entry_bytes(block.options().cache_format, 512, 64)),
         epage_bytes(cfg.trace.page_size * cache_entry_bytes(block.options().extra_cache_format, 512, 64)),
-        cache(allocate_cache(block.options().cache_format, cfg.trace.pool_blocks(), cfg.trace.page_size, Device::cpu(),
+        cache(allocate_cache(block.options().cache_format, cfg.trace.pool_blocks(), cfg.trace.page_size, dev, 1.0f,
+                             512, 64)),
+        extra(allocate_cache(block.options().extra_cache_format, cfg.trace.pool_blocks(), cfg.trace.page_size, dev,
                              1.0f, 512, 64)),
-        extra(allocate_cache(block.options().extra_cache_format, cfg.trace.pool_blocks(), cfg.trace.page_size,
-                             Device::cpu(), 1.0f, 512, 64)),
-        workspace(Tensor::empty({static_cast<int64_t>(block.workspace_bytes(cfg.trace.token_budget, max_topk))},
-                                DType::u8)),
-        out(Tensor::empty({cfg.trace.token_budget, block.config().hidden_size}, block.options().dtype)),
+        workspace(Tensor::empty({static_cast<int64_t>(std::max<std::size_t>(
+                                    block.workspace_bytes(cfg.trace.token_budget, max_topk), 16))},
+                                DType::u8, dev)),
+        out(Tensor::empty({cfg.trace.token_budget, block.config().hidden_size}, block.options().dtype, dev)),
         ctx{nullptr, precision} {
-    poison(cache.storage.data(), Device::cpu(), cache.storage.nbytes());
-    poison(extra.storage.data(), Device::cpu(), extra.storage.nbytes());
+    poison(cache.storage.data(), dev, cache.storage.nbytes());
+    poison(extra.storage.data(), dev, extra.storage.nbytes());
+    if (dev.is_cuda()) {
+      const int64_t budget = cfg.trace.token_budget, H = block.config().hidden_size, D = block.config().head_dim;
+      out_host = Tensor::empty({budget, H}, block.options().dtype);
+      hidden_dev = Tensor::empty({budget, H}, block.options().dtype, dev);
+      positions_dev = Tensor::empty({budget}, DType::i64, dev);
+      req_dev = Tensor::empty({budget}, DType::i32, dev);
+      table_dev = Tensor::empty({cfg.trace.max_num_seqs * cfg.trace.max_blocks_per_request()}, DType::i32, dev);
+      slots_dev = Tensor::empty({budget}, DType::i64, dev);
+      topk_dev = Tensor::empty({std::max<int64_t>(1, budget * max_topk)}, DType::i32, dev);
+      ekv_dev = Tensor::empty({std::max<int64_t>(1, budget), D}, DType::bf16, dev);
+      eslots_dev = Tensor::empty({std::max<int64_t>(1, budget)}, DType::i64, dev);
+    }
   }
+  // One step (host inputs in `a` and `hidden`); returns the output on the block's device after the device finished.
   TensorView step(DeepseekV4ForwardArgs a, const Tensor& hidden, int64_t T) {
-    a.hidden = hidden.view().slice(0, 0, T);
+    a.hidden = on_device(hidden.view().slice(0, 0, T), hidden_dev);
+    a.positions = on_device(a.positions, positions_dev);
+    a.req_id = on_device(a.req_id, req_dev);
+    a.slot_mapping = on_device(a.slot_mapping, slots_dev);
+    const bool shared_table = a.extra_block_table.defined() && a.extra_block_table.data == a.block_table.data;
+    a.block_table = on_device(a.block_table, table_dev);
+    if (shared_table) a.extra_block_table = a.block_table;  // the extra cache shares the main cache's pages
+    a.extra_topk = on_device(a.extra_topk, topk_dev);
+    a.extra_kv = on_device(a.extra_kv, ekv_dev);
+    a.extra_slot_mapping = on_device(a.extra_slot_mapping, eslots_dev);
     a.out = out.view().slice(0, 0, T);
-    poison(a.out.data, Device::cpu(), static_cast<std::size_t>(T * a.out.shape[1]) * a.out.element_size());
+    poison(a.out.data, dev, static_cast<std::size_t>(T * a.out.shape[1]) * a.out.element_size());
     block.forward(a, cache.cache, extra.cache, workspace.view(), ctx);
+    synchronize(dev);
     return a.out;
   }
+  // The output of the last step on the host.
+  TensorView host(const TensorView& o) {
+    if (dev.is_cpu()) return o;
+    const TensorView h = out_host.view().slice(0, 0, o.shape[0]);
+    copy(h, o);
+    return h;
+  }
   void release(int32_t b) {
-    poison(cache.cache.data.select(0, b).data, Device::cpu(), static_cast<std::size_t>(page_bytes));
-    poison(extra.cache.data.select(0, b).data, Device::cpu(), static_cast<std::size_t>(epage_bytes));
+    poison(cache.cache.data.select(0, b).data, dev, static_cast<std::size_t>(page_bytes));
+    poison(extra.cache.data.select(0, b).data, dev, static_cast<std::size_t>(epage_bytes));
   }
 };
 
@@ -103,22 +139,24 @@ int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_
   if (b.checkpoint.empty()) random.emplace(c, substream(cfg.seed, 0));
   std::optional<Checkpoint> ck;
   if (!b.checkpoint.empty()) ck.emplace(b.checkpoint);
-  auto make = [&](DType dt, CacheFormat main, CacheFormat extra, Precision p) {
+  auto make = [&](DType dt, Device dev, CacheFormat main, CacheFormat extra, Precision p) {
     DeepseekV4Options o;
     o.tp = cfg.tp;
     o.rank = b.rank;
     o.cache_format = main;
     o.extra_cache_format = extra;
     o.dtype = dt;
+    o.device = dev;
     return V4Lane(random ? DeepseekV4Attention(c, b.layer, random->w, o) : DeepseekV4Attention::load(*ck, c, b.layer, o),
                   cfg, K, p);
   };
-  V4Lane fast = make(DType::bf16, cfg.format, b.extra_format, Precision::fast);
+  V4Lane fast = make(DType::bf16, cfg.device, cfg.format, b.extra_format, Precision::fast);
   std::optional<V4Lane> twin, exact;
   const bool quantised = cache_format_info(cfg.format).record || cache_format_info(b.extra_format).record;
   if (cfg.check_samples > 0) {
-    twin.emplace(make(DType::f64, cfg.format, b.extra_format, Precision::reference));
-    if (quantised) exact.emplace(make(DType::f64, CacheFormat::f64, CacheFormat::f64, Precision::reference));
+    twin.emplace(make(DType::f64, Device::cpu(), cfg.format, b.extra_format, Precision::reference));
+    if (quantised)
+      exact.emplace(make(DType::f64, Device::cpu(), CacheFormat::f64, CacheFormat::f64, Precision::reference));
   }
   random.reset();
   const double setup = seconds_since(t_start);
@@ -183,7 +221,7 @@ int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_
     }
     run_lanes(
         fast, twin, exact, hidden, [&](V4Lane& l, const Tensor& h) { return l.step(a, h, T); },
-        [](const TensorView& o) { return o; }, check, fwd_seconds);
+        [&](const TensorView& o) { return fast.host(o); }, check, fwd_seconds);
     release_lanes(sched.commit(batch), fast, twin, exact);
     ++steps;
     tokens += T;
@@ -194,8 +232,9 @@ int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_
   const double wall = seconds_since(t_start);
 
   fmt::print("\n== summary: DeepSeek-V4 attention block ({}, {}), layer {} (compress ratio {}), {} + {} "
-             "caches, cpu ({}) ==\n",
-             cfg.model, b.checkpoint.empty() ? "random weights" : b.checkpoint, b.layer, ratio, to_string(cfg.format), to_string(b.extra_format), cfg.device_name);
+             "caches, {} ({}) ==\n",
+             cfg.model, b.checkpoint.empty() ? "random weights" : b.checkpoint, b.layer, ratio, to_string(cfg.format),
+             to_string(b.extra_format), cfg.device.is_cuda() ? "cuda" : "cpu", cfg.device_name);
   fmt::print("block         hidden {}, {} heads per rank (tp {}, rank {}), head_dim {}, q_lora_rank {}, {} o "
              "group(s) of rank {} per rank, window {}, {}query head norm, {} weights\n",
              H, fast.block.heads(), cfg.tp, b.rank, D, c.q_lora_rank, c.o_groups / cfg.tp, c.o_lora_rank,
@@ -217,7 +256,7 @@ int run_v4_block_trace(const RunConfig& cfg, const BlockRunConfig& b, bool show_
   j["heads_per_rank"] = fast.block.heads();
   j["cache"] = to_string(cfg.format);
   j["extra_cache"] = to_string(b.extra_format);
-  j["device"] = "cpu";
+  j["device"] = cfg.device.is_cuda() ? "cuda" : "cpu";
   j["device_name"] = cfg.device_name;
   return check.finish(twin.has_value(), j, steps, tokens, fwd_seconds, wall, json);
 }
