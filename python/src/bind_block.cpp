@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Checkpoints (mla/safetensors.h) and the whole DeepSeek attention block (mla/deepseek.h).
+// Checkpoints (mla/safetensors.h), the whole DeepSeek attention block (mla/deepseek.h) and the DeepSeek-V4 one
+// (mla/deepseek_v4.h).
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -8,6 +9,7 @@
 
 #include "bindings.h"
 #include "mla/deepseek.h"
+#include "mla/deepseek_v4.h"
 #include "mla/safetensors.h"
 
 namespace mlapy {
@@ -101,7 +103,7 @@ void bind_block(py::module_& m) {
       .def_property_readonly("config", &DeepseekAttention::config)
       .def_property_readonly("options", &DeepseekAttention::options)
       .def_property_readonly("layer_options", &DeepseekAttention::layer_options)
-      .def("planner_config", &DeepseekAttention::planner_config, "Planner settings matching the block (one rank's dims, cache format, sparse); set the serving limits (page size, max_model_len, ...) yourself.")
+      .def("planner_config", &DeepseekAttention::planner_config, "Planner settings matching the block (one rank's dims, cache format, sparse; on CUDA the device's SM count and compute capability); set the serving limits (page size, max_model_len, ...) yourself.")
       .def("projection_is_fp8", &DeepseekAttention::projection_is_fp8, py::arg("name"),
            "True when the projection runs w8a8 (fp8_activations and a block-aligned rank slice).")
       .def("workspace_bytes", &DeepseekAttention::workspace_bytes, py::arg("plan"), "Bytes of the u8 workspace forward() needs for `plan`.")
@@ -122,6 +124,117 @@ void bind_block(py::module_& m) {
          py::arg("slot_mapping"), py::arg("block_table"), py::arg("seq_lens"), py::arg("out"),
          py::arg("topk_indices") = py::none(), py::arg("metadata") = py::none(), py::arg("precision") = Precision::fast,
          "Run one step: writes the cache at slot_mapping and out [T, hidden_size] (this rank's o_proj partial sum).");
+
+  py::class_<DeepseekV4Config>(m, "DeepseekV4Config",
+                               "DeepSeek-V4 / V4.1 attention configuration (config.json): from_file, from_json, preset "
+                               "('v4-flash', 'v4-pro', 'v41-flash'); docs/SEMANTICS.md section 17.")
+      .def(py::init([](const py::kwargs& kw) { return from_kwargs<DeepseekV4Config>(kw); }))
+      .def_static("from_file", &DeepseekV4Config::from_file, py::arg("path"))
+      .def_static("from_json", [](const std::string& text) { return DeepseekV4Config::from_json(text); },
+                  py::arg("text"))
+      .def_static("preset", &DeepseekV4Config::preset, py::arg("name"))
+      .def_static("is_v4_file", &DeepseekV4Config::is_v4_file, py::arg("path"),
+                  "Whether a config.json file describes a DeepSeek-V4 model (model_type deepseek_v4*).")
+      MLA_RW(DeepseekV4Config, model_type) MLA_RW(DeepseekV4Config, hidden_size)
+      MLA_RW(DeepseekV4Config, num_attention_heads) MLA_RW(DeepseekV4Config, head_dim)
+      MLA_RW(DeepseekV4Config, qk_rope_head_dim) MLA_RW(DeepseekV4Config, q_lora_rank) MLA_RW(DeepseekV4Config, o_groups)
+      MLA_RW(DeepseekV4Config, o_lora_rank) MLA_RW(DeepseekV4Config, sliding_window) MLA_RW(DeepseekV4Config, index_topk)
+      MLA_RW(DeepseekV4Config, rms_norm_eps) MLA_RW(DeepseekV4Config, q_head_norm) MLA_RW(DeepseekV4Config, rope_theta)
+      MLA_RW(DeepseekV4Config, compress_rope_theta) MLA_RW(DeepseekV4Config, compress_yarn)
+      MLA_RW(DeepseekV4Config, yarn_factor) MLA_RW(DeepseekV4Config, yarn_original_max_position_embeddings)
+      MLA_RW(DeepseekV4Config, yarn_beta_fast) MLA_RW(DeepseekV4Config, yarn_beta_slow)
+      MLA_RW(DeepseekV4Config, compress_ratios) MLA_RW(DeepseekV4Config, fp8_weights)
+      MLA_RW(DeepseekV4Config, weight_block_rows) MLA_RW(DeepseekV4Config, weight_block_cols)
+      .def("compress_ratio", &DeepseekV4Config::compress_ratio, py::arg("layer"),
+           "The layer's compression ratio: 0 (sliding window only), 4 (top-k picks), 128 (every causal entry).")
+      .def("softmax_scale", &DeepseekV4Config::softmax_scale, "head_dim^-0.5.")
+      .def("validate", &DeepseekV4Config::validate, "Raises on inconsistent dimensions.");
+
+  py::class_<DeepseekV4Options>(m, "DeepseekV4Options",
+                                "Options of a DeepseekV4Attention block: tp and rank, cache_format (the window cache) and "
+                                "extra_cache_format (the compressed cache), device, dtype (bf16, f32 or f64; CUDA bf16) "
+                                "(keyword constructor).")
+      .def(py::init(&options_from_kwargs<DeepseekV4Options>))
+      MLA_RW(DeepseekV4Options, tp) MLA_RW(DeepseekV4Options, rank) MLA_RW(DeepseekV4Options, cache_format)
+      MLA_RW(DeepseekV4Options, extra_cache_format) MLA_RW(DeepseekV4Options, device) MLA_RW(DeepseekV4Options, dtype);
+
+  py::class_<DeepseekV4Attention>(m, "DeepseekV4Attention",
+                                  "The whole DeepSeek-V4 / V4.1 attention block of one layer (hidden states in, the "
+                                  "rank's o_b_proj output out); docs/SEMANTICS.md section 17.")
+      .def(py::init([](const DeepseekV4Config& config, int layer, const py::dict& weights,
+                       const DeepseekV4Options& options) {
+             // weights: "<name>.weight" (and "<name>.weight_scale_inv" for fp8) -> tensor, names as in the
+             // checkpoints' self_attn module (q_a_proj, q_a_norm, q_b_proj, kv_proj, kv_norm, o_a_proj, o_b_proj),
+             // and "sinks".
+             std::vector<TensorArg> keep;
+             keep.reserve(weights.size());
+             auto get = [&](const std::string& name) -> TensorView {
+               if (!weights.contains(name)) return {};
+               keep.push_back(weights[py::str(name)].cast<TensorArg>());
+               return keep.back().view;
+             };
+             for (auto item : weights) {
+               const std::string k = py::str(item.first);
+               static const char* known[] = {"q_a_proj", "q_b_proj", "kv_proj", "o_a_proj", "o_b_proj"};
+               bool ok = k == "q_a_norm.weight" || k == "kv_norm.weight" || k == "sinks";
+               for (const char* n : known)
+                 ok = ok || k == std::string(n) + ".weight" || k == std::string(n) + ".weight_scale_inv";
+               if (!ok) throw ArgError("DeepseekV4Attention: unknown weight '" + k + "'");
+             }
+             auto linear = [&](const std::string& n) { return DeepseekLinear{get(n + ".weight"), get(n + ".weight_scale_inv")}; };
+             DeepseekV4Weights w;
+             w.q_a_proj = linear("q_a_proj");
+             w.q_b_proj = linear("q_b_proj");
+             w.kv_proj = linear("kv_proj");
+             w.o_a_proj = linear("o_a_proj");
+             w.o_b_proj = linear("o_b_proj");
+             w.q_a_norm = get("q_a_norm.weight");
+             w.kv_norm = get("kv_norm.weight");
+             w.sinks = get("sinks");
+             py::gil_scoped_release release;
+             return std::make_unique<DeepseekV4Attention>(config, layer, w, options);
+           }),
+           py::arg("config"), py::arg("layer"), py::arg("weights"), py::arg("options") = DeepseekV4Options{})
+      .def_static("load", [](const Checkpoint& ck, const DeepseekV4Config& config, int layer,
+                             const DeepseekV4Options& o) {
+             py::gil_scoped_release release;
+             return std::make_unique<DeepseekV4Attention>(DeepseekV4Attention::load(ck, config, layer, o));
+           }, py::arg("checkpoint"), py::arg("config"), py::arg("layer"), py::arg("options") = DeepseekV4Options{})
+      .def_property_readonly("config", &DeepseekV4Attention::config)
+      .def_property_readonly("options", &DeepseekV4Attention::options)
+      .def_property_readonly("layer", &DeepseekV4Attention::layer)
+      .def_property_readonly("compress_ratio", &DeepseekV4Attention::compress_ratio)
+      .def_property_readonly("heads", &DeepseekV4Attention::heads, "Query heads of this rank.")
+      .def("workspace_bytes", &DeepseekV4Attention::workspace_bytes, py::arg("num_tokens"), py::arg("extra_topk") = 0,
+           "Bytes of the u8 workspace forward() needs for num_tokens tokens with extra_topk rows extra_topk wide.")
+      .def("forward", [](const DeepseekV4Attention& b, const PyKVCache& cache, const py::object& extra_cache,
+                         const TensorArg& workspace, const TensorArg& hidden, const TensorArg& positions,
+                         const TensorArg& req_id, const TensorArg& block_table, const TensorArg& slot_mapping,
+                         const TensorArg& out, const TensorArg& extra_kv, const TensorArg& extra_slot_mapping,
+                         const TensorArg& extra_block_table, const TensorArg& extra_topk, Precision p) {
+        const Context ctx = to_context(hidden.view, py::none(), p);
+        DeepseekV4ForwardArgs a;
+        a.hidden = hidden.view;
+        a.positions = positions.view;
+        a.req_id = req_id.view;
+        a.block_table = block_table.view;
+        a.slot_mapping = slot_mapping.view;
+        a.out = out.view;
+        a.extra_kv = extra_kv.view;
+        a.extra_slot_mapping = extra_slot_mapping.view;
+        a.extra_block_table = extra_block_table.view;
+        a.extra_topk = extra_topk.view;
+        const KVCache extra = extra_cache.is_none() ? KVCache{} : extra_cache.cast<const PyKVCache&>().cache;
+        py::gil_scoped_release release;
+        b.forward(a, cache.cache, extra, workspace.view, ctx);
+      }, py::arg("cache"), py::arg("extra_cache"), py::arg("workspace"), py::kw_only(), py::arg("hidden"),
+         py::arg("positions"), py::arg("req_id"), py::arg("block_table"), py::arg("slot_mapping"), py::arg("out"),
+         py::arg("extra_kv") = py::none(), py::arg("extra_slot_mapping") = py::none(),
+         py::arg("extra_block_table") = py::none(), py::arg("extra_topk") = py::none(),
+         py::arg("precision") = Precision::fast,
+         "Run one step: writes the window cache at slot_mapping, the extra cache's compressed rows extra_kv at "
+         "extra_slot_mapping, and out [T, hidden_size] (this rank's o_b_proj partial sum). extra_cache: None for a "
+         "layer of ratio 0.");
 }
 
 #undef MLA_RW
