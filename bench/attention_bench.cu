@@ -491,7 +491,26 @@ struct SparseCase {
   double target_us = 0;          // > 0: a target time printed beside the row (issue 48's "done when")
   bool graph = false;            // timed graph-replayed (BenchContext::time_graph_ms)
   int extra_format = -1;         // CacheFormat of the extra cache, -1: the main cache's
+  int64_t extra_pool = 0;        // extra-cache rows the extra indices are drawn from (0: T * extra_topk, each once)
 };
+
+// Each of t tokens' topk distinct rows of a pool of `rows` (a partial shuffle per token, seeded); `distinct`: the
+// rows read at least once.
+std::vector<int32_t> pool_indices(int64_t t, int64_t topk, int64_t rows, uint64_t seed, double& distinct) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> perm(static_cast<std::size_t>(rows)), idx;
+  for (int64_t i = 0; i < rows; ++i) perm[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
+  for (int64_t tok = 0; tok < t; ++tok)
+    for (int64_t j = 0; j < topk; ++j) {
+      const auto k = static_cast<std::size_t>(std::uniform_int_distribution<int64_t>(j, rows - 1)(g));
+      std::swap(perm[static_cast<std::size_t>(j)], perm[k]);
+      idx.push_back(perm[static_cast<std::size_t>(j)]);
+    }
+  std::vector<int32_t> sorted = idx;
+  std::sort(sorted.begin(), sorted.end());
+  distinct = static_cast<double>(std::unique(sorted.begin(), sorted.end()) - sorted.begin());
+  return idx;
+}
 
 // The read floor of a sparse_mqa row: the main cache's rows through idx, then (DeepSeek-V4) the extra cache's
 // through extra_idx, in one launch (a v4 cache is two sets, its bodies and its scale slots: cache_row_sets).
@@ -523,18 +542,7 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
     idx_host = random_permutation(c.t * c.topk, 82);
     distinct = static_cast<double>(c.t * c.topk);
   } else {  // each token: topk distinct rows of the pool (a partial shuffle)
-    std::mt19937_64 g(82);
-    std::vector<int32_t> perm(static_cast<std::size_t>(rows));
-    std::vector<char> seen(static_cast<std::size_t>(rows), 0);
-    for (int64_t i = 0; i < rows; ++i) perm[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
-    for (int64_t tok = 0; tok < c.t; ++tok)
-      for (int64_t j = 0; j < c.topk; ++j) {
-        const auto k = static_cast<std::size_t>(std::uniform_int_distribution<int64_t>(j, rows - 1)(g));
-        std::swap(perm[static_cast<std::size_t>(j)], perm[k]);
-        idx_host.push_back(perm[static_cast<std::size_t>(j)]);
-        seen[static_cast<std::size_t>(perm[static_cast<std::size_t>(j)])] = 1;
-      }
-    for (char v : seen) distinct += v;
+    idx_host = pool_indices(c.t, c.topk, rows, 82, distinct);
   }
   Tensor idx = device_i32(idx_host, {c.t, c.topk}, dev);
   Tensor q = Tensor::empty({c.t, c.h, d_qk}, DType::bf16, dev);
@@ -550,14 +558,19 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
     fill_uniform(sink, -1, 1, 85, ctx.stream());
     opts.attn_sink = sink.view();
     if (c.extra_topk > 0) {
-      const int64_t e_rows = (c.t * c.extra_topk + page - 1) / page * page;
+      const int64_t e_rows = ((c.extra_pool > 0 ? c.extra_pool : c.t * c.extra_topk) + page - 1) / page * page;
+      if (c.extra_topk > e_rows) throw Error("mla bench: sparse_mqa extra top-k larger than the extra pool");
       extra = allocate_cache(extra_format, e_rows / page, page, dev, 1.0f, c.d_qk);
       if (cache_format_info(extra_format).record) fill_record_cache(extra.cache, 86, ctx.stream(), op);
       else fill_cache(extra.cache, 86, ctx.stream());
-      extra_host = random_permutation(c.t * c.extra_topk, 87);
+      if (c.extra_pool > 0) {
+        extra_host = pool_indices(c.t, c.extra_topk, e_rows, 87, extra_rows);
+      } else {
+        extra_host = random_permutation(c.t * c.extra_topk, 87);
+        extra_rows = static_cast<double>(c.t * c.extra_topk);
+      }
       extra_idx = device_i32(extra_host, {c.t, c.extra_topk}, dev);
       opts.extra = {extra.cache, extra_idx.view(), {}};
-      extra_rows = static_cast<double>(c.t * c.extra_topk);
     }
   }
   double ms = 0;
@@ -575,7 +588,8 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   std::string cfg = "T=" + std::to_string(c.t) + " topk=" + std::to_string(c.topk) +
                     (c.extra_topk ? "+" + std::to_string(c.extra_topk) + " extra" : "") +
                     (v4 ? " d_qk=" + std::to_string(c.d_qk) + " sink" : "") + " h=" + std::to_string(c.h) +
-                    (c.pool ? " pool=" + std::to_string(c.pool) : "") + " " + to_string(c.format) +
+                    (c.pool ? " pool=" + std::to_string(c.pool) : "") +
+                    (c.extra_pool ? "+" + std::to_string(c.extra_pool) : "") + " " + to_string(c.format) +
                     (extra_format != c.format ? "+" + std::string(to_string(extra_format)) : "") +
                     (c.batch_invariant ? " batch-invariant" : "") + " [" +
                     last_variant("sparse_mqa") + "]" + timing;
@@ -616,7 +630,9 @@ std::vector<SparseCase> issue8_grid() {
 // h 16 / 64 / 128 heads per rank; bf16 and fp8 (per-tensor) rows, V4's 584-byte records in both caches (v4), and
 // V4.1's native records (a v41 window with a v41_fp4 compressed cache), written by write_cache. Then issue 47's
 // small decode step, T 8, h 16, window 128 + extra 512, v4 and v41 + v41_fp4, graph-replayed beside the issue's
-// 12 us target. Each row's read floor covers both caches.
+// 12 us target. Each row's read floor covers both caches. Last, issue 47's sparse prefill line (T 4096, top-k 640 =
+// window 128 + extra 512, h 128 Pro / 64 Flash; target 500 TFLOP/s): the window's rows drawn from a 4096-row pool
+// (a request's own tokens), the picks from 1024 compressed entries (its ratio-4 entries), v4 and v41 + v41_fp4.
 std::vector<SparseCase> v4_grid() {
   struct F {
     CacheFormat main;
@@ -637,6 +653,12 @@ std::vector<SparseCase> v4_grid() {
     g.back().target_us = 12;
     g.back().graph = true;
   }
+  for (const F& f : {v4, v41})
+    for (int64_t h : {128, 64}) {
+      g.push_back(row(4096, h, 512, f));
+      g.back().pool = 4096;
+      g.back().extra_pool = 1024;
+    }
   return g;
 }
 
