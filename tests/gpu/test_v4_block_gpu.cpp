@@ -77,8 +77,7 @@ TEST(V4BlockGpu, RefusesHostTensors) {
   const DeepseekV4Config c = small_config();
   const Weights w(c);
   const DeepseekV4Attention gpu(c, 0, w.w, opts(Device::cuda(0), DType::bf16, CacheFormat::bf16, CacheFormat::bf16));
-  const Trace tr(c, 0, 3);
-  // Serving through a CPU twin's path with the CUDA block: the host step tensors are refused by name.
+  // Host step tensors and a host cache given to the CUDA block: refused before anything is written.
   CacheBuffer main = allocate_cache(CacheFormat::bf16, 4, 4, Device::cpu(), 1.0f, 512, 64);
   Tensor hidden = Tensor::empty({1, c.hidden_size}, DType::bf16), out = test::poisoned({1, c.hidden_size}, DType::bf16);
   const Tensor pos = test::int64_tensor({0}), rid = test::int_tensor({0}), slots = test::int64_tensor({0});
