@@ -249,7 +249,14 @@ struct Step {
   Step on(Device dev) const {
     if (dev.is_cpu()) return *this;
     auto to = [&](const Tensor& t) { return t.defined() ? t.to(dev) : Tensor{}; };
-    Step d{to(hidden), to(positions), to(req), to(block_table), to(slots), to(extra_topk), to(extra_block_table)};
+    Step d;
+    d.hidden = to(hidden);
+    d.positions = to(positions);
+    d.req = to(req);
+    d.block_table = to(block_table);
+    d.slots = to(slots);
+    d.extra_topk = to(extra_topk);
+    d.extra_block_table = to(extra_block_table);
     if (extra_kv.defined()) {
       Tensor f32 = Tensor::empty({extra_kv.size(0), extra_kv.size(1)}, DType::f32);
       const std::vector<double> v = to_doubles(extra_kv.view());
