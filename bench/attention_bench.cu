@@ -319,6 +319,7 @@ void bench_decode(BenchContext& ctx) {
   if (d.b > 0) {
     cases.push_back({d.b, d.s_q, d.h, d.s_k, d.page, cache_format_from_string(d.format), d.varlen, 0, d.splits,
                      d.sequential_pages});
+    cases.back().graph = d.graph;
   } else if (grid == "issue7") {
     cases = issue7_grid();
   } else if (grid == "issue48") {
@@ -685,6 +686,7 @@ void bench_sparse(BenchContext& ctx) {
   std::vector<SparseCase> cases;
   if (d.b > 0) {
     cases.push_back({d.b, d.h, d.topk, d.pool, cache_format_from_string(d.format), 0});
+    cases.back().graph = d.graph;
   } else if (grid == "issue8") {
     cases = issue8_grid();
   } else if (grid == "v4") {

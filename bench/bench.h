@@ -38,6 +38,7 @@ struct BenchOptions {
     int splits = 0;               // KV splits per request (0: the planner's decode_num_splits)
     int64_t topk = 2048;          // sparse_mqa: indices per token (b = tokens, h, format)
     int64_t pool = 0;             // sparse_mqa: cache rows the indices are drawn from (0: b * topk, each read once)
+    bool graph = false;           // mqa_decode / sparse_mqa shape (--b): timed graph-replayed (no host launch cost)
     // mqa_decode / sparse_mqa: each row runs twice, as is and in the batch-invariant mode (PlannerConfig::
     // batch_invariant; decode: the split count batch_invariant_splits gives a config whose full batch is the row's b)
     bool batch_invariant = false;

@@ -66,6 +66,8 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
           "FORMAT"))
       ->capture_default_str();
   cmd->add_flag("--varlen", o.decode.varlen, "mqa_decode shape: seq_lens uniform in [1, s_k] instead of all s_k");
+  cmd->add_flag("--graph", o.decode.graph,
+                "mqa_decode / sparse_mqa shape (--b): time the call graph-replayed (no host launch cost in the time)");
   cmd->add_flag("--sequential-pages", o.decode.sequential_pages,
                 "mqa_decode shape: each request's pages contiguous in the cache (FlashMLA's benchmark tables) instead of a random permutation");
   cmd->add_flag("--non-causal", o.decode.non_causal, "mha_prefill shape: non-causal (a context chunk) instead of causal");
