@@ -297,8 +297,9 @@ struct Warp {
     return kFp4 ? e4m3_exponent(m) : ue8m0_exponent(m);
   }
   // Into the stage: rows 16 w + j, lane l's chunks 2 l, 2 l + 1, relative to the reference r. Two passes of one
-  // eight-key body (a loop, not unrolled: half the code to fetch per tile; the tile's store phase issues from the
-  // instruction supply, LAB.md §6.7), the second half's codes and scale words moved down between the passes.
+  // eight-key body (a loop, not unrolled: half the code per tile, and with the scale bytes packed in exponent() the
+  // shorter live ranges keep the 64-row kernels free of spills), the second half's codes and scale words moved down
+  // between the passes.
   // Leaves raw and sb4 spent (the next load refills them); valid stays.
   __device__ __forceinline__ void store(uint8_t* stage, int w, int lane, int r) {
     uint8_t* const lo_at = chunk_at(stage, 16 * w, 2 * lane) - swz(0, 2 * lane % 8);    // row 16 w's, unswizzled
