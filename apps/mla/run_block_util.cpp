@@ -102,6 +102,13 @@ TensorView on_device(const TensorView& host, const Tensor& buf) {
   return d;
 }
 
+TensorView on_host(const TensorView& view, const Tensor& buf) {
+  if (view.device.is_cpu()) return view;
+  const TensorView h = buf.view().slice(0, 0, view.shape[0]);
+  copy(h, view);
+  return h;
+}
+
 Tensor as_dtype(const Tensor& bf16, DType dtype) {
   if (dtype == DType::bf16) return bf16;
   Tensor t = Tensor::empty({bf16.size(0), bf16.size(1)}, dtype);

@@ -56,6 +56,9 @@ Tensor as_dtype(const Tensor& bf16, DType dtype);
 // A host view's contents copied into `buf` (on a lane's device, at least as many elements), viewed with the
 // same shape; on the CPU the host view itself.
 TensorView on_device(const TensorView& host, const Tensor& buf);
+// The reverse: a device view's contents copied into the host buffer `buf` (rows [0, view rows) of it), viewed with
+// the view's shape; a host view itself.
+TensorView on_host(const TensorView& view, const Tensor& buf);
 // rel-L2 of got against ref (any float dtypes, contiguous, same element count); inf for NaN.
 double rel_l2(const TensorView& got, const TensorView& ref);
 

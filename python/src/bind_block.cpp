@@ -3,6 +3,7 @@
 // (mla/deepseek_v4.h).
 #include <pybind11/stl.h>
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,41 @@
 namespace mlapy {
 
 #define MLA_RW(cls, f) .def_readwrite(#f, &cls::f)
+
+namespace {
+
+// A block's weights given as a dict of name -> tensor: "<name>.weight" or "<name>.weight_scale_inv" for each of
+// `weights` (linears, or norms the V3 block also takes by these suffixes) and the exact names of `exact`; any other
+// name is refused naming `op`. Holds the converted tensors alive while the block's constructor reads them.
+class WeightDict {
+ public:
+  WeightDict(const py::dict& d, const char* op, std::initializer_list<const char*> weights,
+             std::initializer_list<const char*> exact = {})
+      : d_(d) {
+    keep_.reserve(d.size());  // views into the kept tensors stay valid
+    for (auto item : d) {
+      const std::string k = py::str(item.first);
+      bool ok = false;
+      for (const char* n : exact) ok = ok || k == n;
+      for (const char* n : weights) ok = ok || k == std::string(n) + ".weight" || k == std::string(n) + ".weight_scale_inv";
+      if (!ok) throw ArgError(std::string(op) + ": unknown weight '" + k + "'");
+    }
+  }
+  // The tensor of this name, undefined when absent.
+  mla::TensorView get(const std::string& name) {
+    if (!d_.contains(name)) return {};
+    keep_.push_back(d_[py::str(name)].cast<TensorArg>());
+    return keep_.back().view;
+  }
+  // "<n>.weight" with its "<n>.weight_scale_inv" (fp8), each undefined when absent.
+  mla::DeepseekLinear linear(const std::string& n) { return {get(n + ".weight"), get(n + ".weight_scale_inv")}; }
+
+ private:
+  const py::dict& d_;
+  std::vector<TensorArg> keep_;
+};
+
+}  // namespace
 
 void bind_block(py::module_& m) {
   using namespace mla;
@@ -66,32 +102,18 @@ void bind_block(py::module_& m) {
              // weights: "<name>.weight" (and "<name>.weight_scale_inv" for fp8) -> tensor, names as in the
              // checkpoints' self_attn module (q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa,
              // kv_a_layernorm, kv_b_proj, o_proj).
-             std::vector<TensorArg> keep;
-             keep.reserve(weights.size());
-             auto get = [&](const std::string& name) -> TensorView {
-               if (!weights.contains(name)) return {};
-               keep.push_back(weights[py::str(name)].cast<TensorArg>());
-               return keep.back().view;
-             };
-             for (auto item : weights) {
-               const std::string k = py::str(item.first);
-               static const char* known[] = {"q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj",
-                                             "o_proj", "q_a_layernorm", "kv_a_layernorm"};
-               bool ok = false;
-               for (const char* n : known)
-                 ok = ok || k == std::string(n) + ".weight" || k == std::string(n) + ".weight_scale_inv";
-               if (!ok) throw ArgError("DeepseekAttention: unknown weight '" + k + "'");
-             }
-             auto linear = [&](const std::string& n) { return DeepseekLinear{get(n + ".weight"), get(n + ".weight_scale_inv")}; };
+             WeightDict d(weights, "DeepseekAttention",
+                          {"q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+                           "q_a_layernorm", "kv_a_layernorm"});
              DeepseekWeights w;
-             w.q_a_proj = linear("q_a_proj");
-             w.q_b_proj = linear("q_b_proj");
-             w.q_proj = linear("q_proj");
-             w.kv_a_proj_with_mqa = linear("kv_a_proj_with_mqa");
-             w.kv_b_proj = linear("kv_b_proj");
-             w.o_proj = linear("o_proj");
-             w.q_a_layernorm = get("q_a_layernorm.weight");
-             w.kv_a_layernorm = get("kv_a_layernorm.weight");
+             w.q_a_proj = d.linear("q_a_proj");
+             w.q_b_proj = d.linear("q_b_proj");
+             w.q_proj = d.linear("q_proj");
+             w.kv_a_proj_with_mqa = d.linear("kv_a_proj_with_mqa");
+             w.kv_b_proj = d.linear("kv_b_proj");
+             w.o_proj = d.linear("o_proj");
+             w.q_a_layernorm = d.get("q_a_layernorm.weight");
+             w.kv_a_layernorm = d.get("kv_a_layernorm.weight");
              py::gil_scoped_release release;
              return std::make_unique<DeepseekAttention>(config, w, options);
            }),
@@ -166,31 +188,17 @@ void bind_block(py::module_& m) {
              // weights: "<name>.weight" (and "<name>.weight_scale_inv" for fp8) -> tensor, names as in the
              // checkpoints' self_attn module (q_a_proj, q_a_norm, q_b_proj, kv_proj, kv_norm, o_a_proj, o_b_proj),
              // and "sinks".
-             std::vector<TensorArg> keep;
-             keep.reserve(weights.size());
-             auto get = [&](const std::string& name) -> TensorView {
-               if (!weights.contains(name)) return {};
-               keep.push_back(weights[py::str(name)].cast<TensorArg>());
-               return keep.back().view;
-             };
-             for (auto item : weights) {
-               const std::string k = py::str(item.first);
-               static const char* known[] = {"q_a_proj", "q_b_proj", "kv_proj", "o_a_proj", "o_b_proj"};
-               bool ok = k == "q_a_norm.weight" || k == "kv_norm.weight" || k == "sinks";
-               for (const char* n : known)
-                 ok = ok || k == std::string(n) + ".weight" || k == std::string(n) + ".weight_scale_inv";
-               if (!ok) throw ArgError("DeepseekV4Attention: unknown weight '" + k + "'");
-             }
-             auto linear = [&](const std::string& n) { return DeepseekLinear{get(n + ".weight"), get(n + ".weight_scale_inv")}; };
+             WeightDict d(weights, "DeepseekV4Attention", {"q_a_proj", "q_b_proj", "kv_proj", "o_a_proj", "o_b_proj"},
+                          {"q_a_norm.weight", "kv_norm.weight", "sinks"});
              DeepseekV4Weights w;
-             w.q_a_proj = linear("q_a_proj");
-             w.q_b_proj = linear("q_b_proj");
-             w.kv_proj = linear("kv_proj");
-             w.o_a_proj = linear("o_a_proj");
-             w.o_b_proj = linear("o_b_proj");
-             w.q_a_norm = get("q_a_norm.weight");
-             w.kv_norm = get("kv_norm.weight");
-             w.sinks = get("sinks");
+             w.q_a_proj = d.linear("q_a_proj");
+             w.q_b_proj = d.linear("q_b_proj");
+             w.kv_proj = d.linear("kv_proj");
+             w.o_a_proj = d.linear("o_a_proj");
+             w.o_b_proj = d.linear("o_b_proj");
+             w.q_a_norm = d.get("q_a_norm.weight");
+             w.kv_norm = d.get("kv_norm.weight");
+             w.sinks = d.get("sinks");
              py::gil_scoped_release release;
              return std::make_unique<DeepseekV4Attention>(config, layer, w, options);
            }),

@@ -62,6 +62,15 @@ Tensor norm_weight(const TensorView& w, int64_t n, const char* op, const char* w
   return t;
 }
 
+Tensor norm_on_device(Tensor f64, Device dev) {
+  if (dev.is_cpu()) return f64;
+  const int64_t n = f64.size(0);
+  Tensor f32 = Tensor::empty({n}, DType::f32);
+  for (int64_t i = 0; i < n; ++i)
+    static_cast<float*>(f32.data())[i] = static_cast<float>(static_cast<const double*>(f64.data())[i]);
+  return f32.to(dev);
+}
+
 LayerTensors::LayerTensors(const Checkpoint& ck, int layer, const char* op)
     : ck_(ck), pre_(fmt::format("model.layers.{}.self_attn.", layer)), op_(op) {
   MLA_CHECK(layer >= 0, "{}: layer must be >= 0, got {}", op, layer);

@@ -31,6 +31,9 @@ Tensor rank_weight_t(const DeepseekLinear& w, int block_rows, int block_cols, in
                      int64_t cols, DType dtype, const std::string& what);
 // A norm weight [n] (any float dtype but fp8) as f64, every value finite.
 Tensor norm_weight(const TensorView& w, int64_t n, const char* op, const char* what);
+// The f64 vector `f64` [n] for a block on `dev`: itself on the CPU (the oracle's exact values), an f32 copy on
+// CUDA (rms_norm's CUDA weight type; exact for bf16 / f32 checkpoints).
+Tensor norm_on_device(Tensor f64, Device dev);
 
 // The float tensors "model.layers.<layer>.self_attn.<name>" of a checkpoint, loaded into owning copies
 // that live as long as the reader (the views it returns point into them).

@@ -219,12 +219,7 @@ DeepseekAttention::DeepseekAttention(const DeepseekConfig& config, const Deepsee
   const Device dev = options.device;
   // Norm weights: f64 on the CPU (the oracle's exact values), f32 on CUDA (exact for bf16 / f32 checkpoints).
   auto norm = [&](const TensorView& t, int64_t n, const char* what) {
-    Tensor f64 = block::norm_weight(t, n, kOp, what);
-    if (dev.is_cpu()) return f64;
-    Tensor f32 = Tensor::empty({n}, DType::f32);
-    for (int64_t i = 0; i < n; ++i)
-      static_cast<float*>(f32.data())[i] = static_cast<float>(static_cast<const double*>(f64.data())[i]);
-    return f32.to(dev);
+    return block::norm_on_device(block::norm_weight(t, n, kOp, what), dev);
   };
   if (c.q_lora_rank > 0) {
     MLA_CHECK(!w.q_proj.weight.defined(), "{}: q_lora_rank = {} uses q_a_proj / q_b_proj, but q_proj was given", kOp,

@@ -158,21 +158,14 @@ DeepseekV4Attention::DeepseekV4Attention(const DeepseekV4Config& config, int lay
   // f32, the RoPE tables f64.
   const Device dev = options.device;
   if (dev.is_cuda()) {
-    auto f32_on_device = [&](const Tensor& f64) {
-      const int64_t n = f64.size(0);
-      Tensor f32 = Tensor::empty({n}, DType::f32);
-      for (int64_t i = 0; i < n; ++i)
-        static_cast<float*>(f32.data())[i] = static_cast<float>(static_cast<const double*>(f64.data())[i]);
-      return f32.to(dev);
-    };
     q_a_t_ = q_a_t_.to(dev);
     q_b_t_ = q_b_t_.to(dev);
     kv_t_ = kv_t_.to(dev);
     o_b_t_ = o_b_t_.to(dev);
     for (Tensor& g : o_a_t_) g = g.to(dev);
-    q_a_norm_ = f32_on_device(q_a_norm_);
-    kv_norm_ = f32_on_device(kv_norm_);
-    ones_ = f32_on_device(ones_);
+    q_a_norm_ = block::norm_on_device(q_a_norm_, dev);
+    kv_norm_ = block::norm_on_device(kv_norm_, dev);
+    ones_ = block::norm_on_device(ones_, dev);
     sinks_ = sinks_.to(dev);
     inv_freq_t_ = inv_freq_t_.to(dev);
     neg_inv_freq_t_ = neg_inv_freq_t_.to(dev);
