@@ -43,14 +43,15 @@ __device__ __forceinline__ float load_x(const block::OutQuantParams& p, int64_t 
 // exceed 448 (the static scale); otherwise it is at most 448 (1 + 2^-23) (a group's abs-max scale).
 template <class In, bool kClamped, int N>
 __device__ __forceinline__ void e4m3_quotients(const float (&v)[N], float s, uint8_t (&code)[N]) {
-  if (In::kDType == DType::bf16 && cache::recip_scale_ok(s)) {
-    const auto div = cache::RecipDiv<kClamped>::make(s);
-#pragma unroll
-    for (int i = 0; i < N; ++i) code[i] = dev::float_to_e4m3(div(v[i]));
+  float q[N];
+  if constexpr (In::kDType == DType::bf16) {
+    cache::bf16_quotients<kClamped>(v, s, q);
   } else {
 #pragma unroll
-    for (int i = 0; i < N; ++i) code[i] = dev::float_to_e4m3(__fdiv_rn(v[i], s));
+    for (int i = 0; i < N; ++i) q[i] = __fdiv_rn(v[i], s);
   }
+#pragma unroll
+  for (int i = 0; i < N; ++i) code[i] = dev::float_to_e4m3(q[i]);
 }
 
 template <class In>

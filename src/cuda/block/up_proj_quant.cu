@@ -137,14 +137,7 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&w)[N 
 template <bool kClamped>
 __device__ __forceinline__ void e4m3_codes(const float (&v)[16], float s, uint32_t (&w)[4]) {
   float q[16];
-  if (cache::recip_scale_ok(s)) {
-    const auto div = cache::RecipDiv<kClamped>::make(s);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) q[i] = div(v[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) q[i] = __fdiv_rn(v[i], s);
-  }
+  cache::bf16_quotients<kClamped>(v, s, q);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     w[i] = 0;

@@ -71,6 +71,20 @@ struct RecipDiv {
   }
 };
 
+// q[i] = RN(v[i] / s) for N bf16 values v (as floats): the reciprocal form where s is in its range (kClamped as
+// RecipDiv's), IEEE division otherwise.
+template <bool kClamped, int N>
+__device__ __forceinline__ void bf16_quotients(const float (&v)[N], float s, float (&q)[N]) {
+  if (recip_scale_ok(s)) {
+    const auto div = RecipDiv<kClamped>::make(s);
+#pragma unroll
+    for (int i = 0; i < N; ++i) q[i] = div(v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) q[i] = __fdiv_rn(v[i], s);
+  }
+}
+
 // Eight bf16 values (four 32-bit words, element 0 in the low half of word 0) -> eight e4m3 codes
 // (two words, element 0 in the low byte), each x / s rounded as above.
 template <class Div>
