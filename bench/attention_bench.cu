@@ -30,6 +30,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mla/block_ops.h"
@@ -654,6 +655,12 @@ std::vector<SparseCase> v4_grid() {
     g.back().target_us = 12;
     g.back().graph = true;
   }
+  // The small-T split's other shapes (sparse_split::record_splits): one token, T 8 over 128 + 1024, T 32.
+  for (const F& f : {v4, v41})
+    for (const auto [t, extra] : {std::pair<int64_t, int64_t>{1, 512}, {8, 1024}, {32, 512}}) {
+      g.push_back(row(t, 16, extra, f));
+      g.back().graph = true;
+    }
   for (const F& f : {v4, v41})
     for (int64_t h : {128, 64}) {
       g.push_back(row(4096, h, 512, f));

@@ -37,4 +37,16 @@ int cluster_splits(int64_t units, int64_t tiles, int sms, MaxClusters&& max_clus
   return 1;
 }
 
+// The DeepSeek-V4 record kernel's split (the converter kernel's N 16 tile, attention/sm90/convert/n16.cuh): the same
+// rules, at any cluster size 2..8 (a rank takes ceil(tiles / s) tiles, so the sizes between the powers of two
+// shorten the longest rank: 10 tiles in 5 ranks of 2, where 4 ranks would take 3). `tiles`: a unit's 64-key tiles
+// at most (the main list's, then the extra list's, each rounded up).
+template <class MaxClusters>
+int record_splits(int64_t units, int64_t tiles, int sms, MaxClusters&& max_clusters, bool batch_invariant = false) {
+  if (batch_invariant || units <= 0 || tiles <= 0 || sms <= 0 || units * 2 > sms) return 1;
+  for (int s = kMaxSplits; s >= 2; --s)
+    if (units * s <= sms && tiles >= int64_t{kMinTilesPerRank} * s && max_clusters(s) >= units) return s;
+  return 1;
+}
+
 }  // namespace mla::sparse_split

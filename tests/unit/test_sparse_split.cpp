@@ -66,5 +66,31 @@ TEST(SparseSplit, DegenerateShapes) {
   EXPECT_EQ(cluster_splits(int64_t{1} << 40, 32, 132, g), 1);  // no overflow of units * s
 }
 
+// The DeepSeek-V4 record kernel's split: any cluster size 2..8, the largest with two tiles per rank.
+using sparse_split::record_splits;
+TEST(SparseSplit, RecordSplitsTakeEverySize) {
+  const Gpcs g{8, 16};
+  EXPECT_EQ(record_splits(8, 10, 132, g), 5);   // T 8, window 128 + extra 512: 5 ranks of 2 tiles
+  EXPECT_EQ(record_splits(8, 18, 132, g), 8);   // 128 + 1024: 8 ranks of at most 3
+  EXPECT_EQ(record_splits(1, 7, 132, g), 3);
+  EXPECT_EQ(record_splits(1, 3, 132, g), 1);    // below two tiles per rank
+  EXPECT_EQ(record_splits(16, 18, 132, g), 8);  // 128 CTAs
+  EXPECT_EQ(record_splits(17, 18, 132, g), 5);  // 17 clusters of 7 or 6 are not resident together (16)
+  EXPECT_EQ(record_splits(40, 18, 132, g), 3);  // 120 CTAs
+  EXPECT_EQ(record_splits(41, 18, 132, g), 2);
+  EXPECT_EQ(record_splits(64, 18, 132, g), 2);
+  EXPECT_EQ(record_splits(65, 18, 132, g), 1);  // 65 clusters of 2 are not resident together
+  EXPECT_EQ(record_splits(67, 18, 132, g), 1);  // the tokens fill the GPU
+  EXPECT_EQ(record_splits(8, 18, 132, g, /*batch_invariant=*/true), 1);
+  // Residency: 7 GPCs of 14 hold one cluster of 8 each, two of 7.
+  const Gpcs small{7, 14};
+  EXPECT_EQ(record_splits(7, 18, 132, small), 8);
+  EXPECT_EQ(record_splits(8, 18, 132, small), 7);
+  auto none = [](int) { return 0; };
+  EXPECT_EQ(record_splits(1, 18, 132, none), 1);
+  EXPECT_EQ(record_splits(0, 18, 132, g), 1);
+  EXPECT_EQ(record_splits(int64_t{1} << 40, 18, 132, g), 1);
+}
+
 }  // namespace
 }  // namespace mla

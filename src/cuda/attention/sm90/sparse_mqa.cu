@@ -134,9 +134,22 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
       p.sink = static_cast<const float*>(a.opts.attn_sink.data);
       p.sink_stride = a.opts.attn_sink.stride[0];
     }
-    const unsigned grid = grid_for(int64_t{p.m_tiles} * t, 1, "sparse_mqa (sm90, DeepSeek-V4)");
-    launch_convert_v4_indexed(c.format, x.defined() ? x.kv.format : c.format, p, grid, stream,
-                              "sparse_mqa (sm90, DeepSeek-V4)");
+    const CacheFormat fe = x.defined() ? x.kv.format : c.format;
+    if (convert_v4_n16(p)) {  // the small-T split (core/sparse_split.h record_splits)
+      const int dev = q.device.index;
+      const int64_t tiles = (int64_t{g.topk} + Traits::kBlockN - 1) / Traits::kBlockN +
+                            (x.defined() ? (int64_t{p.extra.topk} + Traits::kBlockN - 1) / Traits::kBlockN : 0);
+      static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
+      const int splits = sparse_split::record_splits(
+          t, tiles, sm_count(dev), [&](int s) { return convert_v4_n16_max_clusters(c.format, fe, dev, s); },
+          a.opts.batch_invariant);
+      if (splits > 1) {
+        p.num_splits = splits;
+        p.cluster_merge = 1;
+      }
+    }
+    const unsigned grid = grid_for(int64_t{p.m_tiles} * t * p.num_splits, 1, "sparse_mqa (sm90, DeepSeek-V4)");
+    launch_convert_v4_indexed(c.format, fe, p, grid, stream, "sparse_mqa (sm90, DeepSeek-V4)");
     return;
   }
   // The small-T split (core/sparse_split.h): the raw kernel, and the seesaw over bf16 rows or, with an odd number of

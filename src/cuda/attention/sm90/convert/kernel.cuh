@@ -394,6 +394,26 @@ __device__ __forceinline__ V4Tiles v4_tiles(const DecodeSm90Params& p, int64_t g
   return v;
 }
 
+// Split `split` of `splits` of a unit's tiles (the small-T cluster split, core/sparse_split.h record_splits): tiles
+// [split * per, min((split + 1) * per, n)) of the main-then-extra sequence, per = ceil(n / splits), so that split 0
+// has a tile whenever the unit has one (it carries the sink); each list cut to its part of that range, its length
+// clipped to the part (no index past it is read).
+__device__ __forceinline__ V4Tiles v4_split(const V4Tiles& v, int split, int splits) {
+  const int n = v.n_main + v.n_extra, per = (n + splits - 1) / splits;
+  const int t0 = min(split * per, n), t1 = min(t0 + per, n);
+  auto part = [](const records::List& l, int n_list, int a, int b, int& count) {
+    a = min(max(a, 0), n_list);
+    b = min(max(b, 0), n_list);
+    count = b - a;
+    return records::List{l.row == nullptr ? nullptr : l.row + static_cast<int64_t>(a) * T::kBlockN,
+                         count == 0 ? 0 : min(l.len - a * T::kBlockN, count * T::kBlockN)};
+  };
+  V4Tiles w;
+  w.main = part(v.main, v.n_main, t0, t1, w.n_main);
+  w.extra = part(v.extra, v.n_extra, t0 - v.n_main, t1 - v.n_main, w.n_extra);
+  return w;
+}
+
 // The reference of the tile in stage s (records.cuh): the largest of the converter threads' scale exponents e (the
 // warp's maximum, then the four warps' through ref_red(s) and the converter's own barrier), never below the
 // previous tile's r (the reference only grows) nor outside [kRefFloor, kRefCeil]. ref_red is per stage: a warp

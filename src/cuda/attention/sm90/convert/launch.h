@@ -20,8 +20,14 @@ void launch_convert_ds_paged(const DecodeSm90Params& p, unsigned grid, cudaStrea
 // token). instantiations/ds_indexed.cu
 void launch_convert_ds_indexed(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what);
 // sparse_mqa with DeepSeek-V4 options over record caches (p.gather the main list, p.extra the extra list, p.sink),
-// one CTA per (row tile, token): the format pairs convert_v4_supports names. instantiations/v4_indexed.cu
+// one CTA per (row tile, token) or, under p.cluster_merge (N 16 tile only), a cluster of p.num_splits CTAs per token:
+// the format pairs convert_v4_supports names. instantiations/v4_indexed.cu
 bool convert_v4_supports(CacheFormat main_format, CacheFormat extra_format);
+// Whether the DeepSeek-V4 path runs p's units on the N 16 tile (one row tile of at most 16 query rows).
+bool convert_v4_n16(const DecodeSm90Params& p);
+// Clusters of `splits` CTAs of the N 16 tile's split build for the pair resident at once on `device` (0: none; the
+// small-T split's residency rule, core/sparse_split.h).
+int convert_v4_n16_max_clusters(CacheFormat main_format, CacheFormat extra_format, int device, int splits);
 void launch_convert_v4_indexed(CacheFormat main_format, CacheFormat extra_format, const DecodeSm90Params& p,
                                unsigned grid, cudaStream_t stream, const char* what);
 

@@ -17,6 +17,7 @@
 // + 8, heads 8 j + 2 (lane % 4) + e (j, e < 2): d[4 j + e] on the first, d[4 j + 2 + e] on the second.
 #include <cstdint>
 
+#include "cuda/attention/sm90/common/cluster_merge.cuh"
 #include "cuda/attention/sm90/convert/kernel.cuh"
 
 namespace mla::cuda::decode_sm90 {
@@ -273,11 +274,37 @@ __device__ __forceinline__ void n16_write(const DecodeSm90Params& p, const Unit&
   }
 }
 
+// The small-T cluster split's partial of a unit (cluster_merge.cuh): O / l of the 16 rows as fp32 [16][kRowFloats]
+// at the start of stage 0, then the rows' natural-log LSE [16] (kN16Lse). Written once both consumers' products
+// retired (stage 0 is free: the converter's last tile was consumed).
+inline constexpr uint32_t kN16Lse = kN16 * ClusterMerge::kRowFloats * 4;
+static_assert(kN16Lse + 4 * kN16 <= T::kTileBytes, "the partial fits in stage 0");
+
+// O^T of panels [c0, c0 + 4) over the heads' sums and factors into the partial (the same values n16_write stores).
+__device__ __forceinline__ void n16_store_partial(const Smem& sm, const float (&o)[4][8], int c0,
+                                                  const float (&scale)[4], int t4, int w, int lane) {
+  float* part = reinterpret_cast<float*>(sm.stage(0));
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int h = n16_head(t4, q), j = q >> 1, e = q & 1;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int col = 64 * (c0 + c) + 16 * w + (lane >> 2);
+      part[h * ClusterMerge::kRowFloats + col] = o[c][4 * j + e] * scale[q];
+      part[h * ClusterMerge::kRowFloats + col + 8] = o[c][4 * j + 2 + e] * scale[q];
+    }
+  }
+}
+
 }  // namespace convert
 
 // The DeepSeek-V4 sparse_mqa kernel for units of at most 16 query rows (the N 16 tile, file comment): the V4 kernel's
-// converter, Q and protocol; S16Role and R16Role for the products; one CTA per token.
-template <CacheFormat FM, CacheFormat FE>
+// converter, Q and protocol; S16Role and R16Role for the products; one CTA per token or, kSplit (p.cluster_merge,
+// the small-T split of sparse_mqa.cu), one cluster of p.num_splits CTAs per token: rank k takes its part of the
+// token's tiles (v4_split), writes its partial (n16_store_partial; rank 0 also folds the sink) and merges its
+// columns of every rank's partial (cluster_merge_protocol). A token without keys: rank 0 writes out 0 and lse the
+// sink, the others nothing, and no rank waits at a cluster barrier (every rank of the cluster takes that path).
+template <CacheFormat FM, CacheFormat FE, bool kSplit>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_convert_v4n16_kernel(const __grid_constant__ CUtensorMap /*unused*/, const DecodeSm90Params p) {
   static_assert(CacheFormatTraits<FM>::kRecord && CacheFormatTraits<FE>::kRecord, "DeepSeek-V4 record formats");
@@ -288,14 +315,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ptx::launch_dependents();
   ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
   Unit u(p, /*gather=*/true);
-  const convert::V4Tiles v = convert::v4_tiles(p, u.g);
+  const convert::V4Tiles whole = convert::v4_tiles(p, u.g);
+  const convert::V4Tiles v = kSplit ? convert::v4_split(whole, u.split, p.num_splits) : whole;
   u.n_tiles = v.n_main + v.n_extra;
   u.key_begin = 0;
   u.seq_len = INT_MAX;
   u.key_end = INT_MAX;
-  if (u.n_tiles == 0) {
-    convert::v4_empty_unit(p, u);
+  if (whole.n_main + whole.n_extra == 0) {
+    if (!kSplit || u.split == 0) convert::v4_empty_unit(p, u);
     return;
+  }
+  if constexpr (kSplit) {
+    if (u.n_tiles == 0) {  // a rank past the token's tiles (never rank 0): LSE -inf, its O never read
+      if (threadIdx.x < convert::kN16)
+        reinterpret_cast<float*>(sm.stage(0) + convert::kN16Lse)[threadIdx.x] = -INFINITY;
+      cluster_merge_protocol(p, u, sm.stage(0), static_cast<int>(threadIdx.x) - 128, 256, convert::kN16Lse);
+      return;
+    }
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
@@ -309,6 +345,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (wg == L::kConverter) {
     ptx::setmaxnreg_dec<L::converter_regs(FM)>();
     convert::record_converter<FM, FE>(p, v, sm);
+    if constexpr (kSplit) cluster_merge_pass();
     return;
   }
   // Q's rows 0..15 only: S^T reads no other (its B operand is the first two swizzle atoms of each panel), and rows
@@ -328,7 +365,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // O is relative to the last tile's reference 2^r and carries P's 2^6; the sink's factor; 1 / l.
       scale[q] = l == 0.0f ? 0.0f : exp2i(*sm.stage_ref((u.n_tiles - 1) & 1) - 6) * sm.out_factors()[h] / l;
     }
-    convert::n16_write(p, u, r.o, 4, scale, t4, w, lane);
+    if constexpr (kSplit) {
+      convert::n16_store_partial(sm, r.o, 4, scale, t4, w, lane);
+      cluster_merge_protocol(p, u, sm.stage(0), static_cast<int>(threadIdx.x) - 128, 256, convert::kN16Lse);
+    } else {
+      convert::n16_write(p, u, r.o, 4, scale, t4, w, lane);
+    }
     return;
   }
   ptx::setmaxnreg_inc<L::s_regs(FM)>();
@@ -339,17 +381,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   for (int q = 0; q < 4; ++q) {
     const int h = convert::n16_head(t4, q);
     float f;
-    convert::fold_sink(convert::sink_log2_of(p, u, h), sr.m[q], sr.l[q], f);
+    // Split: the sink joins rank 0's partial only (the merge sums the ranks' exponentials once).
+    const float sink = !kSplit || u.split == 0 ? convert::sink_log2_of(p, u, h) : -INFINITY;
+    convert::fold_sink(sink, sr.m[q], sr.l[q], f);
     if (w == 0 && lane < 4) {
       sm.sums()[h] = sr.l[q];
       sm.refs()[h] = sr.m[q];
       sm.out_factors()[h] = f;
-      if (u.row0 + h < u.m_rows) store_row_lse(p, u, u.row0 + h, row_lse(sr.m[q], sr.l[q]));
+      if (!kSplit && u.row0 + h < u.m_rows) store_row_lse(p, u, u.row0 + h, row_lse(sr.m[q], sr.l[q]));
     }
     scale[q] = sr.l[q] == 0.0f ? 0.0f : exp2i(sr.ref - 6) * f / sr.l[q];
   }
-  ptx::named_barrier_arrive(L::kBarEnd, 256);
-  convert::n16_write(p, u, sr.o, 0, scale, t4, w, lane);
+  if constexpr (kSplit) {
+    // Both consumers past their products before either overwrites stage 0 with its partial.
+    ptx::named_barrier_sync(L::kBarEnd, 256);
+    convert::n16_store_partial(sm, sr.o, 0, scale, t4, w, lane);
+    if (w == 0 && lane < 4) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        reinterpret_cast<float*>(sm.stage(0) + convert::kN16Lse)[convert::n16_head(t4, q)] = row_lse(sr.m[q], sr.l[q]);
+    }
+    cluster_merge_protocol(p, u, sm.stage(0), static_cast<int>(threadIdx.x) - 128, 256, convert::kN16Lse);
+  } else {
+    ptx::named_barrier_arrive(L::kBarEnd, 256);
+    convert::n16_write(p, u, sr.o, 0, scale, t4, w, lane);
+  }
 }
 
 }  // namespace mla::cuda::decode_sm90
