@@ -92,13 +92,18 @@ void bench_gemm(BenchContext& ctx) {
       std::printf("    fused / two-pass: x%.3f (schedule: %d rows x %d splits)\n", two > 0 ? one / two : 0.0,
                   planned.tile_rows, planned.splits);
       if (B <= 128)  // every schedule at the decode sizes: the planner's model against the clock
-        for (int splits = 1; splits <= max_splits; splits *= 2)
-          for (const int rows : up_proj::kTileRows) {
-            const up_proj::Schedule s{rows, splits};
-            const double ms = ctx.time_ms([&] { cuda::up_project_quantized_with(o_lat, wuv, key, codes, sv, scale, s, op); });
-            std::printf("      %c %3d rows x %d splits: %.4f ms  x%.3f of two-pass\n", s == planned ? '*' : ' ', rows,
-                        splits, ms, two > 0 ? ms / two : 0.0);
-          }
+        for (const bool hopper : {false, true}) {
+          if (hopper && !cuda::up_proj_hopper_supported(ctx.device())) continue;
+          for (int splits = 1; splits <= max_splits; splits *= 2)
+            for (const int rows : up_proj::kTileRows) {
+              if (hopper && rows == 16) continue;  // the Hopper mainloop's tiles are 64 and 128 rows
+              const up_proj::Schedule s{rows, splits, hopper};
+              const double ms =
+                  ctx.time_ms([&] { cuda::up_project_quantized_with(o_lat, wuv, key, codes, sv, scale, s, op); });
+              std::printf("      %c %3d rows x %d splits%s: %.4f ms  x%.3f of two-pass\n", s == planned ? '*' : ' ',
+                          rows, splits, hopper ? " hopper" : "", ms, two > 0 ? ms / two : 0.0);
+            }
+        }
       std::fflush(stdout);
     }
 }

@@ -45,9 +45,19 @@ struct Problem {
 struct Schedule {
   int tile_rows = 16;  // rows per CTA: 16, 64 or 128
   int splits = 1;      // CTAs (one cluster) sharing a unit's latent reduction: 1, 2, 4 or 8
+  // The Hopper mainloop (sm_90a: wgmma from 128-byte-swizzled stages of kHopperStep latent columns; 64- or
+  // 128-row tiles) instead of the mma.sync one. The epilogue, and so the bytes for exact sums, are the same.
+  bool hopper = false;
 
   friend bool operator==(const Schedule&, const Schedule&) = default;
 };
+
+inline constexpr int kHopperTileRows[] = {64, 128};  // the Hopper mainloop's configurations
+inline constexpr int kHopperStep = 64;               // latent elements of one Hopper k tile
+
+// The latent step of a schedule's mainloop, and its k tiles for a latent dimension L.
+inline int step_of(const Schedule& s) { return s.hopper ? kHopperStep : kStep; }
+inline int64_t k_tiles_of(const Schedule& s, int64_t L) { return (L + step_of(s) - 1) / step_of(s); }
 
 // The latent steps of one split CTA: ceil(k_tiles / splits).
 inline int64_t split_k_tiles(int64_t k_tiles, int splits) { return (k_tiles + splits - 1) / splits; }

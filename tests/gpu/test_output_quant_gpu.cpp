@@ -313,17 +313,21 @@ TEST(UpProjectQuantizedGpu, NoRowsWritesPadding) {
 
 // ---- up_project_quantized_with: every schedule (core/up_proj_schedule.h) ----------------------------
 
-// The schedules this device runs: 16 / 64 / 128-row tiles, split 1 / 2 / 4 / 8 ways where there are clusters.
+// The schedules this device runs: 16 / 64 / 128-row tiles, split 1 / 2 / 4 / 8 ways where there are clusters, and
+// on sm_90a the Hopper mainloop's 64 / 128-row tiles at every split.
 std::vector<up_proj::Schedule> device_schedules() {
   std::vector<up_proj::Schedule> out;
   const int max_splits = cuda::up_proj_splits_supported(0) ? up_proj::kMaxSplits : 1;
   for (int splits = 1; splits <= max_splits; splits *= 2)
     for (const int rows : up_proj::kTileRows) out.push_back(up_proj::Schedule{rows, splits});
+  if (cuda::up_proj_hopper_supported(0))
+    for (int splits = 1; splits <= max_splits; splits *= 2)
+      for (const int rows : up_proj::kHopperTileRows) out.push_back(up_proj::Schedule{rows, splits, true});
   return out;
 }
 
 std::string schedule_name(const up_proj::Schedule& s) {
-  return "tile " + std::to_string(s.tile_rows) + " split " + std::to_string(s.splits);
+  return "tile " + std::to_string(s.tile_rows) + " split " + std::to_string(s.splits) + (s.hopper ? " hopper" : "");
 }
 
 QuantOut fused_with(const TensorView& o, const TensorView& w, OutputQuant k, int64_t M_pad, float scale,
@@ -376,7 +380,7 @@ TEST(UpProjectQuantizedGpu, SplitsOfRaggedLatentsBitForBit) {
         if (sh.V % std::max<int64_t>(output_quant_group(k), 16) != 0) continue;
         const QuantOut want = unfused_reference(ov, wd.view(), k, M + 2, fused_scale(k));
         for (const up_proj::Schedule& sched : device_schedules()) {
-          if (sched.splits > (sh.L + 31) / 32) continue;
+          if (sched.splits > up_proj::k_tiles_of(sched, sh.L)) continue;
           expect_same(fused_with(ov, wd.view(), k, M + 2, fused_scale(k), sched), want, k,
                       "h " + std::to_string(sh.h) + " L " + std::to_string(sh.L) + " V " + std::to_string(sh.V) +
                           " M " + std::to_string(M) + " " + schedule_name(sched));
@@ -409,8 +413,11 @@ TEST(UpProjectQuantizedGpu, BadSchedulesAreRefused) {
   MLA_SKIP_WITHOUT_GPU();
   const Tensor od = dyadic({4, 2, 64}, 8).to(kGpu), wd = dyadic({2, 64, 128}, 16).to(kGpu);
   const OutputQuant k = OutputQuant::fp8_group128;
+  // L 64: two 32-wide latent steps (four splits refused), one 64-wide step of the Hopper mainloop (two refused);
+  // the Hopper mainloop has no 16-row tile.
   for (const up_proj::Schedule bad : {up_proj::Schedule{32, 1}, up_proj::Schedule{16, 3}, up_proj::Schedule{64, 16},
-                                      up_proj::Schedule{16, 4}}) {  // L 64: two latent steps, four splits
+                                      up_proj::Schedule{16, 4}, up_proj::Schedule{64, 2, true},
+                                      up_proj::Schedule{16, 1, true}}) {
     const QuantOut q = quant_out(k, 4, 256, kGpu);  // poisoned
     const std::vector<uint8_t> codes = host_bytes(q.codes), scales = host_bytes(q.scales);
     EXPECT_THROW(cuda::up_project_quantized_with(od.view(), wd.view(), k, q.codes, q.scales.view(), 1.0f, bad), Error)

@@ -96,5 +96,16 @@ TEST(UpProjSchedule, DegenerateProblems) {
   EXPECT_EQ(up_proj::schedule(decode(1, 16, 0)), (Schedule{16, 1}));  // an unknown SM count counts as one SM
 }
 
+TEST(UpProjSchedule, HopperMainloopStepsOf64) {
+  EXPECT_EQ(up_proj::step_of(Schedule{64, 1}), 32);
+  EXPECT_EQ(up_proj::step_of(Schedule{64, 1, true}), 64);
+  EXPECT_EQ(up_proj::k_tiles_of(Schedule{128, 1}, 512), 16);
+  EXPECT_EQ(up_proj::k_tiles_of(Schedule{128, 1, true}, 512), 8);
+  EXPECT_EQ(up_proj::k_tiles_of(Schedule{64, 1, true}, 136), 3);  // ragged: the last step zero-filled past L
+  EXPECT_NE((Schedule{64, 2}), (Schedule{64, 2, true}));
+  // The planner's model is the mma.sync mainloop's: it never picks the Hopper one.
+  for (const int64_t b : {1, 64, 128, 1024}) EXPECT_FALSE(up_proj::schedule(decode(b, 128)).hopper) << b;
+}
+
 }  // namespace
 }  // namespace mla

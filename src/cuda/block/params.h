@@ -59,7 +59,7 @@ struct UpProjQuantParams {
   int m_tiles;            // row tiles that compute rows; tiles m_tiles .. x_tiles - 1 write padding rows
   int x_tiles;            // row tiles of the grid (computing and padding)
   int splits;             // CTAs of one cluster that split a tile's latent reduction (1: no cluster)
-  int split_k_tiles;      // 32-wide latent steps of one split CTA: ceil(ceil(L / 32) / splits)
+  int split_k_tiles;      // latent steps (32 wide; the Hopper mainloop's 64) of one split CTA: ceil(k tiles / splits)
   float scale;            // fp8: the static scale; nvfp4: the global scale
   bool vec;               // codes (and nvfp4 codes' 8-byte blocks) may be stored as 16- / 8-byte vectors
 };

@@ -34,6 +34,9 @@
 // The split changes the fp32 summation order (per row a function of S, which the schedule takes from M,
 // h and the device), not the rule: the bytes are quantize_output of this kernel's own bf16 sums.
 //
+// The Hopper mainloop (up_proj::Schedule::hopper, sm_90a; up_proj_quant_sm90_kernel below) replaces the mma.sync
+// loop by wgmma over 64-wide latent stages and keeps the unit, the split and the epilogue (finish).
+//
 // Configurations: BM 16 (4 warps 1 x 4, 10 stages, 97.5 KiB), BM 64 (4 warps 2 x 2, 7 stages, 94.5 KiB),
 // BM 128 (8 warps 4 x 2, 3 stages, 55.5 KiB); the split's partial tile and X fit in at most 70.3 KiB.
 // Dynamic shared memory; sm_80 and later (mma.sync, cp.async, ldmatrix); splits need sm_90 (clusters).
@@ -54,7 +57,9 @@
 #include "cuda/common/ptx/cluster.cuh"
 #include "cuda/common/ptx/cp_async.cuh"
 #include "cuda/common/ptx/ldmatrix.cuh"
+#include "cuda/common/ptx/fence.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
+#include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/cuda_ops.h"
 #include "runtime/device_api.h"
 
@@ -72,6 +77,7 @@ constexpr int kMaxSplits = up_proj::kMaxSplits;
 template <int BM_, int WARPS_M_, int WARPS_N_, int STAGES_>
 struct Cfg {
   static constexpr int BM = BM_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, STAGES = STAGES_;
+  static constexpr bool kHopper = false;
   static constexpr int kThreads = 32 * WARPS_M * WARPS_N;
   static constexpr int WM = BM / WARPS_M, WN = kBN / WARPS_N;
   static constexpr int MT = WM / 16, NT = WN / 8;
@@ -237,33 +243,118 @@ __device__ __forceinline__ void quantise_rows(const block::UpProjQuantParams& p,
   }
 }
 
+// The unit of this CTA: rank fastest, then row tile, head, column tile (grid = S * x_tiles * h * col_tiles).
+struct UnitPos {
+  int rank, xt, head, vcols;  // vcols: valid columns of the tile (a multiple of 16)
+  int64_t n0, col0;           // first column of V in the tile; first column of the output row
+};
+__device__ __forceinline__ UnitPos unit_pos(const block::UpProjQuantParams& p) {
+  UnitPos u;
+  const int S = p.splits;
+  u.rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(S));
+  int unit = static_cast<int>(blockIdx.x / static_cast<unsigned>(S));
+  u.xt = unit % p.x_tiles;
+  unit /= p.x_tiles;
+  u.head = static_cast<int>(unit % p.h);
+  u.n0 = static_cast<int64_t>(unit / p.h) * kBN;
+  u.vcols = static_cast<int>(min64(kBN, p.V - u.n0));
+  u.col0 = static_cast<int64_t>(u.head) * p.V + u.n0;
+  return u;
+}
+
+// A padding tile (xt >= m_tiles): rank r writes its BM / S rows of the tile.
+template <class C, OutputQuant K>
+__device__ __forceinline__ void pad_tile(const block::UpProjQuantParams& p, const UnitPos& u) {
+  const int share = C::BM / p.splits;
+  const int64_t r0 = p.M + static_cast<int64_t>(u.xt - p.m_tiles) * C::BM + static_cast<int64_t>(u.rank) * share;
+  if (r0 < p.M_pad) write_padding<K>(p, r0, min64(r0 + share, p.M_pad), u.col0, u.vcols, C::kThreads);
+}
+
+// After the mainloop (the pipeline's memory free): the tile's fp32 sums, visited by frag.for_pairs(f) as
+// f(row, column, v[column], v[column + 1]) over the thread's fragment, become the output. S = 1: rounded to bf16
+// into X [BM, 128] and quantised. S > 1 (sm_90): the partial tile P [BM, 128] fp32; after a cluster barrier rank r
+// sums rows [r * BM / S, (r + 1) * BM / S) of the S partials through distributed shared memory in rank order into
+// X (after P) and quantises them; a second cluster barrier keeps every partial alive until its readers are done.
+template <class C, OutputQuant K, class Frag>
+__device__ __forceinline__ void finish(const block::UpProjQuantParams& p, uint8_t* smem, const Frag& frag,
+                                       const UnitPos& u, int rows, int64_t m0) {
+  const int S = p.splits, tid = threadIdx.x;
+  if (S == 1) {
+    // The sums rounded to bf16 (round to nearest even, what the unfused bmm writes).
+    uint16_t* X = reinterpret_cast<uint16_t*>(smem);
+    frag.for_pairs([&](int r, int c, float a, float b) {
+      *reinterpret_cast<uint32_t*>(X + r * kXStride + c) = ptx::pack_bf16x2(a, b);
+    });
+    __syncthreads();
+    quantise_rows<C, K>(p, X, 0, C::BM, rows, u.vcols, m0, u.col0);
+    return;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  float* P = reinterpret_cast<float*>(smem);
+  frag.for_pairs([&](int r, int c, float a, float b) {
+    *reinterpret_cast<float2*>(P + r * kPStride + c) = make_float2(a, b);
+  });
+  ptx::cluster_sync();  // every rank's partial tile is written and visible to the cluster
+  const int share = C::BM / S, q0 = u.rank * share;
+  uint16_t* X = reinterpret_cast<uint16_t*>(smem + C::kPartialBytes);
+  for (int it = tid; it < share * (kBN / 4); it += C::kThreads) {
+    const int rl = it / (kBN / 4), c = (it % (kBN / 4)) * 4;
+    if (q0 + rl >= rows) continue;
+    const uint32_t local = ptx::smem_addr(P + (q0 + rl) * kPStride + c);
+    float4 part[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s)
+      if (s < S) part[s] = ptx::ld_shared_cluster_v4f32(ptx::map_peer(local, static_cast<uint32_t>(s)));
+    float4 v = part[0];
+#pragma unroll
+    for (int s = 1; s < kMaxSplits; ++s)
+      if (s < S) v = make_float4(__fadd_rn(v.x, part[s].x), __fadd_rn(v.y, part[s].y), __fadd_rn(v.z, part[s].z),
+                                 __fadd_rn(v.w, part[s].w));
+    *reinterpret_cast<uint2*>(X + rl * kXStride + c) = make_uint2(ptx::pack_bf16x2(v.x, v.y), ptx::pack_bf16x2(v.z, v.w));
+  }
+  ptx::cluster_sync();  // every rank has read the partials (none may exit before), and X is complete
+  quantise_rows<C, K>(p, X, q0, q0 + share, rows, u.vcols, m0, u.col0);
+#else
+  __trap();  // the host splits only on devices with thread-block clusters
+#endif
+}
+
+// The mma.sync mainloop's fragment: warp (wm, wn) holds MT x NT m16n8 tiles of the 16-row groups and 8-column
+// blocks of its WM x WN warp tile.
+template <class C>
+struct MmaFrag {
+  const float (&acc)[C::MT][C::NT][4];
+  int wm, wn, g, t4;
+  template <class F>
+  __device__ __forceinline__ void for_pairs(F&& f) const {
+#pragma unroll
+    for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+      for (int j = 0; j < C::NT; ++j) {
+        const int r = wm * C::WM + i * 16 + g, c = wn * C::WN + j * 8 + 2 * t4;
+        f(r, c, acc[i][j][0], acc[i][j][1]);
+        f(r + 8, c, acc[i][j][2], acc[i][j][3]);
+      }
+  }
+};
+
 template <class C, OutputQuant K>
 __global__ void __launch_bounds__(C::kThreads, 1) up_proj_quant_kernel(block::UpProjQuantParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
-  // Unit of this CTA: rank fastest, then row tile, head, column tile (grid = S * x_tiles * h * col_tiles).
-  const int S = p.splits;
-  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(S));
-  int unit = static_cast<int>(blockIdx.x / static_cast<unsigned>(S));
-  const int xt = unit % p.x_tiles;
-  unit /= p.x_tiles;
-  const int head = static_cast<int>(unit % p.h);
-  const int64_t n0 = static_cast<int64_t>(unit / p.h) * kBN;               // first column of V in this tile
-  const int vcols = static_cast<int>(min64(kBN, p.V - n0));              // valid columns (a multiple of 16)
-  const int64_t col0 = static_cast<int64_t>(head) * p.V + n0;            // first column of the output row
-  if (xt >= p.m_tiles) {  // padding: rank r writes its BM / S rows of the tile
-    const int share = C::BM / S;
-    const int64_t r0 = p.M + static_cast<int64_t>(xt - p.m_tiles) * C::BM + static_cast<int64_t>(rank) * share;
-    if (r0 < p.M_pad) write_padding<K>(p, r0, min64(r0 + share, p.M_pad), col0, vcols, C::kThreads);
+  const UnitPos u = unit_pos(p);
+  if (u.xt >= p.m_tiles) {
+    pad_tile<C, K>(p, u);
     return;
   }
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / C::WARPS_N, wn = warp % C::WARPS_N;
-  const int64_t m0 = static_cast<int64_t>(xt) * C::BM;
+  const int vcols = u.vcols;
+  const int64_t m0 = static_cast<int64_t>(u.xt) * C::BM;
   const int rows = static_cast<int>(min64(C::BM, p.M - m0));
-  const uint16_t* a_base = p.o_lat + m0 * p.o_stride_t + static_cast<int64_t>(head) * p.o_stride_h;
-  const uint16_t* b_base = p.w + static_cast<int64_t>(head) * p.w_stride_h + n0;
+  const uint16_t* a_base = p.o_lat + m0 * p.o_stride_t + static_cast<int64_t>(u.head) * p.o_stride_h;
+  const uint16_t* b_base = p.w + static_cast<int64_t>(u.head) * p.w_stride_h + u.n0;
   const int ktiles = static_cast<int>((p.L + kBK - 1) / kBK);
-  const int kt0 = rank * p.split_k_tiles;
+  const int kt0 = u.rank * p.split_k_tiles;
   const int nkt = max(0, min(ktiles - kt0, p.split_k_tiles));  // this CTA's latent steps (0 for an empty rank)
 
   // Stage s <- latent columns [kt * 32, kt * 32 + 32). Chunks of 8 elements are wholly inside or outside
@@ -327,72 +418,158 @@ __global__ void __launch_bounds__(C::kThreads, 1) up_proj_quant_kernel(block::Up
   }
   ptx::cp_async_wait<0>();
   __syncthreads();  // every warp is done with the pipeline's memory
+  finish<C, K>(p, smem, MmaFrag<C>{acc, wm, wn, lane / 4, lane % 4}, u, rows, m0);
+}
 
-  const int g = lane / 4, t4 = lane % 4;
-  if (S == 1) {
-    // The sums rounded to bf16 (round to nearest even, what the unfused bmm writes) into X [BM, 128].
-    uint16_t* X = reinterpret_cast<uint16_t*>(smem);
+// ---- the Hopper mainloop (Schedule::hopper; sm_90a) ------------------------------------------------------------
+//
+// One CTA per unit as above, BM / 64 warpgroups, every thread loading. A stage holds kHopperStep = 64 latent
+// columns: A = o_lat rows [BM][64] bf16 as 128-byte rows (K-major, 128-byte swizzle: chunk c of row r at
+// r * 128 + ((c ^ (r % 8)) << 4)), B = w rows [64][128] as two MN-major panels of 64 columns ([64 latent rows][128
+// bytes] each, the same swizzle). cp.async 16-byte chunks (zero-filled past M, L and V) in STAGES stages: BM 64
+// keeps all eight steps of L 512 in flight (8 x 24 KiB), BM 128 six (6 x 32 KiB). Per step warpgroup w issues four
+// wgmma m64n128k16 (A rows 64 w .. 64 w + 63 from the stage, B from both panels) into its 64 fp32 accumulators and
+// waits for them before the step's stage is refilled. The accumulator rows are the rows of a 64-row wgmma D
+// fragment (ptx/wgmma.cuh), the epilogue finish() as the mma.sync mainloop's.
+template <int BM_, int STAGES_>
+struct CfgHopper {
+  static constexpr int BM = BM_, STAGES = STAGES_;
+  static constexpr bool kHopper = true;
+  static constexpr int kWarpgroups = BM / 64;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kStep = up_proj::kHopperStep;
+  static constexpr int kABytes = BM * 128;          // [BM][64] bf16
+  static constexpr int kBPanel = kStep * 128;       // [64 latent][64 columns] bf16
+  static constexpr int kStageBytes = kABytes + 2 * kBPanel;
+  static constexpr int kPipeBytes = STAGES * kStageBytes;
+  static constexpr int kXBytes = BM * kXStride * 2;
+  static constexpr int kPartialBytes = BM * kPStride * 4;
+  static constexpr int kSplitBytes = kPartialBytes + BM / 2 * kXStride * 2;
+  static constexpr int kAlign = 1024;  // the swizzled stages start on 1 KiB boundaries
+  static constexpr int kSmemMax = (kPipeBytes > kXBytes ? (kPipeBytes > kSplitBytes ? kPipeBytes : kSplitBytes)
+                                                        : (kXBytes > kSplitBytes ? kXBytes : kSplitBytes)) + kAlign;
+  static_assert(BM % 64 == 0 && BM % kMaxSplits == 0, "whole warpgroups; a split CTA reduces BM / S whole rows");
+  static_assert(kSmemMax <= 227 * 1024, "fits sm_90's shared memory per block");
+
+  static int smem_bytes(int64_t steps, int splits) {
+    const int64_t stages = steps < STAGES ? (steps < 1 ? 1 : steps) : STAGES;
+    const int64_t pipe = stages * kStageBytes;
+    const int64_t epi = splits > 1 ? kPartialBytes + int64_t{BM} / splits * kXStride * 2 : kXBytes;
+    return static_cast<int>((pipe > epi ? pipe : epi) + kAlign);
+  }
+};
+using CfgH64 = CfgHopper<64, 8>;
+using CfgH128 = CfgHopper<128, 6>;
+
+// The 64-row wgmma D fragment of warpgroup wg (ptx/wgmma.cuh): rows 64 wg + 16 w + g (+ 8), columns 8 j + 2 t4.
+struct WgmmaFrag {
+  const float (&acc)[kBN / 2];
+  int r_lo, t4;
+  template <class F>
+  __device__ __forceinline__ void for_pairs(F&& f) const {
 #pragma unroll
-    for (int i = 0; i < C::MT; ++i)
-#pragma unroll
-      for (int j = 0; j < C::NT; ++j) {
-        const int r = wm * C::WM + i * 16 + g, c = wn * C::WN + j * 8 + 2 * t4;
-        *reinterpret_cast<uint32_t*>(X + r * kXStride + c) = ptx::pack_bf16x2(acc[i][j][0], acc[i][j][1]);
-        *reinterpret_cast<uint32_t*>(X + (r + 8) * kXStride + c) = ptx::pack_bf16x2(acc[i][j][2], acc[i][j][3]);
-      }
-    __syncthreads();
-    quantise_rows<C, K>(p, X, 0, C::BM, rows, vcols, m0, col0);
+    for (int j = 0; j < kBN / 8; ++j) {
+      f(r_lo, 8 * j + 2 * t4, acc[4 * j], acc[4 * j + 1]);
+      f(r_lo + 8, 8 * j + 2 * t4, acc[4 * j + 2], acc[4 * j + 3]);
+    }
+  }
+};
+
+__device__ __forceinline__ int swz128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
+template <class C, OutputQuant K>
+__global__ void __launch_bounds__(C::kThreads, 1) up_proj_quant_sm90_kernel(block::UpProjQuantParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma: sm_90a only (the fat build compiles this file for every target)
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + C::kAlign - 1) &
+                                             ~uintptr_t{C::kAlign - 1});
+  const UnitPos u = unit_pos(p);
+  if (u.xt >= p.m_tiles) {
+    pad_tile<C, K>(p, u);
     return;
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The partial tile P [BM, 128] fp32, then the cluster's sums of this rank's rows into X (after P).
-  float* P = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int i = 0; i < C::MT; ++i)
-#pragma unroll
-    for (int j = 0; j < C::NT; ++j) {
-      const int r = wm * C::WM + i * 16 + g, c = wn * C::WN + j * 8 + 2 * t4;
-      *reinterpret_cast<float2*>(P + r * kPStride + c) = make_float2(acc[i][j][0], acc[i][j][1]);
-      *reinterpret_cast<float2*>(P + (r + 8) * kPStride + c) = make_float2(acc[i][j][2], acc[i][j][3]);
+  constexpr int kStep = C::kStep;
+  const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, w = (tid / 32) % 4;
+  const int vcols = u.vcols;
+  const int64_t m0 = static_cast<int64_t>(u.xt) * C::BM;
+  const int rows = static_cast<int>(min64(C::BM, p.M - m0));
+  const uint16_t* a_base = p.o_lat + m0 * p.o_stride_t + static_cast<int64_t>(u.head) * p.o_stride_h;
+  const uint16_t* b_base = p.w + static_cast<int64_t>(u.head) * p.w_stride_h + u.n0;
+  const int ktiles = static_cast<int>((p.L + kStep - 1) / kStep);
+  const int kt0 = u.rank * p.split_k_tiles;
+  const int nkt = max(0, min(ktiles - kt0, p.split_k_tiles));
+
+  // Stage s <- latent columns [kt * 64, kt * 64 + 64): chunks of 8 elements, zero-filled outside M, L and V.
+  auto load_stage = [&](int s, int kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * kStep;
+    uint8_t* as = smem + s * C::kStageBytes;
+    uint8_t* bs = as + C::kABytes;
+    for (int c = tid; c < C::BM * 8; c += C::kThreads) {
+      const int r = c / 8, kc = c % 8;
+      const bool ok = r < rows && k0 + 8 * kc < p.L;
+      ptx::cp_async_16_or_zero(as + swz128(r, kc), ok ? a_base + r * p.o_stride_t + k0 + 8 * kc : p.o_lat, !ok);
     }
-  ptx::cluster_sync();  // every rank's partial tile is written and visible to the cluster
-  const int share = C::BM / S, q0 = rank * share;
-  uint16_t* X = reinterpret_cast<uint16_t*>(smem + C::kPartialBytes);
-  for (int it = tid; it < share * (kBN / 4); it += C::kThreads) {
-    const int rl = it / (kBN / 4), c = (it % (kBN / 4)) * 4;
-    if (q0 + rl >= rows) continue;
-    const uint32_t local = ptx::smem_addr(P + (q0 + rl) * kPStride + c);
-    float4 part[kMaxSplits];
+    for (int c = tid; c < kStep * (kBN / 8); c += C::kThreads) {
+      const int kr = c / (kBN / 8), nc = c % (kBN / 8);
+      const bool ok = k0 + kr < p.L && 8 * nc < vcols;
+      ptx::cp_async_16_or_zero(bs + (nc / 8) * C::kBPanel + swz128(kr, nc % 8),
+                               ok ? b_base + (k0 + kr) * p.w_stride_l + 8 * nc : p.w, !ok);
+    }
+  };
+
+  float acc[kBN / 2];
 #pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s)
-      if (s < S) part[s] = ptx::ld_shared_cluster_v4f32(ptx::map_peer(local, static_cast<uint32_t>(s)));
-    float4 v = part[0];
+  for (int e = 0; e < kBN / 2; ++e) acc[e] = 0.f;
+
 #pragma unroll
-    for (int s = 1; s < kMaxSplits; ++s)
-      if (s < S) v = make_float4(__fadd_rn(v.x, part[s].x), __fadd_rn(v.y, part[s].y), __fadd_rn(v.z, part[s].z),
-                                 __fadd_rn(v.w, part[s].w));
-    *reinterpret_cast<uint2*>(X + rl * kXStride + c) = make_uint2(ptx::pack_bf16x2(v.x, v.y), ptx::pack_bf16x2(v.z, v.w));
+  for (int s = 0; s < C::STAGES - 1; ++s) {
+    if (s < nkt) load_stage(s, kt0 + s);
+    ptx::cp_async_commit();
   }
-  ptx::cluster_sync();  // every rank has read the partials (none may exit before), and X is complete
-  quantise_rows<C, K>(p, X, q0, q0 + share, rows, vcols, m0, col0);
+  for (int i = 0; i < nkt; ++i) {
+    ptx::cp_async_wait<C::STAGES - 2>();
+    ptx::fence_proxy_async_smem();  // this thread's landed chunks, before the async proxy (wgmma) reads them
+    __syncthreads();                // step i landed for every thread; step i - 1's stage was retired by every wgmma
+    const int next = i + C::STAGES - 1;
+    if (next < nkt) load_stage(next % C::STAGES, kt0 + next);
+    ptx::cp_async_commit();
+    const uint8_t* as = smem + (i % C::STAGES) * C::kStageBytes;
+    const uint64_t da = ptx::desc_sw128_k_major(as + wg * 64 * 128);
+    const uint64_t db = ptx::desc_sw128_mn_major(as + C::kABytes, C::kBPanel);
+    ptx::wgmma_fence_operand(acc);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kStep / 16; ++ks)
+      ptx::wgmma_bf16_ss<kBN, ptx::Major::K, ptx::Major::MN>(acc, ptx::desc_advance(da, 32 * ks),
+                                                             ptx::desc_advance(db, 2048 * ks), true);
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(acc);
+  }
+  ptx::cp_async_wait<0>();
+  __syncthreads();  // every warpgroup is done with the pipeline's memory
+  finish<C, K>(p, smem, WgmmaFrag{acc, 64 * wg + 16 * w + lane / 4, lane % 4}, u, rows, m0);
 #else
-  __trap();  // the host splits only on devices with thread-block clusters
+  __trap();  // the host runs the Hopper mainloop only on sm_90a (up_proj_hopper_supported)
 #endif
 }
 
 template <class C, OutputQuant K>
 void launch(const block::UpProjQuantParams& base, int splits, cudaStream_t st) {
   constexpr const char* op = "up_project_quantized";
+  constexpr int step = C::kHopper ? up_proj::kHopperStep : kBK;
   block::UpProjQuantParams p = base;
   const int64_t m_tiles = (p.M + C::BM - 1) / C::BM, pad_tiles = (p.M_pad - p.M + C::BM - 1) / C::BM;
-  const int64_t k_tiles = (p.L + kBK - 1) / kBK, split_k = up_proj::split_k_tiles(k_tiles, splits);
+  const int64_t k_tiles = (p.L + step - 1) / step, split_k = up_proj::split_k_tiles(k_tiles, splits);
   const int64_t grid = (m_tiles + pad_tiles) * p.h * ((p.V + kBN - 1) / kBN) * splits;
   if (grid > 0x7fffffffLL) throw Error(std::string(op) + ": problem too large for one launch");
   p.m_tiles = static_cast<int>(m_tiles);
   p.x_tiles = static_cast<int>(m_tiles + pad_tiles);
   p.splits = splits;
   p.split_k_tiles = static_cast<int>(split_k);
-  auto* kernel = up_proj_quant_kernel<C, K>;
+  void (*kernel)(block::UpProjQuantParams) = nullptr;
+  if constexpr (C::kHopper) kernel = up_proj_quant_sm90_kernel<C, K>;
+  else kernel = up_proj_quant_kernel<C, K>;
   const int smem = C::smem_bytes(split_k, splits);
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemMax),
              "up_project_quantized: shared memory attribute");
@@ -432,6 +609,17 @@ bool up_proj_splits_supported(int device) {
   return attr.ptxVersion >= 90;
 }
 
+// The Hopper mainloop needs sm_90a's own image (wgmma): compute capability 9.0 and the kernel built for it.
+bool up_proj_hopper_supported(int device) {
+  const cuda_rt::DeviceInfo& info = cuda_rt::device_info(device);
+  if (info.cc_major != 9 || info.cc_minor != 0) return false;
+  DeviceGuard guard(Device::cuda(device));
+  cudaFuncAttributes attr{};
+  check_cuda(cudaFuncGetAttributes(&attr, up_proj_quant_sm90_kernel<CfgH64, OutputQuant::fp8>),
+             "up_project_quantized: kernel attributes");
+  return attr.ptxVersion >= 90;
+}
+
 up_proj::Schedule up_proj_planned_schedule(int64_t rows, int64_t heads, int64_t L, int64_t V, int device) {
   up_proj::Problem prob;
   prob.rows = rows;
@@ -450,17 +638,22 @@ void up_project_quantized_with(const TensorView& o_lat, const TensorView& w_uv, 
   const int64_t M = o_lat.size(0), h = o_lat.size(1), L = o_lat.size(2), V = w_uv.size(2);
   const int64_t M_pad = codes.size(0);
   const int S = sched.splits;
-  if (sched.tile_rows != 16 && sched.tile_rows != 64 && sched.tile_rows != 128)
-    throw Error(std::string(op) + ": a tile of 16, 64 or 128 rows, got " + std::to_string(sched.tile_rows));
+  if (sched.hopper ? sched.tile_rows != 64 && sched.tile_rows != 128
+                   : sched.tile_rows != 16 && sched.tile_rows != 64 && sched.tile_rows != 128)
+    throw Error(std::string(op) + ": a tile of " + (sched.hopper ? "64 or 128" : "16, 64 or 128") + " rows" +
+                (sched.hopper ? " for the Hopper mainloop" : "") + ", got " + std::to_string(sched.tile_rows));
   if (S != 1 && S != 2 && S != 4 && S != 8)
     throw Error(std::string(op) + ": a latent split of 1, 2, 4 or 8 CTAs, got " + std::to_string(S));
-  if (S > 1 && S > (L + kBK - 1) / kBK)
-    throw Error(std::string(op) + ": a latent split of at most ceil(L / 32) = " + std::to_string((L + kBK - 1) / kBK) +
-                " CTAs, got " + std::to_string(S));
+  const int step = up_proj::step_of(sched);
+  if (S > 1 && S > up_proj::k_tiles_of(sched, L))
+    throw Error(std::string(op) + ": a latent split of at most ceil(L / " + std::to_string(step) + ") = " +
+                std::to_string(up_proj::k_tiles_of(sched, L)) + " CTAs, got " + std::to_string(S));
   if (M_pad == 0 || h == 0 || V == 0) return;
   DeviceGuard guard(codes.device);
   if (S > 1 && !up_proj_splits_supported(codes.device.index))
     throw Error(std::string(op) + ": a latent split needs thread-block clusters (sm_90 or later)");
+  if (sched.hopper && !up_proj_hopper_supported(codes.device.index))
+    throw Error(std::string(op) + ": the Hopper mainloop needs an sm_90a device (compute capability 9.0)");
   // cp.async moves 16-byte chunks of 8 elements: rows, head and token strides on 16-byte boundaries.
   if (!aligned16(o_lat.data, o_lat.stride[0], 2) || (o_lat.stride[1] * 2) % 16 != 0 || L % 8 != 0 ||
       !aligned16(w_uv.data, w_uv.stride[0], 2) || (w_uv.stride[1] * 2) % 16 != 0)
@@ -483,10 +676,15 @@ void up_project_quantized_with(const TensorView& o_lat, const TensorView& w_uv, 
   p.vec = fp4 ? reinterpret_cast<uintptr_t>(codes.data) % 8 == 0 && codes.stride[0] % 8 == 0
               : reinterpret_cast<uintptr_t>(codes.data) % 16 == 0 && codes.stride[0] % 16 == 0;
   const cudaStream_t st = stream_of(ctx);
-  switch (sched.tile_rows) {
-    case 16: launch_key<Cfg16>(key, p, S, st); break;
-    case 64: launch_key<Cfg64>(key, p, S, st); break;
-    default: launch_key<Cfg128>(key, p, S, st); break;
+  if (sched.hopper) {
+    if (sched.tile_rows == 64) launch_key<CfgH64>(key, p, S, st);
+    else launch_key<CfgH128>(key, p, S, st);
+  } else {
+    switch (sched.tile_rows) {
+      case 16: launch_key<Cfg16>(key, p, S, st); break;
+      case 64: launch_key<Cfg64>(key, p, S, st); break;
+      default: launch_key<Cfg128>(key, p, S, st); break;
+    }
   }
   check_launch(op);
 }
