@@ -102,6 +102,7 @@ struct S16Role {
       const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
       const uint32_t p_off = stage_off + 8 * T::kPanelBytes;
       ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
+      MLA_DECODE_TRACE_EVENT(4, 128, true);
       ptx::fence_proxy_async_smem();
       // S^T over the eight panels; the previous tile's O^T product retires meanwhile and releases its stage.
       float st[8];
@@ -191,6 +192,7 @@ struct S16Role {
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int c = 0; c < 4; ++c) ptx::wgmma_fence_operand(o[c]);
+    MLA_DECODE_TRACE_EVENT(5, 128);
     if (u.n_tiles > 0) ptx::mbar_arrive(sm.empty((u.n_tiles - 1) & 1));
     // The heads' sums over the keys: the lanes of equal lane % 4, then the four warps.
 #pragma unroll
@@ -312,6 +314,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using T = Traits;
   extern __shared__ uint8_t smem_raw[];
   const convert::Smem sm{aligned_smem(smem_raw)};
+  MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();
   ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
   Unit u(p, /*gather=*/true);
@@ -344,13 +347,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int wg = ptx::warpgroup_index();
   if (wg == L::kConverter) {
     ptx::setmaxnreg_dec<L::converter_regs(FM)>();
+    MLA_DECODE_TRACE_EVENT(1, 0);
     convert::record_converter<FM, FE>(p, v, sm);
+    MLA_DECODE_TRACE_EVENT(2, 0);
     if constexpr (kSplit) cluster_merge_pass();
     return;
   }
   // Q's rows 0..15 only: S^T reads no other (its B operand is the first two swizzle atoms of each panel), and rows
   // 16.. of panel 0 are S's scratch (N16Scratch).
   convert::v4_q_prologue<convert::kN16>(p, u, sm, static_cast<int>(threadIdx.x) - 128);
+  MLA_DECODE_TRACE_EVENT(3, 128);
   const int lane = threadIdx.x & 31, w = ptx::warp_idx_in_warpgroup(), t4 = lane & 3;
   if (wg == L::kRWarpgroup) {
     ptx::setmaxnreg_dec<L::r_regs(FM)>();
@@ -406,6 +412,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ptx::named_barrier_arrive(L::kBarEnd, 256);
     convert::n16_write(p, u, sr.o, 0, scale, t4, w, lane);
   }
+  MLA_DECODE_TRACE_EVENT(6, 128);
 }
 
 }  // namespace mla::cuda::decode_sm90
