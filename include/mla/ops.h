@@ -226,6 +226,20 @@ struct SparseExtraCache {
   TensorView topk_length{};
   bool defined() const { return indices.defined() || kv.data.defined(); }
 };
+// The output's rotary rotation (DeepSeek-V4: the values carry the keys' rope, K = V, and the block turns each
+// head's output back by -position): the last rope_dim columns of out (d_v - rope_dim .. d_v - 1) rotated
+// pairwise, pair i = columns (2i, 2i + 1) of them (interleaved, as DeepSeek's checkpoints), by the angle
+// positions[t] * inv_freq[i]: (a, b) <- (a cos - b sin, b cos + a sin), the angle and its cos / sin in float64,
+// applied to the float output before its one rounding. Equal to apply_rope(out, out, positions, inv_freq, 1,
+// rope_dim, true) of the unrotated output but for that rounding. The LSE is unchanged.
+//   positions [T] int32 / int64 (any sign)    inv_freq [rope_dim / 2] f64, contiguous; both on q's device
+//   rope_dim even, in [2, d_v]; d_v even
+struct SparseOutRotation {
+  TensorView positions{};
+  TensorView inv_freq{};
+  int64_t rope_dim = 0;
+  bool defined() const { return rope_dim != 0 || positions.defined() || inv_freq.defined(); }
+};
 struct SparseOptions {
   // [h_q] fp32: per-head logit (the units of score = (q . k) * softmax_scale) entering the softmax
   // denominator only, as a key of value 0: l_h = sum_j exp(s_hj - m) + exp(sink_h - m); out = sum_j
@@ -240,8 +254,10 @@ struct SparseOptions {
   // batch_invariant): the kernel depends on h_q only and a token's keys are never split by the number of
   // tokens (CUDA: one CTA per token and row tile; the CPU: fixed chunks of kBatchInvariantKeys).
   bool batch_invariant = false;
+  // The output's rotation (SparseOutRotation); not with dcp_sparse_mqa.
+  SparseOutRotation out_rotation{};
 
-  bool any() const { return attn_sink.defined() || extra.defined() || values_include_rope; }
+  bool any() const { return attn_sink.defined() || extra.defined() || values_include_rope || out_rotation.defined(); }
 };
 // sparse_mqa with DeepSeek-V4 inputs: token t's keys are its valid main rows followed by its valid extra
 // rows, all in one softmax (duplicates within and across the two lists count as separate keys).

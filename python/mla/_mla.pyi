@@ -468,7 +468,7 @@ class DeepseekOptions:
     def fp8_prefill(self, value: bool) -> None: ...
     @property
     def fp8_prefill_scales(self) -> tuple:
-        """(q, k, v) static scales of fp8_prefill (the layer's LayerOptions.fp8_prefill_scales); default (1, 1, 1)."""
+        ...
     @fp8_prefill_scales.setter
     def fp8_prefill_scales(self, value: tuple) -> None: ...
     @property
@@ -1583,8 +1583,8 @@ def sparse_fp8_decode_padded_heads(num_heads: int) -> int:
 def sparse_mixed_batch_for(mode: SparsePrefillMode, num_heads: int, compute_capability: int = ..., dcp_world_size: int = ...) -> bool:
     """Whether SparsePrefillMode `mode` runs prefills in the mixed batch for num_heads on a device of compute_capability in a DCP group of dcp_world_size."""
 
-def sparse_mqa(q: TensorLike, kv: KVCache, indices: TensorLike, topk_length: TensorLike, out: TensorLike, lse: TensorLike, softmax_scale: float, *, stream: Any = ..., precision: Precision = ..., attn_sink: TensorLike = ..., extra_kv: Any = ..., extra_indices: TensorLike = ..., extra_topk_length: TensorLike = ..., values_include_rope: bool = ..., batch_invariant: bool = ...) -> None:
-    """Sparse MQA over top-k cache rows (FlashMLA-sparse semantics). q [T, h_q, d_qk] (CUDA: bf16), kv any cache format (row r = block r // page, offset r % page), indices [T, topk] int32 (< 0 invalid), topk_length [T] int32 or None, out [T, h_q, d_v], lse [T, h_q] fp32 or None (no valid index: out 0, lse -inf). DeepSeek-V4 inputs (SEMANTICS §11.8): attn_sink [h_q] f32, extra_kv / extra_indices [T, k_e] / extra_topk_length [T] (a second cache in the same softmax), values_include_rope (d_v up to d_qk). batch_invariant: each token's result bit-identical whatever else is in the call."""
+def sparse_mqa(q: TensorLike, kv: KVCache, indices: TensorLike, topk_length: TensorLike, out: TensorLike, lse: TensorLike, softmax_scale: float, *, stream: Any = ..., precision: Precision = ..., attn_sink: TensorLike = ..., extra_kv: Any = ..., extra_indices: TensorLike = ..., extra_topk_length: TensorLike = ..., values_include_rope: bool = ..., batch_invariant: bool = ..., out_rotation_positions: TensorLike = ..., out_rotation_inv_freq: TensorLike = ..., out_rotation_dim: int = ...) -> None:
+    """Sparse MQA over top-k cache rows (FlashMLA-sparse semantics). q [T, h_q, d_qk] (CUDA: bf16), kv any cache format (row r = block r // page, offset r % page), indices [T, topk] int32 (< 0 invalid), topk_length [T] int32 or None, out [T, h_q, d_v], lse [T, h_q] fp32 or None (no valid index: out 0, lse -inf). DeepSeek-V4 inputs (SEMANTICS §11.8): attn_sink [h_q] f32, extra_kv / extra_indices [T, k_e] / extra_topk_length [T] (a second cache in the same softmax), values_include_rope (d_v up to d_qk), out_rotation_positions [T] int32 / int64 + out_rotation_inv_freq [R / 2] f64 + out_rotation_dim R (the output's last R columns turned pairwise by position * inv_freq before the store: the V4 block's inverse rope). batch_invariant: each token's result bit-identical whatever else is in the call."""
 
 def sparse_prefill_padded_heads(num_heads: int, sm100: bool) -> int:
     """Heads the sparse prefill kernel is padded to (64 / 128, a multiple of 128 beyond)."""

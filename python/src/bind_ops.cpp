@@ -161,10 +161,12 @@ void bind_ops(py::module_& m) {
   m.def("sparse_mqa", [](const A& q, const K& kv, const A& indices, const A& topk_length, const A& out, const A& lse,
                          double softmax_scale, py::handle s, Precision p, const A& attn_sink, py::handle extra_kv,
                          const A& extra_indices, const A& extra_topk_length, bool values_include_rope,
-                         bool batch_invariant) {
+                         bool batch_invariant, const A& out_rotation_positions, const A& out_rotation_inv_freq,
+                         int64_t out_rotation_dim) {
     const mla::Context ctx = to_context(q.view, s, p);
-    const mla::SparseOptions o =
+    mla::SparseOptions o =
         sparse_options(attn_sink, extra_kv, extra_indices, extra_topk_length, values_include_rope, batch_invariant);
+    o.out_rotation = {out_rotation_positions.view, out_rotation_inv_freq.view, out_rotation_dim};
     without_gil([&] {
       mla::sparse_mqa(q.view, kv.cache, indices.view, topk_length.view, out.view, lse.view, softmax_scale, o, ctx);
     });
@@ -172,12 +174,16 @@ void bind_ops(py::module_& m) {
      py::arg("softmax_scale"), py::kw_only(), stream, precision, py::arg("attn_sink") = py::none(),
      py::arg("extra_kv") = py::none(), py::arg("extra_indices") = py::none(), py::arg("extra_topk_length") = py::none(),
      py::arg("values_include_rope") = false, py::arg("batch_invariant") = false,
+     py::arg("out_rotation_positions") = py::none(), py::arg("out_rotation_inv_freq") = py::none(),
+     py::arg("out_rotation_dim") = 0,
      "Sparse MQA over top-k cache rows (FlashMLA-sparse semantics). q [T, h_q, d_qk] (CUDA: bf16), kv any cache "
      "format (row r = block r // page, offset r % page), indices [T, topk] int32 (< 0 invalid), topk_length [T] "
      "int32 or None, out [T, h_q, d_v], lse [T, h_q] fp32 or None (no valid index: out 0, lse -inf). "
      "DeepSeek-V4 inputs (SEMANTICS §11.8): attn_sink [h_q] f32, "
      "extra_kv / extra_indices [T, k_e] / extra_topk_length [T] (a second cache in the same softmax), "
-     "values_include_rope (d_v up to d_qk). batch_invariant: each token's result bit-identical whatever else is "
+     "values_include_rope (d_v up to d_qk), out_rotation_positions [T] int32 / int64 + out_rotation_inv_freq "
+     "[R / 2] f64 + out_rotation_dim R (the output's last R columns turned pairwise by position * inv_freq before "
+     "the store: the V4 block's inverse rope). batch_invariant: each token's result bit-identical whatever else is "
      "in the call.");
 
   m.def("gemm", [](const A& a, const A& b, const A& c, float alpha, float beta, py::handle s, Precision p) {

@@ -341,6 +341,8 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
   SparseOptions so;
   so.attn_sink = sinks_.view();
   so.values_include_rope = true;
+  // The values carried the keys' rope: each head's rope columns turned back by -position in the op's epilogue.
+  so.out_rotation = {a.positions, neg_inv_freq_t_.view(), R};
   if (ratio_ > 0) {
     if (K > 0)
       convert_topk_indices(a.req_id, a.extra_block_table, a.extra_topk, ext_rows, extra.page_size(), 0, {}, {}, {}, {},
@@ -351,8 +353,6 @@ void DeepseekV4Attention::forward(const DeepseekV4ForwardArgs& a, const KVCache&
     }
   }
   sparse_mqa(q.reshape({T, h, D}), cache, win_rows, {}, attn.reshape({T, h, D}), {}, c.softmax_scale(), so, ctx);
-  // The values carried the keys' rope: rotate each head's rope columns back by -position.
-  apply_rope(attn.reshape({T, h, D}), attn.reshape({T, h, D}), a.positions, neg_inv_freq_t_.view(), 1.0, R, true, ctx);
   // Grouped o projection: group g of the rank reads its heads' outputs (hpg * D contiguous columns).
   const int64_t gw = (h / groups_) * D;
   for (int64_t g = 0; g < groups_; ++g)

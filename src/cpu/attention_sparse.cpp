@@ -11,6 +11,7 @@
 // rows in the token's key list (stored as -1 - row, mqa_split.h's tag for the extra cache); the per-head
 // sink enters each row's softmax state after its last key (SoftmaxTile::add_sink).
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct SparseGroups {
   const TensorView &q, &out, &lse;
   int64_t h, d, dv;
   const TensorView& sink_h;  // [h] or undefined
+  const SparseOutRotation& rot;       // rope_dim 0: none
   std::vector<int64_t> offset, rows;  // token t's valid cache rows: rows[offset[t] .. offset[t + 1])
 
   int64_t keys(int64_t t) const { return offset[t + 1] - offset[t]; }
@@ -38,7 +40,21 @@ struct SparseGroups {
                             : -std::numeric_limits<T>::infinity();
   }
   void store(int64_t t, int64_t hh, const T* o, double l) const {
-    store_row(out.ptr_at({t, hh, 0}), out.dtype, o, dv);
+    if (rot.rope_dim > 0) {  // the last rope_dim columns turned by positions[t] * inv_freq[i], before the rounding
+      std::vector<T> r(o, o + dv);
+      const auto pos = static_cast<double>(num::load_index(rot.positions.ptr_at({t}), rot.positions.dtype));
+      const int64_t c0 = dv - rot.rope_dim;
+      for (int64_t i = 0; i < rot.rope_dim / 2; ++i) {
+        const double ang = pos * num::load(rot.inv_freq.ptr_at({i}), rot.inv_freq.dtype);
+        const double c = std::cos(ang), s = std::sin(ang);
+        const double a = o[c0 + 2 * i], b = o[c0 + 2 * i + 1];
+        r[static_cast<std::size_t>(c0 + 2 * i)] = static_cast<T>(a * c - b * s);
+        r[static_cast<std::size_t>(c0 + 2 * i + 1)] = static_cast<T>(b * c + a * s);
+      }
+      store_row(out.ptr_at({t, hh, 0}), out.dtype, r.data(), dv);
+    } else {
+      store_row(out.ptr_at({t, hh, 0}), out.dtype, o, dv);
+    }
     if (lse.defined()) num::store(lse.ptr_at({t, hh}), lse.dtype, l);  // f32, or f64 for the oracle
   }
 };
@@ -59,7 +75,7 @@ void sparse_impl(const TensorView& q, const KVCache& kv, const TensorView& indic
                  const TensorView& out, const TensorView& lse, double softmax_scale, const SparseOptions& opts) {
   const int64_t n_tok = q.size(0);
   const SparseExtraCache& ex = opts.extra;
-  SparseGroups<T> src{q, out, lse, q.size(1), q.size(2), out.size(2), opts.attn_sink, {0}, {}};
+  SparseGroups<T> src{q, out, lse, q.size(1), q.size(2), out.size(2), opts.attn_sink, opts.out_rotation, {0}, {}};
   src.offset.reserve(static_cast<std::size_t>(n_tok + 1));
   for (int64_t t = 0; t < n_tok; ++t) {
     append_rows(src.rows, indices, topk_length, t, kv.num_slots(), false);

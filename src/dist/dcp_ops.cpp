@@ -429,6 +429,9 @@ void dcp_sparse_mqa(Communicator& comm, const TensorView& q, const KVCache& cach
             out.describe());
   MLA_CHECK(!lse.defined() || (lse.ndim == 2 && lse.size(0) == t && lse.size(1) == h_q),
             "{}: lse must be [{}, {}], got {}", op, t, h_q, lse.describe());
+  MLA_CHECK(!opts.out_rotation.defined(),
+            "{}: out_rotation is not taken here (the combine rounds the output): rotate after the call (apply_rope)",
+            op);
   const TensorView& sink = opts.attn_sink;
   if (sink.defined()) {  // checked before any collective: the combine would refuse it only after the exchange
     MLA_CHECK(sink.ndim == 1 && sink.size(0) == h_q && sink.dtype == DType::f32 && sink.device == comm.device(),

@@ -279,8 +279,28 @@ int64_t check_sparse_index_list(const TensorView& indices, const TensorView& top
 }
 
 // The DeepSeek-V4 options against the main call's shapes (ops.h, SparseOptions).
-void check_sparse_options(const SparseOptions& o, const KVCache& kv, int64_t t, int64_t h_q, Device dev,
+void check_sparse_options(const SparseOptions& o, const KVCache& kv, int64_t t, int64_t h_q, int64_t d_v, Device dev,
                           const char* op) {
+  const SparseOutRotation& r = o.out_rotation;
+  if (r.defined()) {
+    MLA_CHECK(r.rope_dim >= 2 && r.rope_dim % 2 == 0 && r.rope_dim <= d_v && d_v % 2 == 0,
+              "{}: out_rotation.rope_dim must be even and in [2, d_v = {}] with d_v even (the pairs start on even "
+              "columns), got {}",
+              op, d_v, r.rope_dim);
+    detail::check_defined(r.positions, op, "out_rotation.positions [T]");
+    detail::check_ndim(r.positions, 1, op, "out_rotation.positions [T]");
+    detail::check_index(r.positions, op, "out_rotation.positions [T]");
+    MLA_CHECK(r.positions.size(0) >= t, "{}: out_rotation.positions must hold at least T = {} entries, got {}", op, t,
+              r.positions.describe());
+    detail::check_strides(r.positions, false, op, "out_rotation.positions");
+    detail::check_defined(r.inv_freq, op, "out_rotation.inv_freq");
+    detail::check_ndim(r.inv_freq, 1, op, "out_rotation.inv_freq [rope_dim / 2]");
+    detail::check_dtype(r.inv_freq, DType::f64, op, "out_rotation.inv_freq [rope_dim / 2]");
+    detail::check_size(r.inv_freq, 0, r.rope_dim / 2, op, "out_rotation.inv_freq [rope_dim / 2]");
+    MLA_CHECK(r.inv_freq.size(0) <= 1 || r.inv_freq.stride[0] == 1,
+              "{}: out_rotation.inv_freq must be contiguous, got {}", op, r.inv_freq.describe());
+    detail::check_devices(dev, op, {{r.positions, "out_rotation.positions"}, {r.inv_freq, "out_rotation.inv_freq"}});
+  }
   if (o.attn_sink.defined()) {
     detail::check_ndim(o.attn_sink, 1, op, "attn_sink [h_q]");
     MLA_CHECK(o.attn_sink.dtype == DType::f32 || (o.attn_sink.dtype == DType::f64 && o.attn_sink.device.is_cpu()),
@@ -341,7 +361,7 @@ void sparse_mqa(const TensorView& q, const KVCache& kv, const TensorView& indice
   check_lse_out(lse, {t, h_q}, op, "lse [T, h_q]");
   check_scale(softmax_scale, op);
   detail::check_devices(dev, op, {{indices, "indices"}, {topk_length, "topk_length"}, {out, "out"}, {lse, "lse"}});
-  check_sparse_options(opts, kv, t, h_q, dev, op);
+  check_sparse_options(opts, kv, t, h_q, out.size(2), dev, op);
   MLA_CHECK(!cache_format_info(kv.format).record || opts.values_include_rope,
             "{}: a {} cache holds DeepSeek-V4 rows (K = V over all d_qk = {} columns): it needs "
             "SparseOptions::values_include_rope",

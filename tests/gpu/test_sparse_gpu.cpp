@@ -315,6 +315,7 @@ struct V4Shape {
   int64_t page_main, page_extra, topk_main, topk_extra;
   bool sink, extra, lengths;
   DType act;
+  bool rotate = false;  // SparseOptions::out_rotation over the last 64 columns (the V4 block's inverse rope)
 };
 
 // A device copy of a byte cache one byte off its storage's start: no 16-byte copy is legal (the loaders'
@@ -349,6 +350,12 @@ void check_v4(CacheFormat format, int d_qk, int64_t h, const V4Shape& s, const s
   if (s.sink) host.attn_sink = sink.view();
   if (s.extra) host.extra = {extra.cb.cache, e_idx.view(), s.lengths ? e_len.view() : TensorView{}};
   host.values_include_rope = d_qk == 512;
+  constexpr int64_t kRot = 64;
+  Tensor rot_pos = Tensor::empty({t}, DType::i64), rot_freq = Tensor::empty({kRot / 2}, DType::f64);
+  for (int64_t i = 0; i < t; ++i) static_cast<int64_t*>(rot_pos.data())[i] = 977 * i * i + 3;
+  for (int64_t i = 0; i < kRot / 2; ++i)
+    static_cast<double*>(rot_freq.data())[i] = -std::pow(10000.0, -2.0 * static_cast<double>(i) / kRot);
+  if (s.rotate) host.out_rotation = {rot_pos.view(), rot_freq.view(), kRot};
   Tensor ref_out = test::poisoned({t, h, dv}, DType::f64), ref_lse = test::poisoned({t, h}, DType::f32);
   sparse_mqa(q, main.cb.cache, m_idx, s.lengths ? m_len.view() : TensorView{}, ref_out, ref_lse, scale, host,
              test::reference_ctx());
@@ -360,8 +367,10 @@ void check_v4(CacheFormat format, int d_qk, int64_t h, const V4Shape& s, const s
                                        : test::to_device(extra.cb.storage, extra.cb.cache);
   const Tensor m_idx_d = m_idx.to(gpu), m_len_d = m_len.to(gpu), e_idx_d = e_idx.to(gpu), e_len_d = e_len.to(gpu);
   const Tensor sink_d = sink.to(gpu), qd = test::converted(q, s.act).to(gpu);
+  const Tensor rot_pos_d = rot_pos.to(gpu), rot_freq_d = rot_freq.to(gpu);
   SparseOptions dev = host;
   if (s.sink) dev.attn_sink = sink_d.view();
+  if (s.rotate) dev.out_rotation = {rot_pos_d.view(), rot_freq_d.view(), kRot};
   if (s.extra) dev.extra = {de.cache, e_idx_d.view(), s.lengths ? e_len_d.view() : TensorView{}};
   Tensor out = test::poisoned({t, h, dv}, s.act, gpu), lse = test::poisoned({t, h}, DType::f32, gpu);
   sparse_mqa(qd, dm.cache, m_idx_d, s.lengths ? m_len_d.view() : TensorView{}, out, lse, scale, dev, Context{});
@@ -443,7 +452,10 @@ TEST_P(SparseGpuV4Mixed, MatchesFloat64Oracle) {
                                        // 10 and 18 tiles a token: at h <= 16 the small-T split in 5 and 8 ranks
                                        // (sparse_split::record_splits), ragged lengths leaving ranks empty
                                        {64, 256, 128, 512, true, true, true, DType::bf16},
-                                       {16, 64, 128, 1024, true, true, true, DType::bf16}};
+                                       {16, 64, 128, 1024, true, true, true, DType::bf16},
+                                       // the output rotation (the V4 block's inverse rope) unsplit and split
+                                       {64, 4, 133, 37, true, true, true, DType::bf16, true},
+                                       {64, 256, 128, 512, true, true, true, DType::bf16, true}};
   int ran = 0;
   std::string declined;
   for (std::size_t i = 0; i < shapes.size(); ++i)

@@ -286,6 +286,25 @@ def test_sparse_mqa_v4(rng):
     with pytest.raises(Exception, match="extra"):
         mla.sparse_mqa(q, main_c, idx, None, out, lse, scale, extra_indices=e_idx, values_include_rope=True)
 
+    # The output rotation: the last 64 columns turned pairwise by position * inv_freq (the V4 block's inverse
+    # rope), the LSE untouched.
+    pos = np.array([5, 0, 123456], np.int64)
+    inv = -(10000.0 ** (-np.arange(32) * 2.0 / 64))
+    turned, lse2 = np.full((T, h, d), np.nan), np.full((T, h), np.nan)
+    mla.sparse_mqa(q, main_c, idx, None, turned, lse2, scale, precision=REF, attn_sink=sink, extra_kv=extra_c,
+                   extra_indices=e_idx, extra_topk_length=e_len, values_include_rope=True,
+                   out_rotation_positions=pos, out_rotation_inv_freq=inv, out_rotation_dim=64)
+    np.testing.assert_array_equal(lse2, lse)
+    ang = pos[:, None] * inv[None, :]  # [T, 32]
+    a, b = out[:, :, d - 64::2], out[:, :, d - 63::2]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    np.testing.assert_allclose(turned[:, :, d - 64::2], a * c - b * s, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(turned[:, :, d - 63::2], b * c + a * s, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(turned[:, :, :d - 64], out[:, :, :d - 64])
+    with pytest.raises(Exception, match="out_rotation"):
+        mla.sparse_mqa(q, main_c, idx, None, turned, lse2, scale, attn_sink=sink, values_include_rope=True,
+                       out_rotation_positions=pos, out_rotation_inv_freq=inv, out_rotation_dim=63)
+
 
 def test_bmm(rng):
     a, b = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 5, 2))

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention_test_util.h"
+#include "mla/block_ops.h"
 #include "mla/error.h"
 #include "mla/ops.h"
 #include "sparse_v4_test_util.h"
@@ -172,6 +173,78 @@ TEST(SparseV4, DefaultOptionsAreTheV32Op) {
 }
 
 // Rejected calls name the argument and write nothing.
+// The output rotation (SparseOptions::out_rotation) is apply_rope of the unrotated output: bit for bit in
+// reference precision (both turn the float64 row with float64 cos / sin), within one bf16 rounding of apply_rope
+// over the rounded output in fast precision; int32 and int64 positions, rope_dim 64 and the whole row, and the
+// LSE untouched.
+TEST(SparseV4, OutRotationIsApplyRopeOfTheOutput) {
+  test::reseed(31);
+  const int64_t t = 6, h = 5, D = 512;
+  const test::V4Cache main = test::v4_cache(CacheFormat::bf16, D, 5, 64);
+  const test::V4Cache extra = test::v4_cache(CacheFormat::bf16, D, 4, 16);
+  const test::V4List ml = test::v4_list(main, t, 37, false), el = test::v4_list(extra, t, 13, true);
+  const Tensor m_idx = test::int_tensor_2d(ml.rows), e_idx = test::int_tensor_2d(el.rows);
+  const Tensor m_len = test::int_tensor(ml.lengths), e_len = test::int_tensor(el.lengths);
+  Tensor sink = test::random_tensor({h}, DType::f32);
+  Tensor q16 = test::random_tensor({t, h, D}, DType::bf16);
+  Tensor q64 = Tensor::empty({t, h, D}, DType::f64);
+  const std::vector<double> qv = test::to_doubles(q16.view());
+  std::copy(qv.begin(), qv.end(), static_cast<double*>(q64.data()));
+  Tensor pos32 = test::int_tensor({0, 3, 17, 1000, 123456, 7});  // apply_rope takes positions >= 0
+  Tensor pos64 = Tensor::empty({t}, DType::i64);
+  for (int64_t i = 0; i < t; ++i)
+    static_cast<int64_t*>(pos64.data())[i] = static_cast<const int32_t*>(pos32.data())[i] * int64_t{3};
+  for (const int64_t R : {int64_t{64}, D}) {
+    Tensor inv = Tensor::empty({R / 2}, DType::f64);
+    for (int64_t i = 0; i < R / 2; ++i)  // DeepSeek's frequencies, negated (the block's inverse rotation)
+      static_cast<double*>(inv.data())[i] = -std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(R));
+    for (const Tensor* pos : {&pos32, &pos64}) {
+      SCOPED_TRACE("rope_dim " + std::to_string(R) + (pos == &pos64 ? " int64" : " int32"));
+      SparseOptions plain;
+      plain.attn_sink = sink.view();
+      plain.extra = {extra.cb.cache, e_idx.view(), e_len.view()};
+      plain.values_include_rope = true;
+      SparseOptions turned = plain;
+      turned.out_rotation = {pos->view(), inv.view(), R};
+      const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+      for (const bool ref : {true, false}) {
+        const Context ctx = ref ? Context{nullptr, Precision::reference} : Context{};
+        const DType od = ref ? DType::f64 : DType::bf16, ld = ref ? DType::f64 : DType::f32;
+        const Tensor& q = ref ? q64 : q16;
+        Tensor a = test::poisoned({t, h, D}, od), la = test::poisoned({t, h}, ld);
+        Tensor b = test::poisoned({t, h, D}, od), lb = test::poisoned({t, h}, ld);
+        sparse_mqa(q, main.cb.cache, m_idx, m_len, a, la, scale, plain, ctx);
+        sparse_mqa(q, main.cb.cache, m_idx, m_len, b, lb, scale, turned, ctx);
+        EXPECT_EQ(test::to_doubles(la.view()), test::to_doubles(lb.view())) << "the LSE is not rotated";
+        if (ref) {
+          // apply_rope in place over the float64 output: the same float64 operations.
+          apply_rope(a.view(), a.view(), pos->view(), inv.view(), 1.0, R, true);
+          EXPECT_EQ(test::to_doubles(a.view()), test::to_doubles(b.view()));
+        } else {
+          // apply_rope over the rounded plain output: a rotated column is within a few bf16 roundings of the
+          // pair's magnitude (the plain output's two roundings, then the rotated one's), not of its own value (a
+          // rotation may cancel).
+          Tensor af = Tensor::empty({t, h, D}, DType::f64);
+          apply_rope(a.view(), af.view(), pos->view(), inv.view(), 1.0, R, true);
+          const std::vector<double> av = test::to_doubles(a.view()), bv = test::to_doubles(b.view());
+          const std::vector<double> fv = test::to_doubles(af.view());
+          for (int64_t r = 0; r < t * h; ++r)
+            for (int64_t c = D - R; c < D; c += 2) {
+              const std::size_t x = static_cast<std::size_t>(r * D + c);
+              const double bound = std::ldexp(std::fabs(av[x]) + std::fabs(av[x + 1]), -7) + 1e-30;
+              ASSERT_LE(std::fabs(bv[x] - fv[x]), bound) << "row " << r << " column " << c;
+              ASSERT_LE(std::fabs(bv[x + 1] - fv[x + 1]), bound) << "row " << r << " column " << c + 1;
+            }
+          // The columns before the rope part are the plain output.
+          for (int64_t r = 0; r < t * h; ++r)
+            for (int64_t c = 0; c < D - R; ++c)
+              ASSERT_EQ(av[static_cast<std::size_t>(r * D + c)], bv[static_cast<std::size_t>(r * D + c)]);
+        }
+      }
+    }
+  }
+}
+
 TEST(SparseV4, FrontEndRejects) {
   test::reseed(6);
   const int64_t t = 3, h = 2;
@@ -197,6 +270,9 @@ TEST(SparseV4, FrontEndRejects) {
   Tensor sink_h = test::random_tensor({h + 1}, DType::f32), sink_bf = test::random_tensor({h}, DType::bf16);
   Tensor e_idx_t = test::int_tensor_2d({{0, 1}}), e_len_bad = test::int_tensor({6, 0, 0});
   Tensor e_len_neg = test::int_tensor({-1, 0, 0}), e_idx64 = Tensor::zeros({t, 5}, DType::i64);
+  Tensor rot_pos = test::int_tensor({5, 6, 7}), rot_short = test::int_tensor({5, 6});
+  Tensor rot_f = Tensor::zeros({32}, DType::f64), rot_f32 = Tensor::zeros({32}, DType::f32);
+  Tensor rot_fpos = Tensor::zeros({t}, DType::f32);
   const std::vector<std::pair<std::string, std::function<void(SparseOptions&)>>> bad = {
       {"attn_sink", [&](SparseOptions& o) { o.attn_sink = sink_h.view(); }},
       {"attn_sink must be f32", [&](SparseOptions& o) { o.attn_sink = sink_bf.view(); }},
@@ -211,6 +287,16 @@ TEST(SparseV4, FrontEndRejects) {
       {"extra.topk_length", [&](SparseOptions& o) { o.extra.topk_length = e_len_neg.view(); }},
       {"extra.topk_length", [&](SparseOptions& o) { o.extra.topk_length = m_idx.view(); }},
       {"d_v", [&](SparseOptions& o) { o.values_include_rope = false; }},
+      {"out_rotation.rope_dim", [&](SparseOptions& o) { o.out_rotation = {rot_pos.view(), rot_f.view(), 63}; }},
+      {"out_rotation.rope_dim", [&](SparseOptions& o) { o.out_rotation = {rot_pos.view(), rot_f.view(), 514}; }},
+      {"out_rotation.rope_dim", [&](SparseOptions& o) { o.out_rotation = {rot_pos.view(), rot_f.view(), 0}; }},
+      {"out_rotation.inv_freq", [&](SparseOptions& o) { o.out_rotation = {rot_pos.view(), rot_f.view(), 32}; }},
+      {"out_rotation.inv_freq", [&](SparseOptions& o) { o.out_rotation = {rot_pos.view(), rot_f32.view(), 64}; }},
+      {"out_rotation.inv_freq", [&](SparseOptions& o) { o.out_rotation = {rot_pos.view(), {}, 64}; }},
+      {"out_rotation.positions", [&](SparseOptions& o) { o.out_rotation = {rot_short.view(), rot_f.view(), 64}; }},
+      {"out_rotation.positions", [&](SparseOptions& o) { o.out_rotation = {rot_fpos.view(), rot_f.view(), 64}; }},
+      {"out_rotation.positions",
+       [&](SparseOptions& o) { o.out_rotation = {test::on_fake_cuda(rot_pos.view()), rot_f.view(), 64}; }},
   };
   for (const auto& [what, edit] : bad) {
     SCOPED_TRACE(what);

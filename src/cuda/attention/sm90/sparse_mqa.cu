@@ -53,6 +53,7 @@ const char* supports_v4(const dispatch::SparseArgs& a) {
     return "DeepSeek-V4 on sm90: record caches v4 + v4, v41 + v41, v41 + v41_fp4 or v41_fp4 + v41_fp4";
   if (a.q.size(2) != 512 || a.out.size(2) != 512) return "DeepSeek-V4 on sm90: d_qk = d_v = 512";
   if (a.q.dtype != DType::bf16 || a.out.dtype != DType::bf16) return "bf16 q and out only";
+  if (a.opts.out_rotation.rope_dim > kConvertRotMaxDim) return "an output rotation of at most the last 64 columns";
   if (!record_rows_aligned(c) || (x.defined() && !record_rows_aligned(x.kv)))
     return "cache rows must be contiguous with 16-byte aligned base and strides (16-byte copies)";
   if (c.num_blocks() * c.page_size() > INT32_MAX || (x.defined() && x.kv.num_blocks() * x.kv.page_size() > INT32_MAX))
@@ -134,6 +135,7 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
       p.sink = static_cast<const float*>(a.opts.attn_sink.data);
       p.sink_stride = a.opts.attn_sink.stride[0];
     }
+    p.rot = dev::out_rotation_of(a.opts.out_rotation);
     const CacheFormat fe = x.defined() ? x.kv.format : c.format;
     if (convert_v4_n16(p)) {  // the small-T split (core/sparse_split.h record_splits)
       const int dev = q.device.index;

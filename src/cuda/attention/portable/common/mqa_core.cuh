@@ -63,6 +63,13 @@ template <class Keys>
 concept KeysWithRowPointer = requires(const Keys& k, int key, int& tag) { k.row_pointer(key, tag); };
 template <class Keys>
 concept KeysWithSink = requires(const Keys& k, int head) { k.sink_log2(head); };
+// Keys whose output rows are turned pairwise before the store (sparse_mqa's out_rotation, cuda/common/rotation.cuh):
+// out_rotation() the rotation, out_position() the unit's position (one token per unit).
+template <class Keys>
+concept KeysWithRotation = requires(const Keys& k) {
+  k.out_rotation();
+  k.out_position();
+};
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -77,6 +84,7 @@ concept KeysWithSink = requires(const Keys& k, int head) { k.sink_log2(head); };
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/mqa_params.h"
 #include "cuda/common/mqa_traits.cuh"
+#include "cuda/common/rotation.cuh"
 #include "cuda/common/softmax.cuh"
 
 namespace mla::cuda::mqa {
@@ -532,6 +540,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mqa_attention_kernel(cons
     }
   }
   __syncthreads();
+  if constexpr (KeysWithRotation<Keys>) {
+    // A thread's columns come in pairs (col, col + 1), col even: a rotated pair is the thread's own. Linear, so
+    // the unnormalised accumulators are turned (their row's 1 / l follows).
+    // The pairs' cos / sin once per CTA into sS (free after the loop), then read by every thread.
+    const dev::OutRotation& rot = keys.out_rotation();
+    if (rot.on()) {  // uniform
+      rot.fill_table(keys.out_position(), sS, tid, T::kThreads);
+      __syncthreads();
+      const int half_dim = rot.dim / 2;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int i = rot.pair_of(256 * wn + 8 * j + 2 * t4, rp.d_v);
+        if (i < 0) continue;
+        const float c = sS[i], s = sS[half_dim + i];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) dev::OutRotation::turn(c, s, acc_o[j][2 * half], acc_o[j][2 * half + 1]);
+      }
+    }
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int lrow = 16 * wm + g8 + 8 * half, row = row0 + lrow;

@@ -13,7 +13,8 @@
 // DeepSeek-V4 inputs (SparseOptions, SEMANTICS §11.8): an extra cache of the same format (records: any record
 // format, the engine converts per row) with its own index row and length; its valid entries follow the main ones in the token's key range (key j >=
 // main.len is extra entry j - main.len), so both go through one online softmax. A per-head sink joins
-// each row's state in the epilogue (softmax::fold_sink).
+// each row's state in the epilogue (softmax::fold_sink). An output rotation (SparseOptions::out_rotation) turns the
+// last rot.dim columns of each row pairwise in the epilogue (mqa_core.cuh KeysWithRotation).
 #include <climits>
 #include <cstdint>
 
@@ -43,6 +44,7 @@ struct SparseKeys {
   int elem_bytes;
   const float* sink;  // [h_q] or nullptr
   int64_t sink_stride;
+  dev::OutRotation rot;  // the output's rotation (rot.dim 0: none); the group is the token
 
   __device__ static int clamp_len(const int32_t* lengths, int64_t stride, int64_t unit, int topk) {
     if (!lengths) return topk;
@@ -68,6 +70,7 @@ struct SparseKeys {
     elem_bytes = p.cache.elem_bytes;
     sink = p.sink;
     sink_stride = p.sink_stride;
+    rot = p.rot;
   }
 
   __device__ int row_limit(int) const { return INT_MAX; }  // no causal mask: the indices are the mask
@@ -99,6 +102,11 @@ struct SparseKeys {
   __device__ mqa::RecordRow record_row(int j, int& tag) const {
     return j < main.len ? record_in(main, main.row[j], tag) : record_in(extra, extra.row[j - main.len], tag);
   }
+
+  // The output's rotation of the engine's epilogue (mqa_core.cuh KeysWithRotation): the rotation and this unit's
+  // token's position.
+  __device__ const dev::OutRotation& out_rotation() const { return rot; }
+  __device__ double out_position() const { return rot.dim > 0 ? rot.position(group) : 0.0; }
 
   __device__ float sink_log2(int head) const {
     return sink ? sink[head * sink_stride] * 1.4426950408889634f : -INFINITY;

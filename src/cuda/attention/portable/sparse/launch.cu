@@ -63,6 +63,7 @@ void run_portable(const dispatch::SparseArgs& a) {
     p.sink = static_cast<const float*>(a.opts.attn_sink.data);
     p.sink_stride = a.opts.attn_sink.stride[0];
   }
+  p.rot = dev::out_rotation_of(a.opts.out_rotation);
 
   const int64_t m_tiles = (h_q + Traits::kBlockM - 1) / Traits::kBlockM;
   const unsigned grid = grid_for(m_tiles * t, 1, "sparse_mqa");

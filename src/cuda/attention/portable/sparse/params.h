@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "cuda/common/mqa_params.h"
+#include "cuda/common/rotation.cuh"
 
 namespace mla::cuda {
 
@@ -31,6 +32,9 @@ struct SparseParams {
   int64_t extra_topk_length_stride;
   const float* sink;                 // [h_q] natural-log logits, or nullptr
   int64_t sink_stride;
+  // The output's rotation (SparseOptions::out_rotation; cuda/common/rotation.cuh): columns d_v - rot.dim .. d_v - 1
+  // of token t's rows turned pairwise by its position times inv_freq before the store; rot.dim 0: none.
+  dev::OutRotation rot;
 };
 
 }  // namespace mla::cuda

@@ -8,6 +8,7 @@
 
 #include "core/fast_div.h"
 #include "cuda/common/mqa_params.h"
+#include "cuda/common/rotation.cuh"
 
 namespace mla::cuda {
 
@@ -76,6 +77,9 @@ struct DecodeSm90Params {
   } extra;
   const float* sink;               // [h_q] natural-log logits, or nullptr
   int64_t sink_stride;
+  // The output's rotation (SparseOptions::out_rotation; cuda/common/rotation.cuh): out columns d_v - rot.dim ..
+  // d_v - 1 of token g turned pairwise by its position times inv_freq before the store.
+  dev::OutRotation rot;            // rot.dim 0: none
 };
 
 }  // namespace mla::cuda

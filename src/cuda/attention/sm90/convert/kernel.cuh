@@ -61,6 +61,7 @@
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/common/tile_io.cuh"
 #include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/attention/sm90/convert/launch.h"
 #include "cuda/attention/sm90/convert/records.cuh"
 #include "cuda/attention/sm90/convert/traits.cuh"
 #include "mla/cache_format.h"
@@ -582,6 +583,29 @@ __device__ __forceinline__ float sink_log2_of(const DecodeSm90Params& p, const U
   if (p.sink == nullptr || row >= u.m_rows) return -INFINITY;
   return p.sink[static_cast<int64_t>(row % p.rows.h_q) * p.sink_stride] * 1.4426950408889634f;
 }
+// The rotated columns the sm90 V4 kernels take (sparse_mqa.cu declines more): the last 64, O_R's panel 7.
+inline constexpr int kRotMaxDim = kConvertRotMaxDim;
+
+// The output's rotation (p.rot, SparseOptions::out_rotation) on O_R by the R warpgroup (t: 0..127), after kBarEnd
+// (the stages are free): the pairs' cos / sin into stage 1 (R's threads, then R's barrier), then each thread turns
+// columns 256 + 8 j + 2 t4 and + 1 of rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) for the j of
+// the last kRotMaxDim columns: a rotated pair is the thread's own. The unit's token's position (one token per unit).
+__device__ __forceinline__ void rotate_o_r(const DecodeSm90Params& p, const Unit& u, const Smem& sm,
+                                           float (&o)[T::kDvHalf / 2], int t, int t4) {
+  if (!p.rot.on()) return;  // uniform
+  float* tab = reinterpret_cast<float*>(sm.stage(1));
+  p.rot.fill_table(p.rot.position(u.g), tab, t, 128);
+  ptx::named_barrier_sync(L::kBarConv, 128);  // the converter's id: it finished with the last tile
+#pragma unroll
+  for (int j = (T::kDv - kRotMaxDim - T::kDvHalf) / 8; j < T::kDvHalf / 8; ++j) {
+    const int i = p.rot.pair_of(T::kDvHalf + 8 * j + 2 * t4, T::kDv);
+    if (i < 0) continue;
+    const float c = tab[i], s = tab[p.rot.dim / 2 + i];
+    dev::OutRotation::turn(c, s, o[4 * j], o[4 * j + 1]);
+    dev::OutRotation::turn(c, s, o[4 * j + 2], o[4 * j + 3]);
+  }
+}
+
 // O's rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) times their factors.
 __device__ __forceinline__ void scale_rows(float (&o)[T::kDvHalf / 2], float f_lo, float f_hi) {
 #pragma unroll
@@ -1133,6 +1157,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const float* refs = sm.refs();
     const float* f = sm.out_factors();
     convert::scale_rows(r.o, f[rw.r_lo], f[rw.r_hi]);
+    convert::rotate_o_r(p, u, sm, r.o, static_cast<int>(threadIdx.x) - 256, rw.t4);
     // O is relative to the last tile's reference 2^r and carries P's 2^6.
     const float out_scale = exp2i(*sm.stage_ref((u.n_tiles - 1) & 1) - 6);
     write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,

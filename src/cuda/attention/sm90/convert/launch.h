@@ -23,6 +23,8 @@ void launch_convert_ds_indexed(const DecodeSm90Params& p, unsigned grid, cudaStr
 // one CTA per (row tile, token) or, under p.cluster_merge (N 16 tile only), a cluster of p.num_splits CTAs per token:
 // the format pairs convert_v4_supports names. instantiations/v4_indexed.cu
 bool convert_v4_supports(CacheFormat main_format, CacheFormat extra_format);
+// The output rotation (SparseOptions::out_rotation) the V4 kernels take: at most the last 64 columns (O_R's panel 7).
+inline constexpr int kConvertRotMaxDim = 64;
 // Whether the DeepSeek-V4 path runs p's units on the N 16 tile (one row tile of at most 16 query rows).
 bool convert_v4_n16(const DecodeSm90Params& p);
 // Clusters of `splits` CTAs of the N 16 tile's split build for the pair resident at once on `device` (0: none; the

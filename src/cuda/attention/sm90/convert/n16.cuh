@@ -256,6 +256,33 @@ struct R16Role {
   }
 };
 
+// The output's rotation (p.rot) on R's O^T (panels 4..7), after kBarEnd: the pairs' cos / sin into stage 1 (R's
+// threads t, then R's barrier; stage 0 may hold the split's partial), then panel 7 (the last kRotMaxDim columns):
+// a thread holds columns col = 448 + 16 w + lane / 4 and col + 8 of its four heads, the pair partner col ^ 1 in
+// lane ^ 4 (same heads), so each value is turned with its partner's by one shuffle (unconditional: every lane).
+__device__ __forceinline__ void n16_rotate(const DecodeSm90Params& p, const Unit& u, const Smem& sm, float (&o)[4][8],
+                                           int t, int w, int lane) {
+  static_assert(kRotMaxDim == 64, "the rotated columns are panel 7");
+  if (!p.rot.on()) return;  // uniform
+  float* tab = reinterpret_cast<float*>(sm.stage(1));
+  p.rot.fill_table(p.rot.position(u.g), tab, t, 128);
+  ptx::named_barrier_sync(L::kBarConv, 128);  // the converter's id: it finished with the last tile
+  const bool first = ((lane >> 2) & 1) == 0;   // an even column: the pair's first
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int i = p.rot.pair_of((448 + 16 * w + (lane >> 2) + 8 * hi) & ~1, T::kDv);
+    const float c = i >= 0 ? tab[i] : 1.0f, s = i >= 0 ? tab[p.rot.dim / 2 + i] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& v = o[3][4 * j + 2 * hi + e];
+        const float other = __shfl_xor_sync(0xffffffffu, v, 4);
+        if (i >= 0) v = dev::OutRotation::turn_one(c, s, v, other, first);
+      }
+  }
+}
+
 // O^T of panels [c0, c0 + 4) over the heads' sums and factors into out (bf16): a thread writes columns 64 c + 16 w +
 // lane / 4 and + 8 of its four heads (rows past the unit's skipped); LSE by S's warp 0 (write_lse).
 __device__ __forceinline__ void n16_write(const DecodeSm90Params& p, const Unit& u, const float (&o)[4][8], int c0,
@@ -371,6 +398,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // O is relative to the last tile's reference 2^r and carries P's 2^6; the sink's factor; 1 / l.
       scale[q] = l == 0.0f ? 0.0f : exp2i(*sm.stage_ref((u.n_tiles - 1) & 1) - 6) * sm.out_factors()[h] / l;
     }
+    convert::n16_rotate(p, u, sm, r.o, static_cast<int>(threadIdx.x) - 256, w, lane);
     if constexpr (kSplit) {
       convert::n16_store_partial(sm, r.o, 4, scale, t4, w, lane);
       cluster_merge_protocol(p, u, sm.stage(0), static_cast<int>(threadIdx.x) - 128, 256, convert::kN16Lse);
