@@ -20,7 +20,8 @@
 // and the busiest SM takes ceil(units / sms) of them:
 //   cost = ceil(units / sms) * (max(load, mma) + (splits > 1 ? reduce : 0)).
 // The schedule is the candidate of least cost over tile_rows in {16, 64, 128} and splits in {1, 2, 4, 8}
-// (at most max_splits and k_tiles); ties go to fewer splits, then fewer rows. A decode-sized product thus
+// (at most max_splits and k_tiles); ties go to fewer splits, then fewer rows. On a device with the Hopper
+// mainloop, the products where it was measured to win (hopper_fuses) take its 128-row tile unsplit instead. A decode-sized product thus
 // fills the machine (b 1 h 16: 16 rows x 8 splits, 128 CTAs; b 64 h 16: 64 rows x 8 splits, 128 CTAs)
 // while a large one keeps whole-latent 128-row tiles (no reduction, W_UV read once per 128 rows).
 #include <cstdint>
@@ -40,7 +41,17 @@ struct Problem {
   int64_t k_tiles = 16;   // ceil(L / 32)
   int sms = 1;            // SMs of the device
   int max_splits = 1;     // 1 without thread-block clusters (before sm_90), else kMaxSplits
+  bool hopper = false;    // the device runs the Hopper mainloop (sm_90a)
 };
+
+// Where the Hopper mainloop's 128-row tile, unsplit, beats cuBLAS's bmm + the quantize pass (nvidia-h200, one
+// call: h 128 at 64 / 128 rows x0.936 / x0.902, at 32 rows x0.990; h 16 / 64 and fewer rows lose, more than 128
+// rows not measured; docs/design/up_proj_quant.md §6): the schedule takes it there, and the layer fuses its
+// quantisation on Hopper only there (hopper_fuses).
+inline constexpr int64_t kHopperMinHeads = 128, kHopperMinRows = 64, kHopperMaxRows = 128;
+inline bool hopper_fuses(int64_t rows, int64_t heads) {
+  return heads >= kHopperMinHeads && rows >= kHopperMinRows && rows <= kHopperMaxRows;
+}
 
 struct Schedule {
   int tile_rows = 16;  // rows per CTA: 16, 64 or 128
@@ -79,6 +90,7 @@ inline int64_t cost(const Problem& p, const Schedule& s) {
 inline Schedule schedule(const Problem& p) {
   Schedule best;
   if (p.rows <= 0 || p.heads <= 0 || p.col_tiles <= 0 || p.k_tiles <= 0) return best;
+  if (p.hopper && hopper_fuses(p.rows, p.heads)) return Schedule{128, 1, true};
   int64_t best_cost = -1;
   for (int splits = 1; splits <= kMaxSplits; splits *= 2) {
     if (splits > p.max_splits || splits > p.k_tiles) break;

@@ -49,11 +49,6 @@ namespace mla::layer_detail {
 //                                                 v^T of one mha_prefill call (mha_prefill_workspace_bytes)
 inline constexpr int64_t kAlign = 256;
 
-// Step::fused_rows: the largest W_UV product (tokens) that the fused quantising kernel takes on sm_90+. 0: on
-// Hopper the layer keeps cuBLAS's product and the separate quantize pass — the mma.sync kernel lost there
-// (nvidia-h200, b 64 s_k 4096 h 16 fp8_group128: the up-projection phase 0.024 ms fused against 0.006 ms for
-// the bmm alone; the quantised step x1.09-1.17 of the unquantised one).
-inline constexpr int64_t kFusedMaxRowsSm90 = 0;
 
 // Everything the workspace size depends on. Each region's size is a non-decreasing function of each
 // field, so the layout of field-wise upper bounds bounds the layout of every plan (max_workspace_bytes).
@@ -152,9 +147,9 @@ struct Step {
   bool fused_out() const;
   // Leading output rows [0, n) that the step's W_UV product writes quantised (0: none; every quantised row
   // then goes through out_stage and quantize_output). The product covers the dense decode tokens, or every
-  // token in sparse mode. On sm_90 and later a product of more than kFusedMaxRowsSm90 tokens is compute
-  // bound, where cuBLAS's bmm (wgmma) plus the quantize pass beats the fused kernel's mma.sync; below it,
-  // and on every device before sm_90, the fused kernel runs.
+  // token in sparse mode. Before sm_90 the fused kernel always runs; on Hopper (compute capability 9.0) only
+  // where its wgmma mainloop beats cuBLAS's bmm + the quantize pass (up_proj::hopper_fuses: h >= 128, 64..128
+  // rows; the mma.sync kernel lost everywhere there); other devices from sm_90 on keep the two passes.
   int64_t fused_rows() const;
   // Rows [t0, t1) of the quantised output: ForwardArgs::out and the matching rows of out_scales (group
   // keys: columns [t0, t1) of the group-major [h*V / G, T_out] scales; fp8: undefined).

@@ -492,9 +492,19 @@ TEST(LayerOutputQuantGpu, EveryKeyEqualsCpuQuantizeOfTheUnfusedOutput) {
     decode.require_uniform = false;  // a uniform decode batch takes no padding rows (split_decodes_and_prefills)
     decode.pad_tokens = 4;
     expect_layer_matches(decode);
-    decode.compute_capability = 90;  // Hopper: cuBLAS's product and the separate pass (kFusedMaxRowsSm90)
+    decode.compute_capability = 90;  // Hopper, few rows: cuBLAS's product and the separate pass
     expect_layer_matches(decode);
   }
+  // Hopper's fused product (up_proj::hopper_fuses: h 128, 64..128 rows; the Hopper mainloop's 128-row tile):
+  // 72 decode tokens and 4 padding rows.
+  Scenario many = dense;
+  many.h = 128;
+  many.reqs.clear();
+  for (int i = 0; i < 72; ++i) many.reqs.push_back({5 + (7 * i) % 40, 1});
+  many.require_uniform = false;
+  many.pad_tokens = 4;
+  many.compute_capability = 90;
+  expect_layer_matches(many);
 }
 
 TEST(LayerKvScalesGpu, FirstBatchScaleAndCacheMatchCpu) {

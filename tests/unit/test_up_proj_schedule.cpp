@@ -103,8 +103,26 @@ TEST(UpProjSchedule, HopperMainloopStepsOf64) {
   EXPECT_EQ(up_proj::k_tiles_of(Schedule{128, 1, true}, 512), 8);
   EXPECT_EQ(up_proj::k_tiles_of(Schedule{64, 1, true}, 136), 3);  // ragged: the last step zero-filled past L
   EXPECT_NE((Schedule{64, 2}), (Schedule{64, 2, true}));
-  // The planner's model is the mma.sync mainloop's: it never picks the Hopper one.
+  // Without the Hopper mainloop on the device the planner never picks it.
   for (const int64_t b : {1, 64, 128, 1024}) EXPECT_FALSE(up_proj::schedule(decode(b, 128)).hopper) << b;
+}
+
+// With it, the products where it was measured to win (h >= 128, 64..128 rows) take its 128-row tile unsplit;
+// the others keep the mma.sync model's schedule.
+TEST(UpProjSchedule, HopperMainloopWhereItWins) {
+  auto hopper = [](int64_t rows, int64_t heads) {
+    Problem p = decode(rows, heads);
+    p.hopper = true;
+    return up_proj::schedule(p);
+  };
+  for (const int64_t b : {64, 65, 100, 128}) EXPECT_EQ(hopper(b, 128), (Schedule{128, 1, true})) << b;
+  EXPECT_EQ(hopper(64, 256), (Schedule{128, 1, true}));
+  for (const int64_t b : {1, 16, 32, 63, 129, 1024}) EXPECT_FALSE(hopper(b, 128).hopper) << b;
+  for (const int64_t h : {16, 64}) EXPECT_FALSE(hopper(128, h).hopper) << h;
+  EXPECT_EQ(hopper(16, 128), up_proj::schedule(decode(16, 128)));
+  EXPECT_TRUE(up_proj::hopper_fuses(64, 128));
+  EXPECT_FALSE(up_proj::hopper_fuses(32, 128));
+  EXPECT_FALSE(up_proj::hopper_fuses(128, 64));
 }
 
 }  // namespace

@@ -628,6 +628,7 @@ up_proj::Schedule up_proj_planned_schedule(int64_t rows, int64_t heads, int64_t 
   prob.k_tiles = (L + kBK - 1) / kBK;
   prob.sms = cuda_rt::device_info(device).sm_count;
   prob.max_splits = up_proj_splits_supported(device) ? kMaxSplits : 1;
+  prob.hopper = up_proj_hopper_supported(device);
   return up_proj::schedule(prob);
 }
 
