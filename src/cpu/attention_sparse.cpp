@@ -26,7 +26,8 @@ struct SparseGroups {
   const TensorView &q, &out, &lse;
   int64_t h, d, dv;
   const TensorView& sink_h;  // [h] or undefined
-  const SparseOutRotation& rot;       // rope_dim 0: none
+  int64_t rot_dim;           // SparseOutRotation::rope_dim (0: none)
+  std::vector<double> rot_cs;         // token t's pair i: cos at [t][2i], sin at [t][2i + 1] ([T][rot_dim])
   std::vector<int64_t> offset, rows;  // token t's valid cache rows: rows[offset[t] .. offset[t + 1])
 
   int64_t keys(int64_t t) const { return offset[t + 1] - offset[t]; }
@@ -40,20 +41,14 @@ struct SparseGroups {
                             : -std::numeric_limits<T>::infinity();
   }
   void store(int64_t t, int64_t hh, const T* o, double l) const {
-    if (rot.rope_dim > 0) {  // the last rope_dim columns turned by positions[t] * inv_freq[i], before the rounding
-      std::vector<T> r(o, o + dv);
-      const auto pos = static_cast<double>(num::load_index(rot.positions.ptr_at({t}), rot.positions.dtype));
-      const int64_t c0 = dv - rot.rope_dim;
-      for (int64_t i = 0; i < rot.rope_dim / 2; ++i) {
-        const double ang = pos * num::load(rot.inv_freq.ptr_at({i}), rot.inv_freq.dtype);
-        const double c = std::cos(ang), s = std::sin(ang);
-        const double a = o[c0 + 2 * i], b = o[c0 + 2 * i + 1];
-        r[static_cast<std::size_t>(c0 + 2 * i)] = static_cast<T>(a * c - b * s);
-        r[static_cast<std::size_t>(c0 + 2 * i + 1)] = static_cast<T>(b * c + a * s);
-      }
-      store_row(out.ptr_at({t, hh, 0}), out.dtype, r.data(), dv);
-    } else {
-      store_row(out.ptr_at({t, hh, 0}), out.dtype, o, dv);
+    // The last rot_dim columns turned pairwise by the token's angles (rot_cs) before the rounding.
+    const int64_t c0 = dv - rot_dim;
+    store_row(out.ptr_at({t, hh, 0}), out.dtype, o, c0);
+    const double* cs = rot_cs.data() + t * rot_dim;
+    for (int64_t i = 0; i < rot_dim / 2; ++i) {
+      const double c = cs[2 * i], s = cs[2 * i + 1], a = o[c0 + 2 * i], b = o[c0 + 2 * i + 1];
+      const T pair[2] = {static_cast<T>(a * c - b * s), static_cast<T>(b * c + a * s)};
+      store_row(out.ptr_at({t, hh, c0 + 2 * i}), out.dtype, pair, 2);
     }
     if (lse.defined()) num::store(lse.ptr_at({t, hh}), lse.dtype, l);  // f32, or f64 for the oracle
   }
@@ -75,7 +70,18 @@ void sparse_impl(const TensorView& q, const KVCache& kv, const TensorView& indic
                  const TensorView& out, const TensorView& lse, double softmax_scale, const SparseOptions& opts) {
   const int64_t n_tok = q.size(0);
   const SparseExtraCache& ex = opts.extra;
-  SparseGroups<T> src{q, out, lse, q.size(1), q.size(2), out.size(2), opts.attn_sink, opts.out_rotation, {0}, {}};
+  const SparseOutRotation& rot = opts.out_rotation;
+  SparseGroups<T> src{q, out, lse, q.size(1), q.size(2), out.size(2), opts.attn_sink, rot.rope_dim, {}, {0}, {}};
+  // The output rotation's cos / sin once per (token, pair), float64 (apply_rope's arithmetic).
+  src.rot_cs.resize(static_cast<std::size_t>(n_tok * rot.rope_dim));
+  for (int64_t t = 0; t < n_tok && rot.rope_dim > 0; ++t) {
+    const auto pos = static_cast<double>(num::load_index(rot.positions.ptr_at({t}), rot.positions.dtype));
+    for (int64_t i = 0; i < rot.rope_dim / 2; ++i) {
+      const double ang = pos * num::load(rot.inv_freq.ptr_at({i}), rot.inv_freq.dtype);
+      src.rot_cs[static_cast<std::size_t>(t * rot.rope_dim + 2 * i)] = std::cos(ang);
+      src.rot_cs[static_cast<std::size_t>(t * rot.rope_dim + 2 * i + 1)] = std::sin(ang);
+    }
+  }
   src.offset.reserve(static_cast<std::size_t>(n_tok + 1));
   for (int64_t t = 0; t < n_tok; ++t) {
     append_rows(src.rows, indices, topk_length, t, kv.num_slots(), false);

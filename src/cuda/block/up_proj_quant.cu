@@ -44,6 +44,9 @@
 // bound held it to 128 registers and spilled).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -78,6 +81,7 @@ template <int BM_, int WARPS_M_, int WARPS_N_, int STAGES_>
 struct Cfg {
   static constexpr int BM = BM_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, STAGES = STAGES_;
   static constexpr bool kHopper = false;
+  static constexpr int kStep = kBK;  // latent elements of one pipeline stage
   static constexpr int kThreads = 32 * WARPS_M * WARPS_N;
   static constexpr int WM = BM / WARPS_M, WN = kBN / WARPS_N;
   static constexpr int MT = WM / 16, NT = WN / 8;
@@ -446,8 +450,7 @@ struct CfgHopper {
   static constexpr int kPartialBytes = BM * kPStride * 4;
   static constexpr int kSplitBytes = kPartialBytes + BM / 2 * kXStride * 2;
   static constexpr int kAlign = 1024;  // the swizzled stages start on 1 KiB boundaries
-  static constexpr int kSmemMax = (kPipeBytes > kXBytes ? (kPipeBytes > kSplitBytes ? kPipeBytes : kSplitBytes)
-                                                        : (kXBytes > kSplitBytes ? kXBytes : kSplitBytes)) + kAlign;
+  static constexpr int kSmemMax = std::max({kPipeBytes, kXBytes, kSplitBytes}) + kAlign;
   static_assert(BM % 64 == 0 && BM % kMaxSplits == 0, "whole warpgroups; a split CTA reduces BM / S whole rows");
   static_assert(kSmemMax <= 227 * 1024, "fits sm_90's shared memory per block");
 
@@ -557,10 +560,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) up_proj_quant_sm90_kernel(bloc
 template <class C, OutputQuant K>
 void launch(const block::UpProjQuantParams& base, int splits, cudaStream_t st) {
   constexpr const char* op = "up_project_quantized";
-  constexpr int step = C::kHopper ? up_proj::kHopperStep : kBK;
   block::UpProjQuantParams p = base;
   const int64_t m_tiles = (p.M + C::BM - 1) / C::BM, pad_tiles = (p.M_pad - p.M + C::BM - 1) / C::BM;
-  const int64_t k_tiles = (p.L + step - 1) / step, split_k = up_proj::split_k_tiles(k_tiles, splits);
+  const int64_t k_tiles = (p.L + C::kStep - 1) / C::kStep, split_k = up_proj::split_k_tiles(k_tiles, splits);
   const int64_t grid = (m_tiles + pad_tiles) * p.h * ((p.V + kBN - 1) / kBN) * splits;
   if (grid > 0x7fffffffLL) throw Error(std::string(op) + ": problem too large for one launch");
   p.m_tiles = static_cast<int>(m_tiles);
@@ -596,28 +598,37 @@ bool aligned16(const void* ptr, int64_t stride_elems, std::size_t elem_bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (stride_elems * static_cast<int64_t>(elem_bytes)) % 16 == 0;
 }
 
+// Whether the image `Kernel` runs on `device` was compiled from PTX of sm_90 or later (device_info validated the
+// index): read once per (kernel, device), since the planner asks on every call.
+template <auto Kernel>
+bool image_from_sm90_ptx(int device) {
+  static std::array<std::atomic<int>, 64> cached{};  // 0 unknown, 1 no, 2 yes
+  std::atomic<int>& slot = cached[static_cast<std::size_t>(device)];
+  int v = slot.load(std::memory_order_relaxed);
+  if (v == 0) {
+    DeviceGuard guard(Device::cuda(device));
+    cudaFuncAttributes attr{};
+    check_cuda(cudaFuncGetAttributes(&attr, Kernel), "up_project_quantized: kernel attributes");
+    v = attr.ptxVersion >= 90 ? 2 : 1;
+    slot.store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
 }  // namespace
 
 // The compute_80 PTX, JIT-compiled for a device the build has no image for, has its split epilogue compiled out:
 // the image's PTX version says which one the device runs.
 bool up_proj_splits_supported(int device) {
   if (cuda_rt::device_info(device).cc_major < 9) return false;
-  DeviceGuard guard(Device::cuda(device));
-  cudaFuncAttributes attr{};
-  check_cuda(cudaFuncGetAttributes(&attr, up_proj_quant_kernel<Cfg16, OutputQuant::fp8>),
-             "up_project_quantized: kernel attributes");
-  return attr.ptxVersion >= 90;
+  return image_from_sm90_ptx<up_proj_quant_kernel<Cfg16, OutputQuant::fp8>>(device);
 }
 
 // The Hopper mainloop needs sm_90a's own image (wgmma): compute capability 9.0 and the kernel built for it.
 bool up_proj_hopper_supported(int device) {
   const cuda_rt::DeviceInfo& info = cuda_rt::device_info(device);
   if (info.cc_major != 9 || info.cc_minor != 0) return false;
-  DeviceGuard guard(Device::cuda(device));
-  cudaFuncAttributes attr{};
-  check_cuda(cudaFuncGetAttributes(&attr, up_proj_quant_sm90_kernel<CfgH64, OutputQuant::fp8>),
-             "up_project_quantized: kernel attributes");
-  return attr.ptxVersion >= 90;
+  return image_from_sm90_ptx<up_proj_quant_sm90_kernel<CfgH64, OutputQuant::fp8>>(device);
 }
 
 up_proj::Schedule up_proj_planned_schedule(int64_t rows, int64_t heads, int64_t L, int64_t V, int device) {
