@@ -661,6 +661,12 @@ std::vector<SparseCase> v4_grid() {
       g.push_back(row(t, 16, extra, f));
       g.back().graph = true;
     }
+  // The 64-row tile's small steps (h 64 / 128: the split of both tiles).
+  for (const F& f : {v4, v41})
+    for (const int64_t h : {64, 128}) {
+      g.push_back(row(8, h, 512, f));
+      g.back().graph = true;
+    }
   for (const F& f : {v4, v41})
     for (int64_t h : {128, 64}) {
       g.push_back(row(4096, h, 512, f));

@@ -502,6 +502,7 @@ TEST(LayerOutputQuantGpu, EveryKeyEqualsCpuQuantizeOfTheUnfusedOutput) {
   many.reqs.clear();
   for (int i = 0; i < 72; ++i) many.reqs.push_back({5 + (7 * i) % 40, 1});
   many.require_uniform = false;
+  many.max_num_seqs = 72;
   many.pad_tokens = 4;
   many.compute_capability = 90;
   expect_layer_matches(many);

@@ -137,14 +137,15 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
     }
     p.rot = dev::out_rotation_of(a.opts.out_rotation);
     const CacheFormat fe = x.defined() ? x.kv.format : c.format;
-    if (convert_v4_n16(p)) {  // the small-T split (core/sparse_split.h record_splits)
+    {  // the small-T split (core/sparse_split.h record_splits), both tiles
       const int dev = q.device.index;
+      const bool n16 = convert_v4_n16(p);
       const int64_t tiles = (int64_t{g.topk} + Traits::kBlockN - 1) / Traits::kBlockN +
                             (x.defined() ? (int64_t{p.extra.topk} + Traits::kBlockN - 1) / Traits::kBlockN : 0);
       static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
       const int splits = sparse_split::record_splits(
-          t, tiles, sm_count(dev), [&](int s) { return convert_v4_n16_max_clusters(c.format, fe, dev, s); },
-          a.opts.batch_invariant);
+          int64_t{p.m_tiles} * t, tiles, sm_count(dev),
+          [&](int s) { return convert_v4_max_clusters(c.format, fe, n16, dev, s); }, a.opts.batch_invariant);
       if (splits > 1) {
         p.num_splits = splits;
         p.cluster_merge = 1;

@@ -587,13 +587,14 @@ __device__ __forceinline__ float sink_log2_of(const DecodeSm90Params& p, const U
 inline constexpr int kRotMaxDim = kConvertRotMaxDim;
 
 // The output's rotation (p.rot, SparseOptions::out_rotation) on O_R by the R warpgroup (t: 0..127), after kBarEnd
-// (the stages are free): the pairs' cos / sin into stage 1 (R's threads, then R's barrier), then each thread turns
+// (Q is free: S's products retired; the stages may hold the split's partial): the pairs' cos / sin into Q's first
+// bytes (R's threads, then R's barrier), then each thread turns
 // columns 256 + 8 j + 2 t4 and + 1 of rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) for the j of
 // the last kRotMaxDim columns: a rotated pair is the thread's own. The unit's token's position (one token per unit).
 __device__ __forceinline__ void rotate_o_r(const DecodeSm90Params& p, const Unit& u, const Smem& sm,
                                            float (&o)[T::kDvHalf / 2], int t, int t4) {
   if (!p.rot.on()) return;  // uniform
-  float* tab = reinterpret_cast<float*>(sm.stage(1));
+  float* tab = reinterpret_cast<float*>(sm.q());
   p.rot.fill_table(p.rot.position(u.g), tab, t, 128);
   ptx::named_barrier_sync(L::kBarConv, 128);  // the converter's id: it finished with the last tile
 #pragma unroll
@@ -1110,7 +1111,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // (row tile, token): Q 64 x 512 (f16 * 2^e_r per row), keys of the main list (format FM) then of the extra list (FE),
 // K = V over all 512 columns (S over panels 0..7, O_L over 0..3, O_R over 4..7), f16 products over a stage of
 // value * 2^-r (the converter's running reference), the sink folded in the epilogue, O times 2^(r - 6) there.
-template <CacheFormat FM, CacheFormat FE>
+// kSplit (p.cluster_merge, sparse_mqa.cu's small-T split): p.num_splits CTAs per (row tile, token) as one cluster,
+// rank k over its part of the token's tiles (v4_split), O / l and the LSE into the stages (write_rows_half's
+// partial; rank 0 folds the sink), then cluster_merge_protocol; a token without keys: rank 0 writes it, no rank
+// waits at a cluster barrier.
+template <CacheFormat FM, CacheFormat FE, bool kSplit>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_convert_v4_kernel(const __grid_constant__ CUtensorMap /*unused*/, const DecodeSm90Params p) {
   static_assert(CacheFormatTraits<FM>::kRecord && CacheFormatTraits<FE>::kRecord, "DeepSeek-V4 record formats");
@@ -1122,14 +1127,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ptx::launch_dependents();
   ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
   Unit u(p, /*gather=*/true);
-  const convert::V4Tiles v = convert::v4_tiles(p, u.g);
+  const convert::V4Tiles whole = convert::v4_tiles(p, u.g);
+  const convert::V4Tiles v = kSplit ? convert::v4_split(whole, u.split, p.num_splits) : whole;
   u.n_tiles = v.n_main + v.n_extra;
   u.key_begin = 0;
   u.seq_len = INT_MAX;  // no row limit: the index lists are the mask
   u.key_end = INT_MAX;
-  if (u.n_tiles == 0) {  // uniform over the CTA: out 0, lse the sink (or -inf)
-    convert::v4_empty_unit(p, u);
+  if (whole.n_main + whole.n_extra == 0) {  // uniform over the cluster: out 0, lse the sink (or -inf)
+    if (!kSplit || u.split == 0) convert::v4_empty_unit(p, u);
     return;
+  }
+  uint8_t* const partial = kSplit ? sm.stage(0) : nullptr;  // the split's O / l and LSE (ClusterMerge layout)
+  if constexpr (kSplit) {
+    if (u.n_tiles == 0) {  // a rank past the token's tiles (never rank 0): LSE -inf, its O never read
+      if (threadIdx.x < T::kBlockM)
+        reinterpret_cast<float*>(partial + ClusterMerge::kPartialLse)[threadIdx.x] = -INFINITY;
+      cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
+      return;
+    }
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
@@ -1143,6 +1158,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (wg == L::kConverter) {
     ptx::setmaxnreg_dec<L::converter_regs(FM)>();
     convert::record_converter<FM, FE>(p, v, sm);
+    if constexpr (kSplit) cluster_merge_pass();
     return;
   }
   const convert::Frag rw;
@@ -1161,7 +1177,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // O is relative to the last tile's reference 2^r and carries P's 2^6.
     const float out_scale = exp2i(*sm.stage_ref((u.n_tiles - 1) & 1) - 6);
     write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
-                    rw.t4, out_scale);
+                    rw.t4, out_scale, partial);
+    if constexpr (kSplit) cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
     return;
   }
   ptx::setmaxnreg_inc<L::s_regs(FM)>();
@@ -1169,8 +1186,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   convert::SRole<FM> sr(p, u, sm);
   sr.run();
   float f_lo, f_hi;
-  convert::fold_sink(convert::sink_log2_of(p, u, rw.r_lo), sr.m_lo, sr.l_lo, f_lo);
-  convert::fold_sink(convert::sink_log2_of(p, u, rw.r_hi), sr.m_hi, sr.l_hi, f_hi);
+  // Split: the sink joins rank 0's partial only (the merge sums the ranks' exponentials once).
+  const bool with_sink = !kSplit || u.split == 0;
+  convert::fold_sink(with_sink ? convert::sink_log2_of(p, u, rw.r_lo) : -INFINITY, sr.m_lo, sr.l_lo, f_lo);
+  convert::fold_sink(with_sink ? convert::sink_log2_of(p, u, rw.r_hi) : -INFINITY, sr.m_hi, sr.l_hi, f_hi);
   if (rw.t4 == 0) {
     sm.sums()[rw.r_lo] = sr.l_lo;
     sm.sums()[rw.r_hi] = sr.l_hi;
@@ -1179,9 +1198,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     sm.out_factors()[rw.r_lo] = f_lo;
     sm.out_factors()[rw.r_hi] = f_hi;
   }
-  ptx::named_barrier_arrive(L::kBarEnd, 256);
+  // Split: both consumers past their products before either overwrites the stages with its partial.
+  if constexpr (kSplit) ptx::named_barrier_sync(L::kBarEnd, 256);
+  else ptx::named_barrier_arrive(L::kBarEnd, 256);
   convert::scale_rows(sr.o, f_lo, f_hi);
-  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, exp2i(sr.ref - 6));
+  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, exp2i(sr.ref - 6),
+                  partial);
+  if constexpr (kSplit) cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
   MLA_DECODE_TRACE_EVENT(6, 128);
 }
 

@@ -20,16 +20,16 @@ void launch_convert_ds_paged(const DecodeSm90Params& p, unsigned grid, cudaStrea
 // token). instantiations/ds_indexed.cu
 void launch_convert_ds_indexed(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what);
 // sparse_mqa with DeepSeek-V4 options over record caches (p.gather the main list, p.extra the extra list, p.sink),
-// one CTA per (row tile, token) or, under p.cluster_merge (N 16 tile only), a cluster of p.num_splits CTAs per token:
+// one CTA per (row tile, token) or, under p.cluster_merge, a cluster of p.num_splits CTAs per (row tile, token):
 // the format pairs convert_v4_supports names. instantiations/v4_indexed.cu
 bool convert_v4_supports(CacheFormat main_format, CacheFormat extra_format);
 // The output rotation (SparseOptions::out_rotation) the V4 kernels take: at most the last 64 columns (O_R's panel 7).
 inline constexpr int kConvertRotMaxDim = 64;
 // Whether the DeepSeek-V4 path runs p's units on the N 16 tile (one row tile of at most 16 query rows).
 bool convert_v4_n16(const DecodeSm90Params& p);
-// Clusters of `splits` CTAs of the N 16 tile's split build for the pair resident at once on `device` (0: none; the
-// small-T split's residency rule, core/sparse_split.h).
-int convert_v4_n16_max_clusters(CacheFormat main_format, CacheFormat extra_format, int device, int splits);
+// Clusters of `splits` CTAs of the split build (the N 16 tile's when n16, else the 64-row tile's) for the pair
+// resident at once on `device` (0: none; the small-T split's residency rule, core/sparse_split.h).
+int convert_v4_max_clusters(CacheFormat main_format, CacheFormat extra_format, bool n16, int device, int splits);
 void launch_convert_v4_indexed(CacheFormat main_format, CacheFormat extra_format, const DecodeSm90Params& p,
                                unsigned grid, cudaStream_t stream, const char* what);
 

@@ -256,15 +256,16 @@ struct R16Role {
   }
 };
 
-// The output's rotation (p.rot) on R's O^T (panels 4..7), after kBarEnd: the pairs' cos / sin into stage 1 (R's
-// threads t, then R's barrier; stage 0 may hold the split's partial), then panel 7 (the last kRotMaxDim columns):
+// The output's rotation (p.rot) on R's O^T (panels 4..7), after kBarEnd: the pairs' cos / sin into Q's rows 0..1
+// (R's threads t, then R's barrier; S^T no longer reads Q, its scratch starts at row 16, and stage 0 may hold the
+// split's partial), then panel 7 (the last kRotMaxDim columns):
 // a thread holds columns col = 448 + 16 w + lane / 4 and col + 8 of its four heads, the pair partner col ^ 1 in
 // lane ^ 4 (same heads), so each value is turned with its partner's by one shuffle (unconditional: every lane).
 __device__ __forceinline__ void n16_rotate(const DecodeSm90Params& p, const Unit& u, const Smem& sm, float (&o)[4][8],
                                            int t, int w, int lane) {
   static_assert(kRotMaxDim == 64, "the rotated columns are panel 7");
   if (!p.rot.on()) return;  // uniform
-  float* tab = reinterpret_cast<float*>(sm.stage(1));
+  float* tab = reinterpret_cast<float*>(sm.q());
   p.rot.fill_table(p.rot.position(u.g), tab, t, 128);
   ptx::named_barrier_sync(L::kBarConv, 128);  // the converter's id: it finished with the last tile
   const bool first = ((lane >> 2) & 1) == 0;   // an even column: the pair's first

@@ -15,37 +15,43 @@ template <CacheFormat FM, CacheFormat FE>
 bool launch_pair(CacheFormat fm, CacheFormat fe, const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
                  const char* what) {
   if (fm != FM || fe != FE) return false;
-  // Units of at most 16 query rows: the N 16 tile (convert/n16.cuh), under p.cluster_merge its split build in
-  // clusters of p.num_splits; else 64-row tiles.
+  // Units of at most 16 query rows: the N 16 tile (convert/n16.cuh); else 64-row tiles. Under p.cluster_merge
+  // either's split build in clusters of p.num_splits.
+  const unsigned cluster = static_cast<unsigned>(p.num_splits);
+  constexpr int smem = ConvertTraits::kSmemBytes;
   if (convert_v4_n16(p) && p.cluster_merge)
-    launch_one_clustered(decode_sm90_convert_v4n16_kernel<FM, FE, true>, ConvertTraits::kSmemBytes, grid,
-                         static_cast<unsigned>(p.num_splits), stream, no_tensor_map(), p, what);
+    launch_one_clustered(decode_sm90_convert_v4n16_kernel<FM, FE, true>, smem, grid, cluster, stream, no_tensor_map(),
+                         p, what);
   else if (convert_v4_n16(p))
-    launch_one(decode_sm90_convert_v4n16_kernel<FM, FE, false>, ConvertTraits::kSmemBytes, grid, stream,
-               no_tensor_map(), p, what);
+    launch_one(decode_sm90_convert_v4n16_kernel<FM, FE, false>, smem, grid, stream, no_tensor_map(), p, what);
+  else if (p.cluster_merge)
+    launch_one_clustered(decode_sm90_convert_v4_kernel<FM, FE, true>, smem, grid, cluster, stream, no_tensor_map(), p,
+                         what);
   else
-    launch_one(decode_sm90_convert_v4_kernel<FM, FE>, ConvertTraits::kSmemBytes, grid, stream, no_tensor_map(), p,
-               what);
+    launch_one(decode_sm90_convert_v4_kernel<FM, FE, false>, smem, grid, stream, no_tensor_map(), p, what);
   return true;
 }
 template <CacheFormat FM, CacheFormat FE>
-bool max_clusters_pair(CacheFormat fm, CacheFormat fe, int device, int splits, int& n) {
+bool max_clusters_pair(CacheFormat fm, CacheFormat fe, bool n16, int device, int splits, int& n) {
   if (fm != FM || fe != FE) return false;
-  n = max_clusters_cached<decode_sm90_convert_v4n16_kernel<FM, FE, true>>(device, splits, ConvertTraits::kSmemBytes,
-                                                                         "sparse_mqa (sm90, DeepSeek-V4): cluster split");
+  constexpr const char* what = "sparse_mqa (sm90, DeepSeek-V4): cluster split";
+  n = n16 ? max_clusters_cached<decode_sm90_convert_v4n16_kernel<FM, FE, true>>(device, splits,
+                                                                               ConvertTraits::kSmemBytes, what)
+          : max_clusters_cached<decode_sm90_convert_v4_kernel<FM, FE, true>>(device, splits, ConvertTraits::kSmemBytes,
+                                                                            what);
   return true;
 }
 }  // namespace
 
 bool convert_v4_n16(const DecodeSm90Params& p) { return p.m_tiles == 1 && p.rows.s_q * p.rows.h_q <= convert::kN16; }
 
-int convert_v4_n16_max_clusters(CacheFormat main_format, CacheFormat extra_format, int device, int splits) {
+int convert_v4_max_clusters(CacheFormat main_format, CacheFormat extra_format, bool n16, int device, int splits) {
   using F = CacheFormat;
   int n = 0;
-  if (max_clusters_pair<F::v4, F::v4>(main_format, extra_format, device, splits, n) ||
-      max_clusters_pair<F::v41, F::v41>(main_format, extra_format, device, splits, n) ||
-      max_clusters_pair<F::v41, F::v41_fp4>(main_format, extra_format, device, splits, n) ||
-      max_clusters_pair<F::v41_fp4, F::v41_fp4>(main_format, extra_format, device, splits, n))
+  if (max_clusters_pair<F::v4, F::v4>(main_format, extra_format, n16, device, splits, n) ||
+      max_clusters_pair<F::v41, F::v41>(main_format, extra_format, n16, device, splits, n) ||
+      max_clusters_pair<F::v41, F::v41_fp4>(main_format, extra_format, n16, device, splits, n) ||
+      max_clusters_pair<F::v41_fp4, F::v41_fp4>(main_format, extra_format, n16, device, splits, n))
     return n;
   return 0;
 }
