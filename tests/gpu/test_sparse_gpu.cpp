@@ -316,6 +316,9 @@ struct V4Shape {
   bool sink, extra, lengths;
   DType act;
   bool rotate = false;  // SparseOptions::out_rotation over the last 64 columns (the V4 block's inverse rope)
+  // q as the first d_qk columns of rows d_qk + q_pad wide: 8 keeps 16-byte strides (sm90_convert's TMA boxes
+  // step over the padding), 4 does not (sm90_convert declines it).
+  int64_t q_pad = 0;
 };
 
 // A device copy of a byte cache one byte off its storage's start: no 16-byte copy is legal (the loaders'
@@ -343,7 +346,8 @@ void check_v4(CacheFormat format, int d_qk, int64_t h, const V4Shape& s, const s
   Tensor sink = Tensor::empty({h}, DType::f32);
   for (int64_t hh = 0; hh < h; ++hh)
     static_cast<float*>(sink.data())[hh] = hh == 1 ? -INFINITY : static_cast<float>(test::uniform(-3.0, 3.0));
-  Tensor q = test::random_tensor({t, h, d_qk}, DType::bf16);
+  const Tensor q_rows = test::random_tensor({t, h, d_qk + s.q_pad}, DType::bf16);
+  const TensorView q = q_rows.view().slice(2, 0, d_qk);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d_qk));
 
   SparseOptions host;
@@ -366,7 +370,8 @@ void check_v4(CacheFormat format, int d_qk, int64_t h, const V4Shape& s, const s
   const test::DeviceCache de = shifted ? to_device_shifted(extra.cb.storage, extra.cb.cache)
                                        : test::to_device(extra.cb.storage, extra.cb.cache);
   const Tensor m_idx_d = m_idx.to(gpu), m_len_d = m_len.to(gpu), e_idx_d = e_idx.to(gpu), e_len_d = e_len.to(gpu);
-  const Tensor sink_d = sink.to(gpu), qd = test::converted(q, s.act).to(gpu);
+  const Tensor sink_d = sink.to(gpu), qd_rows = test::converted(q_rows, s.act).to(gpu);
+  const TensorView qd = qd_rows.view().slice(2, 0, d_qk);
   const Tensor rot_pos_d = rot_pos.to(gpu), rot_freq_d = rot_freq.to(gpu);
   SparseOptions dev = host;
   if (s.sink) dev.attn_sink = sink_d.view();
@@ -455,7 +460,11 @@ TEST_P(SparseGpuV4Mixed, MatchesFloat64Oracle) {
                                        {16, 64, 128, 1024, true, true, true, DType::bf16},
                                        // the output rotation (the V4 block's inverse rope) unsplit and split
                                        {64, 4, 133, 37, true, true, true, DType::bf16, true},
-                                       {64, 256, 128, 512, true, true, true, DType::bf16, true}};
+                                       {64, 256, 128, 512, true, true, true, DType::bf16, true},
+                                       // q rows wider than d_qk: 16-byte strides, split and not; odd strides
+                                       {64, 4, 133, 37, true, true, true, DType::bf16, false, 8},
+                                       {64, 256, 128, 512, true, true, true, DType::bf16, false, 8},
+                                       {64, 4, 133, 37, true, true, true, DType::bf16, false, 4}};
   int ran = 0;
   std::string declined;
   for (std::size_t i = 0; i < shapes.size(); ++i)

@@ -43,6 +43,17 @@ bool record_rows_aligned(const KVCache& c) {
   return aligned(c.data.data, 16) && c.data.stride[2] == 1 && (c.data.stride[0] * eb) % 16 == 0 && rows;
 }
 
+// Q [tokens, h_q, 512] as the V4 kernels' TMA boxes read it (v4_indexed.cu q_map_of): a 16-byte aligned base,
+// contiguous rows, and each stride of a dimension longer than 1 a positive multiple of 16 bytes below 2^40; at most
+// 2^31 tokens (32-bit box coordinates).
+bool q_rows_tma(const TensorView& q) {
+  auto ok = [&](int d) {
+    const int64_t bytes = q.stride[d] * 2;
+    return q.size(d) == 1 || (bytes > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40));
+  };
+  return aligned(q.data, 16) && q.stride[2] == 1 && ok(0) && ok(1) && q.size(0) <= INT32_MAX;
+}
+
 // What the converter's DeepSeek-V4 path needs (nullptr), else why not.
 const char* supports_v4(const dispatch::SparseArgs& a) {
   const KVCache& c = a.kv;
@@ -53,6 +64,7 @@ const char* supports_v4(const dispatch::SparseArgs& a) {
     return "DeepSeek-V4 on sm90: record caches v4 + v4, v41 + v41, v41 + v41_fp4 or v41_fp4 + v41_fp4";
   if (a.q.size(2) != 512 || a.out.size(2) != 512) return "DeepSeek-V4 on sm90: d_qk = d_v = 512";
   if (a.q.dtype != DType::bf16 || a.out.dtype != DType::bf16) return "bf16 q and out only";
+  if (!q_rows_tma(a.q)) return "q rows must be contiguous with 16-byte aligned base and strides (TMA)";
   if (a.opts.out_rotation.rope_dim > kConvertRotMaxDim) return "an output rotation of at most the last 64 columns";
   if (!record_rows_aligned(c) || (x.defined() && !record_rows_aligned(x.kv)))
     return "cache rows must be contiguous with 16-byte aligned base and strides (16-byte copies)";

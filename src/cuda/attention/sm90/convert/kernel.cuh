@@ -53,6 +53,7 @@
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/ptx/setmaxnreg.cuh"
+#include "cuda/common/ptx/tma.cuh"
 #include "cuda/common/ptx/warpgroup.cuh"
 #include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/common/softmax.cuh"
@@ -101,6 +102,10 @@ struct Smem {
   __device__ __forceinline__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + L::kOffBar) + s; }
   __device__ __forceinline__ uint64_t* empty(int s) const {
     return reinterpret_cast<uint64_t*>(base + L::kOffBar) + L::kStages + s;
+  }
+  // DeepSeek-V4: Q's eight TMA boxes have landed (one arrival with their bytes; phase 0 only).
+  __device__ __forceinline__ uint64_t* q_full() const {
+    return reinterpret_cast<uint64_t*>(base + L::kOffBar) + 2 * L::kStages;
   }
 };
 
@@ -641,23 +646,26 @@ __device__ __forceinline__ void rescale(float (&o)[T::kDvHalf / 2], float f_lo, 
 
 // fp8 and DeepSeek-V4 records: the unit's Q panels (bf16, in shared memory; kPanels of them) as f16 times 2^e_r in
 // place, e_r = q_row_exponent of row r (exact for every element within 2^28 of the row's largest |q|), and 2^-e_r
-// into q_scales()[r] for S. By kThreads threads (index t): kThreads / 64 threads per row, thread t taking row
-// t / (kThreads / 64) and its share of the 8 kPanels chunks (of eight columns). Rows from `rows` on (past the unit's
-// rows: zeros) only get their factor 1.
-template <int kPanels, int kThreads = 128>
-__device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = T::kBlockM) {
-  constexpr int kPerRow = kThreads / T::kBlockM, kShare = 8 * kPanels / kPerRow;
-  static_assert(kPerRow == 2 || kPerRow == 4, "two or four threads per row");
+// into q_scales()[r] for S. Rows 0 .. kRows - 1 by kThreads threads (index t): kPerRow = kThreads / kRows threads
+// per row, thread t taking row t / kPerRow and its share of the 8 kPanels chunks (of eight columns). Rows from `rows`
+// on (past the unit's rows: zeros) only get their factor 1.
+template <int kPanels, int kThreads = 128, int kRows = T::kBlockM>
+__device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = kRows) {
+  constexpr int kPerRow = kThreads / kRows, kShare = 8 * kPanels / kPerRow;
+  static_assert(kPerRow == 2 || kPerRow == 4 || kPerRow == 16, "two, four or sixteen threads per row");
   const int row = t / kPerRow, k = t % kPerRow, c0 = kShare * k;
   const int n = row < rows ? kShare : 0;  // rows past the unit's: nothing to convert
-  // The row's threads start their shares at chunks 8 / kPerRow apart modulo 8 (a share of a multiple of 8 chunks
-  // otherwise starts every thread on the same 16-byte bank group: 2- or 4-way conflicts).
-  constexpr bool kRotate = kShare % 8 == 0;
+  // Sixteen per row (the N 16 tile's 16 rows by 256 threads): thread k takes chunks k, k + 16, ..., so that each
+  // eight threads sweep one panel row's eight 16-byte chunks at once (conflict-free). Two or four: consecutive
+  // shares, the row's threads starting theirs at chunks 8 / kPerRow apart modulo 8 (a share of a multiple of 8
+  // chunks otherwise starts every thread on the same 16-byte bank group: 2- or 4-way conflicts).
+  constexpr bool kInterleave = kPerRow == 16;
+  constexpr bool kRotate = !kInterleave && kShare % 8 == 0;
   static_assert(!kRotate || (kShare & (kShare - 1)) == 0, "a rotated share is a power of two");
   const int rot = (8 / kPerRow) * k;
   uint8_t* q = sm.q();
   auto at = [&](int i) {
-    const int c = kRotate ? c0 + ((i + rot) & (kShare - 1)) : c0 + i;
+    const int c = kInterleave ? k + kPerRow * i : kRotate ? c0 + ((i + rot) & (kShare - 1)) : c0 + i;
     return reinterpret_cast<uint4*>(q + (c >> 3) * T::kPanelBytes + swz(row, c & 7));
   };
   uint32_t amax = 0;  // fp32 bits of max |q|: non-negative floats order as their bits
@@ -684,14 +692,24 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = T::kB
   if (k == 0) sm.q_scales()[row] = exp2i(-e);
 }
 
-// DeepSeek-V4: the unit's Q (512 columns: eight panels) into shared memory as f16 * 2^e_r, zeros past the token's
-// rows, by the S and R warpgroups together (t < 256: S's threads, then R's), both idle until Q is there. kRows: the
-// rows written (the N 16 tile's 16: S^T reads no other row).
+// DeepSeek-V4: the unit's Q rows [row0, row0 + kRows) of token g (512 columns: eight panels of 64) into shared memory
+// as f16 * 2^e_r, by the S and R warpgroups (t < 256: S's threads, then R's), both idle until Q is there. Thread 0
+// issues eight TMA boxes of `q_map` (host side: launch_convert_v4_indexed; q as {512, h_q, tokens} bf16, box {64,
+// kRows, 1}, 128-byte swizzle, which is store_q_chunk's layout), box c into panel c, their bytes on q_full; rows past
+// h_q read as zeros (the copy engine's out-of-bounds fill). Every thread waits for the bytes, converts its share in
+// place, and the products see it after the barrier. kRows: 64, or the N 16 tile's 16 (S^T reads no other row;
+// rows 16.. of panel 0 are its scratch). Issued here rather than by the thread that initialises q_full, so that the
+// converter's code (warpgroup 0) carries none of it.
 template <int kRows = T::kBlockM>
-__device__ __forceinline__ void v4_q_prologue(const DecodeSm90Params& p, const Unit& u, const Smem& sm, int t) {
-  load_q_panels_batched<kRows, 256, 5, 8>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(), t);
-  ptx::named_barrier_sync(L::kBarQ, 256);
-  q_to_f16<8, 256>(sm, t, u.m_rows - u.row0);
+__device__ __forceinline__ void v4_q_prologue(const CUtensorMap* q_map, const Unit& u, const Smem& sm, int t) {
+  if (t == 0) {
+    ptx::mbar_arrive_expect_tx(sm.q_full(), 8u * kRows * 128u);
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+      ptx::tma_load_3d(sm.q() + c * T::kPanelBytes, q_map, sm.q_full(), 64 * c, u.row0, static_cast<int32_t>(u.g));
+  }
+  ptx::mbar_wait(sm.q_full(), 0);
+  q_to_f16<8, 256, kRows>(sm, t, u.m_rows - u.row0);
   ptx::fence_proxy_async_smem();
   ptx::named_barrier_sync(L::kBarQ, 256);
 }
@@ -1117,7 +1135,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // waits at a cluster barrier.
 template <CacheFormat FM, CacheFormat FE, bool kSplit>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    decode_sm90_convert_v4_kernel(const __grid_constant__ CUtensorMap /*unused*/, const DecodeSm90Params p) {
+    decode_sm90_convert_v4_kernel(const __grid_constant__ CUtensorMap q_map, const DecodeSm90Params p) {
   static_assert(CacheFormatTraits<FM>::kRecord && CacheFormatTraits<FE>::kRecord, "DeepSeek-V4 record formats");
   using L = ConvertTraits;
   using T = Traits;
@@ -1151,6 +1169,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::mbar_init(sm.full(s), L::kFullArrivals);
       ptx::mbar_init(sm.empty(s), L::kEmptyArrivals);
     }
+    ptx::mbar_init(sm.q_full(), 1);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -1163,7 +1182,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   const convert::Frag rw;
   // S and R (threads 128 .. 383) load and convert Q before they take their registers: one copy of that code.
-  convert::v4_q_prologue(p, u, sm, static_cast<int>(threadIdx.x) - 128);
+  convert::v4_q_prologue(&q_map, u, sm, static_cast<int>(threadIdx.x) - 128);
   if (wg == L::kRWarpgroup) {
     ptx::setmaxnreg_dec<L::r_regs(FM)>();
     convert::RRole<FM> r(u, sm);

@@ -336,7 +336,7 @@ __device__ __forceinline__ void n16_store_partial(const Smem& sm, const float (&
 // sink, the others nothing, and no rank waits at a cluster barrier (every rank of the cluster takes that path).
 template <CacheFormat FM, CacheFormat FE, bool kSplit>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    decode_sm90_convert_v4n16_kernel(const __grid_constant__ CUtensorMap /*unused*/, const DecodeSm90Params p) {
+    decode_sm90_convert_v4n16_kernel(const __grid_constant__ CUtensorMap q_map, const DecodeSm90Params p) {
   static_assert(CacheFormatTraits<FM>::kRecord && CacheFormatTraits<FE>::kRecord, "DeepSeek-V4 record formats");
   using L = ConvertTraits;
   using T = Traits;
@@ -369,6 +369,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ptx::mbar_init(sm.full(s), L::kFullArrivals);
       ptx::mbar_init(sm.empty(s), L::kEmptyArrivals);
     }
+    ptx::mbar_init(sm.q_full(), 1);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -383,7 +384,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   // Q's rows 0..15 only: S^T reads no other (its B operand is the first two swizzle atoms of each panel), and rows
   // 16.. of panel 0 are S's scratch (N16Scratch).
-  convert::v4_q_prologue<convert::kN16>(p, u, sm, static_cast<int>(threadIdx.x) - 128);
+  convert::v4_q_prologue<convert::kN16>(&q_map, u, sm, static_cast<int>(threadIdx.x) - 128);
   MLA_DECODE_TRACE_EVENT(3, 128);
   const int lane = threadIdx.x & 31, w = ptx::warp_idx_in_warpgroup(), t4 = lane & 3;
   if (wg == L::kRWarpgroup) {

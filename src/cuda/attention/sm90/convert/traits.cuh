@@ -43,7 +43,7 @@ struct ConvertTraits {
   // factors (fp32 [64]); the row sums, references and (V4's sink) O factors for the epilogue; the fp8_ds_mla keys'
   // group scales per stage (v4 records: the rope copies); the stages' loaded-key masks; DeepSeek-V4 records' reference exponents (the
   // converter's per-warp maxima [kStages][4] and each stage's reference [kStages], int32); the full and empty
-  // barriers.
+  // barriers, and DeepSeek-V4's q_full (Q's TMA boxes landed).
   static constexpr int kStages = 2;
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + T::kTileBytes;
@@ -57,8 +57,8 @@ struct ConvertTraits {
   static constexpr int kOffMask = kOffQScale + T::kBlockM * 4;    // [kStages] u64
   static constexpr int kOffRefRed = kOffMask + kStages * 8;       // [kStages][4] int32, 16-byte aligned
   static constexpr int kOffRef = kOffRefRed + kStages * 4 * 4;    // [kStages] int32
-  static constexpr int kOffBar = kOffRef + kStages * 4;           // full[kStages], empty[kStages]
-  static constexpr int kBarriers = 2 * kStages;
+  static constexpr int kOffBar = kOffRef + kStages * 4;           // full[kStages], empty[kStages], q_full
+  static constexpr int kBarriers = 2 * kStages + 1;
   static constexpr int kSmemBytes = kOffBar + kBarriers * 8 + 1024;  // + slack to align the base to 1 KiB
   static_assert(kSmemBytes <= 232448, "shared memory per block");
   static_assert(kOffBar % 8 == 0, "mbarriers are 8-byte aligned");

@@ -7,10 +7,34 @@
 #include "cuda/attention/sm90/convert/kernel.cuh"
 #include "cuda/attention/sm90/convert/n16.cuh"
 #include "cuda/attention/sm90/convert/launch.h"
+#include "cuda/common/ptx/tensor_map.h"
 
 namespace mla::cuda::decode_sm90 {
 
 namespace {
+// Q's boxes for v4_q_issue (convert/kernel.cuh): q as {512, h_q, tokens} bf16, box {64, rows, 1} (rows: the N 16
+// tile's 16 or 64), 128-byte swizzle. A dimension of extent 1 is never stepped over, so its stride is taken as the
+// contiguous one (the view's may be anything there); the others are the view's (supports_v4 in sparse_mqa.cu: a
+// 16-byte aligned base, positive strides of a multiple of 16 bytes).
+CUtensorMap q_map_of(const DecodeSm90Params& p, int rows, const char* what) {
+  const MqaRowParams& r = p.rows;
+  ptx::TmaTensor t;
+  t.base = r.q;
+  t.dtype = DType::bf16;
+  t.rank = 3;
+  t.dims[0] = 512;
+  t.dims[1] = r.h_q;
+  t.dims[2] = r.groups;
+  t.strides[0] = 1;
+  t.strides[1] = r.h_q > 1 ? r.q_stride_h : 512;
+  t.strides[2] = r.groups > 1 ? r.q_stride_g : t.strides[1] * r.h_q;
+  t.box[0] = 64;
+  t.box[1] = rows;
+  t.box[2] = 1;
+  t.swizzle = ptx::TmaSwizzle::b128;
+  return ptx::make_tensor_map(t, what);
+}
+
 template <CacheFormat FM, CacheFormat FE>
 bool launch_pair(CacheFormat fm, CacheFormat fe, const DecodeSm90Params& p, unsigned grid, cudaStream_t stream,
                  const char* what) {
@@ -19,16 +43,16 @@ bool launch_pair(CacheFormat fm, CacheFormat fe, const DecodeSm90Params& p, unsi
   // either's split build in clusters of p.num_splits.
   const unsigned cluster = static_cast<unsigned>(p.num_splits);
   constexpr int smem = ConvertTraits::kSmemBytes;
-  if (convert_v4_n16(p) && p.cluster_merge)
-    launch_one_clustered(decode_sm90_convert_v4n16_kernel<FM, FE, true>, smem, grid, cluster, stream, no_tensor_map(),
-                         p, what);
-  else if (convert_v4_n16(p))
-    launch_one(decode_sm90_convert_v4n16_kernel<FM, FE, false>, smem, grid, stream, no_tensor_map(), p, what);
+  const bool n16 = convert_v4_n16(p);
+  const CUtensorMap q_map = q_map_of(p, n16 ? convert::kN16 : Traits::kBlockM, what);
+  if (n16 && p.cluster_merge)
+    launch_one_clustered(decode_sm90_convert_v4n16_kernel<FM, FE, true>, smem, grid, cluster, stream, q_map, p, what);
+  else if (n16)
+    launch_one(decode_sm90_convert_v4n16_kernel<FM, FE, false>, smem, grid, stream, q_map, p, what);
   else if (p.cluster_merge)
-    launch_one_clustered(decode_sm90_convert_v4_kernel<FM, FE, true>, smem, grid, cluster, stream, no_tensor_map(), p,
-                         what);
+    launch_one_clustered(decode_sm90_convert_v4_kernel<FM, FE, true>, smem, grid, cluster, stream, q_map, p, what);
   else
-    launch_one(decode_sm90_convert_v4_kernel<FM, FE, false>, smem, grid, stream, no_tensor_map(), p, what);
+    launch_one(decode_sm90_convert_v4_kernel<FM, FE, false>, smem, grid, stream, q_map, p, what);
   return true;
 }
 template <CacheFormat FM, CacheFormat FE>
