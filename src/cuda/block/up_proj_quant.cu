@@ -478,8 +478,6 @@ struct WgmmaFrag {
   }
 };
 
-__device__ __forceinline__ int swz128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
-
 template <class C, OutputQuant K>
 __global__ void __launch_bounds__(C::kThreads, 1) up_proj_quant_sm90_kernel(block::UpProjQuantParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma: sm_90a only (the fat build compiles this file for every target)
@@ -510,12 +508,12 @@ __global__ void __launch_bounds__(C::kThreads, 1) up_proj_quant_sm90_kernel(bloc
     for (int c = tid; c < C::BM * 8; c += C::kThreads) {
       const int r = c / 8, kc = c % 8;
       const bool ok = r < rows && k0 + 8 * kc < p.L;
-      ptx::cp_async_16_or_zero(as + swz128(r, kc), ok ? a_base + r * p.o_stride_t + k0 + 8 * kc : p.o_lat, !ok);
+      ptx::cp_async_16_or_zero(as + ptx::sw128_offset(r, kc), ok ? a_base + r * p.o_stride_t + k0 + 8 * kc : p.o_lat, !ok);
     }
     for (int c = tid; c < kStep * (kBN / 8); c += C::kThreads) {
       const int kr = c / (kBN / 8), nc = c % (kBN / 8);
       const bool ok = k0 + kr < p.L && 8 * nc < vcols;
-      ptx::cp_async_16_or_zero(bs + (nc / 8) * C::kBPanel + swz128(kr, nc % 8),
+      ptx::cp_async_16_or_zero(bs + (nc / 8) * C::kBPanel + ptx::sw128_offset(kr, nc % 8),
                                ok ? b_base + (k0 + kr) * p.w_stride_l + 8 * nc : p.w, !ok);
     }
   };

@@ -74,6 +74,9 @@ __device__ __forceinline__ uint64_t make_smem_desc(const void* p, uint32_t lbo_b
 }
 // K-major 128B-swizzled tile: 8-row atoms 1024 bytes apart (SBO); LBO unused (the k16 / k32 step fits in
 // one 128-byte row) and set to 16 bytes.
+// Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` in a panel of the 128-byte swizzle above.
+__device__ __forceinline__ int sw128_offset(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
 __device__ __forceinline__ uint64_t desc_sw128_k_major(const void* tile) { return make_smem_desc(tile, 16, 1024, 1); }
 // MN-major 128B-swizzled tile: LBO = bytes between 64-column panels along N (or M), SBO = 1024 bytes
 // between 8-row (k) groups.

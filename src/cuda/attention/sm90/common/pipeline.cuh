@@ -15,6 +15,7 @@
 #include "cuda/common/ptx/setmaxnreg.cuh"
 #include "cuda/common/ptx/tma.cuh"
 #include "cuda/common/ptx/warpgroup.cuh"
+#include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/attention/sm90/common/params.h"
 #include "cuda/attention/sm90/common/traits.cuh"
 #include "core/decode_balance.h"
@@ -29,8 +30,8 @@ inline constexpr int kConsumerBarrier = 1;  // named barrier id of the two consu
 template <class S>
 concept CrossoverSource = requires { requires S::kCrossover; };
 
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a 128-byte-swizzled panel.
-__device__ __forceinline__ int swz(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a 128-byte-swizzled panel (ptx/wgmma.cuh).
+__device__ __forceinline__ int swz(int row, int chunk) { return ptx::sw128_offset(row, chunk); }
 
 // The CTA's unit: request, row tile, key range [key_begin, key_end) in whole tiles, visible limits, and
 // where its result goes: ws_slot >= 0: partial slot (rows ws_slot * m_rows + row of ws_lse / ws_o), -1:

@@ -596,12 +596,19 @@ inline constexpr int kRotMaxDim = kConvertRotMaxDim;
 // bytes (R's threads, then R's barrier), then each thread turns
 // columns 256 + 8 j + 2 t4 and + 1 of rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) for the j of
 // the last kRotMaxDim columns: a rotated pair is the thread's own. The unit's token's position (one token per unit).
+// The table both V4 tiles turn from: the pairs' cos / sin of the unit's token into Q's first bytes by R's threads (t:
+// 0..127), then R's barrier on the converter's id (it finished with the last tile).
+__device__ __forceinline__ const float* rotation_table(const DecodeSm90Params& p, const Unit& u, const Smem& sm, int t) {
+  float* tab = reinterpret_cast<float*>(sm.q());
+  p.rot.fill_table(p.rot.position(u.g), tab, t, 128);
+  ptx::named_barrier_sync(L::kBarConv, 128);
+  return tab;
+}
+
 __device__ __forceinline__ void rotate_o_r(const DecodeSm90Params& p, const Unit& u, const Smem& sm,
                                            float (&o)[T::kDvHalf / 2], int t, int t4) {
   if (!p.rot.on()) return;  // uniform
-  float* tab = reinterpret_cast<float*>(sm.q());
-  p.rot.fill_table(p.rot.position(u.g), tab, t, 128);
-  ptx::named_barrier_sync(L::kBarConv, 128);  // the converter's id: it finished with the last tile
+  const float* tab = rotation_table(p, u, sm, t);
 #pragma unroll
   for (int j = (T::kDv - kRotMaxDim - T::kDvHalf) / 8; j < T::kDvHalf / 8; ++j) {
     const int i = p.rot.pair_of(T::kDvHalf + 8 * j + 2 * t4, T::kDv);

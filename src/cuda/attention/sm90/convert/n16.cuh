@@ -265,9 +265,7 @@ __device__ __forceinline__ void n16_rotate(const DecodeSm90Params& p, const Unit
                                            int t, int w, int lane) {
   static_assert(kRotMaxDim == 64, "the rotated columns are panel 7");
   if (!p.rot.on()) return;  // uniform
-  float* tab = reinterpret_cast<float*>(sm.q());
-  p.rot.fill_table(p.rot.position(u.g), tab, t, 128);
-  ptx::named_barrier_sync(L::kBarConv, 128);  // the converter's id: it finished with the last tile
+  const float* tab = rotation_table(p, u, sm, t);
   const bool first = ((lane >> 2) & 1) == 0;   // an even column: the pair's first
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
