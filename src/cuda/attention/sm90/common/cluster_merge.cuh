@@ -56,10 +56,12 @@ __device__ __forceinline__ void merge_cluster_rows(const DecodeSm90Params& p, co
   const MqaRowParams& rp = p.rows;
   const int splits = p.num_splits, rows = min(p.tile_rows, u.m_rows - u.row0);
   const uint32_t rank = ptx::cluster_ctarank();
-  // Each rank's partial in the cluster window, mapped once (ranks past `splits` map rank 0: loaded, not used).
+  // Each rank's partial in the cluster window, mapped once. Ranks past `splits` map this CTA's own partial (loaded,
+  // not used): mapped to one rank, every CTA's phantom loads would queue at that rank's shared memory (with 5
+  // splits, three of each item's eight loads went to rank 0 from all five CTAs).
   uint32_t base[M::kMaxSplits];
 #pragma unroll
-  for (int s = 0; s < M::kMaxSplits; ++s) base[s] = ptx::map_peer(ptx::smem_addr(stage), s < splits ? s : 0);
+  for (int s = 0; s < M::kMaxSplits; ++s) base[s] = ptx::map_peer(ptx::smem_addr(stage), s < splits ? s : rank);
   const int c0 = static_cast<int>(rank) * M::chunk(splits), c1 = min(T::kDv, c0 + M::chunk(splits));
   const int groups = c1 > c0 ? (c1 - c0) / 4 : 0;
   for (int e = ct; e < rows * groups; e += nthreads) {
