@@ -138,16 +138,19 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
       std::printf("      C%d %-12s n %4zu  p10 %8.0f  med %8.0f  p90 %8.0f\n", cons, steps[cons][k], v.size(), v[v.size() / 10],
                   v[v.size() / 2], v[v.size() * 9 / 10]);
     }
-  // The producers' release groups of the same pair (trace.cuh kTraceProdBase: stage s, group g, step k).
+  // The producers' slots of the same pair (trace.cuh kTraceProdBase: stage s, slot 3 g + k): the seesaw's release
+  // group g step k, the DeepSeek-V4 converter's step 3 g + k (convert/kernel.cuh V4ConvTrace: top, landed,
+  // reference, empty, stored, arrived, issued, warp 3 stored, warp 3 arrived).
   static const char* gname[3] = {"rope", "own V", "other V"};
   static const char* kname[3] = {"empty", "landed", "done"};
+  static const char* v4name[9] = {"top", "landed", "ref", "empty", "stored", "arrived", "issued", "w3 stored", "w3 arrived"};
   for (int stage = 0; stage < 2; ++stage)
     for (int g = 0; g < 3; ++g)
       for (int k = 0; k < 3; ++k) {
         const std::vector<double> v = cycles(cuda::decode_sm90::kTraceProdBase + 3 * (3 * stage + g) + k);
         if (v.empty()) continue;
-        std::printf("      P%d %-7s %-6s n %4zu  p10 %8.0f  med %8.0f  p90 %8.0f\n", stage, gname[g], kname[k], v.size(),
-                    v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10]);
+        std::printf("      P%d %-7s %-6s | V4 %-10s n %4zu  p10 %8.0f  med %8.0f  p90 %8.0f\n", stage, gname[g], kname[k],
+                    v4name[3 * g + k], v.size(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10]);
       }
 }
 

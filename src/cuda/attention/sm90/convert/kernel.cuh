@@ -434,6 +434,24 @@ __device__ __forceinline__ int next_reference(int e, int r, int s, const Smem& s
   return min(m, records::kRefCeil);
 }
 
+// Trace build: the DeepSeek-V4 converter's steps on tile 2 kTracePair + s, in stage s's nine producer slots
+// (trace.cuh), stamped by lane 0 of warp 0: 0 the loop's top, 1 the tile's codes used (its exponent), 2 the reference
+// agreed (the converter's barrier), 3 the stage's release seen, 4 the stores done, 5 the full arrival, 6 the next
+// tile's loads and prefetch issued; and by warp 3: 7 its stores done, 8 its arrival.
+struct V4ConvTrace {
+  enum Step { kTop, kLanded, kReference, kEmpty, kStored, kArrived, kIssued };
+  int slot0 = -1, slot3 = -1;
+  __device__ __forceinline__ V4ConvTrace(int s, int i, int warp) {
+    if (warp == 0) slot0 = trace_prod_slot(s, 0, 0, i);
+    if (warp == 3) slot3 = trace_prod_slot(s, 0, 0, i);
+  }
+  __device__ __forceinline__ void stamp(Step k) const {
+    MLA_DECODE_TRACE_PROD(slot0, static_cast<int>(k));
+    if (k == kStored) MLA_DECODE_TRACE_PROD(slot3, 7);
+    if (k == kArrived) MLA_DECODE_TRACE_PROD(slot3, 8);
+  }
+};
+
 // v4's converter over the n_tiles tiles of one list, by key (records.cuh Codes<v4>: thread (key, half)), the unit's
 // tiles i0 .. i0 + n_tiles - 1 (stage i % 2): as converter() above. Ahead of the stores of tile k: tile k + 1's record half
 // in registers (loaded right after tile k's stores), tile k + 2's record in L2 (prefetched then), tile k + 3's index
@@ -468,16 +486,25 @@ __device__ __forceinline__ int convert_list_keys(const G& geo, const records::Li
 #pragma unroll 1
   for (int k = 0; k < n_tiles; ++k) {
     const int i = i0 + k, s = i & 1;
-    r = next_reference(codes.exponent(half, rope), r, s, sm);
+    [[maybe_unused]] const V4ConvTrace tr(s, i, warp);
+    tr.stamp(V4ConvTrace::kTop);
+    const int e = codes.exponent(half, rope);
+    tr.stamp(V4ConvTrace::kLanded);
+    r = next_reference(e, r, s, sm);
+    tr.stamp(V4ConvTrace::kReference);
     ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
+    tr.stamp(V4ConvTrace::kEmpty);
     records::store_half(codes, sm.stage(s), key, half, r, rope);
+    tr.stamp(V4ConvTrace::kStored);
     const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
     if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
     if (t == 0) *sm.stage_ref(s) = r;
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
+    tr.stamp(V4ConvTrace::kArrived);
     if (k + 1 < n_tiles) load(e1);
     if (k + 2 < n_tiles) prefetch(e2);
+    tr.stamp(V4ConvTrace::kIssued);
     e1 = e2;
     e2 = entry(k + 3);
   }
@@ -517,15 +544,24 @@ __device__ __forceinline__ int convert_list(const G& geo, const records::List& l
 #pragma unroll 1
   for (int k = 0; k < n_tiles; ++k) {
     const int i = i0 + k, s = i & 1;
-    r = next_reference(codes.exponent(), r, s, sm);
+    [[maybe_unused]] const V4ConvTrace tr(s, i, w);
+    tr.stamp(V4ConvTrace::kTop);
+    const int e = codes.exponent();
+    tr.stamp(V4ConvTrace::kLanded);
+    r = next_reference(e, r, s, sm);
+    tr.stamp(V4ConvTrace::kReference);
     ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
+    tr.stamp(V4ConvTrace::kEmpty);
     codes.store(sm.stage(s), w, lane, r);
+    tr.stamp(V4ConvTrace::kStored);
     if (lane == 0) reinterpret_cast<uint16_t*>(sm.mask_words(s))[w] = static_cast<uint16_t>(codes.valid);
     if (lane == 0 && w == 0) *sm.stage_ref(s) = r;
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
+    tr.stamp(V4ConvTrace::kArrived);
     if (k + 1 < n_tiles) load(e1);
     if (k + 2 < n_tiles) prefetch(e2);
+    tr.stamp(V4ConvTrace::kIssued);
     e1 = e2;
     e2 = entry(k + 3);
   }
