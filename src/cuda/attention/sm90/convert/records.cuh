@@ -259,22 +259,27 @@ struct Lane<CacheFormat::v41_fp4> {
 };
 
 // One converter warp's share of a tile (v41, v41_fp4): keys 16 w + j (j < 16), lane l's bytes of each and its scale
-// byte. Key j's record is located by lane j (and lane j + 16, the same): body / slot, broadcast by shuffles.
+// byte. Key j's record is located by lane j (and lane j + 16, the same): its body broadcast by shuffles, its scale
+// slot at a fixed offset in it.
 template <CacheFormat F>
 struct Warp {
   static_assert(F == CacheFormat::v41 || F == CacheFormat::v41_fp4, "the warp layout's formats");
   static constexpr bool kFp4 = F == CacheFormat::v41_fp4;
   using L = Lane<F>;
+  using Fmt = CacheFormatTraits<F>;
+  static_assert(!Fmt::kPageScales, "the warp layout's records hold their scale slot");
+  static constexpr int kSlotAt = static_cast<int>(Fmt::scale_offset(Fmt::kDqk - Fmt::kDrope));
   uint4 raw[16];
   uint32_t sb4[4];       // key j's scale byte in byte j % 4 of sb4[j / 4] (0: key not read): packed by exponent()
   uint32_t byte[16];     // key j's scale byte as loaded, untouched until exponent() (no wait inside load())
   uint32_t valid;        // bit j: key j read (every lane the same)
-  __device__ __forceinline__ void load(const uint8_t* body_j, const uint8_t* slot_j, bool v_j, int lane) {
+  __device__ __forceinline__ void load(const uint8_t* body_j, const uint8_t* /*slot_j: body_j + kSlotAt*/, bool v_j,
+                                       int lane) {
     valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const uint8_t* b = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body_j), j));
-      const uint8_t* sl = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(slot_j), j));
+      const uint8_t* sl = b + kSlotAt;  // the slot ends the record: no second pointer to broadcast
       const bool v = (valid >> j) & 1u;
       if constexpr (L::kBytes == 16) {
         raw[j] = v ? __ldg(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
