@@ -107,6 +107,21 @@ struct Smem {
   __device__ __forceinline__ uint64_t* q_full() const {
     return reinterpret_cast<uint64_t*>(base + L::kOffBar) + 2 * L::kStages;
   }
+  // The N 16 tile's record ring (ConvertTraits::ring_offset): converter warp w's barriers and key mask, and key k's
+  // record slot (kRec bytes a record).
+  __device__ __forceinline__ uint64_t* ring_full(int w) const {
+    return reinterpret_cast<uint64_t*>(base + L::kOffBar) + 2 * L::kStages + 1 + w;
+  }
+  __device__ __forceinline__ uint64_t* ring_empty(int w) const {
+    return reinterpret_cast<uint64_t*>(base + L::kOffBar) + 2 * L::kStages + 5 + w;
+  }
+  __device__ __forceinline__ uint32_t* ring_valid(int w) const {
+    return reinterpret_cast<uint32_t*>(base + L::kOffRingValid) + w;
+  }
+  template <int kRec>
+  __device__ __forceinline__ uint8_t* ring_key(int k) const {
+    return q() + (k >> 3) * T::kPanelBytes + L::ring_offset(kRec) + (k & 7) * kRec;
+  }
 };
 
 // A consumer thread's place in the 64 x N wgmma D fragment: warp w of its warpgroup holds rows 16w .. 16w + 15; the
@@ -511,36 +526,86 @@ __device__ __forceinline__ int convert_list_keys(const G& geo, const records::Li
   return i0 + n_tiles;
 }
 
-// The converter over the n_tiles tiles of one list, the unit's tiles i0 .. i0 + n_tiles - 1 (stage i % 2), warp w
-// taking keys 16 w .. 16 w + 15 of each tile (records.cuh Warp: coalesced record reads). Ahead of the stores of tile
-// k: tile k + 1's records in registers (loaded right after tile k's stores), tile k + 2's in L2 (prefetched then),
-// tile k + 3's index entries in a register (lane j and j + 16: key j's), so that neither the loads nor the prefetch
-// wait for a read of the index row. The reference as convert_list_keys. Returns the next tile index.
+// Key j's record lines into L2 (the warp layout's lanes j and j + 16 take alternate lines).
 template <CacheFormat F, class G>
-__device__ __forceinline__ int convert_list(const G& geo, const records::List& l, int n_tiles, int i0, int& r,
-                                            const Smem& sm) {
-  using Fmt = CacheFormatTraits<F>;
-  constexpr int kBytes = static_cast<int>(Fmt::row_stride_bytes());  // v4: the body (its slot is in the page region)
+__device__ __forceinline__ void prefetch_record(const G& geo, int32_t e, int lane) {
+  constexpr int kBytes = static_cast<int>(CacheFormatTraits<F>::row_stride_bytes());
   constexpr int kLines = (kBytes + 112 + 127) / 128;
-  const int lane = threadIdx.x & 31, w = (threadIdx.x & 127) >> 5, j = lane & 15;
-  records::Warp<F> codes;
-  auto entry = [&](int tile) { return records::entry(l, tile * T::kBlockN + 16 * w + j); };
-  auto load = [&](int32_t e) {
+  const uint8_t *body, *slot;
+  if (!records::locate<F>(geo, e, body, slot)) return;
+#pragma unroll
+  for (int ln = lane >> 4; ln < kLines; ln += 2) ptx::prefetch_l2(body + (128 * ln < kBytes ? 128 * ln : kBytes - 1));
+}
+
+// How a converter warp's records of each tile reach its registers (records.cuh Warp; warp w takes keys 16 w .. 16 w +
+// 15). first() fills them with tile 0's; next(k), right after tile k's stores, with tile k + 1's.
+//
+// GlobalFeed: the warp loads them itself (lanes j and j + 16 read key j's index entry): tile k + 1's records by
+// next(k) (the loads' issue is then on the converter's chain), tile k + 2's prefetched into L2 then, tile k + 3's
+// entries in a register, so that neither the loads nor the prefetch wait for a read of the index row.
+template <CacheFormat F, class G>
+struct GlobalFeed {
+  const G& geo;
+  const records::List& l;
+  int n_tiles, w, lane;
+  int32_t e1 = 0, e2 = 0;
+  __device__ __forceinline__ int32_t entry(int tile) const {
+    return records::entry(l, tile * T::kBlockN + 16 * w + (lane & 15));
+  }
+  __device__ __forceinline__ void load(records::Warp<F>& codes, int32_t e) const {
     const uint8_t *body, *slot;
     const bool v = records::locate<F>(geo, e, body, slot);
     codes.load(body, slot, v, lane);
-  };
-  // Key j's record lines into L2: lanes j and j + 16 take alternate lines.
-  auto prefetch = [&](int32_t e) {
-    const uint8_t *body, *slot;
-    if (!records::locate<F>(geo, e, body, slot)) return;
-#pragma unroll
-    for (int ln = lane >> 4; ln < kLines; ln += 2) ptx::prefetch_l2(body + (128 * ln < kBytes ? 128 * ln : kBytes - 1));
-  };
+  }
+  __device__ __forceinline__ void first(records::Warp<F>& codes) {
+    load(codes, entry(0));
+    e1 = entry(1);
+    e2 = entry(2);
+    if (n_tiles > 1) prefetch_record<F>(geo, e1, lane);
+  }
+  __device__ __forceinline__ void next(records::Warp<F>& codes, int k) {
+    if (k + 1 < n_tiles) load(codes, e1);
+    if (k + 2 < n_tiles) prefetch_record<F>(geo, e2, lane);
+    e1 = e2;
+    e2 = entry(k + 3);
+  }
+};
+
+// RingFeed (the N 16 tile): a loader warp (n16.cuh RingLoader) copies the records into the warp's ring slots
+// (ConvertTraits::ring_offset) and publishes the tile's key mask; the converter warp waits ring_full(w), reads them
+// into its registers and releases the slots on ring_empty(w), so that the loader issues the next tile's copies while
+// this warp converts and stores: the gathers' issue leaves the converter's chain. `phase` carries ring_full(w)'s
+// parity from one list to the next.
+template <CacheFormat F>
+struct RingFeed {
+  static constexpr int kRec = static_cast<int>(CacheFormatTraits<F>::row_stride_bytes());  // the whole record
+  int n_tiles, w, lane;
+  const Smem& sm;
+  uint32_t& phase;
+  __device__ __forceinline__ void read(records::Warp<F>& codes) {
+    ptx::mbar_wait(sm.ring_full(w), phase);
+    phase ^= 1u;
+    const uint32_t vb = *sm.ring_valid(w);
+    const uint8_t* const base = sm.ring_key<kRec>(16 * w);  // key 16 w + j at a constant offset (j unrolled)
+    codes.load_ring([&](int j) -> const uint8_t* { return base + (j >> 3) * T::kPanelBytes + (j & 7) * kRec; }, vb, lane);
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(sm.ring_empty(w));
+  }
+  __device__ __forceinline__ void first(records::Warp<F>& codes) { read(codes); }
+  __device__ __forceinline__ void next(records::Warp<F>& codes, int k) {
+    if (k + 1 < n_tiles) read(codes);
+  }
+};
+
+// The converter over the n_tiles tiles of one list, the unit's tiles i0 .. i0 + n_tiles - 1 (stage i % 2), warp w
+// taking keys 16 w .. 16 w + 15 of each tile (records.cuh Warp: coalesced record reads), fed by Feed (GlobalFeed or
+// RingFeed). The reference as convert_list_keys. Returns the next tile index.
+template <CacheFormat F, class Feed>
+__device__ __forceinline__ int convert_list(Feed feed, int n_tiles, int i0, int& r, const Smem& sm) {
+  const int lane = threadIdx.x & 31, w = (threadIdx.x & 127) >> 5;
+  records::Warp<F> codes;
   if (n_tiles == 0) return i0;
-  load(entry(0));
-  int32_t e1 = entry(1), e2 = entry(2);
-  if (n_tiles > 1) prefetch(e1);
+  feed.first(codes);
 #pragma unroll 1
   for (int k = 0; k < n_tiles; ++k) {
     const int i = i0 + k, s = i & 1;
@@ -559,35 +624,36 @@ __device__ __forceinline__ int convert_list(const G& geo, const records::List& l
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
     tr.stamp(V4ConvTrace::kArrived);
-    if (k + 1 < n_tiles) load(e1);
-    if (k + 2 < n_tiles) prefetch(e2);
+    feed.next(codes, k);
     tr.stamp(V4ConvTrace::kIssued);
-    e1 = e2;
-    e2 = entry(k + 3);
   }
   return i0 + n_tiles;
 }
 
 // The layout per format (nvidia-h200, --grid v4, same call: the warp layout x0.74-0.84 of the by-key one over
 // v41 + v41_fp4; x1.10-1.12 over v4, whose 36-chunk body leaves four lanes without codes and needs a cp.async tail).
-template <CacheFormat F, class G>
+// kRing: the warp layout's records through the ring (RingFeed: the N 16 tile with a loader).
+template <CacheFormat F, bool kRing, class G>
 __device__ __forceinline__ int convert_records(const G& geo, const records::List& l, int n_tiles, int i0, int& r,
-                                               const Smem& sm) {
+                                               uint32_t& ring_phase, const Smem& sm) {
+  const int lane = threadIdx.x & 31, w = (threadIdx.x & 127) >> 5;
   if constexpr (F == CacheFormat::v4) return convert_list_keys<F>(geo, l, n_tiles, i0, r, sm);
-  else return convert_list<F>(geo, l, n_tiles, i0, r, sm);
+  else if constexpr (kRing) return convert_list<F>(RingFeed<F>{n_tiles, w, lane, sm, ring_phase}, n_tiles, i0, r, sm);
+  else return convert_list<F>(GlobalFeed<F, G>{geo, l, n_tiles, w, lane}, n_tiles, i0, r, sm);
 }
 
 // Both lists' index rows into L2 at the unit's start (a line per converter thread), then the lists in order, one
 // running reference over both (the first tile's: its largest scale exponent).
-template <CacheFormat FM, CacheFormat FE>
+template <CacheFormat FM, CacheFormat FE, bool kRing = false>
 __device__ __forceinline__ void record_converter(const DecodeSm90Params& p, const V4Tiles& v, const Smem& sm) {
   const int t = threadIdx.x & 127;
   const int main_lines = (v.main.len + 31) / 32, extra_lines = (v.extra.len + 31) / 32;
   for (int ln = t; ln < main_lines + extra_lines; ln += 128)
     ptx::prefetch_l2(ln < main_lines ? v.main.row + 32 * ln : v.extra.row + 32 * (ln - main_lines));
   int r = records::kRefFloor;
-  const int i = convert_records<FM>(p.gather, v.main, v.n_main, 0, r, sm);
-  convert_records<FE>(p.extra, v.extra, v.n_extra, i, r, sm);
+  uint32_t ring_phase = 0;
+  const int i = convert_records<FM, kRing>(p.gather, v.main, v.n_main, 0, r, ring_phase, sm);
+  convert_records<FE, kRing>(p.extra, v.extra, v.n_extra, i, r, ring_phase, sm);
 }
 
 // A DeepSeek-V4 unit without keys, by the whole CTA: out 0, lse the row's sink (or -inf without one).

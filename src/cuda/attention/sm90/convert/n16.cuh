@@ -11,7 +11,12 @@
 //   P^T           f16 * 2^6 into the stage's P panel as [head][key] (16 rows of 128 bytes, 128-byte swizzle): the
 //                 K-major B operand of the value product.
 //   O^T += V^T P^T  m64n16k16 f16 ss, A the stage read MN-major (a panel's 64 columns as M), one block per panel:
-//                 S the panels 0..3, R 4..7 (8 floats a block).
+//                 S the panels 0..3, R 4..7 (8 floats a block); with the record ring, S all eight.
+// The record ring (both lists warp-layout records: v41, v41_fp4): the R warpgroup is the loader (RingLoader), which
+// gathers each tile's records into Q's rows past 16 (which this tile leaves free) by cp.async, so that the converter
+// warps (kernel.cuh RingFeed) read them from shared memory and no longer issue the gathers on their own chain (the
+// design note §6, "Next: a loader role"); S then takes all eight panels' products and the whole epilogue. v4's
+// records (the by-key layout) keep R16Role and the converter's own loads.
 // The converter, the stage, the protocol (full / empty / kBarP + s / kBarEnd) and the epilogue's sink are the
 // 64-row tile's (kernel.cuh); a fragment's place: warp w of a warpgroup holds keys (or columns) 16 w + lane / 4 and
 // + 8, heads 8 j + 2 (lane % 4) + e (j, e < 2): d[4 j + e] on the first, d[4 j + 2 + e] on the second.
@@ -37,7 +42,14 @@ struct N16Scratch {
   __device__ __forceinline__ explicit N16Scratch(const Smem& sm) : base(reinterpret_cast<float*>(sm.q() + 16 * 128)) {}
   __device__ __forceinline__ float* max_red(int s) const { return base + 64 * s; }     // [2][4 warps][16]
   __device__ __forceinline__ float* sum_red() const { return base + 128; }             // [4 warps][16]
+  static constexpr int kBytes = 192 * 4;
 };
+// The record ring (ConvertTraits::ring_offset) past Q's rows 0..15 and panel 0's scratch, for the warp layout's records.
+static_assert(L::ring_offset(static_cast<int>(CacheFormatTraits<CacheFormat::v41>::row_stride_bytes())) >=
+                      kN16 * 128 + N16Scratch::kBytes &&
+                  L::ring_offset(static_cast<int>(CacheFormatTraits<CacheFormat::v41_fp4>::row_stride_bytes())) >=
+                      kN16 * 128 + N16Scratch::kBytes,
+              "the N 16 tile's record ring overlaps Q or the scratch");
 
 // O^T's block (8 floats: columns 16 w + lane / 4, + 8 of one panel, the thread's four heads) times per-head factors.
 __device__ __forceinline__ void n16_scale(float (&o)[8], const float (&f)[4]) {
@@ -49,13 +61,14 @@ __device__ __forceinline__ void n16_scale(float (&o)[8], const float (&f)[4]) {
   }
 }
 
-// The value product of panels [c0, c0 + 4) into o[4][8]: A the stage's panel MN-major, B P^T (K-major).
-__device__ __forceinline__ void n16_pv(float (&o)[4][8], const Desc& d, uint32_t stage_off, uint32_t p_off, int c0) {
+// The value product of panels [c0, c0 + kBlocks) into o[kBlocks][8]: A the stage's panel MN-major, B P^T (K-major).
+template <int kBlocks>
+__device__ __forceinline__ void n16_pv(float (&o)[kBlocks][8], const Desc& d, uint32_t stage_off, uint32_t p_off, int c0) {
 #pragma unroll
-  for (int c = 0; c < 4; ++c) ptx::wgmma_fence_operand(o[c]);
+  for (int c = 0; c < kBlocks; ++c) ptx::wgmma_fence_operand(o[c]);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int c = 0; c < 4; ++c)
+  for (int c = 0; c < kBlocks; ++c)
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
       ptx::wgmma_f16_ss<kN16, ptx::Major::MN, ptx::Major::K>(
@@ -63,9 +76,11 @@ __device__ __forceinline__ void n16_pv(float (&o)[4][8], const Desc& d, uint32_t
   ptx::wgmma_commit_group();
 }
 
-// The S warpgroup of the N 16 tile: S^T, the softmax per head, P^T and factors for R, O^T of panels 0..3.
-template <CacheFormat F>
+// The S warpgroup of the N 16 tile: S^T, the softmax per head, P^T and factors for R, O^T of panels 0..3; kAll (R is
+// the record ring's loader): O^T of all eight panels, P^T for S alone.
+template <CacheFormat F, bool kAll = false>
 struct S16Role {
+  static constexpr int kOwn = kAll ? 8 : 4;  // O^T's panels
   const DecodeSm90Params& p;
   const Unit& u;
   const Smem& sm;
@@ -74,7 +89,7 @@ struct S16Role {
   float sq[4];                     // per head: the softmax scale (log2) times 2^-e_r
   float m[4], l[4];                // per head: the running reference and this warp's share of the sum
   int ref = 0;                     // the records' reference O is relative to
-  float o[4][8];
+  float o[kOwn][8];
 
   __device__ __forceinline__ S16Role(const DecodeSm90Params& p_, const Unit& u_, const Smem& sm_)
       : p(p_), u(u_), sm(sm_), scr(sm_) {
@@ -88,7 +103,7 @@ struct S16Role {
       l[q] = 0.0f;
     }
 #pragma unroll
-    for (int c = 0; c < 4; ++c)
+    for (int c = 0; c < kOwn; ++c)
 #pragma unroll
       for (int k = 0; k < 8; ++k) o[c][k] = 0.0f;
   }
@@ -119,7 +134,7 @@ struct S16Role {
       if (i > 0) {
         ptx::wgmma_wait_group<1>();
 #pragma unroll
-        for (int c = 0; c < 4; ++c) ptx::wgmma_fence_operand(o[c]);
+        for (int c = 0; c < kOwn; ++c) ptx::wgmma_fence_operand(o[c]);
         ptx::mbar_arrive(sm.empty((i - 1) & 1));
       }
       ptx::wgmma_wait_group<0>();
@@ -178,20 +193,21 @@ struct S16Role {
           *reinterpret_cast<__half*>(sp + h * 128 + (((key >> 3) ^ (h & 7)) << 4) + 2 * (key & 7)) =
               __float2half_rn(pf[2 * q + hk] * kPF16);
         }
-        if (w == 0 && lane < 4) sm.factors(s)[h] = ao[q];
+        if (!kAll && w == 0 && lane < 4) sm.factors(s)[h] = ao[q];
       }
       ptx::fence_proxy_async_smem();
-      ptx::named_barrier_sync(L::kBarP + s, 256);  // R's threads sync here too: P^T and the factors are there
+      if constexpr (kAll) ptx::named_barrier_sync(kBarS16, 128);  // P^T whole before the products read it
+      else ptx::named_barrier_sync(L::kBarP + s, 256);  // R's threads sync here too: P^T and the factors are there
       const bool any = __any_sync(0xffffffffu, ao[0] != 1.0f || ao[1] != 1.0f || ao[2] != 1.0f || ao[3] != 1.0f);
       if (any) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) n16_scale(o[c], ao);
+        for (int c = 0; c < kOwn; ++c) n16_scale(o[c], ao);
       }
-      n16_pv(o, d, stage_off, p_off, 0);
+      n16_pv<kOwn>(o, d, stage_off, p_off, 0);
     }
     ptx::wgmma_wait_group<0>();
 #pragma unroll
-    for (int c = 0; c < 4; ++c) ptx::wgmma_fence_operand(o[c]);
+    for (int c = 0; c < kOwn; ++c) ptx::wgmma_fence_operand(o[c]);
     MLA_DECODE_TRACE_EVENT(5, 128);
     if (u.n_tiles > 0) ptx::mbar_arrive(sm.empty((u.n_tiles - 1) & 1));
     // The heads' sums over the keys: the lanes of equal lane % 4, then the four warps.
@@ -247,11 +263,63 @@ struct R16Role {
 #pragma unroll
         for (int c = 0; c < 4; ++c) n16_scale(o[c], f);
       }
-      n16_pv(o, d, stage_off, p_off, 4);
+      n16_pv<4>(o, d, stage_off, p_off, 4);
       ptx::wgmma_wait_group<0>();
 #pragma unroll
       for (int c = 0; c < 4; ++c) ptx::wgmma_fence_operand(o[c]);
       ptx::mbar_arrive(sm.empty(s));
+    }
+  }
+};
+
+// The record ring's loader: the R warpgroup of the N 16 tile when both lists are warp-layout records (kernel.cuh
+// RingFeed). Loader warp w copies converter warp w's keys 16 w .. 16 w + 15 of each tile into their ring slots: once
+// the converter warp released the previous tile's (ring_empty(w)), lane l copies 16-byte chunk l (and l + 32) of each
+// valid key's record by cp.async, lane 0 publishes the tile's key mask (ring_valid(w)) and arrives on ring_full(w),
+// and every lane's copies arrive there as they land (cp.async.mbarrier.arrive.noinc: 32 + 1 arrivals). Its stalls on
+// the gathers' issue hold up no product and no store. Tiles i0 .. i1 - 1 of the unit (the main list's, then the
+// extra list's), the entries read a tile ahead.
+template <CacheFormat FM, CacheFormat FE>
+struct RingLoader {
+  const DecodeSm90Params& p;
+  const V4Tiles& v;
+  const Smem& sm;
+  int w, lane;
+  __device__ __forceinline__ int32_t entry(int i) const {
+    const int key = 16 * w + (lane & 15);
+    return i < v.n_main ? records::entry(v.main, i * T::kBlockN + key)
+                        : records::entry(v.extra, (i - v.n_main) * T::kBlockN + key);
+  }
+  template <CacheFormat F, class G>
+  __device__ __forceinline__ void issue(const G& geo, int32_t e, int i) const {
+    constexpr int kRec = static_cast<int>(CacheFormatTraits<F>::row_stride_bytes());
+    constexpr int kChunks = kRec / 16;
+    static_assert(kRec % 16 == 0 && kChunks <= 64, "a record of at most 64 16-byte chunks");
+    const uint8_t *body, *slot;
+    const bool v_j = records::locate<F>(geo, e, body, slot);
+    const uint32_t vb = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
+    if (i > 0) ptx::mbar_wait(sm.ring_empty(w), (i - 1) & 1);
+    uint8_t* const base = sm.ring_key<kRec>(16 * w);  // key 16 w + j at a constant offset (j unrolled)
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t* b = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body), j));
+      if (!((vb >> j) & 1u)) continue;  // uniform
+      uint8_t* d = base + (j >> 3) * T::kPanelBytes + (j & 7) * kRec;
+      if (lane < kChunks) ptx::cp_async_16(d + 16 * lane, b + 16 * lane);
+      if (lane + 32 < kChunks) ptx::cp_async_16(d + 16 * (lane + 32), b + 16 * (lane + 32));
+    }
+    if (lane == 0) *sm.ring_valid(w) = vb;
+    ptx::cp_async_arrive_mbarrier(sm.ring_full(w));
+    if (lane == 0) ptx::mbar_arrive(sm.ring_full(w));
+  }
+  __device__ __forceinline__ void run(int i0, int i1) const {
+    int32_t e = i0 < i1 ? entry(i0) : 0;
+#pragma unroll 1
+    for (int i = i0; i < i1; ++i) {
+      const int32_t en = i + 1 < i1 ? entry(i + 1) : 0;
+      if (i < v.n_main) issue<FM>(p.gather, e, i);
+      else issue<FE>(p.extra, e, i);
+      e = en;
     }
   }
 };
@@ -327,7 +395,8 @@ __device__ __forceinline__ void n16_store_partial(const Smem& sm, const float (&
 }  // namespace convert
 
 // The DeepSeek-V4 sparse_mqa kernel for units of at most 16 query rows (the N 16 tile, file comment): the V4 kernel's
-// converter, Q and protocol; S16Role and R16Role for the products; one CTA per token or, kSplit (p.cluster_merge,
+// converter, Q and protocol; S16Role and R16Role for the products (warp-layout records: S16Role alone, R the
+// RingLoader); one CTA per token or, kSplit (p.cluster_merge,
 // the small-T split of sparse_mqa.cu), one cluster of p.num_splits CTAs per token: rank k takes its part of the
 // token's tiles (v4_split), writes its partial (n16_store_partial; rank 0 also folds the sink) and merges its
 // columns of every rank's partial (cluster_merge_protocol). A token without keys: rank 0 writes out 0 and lse the
@@ -338,6 +407,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   static_assert(CacheFormatTraits<FM>::kRecord && CacheFormatTraits<FE>::kRecord, "DeepSeek-V4 record formats");
   using L = ConvertTraits;
   using T = Traits;
+  // Both lists warp-layout records: R loads the record ring (RingLoader), S takes all eight panels' products.
+  constexpr bool kLoader = FM != CacheFormat::v4 && FE != CacheFormat::v4;
   extern __shared__ uint8_t smem_raw[];
   const convert::Smem sm{aligned_smem(smem_raw)};
   MLA_DECODE_TRACE_EVENT(0, 0);
@@ -365,9 +436,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
       ptx::mbar_init(sm.full(s), L::kFullArrivals);
-      ptx::mbar_init(sm.empty(s), L::kEmptyArrivals);
+      ptx::mbar_init(sm.empty(s), kLoader ? 128 : L::kEmptyArrivals);
     }
     ptx::mbar_init(sm.q_full(), 1);
+    for (int w = 0; w < 4; ++w) {
+      ptx::mbar_init(sm.ring_full(w), L::kRingFullArrivals);
+      ptx::mbar_init(sm.ring_empty(w), 1);
+    }
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -375,16 +450,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (wg == L::kConverter) {
     ptx::setmaxnreg_dec<L::converter_regs(FM)>();
     MLA_DECODE_TRACE_EVENT(1, 0);
-    convert::record_converter<FM, FE>(p, v, sm);
+    convert::record_converter<FM, FE, kLoader>(p, v, sm);
     MLA_DECODE_TRACE_EVENT(2, 0);
     if constexpr (kSplit) cluster_merge_pass();
     return;
   }
+  const int lane = threadIdx.x & 31, w = ptx::warp_idx_in_warpgroup(), t4 = lane & 3;
+  // The loader's first tile before Q: the records' round trip overlaps Q's.
+  if (kLoader && wg == L::kRWarpgroup) convert::RingLoader<FM, FE>{p, v, sm, w, lane}.run(0, 1);
   // Q's rows 0..15 only: S^T reads no other (its B operand is the first two swizzle atoms of each panel), and rows
   // 16.. of panel 0 are S's scratch (N16Scratch).
   convert::v4_q_prologue<convert::kN16>(&q_map, u, sm, static_cast<int>(threadIdx.x) - 128);
   MLA_DECODE_TRACE_EVENT(3, 128);
-  const int lane = threadIdx.x & 31, w = ptx::warp_idx_in_warpgroup(), t4 = lane & 3;
+  if (kLoader && wg == L::kRWarpgroup) {
+    ptx::setmaxnreg_dec<L::r_regs(FM)>();
+    convert::RingLoader<FM, FE>{p, v, sm, w, lane}.run(1, u.n_tiles);
+    if constexpr (kSplit) cluster_merge_protocol(p, u, sm.stage(0), static_cast<int>(threadIdx.x) - 128, 256, convert::kN16Lse);
+    return;
+  }
   if (wg == L::kRWarpgroup) {
     ptx::setmaxnreg_dec<L::r_regs(FM)>();
     convert::R16Role r(u, sm);
@@ -408,8 +491,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return;
   }
   ptx::setmaxnreg_inc<L::s_regs(FM)>();
-  convert::S16Role<FM> sr(p, u, sm);
+  convert::S16Role<FM, kLoader> sr(p, u, sm);
   sr.run();
+  // kLoader: S holds all eight panels; its upper four as R's would be.
+  float(&o_lo)[4][8] = *reinterpret_cast<float(*)[4][8]>(&sr.o[0][0]);
+  [[maybe_unused]] float(&o_hi)[4][8] = *reinterpret_cast<float(*)[4][8]>(&sr.o[kLoader ? 4 : 0][0]);
   float scale[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -426,10 +512,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     scale[q] = sr.l[q] == 0.0f ? 0.0f : exp2i(sr.ref - 6) * f / sr.l[q];
   }
+  if constexpr (kLoader) convert::n16_rotate(p, u, sm, o_hi, static_cast<int>(threadIdx.x) - 128, w, lane);
   if constexpr (kSplit) {
     // Both consumers past their products before either overwrites stage 0 with its partial.
-    ptx::named_barrier_sync(L::kBarEnd, 256);
-    convert::n16_store_partial(sm, sr.o, 0, scale, t4, w, lane);
+    if constexpr (!kLoader) ptx::named_barrier_sync(L::kBarEnd, 256);
+    convert::n16_store_partial(sm, o_lo, 0, scale, t4, w, lane);
+    if constexpr (kLoader) convert::n16_store_partial(sm, o_hi, 4, scale, t4, w, lane);
     if (w == 0 && lane < 4) {
 #pragma unroll
       for (int q = 0; q < 4; ++q)
@@ -437,8 +525,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     cluster_merge_protocol(p, u, sm.stage(0), static_cast<int>(threadIdx.x) - 128, 256, convert::kN16Lse);
   } else {
-    ptx::named_barrier_arrive(L::kBarEnd, 256);
-    convert::n16_write(p, u, sr.o, 0, scale, t4, w, lane);
+    if constexpr (!kLoader) ptx::named_barrier_arrive(L::kBarEnd, 256);
+    convert::n16_write(p, u, o_lo, 0, scale, t4, w, lane);
+    if constexpr (kLoader) convert::n16_write(p, u, o_hi, 4, scale, t4, w, lane);
   }
   MLA_DECODE_TRACE_EVENT(6, 128);
 }

@@ -290,6 +290,23 @@ struct Warp {
       byte[j] = v ? ldg_u8(sl + L::scale_at(lane)) : 0u;
     }
   }
+  // The same from shared memory (the N 16 tile's ring: key j's record at at(j)); vb bit j: key j's record is there.
+  template <class At>
+  __device__ __forceinline__ void load_ring(const At& at, uint32_t vb, int lane) {
+    valid = vb & 0xffffu;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t* b = at(j);
+      const bool v = (valid >> j) & 1u;
+      if constexpr (L::kBytes == 16) {
+        raw[j] = v ? reinterpret_cast<const uint4*>(b)[lane] : make_uint4(0, 0, 0, 0);
+      } else {
+        const uint2 x = v ? reinterpret_cast<const uint2*>(b)[lane] : make_uint2(0, 0);
+        raw[j] = make_uint4(x.x, x.y, 0, 0);
+      }
+      byte[j] = v ? b[kSlotAt + L::scale_at(lane)] : 0u;
+    }
+  }
   __device__ __forceinline__ uint32_t sb(int j) const { return (sb4[j / 4] >> (8 * (j % 4))) & 0xffu; }
   // This lane's largest scale exponent over its 16 keys (keys not read: scale byte 0, below the floor).
   __device__ __forceinline__ int exponent() {

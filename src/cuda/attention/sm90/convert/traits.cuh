@@ -43,7 +43,9 @@ struct ConvertTraits {
   // factors (fp32 [64]); the row sums, references and (V4's sink) O factors for the epilogue; the fp8_ds_mla keys'
   // group scales per stage (v4 records: the rope copies); the stages' loaded-key masks; DeepSeek-V4 records' reference exponents (the
   // converter's per-warp maxima [kStages][4] and each stage's reference [kStages], int32); the full and empty
-  // barriers, and DeepSeek-V4's q_full (Q's TMA boxes landed).
+  // barriers, DeepSeek-V4's q_full (Q's TMA boxes landed), and the N 16 tile's record ring: per converter warp w
+  // ring_full[w] (its records of a tile landed: the loader warp's 32 lanes' cp.async arrivals and lane 0's, which
+  // publishes the tile's key mask in ring_valid[w]) and ring_empty[w] (the converter warp read them out).
   static constexpr int kStages = 2;
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + T::kTileBytes;
@@ -57,12 +59,19 @@ struct ConvertTraits {
   static constexpr int kOffMask = kOffQScale + T::kBlockM * 4;    // [kStages] u64
   static constexpr int kOffRefRed = kOffMask + kStages * 8;       // [kStages][4] int32, 16-byte aligned
   static constexpr int kOffRef = kOffRefRed + kStages * 4 * 4;    // [kStages] int32
-  static constexpr int kOffBar = kOffRef + kStages * 4;           // full[kStages], empty[kStages], q_full
-  static constexpr int kBarriers = 2 * kStages + 1;
+  static constexpr int kOffRingValid = kOffRef + kStages * 4;     // [4] u32, the ring's key masks
+  static constexpr int kOffBar = kOffRingValid + 4 * 4;  // full[kStages], empty[kStages], q_full, ring_full[4], ring_empty[4]
+  static constexpr int kBarriers = 2 * kStages + 1 + 8;
   static constexpr int kSmemBytes = kOffBar + kBarriers * 8 + 1024;  // + slack to align the base to 1 KiB
   static_assert(kSmemBytes <= 232448, "shared memory per block");
   static_assert(kOffBar % 8 == 0, "mbarriers are 8-byte aligned");
   static_assert(kOffRefRed % 16 == 0, "the reference maxima are read as one int4");
+
+  // The N 16 tile's record ring (convert/n16.cuh RingLoader, convert/kernel.cuh RingFeed): one tile's records in Q's
+  // panels, which that tile fills to row 16 only: key k's record of rec_bytes at panel k / 8, byte ring_offset +
+  // (k % 8) rec_bytes: the last 8 records' bytes of the panel (past panel 0's scratch: n16.cuh).
+  static constexpr int ring_offset(int rec_bytes) { return T::kPanelBytes - 8 * rec_bytes; }
+  static constexpr int kRingFullArrivals = 33;  // the loader warp's 32 lanes' copies, and its lane 0's mask
 
   // Arrivals per phase: full, every converter thread (after its stores and proxy fence); empty, every thread of
   // the S and R warpgroups (after their products over the stage retired).
