@@ -118,6 +118,7 @@ struct S16Role {
       const uint32_t p_off = stage_off + 8 * T::kPanelBytes;
       ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
       MLA_DECODE_TRACE_EVENT(4, 128, true);
+      MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1), i >> 1);  // the 64-row S's step 0 / 4: the converter's steps print beside it
       ptx::fence_proxy_async_smem();
       // S^T over the eight panels; the previous tile's O^T product retires meanwhile and releases its stage.
       float st[8];
