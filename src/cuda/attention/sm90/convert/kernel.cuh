@@ -120,7 +120,7 @@ struct Smem {
   }
   template <int kRec>
   __device__ __forceinline__ uint8_t* ring_key(int k) const {
-    return q() + (k >> 3) * T::kPanelBytes + L::ring_offset(kRec) + (k & 7) * kRec;
+    return q() + L::ring_offset(kRec) + L::ring_key_offset(kRec, k);
   }
 };
 
@@ -587,7 +587,7 @@ struct RingFeed {
     phase ^= 1u;
     const uint32_t vb = *sm.ring_valid(w);
     const uint8_t* const base = sm.ring_key<kRec>(16 * w);  // key 16 w + j at a constant offset (j unrolled)
-    codes.load_ring([&](int j) -> const uint8_t* { return base + (j >> 3) * T::kPanelBytes + (j & 7) * kRec; }, vb, lane);
+    codes.load_ring([&](int j) -> const uint8_t* { return base + L::ring_key_offset(kRec, j); }, vb, lane);
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(sm.ring_empty(w));
   }

@@ -45,10 +45,10 @@ struct N16Scratch {
   static constexpr int kBytes = 192 * 4;
 };
 // The record ring (ConvertTraits::ring_offset) past Q's rows 0..15 and panel 0's scratch, for the warp layout's records.
-static_assert(L::ring_offset(static_cast<int>(CacheFormatTraits<CacheFormat::v41>::row_stride_bytes())) >=
-                      kN16 * 128 + N16Scratch::kBytes &&
+static_assert(L::kRingFloor == kN16 * 128 + N16Scratch::kBytes, "the ring's floor is Q's rows and the scratch");
+static_assert(L::ring_offset(static_cast<int>(CacheFormatTraits<CacheFormat::v41>::row_stride_bytes())) >= L::kRingFloor &&
                   L::ring_offset(static_cast<int>(CacheFormatTraits<CacheFormat::v41_fp4>::row_stride_bytes())) >=
-                      kN16 * 128 + N16Scratch::kBytes,
+                      L::kRingFloor,
               "the N 16 tile's record ring overlaps Q or the scratch");
 
 // O^T's block (8 floats: columns 16 w + lane / 4, + 8 of one panel, the thread's four heads) times per-head factors.
@@ -305,7 +305,7 @@ struct RingLoader {
     for (int j = 0; j < 16; ++j) {
       const uint8_t* b = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body), j));
       if (!((vb >> j) & 1u)) continue;  // uniform
-      uint8_t* d = base + (j >> 3) * T::kPanelBytes + (j & 7) * kRec;
+      uint8_t* d = base + L::ring_key_offset(kRec, j);
       if (lane < kChunks) ptx::cp_async_16(d + 16 * lane, b + 16 * lane);
       if (lane + 32 < kChunks) ptx::cp_async_16(d + 16 * (lane + 32), b + 16 * (lane + 32));
     }
@@ -457,17 +457,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return;
   }
   const int lane = threadIdx.x & 31, w = ptx::warp_idx_in_warpgroup(), t4 = lane & 3;
+  const convert::RingLoader<FM, FE> loader{p, v, sm, w, lane};  // kLoader: R's role
   // The loader's first tile before Q: the records' round trip overlaps Q's.
-  if (kLoader && wg == L::kRWarpgroup) convert::RingLoader<FM, FE>{p, v, sm, w, lane}.run(0, 1);
+  if constexpr (kLoader)
+    if (wg == L::kRWarpgroup) loader.run(0, 1);
   // Q's rows 0..15 only: S^T reads no other (its B operand is the first two swizzle atoms of each panel), and rows
   // 16.. of panel 0 are S's scratch (N16Scratch).
   convert::v4_q_prologue<convert::kN16>(&q_map, u, sm, static_cast<int>(threadIdx.x) - 128);
   MLA_DECODE_TRACE_EVENT(3, 128);
-  if (kLoader && wg == L::kRWarpgroup) {
-    ptx::setmaxnreg_dec<L::r_regs(FM)>();
-    convert::RingLoader<FM, FE>{p, v, sm, w, lane}.run(1, u.n_tiles);
-    if constexpr (kSplit) cluster_merge_protocol(p, u, sm.stage(0), static_cast<int>(threadIdx.x) - 128, 256, convert::kN16Lse);
-    return;
+  if constexpr (kLoader) {
+    if (wg == L::kRWarpgroup) {
+      ptx::setmaxnreg_dec<L::r_regs(FM)>();
+      loader.run(1, u.n_tiles);
+      if constexpr (kSplit)
+        cluster_merge_protocol(p, u, sm.stage(0), static_cast<int>(threadIdx.x) - 128, 256, convert::kN16Lse);
+      return;
+    }
   }
   if (wg == L::kRWarpgroup) {
     ptx::setmaxnreg_dec<L::r_regs(FM)>();

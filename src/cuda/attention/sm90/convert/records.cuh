@@ -237,8 +237,6 @@ __device__ __forceinline__ void store_half(const C& c, uint8_t* stage, int key, 
   else c.template store<0>(stage, key, r, rope);
 }
 
-__device__ __forceinline__ uint32_t ldg_u8(const uint8_t* p) { return __ldg(p); }
-
 // Per format: what lane l of a warp reads of a record.
 //   kBytes       bytes per lane from the body (16: e4m3 codes; 8: e2m1 pairs)
 //   scale_at(l)  the lane's scale byte in the record
@@ -277,35 +275,34 @@ struct Warp {
                                        int lane) {
     valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint8_t* b = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body_j), j));
-      const uint8_t* sl = b + kSlotAt;  // the slot ends the record: no second pointer to broadcast
-      const bool v = (valid >> j) & 1u;
-      if constexpr (L::kBytes == 16) {
-        raw[j] = v ? __ldg(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
-      } else {
-        const uint2 x = v ? __ldg(reinterpret_cast<const uint2*>(b) + lane) : make_uint2(0, 0);
-        raw[j] = make_uint4(x.x, x.y, 0, 0);
-      }
-      byte[j] = v ? ldg_u8(sl + L::scale_at(lane)) : 0u;
-    }
+    for (int j = 0; j < 16; ++j)
+      take<false>(j, reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body_j), j)),
+                  lane);
   }
   // The same from shared memory (the N 16 tile's ring: key j's record at at(j)); vb bit j: key j's record is there.
   template <class At>
   __device__ __forceinline__ void load_ring(const At& at, uint32_t vb, int lane) {
     valid = vb & 0xffffu;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint8_t* b = at(j);
-      const bool v = (valid >> j) & 1u;
-      if constexpr (L::kBytes == 16) {
-        raw[j] = v ? reinterpret_cast<const uint4*>(b)[lane] : make_uint4(0, 0, 0, 0);
-      } else {
-        const uint2 x = v ? reinterpret_cast<const uint2*>(b)[lane] : make_uint2(0, 0);
-        raw[j] = make_uint4(x.x, x.y, 0, 0);
-      }
-      byte[j] = v ? b[kSlotAt + L::scale_at(lane)] : 0u;
+    for (int j = 0; j < 16; ++j) take<true>(j, at(j), lane);
+  }
+  // Key j's record at b (kShared: in shared memory; else global, read-only path): lane l's codes and scale byte, zeros
+  // when the key is not read. The slot ends the record, so one pointer locates both.
+  template <bool kShared, class V>
+  __device__ __forceinline__ static V ld(const V* at) {
+    if constexpr (kShared) return *at;
+    else return __ldg(at);
+  }
+  template <bool kShared>
+  __device__ __forceinline__ void take(int j, const uint8_t* b, int lane) {
+    const bool v = (valid >> j) & 1u;
+    if constexpr (L::kBytes == 16) {
+      raw[j] = v ? ld<kShared>(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
+    } else {
+      const uint2 x = v ? ld<kShared>(reinterpret_cast<const uint2*>(b) + lane) : make_uint2(0, 0);
+      raw[j] = make_uint4(x.x, x.y, 0, 0);
     }
+    byte[j] = v ? uint32_t{ld<kShared>(b + kSlotAt + L::scale_at(lane))} : 0u;
   }
   __device__ __forceinline__ uint32_t sb(int j) const { return (sb4[j / 4] >> (8 * (j % 4))) & 0xffu; }
   // This lane's largest scale exponent over its 16 keys (keys not read: scale byte 0, below the floor).

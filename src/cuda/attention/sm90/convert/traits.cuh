@@ -71,6 +71,9 @@ struct ConvertTraits {
   // panels, which that tile fills to row 16 only: key k's record of rec_bytes at panel k / 8, byte ring_offset +
   // (k % 8) rec_bytes: the last 8 records' bytes of the panel (past panel 0's scratch: n16.cuh).
   static constexpr int ring_offset(int rec_bytes) { return T::kPanelBytes - 8 * rec_bytes; }
+  // Key k's record from the ring's origin; additive over a warp's keys: key 16 w + j is key 16 w's plus key j's.
+  static constexpr int ring_key_offset(int rec_bytes, int k) { return (k >> 3) * T::kPanelBytes + (k & 7) * rec_bytes; }
+  static constexpr int kRingFloor = 16 * 128 + 192 * 4;  // Q's rows 0..15 and panel 0's scratch (n16.cuh)
   static constexpr int kRingFullArrivals = 33;  // the loader warp's 32 lanes' copies, and its lane 0's mask
 
   // Arrivals per phase: full, every converter thread (after its stores and proxy fence); empty, every thread of
