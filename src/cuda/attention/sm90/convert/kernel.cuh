@@ -451,8 +451,9 @@ __device__ __forceinline__ int next_reference(int e, int r, int s, const Smem& s
 
 // Trace build: the DeepSeek-V4 converter's steps on tile 2 kTracePair + s, in stage s's nine producer slots
 // (trace.cuh), stamped by lane 0 of warp 0: 0 the loop's top, 1 the tile's codes used (its exponent), 2 the reference
-// agreed (the converter's barrier), 3 the stage's release seen, 4 the stores done, 5 the full arrival, 6 the next
-// tile's loads and prefetch issued; and by warp 3: 7 its stores done, 8 its arrival.
+// agreed (the converter's barrier), 3 the stage's release seen, 4 the stores done, 5 the full arrival, 6 the feed's
+// next() done (the next tile's loads and prefetch issued, or with RingFeed its records read out of the ring); and by
+// warp 3: 7 its stores done, 8 its arrival.
 struct V4ConvTrace {
   enum Step { kTop, kLanded, kReference, kEmpty, kStored, kArrived, kIssued };
   int slot0 = -1, slot3 = -1;
