@@ -321,9 +321,15 @@ struct Warp {
   // between the passes.
   // Leaves raw and sb4 spent (the next load refills them); valid stays.
   __device__ __forceinline__ void store(uint8_t* stage, int w, int lane, int r) {
-    uint8_t* const lo_at = chunk_at(stage, 16 * w, 2 * lane) - swz(0, 2 * lane % 8);    // row 16 w's, unswizzled
-    uint8_t* const hi_at = chunk_at(stage, 16 * w, 2 * lane + 1) - swz(0, (2 * lane + 1) % 8);
-    const int c_lo = (2 * lane) % 8, c_hi = (2 * lane + 1) % 8;
+    // Lanes 4 q .. 4 q + 3 write panel q's row; every panel's row spans the same 32 banks, and a row's even chunks
+    // (swizzled by the row) the same 16 of them. So that a store instruction covers each bank four times (four
+    // wavefronts, not eight), the lanes of odd panels store their higher chunk first (`odd`: the codes swapped here,
+    // at the store, where the loads have landed; lo / hi below are the first / second store).
+    const bool odd = (lane >> 2) & 1;
+    const int n_lo = 2 * lane + (odd ? 1 : 0), n_hi = 2 * lane + (odd ? 0 : 1);
+    uint8_t* const lo_at = chunk_at(stage, 16 * w, n_lo) - swz(0, n_lo % 8);  // row 16 w's, unswizzled
+    uint8_t* const hi_at = chunk_at(stage, 16 * w, n_hi) - swz(0, n_hi % 8);
+    const int c_lo = n_lo % 8, c_hi = n_hi % 8;
 #pragma unroll 1
     for (int half = 0; half < 2; ++half) {
       bool two_any = false;
@@ -332,13 +338,14 @@ struct Warp {
         const int row = 8 * half + jj;  // the row's swizzle phase is jj (rows 16 w + 8 half + jj)
         const uint32_t b = (sb4[jj / 4] >> (8 * (jj % 4))) & 0xffu;
         uint4 lo, hi;
+        const uint4& c = raw[jj];
         if constexpr (kFp4) {
           const uint32_t m = e4m3_scale_f16x2(b, r);
-          lo = mul4(e2m1x8_f16(raw[jj].x), m);
-          hi = mul4(e2m1x8_f16(raw[jj].y), m);
+          lo = mul4(e2m1x8_f16(odd ? c.y : c.x), m);
+          hi = mul4(e2m1x8_f16(odd ? c.x : c.y), m);
         } else {
           const uint32_t m = Ue8m0::m1_f32(b, r);
-          e4m3x16_to_f16(raw[jj], lo, hi);
+          e4m3x16_to_f16(odd ? make_uint4(c.z, c.w, c.x, c.y) : c, lo, hi);
           lo = mul4(lo, m);
           hi = mul4(hi, m);
           two_any |= Ue8m0::two(b, r);
