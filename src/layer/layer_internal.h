@@ -147,9 +147,9 @@ struct Step {
   bool fused_out() const;
   // Leading output rows [0, n) that the step's W_UV product writes quantised (0: none; every quantised row
   // then goes through out_stage and quantize_output). The product covers the dense decode tokens, or every
-  // token in sparse mode. Before sm_90 the fused kernel always runs; on Hopper (compute capability 9.0) only
-  // where its wgmma mainloop beats cuBLAS's bmm + the quantize pass (up_proj::hopper_fuses: h >= 128, 64..128
-  // rows; the mma.sync kernel lost everywhere there); other devices from sm_90 on keep the two passes.
+  // token in sparse mode. Before sm_90 the fused kernel always runs; from sm_90 on the two passes (cuBLAS's bmm,
+  // then quantize_output): on Hopper the mma.sync kernel lost everywhere, and its wgmma mainloop, faster than the
+  // two passes as an op at h 128 and 64..128 rows (up_proj::hopper_fuses), made the layer's step slower there.
   int64_t fused_rows() const;
   // Rows [t0, t1) of the quantised output: ForwardArgs::out and the matching rows of out_scales (group
   // keys: columns [t0, t1) of the group-major [h*V / G, T_out] scales; fp8: undefined).

@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "core/check.h"
-#include "core/up_proj_schedule.h"
 #include "layer/layer_internal.h"
 #include "mla/block_ops.h"
 #if MLA_WITH_CUDA
@@ -44,10 +43,10 @@ bool Step::fused_out() const {
 int64_t Step::fused_rows() const {
   if (!fused_out()) return 0;
   const int64_t n = opt.sparse ? facts.t_act : facts.t_dec;
-  // Hopper (sm_90 on): the fused product where its Hopper mainloop beats cuBLAS's bmm + the pass (the schedule
-  // the kernel's planner then picks); elsewhere the two passes. Before sm_90: always fused.
-  if (plan.config.compute_capability < 90) return n;
-  return plan.config.compute_capability == 90 && up_proj::hopper_fuses(n, dims.h) ? n : 0;
+  // From sm_90 on: cuBLAS's bmm and the pass. The fused product's Hopper mainloop beats them alone at h 128, 64..128
+  // rows (up_proj::hopper_fuses), but not inside the layer's step (nvidia-h200, same call: the step x1.011-1.056
+  // slower at h 128, b 64 / 128, every cache format). Before sm_90: always fused.
+  return plan.config.compute_capability < 90 ? n : 0;
 }
 
 std::pair<TensorView, TensorView> Step::quantised_rows(int64_t t0, int64_t t1) const {

@@ -495,8 +495,8 @@ TEST(LayerOutputQuantGpu, EveryKeyEqualsCpuQuantizeOfTheUnfusedOutput) {
     decode.compute_capability = 90;  // Hopper, few rows: cuBLAS's product and the separate pass
     expect_layer_matches(decode);
   }
-  // Hopper's fused product (up_proj::hopper_fuses: h 128, 64..128 rows; the Hopper mainloop's 128-row tile):
-  // 72 decode tokens and 4 padding rows.
+  // Hopper at h 128 with 72 decode tokens and 4 padding rows: the two passes (the layer does not fuse from sm_90
+  // on; the op's Hopper mainloop is swept by UpProjectQuantizedGpu's schedules above).
   Scenario many = dense;
   many.h = 128;
   many.reqs.clear();
