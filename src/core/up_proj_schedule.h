@@ -46,8 +46,8 @@ struct Problem {
 
 // Where the Hopper mainloop's 128-row tile, unsplit, beats cuBLAS's bmm + the quantize pass (nvidia-h200, one
 // call: h 128 at 64 / 128 rows x0.936 / x0.902, at 32 rows x0.990; h 16 / 64 and fewer rows lose, more than 128
-// rows not measured; docs/design/up_proj_quant.md §6): the schedule takes it there, and the layer fuses its
-// quantisation on Hopper only there (hopper_fuses).
+// rows not measured; docs/design/up_proj_quant.md §6): the schedule takes it there. The layer does not fuse on
+// Hopper (Step::fused_rows: inside its step the fused call measured slower than the two passes, §7).
 inline constexpr int64_t kHopperMinHeads = 128, kHopperMinRows = 64, kHopperMaxRows = 128;
 inline bool hopper_fuses(int64_t rows, int64_t heads) {
   return heads >= kHopperMinHeads && rows >= kHopperMinRows && rows <= kHopperMaxRows;

@@ -336,7 +336,7 @@ struct Warp {
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         const int row = 8 * half + jj;  // the row's swizzle phase is jj (rows 16 w + 8 half + jj)
-        const uint32_t b = (sb4[jj / 4] >> (8 * (jj % 4))) & 0xffu;
+        const uint32_t b = sb(jj);
         uint4 lo, hi;
         const uint4& c = raw[jj];
         if constexpr (kFp4) {
