@@ -10,10 +10,9 @@
 //     (through the block table or the index row), waits for the stage's release, writes the codes exactly into the
 //     stage's swizzled K-major panels (fp8: f16 by F2FP; fp8_ds_mla: bf16 code * 2^-56, e4m3x8_exact_to_bf16; NaN
 //     codes stay NaN), fences the proxy and arrives; then loads the next tile's codes and prefetches the rows of the
-//     tile after it into L2. fp8 by key: thread t owns key t % 64 of each tile and half h = t / 64 of its columns
-//     (latent panels 4h .. 4h + 3, the rope panel's chunks 4h .. 4h + 3: 18 x 16 bytes of the key's 576 codes).
-//     fp8_ds_mla a warp per key (DsWarp): warp w owns keys 16w .. 16w + 15, lane l the l-th 16 codes of each (and a
-//     share of their rope chunks and scales), so that one load instruction reads one record's contiguous bytes.
+//     tile after it into L2. Both formats a warp per key (Fp8Warp, DsWarp): warp w owns keys 16w .. 16w + 15, lane
+//     l the l-th 16 latent codes of each (and a share of their rope chunks, and fp8_ds_mla's scales), so that one
+//     load instruction reads one row's contiguous bytes.
 //   warpgroup 1, S (fp8 216, fp8_ds_mla 232): loads Q (64 x 576 bf16) into shared memory once per unit; per tile
 //     S = Q K^T (36 ss m64n64k16), the key mask and causal limits, the lazy maximum, P = 2^(S - ref), O_L *= a and
 //     O_L += P V_L (rs m64n256k16 over the latent panels 0..3); P also goes into the stage's rope panel (read by
@@ -151,11 +150,9 @@ struct Desc {
 
 // ---- the converter ----------------------------------------------------------------------------------------------
 
-// One tile's codes of this thread's key and column half, in registers. Key j of the unit is located by RowsT
-// (PagedRows: through the block table; IndexedRows: the token's index row); a key that is not loaded (past the
-// unit's range, a page or index outside the cache) gets zeros and valid = false: nothing read.
-template <CacheFormat F>
-struct Codes;
+// One tile's codes in registers, a warp per key (Fp8Warp, DsWarp). Key j of the unit is located by RowsT (PagedRows:
+// through the block table; IndexedRows: the token's index row); a key that is not loaded (past the unit's range, a
+// page or index outside the cache) gets zeros and its valid bit clear: nothing read.
 
 // Key j's row from its entry (RowsT::fetch: the block id or the index, read a tile earlier) and whether it is loaded;
 // the cache base for a key that is not (never read).
@@ -173,27 +170,80 @@ __device__ __forceinline__ void load_chunks(uint4 (&dst)[N], const uint8_t* src,
     dst[i] = valid ? __ldg(reinterpret_cast<const uint4*>(src + 16 * i)) : make_uint4(0, 0, 0, 0);
 }
 
-// fp8 per-tensor: raw[0..15] the latent panels 4h .. 4h + 3 (four 16-byte chunks each), rope[0..1] the rope codes
-// 32h .. 32h + 31.
-template <>
-struct Codes<CacheFormat::fp8> {
-  uint4 raw[L::kCodeChunks];
-  uint4 rope[2];
-  bool valid;
-
-  __device__ __forceinline__ void load(const uint8_t* row, bool v, int half) {
-    valid = v;
-    load_chunks(raw, row + 256 * half, valid);
-    load_chunks(rope, row + 512 + 32 * half, valid);
+// A lane's pointer, from lane src.
+__device__ __forceinline__ const uint8_t* shfl_ptr(const uint8_t* ptr, int src) {
+  return reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(ptr), src));
+}
+// A warp's sixteen rows, lane l's 16 bytes 16 l .. of each (row j from lane j's row_j): zeros for a key whose valid
+// bit is clear (nothing read).
+__device__ __forceinline__ void gather_latent(uint4 (&raw)[16], const uint8_t* row_j, uint32_t valid, int lane) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const uint8_t* b = shfl_ptr(row_j, j);
+    raw[j] = (valid >> j) & 1u ? __ldg(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
   }
-  // The rope's raw chunk i (16 codes) becomes the rope panel's chunks 4h + 2i, + 1, exact f16.
-  __device__ __forceinline__ void store_rope(uint8_t* rope_panel, float*, int key, int half) const {
+}
+
+// fp8 per-tensor a warp per key (as DsWarp below; an fp8 row: 512 latent e4m3 codes | 64 rope e4m3 codes at byte 512).
+// Converter warp w owns keys 16 w .. 16 w + 15 of a tile, so that a warp's load instruction reads one row's 512
+// contiguous code bytes (4 lines) instead of one 16-byte chunk of 32 rows (32 lines: the by-key layout's loads cost
+// the L1 one tag lookup a thread and paced the converter). Lane l holds
+//   raw[j]   key j's latent codes 16 l .. 16 l + 15, into the latent panel l / 4, row chunks 2 (l % 4), + 1 (exact
+//            f16 by F2FP), the lanes of odd panels their hi chunk first (DsWarp's conflict-free order: the words are
+//            swapped before the conversion, four selects a key);
+//   rope[i]  key l / 4 + 8 i's rope codes 16 (l % 4) .., into the rope panel's chunks 2 (l % 4), + 1 of that key
+//            (a quarter warp writes two consecutive keys' rows, whose swizzles differ in the chunk's low bit: eight
+//            distinct chunks).
+// `valid` (bit j: key j loaded) as DsWarp's; a key not loaded has zero codes, nothing read.
+struct Fp8Warp {
+  uint4 raw[16];
+  uint4 rope[2];
+  uint32_t valid;
+
+  // row_j / v_j: lane j's (and j + 16's) key j of the warp, its row and whether it is loaded; stride: the cache's
+  // row stride in bytes (consecutive rows of a page).
+  __device__ __forceinline__ void load(const uint8_t* row_j, bool v_j, int64_t stride, int lane) {
+    valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
+    const uint8_t* row0 = shfl_ptr(row_j, 0);
+    // The common case, every key loaded and the sixteen rows consecutive in one page: addresses from key 0's row, no
+    // shuffle a load (a page of 16 keys or more, keys 16-aligned in it).
+    if (__all_sync(0xffffffffu, row_j == row0 + (lane & 15) * stride) && valid == 0xffffu) {
+      const uint8_t* at = row0 + 16 * lane;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) raw[j] = __ldg(reinterpret_cast<const uint4*>(at + j * stride));
+      const uint8_t* r = row0 + (lane >> 2) * stride + 512 + 16 * (lane & 3);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) rope[i] = __ldg(reinterpret_cast<const uint4*>(r + 8 * i * stride));
+      return;
+    }
+    gather_latent(raw, row_j, valid, lane);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int k = (lane >> 2) + 8 * i;
+      const uint8_t* b = shfl_ptr(row_j, k) + 512;
+      rope[i] = (valid >> k) & 1u ? __ldg(reinterpret_cast<const uint4*>(b) + (lane & 3)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  __device__ __forceinline__ void store(uint8_t* stage, int w, int lane) const {
+    const int o = (lane >> 2) & 1, c = 2 * (lane & 3);
+    uint8_t* panel = stage + (lane >> 2) * T::kPanelBytes;
+    const int c0 = c ^ o;  // the row chunk of the first store (an odd panel's lanes: hi first; the second c0 ^ 1)
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint4& r = raw[j];
+      uint4 first, second;
+      e4m3x16_to_f16(o ? make_uint4(r.z, r.w, r.x, r.y) : r, first, second);
+      *reinterpret_cast<uint4*>(panel + swz(16 * w + j, c0)) = first;
+      *reinterpret_cast<uint4*>(panel + swz(16 * w + j, c0 ^ 1)) = second;
+    }
+    uint8_t* rope_panel = stage + 8 * T::kPanelBytes;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       uint4 lo, hi;
       e4m3x16_to_f16(rope[i], lo, hi);
-      *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + 2 * i)) = lo;
-      *reinterpret_cast<uint4*>(rope_panel + swz(key, 4 * half + 2 * i + 1)) = hi;
+      const int key = 16 * w + (lane >> 2) + 8 * i;
+      *reinterpret_cast<uint4*>(rope_panel + swz(key, c)) = lo;
+      *reinterpret_cast<uint4*>(rope_panel + swz(key, c + 1)) = hi;
     }
   }
 };
@@ -213,9 +263,6 @@ struct Codes<CacheFormat::fp8> {
 // row of the same panel at chunks {2 l} or {2 l + 1}, so the lanes of odd panels (l / 4 odd) write their hi chunk
 // first: the quarter's eight physical chunks are distinct (even and odd logical chunks stay apart under the XOR
 // swizzle).
-__device__ __forceinline__ const uint8_t* shfl_ptr(const uint8_t* ptr, int src) {
-  return reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(ptr), src));
-}
 struct DsWarp {
   uint4 raw[16];
   uint4 rope[4];
@@ -226,11 +273,7 @@ struct DsWarp {
   __device__ __forceinline__ void load(const uint8_t* row_j, bool v_j, int lane) {
     valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
     scale = v_j ? __ldg(reinterpret_cast<const float2*>(row_j + 512) + (lane >> 4)) : make_float2(0.0f, 0.0f);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint8_t* b = shfl_ptr(row_j, j);
-      raw[j] = (valid >> j) & 1u ? __ldg(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
-    }
+    gather_latent(raw, row_j, valid, lane);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int k = (lane >> 3) + 4 * i;
@@ -262,50 +305,30 @@ struct DsWarp {
   }
 };
 
-// Into the stage: raw chunk i of latent panel c becomes the panel's chunks 2i, 2i + 1 of row `key`, exact f16; then
-// the rope. A quarter warp stores eight consecutive keys at one logical chunk: eight distinct physical chunks under
-// the swizzle (no bank conflict).
-__device__ __forceinline__ void store_codes(const Codes<CacheFormat::fp8>& c, uint8_t* stage, float* scales, int key,
-                                            int half) {
-#pragma unroll
-  for (int pc = 0; pc < 4; ++pc) {
-    uint8_t* panel = stage + (4 * half + pc) * T::kPanelBytes;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint4 lo, hi;
-      e4m3x16_to_f16(c.raw[4 * pc + i], lo, hi);
-      *reinterpret_cast<uint4*>(panel + swz(key, 2 * i)) = lo;
-      *reinterpret_cast<uint4*>(panel + swz(key, 2 * i + 1)) = hi;
-    }
-  }
-  c.store_rope(stage + 8 * T::kPanelBytes, scales, key, half);
-}
-
-// fp8 per-tensor by key (Codes<fp8>: thread t owns key t % 64 of each tile and half t / 64 of its columns). Ahead of
-// the stores of tile i: tile i + 1's codes in registers (loaded right after tile i's stores), tile i + 2's row in L2
-// (prefetched then) and tile i + 3's entry (the block id, RowsT::fetch) in a register, so that neither the codes'
-// loads nor the prefetch waits for a read of the block table: the converter's chain is its conversion, not two
-// dependent round trips.
+// fp8 per-tensor a warp per key (Fp8Warp; lanes j and j + 16 locate key j). Ahead of the stores of tile i: tile
+// i + 1's codes in registers (loaded right after tile i's stores), tile i + 2's rows in L2 (prefetched then; lanes j
+// and j + 16 take alternate lines of key j's row) and tile i + 3's entry (the block id, RowsT::fetch) in a register,
+// so that neither the codes' loads nor the prefetch waits for a read of the block table. The mask: warp w's 16 bits
+// (keys 16 w ..) as one uint16 of the stage's 64-bit mask.
 template <class RowsT>
 __device__ __forceinline__ void converter_fp8(const DecodeSm90Params& p, const Unit& u, const Smem& sm) {
   constexpr int kRowBytes = static_cast<int>(CacheFormatTraits<CacheFormat::fp8>::entry_bytes(576, 64));
   constexpr int kLines = (kRowBytes + 112 + 127) / 128;  // prefetch_record_l2's lines of a row
-  const int t = threadIdx.x & 127, key = t & 63, half = t >> 6, lane = t & 31, warp = t >> 5;
-  auto key_of = [&](int tile) { return u.key_begin + tile * T::kBlockN + key; };
+  const int lane = threadIdx.x & 31, w = (threadIdx.x & 127) >> 5, j = lane & 15;
+  auto key_of = [&](int tile) { return u.key_begin + tile * T::kBlockN + 16 * w + j; };
   auto entry = [&](int tile) { return RowsT::fetch(p, u, key_of(tile)); };  // kNoRow past the unit's keys
-  Codes<CacheFormat::fp8> codes;
+  Fp8Warp codes;
   auto load = [&](int tile, int32_t e) {
     bool v;
     const uint8_t* row = locate_row<RowsT>(p, key_of(tile), e, v);
-    codes.load(row, v, half);
+    codes.load(row, v, p.gather.stride_row_bytes, lane);
   };
-  // The key's two halves prefetch alternate lines of its row.
   auto prefetch = [&](int tile, int32_t e) {
     bool v;
     const uint8_t* row = locate_row<RowsT>(p, key_of(tile), e, v);
     if (!v) return;
 #pragma unroll
-    for (int l = half; l < kLines; l += 2) ptx::prefetch_l2(row + (128 * l < kRowBytes ? 128 * l : kRowBytes - 1));
+    for (int l = lane >> 4; l < kLines; l += 2) ptx::prefetch_l2(row + (128 * l < kRowBytes ? 128 * l : kRowBytes - 1));
   };
   load(0, entry(0));
   int32_t e1 = entry(1), e2 = entry(2);  // the entries of tiles i + 1 and i + 2
@@ -316,14 +339,13 @@ __device__ __forceinline__ void converter_fp8(const DecodeSm90Params& p, const U
     ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
     // Trace build: warps 0..2 stamp groups 0..2 of the producer slots (empty returned, arrived), warp 3 group 0's
     // middle step (arrived).
-    [[maybe_unused]] const int tslot = trace_prod_slot(s, 0, warp < 3 ? warp : 0, i);
-    if (warp < 3) MLA_DECODE_TRACE_PROD(tslot, 0);
-    store_codes(codes, sm.stage(s), sm.scales(s), key, half);
-    const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
-    if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
+    [[maybe_unused]] const int tslot = trace_prod_slot(s, 0, w < 3 ? w : 0, i);
+    if (w < 3) MLA_DECODE_TRACE_PROD(tslot, 0);
+    codes.store(sm.stage(s), w, lane);
+    if (lane == 0) reinterpret_cast<uint16_t*>(sm.mask_words(s))[w] = static_cast<uint16_t>(codes.valid);
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
-    MLA_DECODE_TRACE_PROD(tslot, warp < 3 ? 2 : 1);
+    MLA_DECODE_TRACE_PROD(tslot, w < 3 ? 2 : 1);
     if (i + 1 < u.n_tiles) load(i + 1, e1);
     if (i + 2 < u.n_tiles) prefetch(i + 2, e2);
     e1 = e2;

@@ -79,11 +79,6 @@ struct ConvertTraits {
   // Arrivals per phase: full, every converter thread (after its stores and proxy fence); empty, every thread of
   // the S and R warpgroups (after their products over the stage retired).
   static constexpr int kFullArrivals = 128, kEmptyArrivals = 256;
-
-  // The fp8 converter's work split: thread t owns key t % 64 of the tile and half t / 64 of its columns (latent
-  // panels 4h .. 4h + 3 and the rope panel's 16-byte chunks 4h .. 4h + 3): an fp8 row's 16 + 2 raw 16-byte chunks.
-  // fp8_ds_mla goes a warp per key (convert/kernel.cuh DsWarp).
-  static constexpr int kCodeChunks = 16;
 };
 
 static_assert(ConvertTraits::converter_regs(CacheFormat::fp8) + ConvertTraits::s_regs(CacheFormat::fp8) +
