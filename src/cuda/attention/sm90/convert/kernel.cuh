@@ -36,9 +36,10 @@
 //             again only for tile i + 2, which needs stage s released by R first: arrivals never run ahead of syncs.
 //   kBarEnd   S arrives after publishing the row sums and references; R syncs before its epilogue.
 // Trace build (common/trace.cuh): events 0 / 3 / 4 / 5 / 6 as the other kernels; the "pair" kTracePair is tiles
-// 2 kTracePair and + 1: S (consumer 0) steps 4 t + {0 full wait returned, 1 S retired, 2 P published, 3 P V_L issued},
-// R (consumer 1) steps 2 t + {0 P synced, 1 products retired}, the converter's producer slots of stage s: group w
-// {0 empty wait returned, 2 stored and arrived} of warp w < 3, group 0 step 1 warp 3's arrival (SM cycles).
+// 2 kTracePair and + 1: S (consumer 0) steps 4 t + {0 full wait returned, 1 S retired, 2 P published, 3 P V_L issued}
+// and 8 + t (fp8: the previous tile released), R (consumer 1) steps 2 t + {0 P synced, 1 products retired}, the
+// converter's producer slots of stage s: group w {0 empty wait returned, 2 stored and arrived} of warp w < 3, group 0
+// step 1 warp 3's arrival, groups 1 and 2 step 1 (fp8) warps 1 and 2 before the empty wait (SM cycles).
 #include <cuda.h>
 #include <cuda_fp16.h>
 
@@ -336,10 +337,11 @@ __device__ __forceinline__ void converter_fp8(const DecodeSm90Params& p, const U
 #pragma unroll 1
   for (int i = 0; i < u.n_tiles; ++i) {
     const int s = i & 1;
-    ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
     // Trace build: warps 0..2 stamp groups 0..2 of the producer slots (empty returned, arrived), warp 3 group 0's
-    // middle step (arrived).
+    // middle step (arrived), warps 1 and 2 their groups' middle step before the wait.
     [[maybe_unused]] const int tslot = trace_prod_slot(s, 0, w < 3 ? w : 0, i);
+    if (w == 1 || w == 2) MLA_DECODE_TRACE_PROD(tslot, 1);
+    ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
     if (w < 3) MLA_DECODE_TRACE_PROD(tslot, 0);
     codes.store(sm.stage(s), w, lane);
     if (lane == 0) reinterpret_cast<uint16_t*>(sm.mask_words(s))[w] = static_cast<uint16_t>(codes.valid);
@@ -923,6 +925,7 @@ struct SRole {
       ptx::wgmma_wait_group<1>();
       ptx::wgmma_fence_operand(o);
       ptx::mbar_arrive(sm.empty((i - 1) & 1));
+      MLA_DECODE_TRACE_PAIR(0, 8 + (i & 1), i >> 1);
     }
   }
 
