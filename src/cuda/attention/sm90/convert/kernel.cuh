@@ -151,10 +151,6 @@ struct Desc {
 
 // ---- the converter ----------------------------------------------------------------------------------------------
 
-// One tile's codes in registers, a warp per key (Fp8Warp, DsWarp). Key j of the unit is located by RowsT (PagedRows:
-// through the block table; IndexedRows: the token's index row); a key that is not loaded (past the unit's range, a
-// page or index outside the cache) gets zeros and its valid bit clear: nothing read.
-
 // Key j's row from its entry (RowsT::fetch: the block id or the index, read a tile earlier) and whether it is loaded;
 // the cache base for a key that is not (never read).
 template <class RowsT>
@@ -162,13 +158,6 @@ __device__ __forceinline__ const uint8_t* locate_row(const DecodeSm90Params& p, 
   int64_t o = 0;
   valid = RowsT::locate(p, j, entry, o);
   return p.gather.cache + (valid ? o : 0);
-}
-// N consecutive 16-byte chunks from src (read-only path), zeros when !valid (nothing read).
-template <int N>
-__device__ __forceinline__ void load_chunks(uint4 (&dst)[N], const uint8_t* src, bool valid) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-    dst[i] = valid ? __ldg(reinterpret_cast<const uint4*>(src + 16 * i)) : make_uint4(0, 0, 0, 0);
 }
 
 // A lane's pointer, from lane src.
