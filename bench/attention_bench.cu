@@ -183,6 +183,7 @@ struct DecodeCase {
   bool batch_invariant = false;  // the batch-invariant mode (mla/ops.h): exactly `splits` (or the full-batch policy)
   double target_us = 0;          // > 0: a target time printed beside the row (issue 48's "done when")
   bool graph = false;            // timed graph-replayed (BenchContext::time_graph_ms)
+  bool fp8_compute = false;      // mqa_decode's fp8_compute (e4m3 products over an fp8 per-tensor cache)
 };
 
 // " target 10 us (x1.83)" after a row's config: the measured time over the target.
@@ -202,6 +203,18 @@ std::vector<Case> with_batch_invariant_twins(const std::vector<Case>& cases, boo
     if (!twin) continue;
     out.push_back(c);
     out.back().batch_invariant = true;
+  }
+  return out;
+}
+
+// Each case, then (when `twin`) an fp8 per-tensor case again with fp8 compute right after it.
+std::vector<DecodeCase> with_fp8_compute_twins(const std::vector<DecodeCase>& cases, bool twin) {
+  std::vector<DecodeCase> out;
+  for (const DecodeCase& c : cases) {
+    out.push_back(c);
+    if (!twin || c.format != CacheFormat::fp8 || c.batch_invariant) continue;
+    out.push_back(c);
+    out.back().fp8_compute = true;
   }
   return out;
 }
@@ -246,7 +259,10 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
   std::string timing;
   try {
     ms = ctx.time_ms(
-        [&] { mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, splits, whole, c.batch_invariant); },
+        [&] {
+          mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, splits, whole, c.batch_invariant,
+                     c.fp8_compute);
+        },
         c.graph, timing);
   } catch (const VariantUnsupported& e) {  // a forced variant that declines this shape: no row
     std::printf("  (skipped: %s)\n", e.what());
@@ -259,7 +275,8 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
                     " s_k=" + std::to_string(c.s_k) + (c.varlen ? " varlen" : "") + " p" + std::to_string(c.page) +
                     (c.sequential ? " seq" : "") + " " +
                     to_string(c.format) + (c.splits ? " splits=" + std::to_string(c.splits) : ws_bytes ? " split" : "") +
-                    (c.batch_invariant ? " batch-invariant splits=" + std::to_string(splits) : "") + " [" +
+                    (c.batch_invariant ? " batch-invariant splits=" + std::to_string(splits) : "") +
+                    (c.fp8_compute ? " fp8-compute" : "") + " [" +
                     last_variant("mqa_decode") + "]" + timing;
   if (c.flashmla_us > 0) {
     char buf[48];
@@ -273,7 +290,8 @@ void run_decode_case(BenchContext& ctx, const DecodeCase& c) {
                       decode_row_slots(table, lens, pages, c.page), c.graph);
   if (ctx.options().decode.trace)
     trace_decode_calls(ctx, [&] {
-      mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, splits, whole, c.batch_invariant);
+      mqa_decode(q, cb.cache, bt, sl, out, lse, kScale, true, ws.view(), op, splits, whole, c.batch_invariant,
+                 c.fp8_compute);
     });
 }
 
@@ -337,7 +355,8 @@ void bench_decode(BenchContext& ctx) {
       for (int64_t b : batches)
         for (int64_t h : {16, 128}) cases.push_back({b, 1, h, s_k, 64, f, false, 0});
   }
-  for (const DecodeCase& c : with_batch_invariant_twins(cases, d.batch_invariant)) run_decode_case(ctx, c);
+  for (const DecodeCase& c : with_fp8_compute_twins(with_batch_invariant_twins(cases, d.batch_invariant), d.fp8_compute))
+    run_decode_case(ctx, c);
 }
 
 // One mha_prefill shape: b requests of s_q queries and s_k keys (varlen: s_q per request uniform in

@@ -42,6 +42,9 @@ struct BenchOptions {
     // mqa_decode / sparse_mqa: each row runs twice, as is and in the batch-invariant mode (PlannerConfig::
     // batch_invariant; decode: the split count batch_invariant_splits gives a config whose full batch is the row's b)
     bool batch_invariant = false;
+    // mqa_decode: each fp8 per-tensor row runs twice, as is and with fp8 compute (mqa_decode's fp8_compute: the
+    // sm90_fp8c kernel above 32 rows) right after it
+    bool fp8_compute = false;
     bool trace = false;           // mqa_decode: after each row, the sm90 kernels' timeline of one warm and one cold
                                   // call (a build configured with -DMLA_DECODE_TRACE=ON; attention/sm90/common/trace.cuh)
   } decode;

@@ -85,6 +85,9 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
   cmd->add_flag("--batch-invariant", o.decode.batch_invariant,
                 "mqa_decode / sparse_mqa: each row runs twice, as is and in the batch-invariant mode right after it "
                 "(PlannerConfig::batch_invariant; decode: the split count of a config whose full batch is the row's b)");
+  cmd->add_flag("--fp8-compute", o.decode.fp8_compute,
+                "mqa_decode: each fp8 per-tensor row runs twice, as is and with fp8 compute (mqa_decode's fp8_compute: "
+                "e4m3 products, the sm90_fp8c kernel above 32 rows) right after it");
   cmd->add_option("--splits", o.decode.splits, "mqa_decode shape: KV splits per request (0: the planner's policy)")
       ->check(int_range(0, kDecodeMaxSplits));
   cmd->add_option("--grid", o.decode_grid,
@@ -139,7 +142,7 @@ void check_relevance(const bench::BenchOptions& o, const std::set<std::string>& 
       {"--pool", {sparse}, true},                 {"--splits", {decode}, true},
       {"--trace", {decode, sparse}, false},       {"--dcp", {"dcp"}, false},
       {"--out-quant", {"layer", "gemm"}, false},          {"--kv-scales", {"layer"}, false},
-      {"--batch-invariant", {decode, sparse}, false},
+      {"--batch-invariant", {decode, sparse}, false}, {"--fp8-compute", {decode}, false},
       {"--fp8-prefill", {prefill, "layer", "block"}, false},
   };
   auto runs = [&](const std::string& op) {

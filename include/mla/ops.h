@@ -140,11 +140,15 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
 //               in split order, and no schedule follows the batch; a CUDA workspace that cannot hold the
 //               num_splits partials (or is not 16-byte aligned) is refused instead of running fewer splits. The
 //               CPU backend splits each request's keys into fixed chunks of kBatchInvariantKeys.
+//   fp8_compute: an fp8 per-tensor cache may be read with e4m3 products (q per query row and the softmax weights
+//               rounded to e4m3 on the fp8 tensor cores): results within the fp8-compute bound of docs/SEMANTICS.md
+//               §14.10 rather than the exact-code one. A permission, not a demand: where no such kernel runs (the
+//               CPU, other formats, 32 rows or fewer per request, a batch-invariant call) the exact codes are read.
 // Any page size >= 1, any h_q >= 1, any s_q >= 1. seq_len 0 (or no visible key) -> out 0, lse -inf.
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out, const TensorView& lse, double softmax_scale,
                 bool causal = true, const TensorView& workspace = {}, const Context& ctx = {}, int num_splits = 0,
-                bool whole_requests = false, bool batch_invariant = false);
+                bool whole_requests = false, bool batch_invariant = false, bool fp8_compute = false);
 // Keys per split of the CPU backend's batch-invariant mqa_decode and sparse_mqa (a multiple of its 64-key blocks).
 inline constexpr int64_t kBatchInvariantKeys = 1024;
 // Scratch bytes to give mqa_decode for these sizes and num_splits (0 = the same default as mqa_decode's):

@@ -100,15 +100,16 @@ void bind_ops(py::module_& m) {
 
   m.def("mqa_decode", [](const A& q, const K& cache, const A& block_table, const A& seq_lens, const A& out, const A& lse,
                          double softmax_scale, bool causal, const A& workspace, int num_splits, bool whole_requests,
-                         py::handle s, Precision p, bool batch_invariant) {
+                         py::handle s, Precision p, bool batch_invariant, bool fp8_compute) {
     const mla::Context ctx = to_context(q.view, s, p);
     without_gil([&] {
       mla::mqa_decode(q.view, cache.cache, block_table.view, seq_lens.view, out.view, lse.view, softmax_scale, causal,
-                      workspace.view, ctx, num_splits, whole_requests, batch_invariant);
+                      workspace.view, ctx, num_splits, whole_requests, batch_invariant, fp8_compute);
     });
   }, py::arg("q"), py::arg("cache"), py::arg("block_table"), py::arg("seq_lens"), py::arg("out"), py::arg("lse"),
      py::arg("softmax_scale"), py::arg("causal") = true, py::arg("workspace") = py::none(), py::arg("num_splits") = 0,
      py::arg("whole_requests") = false, py::kw_only(), stream, precision, py::arg("batch_invariant") = false,
+     py::arg("fp8_compute") = false,
      "Absorbed MQA decode over the paged cache. q [b, s_q, h_q, d_qk] (d_qk = cache.d_qk = 576; CUDA: bf16, f16 or "
      "f32, rounded to bf16), block_table [b, max_blocks] int32, seq_lens [b] int32, out [b, s_q, h_q, d_v] "
      "(d_v <= 512, q's dtype family), lse [b, s_q, h_q] fp32 natural log or None (-inf where no key is visible; "
@@ -116,7 +117,9 @@ void bind_ops(py::module_& m) {
      "[mqa_decode_workspace_bytes(...)] on CUDA, None on the CPU; num_splits 0 = the planner's policy; "
      "whole_requests: a hint that the lengths are near-uniform (one CTA per request; same result either way); "
      "batch_invariant: each request's result bit-identical whatever else is in the batch (needs num_splits >= 1, "
-     "e.g. batch_invariant_splits(config, s_q)).");
+     "e.g. batch_invariant_splits(config, s_q)). fp8_compute: an fp8 per-tensor cache may be read with e4m3 "
+     "products (q and the softmax weights rounded to e4m3; docs/SEMANTICS.md 14.10's bound); a permission, exact "
+     "where no such kernel runs.");
   m.def("mqa_decode_workspace_bytes", [](int64_t b, int64_t s_q, int64_t h_q, int64_t max_seq_len, py::handle device,
                                          int num_splits) {
     return mla::mqa_decode_workspace_bytes(b, s_q, h_q, max_seq_len, to_device(device), num_splits);

@@ -17,6 +17,9 @@
 //           and DeepSeek-V4's record caches (sparse_mqa with V4 options): a whole warpgroup converts the codes exactly
 //           into a stage (fp8: f16, fp8_ds_mla and the records: bf16), an S warpgroup and a second O warpgroup
 //           consume it (asymmetric registers).
+//   fp8c    64-row tiles over an fp8 per-tensor cache (mqa_decode) with e4m3 products: Q and P rounded to e4m3, V^T
+//           written by a transposer warpgroup (the fp8-compute bound, docs/SEMANTICS.md); only when the call asks
+//           for fp8 compute.
 //
 // The rules:
 //   - sparse_mqa with DeepSeek-V4 options (sink, extra cache, whole-row values) over record caches takes the
@@ -27,6 +30,8 @@
 //     (nvidia-h200, b 128 s_k 4096: h 128 0.388 against the seesaw's 0.494 ms, h 64 0.216 against 0.244 ms, one
 //     run), fp8_ds_mla the seesaw kernel (the converter's bf16 expansion measured 1.3-1.4x slower), as does every
 //     batch-invariant launch.
+//   - With fp8 compute asked for, fp8 per-tensor mqa_decode above 32 rows takes the fp8-compute kernel; below, the
+//     raw kernel's exact codes (its N 8 / 16 / 32 tiles are memory-bound: e4m3 products would not pay).
 //   - A bf16 cache at 17..32 rows per request runs one padded seesaw tile: its stream is memory-bound at half
 //     its rows, and it outran the N 32 small kernel 1.1..2x on every bf16 row measured.
 //   - mqa_decode over a bf16 cache at 9..16 rows runs one padded seesaw tile for small batches with short
@@ -44,7 +49,7 @@
 
 namespace mla::decode_regime {
 
-enum class Kernel { small, raw, seesaw, convert };
+enum class Kernel { small, raw, seesaw, convert, fp8c };
 
 inline constexpr int kSeesawRows = 64;               // rows of a seesaw tile
 inline constexpr int64_t kRows16SeesawBatch = 16;    // mqa_decode, bf16, 9..16 rows: seesaw tile up to this batch
@@ -58,6 +63,7 @@ struct Problem {
   bool sparse = false;
   bool batch_invariant = false;  // the kernel may depend on the request's shape only (not batch, context_bound)
   bool v4 = false;               // sparse_mqa with DeepSeek-V4 options (SparseOptions::any())
+  bool fp8_compute = false;      // mqa_decode's fp8_compute: e4m3 products allowed (the fp8-compute bound)
 };
 
 struct Regime {
@@ -97,6 +103,11 @@ inline constexpr const char* supports(const Problem& p, Kernel k) {
       if (!codes) return "the converter kernel reads fp8 and fp8_ds_mla caches";
       if (p.batch_invariant) return "the converter kernel is not part of the batch-invariant rule";
       return nullptr;
+    case Kernel::fp8c:
+      if (!p.fp8_compute) return "the fp8-compute kernel runs only when fp8 compute is asked for (mqa_decode's fp8_compute)";
+      if (p.format != CacheFormat::fp8 || p.sparse) return "the fp8-compute kernel reads fp8 per-tensor caches (mqa_decode)";
+      if (p.batch_invariant) return "the fp8-compute kernel is not part of the batch-invariant rule";
+      return nullptr;
   }
   return "unknown kernel";
 }
@@ -107,7 +118,7 @@ inline constexpr Regime tile_for(const Problem& p, Kernel k) {
   Regime r;
   const int64_t m = p.rows < 1 ? 1 : p.rows;
   r.kernel = k;
-  r.tile_rows = k == Kernel::seesaw || k == Kernel::convert ? kSeesawRows : m <= 8 ? 8 : m <= 16 ? 16 : 32;
+  r.tile_rows = k == Kernel::seesaw || k == Kernel::convert || k == Kernel::fp8c ? kSeesawRows : m <= 8 ? 8 : m <= 16 ? 16 : 32;
   r.m_tiles = static_cast<int>((m + r.tile_rows - 1) / r.tile_rows);
   r.stage1_panels = k == Kernel::seesaw && !p.sparse && p.format == CacheFormat::bf16 && m > 16;
   return r;
@@ -118,8 +129,10 @@ inline constexpr Regime tile_for(const Problem& p, Kernel k) {
 inline constexpr Kernel preferred(const Problem& p) {
   if (p.v4) return Kernel::convert;
   const int64_t m = p.rows < 1 ? 1 : p.rows;
-  if (m > 32)
-    return p.format == CacheFormat::fp8 && !p.sparse && !p.batch_invariant ? Kernel::convert : Kernel::seesaw;
+  if (m > 32) {
+    if (p.format == CacheFormat::fp8 && !p.sparse && !p.batch_invariant) return p.fp8_compute ? Kernel::fp8c : Kernel::convert;
+    return Kernel::seesaw;
+  }
   if (is_code_format(p.format)) return Kernel::raw;
   const bool small_batch = !p.batch_invariant && p.batch <= kRows16SeesawBatch && p.context_bound <= kRows16SeesawKeys;
   if (!p.sparse && (m > 16 || (m > 8 && small_batch)))
@@ -131,7 +144,11 @@ inline constexpr Kernel preferred(const Problem& p) {
 inline constexpr Regime choose(const Problem& p) { return tile_for(p, preferred(p)); }
 
 inline constexpr const char* to_string(Kernel k) {
-  return k == Kernel::small ? "small" : k == Kernel::raw ? "raw" : k == Kernel::seesaw ? "seesaw" : "convert";
+  return k == Kernel::small    ? "small"
+         : k == Kernel::raw    ? "raw"
+         : k == Kernel::seesaw ? "seesaw"
+         : k == Kernel::fp8c   ? "fp8c"
+                               : "convert";
 }
 
 }  // namespace mla::decode_regime

@@ -53,7 +53,8 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
                 const TensorView& /*workspace: the CPU needs none*/, const Context& ctx,
                 int /*num_splits: the CPU splits over its own threads (cpu/mqa_split.h)*/,
-                bool /*whole_requests: a CUDA schedule hint*/, bool batch_invariant) {
+                bool /*whole_requests: a CUDA schedule hint*/, bool batch_invariant,
+                bool /*fp8_compute: a permission; the CPU computes over the exact codes, within every bound*/) {
   const int64_t split_keys = batch_invariant ? kBatchInvariantKeys : 0;  // fixed ranges per request
   if (ctx.precision == Precision::reference)
     decode_impl<double>(q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, split_keys);

@@ -95,7 +95,7 @@ std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int6
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
                 const TensorView& workspace, const Context& ctx, int num_splits, bool whole_requests,
-                bool batch_invariant) {
+                bool batch_invariant, bool fp8_compute) {
   constexpr const char* op = "mqa_decode";
   detail::check_ndim(q, 4, op, "q [b, s_q, h_q, d_qk]");
   detail::check_activation(q, false, op, "q", detail::CudaActivations::bf16_f16_f32);
@@ -154,7 +154,7 @@ void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& blo
   }
   if (b == 0) return;
   MLA_DISPATCH(dev, mqa_decode, q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx,
-               num_splits, whole_requests, batch_invariant);
+               num_splits, whole_requests, batch_invariant, fp8_compute);
 }
 
 void mha_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe, const TensorView& v,

@@ -119,6 +119,38 @@ TEST(DecodeRegime, ConverterKernelReadsTheCodeFormats) {
   EXPECT_STREQ(to_string(Kernel::convert), "convert");
 }
 
+// The fp8-compute kernel: fp8 per-tensor mqa_decode only, and only when the call asks for fp8 compute; then the rule
+// takes it above 32 rows (not batch-invariant), the raw kernel below.
+TEST(DecodeRegime, Fp8ComputeKernelOnlyWhenAsked) {
+  Problem asked = dense(CacheFormat::fp8, 128);
+  asked.fp8_compute = true;
+  EXPECT_EQ(supports(asked, Kernel::fp8c), nullptr);
+  EXPECT_NE(supports(dense(CacheFormat::fp8, 128), Kernel::fp8c), nullptr);
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
+    Problem other = dense(f, 128);
+    other.fp8_compute = true;
+    EXPECT_NE(supports(other, Kernel::fp8c), nullptr) << to_string(f);
+    EXPECT_NE(choose(other).kernel, Kernel::fp8c) << to_string(f);
+  }
+  Problem sp = sparse(CacheFormat::fp8, 128);
+  sp.fp8_compute = true;
+  EXPECT_NE(supports(sp, Kernel::fp8c), nullptr);
+  Problem inv = asked;
+  inv.batch_invariant = true;
+  EXPECT_NE(supports(inv, Kernel::fp8c), nullptr);
+  EXPECT_EQ(choose(inv).kernel, Kernel::seesaw);
+  for (int64_t m : {1, 16, 32, 33, 64, 128, 256}) {
+    Problem a = dense(CacheFormat::fp8, m);
+    a.fp8_compute = true;
+    EXPECT_EQ(choose(a).kernel, m > 32 ? Kernel::fp8c : Kernel::raw) << m;
+    EXPECT_EQ(choose(dense(CacheFormat::fp8, m)).kernel, m > 32 ? Kernel::convert : Kernel::raw) << m;
+  }
+  const Regime r = tile_for(asked, Kernel::fp8c);
+  EXPECT_EQ(r.tile_rows, 64);
+  EXPECT_EQ(r.m_tiles, 2);
+  EXPECT_STREQ(to_string(Kernel::fp8c), "fp8c");
+}
+
 // sparse_mqa with DeepSeek-V4 options: the converter kernel over record caches only, at any head count and batch,
 // batch-invariant launches included (one CTA per row tile and token); every other kernel declines.
 TEST(DecodeRegime, DeepSeekV4OptionsTakeTheConverter) {

@@ -35,6 +35,10 @@ dispatch::Table<dispatch::DecodeArgs>& dispatch::mqa_decode_table() {
                        "64-row tiles, a converter warpgroup writing exact codes into an f16 (fp8) or bf16 stage, an S and an O "
                        "warpgroup (attention/sm90/convert/kernel.cuh): fp8 and fp8_ds_mla caches"},
                       decode_sm90::supports_convert, decode_sm90::run_convert, decode_sm90::prefers_convert},
+                     {{"sm90_fp8c", 90, 90,
+                       "64-row tiles, e4m3 products on the fp8 tensor cores, a loader warpgroup writing V^T, an S and an O "
+                       "warpgroup (attention/sm90/fp8c/kernel.cuh): fp8 per-tensor caches, only with fp8_compute"},
+                      decode_sm90::supports_fp8c, decode_sm90::run_fp8c, decode_sm90::prefers_fp8c},
                      {{"portable", 80, 0, "mma.sync MQA engine: every cache format, page size, h_q and s_q"},
                       nullptr, decode::run_portable}});
   return table;
@@ -43,9 +47,9 @@ dispatch::Table<dispatch::DecodeArgs>& dispatch::mqa_decode_table() {
 void mqa_decode(const TensorView& q, const KVCache& cache, const TensorView& block_table, const TensorView& seq_lens,
                 const TensorView& out, const TensorView& lse, double softmax_scale, bool causal,
                 const TensorView& workspace, const Context& ctx, int num_splits, bool whole_requests,
-                bool batch_invariant) {
+                bool batch_invariant, bool fp8_compute) {
   dispatch::mqa_decode_table().run({q, cache, block_table, seq_lens, out, lse, softmax_scale, causal, workspace, ctx,
-                                    num_splits, whole_requests, batch_invariant},
+                                    num_splits, whole_requests, batch_invariant, fp8_compute},
                                    dispatch::device_cc(q.device.index));
 }
 

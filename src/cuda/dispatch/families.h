@@ -31,6 +31,7 @@ struct DecodeArgs {
   int num_splits;                 // planned splits (the variant may use fewer when the workspace is short)
   bool whole_requests = false;    // host-known near-uniform lengths (mla/ops.h mqa_decode): a schedule hint
   bool batch_invariant = false;   // exactly num_splits uniform splits, a kernel by the row count (mla/ops.h)
+  bool fp8_compute = false;       // e4m3 products allowed (mla/ops.h mqa_decode: the fp8-compute bound)
 };
 
 struct SparseArgs {

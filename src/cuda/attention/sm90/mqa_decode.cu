@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Launcher of the sm90 mqa_decode variants (sm90_small, sm90_raw, sm90_seesaw; variant.h): which launches each kernel
+// Launcher of the sm90 mqa_decode variants (sm90_small, sm90_raw, sm90_seesaw, sm90_convert, sm90_fp8c; variant.h): which launches each kernel
 // takes (core/decode_regime.h supports), the KV tensor maps, the schedule (balanced, uniform split-KV, cluster merge)
 // and the split-KV workspace (the arch-neutral layout and combine, combine/split_kv.h).
 #include <cuda_runtime.h>
@@ -16,6 +16,7 @@
 #include "cuda/attention/sm90/common/launch_util.cuh"
 #include "cuda/attention/sm90/common/trace.cuh"
 #include "cuda/attention/sm90/convert/launch.h"
+#include "cuda/attention/sm90/fp8c/launch.h"
 #include "cuda/attention/sm90/raw/launch.h"
 #include "cuda/attention/sm90/raw/traits.cuh"
 #include "cuda/attention/sm90/seesaw/launch.h"
@@ -32,12 +33,14 @@ static_assert(balance::kMaxCtas <= combine::kMaxMergedSplits, "the combine merge
 
 namespace {
 
-// KV cache as a 3-D tensor [num_blocks][page_size][576] for TMA: boxes of 64 columns x box_rows rows of
-// one page, 128-byte swizzled (the layout the wgmma descriptors read).
-CUtensorMap paged_tensor_map(const KVCache& cache, int32_t box_rows, const char* what) {
+// KV cache as a 3-D tensor [num_blocks][page_size][576] of `dtype` for TMA: boxes of box_cols columns x box_rows
+// rows of one page, 128-byte swizzled (the layout the wgmma descriptors read). bf16 (the seesaw and small kernels):
+// 64 columns a box; the fp8 codes as u8 (the fp8-compute kernel): 128 columns a box, the fifth box of a row running
+// past its 576 bytes reads zeros there (out of the tensor's bounds).
+CUtensorMap paged_tensor_map(const KVCache& cache, DType dtype, int32_t box_cols, int32_t box_rows, const char* what) {
   ptx::TmaTensor t;
   t.base = cache.data.data;
-  t.dtype = DType::bf16;
+  t.dtype = dtype;
   t.rank = 3;
   t.dims[0] = Traits::kDqk;
   t.dims[1] = cache.page_size();
@@ -45,7 +48,7 @@ CUtensorMap paged_tensor_map(const KVCache& cache, int32_t box_rows, const char*
   t.strides[0] = 1;
   t.strides[1] = cache.data.stride[1];
   t.strides[2] = cache.data.stride[0];
-  t.box[0] = Traits::kPanelCols;
+  t.box[0] = box_cols;
   t.box[1] = box_rows;
   t.box[2] = 1;
   t.swizzle = ptx::TmaSwizzle::b128;
@@ -89,7 +92,8 @@ decode_regime::Problem problem_of(const dispatch::DecodeArgs& a) {
           .rows = a.q.size(1) * a.q.size(2),
           .batch = a.q.size(0),
           .context_bound = a.block_table.size(1) * a.cache.page_size(),
-          .batch_invariant = a.batch_invariant};
+          .batch_invariant = a.batch_invariant,
+          .fp8_compute = a.fp8_compute};
 }
 
 // What every sm90 decode kernel needs (nullptr), else why not.
@@ -121,7 +125,13 @@ const char* supports_common(const dispatch::DecodeArgs& a) {
 
 const char* supports_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel k) {
   if (const char* why = supports_common(a)) return why;
-  return decode_regime::supports(problem_of(a), k);
+  if (const char* why = decode_regime::supports(problem_of(a), k)) return why;
+  if (k == decode_regime::Kernel::fp8c) {  // TMA boxes of one page's rows (supports_common checked the alignment)
+    const int64_t page = a.cache.page_size();
+    if (!(Traits::kBlockN % page == 0 || page % Traits::kBlockN == 0)) return "page_size must divide 64 or be a multiple of 64";
+    if (a.cache.data.element_size() != 1) return "fp8 codes as one byte each";
+  }
+  return nullptr;
 }
 
 void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
@@ -208,14 +218,16 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
       }
     }
     const bool ds = cache.format == CacheFormat::fp8_ds_mla;
-    if (regime.kernel == decode_regime::Kernel::convert)
+    if (regime.kernel == decode_regime::Kernel::fp8c)
+      launch_fp8c_paged(p, grid, stream, paged_tensor_map(cache, DType::u8, 128, p.box_rows, what), what);
+    else if (regime.kernel == decode_regime::Kernel::convert)
       (ds ? launch_convert_ds_paged : launch_convert_fp8_paged)(p, grid, stream, what);
     else if (regime.kernel == decode_regime::Kernel::raw)
       (ds ? launch_raw_ds_paged : launch_raw_fp8_paged)(p, grid, stream, map, what);
     else
       (ds ? launch_seesaw_ds_paged : launch_seesaw_fp8_paged)(p, grid, stream, what);
   } else {
-    const CUtensorMap map = paged_tensor_map(cache, p.box_rows, what);
+    const CUtensorMap map = paged_tensor_map(cache, DType::bf16, Traits::kPanelCols, p.box_rows, what);
     if (regime.kernel == decode_regime::Kernel::small)
       launch_small_paged(p, grid, stream, map, what);
     else
@@ -233,14 +245,17 @@ const char* supports_small(const dispatch::DecodeArgs& a) { return supports_kern
 const char* supports_raw(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::raw); }
 const char* supports_seesaw(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::seesaw); }
 const char* supports_convert(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::convert); }
+const char* supports_fp8c(const dispatch::DecodeArgs& a) { return supports_kernel(a, Kernel::fp8c); }
 bool prefers_small(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::small; }
 bool prefers_raw(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::raw; }
 bool prefers_seesaw(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::seesaw; }
 bool prefers_convert(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::convert; }
+bool prefers_fp8c(const dispatch::DecodeArgs& a) { return decode_regime::preferred(problem_of(a)) == Kernel::fp8c; }
 void run_small(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::small); }
 void run_raw(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::raw); }
 void run_seesaw(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::seesaw); }
 void run_convert(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::convert); }
+void run_fp8c(const dispatch::DecodeArgs& a) { run_kernel(a, Kernel::fp8c); }
 
 #if defined(MLA_DECODE_TRACE) && MLA_DECODE_TRACE
 namespace {

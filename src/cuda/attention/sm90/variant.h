@@ -7,6 +7,8 @@
 //   sm90_seesaw  the seesaw kernel (seesaw/kernel.cuh): 64-row tiles, every format
 //   sm90_convert the converter kernel (convert/kernel.cuh): 64-row tiles over fp8 / fp8_ds_mla codes (sparse_mqa:
 //                fp8_ds_mla); forced only until measured
+//   sm90_fp8c    the fp8-compute kernel (fp8c/kernel.cuh): 64-row tiles, e4m3 products over fp8 per-tensor caches, only
+//                when the call asks for fp8 compute (mqa_decode)
 // supports_*: whether the kernel can run the launch (what a forced variant may run); prefers_*: whether the host
 // rule (core/decode_regime.h) picks it, for automatic selection. Plain C++.
 #include "cuda/dispatch/families.h"
@@ -17,14 +19,17 @@ const char* supports_small(const dispatch::DecodeArgs& a);
 const char* supports_raw(const dispatch::DecodeArgs& a);
 const char* supports_seesaw(const dispatch::DecodeArgs& a);
 const char* supports_convert(const dispatch::DecodeArgs& a);
+const char* supports_fp8c(const dispatch::DecodeArgs& a);
 bool prefers_small(const dispatch::DecodeArgs& a);
 bool prefers_raw(const dispatch::DecodeArgs& a);
 bool prefers_seesaw(const dispatch::DecodeArgs& a);
 bool prefers_convert(const dispatch::DecodeArgs& a);
+bool prefers_fp8c(const dispatch::DecodeArgs& a);
 void run_small(const dispatch::DecodeArgs& a);
 void run_raw(const dispatch::DecodeArgs& a);
 void run_seesaw(const dispatch::DecodeArgs& a);
 void run_convert(const dispatch::DecodeArgs& a);
+void run_fp8c(const dispatch::DecodeArgs& a);
 
 const char* supports_sparse_small(const dispatch::SparseArgs& a);
 const char* supports_sparse_raw(const dispatch::SparseArgs& a);

@@ -46,16 +46,23 @@ __device__ __forceinline__ uint64_t vt_desc(const uint8_t* vt, int n0, int ks) {
                              0);
 }
 
-// V^T of the tile in raw (four swizzled panels, above) into vt, by warp `warp` (0..3) of the four that share the
-// work. The caller fences the proxy (fence_proxy_async_smem) before the products read vt.
-__device__ __forceinline__ void transpose_values(const uint8_t* raw, uint8_t* vt, int warp, int lane) {
+// V^T of the tile in raw (four swizzled panels, above) into vt: the 64 units of 16 keys x 32 value columns (unit u:
+// keys 16 (u % 4) .., columns 32 (u / 4) ..), kUnits of them by warp `warp` from unit `first` + kUnits * warp (the
+// whole tile: 16 a warp from 0 over four warps; one value half h: 8 a warp from 32 h). Keys whose bit in `mask` is
+// clear (not loaded: stale or poisoned bytes, which would reach O as 0 * NaN) read the 16 zero bytes at `zero`
+// instead. The caller fences the proxy (fence_proxy_async_smem) before the products read vt.
+template <int kUnits = 16>
+__device__ __forceinline__ void transpose_values(const uint8_t* raw, uint8_t* vt, int warp, int lane, uint64_t mask,
+                                                 const uint8_t* zero, int first = 0) {
   const int r8 = lane & 7, m = lane >> 3;  // this lane's row of ldmatrix / stmatrix matrix m
 #pragma unroll
-  for (int u = 0; u < 16; ++u) {
-    const int unit = 16 * warp + u, g = unit & 3, j = unit >> 2;  // keys 16 g .., columns 32 j ..
+  for (int u = 0; u < kUnits; ++u) {
+    const int unit = first + kUnits * warp + u, g = unit & 3, j = unit >> 2;  // keys 16 g .., columns 32 j ..
     const int key = 16 * g + 8 * (m & 1) + r8, chunk = 2 * (j & 3) + (m >> 1);
+    const uint8_t* row = (mask >> key) & 1 ? raw + (j >> 2) * VtLayout::kRawPanelBytes + ptx::sw128_offset(key, chunk)
+                                           : zero;
     uint32_t r[4];
-    ptx::ldmatrix_x4_trans(r, raw + (j >> 2) * VtLayout::kRawPanelBytes + ptx::sw128_offset(key, chunk));
+    ptx::ldmatrix_x4_trans(r, row);
     const uint32_t w[4] = {__byte_perm(r[0], r[1], 0x6420), __byte_perm(r[0], r[1], 0x7531),
                            __byte_perm(r[2], r[3], 0x6420), __byte_perm(r[2], r[3], 0x7531)};
     const int d = 32 * j + 16 * (m >> 1) + 2 * r8 + (m & 1);  // value row of matrix m's row r8
