@@ -18,7 +18,7 @@
 //     the largest weight is 256 and weights down to 2^-17 of it stay representable) as e4m3 A fragments at
 //     vt_position, O_L *= a and O_L += P V^T_L (two rs m64n256k32); P and the rows' factors go to shared memory.
 //   warpgroup 2, R (200): writes V^T_R (value columns 256..511) of each tile itself while S works on it (the
-//     transposition split in halves measured x0.87 against the loader alone: LAB.md), then O_R *= a and
+//     transposition split in halves: the design note's section 6c), then O_R *= a and
 //     O_R += P V^T_R (two ss m64n256k32).
 // The row sums come from P in fp32 (before its rounding), so the LSE is that of the quantized q's scores; O's weights
 // are P's e4m3 values. The epilogue divides by the row sum and multiplies by the cache scale.
