@@ -194,29 +194,28 @@ std::string target_note(double target_us, double ms) {
   return buf;
 }
 
-// Each case, then (when `twin`) the same case in the batch-invariant mode right after it: the mode's cost in one run.
-template <class Case>
-std::vector<Case> with_batch_invariant_twins(const std::vector<Case>& cases, bool twin) {
+// Each case, then (when `twin` and `pick` takes it) a copy changed by `mark` right after it: a mode's cost in one run.
+template <class Case, class Pick, class Mark>
+std::vector<Case> with_twins(const std::vector<Case>& cases, bool twin, Pick&& pick, Mark&& mark) {
   std::vector<Case> out;
   for (const Case& c : cases) {
     out.push_back(c);
-    if (!twin) continue;
+    if (!twin || !pick(c)) continue;
     out.push_back(c);
-    out.back().batch_invariant = true;
+    mark(out.back());
   }
   return out;
 }
-
-// Each case, then (when `twin`) an fp8 per-tensor case again with fp8 compute right after it.
+// Every case again in the batch-invariant mode.
+template <class Case>
+std::vector<Case> with_batch_invariant_twins(const std::vector<Case>& cases, bool twin) {
+  return with_twins(cases, twin, [](const Case&) { return true; }, [](Case& c) { c.batch_invariant = true; });
+}
+// Every fp8 per-tensor case (outside the batch-invariant mode) again with fp8 compute.
 std::vector<DecodeCase> with_fp8_compute_twins(const std::vector<DecodeCase>& cases, bool twin) {
-  std::vector<DecodeCase> out;
-  for (const DecodeCase& c : cases) {
-    out.push_back(c);
-    if (!twin || c.format != CacheFormat::fp8 || c.batch_invariant) continue;
-    out.push_back(c);
-    out.back().fp8_compute = true;
-  }
-  return out;
+  return with_twins(
+      cases, twin, [](const DecodeCase& c) { return c.format == CacheFormat::fp8 && !c.batch_invariant; },
+      [](DecodeCase& c) { c.fp8_compute = true; });
 }
 
 void run_decode_case(BenchContext& ctx, const DecodeCase& c) {

@@ -4,9 +4,11 @@
 // caches, the tolerances of the CUDA kernels against the float64 CPU oracle, and comparisons.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +22,14 @@
 #include "support/test_util.h"
 
 namespace mla::test {
+
+// A decode batch's lengths around the page boundaries (empty, one key, a page less one, a page, a page and one, two
+// pages) and one longer than a 256-key split.
+inline std::vector<int32_t> boundary_lens(int64_t page, std::mt19937_64& g) {
+  const auto p = static_cast<int32_t>(page);
+  std::uniform_int_distribution<int32_t> longer(257, 700);  // > one split of 256 keys
+  return {0, 1, std::max(p - 1, 1), p, p + 1, 2 * p, longer(g)};
+}
 
 // Tolerances (DESIGN.md §5: |got - ref| <= 2 |bf16(ref) - ref| + quantum + extra_rel * max|ref|).
 //

@@ -174,12 +174,6 @@ Fp8cRun run_fp8c(const Tensor& q_host, const PagedBatch& pb, bool causal, int nu
   return r;
 }
 
-std::vector<int32_t> boundary_lens(int64_t page, std::mt19937_64& g) {
-  const auto p = static_cast<int32_t>(page);
-  std::uniform_int_distribution<int32_t> longer(257, 700);
-  return {0, 1, std::max(p - 1, 1), p, p + 1, 2 * p, longer(g)};
-}
-
 using Param = std::tuple<int64_t /*page*/, int64_t /*h*/, int64_t /*s_q*/>;
 class DecodeFp8cGpu : public ::testing::TestWithParam<Param> {};
 
@@ -188,7 +182,7 @@ TEST_P(DecodeFp8cGpu, WithinTheFp8ComputeBound) {
   const auto [page, h, s_q] = GetParam();
   MLA_FORCE_VARIANT("mqa_decode", "sm90_fp8c");
   test::reseed(static_cast<uint64_t>(page * 1000 + h * 10 + s_q) + 4242);
-  const std::vector<int32_t> lens = boundary_lens(page, test::rng());
+  const std::vector<int32_t> lens = test::boundary_lens(page, test::rng());
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
   PagedBatch pb = test::paged_batch(CacheFormat::fp8, page, lens, (max_len + page - 1) / page + 1);
   const Tensor q = test::random_tensor({static_cast<int64_t>(lens.size()), s_q, h, 576}, DType::bf16);

@@ -69,12 +69,6 @@ DecodeRun run_decode(const Tensor& q_host, const Tensor& cache_storage, const KV
   return r;
 }
 
-std::vector<int32_t> boundary_lens(int64_t page, std::mt19937_64& g) {
-  const auto p = static_cast<int32_t>(page);
-  std::uniform_int_distribution<int32_t> longer(257, 700);  // > one split of 256 keys
-  return {0, 1, std::max(p - 1, 1), p, p + 1, 2 * p, longer(g)};
-}
-
 using SweepParam = std::tuple<CacheFormat, int64_t /*page*/, int64_t /*h*/, int64_t /*s_q*/, std::string /*variant*/>;
 class DecodeGpuSweep : public ::testing::TestWithParam<SweepParam> {};
 
@@ -83,7 +77,7 @@ TEST_P(DecodeGpuSweep, MatchesFloat64Oracle) {
   const auto [format, page, h, s_q, variant] = GetParam();
   MLA_FORCE_VARIANT("mqa_decode", variant);
   test::reseed(static_cast<uint64_t>(page * 1000 + h * 10 + s_q) + static_cast<uint64_t>(format) * 100000 + 7);
-  const std::vector<int32_t> lens = boundary_lens(page, test::rng());
+  const std::vector<int32_t> lens = test::boundary_lens(page, test::rng());
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
   PagedBatch pb = test::paged_batch(format, page, lens, (max_len + page - 1) / page + 1);
   Tensor q = test::random_tensor({static_cast<int64_t>(lens.size()), s_q, h, 576}, DType::bf16);

@@ -149,8 +149,6 @@ TEST(Fp8cTransposeGpu, VtLayoutAndValueProductMatchHost) {
 }
 
 
-__device__ __forceinline__ int p_offset(int row, int pos) { return (row / 8) * 512 + (pos / 16) * 128 + (row % 8) * 16 + pos % 16; }
-
 // Design C1's per-tile loop on resident operands (fp8_64row_plan.md "Design C1 concretely", its cycle model): one CTA
 // per SM, 384 threads. Warpgroup 0 writes V^T of the resident raw tile into two alternating buffers (the
 // transposer); warpgroup 1 computes S = Q K^T (18 e4m3 ss m64n64k32), the softmax steps (scale, row maxima over the
@@ -232,14 +230,7 @@ __device__ __forceinline__ void c1_issue_pv(float (&o)[128], uint32_t (&pa)[2][4
   const int b = i & 1;
   mbar_wait(&bar[b], (i >> 1) & 1);
   fence_proxy_async_smem();
-  uint8_t* pp = sm + C1Smem::kP + b * C1Smem::kPBytes;
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk) {
-    *reinterpret_cast<uint32_t*>(pp + p_offset(r_lo, 32 * kk + 4 * t)) = pa[kk][0];
-    *reinterpret_cast<uint32_t*>(pp + p_offset(r_hi, 32 * kk + 4 * t)) = pa[kk][1];
-    *reinterpret_cast<uint32_t*>(pp + p_offset(r_lo, 32 * kk + 16 + 4 * t)) = pa[kk][2];
-    *reinterpret_cast<uint32_t*>(pp + p_offset(r_hi, 32 * kk + 16 + 4 * t)) = pa[kk][3];
-  }
+  cuda::decode_sm90::fp8c::store_p_panel(sm + C1Smem::kP + b * C1Smem::kPBytes, pa, r_lo, r_hi, t);
   fence_proxy_async_smem();
   named_barrier_arrive(1 + b, 256);
 #pragma unroll
@@ -358,7 +349,7 @@ __global__ void __launch_bounds__(384, 1) c1_loop_kernel(float* o_out, long long
       if constexpr (!(kLeave & 2))
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk)
-        wgmma_e4m3_ss<256>(o, make_smem_desc(pp + 2 * kk * 128, 128, 512, 0),
+        wgmma_e4m3_ss<256>(o, cuda::decode_sm90::fp8c::p_desc(pp, kk),
                            cuda::decode_sm90::fp8c::vt_desc(sm + C1Smem::kVt + b * VtLayout::kBytes, 256, kk), true);
       wgmma_commit_group();
       wgmma_wait_group<0>();

@@ -96,6 +96,10 @@ decode_regime::Problem problem_of(const dispatch::DecodeArgs& a) {
           .fp8_compute = a.fp8_compute};
 }
 
+// Whether a 64-key tile is whole pages or a whole number of tiles fill a page: the TMA boxes of one page's rows
+// (PagedKeys, the fp8-compute kernel's loader).
+bool pages_tile(int64_t page) { return Traits::kBlockN % page == 0 || page % Traits::kBlockN == 0; }
+
 // What every sm90 decode kernel needs (nullptr), else why not.
 const char* supports_common(const dispatch::DecodeArgs& a) {
   const KVCache& c = a.cache;
@@ -114,8 +118,7 @@ const char* supports_common(const dispatch::DecodeArgs& a) {
     if (c.page_size() >= (int64_t(1) << 30)) return "page_size too large";
     return nullptr;
   }
-  const int64_t page = c.page_size();
-  if (!(Traits::kBlockN % page == 0 || page % Traits::kBlockN == 0)) return "page_size must divide 64 or be a multiple of 64";
+  if (!pages_tile(c.page_size())) return "page_size must divide 64 or be a multiple of 64";
   // TMA: 16-byte aligned base and strides, contiguous rows.
   if (!aligned(c.data.data, 16) || c.data.stride[2] != 1 || (c.data.stride[1] * 2) % 16 != 0 ||
       (c.data.stride[0] * 2) % 16 != 0)
@@ -126,11 +129,9 @@ const char* supports_common(const dispatch::DecodeArgs& a) {
 const char* supports_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel k) {
   if (const char* why = supports_common(a)) return why;
   if (const char* why = decode_regime::supports(problem_of(a), k)) return why;
-  if (k == decode_regime::Kernel::fp8c) {  // TMA boxes of one page's rows (supports_common checked the alignment)
-    const int64_t page = a.cache.page_size();
-    if (!(Traits::kBlockN % page == 0 || page % Traits::kBlockN == 0)) return "page_size must divide 64 or be a multiple of 64";
-    if (a.cache.data.element_size() != 1) return "fp8 codes as one byte each";
-  }
+  // The fp8-compute kernel's TMA boxes (supports_common checked the alignment; the codes are bytes, validate_cache).
+  if (k == decode_regime::Kernel::fp8c && !pages_tile(a.cache.page_size()))
+    return "page_size must divide 64 or be a multiple of 64";
   return nullptr;
 }
 

@@ -88,15 +88,6 @@ struct Smem {
   __device__ __forceinline__ uint64_t* vt_empty(int b) const { return bar(2 * L::kStages + 2 + b); }
 };
 
-// P's panel for R (K-major, no swizzle): core matrices of 8 rows x 16 key positions, row group 512 bytes apart,
-// position group 128 apart; a thread's P words (fp8c::p_fragments) land at their rows and positions 4 t4 ...
-__device__ __forceinline__ int p_offset(int row, int pos) {
-  return (row >> 3) * 512 + (pos >> 4) * 128 + (row & 7) * 16 + (pos & 15);
-}
-__device__ __forceinline__ uint64_t p_desc(const uint8_t* panel, int ks) {
-  return ptx::make_smem_desc(panel + 2 * ks * 128, 128, 512, 0);
-}
-
 // ---- the loader and transposer ------------------------------------------------------------------------------------
 
 // Warp 0: tile i's codes by TMA into stage i % 2 (after the stage's release), its key mask published first.
@@ -258,7 +249,7 @@ struct SRole {
       const float a_lo = convert::factor(m_lo, n_lo), a_hi = convert::factor(m_hi, n_hi);
       convert::rescale(o, a_lo, a_hi);
       float sum_lo, sum_hi;
-      exp2_rows(sc, n_lo == -INFINITY ? n_lo : n_lo - kPShift, n_hi == -INFINITY ? n_hi : n_hi - kPShift, sum_lo, sum_hi);
+      exp2_rows(sc, n_lo - kPShift, n_hi - kPShift, sum_lo, sum_hi);  // a row still without keys: -inf, P 0
       l_lo = l_lo * a_lo + sum_lo;
       l_hi = l_hi * a_hi + sum_hi;
       m_lo = n_lo;
@@ -268,14 +259,7 @@ struct SRole {
       // V^T_L of tile i written, which means buffer b's P and factors are free too: the loader waited for R's release
       // of tile i - 2 (vt_empty) before writing it.
       ptx::mbar_wait(sm.vt_full(b), (i >> 1) & 1);
-      uint8_t* pp = sm.p_panel(b);
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        *reinterpret_cast<uint32_t*>(pp + p_offset(rw.r_lo, 32 * kk + 4 * rw.t4)) = pa[kk][0];
-        *reinterpret_cast<uint32_t*>(pp + p_offset(rw.r_hi, 32 * kk + 4 * rw.t4)) = pa[kk][1];
-        *reinterpret_cast<uint32_t*>(pp + p_offset(rw.r_lo, 32 * kk + 16 + 4 * rw.t4)) = pa[kk][2];
-        *reinterpret_cast<uint32_t*>(pp + p_offset(rw.r_hi, 32 * kk + 16 + 4 * rw.t4)) = pa[kk][3];
-      }
+      store_p_panel(sm.p_panel(b), pa, rw.r_lo, rw.r_hi, rw.t4);
       if (rw.t4 == 0) {
         sm.factors(b)[rw.r_lo] = a_lo;
         sm.factors(b)[rw.r_hi] = a_hi;
@@ -353,7 +337,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_fp8c_kernel(const __grid_constant__ CUtensorMap map, const DecodeSm90Params p) {
   static_assert(F == CacheFormat::fp8, "fp8 per-tensor codes");
   using L = Fp8cTraits;
-  using T = Traits;
   extern __shared__ uint8_t smem_raw[];
   const fp8c::Smem sm{aligned_smem(smem_raw)};
   MLA_DECODE_TRACE_EVENT(0, 0);
@@ -404,9 +387,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   fp8c::SRole sr(p, u, sm);
   sr.run();
-  // The LSE's maximum is the running one less kPShift (l holds P * 2^8); -inf for a row without keys.
-  const float ref_lo = sr.m_lo == -INFINITY ? sr.m_lo : sr.m_lo - fp8c::kPShift;
-  const float ref_hi = sr.m_hi == -INFINITY ? sr.m_hi : sr.m_hi - fp8c::kPShift;
+  // The LSE's maximum is the running one less kPShift (l holds P * 2^8); -inf stays -inf for a row without keys.
+  const float ref_lo = sr.m_lo - fp8c::kPShift, ref_hi = sr.m_hi - fp8c::kPShift;
   if (rw.t4 == 0) {
     sm.sums()[rw.r_lo] = sr.l_lo;
     sm.sums()[rw.r_hi] = sr.l_hi;

@@ -87,4 +87,25 @@ __device__ __forceinline__ void p_fragments(const float (&s)[32], uint32_t (&pa)
   }
 }
 
+// P as R's shared-memory A operand (K-major, no swizzle): core matrices of 8 rows x 16 key positions, row group 512
+// bytes apart, position group 128 apart; positions in vt_position order, as p_fragments packs them.
+__device__ __forceinline__ int p_offset(int row, int pos) {
+  return (row >> 3) * 512 + (pos >> 4) * 128 + (row & 7) * 16 + (pos & 15);
+}
+// The panel's wgmma A descriptor for the k32 step ks.
+__device__ __forceinline__ uint64_t p_desc(const uint8_t* panel, int ks) {
+  return ptx::make_smem_desc(panel + 2 * ks * 128, 128, 512, 0);
+}
+// A thread's P fragments (p_fragments: rows r_lo = 16 w + g and r_hi = r_lo + 8, positions 4 t4 .. 4 t4 + 3 of each
+// 16-position group) into the panel: one 4-byte word each.
+__device__ __forceinline__ void store_p_panel(uint8_t* panel, const uint32_t (&pa)[2][4], int r_lo, int r_hi, int t4) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    *reinterpret_cast<uint32_t*>(panel + p_offset(r_lo, 32 * kk + 4 * t4)) = pa[kk][0];
+    *reinterpret_cast<uint32_t*>(panel + p_offset(r_hi, 32 * kk + 4 * t4)) = pa[kk][1];
+    *reinterpret_cast<uint32_t*>(panel + p_offset(r_lo, 32 * kk + 16 + 4 * t4)) = pa[kk][2];
+    *reinterpret_cast<uint32_t*>(panel + p_offset(r_hi, 32 * kk + 16 + 4 * t4)) = pa[kk][3];
+  }
+}
+
 }  // namespace mla::cuda::decode_sm90::fp8c
