@@ -481,65 +481,6 @@ struct V4ConvTrace {
   }
 };
 
-// v4's converter over the n_tiles tiles of one list, by key (records.cuh Codes<v4>: thread (key, half)), the unit's
-// tiles i0 .. i0 + n_tiles - 1 (stage i % 2): as converter() above. Ahead of the stores of tile k: tile k + 1's record half
-// in registers (loaded right after tile k's stores), tile k + 2's record in L2 (prefetched then), tile k + 3's index
-// entry in a register, so that neither the loads nor the prefetch wait for a read of the index row. Each tile's
-// reference r (next_reference) from the codes in registers, before the stage's release; published in stage_ref(s)
-// with the stage. Returns the next tile index.
-template <CacheFormat F, class G>
-__device__ __forceinline__ int convert_list_keys(const G& geo, const records::List& l, int n_tiles, int i0, int& r,
-                                                 const Smem& sm) {
-  using Fmt = CacheFormatTraits<F>;
-  constexpr int kBytes = static_cast<int>(Fmt::row_stride_bytes());  // v4: the body (its slot is in the page region)
-  constexpr int kLines = (kBytes + 112 + 127) / 128;
-  const int t = threadIdx.x & 127, key = t & 63, half = t >> 6, lane = t & 31, warp = t >> 5;
-  records::Codes<F> codes;
-  uint8_t* const rope = sm.rope_copy(t);
-  auto entry = [&](int tile) { return records::entry(l, tile * T::kBlockN + key); };
-  auto load = [&](int32_t e) {
-    const uint8_t *body, *slot;
-    const bool v = records::locate<F>(geo, e, body, slot);
-    codes.load(body, slot, v, half, rope);
-  };
-  auto prefetch = [&](int32_t e) {
-    const uint8_t *body, *slot;
-    if (!records::locate<F>(geo, e, body, slot)) return;
-#pragma unroll
-    for (int ln = half; ln < kLines; ln += 2) ptx::prefetch_l2(body + (128 * ln < kBytes ? 128 * ln : kBytes - 1));
-  };
-  if (n_tiles == 0) return i0;
-  load(entry(0));
-  int32_t e1 = entry(1), e2 = entry(2);
-  if (n_tiles > 1) prefetch(e1);
-#pragma unroll 1
-  for (int k = 0; k < n_tiles; ++k) {
-    const int i = i0 + k, s = i & 1;
-    [[maybe_unused]] const V4ConvTrace tr(s, i, warp);
-    tr.stamp(V4ConvTrace::kTop);
-    const int e = codes.exponent(half, rope);
-    tr.stamp(V4ConvTrace::kLanded);
-    r = next_reference(e, r, s, sm);
-    tr.stamp(V4ConvTrace::kReference);
-    ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
-    tr.stamp(V4ConvTrace::kEmpty);
-    records::store_half(codes, sm.stage(s), key, half, r, rope);
-    tr.stamp(V4ConvTrace::kStored);
-    const uint32_t loaded = __ballot_sync(0xffffffffu, codes.valid);
-    if (half == 0 && lane == 0) sm.mask_words(s)[warp] = loaded;  // warps 0, 1: keys 0..31, 32..63
-    if (t == 0) *sm.stage_ref(s) = r;
-    ptx::fence_proxy_async_smem();
-    ptx::mbar_arrive(sm.full(s));
-    tr.stamp(V4ConvTrace::kArrived);
-    if (k + 1 < n_tiles) load(e1);
-    if (k + 2 < n_tiles) prefetch(e2);
-    tr.stamp(V4ConvTrace::kIssued);
-    e1 = e2;
-    e2 = entry(k + 3);
-  }
-  return i0 + n_tiles;
-}
-
 // Key j's record lines into L2 (the warp layout's lanes j and j + 16 take alternate lines).
 template <CacheFormat F, class G>
 __device__ __forceinline__ void prefetch_record(const G& geo, int32_t e, int lane) {
@@ -613,12 +554,14 @@ struct RingFeed {
 
 // The converter over the n_tiles tiles of one list, the unit's tiles i0 .. i0 + n_tiles - 1 (stage i % 2), warp w
 // taking keys 16 w .. 16 w + 15 of each tile (records.cuh Warp: coalesced record reads), fed by Feed (GlobalFeed or
-// RingFeed). The reference as convert_list_keys. Returns the next tile index.
+// RingFeed). Each tile's reference r (next_reference) from the codes in registers, before the stage's release;
+// published in stage_ref(s) with the stage. Returns the next tile index.
 template <CacheFormat F, class Feed>
 __device__ __forceinline__ int convert_list(Feed feed, int n_tiles, int i0, int& r, const Smem& sm) {
   const int lane = threadIdx.x & 31, w = (threadIdx.x & 127) >> 5;
   records::Warp<F> codes;
   if (n_tiles == 0) return i0;
+  if constexpr (F == CacheFormat::v4) codes.rope = sm.rope_copy(threadIdx.x & 127);
   feed.first(codes);
 #pragma unroll 1
   for (int k = 0; k < n_tiles; ++k) {
@@ -644,15 +587,15 @@ __device__ __forceinline__ int convert_list(Feed feed, int n_tiles, int i0, int&
   return i0 + n_tiles;
 }
 
-// The layout per format (nvidia-h200, --grid v4, same call: the warp layout x0.74-0.84 of the by-key one over
-// v41 + v41_fp4; x1.10-1.12 over v4, whose 36-chunk body leaves four lanes without codes and needs a cp.async tail).
-// kRing: the warp layout's records through the ring (RingFeed: the N 16 tile with a loader).
+// Every format a warp per 16 keys (records.cuh Warp; nvidia-h200, --grid v4, same call: x0.74-0.84 of the by-key
+// layout over v41 + v41_fp4, x0.89-0.98 over v4). kRing: the records through the ring (RingFeed: the N 16 tile with a
+// loader, which v4 does not take).
 template <CacheFormat F, bool kRing, class G>
 __device__ __forceinline__ int convert_records(const G& geo, const records::List& l, int n_tiles, int i0, int& r,
                                                uint32_t& ring_phase, const Smem& sm) {
   const int lane = threadIdx.x & 31, w = (threadIdx.x & 127) >> 5;
-  if constexpr (F == CacheFormat::v4) return convert_list_keys<F>(geo, l, n_tiles, i0, r, sm);
-  else if constexpr (kRing) return convert_list<F>(RingFeed<F>{n_tiles, w, lane, sm, ring_phase}, n_tiles, i0, r, sm);
+  static_assert(!(kRing && F == CacheFormat::v4), "v4 records are not read through the ring");
+  if constexpr (kRing) return convert_list<F>(RingFeed<F>{n_tiles, w, lane, sm, ring_phase}, n_tiles, i0, r, sm);
   else return convert_list<F>(GlobalFeed<F, G>{geo, l, n_tiles, w, lane}, n_tiles, i0, r, sm);
 }
 

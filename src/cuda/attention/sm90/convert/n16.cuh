@@ -16,7 +16,7 @@
 // gathers each tile's records into Q's rows past 16 (which this tile leaves free) by cp.async, so that the converter
 // warps (kernel.cuh RingFeed) read them from shared memory and no longer issue the gathers on their own chain (the
 // design note §6, "Next: a loader role"); S then takes all eight panels' products and the whole epilogue. v4's
-// records (the by-key layout) keep R16Role and the converter's own loads.
+// records (their rope by the converter's own cp.async copies) keep R16Role and the converter's own loads.
 // The converter, the stage, the protocol (full / empty / kBarP + s / kBarEnd) and the epilogue's sink are the
 // 64-row tile's (kernel.cuh); a fragment's place: warp w of a warpgroup holds keys (or columns) 16 w + lane / 4 and
 // + 8, heads 8 j + 2 (lane % 4) + e (j, e < 2): d[4 j + e] on the first, d[4 j + 2 + e] on the second.

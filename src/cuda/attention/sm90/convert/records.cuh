@@ -22,9 +22,8 @@
 // 16 codes of every one of them (one 16-byte chunk of e4m3 codes, or 8 bytes of e2m1 pairs), so that a warp's load
 // instruction reads one record's contiguous bytes (4 or 2 lines) instead of one chunk of 32 records (32 lines: the
 // L1 then tracks 32 partial-line misses per instruction and the converter waits on them). Lane l writes the row's
-// f16 chunks 2 l and 2 l + 1 (columns 16 l .. 16 l + 15). v4 keeps the by-key layout (Codes<v4>: thread (key, half)
-// owns 18 chunks of its key): its 36-chunk body leaves lanes of the warp layout idle and measured slower there
-// (convert/kernel.cuh convert_records).
+// f16 chunks 2 l and 2 l + 1 (columns 16 l .. 16 l + 15). v4's 36-chunk body takes eight lanes a record (Warp<v4>:
+// four records a load, its rope by cp.async into shared memory).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -92,8 +91,7 @@ struct Ue8m0 {
     const int k = static_cast<int>(b) - 127 - r;
     return b != 255u && k < -24 && k >= -33;
   }
-  // m1 by integer ops (Codes<v4>) or through a float (f16x2_pow2: Warp). The same bits; ptxas spills least with
-  // these choices (v4 + v4 36 bytes, the v41 pairs 0; the other way round 88 and 16-20).
+  // m1 by integer ops (Warp<v4>) or through a float (f16x2_pow2: Warp<v41>). The same bits.
   __device__ __forceinline__ static uint32_t m1_f32(uint32_t b, int r) {
     const int k = static_cast<int>(b) - 127 - r;
     return b == 255u ? kF16x2Nan : f16x2_pow2(two(b, r) ? -12 : k);
@@ -156,85 +154,6 @@ __device__ __forceinline__ void load16(uint4 (&dst)[N], const uint8_t* src, bool
 #pragma unroll
   for (int i = 0; i < N; ++i)
     dst[i] = valid && i < n ? __ldg(reinterpret_cast<const uint4*>(src + 16 * i)) : make_uint4(0, 0, 0, 0);
-}
-
-template <CacheFormat F>
-struct Codes;
-
-// v4 by key (the layout v4 measured faster in: see Warp): thread (key, half h), 584 bytes: a 576-byte body [448
-// e4m3 | 64 bf16 rope], its 8-byte slot of 7 ue8m0 scales, one per 64 codes, in the page's scale region. Half h:
-// codes 224 h .. 224 h + 223 (raw 0..13, 16 codes each; scale groups 3 h .. 3 h + 3) and the whole slot into
-// registers; its rope columns 448 + 32 h .. + 31 (bf16, 64 bytes) by cp.async into the thread's rope copy in shared
-// memory (`rope`: chunk i at rope + 2048 i), read there for the exponent and again for the store, so that no rope
-// register lives from the load to the store.
-template <>
-struct Codes<CacheFormat::v4> {
-  uint4 raw[14];
-  uint2 slot;
-  bool valid;
-  __device__ __forceinline__ void load(const uint8_t* body, const uint8_t* slot_ptr, bool v, int half, uint8_t* rope) {
-    valid = v;
-    load16(raw, body + 224 * half, valid);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) ptx::cp_async_16_or_zero(rope + 2048 * i, body + 448 + 64 * half + 16 * i, !valid);
-    ptx::cp_async_commit();
-    slot = valid ? __ldg(reinterpret_cast<const uint2*>(slot_ptr)) : make_uint2(0, 0);
-  }
-  __device__ __forceinline__ uint32_t scale_byte(int g) const { return ((g < 4 ? slot.x : slot.y) >> (8 * (g & 3))) & 0xffu; }
-  // This thread's largest scale exponent (its groups 3 h .. 3 h + 3 and its rope columns); the rope copy landed.
-  __device__ __forceinline__ int exponent(int half, const uint8_t* rope) const {
-    const uint32_t g4 = half ? (slot.x >> 24 | slot.y << 8) : slot.x;  // groups 3 h .. 3 h + 3, one byte each
-    ptx::cp_async_wait<0>();
-    uint32_t a = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint4 v = *reinterpret_cast<const uint4*>(rope + 2048 * i);
-      a = bf16x2_absmax(bf16x2_absmax(a, v.x), v.y);
-      a = bf16x2_absmax(bf16x2_absmax(a, v.z), v.w);
-    }
-    return max(ue8m0_exponent(byte_max(ue8m0_rank4(g4))), bf16_rope_exponent(a));
-  }
-  template <int half>
-  __device__ __forceinline__ void store(uint8_t* stage, int key, int r, const uint8_t* rope) const {
-#pragma unroll
-    for (int i = 0; i < 14; ++i) {
-      const int c = 14 * half + i;  // 16-code chunk of the row: columns 16 c .. 16 c + 15, scale c / 4
-      const uint32_t m = Ue8m0::m1(scale_byte(c / 4), r);
-      uint4 lo, hi;
-      e4m3x16_to_f16(raw[i], lo, hi);
-      put(stage, key, 2 * c, mul4(lo, m));
-      put(stage, key, 2 * c + 1, mul4(hi, m));
-    }
-    bool two = false;
-#pragma unroll
-    for (int g = 3 * half; g < 3 * half + 4; ++g) two |= Ue8m0::two(scale_byte(g), r);
-    if (__any_sync(0xffffffffu, two)) {
-#pragma unroll 1
-      for (int c = 14 * half; c < 14 * half + 14; ++c) {
-        const uint32_t m = Ue8m0::m2(scale_byte(c / 4), r);
-        times(stage, key, 2 * c, m);
-        times(stage, key, 2 * c + 1, m);
-      }
-    }
-    const float f = exp2i(-r);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // rope chunk 4 h + i of panel 7 (columns 448 + 32 h + 8 i ..): f16 * 2^-r
-      const uint4 v = *reinterpret_cast<const uint4*>(rope + 2048 * i);
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      uint32_t h[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        h[e] = ptx::pack_f16x2(__uint_as_float(w[e] << 16) * f, __uint_as_float(w[e] & 0xffff0000u) * f);
-      put(stage, key, 56 + 4 * half + i, make_uint4(h[0], h[1], h[2], h[3]));
-    }
-  }
-};
-
-// Codes::store with the half as a constant (every stage address a compile-time offset from the key's row).
-template <class C>
-__device__ __forceinline__ void store_half(const C& c, uint8_t* stage, int key, int half, int r, const uint8_t* rope) {
-  if (half) c.template store<1>(stage, key, r, rope);
-  else c.template store<0>(stage, key, r, rope);
 }
 
 // Per format: what lane l of a warp reads of a record.
@@ -369,6 +288,157 @@ struct Warp {
       sb4[1] = sb4[3];
     }
   }
+};
+
+// v4 a warp per 16 keys (the warp layout's coalescing for v4's 576-byte body [448 e4m3 | 64 bf16 rope], its 8-byte
+// slot of 7 ue8m0 scales, one per 64 codes, in the page's scale region). Lane l, q = l / 8, c8 = l % 8, holds
+//   raw[3 g + k]  key 4 g + q's code chunk 8 k + c8 (g < 4, k < 3: columns 16 c .., scale group 2 k + c8 / 4, stage
+//                 panel 2 k + c8 / 4): a load instruction reads four records' 128 bytes, one line each;
+//   tail[h]       key 2 (l / 8) + (l / 4) % 2 + 8 h's code chunk 24 + l % 4 (group 6, panel 6): a quarter warp's two
+//                 keys are adjacent rows of opposite swizzle parity, so their eight chunks of a store are distinct;
+//   slot[g]       key 4 g + q's scale slot (byte 7 unused, masked), tail_sb[h] the tail key's group-6 byte;
+//   the rope      key l / 8 + 4 i's rope chunk l % 8 (i < 4) by cp.async into the lane's own copy in shared memory
+//                 (`rope`, chunk i at rope + 2048 i: the converter's rope_copy), read there for the exponent and again
+//                 for the store, so that no rope register lives from the load to the store (14 code chunks a lane).
+// Stores: a quarter warp writes one row's panels 2 k, 2 k + 1; the lanes of the odd panel (c8 / 4 = 1) store their
+// hi chunk first (words swapped before the conversion), so that the quarter's eight chunks of a store instruction are
+// distinct. `valid` (bit j: key j read) as Warp's; a key not read has zeros, nothing read.
+template <>
+struct Warp<CacheFormat::v4> {
+  uint4 raw[12];
+  uint4 tail[2];
+  uint32_t sw;          // word l % 2 of key l / 2's scale slot (groups 0..3, or 4..6 and the unused byte)
+  uint32_t sbp[4];      // by exponent(): key 4 g + q's scale bytes of groups odd, 2 + odd, 4 + odd (bytes 0, 1, 2)
+  uint32_t tail_sb[2];  // by exponent(): the tail keys' group-6 bytes
+  uint32_t valid;
+  uint8_t* rope;  // this thread's rope copy (set once by the converter)
+
+  static __device__ __forceinline__ int tail_key(int h, int lane) {
+    return 2 * (lane >> 3) + ((lane >> 2) & 1) + 8 * h;
+  }
+  static __device__ __forceinline__ const uint8_t* from(const uint8_t* p, int j) {
+    return reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(p), j));
+  }
+
+  // body_j / slot_j / v_j: lane j's (and j + 16's) key j of the warp.
+  __device__ __forceinline__ void load(const uint8_t* body_j, const uint8_t* slot_j, bool v_j, int lane) {
+    valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
+    const int q = lane >> 3, c8 = lane & 7;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const int key = 4 * g + q;
+      const bool v = (valid >> key) & 1u;
+      const uint8_t* b = from(body_j, key);
+#pragma unroll
+      for (int k = 0; k < 3; ++k)
+        raw[3 * g + k] = v ? __ldg(reinterpret_cast<const uint4*>(b) + 8 * k + c8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = tail_key(h, lane);
+      const bool v = (valid >> key) & 1u;
+      const uint4* b = reinterpret_cast<const uint4*>(from(body_j, key)) + 24 + (lane & 3);  // every lane shuffles
+      tail[h] = v ? __ldg(b) : make_uint4(0, 0, 0, 0);
+    }
+    {
+      const int key = lane >> 1;
+      const uint32_t* b = reinterpret_cast<const uint32_t*>(from(slot_j, key)) + (lane & 1);
+      sw = (valid >> key) & 1u ? __ldg(b) : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = q + 4 * i;
+      ptx::cp_async_16_or_zero(rope + 2048 * i, from(body_j, key) + 448 + 16 * c8, !((valid >> key) & 1u));
+    }
+    ptx::cp_async_commit();
+  }
+
+  // The lane's largest exponent: every scale of its four keys (any real scale of the tile bounds the reference from
+  // below, as the warp's maximum does) and its rope chunks (the copies landed).
+  // Also gathers the lane's scale bytes from the slot words (sbp, tail_sb).
+  __device__ __forceinline__ int exponent() {
+    const int lane = threadIdx.x & 31, q = lane >> 3;
+    const uint32_t sel = (lane >> 2) & 1 ? 0x0531u : 0x0420u;  // the lane's groups' bytes of (x, y)
+    const uint32_t m = byte_max(ue8m0_rank4(lane & 1 ? sw & 0x00ffffffu : sw));
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const int key = 4 * g + q;
+      sbp[g] = prmt(__shfl_sync(0xffffffffu, sw, 2 * key), __shfl_sync(0xffffffffu, sw, 2 * key + 1), sel);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) tail_sb[h] = (__shfl_sync(0xffffffffu, sw, 2 * tail_key(h, lane) + 1) >> 16) & 0xffu;
+    ptx::cp_async_wait<0>();
+    uint32_t a = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = *reinterpret_cast<const uint4*>(rope + 2048 * i);
+      a = bf16x2_absmax(bf16x2_absmax(bf16x2_absmax(bf16x2_absmax(a, v.x), v.y), v.z), v.w);
+    }
+    return max(ue8m0_exponent(m), bf16_rope_exponent(a));
+  }
+
+  // Sixteen codes (one chunk, its words swapped for an odd-panel lane) of scale byte b against the reference r into
+  // two stage chunks at first / second: times m1, and where some lane of the warp needs it (Ue8m0::two, rare: a scale
+  // more than 2^24 below the reference) times m2 (1.0 for the other lanes) in a second rounding.
+  static __device__ __forceinline__ void put_codes(const uint4& c, int odd, uint32_t b, int r, uint8_t* first_at,
+                                                   uint8_t* second_at) {
+    uint4 first, second;
+    e4m3x16_to_f16(odd ? make_uint4(c.z, c.w, c.x, c.y) : c, first, second);
+    const uint32_t m = Ue8m0::m1(b, r);
+    first = mul4(first, m);
+    second = mul4(second, m);
+    if (__any_sync(0xffffffffu, Ue8m0::two(b, r))) {
+      const uint32_t m2 = Ue8m0::m2(b, r);
+      first = mul4(first, m2);
+      second = mul4(second, m2);
+    }
+    *reinterpret_cast<uint4*>(first_at) = first;
+    *reinterpret_cast<uint4*>(second_at) = second;
+  }
+
+  // Into the stage: rows 16 w .. 16 w + 15, relative to the reference r. Leaves raw spent; valid stays. Key 4 g + q's
+  // row has the swizzle phase q + 4 (g & 1), so each store's address is a lane offset (by g's parity) plus a
+  // compile-time one.
+  __device__ __forceinline__ void store(uint8_t* stage, int w, int lane, int r) const {
+    const int q = lane >> 3, c8 = lane & 7, odd = c8 >> 2, c4 = c8 & 3;
+    uint8_t* const base = stage + (16 * w + q) * 128 + odd * T::kPanelBytes;
+    int at_first[2], at_second[2];
+#pragma unroll
+    for (int par = 0; par < 2; ++par) {
+      at_first[par] = ((2 * c4 + odd) ^ (q + 4 * par)) << 4;
+      at_second[par] = ((2 * c4 + 1 - odd) ^ (q + 4 * par)) << 4;
+    }
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      uint8_t* const row = base + 512 * g;
+#pragma unroll
+      for (int k = 0; k < 3; ++k) {
+        put_codes(raw[3 * g + k], odd, (sbp[g] >> (8 * k)) & 0xffu, r, row + 2 * k * T::kPanelBytes + at_first[g & 1],
+                  row + 2 * k * T::kPanelBytes + at_second[g & 1]);
+      }
+    }
+    // Code chunks 24..27 (panel 6): key tail_key(h) = 2 q + odd + 8 h, phase 2 q + odd; lane chunks 2 c4, 2 c4 + 1.
+    const int tail_phase = 2 * q + odd;
+    uint8_t* const tail_row = stage + 6 * T::kPanelBytes + (16 * w + tail_phase) * 128;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      put_codes(tail[h], 0, tail_sb[h], r, tail_row + 1024 * h + (((2 * c4) ^ tail_phase) << 4),
+                tail_row + 1024 * h + (((2 * c4 + 1) ^ tail_phase) << 4));
+    }
+    // The rope (panel 7, chunk c8 of key q + 4 i: phase q + 4 (i & 1)): bf16 * 2^-r as f16.
+    const float f = exp2i(-r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = *reinterpret_cast<const uint4*>(rope + 2048 * i);
+      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+      uint32_t hh[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        hh[e] = ptx::pack_f16x2(__uint_as_float(wv[e] << 16) * f, __uint_as_float(wv[e] & 0xffff0000u) * f);
+      put(stage, 16 * w + q + 4 * i, 56 + c8, make_uint4(hh[0], hh[1], hh[2], hh[3]));
+    }
+  }
+
 };
 
 // One index list of a token: entries [0, len) of `row` name flat rows of its cache (block r / page_size, offset

@@ -20,8 +20,8 @@ struct ConvertTraits {
   // 224; the f16 conversion alone spilled 32 at 112 / 232; R at 152 is below the kernel's minimum) and fp8_ds_mla
   // 104 / 232 / 168 (R spilled 24 bytes at 160).
   static constexpr int kConverter = 0, kSWarpgroup = 1, kRWarpgroup = 2;
-  // DeepSeek-V4 records (v4, v41, v41_fp4) as fp8: the converter holds up to 18 chunks of a v4 record half and its
-  // scales; S and R run f16 products as fp8's (no group accumulator; S at 192 serialised its products).
+  // DeepSeek-V4 records (v4, v41, v41_fp4) as fp8: the converter holds 16 code chunks a lane (v41, v41_fp4) or 14
+  // (v4: its rope through shared memory) and their scales; S and R run f16 products as fp8's (no group accumulator; S at 192 serialised its products).
   static constexpr bool narrow(CacheFormat f) {
     return f == CacheFormat::fp8 || f == CacheFormat::v4 || f == CacheFormat::v41 || f == CacheFormat::v41_fp4;
   }
