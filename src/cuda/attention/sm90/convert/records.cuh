@@ -292,11 +292,13 @@ struct Warp {
 
 // v4 a warp per 16 keys (the warp layout's coalescing for v4's 576-byte body [448 e4m3 | 64 bf16 rope], its 8-byte
 // slot of 7 ue8m0 scales, one per 64 codes, in the page's scale region). Lane l, q = l / 8, c8 = l % 8, holds
-//   raw[3 g + k]  key 4 g + q's code chunk 8 k + c8 (g < 4, k < 3: columns 16 c .., scale group 2 k + c8 / 4, stage
-//                 panel 2 k + c8 / 4): a load instruction reads four records' 128 bytes, one line each;
+//   raw[3 g + k]  key 4 g + q's code chunk c = 8 k + c8 (g < 4, k < 3: columns 16 c .., scale group 2 k + c8 / 4,
+//                 stage panel 2 k + c8 / 4): a load instruction reads four records' 128 bytes, one line each;
 //   tail[h]       key 2 (l / 8) + (l / 4) % 2 + 8 h's code chunk 24 + l % 4 (group 6, panel 6): a quarter warp's two
 //                 keys are adjacent rows of opposite swizzle parity, so their eight chunks of a store are distinct;
-//   slot[g]       key 4 g + q's scale slot (byte 7 unused, masked), tail_sb[h] the tail key's group-6 byte;
+//   sw            word l % 2 of key l / 2's scale slot (a warp's load: the 16 slots); exponent() gathers each lane's
+//                 bytes from it by shuffles once the loads landed (sbp[g]: key 4 g + q's groups c8 / 4, 2 + c8 / 4,
+//                 4 + c8 / 4; tail_sb[h]: the tail key's group 6);
 //   the rope      key l / 8 + 4 i's rope chunk l % 8 (i < 4) by cp.async into the lane's own copy in shared memory
 //                 (`rope`, chunk i at rope + 2048 i: the converter's rope_copy), read there for the exponent and again
 //                 for the store, so that no rope register lives from the load to the store (14 code chunks a lane).
