@@ -160,10 +160,7 @@ __device__ __forceinline__ const uint8_t* locate_row(const DecodeSm90Params& p, 
   return p.gather.cache + (valid ? o : 0);
 }
 
-// A lane's pointer, from lane src.
-__device__ __forceinline__ const uint8_t* shfl_ptr(const uint8_t* ptr, int src) {
-  return reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(ptr), src));
-}
+using records::shfl_ptr;
 // A warp's sixteen rows, lane l's 16 bytes 16 l .. of each (row j from lane j's row_j): zeros for a key whose valid
 // bit is clear (nothing read).
 __device__ __forceinline__ void gather_latent(uint4 (&raw)[16], const uint8_t* row_j, uint32_t valid, int lane) {
@@ -747,14 +744,7 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = kRows
   const int e = q_row_exponent(amax);
   const float f = exp2i(e);
 #pragma unroll 4
-  for (int i = 0; i < n; ++i) {
-    uint4 v = *at(i);
-    uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      w[k] = ptx::pack_f16x2(__uint_as_float(w[k] << 16) * f, __uint_as_float(w[k] & 0xffff0000u) * f);
-    *at(i) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
+  for (int i = 0; i < n; ++i) *at(i) = records::bf16x8_scaled_f16(*at(i), f);
   if (k == 0) sm.q_scales()[row] = exp2i(-e);
 }
 

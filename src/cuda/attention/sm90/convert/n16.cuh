@@ -303,7 +303,7 @@ struct RingLoader {
     uint8_t* const base = sm.ring_key<kRec>(16 * w);  // key 16 w + j at a constant offset (j unrolled)
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const uint8_t* b = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body), j));
+      const uint8_t* b = shfl_ptr(body, j);
       if (!((vb >> j) & 1u)) continue;  // uniform
       uint8_t* d = base + L::ring_key_offset(kRec, j);
       if (lane < kChunks) ptx::cp_async_16(d + 16 * lane, b + 16 * lane);

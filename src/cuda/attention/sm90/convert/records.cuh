@@ -148,12 +148,19 @@ __device__ __forceinline__ void times(uint8_t* stage, int key, int n, uint32_t m
   *a = mul4(*a, m2);
 }
 
-// N consecutive 16-byte chunks from src (read-only path), zeros when !valid (nothing read).
-template <int N>
-__device__ __forceinline__ void load16(uint4 (&dst)[N], const uint8_t* src, bool valid, int n = N) {
+// A lane's pointer, from lane src (every lane of the warp takes part).
+__device__ __forceinline__ const uint8_t* shfl_ptr(const uint8_t* ptr, int src) {
+  return reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(ptr), src));
+}
+
+// Eight bf16 values (one 16-byte chunk) times f as one f16 chunk (each product rounded once).
+__device__ __forceinline__ uint4 bf16x8_scaled_f16(const uint4& v, float f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t h[4];
 #pragma unroll
-  for (int i = 0; i < N; ++i)
-    dst[i] = valid && i < n ? __ldg(reinterpret_cast<const uint4*>(src + 16 * i)) : make_uint4(0, 0, 0, 0);
+  for (int e = 0; e < 4; ++e)
+    h[e] = ptx::pack_f16x2(__uint_as_float(w[e] << 16) * f, __uint_as_float(w[e] & 0xffff0000u) * f);
+  return make_uint4(h[0], h[1], h[2], h[3]);
 }
 
 // Per format: what lane l of a warp reads of a record.
@@ -195,8 +202,7 @@ struct Warp {
     valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
 #pragma unroll
     for (int j = 0; j < 16; ++j)
-      take<false>(j, reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(body_j), j)),
-                  lane);
+      take<false>(j, shfl_ptr(body_j, j), lane);
   }
   // The same from shared memory (the N 16 tile's ring: key j's record at at(j)); vb bit j: key j's record is there.
   template <class At>
@@ -318,9 +324,6 @@ struct Warp<CacheFormat::v4> {
   static __device__ __forceinline__ int tail_key(int h, int lane) {
     return 2 * (lane >> 3) + ((lane >> 2) & 1) + 8 * h;
   }
-  static __device__ __forceinline__ const uint8_t* from(const uint8_t* p, int j) {
-    return reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(p), j));
-  }
 
   // body_j / slot_j / v_j: lane j's (and j + 16's) key j of the warp.
   __device__ __forceinline__ void load(const uint8_t* body_j, const uint8_t* slot_j, bool v_j, int lane) {
@@ -330,7 +333,7 @@ struct Warp<CacheFormat::v4> {
     for (int g = 0; g < 4; ++g) {
       const int key = 4 * g + q;
       const bool v = (valid >> key) & 1u;
-      const uint8_t* b = from(body_j, key);
+      const uint8_t* b = shfl_ptr(body_j, key);
 #pragma unroll
       for (int k = 0; k < 3; ++k)
         raw[3 * g + k] = v ? __ldg(reinterpret_cast<const uint4*>(b) + 8 * k + c8) : make_uint4(0, 0, 0, 0);
@@ -339,18 +342,18 @@ struct Warp<CacheFormat::v4> {
     for (int h = 0; h < 2; ++h) {
       const int key = tail_key(h, lane);
       const bool v = (valid >> key) & 1u;
-      const uint4* b = reinterpret_cast<const uint4*>(from(body_j, key)) + 24 + (lane & 3);  // every lane shuffles
+      const uint4* b = reinterpret_cast<const uint4*>(shfl_ptr(body_j, key)) + 24 + (lane & 3);  // every lane shuffles
       tail[h] = v ? __ldg(b) : make_uint4(0, 0, 0, 0);
     }
     {
       const int key = lane >> 1;
-      const uint32_t* b = reinterpret_cast<const uint32_t*>(from(slot_j, key)) + (lane & 1);
+      const uint32_t* b = reinterpret_cast<const uint32_t*>(shfl_ptr(slot_j, key)) + (lane & 1);
       sw = (valid >> key) & 1u ? __ldg(b) : 0u;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = q + 4 * i;
-      ptx::cp_async_16_or_zero(rope + 2048 * i, from(body_j, key) + 448 + 16 * c8, !((valid >> key) & 1u));
+      ptx::cp_async_16_or_zero(rope + 2048 * i, shfl_ptr(body_j, key) + 448 + 16 * c8, !((valid >> key) & 1u));
     }
     ptx::cp_async_commit();
   }
@@ -430,17 +433,9 @@ struct Warp<CacheFormat::v4> {
     // The rope (panel 7, chunk c8 of key q + 4 i: phase q + 4 (i & 1)): bf16 * 2^-r as f16.
     const float f = exp2i(-r);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint4 v = *reinterpret_cast<const uint4*>(rope + 2048 * i);
-      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
-      uint32_t hh[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        hh[e] = ptx::pack_f16x2(__uint_as_float(wv[e] << 16) * f, __uint_as_float(wv[e] & 0xffff0000u) * f);
-      put(stage, 16 * w + q + 4 * i, 56 + c8, make_uint4(hh[0], hh[1], hh[2], hh[3]));
-    }
+    for (int i = 0; i < 4; ++i)
+      put(stage, 16 * w + q + 4 * i, 56 + c8, bf16x8_scaled_f16(*reinterpret_cast<const uint4*>(rope + 2048 * i), f));
   }
-
 };
 
 // One index list of a token: entries [0, len) of `row` name flat rows of its cache (block r / page_size, offset
