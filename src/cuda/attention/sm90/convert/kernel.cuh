@@ -686,6 +686,58 @@ __device__ __forceinline__ void scale_rows(float (&o)[T::kDvHalf / 2], float f_l
   }
 }
 
+// The V4 kernel's output through shared memory, once both consumers are past their products (the stages are free):
+// each consumer stores its O half as it stands (fp32, the rows' factors not applied) into stage(c), 64 rows of
+// kOStride floats, then the 256 threads of S and R write whole rows of bf16 out in a rolled loop, O times f / l
+// times 2^(r - 6) (f the sink's factor, l the row sum, r the last tile's reference), 16 bytes a store. The
+// fragment's unrolled part is one 8-byte shared store a value pair; the scaling, the conversion and the global
+// stores run in a loop whose body is fetched once (the epilogue runs once a CTA, at the pace of its instruction
+// fetches). Taken when out is bf16 rows of 16-byte aligned starts and the unit is not a split's.
+inline constexpr int kOStride = T::kDvHalf + 8;  // floats a staged row: four rows of a half warp in distinct banks
+static_assert(T::kBlockM * kOStride * 4 <= T::kTileBytes, "a staged O half fits a stage");
+
+__device__ __forceinline__ bool out_rows16(const DecodeSm90Params& p, const Unit& u) {
+  const MqaRowParams& rp = p.rows;
+  return u.ws_slot < 0 && p.out_pairs && (reinterpret_cast<uintptr_t>(rp.out) & 15) == 0 &&
+         (rp.out_stride_g & 7) == 0 && (rp.out_stride_i & 7) == 0 && (rp.out_stride_h & 7) == 0;
+}
+// Rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) of a D fragment, columns 8 j + 2 t4, + 1.
+__device__ __forceinline__ void stage_o_half(const float (&o)[T::kDvHalf / 2], float* rows, const Frag& rw) {
+#pragma unroll
+  for (int j = 0; j < T::kDvHalf / 8; ++j) {
+    *reinterpret_cast<float2*>(rows + rw.r_lo * kOStride + 8 * j + 2 * rw.t4) = make_float2(o[4 * j], o[4 * j + 1]);
+    *reinterpret_cast<float2*>(rows + rw.r_hi * kOStride + 8 * j + 2 * rw.t4) =
+        make_float2(o[4 * j + 2], o[4 * j + 3]);
+  }
+}
+// Thread t (0..255) of S and R: the unit's LSEs (t < 64) and every t-th 8-column chunk of its rows.
+__device__ __forceinline__ void store_o_rows16(const DecodeSm90Params& p, const Unit& u, const Smem& sm, int t) {
+  const MqaRowParams& rp = p.rows;
+  const float* sums = sm.sums();
+  const float* refs = sm.refs();
+  const float* f = sm.out_factors();
+  const float out_scale = exp2i(*sm.stage_ref((u.n_tiles - 1) & 1) - 6);
+  if (t < T::kBlockM && u.row0 + t < u.m_rows) store_row_lse(p, u, u.row0 + t, row_lse(refs[t], sums[t]));
+  constexpr int kChunks = T::kDv / 8, kHalf = T::kDvHalf / 8;
+#pragma unroll 1
+  for (int k = t; k < T::kBlockM * kChunks; k += 256) {
+    const int r = k / kChunks, ch = k % kChunks, row = u.row0 + r;
+    if (row >= u.m_rows) break;  // k grows with the row
+    const float l = sums[r];
+    const float a = l == 0.0f ? 0.0f : f[r] * (out_scale / l);  // l == 0: no key; a NaN l propagates (§14.6a)
+    const float* src = reinterpret_cast<const float*>(sm.stage(ch / kHalf)) + r * kOStride + 8 * (ch % kHalf);
+    const float4 x = *reinterpret_cast<const float4*>(src), y = *reinterpret_cast<const float4*>(src + 4);
+    uint4 v;
+    v.x = ptx::pack_bf16x2(x.x * a, x.y * a);
+    v.y = ptx::pack_bf16x2(x.z * a, x.w * a);
+    v.z = ptx::pack_bf16x2(y.x * a, y.y * a);
+    v.w = ptx::pack_bf16x2(y.z * a, y.w * a);
+    const int i = row / rp.h_q, h = row % rp.h_q;
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(rp.out) + u.g * rp.out_stride_g + i * rp.out_stride_i +
+                              h * rp.out_stride_h + 8 * ch) = v;
+  }
+}
+
 // ---- the consumers ----------------------------------------------------------------------------------------------
 
 inline constexpr float kLazyLog2 = 8.0f;  // the lazy maximum's threshold (log2 domain; as the seesaw's)
@@ -1245,6 +1297,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     convert::RRole<FM> r(u, sm);
     r.run();
     ptx::named_barrier_sync(L::kBarEnd, 256);
+    if constexpr (!kSplit) {
+      if (convert::out_rows16(p, u)) {  // the rotation first: it commutes with the rows' factors
+        convert::rotate_o_r(p, u, sm, r.o, static_cast<int>(threadIdx.x) - 256, rw.t4);
+        convert::stage_o_half(r.o, reinterpret_cast<float*>(sm.stage(1)), rw);
+        ptx::named_barrier_sync(L::kBarEnd, 256);
+        convert::store_o_rows16(p, u, sm, static_cast<int>(threadIdx.x) - 128);
+        return;
+      }
+    }
     const float* sums = sm.sums();
     const float* refs = sm.refs();
     const float* f = sm.out_factors();
@@ -1275,8 +1336,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     sm.out_factors()[rw.r_hi] = f_hi;
   }
   // Split: both consumers past their products before either overwrites the stages with its partial.
-  if constexpr (kSplit) ptx::named_barrier_sync(L::kBarEnd, 256);
-  else ptx::named_barrier_arrive(L::kBarEnd, 256);
+  if constexpr (kSplit) {
+    ptx::named_barrier_sync(L::kBarEnd, 256);
+  } else if (convert::out_rows16(p, u)) {  // the same before O goes through the stages
+    ptx::named_barrier_sync(L::kBarEnd, 256);
+    convert::stage_o_half(sr.o, reinterpret_cast<float*>(sm.stage(0)), rw);
+    ptx::named_barrier_sync(L::kBarEnd, 256);
+    convert::store_o_rows16(p, u, sm, static_cast<int>(threadIdx.x) - 128);
+    MLA_DECODE_TRACE_EVENT(6, 128);
+    return;
+  } else {
+    ptx::named_barrier_arrive(L::kBarEnd, 256);
+  }
   convert::scale_rows(sr.o, f_lo, f_hi);
   write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, exp2i(sr.ref - 6),
                   partial);
