@@ -34,11 +34,15 @@ inline void set_row_tiles(DecodeSm90Params& p, const decode_regime::Regime& r) {
   p.m_tiles = r.m_tiles;
 }
 
-// 1 when out [groups, (s_q,) h_q, d_v] (bf16) rows take 4-byte stores: even strides, aligned base.
+// How out [groups, (s_q,) h_q, d_v] (bf16) rows may be stored (params.h kOutPairs / kOutRows16): 4-byte pairs with
+// even strides and a 4-byte aligned base, 16-byte chunks with strides multiples of 8 and a 16-byte aligned base.
 inline int32_t out_pairs(const TensorView& out) {
-  bool ok = aligned(out.data, 4) && out.stride[out.ndim - 1] == 1;
-  for (int d = 0; d + 1 < out.ndim; ++d) ok = ok && out.stride[d] % 2 == 0;
-  return ok ? 1 : 0;
+  bool pairs = aligned(out.data, 4) && out.stride[out.ndim - 1] == 1, rows16 = pairs && aligned(out.data, 16);
+  for (int d = 0; d + 1 < out.ndim; ++d) {
+    pairs = pairs && out.stride[d] % 2 == 0;
+    rows16 = rows16 && out.stride[d] % 8 == 0;
+  }
+  return rows16 ? kOutRows16 : pairs ? kOutPairs : 0;
 }
 
 // The cache fields of the row-copying sources and the raw kernel's producer (GatherKeys and the sources built on

@@ -12,6 +12,11 @@
 
 namespace mla::cuda {
 
+// DecodeSm90Params::out_pairs: how bf16 out rows may be stored (launch_util.cuh out_pairs): 0 element by element,
+// kOutPairs 4-byte pairs (even strides, 4-byte aligned base), kOutRows16 also 16-byte chunks (strides multiples of
+// 8, 16-byte aligned base). Kernels that only pair test it for non-zero.
+inline constexpr int32_t kOutPairs = 1, kOutRows16 = 2;
+
 struct DecodeSm90Params {
   MqaRowParams rows;           // groups = b requests; q [b, s_q, h_q, 576], out [b, s_q, h_q, 512], lse [b, s_q, h_q]
   const int32_t* block_table;  // [b, max_blocks] page ids; ids outside [0, num_blocks) are never read
@@ -26,7 +31,7 @@ struct DecodeSm90Params {
   int32_t num_splits;          // KV splits per request (1: the kernel writes out / lse itself)
   int32_t tile_rows;           // query rows per CTA: 64 (seesaw/kernel.cuh) or the small kernel's N (8, 16, 32)
   int32_t m_tiles;             // query tiles per request: ceil(s_q * h_q / tile_rows)
-  int32_t out_pairs;           // 1 when out rows can take 4-byte (bf16x2) stores
+  int32_t out_pairs;           // kOutPairs: out rows take 4-byte (bf16x2) stores; kOutRows16: 16-byte ones too
   float* ws_lse;               // [b, num_splits, s_q * h_q] partial LSE (num_splits > 1); balanced: [b + grid, s_q * h_q]
   float* ws_o;                 // [b, num_splits, s_q * h_q, 512] partial O / l (num_splits > 1); balanced: [b + grid, ...]
   // 1: the balanced schedule (core/decode_balance.h; small kernel, m_tiles 1, num_splits 1): CTA k of the

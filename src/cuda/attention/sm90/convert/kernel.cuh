@@ -697,9 +697,7 @@ inline constexpr int kOStride = T::kDvHalf + 8;  // floats a staged row: four ro
 static_assert(T::kBlockM * kOStride * 4 <= T::kTileBytes, "a staged O half fits a stage");
 
 __device__ __forceinline__ bool out_rows16(const DecodeSm90Params& p, const Unit& u) {
-  const MqaRowParams& rp = p.rows;
-  return u.ws_slot < 0 && p.out_pairs && (reinterpret_cast<uintptr_t>(rp.out) & 15) == 0 &&
-         (rp.out_stride_g & 7) == 0 && (rp.out_stride_i & 7) == 0 && (rp.out_stride_h & 7) == 0;
+  return u.ws_slot < 0 && p.out_pairs == kOutRows16;  // the host's classification of out (launch_util.cuh)
 }
 // Rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) of a D fragment, columns 8 j + 2 t4, + 1.
 __device__ __forceinline__ void stage_o_half(const float (&o)[T::kDvHalf / 2], float* rows, const Frag& rw) {
