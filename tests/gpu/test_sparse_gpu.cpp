@@ -319,6 +319,10 @@ struct V4Shape {
   // q as the first d_qk columns of rows d_qk + q_pad wide: 8 keeps 16-byte strides (sm90_convert's TMA boxes
   // step over the padding), 4 does not (sm90_convert declines it).
   int64_t q_pad = 0;
+  // out as the first 512 columns of rows 512 + out_pad wide: 0 and 8 keep 16-byte row starts (sm90_convert's 64-row
+  // tile writes whole rows from shared memory), 2 leaves 4-byte starts (its fragment's own stores); the padding
+  // must stay as poisoned.
+  int64_t out_pad = 0;
 };
 
 // A device copy of a byte cache one byte off its storage's start: no 16-byte copy is legal (the loaders'
@@ -373,14 +377,22 @@ void check_v4(CacheFormat format, int d_qk, int64_t h, const V4Shape& s, const s
   if (s.sink) dev.attn_sink = sink_d.view();
   if (s.rotate) dev.out_rotation = {rot_pos_d.view(), rot_freq_d.view(), kRot};
   if (s.extra) dev.extra = {de.cache, e_idx_d.view(), s.lengths ? e_len_d.view() : TensorView{}};
-  Tensor out = test::poisoned({t, h, dv}, s.act, gpu), lse = test::poisoned({t, h}, DType::f32, gpu);
+  Tensor out_rows = test::poisoned({t, h, dv + s.out_pad}, s.act, gpu), lse = test::poisoned({t, h}, DType::f32, gpu);
+  const TensorView out = out_rows.view().slice(2, 0, dv);
   sparse_mqa(qd, dm.cache, m_idx_d, s.lengths ? m_len_d.view() : TensorView{}, out, lse, scale, dev, Context{});
   cuda_rt::synchronize(0);
+  // A strided device view copies off the GPU only whole: the rows come back, then split into out and padding.
+  const Tensor host_rows = out_rows.to(Device::cpu());
+  if (s.out_pad > 0) {
+    for (double x : test::to_doubles(host_rows.view().slice(2, dv, dv + s.out_pad))) {
+      ASSERT_TRUE(std::isnan(x)) << what << ": a padding column of out was written";
+    }
+  }
   // The oracle after the device call: a forced variant that declines the launch skips before the float64 pass.
   Tensor ref_out = test::poisoned({t, h, dv}, DType::f64), ref_lse = test::poisoned({t, h}, DType::f32);
   sparse_mqa(q, main.cb.cache, m_idx, s.lengths ? m_len.view() : TensorView{}, ref_out, ref_lse, scale, host,
              test::reference_ctx());
-  test::expect_attention_close(out, ref_out, lse, ref_lse, what);
+  test::expect_attention_close(host_rows.view().slice(2, 0, dv), ref_out, lse, ref_lse, what);
 }
 
 std::string v4_name(const ::testing::TestParamInfo<V4Param>& info) {
@@ -464,7 +476,10 @@ TEST_P(SparseGpuV4Mixed, MatchesFloat64Oracle) {
                                        // q rows wider than d_qk: 16-byte strides, split and not; odd strides
                                        {64, 4, 133, 37, true, true, true, DType::bf16, false, 8},
                                        {64, 256, 128, 512, true, true, true, DType::bf16, false, 8},
-                                       {64, 4, 133, 37, true, true, true, DType::bf16, false, 4}};
+                                       {64, 4, 133, 37, true, true, true, DType::bf16, false, 4},
+                                       // out rows wider than 512: 16-byte starts, then 4-byte ones
+                                       {64, 256, 128, 512, true, true, true, DType::bf16, false, 0, 8},
+                                       {64, 4, 133, 37, true, true, true, DType::bf16, true, 0, 2}};
   int ran = 0;
   std::string declined;
   for (std::size_t i = 0; i < shapes.size(); ++i)
