@@ -14,9 +14,9 @@
 //   seesaw  64-row tiles (m > 32; and padded small problems where it measured faster): two consumer
 //           warpgroups splitting O by columns over a two-stage pipeline, with a key source per format.
 //   convert 64-row tiles over the code formats (fp8 per-tensor: mqa_decode; fp8_ds_mla: mqa_decode and sparse_mqa)
-//           and DeepSeek-V4's record caches (sparse_mqa with V4 options): a whole warpgroup converts the codes exactly
-//           into a stage (fp8: f16, fp8_ds_mla and the records: bf16), an S warpgroup and a second O warpgroup
-//           consume it (asymmetric registers).
+//           and DeepSeek-V4's record caches (sparse_mqa with V4 options): a whole warpgroup converts the codes into a
+//           stage (fp8: exact f16; fp8_ds_mla: the pinned bf16 upconvert; the records: f16 against a reference), an
+//           S warpgroup and a second O warpgroup consume it (asymmetric registers).
 //   fp8c    64-row tiles over an fp8 per-tensor cache (mqa_decode) with e4m3 products: Q and P rounded to e4m3, V^T
 //           written by a transposer warpgroup (the fp8-compute bound, docs/SEMANTICS.md); only when the call asks
 //           for fp8 compute.
@@ -28,8 +28,12 @@
 //   - m <= 8 / 16 / 32 takes an N 8 / 16 / 32 tile, m > 32 ceil(m / 64) seesaw tiles.
 //   - The code formats take the raw kernel up to 32 rows. Above: fp8 per-tensor (mqa_decode) the converter kernel
 //     (nvidia-h200, b 128 s_k 4096: h 128 0.388 against the seesaw's 0.494 ms, h 64 0.216 against 0.244 ms, one
-//     run), fp8_ds_mla the seesaw kernel (the converter's bf16 expansion measured 1.3-1.4x slower), as does every
-//     batch-invariant launch.
+//     run). fp8_ds_mla (mqa_decode and sparse_mqa) takes the converter kernel at 33..64 rows (one row tile), reading
+//     the seesaw's upconvert through fp8's chain (docs/design/fp8_64row_plan.md design E; nvidia-h200, h 64: dense
+//     b 128 s_k 4096 0.247 against the seesaw's 0.270 ms, sparse T 128 topk 2048 0.139 against 0.153 ms), except a
+//     sparse call the seesaw's small-T split would split (few tokens: Problem::ds_small_t_split); above 64 rows the
+//     seesaw kernel (h 128: the converter converts each key once per row tile, and measured 1.03-1.05x slower).
+//     Every batch-invariant launch takes the seesaw kernel.
 //   - With fp8 compute asked for, fp8 per-tensor mqa_decode above 32 rows takes the fp8-compute kernel; below, the
 //     raw kernel's exact codes (its N 8 / 16 / 32 tiles are memory-bound: e4m3 products would not pay).
 //   - A bf16 cache at 17..32 rows per request runs one padded seesaw tile: its stream is memory-bound at half
@@ -64,6 +68,9 @@ struct Problem {
   bool batch_invariant = false;  // the kernel may depend on the request's shape only (not batch, context_bound)
   bool v4 = false;               // sparse_mqa with DeepSeek-V4 options (SparseOptions::any())
   bool fp8_compute = false;      // mqa_decode's fp8_compute: e4m3 products allowed (the fp8-compute bound)
+  // sparse_mqa over fp8_ds_mla: the seesaw kernel's small-T split (core/sparse_split.h) would split this call's units
+  // (the launcher asks the device: one row tile, few tokens); the converter kernel has no such split.
+  bool ds_small_t_split = false;
 };
 
 struct Regime {
@@ -130,7 +137,10 @@ inline constexpr Kernel preferred(const Problem& p) {
   if (p.v4) return Kernel::convert;
   const int64_t m = p.rows < 1 ? 1 : p.rows;
   if (m > 32) {
-    if (p.format == CacheFormat::fp8 && !p.sparse && !p.batch_invariant) return p.fp8_compute ? Kernel::fp8c : Kernel::convert;
+    if (!p.batch_invariant) {
+      if (p.format == CacheFormat::fp8 && !p.sparse) return p.fp8_compute ? Kernel::fp8c : Kernel::convert;
+      if (p.format == CacheFormat::fp8_ds_mla && m <= 64 && !p.ds_small_t_split) return Kernel::convert;
+    }
     return Kernel::seesaw;
   }
   if (is_code_format(p.format)) return Kernel::raw;

@@ -86,17 +86,19 @@ inline void expect_attention_close(const TensorView& out, const TensorView& ref_
   }
 }
 
-// Whether `variant` (of mqa_decode or sparse_mqa) reads `format`'s rows as their bf16 upconvert: the sm90 seesaw
-// kernel over fp8_ds_mla records (docs/SEMANTICS.md §14.9); every other kernel reads exact codes, as the oracle does.
+// Whether `variant` (of mqa_decode or sparse_mqa) reads `format`'s rows as their bf16 upconvert: the sm90 seesaw and
+// converter kernels over fp8_ds_mla records (docs/SEMANTICS.md §14.9); every other kernel reads exact codes, as the
+// oracle does.
 inline bool variant_upconverts(const std::string& variant, CacheFormat format) {
-  return variant == "sm90_seesaw" && format == CacheFormat::fp8_ds_mla;
+  return (variant == "sm90_seesaw" || variant == "sm90_convert") && format == CacheFormat::fp8_ds_mla;
 }
 // The same for the variant that ran last in `family`.
 inline bool ran_upconverted(const std::string& family, CacheFormat format) {
   return variant_upconverts(last_variant(family), format);
 }
-// Whether automatic selection runs the seesaw kernel (so reads fp8_ds_mla as its upconvert) for `rows` query rows
-// per request (mqa_decode: h · s_q; sparse_mqa: h): more than 32 (core/decode_regime.h).
+// Whether automatic selection runs a kernel that reads fp8_ds_mla as its upconvert (the converter kernel at 33..64
+// rows, the seesaw kernel above, for the seesaw's small-T split and when batch-invariant) for `rows` query rows per
+// request (mqa_decode: h · s_q; sparse_mqa: h): more than 32 (core/decode_regime.h).
 inline bool sm90_ds_upconverts(int64_t rows) { return rows > 32; }
 
 // A contiguous host copy of `t` (any device) in dtype `dt`, each value rounded once to dt. Attention

@@ -150,9 +150,9 @@ TEST(DcpGpu, NcclDecodeAndSparseMatchWholeCache) {
         });
       for (auto& t : ranks) t.join();
       for (int r = 0; r < w; ++r) ASSERT_EQ(err[r], "") << "rank " << r;
-      // The sm90 seesaw kernel reads fp8_ds_mla rows (sparse_mqa, mqa_decode) as their bf16 upconvert (fp8: exact
-      // codes; docs/SEMANTICS.md §14.9); automatic selection runs it above 32 rows per request. Each rank runs the
-      // group's W h heads over its shard: dcp_sparse_mqa gathers every rank's queries (W h heads per token),
+      // The sm90 converter and seesaw kernels read fp8_ds_mla rows (sparse_mqa, mqa_decode) as their bf16 upconvert
+      // (fp8: exact codes; docs/SEMANTICS.md §14.9); automatic selection runs one of them above 32 rows per request.
+      // Each rank runs the group's W h heads over its shard: dcp_sparse_mqa gathers every rank's queries (W h heads per token),
       // and dcp_mqa_decode runs each (request, query) row as a request whose W queries are the ranks' head
       // blocks (W h rows).
       const bool sparse_up = test::ran_upconverted("sparse_mqa", f);

@@ -3,8 +3,8 @@
 // (sm90_small, sm90_raw, sm90_seesaw, portable): every cache format, page sizes 1/16/32/64/128/256, h in {1..128},
 // s_q 1..8, empty requests and lengths on / beside page boundaries, split-KV and the no-split fallback, strided /
 // unaligned views, d_qk 320, narrow d_v, and garbage metadata that must not make the kernel read outside the cache
-// or the block table. sm90_seesaw reads fp8_ds_mla rows as their bf16 upconvert (its oracle then reads
-// test::upconverted_cache); every variant reads fp8 rows as exact codes.
+// or the block table. sm90_seesaw and sm90_convert read fp8_ds_mla rows as their bf16 upconvert (their oracle then
+// reads test::upconverted_cache); every variant reads fp8 rows as exact codes.
 #include <gtest/gtest.h>
 
 #include <algorithm>

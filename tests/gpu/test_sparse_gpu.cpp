@@ -5,9 +5,9 @@
 // or cut off by topk_length (the cut-off ones point at NaN rows, so a stray read shows), lonely tokens
 // (out 0, lse -inf), a flat bf16 workspace as the key source and strided index rows.
 //
-// The sm90_seesaw kernel reads an fp8_ds_mla row as its bf16 upconvert (SEMANTICS §3.3: bf16(code * scale)):
-// its oracle is the float64 reference over the upconverted cache; sm90_raw and the portable variant keep the
-// codes exact and apply the scales in fp32, their oracle reads the fp8 cache.
+// The sm90_seesaw and sm90_convert kernels read an fp8_ds_mla row as its bf16 upconvert (SEMANTICS §3.3:
+// bf16(code * scale)): their oracle is the float64 reference over the upconverted cache; sm90_raw and the portable
+// variant keep the codes exact and apply the scales in fp32, their oracle reads the fp8 cache.
 #include <gtest/gtest.h>
 
 #include <climits>

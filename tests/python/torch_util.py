@@ -28,9 +28,9 @@ def rows_of(cache_tensor, fmt, scale=1.0):
 
 def kernel_rows(rows, fmt, device, family):
     """The key rows the op that just ran read, as float64: the dequantised rows themselves (exact codes), or,
-    where the kernel that ran reads fp8_ds_mla records as their bf16 upconvert (the CUDA sm90_seesaw variant:
-    docs/SEMANTICS.md §14.9), those rows rounded once to bf16. `family`: "mqa_decode" or "sparse_mqa"."""
-    if device == "cuda" and fmt == mla.CacheFormat.fp8_ds_mla and mla.last_variant(family) == "sm90_seesaw":
+    where the kernel that ran reads fp8_ds_mla records as their bf16 upconvert (the CUDA sm90_seesaw and sm90_convert
+    variants: docs/SEMANTICS.md §14.9), those rows rounded once to bf16. `family`: "mqa_decode" or "sparse_mqa"."""
+    if device == "cuda" and fmt == mla.CacheFormat.fp8_ds_mla and mla.last_variant(family) in ("sm90_seesaw", "sm90_convert"):
         return rows.float().bfloat16().double()
     return rows
 

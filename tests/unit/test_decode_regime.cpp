@@ -35,7 +35,7 @@ TEST(DecodeRegime, RowTilesFollowTheRowCount) {
       EXPECT_EQ(choose(dense(f, m)).kernel, Kernel::raw) << m;
       EXPECT_EQ(choose(dense(f, m)).m_tiles, 1);
     }
-    EXPECT_EQ(choose(dense(f, 33)).kernel, f == CacheFormat::fp8 ? Kernel::convert : Kernel::seesaw);
+    EXPECT_EQ(choose(dense(f, 33)).kernel, Kernel::convert);
     EXPECT_EQ(choose(dense(f, 33)).m_tiles, 1);
     EXPECT_EQ(choose(dense(f, 64)).m_tiles, 1);
     EXPECT_EQ(choose(dense(f, 65)).m_tiles, 2);
@@ -87,13 +87,13 @@ TEST(DecodeRegime, SparseRows) {
     const auto r = choose(sparse(CacheFormat::bf16, h));
     EXPECT_EQ(r.kernel, Kernel::seesaw);
     EXPECT_FALSE(r.stage1_panels);  // gathered rows: no paged TMA stage
-    EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, h)).kernel, Kernel::seesaw);
+    EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, h)).kernel, h <= 64 ? Kernel::convert : Kernel::seesaw) << h;
   }
   EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, 128)).m_tiles, 2);
 }
 
-// The converter kernel: the code formats (sparse: fp8_ds_mla), 64-row tiles; the rule takes it for fp8 per-tensor
-// above 32 rows (mqa_decode, not batch-invariant), the seesaw kernel keeps fp8_ds_mla.
+// The converter kernel: the code formats (sparse: fp8_ds_mla), 64-row tiles; the rule takes it above 32 rows for fp8
+// per-tensor (mqa_decode) and at 33..64 rows for fp8_ds_mla, never for a batch-invariant launch (the seesaw kernel's).
 TEST(DecodeRegime, ConverterKernelReadsTheCodeFormats) {
   EXPECT_EQ(supports(dense(CacheFormat::fp8, 128), Kernel::convert), nullptr);
   EXPECT_EQ(supports(dense(CacheFormat::fp8, 8), Kernel::convert), nullptr);  // one padded tile
@@ -112,8 +112,15 @@ TEST(DecodeRegime, ConverterKernelReadsTheCodeFormats) {
   for (int64_t m : {1, 16, 32, 33, 64, 128, 256}) {
     EXPECT_EQ(choose(dense(CacheFormat::fp8, m)).kernel, m > 32 ? Kernel::convert : Kernel::raw) << m;
     EXPECT_EQ(choose(inv).kernel, Kernel::seesaw);
-    EXPECT_NE(choose(dense(CacheFormat::fp8_ds_mla, m)).kernel, Kernel::convert) << m;
-    EXPECT_NE(choose(sparse(CacheFormat::fp8_ds_mla, m)).kernel, Kernel::convert) << m;
+    const Kernel ds = m <= 32 ? Kernel::raw : m <= 64 ? Kernel::convert : Kernel::seesaw;  // one row tile converts
+    EXPECT_EQ(choose(dense(CacheFormat::fp8_ds_mla, m)).kernel, ds) << m;
+    EXPECT_EQ(choose(sparse(CacheFormat::fp8_ds_mla, m)).kernel, ds) << m;
+    Problem ds_inv = sparse(CacheFormat::fp8_ds_mla, m);
+    ds_inv.batch_invariant = true;
+    EXPECT_NE(choose(ds_inv).kernel, Kernel::convert) << m;
+    Problem ds_split = sparse(CacheFormat::fp8_ds_mla, m, 8);  // the seesaw's small-T split would split it
+    ds_split.ds_small_t_split = true;
+    EXPECT_EQ(choose(ds_split).kernel, m > 32 ? Kernel::seesaw : Kernel::raw) << m;
   }
   EXPECT_EQ(choose(dense(CacheFormat::fp8, 128)).m_tiles, 2);
   EXPECT_STREQ(to_string(Kernel::convert), "convert");

@@ -26,13 +26,26 @@ namespace mla::cuda::decode_sm90 {
 
 namespace {
 
+// Whether the seesaw kernel's small-T split (core/sparse_split.h) would split an fp8_ds_mla call: one row tile (an
+// odd count: no crossover), and the tokens few enough that clusters of its splits fit (the rule then keeps the seesaw).
+bool seesaw_ds_splits(const dispatch::SparseArgs& a) {
+  const int64_t h = a.q.size(1), m_tiles = (h + 63) / 64;
+  if (a.kv.format != CacheFormat::fp8_ds_mla || a.opts.batch_invariant || a.opts.any() || h <= 32 || m_tiles % 2 == 0)
+    return false;
+  const int dev = a.q.device.index;
+  const int64_t tiles = (a.indices.size(1) + Traits::kBlockN - 1) / Traits::kBlockN;
+  return sparse_split::cluster_splits(m_tiles * a.q.size(0), tiles, sm_count(dev),
+                                      [&](int s) { return seesaw_ds_indexed_max_clusters(dev, s); }) > 1;
+}
+
 decode_regime::Problem problem_of(const dispatch::SparseArgs& a) {
   return {.format = a.kv.format,
           .rows = a.q.size(1),
           .batch = a.q.size(0),
           .sparse = true,
           .batch_invariant = a.opts.batch_invariant,
-          .v4 = a.opts.any()};
+          .v4 = a.opts.any(),
+          .ds_small_t_split = seesaw_ds_splits(a)};
 }
 
 // 16-byte reads of a record cache's rows (the converter's V4 path): aligned base and page stride, and rows 16 bytes

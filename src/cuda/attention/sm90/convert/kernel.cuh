@@ -6,25 +6,23 @@
 // model: docs/design/fp8_64row_plan.md design B).
 //
 // Roles (384 threads, __launch_bounds__(384, 1), one CTA per (row tile, split, request)):
-//   warpgroup 0, the converter (fp8 128, fp8_ds_mla 104 registers): it loads a tile's codes into registers
-//     (through the block table or the index row), waits for the stage's release, writes the codes exactly into the
-//     stage's swizzled K-major panels (fp8: f16 by F2FP; fp8_ds_mla: bf16 code * 2^-56, e4m3x8_exact_to_bf16; NaN
-//     codes stay NaN), fences the proxy and arrives; then loads the next tile's codes and prefetches the rows of the
-//     tile after it into L2. Both formats a warp per key (Fp8Warp, DsWarp): warp w owns keys 16w .. 16w + 15, lane
-//     l the l-th 16 latent codes of each (and a share of their rope chunks, and fp8_ds_mla's scales), so that one
-//     load instruction reads one row's contiguous bytes.
-//   warpgroup 1, S (fp8 216, fp8_ds_mla 232): loads Q (64 x 576 bf16) into shared memory once per unit; per tile
-//     S = Q K^T (36 ss m64n64k16), the key mask and causal limits, the lazy maximum, P = 2^(S - ref), O_L *= a and
-//     O_L += P V_L (rs m64n256k16 over the latent panels 0..3); P also goes into the stage's rope panel (read by
+//   warpgroup 0, the converter (136 registers): it loads a tile's codes into registers (through the block table or
+//     the index row), waits for the stage's release, writes them into the stage's swizzled K-major panels (fp8:
+//     the exact codes as f16 by F2FP; fp8_ds_mla: the pinned upconvert bf16(float(code) * s_g[key]), SEMANTICS 3.3,
+//     the rope as it is), fences the proxy and arrives; then loads the next tile's codes and prefetches the rows of
+//     the tile after it into L2. Both formats a warp per key (Fp8Warp, DsWarp): warp w owns keys 16w .. 16w + 15,
+//     lane l the l-th 16 latent codes of each (and a share of their rope chunks, and fp8_ds_mla's scales), so that
+//     one load instruction reads one row's contiguous bytes.
+//   warpgroup 1, S (208): loads Q (64 x 576 bf16) into shared memory once per unit; per tile S = Q K^T (36 ss
+//     m64n64k16 into one accumulator), the key mask and causal limits, the lazy maximum, P = 2^(S - ref), O_L *= a
+//     and O_L += P V_L (rs m64n256k16 over the latent panels 0..3); P also goes into the stage's rope panel (read by
 //     S only, so free once S retired) and the rows' factors a into shared memory, for R.
-//   warpgroup 2, R (160 / 168): per tile O_R *= a and O_R += P V_R (ss: P from the rope panel, V_R = panels 4..7).
-// Every product reads the exact codes. fp8 per-tensor: f16 products throughout — Q rewritten once per unit as f16
-// times a per-row power of two 2^e_r (q_to_f16), S times the cache scale and 2^-e_r before the softmax, P as f16 *
-// 2^6 into both value products, O times the cache scale and 2^-6 in the epilogue. fp8_ds_mla (four groups of 128
-// latent columns, an fp32 scale each per key; bf16 rope):
-// S is the rope's product plus, per group g, 2^56 s_g[key] times the group's product over the codes (its own
-// accumulator, folded into S in fp32); the value products take P_g = bf16(P * 2^56 s_g[key]) per group (S: groups
-// 0, 1 from registers; R: groups 2, 3 from P stored as f16 * 2^6 in the rope panel), so O needs no scale.
+//   warpgroup 2, R (160): per tile O_R *= a and O_R += P V_R (ss: P from the rope panel, V_R = panels 4..7).
+// fp8 per-tensor reads the exact codes with f16 products throughout — Q rewritten once per unit as f16 times a
+// per-row power of two 2^e_r (q_to_f16), S times the cache scale and 2^-e_r before the softmax, P as f16 * 2^6 into
+// both value products, O times the cache scale and 2^-6 in the epilogue. fp8_ds_mla (four groups of 128 latent
+// columns, an fp32 scale each per key; bf16 rope) reads the upconvert, as bf16 rows: bf16 Q, P and products, O
+// unscaled.
 //
 // Protocol, stage s = i % 2 for tile i, parity (i / 2) & 1:
 //   full[s]   128 converter arrivals (after the tile's stores and the proxy fence). S waits it; R waits it too
@@ -89,9 +87,6 @@ struct Smem {
   __device__ __forceinline__ float* out_factors() const { return sums() + 2 * T::kBlockM; }  // the sink's, per row
   // v4 records: converter thread t's rope chunk i at rope_copy(t) + 2048 i (the scales' bytes).
   __device__ __forceinline__ uint8_t* rope_copy(int t) const { return base + L::kOffScale + 16 * t; }
-  __device__ __forceinline__ float* scales(int s) const {  // [4 groups][64 keys]
-    return reinterpret_cast<float*>(base + L::kOffScale) + s * 4 * T::kBlockN;
-  }
   __device__ __forceinline__ uint32_t* mask_words(int s) const {
     return reinterpret_cast<uint32_t*>(base + L::kOffMask) + 2 * s;
   }
@@ -240,10 +235,12 @@ struct Fp8Warp {
 // row 16 w + j of the stage), so that a warp's load instruction reads one record's contiguous bytes (its 512 codes:
 // 4 lines) instead of one chunk of 32 records (32 lines). Lane l holds
 //   raw[j]   key j's codes 16 l .. 16 l + 15 (its group l / 8), record bytes 16 l ..; into the latent panel l / 4,
-//            row chunks 2 l, 2 l + 1 (columns 16 l .. 16 l + 15), exact: bf16 code * 2^-56, NaN codes stay NaN;
+//            row chunks 2 l, 2 l + 1 (columns 16 l .. 16 l + 15) as the pinned upconvert bf16(float(code) * s_g[key])
+//            (SEMANTICS 3.3, the seesaw kernel's reading; NaN codes give NaN);
 //   rope[i]  key l / 8 + 4 i's rope chunk l % 8 (record bytes 528 + 16 (l % 8), bf16 copied as it is) into the rope
 //            panel's chunk l % 8 (a warp's load: 4 records' ropes, one line each);
-//   scale    key l % 16's scales of groups 2 h, 2 h + 1 (h = l / 16) into scales[(2 h) 64 + key], [(2 h + 1) 64 + ..].
+//   scale    key l % 16's scales of groups 2 h, 2 h + 1 (h = l / 16); lane l takes its group's scale of key j from
+//            lane j + 16 (l / 16) by two shuffles.
 // Every lane holds `valid` (bit j: key j loaded); a key not loaded has zeros (codes, rope, scales) and its mask bit
 // clear, nothing read. Lanes j and j + 16 locate key j (its entry, row pointer and validity); the others take it by
 // shuffles. Bank conflicts: a 16-byte store is served per quarter warp; lanes 4 q .. 4 q + 3 of a quarter write one
@@ -268,29 +265,28 @@ struct DsWarp {
       rope[i] = (valid >> k) & 1u ? __ldg(reinterpret_cast<const uint4*>(b) + (lane & 7)) : make_uint4(0, 0, 0, 0);
     }
   }
-  // Into the stage (rows 16 w .. 16 w + 15) and the stage's group scales ([4 groups][64 keys]).
-  __device__ __forceinline__ void store(uint8_t* stage, float* scales, int w, int lane) const {
-    const bool odd = (lane >> 2) & 1;  // an odd panel's lane: hi chunk first
+  // Into the stage (rows 16 w .. 16 w + 15): the latent panels upconverted, the rope as it is.
+  __device__ __forceinline__ void store(uint8_t* stage, int w, int lane) const {
+    const bool odd = (lane >> 2) & 1;
     uint8_t* panel = stage + (lane >> 2) * T::kPanelBytes;
-    const int c0 = (2 * lane + odd) & 7;  // the row chunk of the first store (the second: c0 ^ 1)
+    const int c0 = (2 * lane + odd) & 7;
+    const int g = lane >> 3, src = 16 * (g >> 1);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const int key = 16 * w + j;
+      const float sx = __shfl_sync(0xffffffffu, scale.x, src + j), sy = __shfl_sync(0xffffffffu, scale.y, src + j);
+      const float sg = (g & 1) ? sy : sx;
       const uint4& r = raw[j];
-      const uint4 a = e4m3x8_exact_to_bf16(odd ? r.z : r.x, odd ? r.w : r.y);
-      *reinterpret_cast<uint4*>(panel + swz(key, c0)) = a;
-      const uint4 b = e4m3x8_exact_to_bf16(odd ? r.x : r.z, odd ? r.y : r.w);
-      *reinterpret_cast<uint4*>(panel + swz(key, c0 ^ 1)) = b;
+      *reinterpret_cast<uint4*>(panel + swz(key, c0)) = e4m3x8_scaled_to_bf16(odd ? r.z : r.x, odd ? r.w : r.y, sg);
+      *reinterpret_cast<uint4*>(panel + swz(key, c0 ^ 1)) = e4m3x8_scaled_to_bf16(odd ? r.x : r.z, odd ? r.y : r.w, sg);
     }
     uint8_t* rope_panel = stage + 8 * T::kPanelBytes;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       *reinterpret_cast<uint4*>(rope_panel + swz(16 * w + (lane >> 3) + 4 * i, lane & 7)) = rope[i];
-    const int key = 16 * w + (lane & 15), g = 2 * (lane >> 4);
-    scales[g * T::kBlockN + key] = scale.x;
-    scales[(g + 1) * T::kBlockN + key] = scale.y;
   }
 };
+
 
 // fp8 per-tensor a warp per key (Fp8Warp; lanes j and j + 16 locate key j). Ahead of the stores of tile i: tile
 // i + 1's codes in registers (loaded right after tile i's stores), tile i + 2's rows in L2 (prefetched then; lanes j
@@ -379,7 +375,7 @@ __device__ __forceinline__ void converter_ds(const DecodeSm90Params& p, const Un
     // Trace build: as converter_fp8.
     [[maybe_unused]] const int tslot = trace_prod_slot(s, 0, w < 3 ? w : 0, i);
     if (w < 3) MLA_DECODE_TRACE_PROD(tslot, 0);
-    codes.store(sm.stage(s), sm.scales(s), w, lane);
+    codes.store(sm.stage(s), w, lane);
     if (lane == 0) reinterpret_cast<uint16_t*>(sm.mask_words(s))[w] = static_cast<uint16_t>(codes.valid);
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
@@ -744,12 +740,8 @@ __device__ __forceinline__ float factor(float from, float to) {
   return to == -INFINITY || from == to ? 1.0f : softmax::exp2_approx(from - to);
 }
 
-// fp8_ds_mla's P panel holds P * 2^6 as f16 (SRole::store_p_f16).
+// P's factor as f16 (fp8 and the records: SRole::store_p_f16 and the rs fragments): O carries it to the epilogue.
 inline constexpr float kPF16 = 64.0f;
-__device__ __forceinline__ float2 unpack_f16x2(uint32_t v) {
-  const __half2 h = *reinterpret_cast<const __half2*>(&v);
-  return __half22float2(h);
-}
 
 // O half *= f per row, skipped by the warp when every factor is 1 (the lazy maximum's common case). No product over
 // o is in flight.
@@ -824,7 +816,7 @@ __device__ __forceinline__ void v4_q_prologue(const CUtensorMap* q_map, const Un
 // the quad after the loop) for the epilogue.
 template <CacheFormat F>
 struct SRole {
-  static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
+  static constexpr bool kBf16 = F == CacheFormat::fp8_ds_mla;  // a bf16 stage (the upconvert): bf16 products, bf16 P
   // A DeepSeek-V4 record cache: the stage holds f16 value * 2^-r_t (records.cuh; r_t the tile's reference, in
   // stage_ref), d_qk 512 (panels 0..7, K = V), P in its own panel (8); f16 products as fp8's, S times 2^r_t, O kept
   // relative to the current reference (a change of r folded into the factor a).
@@ -866,31 +858,6 @@ struct SRole {
     mask_scale_max<true>(s, mask, k0, rw.t4, lim_lo, lim_hi, sc_lo, sc_hi, mx_lo, mx_hi);
   }
 
-  // fp8_ds_mla: P_g as bf16 rs A fragments (p_fragments_bf16's layout), each key's weight times 2^56 gs[key].
-  __device__ __forceinline__ void scaled_p_fragments(const float (&s)[32], uint32_t (&pa)[4][4], const float* gs) const {
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // (e & 1): row hi; (e >> 1): keys + 8
-        const float2 k = *reinterpret_cast<const float2*>(gs + 8 * (2 * ks + (e >> 1)) + 2 * rw.t4);
-        pa[ks][e] = ptx::pack_bf16x2(s[i] * k.x * kExactCodeFactor, s[i + 1] * k.y * kExactCodeFactor);
-      }
-  }
-
-  // fp8_ds_mla: S += 2^56 s_g[key] acc, per key column (acc: group g's product over the codes).
-  __device__ __forceinline__ void fold(float (&s)[32], const float (&acc)[32], const float* gs) const {
-#pragma unroll
-    for (int jj = 0; jj < T::kBlockN / 8; ++jj) {
-      const float2 k = *reinterpret_cast<const float2*>(gs + 8 * jj + 2 * rw.t4);
-      const float k0 = k.x * kExactCodeFactor, k1 = k.y * kExactCodeFactor;
-      s[4 * jj] = fmaf(acc[4 * jj], k0, s[4 * jj]);
-      s[4 * jj + 1] = fmaf(acc[4 * jj + 1], k1, s[4 * jj + 1]);
-      s[4 * jj + 2] = fmaf(acc[4 * jj + 2], k0, s[4 * jj + 2]);
-      s[4 * jj + 3] = fmaf(acc[4 * jj + 3], k1, s[4 * jj + 3]);
-    }
-  }
-
   // P V_L of the previous tile retired: its stage is released by this warpgroup.
   __device__ __forceinline__ void release_previous(int i) {
     if (i > 0) {
@@ -901,51 +868,23 @@ struct SRole {
     }
   }
 
-  // S of tile i over stage_off, retired; fp8: one accumulation over the nine panels (exact codes, unscaled);
-  // fp8_ds_mla: the rope (bf16) into S, then each latent group into acc and folded with its scales.
-  __device__ __forceinline__ void s_product(float (&sc)[32], const Desc& d, uint32_t stage_off, int i, int s) {
+  // S of tile i over stage_off, retired: one accumulation over the panels (fp8: exact codes, unscaled, as f16;
+  // fp8_ds_mla: the upconverted values and the rope, bf16; the records: f16 values * 2^-r_t).
+  __device__ __forceinline__ void s_product(float (&sc)[32], const Desc& d, uint32_t stage_off, int i) {
     ptx::wgmma_fence_operand(sc);
     ptx::wgmma_fence();
-    if constexpr (!kDs) {
 #pragma unroll
-      for (int c = 0; c < kSPanels; ++c)
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          const uint32_t off = c * T::kPanelBytes + ks * 32;
-          ptx::wgmma_f16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
-        }
-      ptx::wgmma_commit_group();
-      release_previous(i);
-      ptx::wgmma_wait_group<0>();
-      ptx::wgmma_fence_operand(sc);
-    } else {
-      float acc[32];
-      ptx::wgmma_fence_operand(acc);
+    for (int c = 0; c < kSPanels; ++c)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        const uint32_t off = 8 * T::kPanelBytes + ks * 32;
-        ptx::wgmma_bf16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), ks > 0);
+        const uint32_t off = c * T::kPanelBytes + ks * 32;
+        if constexpr (kBf16) ptx::wgmma_bf16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
+        else ptx::wgmma_f16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
       }
-#pragma unroll
-      for (int g = 0; g < 4; ++g) {
-        if (g > 0) {
-          ptx::wgmma_fence_operand(acc);
-          ptx::wgmma_fence();
-        }
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            const uint32_t off = (2 * g + c) * T::kPanelBytes + ks * 32;
-            ptx::wgmma_bf16_ss<T::kBlockN>(acc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
-          }
-        ptx::wgmma_commit_group();
-        ptx::wgmma_wait_group<0>();
-        ptx::wgmma_fence_operand(acc);
-        ptx::wgmma_fence_operand(sc);
-        fold(sc, acc, sm.scales(s) + g * T::kBlockN);
-      }
-    }
+    ptx::wgmma_commit_group();
+    release_previous(i);
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(sc);
   }
 
   __device__ __forceinline__ void run() {
@@ -954,19 +893,12 @@ struct SRole {
     for (int i = 0; i < u.n_tiles; ++i) {
       const int s = i & 1, k0 = u.key_begin + i * T::kBlockN;
       const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
-      if constexpr (kDs) {
-        // The previous tile's P V_L retired first: with it in flight beside S and a group accumulator, ptxas
-        // serialised the products (C7512, 232 registers). The tensor pipe runs it before this S either way.
-        ptx::wgmma_wait_group<0>();
-        ptx::wgmma_fence_operand(o);
-        if (i > 0) ptx::mbar_arrive(sm.empty((i - 1) & 1));
-      }
       ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
       ptx::fence_proxy_async_smem();
       MLA_DECODE_TRACE_EVENT(4, 128, true);
       MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1), i >> 1);
       float sc[32];
-      s_product(sc, d, stage_off, i, s);
+      s_product(sc, d, stage_off, i);
       MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 1, i >> 1);
       // kRec: S times 2^r_t; O (relative to 2^ref) moves to 2^r_t: times 2^(ref - r_t) <= 1 with the factor a.
       float ra = 1.0f;
@@ -991,8 +923,9 @@ struct SRole {
       m_lo = n_lo;
       m_hi = n_hi;
       // P and the factors for R: P into the rope panel (kRec: the P panel), which no one reads any more (S
-      // retired), as f16 * 2^6 (fp8, kRec: R's operand itself; fp8_ds_mla: R scales it per group).
-      store_p_f16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
+      // retired), R's operand: f16 * 2^6 (fp8, kRec) or bf16 (fp8_ds_mla).
+      if constexpr (kBf16) store_p_bf16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
+      else store_p_f16(sm.p_panel(s), sc, rw.r_lo, rw.r_hi, rw.t4);
       if (rw.t4 == 0) {
         sm.factors(s)[rw.r_lo] = ao_lo;
         sm.factors(s)[rw.r_hi] = ao_hi;
@@ -1000,43 +933,24 @@ struct SRole {
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_arrive(L::kBarP + s, 256);
       MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 2, i >> 1);
-      // O_L += P V_L, P from registers; retired at the next tile (or after the loop). fp8_ds_mla: per value group g
-      // (O_L's columns 128 g .. 128 g + 127: the first / second 64 floats of the fragment) with P_g.
-      if constexpr (!kDs) {
-        // P * 2^6 as f16 (the stage holds exact f16 codes, kRec f16 values * 2^-r); O carries 2^6 to the epilogue.
-        uint32_t pa[4][4];
+      // O_L += P V_L, P from registers; retired at the next tile (or after the loop). fp8, kRec: P * 2^6 as f16 (the
+      // stage holds exact f16 codes, kRec f16 values * 2^-r), O carries 2^6 to the epilogue; fp8_ds_mla: P as bf16.
+      uint32_t pa[4][4];
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
+      for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // p_fragments_bf16's layout
-            pa[ks][e] = ptx::pack_f16x2(sc[j] * kPF16, sc[j + 1] * kPF16);
-          }
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
-        ptx::wgmma_fence_operand(o);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) ptx::wgmma_f16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], d.mn(stage_off + ks * 2048), true);
-      } else {
-        uint32_t pa0[4][4], pa1[4][4];
-        float (&o0)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);
-        float (&o1)[64] = *reinterpret_cast<float (*)[64]>(&o[64]);
-        scaled_p_fragments(sc, pa0, sm.scales(s));
-        scaled_p_fragments(sc, pa1, sm.scales(s) + T::kBlockN);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          ptx::wgmma_fence_operand(pa0[ks]);
-          ptx::wgmma_fence_operand(pa1[ks]);
+        for (int e = 0; e < 4; ++e) {
+          const int j = 4 * (2 * ks + (e >> 1)) + 2 * (e & 1);  // p_fragments_bf16's layout
+          pa[ks][e] = kBf16 ? ptx::pack_bf16x2(sc[j], sc[j + 1]) : ptx::pack_f16x2(sc[j] * kPF16, sc[j + 1] * kPF16);
         }
-        ptx::wgmma_fence_operand(o);
-        ptx::wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          ptx::wgmma_bf16_rs<128, ptx::Major::MN>(o0, pa0[ks], d.mn(stage_off + ks * 2048), true);
+      for (int ks = 0; ks < 4; ++ks) ptx::wgmma_fence_operand(pa[ks]);
+      ptx::wgmma_fence_operand(o);
+      ptx::wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          ptx::wgmma_bf16_rs<128, ptx::Major::MN>(o1, pa1[ks], d.mn(stage_off + 2 * T::kPanelBytes + ks * 2048), true);
+      for (int ks = 0; ks < 4; ++ks) {
+        if constexpr (kBf16) ptx::wgmma_bf16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], d.mn(stage_off + ks * 2048), true);
+        else ptx::wgmma_f16_rs<T::kDvHalf, ptx::Major::MN>(o, pa[ks], d.mn(stage_off + ks * 2048), true);
       }
       ptx::wgmma_commit_group();
       MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 3, i >> 1);
@@ -1060,16 +974,21 @@ struct SRole {
           ptx::pack_f16x2(s[4 * jj + 2] * kPF16, s[4 * jj + 3] * kPF16);
     }
   }
+  // The same layout with P as bf16, unscaled (kBf16: R's operand for a bf16 stage).
+  static __device__ __forceinline__ void store_p_bf16(uint8_t* sP, const float (&s)[32], int r_lo, int r_hi, int t4) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      *reinterpret_cast<uint32_t*>(sP + swz(r_lo, jj) + 4 * t4) = ptx::pack_bf16x2(s[4 * jj], s[4 * jj + 1]);
+      *reinterpret_cast<uint32_t*>(sP + swz(r_hi, jj) + 4 * t4) = ptx::pack_bf16x2(s[4 * jj + 2], s[4 * jj + 3]);
+    }
+  }
 };
 
-// The R warpgroup: O_R over every tile with S's P and factors. fp8 and DeepSeek-V4 records: O_R += P V_R (ss, the
-// f16 P * 2^6 panel; the factors carry the records' reference changes). fp8_ds_mla:
-// per value group g = 2, 3 (O_R's columns 128 (g - 2) ..: the first / second 64 floats of the fragment), P_g =
-// bf16(P * 2^56 s_g[key]) over the f16 panel in place (P_3 kept in registers until group 2's products retired), then
-// O_R += P_g V_g (ss); the groups one after the other.
+// The R warpgroup: O_R over every tile with S's P and factors: O_R += P V_R (ss; the P panel: f16 P * 2^6 for fp8
+// and the records, whose factors carry the records' reference changes; bf16 P for fp8_ds_mla).
 template <CacheFormat F>
 struct RRole {
-  static constexpr bool kDs = F == CacheFormat::fp8_ds_mla;
+  static constexpr bool kBf16 = F == CacheFormat::fp8_ds_mla;
   const Unit& u;
   const Smem& sm;
   Frag rw;
@@ -1078,30 +997,6 @@ struct RRole {
   __device__ __forceinline__ RRole(const Unit& u_, const Smem& sm_) : u(u_), sm(sm_) {
 #pragma unroll
     for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
-  }
-  // This thread's words of the panel by physical 16-byte chunk pc of its rows (r_lo: e 0, r_hi = r_lo + 8: e 1, the
-  // same swizzle x = r_lo % 8): word (pc, e) holds the P pair of keys 8 (pc ^ x) + 2 t4, + 1 (store_p_f16's logical
-  // chunk pc ^ x). Walking the physical chunks keeps every address a compile-time offset from one base per row.
-  __device__ __forceinline__ uint32_t* word(uint8_t* sP, int pc, int e) const {
-    return reinterpret_cast<uint32_t*>(sP + (e ? rw.r_hi : rw.r_lo) * 128 + pc * 16 + 4 * rw.t4);
-  }
-  // Both groups' P_g from the f16 panel, walked by physical chunk: P_2 = bf16(P * 2^56 s_2[key]) written over the
-  // panel in place, P_3 kept in registers (p3, the same places) for the second product.
-  __device__ __forceinline__ void p2_in_place(uint8_t* sP, const float* g2, const float* g3, uint32_t (&p3)[8][2]) const {
-    const int x = rw.r_lo & 7;
-    constexpr float kF = kExactCodeFactor / kPF16;
-#pragma unroll
-    for (int pc = 0; pc < 8; ++pc) {
-      const int key = 8 * (pc ^ x) + 2 * rw.t4;
-      const float2 k2 = *reinterpret_cast<const float2*>(g2 + key);
-      const float2 k3 = *reinterpret_cast<const float2*>(g3 + key);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float2 v = unpack_f16x2(*word(sP, pc, e));
-        *word(sP, pc, e) = ptx::pack_bf16x2(v.x * k2.x * kF, v.y * k2.y * kF);
-        p3[pc][e] = ptx::pack_bf16x2(v.x * k3.x * kF, v.y * k3.y * kF);
-      }
-    }
   }
   __device__ __forceinline__ void run() {
     const Desc d(sm.base);
@@ -1115,44 +1010,20 @@ struct RRole {
       ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
       ptx::fence_proxy_async_smem();
       rescale(o, sm.factors(s)[rw.r_lo], sm.factors(s)[rw.r_hi]);
-      if constexpr (!kDs) {
-        ptx::wgmma_fence_operand(o);
-        ptx::wgmma_fence();
+      ptx::wgmma_fence_operand(o);
+      ptx::wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
+      for (int ks = 0; ks < 4; ++ks) {
+        if constexpr (kBf16)
+          ptx::wgmma_bf16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
+              o, d.k(p_off + ks * 32), d.mn(stage_off + 4 * T::kPanelBytes + ks * 2048), true);
+        else
           ptx::wgmma_f16_ss<T::kDvHalf, ptx::Major::K, ptx::Major::MN>(
               o, d.k(p_off + ks * 32), d.mn(stage_off + 4 * T::kPanelBytes + ks * 2048), true);
-        ptx::wgmma_commit_group();
-        ptx::wgmma_wait_group<0>();
-        ptx::wgmma_fence_operand(o);
-      } else {
-        uint8_t* sP = sm.p_panel(s);
-        uint32_t p3[8][2];
-        p2_in_place(sP, sm.scales(s) + 2 * T::kBlockN, sm.scales(s) + 3 * T::kBlockN, p3);
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          float (&og)[64] = *reinterpret_cast<float (*)[64]>(&o[64 * g]);
-          if (g == 1) {  // every thread's group-2 products retired: P_3 over the panel
-            ptx::named_barrier_sync(L::kBarR, 128);
-#pragma unroll
-            for (int pc = 0; pc < 8; ++pc)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) *word(sP, pc, e) = p3[pc][e];
-          }
-          // Every thread's P_g in the panel before the products read it.
-          ptx::fence_proxy_async_smem();
-          ptx::named_barrier_sync(L::kBarR, 128);
-          ptx::wgmma_fence_operand(og);
-          ptx::wgmma_fence();
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks)
-            ptx::wgmma_bf16_ss<128, ptx::Major::K, ptx::Major::MN>(
-                og, d.k(p_off + ks * 32), d.mn(stage_off + (4 + 2 * g) * T::kPanelBytes + ks * 2048), true);
-          ptx::wgmma_commit_group();
-          ptx::wgmma_wait_group<0>();
-          ptx::wgmma_fence_operand(og);
-        }
       }
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand(o);
       ptx::mbar_arrive(sm.empty(s));
       MLA_DECODE_TRACE_PAIR(1, 2 * (i & 1) + 1, i >> 1);
     }

@@ -12,36 +12,31 @@ namespace mla::cuda::decode_sm90 {
 struct ConvertTraits {
   using T = Traits;
   // Roles by warpgroup, and their setmaxnreg budgets (504 of the 512 per thread-triple that __launch_bounds__(384, 1)
-  // leaves; each a multiple of 8). The converter holds one tile's codes (fp8, a key half: 18 x 16 bytes = 72
-  // registers; fp8_ds_mla, a warp's 16 keys: a code chunk of each, 4 rope chunks and two scales = 82) plus
-  // addresses and the expansion's temporaries; the S warpgroup O_L (128), S (32), a group accumulator (fp8_ds_mla,
-  // 32) or P (16) and its softmax state; the R warpgroup O_R (128), and fp8_ds_mla's P_3 words (16). ptxas -v: 0
-  // spills at fp8 128 / 216 / 160 (the fp8 converter keeps two tiles' block ids ahead: 8 bytes spilled at 120 /
-  // 224; the f16 conversion alone spilled 32 at 112 / 232; R at 152 is below the kernel's minimum) and fp8_ds_mla
-  // 104 / 232 / 168 (R spilled 24 bytes at 160).
+  // leaves; each a multiple of 8), the same for every format: the converter holds one tile's codes (fp8, a key half:
+  // 18 x 16 bytes = 72 registers; fp8_ds_mla, a warp's 16 keys: a code chunk of each, 4 rope chunks and two scales
+  // = 82; the records 14 or 16 code chunks a lane and their scales) plus addresses and the conversion's temporaries;
+  // the S warpgroup O_L (128), S (32), P (16) and its softmax state; the R warpgroup O_R (128). ptxas -v: 0 spills at
+  // 136 / 208 / 160 (the fp8 converter keeps two tiles' block ids ahead: 8 bytes spilled at 120 / 224; fp8_ds_mla's
+  // upconverting converter spilled 36 bytes at 104; S at 192 serialised its products; R at 152 is below the
+  // kernel's minimum).
   static constexpr int kConverter = 0, kSWarpgroup = 1, kRWarpgroup = 2;
-  // DeepSeek-V4 records (v4, v41, v41_fp4) as fp8: the converter holds 16 code chunks a lane (v41, v41_fp4) or 14
-  // (v4: its rope through shared memory) and their scales; S and R run f16 products as fp8's (no group accumulator; S at 192 serialised its products).
-  static constexpr bool narrow(CacheFormat f) {
-    return f == CacheFormat::fp8 || f == CacheFormat::v4 || f == CacheFormat::v41 || f == CacheFormat::v41_fp4;
-  }
-  static constexpr int s_regs(CacheFormat f) { return narrow(f) ? 208 : 232; }
-  static constexpr int converter_regs(CacheFormat f) { return narrow(f) ? 136 : 104; }
-  static constexpr int r_regs(CacheFormat f) { return narrow(f) ? 160 : 168; }
+  static constexpr int s_regs(CacheFormat) { return 208; }
+  static constexpr int converter_regs(CacheFormat) { return 136; }
+  static constexpr int r_regs(CacheFormat) { return 160; }
 
   // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory; DeepSeek-V4: S's and
   // R's, which load and convert Q together), kBarP + s (S arrives,
   // R syncs: P and the rescale factors of stage s's tile are in shared memory; two ids so that S may publish the
-  // next stage's before R synced this one), kBarEnd (S arrives, R syncs: the row sums and references), kBarR the R
-  // warpgroup's own (fp8_ds_mla: its P_g panel written, and read by its products), kBarConv the converter's own
+  // next stage's before R synced this one), kBarEnd (S arrives, R syncs: the row sums and references), kBarR the N 16
+  // tile's S warpgroup's own (n16.cuh kBarS16), kBarConv the converter's own
   // (DeepSeek-V4 records: its four warps' scale exponents of a tile, for the tile's reference).
   static constexpr int kBarQ = 1, kBarP = 2, kBarEnd = 4, kBarR = 5, kBarConv = 6;
 
   // Shared memory: Q 64 x 576 bf16 as nine swizzled K-major panels (S reads all of it from shared memory); two
   // stages of one 64-key tile each (nine panels: eight latent panels, the rope panel, which holds P once S read
   // it; DeepSeek-V4 records: eight panels of the 512 columns, the ninth only P); per stage the rows' rescale
-  // factors (fp32 [64]); the row sums, references and (V4's sink) O factors for the epilogue; the fp8_ds_mla keys'
-  // group scales per stage (v4 records: the rope copies); the stages' loaded-key masks; DeepSeek-V4 records' reference exponents (the
+  // factors (fp32 [64]); the row sums, references and (V4's sink) O factors for the epilogue; the v4 records' rope
+  // copies; the stages' loaded-key masks; DeepSeek-V4 records' reference exponents (the
   // converter's per-warp maxima [kStages][4] and each stage's reference [kStages], int32); the full and empty
   // barriers, DeepSeek-V4's q_full (Q's TMA boxes landed), and the N 16 tile's record ring: per converter warp w
   // ring_full[w] (its records of a tile landed: the loader warp's 32 lanes' cp.async arrivals and lane 0's, which
@@ -51,11 +46,10 @@ struct ConvertTraits {
   static constexpr int kOffK = kOffQ + T::kTileBytes;
   static constexpr int kOffA = kOffK + kStages * T::kTileBytes;  // [kStages][64] fp32
   static constexpr int kOffL = kOffA + kStages * T::kBlockM * 4;  // [64] sums, [64] references, [64] O factors
-  // fp8_ds_mla: [kStages][4 groups][64 keys] fp32; the same bytes, v4 records: the converter threads' rope copies
-  // (16-byte chunk i of thread t at (128 i + t) * 16).
-  static constexpr int kScaleBytes = kStages * 4 * T::kBlockN * 4, kRopeBytes = 4 * 128 * 16;
+  // v4 records: the converter threads' rope copies (16-byte chunk i of thread t at (128 i + t) * 16).
+  static constexpr int kRopeBytes = 4 * 128 * 16;
   static constexpr int kOffScale = kOffL + 3 * T::kBlockM * 4;
-  static constexpr int kOffQScale = kOffScale + (kScaleBytes > kRopeBytes ? kScaleBytes : kRopeBytes);  // fp8: [64] 2^-e of each Q row
+  static constexpr int kOffQScale = kOffScale + kRopeBytes;  // fp8: [64] 2^-e of each Q row
   static constexpr int kOffMask = kOffQScale + T::kBlockM * 4;    // [kStages] u64
   static constexpr int kOffRefRed = kOffMask + kStages * 8;       // [kStages][4] int32, 16-byte aligned
   static constexpr int kOffRef = kOffRefRed + kStages * 4 * 4;    // [kStages] int32
@@ -83,9 +77,6 @@ struct ConvertTraits {
 
 static_assert(ConvertTraits::converter_regs(CacheFormat::fp8) + ConvertTraits::s_regs(CacheFormat::fp8) +
                       ConvertTraits::r_regs(CacheFormat::fp8) <= 504,
-              "setmaxnreg budget");
-static_assert(ConvertTraits::converter_regs(CacheFormat::fp8_ds_mla) + ConvertTraits::s_regs(CacheFormat::fp8_ds_mla) +
-                      ConvertTraits::r_regs(CacheFormat::fp8_ds_mla) <= 504,
               "setmaxnreg budget");
 
 }  // namespace mla::cuda::decode_sm90
