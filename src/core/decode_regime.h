@@ -30,10 +30,11 @@
 //     (nvidia-h200, b 128 s_k 4096: h 128 0.388 against the seesaw's 0.494 ms, h 64 0.216 against 0.244 ms, one
 //     run). fp8_ds_mla (mqa_decode and sparse_mqa) takes the converter kernel at 33..64 rows (one row tile), reading
 //     the seesaw's upconvert through fp8's chain (docs/design/fp8_64row_plan.md design E; nvidia-h200, h 64: dense
-//     b 128 s_k 4096 0.247 against the seesaw's 0.270 ms, sparse T 128 topk 2048 0.139 against 0.153 ms), except a
-//     sparse call the seesaw's small-T split would split (few tokens: Problem::ds_small_t_split); above 64 rows the
-//     seesaw kernel (h 128: the converter converts each key once per row tile, and measured 1.03-1.05x slower).
-//     Every batch-invariant launch takes the seesaw kernel.
+//     b 128 s_k 4096 0.247 against the seesaw's 0.270 ms, sparse T 128 topk 2048 0.139 against 0.153 ms; few tokens
+//     through its own small-T split: T 8 / 32 35.6 / 71.6 us against the seesaw's split 39.1 / 89.9). Above 64 rows
+//     the seesaw kernel (h 128: the converter converts each key once per row tile, and measured 1.03-1.05x slower),
+//     except a sparse call the converter's small-T split splits (Problem::convert_splits: T 8 / 32 at h 128 48.8 /
+//     96.1 us against the seesaw's 130 / 130). Every batch-invariant launch takes the seesaw kernel.
 //   - With fp8 compute asked for, fp8 per-tensor mqa_decode above 32 rows takes the fp8-compute kernel; below, the
 //     raw kernel's exact codes (its N 8 / 16 / 32 tiles are memory-bound: e4m3 products would not pay).
 //   - A bf16 cache at 17..32 rows per request runs one padded seesaw tile: its stream is memory-bound at half
@@ -68,9 +69,9 @@ struct Problem {
   bool batch_invariant = false;  // the kernel may depend on the request's shape only (not batch, context_bound)
   bool v4 = false;               // sparse_mqa with DeepSeek-V4 options (SparseOptions::any())
   bool fp8_compute = false;      // mqa_decode's fp8_compute: e4m3 products allowed (the fp8-compute bound)
-  // sparse_mqa over fp8_ds_mla: the seesaw kernel's small-T split (core/sparse_split.h) would split this call's units
-  // (the launcher asks the device: one row tile, few tokens); the converter kernel has no such split.
-  bool ds_small_t_split = false;
+  // sparse_mqa over fp8_ds_mla: the converter kernel's small-T split (core/sparse_split.h record_splits) splits this
+  // call's units (the launcher asks the device: few tokens).
+  bool convert_splits = false;
 };
 
 struct Regime {
@@ -139,7 +140,7 @@ inline constexpr Kernel preferred(const Problem& p) {
   if (m > 32) {
     if (!p.batch_invariant) {
       if (p.format == CacheFormat::fp8 && !p.sparse) return p.fp8_compute ? Kernel::fp8c : Kernel::convert;
-      if (p.format == CacheFormat::fp8_ds_mla && m <= 64 && !p.ds_small_t_split) return Kernel::convert;
+      if (p.format == CacheFormat::fp8_ds_mla && (m <= 64 || p.convert_splits)) return Kernel::convert;
     }
     return Kernel::seesaw;
   }

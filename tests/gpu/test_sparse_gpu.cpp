@@ -136,6 +136,34 @@ INSTANTIATE_TEST_SUITE_P(All, SparseGpuSweep,
                                   std::to_string(std::get<2>(info.param)) + "_" + std::get<3>(info.param);
                          });
 
+// Few tokens over long index rows: 7 tokens, top-k 1000 (16 tiles), so the small-T split (core/sparse_split.h) runs
+// in up to 8 ranks a (row tile, token) where a variant has one (sm90_raw at <= 32 rows; sm90_convert, the seesaw over
+// one row tile), with make_indices' lonely, empty, one-third and random-length tokens leaving ranks without keys.
+using SplitParam = std::tuple<int64_t /*page*/, int64_t /*h*/, std::string /*variant*/>;
+class SparseGpuSmallT : public ::testing::TestWithParam<SplitParam> {};
+
+TEST_P(SparseGpuSmallT, MatchesFloat64Oracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [page, h, variant] = GetParam();
+  MLA_FORCE_VARIANT("sparse_mqa", variant);
+  test::reseed(static_cast<uint64_t>(page * 1000 + h) + 700);
+  const int64_t t = 7, topk = 1000, nb = (2400 + page - 1) / page;
+  const SparseCache c = sparse_cache(CacheFormat::fp8_ds_mla, nb, page);
+  const Indices ix = make_indices(c, t, topk, nb * page);
+  Tensor q = test::random_tensor({t, h, 576}, DType::bf16);
+  MLA_SKIP_IF_DECLINED(
+      check_variant(variant, q, c.cb, test::int_tensor_2d(ix.rows), test::int_tensor(ix.lengths), "small T"));
+  test::expect_variant_ran("sparse_mqa", variant);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, SparseGpuSmallT,
+                         ::testing::Combine(::testing::Values(1, 64), ::testing::Values(16, 40, 64, 128),
+                                            ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
+                         [](const ::testing::TestParamInfo<SplitParam>& info) {
+                           return "page" + std::to_string(std::get<0>(info.param)) + "_h" +
+                                  std::to_string(std::get<1>(info.param)) + "_" + std::get<2>(info.param);
+                         });
+
 using WidthParam = std::tuple<CacheFormat, int64_t /*topk*/, std::string /*variant*/>;
 class SparseGpuWidths : public ::testing::TestWithParam<WidthParam> {};
 

@@ -93,7 +93,8 @@ TEST(DecodeRegime, SparseRows) {
 }
 
 // The converter kernel: the code formats (sparse: fp8_ds_mla), 64-row tiles; the rule takes it above 32 rows for fp8
-// per-tensor (mqa_decode) and at 33..64 rows for fp8_ds_mla, never for a batch-invariant launch (the seesaw kernel's).
+// per-tensor (mqa_decode), and for fp8_ds_mla at 33..64 rows and above where its small-T split splits the call, never
+// for a batch-invariant launch (the seesaw kernel's).
 TEST(DecodeRegime, ConverterKernelReadsTheCodeFormats) {
   EXPECT_EQ(supports(dense(CacheFormat::fp8, 128), Kernel::convert), nullptr);
   EXPECT_EQ(supports(dense(CacheFormat::fp8, 8), Kernel::convert), nullptr);  // one padded tile
@@ -118,9 +119,11 @@ TEST(DecodeRegime, ConverterKernelReadsTheCodeFormats) {
     Problem ds_inv = sparse(CacheFormat::fp8_ds_mla, m);
     ds_inv.batch_invariant = true;
     EXPECT_NE(choose(ds_inv).kernel, Kernel::convert) << m;
-    Problem ds_split = sparse(CacheFormat::fp8_ds_mla, m, 8);  // the seesaw's small-T split would split it
-    ds_split.ds_small_t_split = true;
-    EXPECT_EQ(choose(ds_split).kernel, m > 32 ? Kernel::seesaw : Kernel::raw) << m;
+    Problem ds_split = sparse(CacheFormat::fp8_ds_mla, m, 8);  // the converter's small-T split splits it
+    ds_split.convert_splits = true;
+    EXPECT_EQ(choose(ds_split).kernel, m > 32 ? Kernel::convert : Kernel::raw) << m;
+    ds_split.batch_invariant = true;
+    EXPECT_NE(choose(ds_split).kernel, Kernel::convert) << m;
   }
   EXPECT_EQ(choose(dense(CacheFormat::fp8, 128)).m_tiles, 2);
   EXPECT_STREQ(to_string(Kernel::convert), "convert");

@@ -26,16 +26,17 @@ namespace mla::cuda::decode_sm90 {
 
 namespace {
 
-// Whether the seesaw kernel's small-T split (core/sparse_split.h) would split an fp8_ds_mla call: one row tile (an
-// odd count: no crossover), and the tokens few enough that clusters of its splits fit (the rule then keeps the seesaw).
-bool seesaw_ds_splits(const dispatch::SparseArgs& a) {
-  const int64_t h = a.q.size(1), m_tiles = (h + 63) / 64;
-  if (a.kv.format != CacheFormat::fp8_ds_mla || a.opts.batch_invariant || a.opts.any() || h <= 32 || m_tiles % 2 == 0)
-    return false;
+// The converter kernel's small-T split (core/sparse_split.h record_splits) for an fp8_ds_mla call: its ranks per (row
+// tile, token), 1 where it does not split (many tokens, batch-invariant calls, DeepSeek-V4 options: their own rule).
+int convert_ds_splits(const dispatch::SparseArgs& a) {
+  const int64_t h = a.q.size(1), m_tiles = (h + Traits::kBlockM - 1) / Traits::kBlockM;
+  if (a.kv.format != CacheFormat::fp8_ds_mla || a.opts.any()) return 1;
   const int dev = a.q.device.index;
   const int64_t tiles = (a.indices.size(1) + Traits::kBlockN - 1) / Traits::kBlockN;
-  return sparse_split::cluster_splits(m_tiles * a.q.size(0), tiles, sm_count(dev),
-                                      [&](int s) { return seesaw_ds_indexed_max_clusters(dev, s); }) > 1;
+  static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
+  return sparse_split::record_splits(
+      m_tiles * a.q.size(0), tiles, sm_count(dev), [&](int s) { return convert_ds_indexed_max_clusters(dev, s); },
+      a.opts.batch_invariant);
 }
 
 decode_regime::Problem problem_of(const dispatch::SparseArgs& a) {
@@ -45,7 +46,7 @@ decode_regime::Problem problem_of(const dispatch::SparseArgs& a) {
           .sparse = true,
           .batch_invariant = a.opts.batch_invariant,
           .v4 = a.opts.any(),
-          .ds_small_t_split = seesaw_ds_splits(a)};
+          .convert_splits = convert_ds_splits(a) > 1};
 }
 
 // 16-byte reads of a record cache's rows (the converter's V4 path): aligned base and page stride, and rows 16 bytes
@@ -184,7 +185,13 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
   // row tiles (no crossover), over fp8_ds_mla records.
   const bool seesaw_split = regime.kernel == decode_regime::Kernel::seesaw &&
                             (c.format == CacheFormat::bf16 || p.m_tiles % 2 == 1);
-  if (regime.kernel == decode_regime::Kernel::raw || seesaw_split) {
+  if (regime.kernel == decode_regime::Kernel::convert) {  // the converter's own small-T split, clusters of any size
+    const int splits = convert_ds_splits(a);
+    if (splits > 1) {
+      p.num_splits = splits;
+      p.cluster_merge = 1;
+    }
+  } else if (regime.kernel == decode_regime::Kernel::raw || seesaw_split) {
     const int dev = q.device.index;
     const int64_t tiles = (g.topk + Traits::kBlockN - 1) / Traits::kBlockN;
     auto max_clusters = [&](int s) {

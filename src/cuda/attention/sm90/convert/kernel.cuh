@@ -1034,11 +1034,15 @@ struct RRole {
 
 // The kernel (file comment). F: fp8 per-tensor (mqa_decode's paged rows) or fp8_ds_mla; RowsT: PagedRows (mqa_decode)
 // or IndexedRows (sparse_mqa: a unit's request is a token).
-template <CacheFormat F, class RowsT>
+// kSplit (p.cluster_merge, sparse_mqa.cu's small-T split; IndexedRows): p.num_splits CTAs per (row tile, token) as one
+// cluster, rank k over its share of the token's tiles (Unit), O / l and the LSE into the stages (write_rows_half's
+// partial), then cluster_merge_protocol; a token without keys: rank 0 writes it, no rank waits at a cluster barrier.
+template <CacheFormat F, class RowsT, bool kSplit = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_convert_kernel(const __grid_constant__ CUtensorMap /*unused*/, const DecodeSm90Params p) {
   static_assert(F == CacheFormat::fp8 || F == CacheFormat::fp8_ds_mla, "code formats");
   static_assert(F != CacheFormat::fp8 || RowsT::kPaged, "fp8 per-tensor: mqa_decode only");
+  static_assert(!kSplit || !RowsT::kPaged, "the small-T split: sparse_mqa");
   using L = ConvertTraits;
   using T = Traits;
   extern __shared__ uint8_t smem_raw[];
@@ -1047,9 +1051,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ptx::launch_dependents();
   ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
   const Unit u(p, /*gather=*/!RowsT::kPaged);
-  if (u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
-    write_empty_unit(p, u, threadIdx.x, blockDim.x);
+  uint8_t* const partial = kSplit ? sm.stage(0) : nullptr;  // the split's O / l and LSE (ClusterMerge layout)
+  if (kSplit ? u.seq_len == 0 : u.n_tiles == 0) {  // uniform over the CTA (kSplit: the cluster): nothing below runs
+    if (!kSplit || u.split == 0) write_empty_unit(p, u, threadIdx.x, blockDim.x);
     return;
+  }
+  if constexpr (kSplit) {
+    if (u.n_tiles == 0) {  // a rank past the token's tiles (never rank 0): LSE -inf, its O never read
+      if (threadIdx.x < T::kBlockM)
+        reinterpret_cast<float*>(partial + ClusterMerge::kPartialLse)[threadIdx.x] = -INFINITY;
+      cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
+      return;
+    }
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
@@ -1065,6 +1078,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (wg == L::kConverter) {
     ptx::setmaxnreg_dec<L::converter_regs(F)>();
     convert::converter<F, RowsT>(p, u, sm);
+    if constexpr (kSplit) cluster_merge_pass();
     return;
   }
   const convert::Frag rw;
@@ -1076,7 +1090,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const float* sums = sm.sums();
     const float* refs = sm.refs();
     write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
-                    rw.t4, out_scale);
+                    rw.t4, out_scale, partial);
+    if constexpr (kSplit) cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
     return;
   }
   ptx::setmaxnreg_inc<L::s_regs(F)>();
@@ -1098,8 +1113,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     sm.refs()[rw.r_lo] = sr.m_lo;
     sm.refs()[rw.r_hi] = sr.m_hi;
   }
-  ptx::named_barrier_arrive(L::kBarEnd, 256);
-  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, out_scale);
+  // Split: both consumers past their products before S overwrites the stages with its partial.
+  if constexpr (kSplit) ptx::named_barrier_sync(L::kBarEnd, 256);
+  else ptx::named_barrier_arrive(L::kBarEnd, 256);
+  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, out_scale, partial);
+  if constexpr (kSplit) cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
   MLA_DECODE_TRACE_EVENT(6, 128);
 }
 

@@ -17,8 +17,11 @@ void launch_convert_fp8_paged(const DecodeSm90Params& p, unsigned grid, cudaStre
 // mqa_decode over paged fp8_ds_mla records. instantiations/ds_paged.cu
 void launch_convert_ds_paged(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what);
 // sparse_mqa over fp8_ds_mla records: a token's top-k rows through its index row (p.gather), one CTA per (row tile,
-// token). instantiations/ds_indexed.cu
+// token), or under p.cluster_merge (the small-T split) a cluster of p.num_splits CTAs per (row tile, token), merged in
+// the cluster. instantiations/ds_indexed.cu
 void launch_convert_ds_indexed(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what);
+// Clusters of `splits` CTAs of the split build resident at once on `device` (0: none; core/sparse_split.h).
+int convert_ds_indexed_max_clusters(int device, int splits);
 // sparse_mqa with DeepSeek-V4 options over record caches (p.gather the main list, p.extra the extra list, p.sink),
 // one CTA per (row tile, token) or, under p.cluster_merge, a cluster of p.num_splits CTAs per (row tile, token):
 // the format pairs convert_v4_supports names. instantiations/v4_indexed.cu
