@@ -181,10 +181,9 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
     launch_convert_v4_indexed(c.format, fe, p, grid, stream, "sparse_mqa (sm90, DeepSeek-V4)");
     return;
   }
-  // The small-T split (core/sparse_split.h): the raw kernel, and the seesaw over bf16 rows or, with an odd number of
-  // row tiles (no crossover), over fp8_ds_mla records.
-  const bool seesaw_split = regime.kernel == decode_regime::Kernel::seesaw &&
-                            (c.format == CacheFormat::bf16 || p.m_tiles % 2 == 1);
+  // The small-T split (core/sparse_split.h): the raw kernel, the converter over fp8_ds_mla records and the seesaw over
+  // bf16 rows (the seesaw over fp8_ds_mla records runs unsplit: the rule takes the converter wherever a split pays).
+  const bool seesaw_split = regime.kernel == decode_regime::Kernel::seesaw && c.format == CacheFormat::bf16;
   if (regime.kernel == decode_regime::Kernel::convert) {  // the converter's own small-T split, clusters of any size
     const int splits = convert_ds_splits(a);
     if (splits > 1) {
@@ -195,9 +194,7 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
     const int dev = q.device.index;
     const int64_t tiles = (g.topk + Traits::kBlockN - 1) / Traits::kBlockN;
     auto max_clusters = [&](int s) {
-      if (!seesaw_split) return raw_ds_indexed_max_clusters(dev, p.tile_rows, s);
-      return c.format == CacheFormat::bf16 ? seesaw_group_rows_max_clusters(dev, s)
-                                           : seesaw_ds_indexed_max_clusters(dev, s);
+      return seesaw_split ? seesaw_group_rows_max_clusters(dev, s) : raw_ds_indexed_max_clusters(dev, p.tile_rows, s);
     };
     static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
     const int splits = sparse_split::cluster_splits(int64_t{p.m_tiles} * t, tiles, sm_count(dev), max_clusters,

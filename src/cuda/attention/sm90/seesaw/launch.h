@@ -18,10 +18,9 @@ void launch_seesaw_paged(const DecodeSm90Params& p, unsigned grid, cudaStream_t 
 int seesaw_paged_max_clusters(int device, int splits);
 // sparse_mqa over bf16 rows: rows copied a release group at a time (GroupRows). instantiations/group_rows.cu
 void launch_seesaw_group_rows(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what);
-// sparse_mqa's small-T split (core/sparse_split.h): how many clusters of `splits` CTAs of the GroupRows kernel, and of
-// the in-place fp8_ds_mla kernel (an odd number of row tiles; the crossover takes no split), fit at once on `device`.
+// sparse_mqa's small-T split (core/sparse_split.h): how many clusters of `splits` CTAs of the GroupRows kernel fit at
+// once on `device`.
 int seesaw_group_rows_max_clusters(int device, int splits);
-int seesaw_ds_indexed_max_clusters(int device, int splits);
 // The code formats, rows copied by the producer warps and expanded to bf16 in shared memory: where a request has an
 // even number of row tiles (p.m_tiles), the crossover (CrossKeys: the two row-tile CTAs of a request, a cluster of
 // two, expand half of every tile each, for both), else in place (InplaceKeys).
