@@ -28,9 +28,11 @@ namespace {
 
 // The converter kernel's small-T split (core/sparse_split.h record_splits) for an fp8_ds_mla call: its ranks per (row
 // tile, token), 1 where it does not split (many tokens, batch-invariant calls, DeepSeek-V4 options: their own rule).
+// It reads the device's SM count and cluster residency (cached per device), so arguments that are not on a CUDA
+// device (a selection asked on the host alone: tests/unit/test_dispatch_cc.cpp) never split.
 int convert_ds_splits(const dispatch::SparseArgs& a) {
   const int64_t h = a.q.size(1), m_tiles = (h + Traits::kBlockM - 1) / Traits::kBlockM;
-  if (a.kv.format != CacheFormat::fp8_ds_mla || a.opts.any()) return 1;
+  if (a.kv.format != CacheFormat::fp8_ds_mla || a.opts.any() || !a.q.device.is_cuda()) return 1;
   const int dev = a.q.device.index;
   const int64_t tiles = (a.indices.size(1) + Traits::kBlockN - 1) / Traits::kBlockN;
   static_assert(sparse_split::kMaxSplits <= ClusterMerge::kMaxSplits, "the merge takes every split");
