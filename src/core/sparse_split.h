@@ -38,8 +38,9 @@ int cluster_splits(int64_t units, int64_t tiles, int sms, MaxClusters&& max_clus
 }
 
 // The converter kernel's split (DeepSeek-V4 records on its N 16 and 64-row tiles, fp8_ds_mla records on its 64-row
-// tile: attention/sm90/convert/): the same rules, at any cluster size 2..8 (a rank takes ceil(tiles / s) tiles, so the sizes between the powers of two
-// shorten the longest rank: 10 tiles in 5 ranks of 2, where 4 ranks would take 3). `tiles`: a unit's 64-key tiles
+// tile: attention/sm90/convert/): the same rules, at any cluster size 2..8 (a rank takes ceil(tiles / s) tiles, so
+// the sizes between the powers of two shorten the longest rank: 10 tiles in 5 ranks of 2, where 4 ranks would take
+// 3). `tiles`: a unit's 64-key tiles
 // at most (the main list's, then the extra list's, each rounded up).
 template <class MaxClusters>
 int record_splits(int64_t units, int64_t tiles, int sms, MaxClusters&& max_clusters, bool batch_invariant = false) {

@@ -48,7 +48,8 @@ decode_regime::Problem problem_of(const dispatch::SparseArgs& a) {
           .sparse = true,
           .batch_invariant = a.opts.batch_invariant,
           .v4 = a.opts.any(),
-          .convert_splits = convert_ds_splits(a) > 1};
+          // read by the rule above one row tile only: no device query on the calls it does not decide
+          .convert_splits = a.q.size(1) > Traits::kBlockM && convert_ds_splits(a) > 1};
 }
 
 // 16-byte reads of a record cache's rows (the converter's V4 path): aligned base and page stride, and rows 16 bytes

@@ -1076,14 +1076,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // fp8: O carries 2^6 (P's f16 factor) and lacks the cache scale; fp8_ds_mla: the scales went into P_g.
   const float out_scale = F == CacheFormat::fp8 ? p.gather.scale / convert::kPF16 : 1.0f;
   if (wg == L::kConverter) {
-    ptx::setmaxnreg_dec<L::converter_regs(F)>();
+    ptx::setmaxnreg_dec<L::kConverterRegs>();
     convert::converter<F, RowsT>(p, u, sm);
     if constexpr (kSplit) cluster_merge_pass();
     return;
   }
   const convert::Frag rw;
   if (wg == L::kRWarpgroup) {
-    ptx::setmaxnreg_dec<L::r_regs(F)>();
+    ptx::setmaxnreg_dec<L::kRRegs>();
     convert::RRole<F> r(u, sm);
     r.run();
     ptx::named_barrier_sync(L::kBarEnd, 256);
@@ -1094,7 +1094,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (kSplit) cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
     return;
   }
-  ptx::setmaxnreg_inc<L::s_regs(F)>();
+  ptx::setmaxnreg_inc<L::kSRegs>();
   // Q of the unit's rows into shared memory (zeros past the request's rows), visible to this warpgroup's wgmma.
   load_q_panels_batched<T::kBlockM, 128>(p.rows, u.g, u.row0, u.m_rows, T::kPanelBytes, sm.q(),
                                          static_cast<int>(threadIdx.x & 127));
@@ -1171,7 +1171,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   __syncthreads();
   const int wg = ptx::warpgroup_index();
   if (wg == L::kConverter) {
-    ptx::setmaxnreg_dec<L::converter_regs(FM)>();
+    ptx::setmaxnreg_dec<L::kConverterRegs>();
     convert::record_converter<FM, FE>(p, v, sm);
     if constexpr (kSplit) cluster_merge_pass();
     return;
@@ -1180,7 +1180,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // S and R (threads 128 .. 383) load and convert Q before they take their registers: one copy of that code.
   convert::v4_q_prologue(&q_map, u, sm, static_cast<int>(threadIdx.x) - 128);
   if (wg == L::kRWarpgroup) {
-    ptx::setmaxnreg_dec<L::r_regs(FM)>();
+    ptx::setmaxnreg_dec<L::kRRegs>();
     convert::RRole<FM> r(u, sm);
     r.run();
     ptx::named_barrier_sync(L::kBarEnd, 256);
@@ -1205,7 +1205,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (kSplit) cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
     return;
   }
-  ptx::setmaxnreg_inc<L::s_regs(FM)>();
+  ptx::setmaxnreg_inc<L::kSRegs>();
   MLA_DECODE_TRACE_EVENT(3, 128);
   convert::SRole<FM> sr(p, u, sm);
   sr.run();

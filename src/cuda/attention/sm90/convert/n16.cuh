@@ -30,8 +30,6 @@ namespace mla::cuda::decode_sm90 {
 namespace convert {
 
 inline constexpr int kN16 = 16;  // heads per unit at most
-// The S warpgroup's own barrier for its cross-warp reductions (R has no use for kBarR in this kernel).
-inline constexpr int kBarS16 = L::kBarR;
 
 // A thread's four heads: q = 2 j + e.
 __device__ __forceinline__ int n16_head(int t4, int q) { return 8 * (q >> 1) + 2 * t4 + (q & 1); }
@@ -167,7 +165,7 @@ struct S16Role {
 #pragma unroll
         for (int q = 0; q < 4; ++q) red[16 * w + n16_head(t4, q)] = mx[q];
       }
-      ptx::named_barrier_sync(kBarS16, 128);
+      ptx::named_barrier_sync(L::kBarS16, 128);
       float ao[4], pf[8];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -197,7 +195,7 @@ struct S16Role {
         if (!kAll && w == 0 && lane < 4) sm.factors(s)[h] = ao[q];
       }
       ptx::fence_proxy_async_smem();
-      if constexpr (kAll) ptx::named_barrier_sync(kBarS16, 128);  // P^T whole before the products read it
+      if constexpr (kAll) ptx::named_barrier_sync(L::kBarS16, 128);  // P^T whole before the products read it
       else ptx::named_barrier_sync(L::kBarP + s, 256);  // R's threads sync here too: P^T and the factors are there
       const bool any = __any_sync(0xffffffffu, ao[0] != 1.0f || ao[1] != 1.0f || ao[2] != 1.0f || ao[3] != 1.0f);
       if (any) {
@@ -225,7 +223,7 @@ struct S16Role {
 #pragma unroll
       for (int q = 0; q < 4; ++q) red[16 * w + n16_head(t4, q)] = l[q];
     }
-    ptx::named_barrier_sync(kBarS16, 128);
+    ptx::named_barrier_sync(L::kBarS16, 128);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int h = n16_head(t4, q);
@@ -449,7 +447,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   __syncthreads();
   const int wg = ptx::warpgroup_index();
   if (wg == L::kConverter) {
-    ptx::setmaxnreg_dec<L::converter_regs(FM)>();
+    ptx::setmaxnreg_dec<L::kConverterRegs>();
     MLA_DECODE_TRACE_EVENT(1, 0);
     convert::record_converter<FM, FE, kLoader>(p, v, sm);
     MLA_DECODE_TRACE_EVENT(2, 0);
@@ -467,7 +465,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   MLA_DECODE_TRACE_EVENT(3, 128);
   if constexpr (kLoader) {
     if (wg == L::kRWarpgroup) {
-      ptx::setmaxnreg_dec<L::r_regs(FM)>();
+      ptx::setmaxnreg_dec<L::kRRegs>();
       loader.run(1, u.n_tiles);
       if constexpr (kSplit)
         cluster_merge_protocol(p, u, sm.stage(0), static_cast<int>(threadIdx.x) - 128, 256, convert::kN16Lse);
@@ -475,7 +473,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   }
   if (wg == L::kRWarpgroup) {
-    ptx::setmaxnreg_dec<L::r_regs(FM)>();
+    ptx::setmaxnreg_dec<L::kRRegs>();
     convert::R16Role r(u, sm);
     r.run();
     ptx::named_barrier_sync(L::kBarEnd, 256);
@@ -496,7 +494,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     return;
   }
-  ptx::setmaxnreg_inc<L::s_regs(FM)>();
+  ptx::setmaxnreg_inc<L::kSRegs>();
   convert::S16Role<FM, kLoader> sr(p, u, sm);
   sr.run();
   // kLoader: S holds all eight panels; its upper four as R's would be.

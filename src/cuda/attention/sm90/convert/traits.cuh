@@ -20,17 +20,15 @@ struct ConvertTraits {
   // upconverting converter spilled 36 bytes at 104; S at 192 serialised its products; R at 152 is below the
   // kernel's minimum).
   static constexpr int kConverter = 0, kSWarpgroup = 1, kRWarpgroup = 2;
-  static constexpr int s_regs(CacheFormat) { return 208; }
-  static constexpr int converter_regs(CacheFormat) { return 136; }
-  static constexpr int r_regs(CacheFormat) { return 160; }
+  static constexpr int kConverterRegs = 136, kSRegs = 208, kRRegs = 160;
 
   // Named barriers (id 0 is __syncthreads): kBarQ the S warpgroup's own (Q in shared memory; DeepSeek-V4: S's and
   // R's, which load and convert Q together), kBarP + s (S arrives,
   // R syncs: P and the rescale factors of stage s's tile are in shared memory; two ids so that S may publish the
-  // next stage's before R synced this one), kBarEnd (S arrives, R syncs: the row sums and references), kBarR the N 16
-  // tile's S warpgroup's own (n16.cuh kBarS16), kBarConv the converter's own
+  // next stage's before R synced this one), kBarEnd (S arrives, R syncs: the row sums and references), kBarS16 the N 16
+  // tile's S warpgroup's own (n16.cuh), kBarConv the converter's own
   // (DeepSeek-V4 records: its four warps' scale exponents of a tile, for the tile's reference).
-  static constexpr int kBarQ = 1, kBarP = 2, kBarEnd = 4, kBarR = 5, kBarConv = 6;
+  static constexpr int kBarQ = 1, kBarP = 2, kBarEnd = 4, kBarS16 = 5, kBarConv = 6;
 
   // Shared memory: Q 64 x 576 bf16 as nine swizzled K-major panels (S reads all of it from shared memory); two
   // stages of one 64-key tile each (nine panels: eight latent panels, the rope panel, which holds P once S read
@@ -75,8 +73,6 @@ struct ConvertTraits {
   static constexpr int kFullArrivals = 128, kEmptyArrivals = 256;
 };
 
-static_assert(ConvertTraits::converter_regs(CacheFormat::fp8) + ConvertTraits::s_regs(CacheFormat::fp8) +
-                      ConvertTraits::r_regs(CacheFormat::fp8) <= 504,
-              "setmaxnreg budget");
+static_assert(ConvertTraits::kConverterRegs + ConvertTraits::kSRegs + ConvertTraits::kRRegs <= 504, "setmaxnreg budget");
 
 }  // namespace mla::cuda::decode_sm90
