@@ -351,6 +351,9 @@ struct V4Shape {
   // tile writes whole rows from shared memory), 2 leaves 4-byte starts (its fragment's own stores); the padding
   // must stay as poisoned.
   int64_t out_pad = 0;
+  int64_t tokens = 7;
+  // Every token t with t % empty_every == 5 without a key in either list (both lengths 0; needs `lengths`).
+  int64_t empty_every = 0;
 };
 
 // A device copy of a byte cache one byte off its storage's start: no 16-byte copy is legal (the loaders'
@@ -368,11 +371,16 @@ test::DeviceCache to_device_shifted(const Tensor& storage, const KVCache& c) {
 // `shifted`: both device caches one byte off (byte caches only).
 void check_v4(CacheFormat format, int d_qk, int64_t h, const V4Shape& s, const std::string& what,
               CacheFormat extra_format, bool shifted = false) {
-  const int64_t t = 7, dv = 512;
+  const int64_t t = s.tokens, dv = 512;
   const test::V4Cache main = test::v4_cache(format, d_qk, (300 + s.page_main - 1) / s.page_main, s.page_main);
   const test::V4Cache extra =
       test::v4_cache(extra_format, d_qk, (90 + s.page_extra - 1) / s.page_extra, s.page_extra);
-  const test::V4List ml = test::v4_list(main, t, s.topk_main, false), el = test::v4_list(extra, t, s.topk_extra, true);
+  test::V4List ml = test::v4_list(main, t, s.topk_main, false), el = test::v4_list(extra, t, s.topk_extra, true);
+  for (int64_t tok = 0; s.empty_every > 0 && tok < t; ++tok)
+    if (tok % s.empty_every == 5) {
+      ml.lengths[static_cast<std::size_t>(tok)] = 0;
+      el.lengths[static_cast<std::size_t>(tok)] = 0;
+    }
   const Tensor m_idx = test::int_tensor_2d(ml.rows), m_len = test::int_tensor(ml.lengths);
   const Tensor e_idx = test::int_tensor_2d(el.rows), e_len = test::int_tensor(el.lengths);
   Tensor sink = Tensor::empty({h}, DType::f32);
@@ -476,6 +484,44 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(CacheFormat::fp8_ds_mla, CacheFormat::bf16), ::testing::Values(576),
                        ::testing::Values(16, 128), ::testing::ValuesIn(test::variants_of("sparse_mqa"))),
     v4_name);
+
+// More (row tile, token) units than SMs: the unsplit 64-row sm90 kernel's persistent CTAs run two or three units each
+// (the stages, their barriers' phases and Q's buffer carried from one unit to the next), with tokens without keys
+// among them (written by S and R between units with keys), the output rotation, both output paths (16-byte row
+// starts: the CTA's last unit through the stages, the others by the fragment; 4-byte starts: the fragment always),
+// lengths and sinks per token.
+using V4PersistentParam = std::tuple<CacheFormat, CacheFormat, int64_t /*h*/>;
+class SparseGpuV4Persistent : public ::testing::TestWithParam<V4PersistentParam> {};
+
+TEST_P(SparseGpuV4Persistent, MatchesFloat64Oracle) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [main_format, extra_format, h] = GetParam();
+  MLA_FORCE_VARIANT("sparse_mqa", "sm90_convert");
+  test::reseed(static_cast<uint64_t>(h) + static_cast<uint64_t>(main_format) * 1000 +
+               static_cast<uint64_t>(extra_format) * 100 + 1700);
+  const int64_t tokens = cuda_rt::device_info(0).sm_count + 19;  // two row tiles: units > 2 x SMs
+  const std::vector<V4Shape> shapes = {
+      {64, 4, 133, 37, true, true, true, DType::bf16, true, 0, 0, tokens, 17},
+      {64, 4, 133, 37, true, true, true, DType::bf16, true, 0, 2, tokens, 17},
+      {16, 64, 64, 128, true, true, true, DType::bf16, false, 0, 0, tokens, 9}};
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const std::string what = std::string(to_string(main_format)) + " + " + to_string(extra_format) + " shape " +
+                             std::to_string(i);
+    check_v4(main_format, 512, h, shapes[i], what, extra_format);
+    test::expect_variant_ran("sparse_mqa", "sm90_convert");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Pairs, SparseGpuV4Persistent,
+    ::testing::Values(V4PersistentParam{CacheFormat::v4, CacheFormat::v4, 72},
+                      V4PersistentParam{CacheFormat::v4, CacheFormat::v4, 128},
+                      V4PersistentParam{CacheFormat::v41, CacheFormat::v41_fp4, 72},
+                      V4PersistentParam{CacheFormat::v41, CacheFormat::v41_fp4, 128}),
+    [](const auto& info) {
+      return std::string(to_string(std::get<0>(info.param))) + "_" + to_string(std::get<1>(info.param)) + "_h" +
+             std::to_string(std::get<2>(info.param));
+    });
 
 // A main and an extra cache of different record formats in one call (V4.1: a v41 window with a v41_fp4
 // compressed cache; every other pair too), every variant (sm90_convert takes the pairs convert_v4_supports names),

@@ -107,11 +107,22 @@ struct Smem {
   __device__ __forceinline__ uint64_t* ring_full(int w) const {
     return reinterpret_cast<uint64_t*>(base + L::kOffBar) + 2 * L::kStages + 1 + w;
   }
+  // A persistent V4 CTA: the unit's Q converted by S and R (256 arrivals a unit; v4_q_convert_persistent).
+  __device__ __forceinline__ uint64_t* q_ready() const {
+    return reinterpret_cast<uint64_t*>(base + L::kOffBar) + 2 * L::kStages + 9;
+  }
   __device__ __forceinline__ uint64_t* ring_empty(int w) const {
     return reinterpret_cast<uint64_t*>(base + L::kOffBar) + 2 * L::kStages + 5 + w;
   }
   __device__ __forceinline__ uint32_t* ring_valid(int w) const {
     return reinterpret_cast<uint32_t*>(base + L::kOffRingValid) + w;
+  }
+  // DeepSeek-V4's output rotation: the unit's token's cos / sin table (R's own).
+  __device__ __forceinline__ float* rot() const { return reinterpret_cast<float*>(base + L::kOffRot); }
+  // A persistent V4 CTA's per-warp loop state (ConvertTraits::kOffRoleState): slot w the converter warp w's unit, 4 + w
+  // R's warp w's V4Phase. Written by lane 0, read by the warp past __syncwarp (volatile: never a register's copy).
+  __device__ __forceinline__ volatile int* role_state(int slot) const {
+    return reinterpret_cast<volatile int*>(base + L::kOffRoleState) + slot;
   }
   template <int kRec>
   __device__ __forceinline__ uint8_t* ring_key(int k) const {
@@ -593,31 +604,39 @@ __device__ __forceinline__ int convert_records(const G& geo, const records::List
 }
 
 // Both lists' index rows into L2 at the unit's start (a line per converter thread), then the lists in order, one
-// running reference over both (the first tile's: its largest scale exponent).
+// running reference over both (the first tile's: its largest scale exponent). The unit's tiles are the CTA's i0,
+// i0 + 1, ... (stage i % 2; a persistent CTA's units follow each other in the stages); returns the next unit's i0.
 template <CacheFormat FM, CacheFormat FE, bool kRing = false>
-__device__ __forceinline__ void record_converter(const DecodeSm90Params& p, const V4Tiles& v, const Smem& sm) {
+__device__ __forceinline__ int record_converter(const DecodeSm90Params& p, const V4Tiles& v, const Smem& sm,
+                                                int i0 = 0) {
   const int t = threadIdx.x & 127;
   const int main_lines = (v.main.len + 31) / 32, extra_lines = (v.extra.len + 31) / 32;
   for (int ln = t; ln < main_lines + extra_lines; ln += 128)
     ptx::prefetch_l2(ln < main_lines ? v.main.row + 32 * ln : v.extra.row + 32 * (ln - main_lines));
   int r = records::kRefFloor;
   uint32_t ring_phase = 0;
-  const int i = convert_records<FM, kRing>(p.gather, v.main, v.n_main, 0, r, ring_phase, sm);
-  convert_records<FE, kRing>(p.extra, v.extra, v.n_extra, i, r, ring_phase, sm);
+  const int i = convert_records<FM, kRing>(p.gather, v.main, v.n_main, i0, r, ring_phase, sm);
+  return convert_records<FE, kRing>(p.extra, v.extra, v.n_extra, i, r, ring_phase, sm);
 }
 
-// A DeepSeek-V4 unit without keys, by the whole CTA: out 0, lse the row's sink (or -inf without one).
-__device__ __forceinline__ void v4_empty_unit(const DecodeSm90Params& p, const Unit& u) {
-  write_empty_unit(p, u, threadIdx.x, blockDim.x);
-  if (p.sink != nullptr && p.rows.lse != nullptr) {
-    __syncthreads();
-    const MqaRowParams& rp = p.rows;
-    for (int r = threadIdx.x; r < T::kBlockM && u.row0 + r < u.m_rows; r += blockDim.x) {
-      const int row = u.row0 + r;
-      rp.lse[u.g * rp.lse_stride_g + (row / rp.h_q) * rp.lse_stride_i + (row % rp.h_q) * rp.lse_stride_h] =
-          p.sink[static_cast<int64_t>(row % rp.h_q) * p.sink_stride];
-    }
+// A DeepSeek-V4 unit without keys (never a split's partial: its split has none), by n threads (index t): out 0, lse
+// the row's sink (or -inf without one); each element written by one thread, no barrier.
+__device__ __forceinline__ void v4_empty_rows(const DecodeSm90Params& p, const Unit& u, int t, int n) {
+  const MqaRowParams& rp = p.rows;
+  const int rows = min(p.tile_rows, u.m_rows - u.row0);
+  constexpr int kChunks = T::kDv / 8;  // 16-byte bf16 chunks a row
+  for (int e = t; e < rows * kChunks; e += n) {
+    const int row = u.row0 + e / kChunks, ch = e % kChunks, i = row / rp.h_q, h = row % rp.h_q;
+    uint16_t* dst = static_cast<uint16_t*>(rp.out) + u.g * rp.out_stride_g + i * rp.out_stride_i + h * rp.out_stride_h +
+                    ch * 8;  // bf16 out (supports_v4)
+    for (int k = 0; k < 8; ++k) dst[k] = 0;
+    if (ch == 0 && rp.lse != nullptr)
+      rp.lse[u.g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] =
+          p.sink != nullptr ? p.sink[static_cast<int64_t>(h) * p.sink_stride] : -INFINITY;
   }
+}
+__device__ __forceinline__ void v4_empty_unit(const DecodeSm90Params& p, const Unit& u) {
+  v4_empty_rows(p, u, threadIdx.x, blockDim.x);
 }
 
 // The attention sink of a row (log2 domain: sink * log2 e) joins its running reference m and sum l as a key of value
@@ -643,17 +662,19 @@ __device__ __forceinline__ float sink_log2_of(const DecodeSm90Params& p, const U
 // The rotated columns the sm90 V4 kernels take (sparse_mqa.cu declines more): the last 64, O_R's panel 7.
 inline constexpr int kRotMaxDim = kConvertRotMaxDim;
 
-// The output's rotation (p.rot, SparseOptions::out_rotation) on O_R by the R warpgroup (t: 0..127), after kBarEnd
-// (Q is free: S's products retired; the stages may hold the split's partial): the pairs' cos / sin into Q's first
-// bytes (R's threads, then R's barrier), then each thread turns
+// The output's rotation (p.rot, SparseOptions::out_rotation) on O_R by the R warpgroup (t: 0..127), after kBarEnd:
+// the pairs' cos / sin into R's table (rotation_table), then each thread turns
 // columns 256 + 8 j + 2 t4 and + 1 of rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) for the j of
 // the last kRotMaxDim columns: a rotated pair is the thread's own. The unit's token's position (one token per unit).
-// The table both V4 tiles turn from: the pairs' cos / sin of the unit's token into Q's first bytes by R's threads (t:
-// 0..127), then R's barrier on the converter's id (it finished with the last tile).
+// The table both V4 tiles turn from: the pairs' cos / sin of the unit's token into R's own table (Smem::rot) by R's
+// threads (t: 0..127), then R's own barrier: neither Q's buffer (a persistent CTA's next Q lands there) nor the
+// converter's barrier (it may be converting the next unit). A persistent CTA's R threads all arrived on the next
+// unit's q_ready (past their reads of this one's table) before any of them refills it.
+static_assert(kRotMaxDim <= L::kRotFloats, "the rotation's table: a cosine and a sine per pair");
 __device__ __forceinline__ const float* rotation_table(const DecodeSm90Params& p, const Unit& u, const Smem& sm, int t) {
-  float* tab = reinterpret_cast<float*>(sm.q());
+  float* tab = sm.rot();
   p.rot.fill_table(p.rot.position(u.g), tab, t, 128);
-  ptx::named_barrier_sync(L::kBarConv, 128);
+  ptx::named_barrier_sync(L::kBarRot, 128);
   return tab;
 }
 
@@ -704,13 +725,14 @@ __device__ __forceinline__ void stage_o_half(const float (&o)[T::kDvHalf / 2], f
         make_float2(o[4 * j + 2], o[4 * j + 3]);
   }
 }
-// Thread t (0..255) of S and R: the unit's LSEs (t < 64) and every t-th 8-column chunk of its rows.
-__device__ __forceinline__ void store_o_rows16(const DecodeSm90Params& p, const Unit& u, const Smem& sm, int t) {
+// Thread t (0..255) of S and R: the unit's LSEs (t < 64) and every t-th 8-column chunk of its rows; ref the unit's
+// last tile's reference.
+__device__ __forceinline__ void store_o_rows16(const DecodeSm90Params& p, const Unit& u, const Smem& sm, int t, int ref) {
   const MqaRowParams& rp = p.rows;
   const float* sums = sm.sums();
   const float* refs = sm.refs();
   const float* f = sm.out_factors();
-  const float out_scale = exp2i(*sm.stage_ref((u.n_tiles - 1) & 1) - 6);
+  const float out_scale = exp2i(ref - 6);
   if (t < T::kBlockM && u.row0 + t < u.m_rows) store_row_lse(p, u, u.row0 + t, row_lse(refs[t], sums[t]));
   constexpr int kChunks = T::kDv / 8, kHalf = T::kDvHalf / 8;
 #pragma unroll 1
@@ -798,14 +820,27 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = kRows
 // place, and the products see it after the barrier. kRows: 64, or the N 16 tile's 16 (S^T reads no other row;
 // rows 16.. of panel 0 are its scratch). Issued here rather than by the thread that initialises q_full, so that the
 // converter's code (warpgroup 0) carries none of it.
+// Q's eight TMA boxes of unit u onto q_full, by one thread.
+template <int kRows = T::kBlockM>
+__device__ __forceinline__ void v4_q_issue(const CUtensorMap* q_map, const Unit& u, const Smem& sm) {
+  ptx::mbar_arrive_expect_tx(sm.q_full(), 8u * kRows * 128u);
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    ptx::tma_load_3d(sm.q() + c * T::kPanelBytes, q_map, sm.q_full(), 64 * c, u.row0, static_cast<int32_t>(u.g));
+}
+// A persistent CTA's S and R convert each unit's Q in their own loops (two code locations): the hand-over to S's
+// products is the q_ready mbarrier (phase `parity`, as q_full's) rather than kBarQ, whose bar.sync the sanitizers
+// check per code location.
+__device__ __forceinline__ void v4_q_convert_persistent(const Unit& u, const Smem& sm, int t, uint32_t parity) {
+  ptx::mbar_wait(sm.q_full(), parity);
+  q_to_f16<8, 256, T::kBlockM>(sm, t, u.m_rows - u.row0);
+  ptx::fence_proxy_async_smem();
+  ptx::mbar_arrive(sm.q_ready());
+  ptx::mbar_wait(sm.q_ready(), parity);
+}
 template <int kRows = T::kBlockM>
 __device__ __forceinline__ void v4_q_prologue(const CUtensorMap* q_map, const Unit& u, const Smem& sm, int t) {
-  if (t == 0) {
-    ptx::mbar_arrive_expect_tx(sm.q_full(), 8u * kRows * 128u);
-#pragma unroll
-    for (int c = 0; c < 8; ++c)
-      ptx::tma_load_3d(sm.q() + c * T::kPanelBytes, q_map, sm.q_full(), 64 * c, u.row0, static_cast<int32_t>(u.g));
-  }
+  if (t == 0) v4_q_issue<kRows>(q_map, u, sm);
   ptx::mbar_wait(sm.q_full(), 0);
   q_to_f16<8, 256, kRows>(sm, t, u.m_rows - u.row0);
   ptx::fence_proxy_async_smem();
@@ -858,19 +893,19 @@ struct SRole {
     mask_scale_max<true>(s, mask, k0, rw.t4, lim_lo, lim_hi, sc_lo, sc_hi, mx_lo, mx_hi);
   }
 
-  // P V_L of the previous tile retired: its stage is released by this warpgroup.
-  __device__ __forceinline__ void release_previous(int i) {
+  // P V_L of the previous tile (the CTA's j - 1) retired: its stage is released by this warpgroup.
+  __device__ __forceinline__ void release_previous(int i, int j) {
     if (i > 0) {
       ptx::wgmma_wait_group<1>();
       ptx::wgmma_fence_operand(o);
-      ptx::mbar_arrive(sm.empty((i - 1) & 1));
+      ptx::mbar_arrive(sm.empty((j - 1) & 1));
       MLA_DECODE_TRACE_PAIR(0, 8 + (i & 1), i >> 1);
     }
   }
 
   // S of tile i over stage_off, retired: one accumulation over the panels (fp8: exact codes, unscaled, as f16;
   // fp8_ds_mla: the upconverted values and the rope, bf16; the records: f16 values * 2^-r_t).
-  __device__ __forceinline__ void s_product(float (&sc)[32], const Desc& d, uint32_t stage_off, int i) {
+  __device__ __forceinline__ void s_product(float (&sc)[32], const Desc& d, uint32_t stage_off, int i, int j) {
     ptx::wgmma_fence_operand(sc);
     ptx::wgmma_fence();
 #pragma unroll
@@ -882,23 +917,24 @@ struct SRole {
         else ptx::wgmma_f16_ss<T::kBlockN>(sc, d.k(L::kOffQ + off), d.k(stage_off + off), c > 0 || ks > 0);
       }
     ptx::wgmma_commit_group();
-    release_previous(i);
+    release_previous(i, j);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(sc);
   }
 
-  __device__ __forceinline__ void run() {
+  // The unit's tiles are the CTA's i0, i0 + 1, ... (stage j % 2, phase j / 2 % 2 for the CTA's tile j).
+  __device__ __forceinline__ void run(int i0 = 0) {
     const Desc d(sm.base);
 #pragma unroll 1
     for (int i = 0; i < u.n_tiles; ++i) {
-      const int s = i & 1, k0 = u.key_begin + i * T::kBlockN;
+      const int j = i0 + i, s = j & 1, k0 = u.key_begin + i * T::kBlockN;
       const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
-      ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
+      ptx::mbar_wait(sm.full(s), (j >> 1) & 1);
       ptx::fence_proxy_async_smem();
       MLA_DECODE_TRACE_EVENT(4, 128, true);
       MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1), i >> 1);
       float sc[32];
-      s_product(sc, d, stage_off, i);
+      s_product(sc, d, stage_off, i, j);
       MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 1, i >> 1);
       // kRec: S times 2^r_t; O (relative to 2^ref) moves to 2^r_t: times 2^(ref - r_t) <= 1 with the factor a.
       float ra = 1.0f;
@@ -957,7 +993,7 @@ struct SRole {
     }
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(o);
-    if (u.n_tiles > 0) ptx::mbar_arrive(sm.empty((u.n_tiles - 1) & 1));
+    if (u.n_tiles > 0) ptx::mbar_arrive(sm.empty((i0 + u.n_tiles - 1) & 1));
     MLA_DECODE_TRACE_EVENT(5, 128);
     l_lo = softmax::quad_sum(l_lo);
     l_hi = softmax::quad_sum(l_hi);
@@ -989,25 +1025,28 @@ struct SRole {
 template <CacheFormat F>
 struct RRole {
   static constexpr bool kBf16 = F == CacheFormat::fp8_ds_mla;
+  static constexpr bool kRec = CacheFormatTraits<F>::kRecord;
   const Unit& u;
   const Smem& sm;
   Frag rw;
   float o[T::kDvHalf / 2];
+  int last_ref = 0;  // kRec: the last tile's reference (read before its stage is released)
 
   __device__ __forceinline__ RRole(const Unit& u_, const Smem& sm_) : u(u_), sm(sm_) {
 #pragma unroll
     for (int i = 0; i < T::kDvHalf / 2; ++i) o[i] = 0.0f;
   }
-  __device__ __forceinline__ void run() {
+  // The unit's tiles are the CTA's i0, i0 + 1, ... (SRole::run).
+  __device__ __forceinline__ void run(int i0 = 0) {
     const Desc d(sm.base);
 #pragma unroll 1
     for (int i = 0; i < u.n_tiles; ++i) {
-      const int s = i & 1;
+      const int j = i0 + i, s = j & 1;
       const uint32_t stage_off = static_cast<uint32_t>(L::kOffK + s * T::kTileBytes);
       const uint32_t p_off = stage_off + 8 * T::kPanelBytes;
       ptx::named_barrier_sync(L::kBarP + s, 256);
       MLA_DECODE_TRACE_PAIR(1, 2 * (i & 1), i >> 1);
-      ptx::mbar_wait(sm.full(s), (i >> 1) & 1);
+      ptx::mbar_wait(sm.full(s), (j >> 1) & 1);
       ptx::fence_proxy_async_smem();
       rescale(o, sm.factors(s)[rw.r_lo], sm.factors(s)[rw.r_hi]);
       ptx::wgmma_fence_operand(o);
@@ -1024,6 +1063,7 @@ struct RRole {
       ptx::wgmma_commit_group();
       ptx::wgmma_wait_group<0>();
       ptx::wgmma_fence_operand(o);
+      if constexpr (kRec) last_ref = *sm.stage_ref(s);  // the converter rewrites it once the stage is released
       ptx::mbar_arrive(sm.empty(s));
       MLA_DECODE_TRACE_PAIR(1, 2 * (i & 1) + 1, i >> 1);
     }
@@ -1121,14 +1161,168 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   MLA_DECODE_TRACE_EVENT(6, 128);
 }
 
-// The DeepSeek-V4 sparse_mqa kernel: the converter kernel's roles over record caches (records.cuh), one CTA per
-// (row tile, token): Q 64 x 512 (f16 * 2^e_r per row), keys of the main list (format FM) then of the extra list (FE),
+namespace convert {
+
+// The unit `b` of the DeepSeek-V4 schedule (Unit: (row tile, token), the token's tiles over both lists) and its lists.
+__device__ __forceinline__ Unit v4_unit(const DecodeSm90Params& p, int b, V4Tiles& v) {
+  Unit u;  // Unit(p, true)'s uniform schedule at unit b, when p.num_splits is 1
+  const int g = b / p.m_tiles;
+  u.row0 = (b - g * p.m_tiles) * p.tile_rows;
+  u.g = g;
+  u.split = 0;
+  u.ws_slot = -1;
+  u.m_rows = p.rows.s_q * p.rows.h_q;
+  v = v4_tiles(p, u.g);
+  u.n_tiles = v.n_main + v.n_extra;
+  u.key_begin = 0;
+  u.seq_len = INT_MAX;  // no row limit: the index lists are the mask
+  u.key_end = INT_MAX;
+  return u;
+}
+
+// A persistent CTA's units: b, b + gridDim.x, ... below v4_units(p) = p.m_tiles * tokens (the unsplit schedule:
+// num_splits 1; below 2^31: grid_for's bound on the unit count). Read from the parameters and gridDim whenever
+// needed, so that no register holds them across a unit's tiles.
+__device__ __forceinline__ int v4_units(const DecodeSm90Params& p) { return p.m_tiles * p.rows.groups; }
+// Unit u's index (v4_unit's inverse): recomputed from u rather than kept in a register across its tiles.
+__device__ __forceinline__ int v4_index(const DecodeSm90Params& p, const Unit& u) {
+  return static_cast<int>(u.g) * p.m_tiles + u.row0 / T::kBlockM;
+}
+// A persistent S or R warpgroup's place in the CTA's sequences, one register across a unit's tiles: bits 0..1 the
+// CTA's tile count modulo 4 (a tile's stage and its barriers' phase), bit 2 q_full's phase.
+struct V4Phase {
+  static __device__ __forceinline__ int tile(int ph) { return ph & 3; }
+  static __device__ __forceinline__ uint32_t q(int ph) { return static_cast<uint32_t>(ph >> 2) & 1u; }
+  static __device__ __forceinline__ int next(int ph, int n_tiles) { return ((ph + n_tiles) & 3) | ((ph ^ 4) & 4); }
+};
+// The first of the CTA's units from b on that has keys (v4_units(p) if none).
+__device__ __forceinline__ int v4_with_keys(const DecodeSm90Params& p, int b) {
+  for (; b < v4_units(p); b += static_cast<int>(gridDim.x)) {
+    V4Tiles v;
+    if (v4_unit(p, b, v).n_tiles > 0) break;
+  }
+  return b;
+}
+
+// The CTA's units for S or R (t: 0..255 over both): a unit without keys written at once (v4_empty_rows), one with
+// keys handed to body(u); the next unit's index derived from u, not held across the body.
+template <class Body>
+__device__ __forceinline__ void v4_for_units(const DecodeSm90Params& p, int t, Body&& body) {
+#pragma unroll 1
+  for (int b = blockIdx.x; b < v4_units(p);) {
+    V4Tiles v;
+    const Unit u = v4_unit(p, b, v);
+    if (u.n_tiles == 0) v4_empty_rows(p, u, t, 256);
+    else body(u);
+    b = v4_index(p, u) + static_cast<int>(gridDim.x);
+  }
+}
+
+// The unsplit kernel's S warpgroup over its CTA's units (t: 0..127 S's, R's 128..255). Per unit with keys: Q (issued
+// during the previous unit's epilogue), the tiles, the sink, the row state for R; the next unit's Q is issued once
+// every S warp's products retired (Q's buffer is free: R reads only the stages and the P panel), so that its landing
+// overlaps this unit's epilogue and the converter's first tiles of the next unit. The CTA's last unit with keys
+// stores O through the stages (nothing refills them then), the others by the fragment path.
+template <CacheFormat FM>
+__device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const DecodeSm90Params& p, const Smem& sm, int t) {
+  const Frag rw;
+  if (t == 0) {  // the first unit's Q
+    const int first = v4_with_keys(p, blockIdx.x);
+    V4Tiles w;
+    if (first < v4_units(p)) v4_q_issue(q_map, v4_unit(p, first, w), sm);
+  }
+  int ph = 0;  // V4Phase
+  v4_for_units(p, t, [&](const Unit& u) {
+    v4_q_convert_persistent(u, sm, t, V4Phase::q(ph));
+    MLA_DECODE_TRACE_EVENT(3, 128);
+    SRole<FM> sr(p, u, sm);
+    sr.run(V4Phase::tile(ph));
+    ph = V4Phase::next(ph, u.n_tiles);
+    const int next = v4_with_keys(p, v4_index(p, u) + static_cast<int>(gridDim.x));
+    const bool last = next >= v4_units(p);
+    if (!last) {
+      ptx::named_barrier_sync(L::kBarSDone, 128);
+      if (t == 0) {
+        V4Tiles w;
+        v4_q_issue(q_map, v4_unit(p, next, w), sm);
+      }
+    }
+    float f_lo, f_hi;
+    fold_sink(sink_log2_of(p, u, rw.r_lo), sr.m_lo, sr.l_lo, f_lo);
+    fold_sink(sink_log2_of(p, u, rw.r_hi), sr.m_hi, sr.l_hi, f_hi);
+    if (rw.t4 == 0) {  // R reads them after kBarEnd; the next unit's are written past its q_ready, on which R's
+      sm.sums()[rw.r_lo] = sr.l_lo;  // threads arrive after their reads
+      sm.sums()[rw.r_hi] = sr.l_hi;
+      sm.refs()[rw.r_lo] = sr.m_lo;
+      sm.refs()[rw.r_hi] = sr.m_hi;
+      sm.out_factors()[rw.r_lo] = f_lo;
+      sm.out_factors()[rw.r_hi] = f_hi;
+    }
+    if (last && out_rows16(p, u)) {  // both consumers past their products before O goes through the stages
+      ptx::named_barrier_sync(L::kBarEnd, 256);
+      stage_o_half(sr.o, reinterpret_cast<float*>(sm.stage(0)), rw);
+      ptx::named_barrier_sync(L::kBarEnd, 256);
+      store_o_rows16(p, u, sm, t, sr.ref);
+    } else {
+      ptx::named_barrier_arrive(L::kBarEnd, 256);
+      scale_rows(sr.o, f_lo, f_hi);
+      write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, exp2i(sr.ref - 6),
+                      nullptr);
+    }
+    MLA_DECODE_TRACE_EVENT(6, 128);
+  });
+}
+
+// The unsplit kernel's R warpgroup over its CTA's units (t: 128..255), in step with S (v4_s_units). Its V4Phase lives
+// in shared memory (Smem::role_state, per warp) and its fragment place is the role's own (RRole::rw), so that the loop
+// holds as few of R's 160 registers as it can across the tiles.
+template <CacheFormat FM>
+__device__ __forceinline__ void v4_r_units(const DecodeSm90Params& p, const Smem& sm, int t) {
+  auto ph = [&]() -> volatile int& { return *sm.role_state(4 + ((t >> 5) & 3)); };
+  if ((t & 31) == 0) ph() = 0;
+  __syncwarp();
+  v4_for_units(p, t, [&](const Unit& u) {
+    v4_q_convert_persistent(u, sm, t, V4Phase::q(ph()));
+    RRole<FM> r(u, sm);
+    const Frag& rw = r.rw;
+    r.run(V4Phase::tile(ph()));
+    const int next_ph = V4Phase::next(ph(), u.n_tiles);
+    __syncwarp();
+    if ((t & 31) == 0) ph() = next_ph;
+    __syncwarp();
+    const bool last = v4_with_keys(p, v4_index(p, u) + static_cast<int>(gridDim.x)) >= v4_units(p);
+    ptx::named_barrier_sync(L::kBarEnd, 256);
+    if (last && out_rows16(p, u)) {  // the rotation first: it commutes with the rows' factors
+      rotate_o_r(p, u, sm, r.o, t - 128, rw.t4);
+      stage_o_half(r.o, reinterpret_cast<float*>(sm.stage(1)), rw);
+      ptx::named_barrier_sync(L::kBarEnd, 256);
+      store_o_rows16(p, u, sm, t, r.last_ref);
+    } else {
+      const float* sums = sm.sums();
+      const float* refs = sm.refs();
+      const float* f = sm.out_factors();
+      scale_rows(r.o, f[rw.r_lo], f[rw.r_hi]);
+      rotate_o_r(p, u, sm, r.o, t - 128, rw.t4);
+      // O is relative to the last tile's reference 2^r and carries P's 2^6.
+      write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
+                      rw.t4, exp2i(r.last_ref - 6), nullptr);
+    }
+  });
+}
+
+}  // namespace convert
+
+// The DeepSeek-V4 sparse_mqa kernel: the converter kernel's roles over record caches (records.cuh) on (row tile,
+// token) units: Q 64 x 512 (f16 * 2^e_r per row), keys of the main list (format FM) then of the extra list (FE),
 // K = V over all 512 columns (S over panels 0..7, O_L over 0..3, O_R over 4..7), f16 products over a stage of
 // value * 2^-r (the converter's running reference), the sink folded in the epilogue, O times 2^(r - 6) there.
-// kSplit (p.cluster_merge, sparse_mqa.cu's small-T split): p.num_splits CTAs per (row tile, token) as one cluster,
-// rank k over its part of the token's tiles (v4_split), O / l and the LSE into the stages (write_rows_half's
-// partial; rank 0 folds the sink), then cluster_merge_protocol; a token without keys: rank 0 writes it, no rank
-// waits at a cluster barrier.
+// Unsplit: persistent CTAs (the launcher's grid: at most one a SM), each over units blockIdx.x, + gridDim.x, ...; the
+// stages, their barriers' phases and the named barriers run on across units (the CTA's tile count), so that the
+// converter gathers a unit's first tiles while S and R finish the previous one, and Q lands during its epilogue;
+// units without keys are written by S and R (out 0, lse the sink). kSplit (p.cluster_merge, sparse_mqa.cu's small-T
+// split): one unit per CTA, p.num_splits CTAs per (row tile, token) as one cluster, rank k over its part of the
+// token's tiles (v4_split), O / l and the LSE into the stages (write_rows_half's partial; rank 0 folds the sink),
+// then cluster_merge_protocol; a token without keys: rank 0 writes it, no rank waits at a cluster barrier.
 template <CacheFormat FM, CacheFormat FE, bool kSplit>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     decode_sm90_convert_v4_kernel(const __grid_constant__ CUtensorMap q_map, const DecodeSm90Params p) {
@@ -1140,106 +1334,147 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();
   ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
-  Unit u(p, /*gather=*/true);
-  const convert::V4Tiles whole = convert::v4_tiles(p, u.g);
-  const convert::V4Tiles v = kSplit ? convert::v4_split(whole, u.split, p.num_splits) : whole;
-  u.n_tiles = v.n_main + v.n_extra;
-  u.key_begin = 0;
-  u.seq_len = INT_MAX;  // no row limit: the index lists are the mask
-  u.key_end = INT_MAX;
-  if (whole.n_main + whole.n_extra == 0) {  // uniform over the cluster: out 0, lse the sink (or -inf)
-    if (!kSplit || u.split == 0) convert::v4_empty_unit(p, u);
-    return;
-  }
-  uint8_t* const partial = kSplit ? sm.stage(0) : nullptr;  // the split's O / l and LSE (ClusterMerge layout)
-  if constexpr (kSplit) {
-    if (u.n_tiles == 0) {  // a rank past the token's tiles (never rank 0): LSE -inf, its O never read
-      if (threadIdx.x < T::kBlockM)
-        reinterpret_cast<float*>(partial + ClusterMerge::kPartialLse)[threadIdx.x] = -INFINITY;
-      cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
+  if constexpr (!kSplit && convert_v4_persistent(FM)) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < L::kStages; ++s) {
+        ptx::mbar_init(sm.full(s), L::kFullArrivals);
+        ptx::mbar_init(sm.empty(s), L::kEmptyArrivals);
+      }
+      ptx::mbar_init(sm.q_full(), 1);
+      ptx::mbar_init(sm.q_ready(), 256);
+      ptx::fence_mbarrier_init();
+    }
+    __syncthreads();
+    const int wg = ptx::warpgroup_index();
+    if (wg == L::kConverter) {
+      ptx::setmaxnreg_dec<L::kConverterRegs>();
+      // The unit index through shared memory (convert::Smem::role_state): no register holds it across the tiles.
+      volatile int* const next = sm.role_state(ptx::warp_idx_in_warpgroup());
+      int i0 = 0;
+#pragma unroll 1
+      for (int b = convert::v4_with_keys(p, blockIdx.x); b < convert::v4_units(p);
+           b = convert::v4_with_keys(p, *next + static_cast<int>(gridDim.x))) {
+        convert::V4Tiles v;
+        convert::v4_unit(p, b, v);
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) *next = b;
+        __syncwarp();
+        i0 = convert::record_converter<FM, FE>(p, v, sm, i0);
+      }
       return;
     }
-  }
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < L::kStages; ++s) {
-      ptx::mbar_init(sm.full(s), L::kFullArrivals);
-      ptx::mbar_init(sm.empty(s), L::kEmptyArrivals);
+    // (Each role finds its first unit itself: a search before the roles take their registers made ptxas spill in
+    // all three.)
+    const int t = static_cast<int>(threadIdx.x) - 128;
+    if (wg == L::kRWarpgroup) {
+      ptx::setmaxnreg_dec<L::kRRegs>();
+      convert::v4_r_units<FM>(p, sm, t);
+      return;
     }
-    ptx::mbar_init(sm.q_full(), 1);
-    ptx::fence_mbarrier_init();
-  }
-  __syncthreads();
-  const int wg = ptx::warpgroup_index();
-  if (wg == L::kConverter) {
-    ptx::setmaxnreg_dec<L::kConverterRegs>();
-    convert::record_converter<FM, FE>(p, v, sm);
-    if constexpr (kSplit) cluster_merge_pass();
+    ptx::setmaxnreg_inc<L::kSRegs>();
+    convert::v4_s_units<FM>(&q_map, p, sm, t);
     return;
-  }
-  const convert::Frag rw;
-  // S and R (threads 128 .. 383) load and convert Q before they take their registers: one copy of that code.
-  convert::v4_q_prologue(&q_map, u, sm, static_cast<int>(threadIdx.x) - 128);
-  if (wg == L::kRWarpgroup) {
-    ptx::setmaxnreg_dec<L::kRRegs>();
-    convert::RRole<FM> r(u, sm);
-    r.run();
-    ptx::named_barrier_sync(L::kBarEnd, 256);
-    if constexpr (!kSplit) {
-      if (convert::out_rows16(p, u)) {  // the rotation first: it commutes with the rows' factors
-        convert::rotate_o_r(p, u, sm, r.o, static_cast<int>(threadIdx.x) - 256, rw.t4);
-        convert::stage_o_half(r.o, reinterpret_cast<float*>(sm.stage(1)), rw);
-        ptx::named_barrier_sync(L::kBarEnd, 256);
-        convert::store_o_rows16(p, u, sm, static_cast<int>(threadIdx.x) - 128);
+  } else {
+    Unit u(p, /*gather=*/true);
+    const convert::V4Tiles whole = convert::v4_tiles(p, u.g);
+    const convert::V4Tiles v = kSplit ? convert::v4_split(whole, u.split, p.num_splits) : whole;
+    u.n_tiles = v.n_main + v.n_extra;
+    u.key_begin = 0;
+    u.seq_len = INT_MAX;  // no row limit: the index lists are the mask
+    u.key_end = INT_MAX;
+    if (whole.n_main + whole.n_extra == 0) {  // uniform over the cluster: out 0, lse the sink (or -inf)
+      if (!kSplit || u.split == 0) convert::v4_empty_unit(p, u);
+      return;
+    }
+    uint8_t* const partial = kSplit ? sm.stage(0) : nullptr;  // the split's O / l and LSE (ClusterMerge layout)
+    if constexpr (kSplit) {
+      if (u.n_tiles == 0) {  // a rank past the token's tiles (never rank 0): LSE -inf, its O never read
+        if (threadIdx.x < T::kBlockM)
+          reinterpret_cast<float*>(partial + ClusterMerge::kPartialLse)[threadIdx.x] = -INFINITY;
+        cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
         return;
       }
     }
-    const float* sums = sm.sums();
-    const float* refs = sm.refs();
-    const float* f = sm.out_factors();
-    convert::scale_rows(r.o, f[rw.r_lo], f[rw.r_hi]);
-    convert::rotate_o_r(p, u, sm, r.o, static_cast<int>(threadIdx.x) - 256, rw.t4);
-    // O is relative to the last tile's reference 2^r and carries P's 2^6.
-    const float out_scale = exp2i(*sm.stage_ref((u.n_tiles - 1) & 1) - 6);
-    write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
-                    rw.t4, out_scale, partial);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < L::kStages; ++s) {
+        ptx::mbar_init(sm.full(s), L::kFullArrivals);
+        ptx::mbar_init(sm.empty(s), L::kEmptyArrivals);
+      }
+      ptx::mbar_init(sm.q_full(), 1);
+      ptx::fence_mbarrier_init();
+    }
+    __syncthreads();
+    const int wg = ptx::warpgroup_index();
+    if (wg == L::kConverter) {
+      ptx::setmaxnreg_dec<L::kConverterRegs>();
+      convert::record_converter<FM, FE>(p, v, sm);
+      if constexpr (kSplit) cluster_merge_pass();
+      return;
+    }
+    const convert::Frag rw;
+    // S and R (threads 128 .. 383) load and convert Q before they take their registers: one copy of that code.
+    convert::v4_q_prologue(&q_map, u, sm, static_cast<int>(threadIdx.x) - 128);
+    if (wg == L::kRWarpgroup) {
+      ptx::setmaxnreg_dec<L::kRRegs>();
+      convert::RRole<FM> r(u, sm);
+      r.run();
+      ptx::named_barrier_sync(L::kBarEnd, 256);
+      if constexpr (!kSplit) {
+        if (convert::out_rows16(p, u)) {  // the rotation first: it commutes with the rows' factors
+          convert::rotate_o_r(p, u, sm, r.o, static_cast<int>(threadIdx.x) - 256, rw.t4);
+          convert::stage_o_half(r.o, reinterpret_cast<float*>(sm.stage(1)), rw);
+          ptx::named_barrier_sync(L::kBarEnd, 256);
+          convert::store_o_rows16(p, u, sm, static_cast<int>(threadIdx.x) - 128, r.last_ref);
+          return;
+        }
+      }
+      const float* sums = sm.sums();
+      const float* refs = sm.refs();
+      const float* f = sm.out_factors();
+      convert::scale_rows(r.o, f[rw.r_lo], f[rw.r_hi]);
+      convert::rotate_o_r(p, u, sm, r.o, static_cast<int>(threadIdx.x) - 256, rw.t4);
+      // O is relative to the last tile's reference 2^r and carries P's 2^6.
+      write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
+                      rw.t4, exp2i(r.last_ref - 6), partial);
+      if constexpr (kSplit) cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
+      return;
+    }
+    ptx::setmaxnreg_inc<L::kSRegs>();
+    MLA_DECODE_TRACE_EVENT(3, 128);
+    convert::SRole<FM> sr(p, u, sm);
+    sr.run();
+    float f_lo, f_hi;
+    // Split: the sink joins rank 0's partial only (the merge sums the ranks' exponentials once).
+    const bool with_sink = !kSplit || u.split == 0;
+    convert::fold_sink(with_sink ? convert::sink_log2_of(p, u, rw.r_lo) : -INFINITY, sr.m_lo, sr.l_lo, f_lo);
+    convert::fold_sink(with_sink ? convert::sink_log2_of(p, u, rw.r_hi) : -INFINITY, sr.m_hi, sr.l_hi, f_hi);
+    if (rw.t4 == 0) {
+      sm.sums()[rw.r_lo] = sr.l_lo;
+      sm.sums()[rw.r_hi] = sr.l_hi;
+      sm.refs()[rw.r_lo] = sr.m_lo;
+      sm.refs()[rw.r_hi] = sr.m_hi;
+      sm.out_factors()[rw.r_lo] = f_lo;
+      sm.out_factors()[rw.r_hi] = f_hi;
+    }
+    // Split: both consumers past their products before either overwrites the stages with its partial.
+    if constexpr (kSplit) {
+      ptx::named_barrier_sync(L::kBarEnd, 256);
+    } else if (convert::out_rows16(p, u)) {  // the same before O goes through the stages
+      ptx::named_barrier_sync(L::kBarEnd, 256);
+      convert::stage_o_half(sr.o, reinterpret_cast<float*>(sm.stage(0)), rw);
+      ptx::named_barrier_sync(L::kBarEnd, 256);
+      convert::store_o_rows16(p, u, sm, static_cast<int>(threadIdx.x) - 128, sr.ref);
+      MLA_DECODE_TRACE_EVENT(6, 128);
+      return;
+    } else {
+      ptx::named_barrier_arrive(L::kBarEnd, 256);
+    }
+    convert::scale_rows(sr.o, f_lo, f_hi);
+    write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, exp2i(sr.ref - 6),
+                    partial);
     if constexpr (kSplit) cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
-    return;
-  }
-  ptx::setmaxnreg_inc<L::kSRegs>();
-  MLA_DECODE_TRACE_EVENT(3, 128);
-  convert::SRole<FM> sr(p, u, sm);
-  sr.run();
-  float f_lo, f_hi;
-  // Split: the sink joins rank 0's partial only (the merge sums the ranks' exponentials once).
-  const bool with_sink = !kSplit || u.split == 0;
-  convert::fold_sink(with_sink ? convert::sink_log2_of(p, u, rw.r_lo) : -INFINITY, sr.m_lo, sr.l_lo, f_lo);
-  convert::fold_sink(with_sink ? convert::sink_log2_of(p, u, rw.r_hi) : -INFINITY, sr.m_hi, sr.l_hi, f_hi);
-  if (rw.t4 == 0) {
-    sm.sums()[rw.r_lo] = sr.l_lo;
-    sm.sums()[rw.r_hi] = sr.l_hi;
-    sm.refs()[rw.r_lo] = sr.m_lo;
-    sm.refs()[rw.r_hi] = sr.m_hi;
-    sm.out_factors()[rw.r_lo] = f_lo;
-    sm.out_factors()[rw.r_hi] = f_hi;
-  }
-  // Split: both consumers past their products before either overwrites the stages with its partial.
-  if constexpr (kSplit) {
-    ptx::named_barrier_sync(L::kBarEnd, 256);
-  } else if (convert::out_rows16(p, u)) {  // the same before O goes through the stages
-    ptx::named_barrier_sync(L::kBarEnd, 256);
-    convert::stage_o_half(sr.o, reinterpret_cast<float*>(sm.stage(0)), rw);
-    ptx::named_barrier_sync(L::kBarEnd, 256);
-    convert::store_o_rows16(p, u, sm, static_cast<int>(threadIdx.x) - 128);
     MLA_DECODE_TRACE_EVENT(6, 128);
-    return;
-  } else {
-    ptx::named_barrier_arrive(L::kBarEnd, 256);
   }
-  convert::scale_rows(sr.o, f_lo, f_hi);
-  write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, exp2i(sr.ref - 6),
-                  partial);
-  if constexpr (kSplit) cluster_merge_protocol(p, u, partial, static_cast<int>(threadIdx.x) - 128, 256);
-  MLA_DECODE_TRACE_EVENT(6, 128);
 }
 
 }  // namespace mla::cuda::decode_sm90

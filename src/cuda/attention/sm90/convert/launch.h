@@ -30,6 +30,11 @@ bool convert_v4_supports(CacheFormat main_format, CacheFormat extra_format);
 inline constexpr int kConvertRotMaxDim = 64;
 // Whether the DeepSeek-V4 path runs p's units on the N 16 tile (one row tile of at most 16 query rows).
 bool convert_v4_n16(const DecodeSm90Params& p);
+// Whether the unsplit 64-row V4 kernel over main records of format `main_format` runs persistent CTAs (grid: at
+// most one CTA a SM, each over units blockIdx.x, + gridDim.x, ...). Not over v4 main records: there the converter's
+// loop over units made ptxas spill in its tile loop (the v4 record path fills the converter's 136 registers) and the
+// T 128 rows (one unit a CTA) ran x1.06-1.14 slower, more than persistence gave the T 4096 rows (x0.97).
+inline constexpr bool convert_v4_persistent(CacheFormat main_format) { return main_format != CacheFormat::v4; }
 // Clusters of `splits` CTAs of the split build (the N 16 tile's when n16, else the 64-row tile's) for the pair
 // resident at once on `device` (0: none; the small-T split's residency rule, core/sparse_split.h).
 int convert_v4_max_clusters(CacheFormat main_format, CacheFormat extra_format, bool n16, int device, int splits);

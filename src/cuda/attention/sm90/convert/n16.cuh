@@ -323,9 +323,8 @@ struct RingLoader {
   }
 };
 
-// The output's rotation (p.rot) on R's O^T (panels 4..7), after kBarEnd: the pairs' cos / sin into Q's rows 0..1
-// (R's threads t, then R's barrier; S^T no longer reads Q, its scratch starts at row 16, and stage 0 may hold the
-// split's partial), then panel 7 (the last kRotMaxDim columns):
+// The output's rotation (p.rot) on R's O^T (panels 4..7), after kBarEnd: the pairs' cos / sin into R's table
+// (rotation_table: R's threads t, then R's barrier), then panel 7 (the last kRotMaxDim columns):
 // a thread holds columns col = 448 + 16 w + lane / 4 and col + 8 of its four heads, the pair partner col ^ 1 in
 // lane ^ 4 (same heads), so each value is turned with its partner's by one shuffle (unconditional: every lane).
 __device__ __forceinline__ void n16_rotate(const DecodeSm90Params& p, const Unit& u, const Smem& sm, float (&o)[4][8],

@@ -27,8 +27,10 @@ struct ConvertTraits {
   // R syncs: P and the rescale factors of stage s's tile are in shared memory; two ids so that S may publish the
   // next stage's before R synced this one), kBarEnd (S arrives, R syncs: the row sums and references), kBarS16 the N 16
   // tile's S warpgroup's own (n16.cuh), kBarConv the converter's own
-  // (DeepSeek-V4 records: its four warps' scale exponents of a tile, for the tile's reference).
-  static constexpr int kBarQ = 1, kBarP = 2, kBarEnd = 4, kBarS16 = 5, kBarConv = 6;
+  // (DeepSeek-V4 records: its four warps' scale exponents of a tile, for the tile's reference), kBarSDone the S
+  // warpgroup's own at a persistent V4 CTA's unit end (its products over Q retired before Q's buffer is refilled),
+  // kBarRot the R warpgroup's own (the output rotation's table).
+  static constexpr int kBarQ = 1, kBarP = 2, kBarEnd = 4, kBarS16 = 5, kBarConv = 6, kBarSDone = 7, kBarRot = 8;
 
   // Shared memory: Q 64 x 576 bf16 as nine swizzled K-major panels (S reads all of it from shared memory); two
   // stages of one 64-key tile each (nine panels: eight latent panels, the rope panel, which holds P once S read
@@ -52,8 +54,15 @@ struct ConvertTraits {
   static constexpr int kOffRefRed = kOffMask + kStages * 8;       // [kStages][4] int32, 16-byte aligned
   static constexpr int kOffRef = kOffRefRed + kStages * 4 * 4;    // [kStages] int32
   static constexpr int kOffRingValid = kOffRef + kStages * 4;     // [4] u32, the ring's key masks
-  static constexpr int kOffBar = kOffRingValid + 4 * 4;  // full[kStages], empty[kStages], q_full, ring_full[4], ring_empty[4]
-  static constexpr int kBarriers = 2 * kStages + 1 + 8;
+  // DeepSeek-V4's output rotation: the token's cos / sin table (fp32, kRotFloats: the widest rotation's pairs
+  // twice), R's own.
+  static constexpr int kRotFloats = 64;
+  static constexpr int kOffRot = kOffRingValid + 4 * 4;
+  // A persistent V4 CTA's loop state that must not hold a register across a unit's tiles, per warp ([8] int32): the
+  // converter warps' unit index (0..3) and R's warps' V4Phase (4..7).
+  static constexpr int kOffRoleState = kOffRot + kRotFloats * 4;
+  static constexpr int kOffBar = kOffRoleState + 8 * 4;  // full[kStages], empty[kStages], q_full, ring_full[4], ring_empty[4], q_ready  // full[kStages], empty[kStages], q_full, ring_full[4], ring_empty[4]
+  static constexpr int kBarriers = 2 * kStages + 1 + 8 + 1;  // ..., a persistent V4 CTA's q_ready
   static constexpr int kSmemBytes = kOffBar + kBarriers * 8 + 1024;  // + slack to align the base to 1 KiB
   static_assert(kSmemBytes <= 232448, "shared memory per block");
   static_assert(kOffBar % 8 == 0, "mbarriers are 8-byte aligned");
