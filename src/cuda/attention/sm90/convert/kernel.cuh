@@ -812,14 +812,6 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = kRows
   if (k == 0) sm.q_scales()[row] = exp2i(-e);
 }
 
-// DeepSeek-V4: the unit's Q rows [row0, row0 + kRows) of token g (512 columns: eight panels of 64) into shared memory
-// as f16 * 2^e_r, by the S and R warpgroups (t < 256: S's threads, then R's), both idle until Q is there. Thread 0
-// issues eight TMA boxes of `q_map` (host side: launch_convert_v4_indexed; q as {512, h_q, tokens} bf16, box {64,
-// kRows, 1}, 128-byte swizzle, which is store_q_chunk's layout), box c into panel c, their bytes on q_full; rows past
-// h_q read as zeros (the copy engine's out-of-bounds fill). Every thread waits for the bytes, converts its share in
-// place, and the products see it after the barrier. kRows: 64, or the N 16 tile's 16 (S^T reads no other row;
-// rows 16.. of panel 0 are its scratch). Issued here rather than by the thread that initialises q_full, so that the
-// converter's code (warpgroup 0) carries none of it.
 // Q's eight TMA boxes of unit u onto q_full, by one thread.
 template <int kRows = T::kBlockM>
 __device__ __forceinline__ void v4_q_issue(const CUtensorMap* q_map, const Unit& u, const Smem& sm) {
@@ -838,6 +830,14 @@ __device__ __forceinline__ void v4_q_convert_persistent(const Unit& u, const Sme
   ptx::mbar_arrive(sm.q_ready());
   ptx::mbar_wait(sm.q_ready(), parity);
 }
+// DeepSeek-V4: the unit's Q rows [row0, row0 + kRows) of token g (512 columns: eight panels of 64) into shared memory
+// as f16 * 2^e_r, by the S and R warpgroups (t < 256: S's threads, then R's), both idle until Q is there. Thread 0
+// issues eight TMA boxes of `q_map` (host side: launch_convert_v4_indexed; q as {512, h_q, tokens} bf16, box {64,
+// kRows, 1}, 128-byte swizzle, which is store_q_chunk's layout), box c into panel c, their bytes on q_full; rows past
+// h_q read as zeros (the copy engine's out-of-bounds fill). Every thread waits for the bytes, converts its share in
+// place, and the products see it after the barrier. kRows: 64, or the N 16 tile's 16 (S^T reads no other row;
+// rows 16.. of panel 0 are its scratch). Issued here rather than by the thread that initialises q_full, so that the
+// converter's code (warpgroup 0) carries none of it.
 template <int kRows = T::kBlockM>
 __device__ __forceinline__ void v4_q_prologue(const CUtensorMap* q_map, const Unit& u, const Smem& sm, int t) {
   if (t == 0) v4_q_issue<kRows>(q_map, u, sm);
