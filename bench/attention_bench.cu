@@ -721,6 +721,12 @@ void bench_sparse(BenchContext& ctx) {
   if (d.b > 0) {
     cases.push_back({d.b, d.h, d.topk, d.pool, cache_format_from_string(d.format), 0});
     cases.back().graph = d.graph;
+    if (d.extra_topk > 0) {  // a DeepSeek-V4 row (v4_grid's shape)
+      cases.back().d_qk = 512;
+      cases.back().extra_topk = d.extra_topk;
+      cases.back().extra_pool = d.extra_pool;
+      if (!d.extra_format.empty()) cases.back().extra_format = static_cast<int>(cache_format_from_string(d.extra_format));
+    }
   } else if (grid == "issue8") {
     cases = issue8_grid();
   } else if (grid == "v4") {

@@ -38,6 +38,12 @@ struct BenchOptions {
     int splits = 0;               // KV splits per request (0: the planner's decode_num_splits)
     int64_t topk = 2048;          // sparse_mqa: indices per token (b = tokens, h, format)
     int64_t pool = 0;             // sparse_mqa: cache rows the indices are drawn from (0: b * topk, each read once)
+    // sparse_mqa: a DeepSeek-V4 shape (d_qk 512, K = V, a per-head sink) when extra_topk > 0: topk window rows of
+    // the main cache and extra_topk rows of an extra cache (format extra_format, empty: the main one's), drawn from
+    // extra_pool rows (0: b * extra_topk, each read once)
+    int64_t extra_topk = 0;
+    int64_t extra_pool = 0;
+    std::string extra_format;
     bool graph = false;           // mqa_decode / sparse_mqa shape (--b): timed graph-replayed (no host launch cost)
     // mqa_decode / sparse_mqa: each row runs twice, as is and in the batch-invariant mode (PlannerConfig::
     // batch_invariant; decode: the split count batch_invariant_splits gives a config whose full batch is the row's b)

@@ -89,7 +89,7 @@ if [ -d "$fixture" ] && command -v mkfifo >/dev/null && command -v timeout >/dev
 fi
 # mla bench: every numeric option range-checked at parse time (before the CUDA check), unknown formats
 # and grids named, --json opened before any work.
-for opt in --iters --warmup --b --s-q --h-q --s-k --page --splits --device --topk --pool --dcp; do
+for opt in --iters --warmup --b --s-q --h-q --s-k --page --splits --device --topk --pool --extra-topk --extra-pool --dcp; do
   expect_fail "$opt" bench "$opt" -1
 done
 expect_fail "--iters" bench --iters 0
@@ -99,6 +99,7 @@ expect_fail "--b" bench --b 4611686018427387904
 expect_fail "--page" bench --page 288230376151711744
 expect_fail "--splits" bench --splits 65
 expect_fail "--format" bench --format fp7
+expect_fail "--extra-format" bench --extra-format fp7
 expect_fail "--grid" bench --grid issue10
 expect_fail "cannot open" bench --json /nonexistent-dir/x.json
 # Options that matter only with another one are refused with a sentence, not ignored (issue 52).
@@ -119,6 +120,9 @@ expect_fail "--dcp applies to dcp only" bench --dcp 2
 expect_fail "--trace applies to mqa_decode, sparse_mqa only" bench --ops mha_prefill --trace
 expect_fail "--batch-invariant applies to mqa_decode, sparse_mqa only" bench --ops mha_prefill --batch-invariant
 expect_fail "--b and --grid both choose the rows" bench --b 4 --grid issue7
+expect_fail "--extra-topk shapes the single row that --b selects" bench --ops sparse_mqa --extra-topk 512
+expect_fail "--extra-format shapes a DeepSeek-V4 row's extra cache: give --extra-topk too" bench --ops sparse_mqa --b 4 --extra-format v41_fp4
+expect_fail "--extra-pool applies to sparse_mqa only" bench --ops mqa_decode --b 4 --extra-pool 64
 expect_fail "--grid issue9 is a list of mha_prefill rows" bench --ops mqa_decode --grid issue9
 expect_fail "--grid issue48 is a list of mqa_decode, sparse_mqa, layer rows" bench --ops mha_prefill,gemm --grid issue48
 # Parse failures in the program's voice: what was given, what is accepted, where the help is; exit 3.

@@ -18,6 +18,22 @@
 
 namespace mla::app {
 
+namespace {
+// A cache format's name (mla/cache_format.h), the parser's own message otherwise.
+CLI::Validator cache_format_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          cache_format_from_string(s);
+          return {};
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "FORMAT");
+}
+}  // namespace
+
 CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "bench", "Benchmark the kernels and a whole layer step on a CUDA device: median time after warm-up with L2 "
@@ -54,16 +70,7 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
       ->capture_default_str();
   cmd->add_option("--page", o.decode.page, "mqa_decode shape: cache page size")->check(int_range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--format", o.decode.format, "mqa_decode / sparse_mqa shape: cache format (bf16, fp8, fp8_ds_mla)")
-      ->check(CLI::Validator(
-          [](std::string& s) -> std::string {
-            try {
-              cache_format_from_string(s);
-              return {};
-            } catch (const Error& e) {
-              return e.what();
-            }
-          },
-          "FORMAT"))
+      ->check(cache_format_validator())
       ->capture_default_str();
   cmd->add_flag("--varlen", o.decode.varlen, "mqa_decode shape: seq_lens uniform in [1, s_k] instead of all s_k");
   cmd->add_flag("--graph", o.decode.graph,
@@ -79,6 +86,18 @@ CLI::App* add_bench_command(CLI::App& app, bench::BenchOptions& o) {
   cmd->add_option("--topk", o.decode.topk, "sparse_mqa shape: indices per token")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--pool", o.decode.pool, "sparse_mqa shape: cache rows the indices are drawn from (0: b * topk rows, each read once)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  cmd->add_option("--extra-topk", o.decode.extra_topk,
+                  "sparse_mqa shape: a DeepSeek-V4 row (d_qk 512, K = V, a per-head sink): --topk window rows of the "
+                  "main cache and this many rows of the extra (compressed) cache per token")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--extra-pool", o.decode.extra_pool,
+                  "sparse_mqa V4 shape: extra-cache rows the extra indices are drawn from (0: b * extra-topk rows, each "
+                  "read once)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  cmd->add_option("--extra-format", o.decode.extra_format,
+                  "sparse_mqa V4 shape: the extra cache's format (default: --format; V4.1: --format v41 --extra-format "
+                  "v41_fp4)")
+      ->check(cache_format_validator());
   cmd->add_flag("--trace", o.decode.trace,
                 "mqa_decode: after each row, the sm90 kernels' per-CTA timeline of a warm and a cold call (needs a build "
                 "configured with -DMLA_DECODE_TRACE=ON; docs/design/attention_sm90.md \"10. Where the time goes\")");
@@ -140,6 +159,8 @@ void check_relevance(const bench::BenchOptions& o, const std::set<std::string>& 
       {"--varlen", {decode, prefill}, true},      {"--sequential-pages", {decode}, true},
       {"--non-causal", {prefill}, true},          {"--topk", {sparse}, true},
       {"--pool", {sparse}, true},                 {"--splits", {decode}, true},
+      {"--extra-topk", {sparse}, true},           {"--extra-pool", {sparse}, true},
+      {"--extra-format", {sparse}, true},
       {"--trace", {decode, sparse}, false},       {"--dcp", {"dcp"}, false},
       {"--out-quant", {"layer", "gemm"}, false},          {"--kv-scales", {"layer"}, false},
       {"--batch-invariant", {decode, sparse}, false}, {"--fp8-compute", {decode}, false},
@@ -166,6 +187,9 @@ void check_relevance(const bench::BenchOptions& o, const std::set<std::string>& 
                               "their default rows{})",
                               r.option, o.decode_grid.empty() ? "" : " or --grid's"));
   }
+  for (const char* v4 : {"--extra-pool", "--extra-format"})
+    if (given.count(v4) && !given.count("--extra-topk"))
+      throw Error(fmt::format("{} shapes a DeepSeek-V4 row's extra cache: give --extra-topk too", v4));
   if (given.count("--b") && given.count("--grid"))
     throw Error("--b and --grid both choose the rows to run: give one of them");
   if (!o.decode_grid.empty()) {
