@@ -517,7 +517,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(V4PersistentParam{CacheFormat::v4, CacheFormat::v4, 72},
                       V4PersistentParam{CacheFormat::v4, CacheFormat::v4, 128},
                       V4PersistentParam{CacheFormat::v41, CacheFormat::v41_fp4, 72},
-                      V4PersistentParam{CacheFormat::v41, CacheFormat::v41_fp4, 128}),
+                      V4PersistentParam{CacheFormat::v41, CacheFormat::v41_fp4, 128},
+                      V4PersistentParam{CacheFormat::v41, CacheFormat::v41, 72},
+                      V4PersistentParam{CacheFormat::v41_fp4, CacheFormat::v41_fp4, 128}),
     [](const auto& info) {
       return std::string(to_string(std::get<0>(info.param))) + "_" + to_string(std::get<1>(info.param)) + "_h" +
              std::to_string(std::get<2>(info.param));

@@ -183,10 +183,10 @@ void run_kernel(const dispatch::SparseArgs& a, decode_regime::Kernel kernel) {
     }
     // The unsplit 64-row kernel over V4.1 main records is persistent (convert/kernel.cuh): one CTA a SM at most,
     // each over units blockIdx.x, + grid, ... (a CTA fills a SM: 232 KB of shared memory).
-    int64_t units = int64_t{p.m_tiles} * t * p.num_splits;
+    // grid_for on the whole count first: it refuses more units than a launch (and the kernel's int unit index) holds.
+    unsigned grid = grid_for(int64_t{p.m_tiles} * t * p.num_splits, 1, "sparse_mqa (sm90, DeepSeek-V4)");
     if (!p.cluster_merge && !convert_v4_n16(p) && convert_v4_persistent(c.format))
-      units = std::min<int64_t>(units, sm_count(q.device.index));
-    const unsigned grid = grid_for(units, 1, "sparse_mqa (sm90, DeepSeek-V4)");
+      grid = std::min<unsigned>(grid, static_cast<unsigned>(sm_count(q.device.index)));
     launch_convert_v4_indexed(c.format, fe, p, grid, stream, "sparse_mqa (sm90, DeepSeek-V4)");
     return;
   }
