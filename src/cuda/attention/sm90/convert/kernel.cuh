@@ -754,6 +754,51 @@ __device__ __forceinline__ void store_o_rows16(const DecodeSm90Params& p, const 
   }
 }
 
+// A persistent V4 CTA's output through Q's buffer (the stages hold the next unit's first tiles by then): once every
+// product over Q retired, each consumer writes its O half as bf16 rows already scaled, the fragment path's values
+// (write_rows_half: O times its factor, then times out_scale / l), S columns 0..255 and R 256..511 of rows of
+// kQRowBytes (a quarter warp's four-byte stores of eight rows in distinct banks); both meet, then the 256 threads
+// write whole rows, 16 bytes a store, a rolled loop (store_staged_rows), and the LSEs. Taken when out is bf16 rows of
+// 16-byte aligned starts (out_rows16).
+inline constexpr int kQRowBytes = T::kDv * 2 + 16;
+static_assert(T::kBlockM * kQRowBytes <= T::kTileBytes, "a unit's bf16 O rows fit Q's buffer");
+
+// The fragment's rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) times inv_lo / inv_hi, as bf16 pairs
+// into columns c * 256 + 8 j + 2 t4 of the staged rows.
+__device__ __forceinline__ void stage_o_bf16(const float (&o)[T::kDvHalf / 2], float inv_lo, float inv_hi, uint8_t* rows,
+                                             int c, const Frag& rw) {
+  uint8_t* lo = rows + rw.r_lo * kQRowBytes + 2 * (c * T::kDvHalf + 2 * rw.t4);
+  uint8_t* hi = rows + rw.r_hi * kQRowBytes + 2 * (c * T::kDvHalf + 2 * rw.t4);
+#pragma unroll
+  for (int j = 0; j < T::kDvHalf / 8; ++j) {
+    *reinterpret_cast<uint32_t*>(lo + 16 * j) = ptx::pack_bf16x2(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
+    *reinterpret_cast<uint32_t*>(hi + 16 * j) = ptx::pack_bf16x2(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
+  }
+}
+// out_scale / l, 0 for a row without keys (l == 0); a NaN l propagates (SEMANTICS §14.6a): write_rows_half's factor.
+__device__ __forceinline__ float out_inv(float l, float out_scale) { return l == 0.0f ? 0.0f : out_scale / l; }
+
+// Thread t (0..255) of S and R, after both consumers staged their halves into Q's buffer: the unit's LSEs (t < 64, from
+// S's published references and sums) and every t-th 16-byte chunk of its rows; then the buffer is free for the next
+// unit's Q (each thread's reads before the async proxy's writes: fence, then the barrier).
+__device__ __forceinline__ void store_staged_rows(const DecodeSm90Params& p, const Unit& u, const Smem& sm, int t) {
+  const MqaRowParams& rp = p.rows;
+  if (t < T::kBlockM && u.row0 + t < u.m_rows) store_row_lse(p, u, u.row0 + t, row_lse(sm.refs()[t], sm.sums()[t]));
+  constexpr int kChunks = T::kDv / 8;
+  const uint8_t* rows = sm.q();
+#pragma unroll 1
+  for (int k = t; k < T::kBlockM * kChunks; k += 256) {
+    const int r = k / kChunks, ch = k % kChunks, row = u.row0 + r;
+    if (row >= u.m_rows) break;  // k grows with the row
+    const int i = row / rp.h_q, h = row % rp.h_q;
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(rp.out) + u.g * rp.out_stride_g + i * rp.out_stride_i +
+                              h * rp.out_stride_h + 8 * ch) =
+        *reinterpret_cast<const uint4*>(rows + r * kQRowBytes + 16 * ch);
+  }
+  ptx::fence_proxy_async_smem();
+  ptx::named_barrier_sync(L::kBarEnd, 256);
+}
+
 // ---- the consumers ----------------------------------------------------------------------------------------------
 
 inline constexpr float kLazyLog2 = 8.0f;  // the lazy maximum's threshold (log2 domain; as the seesaw's)
@@ -1204,6 +1249,18 @@ __device__ __forceinline__ int v4_with_keys(const DecodeSm90Params& p, int b) {
   return b;
 }
 
+// The CTA's next unit with keys after u: its Q's eight boxes into L2 (no shared memory, no barrier), so that S's
+// copy of them at u's end, behind the epilogue, reads L2 rather than DRAM. By R's first thread at u's start, while
+// R waits for u's first P.
+__device__ __forceinline__ void v4_q_prefetch_next(const CUtensorMap* q_map, const DecodeSm90Params& p, const Unit& u) {
+  const int next = v4_with_keys(p, v4_index(p, u) + static_cast<int>(gridDim.x));
+  if (next >= v4_units(p)) return;
+  V4Tiles w;
+  const Unit n = v4_unit(p, next, w);
+#pragma unroll
+  for (int c = 0; c < 8; ++c) ptx::tma_prefetch_l2_3d(q_map, 64 * c, n.row0, static_cast<int32_t>(n.g));
+}
+
 // The CTA's units for S or R (t: 0..255 over both): a unit without keys written at once (v4_empty_rows), one with
 // keys handed to body(u); the next unit's index derived from u, not held across the body.
 template <class Body>
@@ -1219,10 +1276,10 @@ __device__ __forceinline__ void v4_for_units(const DecodeSm90Params& p, int t, B
 }
 
 // The unsplit kernel's S warpgroup over its CTA's units (t: 0..127 S's, R's 128..255). Per unit with keys: Q (issued
-// during the previous unit's epilogue), the tiles, the sink, the row state for R; the next unit's Q is issued once
-// every S warp's products retired (Q's buffer is free: R reads only the stages and the P panel), so that its landing
-// overlaps this unit's epilogue and the converter's first tiles of the next unit. The CTA's last unit with keys
-// stores O through the stages (nothing refills them then), the others by the fragment path.
+// at the previous unit's end, read from L2: R put it there at that unit's start), the tiles, the sink, the row state
+// for R, then O through Q's buffer (every product over Q retired; the stages hold the converter's next tiles by
+// then) and the next unit's Q into the buffer once the rows are out. Outs other than 16-byte bf16 rows: the fragment
+// path, the next Q issued as soon as every S warp's products retired.
 template <CacheFormat FM>
 __device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const DecodeSm90Params& p, const Smem& sm, int t) {
   const Frag rw;
@@ -1240,7 +1297,8 @@ __device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const Decod
     ph = V4Phase::next(ph, u.n_tiles);
     const int next = v4_with_keys(p, v4_index(p, u) + static_cast<int>(gridDim.x));
     const bool last = next >= v4_units(p);
-    if (!last) {
+    const bool staged = out_rows16(p, u);  // O through Q's buffer, the next Q after it; else Q's buffer refilled now
+    if (!last && !staged) {
       ptx::named_barrier_sync(L::kBarSDone, 128);
       if (t == 0) {
         V4Tiles w;
@@ -1258,16 +1316,20 @@ __device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const Decod
       sm.out_factors()[rw.r_lo] = f_lo;
       sm.out_factors()[rw.r_hi] = f_hi;
     }
-    if (last && out_rows16(p, u)) {  // both consumers past their products before O goes through the stages
+    scale_rows(sr.o, f_lo, f_hi);
+    const float out_scale = exp2i(sr.ref - 6);
+    if (staged) {  // every product over Q retired (S's here, R's none): the buffer is O's
       ptx::named_barrier_sync(L::kBarEnd, 256);
-      stage_o_half(sr.o, reinterpret_cast<float*>(sm.stage(0)), rw);
+      stage_o_bf16(sr.o, out_inv(sr.l_lo, out_scale), out_inv(sr.l_hi, out_scale), sm.q(), 0, rw);
       ptx::named_barrier_sync(L::kBarEnd, 256);
-      store_o_rows16(p, u, sm, t, sr.ref);
+      store_staged_rows(p, u, sm, t);
+      if (!last && t == 0) {
+        V4Tiles w;
+        v4_q_issue(q_map, v4_unit(p, next, w), sm);
+      }
     } else {
       ptx::named_barrier_arrive(L::kBarEnd, 256);
-      scale_rows(sr.o, f_lo, f_hi);
-      write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, exp2i(sr.ref - 6),
-                      nullptr);
+      write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, out_scale, nullptr);
     }
     MLA_DECODE_TRACE_EVENT(6, 128);
   });
@@ -1277,12 +1339,13 @@ __device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const Decod
 // in shared memory (Smem::role_state, per warp) and its fragment place is the role's own (RRole::rw), so that the loop
 // holds as few of R's 160 registers as it can across the tiles.
 template <CacheFormat FM>
-__device__ __forceinline__ void v4_r_units(const DecodeSm90Params& p, const Smem& sm, int t) {
+__device__ __forceinline__ void v4_r_units(const CUtensorMap* q_map, const DecodeSm90Params& p, const Smem& sm, int t) {
   auto ph = [&]() -> volatile int& { return *sm.role_state(4 + ((t >> 5) & 3)); };
   if ((t & 31) == 0) ph() = 0;
   __syncwarp();
   v4_for_units(p, t, [&](const Unit& u) {
     v4_q_convert_persistent(u, sm, t, V4Phase::q(ph()));
+    if (t == 128) v4_q_prefetch_next(q_map, p, u);
     RRole<FM> r(u, sm);
     const Frag& rw = r.rw;
     r.run(V4Phase::tile(ph()));
@@ -1290,22 +1353,21 @@ __device__ __forceinline__ void v4_r_units(const DecodeSm90Params& p, const Smem
     __syncwarp();
     if ((t & 31) == 0) ph() = next_ph;
     __syncwarp();
-    const bool last = v4_with_keys(p, v4_index(p, u) + static_cast<int>(gridDim.x)) >= v4_units(p);
     ptx::named_barrier_sync(L::kBarEnd, 256);
-    if (last && out_rows16(p, u)) {  // the rotation first: it commutes with the rows' factors
-      rotate_o_r(p, u, sm, r.o, t - 128, rw.t4);
-      stage_o_half(r.o, reinterpret_cast<float*>(sm.stage(1)), rw);
+    const float* sums = sm.sums();
+    const float* refs = sm.refs();
+    const float* f = sm.out_factors();
+    scale_rows(r.o, f[rw.r_lo], f[rw.r_hi]);
+    rotate_o_r(p, u, sm, r.o, t - 128, rw.t4);
+    // O is relative to the last tile's reference 2^r and carries P's 2^6.
+    const float out_scale = exp2i(r.last_ref - 6);
+    if (out_rows16(p, u)) {  // through Q's buffer (v4_s_units)
+      stage_o_bf16(r.o, out_inv(sums[rw.r_lo], out_scale), out_inv(sums[rw.r_hi], out_scale), sm.q(), 1, rw);
       ptx::named_barrier_sync(L::kBarEnd, 256);
-      store_o_rows16(p, u, sm, t, r.last_ref);
+      store_staged_rows(p, u, sm, t);
     } else {
-      const float* sums = sm.sums();
-      const float* refs = sm.refs();
-      const float* f = sm.out_factors();
-      scale_rows(r.o, f[rw.r_lo], f[rw.r_hi]);
-      rotate_o_r(p, u, sm, r.o, t - 128, rw.t4);
-      // O is relative to the last tile's reference 2^r and carries P's 2^6.
       write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
-                      rw.t4, exp2i(r.last_ref - 6), nullptr);
+                      rw.t4, out_scale, nullptr);
     }
   });
 }
@@ -1368,7 +1430,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int t = static_cast<int>(threadIdx.x) - 128;
     if (wg == L::kRWarpgroup) {
       ptx::setmaxnreg_dec<L::kRRegs>();
-      convert::v4_r_units<FM>(p, sm, t);
+      convert::v4_r_units<FM>(&q_map, p, sm, t);
       return;
     }
     ptx::setmaxnreg_inc<L::kSRegs>();
