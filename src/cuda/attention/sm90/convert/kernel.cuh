@@ -85,6 +85,13 @@ struct Smem {
   __device__ __forceinline__ float* sums() const { return reinterpret_cast<float*>(base + L::kOffL); }
   __device__ __forceinline__ float* refs() const { return sums() + T::kBlockM; }
   __device__ __forceinline__ float* out_factors() const { return sums() + 2 * T::kBlockM; }  // the sink's, per row
+  // A persistent V4 CTA's unit state in Q's ninth panel (V4 Q takes eight; past the staged O rows' 66,560 bytes):
+  // the unit's rows' sinks (log2 domain, [64] fp32) and the CTA's next unit with keys, both written by R at the
+  // unit's start for S's epilogue.
+  __device__ __forceinline__ float* v4_sinks() const {
+    return reinterpret_cast<float*>(q() + T::kTileBytes - T::kBlockM * 4 - 16);
+  }
+  __device__ __forceinline__ int* v4_next() const { return reinterpret_cast<int*>(q() + T::kTileBytes - 16); }
   // v4 records: converter thread t's rope chunk i at rope_copy(t) + 2048 i (the scales' bytes).
   __device__ __forceinline__ uint8_t* rope_copy(int t) const { return base + L::kOffScale + 16 * t; }
   __device__ __forceinline__ uint32_t* mask_words(int s) const {
@@ -761,7 +768,8 @@ __device__ __forceinline__ void store_o_rows16(const DecodeSm90Params& p, const 
 // write whole rows, 16 bytes a store, a rolled loop (store_staged_rows), and the LSEs. Taken when out is bf16 rows of
 // 16-byte aligned starts (out_rows16).
 inline constexpr int kQRowBytes = T::kDv * 2 + 16;
-static_assert(T::kBlockM * kQRowBytes <= T::kTileBytes, "a unit's bf16 O rows fit Q's buffer");
+static_assert(T::kBlockM * kQRowBytes <= T::kTileBytes - T::kBlockM * 4 - 16,
+              "a unit's bf16 O rows fit Q's buffer below Smem::v4_sinks");
 
 // The fragment's rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) times inv_lo / inv_hi, as bf16 pairs
 // into columns c * 256 + 8 j + 2 t4 of the staged rows.
@@ -1249,11 +1257,13 @@ __device__ __forceinline__ int v4_with_keys(const DecodeSm90Params& p, int b) {
   return b;
 }
 
-// The CTA's next unit with keys after u: its Q's eight boxes into L2 (no shared memory, no barrier), so that S's
-// copy of them at u's end, behind the epilogue, reads L2 rather than DRAM. By R's first thread at u's start, while
-// R waits for u's first P.
-__device__ __forceinline__ void v4_q_prefetch_next(const CUtensorMap* q_map, const DecodeSm90Params& p, const Unit& u) {
+// The CTA's next unit with keys after u into Smem::v4_next (S reads it past kBarEnd) and its Q's eight boxes into L2
+// (no shared memory, no barrier), so that S's copy of them at u's end, behind the epilogue, reads L2 rather than
+// DRAM. By R's first thread at u's start, while R waits for u's first P.
+__device__ __forceinline__ void v4_q_prefetch_next(const CUtensorMap* q_map, const DecodeSm90Params& p, const Unit& u,
+                                                   const Smem& sm) {
   const int next = v4_with_keys(p, v4_index(p, u) + static_cast<int>(gridDim.x));
+  *sm.v4_next() = next;
   if (next >= v4_units(p)) return;
   V4Tiles w;
   const Unit n = v4_unit(p, next, w);
@@ -1295,19 +1305,20 @@ __device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const Decod
     SRole<FM> sr(p, u, sm);
     sr.run(V4Phase::tile(ph));
     ph = V4Phase::next(ph, u.n_tiles);
-    const int next = v4_with_keys(p, v4_index(p, u) + static_cast<int>(gridDim.x));
-    const bool last = next >= v4_units(p);
     const bool staged = out_rows16(p, u);  // O through Q's buffer, the next Q after it; else Q's buffer refilled now
-    if (!last && !staged) {
-      ptx::named_barrier_sync(L::kBarSDone, 128);
-      if (t == 0) {
-        V4Tiles w;
-        v4_q_issue(q_map, v4_unit(p, next, w), sm);
+    if (!staged) {
+      const int next = v4_with_keys(p, v4_index(p, u) + static_cast<int>(gridDim.x));
+      if (next < v4_units(p)) {
+        ptx::named_barrier_sync(L::kBarSDone, 128);
+        if (t == 0) {
+          V4Tiles w;
+          v4_q_issue(q_map, v4_unit(p, next, w), sm);
+        }
       }
     }
-    float f_lo, f_hi;
-    fold_sink(sink_log2_of(p, u, rw.r_lo), sr.m_lo, sr.l_lo, f_lo);
-    fold_sink(sink_log2_of(p, u, rw.r_hi), sr.m_hi, sr.l_hi, f_hi);
+    float f_lo, f_hi;  // the rows' sinks: R's, from the unit's start (past q_ready)
+    fold_sink(sm.v4_sinks()[rw.r_lo], sr.m_lo, sr.l_lo, f_lo);
+    fold_sink(sm.v4_sinks()[rw.r_hi], sr.m_hi, sr.l_hi, f_hi);
     if (rw.t4 == 0) {  // R reads them after kBarEnd; the next unit's are written past its q_ready, on which R's
       sm.sums()[rw.r_lo] = sr.l_lo;  // threads arrive after their reads
       sm.sums()[rw.r_hi] = sr.l_hi;
@@ -1322,8 +1333,9 @@ __device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const Decod
       ptx::named_barrier_sync(L::kBarEnd, 256);
       stage_o_bf16(sr.o, out_inv(sr.l_lo, out_scale), out_inv(sr.l_hi, out_scale), sm.q(), 0, rw);
       ptx::named_barrier_sync(L::kBarEnd, 256);
+      const int next = *sm.v4_next();  // R's, from the unit's start (past the first kBarEnd)
       store_staged_rows(p, u, sm, t);
-      if (!last && t == 0) {
+      if (next < v4_units(p) && t == 0) {
         V4Tiles w;
         v4_q_issue(q_map, v4_unit(p, next, w), sm);
       }
@@ -1344,8 +1356,10 @@ __device__ __forceinline__ void v4_r_units(const CUtensorMap* q_map, const Decod
   if ((t & 31) == 0) ph() = 0;
   __syncwarp();
   v4_for_units(p, t, [&](const Unit& u) {
+    // The rows' sinks for S's epilogue, handed over by q_ready (their loads in flight while Q lands).
+    if (t - 128 < T::kBlockM) sm.v4_sinks()[t - 128] = sink_log2_of(p, u, t - 128);
     v4_q_convert_persistent(u, sm, t, V4Phase::q(ph()));
-    if (t == 128) v4_q_prefetch_next(q_map, p, u);
+    if (t == 128) v4_q_prefetch_next(q_map, p, u, sm);
     RRole<FM> r(u, sm);
     const Frag& rw = r.rw;
     r.run(V4Phase::tile(ph()));
