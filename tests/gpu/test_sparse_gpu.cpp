@@ -488,8 +488,8 @@ INSTANTIATE_TEST_SUITE_P(
 // More (row tile, token) units than SMs: the unsplit 64-row sm90 kernel's persistent CTAs run two or three units each
 // (the stages, their barriers' phases and Q's buffer carried from one unit to the next), with tokens without keys
 // among them (written by S and R between units with keys), the output rotation, both output paths (16-byte row
-// starts: the CTA's last unit through the stages, the others by the fragment; 4-byte starts: the fragment always),
-// lengths and sinks per token.
+// starts, rows 512 or 520 wide: O staged in Q's buffer and stored by TMA boxes of an out tensor map; 4-byte starts:
+// the fragment's own stores), q rows 520 wide, lengths and sinks per token.
 using V4PersistentParam = std::tuple<CacheFormat, CacheFormat, int64_t /*h*/>;
 class SparseGpuV4Persistent : public ::testing::TestWithParam<V4PersistentParam> {};
 
@@ -503,6 +503,7 @@ TEST_P(SparseGpuV4Persistent, MatchesFloat64Oracle) {
   const std::vector<V4Shape> shapes = {
       {64, 4, 133, 37, true, true, true, DType::bf16, true, 0, 0, tokens, 17},
       {64, 4, 133, 37, true, true, true, DType::bf16, true, 0, 2, tokens, 17},
+      {64, 4, 133, 37, true, true, true, DType::bf16, true, 8, 8, tokens, 17},
       {16, 64, 64, 128, true, true, true, DType::bf16, false, 0, 0, tokens, 9}};
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const std::string what = std::string(to_string(main_format)) + " + " + to_string(extra_format) + " shape " +

@@ -66,8 +66,9 @@ inline CUtensorMap no_tensor_map() {
   return unused;
 }
 
-template <class Kernel>
-void launch_one(Kernel kernel, int smem, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
+// `map`: the kernel's first parameter, one CUtensorMap or a struct of them (convert/kernel.cuh V4Maps).
+template <class Kernel, class Map>
+void launch_one(Kernel kernel, int smem, unsigned grid, cudaStream_t stream, const Map& map,
                 const DecodeSm90Params& p, const char* what) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
   launch_kernel(kernel, grid, Traits::kThreads, static_cast<std::size_t>(smem), stream, p.rows.pdl != 0, what, map, p);
@@ -75,9 +76,9 @@ void launch_one(Kernel kernel, int smem, unsigned grid, cudaStream_t stream, con
 
 // `kernel` over `grid` CTAs in clusters of `cluster` consecutive CTAs (the seesaw's row-tile pairs and split
 // merge, the raw kernel's small-T sparse split).
-template <class Kernel>
+template <class Kernel, class Map>
 void launch_one_clustered(Kernel kernel, int smem, unsigned grid, unsigned cluster, cudaStream_t stream,
-                          const CUtensorMap& map, const DecodeSm90Params& p, const char* what) {
+                          const Map& map, const DecodeSm90Params& p, const char* what) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
   launch_cluster_pdl(kernel, grid, cluster, Traits::kThreads, static_cast<std::size_t>(smem), stream, p.rows.pdl != 0,
                      what, map, p);

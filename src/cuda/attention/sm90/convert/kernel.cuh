@@ -52,6 +52,7 @@
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/ptx/setmaxnreg.cuh"
 #include "cuda/common/ptx/tma.cuh"
+#include "cuda/common/ptx/tma_store.cuh"
 #include "cuda/common/ptx/warpgroup.cuh"
 #include "cuda/common/ptx/wgmma.cuh"
 #include "cuda/common/softmax.cuh"
@@ -762,49 +763,41 @@ __device__ __forceinline__ void store_o_rows16(const DecodeSm90Params& p, const 
 }
 
 // A persistent V4 CTA's output through Q's buffer (the stages hold the next unit's first tiles by then): once every
-// product over Q retired, each consumer writes its O half as bf16 rows already scaled, the fragment path's values
-// (write_rows_half: O times its factor, then times out_scale / l), S columns 0..255 and R 256..511 of rows of
-// kQRowBytes (a quarter warp's four-byte stores of eight rows in distinct banks); both meet, then the 256 threads
-// write whole rows, 16 bytes a store, a rolled loop (store_staged_rows), and the LSEs. Taken when out is bf16 rows of
-// 16-byte aligned starts (out_rows16).
-inline constexpr int kQRowBytes = T::kDv * 2 + 16;
-static_assert(T::kBlockM * kQRowBytes <= T::kTileBytes - T::kBlockM * 4 - 16,
-              "a unit's bf16 O rows fit Q's buffer below Smem::v4_sinks");
-
+// product over Q retired, each consumer writes its O half as bf16 already scaled, the fragment path's values
+// (write_rows_half: O times its factor, then times out_scale / l), in Q's own layout — eight 128-byte-swizzled panels
+// of 64 columns (S panels 0..3, R 4..7; store_p_f16's placement) — and fences them for the async proxy; past the
+// barrier, S's first thread stores the eight panels with eight TMA boxes of the out map (rows past h_q clipped by the
+// copy engine) and, once the engine has read them, refills the buffer with the next unit's Q. Taken when out is bf16
+// rows of 16-byte aligned starts (out_rows16: the host then maps out as it maps q).
 // The fragment's rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) times inv_lo / inv_hi, as bf16 pairs
-// into columns c * 256 + 8 j + 2 t4 of the staged rows.
-__device__ __forceinline__ void stage_o_bf16(const float (&o)[T::kDvHalf / 2], float inv_lo, float inv_hi, uint8_t* rows,
+// into columns c * 256 + 8 j + 2 t4 of the staged panels, fenced for the TMA stores.
+__device__ __forceinline__ void stage_o_bf16(const float (&o)[T::kDvHalf / 2], float inv_lo, float inv_hi, uint8_t* q,
                                              int c, const Frag& rw) {
-  uint8_t* lo = rows + rw.r_lo * kQRowBytes + 2 * (c * T::kDvHalf + 2 * rw.t4);
-  uint8_t* hi = rows + rw.r_hi * kQRowBytes + 2 * (c * T::kDvHalf + 2 * rw.t4);
 #pragma unroll
   for (int j = 0; j < T::kDvHalf / 8; ++j) {
-    *reinterpret_cast<uint32_t*>(lo + 16 * j) = ptx::pack_bf16x2(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
-    *reinterpret_cast<uint32_t*>(hi + 16 * j) = ptx::pack_bf16x2(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
+    uint8_t* panel = q + (4 * c + j / 8) * T::kPanelBytes + 4 * rw.t4;
+    *reinterpret_cast<uint32_t*>(panel + swz(rw.r_lo, j % 8)) =
+        ptx::pack_bf16x2(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
+    *reinterpret_cast<uint32_t*>(panel + swz(rw.r_hi, j % 8)) =
+        ptx::pack_bf16x2(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
   }
+  ptx::fence_proxy_async_smem();
 }
 // out_scale / l, 0 for a row without keys (l == 0); a NaN l propagates (SEMANTICS §14.6a): write_rows_half's factor.
 __device__ __forceinline__ float out_inv(float l, float out_scale) { return l == 0.0f ? 0.0f : out_scale / l; }
 
-// Thread t (0..255) of S and R, after both consumers staged their halves into Q's buffer: the unit's LSEs (t < 64, from
-// S's published references and sums) and every t-th 16-byte chunk of its rows; then the buffer is free for the next
-// unit's Q (each thread's reads before the async proxy's writes: fence, then the barrier).
-__device__ __forceinline__ void store_staged_rows(const DecodeSm90Params& p, const Unit& u, const Smem& sm, int t) {
-  const MqaRowParams& rp = p.rows;
+// S's thread t (0..127), after both consumers staged their halves: the unit's LSEs (t < 64, from S's published
+// references and sums); thread 0 stores the eight panels by TMA (o_map: out as {512, h_q, groups}, box {64, 64, 1})
+// and waits until the copy engine has read them, so that the buffer is free for the next Q.
+__device__ __forceinline__ void store_staged_rows(const CUtensorMap* o_map, const DecodeSm90Params& p, const Unit& u,
+                                                  const Smem& sm, int t) {
   if (t < T::kBlockM && u.row0 + t < u.m_rows) store_row_lse(p, u, u.row0 + t, row_lse(sm.refs()[t], sm.sums()[t]));
-  constexpr int kChunks = T::kDv / 8;
-  const uint8_t* rows = sm.q();
-#pragma unroll 1
-  for (int k = t; k < T::kBlockM * kChunks; k += 256) {
-    const int r = k / kChunks, ch = k % kChunks, row = u.row0 + r;
-    if (row >= u.m_rows) break;  // k grows with the row
-    const int i = row / rp.h_q, h = row % rp.h_q;
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(rp.out) + u.g * rp.out_stride_g + i * rp.out_stride_i +
-                              h * rp.out_stride_h + 8 * ch) =
-        *reinterpret_cast<const uint4*>(rows + r * kQRowBytes + 16 * ch);
-  }
-  ptx::fence_proxy_async_smem();
-  ptx::named_barrier_sync(L::kBarEnd, 256);
+  if (t != 0) return;
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    ptx::tma_store_3d(o_map, sm.q() + c * T::kPanelBytes, 64 * c, u.row0, static_cast<int32_t>(u.g));
+  ptx::bulk_commit_group();
+  ptx::bulk_wait_group_read<0>();
 }
 
 // ---- the consumers ----------------------------------------------------------------------------------------------
@@ -1271,6 +1264,16 @@ __device__ __forceinline__ void v4_q_prefetch_next(const CUtensorMap* q_map, con
   for (int c = 0; c < 8; ++c) ptx::tma_prefetch_l2_3d(q_map, 64 * c, n.row0, static_cast<int32_t>(n.g));
 }
 
+// Unit b's Q boxes (v4_q_issue) from its coordinates alone (no length loads), nothing when b is past the CTA's units.
+__device__ __forceinline__ void v4_q_issue_unit(const CUtensorMap* q_map, const DecodeSm90Params& p, int b,
+                                                const Smem& sm) {
+  if (b >= v4_units(p)) return;
+  Unit n;
+  n.g = b / p.m_tiles;
+  n.row0 = (b - static_cast<int>(n.g) * p.m_tiles) * p.tile_rows;
+  v4_q_issue(q_map, n, sm);
+}
+
 // The CTA's units for S or R (t: 0..255 over both): a unit without keys written at once (v4_empty_rows), one with
 // keys handed to body(u); the next unit's index derived from u, not held across the body.
 template <class Body>
@@ -1291,13 +1294,10 @@ __device__ __forceinline__ void v4_for_units(const DecodeSm90Params& p, int t, B
 // then) and the next unit's Q into the buffer once the rows are out. Outs other than 16-byte bf16 rows: the fragment
 // path, the next Q issued as soon as every S warp's products retired.
 template <CacheFormat FM>
-__device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const DecodeSm90Params& p, const Smem& sm, int t) {
+__device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const CUtensorMap* o_map, const DecodeSm90Params& p,
+                                           const Smem& sm, int t) {
   const Frag rw;
-  if (t == 0) {  // the first unit's Q
-    const int first = v4_with_keys(p, blockIdx.x);
-    V4Tiles w;
-    if (first < v4_units(p)) v4_q_issue(q_map, v4_unit(p, first, w), sm);
-  }
+  if (t == 0) v4_q_issue_unit(q_map, p, v4_with_keys(p, blockIdx.x), sm);  // the first unit's Q
   int ph = 0;  // V4Phase
   v4_for_units(p, t, [&](const Unit& u) {
     v4_q_convert_persistent(u, sm, t, V4Phase::q(ph));
@@ -1310,10 +1310,7 @@ __device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const Decod
       const int next = v4_with_keys(p, v4_index(p, u) + static_cast<int>(gridDim.x));
       if (next < v4_units(p)) {
         ptx::named_barrier_sync(L::kBarSDone, 128);
-        if (t == 0) {
-          V4Tiles w;
-          v4_q_issue(q_map, v4_unit(p, next, w), sm);
-        }
+        if (t == 0) v4_q_issue_unit(q_map, p, next, sm);
       }
     }
     float f_lo, f_hi;  // the rows' sinks: R's, from the unit's start (past q_ready)
@@ -1333,12 +1330,8 @@ __device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const Decod
       ptx::named_barrier_sync(L::kBarEnd, 256);
       stage_o_bf16(sr.o, out_inv(sr.l_lo, out_scale), out_inv(sr.l_hi, out_scale), sm.q(), 0, rw);
       ptx::named_barrier_sync(L::kBarEnd, 256);
-      const int next = *sm.v4_next();  // R's, from the unit's start (past the first kBarEnd)
-      store_staged_rows(p, u, sm, t);
-      if (next < v4_units(p) && t == 0) {
-        V4Tiles w;
-        v4_q_issue(q_map, v4_unit(p, next, w), sm);
-      }
+      store_staged_rows(o_map, p, u, sm, t);
+      if (t == 0) v4_q_issue_unit(q_map, p, *sm.v4_next(), sm);  // R's, from the unit's start
     } else {
       ptx::named_barrier_arrive(L::kBarEnd, 256);
       write_rows_half(p, u, sr.o, sr.m_lo, sr.m_hi, sr.l_lo, sr.l_hi, 0, rw.r_lo, rw.r_hi, rw.t4, out_scale, nullptr);
@@ -1377,8 +1370,7 @@ __device__ __forceinline__ void v4_r_units(const CUtensorMap* q_map, const Decod
     const float out_scale = exp2i(r.last_ref - 6);
     if (out_rows16(p, u)) {  // through Q's buffer (v4_s_units)
       stage_o_bf16(r.o, out_inv(sums[rw.r_lo], out_scale), out_inv(sums[rw.r_hi], out_scale), sm.q(), 1, rw);
-      ptx::named_barrier_sync(L::kBarEnd, 256);
-      store_staged_rows(p, u, sm, t);
+      ptx::named_barrier_sync(L::kBarEnd, 256);  // S stores the panels
     } else {
       write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
                       rw.t4, out_scale, nullptr);
@@ -1387,6 +1379,13 @@ __device__ __forceinline__ void v4_r_units(const CUtensorMap* q_map, const Decod
 }
 
 }  // namespace convert
+
+// The DeepSeek-V4 64-row kernel's tensor maps (kernel parameters): q as {512, h_q, groups} bf16, box {64, 64, 1},
+// 128-byte swizzle (Q's panels); out the same way (the persistent kernel's staged output, out_rows16; else unused).
+struct V4Maps {
+  CUtensorMap q;
+  CUtensorMap o;
+};
 
 // The DeepSeek-V4 sparse_mqa kernel: the converter kernel's roles over record caches (records.cuh) on (row tile,
 // token) units: Q 64 x 512 (f16 * 2^e_r per row), keys of the main list (format FM) then of the extra list (FE),
@@ -1401,7 +1400,7 @@ __device__ __forceinline__ void v4_r_units(const CUtensorMap* q_map, const Decod
 // then cluster_merge_protocol; a token without keys: rank 0 writes it, no rank waits at a cluster barrier.
 template <CacheFormat FM, CacheFormat FE, bool kSplit>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    decode_sm90_convert_v4_kernel(const __grid_constant__ CUtensorMap q_map, const DecodeSm90Params p) {
+    decode_sm90_convert_v4_kernel(const __grid_constant__ V4Maps maps, const DecodeSm90Params p) {
   static_assert(CacheFormatTraits<FM>::kRecord && CacheFormatTraits<FE>::kRecord, "DeepSeek-V4 record formats");
   using L = ConvertTraits;
   using T = Traits;
@@ -1444,11 +1443,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int t = static_cast<int>(threadIdx.x) - 128;
     if (wg == L::kRWarpgroup) {
       ptx::setmaxnreg_dec<L::kRRegs>();
-      convert::v4_r_units<FM>(&q_map, p, sm, t);
+      convert::v4_r_units<FM>(&maps.q, p, sm, t);
       return;
     }
     ptx::setmaxnreg_inc<L::kSRegs>();
-    convert::v4_s_units<FM>(&q_map, p, sm, t);
+    convert::v4_s_units<FM>(&maps.q, &maps.o, p, sm, t);
     return;
   } else {
     Unit u(p, /*gather=*/true);
@@ -1489,7 +1488,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     const convert::Frag rw;
     // S and R (threads 128 .. 383) load and convert Q before they take their registers: one copy of that code.
-    convert::v4_q_prologue(&q_map, u, sm, static_cast<int>(threadIdx.x) - 128);
+    convert::v4_q_prologue(&maps.q, u, sm, static_cast<int>(threadIdx.x) - 128);
     if (wg == L::kRWarpgroup) {
       ptx::setmaxnreg_dec<L::kRRegs>();
       convert::RRole<FM> r(u, sm);

@@ -12,22 +12,32 @@
 namespace mla::cuda::decode_sm90 {
 
 namespace {
+// Whether out's rows (kOutRows16: a 16-byte aligned base, strides multiples of 8 elements) also make TMA strides:
+// positive and below 2^40 bytes over the dimensions stepped over (h_q and tokens; s_q is 1 in sparse_mqa).
+bool out_rows_tma(const MqaRowParams& r) {
+  auto ok = [](int64_t extent, int64_t stride) {
+    return extent == 1 || (stride > 0 && stride * 2 < (int64_t(1) << 40));
+  };
+  return ok(r.h_q, r.out_stride_h) && ok(r.groups, r.out_stride_g);
+}
+
 // Q's boxes for v4_q_issue (convert/kernel.cuh): q as {512, h_q, tokens} bf16, box {64, rows, 1} (rows: the N 16
 // tile's 16 or 64), 128-byte swizzle. A dimension of extent 1 is never stepped over, so its stride is taken as the
 // contiguous one (the view's may be anything there); the others are the view's (supports_v4 in sparse_mqa.cu: a
 // 16-byte aligned base, positive strides of a multiple of 16 bytes).
-CUtensorMap q_map_of(const DecodeSm90Params& p, int rows, const char* what) {
+// of_out: out mapped the same way (the persistent kernel's TMA stores of O, when out_rows_tma).
+CUtensorMap q_map_of(const DecodeSm90Params& p, int rows, const char* what, bool of_out = false) {
   const MqaRowParams& r = p.rows;
   ptx::TmaTensor t;
-  t.base = r.q;
+  t.base = of_out ? r.out : r.q;
   t.dtype = DType::bf16;
   t.rank = 3;
   t.dims[0] = 512;
   t.dims[1] = r.h_q;
   t.dims[2] = r.groups;
   t.strides[0] = 1;
-  t.strides[1] = r.h_q > 1 ? r.q_stride_h : 512;
-  t.strides[2] = r.groups > 1 ? r.q_stride_g : t.strides[1] * r.h_q;
+  t.strides[1] = r.h_q > 1 ? (of_out ? r.out_stride_h : r.q_stride_h) : 512;
+  t.strides[2] = r.groups > 1 ? (of_out ? r.out_stride_g : r.q_stride_g) : t.strides[1] * r.h_q;
   t.box[0] = 64;
   t.box[1] = rows;
   t.box[2] = 1;
@@ -45,14 +55,21 @@ bool launch_pair(CacheFormat fm, CacheFormat fe, const DecodeSm90Params& p, unsi
   constexpr int smem = ConvertTraits::kSmemBytes;
   const bool n16 = convert_v4_n16(p);
   const CUtensorMap q_map = q_map_of(p, n16 ? convert::kN16 : Traits::kBlockM, what);
+  // The persistent 64-row kernel stores bf16 out rows of 16-byte starts by TMA (v4_s_units): out mapped as q is.
+  // An out whose strides are no TMA strides (negative, or past 2^40 bytes) takes the fragment path's pair stores.
+  DecodeSm90Params pp = p;
+  const bool persistent = !n16 && !p.cluster_merge && convert_v4_persistent(FM);
+  if (persistent && pp.out_pairs == kOutRows16 && !out_rows_tma(pp.rows)) pp.out_pairs = kOutPairs;
+  const bool o_tma = persistent && pp.out_pairs == kOutRows16;
+  const V4Maps maps{q_map, o_tma ? q_map_of(pp, Traits::kBlockM, what, true) : q_map};
   if (n16 && p.cluster_merge)
-    launch_one_clustered(decode_sm90_convert_v4n16_kernel<FM, FE, true>, smem, grid, cluster, stream, q_map, p, what);
+    launch_one_clustered(decode_sm90_convert_v4n16_kernel<FM, FE, true>, smem, grid, cluster, stream, q_map, pp, what);
   else if (n16)
-    launch_one(decode_sm90_convert_v4n16_kernel<FM, FE, false>, smem, grid, stream, q_map, p, what);
+    launch_one(decode_sm90_convert_v4n16_kernel<FM, FE, false>, smem, grid, stream, q_map, pp, what);
   else if (p.cluster_merge)
-    launch_one_clustered(decode_sm90_convert_v4_kernel<FM, FE, true>, smem, grid, cluster, stream, q_map, p, what);
+    launch_one_clustered(decode_sm90_convert_v4_kernel<FM, FE, true>, smem, grid, cluster, stream, maps, pp, what);
   else
-    launch_one(decode_sm90_convert_v4_kernel<FM, FE, false>, smem, grid, stream, q_map, p, what);
+    launch_one(decode_sm90_convert_v4_kernel<FM, FE, false>, smem, grid, stream, maps, pp, what);
   return true;
 }
 template <CacheFormat FM, CacheFormat FE>
