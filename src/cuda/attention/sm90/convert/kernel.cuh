@@ -51,6 +51,7 @@
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/common/ptx/setmaxnreg.cuh"
+#include "cuda/common/ptx/stmatrix.cuh"
 #include "cuda/common/ptx/tma.cuh"
 #include "cuda/common/ptx/tma_store.cuh"
 #include "cuda/common/ptx/warpgroup.cuh"
@@ -770,16 +771,22 @@ __device__ __forceinline__ void store_o_rows16(const DecodeSm90Params& p, const 
 // copy engine) and, once the engine has read them, refills the buffer with the next unit's Q. Taken when out is bf16
 // rows of 16-byte aligned starts (out_rows16: the host then maps out as it maps q).
 // The fragment's rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) times inv_lo / inv_hi, as bf16 pairs
-// into columns c * 256 + 8 j + 2 t4 of the staged panels, fenced for the TMA stores.
+// into columns c * 256 + 8 j + 2 t4 of the staged panels by stmatrix (the wgmma D fragment is its layout): one x4
+// a column-block pair j, j + 1 — matrices (rows of r_lo, j), (r_hi, j), (r_lo, j + 1), (r_hi, j + 1) — lane l giving
+// row l % 8 of matrix l / 8, whose 16 bytes sit at chunk (j % 8 + l / 16) of its panel row (eight rows of a matrix in
+// distinct 16-byte bank groups); fenced for the TMA stores.
 __device__ __forceinline__ void stage_o_bf16(const float (&o)[T::kDvHalf / 2], float inv_lo, float inv_hi, uint8_t* q,
                                              int c, const Frag& rw) {
+  const int lane = static_cast<int>(threadIdx.x & 31), row = (rw.r_lo & ~7) + 8 * ((lane >> 3) & 1) + (lane & 7);
+  const int half = lane >> 4;
+  uint8_t* base = q + 4 * c * T::kPanelBytes;
 #pragma unroll
-  for (int j = 0; j < T::kDvHalf / 8; ++j) {
-    uint8_t* panel = q + (4 * c + j / 8) * T::kPanelBytes + 4 * rw.t4;
-    *reinterpret_cast<uint32_t*>(panel + swz(rw.r_lo, j % 8)) =
-        ptx::pack_bf16x2(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
-    *reinterpret_cast<uint32_t*>(panel + swz(rw.r_hi, j % 8)) =
-        ptx::pack_bf16x2(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
+  for (int j = 0; j < T::kDvHalf / 8; j += 2) {
+    const uint32_t r[4] = {ptx::pack_bf16x2(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo),
+                           ptx::pack_bf16x2(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi),
+                           ptx::pack_bf16x2(o[4 * j + 4] * inv_lo, o[4 * j + 5] * inv_lo),
+                           ptx::pack_bf16x2(o[4 * j + 6] * inv_hi, o[4 * j + 7] * inv_hi)};
+    ptx::stmatrix_x4(base + (j / 8) * T::kPanelBytes + swz(row, j % 8 + half), r);
   }
   ptx::fence_proxy_async_smem();
 }
@@ -1324,11 +1331,11 @@ __device__ __forceinline__ void v4_s_units(const CUtensorMap* q_map, const CUten
       sm.out_factors()[rw.r_lo] = f_lo;
       sm.out_factors()[rw.r_hi] = f_hi;
     }
-    scale_rows(sr.o, f_lo, f_hi);
+    if (!staged) scale_rows(sr.o, f_lo, f_hi);
     const float out_scale = exp2i(sr.ref - 6);
     if (staged) {  // every product over Q retired (S's here, R's none): the buffer is O's
       ptx::named_barrier_sync(L::kBarEnd, 256);
-      stage_o_bf16(sr.o, out_inv(sr.l_lo, out_scale), out_inv(sr.l_hi, out_scale), sm.q(), 0, rw);
+      stage_o_bf16(sr.o, f_lo * out_inv(sr.l_lo, out_scale), f_hi * out_inv(sr.l_hi, out_scale), sm.q(), 0, rw);
       ptx::named_barrier_sync(L::kBarEnd, 256);
       store_staged_rows(o_map, p, u, sm, t);
       if (t == 0) v4_q_issue_unit(q_map, p, *sm.v4_next(), sm);  // R's, from the unit's start
@@ -1364,12 +1371,14 @@ __device__ __forceinline__ void v4_r_units(const CUtensorMap* q_map, const Decod
     const float* sums = sm.sums();
     const float* refs = sm.refs();
     const float* f = sm.out_factors();
-    scale_rows(r.o, f[rw.r_lo], f[rw.r_hi]);
+    const bool staged = out_rows16(p, u);
+    if (!staged) scale_rows(r.o, f[rw.r_lo], f[rw.r_hi]);  // staged: with 1 / l (the rotation is per row)
     rotate_o_r(p, u, sm, r.o, t - 128, rw.t4);
     // O is relative to the last tile's reference 2^r and carries P's 2^6.
     const float out_scale = exp2i(r.last_ref - 6);
-    if (out_rows16(p, u)) {  // through Q's buffer (v4_s_units)
-      stage_o_bf16(r.o, out_inv(sums[rw.r_lo], out_scale), out_inv(sums[rw.r_hi], out_scale), sm.q(), 1, rw);
+    if (staged) {  // through Q's buffer (v4_s_units)
+      stage_o_bf16(r.o, f[rw.r_lo] * out_inv(sums[rw.r_lo], out_scale), f[rw.r_hi] * out_inv(sums[rw.r_hi], out_scale),
+                   sm.q(), 1, rw);
       ptx::named_barrier_sync(L::kBarEnd, 256);  // S stores the panels
     } else {
       write_rows_half(p, u, r.o, refs[rw.r_lo], refs[rw.r_hi], sums[rw.r_lo], sums[rw.r_hi], 1, rw.r_lo, rw.r_hi,
