@@ -848,14 +848,16 @@ __device__ __forceinline__ void q_to_f16(const Smem& sm, int t, int rows = kRows
     const int c = kInterleave ? k + kPerRow * i : kRotate ? c0 + ((i + rot) & (kShare - 1)) : c0 + i;
     return reinterpret_cast<uint4*>(q + (c >> 3) * T::kPanelBytes + swz(row, c & 7));
   };
-  uint32_t amax = 0;  // fp32 bits of max |q|: non-negative floats order as their bits
+  // The maximum's pass: two bf16 magnitudes a word, kept apart by a packed 16-bit max (non-negative bf16 values, inf
+  // and NaN included, order as their bits), two instructions a word; then as fp32 bits.
+  uint32_t m2 = 0;
 #pragma unroll 4
   for (int i = 0; i < n; ++i) {
     const uint4 v = *at(i);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) amax = max(amax, max((w[k] << 16) & 0x7fffffffu, w[k] & 0x7fff0000u));
+    m2 = __vmaxu2(m2, __vmaxu2(__vmaxu2(v.x & 0x7fff7fffu, v.y & 0x7fff7fffu),
+                               __vmaxu2(v.z & 0x7fff7fffu, v.w & 0x7fff7fffu)));
   }
+  uint32_t amax = max(m2 << 16, m2 & 0xffff0000u);  // fp32 bits of max |q|
 #pragma unroll
   for (int o = 1; o < kPerRow; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const int e = q_row_exponent(amax);
