@@ -764,12 +764,12 @@ __device__ __forceinline__ void store_o_rows16(const DecodeSm90Params& p, const 
 }
 
 // A persistent V4 CTA's output through Q's buffer (the stages hold the next unit's first tiles by then): once every
-// product over Q retired, each consumer writes its O half as bf16 already scaled, the fragment path's values
-// (write_rows_half: O times its factor, then times out_scale / l), in Q's own layout — eight 128-byte-swizzled panels
-// of 64 columns (S panels 0..3, R 4..7; store_p_f16's placement) — and fences them for the async proxy; past the
-// barrier, S's first thread stores the eight panels with eight TMA boxes of the out map (rows past h_q clipped by the
-// copy engine) and, once the engine has read them, refills the buffer with the next unit's Q. Taken when out is bf16
-// rows of 16-byte aligned starts (out_rows16: the host then maps out as it maps q).
+// product over Q retired, each consumer writes its O half as bf16 already scaled — O times f · out_scale / l in one
+// multiply (write_rows_half's O · f, then · out_scale / l, within an fp32 rounding) — in Q's own layout (eight
+// 128-byte-swizzled panels of 64 columns: S panels 0..3, R 4..7; store_p_f16's placement) and fences them for the
+// async proxy; past the barrier, S's first thread stores the eight panels with eight TMA boxes of the out map (rows
+// past h_q clipped by the copy engine) and, once the engine has read them, refills the buffer with the next unit's Q.
+// Taken when out is bf16 rows of 16-byte aligned starts (out_rows16: the host then maps out as it maps q).
 // The fragment's rows r_lo (o[4 j], o[4 j + 1]) and r_hi (o[4 j + 2], o[4 j + 3]) times inv_lo / inv_hi, as bf16 pairs
 // into columns c * 256 + 8 j + 2 t4 of the staged panels by stmatrix (the wgmma D fragment is its layout): one x4
 // a column-block pair j, j + 1 — matrices (rows of r_lo, j), (r_hi, j), (r_lo, j + 1), (r_hi, j + 1) — lane l giving

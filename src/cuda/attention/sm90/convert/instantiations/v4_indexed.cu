@@ -56,7 +56,8 @@ bool launch_pair(CacheFormat fm, CacheFormat fe, const DecodeSm90Params& p, unsi
   const bool n16 = convert_v4_n16(p);
   const CUtensorMap q_map = q_map_of(p, n16 ? convert::kN16 : Traits::kBlockM, what);
   // The persistent 64-row kernel stores bf16 out rows of 16-byte starts by TMA (v4_s_units): out mapped as q is.
-  // An out whose strides are no TMA strides (negative, or past 2^40 bytes) takes the fragment path's pair stores.
+  // An out whose strides are no TMA strides takes the fragment path's pair stores (the op's checks leave only strides
+  // past 2^40 bytes: non-negative, non-aliasing outputs).
   DecodeSm90Params pp = p;
   const bool persistent = !n16 && !p.cluster_merge && convert_v4_persistent(FM);
   if (persistent && pp.out_pairs == kOutRows16 && !out_rows_tma(pp.rows)) pp.out_pairs = kOutPairs;
