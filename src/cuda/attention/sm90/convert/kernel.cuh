@@ -1218,12 +1218,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
 namespace convert {
 
-// The unit `b` of the DeepSeek-V4 schedule (Unit: (row tile, token), the token's tiles over both lists) and its lists.
-__device__ __forceinline__ Unit v4_unit(const DecodeSm90Params& p, int b, V4Tiles& v) {
-  Unit u;  // Unit(p, true)'s uniform schedule at unit b, when p.num_splits is 1
+// The unit `b` of the DeepSeek-V4 schedule: its coordinates alone (token g, first row row0), no length loads.
+__device__ __forceinline__ Unit v4_unit_at(const DecodeSm90Params& p, int b) {
+  Unit u;
   const int g = b / p.m_tiles;
   u.row0 = (b - g * p.m_tiles) * p.tile_rows;
   u.g = g;
+  return u;
+}
+// The unit `b` of the DeepSeek-V4 schedule (Unit: (row tile, token), the token's tiles over both lists) and its lists.
+__device__ __forceinline__ Unit v4_unit(const DecodeSm90Params& p, int b, V4Tiles& v) {
+  Unit u = v4_unit_at(p, b);  // Unit(p, true)'s uniform schedule at unit b, when p.num_splits is 1
   u.split = 0;
   u.ws_slot = -1;
   u.m_rows = p.rows.s_q * p.rows.h_q;
@@ -1276,11 +1281,7 @@ __device__ __forceinline__ void v4_q_prefetch_next(const CUtensorMap* q_map, con
 // Unit b's Q boxes (v4_q_issue) from its coordinates alone (no length loads), nothing when b is past the CTA's units.
 __device__ __forceinline__ void v4_q_issue_unit(const CUtensorMap* q_map, const DecodeSm90Params& p, int b,
                                                 const Smem& sm) {
-  if (b >= v4_units(p)) return;
-  Unit n;
-  n.g = b / p.m_tiles;
-  n.row0 = (b - static_cast<int>(n.g) * p.m_tiles) * p.tile_rows;
-  v4_q_issue(q_map, n, sm);
+  if (b < v4_units(p)) v4_q_issue(q_map, v4_unit_at(p, b), sm);
 }
 
 // The CTA's units for S or R (t: 0..255 over both): a unit without keys written at once (v4_empty_rows), one with
