@@ -477,9 +477,10 @@ __device__ __forceinline__ int next_reference(int e, int r, int s, const Smem& s
 
 // Trace build: the DeepSeek-V4 converter's steps on tile 2 kTracePair + s, in stage s's nine producer slots
 // (trace.cuh), stamped by lane 0 of warp 0: 0 the loop's top, 1 the tile's codes used (its exponent), 2 the reference
-// agreed (the converter's barrier), 3 the stage's release seen, 4 the stores done, 5 the full arrival, 6 the feed's
-// next() done (the next tile's loads and prefetch issued, or with RingFeed its records read out of the ring); and by
-// warp 3: 7 its stores done, 8 its arrival.
+// agreed (the converter's barrier; EarlyFeed: the next tile's, after the arrival), 3 the stage's release seen, 4 the
+// stores done, 5 the full arrival, 6 the feed's next() done (the next tile's loads and prefetch issued, or with
+// RingFeed its records read out of the ring); and by warp 3: 7 its stores done, 8 its arrival. The stamps read the
+// clock: ptxas may move them across independent instructions (a load's wait shows up before the top's stamp).
 struct V4ConvTrace {
   enum Step { kTop, kLanded, kReference, kEmpty, kStored, kArrived, kIssued };
   int slot0 = -1, slot3 = -1;
@@ -513,6 +514,7 @@ __device__ __forceinline__ void prefetch_record(const G& geo, int32_t e, int lan
 // entries in a register, so that neither the loads nor the prefetch wait for a read of the index row.
 template <CacheFormat F, class G>
 struct GlobalFeed {
+  static constexpr bool kEarly = false;
   const G& geo;
   const records::List& l;
   int n_tiles, w, lane;
@@ -539,6 +541,59 @@ struct GlobalFeed {
   }
 };
 
+// EarlyFeed (v41_fp4 lists from global memory): the next tile's loads are issued during this tile's stores. All of a
+// warp's global loads share one scoreboard in the SASS, so a wait for one load is a wait for every load issued
+// before it; the schedule puts one such wait in a tile, at its first conversion: tile k + 1's entries are used
+// (located, tile k + 2 prefetched into L2, tile k + 3's entries read), its scale slots and keys 0..7 loaded after
+// tile k's first half of stores (refill(0)), keys 8..15 after the second (refill(1)); tile k + 1's reference is
+// taken from the slots before refill(1) and agreed at tile k's end (the converter's barrier then overlaps S's
+// products). Records.cuh Warp::store_refill: the halves unrolled, since a rolled loop's moves of the refilled
+// registers made ptxas wait for the loads at the loop's back edge. v41 stays on GlobalFeed: its 16-byte code chunks
+// (64 registers a tile) held across the refill spilled 190 bytes.
+template <CacheFormat F, class G>
+struct EarlyFeed : GlobalFeed<F, G> {  // its list, entries and entry(); not its load order
+  using B = GlobalFeed<F, G>;
+  using B::e1, B::e2, B::entry, B::geo, B::lane, B::n_tiles;
+  static constexpr bool kEarly = true;
+  const uint8_t* body_next = nullptr;  // lane j's (and j + 16's): key j of the next tile
+  uint32_t valid_next = 0;             // bit j: the next tile's key j read
+  __device__ __forceinline__ bool locate(int32_t e, const uint8_t*& body) const {
+    const uint8_t* slot;
+    return records::locate<F>(geo, e, body, slot);
+  }
+  // Tile 0's records and slots, waited for by the caller's first reference.
+  __device__ __forceinline__ void first(records::Warp<F>& codes) {
+    const uint8_t* body;
+    const bool v = locate(entry(0), body);
+    codes.valid = __ballot_sync(0xffffffffu, v) & 0xffffu;
+    codes.slot = records::Warp<F>::slot_words(body, v, lane);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) codes.take_at(j, records::shfl_ptr(body, j), (codes.valid >> j) & 1u, lane);
+    e1 = entry(1);
+    e2 = entry(2);
+    if (n_tiles > 1) prefetch_record<F>(geo, e1, lane);
+  }
+  // Tile k + 1's records located, tile k + 2's prefetched into L2, tile k + 3's entries read.
+  __device__ __forceinline__ void locate_next(int k) {
+    bool v = false;
+    if (k + 1 < n_tiles) v = locate(e1, body_next);
+    valid_next = __ballot_sync(0xffffffffu, v) & 0xffffu;
+    if (k + 2 < n_tiles) prefetch_record<F>(geo, e2, lane);
+    e1 = e2;
+    e2 = entry(k + 3);
+  }
+  // After half `half` of tile k's stores: tile k + 1's keys 8 half .. 8 half + 7 into codes' slots 8..15 (and with
+  // the first half, its scale slots).
+  __device__ __forceinline__ void refill(records::Warp<F>& codes, int half) const {
+    if (half == 0) codes.slot = records::Warp<F>::slot_words(body_next, (valid_next >> (lane & 15)) & 1u, lane);
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int key = 8 * half + jj;
+      codes.take_at(8 + jj, records::shfl_ptr(body_next, key), (valid_next >> key) & 1u, lane);
+    }
+  }
+};
+
 // RingFeed (the N 16 tile): a loader warp (n16.cuh RingLoader) copies the records into the warp's ring slots
 // (ConvertTraits::ring_offset) and publishes the tile's key mask; the converter warp waits ring_full(w), reads them
 // into its registers and releases the slots on ring_empty(w), so that the loader issues the next tile's copies while
@@ -546,6 +601,7 @@ struct GlobalFeed {
 // parity from one list to the next.
 template <CacheFormat F>
 struct RingFeed {
+  static constexpr bool kEarly = false;
   static constexpr int kRec = static_cast<int>(CacheFormatTraits<F>::row_stride_bytes());  // the whole record
   int n_tiles, w, lane;
   const Smem& sm;
@@ -576,25 +632,47 @@ __device__ __forceinline__ int convert_list(Feed feed, int n_tiles, int i0, int&
   if (n_tiles == 0) return i0;
   if constexpr (F == CacheFormat::v4) codes.rope = sm.rope_copy(threadIdx.x & 127);
   feed.first(codes);
+  if constexpr (Feed::kEarly) r = next_reference(codes.slot_exponent(), r, i0 & 1, sm);
 #pragma unroll 1
   for (int k = 0; k < n_tiles; ++k) {
     const int i = i0 + k, s = i & 1;
     [[maybe_unused]] const V4ConvTrace tr(s, i, w);
     tr.stamp(V4ConvTrace::kTop);
-    const int e = codes.exponent();
-    tr.stamp(V4ConvTrace::kLanded);
-    r = next_reference(e, r, s, sm);
-    tr.stamp(V4ConvTrace::kReference);
-    ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
-    tr.stamp(V4ConvTrace::kEmpty);
-    codes.store(sm.stage(s), w, lane, r);
-    tr.stamp(V4ConvTrace::kStored);
-    if (lane == 0) reinterpret_cast<uint16_t*>(sm.mask_words(s))[w] = static_cast<uint16_t>(codes.valid);
+    int e_next = 0;  // early path: the next tile's scale exponent
+    if constexpr (Feed::kEarly) {
+      ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
+      tr.stamp(V4ConvTrace::kEmpty);
+      if (lane == 0) reinterpret_cast<uint16_t*>(sm.mask_words(s))[w] = static_cast<uint16_t>(codes.valid);
+      // The next tile's entries are used after the first half, its slots' exponent taken after the second, each
+      // before that half's loads are issued (EarlyFeed: a wait for one load is a wait for all).
+      codes.store_refill(sm.stage(s), w, lane, r, [&](int half) {
+        if (half == 0) feed.locate_next(k);
+        else e_next = codes.slot_exponent();
+        feed.refill(codes, half);
+      });
+      codes.valid = feed.valid_next;
+      tr.stamp(V4ConvTrace::kStored);
+    } else {
+      const int e = codes.exponent();
+      tr.stamp(V4ConvTrace::kLanded);
+      r = next_reference(e, r, s, sm);
+      tr.stamp(V4ConvTrace::kReference);
+      ptx::mbar_wait(sm.empty(s), ((i >> 1) & 1) ^ 1);
+      tr.stamp(V4ConvTrace::kEmpty);
+      codes.store(sm.stage(s), w, lane, r);
+      tr.stamp(V4ConvTrace::kStored);
+      if (lane == 0) reinterpret_cast<uint16_t*>(sm.mask_words(s))[w] = static_cast<uint16_t>(codes.valid);
+    }
     if (lane == 0 && w == 0) *sm.stage_ref(s) = r;
     ptx::fence_proxy_async_smem();
     ptx::mbar_arrive(sm.full(s));
     tr.stamp(V4ConvTrace::kArrived);
-    feed.next(codes, k);
+    if constexpr (Feed::kEarly) {
+      if (k + 1 < n_tiles) r = next_reference(e_next, r, s ^ 1, sm);
+      tr.stamp(V4ConvTrace::kReference);
+    } else {
+      feed.next(codes, k);
+    }
     tr.stamp(V4ConvTrace::kIssued);
   }
   return i0 + n_tiles;
@@ -609,6 +687,8 @@ __device__ __forceinline__ int convert_records(const G& geo, const records::List
   const int lane = threadIdx.x & 31, w = (threadIdx.x & 127) >> 5;
   static_assert(!(kRing && F == CacheFormat::v4), "v4 records are not read through the ring");
   if constexpr (kRing) return convert_list<F>(RingFeed<F>{n_tiles, w, lane, sm, ring_phase}, n_tiles, i0, r, sm);
+  else if constexpr (F == CacheFormat::v41_fp4)
+    return convert_list<F>(EarlyFeed<F, G>{{geo, l, n_tiles, w, lane}}, n_tiles, i0, r, sm);
   else return convert_list<F>(GlobalFeed<F, G>{geo, l, n_tiles, w, lane}, n_tiles, i0, r, sm);
 }
 

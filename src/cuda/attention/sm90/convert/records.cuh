@@ -197,6 +197,7 @@ struct Warp {
   uint32_t sb4[4];       // key j's scale byte in byte j % 4 of sb4[j / 4] (0: key not read): packed by exponent()
   uint32_t byte[16];     // key j's scale byte as loaded, untouched until exponent() (no wait inside load())
   uint32_t valid;        // bit j: key j read (every lane the same)
+  uint4 slot;            // the early path's scale words (slot_words): the tile's reference without its codes
   __device__ __forceinline__ void load(const uint8_t* body_j, const uint8_t* /*slot_j: body_j + kSlotAt*/, bool v_j,
                                        int lane) {
     valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
@@ -239,6 +240,82 @@ struct Warp {
 #pragma unroll
     for (int q = 0; q < 4; ++q) m = max(m, byte_max(kFp4 ? e4m3_rank4(sb4[q]) : ue8m0_rank4(sb4[q])));
     return kFp4 ? e4m3_exponent(m) : ue8m0_exponent(m);
+  }
+  // The early path (convert/kernel.cuh EarlyFeed, v41_fp4 lists): a tile's records are loaded during the previous
+  // tile's stores. Its reference comes from the scale slots alone: lanes j and j + 16 take key j's slot (v41_fp4: 32
+  // bytes, a half each; v41: the 16 bytes, both), so the warp holds every scale of its 16 keys, the set exponent()
+  // reduces (zeros for a key not read).
+  __device__ __forceinline__ static uint4 slot_words(const uint8_t* body, bool v, int lane) {
+    const uint8_t* at = body + kSlotAt + (kFp4 ? 16 * (lane >> 4) : 0);
+    return v ? __ldg(reinterpret_cast<const uint4*>(at)) : make_uint4(0, 0, 0, 0);
+  }
+  // This lane's largest scale exponent over `slot` (the ranks' bytes as 16-bit pairs, a packed max a pair).
+  __device__ __forceinline__ int slot_exponent() const {
+    const uint32_t w[4] = {slot.x, slot.y, slot.z, slot.w};
+    uint32_t m2 = 0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t rk = kFp4 ? e4m3_rank4(w[q]) : ue8m0_rank4(w[q]);
+      m2 = __vmaxu2(m2, __vmaxu2(rk & 0x00ff00ffu, (rk >> 8) & 0x00ff00ffu));
+    }
+    const uint32_t m = max(m2 & 0xffffu, m2 >> 16);
+    return kFp4 ? e4m3_exponent(m) : ue8m0_exponent(m);
+  }
+  // Key j's codes and scale byte into slot n of raw / byte (v: read, b its record in global memory).
+  __device__ __forceinline__ void take_at(int n, const uint8_t* b, bool v, int lane) {
+    if constexpr (L::kBytes == 16) {
+      raw[n] = v ? __ldg(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
+    } else {
+      const uint2 x = v ? __ldg(reinterpret_cast<const uint2*>(b) + lane) : make_uint2(0, 0);
+      raw[n] = make_uint4(x.x, x.y, 0, 0);
+    }
+    byte[n] = v ? uint32_t{__ldg(b + kSlotAt + L::scale_at(lane))} : 0u;
+  }
+  // raw[jj] (scale byte b) into the stage's row 16 w + row: this lane's chunks at lo_at / hi_at (the odd panels'
+  // lanes swapped: store()); jj is the row's swizzle phase.
+  __device__ __forceinline__ void put_key(int jj, int row, uint32_t b, int r, bool odd, uint8_t* lo_at, uint8_t* hi_at,
+                                          int c_lo, int c_hi, bool& two_any) const {
+    uint4 lo, hi;
+    const uint4& c = raw[jj];
+    if constexpr (kFp4) {
+      const uint32_t m = e4m3_scale_f16x2(b, r);
+      lo = mul4(e2m1x8_f16(odd ? c.y : c.x), m);
+      hi = mul4(e2m1x8_f16(odd ? c.x : c.y), m);
+    } else {
+      const uint32_t m = Ue8m0::m1_f32(b, r);
+      e4m3x16_to_f16(odd ? make_uint4(c.z, c.w, c.x, c.y) : c, lo, hi);
+      lo = mul4(lo, m);
+      hi = mul4(hi, m);
+      two_any |= Ue8m0::two(b, r);
+    }
+    *reinterpret_cast<uint4*>(lo_at + row * 128 + ((c_lo ^ jj) << 4)) = lo;
+    *reinterpret_cast<uint4*>(hi_at + row * 128 + ((c_hi ^ jj) << 4)) = hi;
+  }
+  // store() for the early path (v41_fp4): the same stores, from byte[] (a half's bytes are used at once, no packing),
+  // and after each half refill(half) loads the next tile's keys 8 half .. 8 half + 7 into raw / byte 8 .. 15. The two
+  // halves are unrolled: rolled, the moves of the refilled registers between the passes made ptxas wait for the
+  // loads at the loop's back edge (a warp's global loads share one scoreboard). Leaves raw / byte holding the next
+  // tile's keys.
+  template <class Refill>
+  __device__ __forceinline__ void store_refill(uint8_t* stage, int w, int lane, int r, Refill&& refill) {
+    static_assert(kFp4, "v41's 16-byte chunks stay on store(): held across the refill they spilled");
+    const bool odd = (lane >> 2) & 1;
+    const int n_lo = 2 * lane + (odd ? 1 : 0), n_hi = 2 * lane + (odd ? 0 : 1);
+    uint8_t* const lo_at = chunk_at(stage, 16 * w, n_lo) - swz(0, n_lo % 8);
+    uint8_t* const hi_at = chunk_at(stage, 16 * w, n_hi) - swz(0, n_hi % 8);
+    const int c_lo = n_lo % 8, c_hi = n_hi % 8;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      bool two_any = false;  // v41 only
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) put_key(jj, 8 * half + jj, byte[jj], r, odd, lo_at, hi_at, c_lo, c_hi, two_any);
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        raw[jj] = raw[jj + 8];
+        byte[jj] = byte[jj + 8];
+      }
+      refill(half);
+    }
   }
   // Into the stage: rows 16 w + j, lane l's chunks 2 l, 2 l + 1, relative to the reference r. Two passes of one
   // eight-key body (a loop, not unrolled: half the code per tile, and with the scale bytes packed in exponent() the
