@@ -1030,6 +1030,7 @@ struct SRole {
 
   // P V_L of the previous tile (the CTA's j - 1) retired: its stage is released by this warpgroup.
   __device__ __forceinline__ void release_previous(int i, int j) {
+    if constexpr (kRec) return;  // released at the tile's end (run)
     if (i > 0) {
       ptx::wgmma_wait_group<1>();
       ptx::wgmma_fence_operand(o);
@@ -1125,10 +1126,19 @@ struct SRole {
       }
       ptx::wgmma_commit_group();
       MLA_DECODE_TRACE_PAIR(0, 4 * (i & 1) + 3, i >> 1);
+      if constexpr (kRec) {
+        // The records: P V_L retired and the stage released now, not once the next tile's S is issued. The converter
+        // fills stage s again for tile j + 2 as soon as both roles are past it, and S has nothing to issue before tile
+        // j + 1 is full (the converter sets the pace): held to the next S, the stage waited ~2,700 cycles a tile.
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(o);
+        ptx::mbar_arrive(sm.empty(s));
+        MLA_DECODE_TRACE_PAIR(0, 8 + (i & 1), i >> 1);
+      }
     }
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(o);
-    if (u.n_tiles > 0) ptx::mbar_arrive(sm.empty((i0 + u.n_tiles - 1) & 1));
+    if (!kRec && u.n_tiles > 0) ptx::mbar_arrive(sm.empty((i0 + u.n_tiles - 1) & 1));
     MLA_DECODE_TRACE_EVENT(5, 128);
     l_lo = softmax::quad_sum(l_lo);
     l_hi = softmax::quad_sum(l_hi);
