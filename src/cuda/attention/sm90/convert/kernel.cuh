@@ -563,12 +563,10 @@ struct EarlyFeed : GlobalFeed<F, G> {  // its list, entries and entry(); not its
   }
   // Tile 0's records and slots, waited for by the caller's first reference.
   __device__ __forceinline__ void first(records::Warp<F>& codes) {
-    const uint8_t* body;
-    const bool v = locate(entry(0), body);
-    codes.valid = __ballot_sync(0xffffffffu, v) & 0xffffu;
+    const uint8_t *body, *slot;
+    const bool v = records::locate<F>(geo, entry(0), body, slot);
     codes.slot = records::Warp<F>::slot_words(body, v, lane);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) codes.take_at(j, records::shfl_ptr(body, j), (codes.valid >> j) & 1u, lane);
+    codes.load(body, slot, v, lane);
     e1 = entry(1);
     e2 = entry(2);
     if (n_tiles > 1) prefetch_record<F>(geo, e1, lane);
@@ -589,7 +587,7 @@ struct EarlyFeed : GlobalFeed<F, G> {  // its list, entries and entry(); not its
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {
       const int key = 8 * half + jj;
-      codes.take_at(8 + jj, records::shfl_ptr(body_next, key), (valid_next >> key) & 1u, lane);
+      codes.template take<false>(8 + jj, records::shfl_ptr(body_next, key), (valid_next >> key) & 1u, lane);
     }
   }
 };

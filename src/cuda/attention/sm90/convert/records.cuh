@@ -203,32 +203,32 @@ struct Warp {
     valid = __ballot_sync(0xffffffffu, v_j) & 0xffffu;
 #pragma unroll
     for (int j = 0; j < 16; ++j)
-      take<false>(j, shfl_ptr(body_j, j), lane);
+      take<false>(j, shfl_ptr(body_j, j), (valid >> j) & 1u, lane);
   }
   // The same from shared memory (the N 16 tile's ring: key j's record at at(j)); vb bit j: key j's record is there.
   template <class At>
   __device__ __forceinline__ void load_ring(const At& at, uint32_t vb, int lane) {
     valid = vb & 0xffffu;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) take<true>(j, at(j), lane);
+    for (int j = 0; j < 16; ++j) take<true>(j, at(j), (valid >> j) & 1u, lane);
   }
-  // Key j's record at b (kShared: in shared memory; else global, read-only path): lane l's codes and scale byte, zeros
-  // when the key is not read. The slot ends the record, so one pointer locates both.
+  // A key's record at b (kShared: in shared memory; else global, read-only path) into slot n of raw / byte: lane l's
+  // codes and scale byte, zeros when the key is not read (v false). The slot ends the record, so one pointer locates
+  // both.
   template <bool kShared, class V>
   __device__ __forceinline__ static V ld(const V* at) {
     if constexpr (kShared) return *at;
     else return __ldg(at);
   }
   template <bool kShared>
-  __device__ __forceinline__ void take(int j, const uint8_t* b, int lane) {
-    const bool v = (valid >> j) & 1u;
+  __device__ __forceinline__ void take(int n, const uint8_t* b, bool v, int lane) {
     if constexpr (L::kBytes == 16) {
-      raw[j] = v ? ld<kShared>(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
+      raw[n] = v ? ld<kShared>(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
     } else {
       const uint2 x = v ? ld<kShared>(reinterpret_cast<const uint2*>(b) + lane) : make_uint2(0, 0);
-      raw[j] = make_uint4(x.x, x.y, 0, 0);
+      raw[n] = make_uint4(x.x, x.y, 0, 0);
     }
-    byte[j] = v ? uint32_t{ld<kShared>(b + kSlotAt + L::scale_at(lane))} : 0u;
+    byte[n] = v ? uint32_t{ld<kShared>(b + kSlotAt + L::scale_at(lane))} : 0u;
   }
   __device__ __forceinline__ uint32_t sb(int j) const { return (sb4[j / 4] >> (8 * (j % 4))) & 0xffu; }
   // This lane's largest scale exponent over its 16 keys (keys not read: scale byte 0, below the floor).
@@ -261,33 +261,14 @@ struct Warp {
     const uint32_t m = max(m2 & 0xffffu, m2 >> 16);
     return kFp4 ? e4m3_exponent(m) : ue8m0_exponent(m);
   }
-  // Key j's codes and scale byte into slot n of raw / byte (v: read, b its record in global memory).
-  __device__ __forceinline__ void take_at(int n, const uint8_t* b, bool v, int lane) {
-    if constexpr (L::kBytes == 16) {
-      raw[n] = v ? __ldg(reinterpret_cast<const uint4*>(b) + lane) : make_uint4(0, 0, 0, 0);
-    } else {
-      const uint2 x = v ? __ldg(reinterpret_cast<const uint2*>(b) + lane) : make_uint2(0, 0);
-      raw[n] = make_uint4(x.x, x.y, 0, 0);
-    }
-    byte[n] = v ? uint32_t{__ldg(b + kSlotAt + L::scale_at(lane))} : 0u;
-  }
-  // raw[jj] (scale byte b) into the stage's row 16 w + row: this lane's chunks at lo_at / hi_at (the odd panels'
-  // lanes swapped: store()); jj is the row's swizzle phase.
+  // raw[jj] (v41_fp4: 16 e2m1 codes, scale byte b) into the stage's row 16 w + row: this lane's chunks at lo_at /
+  // hi_at (the odd panels' lanes swapped: store()); jj is the row's swizzle phase.
   __device__ __forceinline__ void put_key(int jj, int row, uint32_t b, int r, bool odd, uint8_t* lo_at, uint8_t* hi_at,
-                                          int c_lo, int c_hi, bool& two_any) const {
-    uint4 lo, hi;
+                                          int c_lo, int c_hi) const {
     const uint4& c = raw[jj];
-    if constexpr (kFp4) {
-      const uint32_t m = e4m3_scale_f16x2(b, r);
-      lo = mul4(e2m1x8_f16(odd ? c.y : c.x), m);
-      hi = mul4(e2m1x8_f16(odd ? c.x : c.y), m);
-    } else {
-      const uint32_t m = Ue8m0::m1_f32(b, r);
-      e4m3x16_to_f16(odd ? make_uint4(c.z, c.w, c.x, c.y) : c, lo, hi);
-      lo = mul4(lo, m);
-      hi = mul4(hi, m);
-      two_any |= Ue8m0::two(b, r);
-    }
+    const uint32_t m = e4m3_scale_f16x2(b, r);
+    const uint4 lo = mul4(e2m1x8_f16(odd ? c.y : c.x), m);
+    const uint4 hi = mul4(e2m1x8_f16(odd ? c.x : c.y), m);
     *reinterpret_cast<uint4*>(lo_at + row * 128 + ((c_lo ^ jj) << 4)) = lo;
     *reinterpret_cast<uint4*>(hi_at + row * 128 + ((c_hi ^ jj) << 4)) = hi;
   }
@@ -306,9 +287,8 @@ struct Warp {
     const int c_lo = n_lo % 8, c_hi = n_hi % 8;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      bool two_any = false;  // v41 only
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) put_key(jj, 8 * half + jj, byte[jj], r, odd, lo_at, hi_at, c_lo, c_hi, two_any);
+      for (int jj = 0; jj < 8; ++jj) put_key(jj, 8 * half + jj, byte[jj], r, odd, lo_at, hi_at, c_lo, c_hi);
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         raw[jj] = raw[jj + 8];
