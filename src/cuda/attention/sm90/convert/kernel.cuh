@@ -487,9 +487,10 @@ struct V4ConvTrace {
   enum Step { kTop, kLanded, kReference, kEmpty, kStored, kArrived, kIssued };
   int slot0 = -1, slot3 = -1, slot_arrival = -1;
   __device__ __forceinline__ V4ConvTrace(int s, int i, int warp) {
-    if (warp == 0) slot0 = trace_prod_slot(s, 0, 0, i);
-    if (warp == 3) slot3 = trace_prod_slot(s, 0, 0, i);
-    if (trace_prod_slot(s, 0, 0, i) >= 0 && (warp == 1 || warp == 2 || warp == 4))
+    const int slot = trace_prod_slot(s, 0, 0, i);
+    if (warp == 0) slot0 = slot;
+    if (warp == 3) slot3 = slot;
+    if (slot >= 0 && (warp == 1 || warp == 2 || warp == 4))
       slot_arrival = kTracePairBase + kTracePairSteps + (warp == 4 ? 8 + s : 4 + 2 * s + warp - 1);
   }
   __device__ __forceinline__ void stamp(Step k) const {
