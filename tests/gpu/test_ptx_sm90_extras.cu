@@ -139,6 +139,62 @@ TEST(PtxBarrier, SlotReleasedByOneOfTwoReadingWarpgroups) {
   EXPECT_EQ(errors.download()[0], 0);
 }
 
+// The N 16 V4 kernel's record ring (attention/sm90/convert/n16.cuh RingLoader, kernel.cuh RingFeed), in a loop: a
+// loader warp waits `empty`, fills a slot by cp.async (each lane's copies counted on `full` by
+// cp.async.mbarrier.arrive.noinc, lane 0 arrives too: 33 arrivals), a reader warp waits `full`, every lane reads
+// chunks other lanes copied, then __syncwarp and lane 0 alone arrives on `empty` (count 1) before the next round's
+// copies overwrite the slot. The other lanes' reads are ordered before that release by __syncwarp: correct by
+// construction, and the readers are delayed so that a release that did not wait shows the next round's values.
+// Under compute-sanitizer racecheck this is the reference for the reports on the ring (RingFeed's records::Warp
+// reads against RingLoader's copies; docs/DEVELOPING.md's sanitizer table).
+__global__ void slot_release_by_lane0_kernel(const int4* src, int rounds, int* errors) {
+  __shared__ alignas(16) int4 buf[64];
+  __shared__ alignas(8) uint64_t full, empty;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    mbar_init(&full, 33);
+    mbar_init(&empty, 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  for (int r = 0; r < rounds; ++r) {
+    if (warp == 0) {
+      if (r > 0) mbar_wait(&empty, (r - 1) & 1);
+      cp_async_16(&buf[lane], &src[r * 64 + lane]);
+      cp_async_16(&buf[lane + 32], &src[r * 64 + lane + 32]);
+      cp_async_arrive_mbarrier(&full);
+      if (lane == 0) mbar_arrive(&full);
+    } else {
+      mbar_wait(&full, r & 1);
+      __nanosleep(300 * (lane % 7));
+      const int a = (lane + 13) % 64, b = (lane + 45) % 64;  // chunks copied by other lanes
+      if (buf[a].x != r * 64 + a || buf[b].x != r * 64 + b) atomicAdd(errors, 1);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty);
+    }
+  }
+  if (warp == 0) {  // no copies in flight at exit
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+}
+
+TEST(PtxBarrier, RingSlotReleasedByLaneZeroAfterSyncwarp) {
+  MLA_SKIP_WITHOUT_GPU();
+  constexpr int kRounds = 16;
+  std::vector<int4> host(kRounds * 64);
+  for (int i = 0; i < kRounds * 64; ++i) host[static_cast<std::size_t>(i)] = make_int4(i, 0, 0, 0);
+  test::DevBuf<int4> src(host.size());
+  src.upload(host);
+  test::DevBuf<int> errors(1);
+  errors.fill_bytes(0);
+  for (const int rounds : {1, kRounds}) {
+    slot_release_by_lane0_kernel<<<1, 64>>>(src.p, rounds, errors.p);
+    MLA_CUDA_OK(cudaDeviceSynchronize());
+  }
+  EXPECT_EQ(errors.download()[0], 0);
+}
+
 // The seesaw kernel's epilogue exchange (attention/sm90/seesaw/kernel.cuh run(): each consumer warpgroup
 // writes its row sums, bar.sync on a named barrier counted for the two consumer warpgroups only, then
 // every thread reads both halves), in a 384-thread block whose first warpgroup (the producers) takes no
