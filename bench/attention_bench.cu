@@ -116,7 +116,7 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   static const char* steps[2][kTracePairSteps] = {
       {"start", "rope landed", "P1+remote", "rope+remote", "S done", "m0 pub", "P0, O*a0", "local PV", "m1 read", "end"},
       {"start", "S, max", "m1 pub", "P1 stored", "P0 synced|V4 w1 arrived 0", "local PV|V4 w2 arrived 0",
-       "remote PV|V4 w1 arrived 1", "V4 w2 arrived 1", "V4 w4 arrived 0", "V4 w4 arrived 1"}};
+       "remote PV|V4 w1 arrived 1", "V4 w2 arrived 1", "", ""}};
   bool any = false;
   for (int c = 0; c < kTraceCtas && !any; ++c) any = st[c * kTraceEvents + kTracePairBase] != 0;
   if (!any) return;

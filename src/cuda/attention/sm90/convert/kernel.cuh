@@ -480,8 +480,7 @@ __device__ __forceinline__ int next_reference(int e, int r, int s, const Smem& s
 // agreed (the converter's barrier; EarlyFeed: the next tile's, after the arrival), 3 the stage's release seen, 4 the
 // stores done, 5 the full arrival, 6 the feed's next() done (the next tile's loads and prefetch issued, or with
 // RingFeed its records read out of the ring); and by warp 3: 7 its stores done, 8 its arrival. Warps 1 and 2 stamp
-// their arrivals into the pair's consumer-1 steps the V4 kernels leave free (4 + 2 s + warp - 1), and a second
-// converter warpgroup's warp 0 (warp 4 here: warp w of warpgroup g is 4 g + w) into step 8 + s. The stamps read the
+// their arrivals into the pair's consumer-1 steps the V4 kernels leave free (4 + 2 s + warp - 1). The stamps read the
 // clock: ptxas may move them across independent instructions (a load's wait shows up before the top's stamp).
 struct V4ConvTrace {
   enum Step { kTop, kLanded, kReference, kEmpty, kStored, kArrived, kIssued };
@@ -490,8 +489,7 @@ struct V4ConvTrace {
     const int slot = trace_prod_slot(s, 0, 0, i);
     if (warp == 0) slot0 = slot;
     if (warp == 3) slot3 = slot;
-    if (slot >= 0 && (warp == 1 || warp == 2 || warp == 4))
-      slot_arrival = kTracePairBase + kTracePairSteps + (warp == 4 ? 8 + s : 4 + 2 * s + warp - 1);
+    if (slot >= 0 && (warp == 1 || warp == 2)) slot_arrival = kTracePairBase + kTracePairSteps + 4 + 2 * s + warp - 1;
   }
   __device__ __forceinline__ void stamp(Step k) const {
     MLA_DECODE_TRACE_PROD(slot0, static_cast<int>(k));
