@@ -625,8 +625,10 @@ void run_sparse_case(BenchContext& ctx, const SparseCase& c) {
   cfg += target_note(c.target_us, ms);
   ctx.report("sparse_mqa", cfg, ms, bytes, flops,
              "FLOPs = 2*T*h*(topk+extra_topk)*(d_qk+d_v); bytes = distinct rows*row_bytes (each cache's) + q + out");
-  if (c.t <= 1024)  // decode shapes (the prefill rows are compute-bound and mostly L2 hits)
-    report_sparse_floor(ctx, cb.cache, idx_host, extra.cache, extra_host, c.graph);
+  // Decode shapes: the DRAM read floor of their rows. Prefill shapes (compute-bound, their pool mostly L2-resident):
+  // the same kernel over every (token, index) row once, i.e. the rate at which an SM's gathers come out of the L2
+  // (a kernel over h rows makes h / 64 such passes).
+  report_sparse_floor(ctx, cb.cache, idx_host, extra.cache, extra_host, c.graph);
   if (ctx.options().decode.trace)
     trace_decode_calls(ctx, [&] { sparse_mqa(q, cb.cache, idx, {}, out, lse, kScale, opts, op); });
 }

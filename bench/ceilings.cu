@@ -4,8 +4,15 @@
 //         GB/s = 2 * size / time (each byte is read once and written once)
 //   gemm  cuBLAS bf16 GEMM m = n = k = 8192 (2048 with --quick) on random data, fp32 accumulation,
 //         through mla::gemm; TFLOP/s = 2 m n k / time
+//   launch  the floor of a graph-replayed small step (the issue 48 rows' timing): kernels that do nothing, one CTA
+//         of 128 threads per SM, captured and replayed as time_graph_ms times a row (after the L2 flush) — one
+//         kernel; two in stream order; two where the second is a programmatic dependent launch that waits on the
+//         first (griddepcontrol.wait) and the first lets it start at its entry (griddepcontrol.launch_dependents),
+//         the decode kernels' pattern. A row's time less the one-kernel floor is what its kernels add; the second
+//         kernel's increment is what one more dependent launch in a step costs.
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <string>
 
 #include "mla/error.h"
@@ -14,8 +21,74 @@
 
 namespace mla::bench {
 
+namespace {
+
+__global__ void launch_floor_kernel() {}
+
+// The first of a dependent pair: lets the dependent grid start at once, as the decode kernels do at their entry.
+__global__ void launch_floor_primary_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The dependent of the pair: waits for the primary grid's completion (and its memory) before returning.
+__global__ void launch_floor_dependent_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+void launched(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("launch ceiling: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// `kernel` over one CTA of 128 threads per SM on `stream`; `pdl`: as a programmatic dependent launch.
+void launch_empty(void (*kernel)(), int sms, cudaStream_t stream, bool pdl) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(sms));
+  cfg.blockDim = dim3(128);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1]{};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  launched(cudaLaunchKernelEx(&cfg, kernel), "cudaLaunchKernelEx");
+}
+
+// The three launch-floor rows (the header's "launch").
+void report_launch_floor(BenchContext& ctx) {
+  int sms = 0;
+  launched(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device()), "cudaDeviceGetAttribute");
+  const auto s = static_cast<cudaStream_t>(ctx.stream());
+  const struct {
+    const char* config;
+    std::function<void()> launch;
+  } rows[] = {
+      {"1 empty kernel, 1 CTA / SM", [&] { launch_empty(launch_floor_kernel, sms, s, false); }},
+      {"2 empty kernels in stream order",
+       [&] {
+         launch_empty(launch_floor_kernel, sms, s, false);
+         launch_empty(launch_floor_kernel, sms, s, false);
+       }},
+      {"2 empty kernels, the 2nd PDL",
+       [&] {
+         launch_empty(launch_floor_primary_kernel, sms, s, false);
+         launch_empty(launch_floor_dependent_kernel, sms, s, true);
+       }},
+  };
+  for (const auto& r : rows) {
+    std::string config = r.config;
+    const double ms = ctx.time_ms(r.launch, true, config);
+    ctx.report("ceiling: launch", config, ms, 0, 0, "graph-replayed after the L2 flush, as a small-step row");
+  }
+}
+
+}  // namespace
+
 void register_ceilings(Registry& r) {
-  r.add("ceilings", "device-to-device copy bandwidth and cuBLAS bf16 GEMM rate", [](BenchContext& ctx) {
+  r.add("ceilings", "device-to-device copy bandwidth, cuBLAS bf16 GEMM rate, graph-replayed launch floor", [](BenchContext& ctx) {
     const Device dev = Device::cuda(ctx.device());
     const int64_t bytes = ctx.quick() ? (int64_t{1} << 28) : (int64_t{1} << 31);
     {
@@ -44,6 +117,7 @@ void register_ceilings(Registry& r) {
       ctx.report("ceiling: gemm", "cuBLAS bf16 " + s + "x" + s + "x" + s, ms, 3.0 * n * n * 2, flops,
                  "flops = 2 m n k; bytes = a + b + c");
     }
+    report_launch_floor(ctx);
   });
 }
 
