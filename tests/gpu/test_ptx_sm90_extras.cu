@@ -123,20 +123,26 @@ __global__ void slot_release_by_one_group_kernel(const int4* src, int rounds, in
   }
 }
 
-TEST(PtxBarrier, SlotReleasedByOneOfTwoReadingWarpgroups) {
-  MLA_SKIP_WITHOUT_GPU();
+// Runs a slot probe kernel (src: chunk i of round r holds r * chunks + i in .x) for one round and for 16 and
+// expects it to have counted no error.
+void expect_slot_probe_clean(void (*kernel)(const int4*, int, int*), int threads, int chunks) {
   constexpr int kRounds = 16;
-  std::vector<int4> host(kRounds * 256);
-  for (int i = 0; i < kRounds * 256; ++i) host[static_cast<std::size_t>(i)] = make_int4(i, 0, 0, 0);
+  std::vector<int4> host(static_cast<std::size_t>(kRounds * chunks));
+  for (int i = 0; i < kRounds * chunks; ++i) host[static_cast<std::size_t>(i)] = make_int4(i, 0, 0, 0);
   test::DevBuf<int4> src(host.size());
   src.upload(host);
   test::DevBuf<int> errors(1);
   errors.fill_bytes(0);
   for (const int rounds : {1, kRounds}) {
-    slot_release_by_one_group_kernel<<<1, 384>>>(src.p, rounds, errors.p);
+    kernel<<<1, threads>>>(src.p, rounds, errors.p);
     MLA_CUDA_OK(cudaDeviceSynchronize());
   }
   EXPECT_EQ(errors.download()[0], 0);
+}
+
+TEST(PtxBarrier, SlotReleasedByOneOfTwoReadingWarpgroups) {
+  MLA_SKIP_WITHOUT_GPU();
+  expect_slot_probe_clean(slot_release_by_one_group_kernel, 384, 256);
 }
 
 // The N 16 V4 kernel's record ring (attention/sm90/convert/n16.cuh RingLoader, kernel.cuh RingFeed), in a loop: a
@@ -181,18 +187,7 @@ __global__ void slot_release_by_lane0_kernel(const int4* src, int rounds, int* e
 
 TEST(PtxBarrier, RingSlotReleasedByLaneZeroAfterSyncwarp) {
   MLA_SKIP_WITHOUT_GPU();
-  constexpr int kRounds = 16;
-  std::vector<int4> host(kRounds * 64);
-  for (int i = 0; i < kRounds * 64; ++i) host[static_cast<std::size_t>(i)] = make_int4(i, 0, 0, 0);
-  test::DevBuf<int4> src(host.size());
-  src.upload(host);
-  test::DevBuf<int> errors(1);
-  errors.fill_bytes(0);
-  for (const int rounds : {1, kRounds}) {
-    slot_release_by_lane0_kernel<<<1, 64>>>(src.p, rounds, errors.p);
-    MLA_CUDA_OK(cudaDeviceSynchronize());
-  }
-  EXPECT_EQ(errors.download()[0], 0);
+  expect_slot_probe_clean(slot_release_by_lane0_kernel, 64, 64);
 }
 
 // The seesaw kernel's epilogue exchange (attention/sm90/seesaw/kernel.cuh run(): each consumer warpgroup
