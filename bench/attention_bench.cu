@@ -39,7 +39,7 @@
 #include "mla/ops.h"
 #include "mla/plan.h"
 #include "mla/variants.h"
-#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/common/trace.cuh"
 #include "floor.h"
 #include "registry.h"
 
@@ -72,7 +72,7 @@ Tensor device_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> 
   return h.to(dev);
 }
 
-// --trace: the per-CTA stamps of the sm90 decode kernels (attention/sm90/common/trace.cuh) of one call, printed as the
+// --trace: the per-CTA stamps of the sm90 decode kernels (cuda/common/trace.cuh) of one call, printed as the
 // distribution over CTAs of each event's time after the first CTA's entry, and the CTAs' exit by unit count.
 void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   using cuda::decode_sm90::kTraceCtas;
@@ -97,6 +97,20 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
     std::sort(v.begin(), v.end());
     std::printf("      %-11s n %4zu  min %8.2f  p10 %8.2f  med %8.2f  p90 %8.2f  max %8.2f\n", names[e], v.size(), v.front(),
                 v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+  }
+  // The split-KV combine after the kernel (trace.cuh kTraceCombineBase), on the same clock.
+  static const char* cnames[cuda::decode_sm90::kTraceCombineSteps] = {"comb entry", "comb waited", "comb weights",
+                                                                      "comb stored"};
+  for (int k = 0; k < cuda::decode_sm90::kTraceCombineSteps; ++k) {
+    std::vector<double> v;
+    for (int c = 0; c < kTraceCtas; ++c) {
+      const uint64_t x = st[c * kTraceEvents + cuda::decode_sm90::kTraceCombineBase + k];
+      if (x != 0) v.push_back((static_cast<double>(x) - static_cast<double>(t0)) / 1e3);
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::printf("      %-12s n %4zu  min %8.2f  p10 %8.2f  med %8.2f  p90 %8.2f  max %8.2f\n", cnames[k], v.size(),
+                v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
   }
   for (int k = 1; k < 8; ++k) {
     double sum = 0, mx = 0;

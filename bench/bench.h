@@ -52,7 +52,7 @@ struct BenchOptions {
     // sm90_fp8c kernel above 32 rows) right after it
     bool fp8_compute = false;
     bool trace = false;           // mqa_decode: after each row, the sm90 kernels' timeline of one warm and one cold
-                                  // call (a build configured with -DMLA_DECODE_TRACE=ON; attention/sm90/common/trace.cuh)
+                                  // call (a build configured with -DMLA_DECODE_TRACE=ON; cuda/common/trace.cuh)
   } decode;
   std::string decode_grid;
   int dcp = 0;                   // dcp: GPUs of the DCP group (0 = every GPU of the machine)

@@ -9,6 +9,7 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/ptx/griddep.cuh"
 #include "cuda/common/ptx/tma.cuh"
+#include "cuda/common/trace.cuh"
 
 namespace mla::cuda::combine {
 
@@ -24,11 +25,13 @@ __global__ void __launch_bounds__(kThreads, kBatch > 8 ? 4 : 8) split_kv_kernel(
   const int i = row / rp.h_q, h = row % rp.h_q;
   auto* out = static_cast<typename Act::Storage*>(rp.out) + g * rp.out_stride_g + i * rp.out_stride_i +
               h * rp.out_stride_h;
+  MLA_DECODE_TRACE_EVENT(decode_sm90::kTraceCombineBase, 0);
   // While the attention kernel runs (this grid waits on the device below): the output row's first line
   // into L2, so that the final stores find it (and its translation) warm after a cold start.
   if (threadIdx.x == 0) cuda::ptx::prefetch_l2(out);
   cuda::ptx::grid_dependency_wait();  // launched as a dependent of the attention kernel: its partials
   cuda::ptx::launch_dependents();
+  MLA_DECODE_TRACE_EVENT(decode_sm90::kTraceCombineBase + 1, 0);
   int splits = p.num_splits;
   int64_t slot0 = g * splits;
   if (p.ws_meta != nullptr) {
@@ -44,6 +47,7 @@ __global__ void __launch_bounds__(kThreads, kBatch > 8 ? 4 : 8) split_kv_kernel(
     if (threadIdx.x == 0) total_lse = st.lse();
   }
   __syncthreads();
+  MLA_DECODE_TRACE_EVENT(decode_sm90::kTraceCombineBase + 2, 0);
   if (threadIdx.x == 0 && rp.lse) rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = total_lse;
   const float* o_s = p.ws_o + (slot0 * m_rows + row) * int64_t(kMaxDv);
   const int64_t split_stride = m_rows * kMaxDv;
@@ -86,6 +90,7 @@ __global__ void __launch_bounds__(kThreads, kBatch > 8 ? 4 : 8) split_kv_kernel(
 #pragma unroll
   for (int c = 0; c < 4; ++c)
     if (col + c < rp.d_v) out[col + c] = Act::from_float(acc[c]);
+  MLA_DECODE_TRACE_EVENT(decode_sm90::kTraceCombineBase + 3, 0);
 }
 
 }  // namespace mla::cuda::combine

@@ -14,7 +14,7 @@
 #include "cuda/common/ptx/tensor_map.h"
 #include "cuda/attention/combine/split_kv.h"
 #include "cuda/attention/sm90/common/launch_util.cuh"
-#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/common/trace.cuh"
 #include "cuda/attention/sm90/convert/launch.h"
 #include "cuda/attention/sm90/fp8c/launch.h"
 #include "cuda/attention/sm90/raw/launch.h"

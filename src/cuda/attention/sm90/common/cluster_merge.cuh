@@ -26,7 +26,7 @@
 #include "cuda/common/ptx/cluster.cuh"
 #include "cuda/common/ptx/mma_sync.cuh"
 #include "cuda/attention/sm90/common/pipeline.cuh"
-#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/common/trace.cuh"
 
 namespace mla::cuda::decode_sm90 {
 

@@ -19,7 +19,7 @@
 #include "cuda/attention/sm90/common/params.h"
 #include "cuda/attention/sm90/common/traits.cuh"
 #include "core/decode_balance.h"
-#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/common/trace.cuh"
 
 namespace mla::cuda::decode_sm90 {
 

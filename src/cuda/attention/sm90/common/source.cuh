@@ -64,7 +64,7 @@
 #include "cuda/common/ptx/tma.cuh"
 #include "core/fast_div.h"
 #include "cuda/attention/sm90/common/pipeline.cuh"
-#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/common/trace.cuh"
 #include "mla/cache_format.h"
 
 namespace mla::cuda::decode_sm90 {

@@ -61,7 +61,7 @@
 #include "cuda/attention/sm90/common/pipeline.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/common/tile_io.cuh"
-#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/common/trace.cuh"
 #include "cuda/attention/sm90/convert/launch.h"
 #include "cuda/attention/sm90/convert/records.cuh"
 #include "cuda/attention/sm90/convert/traits.cuh"

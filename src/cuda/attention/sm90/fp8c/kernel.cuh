@@ -55,7 +55,7 @@
 #include "cuda/attention/sm90/common/pipeline.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/common/tile_io.cuh"
-#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/common/trace.cuh"
 #include "cuda/attention/sm90/convert/kernel.cuh"
 #include "cuda/attention/sm90/fp8c/traits.cuh"
 #include "cuda/attention/sm90/fp8c/transpose.cuh"

@@ -87,7 +87,7 @@
 #include "cuda/attention/sm90/raw/parts.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/common/tile_io.cuh"
-#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/common/trace.cuh"
 #include "mla/cache_format.h"
 
 namespace mla::cuda::decode_sm90 {

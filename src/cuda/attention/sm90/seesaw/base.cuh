@@ -20,7 +20,7 @@
 #include "cuda/attention/sm90/common/pipeline.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
 #include "cuda/attention/sm90/seesaw/source_cross.cuh"
-#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/common/trace.cuh"
 #include "cuda/attention/sm90/seesaw/traits.cuh"
 
 namespace mla::cuda::decode_sm90 {

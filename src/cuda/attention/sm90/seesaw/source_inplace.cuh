@@ -48,7 +48,7 @@
 #include "cuda/common/ptx/mbarrier.cuh"
 #include "cuda/attention/sm90/common/pipeline.cuh"
 #include "cuda/attention/sm90/common/source.cuh"
-#include "cuda/attention/sm90/common/trace.cuh"
+#include "cuda/common/trace.cuh"
 #include "mla/cache_format.h"
 
 namespace mla::cuda::decode_sm90 {

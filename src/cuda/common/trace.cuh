@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Timeline trace of the sm90 decode kernels, for diagnosing fixed costs (docs/design/attention_sm90.md "10. Where
-// the time goes"). Compiled only into a build configured with -DMLA_DECODE_TRACE=ON (CMake option; it defines
+// Timeline trace of the sm90 decode kernels and the split-KV combine that follows them, for diagnosing fixed costs
+// (docs/design/attention_sm90.md "10. Where the time goes"; here in cuda/common/ so that the combine, which may
+// include only common/, stamps into the same table). Compiled only into a build configured with -DMLA_DECODE_TRACE=ON (CMake option; it defines
 // MLA_DECODE_TRACE=1 for the CUDA sources): each CTA x < kTraceCtas stamps the global timer (ns) at kTraceEvents
 // points; trace_dump() (mqa_decode.cu) copies the stamps of the last launch out and zeroes them. Without the
 // option every hook is an empty statement and no symbol exists.
@@ -17,13 +18,17 @@
 //      (tile 2 kTracePair + s), release group g (0 rope, 1 the owner's V half, 2 the other): k 0 its empty wait
 //      returned, 1 its raw codes landed (code-format sources, after their copy wait), 2 the group issued / expanded
 //      and arrived; SM clock cycles, as the pair steps.
+//   50 + k: the split-KV combine's CTA x (a dependent launch after the attention kernel; thread 0): k 0 entry, 1 its
+//      dependency wait returned, 2 the row's weights ready, 3 its stores issued (ns, as events 0..10).
 #include <cstdint>
 
 namespace mla::cuda::decode_sm90 {
 
 inline constexpr int kTraceCtas = 1024, kTracePairBase = 12, kTracePairSteps = 10, kTracePair = 6;
 inline constexpr int kTraceProdBase = kTracePairBase + 2 * kTracePairSteps, kTraceProdSteps = 9;
-inline constexpr int kTraceEvents = kTraceProdBase + 2 * kTraceProdSteps;
+inline constexpr int kTraceCombineBase = kTraceProdBase + 2 * kTraceProdSteps, kTraceCombineSteps = 4;
+inline constexpr int kTraceEvents = kTraceCombineBase + kTraceCombineSteps;
+static_assert(kTraceCombineBase == 50, "the combine's events as documented above");
 // The producer's slot for stage s, group g of tile t (-1: not traced); part 0's warp stamps.
 __device__ __forceinline__ int trace_prod_slot(int s, int part, int g, int t) {
   return part == 0 && t == 2 * kTracePair + s && blockIdx.x < kTraceCtas ? kTraceProdBase + 3 * (3 * s + g) : -1;
