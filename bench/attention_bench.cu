@@ -98,10 +98,14 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
     std::printf("      %-11s n %4zu  min %8.2f  p10 %8.2f  med %8.2f  p90 %8.2f  max %8.2f\n", names[e], v.size(), v.front(),
                 v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
   }
-  // The split-KV combine after the kernel (trace.cuh kTraceCombineBase), on the same clock.
-  static const char* cnames[cuda::decode_sm90::kTraceCombineSteps] = {"comb entry", "comb waited", "comb weights",
-                                                                      "comb stored"};
-  for (int k = 0; k < cuda::decode_sm90::kTraceCombineSteps; ++k) {
+  // The split-KV combine after the kernel, the producer's first two tiles and the small / raw epilogue's steps
+  // (trace.cuh events 50..65), on the same clock.
+  static const char* cnames[] = {"comb entry", "comb waited", "comb weights", "comb stored", "P tile0 read",
+                                 "P tile0 sent", "P tile1 read", "P tile1 sent", "C0 ep start", "C0 ep (m,l)",
+                                 "C0 ep weights", "C0 ep end", "C1 ep start", "C1 ep (m,l)", "C1 ep weights",
+                                 "C1 ep end"};
+  static_assert(sizeof(cnames) / sizeof(cnames[0]) == kTraceEvents - cuda::decode_sm90::kTraceCombineBase);
+  for (int k = 0; k < kTraceEvents - cuda::decode_sm90::kTraceCombineBase; ++k) {
     std::vector<double> v;
     for (int c = 0; c < kTraceCtas; ++c) {
       const uint64_t x = st[c * kTraceEvents + cuda::decode_sm90::kTraceCombineBase + k];

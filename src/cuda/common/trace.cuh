@@ -20,6 +20,10 @@
 //      and arrived; SM clock cycles, as the pair steps.
 //   50 + k: the split-KV combine's CTA x (a dependent launch after the attention kernel; thread 0): k 0 entry, 1 its
 //      dependency wait returned, 2 the row's weights ready, 3 its stores issued (ns, as events 0..10).
+//   54 + 2 t + k: the producer (thread 0, source.cuh produce) on tile t < 2 of its last unit: k 0 the tile's keys
+//      read (block table, mask), 1 its boxes issued (ns).
+//   58 + 4 c + k: consumer c's epilogue of the small / raw kernels (small_epilogue, thread 128 + 128 c): k 0 start,
+//      1 both warpgroups' (m, l) published, 2 the weights published, 3 the rows written (ns).
 #include <cstdint>
 
 namespace mla::cuda::decode_sm90 {
@@ -27,8 +31,9 @@ namespace mla::cuda::decode_sm90 {
 inline constexpr int kTraceCtas = 1024, kTracePairBase = 12, kTracePairSteps = 10, kTracePair = 6;
 inline constexpr int kTraceProdBase = kTracePairBase + 2 * kTracePairSteps, kTraceProdSteps = 9;
 inline constexpr int kTraceCombineBase = kTraceProdBase + 2 * kTraceProdSteps, kTraceCombineSteps = 4;
-inline constexpr int kTraceEvents = kTraceCombineBase + kTraceCombineSteps;
-static_assert(kTraceCombineBase == 50, "the combine's events as documented above");
+inline constexpr int kTraceProducerBase = kTraceCombineBase + kTraceCombineSteps, kTraceEpilogueBase = 58;
+inline constexpr int kTraceEvents = kTraceEpilogueBase + 8;
+static_assert(kTraceCombineBase == 50 && kTraceProducerBase == 54, "the events as documented above");
 // The producer's slot for stage s, group g of tile t (-1: not traced); part 0's warp stamps.
 __device__ __forceinline__ int trace_prod_slot(int s, int part, int g, int t) {
   return part == 0 && t == 2 * kTracePair + s && blockIdx.x < kTraceCtas ? kTraceProdBase + 3 * (3 * s + g) : -1;

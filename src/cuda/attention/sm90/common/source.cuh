@@ -537,6 +537,7 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
       const uint32_t parity = (it / L::kStages) & 1;
       const int k0 = u.key_begin + (it - base) * T::kBlockN;
       const typename Src::Tile tl(p, u, k0, part, lane);
+      if (it - base < 2) MLA_DECODE_TRACE_EVENT(kTraceProducerBase + 2 * (it - base), 0);
       tl.preload(p, 0);  // register loads need no free stage
       ptx::mbar_wait(&empty[stage], parity ^ 1);
       tl.begin(&mask[stage], &full[stage]);
@@ -545,6 +546,7 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
       uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
 #pragma unroll 1
       for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c, c + 1 < T::kPanels ? c + 1 : -1);
+      if (it - base < 2) MLA_DECODE_TRACE_EVENT(kTraceProducerBase + 2 * (it - base) + 1, 0);
     }
   }
 }

@@ -355,6 +355,7 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
   const MqaRowParams& rp = p.rows;
   const int wt = threadIdx.x & 127, w = wt >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
   const int ct = c * 128 + wt;
+  MLA_DECODE_TRACE_EVENT(kTraceEpilogueBase + 4 * c, 128u + 128u * c);
   warp_row_sums<N>(l_part, sRed, w, g8, t4, wg_bar);
   if (w == 0 && g8 == 0) {
 #pragma unroll
@@ -365,6 +366,7 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
     }
   }
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);  // both warpgroups' (m, l)
+  MLA_DECODE_TRACE_EVENT(kTraceEpilogueBase + 4 * c + 1, 128u + 128u * c);
   // The rows' weights of both warpgroups (e_c / l of the merged state) into sSc ([2][N], warpgroup 0's sRed, free
   // now) and the LSE, by warpgroup 0's lanes g8 == 0 of warp 0; warpgroup 1 reads its weights after the first pass.
   float* sSc = sRed - c * 4 * N;
@@ -386,6 +388,7 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
     }
   }
   ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);  // the weights
+  MLA_DECODE_TRACE_EVENT(kTraceEpilogueBase + 4 * c + 2, 128u + 128u * c);
   const bool split = u.ws_slot >= 0;
   constexpr int kHalf = kStageRows * M::kRowFloats;  // one warpgroup's rows of a round in xo
 #pragma unroll
@@ -430,6 +433,7 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
     }
     if (k + 1 < N / kStageRows) ptx::named_barrier_sync(kConsumerBarrier, T::kConsumerThreads);  // xo is free
   }
+  MLA_DECODE_TRACE_EVENT(kTraceEpilogueBase + 4 * c + 3, 128u + 128u * c);
 }
 
 // Epilogue of the ping-pong raw kernel (raw/kernel.cuh kPingPong): both warpgroups end at the same running maximum
