@@ -88,34 +88,29 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
                                               "first full", "last prod",  "epilogue",   "exit",
                                               "merge bar1", "merge loop", "merge bar2", "units"};
   std::printf("    trace (%s), us after the first CTA's entry over the CTAs that stamped it:\n", what);
-  for (int e = 0; e < kTracePairBase; ++e) {
-    if (e == kUnits) continue;
+  // Event e's stamps (ns) over the CTAs that stamped it, as µs after t0: one line of their distribution.
+  auto print_event = [&](const char* name, int e, int width) {
     std::vector<double> v;
-    for (int c = 0; c < kTraceCtas; ++c)
-      if (st[c * kTraceEvents + e] != 0) v.push_back(static_cast<double>(st[c * kTraceEvents + e] - t0) / 1e3);
-    if (v.empty()) continue;
+    for (int c = 0; c < kTraceCtas; ++c) {
+      const uint64_t x = st[c * kTraceEvents + e];
+      if (x != 0) v.push_back((static_cast<double>(x) - static_cast<double>(t0)) / 1e3);
+    }
+    if (v.empty()) return;
     std::sort(v.begin(), v.end());
-    std::printf("      %-11s n %4zu  min %8.2f  p10 %8.2f  med %8.2f  p90 %8.2f  max %8.2f\n", names[e], v.size(), v.front(),
-                v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
-  }
+    std::printf("      %-*s n %4zu  min %8.2f  p10 %8.2f  med %8.2f  p90 %8.2f  max %8.2f\n", width, name, v.size(),
+                v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+  };
+  for (int e = 0; e < kTracePairBase; ++e)
+    if (e != kUnits) print_event(names[e], e, 11);
   // The split-KV combine after the kernel, the producer's first two tiles and the small / raw epilogue's steps
   // (trace.cuh events 50..65), on the same clock.
+  using cuda::decode_sm90::kTraceCombineBase;
   static const char* cnames[] = {"comb entry", "comb waited", "comb weights", "comb stored", "P tile0 read",
                                  "P tile0 sent", "P tile1 read", "P tile1 sent", "C0 ep start", "C0 ep (m,l)",
                                  "C0 ep weights", "C0 ep end", "C1 ep start", "C1 ep (m,l)", "C1 ep weights",
                                  "C1 ep end"};
-  static_assert(sizeof(cnames) / sizeof(cnames[0]) == kTraceEvents - cuda::decode_sm90::kTraceCombineBase);
-  for (int k = 0; k < kTraceEvents - cuda::decode_sm90::kTraceCombineBase; ++k) {
-    std::vector<double> v;
-    for (int c = 0; c < kTraceCtas; ++c) {
-      const uint64_t x = st[c * kTraceEvents + cuda::decode_sm90::kTraceCombineBase + k];
-      if (x != 0) v.push_back((static_cast<double>(x) - static_cast<double>(t0)) / 1e3);
-    }
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    std::printf("      %-12s n %4zu  min %8.2f  p10 %8.2f  med %8.2f  p90 %8.2f  max %8.2f\n", cnames[k], v.size(),
-                v.front(), v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
-  }
+  static_assert(sizeof(cnames) / sizeof(cnames[0]) == kTraceEvents - kTraceCombineBase);
+  for (int k = 0; k < kTraceEvents - kTraceCombineBase; ++k) print_event(cnames[k], kTraceCombineBase + k, 12);
   for (int k = 1; k < 8; ++k) {
     double sum = 0, mx = 0;
     int n = 0;

@@ -15,6 +15,8 @@
 #include <functional>
 #include <string>
 
+#include "cuda/common/launch.h"
+#include "cuda/common/ptx/griddep.cuh"
 #include "mla/error.h"
 #include "mla/ops.h"
 #include "registry.h"
@@ -26,41 +28,20 @@ namespace {
 __global__ void launch_floor_kernel() {}
 
 // The first of a dependent pair: lets the dependent grid start at once, as the decode kernels do at their entry.
-__global__ void launch_floor_primary_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+__global__ void launch_floor_primary_kernel() { cuda::ptx::launch_dependents(); }
 
 // The dependent of the pair: waits for the primary grid's completion (and its memory) before returning.
-__global__ void launch_floor_dependent_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-void launched(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("launch ceiling: ") + what + ": " + cudaGetErrorString(e));
-}
+__global__ void launch_floor_dependent_kernel() { cuda::ptx::grid_dependency_wait(); }
 
 // `kernel` over one CTA of 128 threads per SM on `stream`; `pdl`: as a programmatic dependent launch.
 void launch_empty(void (*kernel)(), int sms, cudaStream_t stream, bool pdl) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(sms));
-  cfg.blockDim = dim3(128);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1]{};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  launched(cudaLaunchKernelEx(&cfg, kernel), "cudaLaunchKernelEx");
+  cuda::launch_kernel(kernel, static_cast<unsigned>(sms), 128, 0, stream, pdl, "launch ceiling");
 }
 
 // The three launch-floor rows (the header's "launch").
 void report_launch_floor(BenchContext& ctx) {
   int sms = 0;
-  launched(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device()), "cudaDeviceGetAttribute");
+  cuda::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device()), "launch ceiling");
   const auto s = static_cast<cudaStream_t>(ctx.stream());
   const struct {
     const char* config;
@@ -88,7 +69,8 @@ void report_launch_floor(BenchContext& ctx) {
 }  // namespace
 
 void register_ceilings(Registry& r) {
-  r.add("ceilings", "device-to-device copy bandwidth, cuBLAS bf16 GEMM rate, graph-replayed launch floor", [](BenchContext& ctx) {
+  const char* what = "device-to-device copy bandwidth, cuBLAS bf16 GEMM rate, graph-replayed launch floor";
+  r.add("ceilings", what, [](BenchContext& ctx) {
     const Device dev = Device::cuda(ctx.device());
     const int64_t bytes = ctx.quick() ? (int64_t{1} << 28) : (int64_t{1} << 31);
     {

@@ -2,10 +2,10 @@
 #pragma once
 // Timeline trace of the sm90 decode kernels and the split-KV combine that follows them, for diagnosing fixed costs
 // (docs/design/attention_sm90.md "10. Where the time goes"; here in cuda/common/ so that the combine, which may
-// include only common/, stamps into the same table). Compiled only into a build configured with -DMLA_DECODE_TRACE=ON (CMake option; it defines
-// MLA_DECODE_TRACE=1 for the CUDA sources): each CTA x < kTraceCtas stamps the global timer (ns) at kTraceEvents
-// points; trace_dump() (mqa_decode.cu) copies the stamps of the last launch out and zeroes them. Without the
-// option every hook is an empty statement and no symbol exists.
+// include only common/, stamps into the same table). Compiled only into a build configured with
+// -DMLA_DECODE_TRACE=ON (CMake option; it defines MLA_DECODE_TRACE=1 for the CUDA sources): each CTA
+// x < kTraceCtas stamps the global timer (ns) at kTraceEvents points; trace_dump() (mqa_decode.cu) copies the stamps
+// of the last launch out and zeroes them. Without the option every hook is an empty statement and no symbol exists.
 //   0 kernel entry (thread 0)            1 producer start (thread 0)        2 producer loop done (thread 0)
 //   3 consumers' Q loaded (thread 128)   4 first full-barrier wait returned (thread 128, first tile)
 //   5 last products done (thread 128)    6 epilogue written (thread 128)    7 kernel exit (thread 128)
@@ -31,9 +31,11 @@ namespace mla::cuda::decode_sm90 {
 inline constexpr int kTraceCtas = 1024, kTracePairBase = 12, kTracePairSteps = 10, kTracePair = 6;
 inline constexpr int kTraceProdBase = kTracePairBase + 2 * kTracePairSteps, kTraceProdSteps = 9;
 inline constexpr int kTraceCombineBase = kTraceProdBase + 2 * kTraceProdSteps, kTraceCombineSteps = 4;
-inline constexpr int kTraceProducerBase = kTraceCombineBase + kTraceCombineSteps, kTraceEpilogueBase = 58;
+inline constexpr int kTraceProducerBase = kTraceCombineBase + kTraceCombineSteps;
+inline constexpr int kTraceEpilogueBase = kTraceProducerBase + 4;
 inline constexpr int kTraceEvents = kTraceEpilogueBase + 8;
-static_assert(kTraceCombineBase == 50 && kTraceProducerBase == 54, "the events as documented above");
+static_assert(kTraceCombineBase == 50 && kTraceProducerBase == 54 && kTraceEpilogueBase == 58,
+              "the events as documented above");
 // The producer's slot for stage s, group g of tile t (-1: not traced); part 0's warp stamps.
 __device__ __forceinline__ int trace_prod_slot(int s, int part, int g, int t) {
   return part == 0 && t == 2 * kTracePair + s && blockIdx.x < kTraceCtas ? kTraceProdBase + 3 * (3 * s + g) : -1;
