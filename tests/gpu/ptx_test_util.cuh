@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Helpers of the PTX wrapper device tests (test_ptx_*.cu): CUDA error checks, a typed device buffer,
-// the Hopper skip, 1024-byte alignment of dynamic shared memory, and random bf16 / e4m3 operands.
+// the Hopper skip, 1024-byte alignment of dynamic shared memory, random bf16 / e4m3 operands, and the graph-replay
+// timing of the probe tests.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -77,6 +79,41 @@ inline std::vector<uint8_t> random_e4m3(std::size_t n) {
     x = static_cast<uint8_t>(c);
   }
   return v;
+}
+
+// Times work as the bench times a small-step row: `capture()` issues it on `st` inside a stream capture, the graph is
+// replayed `iters` times, each replay after `before()` (outside the timed events: an L2 flush, a reset), and
+// median_us gets the median of the replays after the first five (events around the replay, µs).
+template <class Capture, class Before>
+void time_graph_replay(cudaStream_t st, int iters, Capture&& capture, Before&& before, double& median_us) {
+  median_us = 0;
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  MLA_CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  capture();
+  MLA_CUDA_OK(cudaStreamEndCapture(st, &g));
+  MLA_CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  MLA_CUDA_OK(cudaEventCreate(&e0));
+  MLA_CUDA_OK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int it = 0; it < iters; ++it) {
+    before(it);
+    MLA_CUDA_OK(cudaEventRecord(e0, st));
+    MLA_CUDA_OK(cudaGraphLaunch(ge, st));
+    MLA_CUDA_OK(cudaEventRecord(e1, st));
+    MLA_CUDA_OK(cudaEventSynchronize(e1));
+    float ms = 0;
+    MLA_CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+    if (it >= 5) t.push_back(ms * 1e3);
+  }
+  MLA_CUDA_OK(cudaStreamSynchronize(st));
+  std::sort(t.begin(), t.end());
+  if (!t.empty()) median_us = t[t.size() / 2];
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
 }
 
 }  // namespace mla::test

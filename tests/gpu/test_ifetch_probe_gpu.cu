@@ -7,7 +7,6 @@
 // cycles a warp whatever the form), so straight minus looped is the fetch's cost. Every thread's sums are checked.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -62,34 +61,16 @@ struct Timing {
 template <class K>
 void time_kernel(K kernel, int grid, int block, float* out, unsigned char* flush, std::size_t flush_bytes,
                  cudaStream_t st, Timing& r) {
-  for (int v = 0; v < 3; ++v) {  // 0 cold, 1 warm, 2 two launches (warm)
-    cudaGraph_t g = nullptr;
-    cudaGraphExec_t ge = nullptr;
-    MLA_CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int l = 0; l < (v == 2 ? 2 : 1); ++l) kernel<<<grid, block, 0, st>>>(1.0f, 1.0f, out);
-    MLA_CUDA_OK(cudaStreamEndCapture(st, &g));
-    MLA_CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1;
-    MLA_CUDA_OK(cudaEventCreate(&e0));
-    MLA_CUDA_OK(cudaEventCreate(&e1));
-    std::vector<double> t;
-    for (int it = 0; it < 45; ++it) {
-      if (v == 0) MLA_CUDA_OK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, st));
-      MLA_CUDA_OK(cudaEventRecord(e0, st));
-      MLA_CUDA_OK(cudaGraphLaunch(ge, st));
-      MLA_CUDA_OK(cudaEventRecord(e1, st));
-      MLA_CUDA_OK(cudaEventSynchronize(e1));
-      float ms = 0;
-      MLA_CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-      if (it >= 5) t.push_back(ms * 1e3);
-    }
-    std::sort(t.begin(), t.end());
-    (v == 0 ? r.cold : v == 1 ? r.warm : r.second) = t[t.size() / 2];
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-  }
+  for (int v = 0; v < 3; ++v)  // 0 cold, 1 warm, 2 two launches (warm)
+    test::time_graph_replay(
+        st, 45,
+        [&] {
+          for (int l = 0; l < (v == 2 ? 2 : 1); ++l) kernel<<<grid, block, 0, st>>>(1.0f, 1.0f, out);
+        },
+        [&](int it) {
+          if (v == 0) MLA_CUDA_OK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, st));
+        },
+        v == 0 ? r.cold : v == 1 ? r.warm : r.second);
   r.second -= r.warm;
 }
 

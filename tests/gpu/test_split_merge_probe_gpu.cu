@@ -6,10 +6,11 @@
 // stand-in: each CTA writes its partial rows. Both merges are checked against the host sum; the times are printed.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <vector>
 
+#include "cuda/common/launch.h"
+#include "cuda/common/ptx/griddep.cuh"
 #include "ptx_test_util.cuh"
 
 namespace mla {
@@ -27,9 +28,7 @@ __device__ __forceinline__ float4 partial_value(int s, int i) {
 // The split CTAs alone: CTA (b, s) writes its partial. kTrigger: lets a dependent grid start at entry (PDL).
 template <bool kTrigger>
 __global__ void __launch_bounds__(kThreads) splits_kernel(float4* partials) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kTrigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+  if constexpr (kTrigger) cuda::ptx::launch_dependents();
   const int b = blockIdx.x / kSplits, s = blockIdx.x % kSplits;
   float4* dst = partials + (int64_t(b) * kSplits + s) * kChunks;
   for (int i = threadIdx.x; i < kChunks; i += kThreads) dst[i] = partial_value(s, i);
@@ -71,9 +70,7 @@ __global__ void __launch_bounds__(kThreads) splits_last_merge_kernel(float4* par
 
 // The dependent combine: CTA (b, row) sums the row's 512 columns over the splits (a thread four columns of each).
 __global__ void __launch_bounds__(kThreads) combine_kernel(const float4* partials, float4* out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  cuda::ptx::grid_dependency_wait();
   const int b = blockIdx.x / kRows, r = blockIdx.x % kRows, i = r * (kCols / 4) + threadIdx.x;
   float4 v[kSplits];
 #pragma unroll
@@ -84,20 +81,6 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const float4* partial
     acc.x += v[q].x; acc.y += v[q].y; acc.z += v[q].z; acc.w += v[q].w;
   }
   out[int64_t(b) * kChunks + i] = acc;
-}
-
-template <class... Args>
-cudaError_t launch(void (*kernel)(Args...), int grid, cudaStream_t st, bool pdl, Args... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1]{};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 TEST(SplitMergeProbeGpu, LastArrivalAgainstDependentLaunch) {
@@ -114,37 +97,28 @@ TEST(SplitMergeProbeGpu, LastArrivalAgainstDependentLaunch) {
     // 0: the splits alone; 1: the last split merges; 2: the splits, then the combine as a dependent launch.
     std::vector<double> med(3);
     for (int v = 0; v < 3; ++v) {
-      cudaGraph_t g = nullptr;
-      cudaGraphExec_t ge = nullptr;
-      MLA_CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      if (v == 0) EXPECT_EQ(launch(splits_kernel<false>, batch * kSplits, st, false, partials.p), cudaSuccess);
-      if (v == 1)
-        EXPECT_EQ(launch(splits_last_merge_kernel, batch * kSplits, st, false, partials.p, out.p, counter.p), cudaSuccess);
-      if (v == 2) {
-        EXPECT_EQ(launch(splits_kernel<true>, batch * kSplits, st, false, partials.p), cudaSuccess);
-        EXPECT_EQ(launch(combine_kernel, batch * kRows, st, true, static_cast<const float4*>(partials.p), out.p),
-                  cudaSuccess);
-      }
-      MLA_CUDA_OK(cudaStreamEndCapture(st, &g));
-      MLA_CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-      cudaEvent_t e0, e1;
-      MLA_CUDA_OK(cudaEventCreate(&e0));
-      MLA_CUDA_OK(cudaEventCreate(&e1));
-      std::vector<double> t;
-      for (int it = 0; it < 40; ++it) {
-        MLA_CUDA_OK(cudaMemsetAsync(out.p, 0xff, out.n * sizeof(float4), st));
-        MLA_CUDA_OK(cudaMemsetAsync(flush.p, it & 0xff, flush.n, st));
-        MLA_CUDA_OK(cudaEventRecord(e0, st));
-        MLA_CUDA_OK(cudaGraphLaunch(ge, st));
-        MLA_CUDA_OK(cudaEventRecord(e1, st));
-        MLA_CUDA_OK(cudaEventSynchronize(e1));
-        float ms = 0;
-        MLA_CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-        if (it >= 5) t.push_back(ms * 1e3);
-      }
-      MLA_CUDA_OK(cudaStreamSynchronize(st));
-      std::sort(t.begin(), t.end());
-      med[static_cast<std::size_t>(v)] = t[t.size() / 2];
+      const unsigned splits_grid = static_cast<unsigned>(batch * kSplits);
+      test::time_graph_replay(
+          st, 40,
+          [&] {
+            if (v == 0)
+              EXPECT_NO_THROW(
+                  cuda::launch_kernel(splits_kernel<false>, splits_grid, kThreads, 0, st, false, "splits", partials.p));
+            if (v == 1)
+              EXPECT_NO_THROW(cuda::launch_kernel(splits_last_merge_kernel, splits_grid, kThreads, 0, st, false,
+                                                  "last merge", partials.p, out.p, counter.p));
+            if (v == 2) {
+              EXPECT_NO_THROW(
+                  cuda::launch_kernel(splits_kernel<true>, splits_grid, kThreads, 0, st, false, "splits", partials.p));
+              EXPECT_NO_THROW(cuda::launch_kernel(combine_kernel, static_cast<unsigned>(batch * kRows), kThreads, 0,
+                                                  st, true, "combine", static_cast<const float4*>(partials.p), out.p));
+            }
+          },
+          [&](int it) {
+            MLA_CUDA_OK(cudaMemsetAsync(out.p, 0xff, out.n * sizeof(float4), st));
+            MLA_CUDA_OK(cudaMemsetAsync(flush.p, it & 0xff, flush.n, st));
+          },
+          med[static_cast<std::size_t>(v)]);
       if (v > 0) {  // the merged rows: the sum over the splits
         const std::vector<float4> o = out.download();
         int bad = 0;
@@ -157,10 +131,6 @@ TEST(SplitMergeProbeGpu, LastArrivalAgainstDependentLaunch) {
           }
         EXPECT_EQ(bad, 0);
       }
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
-      cudaGraphExecDestroy(ge);
-      cudaGraphDestroy(g);
     }
     std::printf("split merge, b %d x %d splits x %d rows (graph-replayed, L2 flushed; us, medians): splits alone %.2f, "
                 "last split merges %.2f (+%.2f), dependent combine %.2f (+%.2f)\n", batch, kSplits, kRows, med[0], med[1],
