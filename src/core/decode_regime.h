@@ -87,8 +87,9 @@ inline constexpr bool is_record_format(CacheFormat f) {
 }
 
 // Whether kernel k can run problem p at all (nullptr), else why not: what a forced variant may run. The small
-// kernel reads bf16 caches, the raw kernel the code formats, both up to 32 rows; the seesaw kernel every format
-// at any row count (sparse_mqa: bf16 and fp8_ds_mla only, for all three kernels).
+// kernel reads bf16 caches at any row count (row tiles of 32 above 32 rows), the raw kernel the code formats up to
+// 32 rows; the seesaw kernel every format at any row count (sparse_mqa: bf16 and fp8_ds_mla only, for all three
+// kernels).
 inline constexpr const char* supports(const Problem& p, Kernel k) {
   if (p.v4) {
     if (k != Kernel::convert) return "DeepSeek-V4 options (sink, extra cache, whole-row values): the converter kernel only";
@@ -100,9 +101,8 @@ inline constexpr const char* supports(const Problem& p, Kernel k) {
   const bool codes = is_code_format(p.format);
   if (!codes && p.format != CacheFormat::bf16) return "bf16, fp8 and fp8_ds_mla caches only";
   switch (k) {
-    case Kernel::small:
-      if (codes) return "the small kernel reads bf16 caches (the code formats take the raw kernel)";
-      return p.rows <= 32 ? nullptr : "the small kernel takes at most 32 query rows per request";
+    case Kernel::small:  // above 32 rows: ceil(rows / 32) row tiles of 32, uniform split-KV (a forced variant)
+      return codes ? "the small kernel reads bf16 caches (the code formats take the raw kernel)" : nullptr;
     case Kernel::raw:
       if (!codes) return "the raw kernel reads fp8 and fp8_ds_mla caches";
       return p.rows <= 32 ? nullptr : "the raw kernel takes at most 32 query rows per request";

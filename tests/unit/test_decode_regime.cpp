@@ -187,6 +187,19 @@ TEST(DecodeRegime, DeepSeekV4OptionsTakeTheConverter) {
   EXPECT_FALSE(decode_regime::is_record_format(CacheFormat::fp8_ds_mla));
 }
 
+// The small kernel is forceable above 32 rows (row tiles of 32 over the heads); the rules never choose it there.
+TEST(DecodeRegime, SmallKernelForcedAbove32RowsTakesRowTilesOf32) {
+  for (int64_t m : {33, 64, 128, 256}) {
+    const Problem p = dense(CacheFormat::bf16, m, 1, 640);
+    EXPECT_EQ(supports(p, Kernel::small), nullptr) << m;
+    EXPECT_NE(choose(p).kernel, Kernel::small) << m;
+    const Regime r = tile_for(p, Kernel::small);
+    EXPECT_EQ(r.tile_rows, 32) << m;
+    EXPECT_EQ(r.m_tiles, (m + 31) / 32) << m;
+    EXPECT_NE(supports(dense(CacheFormat::fp8, m), Kernel::small), nullptr) << m;  // code formats: the raw kernel
+  }
+}
+
 TEST(DecodeRegime, DegenerateRowCountsTakeTheSmallestTile) {
   EXPECT_EQ(choose(dense(CacheFormat::bf16, 0)).tile_rows, 8);
   EXPECT_EQ(choose(dense(CacheFormat::bf16, -5)).m_tiles, 1);
