@@ -40,6 +40,56 @@ __global__ void __launch_bounds__(kThreads, kBatch > 8 ? 4 : 8) split_kv_kernel(
     if (splits <= 1) return;
   }
   const float* lse_s = p.ws_lse + slot0 * m_rows + row;  // split s at lse_s[s * m_rows]
+  const float* o_s = p.ws_o + (slot0 * m_rows + row) * int64_t(kMaxDv);
+  const int64_t split_stride = m_rows * kMaxDv;
+  const int col = 4 * static_cast<int>(threadIdx.x);
+  if (splits <= kBatch && rp.d_v == kMaxDv) {
+    // One round trip: every thread loads all splits' LSEs (the same addresses in every thread: L1 broadcasts) and its
+    // four columns of every partial at once, then applies the merge rule in registers in split order (an empty or
+    // skipped split's columns may hold garbage: loaded, never used).
+    float l[kBatch];
+    float4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      l[j] = -INFINITY;
+      v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (j < splits) {
+        l[j] = lse_s[j * m_rows];
+        v[j] = *reinterpret_cast<const float4*>(o_s + j * split_stride + col);
+      }
+    }
+    float m = -INFINITY;
+    bool nan = false;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      nan |= isnan(l[j]);
+      if (isfinite(l[j])) m = fmaxf(m, l[j]);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      l[j] = isfinite(l[j]) ? expf(l[j] - m) : 0.0f;  // from here the split's exp(lse_j - m), 0 when empty
+      sum += l[j];
+    }
+    const MergeState st{m, sum, nan};
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // every split empty: out 0 (and LSE -inf)
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float w = nan ? NAN : l[j] * inv;
+      if (w != 0.0f) {  // NaN weights included: a NaN split makes the row NaN
+        acc[0] += w * v[j].x;
+        acc[1] += w * v[j].y;
+        acc[2] += w * v[j].z;
+        acc[3] += w * v[j].w;
+      }
+    }
+    if (threadIdx.x == 0 && rp.lse) rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = st.lse();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) out[col + c] = Act::from_float(acc[c]);
+    MLA_DECODE_TRACE_EVENT(decode_sm90::kTraceCombineBase + 3, 0);
+    return;
+  }
   if (threadIdx.x < 32) {
     const MergeState st = warp_merge_lse([&](int64_t s) { return lse_s[s * m_rows]; }, splits);
     // A NaN split makes every weight NaN, hence every column (an empty split's weight is 0: not read).
@@ -49,14 +99,11 @@ __global__ void __launch_bounds__(kThreads, kBatch > 8 ? 4 : 8) split_kv_kernel(
   __syncthreads();
   MLA_DECODE_TRACE_EVENT(decode_sm90::kTraceCombineBase + 2, 0);
   if (threadIdx.x == 0 && rp.lse) rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = total_lse;
-  const float* o_s = p.ws_o + (slot0 * m_rows + row) * int64_t(kMaxDv);
-  const int64_t split_stride = m_rows * kMaxDv;
   // Each thread owns four adjacent columns (kThreads * 4 = kMaxDv: one pass) and loads them from up to kBatch
   // partials at once, 16-byte loads all in flight before the first is summed: the whole row is one L2 round
   // trip after the weights for up to kBatch splits (one column and eight splits at a time took ten dependent
   // trips at 16 splits). Summed in split order. Skipped splits (weight 0) may hold garbage: not read.
   static_assert(kThreads * 4 == kMaxDv, "one pass of four columns per thread covers a partial row");
-  const int col = 4 * static_cast<int>(threadIdx.x);
   if (col >= rp.d_v) return;
   const bool whole = col + 4 <= rp.d_v;  // else the row's last 1..3 columns, loaded one by one
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
