@@ -124,7 +124,8 @@ void convert_topk_indices(const TensorView& req_id, const TensorView& block_tabl
 //   causal: query i of s_q (position seq_len - s_q + i) sees keys [0, seq_len - s_q + i]; else all keys.
 //   workspace: device scratch (CPU needs none). Required on CUDA: the split-KV partials of num_splits
 //               (0 bytes for one split); mqa_decode_workspace_bytes(...) bytes also let the sm90 kernel run
-//               its balanced (request, key-block) schedule, which it does only when the workspace holds it.
+//               its balanced (request, key-block) schedule and its small steps' two partials a split, which it
+//               does only when the workspace holds them.
 //   num_splits: KV ranges per request on CUDA (split-KV, merged by a combine kernel). 0 = the planner's
 //               policy decode_num_splits(b, s_q, h_q, max_blocks * page_size, multiprocessor_count(device))
 //               (mla/plan.h); a step plan passes the split of its decode schedule. The CPU backend

@@ -39,6 +39,11 @@
 //     raw kernel's exact codes (its N 8 / 16 / 32 tiles are memory-bound: e4m3 products would not pay).
 //   - A bf16 cache at 17..32 rows per request runs one padded seesaw tile: its stream is memory-bound at half
 //     its rows, and it outran the N 32 small kernel 1.1..2x on every bf16 row measured.
+//   - mqa_decode over a bf16 cache (not batch-invariant), any row count: a small step (small_step: the planned
+//     splits of every request's row tiles fit in one wave of CTAs and each split has at most kSmallStepTiles key
+//     tiles) takes the small kernel, which runs it as uniform splits with a partial per consumer warpgroup
+//     (core/decode_schedule.h). nvidia-h200, graph-replayed: b 4 s_k 1024 h 16 17.8 against the seesaw's 20.8 us,
+//     b 1 s_k 640 h 128 23.9 against 31.1, b 1 s_k 8192 h 64 35.2 against 37.3.
 //   - mqa_decode over a bf16 cache at 9..16 rows runs one padded seesaw tile for small batches with short
 //     contexts (b <= kRows16SeesawBatch, context bound <= kRows16SeesawKeys): there the seesaw tile's uniform
 //     split-KV schedule beat the small kernel's balanced one; larger batches and long contexts (where the
@@ -72,6 +77,8 @@ struct Problem {
   // sparse_mqa over fp8_ds_mla: the converter kernel's small-T split (core/sparse_split.h record_splits) splits this
   // call's units (the launcher asks the device: few tokens).
   bool convert_splits = false;
+  int planned_splits = 0;  // mqa_decode: the call's split-KV count (0: unknown)
+  int sms = 0;             // the device's SM count (0: unknown)
 };
 
 struct Regime {
@@ -80,6 +87,16 @@ struct Regime {
   int m_tiles = 1;     // row tiles per request
   bool stage1_panels = false;  // seesaw over a bf16 paged cache: stage 1 completes per panel
 };
+
+inline constexpr int64_t kSmallStepTiles = 4;  // key tiles (64 keys) per split of a small step: two a warpgroup
+
+// A small step of the row-stationary kernel: `batch` requests of `m_tiles` row tiles, each cut into `planned` splits
+// of at most kSmallStepTiles key tiles of the length bound, fill at most one wave of `sms` CTAs.
+inline constexpr bool small_step(int64_t batch, int64_t m_tiles, int planned, int64_t context_bound, int sms) {
+  if (planned < 2 || context_bound <= 0 || sms <= 0) return false;
+  const int64_t tiles = (context_bound + 63) / 64;
+  return (tiles + planned - 1) / planned <= kSmallStepTiles && batch * m_tiles * planned <= sms;
+}
 
 inline constexpr bool is_code_format(CacheFormat f) { return f == CacheFormat::fp8 || f == CacheFormat::fp8_ds_mla; }
 inline constexpr bool is_record_format(CacheFormat f) {
@@ -137,6 +154,9 @@ inline constexpr Regime tile_for(const Problem& p, Kernel k) {
 inline constexpr Kernel preferred(const Problem& p) {
   if (p.v4) return Kernel::convert;
   const int64_t m = p.rows < 1 ? 1 : p.rows;
+  if (!p.sparse && p.format == CacheFormat::bf16 && !p.batch_invariant &&
+      small_step(p.batch, (m + 31) / 32, p.planned_splits, p.context_bound, p.sms))  // the small kernel's row tiles
+    return Kernel::small;  // a small step: uniform splits, a partial per consumer warpgroup (decode_schedule.h)
   if (m > 32) {
     if (!p.batch_invariant) {
       if (p.format == CacheFormat::fp8 && !p.sparse) return p.fp8_compute ? Kernel::fp8c : Kernel::convert;

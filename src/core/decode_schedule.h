@@ -17,6 +17,11 @@
 //     batches, balance::ctas_for) and the workspace holds it; but a batch whose host-known lengths are
 //     near-uniform (the plan's whole_requests: one request per CTA is what the balanced schedule would run)
 //     with one planned split runs uniform, without the combine launch that has nothing to merge.
+//   - a small step on the small kernel (not batch-invariant): when the planned splits of the batch's row tiles fit
+//     in one wave (decode_regime::small_step: batch x row tiles x splits <= SMs, each split at most 4 key tiles of the
+//     host's length bound), it runs uniform with the planned splits and writes one partial per consumer warpgroup
+//     (wg_partials: 2 x splits partials a request, straight from the accumulators) where the workspace holds them:
+//     no balanced window scan, no exchange between the warpgroups; the combine merges the partials.
 //   - the seesaw kernel over a bf16 cache merges its 2..8 splits in a cluster where all the grid's clusters are
 //     resident at once (a second wave of clusters doubled the time).
 //   - everything else runs uniform with the planned splits, fewer when the workspace holds fewer partials.
@@ -47,6 +52,8 @@ struct Facts {
   int planned_splits = 1;     // the caller's split-KV count (>= 1)
   int sms = 0;                // the device's SM count
   int max_ws_splits = 1;      // the largest split count <= planned_splits whose partials the workspace holds
+  bool ws_wg_partials = false;  // the workspace holds 2 x planned_splits partials (one per consumer warpgroup)
+  int64_t context_bound = 0;  // keys a request may hold (max_blocks x page_size); 0: unknown
   int64_t workspace_bytes = 0;  // bytes of the workspace the launch was given (0: none or misaligned)
   int max_clusters = 0;       // clusters of planned_splits seesaw CTAs resident at once on the device (0: none)
   bool whole_requests = false;  // the caller's host lengths: one request per CTA is the balanced answer
@@ -58,6 +65,7 @@ struct Schedule {
   int splits = 1;   // KV splits per (request, row tile): uniform and cluster
   int ctas = 0;     // balanced: the grid
   bool combine = false;  // the combine kernel runs after the attention kernel
+  bool wg_partials = false;  // uniform, small kernel: a partial per consumer warpgroup (the combine merges 2 x splits)
 };
 
 // The balanced schedule's CTA count for the facts' batch (0: it does not apply). choose() alone calls it: a
@@ -76,6 +84,12 @@ inline Schedule choose(const Facts& f) {
     return s;
   }
   if (f.regime.kernel == decode_regime::Kernel::small) {
+    if (f.ws_wg_partials && decode_regime::small_step(f.batch, f.regime.m_tiles, planned, f.context_bound, f.sms)) {
+      s.splits = planned;
+      s.combine = true;
+      s.wg_partials = true;
+      return s;
+    }
     const int ctas = balanced_ctas(f);
     const bool whole = f.whole_requests && planned == 1;
     if (ctas > 0 && !whole && balance::workspace_bytes(f.batch, f.rows, ctas) <= f.workspace_bytes) {
@@ -92,6 +106,8 @@ inline Schedule choose(const Facts& f) {
   }
   s.splits = std::max(1, std::min(planned, f.max_ws_splits));
   s.combine = s.splits > 1;
+  s.wg_partials = s.combine && f.regime.kernel == decode_regime::Kernel::small && f.ws_wg_partials &&
+                  s.splits == planned;
   return s;
 }
 

@@ -187,6 +187,39 @@ TEST(DecodeRegime, DeepSeekV4OptionsTakeTheConverter) {
   EXPECT_FALSE(decode_regime::is_record_format(CacheFormat::fp8_ds_mla));
 }
 
+// A small step over a bf16 cache (mqa_decode, not batch-invariant) takes the small kernel at any row count: the
+// planned splits of every row tile fit in one wave and each split has at most 4 key tiles.
+TEST(DecodeRegime, SmallStepsTakeTheSmallKernel) {
+  auto step = [](int64_t rows, int64_t b, int64_t keys, int splits) {
+    Problem p = dense(CacheFormat::bf16, rows, b, keys);
+    p.planned_splits = splits;
+    p.sms = 132;
+    return p;
+  };
+  EXPECT_EQ(choose(step(16, 4, 1024, 8)).kernel, Kernel::small);  // the 9..16-row seesaw promotion yields
+  const Regime h128 = choose(step(128, 1, 640, 5));                // 4 row tiles x 5 splits
+  EXPECT_EQ(h128.kernel, Kernel::small);
+  EXPECT_EQ(h128.tile_rows, 32);
+  EXPECT_EQ(h128.m_tiles, 4);
+  EXPECT_EQ(choose(step(64, 1, 8192, 32)).kernel, Kernel::small);   // 2 x 32 CTAs, 4 tiles a split
+  EXPECT_EQ(choose(step(128, 8, 640, 5)).kernel, Kernel::seesaw);   // 160 CTAs: more than one wave
+  EXPECT_EQ(choose(step(64, 1, 8192, 16)).kernel, Kernel::seesaw);  // 8 tiles a split
+  EXPECT_EQ(choose(step(96, 4, 4096, 16)).kernel, Kernel::seesaw);  // s_q 6 h 16: 192 CTAs
+  EXPECT_EQ(choose(step(16, 4, 1024, 1)).kernel, Kernel::seesaw);   // one split: no small step
+  Problem inv = step(16, 4, 1024, 8);
+  inv.batch_invariant = true;
+  EXPECT_EQ(choose(inv).kernel, Kernel::small);  // by the row count alone (16 rows)
+  EXPECT_EQ(choose([&] { Problem q = step(128, 1, 640, 5); q.batch_invariant = true; return q; }()).kernel,
+            Kernel::seesaw);
+  Problem fp8 = step(128, 1, 640, 5);
+  fp8.format = CacheFormat::fp8;
+  EXPECT_EQ(choose(fp8).kernel, Kernel::convert);  // code formats: their own kernels
+  Problem sparse = step(128, 1, 640, 5);
+  sparse.sparse = true;
+  EXPECT_EQ(choose(sparse).kernel, Kernel::seesaw);
+  EXPECT_FALSE(decode_regime::small_step(4, 1, 8, 1024, 0));  // SM count unknown
+}
+
 // The small kernel is forceable above 32 rows (row tiles of 32 over the heads); the rules never choose it there.
 TEST(DecodeRegime, SmallKernelForcedAbove32RowsTakesRowTilesOf32) {
   for (int64_t m : {33, 64, 128, 256}) {

@@ -48,6 +48,48 @@ TEST(DecodeSchedule, SmallKernelTakesTheBalancedSchedule) {
   EXPECT_EQ(choose(facts(CacheFormat::bf16, 264, 16, 1)).kind, Kind::uniform);
 }
 
+// The small kernel forced (or chosen) at s_q * h_q rows over requests of `keys` keys, its workspace holding a
+// partial per consumer warpgroup.
+Facts small_step(int64_t b, int64_t rows, int splits, int64_t keys) {
+  Facts f = facts(CacheFormat::bf16, b, rows, splits, keys);
+  f.regime = decode_regime::tile_for({.format = CacheFormat::bf16, .rows = rows, .batch = b, .context_bound = keys},
+                                     decode_regime::Kernel::small);
+  f.ws_wg_partials = true;
+  f.context_bound = keys;
+  return f;
+}
+
+TEST(DecodeSchedule, SmallStepsRunUniformWithWarpgroupPartials) {
+  for (const Facts& f : {small_step(4, 16, 8, 1024), small_step(1, 128, 5, 640), small_step(1, 64, 32, 8192)}) {
+    const auto s = choose(f);  // one wave of splits of <= 4 key tiles: no balanced window, no exchange
+    EXPECT_EQ(s.kind, Kind::uniform) << f.batch << " " << f.rows;
+    EXPECT_EQ(s.splits, f.planned_splits);
+    EXPECT_TRUE(s.combine);
+    EXPECT_TRUE(s.wg_partials);
+  }
+  EXPECT_EQ(choose(small_step(4, 16, 8, 1 << 20)).kind, Kind::balanced);  // long splits: the cost line
+  EXPECT_EQ(choose(small_step(8, 32, 20, 1024)).kind, Kind::balanced);    // more than one wave
+  Facts no_room = small_step(4, 16, 8, 1024);
+  no_room.ws_wg_partials = false;  // the workspace holds the CTAs' partials only: the balanced schedule
+  EXPECT_EQ(choose(no_room).kind, Kind::balanced);
+  EXPECT_FALSE(choose(no_room).wg_partials);
+  Facts inv = small_step(4, 16, 8, 1024);
+  inv.batch_invariant = true;  // split points and partials fixed per request: one partial per split
+  EXPECT_EQ(choose(inv).kind, Kind::uniform);
+  EXPECT_FALSE(choose(inv).wg_partials);
+  // Uniform outside the small step (no balanced schedule above 32 rows): warpgroup partials where they fit.
+  const auto wide = choose(small_step(16, 64, 16, 8192));
+  EXPECT_EQ(wide.kind, Kind::uniform);
+  EXPECT_EQ(wide.splits, 16);
+  EXPECT_TRUE(wide.wg_partials);
+  Facts short_ws = small_step(16, 64, 16, 8192);
+  short_ws.max_ws_splits = 8;  // the workspace holds fewer splits than planned
+  short_ws.ws_wg_partials = false;
+  EXPECT_EQ(choose(short_ws).splits, 8);
+  EXPECT_FALSE(choose(short_ws).wg_partials);
+  EXPECT_FALSE(choose(facts(CacheFormat::fp8, 16, 64, 16)).wg_partials);  // other kernels: one partial a split
+}
+
 TEST(DecodeSchedule, WholeRequestsSkipTheCombine) {
   Facts f = facts(CacheFormat::bf16, 128, 16, 1);
   f.whole_requests = true;

@@ -20,8 +20,9 @@ std::size_t decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int num_
 dispatch::Table<dispatch::DecodeArgs>& dispatch::mqa_decode_table() {
   static Table<DecodeArgs> table(
       "mqa_decode", {{{"sm90_small", 90, 90,
-                       "N 8 / 16 / 32 row tiles, TMA + wgmma, balanced split-KV schedule (attention/sm90/small/kernel.cuh): "
-                       "bf16 cache, s_q * h_q <= 32"},
+                       "N 8 / 16 / 32 row tiles, TMA + wgmma, balanced split-KV schedule or, for small steps, uniform "
+                       "splits with a partial per consumer warpgroup (attention/sm90/small/kernel.cuh): bf16 cache, "
+                       "chosen at s_q * h_q <= 32, forceable above"},
                       decode_sm90::supports_small, decode_sm90::run_small, decode_sm90::prefers_small},
                      {{"sm90_raw", 90, 90,
                        "raw records staged, exact codes into wgmma (attention/sm90/raw/kernel.cuh): fp8 and fp8_ds_mla "

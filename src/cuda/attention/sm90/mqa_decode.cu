@@ -93,7 +93,9 @@ decode_regime::Problem problem_of(const dispatch::DecodeArgs& a) {
           .batch = a.q.size(0),
           .context_bound = a.block_table.size(1) * a.cache.page_size(),
           .batch_invariant = a.batch_invariant,
-          .fp8_compute = a.fp8_compute};
+          .fp8_compute = a.fp8_compute,
+          .planned_splits = std::max(1, std::min(a.num_splits, combine::kMaxSplits)),
+          .sms = sm_count(a.q.device.index)};
 }
 
 // Whether a 64-key tile is whole pages or a whole number of tiles fill a page: the TMA boxes of one page's rows
@@ -175,6 +177,8 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
   facts.max_ws_splits = facts.planned_splits;
   while (facts.max_ws_splits > 1 && combine::ws_bytes(b, s_q, h_q, facts.max_ws_splits) > have) --facts.max_ws_splits;
   facts.workspace_bytes = have;
+  facts.ws_wg_partials = combine::ws_bytes(b, s_q, h_q, 2 * facts.planned_splits) <= have;
+  facts.context_bound = p.max_blocks * p.page_size;
   if (regime.kernel == decode_regime::Kernel::seesaw && !quantized && facts.planned_splits >= 2 &&
       facts.planned_splits <= ClusterMerge::kMaxSplits)
     facts.max_clusters = seesaw_paged_max_clusters(q.device.index, facts.planned_splits);
@@ -196,8 +200,10 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
     p.ws_lse = reinterpret_cast<float*>(base + balance::meta_bytes(b));
     p.ws_o = reinterpret_cast<float*>(base + balance::meta_bytes(b) + balance::lse_bytes(b, m_rows, ctas));
   } else if (splits > 1 && sched.combine) {
+    const int parts = sched.wg_partials ? 2 * splits : splits;  // partials a request
+    p.wg_partials = sched.wg_partials ? 1 : 0;
     p.ws_lse = reinterpret_cast<float*>(base);
-    p.ws_o = reinterpret_cast<float*>(base + combine::ws_lse_bytes(b, s_q, h_q, splits));
+    p.ws_o = reinterpret_cast<float*>(base + combine::ws_lse_bytes(b, s_q, h_q, parts));
   }
   p.num_splits = splits;
 
@@ -235,7 +241,7 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
       launch_seesaw_paged(p, grid, stream, map, regime.stage1_panels, what);
   }
   if (sched.combine) {
-    combine::launch_split_kv({p.rows, splits, p.ws_lse, p.ws_o, p.ws_meta}, b, stream);
+    combine::launch_split_kv({p.rows, p.wg_partials ? 2 * splits : splits, p.ws_lse, p.ws_o, p.ws_meta}, b, stream);
   }
 }
 

@@ -44,6 +44,10 @@ struct DecodeSm90Params {
   // partials through distributed shared memory (attention/sm90/common/cluster_merge.cuh): no workspace, no combine
   // launch. The seesaw kernels (mqa_decode.cu) and the raw kernel's small-T sparse split (sparse_mqa.cu).
   int32_t cluster_merge;
+  // 1: the small kernel under the uniform schedule with num_splits > 1 (core/decode_schedule.h wg_partials): each
+  // consumer warpgroup c of split unit ws_slot writes its own partial, slot 2 ws_slot + c of ws_lse / ws_o laid out
+  // for 2 num_splits partials a request (tile_io.cuh small_wg_partial); the combine merges 2 num_splits.
+  int32_t wg_partials;
   // Gathered key source (sparse_mqa: a "request" g is a token, s_q = 1, causal 0; block_table / seq_lens
   // unused). mqa_decode's fp8 / fp8_ds_mla caches use the cache fields only (rows through the block table). Key j of token g is flat cache row idx = indices[g * indices_stride + j], read only when
   // j < len(g) and 0 <= idx < num_slots; len(g) = topk_length[g] clamped to [0, topk], or topk.

@@ -236,6 +236,14 @@ template <class L, class Src, class Produce>
 __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUtensorMap* map, const Unit& u,
                                             bool one_unit, uint8_t* smem, Produce&& produce_fn) {
   if (one_unit && u.n_tiles == 0) {  // uniform over the CTA: nothing below runs
+    if constexpr (requires { L::kWgPartials; }) {
+      if (p.wg_partials && u.ws_slot >= 0) {  // both warpgroups' partials empty: LSE -inf, their rows never read
+        const int rows = min(p.tile_rows, u.m_rows - u.row0);
+        for (int e = threadIdx.x; e < 2 * rows; e += blockDim.x)
+          p.ws_lse[(2 * u.ws_slot + e / rows) * static_cast<int64_t>(u.m_rows) + u.row0 + e % rows] = -INFINITY;
+        return false;
+      }
+    }
     write_empty_unit(p, u, threadIdx.x, blockDim.x);
     return false;
   }

@@ -436,6 +436,47 @@ __device__ __forceinline__ void small_epilogue(const DecodeSm90Params& p, const 
   MLA_DECODE_TRACE_EVENT(kTraceEpilogueBase + 4 * c + 3, 128u + 128u * c);
 }
 
+// Epilogue of the small kernel under p.wg_partials (a split unit of the uniform schedule): consumer warpgroup c writes
+// its own state as partial 2 u.ws_slot + c of the combine, with no exchange with the other warpgroup: its rows' sums
+// over its four warps (sRed, its own barrier), the LSE (warp 0's lanes g8 == 0) and O^T / l straight from the
+// accumulator. A warp's store of o[mb][i] covers 8 adjacent columns of 4 rows: whole 32-byte sectors. A warpgroup
+// that ran no tile writes its LSE only (-inf: the combine never reads an empty partial's rows). N / 2 x 8 stores a
+// thread, one destination: a few KB of code where small_epilogue's staging rounds take 8-29 KB.
+// o, m_run, l_part, col_of: as small_epilogue.
+template <int N, class ColOf>
+__device__ __forceinline__ void small_wg_partial(const DecodeSm90Params& p, const Unit& u, const float (&o)[8][N / 2],
+                                                 const float (&m_run)[N / 4], const float (&l_part)[N / 4],
+                                                 float* sRed, float out_scale, int c, int wg_bar, ColOf&& col_of) {
+  constexpr int kRows = N / 4;
+  const int w = (threadIdx.x & 127) >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
+  MLA_DECODE_TRACE_EVENT(kTraceEpilogueBase + 4 * c, 128u + 128u * c);
+  warp_row_sums<N>(l_part, sRed, w, g8, t4, wg_bar);
+  MLA_DECODE_TRACE_EVENT(kTraceEpilogueBase + 4 * c + 1, 128u + 128u * c);
+  const int64_t slot = 2 * u.ws_slot + c, m_rows = u.m_rows;
+  float inv[kRows];
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    const int n = 8 * (rr / 2) + 2 * t4 + rr % 2, row = u.row0 + n;
+    const float l = sRed[n] + sRed[N + n] + sRed[2 * N + n] + sRed[3 * N + n];  // warp order
+    inv[rr] = l == 0.0f ? 0.0f : out_scale / l;  // a NaN l stays NaN (§14.6a)
+    if (w == 0 && g8 == 0 && row < u.m_rows) p.ws_lse[slot * m_rows + row] = row_lse(m_run[rr], l);
+  }
+  MLA_DECODE_TRACE_EVENT(kTraceEpilogueBase + 4 * c + 2, 128u + 128u * c);
+  if (c < u.n_tiles) {  // warpgroup c ran tiles c, c + 2, ... of the unit
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const int n = 8 * (i / 4) + 2 * t4 + (i & 1), row = u.row0 + n;
+      if (row >= u.m_rows) continue;
+      const int col0 = col_of(0, i);  // col_of(mb, i) - col0 is a constant: immediate offsets from one address
+      float* dst = p.ws_o + (slot * m_rows + row) * Traits::kDv + col0;
+      const float f = inv[2 * (i / 4) + (i & 1)];
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) dst[col_of(mb, i) - col0] = o[mb][i] * f;
+    }
+  }
+  MLA_DECODE_TRACE_EVENT(kTraceEpilogueBase + 4 * c + 3, 128u + 128u * c);
+}
+
 // Epilogue of the ping-pong raw kernel (raw/kernel.cuh kPingPong): both warpgroups end at the same running maximum
 // m_run (each took over the other's flagged tiles' maxima) and hold row sums of their own tiles at it; warpgroup c
 // holds O^T of value blocks 4c .. 4c + 3 (o[mb], the D fragment as in small_epilogue) over every tile. Each sums

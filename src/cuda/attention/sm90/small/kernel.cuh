@@ -13,7 +13,8 @@
 // running max, sum and O^T: 4N fp32 registers) with no per-tile synchronisation between them; the row
 // max of a tile is reduced over its 64 keys = 4 warps through smem (named barrier 2 + c). The epilogue
 // merges the two states (m, l, O) through smem (tile_io.cuh small_epilogue: both warpgroups' scaled O^T staged in
-// X, 8 rows per round, then all 256 threads write the rows).
+// X, 8 rows per round, then all 256 threads write the rows), or, under p.wg_partials (a split unit of the uniform
+// schedule), each warpgroup writes its own state as a partial of the combine (tile_io.cuh small_wg_partial).
 //
 // Units (pipeline.cuh Units): with the uniform split-KV schedule the CTA runs one (split, request); with
 // the balanced schedule (p.balanced, core/decode_balance.h) it first finds its window of the cost line
@@ -216,10 +217,14 @@ struct SmallConsumer {
 
   __device__ __forceinline__ void epilogue(const DecodeSm90Params& p, const Unit& u, const State& st) {
     MLA_DECODE_TRACE_EVENT(5, 128);
-    small_epilogue<N, L::kStageRows>(p, u, st.o, st.m_run, st.l_part, sRed, sML, xo, code_scale<Src>(p), c, wg_bar,
-                                     [rho_lo = key_lo](int mb, int i) {  // value column = A row
-                                       return 64 * mb + rho_lo + 8 * Frag::at_hi(i);
-                                     });
+    const auto col_of = [rho_lo = key_lo](int mb, int i) {  // value column = A row
+      return 64 * mb + rho_lo + 8 * Frag::at_hi(i);
+    };
+    if (p.wg_partials && u.ws_slot >= 0)
+      small_wg_partial<N>(p, u, st.o, st.m_run, st.l_part, sRed, code_scale<Src>(p), c, wg_bar, col_of);
+    else
+      small_epilogue<N, L::kStageRows>(p, u, st.o, st.m_run, st.l_part, sRed, sML, xo, code_scale<Src>(p), c, wg_bar,
+                                       col_of);
     MLA_DECODE_TRACE_EVENT(6, 128);
   }
 

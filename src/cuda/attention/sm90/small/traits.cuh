@@ -28,6 +28,7 @@ struct SmallTraits {
   static constexpr int kEmptyArrivals = 128;                // one warpgroup releases a stage
   static constexpr int kFullBarriers = kStages, kEmptyBarriers = kStages;
   static constexpr bool kSeesaw = false;  // register split key (source.cuh producer_regs)
+  static constexpr bool kWgPartials = true;  // may run under p.wg_partials (a partial per consumer warpgroup)
   static constexpr int kPanelsPerFull = T::kPanels;  // one full barrier per stage, carrying the key mask too
   __host__ __device__ static constexpr bool mask_barrier(int) { return true; }
   static constexpr int kOffLim = kOffBar + 2 * kStages * 8;  // [N] int32: each query row's largest visible key
