@@ -95,7 +95,7 @@ decode_regime::Problem problem_of(const dispatch::DecodeArgs& a) {
           .batch_invariant = a.batch_invariant,
           .fp8_compute = a.fp8_compute,
           .planned_splits = std::max(1, std::min(a.num_splits, combine::kMaxSplits)),
-          .sms = sm_count(a.q.device.index)};
+          .sms = a.q.device.is_cuda() ? sm_count(a.q.device.index) : 0};  // 0: no small step (host-side choices)
 }
 
 // Whether a 64-key tile is whole pages or a whole number of tiles fill a page: the TMA boxes of one page's rows
