@@ -102,13 +102,14 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   };
   for (int e = 0; e < kTracePairBase; ++e)
     if (e != kUnits) print_event(names[e], e, 11);
-  // The split-KV combine after the kernel, the producer's first two tiles and the small / raw epilogue's steps
-  // (trace.cuh events 50..65), on the same clock.
+  // The split-KV combine after the kernel, the producer's first two tiles, the small / raw epilogue's steps and the
+  // producer's steps inside its first two tiles (trace.cuh events 50..71), on the same clock.
   using cuda::decode_sm90::kTraceCombineBase;
   static const char* cnames[] = {"comb entry", "comb waited", "comb weights", "comb stored", "P tile0 read",
                                  "P tile0 sent", "P tile1 read", "P tile1 sent", "C0 ep start", "C0 ep (m,l)",
                                  "C0 ep weights", "C0 ep end", "C1 ep start", "C1 ep (m,l)", "C1 ep weights",
-                                 "C1 ep end"};
+                                 "C1 ep end", "P t0 empty ok", "P t0 announced", "P t0 panel0", "P t1 empty ok",
+                                 "P t1 announced", "P t1 panel0"};
   static_assert(sizeof(cnames) / sizeof(cnames[0]) == kTraceEvents - kTraceCombineBase);
   for (int k = 0; k < kTraceEvents - kTraceCombineBase; ++k) print_event(cnames[k], kTraceCombineBase + k, 12);
   for (int k = 1; k < 8; ++k) {

@@ -24,6 +24,8 @@
 //      read (block table, mask), 1 its boxes issued (ns).
 //   58 + 4 c + k: consumer c's epilogue of the small / raw kernels (small_epilogue, thread 128 + 128 c): k 0 start,
 //      1 both warpgroups' (m, l) published, 2 the weights published, 3 the rows written (ns).
+//   66 + 3 t + k: the producer's steps between events 54 + 2 t and 55 + 2 t on tile t < 2 (thread 0): k 0 the stage's
+//      empty wait returned, 1 the tile's bytes announced (expect_tx), 2 its first panel's boxes issued (ns).
 #include <cstdint>
 
 namespace mla::cuda::decode_sm90 {
@@ -33,8 +35,10 @@ inline constexpr int kTraceProdBase = kTracePairBase + 2 * kTracePairSteps, kTra
 inline constexpr int kTraceCombineBase = kTraceProdBase + 2 * kTraceProdSteps, kTraceCombineSteps = 4;
 inline constexpr int kTraceProducerBase = kTraceCombineBase + kTraceCombineSteps;
 inline constexpr int kTraceEpilogueBase = kTraceProducerBase + 4;
-inline constexpr int kTraceEvents = kTraceEpilogueBase + 8;
-static_assert(kTraceCombineBase == 50 && kTraceProducerBase == 54 && kTraceEpilogueBase == 58,
+inline constexpr int kTraceProducerStepBase = kTraceEpilogueBase + 8;
+inline constexpr int kTraceEvents = kTraceProducerStepBase + 6;
+static_assert(kTraceCombineBase == 50 && kTraceProducerBase == 54 && kTraceEpilogueBase == 58 &&
+                  kTraceProducerStepBase == 66,
               "the events as documented above");
 // The producer's slot for stage s, group g of tile t (-1: not traced); part 0's warp stamps.
 __device__ __forceinline__ int trace_prod_slot(int s, int part, int g, int t) {

@@ -540,12 +540,17 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
       if (it - base < 2) MLA_DECODE_TRACE_EVENT(kTraceProducerBase + 2 * (it - base), 0);
       tl.preload(p, 0);  // register loads need no free stage
       ptx::mbar_wait(&empty[stage], parity ^ 1);
+      if (it - base < 2) MLA_DECODE_TRACE_EVENT(kTraceProducerStepBase + 3 * (it - base), 0);
       tl.begin(&mask[stage], &full[stage]);
       tl.announce(p, &full[stage], T::kPanels);
       __syncwarp();
+      if (it - base < 2) MLA_DECODE_TRACE_EVENT(kTraceProducerStepBase + 3 * (it - base) + 1, 0);
       uint8_t* dst = smem + L::kOffK + stage * T::kTileBytes;
 #pragma unroll 1
-      for (int c = 0; c < T::kPanels; ++c) tl.panel(p, map, dst, &full[stage], c, c + 1 < T::kPanels ? c + 1 : -1);
+      for (int c = 0; c < T::kPanels; ++c) {
+        tl.panel(p, map, dst, &full[stage], c, c + 1 < T::kPanels ? c + 1 : -1);
+        if (c == 0 && it - base < 2) MLA_DECODE_TRACE_EVENT(kTraceProducerStepBase + 3 * (it - base) + 2, 0);
+      }
       if (it - base < 2) MLA_DECODE_TRACE_EVENT(kTraceProducerBase + 2 * (it - base) + 1, 0);
     }
   }
