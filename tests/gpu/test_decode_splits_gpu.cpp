@@ -139,6 +139,9 @@ TEST(DecodeSplitsGpu, NarrowValuesThroughTheCombine) {
 TEST(DecodeSplitsGpu, ClusterMergeMatchesTheOracle) {
   MLA_SKIP_WITHOUT_GPU();
   test::reseed(22);
+  // The seesaw forced: the rule sends some of these launches (h 16, 8 splits of 4 tiles) to the small kernel's small
+  // step (SmallStepsWriteAPartialPerWarpgroup below).
+  ForceVariant force("mqa_decode", "sm90_seesaw");
   const std::vector<int32_t> lens = {1900, 0, 1, 65, 700, 256};
   const int64_t b = static_cast<int64_t>(lens.size()), page = 64, max_blocks = 32;
   const test::PagedBatch pb = test::paged_batch(CacheFormat::bf16, page, lens, max_blocks);
@@ -169,6 +172,53 @@ TEST(DecodeSplitsGpu, ClusterMergeMatchesTheOracle) {
         cuda_rt::synchronize(0);
         test::expect_attention_close(out, ref_out, lse, ref_lse, "cluster merge without the LSE");
       }
+    }
+  }
+}
+
+// Small steps (core/decode_regime.h small_step) on the small kernel: uniform splits, a partial per consumer warpgroup
+// (decode_sm90 small_wg_partial) merged by the combine: lengths 0 (every split empty: both partials' LSE -inf), 40 (one
+// tile: warpgroup 1 of split 0 has no tile, the other splits none), mid-tile and the bound; 16 rows (N 16), 128 rows
+// (row tiles of 32), s_q 2; the kernel that ran is asserted. Workspace bytes 0xff (NaN partials where nothing was
+// written) and NaN-poisoned outputs; then the same launches with exactly the uniform partials (one a split: the
+// warpgroups merge in the kernel).
+TEST(DecodeSplitsGpu, SmallStepsWriteAPartialPerWarpgroup) {
+  MLA_SKIP_WITHOUT_GPU();
+  test::reseed(24);
+  const Device gpu = Device::cuda(0);
+  struct Shape {
+    std::vector<int32_t> lens;
+    int64_t s_q, h, max_blocks;
+    int splits;
+  };
+  for (const Shape& sh : {Shape{{0, 40, 700, 1024}, 1, 16, 16, 8}, Shape{{640}, 1, 128, 10, 5},
+                          Shape{{0, 130}, 1, 128, 10, 5}, Shape{{1024, 33, 513}, 2, 8, 16, 8}}) {
+    const int64_t b = static_cast<int64_t>(sh.lens.size()), page = 64;
+    SCOPED_TRACE(testing::Message() << "b " << b << " s_q " << sh.s_q << " h " << sh.h << " splits " << sh.splits);
+    const test::PagedBatch pb = test::paged_batch(CacheFormat::bf16, page, sh.lens, sh.max_blocks);
+    const test::DeviceCache dc = test::to_device(pb.cb.storage, pb.cb.cache);
+    const Tensor bt = pb.block_table.to(gpu), sl = pb.seq_lens.to(gpu);
+    const Tensor q = test::random_tensor({b, sh.s_q, sh.h, 576}, DType::bf16);
+    const Tensor qd = q.to(gpu);
+    Tensor ref_out = test::poisoned({b, sh.s_q, sh.h, 512}, DType::f64), ref_lse = test::poisoned({b, sh.s_q, sh.h}, DType::f32);
+    mqa_decode(q, pb.cb.cache, pb.block_table, pb.seq_lens, ref_out, ref_lse, kScale, true, {}, test::reference_ctx());
+    const int64_t max_len = sh.max_blocks * page;
+    const std::size_t need = mqa_decode_workspace_bytes(b, sh.s_q, sh.h, max_len, gpu, sh.splits);
+    const std::size_t uniform = cuda::decode_workspace_bytes(b, sh.s_q, sh.h, sh.splits);
+    EXPECT_GE(need, 2 * uniform);  // room for a partial per warpgroup
+    Tensor ws = Tensor::empty({static_cast<int64_t>(need)}, DType::u8, gpu);
+    for (const std::size_t bytes : {need, uniform}) {
+      SCOPED_TRACE(bytes == need ? "two partials a split" : "one partial a split");
+      fill(ws.view(), 255.0);
+      Tensor out = test::poisoned({b, sh.s_q, sh.h, 512}, DType::bf16, gpu);
+      Tensor lse = test::poisoned({b, sh.s_q, sh.h}, DType::f32, gpu);
+      mqa_decode(qd, dc.cache, bt, sl, out, lse, kScale, true, ws.view().slice(0, 0, static_cast<int64_t>(bytes)),
+                 Context{}, sh.splits);
+      cuda_rt::synchronize(0);
+      if (variant_runs_on_device("mqa_decode", "sm90_small", 0)) {
+        EXPECT_EQ(last_variant("mqa_decode"), "sm90_small");
+      }
+      test::expect_attention_close(out, ref_out, lse, ref_lse, "small step");
     }
   }
 }
