@@ -10,7 +10,8 @@
 // A NaN lse_n makes the row NaN (lse and every column); all parts empty gives out 0 and lse -inf. fp32.
 //
 // warp_merge_lse computes (m, sum w, NaN) with the 32 lanes of one warp (lane l reads parts l, l + 32, ...);
-// every lane gets the result. part_factor then gives part n's factor w_n / sum w (0 for an empty part).
+// every lane gets the result. MergeState::factor then gives part n's factor w_n / sum w (0 for an empty part).
+// merge_factors is the same rule over a few parts held in one thread's registers.
 #include <cmath>
 #include <cstdint>
 
@@ -48,6 +49,30 @@ __device__ MergeState warp_merge_lse(const LseAt& lse_at, int64_t parts) {
   }
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  return {m, sum, nan};
+}
+
+// The rule over kParts part LSEs one thread holds (lse[n] for n < kParts; a part past the row's count given as -inf):
+// each part's factor w_n / sum w into w (0 for an empty part; NaN for every part when one is NaN), the state returned.
+// The exponentials are taken once (factor() would take each again); the factors multiply by 1 / sum.
+template <int kParts>
+__device__ __forceinline__ MergeState merge_factors(const float (&lse)[kParts], float (&w)[kParts]) {
+  float m = -INFINITY;
+  bool nan = false;
+#pragma unroll
+  for (int n = 0; n < kParts; ++n) {
+    nan |= isnan(lse[n]);
+    if (isfinite(lse[n])) m = fmaxf(m, lse[n]);
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kParts; ++n) {
+    w[n] = isfinite(lse[n]) ? expf(lse[n] - m) : 0.0f;
+    sum += w[n];
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // every part empty: every factor 0
+#pragma unroll
+  for (int n = 0; n < kParts; ++n) w[n] = nan ? NAN : w[n] * inv;
   return {m, sum, nan};
 }
 

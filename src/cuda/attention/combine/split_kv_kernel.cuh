@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, kBatch > 8 ? 4 : 8) split_kv_kernel(
     // One round trip: every thread loads all splits' LSEs (the same addresses in every thread: L1 broadcasts) and its
     // four columns of every partial at once, then applies the merge rule in registers in split order (an empty or
     // skipped split's columns may hold garbage: loaded, never used).
-    float l[kBatch];
+    float l[kBatch], w[kBatch];
     float4 v[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
@@ -58,30 +58,15 @@ __global__ void __launch_bounds__(kThreads, kBatch > 8 ? 4 : 8) split_kv_kernel(
         v[j] = *reinterpret_cast<const float4*>(o_s + j * split_stride + col);
       }
     }
-    float m = -INFINITY;
-    bool nan = false;
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      nan |= isnan(l[j]);
-      if (isfinite(l[j])) m = fmaxf(m, l[j]);
-    }
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      l[j] = isfinite(l[j]) ? expf(l[j] - m) : 0.0f;  // from here the split's exp(lse_j - m), 0 when empty
-      sum += l[j];
-    }
-    const MergeState st{m, sum, nan};
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // every split empty: out 0 (and LSE -inf)
+    const MergeState st = merge_factors(l, w);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const float w = nan ? NAN : l[j] * inv;
-      if (w != 0.0f) {  // NaN weights included: a NaN split makes the row NaN
-        acc[0] += w * v[j].x;
-        acc[1] += w * v[j].y;
-        acc[2] += w * v[j].z;
-        acc[3] += w * v[j].w;
+      if (w[j] != 0.0f) {  // NaN factors included: a NaN split makes the row NaN
+        acc[0] += w[j] * v[j].x;
+        acc[1] += w[j] * v[j].y;
+        acc[2] += w[j] * v[j].z;
+        acc[3] += w[j] * v[j].w;
       }
     }
     if (threadIdx.x == 0 && rp.lse) rp.lse[g * rp.lse_stride_g + i * rp.lse_stride_i + h * rp.lse_stride_h] = st.lse();
