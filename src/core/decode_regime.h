@@ -55,6 +55,7 @@
 //     request has more than 16 rows (the h 64 / 128 rows), one barrier per V half otherwise.
 #include <cstdint>
 
+#include "core/decode_balance.h"
 #include "mla/cache.h"
 
 namespace mla::decode_regime {
@@ -94,7 +95,7 @@ inline constexpr int64_t kSmallStepTiles = 4;  // key tiles (64 keys) per split 
 // of at most kSmallStepTiles key tiles of the length bound, fill at most one wave of `sms` CTAs.
 inline constexpr bool small_step(int64_t batch, int64_t m_tiles, int planned, int64_t context_bound, int sms) {
   if (planned < 2 || context_bound <= 0 || sms <= 0) return false;
-  const int64_t tiles = (context_bound + 63) / 64;
+  const int64_t tiles = balance::tiles_of(context_bound);
   return (tiles + planned - 1) / planned <= kSmallStepTiles && batch * m_tiles * planned <= sms;
 }
 
@@ -155,7 +156,7 @@ inline constexpr Kernel preferred(const Problem& p) {
   if (p.v4) return Kernel::convert;
   const int64_t m = p.rows < 1 ? 1 : p.rows;
   if (!p.sparse && p.format == CacheFormat::bf16 && !p.batch_invariant &&
-      small_step(p.batch, (m + 31) / 32, p.planned_splits, p.context_bound, p.sms))  // the small kernel's row tiles
+      small_step(p.batch, tile_for(p, Kernel::small).m_tiles, p.planned_splits, p.context_bound, p.sms))
     return Kernel::small;  // a small step: uniform splits, a partial per consumer warpgroup (decode_schedule.h)
   if (m > 32) {
     if (!p.batch_invariant) {

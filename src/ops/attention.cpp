@@ -83,8 +83,8 @@ std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int6
 #if MLA_WITH_CUDA
   const int sms = multiprocessor_count(device);
   if (num_splits == 0) num_splits = decode_num_splits(b, s_q, h_q, max_seq_len, sms);
-  // Two partials a split: the sm90 small kernel's small steps write one per consumer warpgroup (chosen up to 32
-  // query rows, forceable above; core/decode_schedule.h wg_partials). 0 bytes for one split.
+  // Two partials a split: the sm90 small kernel's small steps write one per consumer warpgroup (at any row count;
+  // core/decode_schedule.h wg_partials). 0 bytes for one split.
   const std::size_t uniform = 2 * decode_split_workspace_bytes(b, s_q, h_q, num_splits);
   // The sm90 kernel's balanced schedule (<= 32 query rows, smaller batches) takes (b + SMs) partials.
   const int ctas = max_seq_len > 0 ? balance::ctas_for(b, s_q * h_q, sms) : 0;

@@ -156,7 +156,8 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
   p.seq_lens_stride = a.seq_lens.stride[0];
   p.causal = a.causal ? 1 : 0;
   const bool quantized = cache.format != CacheFormat::bf16;
-  const decode_regime::Regime regime = decode_regime::tile_for(problem_of(a), kernel);
+  const decode_regime::Problem problem = problem_of(a);
+  const decode_regime::Regime regime = decode_regime::tile_for(problem, kernel);
   set_row_tiles(p, regime);
   p.out_pairs = out_pairs(a.out);
 
@@ -172,13 +173,13 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
   facts.format = cache.format;
   facts.batch = b;
   facts.rows = m_rows;
-  facts.planned_splits = std::max(1, std::min(a.num_splits, combine::kMaxSplits));
-  facts.sms = sm_count(q.device.index);
+  facts.planned_splits = problem.planned_splits;
+  facts.sms = problem.sms;
   facts.max_ws_splits = facts.planned_splits;
   while (facts.max_ws_splits > 1 && combine::ws_bytes(b, s_q, h_q, facts.max_ws_splits) > have) --facts.max_ws_splits;
   facts.workspace_bytes = have;
   facts.ws_wg_partials = combine::ws_bytes(b, s_q, h_q, 2 * facts.planned_splits) <= have;
-  facts.context_bound = p.max_blocks * p.page_size;
+  facts.context_bound = problem.context_bound;
   if (regime.kernel == decode_regime::Kernel::seesaw && !quantized && facts.planned_splits >= 2 &&
       facts.planned_splits <= ClusterMerge::kMaxSplits)
     facts.max_clusters = seesaw_paged_max_clusters(q.device.index, facts.planned_splits);
@@ -192,6 +193,7 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
 
   auto* base = static_cast<uint8_t*>(a.workspace.data);
   const int splits = sched.kind == decode_schedule::Kind::balanced ? 1 : sched.splits;
+  const int parts = sched.wg_partials ? 2 * splits : splits;  // uniform partials a request
   const int ctas = sched.ctas;
   if (sched.kind == decode_schedule::Kind::cluster) p.cluster_merge = 1;
   if (sched.kind == decode_schedule::Kind::balanced) {
@@ -200,7 +202,6 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
     p.ws_lse = reinterpret_cast<float*>(base + balance::meta_bytes(b));
     p.ws_o = reinterpret_cast<float*>(base + balance::meta_bytes(b) + balance::lse_bytes(b, m_rows, ctas));
   } else if (splits > 1 && sched.combine) {
-    const int parts = sched.wg_partials ? 2 * splits : splits;  // partials a request
     p.wg_partials = sched.wg_partials ? 1 : 0;
     p.ws_lse = reinterpret_cast<float*>(base);
     p.ws_o = reinterpret_cast<float*>(base + combine::ws_lse_bytes(b, s_q, h_q, parts));
@@ -241,7 +242,7 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
       launch_seesaw_paged(p, grid, stream, map, regime.stage1_panels, what);
   }
   if (sched.combine) {
-    combine::launch_split_kv({p.rows, p.wg_partials ? 2 * splits : splits, p.ws_lse, p.ws_o, p.ws_meta}, b, stream);
+    combine::launch_split_kv({p.rows, parts, p.ws_lse, p.ws_o, p.ws_meta}, b, stream);
   }
 }
 
