@@ -72,22 +72,11 @@ void copy_rows(const TensorView& dst, const TensorView& src, const Context& ctx)
     return;
   }
 #if MLA_WITH_CUDA
-  auto bytes = [es](int64_t stride) { return static_cast<std::size_t>(stride) * es; };
-  // (token, head) rows form one pitched sequence when each view spaces tokens h head strides apart.
-  const bool flat = dst.stride[0] == h * dst.stride[1] && src.stride[0] == h * src.stride[1];
-  if (h == 1 || flat) {
-    const int64_t ds = h == 1 ? dst.stride[0] : dst.stride[1], ss = h == 1 ? src.stride[0] : src.stride[1];
-    cuda_rt::memcpy2d_async(dst.data, bytes(ds), src.data, bytes(ss), width, static_cast<std::size_t>(n * h),
-                            ctx.stream, dst.device.index);
-  } else if (h <= n) {
-    for (int64_t j = 0; j < h; ++j)
-      cuda_rt::memcpy2d_async(dst.ptr_at({0, j}), bytes(dst.stride[0]), src.ptr_at({0, j}), bytes(src.stride[0]),
-                              width, static_cast<std::size_t>(n), ctx.stream, dst.device.index);
-  } else {
-    for (int64_t t = 0; t < n; ++t)
-      cuda_rt::memcpy2d_async(dst.ptr_at({t, 0}), bytes(dst.stride[1]), src.ptr_at({t, 0}), bytes(src.stride[1]),
-                              width, static_cast<std::size_t>(h), ctx.stream, dst.device.index);
-  }
+  // One kernel for the whole grid of rows (a kernel node that PDL chains, not copy-engine nodes): byte strides.
+  const auto es64 = static_cast<int64_t>(es);
+  cuda_rt::copy_rows_async(dst.data, dst.stride[0] * es64, dst.stride[1] * es64, src.data, src.stride[0] * es64,
+                           src.stride[1] * es64, n, h, static_cast<int64_t>(width), ctx.stream, dst.device.index,
+                           ctx.pdl);
 #else
   (void)ctx;
   throw Error("MlaAttention: CUDA tensors in a build without the CUDA backend");

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -124,6 +126,67 @@ void memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t 
   check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault,
                           static_cast<cudaStream_t>(stream)),
         "cudaMemcpy2DAsync");
+}
+
+namespace {
+// One thread an access of V bytes, the [n][h] rows flattened; V divides width, every stride and both addresses.
+template <class V>
+__global__ void __launch_bounds__(256) copy_rows_kernel(uint8_t* dst, int64_t dst_s0, int64_t dst_s1, const uint8_t* src,
+                                                        int64_t src_s0, int64_t src_s1, int64_t h, int64_t per_row,
+                                                        int64_t total) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // a dependent launch: nothing global before it
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = e / per_row, k = e % per_row, t = row / h, j = row % h;
+    const int64_t off = k * static_cast<int64_t>(sizeof(V));
+    *reinterpret_cast<V*>(dst + t * dst_s0 + j * dst_s1 + off) =
+        *reinterpret_cast<const V*>(src + t * src_s0 + j * src_s1 + off);
+  }
+}
+
+template <class V>
+void launch_copy_rows(uint8_t* dst, int64_t dst_s0, int64_t dst_s1, const uint8_t* src, int64_t src_s0, int64_t src_s1,
+                      int64_t n, int64_t h, int64_t width, cudaStream_t stream, bool pdl) {
+  constexpr int kThreads = 256;
+  const int64_t per_row = width / static_cast<int64_t>(sizeof(V)), total = n * h * per_row;
+  const auto grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 4096));
+  auto* kernel = &copy_rows_kernel<V>;
+  if (pdl) {  // only where the image carries griddepcontrol (sm_90 code): older images start after their predecessor
+    cudaFuncAttributes a{};
+    pdl = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.ptxVersion >= 90;
+    (void)cudaGetLastError();
+  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, dst, dst_s0, dst_s1, src, src_s0, src_s1, h, per_row, total),
+        "copy_rows_async");
+}
+}  // namespace
+
+void copy_rows_async(void* dst, int64_t dst_s0, int64_t dst_s1, const void* src, int64_t src_s0, int64_t src_s1,
+                     int64_t n, int64_t h, int64_t width, void* stream, int device, bool pdl) {
+  if (n <= 0 || h <= 0 || width <= 0) return;
+  DeviceGuard g(device);
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const auto bits = static_cast<uint64_t>(width | dst_s0 | dst_s1 | src_s0 | src_s1) |
+                    reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
+  const auto st = static_cast<cudaStream_t>(stream);
+  if (bits % 16 == 0) launch_copy_rows<uint4>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, pdl);
+  else if (bits % 8 == 0) launch_copy_rows<uint2>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, pdl);
+  else if (bits % 4 == 0) launch_copy_rows<uint32_t>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, pdl);
+  else if (bits % 2 == 0) launch_copy_rows<uint16_t>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, pdl);
+  else launch_copy_rows<uint8_t>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, pdl);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // device memory without including CUDA headers. Only compiled when MLA_WITH_CUDA. Every call checks
 // its CUDA status and throws mla::Error with the CUDA error string.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "mla/types.h"
@@ -36,10 +37,19 @@ void memset(void* dst, int device, int value, std::size_t bytes);
 void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream, int device);
 void memset_async(void* dst, int value, std::size_t bytes, void* stream, int device);
 // Stream-ordered 2-D copy (cudaMemcpy2DAsync): `height` rows of `width` bytes, row r read at
-// src + r * spitch and written at dst + r * dpitch. The layer uses it to place q_pe beside the
-// absorbed query without a kernel of its own.
+// src + r * spitch and written at dst + r * dpitch (the DCP collectives' row moves).
 void memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                     std::size_t height, void* stream, int device);
+// Stream-ordered copy of an [n][h] grid of rows of `width` bytes by a kernel: row (t, j) read at
+// src + t * src_s0 + j * src_s1 and written at dst + t * dst_s0 + j * dst_s1 (byte strides; the two ranges do
+// not overlap). The widest of 16 / 8 / 4 / 2 / 1-byte accesses that width, strides and both addresses allow.
+// Where the device runs sm_90 code and `pdl` is set, the kernel goes out as a programmatic dependent launch that
+// keeps DESIGN.md's invariant (it waits for the previous grid before it reads, then lets the next one start): in a
+// captured step it is a kernel node that chains with the kernels beside it, where cudaMemcpy2DAsync is a
+// copy-engine node that a dependent launch cannot follow early. The layer places q_pe beside the absorbed query
+// with it.
+void copy_rows_async(void* dst, int64_t dst_s0, int64_t dst_s1, const void* src, int64_t src_s0, int64_t src_s1,
+                     int64_t n, int64_t h, int64_t width, void* stream, int device, bool pdl);
 void synchronize(int device);
 // This thread's second stream on `device` (created on first use: non-blocking, highest priority), for
 // work that overlaps the caller's stream (the DCP decode's exchange of one half-batch while the other
