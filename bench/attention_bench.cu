@@ -77,10 +77,11 @@ Tensor device_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> 
 void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   using cuda::decode_sm90::kTraceCtas;
   using cuda::decode_sm90::kTraceEvents;
+  using cuda::decode_sm90::kTraceStride;
   constexpr int kUnits = 11;  // a value stamp, not a time
   uint64_t t0 = ~uint64_t{0};
   for (int c = 0; c < kTraceCtas; ++c)
-    if (st[c * kTraceEvents] != 0) t0 = std::min(t0, st[c * kTraceEvents]);
+    if (st[c * kTraceStride] != 0) t0 = std::min(t0, st[c * kTraceStride]);
   if (t0 == ~uint64_t{0}) return;
   using cuda::decode_sm90::kTracePairBase;
   using cuda::decode_sm90::kTracePairSteps;
@@ -92,7 +93,7 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   auto print_event = [&](const char* name, int e, int width) {
     std::vector<double> v;
     for (int c = 0; c < kTraceCtas; ++c) {
-      const uint64_t x = st[c * kTraceEvents + e];
+      const uint64_t x = st[c * kTraceStride + e];
       if (x != 0) v.push_back((static_cast<double>(x) - static_cast<double>(t0)) / 1e3);
     }
     if (v.empty()) return;
@@ -105,18 +106,20 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   // The split-KV combine after the kernel, the producer's first two tiles, the small / raw epilogue's steps and the
   // producer's steps inside its first two tiles (trace.cuh events 50..71), on the same clock.
   using cuda::decode_sm90::kTraceCombineBase;
+  using cuda::decode_sm90::kTraceProducerBase;
   static const char* cnames[] = {"comb entry", "comb waited", "comb weights", "comb stored", "P tile0 read",
                                  "P tile0 sent", "P tile1 read", "P tile1 sent", "C0 ep start", "C0 ep (m,l)",
                                  "C0 ep weights", "C0 ep end", "C1 ep start", "C1 ep (m,l)", "C1 ep weights",
                                  "C1 ep end", "P t0 empty ok", "P t0 announced", "P t0 panel0", "P t1 empty ok",
-                                 "P t1 announced", "P t1 panel0"};
+                                 "P t1 announced", "P t1 panel0", "pro waited", "pro unit", "pro synced",
+                                 "P unit read"};
   static_assert(sizeof(cnames) / sizeof(cnames[0]) == kTraceEvents - kTraceCombineBase);
   for (int k = 0; k < kTraceEvents - kTraceCombineBase; ++k) print_event(cnames[k], kTraceCombineBase + k, 12);
   for (int k = 1; k < 8; ++k) {
     double sum = 0, mx = 0;
     int n = 0;
     for (int c = 0; c < kTraceCtas; ++c) {
-      const uint64_t units = st[c * kTraceEvents + kUnits], x = st[c * kTraceEvents + 7];
+      const uint64_t units = st[c * kTraceStride + kUnits], x = st[c * kTraceStride + 7];
       if (x == 0 || static_cast<int>(std::min<uint64_t>(units, 7)) != k) continue;
       const double t = static_cast<double>(x - t0) / 1e3;
       sum += t;
@@ -125,6 +128,34 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
     }
     if (n) std::printf("      units %d: %4d CTAs, exit mean %8.2f max %8.2f\n", k, n, sum / n, mx);
   }
+  // The same events of the attention kernel on each CTA's own SM clock, after that CTA's entry (cycles: what the
+  // global timer's ~0.26 us steps hide), and as us at the clock the CTAs ran at (cycles over ns from entry to exit).
+  {
+    auto clk = [&](int c, int e) { return st[c * kTraceStride + kTraceEvents + e]; };
+    std::vector<double> ghz;
+    for (int c = 0; c < kTraceCtas; ++c) {
+      const uint64_t g0 = st[c * kTraceStride], g7 = st[c * kTraceStride + 7];
+      if (g0 != 0 && g7 > g0 + 2000 && clk(c, 0) != 0 && clk(c, 7) > clk(c, 0))
+        ghz.push_back(static_cast<double>(clk(c, 7) - clk(c, 0)) / static_cast<double>(g7 - g0));
+    }
+    std::sort(ghz.begin(), ghz.end());
+    const double f = ghz.empty() ? 0.0 : ghz[ghz.size() / 2];
+    std::printf("      the same on each CTA's SM clock, cycles after its entry (us at %.2f GHz):\n", f);
+    auto print_cycles = [&](const char* name, int e) {
+      std::vector<double> v;
+      for (int c = 0; c < kTraceCtas; ++c)
+        if (clk(c, 0) != 0 && clk(c, e) != 0) v.push_back(static_cast<double>(static_cast<int64_t>(clk(c, e) - clk(c, 0))));
+      if (v.empty()) return;
+      std::sort(v.begin(), v.end());
+      const double med = v[v.size() / 2];
+      std::printf("      %-14s n %4zu  p10 %7.0f  med %7.0f  p90 %7.0f  (%6.2f us)\n", name, v.size(), v[v.size() / 10], med,
+                  v[v.size() * 9 / 10], f > 0 ? med / f / 1e3 : 0.0);
+    };
+    for (int e = 1; e < kTracePairBase; ++e)
+      if (e != kUnits) print_cycles(names[e], e);
+    for (int k = kTraceProducerBase - kTraceCombineBase; k < kTraceEvents - kTraceCombineBase; ++k)
+      print_cycles(cnames[k], kTraceCombineBase + k);
+  }
   // The seesaw kernel's pair steps (trace.cuh: SM cycles of pair kTracePair, relative to consumer 0's
   // step 0 of the same CTA).
   static const char* steps[2][kTracePairSteps] = {
@@ -132,7 +163,7 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
       {"start", "S, max", "m1 pub", "P1 stored", "P0 synced|V4 w1 arrived 0", "local PV|V4 w2 arrived 0",
        "remote PV|V4 w1 arrived 1", "V4 w2 arrived 1", "", ""}};
   bool any = false;
-  for (int c = 0; c < kTraceCtas && !any; ++c) any = st[c * kTraceEvents + kTracePairBase] != 0;
+  for (int c = 0; c < kTraceCtas && !any; ++c) any = st[c * kTraceStride + kTracePairBase] != 0;
   if (!any) return;
   std::printf("      pair %d (seesaw), SM cycles after consumer 0's start, over the CTAs that stamped it:\n",
               cuda::decode_sm90::kTracePair);
@@ -140,7 +171,7 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
   auto cycles = [&](int e) {
     std::vector<double> v;
     for (int c = 0; c < kTraceCtas; ++c) {
-      const uint64_t t0c = st[c * kTraceEvents + kTracePairBase], t = st[c * kTraceEvents + e];
+      const uint64_t t0c = st[c * kTraceStride + kTracePairBase], t = st[c * kTraceStride + e];
       if (t0c != 0 && t != 0) v.push_back(static_cast<double>(static_cast<int64_t>(t - t0c)));
     }
     std::sort(v.begin(), v.end());
@@ -170,7 +201,7 @@ void print_decode_trace(const char* what, const std::vector<uint64_t>& st) {
 }
 
 void trace_decode_calls(BenchContext& ctx, const std::function<void()>& call) {
-  std::vector<uint64_t> st(static_cast<std::size_t>(cuda::decode_sm90::kTraceCtas) * cuda::decode_sm90::kTraceEvents);
+  std::vector<uint64_t> st(static_cast<std::size_t>(cuda::decode_sm90::kTraceCtas) * cuda::decode_sm90::kTraceStride);
   call();
   if (!cuda::decode_sm90::trace_dump(st.data())) {
     std::printf("    (--trace: this build has no decode trace; configure with -DMLA_DECODE_TRACE=ON)\n");

@@ -4,8 +4,8 @@
 // (docs/design/attention_sm90.md "10. Where the time goes"; here in cuda/common/ so that the combine, which may
 // include only common/, stamps into the same table). Compiled only into a build configured with
 // -DMLA_DECODE_TRACE=ON (CMake option; it defines MLA_DECODE_TRACE=1 for the CUDA sources): each CTA
-// x < kTraceCtas stamps the global timer (ns) at kTraceEvents points; trace_dump() (mqa_decode.cu) copies the stamps
-// of the last launch out and zeroes them. Without the option every hook is an empty statement and no symbol exists.
+// x < kTraceCtas stamps the global timer (ns) at kTraceEvents points, and the events below that are ns also the SM
+// clock (clock64) beside them; trace_dump() (mqa_decode.cu) copies the stamps of the last launch out and zeroes them. Without the option every hook is an empty statement and no symbol exists.
 //   0 kernel entry (thread 0)            1 producer start (thread 0)        2 producer loop done (thread 0)
 //   3 consumers' Q loaded (thread 128)   4 first full-barrier wait returned (thread 128, first tile)
 //   5 last products done (thread 128)    6 epilogue written (thread 128)    7 kernel exit (thread 128)
@@ -26,6 +26,8 @@
 //      1 both warpgroups' (m, l) published, 2 the weights published, 3 the rows written (ns).
 //   66 + 3 t + k: the producer's steps between events 54 + 2 t and 55 + 2 t on tile t < 2 (thread 0): k 0 the stage's
 //      empty wait returned, 1 the tile's bytes announced (expect_tx), 2 its first panel's boxes issued (ns).
+//   72 + k: the small kernel's prologue (thread 0): k 0 the dependency wait returned, 1 the uniform unit read (its
+//      length), 2 the barriers' __syncthreads passed, 3 the producer's first unit read (ns).
 #include <cstdint>
 
 namespace mla::cuda::decode_sm90 {
@@ -36,9 +38,13 @@ inline constexpr int kTraceCombineBase = kTraceProdBase + 2 * kTraceProdSteps, k
 inline constexpr int kTraceProducerBase = kTraceCombineBase + kTraceCombineSteps;
 inline constexpr int kTraceEpilogueBase = kTraceProducerBase + 4;
 inline constexpr int kTraceProducerStepBase = kTraceEpilogueBase + 8;
-inline constexpr int kTraceEvents = kTraceProducerStepBase + 6;
+inline constexpr int kTracePrologueBase = kTraceProducerStepBase + 6;
+inline constexpr int kTraceEvents = kTracePrologueBase + 4;
+// A CTA's row: the events' stamps, then (events stamped by trace_event) the SM clock at the same point, so that the
+// steps of one CTA compare to the cycle where the global timer moves in steps of ~0.26 us.
+inline constexpr int kTraceStride = 2 * kTraceEvents;
 static_assert(kTraceCombineBase == 50 && kTraceProducerBase == 54 && kTraceEpilogueBase == 58 &&
-                  kTraceProducerStepBase == 66,
+                  kTraceProducerStepBase == 66 && kTracePrologueBase == 72,
               "the events as documented above");
 // The producer's slot for stage s, group g of tile t (-1: not traced); part 0's warp stamps.
 __device__ __forceinline__ int trace_prod_slot(int s, int part, int g, int t) {
@@ -50,7 +56,7 @@ __device__ __forceinline__ int trace_prod_slot(int s, int part, int g, int t) {
 #include <cuda_runtime.h>
 namespace mla::cuda::decode_sm90 {
 
-__device__ unsigned long long g_trace[kTraceCtas][kTraceEvents];
+__device__ unsigned long long g_trace[kTraceCtas][kTraceStride];
 
 __device__ __forceinline__ void trace_event(int ev, unsigned thread, bool once = false) {
   if (threadIdx.x != thread || blockIdx.x >= kTraceCtas) return;
@@ -58,6 +64,7 @@ __device__ __forceinline__ void trace_event(int ev, unsigned thread, bool once =
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   g_trace[blockIdx.x][ev] = t;
+  g_trace[blockIdx.x][kTraceEvents + ev] = static_cast<unsigned long long>(clock64());
 }
 __device__ __forceinline__ void trace_value(int ev, unsigned thread, unsigned long long v) {
   if (threadIdx.x == thread && blockIdx.x < kTraceCtas) g_trace[blockIdx.x][ev] = v;
@@ -82,14 +89,14 @@ __device__ __forceinline__ void trace_prod(int slot, int k) {
 // Host: each .cu that launches traced kernels has its own g_trace (no relocatable device code). This one's stamps go
 // into out where out holds 0 (a call's kernels stamp one unit's array), then are zeroed. false when a copy failed.
 static inline bool trace_take_tu(uint64_t* out) {
-  static unsigned long long stamps[kTraceCtas][kTraceEvents];
-  static const unsigned long long zeros[kTraceCtas][kTraceEvents] = {};
+  static unsigned long long stamps[kTraceCtas][kTraceStride];
+  static const unsigned long long zeros[kTraceCtas][kTraceStride] = {};
   if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(stamps, g_trace, sizeof(g_trace)) != cudaSuccess ||
       cudaMemcpyToSymbol(g_trace, zeros, sizeof(g_trace)) != cudaSuccess)
     return false;
   for (int c = 0; c < kTraceCtas; ++c)
-    for (int e = 0; e < kTraceEvents; ++e)
-      if (out[c * kTraceEvents + e] == 0) out[c * kTraceEvents + e] = stamps[c][e];
+    for (int e = 0; e < kTraceStride; ++e)
+      if (out[c * kTraceStride + e] == 0) out[c * kTraceStride + e] = stamps[c][e];
   return true;
 }
 // Every translation unit that includes this header (each kernel instantiation file) registers its stamps for
@@ -107,8 +114,9 @@ namespace {
 #define MLA_DECODE_TRACE_SLOT(tile, v) ((void)0)
 #endif
 
-// The stamps of the CTAs of the last traced launch (mqa_decode's or sparse_mqa's), [kTraceCtas][kTraceEvents] ns
-// (0: not reached), zeroed after the copy; false (and nothing written) in a build without the trace.
+// The stamps of the CTAs of the last traced launch (mqa_decode's or sparse_mqa's), [kTraceCtas][kTraceStride]: ns
+// (0: not reached), then the SM clock of the same events, zeroed after the copy; false (and nothing written) in a
+// build without the trace.
 bool trace_dump(uint64_t* out);
 
 }  // namespace mla::cuda::decode_sm90

@@ -277,7 +277,7 @@ bool trace_register(TraceTake take) {
   return true;
 }
 bool trace_dump(uint64_t* out) {
-  std::fill(out, out + kTraceCtas * kTraceEvents, uint64_t{0});
+  std::fill(out, out + kTraceCtas * kTraceStride, uint64_t{0});
   bool ok = true;
   for (const TraceTake take : trace_units()) ok = take(out) && ok;
   check_cuda(ok ? cudaSuccess : cudaErrorUnknown, "decode trace");

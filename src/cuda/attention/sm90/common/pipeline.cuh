@@ -158,11 +158,17 @@ __device__ __forceinline__ void balanced_window(const DecodeSm90Params& p, balan
 // The units of this CTA in order: the uniform schedule's one (blockIdx.x), or the balanced schedule's
 // segments of the window in shared memory. Every role walks its own copy and sees the same units.
 // State: the position of the balanced cursor only (registers are scarce in the consumers); the window
-// stays in shared memory and the rest comes from the parameters.
+// stays in shared memory and the rest comes from the parameters. `one` (with `have_one`): the uniform unit as the
+// kernel already read it before the role split (its length is a global load: reading it again per role put one
+// more round trip before the producer's first block-table read); without it the unit is read here.
 template <bool kGather>
 struct Units {
   int64_t req = 0, pos = 0;  // uniform schedule: req 1 once its unit was handed out
-  __device__ __forceinline__ Units(const DecodeSm90Params& p, const balance::Window* win) {
+  Unit one{};
+  bool have_one = false;
+  __device__ __forceinline__ Units(const DecodeSm90Params& p, const balance::Window* win, const Unit& one_ = Unit{},
+                                   bool have_one_ = false)
+      : one(one_), have_one(have_one_) {
     if (p.balanced) {
       req = win->req;
       pos = win->pos;
@@ -174,7 +180,7 @@ struct Units {
     if (!p.balanced) {
       if (req != 0) return false;
       req = 1;
-      u = Unit(p, kGather);
+      u = have_one ? one : Unit(p, kGather);
       s = balance::Segment{u.g, 0, 0, 1, -1, -1};
       return true;
     }
@@ -261,6 +267,7 @@ __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUt
   }
   if constexpr (CrossoverSource<Src>) ptx::cluster_sync();  // the peer's barriers exist before any remote use
   else __syncthreads();
+  MLA_DECODE_TRACE_EVENT(kTracePrologueBase + 2, 0);
   if (ptx::warpgroup_index() == 0) {
     ptx::setmaxnreg_dec<Src::producer_regs(L::kSeesaw)>();
     if constexpr (Src::kTma)

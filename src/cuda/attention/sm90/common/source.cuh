@@ -516,10 +516,12 @@ struct GatherKeys {
 // kOffMask, kOffBar = full[kStages] then empty[kStages]) over the CTA's units in order (Units: one for
 // the uniform schedule, the window's segments for the balanced one). The tiles of all units form one
 // sequence: tile `it` of it goes to stage it % 2. Paged: warp 0 streams every tile; gathered: warps s
-// and s + 2 stream the tiles of stage s, one part each.
+// and s + 2 stream the tiles of stage s, one part each. one / have_one: the uniform unit as the kernel read it
+// (Units).
 template <class L, class Src>
 __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtensorMap* map, const balance::Window* win,
-                                        uint8_t* smem, int warp, int lane) {
+                                        uint8_t* smem, int warp, int lane, const Unit& one = Unit{},
+                                        bool have_one = false) {
   using T = Traits;
   static_assert(L::kStages == 2, "stage s feeds consumer s");
   constexpr bool kOneWarp = Src::kWarpsPerStage == 1;
@@ -528,10 +530,11 @@ __device__ __forceinline__ void produce(const DecodeSm90Params& p, const CUtenso
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kOffBar);
   uint64_t* empty = full + L::kStages;
   uint64_t* mask = reinterpret_cast<uint64_t*>(smem + L::kOffMask);
-  Units<Src::kIndexed> units(p, win);
+  Units<Src::kIndexed> units(p, win, one, have_one);
   Unit u;
   balance::Segment seg;
   for (int base = 0; units.next(p, win, u, seg); base += u.n_tiles) {
+    if (base == 0) MLA_DECODE_TRACE_EVENT(kTracePrologueBase + 3, 0);
     for (int it = kOneWarp ? base : base + (((warp & 1) - base) & 1); it < base + u.n_tiles; it += kOneWarp ? 1 : 2) {
       const int stage = it % L::kStages;
       const uint32_t parity = (it / L::kStages) & 1;

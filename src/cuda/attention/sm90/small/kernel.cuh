@@ -262,19 +262,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   MLA_DECODE_TRACE_EVENT(0, 0);
   ptx::launch_dependents();  // the combine (a dependent launch) may take the SMs this grid leaves free
   ptx::grid_dependency_wait();  // PDL (cuda/common/launch.h): nothing global before it
+  MLA_DECODE_TRACE_EVENT(kTracePrologueBase, 0);
   Unit one{};  // the uniform schedule's unit
   const bool balanced = Src::kTma && p.balanced;
   if (balanced) balanced_window(p, win, reinterpret_cast<int64_t*>(smem + L::kOffSched + 64));
   else one = Unit(p, Src::kIndexed);
+  MLA_DECODE_TRACE_EVENT(kTracePrologueBase + 1, 0);
   if (!start_roles<L, Src>(p, &kv_map, one, !balanced, smem, [&](int warp, int lane) {
-        produce<L, Src>(p, &kv_map, win, smem, warp, lane);
+        produce<L, Src>(p, &kv_map, win, smem, warp, lane, one, !balanced);
       }))
     return;
   SmallConsumer<N, Src> cons(smem, full, empty);
   if constexpr (!Src::kTma) {  // sparse_mqa: the uniform schedule's one unit (a loop here made ptxas spill)
     cons.run_unit(p, one, balance::Segment{one.g, 0, 0, 1, -1, -1}, 0, balanced);
   } else {  // the CTA's units in order
-    Units<false> units(p, win);
+    Units<false> units(p, win, one, !balanced);
     Unit u;
     balance::Segment seg;
     [[maybe_unused]] int n_units = 0;
