@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -155,9 +156,23 @@ void launch_copy_rows(uint8_t* dst, int64_t dst_s0, int64_t dst_s1, const uint8_
   const auto grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 4096));
   auto* kernel = &copy_rows_kernel<V>;
   if (pdl) {  // only where the image carries griddepcontrol (sm_90 code): older images start after their predecessor
-    cudaFuncAttributes a{};
-    pdl = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.ptxVersion >= 90;
-    (void)cudaGetLastError();
+    // The image's version, read once per device (0 unknown, 1 dependent launches allowed, 2 not).
+    static std::array<std::atomic<int>, 64> known{};
+    int device = 0;
+    bool indexed = cudaGetDevice(&device) == cudaSuccess;
+    if (!indexed) (void)cudaGetLastError();  // clears only the error of the query itself
+    indexed = indexed && device >= 0 && device < 64;
+    int state = indexed ? known[device].load(std::memory_order_relaxed) : 0;
+    if (state == 0) {
+      cudaFuncAttributes a{};
+      if (cudaFuncGetAttributes(&a, kernel) == cudaSuccess) state = a.ptxVersion >= 90 ? 1 : 2;
+      else {
+        (void)cudaGetLastError();
+        state = 2;
+      }
+      if (indexed) known[device].store(state, std::memory_order_relaxed);
+    }
+    pdl = state == 1;
   }
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
