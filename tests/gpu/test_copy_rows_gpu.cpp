@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/device_api.h"
+#include "support/test_util.h"
 
 namespace mla {
 namespace {
@@ -55,6 +56,7 @@ void run_case(const Case& c, bool pdl) {
 }
 
 TEST(CopyRowsGpu, EveryAccessWidthLandsTheRowsAndNothingElse) {
+  MLA_SKIP_WITHOUT_GPU();
   const Case cases[] = {
       {3, 16, 128, 16 * 1152, 1152, 16 * 384, 384, 1024, 256},  // q_pe beside the query: 16-byte accesses
       {2, 5, 24, 5 * 40, 40, 5 * 24, 24, 8, 16},                 // 8-byte
@@ -71,6 +73,7 @@ TEST(CopyRowsGpu, EveryAccessWidthLandsTheRowsAndNothingElse) {
 }
 
 TEST(CopyRowsGpu, DependentCopiesReadWhatTheOneBeforeWrote) {
+  MLA_SKIP_WITHOUT_GPU();
   // A chain a -> b -> c -> a ... of whole-buffer copies launched back to back with PDL: each must see its
   // predecessor's writes (the kernel waits for the previous grid before it reads).
   constexpr int64_t kRows = 4096, kWidth = 256, kBytes = kRows * kWidth;
