@@ -157,10 +157,10 @@ __device__ __forceinline__ void balanced_window(const DecodeSm90Params& p, balan
 
 // The units of this CTA in order: the uniform schedule's one (blockIdx.x), or the balanced schedule's
 // segments of the window in shared memory. Every role walks its own copy and sees the same units.
-// State: the position of the balanced cursor only (registers are scarce in the consumers); the window
-// stays in shared memory and the rest comes from the parameters. `one` (with `have_one`): the uniform unit as the
-// kernel already read it before the role split (its length is a global load: reading it again per role put one
-// more round trip before the producer's first block-table read); without it the unit is read here.
+// State: the position of the balanced cursor (registers are scarce in the consumers; the window stays in shared
+// memory and the rest comes from the parameters) and, for the uniform schedule, `one` (with `have_one`): the unit
+// as the kernel already read it before the role split (its length is a global load: reading it again per role put
+// one more round trip before the producer's first block-table read); without it the unit is read here.
 template <bool kGather>
 struct Units {
   int64_t req = 0, pos = 0;  // uniform schedule: req 1 once its unit was handed out
