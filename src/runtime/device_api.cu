@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(256) copy_rows_kernel(uint8_t* dst, int64_t ds
 
 template <class V>
 void launch_copy_rows(uint8_t* dst, int64_t dst_s0, int64_t dst_s1, const uint8_t* src, int64_t src_s0, int64_t src_s1,
-                      int64_t n, int64_t h, int64_t width, cudaStream_t stream, bool pdl) {
+                      int64_t n, int64_t h, int64_t width, cudaStream_t stream, int device, bool pdl) {
   constexpr int kThreads = 256;
   const int64_t per_row = width / static_cast<int64_t>(sizeof(V)), total = n * h * per_row;
   const auto grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 4096));
@@ -158,10 +158,7 @@ void launch_copy_rows(uint8_t* dst, int64_t dst_s0, int64_t dst_s1, const uint8_
   if (pdl) {  // only where the image carries griddepcontrol (sm_90 code): older images start after their predecessor
     // The image's version, read once per device (0 unknown, 1 dependent launches allowed, 2 not).
     static std::array<std::atomic<int>, 64> known{};
-    int device = 0;
-    bool indexed = cudaGetDevice(&device) == cudaSuccess;
-    if (!indexed) (void)cudaGetLastError();  // clears only the error of the query itself
-    indexed = indexed && device >= 0 && device < 64;
+    const bool indexed = device >= 0 && device < 64;
     int state = indexed ? known[device].load(std::memory_order_relaxed) : 0;
     if (state == 0) {
       cudaFuncAttributes a{};
@@ -197,11 +194,11 @@ void copy_rows_async(void* dst, int64_t dst_s0, int64_t dst_s1, const void* src,
   const auto bits = static_cast<uint64_t>(width | dst_s0 | dst_s1 | src_s0 | src_s1) |
                     reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
   const auto st = static_cast<cudaStream_t>(stream);
-  if (bits % 16 == 0) launch_copy_rows<uint4>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, pdl);
-  else if (bits % 8 == 0) launch_copy_rows<uint2>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, pdl);
-  else if (bits % 4 == 0) launch_copy_rows<uint32_t>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, pdl);
-  else if (bits % 2 == 0) launch_copy_rows<uint16_t>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, pdl);
-  else launch_copy_rows<uint8_t>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, pdl);
+  if (bits % 16 == 0) launch_copy_rows<uint4>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, device, pdl);
+  else if (bits % 8 == 0) launch_copy_rows<uint2>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, device, pdl);
+  else if (bits % 4 == 0) launch_copy_rows<uint32_t>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, device, pdl);
+  else if (bits % 2 == 0) launch_copy_rows<uint16_t>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, device, pdl);
+  else launch_copy_rows<uint8_t>(d, dst_s0, dst_s1, s, src_s0, src_s1, n, h, width, st, device, pdl);
 }
 
 namespace {

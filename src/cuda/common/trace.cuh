@@ -5,7 +5,8 @@
 // include only common/, stamps into the same table). Compiled only into a build configured with
 // -DMLA_DECODE_TRACE=ON (CMake option; it defines MLA_DECODE_TRACE=1 for the CUDA sources): each CTA
 // x < kTraceCtas stamps the global timer (ns) at kTraceEvents points, and the events below that are ns also the SM
-// clock (clock64) beside them; trace_dump() (mqa_decode.cu) copies the stamps of the last launch out and zeroes them. Without the option every hook is an empty statement and no symbol exists.
+// clock (clock64) beside them; trace_dump() (mqa_decode.cu) copies the stamps of the last launch out and zeroes
+// them. Without the option every hook is an empty statement and no symbol exists.
 //   0 kernel entry (thread 0)            1 producer start (thread 0)        2 producer loop done (thread 0)
 //   3 consumers' Q loaded (thread 128)   4 first full-barrier wait returned (thread 128, first tile)
 //   5 last products done (thread 128)    6 epilogue written (thread 128)    7 kernel exit (thread 128)
