@@ -86,6 +86,43 @@ CUtensorMap raw_rows_tensor_map(const KVCache& cache, const DecodeSm90Params::Ga
   return ptx::make_tensor_map(t, what);
 }
 
+// The small kernel's query rows by TMA (DecodeSm90Params::q_tma): q [b][s_q][h_q][576] bf16 as a 4-D tensor, one box
+// of 64 columns x Hb heads x Ib query positions a panel, Hb Ib = N = tile_rows rows: N heads of one position when N
+// divides h_q, whole positions (Hb = h_q, Ib = N / h_q) when h_q divides N; positions past s_q read as zeros. Needs a
+// 16-byte aligned base, contiguous rows and strides that are positive multiples of 16 bytes below 2^40 (dimensions of
+// extent 1 take a stand-in stride); otherwise, or for other tile shapes, the consumers load the rows themselves.
+bool small_q_tma(const TensorView& q, int tile_rows) {
+  const int64_t h_q = q.size(2);
+  if (h_q % tile_rows != 0 && tile_rows % h_q != 0) return false;
+  auto ok = [&](int d) {
+    const int64_t bytes = q.stride[d] * 2;
+    return q.size(d) == 1 || (bytes > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40));
+  };
+  return aligned(q.data, 16) && q.stride[3] == 1 && ok(0) && ok(1) && ok(2) && q.size(0) <= INT32_MAX;
+}
+CUtensorMap small_q_map(const TensorView& q, int tile_rows, const char* what) {
+  const int64_t b = q.size(0), s_q = q.size(1), h_q = q.size(2);
+  ptx::TmaTensor t;
+  t.base = q.data;
+  t.dtype = DType::bf16;
+  t.rank = 4;
+  t.dims[0] = Traits::kDqk;
+  t.dims[1] = h_q;
+  t.dims[2] = s_q;
+  t.dims[3] = b;
+  t.strides[0] = 1;
+  t.strides[1] = h_q > 1 ? q.stride[2] : Traits::kDqk;
+  t.strides[2] = s_q > 1 ? q.stride[1] : t.strides[1] * h_q;
+  t.strides[3] = b > 1 ? q.stride[0] : t.strides[2] * s_q;
+  const int64_t hb = std::min<int64_t>(h_q, tile_rows);
+  t.box[0] = Traits::kPanelCols;
+  t.box[1] = static_cast<int32_t>(hb);
+  t.box[2] = static_cast<int32_t>(tile_rows / hb);
+  t.box[3] = 1;
+  t.swizzle = ptx::TmaSwizzle::b128;
+  return ptx::make_tensor_map(t, what);
+}
+
 // The launch's problem for the regime rule (core/decode_regime.h).
 decode_regime::Problem problem_of(const dispatch::DecodeArgs& a) {
   return {.format = a.cache.format,
@@ -236,8 +273,12 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
       (ds ? launch_seesaw_ds_paged : launch_seesaw_fp8_paged)(p, grid, stream, what);
   } else {
     const CUtensorMap map = paged_tensor_map(cache, DType::bf16, Traits::kPanelCols, p.box_rows, what);
-    if (regime.kernel == decode_regime::Kernel::small)
-      launch_small_paged(p, grid, stream, map, what);
+    if (regime.kernel == decode_regime::Kernel::small) {
+      // The uniform schedule's one unit a CTA takes its query rows by TMA (issued with the first block-table read)
+      // at 32-row tiles (small/kernel.cuh kQByTma).
+      p.q_tma = !p.balanced && p.tile_rows > 16 && small_q_tma(q, p.tile_rows) ? 1 : 0;
+      launch_small_paged(p, grid, stream, map, p.q_tma ? small_q_map(q, p.tile_rows, what) : no_tensor_map(), what);
+    }
     else
       launch_seesaw_paged(p, grid, stream, map, regime.stage1_panels, what);
   }

@@ -89,6 +89,11 @@ struct DecodeSm90Params {
   // The output's rotation (SparseOptions::out_rotation; cuda/common/rotation.cuh): out columns d_v - rot.dim ..
   // d_v - 1 of token g turned pairwise by its position times inv_freq before the store.
   dev::OutRotation rot;            // rot.dim 0: none
+  // 1: the small kernel's uniform unit takes its query rows by TMA through the launch's q map (small/kernel.cuh
+  // SmallMaps; mqa_decode.cu small_q_map), issued by the producer at its start beside its first block-table read;
+  // 0: the consumers load them. Last, so that the fields before it keep their offsets in the kernels that never
+  // read it.
+  int32_t q_tma;
 };
 
 }  // namespace mla::cuda

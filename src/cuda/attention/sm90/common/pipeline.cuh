@@ -263,6 +263,8 @@ __device__ __forceinline__ bool start_roles(const DecodeSm90Params& p, const CUt
         if (i % L::kGroups != 0) arrivals += Src::kPeerReleases;
       ptx::mbar_init(&bars[L::kFullBarriers + i], arrivals);
     }
+    if constexpr (requires { L::kOffQBar; })  // the query rows' TMA barrier (small kernel, p.q_tma)
+      if (p.q_tma) ptx::mbar_init(reinterpret_cast<uint64_t*>(smem + L::kOffQBar), 1);
     ptx::fence_mbarrier_init();
   }
   if constexpr (CrossoverSource<Src>) ptx::cluster_sync();  // the peer's barriers exist before any remote use

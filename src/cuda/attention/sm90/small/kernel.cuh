@@ -50,6 +50,11 @@
 
 namespace mla::cuda::decode_sm90 {
 
+// The query rows by TMA (p.q_tma; issue_q_rows) exist for N 32 over TMA keys, which otherwise load them by the
+// consumers' row loop; N <= 16 keeps the consumers' batched loads, which beat the copy there (the copy's wait sits
+// in front of the first product; LAB.md 2.14).
+template <int N, class Src>
+inline constexpr bool kQByTma = Src::kTma && N > 16;
 
 // One consumer warpgroup c of the row-stationary kernel, in phases: prologue (the unit's Q rows and limits, the
 // softmax state reset), mainloop (consumer c's tiles c, c + 2, ... of the unit: per tile wait_tile, scores, softmax,
@@ -110,7 +115,9 @@ struct SmallConsumer {
   // Both warpgroups left the previous unit's products (the epilogue's last barrier), so sQ is free.
   __device__ __forceinline__ void prologue(const DecodeSm90Params& p, const Unit& u, State& st) {
     const MqaRowParams& rp = p.rows;
-    if (Src::kTma && N <= 16)  // N 32 keeps the loop: batched (groups of 3 or 5) it spilled 116 bytes
+    if (kQByTma<N, Src> && p.q_tma)  // the producer's boxes (issue_q_rows): one phase, the uniform unit
+      ptx::mbar_wait(reinterpret_cast<uint64_t*>(sQ - L::kOffQ + L::kOffQBar), 0);
+    else if (Src::kTma && N <= 16)  // N 32 keeps the loop: batched (groups of 3 or 5) it spilled 116 bytes
       load_q_panels_batched<N, T::kConsumerThreads>(rp, u.g, u.row0, u.m_rows, L::kQPanelBytes, sQ, ct);
     else load_q_panels(rp, u.g, u.row0, u.m_rows, N, T::kPanels, L::kQPanelBytes, sQ, ct, T::kConsumerThreads);
     if (ct < N) sLim[ct] = query_row_limit(p, u, u.row0 + ct);
@@ -246,12 +253,36 @@ struct SmallConsumer {
   }
 };
 
+// The small kernel's tensor maps (a __grid_constant__ parameter; TMA takes their addresses): the paged cache, and the
+// query rows as [b][s_q][h_q][576] bf16 boxes of 64 columns x Hb heads x Ib query positions (Hb Ib = N; mqa_decode.cu
+// small_q_map), used when p.q_tma.
+struct SmallMaps {
+  CUtensorMap kv;
+  CUtensorMap q;
+};
+
+// The unit's N query rows by TMA into the nine Q panels (p.q_tma: the uniform schedule, row tiles that are whole
+// heads x positions rectangles), completing on the Q barrier with the full boxes' bytes (rows past the request's
+// positions are zero-filled by the copy and counted). One thread, right after the role split.
+template <int N>
+__device__ __forceinline__ void issue_q_rows(const DecodeSm90Params& p, const CUtensorMap* q_map, const Unit& u,
+                                             uint8_t* smem) {
+  using L = SmallTraits<N>;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L::kOffQBar);
+  ptx::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(Traits::kPanels * L::kQPanelBytes));
+  const int h0 = u.row0 % p.rows.h_q, i0 = u.row0 / p.rows.h_q;
+#pragma unroll 1
+  for (int c = 0; c < Traits::kPanels; ++c)
+    ptx::tma_load_4d(smem + L::kOffQ + c * L::kQPanelBytes, q_map, bar, c * Traits::kPanelCols, h0, i0,
+                     static_cast<int32_t>(u.g));
+}
+
 // Src: the key source (source.cuh): PagedKeys (mqa_decode over a bf16 cache) or GatherKeys<bf16> (sparse_mqa's
 // bf16 rows). The producer is warpgroup 0 (source.cuh produce); the consumers run SmallConsumer over the CTA's
 // units.
 template <int N, class Src>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    decode_sm90_small_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeSm90Params p) {
+    decode_sm90_small_kernel(const __grid_constant__ SmallMaps maps, const DecodeSm90Params p) {
   using L = SmallTraits<N>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
@@ -268,8 +299,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (balanced) balanced_window(p, win, reinterpret_cast<int64_t*>(smem + L::kOffSched + 64));
   else one = Unit(p, Src::kIndexed);
   MLA_DECODE_TRACE_EVENT(kTracePrologueBase + 1, 0);
-  if (!start_roles<L, Src>(p, &kv_map, one, !balanced, smem, [&](int warp, int lane) {
-        produce<L, Src>(p, &kv_map, win, smem, warp, lane, one, !balanced);
+  if (!start_roles<L, Src>(p, &maps.kv, one, !balanced, smem, [&](int warp, int lane) {
+        if constexpr (kQByTma<N, Src>)
+          if (p.q_tma && warp == 0 && lane == 0) issue_q_rows<N>(p, &maps.q, one, smem);
+        produce<L, Src>(p, &maps.kv, win, smem, warp, lane, one, !balanced);
       }))
     return;
   SmallConsumer<N, Src> cons(smem, full, empty);

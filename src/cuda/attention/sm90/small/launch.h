@@ -10,9 +10,10 @@
 
 namespace mla::cuda::decode_sm90 {
 
-// mqa_decode over a bf16 cache: paged keys by TMA through `map` (PagedKeys). instantiations/paged.cu
+// mqa_decode over a bf16 cache: paged keys by TMA through `map` (PagedKeys), and the query rows through `q_map`
+// when p.q_tma. instantiations/paged.cu
 void launch_small_paged(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
-                        const char* what);
+                        const CUtensorMap& q_map, const char* what);
 // sparse_mqa over bf16 rows: a token's top-k rows gathered by cp.async (GatherKeys<bf16>). instantiations/gathered.cu
 void launch_small_gathered(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what);
 

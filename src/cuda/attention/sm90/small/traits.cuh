@@ -35,7 +35,8 @@ struct SmallTraits {
   // The key source's own region after the common plan: for the paged source (mqa_decode: several units per CTA under the balanced schedule) the epilogue
   // exchange X and the schedule window. Single-unit sources (sparse_mqa) exchange through the drained
   // KV stage 1 instead (nothing refills it after the unit's last tile).
-  static constexpr int kOffExtra = kOffLim + 32 * 4;
+  static constexpr int kOffQBar = kOffLim + 32 * 4;  // u64: the query rows' TMA (p.q_tma), one phase
+  static constexpr int kOffExtra = kOffQBar + 16;
   static constexpr int kSmemBytes = kOffExtra + 1024;
   static constexpr int kOffX = kOffExtra;
   static constexpr int kOffSched = kOffX + kXBytes;  // balance::Window, then 32 int64 of scan scratch

@@ -5,7 +5,7 @@
 namespace mla::cuda::decode_sm90 {
 
 void launch_small_gathered(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const char* what) {
-  launch_small_rows<GatherKeys<CacheFormat::bf16>>(p, grid, stream, no_tensor_map(), what);
+  launch_small_rows<GatherKeys<CacheFormat::bf16>>(p, grid, stream, SmallMaps{no_tensor_map(), no_tensor_map()}, what);
 }
 
 }  // namespace mla::cuda::decode_sm90

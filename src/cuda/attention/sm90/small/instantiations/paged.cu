@@ -5,8 +5,8 @@
 namespace mla::cuda::decode_sm90 {
 
 void launch_small_paged(const DecodeSm90Params& p, unsigned grid, cudaStream_t stream, const CUtensorMap& map,
-                        const char* what) {
-  launch_small_rows<PagedKeys>(p, grid, stream, map, what);
+                        const CUtensorMap& q_map, const char* what) {
+  launch_small_rows<PagedKeys>(p, grid, stream, SmallMaps{map, q_map}, what);
 }
 
 }  // namespace mla::cuda::decode_sm90
