@@ -39,10 +39,10 @@
 //     raw kernel's exact codes (its N 8 / 16 / 32 tiles are memory-bound: e4m3 products would not pay).
 //   - A bf16 cache at 17..32 rows per request runs one padded seesaw tile: its stream is memory-bound at half
 //     its rows, and it outran the N 32 small kernel 1.1..2x on every bf16 row measured.
-//   - mqa_decode over a bf16 cache (not batch-invariant), any row count: a small step (small_step: the planned
+//   - mqa_decode over a bf16 cache (not batch-invariant), any row count: a small step (small_step_splits: the
 //     splits of every request's row tiles fit in one wave of CTAs and each split has at most kSmallStepTiles key
-//     tiles) takes the small kernel, which runs it as uniform splits with a partial per consumer warpgroup
-//     (core/decode_schedule.h). nvidia-h200, graph-replayed: b 4 s_k 1024 h 16 17.8 against the seesaw's 20.8 us,
+//     tiles, at the planned count or the one nearest it) takes the small kernel, which runs it as uniform splits with
+//     a partial per consumer warpgroup (core/decode_schedule.h). nvidia-h200, graph-replayed: b 4 s_k 1024 h 16 17.8 against the seesaw's 20.8 us,
 //     b 1 s_k 640 h 128 23.9 against 31.1, b 1 s_k 8192 h 64 35.2 against 37.3.
 //   - mqa_decode over a bf16 cache at 9..16 rows runs one padded seesaw tile for small batches with short
 //     contexts (b <= kRows16SeesawBatch, context bound <= kRows16SeesawKeys): there the seesaw tile's uniform
@@ -53,10 +53,12 @@
 //     (the kernel of every batch larger than kRows16SeesawBatch).
 //   - The seesaw kernel's stage 1 over a bf16 paged cache completes each panel on its own barrier when a
 //     request has more than 16 rows (the h 64 / 128 rows), one barrier per V half otherwise.
+#include <algorithm>
 #include <cstdint>
 
 #include "core/decode_balance.h"
 #include "mla/cache.h"
+#include "mla/plan.h"
 
 namespace mla::decode_regime {
 
@@ -97,6 +99,22 @@ inline constexpr bool small_step(int64_t batch, int64_t m_tiles, int planned, in
   if (planned < 2 || context_bound <= 0 || sms <= 0) return false;
   const int64_t tiles = balance::tiles_of(context_bound);
   return (tiles + planned - 1) / planned <= kSmallStepTiles && batch * m_tiles * planned <= sms;
+}
+
+// The splits of the small step the problem makes, or 0 when it makes none: the planned splits when they make one;
+// else, when the planned splits leave a split more than kSmallStepTiles key tiles or fill more than one wave, the
+// count nearest them that makes one — at least ceil(tiles / kSmallStepTiles), at most the wave's
+// sms / (batch x m_tiles) and kDecodeMaxSplits. The planner's split rule balances waves of 64-row CTAs; a small
+// step's CTA is one split of one row tile, so its count is the step's own (nvidia-h200, graph-replayed: b 8 s_k 640
+// h 128 on 4 splits 25.7 against the seesaw's 5 at 31.6 us; b 1 s_k 8192 h 64 on 32 splits 34.7 against 40.1).
+inline constexpr int small_step_splits(int64_t batch, int64_t m_tiles, int planned, int64_t context_bound, int sms) {
+  if (small_step(batch, m_tiles, planned, context_bound, sms)) return planned;
+  if (planned < 2 || context_bound <= 0 || sms <= 0 || batch <= 0 || m_tiles <= 0) return 0;
+  const int64_t tiles = balance::tiles_of(context_bound);
+  const int64_t lo = (tiles + kSmallStepTiles - 1) / kSmallStepTiles;
+  const int64_t hi = std::min<int64_t>(sms / (batch * m_tiles), kDecodeMaxSplits);
+  const int64_t s = std::max<int64_t>(lo, std::min<int64_t>(planned, hi));
+  return s <= hi && small_step(batch, m_tiles, static_cast<int>(s), context_bound, sms) ? static_cast<int>(s) : 0;
 }
 
 inline constexpr bool is_code_format(CacheFormat f) { return f == CacheFormat::fp8 || f == CacheFormat::fp8_ds_mla; }
@@ -156,7 +174,7 @@ inline constexpr Kernel preferred(const Problem& p) {
   if (p.v4) return Kernel::convert;
   const int64_t m = p.rows < 1 ? 1 : p.rows;
   if (!p.sparse && p.format == CacheFormat::bf16 && !p.batch_invariant &&
-      small_step(p.batch, tile_for(p, Kernel::small).m_tiles, p.planned_splits, p.context_bound, p.sms))
+      small_step_splits(p.batch, tile_for(p, Kernel::small).m_tiles, p.planned_splits, p.context_bound, p.sms) > 0)
     return Kernel::small;  // a small step: uniform splits, a partial per consumer warpgroup (decode_schedule.h)
   if (m > 32) {
     if (!p.batch_invariant) {

@@ -52,7 +52,9 @@ struct Facts {
   int planned_splits = 1;     // the caller's split-KV count (>= 1)
   int sms = 0;                // the device's SM count
   int max_ws_splits = 1;      // the largest split count <= planned_splits whose partials the workspace holds
-  bool ws_wg_partials = false;  // the workspace holds 2 x planned_splits partials (one per consumer warpgroup)
+  // The workspace holds 2 x planned_splits partials (one per consumer warpgroup), and 2 x the small step's splits
+  // (decode_regime::small_step_splits) where the problem makes one.
+  bool ws_wg_partials = false;
   int64_t context_bound = 0;  // keys a request may hold (max_blocks x page_size); 0: unknown
   int64_t workspace_bytes = 0;  // bytes of the workspace the launch was given (0: none or misaligned)
   int max_clusters = 0;       // clusters of planned_splits seesaw CTAs resident at once on the device (0: none)
@@ -84,8 +86,9 @@ inline Schedule choose(const Facts& f) {
     return s;
   }
   if (f.regime.kernel == decode_regime::Kernel::small) {
-    if (f.ws_wg_partials && decode_regime::small_step(f.batch, f.regime.m_tiles, planned, f.context_bound, f.sms)) {
-      s.splits = planned;
+    const int step = decode_regime::small_step_splits(f.batch, f.regime.m_tiles, planned, f.context_bound, f.sms);
+    if (f.ws_wg_partials && step > 0) {
+      s.splits = step;
       s.combine = true;
       s.wg_partials = true;
       return s;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/decode_balance.h"
+#include "core/decode_regime.h"
 #include "core/index_view.h"
 #include "core/prefill_fp8.h"
 #include "mla/ops.h"
@@ -84,8 +85,12 @@ std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int6
   const int sms = multiprocessor_count(device);
   if (num_splits == 0) num_splits = decode_num_splits(b, s_q, h_q, max_seq_len, sms);
   // Two partials a split: the sm90 small kernel's small steps write one per consumer warpgroup (at any row count;
-  // core/decode_schedule.h wg_partials). 0 bytes for one split.
-  const std::size_t uniform = 2 * decode_split_workspace_bytes(b, s_q, h_q, num_splits);
+  // core/decode_schedule.h wg_partials), at their own split count where it exceeds the planned one
+  // (decode_regime::small_step_splits). 0 bytes for one split.
+  const decode_regime::Problem step{.rows = s_q * h_q, .batch = b, .context_bound = max_seq_len};
+  const int step_splits = decode_regime::small_step_splits(
+      b, decode_regime::tile_for(step, decode_regime::Kernel::small).m_tiles, num_splits, max_seq_len, sms);
+  const std::size_t uniform = 2 * decode_split_workspace_bytes(b, s_q, h_q, std::max(num_splits, step_splits));
   // The sm90 kernel's balanced schedule (<= 32 query rows, smaller batches) takes (b + SMs) partials.
   const int ctas = max_seq_len > 0 ? balance::ctas_for(b, s_q * h_q, sms) : 0;
   return std::max(uniform, ctas > 0 ? static_cast<std::size_t>(balance::workspace_bytes(b, s_q * h_q, ctas)) : 0);

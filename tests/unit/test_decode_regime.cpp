@@ -202,9 +202,10 @@ TEST(DecodeRegime, SmallStepsTakeTheSmallKernel) {
   EXPECT_EQ(h128.tile_rows, 32);
   EXPECT_EQ(h128.m_tiles, 4);
   EXPECT_EQ(choose(step(64, 1, 8192, 32)).kernel, Kernel::small);   // 2 x 32 CTAs, 4 tiles a split
-  EXPECT_EQ(choose(step(128, 8, 640, 5)).kernel, Kernel::seesaw);   // 160 CTAs: more than one wave
-  EXPECT_EQ(choose(step(64, 1, 8192, 16)).kernel, Kernel::seesaw);  // 8 tiles a split
-  EXPECT_EQ(choose(step(96, 4, 4096, 16)).kernel, Kernel::seesaw);  // s_q 6 h 16: 192 CTAs
+  EXPECT_EQ(choose(step(128, 8, 640, 5)).kernel, Kernel::small);    // 160 CTAs planned: the step's 4 splits
+  EXPECT_EQ(choose(step(64, 1, 8192, 16)).kernel, Kernel::small);   // 8 tiles a split planned: the step's 32
+  EXPECT_EQ(choose(step(96, 4, 4096, 16)).kernel, Kernel::seesaw);  // s_q 6 h 16: >= 16 splits of 12 row tiles
+  EXPECT_EQ(choose(step(64, 8, 8192, 16)).kernel, Kernel::seesaw);  // >= 32 splits of 16 row tiles
   EXPECT_EQ(choose(step(16, 4, 1024, 1)).kernel, Kernel::seesaw);   // one split: no small step
   Problem inv = step(16, 4, 1024, 8);
   inv.batch_invariant = true;
@@ -218,6 +219,30 @@ TEST(DecodeRegime, SmallStepsTakeTheSmallKernel) {
   sparse.sparse = true;
   EXPECT_EQ(choose(sparse).kernel, Kernel::seesaw);
   EXPECT_FALSE(decode_regime::small_step(4, 1, 8, 1024, 0));  // SM count unknown
+}
+
+// The small step's splits: the planned ones when they make a step, else the count nearest them that does (at least
+// ceil(tiles / 4), at most one wave), else none.
+TEST(DecodeRegime, SmallStepSplitsTakeTheCountNearestThePlannedOne) {
+  using decode_regime::small_step_splits;
+  EXPECT_EQ(small_step_splits(4, 1, 8, 1024, 132), 8);     // planned: 32 CTAs of 2 tiles
+  EXPECT_EQ(small_step_splits(8, 4, 5, 640, 132), 4);      // 160 CTAs planned: the wave's 4 (3 tiles a split)
+  EXPECT_EQ(small_step_splits(8, 4, 2, 640, 132), 3);      // 5 tiles a split planned: ceil(10 / 4)
+  EXPECT_EQ(small_step_splits(1, 2, 16, 8192, 132), 32);   // 8 tiles a split planned: ceil(128 / 4)
+  EXPECT_EQ(small_step_splits(1, 2, 64, 8192, 132), 64);   // planned (2 tiles a split, 128 CTAs)
+  EXPECT_EQ(small_step_splits(8, 2, 16, 8192, 132), 0);    // 32 splits of 16 row tiles: four waves
+  EXPECT_EQ(small_step_splits(1, 1, 8, 1 << 20, 132), 0);  // 4096 splits: past kDecodeMaxSplits
+  EXPECT_EQ(small_step_splits(1, 1, 1, 8192, 132), 0);     // one split planned: no step
+  EXPECT_EQ(small_step_splits(1, 1, 8, 8192, 0), 0);       // SM count unknown
+  for (int64_t b = 1; b <= 16; ++b)
+    for (int64_t m_tiles : {1, 2, 4})
+      for (int planned : {2, 5, 8, 16, 64})
+        for (int64_t keys : {64, 640, 1024, 4096, 8192, 16384}) {
+          const int s = small_step_splits(b, m_tiles, planned, keys, 132);
+          if (s == 0) continue;
+          EXPECT_TRUE(decode_regime::small_step(b, m_tiles, s, keys, 132)) << b << " " << m_tiles << " " << keys;
+          EXPECT_LE(s, kDecodeMaxSplits);
+        }
 }
 
 // The small kernel is forceable above 32 rows (row tiles of 32 over the heads); the rules never choose it there.

@@ -68,7 +68,11 @@ TEST(DecodeSchedule, SmallStepsRunUniformWithWarpgroupPartials) {
     EXPECT_TRUE(s.wg_partials);
   }
   EXPECT_EQ(choose(small_step(4, 16, 8, 1 << 20)).kind, Kind::balanced);  // long splits: the cost line
-  EXPECT_EQ(choose(small_step(8, 32, 20, 1024)).kind, Kind::balanced);    // more than one wave
+  const auto wave = choose(small_step(8, 32, 20, 1024));  // more than one wave planned: the step's own count
+  EXPECT_EQ(wave.kind, Kind::uniform);
+  EXPECT_EQ(wave.splits, 16);  // 128 CTAs of one key tile
+  EXPECT_TRUE(wave.wg_partials);
+  EXPECT_EQ(choose(small_step(16, 32, 20, 4096)).kind, Kind::balanced);  // >= 16 splits of 16 requests
   Facts no_room = small_step(4, 16, 8, 1024);
   no_room.ws_wg_partials = false;  // the workspace holds the CTAs' partials only: the balanced schedule
   EXPECT_EQ(choose(no_room).kind, Kind::balanced);
