@@ -51,8 +51,8 @@
 namespace mla::cuda::decode_sm90 {
 
 // The query rows by TMA (p.q_tma; issue_q_rows) exist for N 32 over TMA keys, which otherwise load them by the
-// consumers' row loop; N <= 16 keeps the consumers' batched loads, which beat the copy there (the copy's wait sits
-// in front of the first product; LAB.md 2.14).
+// consumers' row loop; N <= 16 keeps the consumers' batched loads, which measured faster than the copy there (the
+// copy's wait sits in front of the first product; docs/design/attention_sm90.md, the row-stationary kernel).
 template <int N, class Src>
 inline constexpr bool kQByTma = Src::kTma && N > 16;
 
