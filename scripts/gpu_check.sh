@@ -119,7 +119,10 @@ first_gpus() { seq -s, 0 $(($1 - 1)); }
 
 {
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
-  echo "commit ${MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  $(date -u '+%F %T') UTC  gpus $GPUS"
+  # The device machine's copy can hold one commit's files under an older HEAD: the tree's fingerprint
+  # (scripts/tree_fingerprint.sh, the same on any machine holding the same sources) says which sources ran.
+  changed=$(git status --porcelain --untracked-files=no 2>/dev/null | wc -l)
+  echo "commit ${MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}$([ "$changed" -gt 0 ] && echo " + $changed changed files")  tree $(scripts/tree_fingerprint.sh 2>/dev/null || echo unknown)  $(date -u '+%F %T') UTC  gpus $GPUS"
 } | tee "$LOG/machine.txt"
 
 if has build; then
