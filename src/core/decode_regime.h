@@ -42,8 +42,8 @@
 //   - mqa_decode over a bf16 cache (not batch-invariant), any row count: a small step (small_step_splits: the
 //     splits of every request's row tiles fit in one wave of CTAs and each split has at most kSmallStepTiles key
 //     tiles, at the planned count or the one nearest it) takes the small kernel, which runs it as uniform splits with
-//     a partial per consumer warpgroup (core/decode_schedule.h). nvidia-h200, graph-replayed: b 4 s_k 1024 h 16 17.8 against the seesaw's 20.8 us,
-//     b 1 s_k 640 h 128 23.9 against 31.1, b 1 s_k 8192 h 64 35.2 against 37.3.
+//     a partial per consumer warpgroup (core/decode_schedule.h). nvidia-h200, graph-replayed: b 4 s_k 1024 h 16
+//     17.8 against the seesaw's 20.8 us, b 1 s_k 640 h 128 23.9 against 31.1, b 1 s_k 8192 h 64 35.2 against 37.3.
 //   - mqa_decode over a bf16 cache at 9..16 rows runs one padded seesaw tile for small batches with short
 //     contexts (b <= kRows16SeesawBatch, context bound <= kRows16SeesawKeys): there the seesaw tile's uniform
 //     split-KV schedule beat the small kernel's balanced one; larger batches and long contexts (where the
@@ -168,13 +168,18 @@ inline constexpr Regime tile_for(const Problem& p, Kernel k) {
   return r;
 }
 
+// The splits of the small step problem p makes on the small kernel's row tiles (0: none): the launcher's schedule,
+// the regime rule and the workspace size take the same count.
+inline constexpr int small_step_splits(const Problem& p) {
+  return small_step_splits(p.batch, tile_for(p, Kernel::small).m_tiles, p.planned_splits, p.context_bound, p.sms);
+}
+
 // The kernel the rules above choose for problem p (rows >= 1; formats outside bf16 / fp8 / fp8_ds_mla are the
 // launcher's to refuse).
 inline constexpr Kernel preferred(const Problem& p) {
   if (p.v4) return Kernel::convert;
   const int64_t m = p.rows < 1 ? 1 : p.rows;
-  if (!p.sparse && p.format == CacheFormat::bf16 && !p.batch_invariant &&
-      small_step_splits(p.batch, tile_for(p, Kernel::small).m_tiles, p.planned_splits, p.context_bound, p.sms) > 0)
+  if (!p.sparse && p.format == CacheFormat::bf16 && !p.batch_invariant && small_step_splits(p) > 0)
     return Kernel::small;  // a small step: uniform splits, a partial per consumer warpgroup (decode_schedule.h)
   if (m > 32) {
     if (!p.batch_invariant) {

@@ -87,9 +87,8 @@ std::size_t mqa_decode_workspace_bytes(int64_t b, int64_t s_q, int64_t h_q, int6
   // Two partials a split: the sm90 small kernel's small steps write one per consumer warpgroup (at any row count;
   // core/decode_schedule.h wg_partials), at their own split count where it exceeds the planned one
   // (decode_regime::small_step_splits). 0 bytes for one split.
-  const decode_regime::Problem step{.rows = s_q * h_q, .batch = b, .context_bound = max_seq_len};
   const int step_splits = decode_regime::small_step_splits(
-      b, decode_regime::tile_for(step, decode_regime::Kernel::small).m_tiles, num_splits, max_seq_len, sms);
+      {.rows = s_q * h_q, .batch = b, .context_bound = max_seq_len, .planned_splits = num_splits, .sms = sms});
   const std::size_t uniform = 2 * decode_split_workspace_bytes(b, s_q, h_q, std::max(num_splits, step_splits));
   // The sm90 kernel's balanced schedule (<= 32 query rows, smaller batches) takes (b + SMs) partials.
   const int ctas = max_seq_len > 0 ? balance::ctas_for(b, s_q * h_q, sms) : 0;

@@ -215,8 +215,7 @@ void run_kernel(const dispatch::DecodeArgs& a, decode_regime::Kernel kernel) {
   facts.max_ws_splits = facts.planned_splits;
   while (facts.max_ws_splits > 1 && combine::ws_bytes(b, s_q, h_q, facts.max_ws_splits) > have) --facts.max_ws_splits;
   facts.workspace_bytes = have;
-  const int step_splits = decode_regime::small_step_splits(b, decode_regime::tile_for(problem, decode_regime::Kernel::small).m_tiles,
-                                                           facts.planned_splits, problem.context_bound, problem.sms);
+  const int step_splits = decode_regime::small_step_splits(problem);
   facts.ws_wg_partials = combine::ws_bytes(b, s_q, h_q, 2 * std::max(facts.planned_splits, step_splits)) <= have;
   facts.context_bound = problem.context_bound;
   if (regime.kernel == decode_regime::Kernel::seesaw && !quantized && facts.planned_splits >= 2 &&
